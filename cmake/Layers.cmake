@@ -1,0 +1,45 @@
+# One static library per layer of DESIGN.md, from the .cpp files of its folder.
+# perftrain_layer(NAME DEPS...): DEPS are lower layers it may use.
+function(perftrain_layer name)
+  file(GLOB _src CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/src/${name}/*.cpp"
+                                   "${CMAKE_SOURCE_DIR}/src/${name}/*/*.cpp")
+  if(_src)
+    add_library(perftrain_${name} STATIC ${_src})
+    target_include_directories(perftrain_${name} PUBLIC "${CMAKE_SOURCE_DIR}/src")
+    target_link_libraries(perftrain_${name} PUBLIC ${ARGN} ${TORCH_LIBRARIES})
+    target_compile_options(perftrain_${name} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  else()
+    add_library(perftrain_${name} INTERFACE)
+    target_include_directories(perftrain_${name} INTERFACE "${CMAKE_SOURCE_DIR}/src")
+    target_link_libraries(perftrain_${name} INTERFACE ${ARGN} ${TORCH_LIBRARIES})
+  endif()
+endfunction()
+
+# perftrain_tests(LAYER LIBS...): tests/LAYER/*_test.cpp become one executable
+# (label cpu); *_gpu_test.cpp another (label gpu; they skip without a GPU).
+function(perftrain_tests layer)
+  file(GLOB _all CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/${layer}/*_test.cpp")
+  set(_cpu "")
+  set(_gpu "")
+  foreach(f ${_all})
+    if(f MATCHES "_gpu_test\\.cpp$")
+      list(APPEND _gpu ${f})
+    else()
+      list(APPEND _cpu ${f})
+    endif()
+  endforeach()
+  foreach(kind cpu gpu)
+    if(_${kind})
+      if(kind STREQUAL "cpu")
+        set(exe test_${layer})
+      else()
+        set(exe test_${layer}_gpu)
+      endif()
+      add_executable(${exe} ${_${kind}})
+      target_link_libraries(${exe} PRIVATE ${ARGN} perftrain_test_support GTest::gtest_main)
+      gtest_discover_tests(${exe} DISCOVERY_MODE PRE_TEST
+        TEST_PREFIX "${layer}." PROPERTIES LABELS ${kind}
+        WORKING_DIRECTORY "${CMAKE_SOURCE_DIR}")
+    endif()
+  endforeach()
+endfunction()

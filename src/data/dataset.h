@@ -1,0 +1,45 @@
+// A dataset is random access to (image-or-latent, label) samples, all of one
+// shape [C, H, W] as float32 and labels as int64. Loaders (BatchLoader) draw
+// batches from it in a seeded order on a background thread.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace perftrain::data {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual std::array<int64_t, 3> sample_shape() const = 0;  // C, H, W
+  virtual int64_t num_classes() const = 0;                  // labels lie in [0, n)
+  // Writes samples indices[0..n) as float32 into x_out (n*C*H*W values) and
+  // their labels into y_out. Must be safe to call from a background thread.
+  virtual void gather(const int64_t* indices, int64_t n, float* x_out,
+                      int64_t* y_out) const = 0;
+  virtual std::string describe() const = 0;  // one line, for logs and reports
+};
+
+// Fashion-MNIST from idx files (optionally gzip'ed), e.g. Debian's
+// dataset-fashion-mnist in /usr/share/datasets/fashion-mnist: 28x28 images
+// padded to 32x32 and scaled to [-1, 1] (background -1), 10 classes. An
+// empty dir means that Debian directory. Files are <train|t10k>-images-idx3-
+// ubyte and -labels-idx1-ubyte, each with or without .gz.
+// Throws UsageError when the files are missing (saying how to install them),
+// RuntimeError naming the file and byte when one is corrupt or truncated.
+std::unique_ptr<Dataset> open_fashion_mnist(const std::string& dir, bool train = true);
+
+// Pre-extracted latents: one .safetensors file or a directory of them, each
+// holding "latents" [N, C, H, W] (F32, F16 or BF16) and "labels" [N] (any
+// integer type); memory-mapped, not loaded.
+std::unique_ptr<Dataset> open_latent_shards(const std::string& path);
+
+// Deterministic random latents (for benchmarks and tests): sample i depends
+// only on (seed, i).
+std::unique_ptr<Dataset> make_synthetic(int64_t size, std::array<int64_t, 3> shape,
+                                        int64_t num_classes, uint64_t seed);
+
+}  // namespace perftrain::data

@@ -1,0 +1,187 @@
+// Latents extracted ahead of training (e.g. by a VAE), stored as safetensors
+// shards. The latents stay memory-mapped (the page cache holds what fits);
+// only the labels are copied, to check them once at open.
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+
+#include "base/error.h"
+#include "data/dataset.h"
+#include "io/safetensors.h"
+
+namespace perftrain::data {
+namespace {
+
+struct Shard {
+  io::SafetensorsFile file;
+  at::Tensor latents;  // view of the mapping, [n, C, H, W]
+  std::vector<int64_t> labels;
+  int64_t start = 0;  // index of its first sample in the dataset
+};
+
+std::string shape_text(at::IntArrayRef sizes) { return c10::str(sizes); }
+
+// POSIX rather than std::filesystem: libtorch 2.11 exports its own copies of
+// some std::filesystem functions, and not all of them work.
+std::vector<std::string> shard_paths(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw UsageError("latent shards: no such file or directory: " + path);
+  if (!S_ISDIR(st.st_mode)) return {path};
+  DIR* dir = ::opendir(path.c_str());
+  if (dir == nullptr) throw UsageError("latent shards: cannot list " + path + ": " + std::strerror(errno));
+  std::vector<std::string> out;
+  const std::string suffix = ".safetensors";
+  while (const dirent* e = ::readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name[0] == '.') continue;  // hidden: editor and OS droppings
+    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const std::string full = path + "/" + name;
+    struct stat fst {};
+    if (::stat(full.c_str(), &fst) == 0 && S_ISREG(fst.st_mode)) out.push_back(full);
+  }
+  ::closedir(dir);
+  if (out.empty()) throw UsageError("latent shards: no *.safetensors files in " + path);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<int64_t> metadata_num_classes(const io::SafetensorsFile& f) {
+  const auto it = f.metadata().find("num_classes");
+  if (it == f.metadata().end()) return std::nullopt;
+  size_t used = 0;
+  int64_t v = -1;
+  try {
+    v = std::stoll(it->second, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != it->second.size() || v < 1) {
+    throw RuntimeError(f.path() + ": metadata num_classes '" + it->second + "' is not a positive integer");
+  }
+  return v;
+}
+
+class LatentShards final : public Dataset {
+ public:
+  explicit LatentShards(const std::string& path) : path_(path) {
+    std::optional<int64_t> declared;
+    int64_t max_label = -1;
+    for (const std::string& p : shard_paths(path)) {
+      Shard s{io::SafetensorsFile::open(p), {}, {}, size_};
+      for (const char* name : {"latents", "labels"}) {
+        if (!s.file.contains(name)) throw RuntimeError(p + ": no tensor named '" + std::string(name) + "'");
+      }
+      s.latents = s.file.get("latents");
+      const at::Tensor labels = s.file.get("labels");
+      const auto dt = s.latents.scalar_type();
+      if (s.latents.dim() != 4 || (dt != at::kFloat && dt != at::kHalf && dt != at::kBFloat16)) {
+        throw RuntimeError(p + ": 'latents' must be [N, C, H, W] of F32, F16 or BF16, found " +
+                           io::safetensors_dtype_name(dt) + " " + shape_text(s.latents.sizes()));
+      }
+      if (labels.dim() != 1 || !at::isIntegralType(labels.scalar_type(), /*includeBool=*/false)) {
+        throw RuntimeError(p + ": 'labels' must be [N] of an integer type, found " +
+                           io::safetensors_dtype_name(labels.scalar_type()) + " " + shape_text(labels.sizes()));
+      }
+      if (labels.size(0) != s.latents.size(0)) {
+        throw RuntimeError(p + ": 'labels' has " + std::to_string(labels.size(0)) + " entries but 'latents' has " +
+                           std::to_string(s.latents.size(0)) + " samples");
+      }
+      const std::array<int64_t, 3> shape{s.latents.size(1), s.latents.size(2), s.latents.size(3)};
+      if (shards_.empty()) {
+        shape_ = shape;
+      } else if (shape != shape_) {
+        throw RuntimeError(p + ": latents of " + shape_text(shape) + " per sample, but " + shards_[0].file.path() +
+                           " has " + shape_text(shape_));
+      }
+      const at::Tensor l64 = labels.to(at::kLong).contiguous();
+      s.labels.assign(l64.data_ptr<int64_t>(), l64.data_ptr<int64_t>() + l64.numel());
+      for (size_t i = 0; i < s.labels.size(); ++i) {
+        if (s.labels[i] < 0) {
+          throw RuntimeError(p + ": label " + std::to_string(s.labels[i]) + " of sample " + std::to_string(i) +
+                             " is negative");
+        }
+        max_label = std::max(max_label, s.labels[i]);
+      }
+      if (const auto n = metadata_num_classes(s.file)) {
+        if (declared && *declared != *n) {
+          throw RuntimeError(p + ": metadata num_classes " + std::to_string(*n) + " differs from " +
+                             std::to_string(*declared) + " in an earlier shard");
+        }
+        declared = n;
+        const auto big = std::find_if(s.labels.begin(), s.labels.end(), [&](int64_t l) { return l >= *n; });
+        if (big != s.labels.end()) {
+          throw RuntimeError(p + ": label " + std::to_string(*big) + " of sample " +
+                             std::to_string(big - s.labels.begin()) + " is not below metadata num_classes " +
+                             std::to_string(*n));
+        }
+      }
+      size_ += s.latents.size(0);
+      shards_.push_back(std::move(s));
+    }
+    if (size_ == 0) throw RuntimeError("latent shards: " + path + " holds no samples");
+    num_classes_ = declared ? *declared : max_label + 1;
+  }
+
+  int64_t size() const override { return size_; }
+  std::array<int64_t, 3> sample_shape() const override { return shape_; }
+  int64_t num_classes() const override { return num_classes_; }
+
+  void gather(const int64_t* indices, int64_t n, float* x_out, int64_t* y_out) const override {
+    const int64_t numel = shape_[0] * shape_[1] * shape_[2];
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t i = indices[k];
+      if (i < 0 || i >= size_) throw RuntimeError(describe() + ": sample index " + std::to_string(i) + " out of range");
+      // The last shard that starts at or before i.
+      const auto it = std::upper_bound(shards_.begin(), shards_.end(), i,
+                                       [](int64_t v, const Shard& s) { return v < s.start; }) - 1;
+      const int64_t j = i - it->start;
+      float* out = x_out + k * numel;
+      const void* src = static_cast<const char*>(it->latents.data_ptr()) + j * numel * it->latents.element_size();
+      switch (it->latents.scalar_type()) {
+        case at::kFloat:
+          std::memcpy(out, src, numel * sizeof(float));
+          break;
+        case at::kHalf:
+          convert(static_cast<const c10::Half*>(src), numel, out);
+          break;
+        default:
+          convert(static_cast<const c10::BFloat16*>(src), numel, out);
+          break;
+      }
+      y_out[k] = it->labels[j];
+    }
+  }
+
+  std::string describe() const override {
+    return "latent shards (" + std::to_string(size_) + " samples " + std::to_string(shape_[0]) + "x" +
+           std::to_string(shape_[1]) + "x" + std::to_string(shape_[2]) + ", " + std::to_string(num_classes_) +
+           " classes, " + std::to_string(shards_.size()) + " files) from " + path_;
+  }
+
+ private:
+  template <typename T>
+  static void convert(const T* src, int64_t n, float* out) {
+    for (int64_t e = 0; e < n; ++e) out[e] = static_cast<float>(src[e]);
+  }
+
+  std::string path_;
+  std::vector<Shard> shards_;
+  std::array<int64_t, 3> shape_{};
+  int64_t size_ = 0;
+  int64_t num_classes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Dataset> open_latent_shards(const std::string& path) {
+  return std::make_unique<LatentShards>(path);
+}
+
+}  // namespace perftrain::data

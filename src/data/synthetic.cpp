@@ -1,0 +1,76 @@
+// Random latents that cost no I/O: every value is a hash of (seed, sample,
+// element), so any sample can be made on any thread in any order.
+#include <cmath>
+
+#include "base/error.h"
+#include "data/dataset.h"
+
+namespace perftrain::data {
+namespace {
+
+uint64_t mix(uint64_t z) {  // splitmix64's finalizer
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+class Synthetic final : public Dataset {
+ public:
+  Synthetic(int64_t size, std::array<int64_t, 3> shape, int64_t num_classes, uint64_t seed)
+      : size_(size), shape_(shape), num_classes_(num_classes), seed_(seed) {}
+
+  int64_t size() const override { return size_; }
+  std::array<int64_t, 3> sample_shape() const override { return shape_; }
+  int64_t num_classes() const override { return num_classes_; }
+
+  void gather(const int64_t* indices, int64_t n, float* x_out, int64_t* y_out) const override {
+    const int64_t numel = shape_[0] * shape_[1] * shape_[2];
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t i = indices[k];
+      if (i < 0 || i >= size_) throw RuntimeError(describe() + ": sample index " + std::to_string(i) + " out of range");
+      const uint64_t key = mix(seed_ ^ mix(static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull));
+      float* out = x_out + k * numel;
+      // Box-Muller: each pair of uniforms gives two independent normals.
+      for (int64_t e = 0; e < numel; e += 2) {
+        const uint64_t h1 = mix(key + 2 * static_cast<uint64_t>(e) + 1);
+        const uint64_t h2 = mix(key + 2 * static_cast<uint64_t>(e) + 2);
+        const double u1 = (static_cast<double>(h1 >> 11) + 1.0) * 0x1p-53;  // (0, 1]: log is finite
+        const double u2 = static_cast<double>(h2 >> 11) * 0x1p-53;         // [0, 1)
+        const double r = std::sqrt(-2.0 * std::log(u1));
+        const double a = 6.283185307179586 * u2;
+        out[e] = static_cast<float>(r * std::cos(a));
+        if (e + 1 < numel) out[e + 1] = static_cast<float>(r * std::sin(a));
+      }
+      y_out[k] = i % num_classes_;
+    }
+  }
+
+  std::string describe() const override {
+    return "synthetic (" + std::to_string(size_) + " samples " + std::to_string(shape_[0]) + "x" +
+           std::to_string(shape_[1]) + "x" + std::to_string(shape_[2]) + ", " +
+           std::to_string(num_classes_) + " classes, seed " + std::to_string(seed_) + ")";
+  }
+
+ private:
+  int64_t size_;
+  std::array<int64_t, 3> shape_;
+  int64_t num_classes_;
+  uint64_t seed_;
+};
+
+}  // namespace
+
+std::unique_ptr<Dataset> make_synthetic(int64_t size, std::array<int64_t, 3> shape, int64_t num_classes,
+                                        uint64_t seed) {
+  if (size < 1) throw UsageError("synthetic dataset: size must be >= 1, got " + std::to_string(size));
+  if (shape[0] < 1 || shape[1] < 1 || shape[2] < 1) {
+    throw UsageError("synthetic dataset: sample shape must be positive, got " + std::to_string(shape[0]) + "x" +
+                     std::to_string(shape[1]) + "x" + std::to_string(shape[2]));
+  }
+  if (num_classes < 1) {
+    throw UsageError("synthetic dataset: num_classes must be >= 1, got " + std::to_string(num_classes));
+  }
+  return std::make_unique<Synthetic>(size, shape, num_classes, seed);
+}
+
+}  // namespace perftrain::data

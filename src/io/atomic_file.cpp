@@ -1,0 +1,108 @@
+#include "io/atomic_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "base/error.h"
+
+namespace perftrain::io {
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+// "dir/.name.tmp.<pid>.<n>": hidden, unique within the process and across
+// processes, and in the target's directory.
+std::string temp_name(const std::string& path, int attempt) {
+  static std::atomic<uint64_t> counter{0};
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  return dir + "." + base + ".tmp." + std::to_string(::getpid()) + "." +
+         std::to_string(counter.fetch_add(1)) + "." + std::to_string(attempt);
+}
+
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+void write_bytes(std::FILE* f, const void* data, size_t size, const std::string& path) {
+  if (size == 0) return;
+  if (std::fwrite(data, 1, size, f) != size) {
+    throw RuntimeError("cannot write " + path + ": " + errno_text());
+  }
+}
+
+void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write) {
+  if (path.empty() || path.back() == '/') {
+    throw UsageError("cannot write '" + path + "': not a file name");
+  }
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0 && attempt < 16; ++attempt) {
+    tmp = temp_name(path, attempt);
+    // 0666 lets the umask decide the permissions, as for any new file.
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) {
+    throw RuntimeError("cannot write " + path + ": cannot create a temporary file in " +
+                       parent_dir(path) + ": " + errno_text());
+  }
+  std::FILE* f = ::fdopen(fd, "wb");
+  if (f == nullptr) {
+    const std::string why = errno_text();
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw RuntimeError("cannot write " + path + ": " + why);
+  }
+  auto fail = [&](const std::string& why) {
+    if (f != nullptr) std::fclose(f);
+    ::unlink(tmp.c_str());
+    throw RuntimeError("cannot write " + path + ": " + why);
+  };
+  try {
+    write(f);
+  } catch (const UsageError&) {
+    std::fclose(f);
+    ::unlink(tmp.c_str());
+    throw;
+  } catch (const RuntimeError&) {
+    std::fclose(f);
+    ::unlink(tmp.c_str());
+    throw;
+  } catch (const std::exception& e) {
+    fail(e.what());
+  } catch (...) {
+    fail("unknown error while writing");
+  }
+  if (std::ferror(f)) fail("write error");
+  if (std::fflush(f) != 0) fail(errno_text());
+  if (::fsync(::fileno(f)) != 0) fail("fsync: " + errno_text());
+  const int rc = std::fclose(f);
+  f = nullptr;
+  if (rc != 0) fail("close: " + errno_text());
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename: " + errno_text());
+  // Best effort: some filesystems refuse fsync on a directory; the file is
+  // complete either way.
+  const int dfd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+  write_file_atomic(path, [&](std::FILE* f) { write_bytes(f, text.data(), text.size(), path); });
+}
+
+}  // namespace perftrain::io

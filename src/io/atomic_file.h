@@ -1,0 +1,26 @@
+// Writing a file so that a crash or a failed write never leaves a half-written
+// file under the final name: the bytes go to a temporary file in the same
+// directory (so rename stays on one filesystem), which is flushed, fsync'ed and
+// renamed over the target; the directory is then fsync'ed so the rename itself
+// survives a power loss.
+#pragma once
+
+#include <cstdio>
+#include <functional>
+#include <string>
+
+namespace perftrain::io {
+
+// Calls write(f) on the temporary file, then makes it `path`. On any failure
+// (the callback throws, a write/flush/fsync/rename fails) the temporary file is
+// removed and the target is left as it was. perftrain errors thrown by the
+// callback pass through unchanged; every other failure becomes a
+// perftrain::RuntimeError naming `path`.
+void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write);
+
+void write_text_atomic(const std::string& path, const std::string& text);
+
+// fwrite that throws RuntimeError naming `path` on a short write.
+void write_bytes(std::FILE* f, const void* data, size_t size, const std::string& path);
+
+}  // namespace perftrain::io

@@ -1,0 +1,61 @@
+// safetensors files (the format of huggingface/safetensors): an 8-byte
+// little-endian header length N, N bytes of JSON
+//   {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+//    "__metadata__": {"key": "value"}}
+// then the raw little-endian tensor bytes. Reading memory-maps the file, so a
+// tensor is a zero-copy view that keeps the mapping alive; writing goes to a
+// temporary file that is fsync'ed and renamed, so a crash never leaves a
+// half-written file under the final name.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace perftrain::io {
+
+struct Mapping;  // the memory-mapped file
+
+class SafetensorsFile {
+ public:
+  // Throws perftrain::RuntimeError naming the file and what is wrong
+  // (missing, truncated, bad header JSON, offsets outside the file, ...).
+  static SafetensorsFile open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  std::vector<std::string> names() const;  // in file order
+  bool contains(const std::string& name) const;
+  // A CPU tensor viewing the mapped bytes (treat as read-only; clone to own).
+  // Throws RuntimeError naming the file and tensor when the name is absent.
+  at::Tensor get(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  struct Entry {
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+    int64_t begin = 0, end = 0;  // byte offsets into the data section
+  };
+  std::string path_;
+  std::shared_ptr<Mapping> mapping_;
+  int64_t data_start_ = 0;
+  std::vector<std::pair<std::string, Entry>> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// The safetensors name of a dtype ("F32", "BF16", ...), or "unsupported
+// (<torch name>)", for messages that speak the file format's language.
+std::string safetensors_dtype_name(at::ScalarType type);
+
+// Writes tensors (any device; copied to CPU, made contiguous) atomically.
+// Supported dtypes: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL.
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace perftrain::io

@@ -1,0 +1,59 @@
+// DiT (Peebles & Xie, "Scalable Diffusion Models with Transformers"), with the
+// semantics and state_dict names of facebookresearch/DiT's models.py:
+// patchify -> + pos_embed -> N adaLN-Zero blocks conditioned on
+// c = t_embed(t) + y_embed(y) -> final adaLN layer -> unpatchify.
+// The model knows nothing of how it is run: precision (autocast), capture and
+// label dropout are applied from outside.
+#pragma once
+
+#include <memory>
+
+#include "models/dit_config.h"
+#include "nn/attention.h"
+#include "nn/embeddings.h"
+#include "nn/mlp.h"
+
+namespace perftrain::models {
+
+class DiTBlock : public nn::Module {
+ public:
+  DiTBlock(const DiTConfig& cfg, at::Generator& gen);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& c) const;  // x [B,T,D], c [B,D]
+
+  nn::SelfAttention attn;
+  nn::Mlp mlp;
+  nn::SiLULinear adaLN_modulation;  // c -> 6 vectors: shift, scale, gate for attn and mlp
+};
+
+class FinalLayer : public nn::Module {
+ public:
+  FinalLayer(const DiTConfig& cfg, at::Generator& gen);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& c) const;  // -> [B, T, p*p*out]
+
+  nn::Linear linear;
+  nn::SiLULinear adaLN_modulation;  // c -> shift, scale
+};
+
+class DiT : public nn::Module {
+ public:
+  // Builds on the CPU in float32 with the reference initialisation drawn from
+  // a generator seeded with `seed`.
+  DiT(const DiTConfig& cfg, uint64_t seed);
+  // x [B, C, H, W], t [B] float (timestep units), y [B] int64 -> [B, out, H, W]
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) const;
+  const DiTConfig& config() const { return cfg_; }
+
+ private:
+  DiT(const DiTConfig& cfg, at::Generator gen);
+  at::Tensor unpatchify(const at::Tensor& x) const;  // [B, T, p*p*c] -> [B, c, H, W]
+
+  DiTConfig cfg_;
+  at::Tensor pos_embed;  // [1, T, D], fixed (not trainable) but in the state_dict
+  nn::PatchEmbed x_embedder;
+  nn::TimestepEmbedder t_embedder;
+  nn::LabelEmbedder y_embedder;
+  nn::ModuleList<DiTBlock> blocks;
+  FinalLayer final_layer;
+};
+
+}  // namespace perftrain::models

@@ -1,0 +1,85 @@
+#include "models/dit_config.h"
+
+#include <sstream>
+
+#include "base/error.h"
+
+namespace perftrain::models {
+namespace {
+
+struct Size {
+  const char* letter;
+  int64_t depth, hidden, heads;
+};
+// DiT-T is perftrain's own (not in the reference): small enough to train on
+// a laptop CPU in minutes.
+constexpr Size kSizes[] = {
+    {"XL", 28, 1152, 16}, {"L", 24, 1024, 16}, {"B", 12, 768, 12}, {"S", 12, 384, 6}, {"T", 6, 192, 3},
+};
+constexpr int64_t kPatches[] = {2, 4, 8};
+
+}  // namespace
+
+std::vector<std::string> dit_model_names() {
+  std::vector<std::string> names;
+  for (const Size& s : kSizes)
+    for (int64_t p : kPatches) names.push_back(std::string("DiT-") + s.letter + "/" + std::to_string(p));
+  return names;
+}
+
+DiTConfig dit_config(const std::string& name) {
+  for (const Size& s : kSizes) {
+    for (int64_t p : kPatches) {
+      if (name == std::string("DiT-") + s.letter + "/" + std::to_string(p)) {
+        DiTConfig c;
+        c.name = name;
+        c.depth = s.depth;
+        c.hidden = s.hidden;
+        c.heads = s.heads;
+        c.patch = p;
+        return c;
+      }
+    }
+  }
+  std::ostringstream known;
+  for (const auto& n : dit_model_names()) known << " " << n;
+  throw UsageError("unknown model '" + name + "'; known models:" + known.str());
+}
+
+void DiTConfig::validate() const {
+  auto fail = [&](const std::string& what) { throw UsageError("model " + name + ": " + what); };
+  if (depth <= 0 || hidden <= 0 || heads <= 0 || patch <= 0) fail("depth, hidden, heads and patch must be positive");
+  if (hidden % heads != 0) fail("hidden " + std::to_string(hidden) + " is not divisible by heads " + std::to_string(heads));
+  if (hidden % 4 != 0) fail("hidden must be a multiple of 4 for the 2-D sin-cos positional embedding");
+  if (image_size <= 0 || image_size % patch != 0)
+    fail("patch " + std::to_string(patch) + " does not divide image_size " + std::to_string(image_size));
+  if (in_channels <= 0) fail("in_channels must be positive");
+  if (num_classes <= 0) fail("num_classes must be positive");
+  if (class_dropout < 0 || class_dropout >= 1) fail("class_dropout must be in [0, 1)");
+  if (mlp_ratio <= 0) fail("mlp_ratio must be positive");
+}
+
+int64_t DiTConfig::parameter_count(bool trainable_only) const {
+  const int64_t D = hidden, M = mlp_hidden(), P = patch * patch;
+  auto linear = [](int64_t in, int64_t out) { return in * out + out; };
+  const int64_t block = linear(D, 3 * D) + linear(D, D) + linear(D, M) + linear(M, D) + linear(D, 6 * D);
+  const int64_t n = linear(P * in_channels, D)                  // x_embedder (conv as a linear)
+                    + linear(256, D) + linear(D, D)             // t_embedder
+                    + (num_classes + (class_dropout > 0)) * D  // y_embedder
+                    + depth * block                             //
+                    + linear(D, P * out_channels()) + linear(D, 2 * D);  // final_layer
+  return trainable_only ? n : n + tokens() * D;
+}
+
+double DiTConfig::forward_flops_per_sample() const {
+  // 2 FLOPs per multiply-add. Per block: qkv, proj, fc1, fc2, adaLN linear,
+  // and attention (QK^T and PV); plus patch embedding, final layer, t-MLP.
+  const double T = static_cast<double>(tokens()), D = hidden, M = mlp_hidden();
+  const double p2c = static_cast<double>(patch * patch * in_channels);
+  const double per_block = 2 * T * D * (3 * D + D + 2 * M) + 2 * 2 * T * T * D + 2 * D * 6 * D;
+  const double embed = 2 * T * p2c * D + 2 * (256 * D + D * D);
+  const double final_layer = 2 * T * D * (patch * patch * out_channels()) + 2 * D * 2 * D;
+  return depth * per_block + embed + final_layer;
+}
+
+}  // namespace perftrain::models

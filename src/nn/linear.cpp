@@ -1,0 +1,31 @@
+#include "nn/linear.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/zeros.h>
+
+#include "nn/init.h"
+
+namespace perftrain::nn {
+
+Linear::Linear(int64_t in_features, int64_t out_features, at::Generator& gen, bool has_bias) {
+  weight = at::empty({out_features, in_features}, at::kFloat);
+  xavier_uniform_(weight, gen);
+  register_parameter("weight", &weight);
+  if (has_bias) {
+    bias = at::zeros({out_features}, at::kFloat);
+    register_parameter("bias", &bias);
+  }
+}
+
+at::Tensor Linear::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+
+SiLULinear::SiLULinear(int64_t in_features, int64_t out_features, at::Generator& gen)
+    : linear_(in_features, out_features, gen) {
+  register_module("1", &linear_);
+}
+
+at::Tensor SiLULinear::forward(const at::Tensor& x) const { return linear_.forward(at::silu(x)); }
+
+}  // namespace perftrain::nn

@@ -1,0 +1,81 @@
+#include "ops/compat.h"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/_fused_adamw.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/version.h>
+
+#include <sstream>
+
+namespace perftrain::compat {
+
+AutocastGuard::AutocastGuard(at::DeviceType device, at::ScalarType dtype, bool enabled)
+    : device_(device), enabled_(enabled) {
+  if (!enabled_) return;
+  prev_enabled_ = at::autocast::is_autocast_enabled(device_);
+  prev_dtype_ = at::autocast::get_autocast_dtype(device_);
+  at::autocast::set_autocast_enabled(device_, true);
+  at::autocast::set_autocast_dtype(device_, dtype);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!enabled_) return;
+  // Leaving the outermost region drops the cache of casted weights, as
+  // torch.autocast's __exit__ does.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_, prev_enabled_);
+  at::autocast::set_autocast_dtype(device_, prev_dtype_);
+}
+
+void fused_adamw_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                  const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                  const std::vector<at::Tensor>& state_steps, double lr, double beta1, double beta2,
+                  double weight_decay, double eps) {
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, state_steps, lr,
+                    beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+}
+
+bool cuda_available() { return at::globalContext().hasCUDA() && at::cuda::device_count() > 0; }
+
+std::string device_description(const at::Device& device) {
+  std::ostringstream s;
+  if (device.is_cuda()) {
+    const cudaDeviceProp* p = at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index());
+    s << p->name << " (sm_" << p->major << p->minor << ", " << p->multiProcessorCount << " SMs, "
+      << (p->totalGlobalMem >> 30) << " GiB)";
+  } else {
+    s << "CPU (" << at::get_num_threads() << " threads)";
+  }
+  return s.str();
+}
+
+int64_t peak_memory_bytes(const at::Device& device) {
+  if (!device.is_cuda()) return 0;
+  auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+  return stats.allocated_bytes[0].peak;  // [0]: all pools
+}
+
+void reset_peak_memory(const at::Device& device) {
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+}
+
+void synchronize(const at::Device& device) {
+  if (device.is_cuda()) at::cuda::device_synchronize();
+}
+
+std::string torch_version() { return TORCH_VERSION; }
+
+std::string error_message(const std::exception& e) {
+  if (auto* c10e = dynamic_cast<const c10::Error*>(&e)) {
+    std::string m = c10e->what_without_backtrace();
+    auto nl = m.find('\n');
+    return nl == std::string::npos ? m : m.substr(0, nl);
+  }
+  return e.what();
+}
+
+}  // namespace perftrain::compat

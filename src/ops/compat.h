@@ -1,0 +1,50 @@
+// The one place that knows which torch release we build against (2.11) and
+// how its C++ API spells things that differ between 2.x releases: the autocast
+// TLS switches, the fused AdamW entry point, the device queries. A user on
+// another 2.x release looks here first.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace perftrain::compat {
+
+// Mixed precision for the forward pass: matrix products and convolutions in
+// `dtype` (bf16/fp16), reductions in fp32, as torch.autocast does. Scoped;
+// nests; a no-op when !enabled.
+class AutocastGuard {
+ public:
+  AutocastGuard(at::DeviceType device, at::ScalarType dtype, bool enabled);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  at::DeviceType device_;
+  bool enabled_;
+  bool prev_enabled_;
+  at::ScalarType prev_dtype_;
+};
+
+// One AdamW step over all tensors in a single fused launch per dtype/device
+// group (ATen's _fused_adamw_, which has CPU and CUDA kernels). state_steps
+// are float32 scalars already incremented for this step.
+void fused_adamw_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                  const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                  const std::vector<at::Tensor>& state_steps, double lr, double beta1, double beta2,
+                  double weight_decay, double eps);
+
+bool cuda_available();
+// "NVIDIA H200 (sm_90, 132 SMs, 141 GB)" or "CPU (N threads)".
+std::string device_description(const at::Device& device);
+// Peak bytes allocated on a CUDA device since the last reset (0 on CPU).
+int64_t peak_memory_bytes(const at::Device& device);
+void reset_peak_memory(const at::Device& device);
+void synchronize(const at::Device& device);
+std::string torch_version();  // "2.11.0"
+// The first line of a c10::Error's message, without the C++ backtrace.
+std::string error_message(const std::exception& e);
+
+}  // namespace perftrain::compat

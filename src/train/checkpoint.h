@@ -1,0 +1,52 @@
+// Checkpoints: runs/<name>/ckpt/step_00001000/ holds
+//   model.safetensors          the weights, reference state_dict names
+//   ema.safetensors            the EMA weights, same names (load either into
+//                              facebookresearch/DiT's model with load_state_dict)
+//   trainer_state.safetensors  AdamW moments and step counters, the RNG state,
+//                              and in its metadata the step and data position
+// Both weight files carry the resolved config (TOML) in their metadata under
+// "perftrain.config", so `perftrain sample` needs nothing else. Each file is
+// written atomically and ckpt/latest is updated last, so a crash leaves the
+// previous checkpoint as the latest good one.
+#pragma once
+
+#include <ATen/core/Generator.h>
+
+#include <string>
+
+#include "data/batch_loader.h"
+#include "models/dit.h"
+#include "train/adamw.h"
+#include "train/config.h"
+
+namespace perftrain::train {
+
+struct TrainerState {
+  int64_t step = 0;
+  data::LoaderPosition position;
+};
+
+// Writes ckpt_root/step_<step>/ and points ckpt_root/latest at it; removes
+// the oldest step directories beyond `keep`. Returns the step directory.
+std::string save_checkpoint(const std::string& ckpt_root, const TrainConfig& cfg,
+                            const TrainerState& state, const models::DiT& model,
+                            const models::DiT& ema, const AdamW& optimizer, at::Generator gen,
+                            int64_t keep);
+
+// A run directory, a ckpt directory or a step directory -> the step directory
+// to resume from. Throws UsageError saying what was looked for.
+std::string resolve_checkpoint_dir(const std::string& path);
+
+// Restores everything save_checkpoint wrote into already-built objects.
+TrainerState load_checkpoint(const std::string& step_dir, models::DiT& model, models::DiT& ema,
+                             AdamW& optimizer, at::Generator& gen);
+
+// Loads weights into a module: every tensor of the module must be in the file
+// with the same shape (RuntimeError naming the tensor and both shapes), and
+// the file must hold no tensor the module lacks.
+void load_weights(const std::string& path, nn::Module& module);
+
+// The config stored in a weights file's metadata (UsageError if absent).
+TrainConfig config_from_weights(const std::string& path);
+
+}  // namespace perftrain::train

@@ -1,0 +1,294 @@
+#include "train/config.h"
+
+#include <toml++/toml.h>
+
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <variant>
+
+#include "base/error.h"
+
+namespace perftrain::train {
+namespace {
+
+using Target = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+struct Key {
+  const char* section;
+  const char* key;
+  Target target;
+};
+
+// Every configurable key, in the order config.toml lists them.
+std::vector<Key> keys(TrainConfig& c) {
+  auto& m = c.model;
+  return {
+      {"model", "name", &m.name},
+      {"model", "depth", &m.depth},
+      {"model", "hidden", &m.hidden},
+      {"model", "heads", &m.heads},
+      {"model", "patch", &m.patch},
+      {"model", "mlp_ratio", &m.mlp_ratio},
+      {"model", "image_size", &m.image_size},
+      {"model", "in_channels", &m.in_channels},
+      {"model", "num_classes", &m.num_classes},
+      {"model", "class_dropout", &m.class_dropout},
+      {"model", "learn_sigma", &m.learn_sigma},
+      {"data", "source", &c.data.source},
+      {"data", "path", &c.data.path},
+      {"data", "synthetic_size", &c.data.synthetic_size},
+      {"data", "prefetch", &c.data.prefetch},
+      {"train", "steps", &c.optim.steps},
+      {"train", "batch_size", &c.optim.batch_size},
+      {"train", "lr", &c.optim.lr},
+      {"train", "weight_decay", &c.optim.weight_decay},
+      {"train", "beta1", &c.optim.beta1},
+      {"train", "beta2", &c.optim.beta2},
+      {"train", "eps", &c.optim.eps},
+      {"train", "warmup_steps", &c.optim.warmup_steps},
+      {"train", "grad_clip", &c.optim.grad_clip},
+      {"train", "ema_decay", &c.optim.ema_decay},
+      {"train", "ema_warmup", &c.optim.ema_warmup},
+      {"train", "seed", &c.optim.seed},
+      {"train", "device", &c.optim.device},
+      {"train", "precision", &c.optim.precision},
+      {"diffusion", "objective", &c.diffusion.objective},
+      {"diffusion", "time_sampling", &c.diffusion.time_sampling},
+      {"diffusion", "sample_steps", &c.diffusion.sample_steps},
+      {"diffusion", "cfg_scale", &c.diffusion.cfg_scale},
+      {"log", "every", &c.log.every},
+      {"log", "sample_every", &c.log.sample_every},
+      {"log", "checkpoint_every", &c.log.checkpoint_every},
+      {"log", "keep_checkpoints", &c.log.keep_checkpoints},
+      {"log", "sample_per_class", &c.log.sample_per_class},
+      {"log", "sample_classes", &c.log.sample_classes},
+      {"run", "dir", &c.run.dir},
+      {"run", "name", &c.run.name},
+  };
+}
+
+std::string type_name(const Target& t) {
+  return std::visit(
+      [](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) return "a boolean";
+        else if constexpr (std::is_same_v<T, std::string>) return "a string";
+        else if constexpr (std::is_same_v<T, double>) return "a number";
+        else return "an integer";
+      },
+      t);
+}
+
+// Sets one key from a TOML value; false when the value has the wrong type.
+bool assign(const Target& t, const toml::node& v) {
+  return std::visit(
+      [&](auto* p) -> bool {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          if (!v.is_boolean()) return false;
+          *p = v.as_boolean()->get();
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (!v.is_string()) return false;
+          *p = v.as_string()->get();
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (v.is_integer()) *p = static_cast<double>(v.as_integer()->get());
+          else if (v.is_floating_point()) *p = v.as_floating_point()->get();
+          else return false;
+        } else if constexpr (std::is_same_v<T, uint64_t>) {
+          if (!v.is_integer() || v.as_integer()->get() < 0) return false;
+          *p = static_cast<uint64_t>(v.as_integer()->get());
+        } else {
+          if (!v.is_integer()) return false;
+          *p = v.as_integer()->get();
+        }
+        return true;
+      },
+      t);
+}
+
+void set_key(TrainConfig& cfg, const std::string& section, const std::string& key,
+             const toml::node& value, const std::string& origin) {
+  const std::string full = section + "." + key;
+  // Naming a model sets its architecture; explicit depth/hidden/... may follow.
+  if (full == "model.name") {
+    if (!value.is_string()) throw UsageError(origin + ": model.name must be a string");
+    auto arch = models::dit_config(value.as_string()->get());
+    cfg.model.name = arch.name;
+    cfg.model.depth = arch.depth;
+    cfg.model.hidden = arch.hidden;
+    cfg.model.heads = arch.heads;
+    cfg.model.patch = arch.patch;
+    return;
+  }
+  for (const Key& k : keys(cfg)) {
+    if (section == k.section && key == k.key) {
+      if (!assign(k.target, value))
+        throw UsageError(origin + ": " + full + " must be " + type_name(k.target));
+      return;
+    }
+  }
+  std::ostringstream known;
+  for (const Key& k : keys(cfg))
+    if (section == k.section) known << " " << k.key;
+  if (known.str().empty())
+    throw UsageError(origin + ": unknown section [" + section +
+                     "]; known sections: model data train diffusion log run");
+  throw UsageError(origin + ": unknown key " + full + "; known keys in [" + section + "]:" + known.str());
+}
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw UsageError("invalid config: " + what);
+}
+
+std::string quoted(const std::string& s) {
+  std::ostringstream o;
+  o << toml::value<std::string>(s);
+  return o.str();
+}
+
+}  // namespace
+
+TrainConfig default_config(bool cuda) {
+  TrainConfig c;
+  c.model = models::dit_config(cuda ? "DiT-S/2" : "DiT-T/4");
+  c.model.image_size = 32;
+  c.model.in_channels = 1;
+  c.model.num_classes = 10;
+  c.diffusion.cfg_scale = 2.0;
+  if (cuda) {
+    c.optim.steps = 4000;
+    c.optim.batch_size = 256;
+    c.optim.lr = 2e-4;
+  } else {
+    c.optim.steps = 600;
+    c.optim.batch_size = 64;
+    c.optim.lr = 1e-3;
+    c.optim.warmup_steps = 50;
+    c.log.every = 20;
+    c.log.sample_every = 0;
+    c.log.checkpoint_every = 0;
+    c.diffusion.sample_steps = 25;
+    c.log.sample_per_class = 4;
+  }
+  return c;
+}
+
+void apply_toml(TrainConfig& cfg, const std::string& toml_text, const std::string& origin) {
+  toml::table doc;
+  try {
+    doc = toml::parse(toml_text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream where;
+    where << origin << ":" << e.source().begin.line << ":" << e.source().begin.column;
+    throw UsageError(where.str() + ": " + std::string(e.description()));
+  }
+  for (const auto& [section, node] : doc) {
+    const std::string sec(section.str());
+    const toml::table* table = node.as_table();
+    if (!table) throw UsageError(origin + ": '" + sec + "' must be a [section]");
+    // model.name first: it resets the architecture that other keys may refine.
+    if (const toml::node* name = table->get("name"); name && sec == "model")
+      set_key(cfg, sec, "name", *name, origin);
+    for (const auto& [key, value] : *table) {
+      if (sec == "model" && key.str() == "name") continue;
+      set_key(cfg, sec, std::string(key.str()), value, origin);
+    }
+  }
+}
+
+void apply_toml_file(TrainConfig& cfg, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw UsageError("cannot read config file " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  apply_toml(cfg, text.str(), path);
+}
+
+void apply_override(TrainConfig& cfg, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  const auto dot = assignment.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+    throw UsageError("override '" + assignment + "' is not of the form section.key=value");
+  const std::string section = assignment.substr(0, dot);
+  const std::string key = assignment.substr(dot + 1, eq - dot - 1);
+  const std::string value = assignment.substr(eq + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", value}};  // a bare word: take it as a string
+  }
+  set_key(cfg, section, key, *parsed.get("v"), "override '" + assignment + "'");
+}
+
+void TrainConfig::validate() const {
+  model.validate();
+  const auto& o = optim;
+  require(data.source == "fashion-mnist" || data.source == "latents" || data.source == "synthetic",
+          "data.source '" + data.source + "' (expected fashion-mnist, latents or synthetic)");
+  require(data.synthetic_size > 0, "data.synthetic_size must be positive");
+  require(data.prefetch >= 1, "data.prefetch must be at least 1");
+  require(o.steps > 0, "train.steps must be positive");
+  require(o.batch_size > 0, "train.batch_size must be positive (got " + std::to_string(o.batch_size) + ")");
+  require(o.lr > 0, "train.lr must be positive (got " + std::to_string(o.lr) + ")");
+  require(o.weight_decay >= 0, "train.weight_decay must be >= 0");
+  require(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "train.beta1/beta2 must be in [0, 1)");
+  require(o.eps > 0, "train.eps must be positive");
+  require(o.warmup_steps >= 0, "train.warmup_steps must be >= 0");
+  require(o.grad_clip >= 0, "train.grad_clip must be >= 0 (0 turns clipping off)");
+  require(o.ema_decay >= 0 && o.ema_decay < 1, "train.ema_decay must be in [0, 1)");
+  require(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
+          "train.device '" + o.device + "' (expected auto, cpu or cuda)");
+  require(o.precision == "auto" || o.precision == "bf16" || o.precision == "fp32",
+          "train.precision '" + o.precision + "' (expected auto, bf16 or fp32)");
+  const auto& d = diffusion;
+  require(d.objective == "ddpm" || d.objective == "flow",
+          "diffusion.objective '" + d.objective + "' (expected ddpm or flow)");
+  require(d.time_sampling == "uniform" || d.time_sampling == "logit-normal",
+          "diffusion.time_sampling '" + d.time_sampling + "' (expected uniform or logit-normal)");
+  require(!(model.learn_sigma && d.objective == "flow"),
+          "model.learn_sigma needs diffusion.objective = \"ddpm\" (flow has no variance to learn)");
+  require(d.sample_steps > 0, "diffusion.sample_steps must be positive");
+  require(d.cfg_scale >= 0, "diffusion.cfg_scale must be >= 0");
+  require(d.cfg_scale == 1.0 || model.class_dropout > 0,
+          "diffusion.cfg_scale != 1 needs model.class_dropout > 0 (guidance needs the null class)");
+  require(log.every > 0, "log.every must be positive");
+  require(log.sample_every >= 0 && log.checkpoint_every >= 0, "log.sample_every/checkpoint_every must be >= 0");
+  require(log.keep_checkpoints >= 1, "log.keep_checkpoints must be at least 1");
+  require(log.sample_per_class > 0 && log.sample_classes > 0, "log.sample_per_class/sample_classes must be positive");
+  require(!run.dir.empty(), "run.dir must not be empty");
+  require(run.name.find('/') == std::string::npos, "run.name must not contain '/'");
+}
+
+std::string TrainConfig::to_toml() const {
+  TrainConfig copy = *this;
+  std::ostringstream out;
+  std::string section;
+  out << "# perftrain resolved config: a valid --config input\n";
+  for (const Key& k : keys(copy)) {
+    if (section != k.section) {
+      section = k.section;
+      out << "\n[" << section << "]\n";
+    }
+    out << k.key << " = ";
+    std::visit(
+        [&](auto* p) {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, bool>) out << (*p ? "true" : "false");
+          else if constexpr (std::is_same_v<T, std::string>) out << quoted(*p);
+          else if constexpr (std::is_same_v<T, double>) {
+            std::ostringstream v;
+            v.precision(17);
+            v << *p;
+            std::string s = v.str();
+            if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos) s += ".0";
+            out << s;
+          } else out << *p;
+        },
+        k.target);
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace perftrain::train

@@ -1,0 +1,36 @@
+#include "train/report.h"
+
+#include <sstream>
+
+#include "io/atomic_file.h"
+#include "ops/compat.h"
+#include "train/progress.h"
+
+namespace perftrain::train {
+
+void write_report(const std::string& path, const TrainConfig& cfg, const TrainSummary& s,
+                  const std::string& device, bool bf16, int64_t params, const std::string& data) {
+  std::ostringstream r;
+  r << "# perftrain run report\n\n"
+    << "| | |\n|---|---|\n"
+    << "| model | " << cfg.model.name << " (depth " << cfg.model.depth << ", hidden " << cfg.model.hidden
+    << ", heads " << cfg.model.heads << ", patch " << cfg.model.patch << "), " << params << " trainable parameters |\n"
+    << "| input | " << cfg.model.in_channels << "x" << cfg.model.image_size << "x" << cfg.model.image_size << ", "
+    << cfg.model.num_classes << " classes, learn_sigma " << (cfg.model.learn_sigma ? "on" : "off") << " |\n"
+    << "| data | " << data << " |\n"
+    << "| objective | " << cfg.diffusion.objective << " |\n"
+    << "| device | " << device << " |\n"
+    << "| precision | " << (bf16 ? "bf16 autocast, fp32 weights and optimizer state" : "fp32") << " |\n"
+    << "| torch | " << compat::torch_version() << " |\n"
+    << "| steps | " << s.first_step << " to " << s.last_step << ", batch " << cfg.optim.batch_size << " |\n"
+    << "| loss | " << s.first_loss << " (first window) to " << s.final_loss << " (last window) |\n"
+    << "| speed | " << s.steps_per_s << " steps/s, " << s.steps_per_s * cfg.optim.batch_size << " images/s |\n"
+    << "| first step | " << s.first_step_s << " s after start |\n"
+    << "| peak memory | " << s.peak_memory_gib << " GiB |\n"
+    << "| last checkpoint | " << s.last_checkpoint << " |\n"
+    << "| last samples | " << s.last_samples << " |\n\n"
+    << "Metrics per logging window are in metrics.jsonl; the resolved config is config.toml.\n";
+  io::write_text_atomic(path, r.str());
+}
+
+}  // namespace perftrain::train

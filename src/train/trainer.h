@@ -1,0 +1,36 @@
+// The training loop: data from a background loader, the diffusion objective
+// on a DiT (bf16 autocast on CUDA, fp32 on CPU), AdamW, optional gradient
+// clipping and LR warm-up, the EMA, then metrics, sample grids and
+// checkpoints into the run directory. A resumed run continues exactly: on the
+// CPU, N steps then N resumed steps give bit-identical weights to 2N steps.
+#pragma once
+
+#include <chrono>
+#include <ostream>
+#include <string>
+
+#include "train/config.h"
+
+namespace perftrain::train {
+
+struct TrainOptions {
+  std::string resume;  // run dir, ckpt dir or step dir; empty: fresh run
+  std::chrono::steady_clock::time_point process_start = std::chrono::steady_clock::now();
+  bool interactive = false;  // redraw the progress line in place
+};
+
+struct TrainSummary {
+  std::string run_dir;
+  std::string last_checkpoint;
+  std::string last_samples;
+  int64_t first_step = 0, last_step = 0;
+  double final_loss = 0;     // mean loss over the last logging window
+  double first_loss = 0;     // mean loss over the first logging window
+  double steps_per_s = 0;    // after the first step
+  double first_step_s = 0;   // process start to the end of the first step
+  double peak_memory_gib = 0;
+};
+
+TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opts, std::ostream& log);
+
+}  // namespace perftrain::train

@@ -1,0 +1,95 @@
+// Helpers shared by the io and data tests: a temporary directory that cleans
+// itself up, raw file writing, and catching an error of one exact type.
+// No std::filesystem here: libtorch 2.11 exports its own copies of some of its
+// functions, and remove_all from there crashes (calls a null pointer).
+#pragma once
+
+#include <dirent.h>
+#include <ftw.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace perftrain::testing {
+
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/perftrain-test-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    // Depth-first, so that directories are empty when their turn comes.
+    ::nftw(path_.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+           FTW_DEPTH | FTW_PHYS);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  // Names of everything in the directory (to spot leftover temporary files).
+  std::vector<std::string> entries() const {
+    std::vector<std::string> out;
+    if (DIR* d = ::opendir(path_.c_str())) {
+      while (const dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name != "." && name != "..") out.push_back(name);
+      }
+      ::closedir(d);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  void mkdir(const std::string& name) const { ::mkdir(file(name).c_str(), 0777); }
+
+ private:
+  std::string path_;
+};
+
+inline void write_raw(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+inline std::string read_raw(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// Runs f and returns the message of the exception of type E it throws; any
+// other outcome fails the test (and returns ""). PERFTRAIN_PRINT_ERRORS=1
+// prints each message, to review what users would read.
+template <typename E, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    if (std::getenv("PERFTRAIN_PRINT_ERRORS") != nullptr) std::fprintf(stderr, "    error: %s\n", e.what());
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw the wrong exception type: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "did not throw";
+  return "";
+}
+
+// Exit status of a shell command (-1 when it did not exit normally).
+inline int run_command(const std::string& cmd) {
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace perftrain::testing

@@ -1,0 +1,168 @@
+// The C++ DiT against the plain-PyTorch reference (bench/reference_dit.py,
+// which mirrors facebookresearch/DiT): same weights and inputs in both, then
+// outputs and every gradient compared; parameter names, shapes and counts
+// compared for the registry configs.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/rand.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <map>
+
+#include "base/error.h"
+#include "io/safetensors.h"
+#include "io/test_util.h"
+#include "models/dit.h"
+
+namespace perftrain::models {
+namespace {
+
+using perftrain::testing::run_command;
+using perftrain::testing::TempDir;
+
+std::string reference_cmd(const DiTConfig& c, const std::string& sub) {
+  char flags[512];
+  std::snprintf(flags, sizeof flags,
+                " --depth %lld --hidden %lld --heads %lld --patch %lld --image-size %lld --in-channels %lld"
+                " --num-classes %lld --class-dropout %g %s",
+                (long long)c.depth, (long long)c.hidden, (long long)c.heads, (long long)c.patch,
+                (long long)c.image_size, (long long)c.in_channels, (long long)c.num_classes, c.class_dropout,
+                c.learn_sigma ? "--learn-sigma" : "--no-learn-sigma");
+  return std::string(PERFTRAIN_PYTHON) + " " + PERFTRAIN_SOURCE_DIR + "/bench/reference_dit.py " + sub + flags;
+}
+
+// Relative error ||a - b|| / ||b|| (b nonzero), in float64.
+double rel_err(const at::Tensor& a, const at::Tensor& b) {
+  auto a64 = a.to(at::kDouble), b64 = b.to(at::kDouble);
+  return (a64 - b64).norm().item<double>() / std::max(b64.norm().item<double>(), 1e-30);
+}
+
+void compare_with_reference(DiTConfig cfg, uint64_t seed) {
+  TempDir tmp;
+  DiT model(cfg, seed);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
+  // The reference initialisation zeroes the adaLN and final layers, which
+  // would make most gradients zero: perturb every weight so all paths count.
+  model.transform([&](const std::string& name, const at::Tensor& t) {
+    if (name == "pos_embed") return t;
+    return t + 0.05 * at::randn(t.sizes(), gen, at::kFloat);
+  });
+  io::save_safetensors(tmp.file("w.safetensors"), model.state());
+
+  const int64_t B = 3;
+  auto x = at::randn({B, cfg.in_channels, cfg.image_size, cfg.image_size}, gen, at::kFloat);
+  auto t = at::rand({B}, gen, at::kFloat) * 999;
+  auto y = at::randint(0, cfg.num_classes + 1, {B}, gen, at::kLong);  // includes the null class
+  auto gout = at::randn({B, cfg.out_channels(), cfg.image_size, cfg.image_size}, gen, at::kFloat);
+  io::save_safetensors(tmp.file("in.safetensors"), io::NamedTensors{{"x", x}, {"t", t}, {"y", y}, {"gout", gout}});
+
+  auto xg = x.clone().set_requires_grad(true);
+  auto out = model.forward(xg, t, y);
+  (out * gout).sum().backward();
+
+  const std::string cmd = reference_cmd(cfg, "check") + " --weights " + tmp.file("w.safetensors") +
+                          " --inputs " + tmp.file("in.safetensors") + " --out " + tmp.file("out.safetensors");
+  ASSERT_EQ(run_command(cmd), 0) << cmd;
+  auto ref = io::SafetensorsFile::open(tmp.file("out.safetensors"));
+
+  // fp32 on both sides, same op order up to library kernels: 1e-5 relative.
+  const double tol = 1e-5;
+  EXPECT_LT(rel_err(out, ref.get("out")), tol);
+  EXPECT_LT(rel_err(xg.grad(), ref.get("grad.x")), tol);
+  int compared = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    ASSERT_TRUE(ref.contains("grad." + name)) << name;
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_LT(rel_err(p.grad(), ref.get("grad." + name)), tol) << name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int>(model.named_parameters().size()));
+}
+
+TEST(DiTReference, SmallModelWithLearnedSigmaMatchesPyTorch) {
+  DiTConfig c;
+  c.depth = 2, c.hidden = 64, c.heads = 4, c.patch = 2;
+  c.image_size = 8, c.in_channels = 3, c.num_classes = 5, c.learn_sigma = true;
+  compare_with_reference(c, 7);
+}
+
+TEST(DiTReference, OddShapesWithoutSigmaOrNullClassMatchPyTorch) {
+  DiTConfig c;
+  c.depth = 3, c.hidden = 48, c.heads = 3, c.patch = 3;  // 3x3 patches of a 9x9 input
+  c.image_size = 9, c.in_channels = 1, c.num_classes = 7, c.learn_sigma = false, c.class_dropout = 0.0;
+  compare_with_reference(c, 11);
+}
+
+TEST(DiTReference, NamesShapesAndCountsMatchForEveryRegistryConfig) {
+  TempDir tmp;
+  const std::string cmd = std::string(PERFTRAIN_PYTHON) + " " + PERFTRAIN_SOURCE_DIR +
+                          "/bench/reference_dit.py params --all --json > " + tmp.file("params.json");
+  ASSERT_EQ(run_command(cmd), 0) << cmd;
+  std::ifstream in(tmp.file("params.json"));
+  auto ref = nlohmann::json::parse(in);
+  int checked = 0;
+  for (const auto& name : dit_model_names()) {
+    if (name.rfind("DiT-T", 0) == 0) continue;  // perftrain's own size, not in the reference
+    ASSERT_TRUE(ref.contains(name)) << name;
+    const auto c = dit_config(name);
+    EXPECT_EQ(c.parameter_count(), ref[name]["params"].get<int64_t>()) << name;
+    EXPECT_EQ(c.parameter_count(true), ref[name]["trainable"].get<int64_t>()) << name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 12);
+  // Names and shapes, in state_dict order, for a model small enough to build.
+  DiT s2(dit_config("DiT-S/2"), 0);
+  EXPECT_EQ(s2.parameter_count(), dit_config("DiT-S/2").parameter_count());
+  const auto& tensors = ref["DiT-S/2"]["tensors"];
+  const auto state = s2.state();
+  ASSERT_EQ(tensors.size(), state.size());
+  for (size_t i = 0; i < state.size(); ++i) {
+    EXPECT_EQ(tensors[i][0].get<std::string>(), state[i].first);
+    EXPECT_EQ(tensors[i][1].get<std::vector<int64_t>>(), state[i].second.sizes().vec()) << state[i].first;
+  }
+}
+
+TEST(DiT, ZeroInitialisedModelOutputsZeroAndIdentityBlocks) {
+  DiTConfig c = dit_config("DiT-T/4");
+  c.in_channels = 1, c.num_classes = 10;
+  DiT model(c, 3);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  auto x = at::randn({2, 1, 32, 32}, gen, at::kFloat);
+  auto out = model.forward(x, at::rand({2}, gen, at::kFloat) * 999, at::randint(0, 10, {2}, gen, at::kLong));
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 2, 32, 32}));
+  EXPECT_EQ(out.abs().max().item<float>(), 0.0f);  // final layer is zero-initialised
+}
+
+TEST(DiT, SameSeedSameWeightsDifferentSeedDifferent) {
+  DiTConfig c = dit_config("DiT-T/8");
+  DiT a(c, 1), b(c, 1), d(c, 2);
+  const auto sa = a.state(), sb = b.state(), sd = d.state();
+  bool any_diff = false;
+  for (size_t i = 0; i < sa.size(); ++i) {
+    EXPECT_TRUE(sa[i].second.equal(sb[i].second)) << sa[i].first;
+    any_diff |= !sa[i].second.equal(sd[i].second);
+  }
+  EXPECT_TRUE(any_diff);
+}
+
+TEST(DiTConfig, RejectsUnknownNamesAndImpossibleShapes) {
+  try {
+    dit_config("DiT-XXL/2");
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("DiT-XL/2"), std::string::npos) << "should list the known models";
+  }
+  DiTConfig c = dit_config("DiT-S/2");
+  c.image_size = 33;
+  EXPECT_THROW(c.validate(), UsageError);
+  c = dit_config("DiT-S/2");
+  c.heads = 5;
+  EXPECT_THROW(c.validate(), UsageError);
+}
+
+}  // namespace
+}  // namespace perftrain::models

@@ -1,0 +1,96 @@
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+#include "io/test_util.h"
+#include "train/config.h"
+
+namespace perftrain::train {
+namespace {
+
+using perftrain::testing::error_of;
+
+TEST(TrainConfig, DefaultsAreValidOnBothDevices) {
+  EXPECT_NO_THROW(default_config(true).validate());
+  EXPECT_NO_THROW(default_config(false).validate());
+  EXPECT_EQ(default_config(true).model.name, "DiT-S/2");
+  EXPECT_EQ(default_config(true).data.source, "fashion-mnist");
+}
+
+TEST(TrainConfig, TomlSetsKeysAndModelNameSetsArchitecture) {
+  TrainConfig c = default_config(false);
+  apply_toml(c, R"(
+[model]
+name = "DiT-B/4"
+image_size = 16
+[train]
+lr = 3e-4
+steps = 7
+ema_warmup = false
+[diffusion]
+objective = "flow"
+)", "test.toml");
+  EXPECT_EQ(c.model.depth, 12);
+  EXPECT_EQ(c.model.hidden, 768);
+  EXPECT_EQ(c.model.patch, 4);
+  EXPECT_EQ(c.model.image_size, 16);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 3e-4);
+  EXPECT_EQ(c.optim.steps, 7);
+  EXPECT_FALSE(c.optim.ema_warmup);
+  EXPECT_EQ(c.diffusion.objective, "flow");
+}
+
+TEST(TrainConfig, ResolvedTomlRoundTrips) {
+  TrainConfig a = default_config(true);
+  apply_override(a, "train.lr=0.00012345678901234");
+  apply_override(a, "run.name=my-run");
+  apply_override(a, "model.depth=3");
+  TrainConfig b = default_config(false);
+  apply_toml(b, a.to_toml(), "roundtrip");
+  EXPECT_EQ(a.to_toml(), b.to_toml());
+  EXPECT_DOUBLE_EQ(b.optim.lr, 0.00012345678901234);
+  EXPECT_EQ(b.run.name, "my-run");
+  EXPECT_EQ(b.model.depth, 3);
+}
+
+TEST(TrainConfig, UnknownKeysSectionsAndWrongTypesAreUsageErrors) {
+  TrainConfig c = default_config(false);
+  auto msg = error_of<UsageError>([&] { apply_toml(c, "[train]\nbatchsize = 3\n", "cfg.toml"); });
+  EXPECT_NE(msg.find("train.batchsize"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("batch_size"), std::string::npos) << "should list the known keys: " << msg;
+  msg = error_of<UsageError>([&] { apply_toml(c, "[optimizer]\nlr = 3\n", "cfg.toml"); });
+  EXPECT_NE(msg.find("[optimizer]"), std::string::npos) << msg;
+  msg = error_of<UsageError>([&] { apply_toml(c, "[train]\nsteps = \"many\"\n", "cfg.toml"); });
+  EXPECT_NE(msg.find("integer"), std::string::npos) << msg;
+  msg = error_of<UsageError>([&] { apply_toml(c, "[train\nsteps = 1\n", "cfg.toml"); });
+  EXPECT_NE(msg.find("cfg.toml:1"), std::string::npos) << msg;
+  msg = error_of<UsageError>([&] { apply_override(c, "steps=4"); });
+  EXPECT_NE(msg.find("section.key=value"), std::string::npos) << msg;
+  msg = error_of<UsageError>([&] { apply_override(c, "model.name=DiT-Q/2"); });
+  EXPECT_NE(msg.find("DiT-S/2"), std::string::npos) << msg;
+}
+
+TEST(TrainConfig, ValidateNamesTheBadValue) {
+  auto bad = [](const std::string& override, const std::string& expect) {
+    TrainConfig c = default_config(false);
+    apply_override(c, override);
+    auto msg = error_of<UsageError>([&] { c.validate(); });
+    EXPECT_NE(msg.find(expect), std::string::npos) << override << " -> " << msg;
+  };
+  bad("train.batch_size=0", "batch_size");
+  bad("train.lr=-1e-4", "train.lr");
+  bad("model.patch=3", "patch 3 does not divide image_size 32");
+  bad("data.source=imagenet", "data.source");
+  bad("train.device=tpu", "train.device");
+  bad("diffusion.objective=score", "diffusion.objective");
+  bad("train.steps=0", "train.steps");
+}
+
+TEST(TrainConfig, FlowWithLearnedSigmaIsRejected) {
+  TrainConfig c = default_config(false);
+  apply_override(c, "diffusion.objective=flow");
+  apply_override(c, "model.learn_sigma=true");
+  EXPECT_THROW(c.validate(), UsageError);
+}
+
+}  // namespace
+}  // namespace perftrain::train
