@@ -14,6 +14,10 @@ int main(int argc, char** argv) {
   perftrain::cli::add_train_command(app);
   perftrain::cli::add_sample_command(app);
   perftrain::cli::add_models_command(app);
+  if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](CLI::App* c) { return c->get_name() == argv[1]; }).empty()) {
+    std::cerr << "perftrain: unknown command '" << argv[1] << "'; commands: train, sample, models (see perftrain --help)\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "cli/command.h"
@@ -19,9 +20,9 @@ struct TrainArgs {
   std::vector<std::string> overrides;  // section.key=value
   // Shortcuts for the most used keys; each becomes an override.
   std::string model, data, data_path, device, precision, objective, run_name, runs_dir;
-  int64_t steps = 0, batch_size = 0;
-  double lr = 0;
-  int64_t seed = -1;
+  // Unset unless given (so that an explicit 0 reaches validation).
+  std::optional<int64_t> steps, batch_size, seed;
+  std::optional<double> lr;
 };
 
 std::vector<std::string> shortcut_overrides(const TrainArgs& a) {
@@ -37,15 +38,15 @@ std::vector<std::string> shortcut_overrides(const TrainArgs& a) {
   str("diffusion.objective", a.objective);
   str("run.name", a.run_name);
   str("run.dir", a.runs_dir);
-  if (a.steps) o.push_back("train.steps=" + std::to_string(a.steps));
-  if (a.batch_size) o.push_back("train.batch_size=" + std::to_string(a.batch_size));
+  if (a.steps) o.push_back("train.steps=" + std::to_string(*a.steps));
+  if (a.batch_size) o.push_back("train.batch_size=" + std::to_string(*a.batch_size));
   if (a.lr) {
     std::ostringstream v;
     v.precision(17);
-    v << a.lr;
+    v << std::showpoint << *a.lr;  // always a TOML float
     o.push_back("train.lr=" + v.str());
   }
-  if (a.seed >= 0) o.push_back("train.seed=" + std::to_string(a.seed));
+  if (a.seed) o.push_back("train.seed=" + std::to_string(*a.seed));
   return o;
 }
 

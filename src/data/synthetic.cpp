@@ -1,5 +1,8 @@
 // Random latents that cost no I/O: every value is a hash of (seed, sample,
-// element), so any sample can be made on any thread in any order.
+// element), so any sample can be made on any thread in any order. Each sample
+// is 0.8 * its class's pattern (a plane wave, mean 0, variance 1) plus
+// 0.6 * standard normal noise: unit variance overall, and learnable, so that a
+// loss that falls on it says the model and trainer work.
 #include <cmath>
 
 #include "base/error.h"
@@ -38,12 +41,28 @@ class Synthetic final : public Dataset {
         const double u2 = static_cast<double>(h2 >> 11) * 0x1p-53;         // [0, 1)
         const double r = std::sqrt(-2.0 * std::log(u1));
         const double a = 6.283185307179586 * u2;
-        out[e] = static_cast<float>(r * std::cos(a));
-        if (e + 1 < numel) out[e + 1] = static_cast<float>(r * std::sin(a));
+        out[e] = static_cast<float>(kNoise * r * std::cos(a));
+        if (e + 1 < numel) out[e + 1] = static_cast<float>(kNoise * r * std::sin(a));
       }
       y_out[k] = i % num_classes_;
+      add_pattern(y_out[k], out);
     }
   }
+
+  // sqrt(2) sin(2 pi (k1 h / H + k2 w / W) + phase): whole periods, so mean 0
+  // and variance 1 over the image; frequencies and phase depend on the class.
+  void add_pattern(int64_t label, float* out) const {
+    const int64_t C = shape_[0], H = shape_[1], W = shape_[2];
+    const double k1 = 1 + label % 3, k2 = 1 + (label / 3) % 3;
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t w = 0; w < W; ++w) {
+          const double phase = 0.7 * static_cast<double>(label) + 1.3 * static_cast<double>(c);
+          const double v = std::sqrt(2.0) * std::sin(6.283185307179586 * (k1 * h / H + k2 * w / W) + phase);
+          out[(c * H + h) * W + w] += static_cast<float>(kPattern * v);
+        }
+  }
+  static constexpr double kNoise = 0.6, kPattern = 0.8;
 
   std::string describe() const override {
     return "synthetic (" + std::to_string(size_) + " samples " + std::to_string(shape_[0]) + "x" +

@@ -1,6 +1,6 @@
 #include "train/checkpoint.h"
 
-#include <ATen/ops/empty.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -87,17 +87,20 @@ std::string resolve_checkpoint_dir(const std::string& path) {
 }
 
 void load_weights(const std::string& path, nn::Module& module) {
+  // Copies into the existing tensors (not new ones), so that an optimizer or
+  // EMA already holding them keeps updating the model's own weights.
   auto file = io::SafetensorsFile::open(path);
   std::set<std::string> expected;
-  module.transform([&](const std::string& name, const at::Tensor& current) {
+  at::NoGradGuard no_grad;
+  for (auto& [name, current] : module.state()) {
     expected.insert(name);
     if (!file.contains(name)) throw RuntimeError(path + ": missing tensor '" + name + "'");
     at::Tensor t = file.get(name);
     if (t.sizes() != current.sizes())
       throw RuntimeError(path + ": tensor '" + name + "' has shape " + shape_str(t.sizes()) +
                          " but the model expects " + shape_str(current.sizes()));
-    return t.to(current.options()).clone();
-  });
+    current.copy_(t);
+  }
   for (const auto& name : file.names())
     if (!expected.count(name)) throw RuntimeError(path + ": unexpected tensor '" + name + "' for this model");
 }
@@ -117,7 +120,6 @@ TrainerState load_checkpoint(const std::string& step_dir, models::DiT& model, mo
   const std::string& dir = step_dir;
   load_weights(fs::join(dir, "model.safetensors"), model);
   load_weights(fs::join(dir, "ema.safetensors"), ema);
-  for (auto& p : ema.parameters()) p.set_requires_grad(false);
 
   const std::string state_path = fs::join(dir, "trainer_state.safetensors");
   auto file = io::SafetensorsFile::open(state_path);

@@ -53,11 +53,12 @@ TEST(Cli, BadUsageExitsTwoWithAClearMessage) {
   TempDir tmp;
   const std::string runs = " --runs-dir " + tmp.path();
   expect_error("train --model DiT-Q/2" + runs, 2, "known models: DiT-XL/2");
-  expect_error("train --batch-size 0" + runs + kTiny, 2, "train.batch_size must be positive");
-  expect_error("train --lr -0.1" + runs + kTiny, 2, "train.lr must be positive");
-  expect_error("train --set model.patch=3" + runs + kTiny, 2, "does not divide image_size");
-  expect_error("train --set train.bogus=1" + runs + kTiny, 2, "unknown key train.bogus");
-  expect_error("train --data-path " + tmp.path() + "/nowhere" + runs + kTiny, 2, "apt-get install dataset-fashion-mnist");
+  expect_error("train" + runs + kTiny + " --batch-size 0", 2, "train.batch_size must be positive");
+  expect_error("train" + runs + kTiny + " --lr -0.1", 2, "train.lr must be positive");
+  expect_error("train" + runs + kTiny + " --set model.patch=3", 2, "does not divide image_size");
+  expect_error("train" + runs + kTiny + " --set train.bogus=1", 2, "unknown key train.bogus");
+  expect_error("train" + runs + kTiny + " --data-path " + tmp.path() + "/nowhere", 2,
+               "apt-get install dataset-fashion-mnist");
   expect_error("train --no-such-flag", 2, "--no-such-flag");
   expect_error("frobnicate", 2, "frobnicate");
   expect_error("sample --ckpt " + tmp.path() + "/missing", 2, "does not exist");

@@ -56,7 +56,8 @@ void compare_with_reference(DiTConfig cfg, uint64_t seed) {
   const int64_t B = 3;
   auto x = at::randn({B, cfg.in_channels, cfg.image_size, cfg.image_size}, gen, at::kFloat);
   auto t = at::rand({B}, gen, at::kFloat) * 999;
-  auto y = at::randint(0, cfg.num_classes + 1, {B}, gen, at::kLong);  // includes the null class
+  // Labels include the null class when the model has one.
+  auto y = at::randint(0, cfg.num_classes + (cfg.class_dropout > 0), {B}, gen, at::kLong);
   auto gout = at::randn({B, cfg.out_channels(), cfg.image_size, cfg.image_size}, gen, at::kFloat);
   io::save_safetensors(tmp.file("in.safetensors"), io::NamedTensors{{"x", x}, {"t", t}, {"y", y}, {"gout", gout}});
 
