@@ -277,10 +277,14 @@ std::string TrainConfig::to_toml() const {
           if constexpr (std::is_same_v<T, bool>) out << (*p ? "true" : "false");
           else if constexpr (std::is_same_v<T, std::string>) out << quoted(*p);
           else if constexpr (std::is_same_v<T, double>) {
-            std::ostringstream v;
-            v.precision(17);
-            v << *p;
-            std::string s = v.str();
+            std::string s;
+            for (int digits = 15; digits <= 17; ++digits) {  // the shortest text that reads back exactly
+              std::ostringstream v;
+              v.precision(digits);
+              v << *p;
+              s = v.str();
+              if (std::stod(s) == *p) break;
+            }
             if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos) s += ".0";
             out << s;
           } else out << *p;
