@@ -3,6 +3,7 @@
 // DiT-T/4 that trains in minutes), then a TOML file, then "section.key=value"
 // overrides from the command line. The resolved config is written to the run
 // directory as config.toml and is itself a valid input.
+// (The CPU default trains with rectified flow; see default_config.)
 #pragma once
 
 #include <string>
