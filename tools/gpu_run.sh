@@ -4,6 +4,7 @@
 # tools/fill_carry.sh), runs the gpu-labelled tests, trains the main job
 # (DiT-S/2 on Fashion-MNIST) and prints a summary table last.
 #   STEPS=3000 bash tools/gpu_run.sh        (in a device call with carry [".carry"])
+#   TESTS=all COMMIT=$(git rev-parse --short HEAD) ...   every test, not only the gpu ones
 # Results go to $OUT (or ./gpu-out): samples, metrics, report, logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,11 @@ log "build rc=$build_rc in ${build_s}s"
 if [ $build_rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
 
 t0=$(date +%s)
-ctest --test-dir build-gpu -L gpu --output-on-failure -j 4 > "$OUT/gpu_tests.log" 2>&1
+if [ "${TESTS:-gpu}" = all ]; then
+  ctest --test-dir build-gpu --output-on-failure -j 8 > "$OUT/gpu_tests.log" 2>&1
+else
+  ctest --test-dir build-gpu -L gpu --output-on-failure -j 4 > "$OUT/gpu_tests.log" 2>&1
+fi
 tests_rc=$?
 tests_s=$(( $(date +%s) - t0 ))
 grep -E "tests passed|Failed|FAILED|Passed|Skipped" "$OUT/gpu_tests.log" | tail -15
@@ -51,9 +56,9 @@ echo
 echo "| what | result |"
 echo "|---|---|"
 echo "| GPU | $(cat "$OUT/gpu.txt") |"
-echo "| commit | $(git rev-parse --short HEAD 2>/dev/null || echo unknown) |"
+echo "| commit | ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} |"
 echo "| build | rc $build_rc, ${build_s} s |"
-echo "| gpu tests | rc $tests_rc, ${tests_s} s: $(grep -E 'tests passed' "$OUT/gpu_tests.log") |"
+echo "| tests (${TESTS:-gpu}) | rc $tests_rc, ${tests_s} s: $(grep -E 'tests passed' "$OUT/gpu_tests.log") |"
 echo "| train | rc $train_rc, ${train_s} s: $(grep -E '^done:' "$OUT/train.log") |"
 echo "| first step | $(grep -E 'first step done' "$OUT/train.log") |"
 grep -E '^\| (speed|peak memory|loss) ' "$RUN/report.md" 2>/dev/null

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "io/safetensors.h"
-#include "io/test_util.h"
+#include "support/test_support.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include <set>
 
 #include "base/error.h"
-#include "io/test_util.h"
+#include "support/test_support.h"
 
 namespace perftrain::data {
 namespace {

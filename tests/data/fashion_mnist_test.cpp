@@ -5,7 +5,7 @@
 
 #include "base/error.h"
 #include "data/dataset.h"
-#include "io/test_util.h"
+#include "support/test_support.h"
 
 namespace perftrain::data {
 namespace {

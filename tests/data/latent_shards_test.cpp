@@ -8,7 +8,7 @@
 #include "base/error.h"
 #include "data/dataset.h"
 #include "io/safetensors.h"
-#include "io/test_util.h"
+#include "support/test_support.h"
 
 namespace perftrain::data {
 namespace {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "base/error.h"
-#include "io/test_util.h"
+#include "support/test_support.h"
 
 namespace perftrain::io {
 namespace {

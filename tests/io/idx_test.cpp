@@ -4,7 +4,7 @@
 #include <zlib.h>
 
 #include "base/error.h"
-#include "io/test_util.h"
+#include "support/test_support.h"
 
 namespace perftrain::io {
 namespace {

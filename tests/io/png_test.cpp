@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "base/error.h"
-#include "io/test_util.h"
+#include "support/test_support.h"
 
 #define STB_IMAGE_IMPLEMENTATION
 #define STB_IMAGE_STATIC

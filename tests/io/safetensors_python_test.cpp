@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "io/safetensors.h"
-#include "io/test_util.h"
+#include "support/test_support.h"
 
 namespace perftrain::io {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "base/error.h"
-#include "io/test_util.h"
+#include "support/test_support.h"
 
 namespace perftrain::io {
 namespace {

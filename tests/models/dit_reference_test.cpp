@@ -15,7 +15,7 @@
 
 #include "base/error.h"
 #include "io/safetensors.h"
-#include "io/test_util.h"
+#include "support/test_support.h"
 #include "models/dit.h"
 
 namespace perftrain::models {

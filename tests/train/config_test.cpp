@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "base/error.h"
-#include "io/test_util.h"
+#include "support/test_support.h"
 #include "train/config.h"
 
 namespace perftrain::train {

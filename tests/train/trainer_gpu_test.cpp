@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "io/safetensors.h"
-#include "io/test_util.h"
+#include "support/test_support.h"
 #include "ops/compat.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"

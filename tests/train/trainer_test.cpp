@@ -9,7 +9,7 @@
 #include "base/error.h"
 #include "base/fs.h"
 #include "io/safetensors.h"
-#include "io/test_util.h"
+#include "support/test_support.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 

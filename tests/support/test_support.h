@@ -1,4 +1,4 @@
-// Helpers shared by the io and data tests: a temporary directory that cleans
+// Helpers shared by the tests: a temporary directory that cleans
 // itself up, raw file writing, and catching an error of one exact type.
 // No std::filesystem here: libtorch 2.11 exports its own copies of some of its
 // functions, and remove_all from there crashes (calls a null pointer).
