@@ -77,7 +77,8 @@ TEST(Cli, CorruptFilesExitOneNamingTheFile) {
 
 TEST(Cli, TrainsSamplesAndResumesOnTheCpu) {
   TempDir tmp;
-  const std::string base = "train --steps 4 --batch-size 4 --run-name r --runs-dir " + tmp.path() + kTiny;
+  const std::string base = "train --data synthetic --set data.synthetic_size=64 --steps 4 --batch-size 4 --run-name r "
+                           "--runs-dir " + tmp.path() + kTiny;
   auto r = run(base);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("done: steps 1-4"), std::string::npos) << r.output;
