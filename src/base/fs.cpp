@@ -57,7 +57,9 @@ void create_directories(const std::string& path) {
 }
 
 void remove_tree(const std::string& path) {
-  if (is_directory(path)) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return;
+  if (S_ISDIR(st.st_mode)) {  // lstat: a link to a directory is removed, not followed
     for (const auto& n : list_directory(path)) remove_tree(join(path, n));
     ::rmdir(path.c_str());
   } else {

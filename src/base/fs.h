@@ -16,7 +16,7 @@ bool is_regular_file(const std::string& path);
 std::vector<std::string> list_directory(const std::string& path);
 // mkdir -p; RuntimeError naming the path on failure.
 void create_directories(const std::string& path);
-// rm -r; missing paths are fine.
+// rm -r; missing paths are fine; symbolic links are removed, not followed.
 void remove_tree(const std::string& path);
 // "a/b/c" -> "a/b"; "c" -> "."
 std::string parent_path(const std::string& path);

@@ -14,9 +14,19 @@ int main(int argc, char** argv) {
   perftrain::cli::add_train_command(app);
   perftrain::cli::add_sample_command(app);
   perftrain::cli::add_models_command(app);
-  if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](CLI::App* c) { return c->get_name() == argv[1]; }).empty()) {
-    std::cerr << "perftrain: unknown command '" << argv[1] << "'; commands: train, sample, models (see perftrain --help)\n";
-    return 2;
+  // CLI11 says only "a subcommand is required" for a mistyped command: name it
+  // and list the real ones.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const CLI::App* c : app.get_subcommands([](CLI::App*) { return true; })) {
+      known += (known.empty() ? "" : ", ") + c->get_name();
+      found |= c->get_name() == argv[1];
+    }
+    if (!found) {
+      std::cerr << "perftrain: unknown command '" << argv[1] << "'; commands: " << known << " (see perftrain --help)\n";
+      return 2;
+    }
   }
   try {
     app.parse(argc, argv);

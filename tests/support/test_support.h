@@ -4,8 +4,6 @@
 // functions, and remove_all from there crashes (calls a null pointer).
 #pragma once
 
-#include <dirent.h>
-#include <ftw.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -19,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "base/fs.h"
+
 namespace perftrain::testing {
 
 class TempDir {
@@ -29,28 +29,13 @@ class TempDir {
     if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
     path_ = tmpl;
   }
-  ~TempDir() {
-    // Depth-first, so that directories are empty when their turn comes.
-    ::nftw(path_.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-           FTW_DEPTH | FTW_PHYS);
-  }
+  ~TempDir() { fs::remove_tree(path_); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
   // Names of everything in the directory (to spot leftover temporary files).
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    if (DIR* d = ::opendir(path_.c_str())) {
-      while (const dirent* e = ::readdir(d)) {
-        const std::string name = e->d_name;
-        if (name != "." && name != "..") out.push_back(name);
-      }
-      ::closedir(d);
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-  }
+  std::vector<std::string> entries() const { return fs::list_directory(path_); }
   void mkdir(const std::string& name) const { ::mkdir(file(name).c_str(), 0777); }
 
  private:
