@@ -3,6 +3,24 @@
 function(perftrain_layer name)
   file(GLOB _src CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/src/${name}/*.cpp"
                                    "${CMAKE_SOURCE_DIR}/src/${name}/*/*.cpp")
+  if(name STREQUAL "kernels")
+    # CUDA C++ on raw pointers: no torch, only the CUDA runtime and cuBLASLt.
+    file(GLOB _cu CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/src/kernels/*.cu")
+    if(NOT _src AND NOT _cu)
+      add_library(perftrain_kernels INTERFACE)
+      target_include_directories(perftrain_kernels INTERFACE "${CMAKE_SOURCE_DIR}/src")
+      target_link_libraries(perftrain_kernels INTERFACE CUDA::cudart CUDA::cublasLt)
+      return()
+    endif()
+    add_library(perftrain_kernels STATIC ${_src} ${_cu})
+    target_include_directories(perftrain_kernels PUBLIC "${CMAKE_SOURCE_DIR}/src")
+    target_link_libraries(perftrain_kernels PUBLIC CUDA::cudart CUDA::cublasLt)
+    target_compile_options(perftrain_kernels PRIVATE
+      $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
+      $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+    set_target_properties(perftrain_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    return()
+  endif()
   if(_src)
     add_library(perftrain_${name} STATIC ${_src})
     target_include_directories(perftrain_${name} PUBLIC "${CMAKE_SOURCE_DIR}/src")

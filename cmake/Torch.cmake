@@ -19,3 +19,17 @@ find_package(Torch REQUIRED)
 message(STATUS "perftrain: torch ${Torch_VERSION} from ${Torch_DIR}")
 # Torch's flags (e.g. -D_GLIBCXX_USE_CXX11_ABI) must reach every target.
 add_compile_options(${TORCH_CXX_FLAGS})
+
+# Our own kernels (src/kernels/*.cu): built for Hopper (sm_90a: wgmma,
+# setmaxnreg) unless the caller names other architectures.
+if(NOT CMAKE_CUDA_ARCHITECTURES)
+  set(CMAKE_CUDA_ARCHITECTURES 90a)
+endif()
+if(NOT CMAKE_CUDA_COMPILER AND EXISTS "${CUDAToolkit_NVCC_EXECUTABLE}")
+  set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")
+endif()
+set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)  # one CUDA runtime in the process: libtorch's
+set(CMAKE_CUDA_STANDARD 17)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)

@@ -1,0 +1,87 @@
+// One training step of a DiT, the way it runs fastest on the device at hand:
+// the objective (timestep and noise sampling, label dropout, forward, loss),
+// backward, gradient clipping, AdamW, the EMA and the LR schedule, with
+//  - precision: bf16 (default) or fp16 autocast over the forward, or fp32
+//    with TF32 matrix products; fp16 keeps a dynamic loss scale on the device;
+//  - fused kernels in the DiT blocks (adaLN LayerNorm, gated residual,
+//    cuBLASLt matrix products with bias / GELU epilogues);
+//  - the optimizer on the device (one multi-tensor launch for clip, AdamW,
+//    EMA, LR; no host sync);
+//  - the whole step captured once in a CUDA graph and replayed: static input
+//    buffers filled by one asynchronous copy from pinned memory on a side
+//    stream, overlapping the previous step.
+// When the graph cannot be used (a CPU device, `graph = false`, an objective
+// that syncs) the step runs eagerly and graph_status() says why in one line.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "data/batch_loader.h"
+#include "models/dit.h"
+#include "train/config.h"
+
+namespace perftrain::train {
+
+struct StepOptions {
+  std::string precision = "bf16";  // bf16 | fp16 | fp32
+  bool fused_kernels = true;       // DiT blocks through the fused ops
+  bool fused_optimizer = true;     // DeviceOptimizer; false: ATen AdamW + foreach EMA with a host LR
+  bool graph = true;               // whole-step CUDA graph (needs fused_optimizer)
+  bool recompute = false;          // recompute each block's activations in backward
+  int warmup_steps = 3;            // eager steps before the capture
+};
+
+// Loss terms summed on the device since the last take_window().
+struct WindowStats {
+  int64_t steps = 0;
+  double loss = 0, mse = 0, vb = 0;  // means over the window (vb: 0 when not learned)
+  double grad_norm = -1;             // of the last step, -1 when not tracked
+  double lr = 0;                     // of the last step
+  double loss_scale = 1;             // fp16 only
+  int64_t skipped_steps = 0;         // fp16 steps skipped for inf/NaN gradients, in total
+};
+
+class StepRunner {
+ public:
+  // model and ema live on `device` already; gen is the training generator
+  // (timesteps, noise, label dropout). cfg gives the objective, the optimizer
+  // hyper-parameters and the batch size.
+  StepRunner(models::DiT& model, models::DiT& ema, const TrainConfig& cfg, const StepOptions& opts,
+             at::Device device, at::Generator gen);
+  ~StepRunner();
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
+
+  // Queues one step on batch.x [B, C, H, W] float32 / batch.y [B] int64
+  // (CPU, pinned for an asynchronous copy, or already on the device).
+  // No host sync, except the one-off capture after the warm-up steps.
+  void step(const data::Batch& batch);
+  int64_t steps_done() const { return steps_done_; }
+
+  // Means of the loss terms since the last call (one host sync).
+  WindowStats take_window();
+
+  // "captured at step 4" / "eager: <reason>" / "eager: warming up".
+  const std::string& graph_status() const { return graph_status_; }
+  bool graph_active() const;
+
+  // Optimizer state for checkpoints, named as AdamW::state() names it.
+  std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
+  void load_optimizer_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
+  // Updates taken (steps minus fp16 skips), for the EMA warm-up on resume.
+  void set_updates_taken(int64_t n);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t steps_done_ = 0;
+  std::string graph_status_;
+};
+
+}  // namespace perftrain::train
