@@ -1,64 +1,106 @@
 #!/usr/bin/env bash
-# The one script for the GPU machine (see docs/guide/quickstart.md): builds
+# The one script for the GPU machine (docs/guide/quickstart.md): builds
 # against the PyTorch there with the carried headers (.carry, filled by
-# tools/fill_carry.sh), runs the gpu-labelled tests, trains the main job
-# (DiT-S/2 on Fashion-MNIST) and prints a summary table last.
-#   STEPS=3000 bash tools/gpu_run.sh        (in a device call with carry [".carry"])
-#   TESTS=all COMMIT=$(git rev-parse --short HEAD) ...   every test, not only the gpu ones
-# Results go to $OUT (or ./gpu-out): samples, metrics, report, logs.
+# tools/fill_carry.sh), then does what MODE says and prints a table last.
+#   MODE=check  gpu tests, a quick bench of every variant (DiT-S/2 b32, b256), a short default training run
+#   MODE=bench  perftrain bench --against-torch on BENCH_CASES (default: the four target cases)
+#   MODE=curve  first 500 steps of DiT-S/2 on Fashion-MNIST: the fast path vs two eager fp32 seeds
+#   MODE=train  the default training run, STEPS steps
+# Options: TESTS=all (every test, not only gpu ones), COMMIT=<sha>, BENCH_CASES="DiT-S/2:32,256 DiT-B/2:256",
+# BENCH_ARGS (extra bench flags). In a device call: carry [".carry"]. Results go to $OUT (or ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
-STEPS="${STEPS:-3000}"
+MODE="${MODE:-check}"
 JOBS="$(nproc)"
 log() { echo "[gpu_run $(date +%H:%M:%S)] $*"; }
+SUMMARY="$OUT/summary.md"
+: > "$SUMMARY"
+row() { echo "| $1 | $2 |" >> "$SUMMARY"; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 PY="$(command -v python3)"
-log "torch $($PY -c 'import torch; print(torch.__version__, torch.version.cuda)')"
+export PERFTRAIN_PYTHON="$PY" PERFTRAIN_SOURCE_DIR="$PWD"
+export PERFTRAIN_COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+row GPU "$(cat "$OUT/gpu.txt")"
+row commit "$PERFTRAIN_COMMIT"
 
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERFTRAIN_PYTHON="$PY" \
   -DPERFTRAIN_CARRY_DIR="$PWD/.carry" > "$OUT/build.log" 2>&1 &&
   ninja -C build-gpu -j "$JOBS" >> "$OUT/build.log" 2>&1
 build_rc=$?
-build_s=$(( $(date +%s) - t0 ))
-log "build rc=$build_rc in ${build_s}s"
-if [ $build_rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
-
-t0=$(date +%s)
-if [ "${TESTS:-gpu}" = all ]; then
-  ctest --test-dir build-gpu --output-on-failure -j 8 > "$OUT/gpu_tests.log" 2>&1
-else
-  ctest --test-dir build-gpu -L gpu --output-on-failure -j 4 > "$OUT/gpu_tests.log" 2>&1
-fi
-tests_rc=$?
-tests_s=$(( $(date +%s) - t0 ))
-grep -E "tests passed|Failed|FAILED|Passed|Skipped" "$OUT/gpu_tests.log" | tail -15
-
+row build "rc $build_rc, $(( $(date +%s) - t0 )) s"
+if [ $build_rc -ne 0 ]; then grep -E "error|FAILED" "$OUT/build.log" | head -30; tail -20 "$OUT/build.log"; exit 1; fi
+BIN=./build-gpu/perftrain
 RUNS=/tmp/perftrain-runs
 rm -rf "$RUNS"
-t0=$(date +%s)
-./build-gpu/perftrain train --data-path "$PWD/.carry/fashion-mnist" --steps "$STEPS" \
-  --runs-dir "$RUNS" --run-name fmnist > "$OUT/train.log" 2>&1
-train_rc=$?
-train_s=$(( $(date +%s) - t0 ))
-tail -8 "$OUT/train.log"
-RUN="$RUNS/fmnist"
-cp "$RUN/metrics.jsonl" "$RUN/report.md" "$OUT/" 2>/dev/null
-last=$(ls "$RUN/samples" 2>/dev/null | tail -1)
-first=$(ls "$RUN/samples" 2>/dev/null | head -1)
-[ -n "$last" ] && cp "$RUN/samples/$last" "$OUT/samples_final.png"
-[ -n "$first" ] && [ "$first" != "$last" ] && cp "$RUN/samples/$first" "$OUT/samples_first.png"
+FMNIST="$PWD/.carry/fashion-mnist"
+
+run_tests() {
+  local t0=$(date +%s)
+  if [ "${TESTS:-gpu}" = all ]; then
+    ctest --test-dir build-gpu --output-on-failure -j 8 > "$OUT/tests.log" 2>&1
+  else
+    ctest --test-dir build-gpu -L gpu --output-on-failure -j 2 > "$OUT/tests.log" 2>&1
+  fi
+  local rc=$?
+  grep -E "^\s*[0-9]+/[0-9]+ Test.*(Failed|Exception|Timeout)|tests passed" "$OUT/tests.log" | tail -20
+  row "tests (${TESTS:-gpu})" "rc $rc, $(( $(date +%s) - t0 )) s: $(grep -E 'tests passed' "$OUT/tests.log")"
+}
+
+train_run() {  # name, extra flags...
+  local name=$1; shift
+  local t0=$(date +%s)
+  $BIN train --data-path "$FMNIST" --runs-dir "$RUNS" --run-name "$name" "$@" > "$OUT/train-$name.log" 2>&1
+  local rc=$?
+  tail -4 "$OUT/train-$name.log"
+  cp "$RUNS/$name/metrics.jsonl" "$OUT/metrics-$name.jsonl" 2>/dev/null
+  cp "$RUNS/$name/report.md" "$OUT/report-$name.md" 2>/dev/null
+  row "train $name" "rc $rc, $(( $(date +%s) - t0 )) s; $(grep -E 'first step done' "$OUT/train-$name.log"); $(grep -E '^step: ' "$OUT/train-$name.log" | head -1); $(grep -E '^\| speed ' "$RUNS/$name/report.md" 2>/dev/null | cut -d'|' -f3)"
+}
+
+bench_case() {  # "DiT-S/2:32,256", extra flags...
+  local model=${1%%:*} batches=${1##*:}; shift
+  local tag=$(echo "$model-$batches" | tr '/,' '-_')
+  local t0=$(date +%s)
+  $BIN bench --model "$model" --batch "$batches" --out "$RUNS/bench-$tag" "$@" ${BENCH_ARGS:-} > "$OUT/bench-$tag.log" 2>&1
+  local rc=$?
+  cat "$OUT/bench-$tag.log" | tail -30
+  cp "$RUNS/bench-$tag/bench.json" "$OUT/bench-$tag.json" 2>/dev/null
+  cp "$RUNS/bench-$tag/bench.md" "$OUT/bench-$tag.md" 2>/dev/null
+  row "bench $model b$batches" "rc $rc, $(( $(date +%s) - t0 )) s"
+}
+
+case "$MODE" in
+  check)
+    run_tests
+    bench_case "DiT-S/2:32,256" --steps 20 --warmup 5
+    train_run fast --steps 300 --set log.sample_every=0 --set log.checkpoint_every=0
+    ;;
+  bench)
+    for c in ${BENCH_CASES:-DiT-S/2:32,256 DiT-B/2:256 DiT-XL/2:256}; do
+      bench_case "$c" --against-torch
+    done
+    ;;
+  curve)
+    common=(--steps 500 --set log.every=10 --set log.sample_every=0 --set log.checkpoint_every=0)
+    train_run fast-seed0 "${common[@]}" --seed 0
+    train_run fp32-seed0 "${common[@]}" --seed 0 --precision fp32 --graph off --fused off
+    train_run fp32-seed1 "${common[@]}" --seed 1 --precision fp32 --graph off --fused off
+    "$PY" tools/compare_curves.py "$OUT/metrics-fast-seed0.jsonl" "$OUT/metrics-fp32-seed0.jsonl" \
+      "$OUT/metrics-fp32-seed1.jsonl" | tee "$OUT/curve.txt"
+    row "loss curve" "$(tail -1 "$OUT/curve.txt")"
+    ;;
+  train)
+    train_run fmnist --steps "${STEPS:-4000}"
+    last=$(ls "$RUNS/fmnist/samples" 2>/dev/null | tail -1)
+    [ -n "$last" ] && cp "$RUNS/fmnist/samples/$last" "$OUT/samples_final.png"
+    ;;
+esac
 
 echo
 echo "| what | result |"
 echo "|---|---|"
-echo "| GPU | $(cat "$OUT/gpu.txt") |"
-echo "| commit | ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} |"
-echo "| build | rc $build_rc, ${build_s} s |"
-echo "| tests (${TESTS:-gpu}) | rc $tests_rc, ${tests_s} s: $(grep -E 'tests passed' "$OUT/gpu_tests.log") |"
-echo "| train | rc $train_rc, ${train_s} s: $(grep -E '^done:' "$OUT/train.log") |"
-echo "| first step | $(grep -E 'first step done' "$OUT/train.log") |"
-grep -E '^\| (speed|peak memory|loss) ' "$RUN/report.md" 2>/dev/null
+cat "$SUMMARY"

@@ -12,5 +12,6 @@ namespace perftrain::cli {
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_models_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 
 }  // namespace perftrain::cli

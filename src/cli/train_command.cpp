@@ -23,6 +23,8 @@ struct TrainArgs {
   // Unset unless given (so that an explicit 0 reaches validation).
   std::optional<int64_t> steps, batch_size, seed;
   std::optional<double> lr;
+  std::optional<std::string> graph, fused;  // on | off
+  bool recompute = false;
 };
 
 std::vector<std::string> shortcut_overrides(const TrainArgs& a) {
@@ -47,6 +49,13 @@ std::vector<std::string> shortcut_overrides(const TrainArgs& a) {
     o.push_back("train.lr=" + v.str());
   }
   if (a.seed) o.push_back("train.seed=" + std::to_string(*a.seed));
+  if (a.graph) o.push_back(std::string("speed.graph=") + (*a.graph == "on" ? "true" : "false"));
+  if (a.fused) {
+    const char* v = *a.fused == "on" ? "true" : "false";
+    o.push_back(std::string("speed.fused_kernels=") + v);
+    o.push_back(std::string("speed.fused_optimizer=") + v);
+  }
+  if (a.recompute) o.push_back("speed.recompute=true");
   return o;
 }
 
@@ -91,7 +100,12 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--data", a->data, "data source: fashion-mnist | latents | synthetic");
   cmd->add_option("--data-path", a->data_path, "dataset directory or latent shard file/directory");
   cmd->add_option("--device", a->device, "auto | cpu | cuda");
-  cmd->add_option("--precision", a->precision, "auto | bf16 | fp32");
+  cmd->add_option("--precision", a->precision, "auto | bf16 | fp16 | fp32");
+  cmd->add_option("--graph", a->graph, "on | off: capture the whole step in one CUDA graph (default on)")
+      ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--fused", a->fused, "on | off: fused kernels and the device optimizer (default on)")
+      ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_flag("--recompute", a->recompute, "recompute block activations in backward (less memory, ~30% slower)");
   cmd->add_option("--objective", a->objective, "ddpm | flow");
   cmd->add_option("--steps", a->steps, "total training steps");
   cmd->add_option("--batch-size", a->batch_size, "batch size");

@@ -6,6 +6,13 @@
 #include <ATen/TensorOperators.h>
 
 #include "nn/modulation.h"
+#include "ops/adaln_layernorm.h"
+#include "ops/compat.h"
+#include "ops/gated_residual.h"
+#include "ops/gelu_mlp.h"
+#include "ops/linear.h"
+#include "ops/recompute.h"
+#include "ops/self_attention.h"
 
 namespace perftrain::models {
 namespace {
@@ -38,6 +45,20 @@ at::Tensor DiTBlock::forward(const at::Tensor& x, const at::Tensor& c) const {
   auto x1 = x + gate_msa.unsqueeze(1) * h;  // [B, T, D]
   h = mlp.forward(nn::modulate(nn::layer_norm_no_affine(x1), shift_mlp, scale_mlp));
   return x1 + gate_mlp.unsqueeze(1) * h;  // [B, T, D]
+}
+
+at::Tensor DiTBlock::forward_fused(const at::Tensor& x, const at::Tensor& c) const {
+  const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
+  auto mod = adaLN_modulation.forward(c).chunk(6, 1);  // 6 x [B, D]
+  const auto &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
+  const auto &shift_mlp = mod[3], &scale_mlp = mod[4], &gate_mlp = mod[5];
+  auto h = ops::adaln_layernorm(x, shift_msa, scale_msa, act);              // [B, T, D] act
+  auto qkv = ops::linear(h, attn.qkv.weight, attn.qkv.bias);                // [B, T, 3D]
+  auto a = ops::self_attention(qkv, attn.heads());                          // [B, T, D]
+  auto x1 = ops::gated_residual(x, gate_msa, ops::linear(a, attn.proj.weight, attn.proj.bias));  // [B, T, D]
+  h = ops::adaln_layernorm(x1, shift_mlp, scale_mlp, act);
+  auto m = ops::gelu_mlp(h, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias);  // [B, T, D]
+  return ops::gated_residual(x1, gate_mlp, m);
 }
 
 FinalLayer::FinalLayer(const DiTConfig& cfg, at::Generator& gen)
@@ -78,8 +99,16 @@ DiT::DiT(const DiTConfig& cfg, at::Generator gen)
 at::Tensor DiT::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) const {
   auto h = x_embedder.forward(x) + pos_embed;                // [B, T, D]
   auto c = t_embedder.forward(t) + y_embedder.forward(y);  // [B, D]
-  for (size_t i = 0; i < blocks.size(); ++i) h = blocks[i].forward(h, c);
+  for (size_t i = 0; i < blocks.size(); ++i) h = run_block(i, h, c);
   return unpatchify(final_layer.forward(h, c));  // [B, out, H, W]
+}
+
+at::Tensor DiT::run_block(size_t i, const at::Tensor& h, const at::Tensor& c) const {
+  const DiTBlock& block = blocks[i];
+  auto fn = [&block, fused = fused_kernels_](const at::Tensor& x, const at::Tensor& cond) {
+    return fused ? block.forward_fused(x, cond) : block.forward(x, cond);
+  };
+  return recompute_ ? ops::recompute(fn, h, c) : fn(h, c);
 }
 
 at::Tensor DiT::unpatchify(const at::Tensor& x) const {

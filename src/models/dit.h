@@ -19,6 +19,10 @@ class DiTBlock : public nn::Module {
  public:
   DiTBlock(const DiTConfig& cfg, at::Generator& gen);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& c) const;  // x [B,T,D], c [B,D]
+  // The same function through the fused ops (src/ops): adaLN LayerNorm,
+  // cuBLASLt products with bias/GELU epilogues, gated residuals. Matrix
+  // operands in the autocast dtype (or x's dtype without autocast).
+  at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& c) const;
 
   nn::SelfAttention attn;
   nn::Mlp mlp;
@@ -43,11 +47,21 @@ class DiT : public nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) const;
   const DiTConfig& config() const { return cfg_; }
 
+  // How the blocks run (set from outside, e.g. by the step runner): through
+  // the fused ops, and with their activations recomputed in backward instead
+  // of kept (less memory, one more block forward per step).
+  void set_fused_kernels(bool on) { fused_kernels_ = on; }
+  void set_recompute(bool on) { recompute_ = on; }
+  bool fused_kernels() const { return fused_kernels_; }
+
  private:
   DiT(const DiTConfig& cfg, at::Generator gen);
   at::Tensor unpatchify(const at::Tensor& x) const;  // [B, T, p*p*c] -> [B, c, H, W]
 
+  at::Tensor run_block(size_t i, const at::Tensor& h, const at::Tensor& c) const;
+
   DiTConfig cfg_;
+  bool fused_kernels_ = false, recompute_ = false;
   at::Tensor pos_embed;  // [1, T, D], fixed (not trainable) but in the state_dict
   nn::PatchEmbed x_embedder;
   nn::TimestepEmbedder t_embedder;

@@ -1,6 +1,6 @@
 #include "nn/attention.h"
 
-#include <ATen/ops/scaled_dot_product_attention.h>
+#include "ops/self_attention.h"
 
 namespace perftrain::nn {
 
@@ -11,12 +11,7 @@ SelfAttention::SelfAttention(int64_t hidden, int64_t heads, at::Generator& gen)
 }
 
 at::Tensor SelfAttention::forward(const at::Tensor& x) const {
-  const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
-  auto qkv_heads = qkv.forward(x)                             // [B, N, 3C]
-                       .reshape({B, N, 3, heads_, C / heads_})  // [B, N, 3, H, Dh]
-                       .permute({2, 0, 3, 1, 4});               // [3, B, H, N, Dh]
-  auto out = at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2]);
-  return proj.forward(out.transpose(1, 2).reshape({B, N, C}));  // [B, N, C]
+  return proj.forward(ops::self_attention(qkv.forward(x), heads_));  // [B, N, C]
 }
 
 }  // namespace perftrain::nn

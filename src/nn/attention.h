@@ -11,6 +11,7 @@ namespace perftrain::nn {
 class SelfAttention : public Module {
  public:
   SelfAttention(int64_t hidden, int64_t heads, at::Generator& gen);
+  int64_t heads() const { return heads_; }
   at::Tensor forward(const at::Tensor& x) const;  // [B, N, hidden] -> [B, N, hidden]
 
   Linear qkv;

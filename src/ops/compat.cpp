@@ -39,6 +39,17 @@ void fused_adamw_(const std::vector<at::Tensor>& params, const std::vector<at::T
                     beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
 }
 
+std::optional<at::ScalarType> autocast_dtype(at::DeviceType device) {
+  if (!at::autocast::is_autocast_enabled(device)) return std::nullopt;
+  return at::autocast::get_autocast_dtype(device);
+}
+
+void set_autocast_cache_enabled(bool enabled) { at::autocast::set_autocast_cache_enabled(enabled); }
+
+void empty_cuda_cache() {
+  if (cuda_available()) c10::cuda::CUDACachingAllocator::emptyCache();
+}
+
 bool cuda_available() { return at::globalContext().hasCUDA() && at::cuda::device_count() > 0; }
 
 std::string device_description(const at::Device& device) {
@@ -57,6 +68,12 @@ int64_t peak_memory_bytes(const at::Device& device) {
   if (!device.is_cuda()) return 0;
   auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
   return stats.allocated_bytes[0].peak;  // [0]: all pools
+}
+
+int64_t allocated_bytes(const at::Device& device) {
+  if (!device.is_cuda()) return 0;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+  return stats.allocated_bytes[0].current;  // [0]: all pools
 }
 
 void reset_peak_memory(const at::Device& device) {

@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,17 @@ class AutocastGuard {
   at::ScalarType prev_dtype_;
 };
 
+// The dtype autocast gives matrix products on `device` right now, or
+// std::nullopt when autocast is off there (the fused DiT path then computes
+// in its inputs' dtype).
+std::optional<at::ScalarType> autocast_dtype(at::DeviceType device);
+// Autocast keeps bf16 copies of weights across ops in a cache; a CUDA graph
+// capture must not (the cached copies would be freed memory at replay).
+void set_autocast_cache_enabled(bool enabled);
+// Returns cached blocks of the CUDA caching allocator to the driver (between
+// benchmark variants, so each starts from the same state).
+void empty_cuda_cache();
+
 // One AdamW step over all tensors in a single fused launch per dtype/device
 // group (ATen's _fused_adamw_, which has CPU and CUDA kernels). state_steps
 // are float32 scalars already incremented for this step.
@@ -42,6 +54,8 @@ std::string device_description(const at::Device& device);
 // Peak bytes allocated on a CUDA device since the last reset (0 on CPU).
 int64_t peak_memory_bytes(const at::Device& device);
 void reset_peak_memory(const at::Device& device);
+// Bytes currently allocated by the caching allocator on a CUDA device (0 on CPU).
+int64_t allocated_bytes(const at::Device& device);
 void synchronize(const at::Device& device);
 std::string torch_version();  // "2.11.0"
 // The first line of a c10::Error's message, without the C++ backtrace.

@@ -40,8 +40,8 @@ void prune(const std::string& root, int64_t keep) {
 
 std::string save_checkpoint(const std::string& ckpt_root, const TrainConfig& cfg,
                             const TrainerState& state, const models::DiT& model,
-                            const models::DiT& ema, const AdamW& optimizer, at::Generator gen,
-                            int64_t keep) {
+                            const models::DiT& ema, const io::NamedTensors& optimizer_state,
+                            at::Generator gen, int64_t keep) {
   const std::string dir = fs::join(ckpt_root, step_dir_name(state.step));
   fs::create_directories(dir);
   const std::map<std::string, std::string> meta = {
@@ -52,7 +52,7 @@ std::string save_checkpoint(const std::string& ckpt_root, const TrainConfig& cfg
   io::save_safetensors(fs::join(dir, "model.safetensors"), model.state(), meta);
   io::save_safetensors(fs::join(dir, "ema.safetensors"), ema.state(), meta);
 
-  io::NamedTensors trainer = optimizer.state();
+  io::NamedTensors trainer = optimizer_state;
   at::Tensor rng;
   {
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -116,7 +116,8 @@ TrainConfig config_from_weights(const std::string& path) {
 }
 
 TrainerState load_checkpoint(const std::string& step_dir, models::DiT& model, models::DiT& ema,
-                             AdamW& optimizer, at::Generator& gen) {
+                             const std::function<void(const io::NamedTensors&)>& load_optimizer,
+                             at::Generator& gen) {
   const std::string& dir = step_dir;
   load_weights(fs::join(dir, "model.safetensors"), model);
   load_weights(fs::join(dir, "ema.safetensors"), ema);
@@ -126,7 +127,7 @@ TrainerState load_checkpoint(const std::string& step_dir, models::DiT& model, mo
   io::NamedTensors state;
   for (const auto& name : file.names())
     if (name != "rng.train") state.emplace_back(name, file.get(name));
-  optimizer.load_state(state);
+  load_optimizer(state);
   if (!file.contains("rng.train")) throw RuntimeError(state_path + ": missing tensor 'rng.train'");
   {
     std::lock_guard<std::mutex> lock(gen.mutex());

@@ -12,11 +12,12 @@
 
 #include <ATen/core/Generator.h>
 
+#include <functional>
 #include <string>
 
 #include "data/batch_loader.h"
 #include "models/dit.h"
-#include "train/adamw.h"
+#include "io/safetensors.h"
 #include "train/config.h"
 
 namespace perftrain::train {
@@ -30,16 +31,18 @@ struct TrainerState {
 // the oldest step directories beyond `keep`. Returns the step directory.
 std::string save_checkpoint(const std::string& ckpt_root, const TrainConfig& cfg,
                             const TrainerState& state, const models::DiT& model,
-                            const models::DiT& ema, const AdamW& optimizer, at::Generator gen,
-                            int64_t keep);
+                            const models::DiT& ema, const io::NamedTensors& optimizer_state,
+                            at::Generator gen, int64_t keep);
 
 // A run directory, a ckpt directory or a step directory -> the step directory
 // to resume from. Throws UsageError saying what was looked for.
 std::string resolve_checkpoint_dir(const std::string& path);
 
-// Restores everything save_checkpoint wrote into already-built objects.
+// Restores everything save_checkpoint wrote into already-built objects; the
+// optimizer's tensors are handed to load_optimizer.
 TrainerState load_checkpoint(const std::string& step_dir, models::DiT& model, models::DiT& ema,
-                             AdamW& optimizer, at::Generator& gen);
+                             const std::function<void(const io::NamedTensors&)>& load_optimizer,
+                             at::Generator& gen);
 
 // Loads weights into a module: every tensor of the module must be in the file
 // with the same shape (RuntimeError naming the tensor and both shapes), and

@@ -64,6 +64,10 @@ std::vector<Key> keys(TrainConfig& c) {
       {"log", "sample_classes", &c.log.sample_classes},
       {"run", "dir", &c.run.dir},
       {"run", "name", &c.run.name},
+      {"speed", "graph", &c.speed.graph},
+      {"speed", "fused_kernels", &c.speed.fused_kernels},
+      {"speed", "fused_optimizer", &c.speed.fused_optimizer},
+      {"speed", "recompute", &c.speed.recompute},
   };
 }
 
@@ -244,8 +248,8 @@ void TrainConfig::validate() const {
   require(o.ema_decay >= 0 && o.ema_decay < 1, "train.ema_decay must be in [0, 1)");
   require(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
           "train.device '" + o.device + "' (expected auto, cpu or cuda)");
-  require(o.precision == "auto" || o.precision == "bf16" || o.precision == "fp32",
-          "train.precision '" + o.precision + "' (expected auto, bf16 or fp32)");
+  require(o.precision == "auto" || o.precision == "bf16" || o.precision == "fp16" || o.precision == "fp32",
+          "train.precision '" + o.precision + "' (expected auto, bf16, fp16 or fp32)");
   const auto& d = diffusion;
   require(d.objective == "ddpm" || d.objective == "flow",
           "diffusion.objective '" + d.objective + "' (expected ddpm or flow)");

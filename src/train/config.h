@@ -32,7 +32,16 @@ struct OptimConfig {
   bool ema_warmup = true;  // decay min(ema_decay, (1+s)/(10+s)): an EMA useful early on
   uint64_t seed = 0;
   std::string device = "auto";     // auto | cpu | cuda
-  std::string precision = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+  std::string precision = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32
+};
+
+// How a step runs on the GPU (docs/guide/speed.md); each switch exists to be
+// turned off when comparing or debugging, the defaults are the fast path.
+struct SpeedConfig {
+  bool graph = true;            // capture the whole step in one CUDA graph and replay it
+  bool fused_kernels = true;    // DiT blocks through the fused ops (adaLN LayerNorm, epilogues, ...)
+  bool fused_optimizer = true;  // clip + AdamW + EMA + LR on the device, no host sync
+  bool recompute = false;       // recompute each block's activations in backward (less memory)
 };
 
 struct DiffusionConfig {
@@ -63,6 +72,7 @@ struct TrainConfig {
   DiffusionConfig diffusion;
   LogConfig log;
   RunConfig run;
+  SpeedConfig speed;
 
   // Throws UsageError naming the key when a value cannot work.
   void validate() const;

@@ -9,7 +9,7 @@
 namespace perftrain::train {
 
 void write_report(const std::string& path, const TrainConfig& cfg, const TrainSummary& s,
-                  const std::string& device, bool bf16, int64_t params, const std::string& data) {
+                  const std::string& device, const std::string& precision, int64_t params, const std::string& data) {
   std::ostringstream r;
   r << "# perftrain run report\n\n"
     << "| | |\n|---|---|\n"
@@ -20,7 +20,12 @@ void write_report(const std::string& path, const TrainConfig& cfg, const TrainSu
     << "| data | " << data << " |\n"
     << "| objective | " << cfg.diffusion.objective << " |\n"
     << "| device | " << device << " |\n"
-    << "| precision | " << (bf16 ? "bf16 autocast, fp32 weights and optimizer state" : "fp32") << " |\n"
+    << "| precision | "
+    << (precision == "fp32" ? std::string("fp32 (TF32 matrix products on CUDA)")
+                            : precision + " autocast, fp32 weights and optimizer state" +
+                                  (precision == "fp16" ? ", dynamic loss scale" : ""))
+    << " |\n"
+    << "| step | " << s.step_mode << " |\n"
     << "| torch | " << compat::torch_version() << " |\n"
     << "| steps | " << s.first_step << " to " << s.last_step << ", batch " << cfg.optim.batch_size << " |\n"
     << "| loss | " << s.first_loss << " (first window) to " << s.final_loss << " (last window) |\n"

@@ -9,6 +9,6 @@
 namespace perftrain::train {
 
 void write_report(const std::string& path, const TrainConfig& cfg, const TrainSummary& s,
-                  const std::string& device, bool bf16, int64_t params, const std::string& data);
+                  const std::string& device, const std::string& precision, int64_t params, const std::string& data);
 
 }  // namespace perftrain::train

@@ -78,6 +78,8 @@ class StepRunner {
   void set_updates_taken(int64_t n);
 
  private:
+  int opts_warmup() const;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int64_t steps_done_ = 0;

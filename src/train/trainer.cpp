@@ -1,11 +1,6 @@
 #include "train/trainer.h"
 
 #include <ATen/Context.h>
-#include <ATen/TensorOperators.h>
-#include <ATen/ops/rand.h>
-#include <ATen/ops/stack.h>
-#include <ATen/ops/where.h>
-#include <ATen/ops/zeros.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -15,20 +10,15 @@
 #include "base/error.h"
 #include "base/fs.h"
 #include "data/batch_loader.h"
-#include "diffusion/ddpm.h"
-#include "diffusion/flow.h"
 #include "io/atomic_file.h"
 #include "models/dit.h"
 #include "ops/compat.h"
-#include "train/adamw.h"
 #include "train/checkpoint.h"
-#include "train/ema.h"
-#include "train/grad_clip.h"
-#include "train/lr_schedule.h"
 #include "train/progress.h"
 #include "train/report.h"
 #include "train/run_directory.h"
 #include "train/sampling.h"
+#include "train/step_runner.h"
 
 namespace perftrain::train {
 namespace {
@@ -80,14 +70,10 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   TrainConfig cfg = cfg_in;
   cfg.validate();
   const at::Device device = resolve_device(cfg.optim.device);
-  if (cfg.optim.precision == "bf16" && !device.is_cuda())
-    throw UsageError("train.precision = bf16 needs a CUDA device; use fp32 (or auto) on the CPU");
-  const bool bf16 = device.is_cuda() && cfg.optim.precision != "fp32";
-  if (device.is_cuda()) {
-    // TF32 for any fp32 matrix product left outside autocast.
-    at::globalContext().setAllowTF32CuBLAS(true);
-    at::globalContext().setBenchmarkCuDNN(true);
-  }
+  if ((cfg.optim.precision == "bf16" || cfg.optim.precision == "fp16") && !device.is_cuda())
+    throw UsageError("train.precision = " + cfg.optim.precision + " needs a CUDA device; use fp32 (or auto) on the CPU");
+  const std::string precision =
+      cfg.optim.precision == "auto" ? (device.is_cuda() ? "bf16" : "fp32") : cfg.optim.precision;
 
   auto dataset = open_dataset(cfg);
   check_dataset_fits(*dataset, cfg);
@@ -110,37 +96,34 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   model.transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
   ema.transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
   for (auto& p : ema.parameters()) p.set_requires_grad(false);
-  const auto params = model.parameters();
-  const auto ema_params = ema.parameters();
 
-  AdamW optimizer(model.named_parameters(),
-                  {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay});
   at::Generator gen = at::globalContext().defaultGenerator(device).clone();
   gen.set_current_seed(cfg.optim.seed);
+  StepOptions step_opts;
+  step_opts.precision = precision;
+  step_opts.graph = cfg.speed.graph;
+  step_opts.fused_kernels = cfg.speed.fused_kernels;
+  step_opts.fused_optimizer = cfg.speed.fused_optimizer;
+  step_opts.recompute = cfg.speed.recompute;
+  StepRunner runner(model, ema, cfg, step_opts, device, gen);
 
   TrainerState state;
   if (!resume_dir.empty()) {
-    state = load_checkpoint(resume_dir, model, ema, optimizer, gen);
+    state = load_checkpoint(
+        resume_dir, model, ema, [&](const io::NamedTensors& t) { runner.load_optimizer_state(t); }, gen);
+    runner.set_updates_taken(state.step);
     log << "resumed from " << resume_dir << " at step " << state.step << "\n";
   }
   if (state.step >= cfg.optim.steps)
     throw UsageError("the run is already at step " + std::to_string(state.step) +
                      "; raise train.steps to continue it");
 
-  diffusion::GaussianDiffusion ddpm;
-  ddpm.to(device);
-  diffusion::FlowOptions flow_opts;
-  flow_opts.time_sampling = diffusion::parse_time_sampling(cfg.diffusion.time_sampling);
-  diffusion::RectifiedFlow flow(flow_opts);
-  const bool use_flow = cfg.diffusion.objective == "flow";
-
-  diffusion::ModelFn forward = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
-    compat::AutocastGuard autocast(device.type(), at::kBFloat16, bf16);
-    return model.forward(x, t, y);
-  };
-
   log << "perftrain: " << cfg.model.name << " (" << model.parameter_count(true) << " trainable parameters) on "
-      << compat::device_description(device) << ", " << (bf16 ? "bf16 autocast" : "fp32") << "\n"
+      << compat::device_description(device) << ", " << precision
+      << (device.is_cuda() ? std::string(cfg.speed.fused_kernels ? ", fused kernels" : ", unfused") +
+                                 (cfg.speed.recompute ? ", recompute" : "")
+                           : std::string())
+      << "\n"
       << "data: " << dataset->describe() << "\n"
       << "run: " << run.path() << "\n";
 
@@ -148,20 +131,17 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
                            device.is_cuda(), static_cast<int>(cfg.data.prefetch));
   Progress progress(log, cfg.optim.steps, opts.interactive);
   SampleOptions sample_opts{cfg.log.sample_classes, cfg.log.sample_per_class, cfg.diffusion.sample_steps,
-                            cfg.diffusion.cfg_scale, cfg.optim.seed, bf16};
+                            cfg.diffusion.cfg_scale, cfg.optim.seed, precision != "fp32"};
 
   TrainSummary summary;
   summary.run_dir = run.path();
   summary.first_step = state.step + 1;
-  const auto opts_f = at::TensorOptions().device(device).dtype(at::kFloat);
-  at::Tensor loss_sum = at::zeros({}, opts_f), mse_sum = at::zeros({}, opts_f), vb_sum = at::zeros({}, opts_f);
-  int64_t window = 0;
   Clock::time_point window_start = Clock::now(), loop_start = Clock::now();
   double wait_at_window_start = 0;
   compat::reset_peak_memory(device);
 
   auto save = [&]() {
-    summary.last_checkpoint = save_checkpoint(run.ckpt_dir(), cfg, state, model, ema, optimizer, gen,
+    summary.last_checkpoint = save_checkpoint(run.ckpt_dir(), cfg, state, model, ema, runner.optimizer_state(), gen,
                                               cfg.log.keep_checkpoints);
   };
   auto samples = [&]() {
@@ -171,66 +151,52 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     write_sample_grid(summary.last_samples, ema, cfg, sample_opts, device);
   };
 
+  std::string graph_status;
   while (state.step < cfg.optim.steps) {
     const int64_t step = state.step + 1;
-    data::Batch batch = loader.next();
-    at::Tensor x = batch.x.to(device, /*non_blocking=*/true);
-    at::Tensor y = batch.y.to(device, /*non_blocking=*/true);
-    if (cfg.model.class_dropout > 0) {  // label dropout: train the null class for guidance
-      auto drop = at::rand({y.size(0)}, gen, opts_f) < cfg.model.class_dropout;
-      y = at::where(drop, cfg.model.num_classes, y);
-    }
-    diffusion::LossTerms terms = use_flow ? flow.training_loss(forward, x, y, gen)
-                                          : ddpm.training_loss(forward, x, y, gen, cfg.model.learn_sigma);
-    terms.loss.backward();
-    at::Tensor grad_norm;
-    if (cfg.optim.grad_clip > 0) grad_norm = clip_grad_norm_(params, cfg.optim.grad_clip);
-    else if (step % cfg.log.every == 0) grad_norm = global_grad_norm(params);
-    const double lr = lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps);
-    optimizer.step(lr);
-    ema_update_(ema_params, params, ema_decay_at(step - 1, cfg.optim.ema_decay, cfg.optim.ema_warmup));
+    runner.step(loader.next());
     state.step = step;
     state.position = loader.position();
+    if (runner.graph_status() != graph_status) {  // say once how the step runs, and when that changes
+      graph_status = runner.graph_status();
+      if (graph_status != "eager: warming up") log << "step: " << graph_status << "\n";
+    }
 
-    loss_sum += terms.loss.detach();
-    mse_sum += terms.mse;
-    if (terms.vb.defined()) vb_sum += terms.vb;
-    ++window;
     if (step == summary.first_step) {
-      compat::synchronize(device);
+      runner.take_window();  // the first step is timed apart (one sync)
       summary.first_step_s = std::chrono::duration<double>(Clock::now() - opts.process_start).count();
       loop_start = window_start = Clock::now();
       wait_at_window_start = loader.wait_seconds();
-      loss_sum.zero_(), mse_sum.zero_(), vb_sum.zero_();  // the first step is timed apart
-      window = 0;
       log << "first step done " << summary.first_step_s << " s after start\n";
     }
-    if (window > 0 && (step % cfg.log.every == 0 || step == cfg.optim.steps)) {
-      const double loss = loss_sum.item<double>() / window;  // the one host sync per window
-      if (!std::isfinite(loss))
-        throw RuntimeError("loss became " + std::to_string(loss) + " in the steps up to " + std::to_string(step) +
+    if (step > summary.first_step && (step % cfg.log.every == 0 || step == cfg.optim.steps)) {
+      const WindowStats w = runner.take_window();  // the one host sync per window
+      if (!std::isfinite(w.loss))
+        throw RuntimeError("loss became " + std::to_string(w.loss) + " in the steps up to " + std::to_string(step) +
                            "; lower train.lr or set train.grad_clip");
       const double secs = seconds_since(window_start);
-      const double steps_per_s = window / secs;
+      const double steps_per_s = w.steps / secs;
       const double img_per_s = steps_per_s * cfg.optim.batch_size;
-      if (summary.first_loss == 0) summary.first_loss = loss;
-      summary.final_loss = loss;
+      if (summary.first_loss == 0) summary.first_loss = w.loss;
+      summary.final_loss = w.loss;
       nlohmann::json rec = {{"step", step},
-                            {"loss", loss},
-                            {"mse", mse_sum.item<double>() / window},
-                            {"lr", lr},
+                            {"loss", w.loss},
+                            {"mse", w.mse},
+                            {"lr", w.lr},
                             {"images_per_s", img_per_s},
                             {"steps_per_s", steps_per_s},
                             {"data_wait_s", loader.wait_seconds() - wait_at_window_start},
                             {"elapsed_s", seconds_since(loop_start)},
                             {"epoch", state.position.epoch}};
-      if (terms.vb.defined()) rec["vb"] = vb_sum.item<double>() / window;
-      if (grad_norm.defined()) rec["grad_norm"] = grad_norm.item<double>();
+      if (cfg.model.learn_sigma) rec["vb"] = w.vb;
+      if (w.grad_norm >= 0) rec["grad_norm"] = w.grad_norm;
+      if (precision == "fp16") {
+        rec["loss_scale"] = w.loss_scale;
+        rec["skipped_steps"] = w.skipped_steps;
+      }
       if (device.is_cuda()) rec["peak_memory_gib"] = compat::peak_memory_bytes(device) / double(1 << 30);
       run.log_metrics(rec);
-      progress.report(step, loss, img_per_s, steps_per_s);
-      loss_sum.zero_(), mse_sum.zero_(), vb_sum.zero_();
-      window = 0;
+      progress.report(step, w.loss, img_per_s, steps_per_s);
       window_start = Clock::now();
       wait_at_window_start = loader.wait_seconds();
     }
@@ -248,7 +214,8 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   const double loop_s = seconds_since(loop_start);
   summary.steps_per_s = summary.last_step > summary.first_step ? (summary.last_step - summary.first_step) / loop_s : 0;
   summary.peak_memory_gib = compat::peak_memory_bytes(device) / double(1 << 30);
-  write_report(run.file("report.md"), cfg, summary, compat::device_description(device), bf16,
+  summary.step_mode = runner.graph_status();
+  write_report(run.file("report.md"), cfg, summary, compat::device_description(device), precision,
                model.parameter_count(true), dataset->describe());
   return summary;
 }

@@ -29,6 +29,7 @@ struct TrainSummary {
   double steps_per_s = 0;    // after the first step
   double first_step_s = 0;   // process start to the end of the first step
   double peak_memory_gib = 0;
+  std::string step_mode;     // how the step ran: "captured at step 4" (CUDA graph) or "eager: <why>"
 };
 
 TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opts, std::ostream& log);

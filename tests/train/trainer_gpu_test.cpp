@@ -39,6 +39,7 @@ TEST(TrainerGpu, LossFallsInBf16AndResumeContinues) {
   EXPECT_LT(whole.final_loss, 0.6 * whole.first_loss) << log.str();
   EXPECT_GT(whole.peak_memory_gib, 0.0);
   EXPECT_NE(log.str().find("bf16"), std::string::npos);
+  EXPECT_EQ(whole.step_mode.rfind("captured", 0), 0u) << whole.step_mode;  // the whole-step CUDA graph ran
 
   auto half = run_training(small_gpu(tmp.path(), "half", 100), {}, log);
   TrainConfig more = config_from_weights(half.last_checkpoint + "/model.safetensors");

@@ -1,0 +1,366 @@
+// perftrain bench: training-step variants side by side in this one process
+// (each optimisation on and off), optionally against the same step in plain
+// PyTorch (bench/reference_dit.py in subprocesses), with medians, confidence
+// intervals, MFU against the bf16 matrix peak measured here, peak memory and
+// time to first step. Writes bench.json and bench.md into the run directory.
+#include <ATen/Context.h>
+#include <ATen/ops/empty.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+#include "base/error.h"
+#include "base/fs.h"
+#include "cli/command.h"
+#include "data/dataset.h"
+#include "models/dit.h"
+#include "observe/bench/environment.h"
+#include "observe/bench/matmul_peak.h"
+#include "observe/bench/report.h"
+#include "observe/bench/stats.h"
+#include "observe/bench/step_timer.h"
+#include "observe/bench/torch_reference.h"
+#include "observe/bench/variants.h"
+#include "ops/compat.h"
+#include "train/config.h"
+#include "train/step_runner.h"
+
+namespace perftrain::cli {
+namespace {
+
+namespace ob = observe::bench;
+using Clock = std::chrono::steady_clock;
+
+struct BenchArgs {
+  std::string model = "DiT-S/2", batches = "32,256", variants, torch_modes, precision = "bf16";
+  std::string out, device = "auto";
+  int64_t steps = 30, warmup = 6, repeats = 1;
+  int64_t image_size = 32, in_channels = 4, num_classes = 1000;
+  uint64_t seed = 0;
+  bool against_torch = false, recompute = false;
+};
+
+constexpr int64_t kPoolBatches = 8;  // distinct batches, reused round-robin
+
+std::vector<int64_t> parse_batches(const std::string& list) {
+  std::vector<int64_t> out;
+  for (const auto& item : ob::split_list(list)) {
+    size_t used = 0;
+    long long b = 0;
+    try {
+      b = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || b < 1)
+      throw UsageError("--batch takes positive integers separated by commas (got '" + item + "')");
+    out.push_back(b);
+  }
+  if (out.empty()) throw UsageError("--batch is empty");
+  return out;
+}
+
+std::string default_out_dir(const std::string& model) {
+  std::string m = model;
+  for (char& c : m)
+    if (c == '/') c = '-';
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+  return "runs/bench-" + m + "-" + stamp;
+}
+
+// The anchors' benchmark config: DiT as in facebookresearch/DiT with
+// learn_sigma off, label dropout 0.1, DDPM eps-MSE, AdamW (lr 1e-4, no weight
+// decay, no clipping, no LR warm-up), EMA 0.9999.
+train::TrainConfig bench_config(const BenchArgs& a, bool cuda) {
+  train::TrainConfig cfg;
+  cfg.model = models::dit_config(a.model);  // UsageError listing the known names
+  cfg.model.image_size = a.image_size;
+  cfg.model.in_channels = a.in_channels;
+  cfg.model.num_classes = a.num_classes;
+  cfg.model.learn_sigma = false;
+  cfg.model.class_dropout = 0.1;
+  cfg.data.source = "synthetic";
+  cfg.diffusion.objective = "ddpm";
+  cfg.optim.device = cuda ? "cuda" : "cpu";
+  cfg.optim.lr = 1e-4;
+  cfg.optim.weight_decay = 0;
+  cfg.optim.grad_clip = 0;
+  cfg.optim.warmup_steps = 0;
+  cfg.optim.seed = a.seed;
+  cfg.validate();
+  return cfg;
+}
+
+// kPoolBatches synthetic batches of `batch`, in pinned memory on a GPU
+// machine so the runner's copies are asynchronous as in training.
+std::vector<data::Batch> make_pool(const train::TrainConfig& cfg, int64_t batch, bool cuda) {
+  const auto& m = cfg.model;
+  auto ds = data::make_synthetic(kPoolBatches * batch, {m.in_channels, m.image_size, m.image_size}, m.num_classes,
+                                 cfg.optim.seed + 12345);
+  std::vector<data::Batch> pool;
+  for (int64_t k = 0; k < kPoolBatches; ++k) {
+    data::Batch b;
+    b.x = at::empty({batch, m.in_channels, m.image_size, m.image_size}, at::TensorOptions().pinned_memory(cuda));
+    b.y = at::empty({batch}, at::TensorOptions().dtype(at::kLong).pinned_memory(cuda));
+    std::vector<int64_t> idx(batch);
+    for (int64_t i = 0; i < batch; ++i) idx[i] = k * batch + i;
+    ds->gather(idx.data(), batch, b.x.data_ptr<float>(), b.y.data_ptr<int64_t>());
+    pool.push_back(b);
+  }
+  return pool;
+}
+
+void fill_timing(ob::BenchRow& row, const std::vector<double>& all_ms) {
+  const auto s = ob::summarize(all_ms);
+  row.ms = s.median;
+  row.ms_p10 = s.p10;
+  row.ms_p90 = s.p90;
+  row.ms_min = s.min;
+  row.ms_max = s.max;
+  row.ms_mean = s.mean;
+  row.ms_ci_low = s.ci.low;
+  row.ms_ci_high = s.ci.high;
+  row.ci_coverage = s.ci.coverage;
+  row.rel_iqr = s.rel_iqr;
+  row.run_to_run = ob::run_to_run_spread(row.repeat_median_ms);
+}
+
+// One (batch, variant): a fresh model, EMA and runner; the first step timed
+// from the start of the build; warm-up; `repeats` windows of `steps` timed
+// steps. Everything it allocated is freed when it returns.
+void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainConfig& base, const ob::Variant& v,
+                     const std::vector<data::Batch>& pool, at::Device device, std::optional<double> peak) {
+  train::StepOptions so;
+  so.precision = v.precision;
+  so.fused_kernels = v.fused_kernels;
+  so.fused_optimizer = v.fused_optimizer;
+  so.graph = v.graph;
+  so.recompute = a.recompute;
+  // The capture happens at step so.warmup_steps + 1; time from one replay after.
+  const int64_t warmup = std::max<int64_t>({a.warmup, 1, v.graph ? so.warmup_steps + 2 : 0});
+  row.warmup = warmup;
+
+  compat::reset_peak_memory(device);
+  const auto t0 = Clock::now();
+  train::TrainConfig cfg = base;
+  cfg.optim.batch_size = row.batch;
+  cfg.optim.precision = v.precision;
+  models::DiT model(cfg.model, cfg.optim.seed);
+  models::DiT ema(cfg.model, cfg.optim.seed);
+  model.transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
+  ema.transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
+  for (auto& p : ema.parameters()) p.set_requires_grad(false);
+  at::Generator gen = at::globalContext().defaultGenerator(device).clone();
+  gen.set_current_seed(cfg.optim.seed);
+  train::StepRunner runner(model, ema, cfg, so, device, gen);
+
+  size_t next = 0;
+  auto step = [&] { runner.step(pool[next++ % pool.size()]); };
+  step();
+  compat::synchronize(device);
+  row.first_step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (int64_t i = 1; i < warmup; ++i) step();
+
+  std::vector<double> all_ms;
+  for (int64_t r = 0; r < a.repeats; ++r) {
+    ob::StepTimer timer(device, a.steps);
+    for (int64_t i = 0; i < a.steps; ++i) {
+      timer.begin(i);
+      step();
+      timer.end(i);
+    }
+    const auto ms = timer.elapsed_ms();  // waits for the device
+    row.repeat_median_ms.push_back(ob::summarize(ms).median);
+    all_ms.insert(all_ms.end(), ms.begin(), ms.end());
+  }
+  row.step_ms = all_ms;
+  fill_timing(row, all_ms);
+  const auto w = runner.take_window();  // one host sync, after the timing
+  row.loss = w.loss;
+  row.graph_status = runner.graph_status();
+  if (device.is_cuda()) row.peak_gib = static_cast<double>(compat::peak_memory_bytes(device)) / (1ull << 30);
+  ob::fill_rates(row, 3 * cfg.model.forward_flops_per_sample() * static_cast<double>(row.batch), peak);
+  if (!std::isfinite(w.loss))
+    row.error = "the loss is not finite (" + std::to_string(w.loss) + "): timings kept in step_ms";
+}
+
+ob::BenchRow run_variant(const BenchArgs& a, const train::TrainConfig& base, const ob::Variant& v,
+                         const std::vector<data::Batch>& pool, at::Device device, std::optional<double> peak) {
+  ob::BenchRow row;
+  row.model = base.model.name;
+  row.batch = pool.front().x.size(0);
+  row.variant = v.name;
+  row.precision = v.precision;
+  row.fused_kernels = v.fused_kernels;
+  row.fused_optimizer = v.fused_optimizer;
+  row.graph = v.graph;
+  row.recompute = a.recompute;
+  row.steps = a.steps;
+  row.repeats = a.repeats;
+  try {
+    measure_variant(row, a, base, v, pool, device, peak);
+  } catch (const std::exception& e) {  // out of memory, an unsupported switch: a row, and on
+    row.error = compat::error_message(e);
+  }
+  try {  // the next variant starts from an empty cache
+    compat::synchronize(device);
+    compat::empty_cuda_cache();
+  } catch (const std::exception& e) {
+    if (row.error.empty()) row.error = compat::error_message(e);
+  }
+  return row;
+}
+
+void print_row(const ob::BenchRow& r) {
+  std::cout << "  batch " << r.batch << " " << r.variant << ": ";
+  if (!r.ok() && !r.ms) std::cout << "error: " << r.error << "\n";
+  else
+    std::cout << ob::format_number(r.ms, 2) << " ms (p10 " << ob::format_number(r.ms_p10, 2) << ", p90 "
+              << ob::format_number(r.ms_p90, 2) << "), " << ob::format_rate(r.tflops) << " TFLOP/s, peak "
+              << ob::format_gib(r.peak_gib) << ", first step " << ob::format_number(r.first_step_s, 2)
+              << " s, " << r.graph_status << (r.ok() ? "" : "; error: " + r.error) << "\n";
+  std::cout.flush();
+}
+
+void run(const BenchArgs& a) {
+  if (a.device != "auto" && a.device != "cpu" && a.device != "cuda")
+    throw UsageError("--device must be auto, cpu or cuda (got '" + a.device + "')");
+  if (a.device == "cuda" && !compat::cuda_available()) throw UsageError("--device cuda but no CUDA GPU is visible");
+  const bool cuda = a.device == "cuda" || (a.device == "auto" && compat::cuda_available());
+  const at::Device device = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+
+  const auto batches = parse_batches(a.batches);
+  const auto variants =
+      ob::parse_variants(a.variants.empty() ? (cuda ? "eager-fp32,eager-bf16,fused,graph,all" : "eager-fp32")
+                                            : a.variants,
+                         a.precision);
+  std::vector<std::string> torch_modes;
+  if (a.against_torch)
+    torch_modes = ob::parse_torch_modes(a.torch_modes.empty() ? (cuda ? "eager-bf16,compile,reduce-overhead"
+                                                                      : "eager-fp32")
+                                                              : a.torch_modes);
+  const train::TrainConfig base = bench_config(a, cuda);
+
+  const std::string out = a.out.empty() ? default_out_dir(a.model) : a.out;
+  if (fs::exists(fs::join(out, "bench.json")))
+    throw UsageError(out + " already holds a bench.json; choose another --out");
+  fs::create_directories(out);
+
+  const std::string source_dir = ob::find_source_dir();
+  ob::BenchReport report;
+  report.environment = ob::collect_environment(device, source_dir);
+  auto& s = report.settings;
+  s.model = base.model.name;
+  s.depth = base.model.depth, s.hidden = base.model.hidden, s.heads = base.model.heads, s.patch = base.model.patch;
+  s.image_size = base.model.image_size, s.in_channels = base.model.in_channels;
+  s.num_classes = base.model.num_classes;
+  s.learn_sigma = base.model.learn_sigma;
+  s.class_dropout = base.model.class_dropout;
+  s.objective = base.diffusion.objective;
+  s.parameters = base.model.parameter_count(/*trainable_only=*/true);
+  s.train_flops_per_image = 3 * base.model.forward_flops_per_sample();
+  s.batches = batches;
+  for (const auto& v : variants) s.variants.push_back(v.name);
+  s.precision = a.precision;
+  s.recompute = a.recompute;
+  s.steps = a.steps, s.warmup = a.warmup, s.repeats = a.repeats;
+  s.device = cuda ? "cuda" : "cpu";
+  s.data_pool = kPoolBatches;
+  char optim[160];
+  std::snprintf(optim, sizeof optim, "AdamW lr %g, betas (%g, %g), eps %g, weight decay %g, no clipping; EMA %g",
+                base.optim.lr, base.optim.beta1, base.optim.beta2, base.optim.eps, base.optim.weight_decay,
+                base.optim.ema_decay);
+  s.optimizer = optim;
+  s.against_torch = a.against_torch;
+  s.torch_modes = torch_modes;
+  if (a.against_torch) s.torch_python = ob::reference_python(source_dir);
+
+  std::cout << "perftrain bench: " << s.model << " (" << s.parameters << " trainable parameters, "
+            << ob::format_number(s.train_flops_per_image / 1e9, 2) << " GFLOP per image per step) on "
+            << report.environment.device << ", torch " << report.environment.torch << ", commit "
+            << report.environment.commit << "\n";
+  report.matmul_peak = ob::measure_matmul_peak(device);
+  std::cout << "bf16 matmul peak: "
+            << (report.matmul_peak.tflops ? ob::format_number(report.matmul_peak.tflops, 1) + " TFLOP/s (" +
+                                                report.matmul_peak.note + ")"
+                                          : report.matmul_peak.note)
+            << "\n";
+  std::cout.flush();
+
+  for (int64_t b : batches) {
+    const auto pool = make_pool(base, b, cuda);
+    for (const auto& v : variants) {
+      report.rows.push_back(run_variant(a, base, v, pool, device, report.matmul_peak.tflops));
+      print_row(report.rows.back());
+    }
+  }
+
+  if (a.against_torch) {
+    const std::string script = ob::reference_script(source_dir);
+    for (int64_t b : batches) {
+      for (const auto& mode : torch_modes) {
+        ob::TorchBenchRequest r;
+        r.model = base.model.name;
+        r.depth = base.model.depth, r.hidden = base.model.hidden, r.heads = base.model.heads;
+        r.patch = base.model.patch;
+        r.image_size = base.model.image_size, r.in_channels = base.model.in_channels;
+        r.num_classes = base.model.num_classes;
+        r.class_dropout = base.model.class_dropout;
+        r.batch = b, r.steps = a.steps, r.warmup = a.warmup, r.mode = mode;
+        r.device = cuda ? "cuda" : "cpu";
+        std::cout << "  torch batch " << b << " " << mode << " ..." << std::flush;
+        auto row = ob::run_torch_bench(s.torch_python, script, r,
+                                       fs::join(out, "torch-b" + std::to_string(b) + "-" + mode + ".log"));
+        ob::fill_rates(row, report.matmul_peak.tflops);
+        std::cout << " " << (row.ok() ? ob::format_number(row.ms, 2) + " ms" : "error: " + row.error) << "\n";
+        report.torch.push_back(row);
+      }
+    }
+  }
+
+  report.summary = ob::summarize_batches(report.rows, report.torch);
+  ob::write_report_files(out, report);
+  std::cout << "\n" << ob::format_table(report) << "\nwrote " << fs::join(out, "bench.json") << " and "
+            << fs::join(out, "bench.md") << "\n";
+  const bool any = std::any_of(report.rows.begin(), report.rows.end(), [](const ob::BenchRow& r) { return r.ok(); });
+  if (!any) throw RuntimeError("no variant ran (the errors are in " + fs::join(out, "bench.md") + ")");
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "time training-step variants side by side (and against plain PyTorch)");
+  auto a = std::make_shared<BenchArgs>();
+  cmd->add_option("--model", a->model, "model name (perftrain models lists them)");
+  cmd->add_option("--batch", a->batches, "batch sizes, comma-separated (default 32,256)");
+  cmd->add_option("--variants", a->variants,
+                  "eager-fp32, eager-bf16, fused, graph, all, comma-separated (default: all five on a GPU, "
+                  "eager-fp32 on the CPU)");
+  cmd->add_option("--steps", a->steps, "timed steps per repeat")->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", a->warmup, "untimed steps first (graph variants: at least capture + 1)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--repeats", a->repeats, "timed windows per variant (run-to-run spread)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--against-torch", a->against_torch, "also time bench/reference_dit.py (plain PyTorch)");
+  cmd->add_option("--torch-modes", a->torch_modes,
+                  "eager-fp32, eager-bf16, compile, reduce-overhead (default: eager-bf16,compile,reduce-overhead "
+                  "on a GPU, eager-fp32 on the CPU)");
+  cmd->add_option("--image-size", a->image_size, "latent height = width")->check(CLI::PositiveNumber);
+  cmd->add_option("--in-channels", a->in_channels, "latent channels")->check(CLI::PositiveNumber);
+  cmd->add_option("--num-classes", a->num_classes, "classes")->check(CLI::PositiveNumber);
+  cmd->add_option("--precision", a->precision, "bf16 | fp16: the mixed-precision variants' dtype");
+  cmd->add_option("--out", a->out, "run directory (default runs/bench-<model>-<date>)");
+  cmd->add_option("--device", a->device, "auto | cpu | cuda");
+  cmd->add_flag("--recompute", a->recompute, "recompute block activations in backward (all variants)");
+  cmd->add_option("--seed", a->seed, "model and data seed");
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace perftrain::cli

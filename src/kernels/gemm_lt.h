@@ -1,0 +1,118 @@
+// Matrix products on Tensor Cores through cuBLASLt, with the fused epilogues
+// a transformer's linear layers need (bias, GELU with its saved input, the
+// GELU gradient with the bias gradient, the bias gradient of a weight-gradient
+// product), for row-major matrices:
+//
+//   D[m, n] = epilogue(op(A)[m, k] · op(B)[k, n])
+//   A is stored [m, k] (or [k, m] when trans_a), B [k, n] (or [n, k] when
+//   trans_b), D [m, n]; all dense row-major (leading dimension = row length).
+//
+// cuBLAS is column-major. A row-major R x C matrix is, byte for byte, the
+// column-major C x R matrix (its transpose) with leading dimension C. So the
+// row-major product D = op(A) op(B) is computed as the column-major product
+//   D^T[n, m] = op(B)^T[n, k] · op(A)^T[k, m]
+// i.e. cuBLAS's "A" is our B and cuBLAS's "B" is our A, with cuBLAS sizes
+// (m_c, n_c, k_c) = (n, m, k):
+//   our B stored [k, n] -> col-major n x k, ld n, op N   (trans_b: k x n, ld k, op T)
+//   our A stored [m, k] -> col-major k x m, ld k, op N   (trans_a: m x k, ld m, op T)
+//   our D stored [m, n] -> col-major n x m, ld n
+// What the epilogues mean in row-major terms follows from that:
+//   BIAS / GELU_AUX_BIAS: bias has length n (cuBLAS "rows of D"): one value
+//     per output column, added to every row.
+//   GELU_AUX_BIAS: aux is the pre-activation, same shape as D ([m, n],
+//     leading dimension n, which cuBLASLt requires to be a multiple of 8),
+//     stored in D's dtype. cuBLASLt's GELU is the tanh form.
+//   DGELU_BGRAD: D = (op(A) op(B)) * gelu'(aux) and the bias gradient, of
+//     length n, is D summed over its m rows.
+//   BGRADB: cuBLAS's B operand is our A, so the bias gradient has length m
+//     and is op(A)[m, k] summed over k. For dW[N, K] = dY^T X (A = dY stored
+//     [M, N] with trans_a, B = X stored [M, K]) that is db[N] = sum over the
+//     M rows of dY: the bias gradient for free with the weight gradient.
+//
+// Precision: bf16/fp16 inputs multiply with fp32 accumulation (compute
+// CUBLAS_COMPUTE_32F) into D of the input dtype or fp32; fp32 inputs use
+// TF32 Tensor Cores (CUBLAS_COMPUTE_32F_FAST_TF32) into fp32 D.
+//
+// Cost per call after the first with the same shapes: descriptors, layouts
+// and the heuristic's algorithm are cached per (shapes, dtypes, epilogue,
+// transposes, pointer alignments, workspace, device), so a call is two
+// attribute sets and one cublasLtMatmul launch. No allocation, no sync:
+// capturable in a CUDA graph once the cache is warm (a first call inside a
+// capture only queries the heuristic on the host, which is also safe).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace perftrain::kernels {
+
+enum class GemmDtype { kF32, kBF16, kF16 };
+
+enum class GemmEpilogue {
+  kDefault,      // D = op(A) op(B)
+  kBias,         // D = op(A) op(B) + bias[n]
+  kGeluAuxBias,  // aux = op(A) op(B) + bias[n];  D = gelu_tanh(aux)
+  kDGelu,        // D = (op(A) op(B)) * gelu_tanh'(aux)
+  kDGeluBGrad,   // kDGelu, and bias[n] (written) = sum over rows of D
+  kBGradB,       // D = op(A) op(B), and bias[m] (written) = sum over k of op(A)
+};
+
+const char* gemm_epilogue_name(GemmEpilogue e);
+const char* gemm_dtype_name(GemmDtype t);
+size_t gemm_dtype_size(GemmDtype t);
+
+struct GemmArgs {
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;  // [m, k], or [k, m] when trans_a
+  bool trans_a = false;
+  const void* b = nullptr;  // [k, n], or [n, k] when trans_b
+  bool trans_b = false;
+  GemmDtype ab_type = GemmDtype::kBF16;  // A and B share one dtype
+  void* d = nullptr;                     // [m, n]
+  GemmDtype d_type = GemmDtype::kBF16;   // ab_type, or kF32
+  GemmEpilogue epilogue = GemmEpilogue::kDefault;
+  // Bias (read) for kBias / kGeluAuxBias; bias gradient (written) for
+  // kDGeluBGrad / kBGradB. Its dtype may differ from D's (e.g. fp32 with a
+  // bf16 D) where cuBLASLt accepts it (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).
+  void* bias = nullptr;
+  GemmDtype bias_type = GemmDtype::kF32;
+  // GELU pre-activation [m, n] in D's dtype: written by kGeluAuxBias, read
+  // by kDGelu / kDGeluBGrad. n must be a multiple of 8.
+  void* aux = nullptr;
+};
+
+// Where and with what a product runs; owned by the caller.
+struct GemmContext {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;  // device memory, 256-byte aligned
+  size_t workspace_bytes = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// cuBLASLt has no algorithm for this configuration (the heuristic returned
+// none, or refused the descriptor). The message names the epilogue, the
+// shapes and the dtypes. The caller may fall back to a plain product.
+class GemmUnsupported : public std::runtime_error {
+ public:
+  explicit GemmUnsupported(const std::string& what) : std::runtime_error(what) {}
+};
+
+// Runs the product on ctx.stream. Throws std::invalid_argument on misuse
+// (null pointers, non-positive sizes, a missing bias/aux for the epilogue,
+// mismatched dtypes), GemmUnsupported when cuBLASLt has no algorithm, and
+// std::runtime_error on any other cuBLAS failure.
+void gemm_lt(const GemmArgs& args, const GemmContext& ctx);
+
+// Whether gemm_lt(args, ctx) finds an algorithm (runs the same cached
+// heuristic query; launches nothing; pointers only matter for alignment).
+bool gemm_lt_supported(const GemmArgs& args, const GemmContext& ctx);
+
+// "GELU_AUX_BIAS m=8192 n=4608 k=1152 A=bf16^T B=bf16 D=bf16 bias=f32"
+std::string gemm_describe(const GemmArgs& args);
+
+}  // namespace perftrain::kernels

@@ -1,0 +1,86 @@
+// The optimizer step on the device in three launches over every parameter
+// tensor, with no host sync (so a whole training step captures in a CUDA graph):
+//   (1) adamw_sum_squares: per-block partial sums of grad^2 into a buffer;
+//   (2) adamw_prepare: one block sums the partials in a fixed order
+//       (deterministic), then computes the step's scalars: the unscaled norm,
+//       inf/NaN detection, the fp16 loss-scale update, the step counter, the
+//       LR, the clip coefficient, the bias corrections and the EMA weight;
+//   (3) adamw_update: AdamW and the EMA in one pass over each element
+//       (reads p, g, m, v, ema; writes p, m, v, ema: 36 bytes and ~20 FLOPs
+//       an element, so it runs at copy bandwidth).
+// The tensors are found through a table passed by value as a kernel parameter
+// (CUDA 12.1+ allows 32 KB of them on sm_90): a block takes fixed chunks of
+// kAdamWChunk elements and finds its tensor by binary search in the prefix sum
+// of chunk counts. 16-byte vector loads where a tensor's pointers allow.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace perftrain::kernels {
+
+constexpr int kAdamWChunk = 65536;     // elements per block task
+constexpr int kAdamWMaxTensors = 384;  // per table (a table is ~20 KB)
+
+// One parameter tensor, float32, contiguous, n elements. g == nullptr: the
+// parameter had no gradient (only its EMA follows it); ema == nullptr: no EMA.
+struct AdamWTensor {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  float* ema;
+  int64_t n;
+};
+
+struct AdamWTable {
+  int count;   // tensors in t[]
+  int chunks;  // chunk_end[count - 1]
+  int chunk_end[kAdamWMaxTensors];  // inclusive prefix sum of ceil(n / kAdamWChunk)
+  AdamWTensor t[kAdamWMaxTensors];
+};
+
+// The step's scalars, in device memory (float32 slots, so the op layer can
+// show each one as a 0-d tensor). Written by adamw_prepare; the state part
+// (loss_scale .. good_steps) persists between steps.
+struct AdamWScalars {
+  float loss_scale;  // the scale this step's gradients carry (1 without dynamic scaling); updated for the next
+  float grad_norm;   // of the unscaled gradients, before clipping
+  float lr;          // of the last update
+  float skipped;     // steps skipped for inf/NaN gradients, in total
+  float step;        // updates taken (AdamW's step counter)
+  float good_steps;  // finite steps since the last scale change
+  // Derived for adamw_update:
+  float skip;           // 1: this step is skipped
+  float coef;           // gradient multiplier: 1/loss_scale * clip coefficient
+  float step_size;      // lr / (1 - beta1^step)
+  float bc2_sqrt;       // sqrt(1 - beta2^step)
+  float lr_wd;          // lr * weight_decay (p -= lr_wd * p)
+  float ema_weight;     // 1 - ema decay (lerp weight)
+};
+constexpr int kAdamWScalarSlots = sizeof(AdamWScalars) / sizeof(float);
+
+struct AdamWHyper {
+  double lr, beta1, beta2, eps, weight_decay;
+  double grad_clip;  // 0: off
+  double ema_decay;
+  int64_t warmup_steps;
+  int64_t growth_interval;
+  bool ema_warmup;
+  bool dynamic_loss_scale;
+};
+
+// Blocks for a table of `chunks` chunks on the current device (a few per SM;
+// fixed for the life of a table so the reduction order never changes).
+int adamw_grid(int chunks);
+// Fills partials[0 .. grid) (grid <= table.chunks, fixed by the caller).
+void adamw_sum_squares(const AdamWTable& table, double* partials, int grid, cudaStream_t stream);
+// Sums partials[0 .. count) and writes *scalars.
+void adamw_prepare(const double* partials, int count, AdamWScalars* scalars, const AdamWHyper& hyper,
+                   cudaStream_t stream);
+// Applies the update described by *scalars (nothing when scalars->skip).
+void adamw_update(const AdamWTable& table, const AdamWScalars* scalars, const AdamWHyper& hyper, int grid,
+                  cudaStream_t stream);
+
+}  // namespace perftrain::kernels

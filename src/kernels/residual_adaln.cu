@@ -1,0 +1,310 @@
+#include "kernels/residual_adaln.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "kernels/cuda_check.h"
+#include "kernels/vector_io.cuh"
+
+namespace perftrain::kernels {
+namespace {
+
+using detail::from_float;
+using detail::load_vec;
+using detail::row_sum;
+using detail::store_vec;
+using detail::to_float;
+using detail::vec8_aligned;
+
+// Register budget per thread: ITEMS vectors of VEC elements of the row.
+// Forward: x1 (1 array) lives across the row. Backward: the three column sums
+// live across all rows and xhat, g across one row's reduction: 5 arrays, which
+// at 2 x 8 stays inside the 128 registers a 512-thread block allows.
+template <int VEC> constexpr int fwd_items() { return VEC == 8 ? 6 : 16; }  // warp covers D <= 1536 / 512
+template <int VEC> constexpr int bwd_items() { return VEC == 8 ? 2 : 16; }
+constexpr int kMaxThreads = 512;
+static_assert(kMaxThreads * fwd_items<1>() >= kResidualAdaLNMaxCols &&
+                  kMaxThreads * 8 * bwd_items<8>() >= kResidualAdaLNMaxCols &&
+                  kMaxThreads * bwd_items<1>() >= kResidualAdaLNMaxCols,
+              "the registers must cover the widest row");
+
+// Threads per row: the fewest whole warps that cover nvec vectors at `items` each.
+int threads_per_row(int nvec, int items) {
+  const int t = (nvec + items - 1) / items;
+  const int threads = std::max(32, (t + 31) / 32 * 32);
+  if (threads > kMaxThreads) throw std::invalid_argument("residual_adaln: row too wide for the kernel");
+  return threads;
+}
+
+// The value as stored in T: LN must see x1 exactly as the residual stream keeps it.
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  return to_float(from_float<T>(v));
+}
+
+template <typename TX, typename TM, typename TA, int VEC, int ITEMS>
+__global__ void __launch_bounds__(kMaxThreads, 1)
+    residual_adaln_forward_kernel(const TX* __restrict__ x, const TM* __restrict__ gate, int64_t gate_stride,
+                                  const TA* __restrict__ y, const TM* __restrict__ shift, int64_t shift_stride,
+                                  const TM* __restrict__ scale, int64_t scale_stride, TX* __restrict__ x1,
+                                  TA* __restrict__ h, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                  int rows, int tokens, int cols, float eps) {
+  __shared__ float smem[32];
+  const int row = blockIdx.x * blockDim.y + threadIdx.y;
+  if (row >= rows) return;  // a whole warp (warp per row) or a whole block (block per row)
+  const int nvec = cols / VEC;
+  const float inv_cols = 1.f / float(cols);
+  const int64_t off = int64_t(row) * cols;
+  const int b = row / tokens;
+  const TM* gt = gate + int64_t(b) * gate_stride;
+
+  // x1 = x + gate * y, written out and kept (as stored) for the statistics.
+  float v[ITEMS][VEC];
+  float s[1] = {0.f};
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < nvec) {
+      float yv[VEC], g[VEC];
+      load_vec<TX, VEC>(x + off + int64_t(c) * VEC, v[i]);
+      load_vec<TA, VEC>(y + off + int64_t(c) * VEC, yv);
+      load_vec<TM, VEC>(gt + c * VEC, g);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        v[i][j] = round_to<TX>(v[i][j] + g[j] * yv[j]);
+        s[0] += v[i][j];
+      }
+      store_vec<TX, VEC>(x1 + off + int64_t(c) * VEC, v[i]);
+    }
+  }
+  row_sum<1>(s, smem);
+  const float mean = s[0] * inv_cols;
+  s[0] = 0.f;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (int(threadIdx.x + i * blockDim.x) < nvec) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = v[i][j] - mean;
+        s[0] += d * d;
+      }
+    }
+  }
+  row_sum<1>(s, smem);
+  const float rstd = rsqrtf(s[0] * inv_cols + eps);
+  if (threadIdx.x == 0) {
+    if (mean_out != nullptr) mean_out[row] = mean;
+    if (rstd_out != nullptr) rstd_out[row] = rstd;
+  }
+
+  const TM* sh = shift + int64_t(b) * shift_stride;
+  const TM* sc = scale + int64_t(b) * scale_stride;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < nvec) {
+      float a[VEC], m[VEC], out[VEC];
+      load_vec<TM, VEC>(sc + c * VEC, a);
+      load_vec<TM, VEC>(sh + c * VEC, m);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out[j] = (v[i][j] - mean) * rstd * (1.f + a[j]) + m[j];
+      store_vec<TA, VEC>(h + off + int64_t(c) * VEC, out);
+    }
+  }
+}
+
+// Block (tile, b): rows b*tokens + [tile*rows_per_tile, ...) of one sample.
+// Phase 1 of a row needs x1, dh, scale (the LN backward's two row sums);
+// phase 2 reads dx1_ext, y, gate only after the sums, so they take no
+// registers across the reduction.
+template <typename TX, typename TM, typename TA, int VEC, int ITEMS>
+__global__ void __launch_bounds__(kMaxThreads, 1)
+    residual_adaln_backward_kernel(const TX* __restrict__ dx1_ext, const TA* __restrict__ dh,
+                                   const TX* __restrict__ x1, const TA* __restrict__ y, const TM* __restrict__ gate,
+                                   int64_t gate_stride, const TM* __restrict__ scale, int64_t scale_stride,
+                                   const float* __restrict__ mean, const float* __restrict__ rstd,
+                                   TX* __restrict__ dx, TA* __restrict__ dy, float* __restrict__ partials, int tokens,
+                                   int cols, int rows_per_tile, int64_t plane) {
+  __shared__ float smem[64];
+  const int tile = blockIdx.x, b = blockIdx.y, tiles = gridDim.x;
+  const int nvec = cols / VEC;
+  const float inv_cols = 1.f / float(cols);
+  const int t0 = tile * rows_per_tile;
+  const int t1 = min(tokens, t0 + rows_per_tile);
+  const TM* gt = gate + int64_t(b) * gate_stride;
+  const TM* sc = scale + int64_t(b) * scale_stride;
+
+  float acc_dgate[ITEMS][VEC], acc_dscale[ITEMS][VEC], acc_dshift[ITEMS][VEC];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc_dgate[i][j] = acc_dscale[i][j] = acc_dshift[i][j] = 0.f;
+  }
+
+  for (int t = t0; t < t1; ++t) {  // the same trip count for the whole block
+    const int64_t row = int64_t(b) * tokens + t;
+    const int64_t off = row * cols;
+    const float mu = mean[row], rs = rstd[row];
+    float xh[ITEMS][VEC], g[ITEMS][VEC];
+    float s[2] = {0.f, 0.f};  // sum g, sum g*xhat
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c = threadIdx.x + i * blockDim.x;
+      if (c < nvec) {
+        float d[VEC], a[VEC];
+        load_vec<TX, VEC>(x1 + off + int64_t(c) * VEC, xh[i]);
+        load_vec<TA, VEC>(dh + off + int64_t(c) * VEC, d);
+        load_vec<TM, VEC>(sc + c * VEC, a);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          xh[i][j] = (xh[i][j] - mu) * rs;
+          g[i][j] = d[j] * (1.f + a[j]);
+          acc_dscale[i][j] += d[j] * xh[i][j];
+          acc_dshift[i][j] += d[j];
+          s[0] += g[i][j];
+          s[1] += g[i][j] * xh[i][j];
+        }
+      }
+    }
+    row_sum<2>(s, smem);
+    const float mg = s[0] * inv_cols, mgx = s[1] * inv_cols;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c = threadIdx.x + i * blockDim.x;
+      if (c < nvec) {
+        float e[VEC], yv[VEC], gv[VEC];
+        if (dx1_ext != nullptr) {
+          load_vec<TX, VEC>(dx1_ext + off + int64_t(c) * VEC, e);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) e[j] = 0.f;
+        }
+        load_vec<TA, VEC>(y + off + int64_t(c) * VEC, yv);
+        load_vec<TM, VEC>(gt + c * VEC, gv);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          e[j] += rs * (g[i][j] - mg - xh[i][j] * mgx);  // dx1
+          acc_dgate[i][j] += e[j] * yv[j];
+          yv[j] = e[j] * gv[j];  // dy
+        }
+        store_vec<TX, VEC>(dx + off + int64_t(c) * VEC, e);
+        store_vec<TA, VEC>(dy + off + int64_t(c) * VEC, yv);
+      }
+    }
+  }
+
+  // Plane 0: sum dx1*y (-> dgate); plane 1: sum dh*xhat (-> dscale); plane 2: sum dh (-> dshift).
+  float* p0 = partials + (int64_t(b) * tiles + tile) * cols;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < nvec) {
+      store_vec<float, VEC>(p0 + c * VEC, acc_dgate[i]);
+      store_vec<float, VEC>(p0 + plane + c * VEC, acc_dscale[i]);
+      store_vec<float, VEC>(p0 + 2 * plane + c * VEC, acc_dshift[i]);
+    }
+  }
+}
+
+// The three per-sample column sums over tiles, in tile order.
+template <typename TM>
+__global__ void residual_adaln_reduce_partials_kernel(const float* __restrict__ partials, int64_t plane, int tiles,
+                                                      int cols, TM* __restrict__ dgate, TM* __restrict__ dscale,
+                                                      TM* __restrict__ dshift) {
+  const int b = blockIdx.y;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const float* p = partials + int64_t(b) * tiles * cols + c;
+  float s0 = 0.f, s1 = 0.f, s2 = 0.f;
+  for (int t = 0; t < tiles; ++t) {
+    s0 += p[int64_t(t) * cols];
+    s1 += p[plane + int64_t(t) * cols];
+    s2 += p[2 * plane + int64_t(t) * cols];
+  }
+  dgate[int64_t(b) * cols + c] = from_float<TM>(s0);
+  dscale[int64_t(b) * cols + c] = from_float<TM>(s1);
+  dshift[int64_t(b) * cols + c] = from_float<TM>(s2);
+}
+
+}  // namespace
+
+template <typename TX, typename TM, typename TA>
+void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y, const TM* shift,
+                            int64_t shift_stride, const TM* scale, int64_t scale_stride, TX* x1, TA* h, float* mean,
+                            float* rstd, int batch, int tokens, int cols, float eps, cudaStream_t stream) {
+  detail::check_sizes("residual_adaln_forward", batch, tokens, cols, kResidualAdaLNMaxCols);
+  const int rows = batch * tokens;
+  if (rows == 0) return;
+  const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && shift_stride % 8 == 0 && scale_stride % 8 == 0 &&
+                    vec8_aligned(x) && vec8_aligned(gate) && vec8_aligned(y) && vec8_aligned(shift) &&
+                    vec8_aligned(scale) && vec8_aligned(x1) && vec8_aligned(h);
+  auto launch = [&](auto kernel, int vec, int items) {
+    const int per_row = threads_per_row(cols / vec, items);
+    const dim3 block(per_row, per_row == 32 ? 4 : 1);  // warp per row: 4 rows per block
+    const dim3 grid((rows + block.y - 1) / block.y);
+    kernel<<<grid, block, 0, stream>>>(x, gate, gate_stride, y, shift, shift_stride, scale, scale_stride, x1, h,
+                                       mean, rstd, rows, tokens, cols, eps);
+    PERFTRAIN_LAUNCH_CHECK();
+  };
+  if (vec8)
+    launch(residual_adaln_forward_kernel<TX, TM, TA, 8, fwd_items<8>()>, 8, fwd_items<8>());
+  else
+    launch(residual_adaln_forward_kernel<TX, TM, TA, 1, fwd_items<1>()>, 1, fwd_items<1>());
+}
+
+int residual_adaln_backward_tiles(int batch, int tokens, int sm_count) {
+  return detail::sample_row_tiles(batch, tokens, sm_count);
+}
+
+template <typename TX, typename TM, typename TA>
+void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, const TA* y, const TM* gate,
+                             int64_t gate_stride, const TM* scale, int64_t scale_stride, const float* mean,
+                             const float* rstd, TX* dx, TA* dy, TM* dgate, TM* dshift, TM* dscale, float* partials,
+                             int batch, int tokens, int cols, int tiles_per_sample, cudaStream_t stream) {
+  detail::check_sizes("residual_adaln_backward", batch, tokens, cols, kResidualAdaLNMaxCols);
+  if (batch == 0) return;
+  detail::check_tiles("residual_adaln_backward", tiles_per_sample, tokens);
+  const int rows_per_tile = (tokens + tiles_per_sample - 1) / tiles_per_sample;
+  const int64_t plane = int64_t(batch) * tiles_per_sample * cols;
+  const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && scale_stride % 8 == 0 &&
+                    (dx1_ext == nullptr || vec8_aligned(dx1_ext)) && vec8_aligned(dh) && vec8_aligned(x1) &&
+                    vec8_aligned(y) && vec8_aligned(gate) && vec8_aligned(scale) && vec8_aligned(dx) &&
+                    vec8_aligned(dy) && vec8_aligned(partials);
+  auto launch = [&](auto kernel, int vec, int items) {
+    const dim3 block(threads_per_row(cols / vec, items));
+    const dim3 grid(tiles_per_sample, batch);
+    kernel<<<grid, block, 0, stream>>>(dx1_ext, dh, x1, y, gate, gate_stride, scale, scale_stride, mean, rstd, dx,
+                                       dy, partials, tokens, cols, rows_per_tile, plane);
+    PERFTRAIN_LAUNCH_CHECK();
+  };
+  if (vec8)
+    launch(residual_adaln_backward_kernel<TX, TM, TA, 8, bwd_items<8>()>, 8, bwd_items<8>());
+  else
+    launch(residual_adaln_backward_kernel<TX, TM, TA, 1, bwd_items<1>()>, 1, bwd_items<1>());
+
+  const dim3 grid((cols + 255) / 256, batch);
+  residual_adaln_reduce_partials_kernel<TM><<<grid, 256, 0, stream>>>(partials, plane, tiles_per_sample, cols, dgate,
+                                                                       dscale, dshift);
+  PERFTRAIN_LAUNCH_CHECK();
+}
+
+#define PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, TA)                                                         \
+  template void residual_adaln_forward<TX, TM, TA>(const TX*, const TM*, int64_t, const TA*, const TM*, int64_t, \
+                                                   const TM*, int64_t, TX*, TA*, float*, float*, int, int, int,  \
+                                                   float, cudaStream_t);                                         \
+  template void residual_adaln_backward<TX, TM, TA>(const TX*, const TA*, const TX*, const TA*, const TM*,       \
+                                                    int64_t, const TM*, int64_t, const float*, const float*, TX*, \
+                                                    TA*, TM*, TM*, TM*, float*, int, int, int, int, cudaStream_t);
+#define PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_A(TX, TM)          \
+  PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, float)           \
+  PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, __nv_bfloat16)   \
+  PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, __half)
+#define PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_MA(TX)            \
+  PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_A(TX, float)            \
+  PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_A(TX, __nv_bfloat16)    \
+  PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_A(TX, __half)
+PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_MA(float)
+PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_MA(__nv_bfloat16)
+PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_MA(__half)
+
+}  // namespace perftrain::kernels

@@ -1,0 +1,150 @@
+// Device helpers shared by the row kernels (adaln_layernorm, gated_residual,
+// residual_adaln): fp32 math on float / __nv_bfloat16 / __half storage,
+// vector loads and stores of up to 16 bytes, deterministic warp and row sums,
+// and the host-side shape rules they agree on (16-byte alignment, the tile
+// split of the per-sample column reductions, the size check).
+//
+// Everything here is inline or a template: the header goes into several .cu
+// files of one library.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace perftrain::kernels::detail {
+
+// ---- element conversion (fp32 math on every storage type) ----
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// ---- vector access: VEC elements per call, in words of at most 16 bytes ----
+
+template <int Bytes> struct RawWord;
+template <> struct RawWord<16> { using type = uint4; };
+template <> struct RawWord<8> { using type = uint2; };
+template <> struct RawWord<4> { using type = unsigned int; };
+template <> struct RawWord<2> { using type = unsigned short; };
+
+// Elements per memory instruction: VEC elements, at most 16 bytes.
+template <typename T, int VEC>
+constexpr int chunk_elems() { return VEC * sizeof(T) > 16 ? int(16 / sizeof(T)) : VEC; }
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_vec(const T* p, float (&f)[VEC]) {
+  constexpr int C = chunk_elems<T, VEC>();
+  using Word = typename RawWord<C * sizeof(T)>::type;
+#pragma unroll
+  for (int i = 0; i < VEC; i += C) {
+    const Word w = *reinterpret_cast<const Word*>(p + i);
+    T e[C];
+    memcpy(e, &w, sizeof(w));
+#pragma unroll
+    for (int j = 0; j < C; ++j) f[i + j] = to_float(e[j]);
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_vec(T* p, const float (&f)[VEC]) {
+  constexpr int C = chunk_elems<T, VEC>();
+  using Word = typename RawWord<C * sizeof(T)>::type;
+#pragma unroll
+  for (int i = 0; i < VEC; i += C) {
+    T e[C];
+#pragma unroll
+    for (int j = 0; j < C; ++j) e[j] = from_float<T>(f[i + j]);
+    Word w;
+    memcpy(&w, e, sizeof(w));
+    *reinterpret_cast<Word*>(p + i) = w;
+  }
+}
+
+// ---- reductions over the threads of one row ----
+
+__device__ __forceinline__ float warp_sum(float v) {
+  // Butterfly: every lane ends with the same bits (each step adds a pair in
+  // both orders, and fp32 addition is commutative).
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sums K values over the blockDim.x threads that share a row; every one of
+// them gets the same result, in a fixed order (deterministic). With more than
+// one warp per row the block must hold exactly one row (blockDim.y == 1), and
+// all its threads must call this.
+template <int K>
+__device__ __forceinline__ void row_sum(float (&v)[K], float* smem /* [32 * K] */) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = warp_sum(v[k]);
+  if (blockDim.x == 32) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  __syncthreads();  // the previous call's readers are done with smem
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) smem[warp * K + k] = v[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    float t = 0.f;
+    for (int w = 0; w < warps; ++w) t += smem[w * K + k];
+    v[k] = t;
+  }
+}
+
+// ---- host-side shape rules ----
+
+// 16-byte vectors need every row start aligned: cols and the strides a
+// multiple of 8 elements (the caller checks those) and the base pointers
+// aligned to one memory word.
+template <typename T>
+bool vec8_aligned(const T* p) {
+  const size_t word = std::min<size_t>(16, 8 * sizeof(T));
+  return reinterpret_cast<uintptr_t>(p) % word == 0;
+}
+
+// How many row tiles per sample a backward with per-sample column sums uses:
+// about 8 blocks per SM in all, at least 4 rows per tile, and no empty tile.
+// The tile count fixes the summation order, so it depends on shapes and the
+// SM count only.
+inline int sample_row_tiles(int batch, int tokens, int sm_count) {
+  if (batch < 1 || tokens < 1) return 1;
+  const int64_t target = 8LL * std::max(sm_count, 1);
+  int64_t tiles = (target + batch - 1) / batch;
+  tiles = std::max<int64_t>(1, std::min<int64_t>(tiles, tokens / 4));
+  const int64_t rows_per_tile = (tokens + tiles - 1) / tiles;
+  return int((tokens + rows_per_tile - 1) / rows_per_tile);
+}
+
+// Sizes every row kernel takes: a grid of (tiles, batch) and 32-bit row indices.
+inline void check_sizes(const char* what, int batch, int tokens, int cols, int max_cols) {
+  if (batch < 0 || tokens < 0 || cols < 1 || cols > max_cols || batch > 65535 || int64_t(batch) * tokens > INT32_MAX)
+    throw std::invalid_argument(std::string(what) + ": unsupported sizes batch=" + std::to_string(batch) +
+                                " tokens=" + std::to_string(tokens) + " cols=" + std::to_string(cols));
+}
+
+inline void check_tiles(const char* what, int tiles_per_sample, int tokens) {
+  if (tiles_per_sample < 1 || tiles_per_sample > std::max(tokens, 1))
+    throw std::invalid_argument(std::string(what) + ": tiles_per_sample=" + std::to_string(tiles_per_sample) +
+                                " for tokens=" + std::to_string(tokens));
+}
+
+}  // namespace perftrain::kernels::detail

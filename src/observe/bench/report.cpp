@@ -1,0 +1,348 @@
+#include "observe/bench/report.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <sstream>
+
+#include "base/fs.h"
+#include "io/atomic_file.h"
+
+namespace perftrain::observe::bench {
+namespace {
+
+using Json = nlohmann::ordered_json;  // keys in the order written, for people reading the file
+
+Json opt(const std::optional<double>& v) { return v ? Json(*v) : Json(nullptr); }
+
+std::string percent(const std::optional<double>& v) {
+  return v ? format_number(*v * 100, 1) + "%" : std::string("n/a");
+}
+
+std::string pad(const std::string& s, size_t width, bool left = false) {
+  if (s.size() >= width) return s;
+  return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string out;
+  for (auto x : v) out += (out.empty() ? "" : ",") + std::to_string(x);
+  return out;
+}
+
+// Markdown table cells may not hold '|' or newlines.
+std::string cell(std::string s) {
+  for (auto& c : s)
+    if (c == '\n') c = ' ';
+  std::string out;
+  for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
+std::string method_text(const BenchReport& r) {
+  const auto& s = r.settings;
+  std::ostringstream m;
+  m << "Each (batch, variant) runs in this one process, one after another, on a freshly built model, EMA and "
+       "step runner. Warm-up steps: "
+    << s.warmup << " (variants with the CUDA graph run at least the runner's capture warm-up plus two, so "
+                   "capture is never timed), then "
+    << s.steps << " timed steps" << (s.repeats > 1 ? " x " + std::to_string(s.repeats) + " repeats" : "")
+    << ", each bracketed by "
+    << (s.device == "cuda" ? "CUDA events on the current stream (no host sync inside the window)" : "the host clock")
+    << ". ms is the median of all timed steps, with p10/p90, min and a distribution-free 95% confidence interval "
+       "of the median (order statistics); run_to_run is (max - min) / median of the per-repeat medians. TFLOP/s = "
+       "3 x forward FLOPs (matrix products and attention) x batch / median step time; MFU = TFLOP/s / the bf16 "
+       "matrix-product rate measured in this process ("
+    << (r.matmul_peak.tflops ? format_number(r.matmul_peak.tflops, 1) + " TFLOP/s, " + r.matmul_peak.note
+                             : r.matmul_peak.note)
+    << "). Peak memory: the most the caching allocator held allocated from building the model to the last step. "
+       "first_step_s: wall time from starting to build the model to the end of the first step (synchronized). "
+       "Data: "
+    << s.data_pool
+    << " distinct synthetic batches in pinned memory, reused round-robin (no data loading is timed). The step: "
+       "DDPM eps-MSE, label dropout "
+    << s.class_dropout << ", " << s.optimizer << ".";
+  if (s.against_torch)
+    m << " PyTorch rows: bench/reference_dit.py bench in its own process per mode (same model, batch, objective; "
+         "AdamW fused, bf16 autocast; no EMA update), its median of "
+      << s.steps << " steps after " << s.warmup
+      << " warm-up by CUDA events; its first_step_s counts from its process start (Python, torch import and "
+         "compilation included).";
+  return m.str();
+}
+
+}  // namespace
+
+std::string format_number(const std::optional<double>& v, int digits) {
+  if (!v) return "n/a";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, *v);
+  return buf;
+}
+
+std::string format_rate(const std::optional<double>& v) {
+  if (!v || *v >= 10) return format_number(v, 1);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", *v);
+  return buf;
+}
+
+std::string format_gib(const std::optional<double>& v) {
+  return v ? format_number(v, 2) + " GiB" : std::string("n/a");
+}
+
+nlohmann::ordered_json to_json(const BenchRow& r) {
+  Json j = {{"model", r.model},
+                      {"batch", r.batch},
+                      {"variant", r.variant},
+                      {"precision", r.precision},
+                      {"fused_kernels", r.fused_kernels},
+                      {"fused_optimizer", r.fused_optimizer},
+                      {"graph", r.graph},
+                      {"recompute", r.recompute},
+                      {"warmup", r.warmup},
+                      {"steps", r.steps},
+                      {"repeats", r.repeats},
+                      {"ms", opt(r.ms)},
+                      {"ms_p10", opt(r.ms_p10)},
+                      {"ms_p90", opt(r.ms_p90)},
+                      {"ms_min", opt(r.ms_min)},
+                      {"ms_max", opt(r.ms_max)},
+                      {"ms_mean", opt(r.ms_mean)},
+                      {"ms_ci95_low", opt(r.ms_ci_low)},
+                      {"ms_ci95_high", opt(r.ms_ci_high)},
+                      {"ci_coverage", opt(r.ci_coverage)},
+                      {"rel_iqr", opt(r.rel_iqr)},
+                      {"run_to_run", opt(r.run_to_run)},
+                      {"repeat_median_ms", r.repeat_median_ms},
+                      {"step_ms", r.step_ms},
+                      {"images_per_s", opt(r.images_per_s)},
+                      {"tflops", opt(r.tflops)},
+                      {"mfu", opt(r.mfu)},
+                      {"peak_gib", opt(r.peak_gib)},
+                      {"first_step_s", opt(r.first_step_s)},
+                      {"loss", opt(r.loss)},
+                      {"graph_status", r.graph_status},
+                      {"speedup_vs_best_torch", opt(r.speedup_vs_best_torch)},
+                      {"error", r.ok() ? Json(nullptr) : Json(r.error)}};
+  return j;
+}
+
+nlohmann::ordered_json to_json(const TorchRow& r) {
+  return {{"model", r.model},
+          {"batch", r.batch},
+          {"mode", r.mode},
+          {"ms", opt(r.ms)},
+          {"ms_p10", opt(r.ms_p10)},
+          {"ms_p90", opt(r.ms_p90)},
+          {"images_per_s", opt(r.images_per_s)},
+          {"tflops", opt(r.tflops)},
+          {"mfu", opt(r.mfu)},
+          {"peak_gib", opt(r.peak_gib)},
+          {"first_step_s", opt(r.first_step_s)},
+          {"torch", r.torch_version},
+          {"device", r.device},
+          {"log", r.log_path},
+          {"error", r.ok() ? Json(nullptr) : Json(r.error)}};
+}
+
+nlohmann::ordered_json to_json(const SummaryRow& r) {
+  return {{"model", r.model},
+          {"batch", r.batch},
+          {"variant", r.variant},
+          {"ms", opt(r.ms)},
+          {"images_per_s", opt(r.images_per_s)},
+          {"tflops", opt(r.tflops)},
+          {"mfu", opt(r.mfu)},
+          {"peak_gib", opt(r.peak_gib)},
+          {"first_step_s", opt(r.first_step_s)},
+          {"graph_status", r.graph_status},
+          {"best_torch_mode", r.best_torch_mode.empty() ? Json(nullptr) : Json(r.best_torch_mode)},
+          {"best_torch_ms", opt(r.best_torch_ms)},
+          {"best_torch_peak_gib", opt(r.best_torch_peak_gib)},
+          {"best_torch_first_step_s", opt(r.best_torch_first_step_s)},
+          {"speedup_vs_best_torch", opt(r.speedup_vs_best_torch)},
+          {"error", r.error.empty() ? Json(nullptr) : Json(r.error)}};
+}
+
+nlohmann::ordered_json to_json(const BenchReport& r) {
+  Json env = Json::object();
+  for (const auto& [k, v] : environment_fields(r.environment)) env[k] = v;
+  const auto& s = r.settings;
+  Json config = {{"model", s.model},
+                           {"depth", s.depth},
+                           {"hidden", s.hidden},
+                           {"heads", s.heads},
+                           {"patch", s.patch},
+                           {"image_size", s.image_size},
+                           {"in_channels", s.in_channels},
+                           {"num_classes", s.num_classes},
+                           {"learn_sigma", s.learn_sigma},
+                           {"class_dropout", s.class_dropout},
+                           {"objective", s.objective},
+                           {"parameters", s.parameters},
+                           {"train_gflop_per_image", s.train_flops_per_image / 1e9},
+                           {"batches", s.batches},
+                           {"variants", s.variants},
+                           {"precision", s.precision},
+                           {"recompute", s.recompute},
+                           {"steps", s.steps},
+                           {"warmup", s.warmup},
+                           {"repeats", s.repeats},
+                           {"device", s.device},
+                           {"data_pool_batches", s.data_pool},
+                           {"optimizer", s.optimizer},
+                           {"against_torch", s.against_torch},
+                           {"torch_modes", s.torch_modes},
+                           {"torch_python", s.torch_python}};
+  Json rows = Json::array(), torch = Json::array(), summary = Json::array();
+  for (const auto& x : r.rows) rows.push_back(to_json(x));
+  for (const auto& x : r.torch) torch.push_back(to_json(x));
+  for (const auto& x : r.summary) summary.push_back(to_json(x));
+  return {{"environment", env},
+          {"matmul_peak_tflops", opt(r.matmul_peak.tflops)},
+          {"matmul_peak",
+           {{"tflops", opt(r.matmul_peak.tflops)},
+            {"tflops_min", r.matmul_peak.tflops ? Json(r.matmul_peak.tflops_min) : Json(nullptr)},
+            {"tflops_max", r.matmul_peak.tflops ? Json(r.matmul_peak.tflops_max) : Json(nullptr)},
+            {"ms_median", r.matmul_peak.tflops ? Json(r.matmul_peak.ms_median) : Json(nullptr)},
+            {"note", r.matmul_peak.note}}},
+          {"config", config},
+          {"method", method_text(r)},
+          {"rows", rows},
+          {"torch", torch},
+          {"summary", summary}};
+}
+
+std::string format_summary_line(const SummaryRow& s) {
+  std::ostringstream o;
+  o << s.model << " batch " << s.batch << ": ";
+  if (!s.error.empty()) {
+    o << s.error;
+  } else {
+    o << s.variant << " " << format_number(s.ms, 2) << " ms, " << format_rate(s.tflops) << " TFLOP/s ("
+      << percent(s.mfu) << " MFU), peak " << format_gib(s.peak_gib) << ", first step "
+      << format_number(s.first_step_s, 2) << " s";
+  }
+  if (!s.best_torch_mode.empty()) {
+    o << " | best torch " << s.best_torch_mode << " " << format_number(s.best_torch_ms, 2) << " ms";
+    if (s.speedup_vs_best_torch) o << " | speedup " << format_number(s.speedup_vs_best_torch, 2) << "x";
+  }
+  return o.str();
+}
+
+std::string format_table(const BenchReport& r) {
+  std::ostringstream o;
+  o << pad("batch", 6) << "  " << pad("variant", 22, true) << pad("ms", 10) << pad("p10-p90", 18) << pad("img/s", 11)
+    << pad("TFLOP/s", 9) << pad("MFU", 8) << pad("peak GiB", 10) << pad("1st step s", 12) << "  graph\n";
+  auto numbers = [&](const std::optional<double>& ms, const std::optional<double>& p10,
+                     const std::optional<double>& p90, const std::optional<double>& ips,
+                     const std::optional<double>& tf, const std::optional<double>& mfu,
+                     const std::optional<double>& gib, const std::optional<double>& first) {
+    o << pad(format_number(ms, 2), 10) << pad(format_number(p10, 2) + "-" + format_number(p90, 2), 18)
+      << pad(format_number(ips, 1), 11) << pad(format_rate(tf), 9) << pad(percent(mfu), 8)
+      << pad(format_number(gib, 2), 10) << pad(format_number(first, 2), 12);
+  };
+  for (const auto& x : r.rows) {
+    o << pad(std::to_string(x.batch), 6) << "  " << pad(x.variant, 22, true);
+    if (!x.ok()) {
+      o << "error: " << x.error << "\n";
+      continue;
+    }
+    numbers(x.ms, x.ms_p10, x.ms_p90, x.images_per_s, x.tflops, x.mfu, x.peak_gib, x.first_step_s);
+    o << "  " << x.graph_status << "\n";
+  }
+  for (const auto& t : r.torch) {
+    o << pad(std::to_string(t.batch), 6) << "  " << pad("torch " + t.mode, 22, true);
+    if (!t.ok()) {
+      o << "error: " << t.error << " (log: " << t.log_path << ")\n";
+      continue;
+    }
+    numbers(t.ms, t.ms_p10, t.ms_p90, t.images_per_s, t.tflops, t.mfu, t.peak_gib, t.first_step_s);
+    o << "  (first step from process start)\n";
+  }
+  if (!r.summary.empty()) o << "\n";
+  for (const auto& s : r.summary) o << format_summary_line(s) << "\n";
+  return o.str();
+}
+
+std::string to_markdown(const BenchReport& r) {
+  const auto& s = r.settings;
+  std::ostringstream m;
+  m << "# perftrain bench: " << s.model << "\n\n## Environment\n\n| | |\n|---|---|\n";
+  for (const auto& [k, v] : environment_fields(r.environment)) m << "| " << k << " | " << cell(v) << " |\n";
+  m << "| measured bf16 matmul peak | "
+    << (r.matmul_peak.tflops ? format_number(r.matmul_peak.tflops, 1) + " TFLOP/s" : std::string("n/a")) << " ("
+    << cell(r.matmul_peak.note) << ") |\n";
+
+  m << "\n## Config\n\n| | |\n|---|---|\n"
+    << "| model | " << s.model << " (depth " << s.depth << ", hidden " << s.hidden << ", heads " << s.heads
+    << ", patch " << s.patch << "), " << s.parameters << " trainable parameters |\n"
+    << "| input | " << s.in_channels << "x" << s.image_size << "x" << s.image_size << ", " << s.num_classes
+    << " classes, learn_sigma " << (s.learn_sigma ? "on" : "off") << " |\n"
+    << "| objective | " << s.objective << ", class dropout " << s.class_dropout << " |\n"
+    << "| FLOPs | " << format_number(s.train_flops_per_image / 1e9, 2) << " GFLOP per image per training step |\n"
+    << "| batches | " << join(s.batches) << " |\n"
+    << "| variants | " << join(s.variants) << " (mixed precision: " << s.precision
+    << (s.recompute ? ", activation recompute on" : "") << ") |\n"
+    << "| steps | " << s.warmup << " warm-up, " << s.steps << " timed x " << s.repeats << " repeat(s) |\n"
+    << "| device | " << s.device << " |\n"
+    << "| optimizer | " << cell(s.optimizer) << " |\n";
+  if (s.against_torch) m << "| torch modes | " << join(s.torch_modes) << " (" << cell(s.torch_python) << ") |\n";
+
+  m << "\n## Method\n\n" << method_text(r) << "\n";
+
+  m << "\n## Results\n\n| batch | variant | ms (median) | 95% CI | p10 / p90 | min | img/s | TFLOP/s | MFU | "
+       "peak GiB | first step s | vs best torch | graph |\n"
+       "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  for (const auto& x : r.rows) {
+    m << "| " << x.batch << " | " << x.variant << " | ";
+    if (!x.ok()) {
+      m << "error: " << cell(x.error) << " | | | | | | | | | | |\n";
+      continue;
+    }
+    m << format_number(x.ms, 2) << " | " << format_number(x.ms_ci_low, 2) << "-" << format_number(x.ms_ci_high, 2)
+      << " | " << format_number(x.ms_p10, 2) << " / " << format_number(x.ms_p90, 2) << " | "
+      << format_number(x.ms_min, 2) << " | " << format_number(x.images_per_s, 1) << " | "
+      << format_rate(x.tflops) << " | " << percent(x.mfu) << " | " << format_number(x.peak_gib, 2) << " | "
+      << format_number(x.first_step_s, 2) << " | "
+      << (x.speedup_vs_best_torch ? format_number(x.speedup_vs_best_torch, 2) + "x" : std::string("n/a")) << " | "
+      << cell(x.graph_status) << " |\n";
+  }
+  for (const auto& t : r.torch) {
+    m << "| " << t.batch << " | torch " << t.mode << " | ";
+    if (!t.ok()) {
+      m << "error: " << cell(t.error) << " (log " << cell(t.log_path) << ") | | | | | | | | | | |\n";
+      continue;
+    }
+    m << format_number(t.ms, 2) << " | n/a | " << format_number(t.ms_p10, 2) << " / " << format_number(t.ms_p90, 2)
+      << " | n/a | " << format_number(t.images_per_s, 1) << " | " << format_rate(t.tflops) << " | "
+      << percent(t.mfu) << " | " << format_number(t.peak_gib, 2) << " | " << format_number(t.first_step_s, 2)
+      << " (from process start) | | torch " << cell(t.torch_version) << " |\n";
+  }
+
+  m << "\n## Summary\n\n| model | batch | ours | ms | TFLOP/s | MFU | peak GiB | first step s | best torch | "
+       "torch ms | speedup |\n|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|\n";
+  for (const auto& x : r.summary) {
+    m << "| " << x.model << " | " << x.batch << " | " << (x.error.empty() ? x.variant : cell(x.error)) << " | "
+      << format_number(x.ms, 2) << " | " << format_rate(x.tflops) << " | " << percent(x.mfu) << " | "
+      << format_number(x.peak_gib, 2) << " | " << format_number(x.first_step_s, 2) << " | "
+      << (x.best_torch_mode.empty() ? "n/a" : x.best_torch_mode) << " | " << format_number(x.best_torch_ms, 2)
+      << " | " << (x.speedup_vs_best_torch ? format_number(x.speedup_vs_best_torch, 2) + "x" : std::string("n/a"))
+      << " |\n";
+  }
+  return m.str();
+}
+
+void write_report_files(const std::string& dir, const BenchReport& report) {
+  io::write_text_atomic(fs::join(dir, "bench.json"), to_json(report).dump(2) + "\n");
+  io::write_text_atomic(fs::join(dir, "bench.md"), to_markdown(report));
+}
+
+}  // namespace perftrain::observe::bench

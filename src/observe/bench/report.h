@@ -1,0 +1,73 @@
+// The outputs of `perftrain bench`: the table printed on stdout, and in the
+// run directory bench.json (everything, for tools and for docs/PERFORMANCE.md:
+// its "summary" list is the rows the docs keep) and bench.md (the same for
+// people: environment, method, results, ratios).
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <string>
+#include <vector>
+
+#include "observe/bench/environment.h"
+#include "observe/bench/matmul_peak.h"
+#include "observe/bench/rows.h"
+
+namespace perftrain::observe::bench {
+
+// What was benchmarked and how (the "config" of bench.json).
+struct BenchSettings {
+  std::string model;
+  int64_t depth = 0, hidden = 0, heads = 0, patch = 0;
+  int64_t image_size = 32, in_channels = 4, num_classes = 1000;
+  bool learn_sigma = false;
+  double class_dropout = 0.1;
+  std::string objective = "ddpm";
+  int64_t parameters = 0;            // of the model, trainable
+  double train_flops_per_image = 0;  // 3 x forward
+  std::vector<int64_t> batches;
+  std::vector<std::string> variants;
+  std::string precision = "bf16";  // of the mixed-precision variants
+  bool recompute = false;
+  int64_t steps = 30, warmup = 6, repeats = 1;
+  std::string device;
+  int64_t data_pool = 8;  // distinct batches reused round-robin
+  std::string optimizer;  // "AdamW lr 1e-4, betas (0.9, 0.999), wd 0; EMA 0.9999"
+  bool against_torch = false;
+  std::vector<std::string> torch_modes;
+  std::string torch_python;  // the interpreter used for them
+};
+
+struct BenchReport {
+  Environment environment;
+  MatmulPeak matmul_peak;
+  BenchSettings settings;
+  std::vector<BenchRow> rows;
+  std::vector<TorchRow> torch;
+  std::vector<SummaryRow> summary;
+};
+
+nlohmann::ordered_json to_json(const BenchRow& r);
+nlohmann::ordered_json to_json(const TorchRow& r);
+nlohmann::ordered_json to_json(const SummaryRow& r);
+// In this key order: {"environment", "matmul_peak_tflops", "matmul_peak", "config", "method",
+//  "rows", "torch", "summary"}
+nlohmann::ordered_json to_json(const BenchReport& report);
+
+// One line per row (ours, then torch), then one summary line per batch.
+std::string format_table(const BenchReport& report);
+// "DiT-S/2 batch 256: all 30.10 ms ... vs torch reduce-overhead 35.30 ms: 1.17x faster"
+std::string format_summary_line(const SummaryRow& s);
+std::string to_markdown(const BenchReport& report);
+
+// "n/a" for an empty value, else the number with `digits` decimals.
+std::string format_number(const std::optional<double>& v, int digits);
+// TFLOP/s: one decimal from 10 up, else three significant digits (a CPU
+// run's 0.0123, not "0.0").
+std::string format_rate(const std::optional<double>& v);
+std::string format_gib(const std::optional<double>& v);  // "3.25 GiB" or "n/a"
+
+// Writes bench.json and bench.md into dir (which exists), each atomically.
+void write_report_files(const std::string& dir, const BenchReport& report);
+
+}  // namespace perftrain::observe::bench

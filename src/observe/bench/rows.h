@@ -1,0 +1,66 @@
+// The records a benchmark run produces: one BenchRow per (batch, variant)
+// measured here, one TorchRow per (batch, mode) of the plain-PyTorch
+// reference, and one SummaryRow per batch that sets our best against the best
+// PyTorch mode. Numbers that could not be measured are empty optionals (null
+// in JSON, "n/a" in text); a row that failed keeps its error message.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace perftrain::observe::bench {
+
+struct BenchRow {
+  std::string model;
+  int64_t batch = 0;
+  std::string variant, precision;
+  bool fused_kernels = false, fused_optimizer = false, graph = false, recompute = false;
+  int64_t warmup = 0, steps = 0, repeats = 0;  // warm-up steps actually run, timed steps per repeat
+  // Step time statistics over all timed steps of all repeats (ms).
+  std::optional<double> ms, ms_p10, ms_p90, ms_min, ms_max, ms_mean;
+  std::optional<double> ms_ci_low, ms_ci_high, ci_coverage;  // order-statistic interval of the median
+  std::optional<double> rel_iqr, run_to_run;                 // spreads as fractions of the median
+  std::vector<double> repeat_median_ms, step_ms;
+  std::optional<double> images_per_s, tflops, mfu;
+  std::optional<double> peak_gib, first_step_s, loss;
+  std::optional<double> speedup_vs_best_torch;  // best torch ms / this row's ms
+  std::string graph_status;
+  std::string error;  // empty: the row ran
+  bool ok() const { return error.empty(); }
+};
+
+struct TorchRow {
+  std::string model;  // as the reference names it
+  int64_t batch = 0;
+  std::string mode;  // eager-fp32 | eager-bf16 | compile | reduce-overhead
+  std::optional<double> ms, ms_p10, ms_p90, images_per_s, tflops, mfu, peak_gib, first_step_s;
+  std::string torch_version, device, log_path;
+  std::string error;
+  bool ok() const { return error.empty(); }
+};
+
+struct SummaryRow {
+  std::string model;
+  int64_t batch = 0;
+  std::string variant;  // ours: "all" when it ran, else the fastest that did
+  std::optional<double> ms, images_per_s, tflops, mfu, peak_gib, first_step_s;
+  std::string graph_status;
+  std::string best_torch_mode;  // empty: no torch row ran
+  std::optional<double> best_torch_ms, best_torch_peak_gib, best_torch_first_step_s;
+  std::optional<double> speedup_vs_best_torch;  // best_torch_ms / ms
+  std::string error;  // "no variant ran" when none did
+};
+
+// Fills images_per_s, tflops and mfu of a row from its ms: train_flops is the
+// step's FLOPs (3 x forward x batch), peak_tflops the measured matrix peak.
+void fill_rates(BenchRow& row, double train_flops, std::optional<double> peak_tflops);
+void fill_rates(TorchRow& row, std::optional<double> peak_tflops);  // mfu from its own tflops
+
+// One SummaryRow per batch (in the order batches first appear in `rows`), and
+// speedup_vs_best_torch on every row of ours that ran. Torch rows count for
+// the batch of the same number.
+std::vector<SummaryRow> summarize_batches(std::vector<BenchRow>& rows, const std::vector<TorchRow>& torch);
+
+}  // namespace perftrain::observe::bench

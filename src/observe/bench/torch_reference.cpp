@@ -1,0 +1,151 @@
+#include "observe/bench/torch_reference.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/fs.h"
+#include "observe/bench/subprocess.h"
+#include "observe/bench/variants.h"
+
+namespace perftrain::observe::bench {
+namespace {
+
+bool in_reference_registry(const std::string& model) {
+  for (const char* size : {"S", "B", "L", "XL"})
+    for (const char* patch : {"2", "4", "8"})
+      if (model == std::string("DiT-") + size + "/" + patch) return true;
+  return false;
+}
+
+std::optional<double> number(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return std::nullopt;
+  return it->get<double>();
+}
+
+std::string last_nonempty_line(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+  return last;
+}
+
+}  // namespace
+
+std::vector<std::string> torch_mode_names() { return {"eager-fp32", "eager-bf16", "compile", "reduce-overhead"}; }
+
+std::vector<std::string> parse_torch_modes(const std::string& list) {
+  const auto known = torch_mode_names();
+  std::vector<std::string> out;
+  for (const auto& m : split_list(list)) {
+    if (std::find(known.begin(), known.end(), m) == known.end()) {
+      std::string names;
+      for (const auto& k : known) names += (names.empty() ? "" : ", ") + k;
+      throw UsageError("unknown torch mode '" + m + "'; known modes: " + names);
+    }
+    if (std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
+  }
+  if (out.empty()) throw UsageError("--torch-modes is empty");
+  return out;
+}
+
+std::string reference_python(const std::string& source_dir) {
+  if (const char* p = std::getenv("PERFTRAIN_PYTHON"); p != nullptr && *p != '\0') return p;
+  const std::string venv = fs::join(source_dir, ".venv/bin/python");
+  if (fs::exists(venv)) return venv;
+  return "python3";
+}
+
+std::string reference_script(const std::string& source_dir) { return fs::join(source_dir, "bench/reference_dit.py"); }
+
+std::string torch_bench_command(const std::string& python, const std::string& script, const TorchBenchRequest& r) {
+  std::ostringstream c;
+  c << shell_quote(python) << " " << shell_quote(script) << " bench --model ";
+  if (in_reference_registry(r.model)) {
+    c << shell_quote(r.model);
+  } else {
+    c << "DiT-S/2 --depth " << r.depth << " --hidden " << r.hidden << " --heads " << r.heads << " --patch "
+      << r.patch;
+  }
+  c << " --image-size " << r.image_size << " --in-channels " << r.in_channels << " --num-classes " << r.num_classes
+    << " --class-dropout " << r.class_dropout << " --no-learn-sigma --batch " << r.batch << " --mode "
+    << shell_quote(r.mode) << " --steps " << r.steps << " --warmup " << r.warmup << " --device "
+    << shell_quote(r.device) << " --json";
+  return c.str();
+}
+
+TorchRow parse_torch_bench_output(const std::string& stdout_text, const TorchBenchRequest& r) {
+  TorchRow row;
+  row.model = r.model;
+  row.batch = r.batch;
+  row.mode = r.mode;
+  // The JSON is the last line that looks like an object (torch.compile may
+  // print warnings to stdout before it).
+  std::istringstream in(stdout_text);
+  std::string line, json_line;
+  while (std::getline(in, line)) {
+    const auto b = line.find_first_not_of(" \t\r");
+    if (b != std::string::npos && line[b] == '{') json_line = line.substr(b);
+  }
+  if (json_line.empty()) {
+    row.error = "no JSON result in its output";
+    return row;
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_line);
+  } catch (const std::exception& e) {
+    row.error = std::string("unreadable JSON result: ") + e.what();
+    return row;
+  }
+  if (!j.is_object()) {
+    row.error = "its JSON result is not an object";
+    return row;
+  }
+  if (auto it = j.find("model"); it != j.end() && it->is_string()) row.model = it->get<std::string>();
+  if (auto it = j.find("torch"); it != j.end() && it->is_string()) row.torch_version = it->get<std::string>();
+  if (auto it = j.find("device"); it != j.end() && it->is_string()) row.device = it->get<std::string>();
+  row.ms = number(j, "ms_median");
+  row.ms_p10 = number(j, "ms_p10");
+  row.ms_p90 = number(j, "ms_p90");
+  row.images_per_s = number(j, "images_per_s");
+  row.tflops = number(j, "tflops");
+  row.peak_gib = number(j, "peak_gib");  // null on the CPU
+  row.first_step_s = number(j, "first_step_s");
+  if (!row.ms) row.error = "its JSON result has no ms_median";
+  return row;
+}
+
+TorchRow run_torch_bench(const std::string& python, const std::string& script, const TorchBenchRequest& r,
+                         const std::string& log_path) {
+  const std::string cmd = torch_bench_command(python, script, r);
+  {
+    std::ofstream log(log_path, std::ios::trunc);  // the command first, then its stderr
+    log << "$ " << cmd << "\n";
+  }
+  const auto out = run_command_capture(cmd, log_path);
+  TorchRow row;
+  if (out.ok) {
+    row = parse_torch_bench_output(out.out, r);
+  } else {
+    row.model = r.model;
+    row.batch = r.batch;
+    row.mode = r.mode;
+    std::ifstream log(log_path);
+    std::stringstream all;
+    all << log.rdbuf();
+    const std::string last = last_nonempty_line(all.str());
+    row.error = (out.exit_code < 0 ? std::string("did not run") : "exit status " + std::to_string(out.exit_code)) +
+                (last.empty() || last.rfind("$ ", 0) == 0 ? "" : ": " + last);
+  }
+  row.log_path = log_path;
+  return row;
+}
+
+}  // namespace perftrain::observe::bench

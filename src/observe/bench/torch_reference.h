@@ -1,0 +1,50 @@
+// The same training step in plain PyTorch (bench/reference_dit.py bench), run
+// as a subprocess per (batch, mode) so that each mode starts from a fresh
+// process as in the anchors, and so that torch.compile's caches, threads and
+// memory never touch the process that measures perftrain.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "observe/bench/rows.h"
+
+namespace perftrain::observe::bench {
+
+struct TorchBenchRequest {
+  std::string model;  // a registry name of ours, e.g. "DiT-S/2"
+  int64_t depth = 0, hidden = 0, heads = 0, patch = 0;  // its architecture
+  int64_t image_size = 32, in_channels = 4, num_classes = 1000;
+  double class_dropout = 0.1;
+  int64_t batch = 0, steps = 30, warmup = 6;
+  std::string mode = "eager-bf16";
+  std::string device = "cuda";  // cuda | cpu
+};
+
+// The reference's --mode choices.
+std::vector<std::string> torch_mode_names();
+// Throws UsageError naming an unknown mode (list as for split_list).
+std::vector<std::string> parse_torch_modes(const std::string& list);
+
+// Python to run it with: env PERFTRAIN_PYTHON, else <source_dir>/.venv/bin/python
+// when it exists, else "python3".
+std::string reference_python(const std::string& source_dir);
+std::string reference_script(const std::string& source_dir);  // <source_dir>/bench/reference_dit.py
+
+// The command line (shell words quoted). DiT-S/B/L/XL names go as they are;
+// any other model (DiT-T) goes as a registry name with explicit --depth /
+// --hidden / --heads / --patch, which the reference accepts.
+std::string torch_bench_command(const std::string& python, const std::string& script, const TorchBenchRequest& r);
+
+// Parses the reference's `--json` output (the last line of stdout that is a
+// JSON object: model, batch, mode, ms_median, ms_p10, ms_p90, images_per_s,
+// tflops, peak_gib, first_step_s, torch, device). Output with no such line,
+// or a line that does not parse, gives a row whose error says so.
+TorchRow parse_torch_bench_output(const std::string& stdout_text, const TorchBenchRequest& r);
+
+// Runs it; stderr goes to log_path. A failed run becomes a row with its error
+// (the exit status and the last line of the log).
+TorchRow run_torch_bench(const std::string& python, const std::string& script, const TorchBenchRequest& r,
+                         const std::string& log_path);
+
+}  // namespace perftrain::observe::bench

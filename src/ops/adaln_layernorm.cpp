@@ -1,0 +1,164 @@
+#include "ops/adaln_layernorm.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "base/error.h"
+#include "kernels/adaln_layernorm.h"
+#include "ops/dtype_dispatch.h"
+
+namespace perftrain::ops {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+std::string shape(const at::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+void check_dtype(at::ScalarType t, const char* what) { check_kernel_dtype("adaln_layernorm", t, what); }
+
+void check_args(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, at::ScalarType out_dtype) {
+  if (!x.defined() || !shift.defined() || !scale.defined())
+    throw UsageError("adaln_layernorm: x, shift and scale must all be defined tensors");
+  if (x.dim() != 3) throw UsageError("adaln_layernorm: x must be [B, T, D], got shape " + shape(x));
+  const int64_t b = x.size(0), d = x.size(2);
+  const std::string want = "[" + std::to_string(b) + ", " + std::to_string(d) + "] (x is " + shape(x) + ")";
+  if (shift.dim() != 2 || shift.size(0) != b || shift.size(1) != d)
+    throw UsageError("adaln_layernorm: shift must be " + want + ", got " + shape(shift));
+  if (scale.dim() != 2 || scale.size(0) != b || scale.size(1) != d)
+    throw UsageError("adaln_layernorm: scale must be " + want + ", got " + shape(scale));
+  if (d < 1) throw UsageError("adaln_layernorm: x must have D >= 1 features, got shape " + shape(x));
+  check_dtype(x.scalar_type(), "x");
+  check_dtype(shift.scalar_type(), "shift");
+  check_dtype(scale.scalar_type(), "scale");
+  check_dtype(out_dtype, "out_dtype");
+  if (shift.device() != x.device() || scale.device() != x.device())
+    throw UsageError("adaln_layernorm: x is on " + x.device().str() + " but shift is on " + shift.device().str() +
+                     " and scale on " + scale.device().str());
+  if (x.is_cuda()) {
+    if (d > kernels::kAdaLNMaxCols)
+      throw UsageError("adaln_layernorm: D=" + std::to_string(d) + " is wider than the CUDA kernel takes (" +
+                       std::to_string(kernels::kAdaLNMaxCols) + ")");
+    if (b > 65535 || x.size(0) * x.size(1) > INT32_MAX)
+      throw UsageError("adaln_layernorm: x " + shape(x) + " has too many rows for the CUDA kernel");
+  }
+}
+
+// The shared dispatch (ops/dtype_dispatch.h), errors naming this op.
+template <typename F>
+void with_type(at::ScalarType t, F&& f) {
+  with_kernel_type("adaln_layernorm", t, std::forward<F>(f));
+}
+
+// The kernels want the last dimension dense; row strides are passed through.
+at::Tensor rows_dense(const at::Tensor& t) { return t.stride(1) == 1 ? t : t.contiguous(); }
+
+struct AdaLNLayerNormFunction : public torch::autograd::Function<AdaLNLayerNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& shift_in,
+                            const at::Tensor& scale_in, int64_t out_dtype_i, double eps) {
+    const auto out_dtype = static_cast<at::ScalarType>(out_dtype_i);
+    const c10::cuda::CUDAGuard guard(x_in.device());
+    const int batch = int(x_in.size(0)), tokens = int(x_in.size(1)), cols = int(x_in.size(2));
+    const at::Tensor x = x_in.contiguous();
+    // shift and scale share one kernel type; mixed dtypes meet in fp32 (tiny tensors).
+    const bool same = shift_in.scalar_type() == scale_in.scalar_type();
+    const at::Tensor shift = rows_dense(same ? shift_in : shift_in.to(at::kFloat));
+    const at::Tensor scale = rows_dense(same ? scale_in : scale_in.to(at::kFloat));
+    at::Tensor y = at::empty(x.sizes(), x.options().dtype(out_dtype));
+    at::Tensor mean = at::empty({int64_t(batch) * tokens}, x.options().dtype(at::kFloat));
+    at::Tensor rstd = at::empty_like(mean);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    with_type(x.scalar_type(), [&](auto tx) {
+      with_type(shift.scalar_type(), [&](auto tm) {
+        with_type(out_dtype, [&](auto ty) {
+          using TX = kernel_type<decltype(tx)>;
+          using TM = kernel_type<decltype(tm)>;
+          using TY = kernel_type<decltype(ty)>;
+          kernels::adaln_layernorm_forward<TX, TM, TY>(
+              static_cast<const TX*>(x.data_ptr()), static_cast<const TM*>(shift.data_ptr()), shift.stride(0),
+              static_cast<const TM*>(scale.data_ptr()), scale.stride(0), static_cast<TY*>(y.data_ptr()),
+              mean.data_ptr<float>(), rstd.data_ptr<float>(), batch, tokens, cols, float(eps), stream);
+        });
+      });
+    });
+    ctx->save_for_backward({x, scale, mean, rstd});
+    ctx->saved_data["out_dtype"] = out_dtype_i;
+    ctx->saved_data["shift_dtype"] = int64_t(shift_in.scalar_type());
+    ctx->saved_data["scale_dtype"] = int64_t(scale_in.scalar_type());
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &scale = saved[1], &mean = saved[2], &rstd = saved[3];
+    const auto out_dtype = static_cast<at::ScalarType>(ctx->saved_data["out_dtype"].toInt());
+    const auto shift_dtype = static_cast<at::ScalarType>(ctx->saved_data["shift_dtype"].toInt());
+    const auto scale_dtype = static_cast<at::ScalarType>(ctx->saved_data["scale_dtype"].toInt());
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const c10::cuda::CUDAGuard guard(x.device());
+    const int batch = int(x.size(0)), tokens = int(x.size(1)), cols = int(x.size(2));
+    // A broadcast or non-contiguous incoming gradient is made dense once.
+    const at::Tensor dy = grads[0].to(out_dtype).contiguous();
+    at::Tensor dx = at::empty_like(x);
+    at::Tensor dshift = at::empty({batch, cols}, scale.options());
+    at::Tensor dscale = at::empty_like(dshift);
+    const int tiles = kernels::adaln_layernorm_backward_tiles(
+        batch, tokens, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+    // Shape-determined scratch from the caching allocator: fine under graph capture.
+    at::Tensor partials = at::empty({2, batch, tiles, cols}, x.options().dtype(at::kFloat));
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    with_type(x.scalar_type(), [&](auto tx) {
+      with_type(scale.scalar_type(), [&](auto tm) {
+        with_type(out_dtype, [&](auto ty) {
+          using TX = kernel_type<decltype(tx)>;
+          using TM = kernel_type<decltype(tm)>;
+          using TY = kernel_type<decltype(ty)>;
+          kernels::adaln_layernorm_backward<TX, TM, TY>(
+              static_cast<const TY*>(dy.data_ptr()), static_cast<const TX*>(x.data_ptr()),
+              static_cast<const TM*>(scale.data_ptr()), scale.stride(0), mean.data_ptr<float>(),
+              rstd.data_ptr<float>(), static_cast<TX*>(dx.data_ptr()), static_cast<TM*>(dshift.data_ptr()),
+              static_cast<TM*>(dscale.data_ptr()), partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
+        });
+      });
+    });
+    if (dshift.scalar_type() != shift_dtype) dshift = dshift.to(shift_dtype);
+    if (dscale.scalar_type() != scale_dtype) dscale = dscale.to(scale_dtype);
+    return {dx, dshift, dscale, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor adaln_layernorm_reference(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
+                                     at::ScalarType out_dtype, double eps) {
+  const bool f64 =
+      x.scalar_type() == at::kDouble || shift.scalar_type() == at::kDouble || scale.scalar_type() == at::kDouble;
+  const at::ScalarType ct = f64 ? at::kDouble : at::kFloat;
+  const at::Tensor xf = x.to(ct);
+  const at::Tensor centred = xf - xf.mean({-1}, /*keepdim=*/true);
+  const at::Tensor var = (centred * centred).mean({-1}, /*keepdim=*/true);
+  const at::Tensor xhat = centred * (var + eps).rsqrt();
+  return (xhat * (scale.to(ct).unsqueeze(1) + 1) + shift.to(ct).unsqueeze(1)).to(out_dtype);
+}
+
+at::Tensor adaln_layernorm(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
+                           at::ScalarType out_dtype, double eps) {
+  check_args(x, shift, scale, out_dtype);
+  if (!x.is_cuda()) return adaln_layernorm_reference(x, shift, scale, out_dtype, eps);
+  return AdaLNLayerNormFunction::apply(x, shift, scale, int64_t(out_dtype), eps);
+}
+
+}  // namespace perftrain::ops

@@ -1,0 +1,113 @@
+#include "ops/cublaslt_workspace.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "base/error.h"
+
+namespace perftrain::ops {
+namespace {
+
+std::atomic<int64_t> g_fallbacks{0};
+
+// One workspace per device for every product on it. Products on one stream
+// run in order; two streams using the same device's workspace at once would
+// race, which the single training stream (eager or replayed graph) never does.
+void* workspace_for(int device) {
+  static std::mutex mutex;
+  static auto* buffers = new std::map<int, at::Tensor>();  // kept to the end
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = buffers->find(device);
+  if (it != buffers->end()) return it->second.data_ptr();
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+    throw RuntimeError("cuBLASLt workspace: first use on cuda:" + std::to_string(device) +
+                       " inside a CUDA graph capture; run one eager step before capturing");
+  }
+  at::Tensor w = at::empty({int64_t(kCublasLtWorkspaceBytes)},
+                           at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, device)));
+  return buffers->emplace(device, std::move(w)).first->second.data_ptr();
+}
+
+void check_matrix(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.defined() && t.dim() == 2 && t.is_contiguous() && t.is_cuda(), "try_gemm_lt: ", what,
+              " must be a defined, contiguous 2-D CUDA tensor, got ",
+              t.defined() ? t.sizes() : at::IntArrayRef{});
+}
+
+}  // namespace
+
+kernels::GemmContext cublaslt_context() {
+  kernels::GemmContext ctx;
+  const int device = c10::cuda::current_device();
+  ctx.workspace = workspace_for(device);
+  ctx.workspace_bytes = kCublasLtWorkspaceBytes;
+  ctx.handle = at::cuda::getCurrentCUDABlasLtHandle();
+  ctx.stream = at::cuda::getCurrentCUDAStream().stream();
+  return ctx;
+}
+
+kernels::GemmDtype gemm_dtype(at::ScalarType t, const char* what) {
+  switch (t) {
+    case at::kFloat: return kernels::GemmDtype::kF32;
+    case at::kBFloat16: return kernels::GemmDtype::kBF16;
+    case at::kHalf: return kernels::GemmDtype::kF16;
+    default:
+      throw UsageError(std::string(what) + " must be float32, bfloat16 or float16, got " +
+                       std::string(c10::toString(t)));
+  }
+}
+
+bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool trans_b, const at::Tensor& d,
+                 kernels::GemmEpilogue epilogue, const at::Tensor& bias, const at::Tensor& aux) {
+  check_matrix(a, "A");
+  check_matrix(b, "B");
+  check_matrix(d, "D");
+  kernels::GemmArgs g;
+  g.m = trans_a ? a.size(1) : a.size(0);
+  g.k = trans_a ? a.size(0) : a.size(1);
+  g.n = trans_b ? b.size(0) : b.size(1);
+  const int64_t kb = trans_b ? b.size(1) : b.size(0);
+  TORCH_CHECK(kb == g.k && d.size(0) == g.m && d.size(1) == g.n, "try_gemm_lt: shapes do not chain: op(A) [", g.m,
+              ", ", g.k, "], op(B) [", kb, ", ", g.n, "], D ", d.sizes());
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "try_gemm_lt: A and B dtypes differ");
+  g.a = a.data_ptr();
+  g.b = b.data_ptr();
+  g.d = d.data_ptr();
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.ab_type = gemm_dtype(a.scalar_type(), "matrix operand");
+  g.d_type = gemm_dtype(d.scalar_type(), "matrix product output");
+  g.epilogue = epilogue;
+  if (bias.defined()) {
+    TORCH_CHECK(bias.is_contiguous() && bias.dim() == 1, "try_gemm_lt: bias must be a contiguous vector");
+    const int64_t want = epilogue == kernels::GemmEpilogue::kBGradB ? g.m : g.n;
+    TORCH_CHECK(bias.size(0) == want, "try_gemm_lt: bias has ", bias.size(0), " elements, the epilogue needs ",
+                want);
+    g.bias = bias.data_ptr();
+    g.bias_type = gemm_dtype(bias.scalar_type(), "bias");
+  }
+  if (aux.defined()) {
+    TORCH_CHECK(aux.is_contiguous() && aux.sizes() == d.sizes() && aux.scalar_type() == d.scalar_type(),
+                "try_gemm_lt: aux must be contiguous with D's shape and dtype");
+    g.aux = aux.data_ptr();
+  }
+  const kernels::GemmContext ctx = cublaslt_context();
+  try {
+    kernels::gemm_lt(g, ctx);
+  } catch (const kernels::GemmUnsupported&) {
+    return false;
+  }
+  return true;
+}
+
+int64_t gemm_fallback_count() { return g_fallbacks.load(); }
+
+void note_gemm_fallback() { g_fallbacks.fetch_add(1); }
+
+}  // namespace perftrain::ops

@@ -1,0 +1,41 @@
+// What the matrix-product ops (linear, gelu_mlp) share to call cuBLASLt from
+// tensors: the handle, stream and workspace of the current device, the
+// tensor -> kernels::GemmArgs plumbing, and the count of products that fell
+// back to plain ATen because cuBLASLt refused their fused epilogue.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include "kernels/gemm_lt.h"
+
+namespace perftrain::ops {
+
+// Bytes of the cuBLASLt workspace, one per device.
+constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
+
+// Handle (ATen's, per thread and device), the workspace of the current
+// device (allocated on first use and kept for the life of the process) and
+// the current stream. The first call on a device must not be inside a CUDA
+// graph capture (an eager warm-up step does it): it throws RuntimeError there.
+kernels::GemmContext cublaslt_context();
+
+// bf16 / fp16 / fp32; anything else throws UsageError naming `what`.
+kernels::GemmDtype gemm_dtype(at::ScalarType t, const char* what);
+
+// d = epilogue(op(a) op(b)) on 2-D contiguous CUDA tensors (a [m,k] or
+// [k,m] when trans_a, b [k,n] or [n,k] when trans_b, d [m,n]), bias/aux as
+// kernels::GemmArgs describes. Returns false, launching nothing, when
+// cuBLASLt has no algorithm for it; the caller then falls back.
+bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool trans_b, const at::Tensor& d,
+                 kernels::GemmEpilogue epilogue, const at::Tensor& bias = at::Tensor(),
+                 const at::Tensor& aux = at::Tensor());
+
+// How many products, since the process started, ran as a plain ATen product
+// (+ ATen epilogue ops) because cuBLASLt refused the fused form. 0 on the
+// DiT shapes is expected; tests and the benchmark report it.
+int64_t gemm_fallback_count();
+void note_gemm_fallback();  // for the ops that fall back
+
+}  // namespace perftrain::ops

@@ -1,0 +1,144 @@
+#include "ops/gated_residual.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "base/error.h"
+#include "kernels/gated_residual.h"
+#include "ops/dtype_dispatch.h"
+
+namespace perftrain::ops {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+std::string shape(const at::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+void check_dtype(at::ScalarType t, const char* what) { check_kernel_dtype("gated_residual", t, what); }
+
+void check_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y) {
+  if (!x.defined() || !gate.defined() || !y.defined())
+    throw UsageError("gated_residual: x, gate and y must all be defined tensors");
+  if (x.dim() != 3) throw UsageError("gated_residual: x must be [B, T, D], got shape " + shape(x));
+  if (y.sizes() != x.sizes())
+    throw UsageError("gated_residual: y must have x's shape " + shape(x) + ", got " + shape(y));
+  const int64_t b = x.size(0), d = x.size(2);
+  if (gate.dim() != 2 || gate.size(0) != b || gate.size(1) != d)
+    throw UsageError("gated_residual: gate must be [" + std::to_string(b) + ", " + std::to_string(d) + "] (x is " +
+                     shape(x) + "), got " + shape(gate));
+  check_dtype(x.scalar_type(), "x");
+  check_dtype(gate.scalar_type(), "gate");
+  check_dtype(y.scalar_type(), "y");
+  if (gate.device() != x.device() || y.device() != x.device())
+    throw UsageError("gated_residual: x is on " + x.device().str() + " but gate is on " + gate.device().str() +
+                     " and y on " + y.device().str());
+  if (x.is_cuda()) {
+    if (d > kernels::kGatedResidualMaxCols)
+      throw UsageError("gated_residual: D=" + std::to_string(d) + " is wider than the CUDA kernel takes (" +
+                       std::to_string(kernels::kGatedResidualMaxCols) + ")");
+    if (b > 65535 || x.size(0) * x.size(1) > INT32_MAX)
+      throw UsageError("gated_residual: x " + shape(x) + " has too many rows for the CUDA kernel");
+  }
+}
+
+// The shared dispatch (ops/dtype_dispatch.h), errors naming this op.
+template <typename F>
+void with_type(at::ScalarType t, F&& f) {
+  with_kernel_type("gated_residual", t, std::forward<F>(f));
+}
+
+struct GatedResidualFunction : public torch::autograd::Function<GatedResidualFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& gate_in,
+                            const at::Tensor& y_in) {
+    const c10::cuda::CUDAGuard guard(x_in.device());
+    const int batch = int(x_in.size(0)), tokens = int(x_in.size(1)), cols = int(x_in.size(2));
+    const at::Tensor x = x_in.contiguous(), y = y_in.contiguous();
+    // The kernels want the last dimension dense; the row stride is passed through.
+    const at::Tensor gate = gate_in.stride(1) == 1 ? gate_in : gate_in.contiguous();
+    at::Tensor out = at::empty(x.sizes(), x.options());
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    with_type(x.scalar_type(), [&](auto tx) {
+      with_type(gate.scalar_type(), [&](auto tg) {
+        with_type(y.scalar_type(), [&](auto ty) {
+          using TX = kernel_type<decltype(tx)>;
+          using TG = kernel_type<decltype(tg)>;
+          using TY = kernel_type<decltype(ty)>;
+          kernels::gated_residual_forward<TX, TG, TY>(
+              static_cast<const TX*>(x.data_ptr()), static_cast<const TG*>(gate.data_ptr()), gate.stride(0),
+              static_cast<const TY*>(y.data_ptr()), static_cast<TX*>(out.data_ptr()), batch, tokens, cols, stream);
+        });
+      });
+    });
+    // dy needs gate, dgate needs y; x is not needed at all.
+    ctx->save_for_backward({gate, y});
+    ctx->saved_data["x_dtype"] = int64_t(x.scalar_type());
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &gate = saved[0], &y = saved[1];
+    const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const at::Tensor& dout_in = grads[0];
+    if (!dout_in.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    const bool want_gate = ctx->needs_input_grad(1), want_y = ctx->needs_input_grad(2);
+    if (!want_gate && !want_y) return {dout_in, at::Tensor(), at::Tensor()};
+    const c10::cuda::CUDAGuard guard(y.device());
+    const int batch = int(y.size(0)), tokens = int(y.size(1)), cols = int(y.size(2));
+    // A broadcast or non-contiguous incoming gradient is made dense once (the
+    // returned dx stays the incoming tensor itself).
+    const at::Tensor dout = dout_in.to(x_dtype).contiguous();
+    at::Tensor dy = at::empty_like(y);
+    at::Tensor dgate = at::empty({batch, cols}, gate.options());
+    const int tiles = kernels::gated_residual_backward_tiles(
+        batch, tokens, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+    // Shape-determined scratch from the caching allocator: fine under graph capture.
+    at::Tensor partials = at::empty({batch, tiles, cols}, y.options().dtype(at::kFloat));
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    with_type(x_dtype, [&](auto tx) {
+      with_type(gate.scalar_type(), [&](auto tg) {
+        with_type(y.scalar_type(), [&](auto ty) {
+          using TX = kernel_type<decltype(tx)>;
+          using TG = kernel_type<decltype(tg)>;
+          using TY = kernel_type<decltype(ty)>;
+          kernels::gated_residual_backward<TX, TG, TY>(
+              static_cast<const TX*>(dout.data_ptr()), static_cast<const TG*>(gate.data_ptr()), gate.stride(0),
+              static_cast<const TY*>(y.data_ptr()), static_cast<TY*>(dy.data_ptr()),
+              static_cast<TG*>(dgate.data_ptr()), partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
+        });
+      });
+    });
+    return {dout_in, want_gate ? dgate : at::Tensor(), want_y ? dy : at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor gated_residual_reference(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y) {
+  const bool f64 =
+      x.scalar_type() == at::kDouble || gate.scalar_type() == at::kDouble || y.scalar_type() == at::kDouble;
+  const at::ScalarType ct = f64 ? at::kDouble : at::kFloat;
+  return (x.to(ct) + gate.to(ct).unsqueeze(1) * y.to(ct)).to(x.scalar_type());
+}
+
+at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y) {
+  check_args(x, gate, y);
+  if (!x.is_cuda()) return gated_residual_reference(x, gate, y);
+  return GatedResidualFunction::apply(x, gate, y);
+}
+
+}  // namespace perftrain::ops

@@ -1,0 +1,178 @@
+#include "ops/gelu_mlp.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/gelu_backward.h>
+#include <ATen/ops/linear.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/irange.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+#include "ops/linear.h"
+
+namespace perftrain::ops {
+
+using kernels::GemmEpilogue;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+bool lt_path(const at::Tensor& a, const at::Tensor& b) { return a.is_cuda() && a.numel() > 0 && b.numel() > 0; }
+
+std::string shape(const at::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+void check_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                const at::Tensor& b2) {
+  if (!b1.defined() || !b2.defined()) throw UsageError("gelu_mlp: b1 and b2 are required (use linear for no bias)");
+  detail::check_linear_args("gelu_mlp fc1", x, w1, b1);
+  const int64_t h = w1.size(0);
+  if (w2.dim() != 2 || w2.size(1) != h)
+    throw UsageError("gelu_mlp: fc1 gives H=" + std::to_string(h) + " features (w1 " + shape(w1) + ") but w2 is " +
+                     shape(w2) + "; expected w2 [D, " + std::to_string(h) + "]");
+  // fc2's input is the activation: [..., H] in x's dtype on x's device.
+  detail::check_linear_params("gelu_mlp fc2", h, x.scalar_type(), x.device(), w2, b2);
+}
+
+int64_t leading_rows(const at::Tensor& x) {
+  int64_t m = 1;
+  for (const auto i : c10::irange(x.dim() - 1)) m *= x.size(i);
+  return m;
+}
+
+// pre = x2 w1^T + b1 and act = gelu_tanh(pre), in one product where
+// cuBLASLt takes the epilogue (fp32 bias first, then the cast bias).
+void fc1_gelu(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, at::Tensor& pre, at::Tensor& act) {
+  if (lt_path(x2, w1)) {
+    if (try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, b1, pre)) return;
+    if (b1.scalar_type() != x2.scalar_type() &&
+        try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, b1.to(x2.scalar_type()), pre))
+      return;
+    note_gemm_fallback();
+  }
+  detail::linear_forward_product(x2, w1, b1, pre);
+  at::gelu_out(act, pre, "tanh");
+}
+
+// d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums (fp32)
+// from the same product when wanted and cuBLASLt takes it; otherwise db1 is
+// returned undefined and comes later (from dW1's product, or a sum).
+std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, const at::Tensor& w2,
+                                                        const at::Tensor& pre, bool want_db1) {
+  at::Tensor dpre = at::empty(pre.sizes(), dy.options());
+  if (lt_path(dy, w2)) {
+    if (want_db1) {
+      at::Tensor db1 = at::empty({pre.size(1)}, dy.options().dtype(at::kFloat));
+      if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGeluBGrad, db1, pre)) return {dpre, db1};
+    }
+    if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGelu, at::Tensor(), pre)) return {dpre, at::Tensor()};
+    note_gemm_fallback();
+  }
+  detail::linear_input_grad(dy, w2, dpre);
+  return {at::gelu_backward(dpre, pre, "tanh"), at::Tensor()};
+}
+
+at::ScalarType dtype_of(AutogradContext* ctx, const char* key) {
+  return static_cast<at::ScalarType>(ctx->saved_data[key].toInt());
+}
+
+at::Tensor cast_to(const at::Tensor& t, at::ScalarType dtype) {
+  return t.defined() && t.scalar_type() != dtype ? t.to(dtype) : t;
+}
+
+struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
+                            const at::Tensor& w2, const at::Tensor& b2) {
+    const c10::DeviceGuard device_guard(x.device());  // handle, stream and workspace of x's device
+    const int64_t m = leading_rows(x), c = x.size(-1), h = w1.size(0), d = w2.size(0);
+    const at::ScalarType dt = x.scalar_type();
+    const at::Tensor x2 = x.contiguous().view({m, c});
+    const at::Tensor w1c = w1.to(dt).contiguous(), w2c = w2.to(dt).contiguous();
+    at::Tensor pre = at::empty({m, h}, x.options());
+    at::Tensor act = at::empty({m, h}, x.options());
+    fc1_gelu(x2, w1c, b1.contiguous(), pre, act);
+    std::vector<int64_t> out_sizes = x.sizes().vec();
+    out_sizes.back() = d;
+    at::Tensor y = at::empty(out_sizes, x.options());
+    detail::linear_forward_product(act, w2c, b2.contiguous(), y.view({m, d}));
+
+    // Only what the wanted gradients read: act for dW2; w2 and pre to reach
+    // pre's gradient; then x for dW1 and w1 for dx.
+    const bool need_pre = x.requires_grad() || w1.requires_grad() || b1.requires_grad();
+    const at::Tensor none;
+    ctx->save_for_backward({w1.requires_grad() ? x2 : none, x.requires_grad() ? w1c : none, need_pre ? w2c : none,
+                            need_pre ? pre : none, w2.requires_grad() ? act : none});
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["m"] = m;
+    ctx->saved_data["dtype"] = int64_t(dt);
+    ctx->saved_data["w1_dtype"] = int64_t(w1.scalar_type());
+    ctx->saved_data["b1_dtype"] = int64_t(b1.scalar_type());
+    ctx->saved_data["w2_dtype"] = int64_t(w2.scalar_type());
+    ctx->saved_data["b2_dtype"] = int64_t(b2.scalar_type());
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(5);
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x2 = saved[0], &w1c = saved[1], &w2c = saved[2], &pre = saved[3], &act = saved[4];
+    const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
+    const int64_t m = ctx->saved_data["m"].toInt(), c = x_sizes.back();
+    const at::ScalarType dt = dtype_of(ctx, "dtype");
+    const at::Tensor dy = grads[0].to(dt).contiguous().view({m, grads[0].size(-1)});
+
+    // fc2: dW2 = dy^T act with db2 from the same product.
+    auto [dw2, db2] = detail::linear_weight_grad(dy, act, dtype_of(ctx, "w2_dtype"), ctx->needs_input_grad(3),
+                                                 ctx->needs_input_grad(4));
+    at::Tensor dx, dw1, db1;
+    if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
+      auto [dpre, db1_fused] = fc2_back_through_gelu(dy, w2c, pre, ctx->needs_input_grad(2));
+      db1 = db1_fused;
+      // fc1: dW1 = dpre^T x (taking db1 here when the DGELU product did not).
+      auto [dw1_, db1_] = detail::linear_weight_grad(dpre, x2, dtype_of(ctx, "w1_dtype"), ctx->needs_input_grad(1),
+                                                     ctx->needs_input_grad(2) && !db1.defined());
+      dw1 = dw1_;
+      if (!db1.defined()) db1 = db1_;
+      if (ctx->needs_input_grad(0)) {
+        dx = at::empty(x_sizes, dy.options());
+        detail::linear_input_grad(dpre, w1c, dx.view({m, c}));
+      }
+    }
+    return {dx, dw1, cast_to(db1, dtype_of(ctx, "b1_dtype")), dw2, cast_to(db2, dtype_of(ctx, "b2_dtype"))};
+  }
+};
+
+}  // namespace
+
+at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                              const at::Tensor& b2) {
+  const at::Tensor h = at::linear(x.to(at::kFloat), w1.to(at::kFloat), b1.to(at::kFloat));
+  return at::linear(at::gelu(h, "tanh"), w2.to(at::kFloat), b2.to(at::kFloat));
+}
+
+at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                    const at::Tensor& b2) {
+  check_args(x, w1, b1, w2, b2);
+  if (!x.is_cuda()) return gelu_mlp_reference(x, w1, b1, w2, b2).to(x.scalar_type());
+  return GeluMlpFunction::apply(x, w1, b1, w2, b2);
+}
+
+namespace detail {
+at::Tensor gelu_mlp_function(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                             const at::Tensor& b2) {
+  check_args(x, w1, b1, w2, b2);
+  return GeluMlpFunction::apply(x, w1, b1, w2, b2);
+}
+}  // namespace detail
+
+}  // namespace perftrain::ops

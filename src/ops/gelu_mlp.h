@@ -1,0 +1,38 @@
+// The transformer MLP, fc2(gelu_tanh(fc1(x))), as one autograd function
+// whose elementwise work rides in cuBLASLt epilogues: fc1's bias and GELU in
+// its product (GELU_AUX_BIAS, keeping the pre-activation), fc2's bias in
+// its; backward: fc2's weight and bias gradients in one product (BGRADB),
+// the GELU derivative and fc1's bias gradient in the product that
+// back-propagates through fc2 (DGELU_BGRAD). No separate GELU, bias-add or
+// bias-reduction kernel runs on the fused path.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "ops/cublaslt_workspace.h"  // gemm_fallback_count()
+
+namespace perftrain::ops {
+
+// x [..., C] in the compute dtype (bf16, fp16 or fp32); w1 [H, C], b1 [H],
+// w2 [D, H], b2 [D] (biases required) in fp32 or x's dtype, cast to x's
+// dtype per call. Returns [..., D] in x's dtype; gradients as ops::linear.
+// Saves for backward x, the cast weights, the pre-activation and the
+// activation ([M, H] each), only those the wanted gradients read.
+// The fused GELU path needs H % 8 == 0 (cuBLASLt's aux leading dimension);
+// other widths, and any epilogue cuBLASLt refuses, run through ATen and are
+// counted by gemm_fallback_count(). CPU: gelu_mlp_reference.
+at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                    const at::Tensor& b2);
+
+// The plain-ATen fp32 reference: linear, gelu(..., "tanh"), linear on fp32
+// copies; returns fp32.
+at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                              const at::Tensor& b2);
+
+namespace detail {
+// The autograd function on any device (CPU: its ATen fallbacks), for tests.
+at::Tensor gelu_mlp_function(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                             const at::Tensor& b2);
+}  // namespace detail
+
+}  // namespace perftrain::ops

@@ -1,0 +1,218 @@
+#include "ops/linear.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/sum.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/irange.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+
+namespace perftrain::ops {
+
+using kernels::GemmEpilogue;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace detail {
+namespace {
+
+std::string shape(const at::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+// cuBLASLt runs products on CUDA with something to multiply; empty products
+// (and CPU tensors) go through ATen, which handles them and is not a fallback.
+bool lt_path(const at::Tensor& a, const at::Tensor& b) { return a.is_cuda() && a.numel() > 0 && b.numel() > 0; }
+
+// a b with fp32 accumulation, written in `dtype` (upcasts first when the
+// inputs are narrower: the fallback keeps the fused path's precision).
+at::Tensor mm_in(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype) {
+  if (a.scalar_type() == dtype) return at::mm(a, b);
+  return at::mm(a.to(dtype), b.to(dtype));
+}
+
+}  // namespace
+
+void check_linear_args(const char* op, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const std::string name(op);
+  if (!x.defined()) throw UsageError(name + ": x is undefined");
+  if (x.dim() < 1) throw UsageError(name + ": x must be [..., K] with at least one dimension, got a 0-d tensor");
+  gemm_dtype(x.scalar_type(), (name + ": x").c_str());
+  check_linear_params(op, x.size(-1), x.scalar_type(), x.device(), weight, bias);
+}
+
+void check_linear_params(const char* op, int64_t k, at::ScalarType dtype, at::Device device, const at::Tensor& weight,
+                         const at::Tensor& bias) {
+  const std::string name(op);
+  if (!weight.defined() || weight.dim() != 2)
+    throw UsageError(name + ": weight must be a 2-D tensor [N, K], got " +
+                     (weight.defined() ? shape(weight) : std::string("an undefined tensor")));
+  if (weight.size(1) != k)
+    throw UsageError(name + ": the input has K=" + std::to_string(k) + " features (its last dimension) but weight is " +
+                     shape(weight) + "; expected weight [N, " + std::to_string(k) + "]");
+  auto check_param = [&](const at::Tensor& p, const char* what) {
+    if (p.scalar_type() != at::kFloat && p.scalar_type() != dtype)
+      throw UsageError(name + ": " + what + " must be float32 or the input's dtype (" + c10::toString(dtype) +
+                       "), got " + c10::toString(p.scalar_type()));
+    if (p.device() != device)
+      throw UsageError(name + ": " + what + " is on " + p.device().str() + " but the input is on " + device.str());
+  };
+  check_param(weight, "weight");
+  if (bias.defined()) {
+    if (bias.dim() != 1 || bias.size(0) != weight.size(0))
+      throw UsageError(name + ": bias must be [N] = [" + std::to_string(weight.size(0)) + "] to match weight " +
+                       shape(weight) + ", got " + shape(bias));
+    check_param(bias, "bias");
+  }
+}
+
+void linear_forward_product(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& y2) {
+  at::Tensor out = y2;  // a handle on the same storage
+  if (lt_path(x2, w)) {
+    if (!bias.defined()) {
+      if (try_gemm_lt(x2, false, w, true, y2, GemmEpilogue::kDefault)) return;
+      note_gemm_fallback();
+    } else {
+      // The fp32 master bias straight into the epilogue where cuBLASLt takes
+      // it; else the bias cast to the compute dtype (still fused).
+      if (try_gemm_lt(x2, false, w, true, y2, GemmEpilogue::kBias, bias)) return;
+      if (bias.scalar_type() != x2.scalar_type() &&
+          try_gemm_lt(x2, false, w, true, y2, GemmEpilogue::kBias, bias.to(x2.scalar_type())))
+        return;
+      note_gemm_fallback();  // the epilogue was refused: product, then add
+      if (try_gemm_lt(x2, false, w, true, y2, GemmEpilogue::kDefault)) {
+        out.add_(bias);
+        return;
+      }
+    }
+  }
+  at::mm_out(out, x2, w.t());
+  if (bias.defined()) out.add_(bias);
+}
+
+void linear_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& dx2) {
+  if (lt_path(dy, w)) {
+    if (try_gemm_lt(dy, false, w, false, dx2, GemmEpilogue::kDefault)) return;
+    note_gemm_fallback();
+  }
+  at::Tensor out = dx2;
+  at::mm_out(out, dy, w);
+}
+
+std::pair<at::Tensor, at::Tensor> linear_weight_grad(const at::Tensor& dy, const at::Tensor& x2,
+                                                     at::ScalarType w_dtype, bool want_dw, bool want_db) {
+  at::Tensor dw, db;
+  if (want_dw) {
+    // dW[N, K] = dY^T X, and with BGRADB db[N] = the column sums of dY from
+    // the same pass over dY (see kernels/gemm_lt.h).
+    dw = at::empty({dy.size(1), x2.size(1)}, dy.options().dtype(w_dtype));
+    if (want_db) db = at::empty({dy.size(1)}, dy.options().dtype(w_dtype));
+    if (lt_path(dy, x2)) {
+      if (try_gemm_lt(dy, true, x2, false, dw, want_db ? GemmEpilogue::kBGradB : GemmEpilogue::kDefault, db))
+        return {dw, db};
+      note_gemm_fallback();
+      // BGRADB refused: the product alone, then the bias gradient as a sum.
+      if (want_db && try_gemm_lt(dy, true, x2, false, dw, GemmEpilogue::kDefault))
+        return {dw, at::sum(dy, {0}, /*keepdim=*/false, w_dtype)};
+    }
+    dw = mm_in(dy.t(), x2, w_dtype);
+  }
+  if (want_db) db = at::sum(dy, {0}, /*keepdim=*/false, w_dtype);
+  return {dw, db};
+}
+
+namespace {
+
+int64_t leading_rows(const at::Tensor& x) {
+  int64_t m = 1;
+  for (const auto i : c10::irange(x.dim() - 1)) m *= x.size(i);
+  return m;
+}
+
+std::optional<at::Tensor> optional_bias(const at::Tensor& bias) {
+  return bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
+}
+
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+  // The bias travels as an optional: autograd functions take no undefined
+  // tensors, but an absent optional is "no input here".
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias_opt) {
+    const at::Tensor bias = bias_opt.value_or(at::Tensor());
+    const c10::DeviceGuard device_guard(x.device());  // handle, stream and workspace of x's device
+    const int64_t m = leading_rows(x), k = x.size(-1), n = weight.size(0);
+    const at::ScalarType dt = x.scalar_type();
+    const at::Tensor x2 = x.contiguous().view({m, k});
+    const at::Tensor w = weight.to(dt).contiguous();  // the per-call cast of the master weight
+    std::vector<int64_t> out_sizes = x.sizes().vec();
+    out_sizes.back() = n;
+    at::Tensor y = at::empty(out_sizes, x.options());
+    linear_forward_product(x2, w, bias.defined() ? bias.contiguous() : bias, y.view({m, n}));
+    // Only what the wanted gradients read: X for dW, W for dX.
+    ctx->save_for_backward({weight.requires_grad() ? x2 : at::Tensor(), x.requires_grad() ? w : at::Tensor()});
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["m"] = m;
+    ctx->saved_data["n"] = n;
+    ctx->saved_data["dtype"] = int64_t(dt);
+    ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());
+    ctx->saved_data["b_dtype"] = bias.defined() ? int64_t(bias.scalar_type()) : int64_t(-1);
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& x2 = saved[0];
+    const at::Tensor& w = saved[1];
+    const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
+    const int64_t m = ctx->saved_data["m"].toInt(), n = ctx->saved_data["n"].toInt();
+    const auto dt = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    const int64_t k = x_sizes.back();
+    // A broadcast or non-contiguous incoming gradient is made dense once.
+    const at::Tensor dy = grads[0].to(dt).contiguous().view({m, n});
+
+    at::Tensor dx;
+    if (ctx->needs_input_grad(0)) {
+      dx = at::empty(x_sizes, dy.options());
+      linear_input_grad(dy, w, dx.view({m, k}));
+    }
+    const bool want_db = b_dtype >= 0 && ctx->needs_input_grad(2);
+    auto [dw, db] = linear_weight_grad(dy, x2, w_dtype, ctx->needs_input_grad(1), want_db);
+    if (db.defined() && int64_t(db.scalar_type()) != b_dtype) db = db.to(static_cast<at::ScalarType>(b_dtype));
+    return {dx, dw, db};
+  }
+};
+
+}  // namespace
+
+at::Tensor linear_function(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  check_linear_args("linear", x, weight, bias);
+  return LinearFunction::apply(x, weight, optional_bias(bias));
+}
+
+}  // namespace detail
+
+at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  return at::linear(x.to(at::kFloat), weight.to(at::kFloat), bias.defined() ? bias.to(at::kFloat) : bias);
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  detail::check_linear_args("linear", x, weight, bias);
+  if (!x.is_cuda()) return linear_reference(x, weight, bias).to(x.scalar_type());
+  return detail::LinearFunction::apply(x, weight, detail::optional_bias(bias));
+}
+
+}  // namespace perftrain::ops

@@ -1,0 +1,58 @@
+// y = x W^T + b on Tensor Cores through cuBLASLt, as one autograd function:
+// the bias rides in the product's epilogue, and the backward's weight
+// gradient is written straight in fp32 with the bias gradient fused into the
+// same product (cuBLASLt BGRADB). The DiT block's qkv, attention projection
+// and final layers use it; the MLP uses gelu_mlp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+
+#include "ops/cublaslt_workspace.h"  // gemm_fallback_count()
+
+namespace perftrain::ops {
+
+// x [..., K] in the compute dtype (bf16, fp16 or fp32; any leading dims),
+// weight [N, K] and bias [N] (may be undefined) in fp32 (master parameters)
+// or in x's dtype; they are cast to x's dtype for the product on each call.
+// Returns [..., N] in x's dtype. Gradients: x's in x's dtype, weight's and
+// bias's in their own dtypes (fp32 accumulation, written without a
+// round-trip through bf16). CUDA: cuBLASLt, falling back to ATen where it
+// refuses (counted by gemm_fallback_count()). CPU: linear_reference.
+// Bad shapes or dtypes throw UsageError.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = at::Tensor());
+
+// The plain-ATen fp32 reference: at::linear on fp32 copies; returns fp32.
+at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = at::Tensor());
+
+namespace detail {
+
+// The autograd function itself on any device: on CUDA what linear() runs;
+// on CPU its products run through the same ATen fallbacks the CUDA path
+// uses when cuBLASLt refuses, so CPU tests check the hand-written backward.
+at::Tensor linear_function(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+// Throws UsageError unless x [..., K], weight [N, K], bias [N] or undefined
+// fit together (op names the op in the message: "linear", "gelu_mlp fc1").
+void check_linear_args(const char* op, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// The weight/bias half of it, for an input of K features in `dtype` on `device`.
+void check_linear_params(const char* op, int64_t k, at::ScalarType dtype, at::Device device, const at::Tensor& weight,
+                         const at::Tensor& bias);
+
+// The three products of a linear layer on 2-D contiguous tensors, each
+// through its fused cuBLASLt epilogue on CUDA, else plain ATen (counted as a
+// fallback on CUDA). x2 [M, K], w [N, K] in x2's dtype, dy [M, N]. Outputs
+// are written into preallocated contiguous tensors, so that an op can hand
+// back a tensor of its caller's shape that is not a view.
+// y2 [M, N] = x2 w^T + bias, in x2's dtype (bias fp32 or x2's dtype, or undefined).
+void linear_forward_product(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& y2);
+// dx2 [M, K] = dy w, in dy's dtype.
+void linear_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& dx2);
+// {dW = dy^T x2 in w_dtype, db = column sums of dy in w_dtype}; either is
+// undefined when not wanted.
+std::pair<at::Tensor, at::Tensor> linear_weight_grad(const at::Tensor& dy, const at::Tensor& x2,
+                                                     at::ScalarType w_dtype, bool want_dw, bool want_db);
+
+}  // namespace detail
+}  // namespace perftrain::ops

@@ -1,0 +1,91 @@
+// One optimizer step over every parameter in three multi-tensor launches
+// (kernels/multi_tensor_adamw.h): global gradient norm, fp16 dynamic loss
+// scale with inf/NaN skip, LR warm-up, norm clipping, AdamW and the EMA, all
+// on the device with no host sync and no allocation, so it captures in a CUDA
+// graph. The per-step scalars live in a small float32 tensor on the device
+// (make_adamw_scalars), one slot each, so callers read them as 0-d views.
+//
+// Step semantics (the reference below spells them in plain ATen):
+//   norm = sqrt(sum g^2) / loss_scale; found_inf = !isfinite(norm)
+//   dynamic scale: inf -> scale /= 2, skip the whole update; else every
+//   growth_interval finite steps scale *= 2 (as torch.amp.GradScaler)
+//   step += 1; lr = lr * min(1, step / warmup)
+//   g *= (1 / loss_scale) * min(1, grad_clip / (norm + 1e-6))   (clip > 0)
+//   AdamW (decoupled weight decay, bias-corrected, as _fused_adamw_), then
+//   ema = lerp(ema, p, 1 - d), d = min(ema_decay, (1 + u) / (10 + u)), u = step - 1
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace perftrain::ops {
+
+struct MultiTensorAdamWOptions {
+  double lr = 1e-4;
+  int64_t warmup_steps = 0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  double grad_clip = 0;  // 0: off
+  double ema_decay = 0.9999;
+  bool ema_warmup = true;
+  bool dynamic_loss_scale = false;
+  int64_t growth_interval = 2000;
+};
+
+// Slots of the scalars tensor (the order of kernels::AdamWScalars).
+enum AdamWSlot : int64_t {
+  kSlotLossScale = 0,  // scale the gradients carry; after step(): the one for the next step
+  kSlotGradNorm = 1,   // unscaled, before clipping, of the last step
+  kSlotLr = 2,         // LR of the last update
+  kSlotSkipped = 3,    // steps skipped for inf/NaN, in total
+  kSlotStep = 4,       // updates taken (AdamW's step counter)
+  kSlotGoodSteps = 5,  // finite steps since the loss scale last changed
+};
+
+// A fresh scalars tensor: float32 [adamw_scalar_slots()] on `device`, step 0.
+at::Tensor make_adamw_scalars(at::Device device, double loss_scale);
+int64_t adamw_scalar_slots();
+
+// The launch plan for one fixed list of parameters: descriptor tables, grids
+// and the partial-sum buffer are made here, once. It keeps references to the
+// tensors (not copies): they must stay allocated; their contents may change.
+class MultiTensorAdamW {
+ public:
+  // params, exp_avgs, exp_avg_sqs, emas: float32, contiguous, one device,
+  // pairwise the same sizes; emas may be empty (no EMA). scalars from
+  // make_adamw_scalars on the same device. names (optional) label errors.
+  MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> exp_avgs,
+                   std::vector<at::Tensor> exp_avg_sqs, std::vector<at::Tensor> emas, at::Tensor scalars,
+                   MultiTensorAdamWOptions opts, std::vector<std::string> names = {});
+  ~MultiTensorAdamW();
+  MultiTensorAdamW(const MultiTensorAdamW&) = delete;
+  MultiTensorAdamW& operator=(const MultiTensorAdamW&) = delete;
+
+  // One step with grads[i] the gradient of params[i] (undefined: that
+  // parameter and its moments stay as they are, its EMA still follows it).
+  // CUDA: three launch groups on the current stream. CPU: the reference.
+  void step(const std::vector<at::Tensor>& grads);
+
+  const MultiTensorAdamWOptions& options() const { return opts_; }
+  // Kernel launches per step (2 per table + 1), for the profile breakdown.
+  int launches_per_step() const;
+
+ private:
+  struct Plan;
+  std::vector<at::Tensor> params_, exp_avgs_, exp_avg_sqs_, emas_;
+  at::Tensor scalars_;
+  MultiTensorAdamWOptions opts_;
+  std::vector<std::string> names_;
+  std::unique_ptr<Plan> plan_;  // CUDA only
+};
+
+// The plain-ATen fp32 reference of one step, same arguments and semantics
+// (host syncs: it reads and writes `scalars` through the host).
+void multi_tensor_adamw_reference(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                                  const std::vector<at::Tensor>& exp_avgs,
+                                  const std::vector<at::Tensor>& exp_avg_sqs, const std::vector<at::Tensor>& emas,
+                                  const at::Tensor& scalars, const MultiTensorAdamWOptions& opts);
+
+}  // namespace perftrain::ops

@@ -1,0 +1,218 @@
+#include "ops/residual_adaln.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <sstream>
+#include <string>
+
+#include "base/error.h"
+#include "kernels/gated_residual.h"
+#include "kernels/residual_adaln.h"
+#include "ops/adaln_layernorm.h"
+#include "ops/dtype_dispatch.h"
+#include "ops/gated_residual.h"
+
+namespace perftrain::ops {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+constexpr const char* kOp = "residual_adaln";
+
+std::string shape(const at::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+void check_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y, const at::Tensor& shift,
+                const at::Tensor& scale, at::ScalarType out_dtype) {
+  if (!x.defined() || !gate.defined() || !y.defined() || !shift.defined() || !scale.defined())
+    throw UsageError("residual_adaln: x, gate, y, shift and scale must all be defined tensors");
+  if (x.dim() != 3) throw UsageError("residual_adaln: x must be [B, T, D], got shape " + shape(x));
+  if (y.sizes() != x.sizes())
+    throw UsageError("residual_adaln: y must have x's shape " + shape(x) + ", got " + shape(y));
+  const int64_t b = x.size(0), d = x.size(2);
+  if (d < 1) throw UsageError("residual_adaln: x must have D >= 1 features, got shape " + shape(x));
+  const std::string want = "[" + std::to_string(b) + ", " + std::to_string(d) + "] (x is " + shape(x) + ")";
+  auto check_row = [&](const at::Tensor& t, const char* name) {
+    if (t.dim() != 2 || t.size(0) != b || t.size(1) != d)
+      throw UsageError(std::string("residual_adaln: ") + name + " must be " + want + ", got " + shape(t));
+  };
+  check_row(gate, "gate");
+  check_row(shift, "shift");
+  check_row(scale, "scale");
+  check_kernel_dtype(kOp, x.scalar_type(), "x");
+  check_kernel_dtype(kOp, gate.scalar_type(), "gate");
+  check_kernel_dtype(kOp, y.scalar_type(), "y");
+  check_kernel_dtype(kOp, shift.scalar_type(), "shift");
+  check_kernel_dtype(kOp, scale.scalar_type(), "scale");
+  check_kernel_dtype(kOp, out_dtype, "out_dtype");
+  if (gate.device() != x.device() || y.device() != x.device() || shift.device() != x.device() ||
+      scale.device() != x.device())
+    throw UsageError("residual_adaln: x is on " + x.device().str() + " but gate is on " + gate.device().str() +
+                     ", y on " + y.device().str() + ", shift on " + shift.device().str() + " and scale on " +
+                     scale.device().str());
+  if (x.is_cuda()) {
+    if (d > kernels::kResidualAdaLNMaxCols)
+      throw UsageError("residual_adaln: D=" + std::to_string(d) + " is wider than the CUDA kernel takes (" +
+                       std::to_string(kernels::kResidualAdaLNMaxCols) + ")");
+    if (b > 65535 || x.size(0) * x.size(1) > INT32_MAX)
+      throw UsageError("residual_adaln: x " + shape(x) + " has too many rows for the CUDA kernel");
+  }
+}
+
+// The kernels want the last dimension dense; row strides are passed through.
+at::Tensor rows_dense(const at::Tensor& t) { return t.stride(1) == 1 ? t : t.contiguous(); }
+
+template <typename T>
+T* ptr(const at::Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+// Calls f with null pointers of the C++ types of x1, of gate/shift/scale and of y/h.
+template <typename F>
+void dispatch(at::ScalarType x, at::ScalarType m, at::ScalarType a, F&& f) {
+  with_kernel_type(kOp, x, [&](auto tx) {
+    with_kernel_type(kOp, m, [&](auto tm) { with_kernel_type(kOp, a, [&](auto ta) { f(tx, tm, ta); }); });
+  });
+}
+
+struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& gate_in,
+                               const at::Tensor& y_in, const at::Tensor& shift_in, const at::Tensor& scale_in,
+                               int64_t out_dtype_i, double eps) {
+    const auto out_dtype = static_cast<at::ScalarType>(out_dtype_i);
+    const c10::cuda::CUDAGuard guard(x_in.device());
+    const int batch = int(x_in.size(0)), tokens = int(x_in.size(1)), cols = int(x_in.size(2));
+    const at::Tensor x = x_in.contiguous();
+    // gate, shift and scale share one kernel type; mixed dtypes meet in fp32 (tiny tensors).
+    const bool same_mod =
+        gate_in.scalar_type() == shift_in.scalar_type() && gate_in.scalar_type() == scale_in.scalar_type();
+    auto mod = [&](const at::Tensor& t) { return rows_dense(same_mod ? t : t.to(at::kFloat)); };
+    const at::Tensor gate = mod(gate_in), shift = mod(shift_in), scale = mod(scale_in);
+    // y and h share one kernel type too. When y is not in out_dtype both go
+    // through fp32, which changes no value: y's upcast is exact and h is
+    // rounded once, by the cast below.
+    const at::ScalarType act = y_in.scalar_type() == out_dtype ? out_dtype : at::kFloat;
+    const at::Tensor y = y_in.to(act).contiguous();
+    at::Tensor x1 = at::empty(x.sizes(), x.options());
+    at::Tensor h = at::empty(x.sizes(), x.options().dtype(act));
+    at::Tensor mean = at::empty({int64_t(batch) * tokens}, x.options().dtype(at::kFloat));
+    at::Tensor rstd = at::empty_like(mean);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    dispatch(x.scalar_type(), gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
+      using TX = kernel_type<decltype(tx)>;
+      using TM = kernel_type<decltype(tm)>;
+      using TA = kernel_type<decltype(ta)>;
+      kernels::residual_adaln_forward<TX, TM, TA>(
+          ptr<const TX>(x), ptr<const TM>(gate), gate.stride(0), ptr<const TA>(y), ptr<const TM>(shift),
+          shift.stride(0), ptr<const TM>(scale), scale.stride(0), ptr<TX>(x1), ptr<TA>(h), mean.data_ptr<float>(),
+          rstd.data_ptr<float>(), batch, tokens, cols, float(eps), stream);
+    });
+    // An unused output's gradient arrives undefined rather than as zeros to read.
+    ctx->set_materialize_grads(false);
+    // x1 replaces x (the LN backward needs x1; the residual's needs nothing of x).
+    ctx->save_for_backward({x1, y, gate, scale, mean, rstd});
+    ctx->saved_data["act"] = int64_t(act);
+    ctx->saved_data["y_dtype"] = int64_t(y_in.scalar_type());
+    ctx->saved_data["gate_dtype"] = int64_t(gate_in.scalar_type());
+    ctx->saved_data["shift_dtype"] = int64_t(shift_in.scalar_type());
+    ctx->saved_data["scale_dtype"] = int64_t(scale_in.scalar_type());
+    if (act != out_dtype) h = h.to(out_dtype);
+    return {x1, h};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x1 = saved[0], &y = saved[1], &gate = saved[2], &scale = saved[3], &mean = saved[4],
+                     &rstd = saved[5];
+    auto dtype = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data[key].toInt()); };
+    const at::ScalarType act = dtype("act");
+    const at::Tensor &dx1_in = grads[0], &dh_in = grads[1];
+    const bool want_x = ctx->needs_input_grad(0), want_gate = ctx->needs_input_grad(1),
+               want_y = ctx->needs_input_grad(2), want_shift = ctx->needs_input_grad(3),
+               want_scale = ctx->needs_input_grad(4);
+    variable_list out(7);  // x, gate, y, shift, scale, out_dtype, eps
+    if (!dx1_in.defined() && !dh_in.defined()) return out;
+    const c10::cuda::CUDAGuard guard(x1.device());
+    const int batch = int(x1.size(0)), tokens = int(x1.size(1)), cols = int(x1.size(2));
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    // A broadcast or non-contiguous incoming gradient is made dense once.
+    const at::Tensor dx1_ext = dx1_in.defined() ? dx1_in.to(x1.scalar_type()).contiguous() : at::Tensor();
+    at::Tensor dx, dy = at::empty_like(y);
+    at::Tensor dgate = at::empty({batch, cols}, gate.options()), dshift, dscale;
+    if (!dh_in.defined()) {
+      // Only x1 was used: exactly gated_residual's backward, and dx is the incoming gradient itself.
+      dx = dx1_in;
+      if (want_gate || want_y) {
+        const int tiles = kernels::gated_residual_backward_tiles(batch, tokens, sms);
+        // Shape-determined scratch from the caching allocator: fine under graph capture.
+        at::Tensor partials = at::empty({batch, tiles, cols}, x1.options().dtype(at::kFloat));
+        dispatch(x1.scalar_type(), gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
+          using TX = kernel_type<decltype(tx)>;
+          using TM = kernel_type<decltype(tm)>;
+          using TA = kernel_type<decltype(ta)>;
+          kernels::gated_residual_backward<TX, TM, TA>(ptr<const TX>(dx1_ext), ptr<const TM>(gate), gate.stride(0),
+                                                       ptr<const TA>(y), ptr<TA>(dy), ptr<TM>(dgate),
+                                                       partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
+        });
+      }
+    } else {
+      const at::Tensor dh = dh_in.to(act).contiguous();
+      dx = at::empty_like(x1);
+      dshift = at::empty_like(dgate);
+      dscale = at::empty_like(dgate);
+      const int tiles = kernels::residual_adaln_backward_tiles(batch, tokens, sms);
+      at::Tensor partials = at::empty({3, batch, tiles, cols}, x1.options().dtype(at::kFloat));
+      dispatch(x1.scalar_type(), gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
+        using TX = kernel_type<decltype(tx)>;
+        using TM = kernel_type<decltype(tm)>;
+        using TA = kernel_type<decltype(ta)>;
+        kernels::residual_adaln_backward<TX, TM, TA>(
+            dx1_ext.defined() ? ptr<const TX>(dx1_ext) : nullptr, ptr<const TA>(dh), ptr<const TX>(x1),
+            ptr<const TA>(y), ptr<const TM>(gate), gate.stride(0), ptr<const TM>(scale), scale.stride(0),
+            mean.data_ptr<float>(), rstd.data_ptr<float>(), ptr<TX>(dx), ptr<TA>(dy), ptr<TM>(dgate), ptr<TM>(dshift),
+            ptr<TM>(dscale), partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
+      });
+    }
+    // Back to each input's own dtype (no-ops on the fast path).
+    auto as = [](const at::Tensor& t, at::ScalarType d) { return t.scalar_type() == d ? t : t.to(d); };
+    if (want_x) out[0] = dx;
+    if (want_gate) out[1] = as(dgate, dtype("gate_dtype"));
+    if (want_y) out[2] = as(dy, dtype("y_dtype"));
+    if (want_shift && dshift.defined()) out[3] = as(dshift, dtype("shift_dtype"));
+    if (want_scale && dscale.defined()) out[4] = as(dscale, dtype("scale_dtype"));
+    return out;
+  }
+};
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> residual_adaln_reference(const at::Tensor& x, const at::Tensor& gate,
+                                                           const at::Tensor& y, const at::Tensor& shift,
+                                                           const at::Tensor& scale, at::ScalarType out_dtype,
+                                                           double eps) {
+  at::Tensor x1 = gated_residual_reference(x, gate, y);
+  at::Tensor h = adaln_layernorm_reference(x1, shift, scale, out_dtype, eps);
+  return {std::move(x1), std::move(h)};
+}
+
+std::pair<at::Tensor, at::Tensor> residual_adaln(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
+                                                 const at::Tensor& shift, const at::Tensor& scale,
+                                                 at::ScalarType out_dtype, double eps) {
+  check_args(x, gate, y, shift, scale, out_dtype);
+  if (!x.is_cuda()) return residual_adaln_reference(x, gate, y, shift, scale, out_dtype, eps);
+  variable_list out = ResidualAdaLNFunction::apply(x, gate, y, shift, scale, int64_t(out_dtype), eps);
+  return {std::move(out[0]), std::move(out[1])};
+}
+
+}  // namespace perftrain::ops

@@ -1,0 +1,15 @@
+// Multi-head self-attention from a packed qkv projection, through the fused
+// attention kernels PyTorch dispatches to (cuDNN / flash on Hopper); which one
+// runs is visible in a profile (`perftrain profile`), not chosen here.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace perftrain::ops {
+
+// qkv [B, T, 3*D] laid out as (3, heads, D/heads) in the last dim, as DiT's
+// qkv Linear produces it -> [B, T, D]. The backward of the q/k/v split is one
+// stack (unbind), not three zero-filled scatters (select).
+at::Tensor self_attention(const at::Tensor& qkv, int64_t heads);
+
+}  // namespace perftrain::ops

@@ -1,0 +1,113 @@
+#include "train/device_optimizer.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/zeros_like.h>
+
+#include <cmath>
+#include <map>
+
+#include "base/error.h"
+#include "ops/multi_tensor_adamw.h"
+
+namespace perftrain::train {
+namespace {
+
+void check_options(const DeviceOptimizerOptions& o) {
+  auto bad = [](const std::string& what) { throw UsageError("optimizer: " + what); };
+  if (!(o.lr >= 0) || !std::isfinite(o.lr)) bad("lr must be a finite number >= 0");
+  if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1)) bad("beta1 and beta2 must be in [0, 1)");
+  if (!(o.eps > 0)) bad("eps must be > 0");
+  if (!(o.weight_decay >= 0)) bad("weight_decay must be >= 0");
+  if (!(o.grad_clip >= 0)) bad("grad_clip must be >= 0 (0: off)");
+  if (!(o.ema_decay >= 0 && o.ema_decay <= 1)) bad("ema_decay must be in [0, 1]");
+  if (o.warmup_steps < 0) bad("warmup_steps must be >= 0");
+  if (o.dynamic_loss_scale && !(o.initial_loss_scale > 0 && std::isfinite(o.initial_loss_scale)))
+    bad("initial_loss_scale must be a finite number > 0");
+  if (o.growth_interval < 1) bad("growth_interval must be >= 1");
+}
+
+}  // namespace
+
+DeviceOptimizer::DeviceOptimizer(std::vector<std::pair<std::string, at::Tensor>> named_params,
+                                 std::vector<at::Tensor> ema_params, DeviceOptimizerOptions opts)
+    : params_(std::move(named_params)), ema_(std::move(ema_params)), opts_(opts) {
+  check_options(opts_);
+  if (!ema_.empty() && ema_.size() != params_.size())
+    throw UsageError("optimizer: " + std::to_string(params_.size()) + " parameters but " +
+                     std::to_string(ema_.size()) + " EMA parameters");
+  std::vector<at::Tensor> p;
+  std::vector<std::string> names;
+  for (const auto& [name, t] : params_) {
+    if (!t.defined()) throw UsageError("optimizer: parameter '" + name + "' is undefined");
+    p.push_back(t);
+    names.push_back(name);
+    exp_avg_.push_back(at::zeros_like(t, at::MemoryFormat::Contiguous));
+    exp_avg_sq_.push_back(at::zeros_like(t, at::MemoryFormat::Contiguous));
+  }
+  const at::Device device = p.empty() ? at::Device(at::kCPU) : p[0].device();
+  scalars_ = ops::make_adamw_scalars(device, opts_.dynamic_loss_scale ? opts_.initial_loss_scale : 1.0);
+  loss_scale_ = scalars_.select(0, ops::kSlotLossScale);
+  grad_norm_ = scalars_.select(0, ops::kSlotGradNorm);
+  lr_ = scalars_.select(0, ops::kSlotLr);
+  skipped_ = scalars_.select(0, ops::kSlotSkipped);
+  step_ = scalars_.select(0, ops::kSlotStep);
+  good_steps_ = scalars_.select(0, ops::kSlotGoodSteps);
+
+  ops::MultiTensorAdamWOptions o;
+  o.lr = opts_.lr, o.warmup_steps = opts_.warmup_steps;
+  o.beta1 = opts_.beta1, o.beta2 = opts_.beta2, o.eps = opts_.eps, o.weight_decay = opts_.weight_decay;
+  o.grad_clip = opts_.grad_clip, o.ema_decay = opts_.ema_decay, o.ema_warmup = opts_.ema_warmup;
+  o.dynamic_loss_scale = opts_.dynamic_loss_scale, o.growth_interval = opts_.growth_interval;
+  op_ = std::make_unique<ops::MultiTensorAdamW>(std::move(p), exp_avg_, exp_avg_sq_, ema_, scalars_, o,
+                                                std::move(names));
+}
+
+DeviceOptimizer::~DeviceOptimizer() = default;
+
+void DeviceOptimizer::step() {
+  std::vector<at::Tensor> grads;
+  grads.reserve(params_.size());
+  for (const auto& [name, p] : params_) grads.push_back(p.grad());
+  op_->step(grads);
+  for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();  // set_to_none
+}
+
+std::vector<std::pair<std::string, at::Tensor>> DeviceOptimizer::state() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace_back("exp_avg." + params_[i].first, exp_avg_[i]);
+    out.emplace_back("exp_avg_sq." + params_[i].first, exp_avg_sq_[i]);
+    out.emplace_back("step." + params_[i].first, step_);
+  }
+  out.emplace_back("loss_scale", loss_scale_);
+  return out;
+}
+
+void DeviceOptimizer::load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  at::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> byname(state.begin(), state.end());
+  auto find = [&](const std::string& key, const at::Tensor& like) -> const at::Tensor& {
+    auto it = byname.find(key);
+    if (it == byname.end()) throw RuntimeError("optimizer state has no tensor '" + key + "'");
+    if (it->second.sizes() != like.sizes()) throw RuntimeError("optimizer state '" + key + "' has the wrong shape");
+    return it->second;
+  };
+  // Check everything before changing anything.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    find("exp_avg." + params_[i].first, exp_avg_[i]);
+    find("exp_avg_sq." + params_[i].first, exp_avg_sq_[i]);
+    find("step." + params_[i].first, step_);
+  }
+  auto scale = byname.find("loss_scale");
+  if (scale != byname.end() && scale->second.numel() != 1)
+    throw RuntimeError("optimizer state 'loss_scale' has the wrong shape");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    exp_avg_[i].copy_(find("exp_avg." + params_[i].first, exp_avg_[i]));
+    exp_avg_sq_[i].copy_(find("exp_avg_sq." + params_[i].first, exp_avg_sq_[i]));
+  }
+  if (!params_.empty()) step_.copy_(find("step." + params_[0].first, step_));
+  if (opts_.dynamic_loss_scale && scale != byname.end()) loss_scale_.copy_(scale->second.reshape({}));
+  good_steps_.zero_();  // the growth count restarts (as GradScaler's does without its own state)
+}
+
+}  // namespace perftrain::train

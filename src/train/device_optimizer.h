@@ -1,0 +1,81 @@
+// The whole optimizer step on the device: gradient norm and clipping, the
+// fp16 dynamic loss scale, the LR warm-up, AdamW and the EMA in three
+// multi-tensor launches (ops/multi_tensor_adamw.h), with no host sync and no
+// allocation after construction, so a training step that ends in step()
+// captures in one CUDA graph. The LR, norm and loss scale stay on the device
+// as 0-d tensors, read when the trainer logs.
+//
+// It is AdamW + clip_grad_norm_ + ema_update_ + lr_at of this folder in one:
+// the same numbers, and state() under AdamW::state()'s names (one step counter
+// shared by all parameters, written under every "step.<name>") plus
+// "loss_scale", so checkpoints move between the two.
+//
+// On a CPU device the same semantics run as plain ATen ops (host syncs allowed).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace perftrain::ops {
+class MultiTensorAdamW;
+}
+
+namespace perftrain::train {
+
+struct DeviceOptimizerOptions {
+  double lr = 1e-4;
+  int64_t warmup_steps = 0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  double grad_clip = 0;  // 0: off
+  double ema_decay = 0.9999;
+  bool ema_warmup = true;
+  bool dynamic_loss_scale = false;  // fp16: multiply the loss by loss_scale() before backward
+  double initial_loss_scale = 65536;
+  int64_t growth_interval = 2000;
+};
+
+class DeviceOptimizer {
+ public:
+  // named_params: float32, contiguous, one device; ema_params: the EMA model's
+  // parameters in the same order and shapes (empty: no EMA).
+  DeviceOptimizer(std::vector<std::pair<std::string, at::Tensor>> named_params, std::vector<at::Tensor> ema_params,
+                  DeviceOptimizerOptions opts);
+  ~DeviceOptimizer();
+  DeviceOptimizer(const DeviceOptimizer&) = delete;
+  DeviceOptimizer& operator=(const DeviceOptimizer&) = delete;
+
+  // One update from param.grad() (a parameter without a gradient stands
+  // still, its EMA still follows it); then every gradient is set to undefined.
+  // With dynamic_loss_scale a step whose gradients hold inf/NaN changes
+  // nothing but the scale (halved) and skipped().
+  void step();
+
+  const at::Tensor& loss_scale() const { return loss_scale_; }  // float32 0-d (1 without dynamic scaling)
+  const at::Tensor& grad_norm() const { return grad_norm_; }    // unscaled, before clipping, of the last step
+  const at::Tensor& lr() const { return lr_; }                  // of the last update
+  const at::Tensor& skipped() const { return skipped_; }        // float32 0-d count of skipped steps
+  const at::Tensor& steps_taken() const { return step_; }       // float32 0-d, AdamW's step counter
+  const DeviceOptimizerOptions& options() const { return opts_; }
+
+  // "exp_avg.<name>", "exp_avg_sq.<name>", "step.<name>" for each parameter
+  // (as AdamW::state()), then "loss_scale". Live tensors, not copies.
+  std::vector<std::pair<std::string, at::Tensor>> state() const;
+  // Restores from state() or AdamW::state(): throws RuntimeError naming a
+  // missing or mis-shaped tensor. "loss_scale" is optional (used only with
+  // dynamic scaling); the step counter is taken from the first parameter.
+  void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
+
+ private:
+  std::vector<std::pair<std::string, at::Tensor>> params_;
+  std::vector<at::Tensor> ema_, exp_avg_, exp_avg_sq_;
+  DeviceOptimizerOptions opts_;
+  at::Tensor scalars_;  // ops::make_adamw_scalars; the members below are 0-d views of its slots
+  at::Tensor loss_scale_, grad_norm_, lr_, skipped_, step_, good_steps_;
+  std::unique_ptr<ops::MultiTensorAdamW> op_;
+};
+
+}  // namespace perftrain::train

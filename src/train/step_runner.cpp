@@ -1,0 +1,313 @@
+#include "train/step_runner.h"
+
+#include <ATen/Context.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <optional>
+
+#include "base/error.h"
+#include "diffusion/ddpm.h"
+#include "diffusion/flow.h"
+#include "diffusion/objective.h"
+#include "ops/compat.h"
+#include "train/adamw.h"
+#include "train/device_optimizer.h"
+#include "train/ema.h"
+#include "train/grad_clip.h"
+#include "train/lr_schedule.h"
+
+namespace perftrain::train {
+
+struct StepRunner::Impl {
+  models::DiT& model;
+  models::DiT& ema;
+  TrainConfig cfg;
+  StepOptions opts;
+  at::Device device;
+  at::Generator gen;
+  std::optional<at::ScalarType> autocast;  // bf16 / fp16, or fp32 without autocast
+  std::vector<at::Tensor> params, ema_params;
+
+  // The optimizer: on the device (capturable), or ATen's AdamW with a host LR.
+  std::unique_ptr<DeviceOptimizer> device_optimizer;
+  std::unique_ptr<AdamW> adamw;
+  int64_t updates = 0;  // host path: updates taken, for the LR and EMA schedules
+  at::Tensor host_grad_norm;
+
+  diffusion::GaussianDiffusion ddpm;
+  std::unique_ptr<diffusion::RectifiedFlow> flow;
+
+  at::Tensor loss_sum, mse_sum, vb_sum;  // device accumulators of the window
+  int64_t window = 0;
+
+  // The whole-step graph and its static inputs. The batch goes pinned host ->
+  // staging (side stream, overlapping the previous replay) -> static (a
+  // device copy on the main stream right before the replay).
+  bool graph_wanted = false;
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  std::optional<c10::cuda::CUDAStream> copy_stream, capture_stream;
+  at::cuda::CUDAEvent staged_ready, staged_consumed;
+  at::Tensor x_static, y_static, x_stage, y_stage;
+
+  Impl(models::DiT& m, models::DiT& e, const TrainConfig& c, const StepOptions& o, at::Device d, at::Generator g)
+      : model(m), ema(e), cfg(c), opts(o), device(d), gen(std::move(g)) {}
+
+  diffusion::LossTerms objective(const at::Tensor& x0, const at::Tensor& y_in) {
+    at::Tensor y = y_in;
+    if (cfg.model.class_dropout > 0) {  // label dropout: train the null class for guidance
+      auto drop = at::rand({y.size(0)}, gen, at::TensorOptions().device(device).dtype(at::kFloat)) <
+                  cfg.model.class_dropout;
+      y = at::where(drop, cfg.model.num_classes, y);
+    }
+    diffusion::ModelFn forward = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& yy) {
+      compat::AutocastGuard guard(device.type(), autocast.value_or(at::kBFloat16), autocast.has_value());
+      return model.forward(x, t, yy);
+    };
+    return flow ? flow->training_loss(forward, x0, y, gen)
+                : ddpm.training_loss(forward, x0, y, gen, cfg.model.learn_sigma);
+  }
+
+  // One step: objective, backward, optimizer, EMA, loss accumulation. The
+  // body is the same eager and captured; nothing in it syncs with the host
+  // when the device optimizer is used.
+  void body(const at::Tensor& x, const at::Tensor& y) {
+    diffusion::LossTerms terms = objective(x, y);
+    at::Tensor loss = terms.loss;
+    if (device_optimizer) {
+      if (cfg.optim.precision == "fp16") loss = loss * device_optimizer->loss_scale();
+      loss.backward();
+      device_optimizer->step();
+    } else {
+      loss.backward();
+      ++updates;
+      if (cfg.optim.grad_clip > 0) host_grad_norm = clip_grad_norm_(params, cfg.optim.grad_clip);
+      adamw->step(lr_at(updates, cfg.optim.lr, cfg.optim.warmup_steps));
+      ema_update_(ema_params, params, ema_decay_at(updates - 1, cfg.optim.ema_decay, cfg.optim.ema_warmup));
+    }
+    at::NoGradGuard no_grad;
+    loss_sum.add_(terms.loss.detach());
+    mse_sum.add_(terms.mse);
+    if (terms.vb.defined()) vb_sum.add_(terms.vb);
+  }
+
+  bool fits_static(const data::Batch& b) const {
+    return x_static.defined() && b.x.sizes() == x_static.sizes() && b.y.sizes() == y_static.sizes();
+  }
+
+  // Puts the batch into the static buffers, ordered on the current stream.
+  void stage(const data::Batch& b) {
+    if (!x_static.defined()) {
+      x_static = at::empty(b.x.sizes(), b.x.options().device(device).pinned_memory(false));
+      y_static = at::empty(b.y.sizes(), b.y.options().device(device).pinned_memory(false));
+      x_stage = at::empty_like(x_static);
+      y_stage = at::empty_like(y_static);
+    }
+    auto main = at::cuda::getCurrentCUDAStream();
+    if (b.x.is_cuda()) {
+      x_static.copy_(b.x, /*non_blocking=*/true);
+      y_static.copy_(b.y, /*non_blocking=*/true);
+      return;
+    }
+    {
+      c10::cuda::CUDAStreamGuard on_copy(*copy_stream);
+      staged_consumed.block(*copy_stream);  // the previous batch has left the staging buffers
+      x_stage.copy_(b.x, /*non_blocking=*/true);
+      y_stage.copy_(b.y, /*non_blocking=*/true);
+      staged_ready.record(*copy_stream);
+    }
+    staged_ready.block(main);
+    x_static.copy_(x_stage, /*non_blocking=*/true);
+    y_static.copy_(y_stage, /*non_blocking=*/true);
+    staged_consumed.record(main);
+  }
+
+  // Runs f on the capture stream, ordered after and before the main stream's
+  // work (the warm-up steps run there too, as CUDA graphs want).
+  template <typename F>
+  void on_capture_stream(F&& f) {
+    auto main = at::cuda::getCurrentCUDAStream();
+    at::cuda::CUDAEvent main_done, side_done;
+    main_done.record(main);
+    main_done.block(*capture_stream);
+    {
+      c10::cuda::CUDAStreamGuard guard(*capture_stream);
+      f();
+    }
+    side_done.record(*capture_stream);
+    side_done.block(main);
+  }
+
+  // Captures body() on the static buffers. Returns "" or why it failed; a
+  // failed capture leaves the model as it was (a capture runs nothing).
+  std::string capture() {
+    std::string error;
+    on_capture_stream([&] {
+      compat::set_autocast_cache_enabled(false);
+      auto g = std::make_unique<at::cuda::CUDAGraph>();
+      try {
+        g->register_generator_state(gen);
+        g->capture_begin();
+        try {
+          body(x_static, y_static);
+        } catch (...) {
+          try {
+            g->capture_end();
+          } catch (...) {
+          }
+          throw;
+        }
+        g->capture_end();
+        graph = std::move(g);
+      } catch (const std::exception& e) {
+        error = compat::error_message(e);
+      }
+      compat::set_autocast_cache_enabled(true);
+    });
+    if (!error.empty())
+      for (auto& p : params) p.mutable_grad() = at::Tensor();
+    return error;
+  }
+};
+
+StepRunner::StepRunner(models::DiT& model, models::DiT& ema, const TrainConfig& cfg, const StepOptions& opts,
+                       at::Device device, at::Generator gen)
+    : impl_(std::make_unique<Impl>(model, ema, cfg, opts, device, std::move(gen))) {
+  Impl& s = *impl_;
+  const bool cuda = device.is_cuda();
+  if (!cuda && (opts.precision == "bf16" || opts.precision == "fp16"))
+    throw UsageError("precision " + opts.precision + " needs a CUDA device; use fp32 on the CPU");
+  if (opts.precision == "fp16" && !opts.fused_optimizer)
+    throw UsageError("precision fp16 keeps its loss scale in the device optimizer: leave speed.fused_optimizer on");
+  s.cfg.optim.precision = opts.precision;
+  if (opts.precision == "bf16") s.autocast = at::kBFloat16;
+  if (opts.precision == "fp16") s.autocast = at::kHalf;
+  if (cuda) {
+    at::globalContext().setAllowTF32CuBLAS(true);  // fp32 matrix products on TF32 Tensor Cores
+    at::globalContext().setBenchmarkCuDNN(true);
+  }
+  // On the CPU the fused paths would only run their references: the plain
+  // path is the same function, and the one the CPU tests pin down.
+  model.set_fused_kernels(cuda && opts.fused_kernels);
+  model.set_recompute(opts.recompute);
+
+  s.params = model.parameters();
+  s.ema_params = ema.parameters();
+  if (cuda && opts.fused_optimizer) {
+    DeviceOptimizerOptions o;
+    o.lr = cfg.optim.lr;
+    o.warmup_steps = cfg.optim.warmup_steps;
+    o.beta1 = cfg.optim.beta1, o.beta2 = cfg.optim.beta2, o.eps = cfg.optim.eps;
+    o.weight_decay = cfg.optim.weight_decay;
+    o.grad_clip = cfg.optim.grad_clip;
+    o.ema_decay = cfg.optim.ema_decay, o.ema_warmup = cfg.optim.ema_warmup;
+    o.dynamic_loss_scale = opts.precision == "fp16";
+    s.device_optimizer = std::make_unique<DeviceOptimizer>(model.named_parameters(), s.ema_params, o);
+  } else {
+    s.adamw = std::make_unique<AdamW>(model.named_parameters(),
+                                      AdamWOptions{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps,
+                                                   cfg.optim.weight_decay});
+  }
+
+  s.ddpm.to(device);
+  if (cfg.diffusion.objective == "flow") {
+    diffusion::FlowOptions fo;
+    fo.time_sampling = diffusion::parse_time_sampling(cfg.diffusion.time_sampling);
+    s.flow = std::make_unique<diffusion::RectifiedFlow>(fo);
+  }
+  const auto f32 = at::TensorOptions().device(device).dtype(at::kFloat);
+  s.loss_sum = at::zeros({}, f32), s.mse_sum = at::zeros({}, f32), s.vb_sum = at::zeros({}, f32);
+
+  if (!cuda) graph_status_ = "eager: CPU device";
+  else if (!opts.graph) graph_status_ = "eager: graph off (speed.graph / --graph off)";
+  else if (!opts.fused_optimizer) graph_status_ = "eager: the graph needs the device optimizer (speed.fused_optimizer)";
+  else {
+    s.graph_wanted = true;
+    graph_status_ = "eager: warming up";
+  }
+  if (cuda) {
+    s.copy_stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+    s.capture_stream = c10::cuda::getStreamFromPool(false, device.index());
+  }
+}
+
+StepRunner::~StepRunner() = default;
+
+bool StepRunner::graph_active() const { return impl_->graph != nullptr; }
+
+void StepRunner::step(const data::Batch& batch) {
+  Impl& s = *impl_;
+  if (!s.device.is_cuda()) {
+    s.body(batch.x.to(s.device), batch.y.to(s.device));
+  } else if (!s.graph_wanted) {
+    s.stage(batch);
+    s.body(s.x_static, s.y_static);
+  } else if (s.graph && s.fits_static(batch)) {
+    s.stage(batch);
+    s.graph->replay();
+  } else if (s.graph) {  // a batch of another shape: the graph cannot take it
+    s.body(batch.x.to(s.device, true), batch.y.to(s.device, true));
+  } else {
+    s.stage(batch);
+    if (steps_done_ < opts_warmup()) {
+      s.on_capture_stream([&] { s.body(s.x_static, s.y_static); });
+    } else {
+      const std::string error = s.capture();
+      if (error.empty()) {
+        graph_status_ = "captured at step " + std::to_string(steps_done_ + 1);
+        s.graph->replay();
+      } else {
+        graph_status_ = "eager: capture failed: " + error;
+        s.graph_wanted = false;
+        s.body(s.x_static, s.y_static);
+      }
+    }
+  }
+  ++s.window;
+  ++steps_done_;
+}
+
+int StepRunner::opts_warmup() const { return std::max(1, impl_->opts.warmup_steps); }
+
+WindowStats StepRunner::take_window() {
+  Impl& s = *impl_;
+  WindowStats w;
+  w.steps = s.window;
+  if (s.window > 0) {
+    w.loss = s.loss_sum.item<double>() / s.window;  // the one host sync
+    w.mse = s.mse_sum.item<double>() / s.window;
+    w.vb = s.vb_sum.item<double>() / s.window;
+  }
+  if (s.device_optimizer) {
+    w.grad_norm = s.device_optimizer->grad_norm().item<double>();
+    w.lr = s.device_optimizer->lr().item<double>();
+    w.loss_scale = s.device_optimizer->loss_scale().item<double>();
+    w.skipped_steps = static_cast<int64_t>(s.device_optimizer->skipped().item<double>());
+  } else {
+    if (s.host_grad_norm.defined()) w.grad_norm = s.host_grad_norm.item<double>();
+    w.lr = lr_at(s.updates, s.cfg.optim.lr, s.cfg.optim.warmup_steps);
+  }
+  s.loss_sum.zero_(), s.mse_sum.zero_(), s.vb_sum.zero_();
+  s.window = 0;
+  return w;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> StepRunner::optimizer_state() const {
+  return impl_->device_optimizer ? impl_->device_optimizer->state() : impl_->adamw->state();
+}
+
+void StepRunner::load_optimizer_state(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  if (impl_->device_optimizer) impl_->device_optimizer->load_state(state);
+  else impl_->adamw->load_state(state);
+}
+
+void StepRunner::set_updates_taken(int64_t n) { impl_->updates = n; }
+
+}  // namespace perftrain::train

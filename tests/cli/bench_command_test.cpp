@@ -1,0 +1,158 @@
+// `perftrain bench` as a user runs it on a CPU-only machine: a tiny model, one
+// variant, the GPU-only parts (matmul peak, CUDA events, nvidia-smi) saying
+// n/a, bench.json and bench.md written; bad options exit 2 with a message;
+// with --against-torch the PyTorch reference runs beside it.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "support/test_support.h"
+
+namespace {
+
+using perftrain::testing::TempDir;
+
+struct Result {
+  int code;
+  std::string output;  // stdout and stderr together
+};
+
+// A shell command line (so that it can set environment variables).
+Result shell(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
+  Result r{-1, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+Result run(const std::string& args) { return shell(std::string(PERFTRAIN_BINARY) + " " + args); }
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+const std::string kCpu = "bench --device cpu --model DiT-T/4 --batch 2 --steps 2 --warmup 1 --variants eager-fp32";
+
+TEST(CliBench, RunsOnTheCpuAndWritesItsReport) {
+  TempDir tmp;
+  const std::string out = tmp.file("b");
+  auto r = run(kCpu + " --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "bf16 matmul peak: n/a")) << r.output;
+  EXPECT_TRUE(contains(r.output, "DiT-T/4 batch 2: eager-fp32")) << r.output;
+  EXPECT_TRUE(contains(r.output, "eager: CPU device")) << r.output;
+
+  const auto j = nlohmann::json::parse(perftrain::testing::read_raw(out + "/bench.json"));
+  EXPECT_TRUE(j["matmul_peak_tflops"].is_null());
+  EXPECT_EQ(j["environment"]["gpu"], "n/a");
+  EXPECT_EQ(j["environment"]["sm_clock"], "n/a");
+  EXPECT_EQ(j["config"]["model"], "DiT-T/4");
+  EXPECT_EQ(j["config"]["learn_sigma"], false);
+  EXPECT_EQ(j["config"]["objective"], "ddpm");
+  ASSERT_EQ(j["rows"].size(), 1u);
+  const auto& row = j["rows"][0];
+  EXPECT_TRUE(row["error"].is_null()) << row.dump(2);
+  EXPECT_EQ(row["variant"], "eager-fp32");
+  EXPECT_EQ(row["batch"], 2);
+  EXPECT_EQ(row["step_ms"].size(), 2u);
+  EXPECT_GT(row["ms"].get<double>(), 0.0);
+  EXPECT_LE(row["ms_min"].get<double>(), row["ms"].get<double>());
+  EXPECT_GT(row["tflops"].get<double>(), 0.0);
+  EXPECT_TRUE(row["mfu"].is_null());       // no measured peak on the CPU
+  EXPECT_TRUE(row["peak_gib"].is_null());  // no allocator statistics on the CPU
+  EXPECT_GT(row["first_step_s"].get<double>(), 0.0);
+  EXPECT_TRUE(std::isfinite(row["loss"].get<double>()));
+  ASSERT_EQ(j["summary"].size(), 1u);
+  EXPECT_EQ(j["summary"][0]["variant"], "eager-fp32");
+  EXPECT_EQ(j["summary"][0]["ms"], row["ms"]);
+  EXPECT_TRUE(j["summary"][0]["speedup_vs_best_torch"].is_null());
+  const auto md = perftrain::testing::read_raw(out + "/bench.md");
+  EXPECT_TRUE(contains(md, "## Method")) << md;
+  EXPECT_TRUE(contains(md, "| 2 | eager-fp32 |")) << md;
+
+  // A second run into the same directory would overwrite it: refused.
+  r = run(kCpu + " --out " + out);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "already holds a bench.json")) << r.output;
+}
+
+TEST(CliBench, AVariantThatCannotRunIsARowNotACrash) {
+  TempDir tmp;
+  // bf16 needs a GPU: that row says so, the fp32 row still runs.
+  auto r = run(kCpu + ",eager-bf16 --out " + tmp.file("b"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "needs a CUDA device")) << r.output;
+  const auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("b/bench.json")));
+  ASSERT_EQ(j["rows"].size(), 2u);
+  EXPECT_TRUE(j["rows"][0]["error"].is_null());
+  EXPECT_TRUE(contains(j["rows"][1]["error"].get<std::string>(), "needs a CUDA device"));
+  EXPECT_EQ(j["summary"][0]["variant"], "eager-fp32");
+  // Only failing rows: the report is still written, and the exit status says so.
+  r = run("bench --device cpu --model DiT-T/4 --batch 2 --steps 2 --variants all --out " + tmp.file("c"));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "no variant ran")) << r.output;
+  EXPECT_TRUE(perftrain::fs::exists(tmp.file("c/bench.json")));
+}
+
+TEST(CliBench, BadOptionsExitTwo) {
+  TempDir tmp;
+  const std::string out = " --out " + tmp.file("x");
+  for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"bench --device cpu --variants turbo", "known variants: eager-fp32"},
+           {"bench --device cpu --batch 32,abc", "--batch"},
+           {"bench --device cpu --batch 0", "--batch"},
+           {"bench --device cpu --model DiT-Q/2", "known models"},
+           {"bench --device cpu --precision fp8", "--precision"},
+           {"bench --device cpu --against-torch --torch-modes max-autotune", "unknown torch mode"},
+           {"bench --device tpu", "--device"},
+           {"bench --device cpu --steps 0", "--steps"},
+       }) {
+    auto r = run(args + out);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, expect)) << args << "\n" << r.output;
+    EXPECT_FALSE(contains(r.output, "Exception raised from")) << r.output;
+  }
+}
+
+TEST(CliBench, AFailingTorchReferenceIsARow) {
+  TempDir tmp;
+  auto r = shell("PERFTRAIN_PYTHON=/bin/false " + std::string(PERFTRAIN_BINARY) + " " + kCpu +
+                 " --against-torch --torch-modes eager-fp32 --out " + tmp.file("b"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("b/bench.json")));
+  ASSERT_EQ(j["torch"].size(), 1u);
+  EXPECT_TRUE(contains(j["torch"][0]["error"].get<std::string>(), "exit status 1")) << j["torch"].dump(2);
+  EXPECT_TRUE(perftrain::fs::exists(tmp.file("b/torch-b2-eager-fp32.log")));
+  EXPECT_TRUE(j["summary"][0]["best_torch_mode"].is_null());
+  EXPECT_TRUE(j["summary"][0]["speedup_vs_best_torch"].is_null());
+  EXPECT_EQ(j["config"]["torch_python"], "/bin/false");
+}
+
+TEST(CliBench, AgainstTorchOnTheCpu) {
+  if (perftrain::testing::run_command(std::string(PERFTRAIN_PYTHON) + " -c 'import torch' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no Python with torch at " << PERFTRAIN_PYTHON;
+  TempDir tmp;
+  auto r = shell("PERFTRAIN_PYTHON=" + std::string(PERFTRAIN_PYTHON) + " PERFTRAIN_SOURCE_DIR=" +
+                 std::string(PERFTRAIN_SOURCE_DIR) + " " + std::string(PERFTRAIN_BINARY) + " " + kCpu +
+                 " --against-torch --torch-modes eager-fp32 --out " + tmp.file("c"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("c/bench.json")));
+  ASSERT_EQ(j["torch"].size(), 1u);
+  const auto& t = j["torch"][0];
+  EXPECT_TRUE(t["error"].is_null()) << t.dump(2) << "\n" << perftrain::testing::read_raw(t["log"].get<std::string>());
+  EXPECT_EQ(t["mode"], "eager-fp32");
+  EXPECT_GT(t["ms"].get<double>(), 0.0);
+  const auto& s = j["summary"][0];
+  EXPECT_EQ(s["best_torch_mode"], "eager-fp32");
+  EXPECT_NEAR(s["speedup_vs_best_torch"].get<double>(), t["ms"].get<double>() / s["ms"].get<double>(), 1e-9);
+  EXPECT_TRUE(contains(r.output, "best torch eager-fp32")) << r.output;
+}
+
+}  // namespace

@@ -1,0 +1,159 @@
+// Driving bench/reference_dit.py: the command line it gets, reading its JSON,
+// a failing run becoming a row with its error and a log, and (with the
+// project's Python) the real script on the CPU accepting what we send.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include "base/error.h"
+#include "observe/bench/subprocess.h"
+#include "observe/bench/torch_reference.h"
+#include "support/test_support.h"
+
+namespace {
+
+using namespace perftrain::observe::bench;
+using perftrain::testing::TempDir;
+
+TorchBenchRequest request(const std::string& model, int64_t depth, int64_t hidden, int64_t heads, int64_t patch) {
+  TorchBenchRequest r;
+  r.model = model;
+  r.depth = depth;
+  r.hidden = hidden;
+  r.heads = heads;
+  r.patch = patch;
+  r.batch = 32;
+  r.steps = 30;
+  r.warmup = 6;
+  r.mode = "reduce-overhead";
+  return r;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(BenchTorchReference, CommandLine) {
+  auto cmd = torch_bench_command("/venv/bin/python", "/src/bench/reference_dit.py", request("DiT-S/2", 12, 384, 6, 2));
+  EXPECT_EQ(cmd.rfind("'/venv/bin/python' '/src/bench/reference_dit.py' bench --model 'DiT-S/2' ", 0), 0u) << cmd;
+  for (const char* part : {" --no-learn-sigma", " --batch 32", " --mode 'reduce-overhead'", " --steps 30",
+                           " --warmup 6", " --json", " --image-size 32", " --in-channels 4", " --num-classes 1000",
+                           " --class-dropout 0.1", " --device 'cuda'"})
+    EXPECT_TRUE(contains(cmd, part)) << part << " missing in " << cmd;
+  EXPECT_FALSE(contains(cmd, "--depth")) << cmd;
+  // DiT-T is ours only: sent as an explicit architecture.
+  cmd = torch_bench_command("python3", "r.py", request("DiT-T/4", 6, 192, 3, 4));
+  EXPECT_TRUE(contains(cmd, "--depth 6 --hidden 192 --heads 3 --patch 4")) << cmd;
+}
+
+TEST(BenchTorchReference, ModesAreChecked) {
+  EXPECT_EQ(parse_torch_modes("compile, eager-bf16,compile"), (std::vector<std::string>{"compile", "eager-bf16"}));
+  auto msg = perftrain::testing::error_of<perftrain::UsageError>([] { parse_torch_modes("eager-bf16,max-autotune"); });
+  EXPECT_TRUE(contains(msg, "'max-autotune'") && contains(msg, "reduce-overhead")) << msg;
+}
+
+TEST(BenchTorchReference, ParsesTheLastJsonLine) {
+  const auto r = request("DiT-S/2", 12, 384, 6, 2);
+  const std::string out =
+      "W1130 some torch.compile warning {not json\n"
+      "{\"model\": \"DiT-S/2\", \"batch\": 32, \"mode\": \"reduce-overhead\", \"ms_median\": 6.7612, "
+      "\"ms_p10\": 6.7, \"ms_p90\": 6.9, \"images_per_s\": 4732.9, \"tflops\": 171.2, \"peak_gib\": 2.5, "
+      "\"first_step_s\": 29.1, \"torch\": \"2.11.0+cu130\", \"device\": \"NVIDIA H200\"}\n\n";
+  const auto row = parse_torch_bench_output(out, r);
+  ASSERT_TRUE(row.ok()) << row.error;
+  EXPECT_EQ(row.mode, "reduce-overhead");
+  EXPECT_EQ(row.batch, 32);
+  EXPECT_DOUBLE_EQ(*row.ms, 6.7612);
+  EXPECT_DOUBLE_EQ(*row.ms_p90, 6.9);
+  EXPECT_DOUBLE_EQ(*row.tflops, 171.2);
+  EXPECT_DOUBLE_EQ(*row.peak_gib, 2.5);
+  EXPECT_DOUBLE_EQ(*row.first_step_s, 29.1);
+  EXPECT_EQ(row.torch_version, "2.11.0+cu130");
+  EXPECT_EQ(row.device, "NVIDIA H200");
+
+  // The CPU prints peak_gib null: no number, not an error.
+  auto cpu = parse_torch_bench_output("{\"ms_median\": 120.5, \"peak_gib\": null}", r);
+  ASSERT_TRUE(cpu.ok()) << cpu.error;
+  EXPECT_FALSE(cpu.peak_gib.has_value());
+
+  EXPECT_TRUE(contains(parse_torch_bench_output("Traceback ...\n", r).error, "no JSON"));
+  EXPECT_TRUE(contains(parse_torch_bench_output("{\"ms_median\": 1.0,\n", r).error, "unreadable JSON"));
+  EXPECT_TRUE(contains(parse_torch_bench_output("{\"tflops\": 1.0}", r).error, "no ms_median"));
+}
+
+TEST(BenchTorchReference, AFailingRunBecomesARowWithItsLog) {
+  TempDir tmp;
+  // A stand-in "python" (sh) running a stand-in script: one that fails like
+  // an out-of-memory torch, one that succeeds.
+  perftrain::testing::write_raw(tmp.file("fail.sh"),
+                                "echo 'Traceback (most recent call last):' >&2\n"
+                                "echo 'torch.OutOfMemoryError: CUDA out of memory' >&2\nexit 1\n");
+  auto r = request("DiT-S/2", 12, 384, 6, 2);
+  auto row = run_torch_bench("/bin/sh", tmp.file("fail.sh"), r, tmp.file("torch.log"));
+  EXPECT_FALSE(row.ok());
+  EXPECT_EQ(row.error, "exit status 1: torch.OutOfMemoryError: CUDA out of memory");
+  EXPECT_EQ(row.mode, "reduce-overhead");
+  EXPECT_EQ(row.log_path, tmp.file("torch.log"));
+  const auto log = perftrain::testing::read_raw(tmp.file("torch.log"));
+  EXPECT_EQ(log.rfind("$ '/bin/sh' ", 0), 0u) << log;
+  EXPECT_TRUE(contains(log, "Traceback")) << log;
+
+  perftrain::testing::write_raw(tmp.file("ok.sh"), "echo 'starting'\necho 'note' >&2\n"
+                                                   "echo '{\"ms_median\": 35.3, \"mode\": \"compile\"}'\n");
+  row = run_torch_bench("/bin/sh", tmp.file("ok.sh"), r, tmp.file("ok.log"));
+  ASSERT_TRUE(row.ok()) << row.error;
+  EXPECT_DOUBLE_EQ(*row.ms, 35.3);
+  EXPECT_TRUE(contains(perftrain::testing::read_raw(tmp.file("ok.log")), "note"));
+
+  row = run_torch_bench(tmp.file("no-such-python"), tmp.file("ok.sh"), r, tmp.file("missing.log"));
+  EXPECT_FALSE(row.ok());
+  EXPECT_TRUE(contains(row.error, "exit status 127")) << row.error;
+}
+
+TEST(BenchTorchReference, PythonAndScriptLocations) {
+  TempDir tmp;
+  ::unsetenv("PERFTRAIN_PYTHON");
+  EXPECT_EQ(reference_python(tmp.path()), "python3");
+  tmp.mkdir(".venv");
+  tmp.mkdir(".venv/bin");
+  perftrain::testing::write_raw(tmp.file(".venv/bin/python"), "");
+  EXPECT_EQ(reference_python(tmp.path()), tmp.file(".venv/bin/python"));
+  ::setenv("PERFTRAIN_PYTHON", "/opt/py/bin/python3", 1);
+  EXPECT_EQ(reference_python(tmp.path()), "/opt/py/bin/python3");
+  ::unsetenv("PERFTRAIN_PYTHON");
+  EXPECT_EQ(reference_script("/src"), "/src/bench/reference_dit.py");
+}
+
+TEST(BenchTorchReference, TheRealScriptAcceptsOurCommandOnTheCpu) {
+  if (perftrain::testing::run_command(std::string(PERFTRAIN_PYTHON) + " -c 'import torch' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no Python with torch at " << PERFTRAIN_PYTHON;
+  TempDir tmp;
+  auto r = request("DiT-T/4", 1, 32, 2, 8);  // a model the reference does not name
+  r.batch = 2;
+  r.steps = 2;
+  r.warmup = 1;
+  r.mode = "eager-fp32";
+  r.device = "cpu";
+  const auto row =
+      run_torch_bench(PERFTRAIN_PYTHON, std::string(PERFTRAIN_SOURCE_DIR) + "/bench/reference_dit.py", r,
+                      tmp.file("torch.log"));
+  ASSERT_TRUE(row.ok()) << row.error << "\n" << perftrain::testing::read_raw(tmp.file("torch.log"));
+  EXPECT_EQ(row.model, "DiT-d1-h32-H2/8");
+  EXPECT_EQ(row.device, "cpu");
+  EXPECT_GT(*row.ms, 0.0);
+  EXPECT_GE(*row.tflops, 0.0);  // rounded to 3 decimals by the script: 0 for so small a model
+  EXPECT_FALSE(row.peak_gib.has_value());
+  EXPECT_GT(*row.first_step_s, 0.0);
+}
+
+TEST(BenchSubprocess, QuotingExitStatusAndStderr) {
+  TempDir tmp;
+  const std::string odd = "it's a \"test\" $HOME `x` \\ ;";
+  auto r = run_command_capture("printf '%s' " + shell_quote(odd));
+  EXPECT_TRUE(r.ok);
+  EXPECT_EQ(r.out, odd);
+  r = run_command_capture("echo out; echo err >&2; exit 3", tmp.file("err.txt"));
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_EQ(perftrain::testing::read_raw(tmp.file("err.txt")), "err\n");
+}
+
+}  // namespace

@@ -1,0 +1,128 @@
+// gated_residual on the CPU: the op is its reference, and the reference's
+// values and gradients agree with an independent composition (broadcast
+// through expand, not unsqueeze); bad inputs raise UsageError.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "ops/gated_residual.h"
+#include "support/test_support.h"
+
+namespace perftrain::ops {
+namespace {
+
+at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+// Every element within atol + rtol * |ref|; a NaN anywhere fails.
+void expect_close(const at::Tensor& got, const at::Tensor& ref, double atol, double rtol, const std::string& what) {
+  ASSERT_EQ(got.sizes(), ref.sizes()) << what;
+  const at::Tensor g = got.to(at::kDouble), r = ref.to(at::kDouble);
+  const at::Tensor excess = (g - r).abs() - (r.abs() * rtol + atol);
+  EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
+  EXPECT_FALSE(r.isnan().any().item<bool>()) << what << ": NaN in the reference";
+  EXPECT_LE(excess.max().item<double>(), 0.0) << what << ": max |got - ref| = " << (g - r).abs().max().item<double>();
+}
+
+struct Shape {
+  int64_t b, t, d;
+};
+const std::vector<Shape> kShapes = {{1, 1, 37}, {2, 3, 200}, {3, 5, 64}, {2, 9, 1000}};
+
+TEST(GatedResidual, CpuOpIsTheReference) {
+  uint64_t seed = 1;
+  for (const Shape& s : kShapes) {
+    for (const auto x_dt : {at::kFloat, at::kBFloat16}) {
+      for (const auto g_dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+        for (const auto y_dt : {at::kFloat, at::kBFloat16}) {
+          at::Generator g = gen(seed++);
+          const at::Tensor x = at::randn({s.b, s.t, s.d}, g).to(x_dt);
+          const at::Tensor gate = at::randn({s.b, s.d}, g).to(g_dt);
+          const at::Tensor y = at::randn({s.b, s.t, s.d}, g).to(y_dt);
+          const at::Tensor out = gated_residual(x, gate, y);
+          EXPECT_EQ(out.scalar_type(), x_dt);
+          EXPECT_TRUE(at::equal(out, gated_residual_reference(x, gate, y)));
+          EXPECT_FALSE(out.isnan().any().item<bool>());
+        }
+      }
+    }
+  }
+}
+
+// fp32 throughout, random upstream gradient. Tolerance (fp32, <= 9 terms per
+// dgate sum): atol 1e-6 + rtol 1e-6.
+TEST(GatedResidual, CpuMatchesCompositionForwardAndBackward) {
+  uint64_t seed = 100;
+  for (const Shape& s : kShapes) {
+    at::Generator g = gen(seed++);
+    const at::Tensor x0 = at::randn({s.b, s.t, s.d}, g);
+    const at::Tensor gate0 = at::randn({s.b, s.d}, g);
+    const at::Tensor y0 = at::randn({s.b, s.t, s.d}, g);
+    const at::Tensor dout = at::randn({s.b, s.t, s.d}, g);
+    auto run = [&](bool ours) {
+      const at::Tensor x = x0.clone().requires_grad_(true);
+      const at::Tensor gate = gate0.clone().requires_grad_(true);
+      const at::Tensor y = y0.clone().requires_grad_(true);
+      const at::Tensor out = ours ? gated_residual(x, gate, y)
+                                  : x + gate.view({s.b, 1, s.d}).expand({s.b, s.t, s.d}) * y;
+      const auto grads = torch::autograd::grad({out}, {x, gate, y}, {dout});
+      return std::vector<at::Tensor>{out.detach(), grads[0], grads[1], grads[2]};
+    };
+    const auto ours = run(true), ref = run(false);
+    const std::string where = "shape [" + std::to_string(s.b) + "," + std::to_string(s.t) + "," +
+                              std::to_string(s.d) + "] ";
+    expect_close(ours[0], ref[0], 1e-6, 1e-6, where + "out");
+    expect_close(ours[1], ref[1], 0, 0, where + "dx");  // dx is dout itself
+    expect_close(ours[2], ref[2], 1e-6, 1e-6, where + "dgate");
+    expect_close(ours[3], ref[3], 1e-6, 1e-6, where + "dy");
+  }
+}
+
+// The gate as a chunk of one [B, 6D] modulation tensor (row stride 6D).
+TEST(GatedResidual, CpuStridedGateChunk) {
+  at::Generator g = gen(7);
+  const int64_t b = 3, t = 4, d = 40;
+  const at::Tensor x = at::randn({b, t, d}, g);
+  const at::Tensor y = at::randn({b, t, d}, g);
+  const at::Tensor mod0 = at::randn({b, 6 * d}, g);
+  const at::Tensor dout = at::randn({b, t, d}, g);
+  auto run = [&](bool ours) {
+    const at::Tensor mod = mod0.clone().requires_grad_(true);
+    const at::Tensor gate = mod.chunk(6, 1)[2];
+    const at::Tensor out = ours ? gated_residual(x, gate, y) : x + gate.unsqueeze(1) * y;
+    return torch::autograd::grad({out}, {mod}, {dout})[0];
+  };
+  const at::Tensor ours = run(true), ref = run(false);
+  expect_close(ours, ref, 1e-6, 1e-6, "dmod");
+  EXPECT_EQ(ours.narrow(1, 0, 2 * d).abs().max().item<double>(), 0.0);
+}
+
+TEST(GatedResidual, BadInputsRaiseUsageError) {
+  const at::Tensor x = at::randn({2, 3, 8});
+  const at::Tensor gate = at::randn({2, 8});
+  using testing::error_of;
+  EXPECT_NE(error_of<UsageError>([&] { gated_residual(at::randn({6, 8}), gate, at::randn({6, 8})); })
+                .find("x must be [B, T, D]"),
+            std::string::npos);
+  EXPECT_NE(error_of<UsageError>([&] { gated_residual(x, gate, at::randn({2, 3, 9})); }).find("y must have"),
+            std::string::npos);
+  EXPECT_NE(error_of<UsageError>([&] { gated_residual(x, at::randn({3, 8}), x); }).find("gate must be"),
+            std::string::npos);
+  EXPECT_NE(error_of<UsageError>([&] { gated_residual(x, at::randn({2, 7}), x); }).find("gate must be"),
+            std::string::npos);
+  EXPECT_NE(error_of<UsageError>([&] { gated_residual(x.to(at::kInt), gate, x); }).find("x must be float32"),
+            std::string::npos);
+  EXPECT_NE(error_of<UsageError>([&] { gated_residual(x, gate.to(at::kLong), x); }).find("gate must be float32"),
+            std::string::npos);
+  EXPECT_NE(error_of<UsageError>([&] { gated_residual(x, gate, x.to(at::kShort)); }).find("y must be float32"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace perftrain::ops

@@ -1,0 +1,244 @@
+// ops::linear on the CPU: the op (its reference there) agrees with an
+// independent float64 composition forward and backward; the autograd
+// function itself (hand-written backward, products through the ATen
+// fallbacks the CUDA path also uses) agrees with the reference in fp32 and
+// bf16; bad inputs raise UsageError naming what is wrong.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "ops/linear.h"
+#include "support/test_support.h"
+
+namespace perftrain::ops {
+namespace {
+
+at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+// Every element within atol + rtol * |ref|; a NaN anywhere fails.
+void expect_close(const at::Tensor& got, const at::Tensor& ref, double atol, double rtol, const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what << ": undefined";
+  ASSERT_EQ(got.sizes(), ref.sizes()) << what;
+  const at::Tensor g = got.to(at::kDouble), r = ref.to(at::kDouble);
+  const at::Tensor excess = (g - r).abs() - (r.abs() * rtol + atol);
+  EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
+  EXPECT_FALSE(r.isnan().any().item<bool>()) << what << ": NaN in the reference";
+  EXPECT_LE(excess.max().item<double>(), 0.0) << what << ": max |got - ref| = " << (g - r).abs().max().item<double>();
+}
+
+// x's shape (leading dims + K) and N.
+struct Shape {
+  std::vector<int64_t> x;
+  int64_t n;
+};
+const std::vector<Shape> kShapes = {{{1, 37}, 13}, {{7, 64}, 48}, {{2, 3, 37}, 13}, {{4, 5, 128}, 96}, {{33, 40}, 24}};
+
+std::string name(const Shape& s, bool bias) {
+  std::string r = "x [";
+  for (size_t i = 0; i < s.x.size(); ++i) r += (i ? "," : "") + std::to_string(s.x[i]);
+  return r + "] N=" + std::to_string(s.n) + (bias ? " bias " : " no-bias ");
+}
+
+struct Inputs {
+  at::Tensor x, w, b, dy;
+};
+
+// x ~ N(0.3, 1), W ~ N(0, 1/K) (so y ~ N(0, 1)), b ~ N(0, 1), dy ~ N(0, 1).
+Inputs make_inputs(const Shape& s, uint64_t seed, bool bias) {
+  at::Generator g = gen(seed);
+  const int64_t k = s.x.back();
+  Inputs in;
+  in.x = at::randn(s.x, g) + 0.3;
+  in.w = at::randn({s.n, k}, g) / std::sqrt(double(k));
+  if (bias) in.b = at::randn({s.n}, g);
+  std::vector<int64_t> ys = s.x;
+  ys.back() = s.n;
+  in.dy = at::randn(ys, g);
+  return in;
+}
+
+// {y, dx, dW, db} of f at (x, w, b) with upstream gradient dy.
+template <class F>
+std::vector<at::Tensor> run(F f, const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& b0,
+                            const at::Tensor& dy) {
+  const at::Tensor x = x0.clone().requires_grad_(true);
+  const at::Tensor w = w0.clone().requires_grad_(true);
+  const at::Tensor b = b0.defined() ? b0.clone().requires_grad_(true) : at::Tensor();
+  const at::Tensor y = f(x, w, b);
+  std::vector<at::Tensor> inputs = {x, w};
+  if (b.defined()) inputs.push_back(b);
+  const auto grads = torch::autograd::grad({y}, inputs, {dy.to(y.scalar_type())});
+  std::vector<at::Tensor> out = {y.detach()};
+  for (const auto& gr : grads) out.push_back(gr);
+  return out;
+}
+
+// Independent of ATen's linear: y = x W^T + b in float64, and its gradients
+// written out by hand.
+std::vector<at::Tensor> float64_oracle(const Inputs& in) {
+  const at::Tensor x = in.x.to(at::kDouble), w = in.w.to(at::kDouble), dy = in.dy.to(at::kDouble);
+  const int64_t k = x.size(-1), n = w.size(0);
+  at::Tensor y = at::matmul(x, w.t());
+  if (in.b.defined()) y = y + in.b.to(at::kDouble);
+  const at::Tensor dy2 = dy.reshape({-1, n}), x2 = x.reshape({-1, k});
+  std::vector<at::Tensor> out = {y, at::matmul(dy, w), at::matmul(dy2.t(), x2)};
+  if (in.b.defined()) out.push_back(dy2.sum(0));
+  return out;
+}
+
+const char* kWhat[] = {"y", "dx", "dW", "db"};
+
+// fp32 on the CPU, K <= 128 terms per dot product: atol 1e-5 + rtol 1e-5.
+TEST(Linear, CpuOpMatchesFloat64ForwardAndBackward) {
+  uint64_t seed = 1;
+  for (const Shape& s : kShapes) {
+    for (const bool bias : {true, false}) {
+      const Inputs in = make_inputs(s, seed++, bias);
+      const auto got = run([](auto& x, auto& w, auto& b) { return linear(x, w, b); }, in.x, in.w, in.b, in.dy);
+      const auto ref = float64_oracle(in);
+      ASSERT_EQ(got.size(), ref.size());
+      EXPECT_EQ(got[0].scalar_type(), at::kFloat);
+      for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], ref[i], 1e-5, 1e-5, name(s, bias) + kWhat[i]);
+    }
+  }
+}
+
+TEST(Linear, CpuOpIsTheReferenceInXsDtype) {
+  const Inputs in = make_inputs({{3, 5, 37}, 13}, 7, true);
+  const at::Tensor xb = in.x.to(at::kBFloat16);
+  const at::Tensor y = linear(xb, in.w, in.b);
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{3, 5, 13}));
+  EXPECT_TRUE(at::equal(y, linear_reference(xb, in.w, in.b).to(at::kBFloat16)));
+  EXPECT_EQ(linear_reference(xb, in.w, in.b).scalar_type(), at::kFloat);
+}
+
+// The autograd function with its hand-written backward, fp32 inputs and fp32
+// master parameters: same tolerance as above (fp32, <= 128 terms).
+TEST(Linear, CpuFunctionMatchesReferenceFp32) {
+  uint64_t seed = 100;
+  const int64_t fallbacks = gemm_fallback_count();
+  for (const Shape& s : kShapes) {
+    for (const bool bias : {true, false}) {
+      const Inputs in = make_inputs(s, seed++, bias);
+      const auto got = run([](auto& x, auto& w, auto& b) { return detail::linear_function(x, w, b); }, in.x,
+                           in.w, in.b, in.dy);
+      const auto ref = run([](auto& x, auto& w, auto& b) { return linear_reference(x, w, b); }, in.x, in.w, in.b,
+                           in.dy);
+      for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], ref[i], 1e-5, 1e-5, name(s, bias) + kWhat[i]);
+    }
+  }
+  EXPECT_EQ(gemm_fallback_count(), fallbacks) << "the CPU path is not a cuBLASLt fallback";
+}
+
+// bf16 activations with fp32 master parameters, as in training: the weight
+// is rounded to bf16 for the product. The reference sees the same bf16
+// values (x, W and dy rounded first), so what remains is the rounding of
+// the bf16 outputs (y, dx: |err| <= 2^-8 |v| plus fp32-accumulation noise:
+// atol 2e-2 + rtol 1e-2) and, for dW and db written in fp32 from bf16
+// inputs, only accumulation order (atol 1e-4 + rtol 1e-4).
+TEST(Linear, CpuFunctionMatchesReferenceBf16WithFp32Master) {
+  uint64_t seed = 200;
+  for (const Shape& s : kShapes) {
+    for (const bool bias : {true, false}) {
+      Inputs in = make_inputs(s, seed++, bias);
+      const at::Tensor xb = in.x.to(at::kBFloat16);
+      const at::Tensor dyb = in.dy.to(at::kBFloat16);
+      const at::Tensor w_rounded = in.w.to(at::kBFloat16).to(at::kFloat);
+      const auto got = run([](auto& x, auto& w, auto& b) { return detail::linear_function(x, w, b); }, xb,
+                           w_rounded, in.b, dyb);
+      const auto ref = run([](auto& x, auto& w, auto& b) { return linear_reference(x, w, b); },
+                           xb.to(at::kFloat), w_rounded, in.b, dyb.to(at::kFloat));
+      EXPECT_EQ(got[0].scalar_type(), at::kBFloat16);
+      EXPECT_EQ(got[1].scalar_type(), at::kBFloat16) << "dx in x's dtype";
+      EXPECT_EQ(got[2].scalar_type(), at::kFloat) << "dW in the master weight's dtype";
+      if (bias) EXPECT_EQ(got[3].scalar_type(), at::kFloat) << "db in the master bias's dtype";
+      expect_close(got[0], ref[0], 2e-2, 1e-2, name(s, bias) + "y");
+      expect_close(got[1], ref[1], 2e-2, 1e-2, name(s, bias) + "dx");
+      for (size_t i = 2; i < got.size(); ++i) expect_close(got[i], ref[i], 1e-4, 1e-4, name(s, bias) + kWhat[i]);
+    }
+  }
+}
+
+// Only some inputs want gradients: the others come back undefined and the
+// wanted ones are still right (the function saves only what they need).
+TEST(Linear, CpuFunctionPartialGradients) {
+  const Inputs in = make_inputs({{6, 37}, 13}, 300, true);
+  const auto ref = float64_oracle(in);
+  {
+    const at::Tensor w = in.w.clone().requires_grad_(true);
+    const at::Tensor y = detail::linear_function(in.x, w, in.b);
+    const auto g = torch::autograd::grad({y}, {w}, {in.dy});
+    expect_close(g[0], ref[2], 1e-5, 1e-5, "dW alone");
+  }
+  {
+    const at::Tensor x = in.x.clone().requires_grad_(true);
+    const at::Tensor b = in.b.clone().requires_grad_(true);
+    const at::Tensor y = detail::linear_function(x, in.w, b);
+    const auto g = torch::autograd::grad({y}, {x, b}, {in.dy});
+    expect_close(g[0], ref[1], 1e-5, 1e-5, "dx without dW");
+    expect_close(g[1], ref[3], 1e-5, 1e-5, "db without dW");
+  }
+}
+
+// The output is a fresh tensor, not a view: it can be modified in place, and
+// a broadcast upstream gradient (from sum()) is handled.
+TEST(Linear, CpuFunctionOutputIsNotAViewAndTakesBroadcastGradients) {
+  const Inputs in = make_inputs({{2, 3, 37}, 13}, 400, true);
+  const at::Tensor x = in.x.clone().requires_grad_(true);
+  const at::Tensor w = in.w.clone().requires_grad_(true);
+  at::Tensor y = detail::linear_function(x, w, in.b);
+  EXPECT_FALSE(y.is_view());
+  y.mul_(2.0);
+  const auto g = torch::autograd::grad({y.sum()}, {x, w});
+  const at::Tensor dy = at::ones({2, 3, 13}) * 2.0;
+  expect_close(g[0], at::matmul(dy, in.w), 1e-5, 1e-5, "dx");
+  expect_close(g[1], at::matmul(dy.reshape({6, 13}).t(), in.x.reshape({6, 37})), 1e-5, 1e-5, "dW");
+}
+
+// No rows: an empty output and zero parameter gradients.
+TEST(Linear, CpuFunctionEmptyBatch) {
+  const at::Tensor x = at::randn({0, 37}, gen(5)).requires_grad_(true);
+  const at::Tensor w = at::randn({13, 37}, gen(6)).requires_grad_(true);
+  const at::Tensor b = at::randn({13}, gen(7)).requires_grad_(true);
+  const at::Tensor y = detail::linear_function(x, w, b);
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{0, 13}));
+  const auto g = torch::autograd::grad({y}, {w, b}, {at::zeros({0, 13})});
+  EXPECT_TRUE(at::equal(g[0], at::zeros({13, 37})));
+  EXPECT_TRUE(at::equal(g[1], at::zeros({13})));
+}
+
+TEST(Linear, BadInputsRaiseUsageError) {
+  using testing::error_of;
+  const at::Tensor x = at::randn({4, 37});
+  const at::Tensor w = at::randn({13, 37});
+  const at::Tensor b = at::randn({13});
+  auto contains = [](const std::string& msg, const std::string& part) {
+    EXPECT_NE(msg.find(part), std::string::npos) << "message: " << msg << "\nmissing: " << part;
+  };
+  for (auto f : {&linear, &detail::linear_function}) {
+    contains(error_of<UsageError>([&] { f(at::randn({4, 36}), w, b); }), "K=36");
+    contains(error_of<UsageError>([&] { f(at::randn({}), w, b); }), "0-d");
+    contains(error_of<UsageError>([&] { f(at::randint(0, 5, {4, 37}, gen(1)), w, b); }),
+             "float32, bfloat16 or float16");
+    contains(error_of<UsageError>([&] { f(x, at::randn({37}), b); }), "2-D");
+    contains(error_of<UsageError>([&] { f(x, w, at::randn({12})); }), "bias must be [N] = [13]");
+    contains(error_of<UsageError>([&] { f(x, w.to(at::kBFloat16), b); }), "weight must be float32 or");
+    contains(error_of<UsageError>([&] { f(x.to(at::kBFloat16), w, b.to(at::kHalf)); }), "bias must be float32 or");
+    contains(error_of<UsageError>([&] { f(at::Tensor(), w, b); }), "undefined");
+  }
+}
+
+}  // namespace
+}  // namespace perftrain::ops

@@ -1,0 +1,302 @@
+// On a GPU: adaln_layernorm and gated_residual against their references
+// computed in float64 on the same (upcast) inputs, forward and backward, over
+// the DiT widths and odd ones; every element written (outputs pre-filled with
+// NaN through the kernel launches), bit-identical reruns, and capture of
+// forward + backward in a CUDA graph. Skips without a GPU.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/randn.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/adaln_layernorm.h"
+#include "kernels/gated_residual.h"
+#include "ops/adaln_layernorm.h"
+#include "ops/compat.h"
+#include "ops/gated_residual.h"
+
+namespace perftrain::ops {
+namespace {
+
+const c10::Device kCuda(c10::DeviceType::CUDA, 0);
+
+at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+// Random on the CPU (seeded), then moved: N(mean, std) in `dtype`.
+at::Tensor rnd(at::IntArrayRef sizes, at::Generator& g, at::ScalarType dtype, double std = 1.0, double mean = 0.0) {
+  return (at::randn(sizes, g) * std + mean).to(kCuda).to(dtype);
+}
+
+bool reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+// Elementwise: |got - ref| <= atol + rtol * |ref| everywhere; a NaN fails.
+// Tolerance per dtype of `got`: bf16/fp16 2e-2 + 2e-2 |ref| (one rounding of
+// an O(1) value is <= 2^-8 relative); fp32 1e-4 + 1e-4 |ref|.
+void expect_close(const at::Tensor& got, const at::Tensor& ref, const std::string& what) {
+  ASSERT_EQ(got.sizes(), ref.sizes()) << what;
+  const double tol = reduced(got.scalar_type()) ? 2e-2 : 1e-4;
+  const at::Tensor g = got.to(at::kDouble), r = ref.to(at::kDouble);
+  EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
+  const at::Tensor bad = ((g - r).abs() > r.abs() * tol + tol).logical_or(g.isnan());
+  const int64_t n_bad = bad.sum().item<int64_t>();
+  EXPECT_EQ(n_bad, 0) << what << ": " << n_bad << " of " << g.numel()
+                      << " elements out of tolerance; max |got - ref| = " << (g - r).abs().max().item<double>();
+}
+
+// Reduced gradients (sums over T rows): ||got - ref|| / ||ref|| below 1e-2
+// when got is bf16/fp16 (its own rounding dominates), 1e-5 when fp32.
+void expect_rel_l2(const at::Tensor& got, const at::Tensor& ref, const std::string& what) {
+  ASSERT_EQ(got.sizes(), ref.sizes()) << what;
+  const double tol = reduced(got.scalar_type()) ? 1e-2 : 1e-5;
+  const at::Tensor g = got.to(at::kDouble), r = ref.to(at::kDouble);
+  EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
+  const double rel = (g - r).norm().item<double>() / r.norm().item<double>();
+  EXPECT_LT(rel, tol) << what << ": relative L2 error " << rel;  // NaN fails too
+}
+
+struct Shape {
+  int64_t b, t, d;
+};
+const std::vector<Shape> kShapes = {{1, 1, 37}, {2, 3, 200}, {3, 256, 384}, {2, 256, 1152}, {4, 17, 1000},
+                                    {256, 256, 384}};
+
+std::string name(const Shape& s) {
+  return "[" + std::to_string(s.b) + "," + std::to_string(s.t) + "," + std::to_string(s.d) + "]";
+}
+
+// x, shift/scale, output dtypes: the bf16 autocast case (fp32 residual
+// stream, bf16 modulation and output), pure fp32, all bf16, mixed, and half.
+struct AdaLNCase {
+  at::ScalarType x, mod, out;
+};
+const std::vector<AdaLNCase> kAdaLNCases = {{at::kFloat, at::kBFloat16, at::kBFloat16},
+                                            {at::kFloat, at::kFloat, at::kFloat},
+                                            {at::kBFloat16, at::kBFloat16, at::kBFloat16},
+                                            {at::kBFloat16, at::kFloat, at::kFloat},
+                                            {at::kFloat, at::kHalf, at::kHalf},
+                                            {at::kHalf, at::kHalf, at::kHalf}};
+
+std::string name(const AdaLNCase& c) {
+  return std::string("x ") + c10::toString(c.x) + " mod " + c10::toString(c.mod) + " out " + c10::toString(c.out);
+}
+
+TEST(NormOpsGpu, AdaLNLayerNormMatchesFloat64Reference) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 1;
+  for (const AdaLNCase& c : kAdaLNCases) {
+    for (const Shape& s : kShapes) {
+      const std::string where = name(c) + " " + name(s) + " ";
+      at::Generator g = gen(seed++);
+      // Chunks of one [B, 6D] tensor: row stride 6D, as the DiT block passes them.
+      const at::Tensor mod = rnd({s.b, 6 * s.d}, g, c.mod, 0.5);
+      const at::Tensor x = rnd({s.b, s.t, s.d}, g, c.x, 2.0, 0.3);
+      const at::Tensor dy = rnd({s.b, s.t, s.d}, g, c.out);
+
+      const at::Tensor mod_l = mod.detach().requires_grad_(true), x_l = x.detach().requires_grad_(true);
+      const auto chunks = mod_l.chunk(6, 1);
+      const at::Tensor y = adaln_layernorm(x_l, chunks[0], chunks[1], c.out);
+      ASSERT_EQ(y.scalar_type(), c.out);
+      const auto grads = torch::autograd::grad({y}, {x_l, chunks[0], chunks[1]}, {dy});
+      ASSERT_EQ(grads[0].scalar_type(), c.x);
+      ASSERT_EQ(grads[1].scalar_type(), c.mod);
+      ASSERT_EQ(grads[2].scalar_type(), c.mod);
+
+      const at::Tensor x64 = x.to(at::kDouble).requires_grad_(true);
+      const at::Tensor shift64 = chunks[0].detach().to(at::kDouble).requires_grad_(true);
+      const at::Tensor scale64 = chunks[1].detach().to(at::kDouble).requires_grad_(true);
+      const at::Tensor y64 = adaln_layernorm_reference(x64, shift64, scale64, at::kDouble);
+      const auto ref = torch::autograd::grad({y64}, {x64, shift64, scale64}, {dy.to(at::kDouble)});
+
+      expect_close(y, y64, where + "y");
+      expect_close(grads[0], ref[0], where + "dx");
+      expect_rel_l2(grads[1], ref[1], where + "dshift");
+      expect_rel_l2(grads[2], ref[2], where + "dscale");
+
+      // Deterministic: a second run gives the same bits.
+      const at::Tensor y2 = adaln_layernorm(x_l, chunks[0], chunks[1], c.out);
+      const auto grads2 = torch::autograd::grad({y2}, {x_l, chunks[0], chunks[1]}, {dy});
+      EXPECT_TRUE(at::equal(y, y2)) << where << "forward not bit-identical";
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(grads[i], grads2[i])) << where << "grad " << i;
+    }
+  }
+}
+
+struct GatedCase {
+  at::ScalarType x, gate, y;
+};
+const std::vector<GatedCase> kGatedCases = {{at::kFloat, at::kBFloat16, at::kBFloat16},
+                                            {at::kFloat, at::kFloat, at::kFloat},
+                                            {at::kBFloat16, at::kBFloat16, at::kBFloat16},
+                                            {at::kFloat, at::kHalf, at::kHalf},
+                                            {at::kHalf, at::kFloat, at::kBFloat16}};
+
+std::string name(const GatedCase& c) {
+  return std::string("x ") + c10::toString(c.x) + " gate " + c10::toString(c.gate) + " y " + c10::toString(c.y);
+}
+
+TEST(NormOpsGpu, GatedResidualMatchesFloat64Reference) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 1000;
+  for (const GatedCase& c : kGatedCases) {
+    for (const Shape& s : kShapes) {
+      const std::string where = name(c) + " " + name(s) + " ";
+      at::Generator g = gen(seed++);
+      const at::Tensor mod = rnd({s.b, 6 * s.d}, g, c.gate, 0.5);
+      const at::Tensor x = rnd({s.b, s.t, s.d}, g, c.x);
+      const at::Tensor y = rnd({s.b, s.t, s.d}, g, c.y);
+      const at::Tensor dout = rnd({s.b, s.t, s.d}, g, c.x);
+
+      const at::Tensor x_l = x.detach().requires_grad_(true), y_l = y.detach().requires_grad_(true);
+      const at::Tensor mod_l = mod.detach().requires_grad_(true);
+      const at::Tensor gate = mod_l.chunk(6, 1)[2];
+      const at::Tensor out = gated_residual(x_l, gate, y_l);
+      ASSERT_EQ(out.scalar_type(), c.x);
+      const auto grads = torch::autograd::grad({out}, {x_l, gate, y_l}, {dout});
+      ASSERT_EQ(grads[1].scalar_type(), c.gate);
+      ASSERT_EQ(grads[2].scalar_type(), c.y);
+
+      const at::Tensor x64 = x.to(at::kDouble).requires_grad_(true);
+      const at::Tensor gate64 = gate.detach().to(at::kDouble).requires_grad_(true);
+      const at::Tensor y64 = y.to(at::kDouble).requires_grad_(true);
+      const at::Tensor out64 = gated_residual_reference(x64, gate64, y64);
+      const auto ref = torch::autograd::grad({out64}, {x64, gate64, y64}, {dout.to(at::kDouble)});
+
+      expect_close(out, out64, where + "out");
+      EXPECT_TRUE(at::equal(grads[0], dout)) << where << "dx must be dout itself";
+      expect_rel_l2(grads[1], ref[1], where + "dgate");
+      expect_close(grads[2], ref[2], where + "dy");
+
+      const at::Tensor out2 = gated_residual(x_l, gate, y_l);
+      const auto grads2 = torch::autograd::grad({out2}, {x_l, gate, y_l}, {dout});
+      EXPECT_TRUE(at::equal(out, out2)) << where << "forward not bit-identical";
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(grads[i], grads2[i])) << where << "grad " << i;
+    }
+  }
+}
+
+at::Tensor nan_like(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::full(sizes, std::numeric_limits<double>::quiet_NaN(), at::TensorOptions(kCuda).dtype(dtype));
+}
+
+// The kernel launches write every element of their outputs and read no
+// scratch they did not write: outputs and scratch start as NaN, results must
+// match the op (which is checked against the reference above) bit for bit.
+TEST(NormOpsGpu, KernelsWriteEveryOutputElement) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  const c10::cuda::CUDAGuard guard(kCuda);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  uint64_t seed = 5000;
+  for (const Shape& s : {Shape{1, 1, 37}, Shape{2, 3, 200}, Shape{3, 256, 384}, Shape{4, 17, 1000}}) {
+    const int b = int(s.b), t = int(s.t), d = int(s.d);
+    at::Generator g = gen(seed++);
+    const at::Tensor x = rnd({s.b, s.t, s.d}, g, at::kFloat);
+    const at::Tensor shift = rnd({s.b, s.d}, g, at::kBFloat16), scale = rnd({s.b, s.d}, g, at::kBFloat16, 0.5);
+    const at::Tensor dy = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
+
+    at::Tensor y = nan_like({s.b, s.t, s.d}, at::kBFloat16);
+    at::Tensor mean = nan_like({s.b * s.t}, at::kFloat), rstd = nan_like({s.b * s.t}, at::kFloat);
+    using bf16 = __nv_bfloat16;
+    kernels::adaln_layernorm_forward<float, bf16, bf16>(
+        x.data_ptr<float>(), static_cast<const bf16*>(shift.data_ptr()), d, static_cast<const bf16*>(scale.data_ptr()),
+        d, static_cast<bf16*>(y.data_ptr()), mean.data_ptr<float>(), rstd.data_ptr<float>(), b, t, d, 1e-6f, stream);
+    EXPECT_TRUE(at::equal(y, adaln_layernorm(x, shift, scale, at::kBFloat16))) << name(s) << " adaln forward";
+    EXPECT_FALSE(mean.isnan().any().item<bool>() || rstd.isnan().any().item<bool>()) << name(s);
+
+    const int tiles = kernels::adaln_layernorm_backward_tiles(b, t, sms);
+    at::Tensor dx = nan_like({s.b, s.t, s.d}, at::kFloat);
+    at::Tensor dshift = nan_like({s.b, s.d}, at::kBFloat16), dscale = nan_like({s.b, s.d}, at::kBFloat16);
+    at::Tensor partials = nan_like({2, s.b, tiles, s.d}, at::kFloat);
+    kernels::adaln_layernorm_backward<float, bf16, bf16>(
+        static_cast<const bf16*>(dy.data_ptr()), x.data_ptr<float>(), static_cast<const bf16*>(scale.data_ptr()), d,
+        mean.data_ptr<float>(), rstd.data_ptr<float>(), dx.data_ptr<float>(), static_cast<bf16*>(dshift.data_ptr()),
+        static_cast<bf16*>(dscale.data_ptr()), partials.data_ptr<float>(), b, t, d, tiles, stream);
+    {
+      const at::Tensor xl = x.detach().requires_grad_(true);
+      const at::Tensor sl = shift.detach().requires_grad_(true), cl = scale.detach().requires_grad_(true);
+      const auto gr = torch::autograd::grad({adaln_layernorm(xl, sl, cl, at::kBFloat16)}, {xl, sl, cl}, {dy});
+      EXPECT_TRUE(at::equal(dx, gr[0])) << name(s) << " adaln dx";
+      EXPECT_TRUE(at::equal(dshift, gr[1])) << name(s) << " adaln dshift";
+      EXPECT_TRUE(at::equal(dscale, gr[2])) << name(s) << " adaln dscale";
+    }
+
+    const at::Tensor gate = rnd({s.b, s.d}, g, at::kBFloat16), yb = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
+    at::Tensor out = nan_like({s.b, s.t, s.d}, at::kFloat);
+    kernels::gated_residual_forward<float, bf16, bf16>(x.data_ptr<float>(), static_cast<const bf16*>(gate.data_ptr()),
+                                                       d, static_cast<const bf16*>(yb.data_ptr()),
+                                                       out.data_ptr<float>(), b, t, d, stream);
+    EXPECT_TRUE(at::equal(out, gated_residual(x, gate, yb))) << name(s) << " gated forward";
+
+    const at::Tensor dout = rnd({s.b, s.t, s.d}, g, at::kFloat);
+    const int gtiles = kernels::gated_residual_backward_tiles(b, t, sms);
+    at::Tensor dyb = nan_like({s.b, s.t, s.d}, at::kBFloat16), dgate = nan_like({s.b, s.d}, at::kBFloat16);
+    at::Tensor gpartials = nan_like({s.b, gtiles, s.d}, at::kFloat);
+    kernels::gated_residual_backward<float, bf16, bf16>(
+        dout.data_ptr<float>(), static_cast<const bf16*>(gate.data_ptr()), d, static_cast<const bf16*>(yb.data_ptr()),
+        static_cast<bf16*>(dyb.data_ptr()), static_cast<bf16*>(dgate.data_ptr()), gpartials.data_ptr<float>(), b, t,
+        d, gtiles, stream);
+    {
+      const at::Tensor gl = gate.detach().requires_grad_(true), yl = yb.detach().requires_grad_(true);
+      const auto gr = torch::autograd::grad({gated_residual(x, gl, yl)}, {gl, yl}, {dout});
+      EXPECT_TRUE(at::equal(dgate, gr[0])) << name(s) << " gated dgate";
+      EXPECT_TRUE(at::equal(dyb, gr[1])) << name(s) << " gated dy";
+    }
+  }
+}
+
+// Bad inputs that only exist on a GPU: tensors on different devices.
+TEST(NormOpsGpu, MixedDevicesRaiseUsageError) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  const at::Tensor x = at::randn({2, 3, 8}).to(kCuda);
+  const at::Tensor m = at::randn({2, 8});
+  EXPECT_THROW(adaln_layernorm(x, m, m.to(kCuda), at::kBFloat16), UsageError);
+  EXPECT_THROW(gated_residual(x, m, x), UsageError);
+}
+
+// A DiT-block-shaped chain (adaln -> stand-in for attention -> gated residual)
+// forward and backward captured in one CUDA graph and replayed: fails loudly on
+// a host sync or a data-dependent allocation, and the replay reproduces the
+// eager gradients bit for bit.
+TEST(NormOpsGpu, ForwardAndBackwardCaptureInCudaGraph) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = gen(9000);
+  const int64_t b = 4, t = 64, d = 384;
+  const at::Tensor x = rnd({b, t, d}, g, at::kFloat).requires_grad_(true);
+  const at::Tensor mod = rnd({b, 6 * d}, g, at::kBFloat16, 0.5).requires_grad_(true);
+  const at::Tensor dout = rnd({b, t, d}, g, at::kFloat);
+  auto step = [&] {
+    const auto c = mod.chunk(6, 1);
+    const at::Tensor h = adaln_layernorm(x, c[0], c[1], at::kBFloat16);
+    const at::Tensor out = gated_residual(x, c[2], h * 2);
+    const auto grads = torch::autograd::grad({out}, {x, mod}, {dout});
+    return std::vector<at::Tensor>{out.detach(), grads[0], grads[1]};
+  };
+  compat::synchronize(kCuda);  // the inputs were made on the default stream
+  c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool());
+  const auto eager = step();  // warm-up outside the capture
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  const auto captured = step();
+  graph.capture_end();
+  for (int i = 0; i < 2; ++i) {
+    graph.replay();
+    at::cuda::getCurrentCUDAStream().synchronize();
+    for (size_t k = 0; k < eager.size(); ++k)
+      EXPECT_TRUE(at::equal(captured[k], eager[k])) << "replay " << i << " output " << k;
+  }
+}
+
+}  // namespace
+}  // namespace perftrain::ops

@@ -1,0 +1,278 @@
+// On a GPU: residual_adaln against its reference computed in float64 on the
+// same (upcast) inputs, forward and backward, with both outputs used and with
+// only one of them; every element written (outputs and scratch pre-filled
+// with NaN through the kernel launches); bit-identical reruns; capture of
+// forward + backward in a CUDA graph. Skips without a GPU.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/randn.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/residual_adaln.h"
+#include "ops/compat.h"
+#include "ops/gated_residual.h"
+#include "ops/residual_adaln.h"
+
+namespace perftrain::ops {
+namespace {
+
+const c10::Device kCuda(c10::DeviceType::CUDA, 0);
+
+at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+// Random on the CPU (seeded), then moved: N(mean, std) in `dtype`.
+at::Tensor rnd(at::IntArrayRef sizes, at::Generator& g, at::ScalarType dtype, double std = 1.0, double mean = 0.0) {
+  return (at::randn(sizes, g) * std + mean).to(kCuda).to(dtype);
+}
+
+bool reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+// Elementwise: |got - ref| <= tol + tol * |ref| everywhere; a NaN fails.
+// Tolerance per dtype of `got`: bf16/fp16 2e-2 (one rounding of an O(1)
+// value is <= 2^-8 relative, plus the rounding of x1 when x is reduced);
+// fp32 1e-4 (D <= 1152 terms per row reduction).
+void expect_close(const at::Tensor& got, const at::Tensor& ref, const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what << ": undefined";
+  ASSERT_EQ(got.sizes(), ref.sizes()) << what;
+  const double tol = reduced(got.scalar_type()) ? 2e-2 : 1e-4;
+  const at::Tensor g = got.to(at::kDouble), r = ref.to(at::kDouble);
+  EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
+  const at::Tensor bad = ((g - r).abs() > r.abs() * tol + tol).logical_or(g.isnan());
+  const int64_t n_bad = bad.sum().item<int64_t>();
+  EXPECT_EQ(n_bad, 0) << what << ": " << n_bad << " of " << g.numel()
+                      << " elements out of tolerance; max |got - ref| = " << (g - r).abs().max().item<double>();
+}
+
+// Per-sample column sums over T rows: ||got - ref|| / ||ref|| below 1e-2 when
+// got is bf16/fp16 (its own rounding dominates), 1e-5 when fp32.
+void expect_rel_l2(const at::Tensor& got, const at::Tensor& ref, const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what << ": undefined";
+  ASSERT_EQ(got.sizes(), ref.sizes()) << what;
+  const double tol = reduced(got.scalar_type()) ? 1e-2 : 1e-5;
+  const at::Tensor g = got.to(at::kDouble), r = ref.to(at::kDouble);
+  EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
+  const double rel = (g - r).norm().item<double>() / r.norm().item<double>();
+  EXPECT_LT(rel, tol) << what << ": relative L2 error " << rel;  // NaN fails too
+}
+
+struct Shape {
+  int64_t b, t, d;
+};
+const std::vector<Shape> kShapes = {{1, 1, 37}, {2, 3, 200}, {3, 256, 384}, {2, 256, 1152}, {256, 256, 384}};
+
+std::string name(const Shape& s) {
+  return "[" + std::to_string(s.b) + "," + std::to_string(s.t) + "," + std::to_string(s.d) + "]";
+}
+
+// Dtypes of x, of y, of gate/shift/scale, and out_dtype: the DiT autocast
+// case (fp32 residual stream, bf16 everything else), pure fp32, all bf16, y
+// not in out_dtype (the fp32 detour), and half modulation.
+struct Case {
+  at::ScalarType x, y, mod, out;
+};
+const std::vector<Case> kCases = {{at::kFloat, at::kBFloat16, at::kBFloat16, at::kBFloat16},
+                                  {at::kFloat, at::kFloat, at::kFloat, at::kFloat},
+                                  {at::kBFloat16, at::kBFloat16, at::kBFloat16, at::kBFloat16},
+                                  {at::kFloat, at::kFloat, at::kBFloat16, at::kBFloat16},
+                                  {at::kFloat, at::kHalf, at::kHalf, at::kHalf}};
+
+std::string name(const Case& c) {
+  return std::string("x ") + c10::toString(c.x) + " y " + c10::toString(c.y) + " mod " + c10::toString(c.mod) +
+         " out " + c10::toString(c.out);
+}
+
+enum class Use { kBoth, kHOnly, kX1Only };
+const char* name(Use u) { return u == Use::kBoth ? "both used" : u == Use::kHOnly ? "h only" : "x1 only"; }
+
+// Runs the op (or the float64 reference) and differentiates the used outputs.
+// Returns {x1, h, dx, dgate, dy, dshift, dscale}; unused-input gradients are undefined.
+std::vector<at::Tensor> run(bool reference, Use use, const at::Tensor& x, const at::Tensor& mod_a,
+                            const at::Tensor& y, const at::Tensor& mod_b, at::ScalarType out, const at::Tensor& dx1,
+                            const at::Tensor& dh) {
+  auto leaf = [&](const at::Tensor& t) {
+    return (reference ? t.to(at::kDouble) : t).detach().requires_grad_(true);
+  };
+  // Chunks of [B, 6D] modulation tensors (row stride 6D), as the DiT block passes them:
+  // gate is block i's gate_mlp, shift/scale block i+1's shift_msa/scale_msa.
+  const at::Tensor xl = leaf(x), yl = leaf(y), ma = leaf(mod_a), mb = leaf(mod_b);
+  const at::Tensor gate = ma.chunk(6, 1)[5], shift = mb.chunk(6, 1)[0], scale = mb.chunk(6, 1)[1];
+  const auto [x1, h] = reference ? residual_adaln_reference(xl, gate, yl, shift, scale, at::kDouble)
+                                 : residual_adaln(xl, gate, yl, shift, scale, out);
+  std::vector<at::Tensor> outs, grads_out;
+  auto as_ref = [&](const at::Tensor& t) { return reference ? t.to(at::kDouble) : t; };
+  if (use != Use::kHOnly) outs.push_back(x1), grads_out.push_back(as_ref(dx1));
+  if (use != Use::kX1Only) outs.push_back(h), grads_out.push_back(as_ref(dh));
+  const auto g = torch::autograd::grad(outs, {xl, gate, yl, shift, scale}, grads_out, std::nullopt, false,
+                                       /*allow_unused=*/true);
+  return {x1.detach(), h.detach(), g[0], g[1], g[2], g[3], g[4]};
+}
+
+TEST(ResidualAdaLNGpu, MatchesFloat64Reference) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 1;
+  for (const Case& c : kCases) {
+    for (const Shape& s : kShapes) {
+      for (const Use use : {Use::kBoth, Use::kHOnly, Use::kX1Only}) {
+        const std::string where = name(c) + " " + name(s) + " " + name(use) + ": ";
+        at::Generator g = gen(seed++);
+        const at::Tensor mod_a = rnd({s.b, 6 * s.d}, g, c.mod, 0.5), mod_b = rnd({s.b, 6 * s.d}, g, c.mod, 0.5);
+        const at::Tensor x = rnd({s.b, s.t, s.d}, g, c.x, 2.0, 0.3);
+        const at::Tensor y = rnd({s.b, s.t, s.d}, g, c.y);
+        const at::Tensor dx1 = rnd({s.b, s.t, s.d}, g, c.x), dh = rnd({s.b, s.t, s.d}, g, c.out);
+
+        const auto got = run(false, use, x, mod_a, y, mod_b, c.out, dx1, dh);
+        const auto ref = run(true, use, x, mod_a, y, mod_b, c.out, dx1, dh);
+        ASSERT_EQ(got[0].scalar_type(), c.x) << where;
+        ASSERT_EQ(got[1].scalar_type(), c.out) << where;
+        expect_close(got[0], ref[0], where + "x1");
+        expect_close(got[1], ref[1], where + "h");
+        ASSERT_TRUE(got[2].defined() && got[3].defined() && got[4].defined()) << where;
+        EXPECT_EQ(got[2].scalar_type(), c.x) << where << "dx dtype";
+        EXPECT_EQ(got[3].scalar_type(), c.mod) << where << "dgate dtype";
+        EXPECT_EQ(got[4].scalar_type(), c.y) << where << "dy dtype";
+        expect_close(got[2], ref[2], where + "dx");
+        expect_rel_l2(got[3], ref[3], where + "dgate");
+        expect_close(got[4], ref[4], where + "dy");
+        if (use == Use::kX1Only) {
+          EXPECT_FALSE(got[5].defined() || got[6].defined()) << where << "h unused: no dshift/dscale";
+          EXPECT_TRUE(at::equal(got[2], dx1)) << where << "dx must be dx1 itself";
+        } else {
+          ASSERT_TRUE(got[5].defined() && got[6].defined()) << where;
+          EXPECT_EQ(got[5].scalar_type(), c.mod) << where << "dshift dtype";
+          expect_rel_l2(got[5], ref[5], where + "dshift");
+          expect_rel_l2(got[6], ref[6], where + "dscale");
+        }
+
+        // Deterministic: a second run gives the same bits.
+        const auto again = run(false, use, x, mod_a, y, mod_b, c.out, dx1, dh);
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (!got[i].defined()) continue;
+          EXPECT_TRUE(at::equal(got[i], again[i])) << where << "output " << i << " not bit-identical";
+        }
+      }
+    }
+  }
+}
+
+at::Tensor nan_like(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::full(sizes, std::numeric_limits<double>::quiet_NaN(), at::TensorOptions(kCuda).dtype(dtype));
+}
+
+// The kernel launches write every element of their outputs and read no
+// scratch they did not write: outputs and scratch start as NaN, results must
+// match the op (checked against the reference above) bit for bit. With and
+// without dx1_ext; the 16-byte path (D % 8 == 0) and the scalar one (D = 37).
+TEST(ResidualAdaLNGpu, KernelsWriteEveryOutputElement) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  const c10::cuda::CUDAGuard guard(kCuda);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  using bf16 = __nv_bfloat16;
+  auto bp = [](const at::Tensor& t) { return static_cast<bf16*>(t.data_ptr()); };
+  uint64_t seed = 5000;
+  for (const Shape& s : {Shape{1, 1, 37}, Shape{2, 3, 200}, Shape{3, 256, 384}, Shape{2, 256, 1152},
+                         Shape{4, 17, 1000}}) {
+    const int b = int(s.b), t = int(s.t), d = int(s.d);
+    at::Generator g = gen(seed++);
+    const at::Tensor x = rnd({s.b, s.t, s.d}, g, at::kFloat, 2.0, 0.3), y = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
+    const at::Tensor gate = rnd({s.b, s.d}, g, at::kBFloat16, 0.5), shift = rnd({s.b, s.d}, g, at::kBFloat16, 0.5);
+    const at::Tensor scale = rnd({s.b, s.d}, g, at::kBFloat16, 0.5);
+
+    at::Tensor x1 = nan_like({s.b, s.t, s.d}, at::kFloat), h = nan_like({s.b, s.t, s.d}, at::kBFloat16);
+    at::Tensor mean = nan_like({s.b * s.t}, at::kFloat), rstd = nan_like({s.b * s.t}, at::kFloat);
+    kernels::residual_adaln_forward<float, bf16, bf16>(x.data_ptr<float>(), bp(gate), d, bp(y), bp(shift), d,
+                                                       bp(scale), d, x1.data_ptr<float>(), bp(h),
+                                                       mean.data_ptr<float>(), rstd.data_ptr<float>(), b, t, d,
+                                                       1e-6f, stream);
+    {
+      const auto [x1_op, h_op] = residual_adaln(x, gate, y, shift, scale, at::kBFloat16);
+      EXPECT_TRUE(at::equal(x1, x1_op)) << name(s) << " forward x1";
+      EXPECT_TRUE(at::equal(h, h_op)) << name(s) << " forward h";
+      EXPECT_FALSE(mean.isnan().any().item<bool>() || rstd.isnan().any().item<bool>()) << name(s);
+    }
+
+    const at::Tensor dx1 = rnd({s.b, s.t, s.d}, g, at::kFloat), dh = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
+    const int tiles = kernels::residual_adaln_backward_tiles(b, t, sms);
+    for (const bool with_ext : {true, false}) {
+      const std::string where = name(s) + (with_ext ? " with dx1_ext " : " without dx1_ext ");
+      at::Tensor dx = nan_like({s.b, s.t, s.d}, at::kFloat), dy = nan_like({s.b, s.t, s.d}, at::kBFloat16);
+      at::Tensor dgate = nan_like({s.b, s.d}, at::kBFloat16), dshift = nan_like({s.b, s.d}, at::kBFloat16);
+      at::Tensor dscale = nan_like({s.b, s.d}, at::kBFloat16), partials = nan_like({3, s.b, tiles, s.d}, at::kFloat);
+      kernels::residual_adaln_backward<float, bf16, bf16>(
+          with_ext ? dx1.data_ptr<float>() : nullptr, bp(dh), x1.data_ptr<float>(), bp(y), bp(gate), d, bp(scale), d,
+          mean.data_ptr<float>(), rstd.data_ptr<float>(), dx.data_ptr<float>(), bp(dy), bp(dgate), bp(dshift),
+          bp(dscale), partials.data_ptr<float>(), b, t, d, tiles, stream);
+      std::vector<at::Tensor> in = {x, gate, y, shift, scale};
+      for (at::Tensor& v : in) v = v.detach().requires_grad_(true);
+      const auto [x1_op, h_op] = residual_adaln(in[0], in[1], in[2], in[3], in[4], at::kBFloat16);
+      const auto gr = with_ext ? torch::autograd::grad({x1_op, h_op}, in, {dx1, dh})
+                               : torch::autograd::grad({h_op}, in, {dh});
+      EXPECT_TRUE(at::equal(dx, gr[0])) << where << "dx";
+      EXPECT_TRUE(at::equal(dgate, gr[1])) << where << "dgate";
+      EXPECT_TRUE(at::equal(dy, gr[2])) << where << "dy";
+      EXPECT_TRUE(at::equal(dshift, gr[3])) << where << "dshift";
+      EXPECT_TRUE(at::equal(dscale, gr[4])) << where << "dscale";
+    }
+  }
+}
+
+// Bad inputs that only exist on a GPU: tensors on different devices.
+TEST(ResidualAdaLNGpu, MixedDevicesRaiseUsageError) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  const at::Tensor x = at::randn({2, 3, 8}).to(kCuda);
+  const at::Tensor m = at::randn({2, 8});
+  EXPECT_THROW(residual_adaln(x, m.to(kCuda), x, m, m.to(kCuda), at::kBFloat16), UsageError);
+  EXPECT_THROW(residual_adaln(x, m.to(kCuda), x.cpu(), m.to(kCuda), m.to(kCuda), at::kBFloat16), UsageError);
+}
+
+// Two DiT blocks' worth of chaining (residual_adaln -> stand-in for the
+// attention -> residual_adaln -> stand-in -> gated_residual), forward and
+// backward captured in one CUDA graph and replayed: fails loudly on a host
+// sync or a data-dependent allocation, and the replay reproduces the eager
+// outputs and gradients bit for bit.
+TEST(ResidualAdaLNGpu, ForwardAndBackwardCaptureInCudaGraph) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = gen(9000);
+  const int64_t b = 4, t = 64, d = 384;
+  const at::Tensor x = rnd({b, t, d}, g, at::kFloat).requires_grad_(true);
+  const at::Tensor y0 = rnd({b, t, d}, g, at::kBFloat16).requires_grad_(true);
+  const at::Tensor mod = rnd({b, 6 * d}, g, at::kBFloat16, 0.5).requires_grad_(true);
+  const at::Tensor dout = rnd({b, t, d}, g, at::kFloat);
+  auto step = [&] {
+    const auto c = mod.chunk(6, 1);
+    const auto [x1, h1] = residual_adaln(x, c[2], y0, c[0], c[1], at::kBFloat16);
+    const auto [x2, h2] = residual_adaln(x1, c[5], h1 * 2, c[3], c[4], at::kBFloat16);
+    const at::Tensor out = gated_residual(x2, c[2], h2 * 3);
+    const auto grads = torch::autograd::grad({out}, {x, y0, mod}, {dout});
+    return std::vector<at::Tensor>{out.detach(), grads[0], grads[1], grads[2]};
+  };
+  compat::synchronize(kCuda);  // the inputs were made on the default stream
+  c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool());
+  const auto eager = step();  // warm-up outside the capture
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  const auto captured = step();
+  graph.capture_end();
+  for (int i = 0; i < 2; ++i) {
+    graph.replay();
+    at::cuda::getCurrentCUDAStream().synchronize();
+    for (size_t k = 0; k < eager.size(); ++k)
+      EXPECT_TRUE(at::equal(captured[k], eager[k])) << "replay " << i << " output " << k;
+  }
+}
+
+}  // namespace
+}  // namespace perftrain::ops

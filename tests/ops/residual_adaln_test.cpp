@@ -1,0 +1,174 @@
+// residual_adaln on the CPU: the op is its reference (gated_residual then
+// adaln_layernorm), and the reference's values and gradients agree with an
+// independent composition through expand and at::layer_norm, with both
+// outputs used and with only one of them used; bad inputs raise UsageError.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/layer_norm.h>
+#include <ATen/ops/randn.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+#include "ops/adaln_layernorm.h"
+#include "ops/gated_residual.h"
+#include "ops/residual_adaln.h"
+#include "support/test_support.h"
+
+namespace perftrain::ops {
+namespace {
+
+at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+// Every element within atol + rtol * |ref|; a NaN anywhere fails.
+void expect_close(const at::Tensor& got, const at::Tensor& ref, double atol, double rtol, const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what << ": no gradient";
+  ASSERT_TRUE(ref.defined()) << what << ": no reference gradient";
+  ASSERT_EQ(got.sizes(), ref.sizes()) << what;
+  const at::Tensor g = got.to(at::kDouble), r = ref.to(at::kDouble);
+  const at::Tensor excess = (g - r).abs() - (r.abs() * rtol + atol);
+  EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
+  EXPECT_FALSE(r.isnan().any().item<bool>()) << what << ": NaN in the reference";
+  EXPECT_LE(excess.max().item<double>(), 0.0) << what << ": max |got - ref| = " << (g - r).abs().max().item<double>();
+}
+
+struct Shape {
+  int64_t b, t, d;
+};
+const std::vector<Shape> kShapes = {{1, 1, 37}, {2, 3, 200}, {3, 5, 64}, {2, 9, 1000}};
+
+std::string name(const Shape& s) {
+  return "shape [" + std::to_string(s.b) + "," + std::to_string(s.t) + "," + std::to_string(s.d) + "] ";
+}
+
+// The independent composition: broadcast through expand, ATen's own LayerNorm.
+std::pair<at::Tensor, at::Tensor> composed(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
+                                           const at::Tensor& shift, const at::Tensor& scale, double eps) {
+  const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
+  const at::Tensor x1 = x + gate.view({b, 1, d}).expand({b, t, d}) * y;
+  const at::Tensor h = at::layer_norm(x1, {d}, {}, {}, eps) * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
+  return {x1, h};
+}
+
+TEST(ResidualAdaLN, CpuOpIsTheReference) {
+  uint64_t seed = 1;
+  for (const Shape& s : kShapes) {
+    for (const auto x_dt : {at::kFloat, at::kBFloat16}) {
+      for (const auto m_dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+        for (const auto a_dt : {at::kFloat, at::kBFloat16}) {  // y and h
+          at::Generator g = gen(seed++);
+          const at::Tensor x = (at::randn({s.b, s.t, s.d}, g) * 2 + 0.5).to(x_dt);
+          const at::Tensor gate = at::randn({s.b, s.d}, g).to(m_dt);
+          const at::Tensor y = at::randn({s.b, s.t, s.d}, g).to(a_dt);
+          const at::Tensor shift = at::randn({s.b, s.d}, g).to(m_dt);
+          const at::Tensor scale = (at::randn({s.b, s.d}, g) * 0.5).to(m_dt);
+          const auto [x1, h] = residual_adaln(x, gate, y, shift, scale, a_dt);
+          EXPECT_EQ(x1.scalar_type(), x_dt);
+          EXPECT_EQ(h.scalar_type(), a_dt);
+          // The reference is the two unfused references, bit for bit.
+          const at::Tensor x1_ref = gated_residual_reference(x, gate, y);
+          EXPECT_TRUE(at::equal(x1, x1_ref)) << name(s);
+          EXPECT_TRUE(at::equal(h, adaln_layernorm_reference(x1_ref, shift, scale, a_dt))) << name(s);
+          EXPECT_FALSE(x1.isnan().any().item<bool>() || h.isnan().any().item<bool>()) << name(s);
+        }
+      }
+    }
+  }
+}
+
+// fp32 throughout: op vs the composition, forward and all five gradients,
+// with random upstream gradients for both outputs, for h only (dx1_ext
+// undefined) and for x1 only (dh undefined: shift and scale get no gradient).
+// Tolerance (fp32, D <= 1000 terms per row reduction, <= 9 per column sum):
+// atol 1e-5 + rtol 1e-5.
+TEST(ResidualAdaLN, CpuMatchesCompositionForwardAndBackward) {
+  enum Use { kBoth, kHOnly, kX1Only };
+  uint64_t seed = 100;
+  for (const Shape& s : kShapes) {
+    for (const Use use : {kBoth, kHOnly, kX1Only}) {
+      at::Generator g = gen(seed++);
+      const at::Tensor x0 = at::randn({s.b, s.t, s.d}, g) * 3 - 1;
+      const at::Tensor gate0 = at::randn({s.b, s.d}, g);
+      const at::Tensor y0 = at::randn({s.b, s.t, s.d}, g);
+      const at::Tensor shift0 = at::randn({s.b, s.d}, g);
+      const at::Tensor scale0 = at::randn({s.b, s.d}, g) * 0.5;
+      const at::Tensor dx1 = at::randn({s.b, s.t, s.d}, g), dh = at::randn({s.b, s.t, s.d}, g);
+      auto run = [&](bool ours) {
+        std::vector<at::Tensor> in = {x0.clone(), gate0.clone(), y0.clone(), shift0.clone(), scale0.clone()};
+        for (at::Tensor& t : in) t.requires_grad_(true);
+        const auto [x1, h] = ours ? residual_adaln(in[0], in[1], in[2], in[3], in[4], at::kFloat)
+                                  : composed(in[0], in[1], in[2], in[3], in[4], 1e-6);
+        std::vector<at::Tensor> outs, grads_out;
+        if (use != kHOnly) outs.push_back(x1), grads_out.push_back(dx1);
+        if (use != kX1Only) outs.push_back(h), grads_out.push_back(dh);
+        auto grads = torch::autograd::grad(outs, in, grads_out, /*retain_graph=*/std::nullopt,
+                                           /*create_graph=*/false, /*allow_unused=*/true);
+        grads.insert(grads.begin(), {x1.detach(), h.detach()});
+        return grads;
+      };
+      const auto ours = run(true), ref = run(false);
+      const std::string where = name(s) + (use == kBoth ? "both used " : use == kHOnly ? "h only " : "x1 only ");
+      const char* names[] = {"x1", "h", "dx", "dgate", "dy", "dshift", "dscale"};
+      for (size_t i = 0; i < ours.size(); ++i) {
+        if (use == kX1Only && (i == 5 || i == 6)) {
+          EXPECT_FALSE(ours[i].defined()) << where << names[i] << ": h unused, so no gradient";
+          EXPECT_FALSE(ref[i].defined()) << where << names[i];
+          continue;
+        }
+        expect_close(ours[i], ref[i], 1e-5, 1e-5, where + names[i]);
+      }
+    }
+  }
+}
+
+// As the DiT model chains it: gate from block i's [B, 6D] modulation (chunk
+// 5, gate_mlp), shift and scale from block i+1's (chunks 0 and 1): row stride
+// 6D; the gradients land in exactly those chunks.
+TEST(ResidualAdaLN, CpuStridedModulationChunks) {
+  at::Generator g = gen(7);
+  const int64_t b = 3, t = 4, d = 40;
+  const at::Tensor x = at::randn({b, t, d}, g), y = at::randn({b, t, d}, g);
+  const at::Tensor mod_a0 = at::randn({b, 6 * d}, g) * 0.3, mod_b0 = at::randn({b, 6 * d}, g) * 0.3;
+  const at::Tensor dx1 = at::randn({b, t, d}, g), dh = at::randn({b, t, d}, g);
+  auto run = [&](bool ours) {
+    const at::Tensor mod_a = mod_a0.clone().requires_grad_(true), mod_b = mod_b0.clone().requires_grad_(true);
+    const auto ca = mod_a.chunk(6, 1), cb = mod_b.chunk(6, 1);
+    EXPECT_EQ(ca[5].stride(0), 6 * d);
+    const auto [x1, h] = ours ? residual_adaln(x, ca[5], y, cb[0], cb[1], at::kFloat)
+                              : composed(x, ca[5], y, cb[0], cb[1], 1e-6);
+    return torch::autograd::grad({x1, h}, {mod_a, mod_b}, {dx1, dh});
+  };
+  const auto ours = run(true), ref = run(false);
+  expect_close(ours[0], ref[0], 1e-5, 1e-5, "dmod of block i");
+  expect_close(ours[1], ref[1], 1e-5, 1e-5, "dmod of block i+1");
+  EXPECT_EQ(ours[0].narrow(1, 0, 5 * d).abs().max().item<double>(), 0.0);  // only gate_mlp
+  EXPECT_EQ(ours[1].narrow(1, 2 * d, 4 * d).abs().max().item<double>(), 0.0);  // only shift/scale_msa
+  EXPECT_GT(ours[0].narrow(1, 5 * d, d).abs().max().item<double>(), 0.0);
+}
+
+TEST(ResidualAdaLN, BadInputsRaiseUsageError) {
+  const at::Tensor x = at::randn({2, 3, 8});
+  const at::Tensor m = at::randn({2, 8});
+  using testing::error_of;
+  auto msg = [&](auto&& f) { return error_of<UsageError>(f); };
+  auto has = [](const std::string& s, const char* part) { return s.find(part) != std::string::npos; };
+  EXPECT_TRUE(has(msg([&] { residual_adaln(at::randn({6, 8}), m, at::randn({6, 8}), m, m, at::kFloat); }),
+                  "x must be [B, T, D]"));
+  EXPECT_TRUE(has(msg([&] { residual_adaln(x, m, at::randn({2, 3, 9}), m, m, at::kFloat); }), "y must have"));
+  EXPECT_TRUE(has(msg([&] { residual_adaln(x, at::randn({3, 8}), x, m, m, at::kFloat); }), "gate must be [2, 8]"));
+  EXPECT_TRUE(has(msg([&] { residual_adaln(x, m, x, at::randn({2, 7}), m, at::kFloat); }), "shift must be"));
+  EXPECT_TRUE(has(msg([&] { residual_adaln(x, m, x, m, at::randn({2, 1, 8}), at::kFloat); }), "scale must be"));
+  EXPECT_TRUE(has(msg([&] { residual_adaln(x.to(at::kInt), m, x, m, m, at::kFloat); }), "x must be float32"));
+  EXPECT_TRUE(has(msg([&] { residual_adaln(x, m.to(at::kLong), x, m, m, at::kFloat); }), "gate must be float32"));
+  EXPECT_TRUE(has(msg([&] { residual_adaln(x, m, x.to(at::kDouble), m, m, at::kFloat); }), "y must be float32"));
+  EXPECT_TRUE(has(msg([&] { residual_adaln(x, m, x, m, m, at::kInt); }), "out_dtype"));
+  EXPECT_TRUE(has(msg([&] { residual_adaln(x, m, x, at::Tensor(), m, at::kFloat); }), "defined"));
+}
+
+}  // namespace
+}  // namespace perftrain::ops
