@@ -40,7 +40,9 @@ FMNIST="$PWD/.carry/fashion-mnist"
 
 run_tests() {
   local t0=$(date +%s)
-  if [ "${TESTS:-gpu}" = all ]; then
+  if [ -n "${TEST_REGEX:-}" ]; then
+    ctest --test-dir build-gpu -R "$TEST_REGEX" --output-on-failure -j 2 > "$OUT/tests.log" 2>&1
+  elif [ "${TESTS:-gpu}" = all ]; then
     ctest --test-dir build-gpu --output-on-failure -j 8 > "$OUT/tests.log" 2>&1
   else
     ctest --test-dir build-gpu -L gpu --output-on-failure -j 2 > "$OUT/tests.log" 2>&1
@@ -74,6 +76,13 @@ bench_case() {  # "DiT-S/2:32,256", extra flags...
 }
 
 case "$MODE" in
+  debug)  # TEST_REGEX tests with their output, then BENCH_CASES profiled
+    run_tests
+    for c in ${BENCH_CASES:-DiT-S/2:32,256}; do
+      bench_case "$c" --variants all --steps 20 --warmup 5 --profile all
+      cp "$RUNS"/bench-*/profile-*.md "$OUT/" 2>/dev/null
+    done
+    ;;
   check)
     run_tests
     bench_case "DiT-S/2:32,256" --steps 20 --warmup 5
@@ -100,6 +109,8 @@ case "$MODE" in
     ;;
 esac
 
+# Only a few files come back from the device machine: logs travel in one tarball.
+(cd "$OUT" && tar czf logs.tgz --remove-files $(ls *.log 2>/dev/null | grep -v '^tests.log$') 2>/dev/null)
 echo
 echo "| what | result |"
 echo "|---|---|"

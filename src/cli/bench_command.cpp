@@ -24,6 +24,8 @@
 #include "observe/bench/report.h"
 #include "observe/bench/stats.h"
 #include "observe/bench/step_timer.h"
+#include "io/atomic_file.h"
+#include "observe/profile/kernel_breakdown.h"
 #include "observe/bench/torch_reference.h"
 #include "observe/bench/variants.h"
 #include "ops/compat.h"
@@ -43,6 +45,8 @@ struct BenchArgs {
   int64_t image_size = 32, in_channels = 4, num_classes = 1000;
   uint64_t seed = 0;
   bool against_torch = false, recompute = false;
+  std::string profile;      // variant to profile after its timing ("" none)
+  std::string profile_dir;  // where its breakdown goes (the run directory)
 };
 
 constexpr int64_t kPoolBatches = 8;  // distinct batches, reused round-robin
@@ -182,6 +186,15 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   }
   row.step_ms = all_ms;
   fill_timing(row, all_ms);
+  if (a.profile == v.name && device.is_cuda()) {  // where the time goes, kernel by kernel
+    const int n = 5;
+    auto b = observe::profile_kernels([&] { for (int i = 0; i < n; ++i) step(); }, n,
+                                      fs::join(a.profile_dir, "trace-b" + std::to_string(row.batch) + "-" + v.name + ".json"));
+    const std::string md = "# Kernel time of " + base.model.name + " batch " + std::to_string(row.batch) + ", " +
+                           v.name + "\n\n" + observe::to_markdown(b);
+    io::write_text_atomic(fs::join(a.profile_dir, "profile-b" + std::to_string(row.batch) + "-" + v.name + ".md"), md);
+    std::cout << md << std::flush;
+  }
   const auto w = runner.take_window();  // one host sync, after the timing
   row.loss = w.loss;
   row.graph_status = runner.graph_status();
@@ -229,7 +242,7 @@ void print_row(const ob::BenchRow& r) {
   std::cout.flush();
 }
 
-void run(const BenchArgs& a) {
+void run(BenchArgs a) {
   if (a.device != "auto" && a.device != "cpu" && a.device != "cuda")
     throw UsageError("--device must be auto, cpu or cuda (got '" + a.device + "')");
   if (a.device == "cuda" && !compat::cuda_available()) throw UsageError("--device cuda but no CUDA GPU is visible");
@@ -249,6 +262,7 @@ void run(const BenchArgs& a) {
   const train::TrainConfig base = bench_config(a, cuda);
 
   const std::string out = a.out.empty() ? default_out_dir(a.model) : a.out;
+  a.profile_dir = out;
   if (fs::exists(fs::join(out, "bench.json")))
     throw UsageError(out + " already holds a bench.json; choose another --out");
   fs::create_directories(out);
@@ -360,6 +374,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--device", a->device, "auto | cpu | cuda");
   cmd->add_flag("--recompute", a->recompute, "recompute block activations in backward (all variants)");
   cmd->add_option("--seed", a->seed, "model and data seed");
+  cmd->add_option("--profile", a->profile,
+                  "after timing this variant (e.g. all), record 5 steps with the PyTorch profiler: kernel time by "
+                  "kind and the top kernels (profile-b<batch>-<variant>.md) and a Chrome trace");
   cmd->callback([a] { run(*a); });
 }
 

@@ -12,6 +12,7 @@
 #include "ops/gelu_mlp.h"
 #include "ops/linear.h"
 #include "ops/recompute.h"
+#include "ops/residual_adaln.h"
 #include "ops/self_attention.h"
 
 namespace perftrain::models {
@@ -55,9 +56,10 @@ at::Tensor DiTBlock::forward_fused(const at::Tensor& x, const at::Tensor& c) con
   auto h = ops::adaln_layernorm(x, shift_msa, scale_msa, act);              // [B, T, D] act
   auto qkv = ops::linear(h, attn.qkv.weight, attn.qkv.bias);                // [B, T, 3D]
   auto a = ops::self_attention(qkv, attn.heads());                          // [B, T, D]
-  auto x1 = ops::gated_residual(x, gate_msa, ops::linear(a, attn.proj.weight, attn.proj.bias));  // [B, T, D]
-  h = ops::adaln_layernorm(x1, shift_mlp, scale_mlp, act);
-  auto m = ops::gelu_mlp(h, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias);  // [B, T, D]
+  // x1 = x + gate * proj(a) and the MLP's modulated norm of x1, in one pass.
+  auto [x1, h2] = ops::residual_adaln(x, gate_msa, ops::linear(a, attn.proj.weight, attn.proj.bias), shift_mlp,
+                                      scale_mlp, act);  // [B, T, D] x's dtype, [B, T, D] act
+  auto m = ops::gelu_mlp(h2, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias);  // [B, T, D]
   return ops::gated_residual(x1, gate_mlp, m);
 }
 
