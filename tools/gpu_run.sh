@@ -82,6 +82,10 @@ case "$MODE" in
       bench_case "$c" --variants all --steps 20 --warmup 5 --profile all
       cp "$RUNS"/bench-*/profile-*.md "$OUT/" 2>/dev/null
     done
+    if [ -n "${COMPARE_ENV:-}" ]; then  # the same bench with an environment switch, e.g. PERFTRAIN_BGRAD_EPILOGUE=1
+      env $COMPARE_ENV $BIN bench --model DiT-S/2 --batch 32,256 --variants all --steps 20 --warmup 5 \
+        --out "$RUNS/bench-compare" 2>&1 | grep -E "^DiT" | sed "s/^/[$COMPARE_ENV] /" | tee -a "$SUMMARY"
+    fi
     ;;
   check)
     run_tests

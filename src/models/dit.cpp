@@ -13,7 +13,7 @@
 #include "ops/linear.h"
 #include "ops/recompute.h"
 #include "ops/residual_adaln.h"
-#include "ops/self_attention.h"
+#include "ops/qkv_attention.h"
 
 namespace perftrain::models {
 namespace {
@@ -48,19 +48,28 @@ at::Tensor DiTBlock::forward(const at::Tensor& x, const at::Tensor& c) const {
   return x1 + gate_mlp.unsqueeze(1) * h;  // [B, T, D]
 }
 
+std::vector<at::Tensor> DiTBlock::modulation(const at::Tensor& c) const {
+  return adaLN_modulation.forward(c).chunk(6, 1);  // shift, scale, gate (attention); shift, scale, gate (MLP)
+}
+
+std::pair<at::Tensor, at::Tensor> DiTBlock::attention_half(const at::Tensor& x, const at::Tensor& h,
+                                                           const std::vector<at::Tensor>& mod,
+                                                           at::ScalarType act) const {
+  auto qkv = ops::linear(h, attn.qkv.weight, attn.qkv.bias);  // [B, T, 3D] act
+  auto a = ops::qkv_attention(qkv, attn.heads());             // [B, T, D]
+  // x1 = x + gate * proj(a) and the MLP's modulated norm of x1, in one pass.
+  return ops::residual_adaln(x, mod[2], ops::linear(a, attn.proj.weight, attn.proj.bias), mod[3], mod[4], act);
+}
+
+at::Tensor DiTBlock::mlp_half(const at::Tensor& h2) const {
+  return ops::gelu_mlp(h2, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias);  // [B, T, D]
+}
+
 at::Tensor DiTBlock::forward_fused(const at::Tensor& x, const at::Tensor& c) const {
   const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
-  auto mod = adaLN_modulation.forward(c).chunk(6, 1);  // 6 x [B, D]
-  const auto &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
-  const auto &shift_mlp = mod[3], &scale_mlp = mod[4], &gate_mlp = mod[5];
-  auto h = ops::adaln_layernorm(x, shift_msa, scale_msa, act);              // [B, T, D] act
-  auto qkv = ops::linear(h, attn.qkv.weight, attn.qkv.bias);                // [B, T, 3D]
-  auto a = ops::self_attention(qkv, attn.heads());                          // [B, T, D]
-  // x1 = x + gate * proj(a) and the MLP's modulated norm of x1, in one pass.
-  auto [x1, h2] = ops::residual_adaln(x, gate_msa, ops::linear(a, attn.proj.weight, attn.proj.bias), shift_mlp,
-                                      scale_mlp, act);  // [B, T, D] x's dtype, [B, T, D] act
-  auto m = ops::gelu_mlp(h2, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias);  // [B, T, D]
-  return ops::gated_residual(x1, gate_mlp, m);
+  const auto mod = modulation(c);                                                   // 6 x [B, D]
+  auto [x1, h2] = attention_half(x, ops::adaln_layernorm(x, mod[0], mod[1], act), mod, act);
+  return ops::gated_residual(x1, mod[5], mlp_half(h2));                             // [B, T, D]
 }
 
 FinalLayer::FinalLayer(const DiTConfig& cfg, at::Generator& gen)
@@ -101,7 +110,11 @@ DiT::DiT(const DiTConfig& cfg, at::Generator gen)
 at::Tensor DiT::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) const {
   auto h = x_embedder.forward(x) + pos_embed;                // [B, T, D]
   auto c = t_embedder.forward(t) + y_embedder.forward(y);  // [B, D]
-  for (size_t i = 0; i < blocks.size(); ++i) h = run_block(i, h, c);
+  if (fused_kernels_ && !recompute_ && blocks.size() > 0) {
+    h = run_blocks_chained(h, c);
+  } else {
+    for (size_t i = 0; i < blocks.size(); ++i) h = run_block(i, h, c);
+  }
   return unpatchify(final_layer.forward(h, c));  // [B, out, H, W]
 }
 
@@ -111,6 +124,26 @@ at::Tensor DiT::run_block(size_t i, const at::Tensor& h, const at::Tensor& c) co
     return fused ? block.forward_fused(x, cond) : block.forward(x, cond);
   };
   return recompute_ ? ops::recompute(fn, h, c) : fn(h, c);
+}
+
+// The fused blocks one after another with each block's MLP residual fused
+// with the next block's first modulated norm (ops::residual_adaln): the
+// residual stream is written once per half-block and its two gradients are
+// summed inside the kernel, not by autograd in a separate pass.
+at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c) const {
+  const at::ScalarType act = compat::autocast_dtype(x0.device().type()).value_or(x0.scalar_type());
+  auto mod = blocks[0].modulation(c);
+  at::Tensor x = x0;
+  at::Tensor h = ops::adaln_layernorm(x, mod[0], mod[1], act);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto [x1, h2] = blocks[i].attention_half(x, h, mod, act);
+    at::Tensor m = blocks[i].mlp_half(h2);
+    if (i + 1 == blocks.size()) return ops::gated_residual(x1, mod[5], m);
+    auto next = blocks[i + 1].modulation(c);
+    std::tie(x, h) = ops::residual_adaln(x1, mod[5], m, next[0], next[1], act);
+    mod = std::move(next);
+  }
+  return x;
 }
 
 at::Tensor DiT::unpatchify(const at::Tensor& x) const {

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "models/dit_config.h"
 #include "nn/attention.h"
@@ -23,6 +25,13 @@ class DiTBlock : public nn::Module {
   // cuBLASLt products with bias/GELU epilogues, gated residuals. Matrix
   // operands in the autocast dtype (or x's dtype without autocast).
   at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& c) const;
+  // Pieces of forward_fused, so the model can chain blocks: the six
+  // modulation vectors; the attention half from x and its modulated norm h
+  // -> (x1, the MLP's modulated norm of x1); the MLP of that norm.
+  std::vector<at::Tensor> modulation(const at::Tensor& c) const;
+  std::pair<at::Tensor, at::Tensor> attention_half(const at::Tensor& x, const at::Tensor& h,
+                                                   const std::vector<at::Tensor>& mod, at::ScalarType act) const;
+  at::Tensor mlp_half(const at::Tensor& h2) const;
 
   nn::SelfAttention attn;
   nn::Mlp mlp;
@@ -59,6 +68,7 @@ class DiT : public nn::Module {
   at::Tensor unpatchify(const at::Tensor& x) const;  // [B, T, p*p*c] -> [B, c, H, W]
 
   at::Tensor run_block(size_t i, const at::Tensor& h, const at::Tensor& c) const;
+  at::Tensor run_blocks_chained(const at::Tensor& h, const at::Tensor& c) const;
 
   DiTConfig cfg_;
   bool fused_kernels_ = false, recompute_ = false;

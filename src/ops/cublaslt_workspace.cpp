@@ -1,5 +1,8 @@
 #include "ops/cublaslt_workspace.h"
 
+#include <cstdlib>
+#include <string>
+
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -109,5 +112,13 @@ bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool tr
 int64_t gemm_fallback_count() { return g_fallbacks.load(); }
 
 void note_gemm_fallback() { g_fallbacks.fetch_add(1); }
+
+bool bias_grad_epilogue() {
+  static const bool on = [] {
+    const char* v = std::getenv("PERFTRAIN_BGRAD_EPILOGUE");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
 
 }  // namespace perftrain::ops

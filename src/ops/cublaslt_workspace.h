@@ -36,6 +36,11 @@ bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool tr
 // (+ ATen epilogue ops) because cuBLASLt refused the fused form. 0 on the
 // DiT shapes is expected; tests and the benchmark report it.
 int64_t gemm_fallback_count();
+// Whether bias gradients ride in the products' epilogues (BGRADB,
+// DGELU_BGRAD). Off by default: on the H200 with CUDA 13.0 cuBLASLt runs them
+// as a separate, slow reduction kernel (2.6 ms of a 41 ms DiT-S/2 b256 step,
+// vs ~1 ms for at::sum). PERFTRAIN_BGRAD_EPILOGUE=1 turns them on to compare.
+bool bias_grad_epilogue();
 void note_gemm_fallback();  // for the ops that fall back
 
 }  // namespace perftrain::ops

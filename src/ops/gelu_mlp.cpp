@@ -71,7 +71,7 @@ std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, co
                                                         const at::Tensor& pre, bool want_db1) {
   at::Tensor dpre = at::empty(pre.sizes(), dy.options());
   if (lt_path(dy, w2)) {
-    if (want_db1) {
+    if (want_db1 && bias_grad_epilogue()) {
       at::Tensor db1 = at::empty({pre.size(1)}, dy.options().dtype(at::kFloat));
       if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGeluBGrad, db1, pre)) return {dpre, db1};
     }

@@ -119,8 +119,9 @@ std::pair<at::Tensor, at::Tensor> linear_weight_grad(const at::Tensor& dy, const
     dw = at::empty({dy.size(1), x2.size(1)}, dy.options().dtype(w_dtype));
     if (want_db) db = at::empty({dy.size(1)}, dy.options().dtype(w_dtype));
     if (lt_path(dy, x2)) {
-      if (try_gemm_lt(dy, true, x2, false, dw, want_db ? GemmEpilogue::kBGradB : GemmEpilogue::kDefault, db))
-        return {dw, db};
+      const bool fused_db = want_db && bias_grad_epilogue();
+      if (try_gemm_lt(dy, true, x2, false, dw, fused_db ? GemmEpilogue::kBGradB : GemmEpilogue::kDefault, db))
+        return {dw, want_db && !fused_db ? at::sum(dy, {0}, /*keepdim=*/false, w_dtype) : db};
       note_gemm_fallback();
       // BGRADB refused: the product alone, then the bias gradient as a sum.
       if (want_db && try_gemm_lt(dy, true, x2, false, dw, GemmEpilogue::kDefault))

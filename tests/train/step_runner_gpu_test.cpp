@@ -5,6 +5,7 @@
 // too; recompute gives the same gradients. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/randint.h>
@@ -41,10 +42,13 @@ struct Models {
     ema.transform([&](const std::string&, const at::Tensor& t) { return t.to(cuda); });
     for (auto& p : ema.parameters()) p.set_requires_grad(false);
     // adaLN-Zero starts every block as the identity: give the zero-initialised
-    // layers random weights so that every path carries signal.
+    // layers random weights (the same for the same seed) so that every path
+    // carries signal.
     at::NoGradGuard ng;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     for (auto& [name, p] : model.named_parameters())
-      if (p.abs().max().item<double>() == 0) p.copy_(at::randn_like(p) * 0.05);
+      if (p.abs().max().item<double>() == 0) p.copy_(at::randn(p.sizes(), gen) * 0.05);
+    for (size_t i = 0; i < model.parameters().size(); ++i) ema.parameters()[i].copy_(model.parameters()[i]);
   }
 };
 

@@ -32,7 +32,7 @@ std::string kernel_kind(const std::string& name);
 // synchronizes, and groups the CUDA activity. trace_path: where to write the
 // Chrome/Perfetto trace ("" for none).
 KernelBreakdown profile_kernels(const std::function<void()>& run_steps, int steps, const std::string& trace_path,
-                                size_t top_n = 15);
+                                size_t top_n = 40);
 
 // A Markdown table of kinds (ms per step, share) then the top kernels.
 std::string to_markdown(const KernelBreakdown& b);
