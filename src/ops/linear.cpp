@@ -120,7 +120,8 @@ std::pair<at::Tensor, at::Tensor> linear_weight_grad(const at::Tensor& dy, const
     if (want_db) db = at::empty({dy.size(1)}, dy.options().dtype(w_dtype));
     if (lt_path(dy, x2)) {
       const bool fused_db = want_db && bias_grad_epilogue();
-      if (try_gemm_lt(dy, true, x2, false, dw, fused_db ? GemmEpilogue::kBGradB : GemmEpilogue::kDefault, db))
+      if (try_gemm_lt(dy, true, x2, false, dw, fused_db ? GemmEpilogue::kBGradB : GemmEpilogue::kDefault,
+                      fused_db ? db : at::Tensor()))
         return {dw, want_db && !fused_db ? at::sum(dy, {0}, /*keepdim=*/false, w_dtype) : db};
       note_gemm_fallback();
       // BGRADB refused: the product alone, then the bias gradient as a sum.

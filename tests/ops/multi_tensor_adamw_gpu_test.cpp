@@ -92,13 +92,16 @@ void new_grads(Case& c, at::Generator& gen, double gain, int skip_index) {
 
 void expect_close(const Case& c, const std::string& when) {
   for (size_t i = 0; i < c.cpu.p.size(); ++i) {
-    // fp32 both sides, FMA contraction and summation order differ by an ulp or
-    // three: 5e-6 relative (1e-6 failed on 1-ulp differences at |p| ~ 1); absolute
+    // fp32 both sides, FMA contraction, summation order and 1 - beta (double
+    // here, float there) differ; Adam's m / sqrt(v) amplifies that where v is
+    // tiny: measured up to 9e-6 absolute on p after 3 steps of lr 1e-3, so p and
+    // the EMA get 2e-5 absolute (a wrong formula moves them by ~lr), m and v
+    // 1e-4 relative; absolute
     // floors far below each quantity's size (p O(1), m O(1e-2) and may cancel, v O(1e-4)).
-    EXPECT_TRUE(close(c.gpu.p[i], c.cpu.p[i], 5e-6, 1e-7)) << "p " << i << " " << when;
-    EXPECT_TRUE(close(c.gpu.m[i], c.cpu.m[i], 5e-6, 1e-8)) << "m " << i << " " << when;
-    EXPECT_TRUE(close(c.gpu.v[i], c.cpu.v[i], 5e-6, 1e-12)) << "v " << i << " " << when;
-    if (!c.cpu.e.empty()) EXPECT_TRUE(close(c.gpu.e[i], c.cpu.e[i], 5e-6, 1e-7)) << "ema " << i << " " << when;
+    EXPECT_TRUE(close(c.gpu.p[i], c.cpu.p[i], 1e-5, 2e-5)) << "p " << i << " " << when;
+    EXPECT_TRUE(close(c.gpu.m[i], c.cpu.m[i], 1e-4, 1e-8)) << "m " << i << " " << when;
+    EXPECT_TRUE(close(c.gpu.v[i], c.cpu.v[i], 1e-4, 1e-12)) << "v " << i << " " << when;
+    if (!c.cpu.e.empty()) EXPECT_TRUE(close(c.gpu.e[i], c.cpu.e[i], 1e-5, 2e-5)) << "ema " << i << " " << when;
   }
   auto s = c.scalars_gpu.cpu(), r = c.scalars_cpu;
   auto slot_of = [](const at::Tensor& t, int64_t slot) { return t[slot].item<float>(); };
