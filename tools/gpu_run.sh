@@ -80,7 +80,9 @@ case "$MODE" in
     run_tests
     for c in ${BENCH_CASES:-DiT-S/2:32,256}; do
       bench_case "$c" --variants all --steps 20 --warmup 5 --profile all
-      cp "$RUNS"/bench-*/profile-*.md "$OUT/" 2>/dev/null
+      for f in "$RUNS"/bench-*/profile-*.md; do
+        cp "$f" "$OUT/$(basename "$(dirname "$f")")-$(basename "$f")" 2>/dev/null
+      done
     done
     if [ -n "${COMPARE_ENV:-}" ]; then  # the same bench with an environment switch, e.g. PERFTRAIN_BGRAD_EPILOGUE=1
       env $COMPARE_ENV $BIN bench --model DiT-S/2 --batch 32,256 --variants all --steps 20 --warmup 5 \
@@ -114,7 +116,9 @@ case "$MODE" in
 esac
 
 # Only a few files come back from the device machine: logs travel in one tarball.
-(cd "$OUT" && tar czf logs.tgz --remove-files $(ls *.log 2>/dev/null | grep -v '^tests.log$') 2>/dev/null)
+extra=""
+[ "$MODE" = debug ] && extra="$(cd "$OUT" && ls bench-*.json bench-*.md 2>/dev/null)"
+(cd "$OUT" && tar czf logs.tgz --remove-files $(ls *.log 2>/dev/null | grep -v '^tests.log$') $extra 2>/dev/null)
 echo
 echo "| what | result |"
 echo "|---|---|"
