@@ -116,9 +116,10 @@ case "$MODE" in
 esac
 
 # Only a few files come back from the device machine: logs travel in one tarball.
-extra=""
-[ "$MODE" = debug ] && extra="$(cd "$OUT" && ls bench-*.json bench-*.md 2>/dev/null)"
-(cd "$OUT" && tar czf logs.tgz --remove-files $(ls *.log 2>/dev/null | grep -v '^tests.log$') $extra 2>/dev/null)
+# Only a few files come back from the device machine: all but the summary,
+# the bench reports and the curve verdict travel in one tarball.
+(cd "$OUT" && keep='^(summary\.md|gpu\.txt|tests\.log|curve\.txt|logs\.tgz|bench-[^/]*\.(json|md))$' &&
+  tar czf logs.tgz --remove-files $(ls | grep -Ev "$keep" | grep -v profile) $(ls | grep profile) 2>/dev/null)
 echo
 echo "| what | result |"
 echo "|---|---|"

@@ -156,11 +156,9 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   train::TrainConfig cfg = base;
   cfg.optim.batch_size = row.batch;
   cfg.optim.precision = v.precision;
-  models::DiT model(cfg.model, cfg.optim.seed);
-  models::DiT ema(cfg.model, cfg.optim.seed);
-  model.transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
-  ema.transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
-  for (auto& p : ema.parameters()) p.set_requires_grad(false);
+  auto built = models::build_model_and_ema(cfg.model, cfg.optim.seed, device);
+  models::DiT& model = *built.model;
+  models::DiT& ema = *built.ema;
   at::Generator gen = at::globalContext().defaultGenerator(device).clone();
   gen.set_current_seed(cfg.optim.seed);
   train::StepRunner runner(model, ema, cfg, so, device, gen);

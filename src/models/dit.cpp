@@ -5,6 +5,8 @@
 
 #include <ATen/TensorOperators.h>
 
+#include <future>
+
 #include "nn/modulation.h"
 #include "ops/adaln_layernorm.h"
 #include "ops/compat.h"
@@ -151,6 +153,20 @@ at::Tensor DiT::unpatchify(const at::Tensor& x) const {
   return x.reshape({x.size(0), g, g, p, p, c})        // [B, h, w, p, q, c]
       .permute({0, 5, 1, 3, 2, 4})                    // [B, c, h, p, w, q]
       .reshape({x.size(0), c, g * p, g * p});         // [B, c, H, W]
+}
+
+ModelAndEma build_model_and_ema(const DiTConfig& cfg, uint64_t seed, const at::Device& device) {
+  auto build = [&cfg, seed, device]() {
+    auto m = std::make_unique<DiT>(cfg, seed);
+    m->transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
+    return m;
+  };
+  auto ema = std::async(std::launch::async, build);
+  ModelAndEma out;
+  out.model = build();
+  out.ema = ema.get();
+  for (auto& p : out.ema->parameters()) p.set_requires_grad(false);
+  return out;
 }
 
 }  // namespace perftrain::models

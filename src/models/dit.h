@@ -80,4 +80,13 @@ class DiT : public nn::Module {
   FinalLayer final_layer;
 };
 
+// A model to train and its EMA (the same initial weights; the EMA takes no
+// gradients), both on `device`. The two are built on two threads: the
+// reference initialisation draws on the CPU, which is most of the time to the
+// first step for large models (DiT-XL/2: ~5 s each).
+struct ModelAndEma {
+  std::unique_ptr<DiT> model, ema;
+};
+ModelAndEma build_model_and_ema(const DiTConfig& cfg, uint64_t seed, const at::Device& device);
+
 }  // namespace perftrain::models

@@ -149,6 +149,11 @@ struct StepRunner::Impl {
   // failed capture leaves the model as it was (a capture runs nothing).
   std::string capture() {
     std::string error;
+    // The warm-up's cached blocks would otherwise sit beside the graph's own
+    // pool: hand them back so that a large model's capture fits (DiT-XL/2
+    // b256 ran out of memory capturing with 83 GiB cached but unused).
+    compat::synchronize(device);
+    compat::empty_cuda_cache();
     on_capture_stream([&] {
       compat::set_autocast_cache_enabled(false);
       auto g = std::make_unique<at::cuda::CUDAGraph>();

@@ -91,11 +91,9 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   RunDirectory run(run_path, !resume_dir.empty());
   io::write_text_atomic(run.file("config.toml"), cfg.to_toml());
 
-  models::DiT model(cfg.model, cfg.optim.seed);
-  models::DiT ema(cfg.model, cfg.optim.seed);
-  model.transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
-  ema.transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
-  for (auto& p : ema.parameters()) p.set_requires_grad(false);
+  auto built = models::build_model_and_ema(cfg.model, cfg.optim.seed, device);
+  models::DiT& model = *built.model;
+  models::DiT& ema = *built.ema;
 
   at::Generator gen = at::globalContext().defaultGenerator(device).clone();
   gen.set_current_seed(cfg.optim.seed);
