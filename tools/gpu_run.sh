@@ -75,6 +75,7 @@ bench_case() {  # "DiT-S/2:32,256", extra flags...
   row "bench $model b$batches" "rc $rc, $(( $(date +%s) - t0 )) s"
 }
 
+[ "${RUN_TESTS:-0}" = 1 ] && [ "$MODE" != check ] && [ "$MODE" != debug ] && run_tests
 case "$MODE" in
   debug)  # TEST_REGEX tests with their output, then BENCH_CASES profiled
     run_tests
