@@ -20,23 +20,15 @@
 
 #include "base/error.h"
 #include "ops/gelu_mlp.h"
+#include "support/tensor_checks.h"
 #include "support/test_support.h"
 
 namespace perftrain::ops {
 namespace {
 
-at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+using perftrain::testing::expect_close;
+at::Generator gen(uint64_t seed) { return perftrain::testing::seeded_cpu_generator(seed); }
 
-// Every element within atol + rtol * |ref|; a NaN anywhere fails.
-void expect_close(const at::Tensor& got, const at::Tensor& ref, double atol, double rtol, const std::string& what) {
-  ASSERT_TRUE(got.defined()) << what << ": undefined";
-  ASSERT_EQ(got.sizes(), ref.sizes()) << what;
-  const at::Tensor g = got.to(at::kDouble), r = ref.to(at::kDouble);
-  const at::Tensor excess = (g - r).abs() - (r.abs() * rtol + atol);
-  EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
-  EXPECT_FALSE(r.isnan().any().item<bool>()) << what << ": NaN in the reference";
-  EXPECT_LE(excess.max().item<double>(), 0.0) << what << ": max |got - ref| = " << (g - r).abs().max().item<double>();
-}
 
 // ||got - ref|| / ||ref|| below tol; a NaN anywhere fails.
 void expect_rel_l2(const at::Tensor& got, const at::Tensor& ref, double tol, const std::string& what) {

@@ -20,24 +20,19 @@
 #include "base/error.h"
 #include "ops/compat.h"
 #include "ops/multi_tensor_adamw.h"
+#include "support/tensor_checks.h"
 
 namespace perftrain::ops {
 namespace {
 
+// (rtol, atol), as these tests were written.
+::testing::AssertionResult close(const at::Tensor& a, const at::Tensor& ref, double rtol, double atol) {
+  return perftrain::testing::all_close(a, ref, atol, rtol);
+}
+
 at::Generator gen_for(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 const at::Device kCuda(at::kCUDA, 0);
 
-// |a - ref| <= atol + rtol * |ref| everywhere; a NaN anywhere fails.
-::testing::AssertionResult close(const at::Tensor& a, const at::Tensor& ref, double rtol, double atol) {
-  auto x = a.detach().cpu().to(at::kDouble), r = ref.detach().cpu().to(at::kDouble);
-  if (x.sizes() != r.sizes()) return ::testing::AssertionFailure() << "sizes differ";
-  auto err = (x - r).abs();
-  auto bad = (err > atol + rtol * r.abs()) | at::isnan(x) | at::isnan(r);
-  if (bad.any().item<bool>())
-    return ::testing::AssertionFailure() << bad.sum().item<int64_t>() << " of " << x.numel()
-                                         << " elements off; max |a - ref| = " << err.max().item<double>();
-  return ::testing::AssertionSuccess();
-}
 
 // A contiguous CUDA copy of `t`, optionally 4 bytes past a 16-byte boundary.
 at::Tensor on_gpu(const at::Tensor& t, bool misalign) {

@@ -13,6 +13,7 @@
 #include <ATen/ops/rand.h>
 
 #include "ops/compat.h"
+#include "support/tensor_checks.h"
 #include "train/step_runner.h"
 
 namespace perftrain::train {
@@ -29,10 +30,7 @@ TrainConfig tiny(bool learn_sigma) {
   return c;
 }
 
-double rel(const at::Tensor& a, const at::Tensor& b) {
-  auto d = (a.to(at::kDouble) - b.to(at::kDouble)).norm().item<double>();
-  return d / (b.to(at::kDouble).norm().item<double>() + 1e-30);
-}
+double rel(const at::Tensor& a, const at::Tensor& b) { return perftrain::testing::rel_l2(a, b); }
 
 struct Models {
   models::DiT model, ema;

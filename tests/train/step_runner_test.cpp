@@ -23,8 +23,8 @@ TrainConfig tiny_cpu() {
 
 TEST(StepRunner, RunsEagerlyOnTheCpuAndSaysWhy) {
   TrainConfig c = tiny_cpu();
-  models::DiT model(c.model, 1), ema(c.model, 1);
-  for (auto& p : ema.parameters()) p.set_requires_grad(false);
+  auto built = models::build_model_and_ema(c.model, 1, at::Device(at::kCPU));
+  models::DiT &model = *built.model, &ema = *built.ema;
   StepOptions o;
   o.precision = "fp32";
   StepRunner r(model, ema, c, o, at::Device(at::kCPU), at::make_generator<at::CPUGeneratorImpl>(5));
