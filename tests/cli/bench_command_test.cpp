@@ -17,24 +17,10 @@ namespace {
 
 using perftrain::testing::TempDir;
 
-struct Result {
-  int code;
-  std::string output;  // stdout and stderr together
-};
+using Result = perftrain::testing::CommandResult;
+using perftrain::testing::run_shell;
 
-// A shell command line (so that it can set environment variables).
-Result shell(const std::string& command) {
-  const std::string cmd = command + " 2>&1";
-  Result r{-1, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-Result run(const std::string& args) { return shell(std::string(PERFTRAIN_BINARY) + " " + args); }
+Result run(const std::string& args) { return run_shell(std::string(PERFTRAIN_BINARY) + " " + args); }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -123,7 +109,7 @@ TEST(CliBench, BadOptionsExitTwo) {
 
 TEST(CliBench, AFailingTorchReferenceIsARow) {
   TempDir tmp;
-  auto r = shell("PERFTRAIN_PYTHON=/bin/false " + std::string(PERFTRAIN_BINARY) + " " + kCpu +
+  auto r = run_shell("PERFTRAIN_PYTHON=/bin/false " + std::string(PERFTRAIN_BINARY) + " " + kCpu +
                  " --against-torch --torch-modes eager-fp32 --out " + tmp.file("b"));
   ASSERT_EQ(r.code, 0) << r.output;
   const auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("b/bench.json")));
@@ -139,7 +125,7 @@ TEST(CliBench, AgainstTorchOnTheCpu) {
   if (perftrain::testing::run_command(std::string(PERFTRAIN_PYTHON) + " -c 'import torch' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "no Python with torch at " << PERFTRAIN_PYTHON;
   TempDir tmp;
-  auto r = shell("PERFTRAIN_PYTHON=" + std::string(PERFTRAIN_PYTHON) + " PERFTRAIN_SOURCE_DIR=" +
+  auto r = run_shell("PERFTRAIN_PYTHON=" + std::string(PERFTRAIN_PYTHON) + " PERFTRAIN_SOURCE_DIR=" +
                  std::string(PERFTRAIN_SOURCE_DIR) + " " + std::string(PERFTRAIN_BINARY) + " " + kCpu +
                  " --against-torch --torch-modes eager-fp32 --out " + tmp.file("c"));
   ASSERT_EQ(r.code, 0) << r.output;

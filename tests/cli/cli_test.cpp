@@ -13,21 +13,9 @@ namespace {
 
 using perftrain::testing::TempDir;
 
-struct Result {
-  int code;
-  std::string output;  // stdout and stderr together
-};
+using Result = perftrain::testing::CommandResult;
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(PERFTRAIN_BINARY) + " " + args + " 2>&1";
-  Result r{-1, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+Result run(const std::string& args) { return perftrain::testing::run_shell(std::string(PERFTRAIN_BINARY) + " " + args); }
 
 // A usage (2) or runtime (1) error with a short message containing `expect`.
 void expect_error(const std::string& args, int code, const std::string& expect) {

@@ -29,7 +29,6 @@ namespace {
 using perftrain::testing::expect_close;
 at::Generator gen(uint64_t seed) { return perftrain::testing::seeded_cpu_generator(seed); }
 
-
 // ||got - ref|| / ||ref|| below tol; a NaN anywhere fails.
 void expect_rel_l2(const at::Tensor& got, const at::Tensor& ref, double tol, const std::string& what) {
   ASSERT_TRUE(got.defined()) << what << ": undefined";

@@ -28,7 +28,6 @@ namespace {
 using perftrain::testing::expect_close;
 at::Generator gen(uint64_t seed) { return perftrain::testing::seeded_cpu_generator(seed); }
 
-
 // x's shape (leading dims + K) and N.
 struct Shape {
   std::vector<int64_t> x;

@@ -27,7 +27,6 @@ namespace {
 using perftrain::testing::expect_close;
 at::Generator gen(uint64_t seed) { return perftrain::testing::seeded_cpu_generator(seed); }
 
-
 struct Shape {
   int64_t b, t, d;
 };

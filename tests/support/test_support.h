@@ -42,6 +42,25 @@ class TempDir {
   std::string path_;
 };
 
+// Runs a shell command line (so that it can set environment variables) and
+// returns its exit code (-1 if it did not exit normally) and its stdout and
+// stderr together.
+struct CommandResult {
+  int code = -1;
+  std::string output;
+};
+inline CommandResult run_shell(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
+  CommandResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
 inline void write_raw(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
