@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <array>
 #include <atomic>
 #include <iostream>
 

@@ -1,6 +1,6 @@
 // Multi-head self-attention from a packed qkv projection, through the fused
 // attention kernels PyTorch dispatches to (cuDNN / flash on Hopper); which one
-// runs is visible in a profile (`perftrain profile`), not chosen here.
+// runs is visible in a profile (`perftrain bench --profile`), not chosen here.
 #pragma once
 
 #include <ATen/core/Tensor.h>
