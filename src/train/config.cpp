@@ -250,6 +250,9 @@ void TrainConfig::validate() const {
           "train.device '" + o.device + "' (expected auto, cpu or cuda)");
   require(o.precision == "auto" || o.precision == "bf16" || o.precision == "fp16" || o.precision == "fp32",
           "train.precision '" + o.precision + "' (expected auto, bf16, fp16 or fp32)");
+  require(o.precision != "fp16" || speed.fused_optimizer,
+          "train.precision = fp16 keeps its loss scale in the device optimizer: leave speed.fused_optimizer on "
+          "(--fused on)");
   const auto& d = diffusion;
   require(d.objective == "ddpm" || d.objective == "flow",
           "diffusion.objective '" + d.objective + "' (expected ddpm or flow)");

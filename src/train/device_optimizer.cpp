@@ -53,12 +53,8 @@ DeviceOptimizer::DeviceOptimizer(std::vector<std::pair<std::string, at::Tensor>>
   step_ = scalars_.select(0, ops::kSlotStep);
   good_steps_ = scalars_.select(0, ops::kSlotGoodSteps);
 
-  ops::MultiTensorAdamWOptions o;
-  o.lr = opts_.lr, o.warmup_steps = opts_.warmup_steps;
-  o.beta1 = opts_.beta1, o.beta2 = opts_.beta2, o.eps = opts_.eps, o.weight_decay = opts_.weight_decay;
-  o.grad_clip = opts_.grad_clip, o.ema_decay = opts_.ema_decay, o.ema_warmup = opts_.ema_warmup;
-  o.dynamic_loss_scale = opts_.dynamic_loss_scale, o.growth_interval = opts_.growth_interval;
-  op_ = std::make_unique<ops::MultiTensorAdamW>(std::move(p), exp_avg_, exp_avg_sq_, ema_, scalars_, o,
+  op_ = std::make_unique<ops::MultiTensorAdamW>(std::move(p), exp_avg_, exp_avg_sq_, ema_, scalars_,
+                                                static_cast<const ops::MultiTensorAdamWOptions&>(opts_),
                                                 std::move(names));
 }
 

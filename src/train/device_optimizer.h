@@ -20,22 +20,14 @@
 #include <utility>
 #include <vector>
 
-namespace perftrain::ops {
-class MultiTensorAdamW;
-}
+#include "ops/multi_tensor_adamw.h"
 
 namespace perftrain::train {
 
-struct DeviceOptimizerOptions {
-  double lr = 1e-4;
-  int64_t warmup_steps = 0;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
-  double grad_clip = 0;  // 0: off
-  double ema_decay = 0.9999;
-  bool ema_warmup = true;
-  bool dynamic_loss_scale = false;  // fp16: multiply the loss by loss_scale() before backward
-  double initial_loss_scale = 65536;
-  int64_t growth_interval = 2000;
+// The update's hyper-parameters (ops::MultiTensorAdamWOptions) and where the
+// fp16 loss scale starts.
+struct DeviceOptimizerOptions : ops::MultiTensorAdamWOptions {
+  double initial_loss_scale = 65536;  // fp16: multiply the loss by loss_scale() before backward
 };
 
 class DeviceOptimizer {

@@ -85,6 +85,16 @@ TEST(TrainConfig, ValidateNamesTheBadValue) {
   bad("train.steps=0", "train.steps");
 }
 
+TEST(TrainConfig, Fp16NeedsTheDeviceOptimizer) {
+  // Caught by validate(), before the run directory is made.
+  TrainConfig c = default_config(true);
+  apply_override(c, "train.precision=fp16");
+  c.validate();
+  apply_override(c, "speed.fused_optimizer=false");
+  auto msg = error_of<UsageError>([&] { c.validate(); });
+  EXPECT_NE(msg.find("speed.fused_optimizer"), std::string::npos) << msg;
+}
+
 TEST(TrainConfig, FlowWithLearnedSigmaIsRejected) {
   TrainConfig c = default_config(false);
   apply_override(c, "diffusion.objective=flow");
