@@ -95,7 +95,7 @@ int64_t current_device() {
 }
 
 // Everything the descriptors and the heuristic's choice depend on.
-using PlanKey = std::array<int64_t, 17>;
+using PlanKey = std::array<int64_t, 18>;
 
 PlanKey key_of(const GemmArgs& g, const GemmContext& ctx) {
   const bool bias = uses_bias(g.epilogue), aux = uses_aux(g.epilogue);
@@ -115,7 +115,8 @@ PlanKey key_of(const GemmArgs& g, const GemmContext& ctx) {
           aux ? alignment(g.aux) : 0,
           int64_t(ctx.workspace_bytes),
           alignment(ctx.workspace),
-          current_device()};
+          current_device(),
+          g.accumulate};
 }
 
 // Descriptors, layouts and the chosen algorithm for one configuration; or,
@@ -249,7 +250,7 @@ std::string gemm_describe(const GemmArgs& g) {
   std::string s = std::string(gemm_epilogue_name(g.epilogue)) + " m=" + std::to_string(g.m) +
                   " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) + " A=" + gemm_dtype_name(g.ab_type) +
                   (g.trans_a ? "^T" : "") + " B=" + gemm_dtype_name(g.ab_type) + (g.trans_b ? "^T" : "") +
-                  " D=" + gemm_dtype_name(g.d_type);
+                  " D=" + gemm_dtype_name(g.d_type) + (g.accumulate ? " (D +=)" : "");
   if (uses_bias(g.epilogue)) s += std::string(" bias=") + gemm_dtype_name(g.bias_type);
   return s;
 }
@@ -268,8 +269,8 @@ void gemm_lt(const GemmArgs& g, const GemmContext& ctx) {
   Plan& p = plan_for(g, ctx);
   if (!p.ok) throw GemmUnsupported("cuBLASLt cannot run " + gemm_describe(g) + ": " + p.refusal);
   set_pointers(p, g);
-  const float alpha = 1.0f, beta = 0.0f;
-  // cuBLAS's A/B are our B/A; C = D with beta = 0.
+  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+  // cuBLAS's A/B are our B/A; C = D (read only when accumulating).
   const cublasStatus_t st = cublasLtMatmul(ctx.handle, p.desc, &alpha, g.b, p.a, g.a, p.b, &beta, g.d, p.d, g.d, p.d,
                                            &p.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED) {

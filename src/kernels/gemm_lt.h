@@ -84,6 +84,9 @@ struct GemmArgs {
   // GELU pre-activation [m, n] in D's dtype: written by kGeluAuxBias, read
   // by kDGelu / kDGeluBGrad. n must be a multiple of 8.
   void* aux = nullptr;
+  // D += epilogue(op(A) op(B)) instead of D = ... (beta = 1, C = D): sums of
+  // products without a separate add pass, e.g. dX = dQ Wq + dK Wk + dV Wv.
+  bool accumulate = false;
 };
 
 // Where and with what a product runs; owned by the caller.

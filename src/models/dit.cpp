@@ -57,8 +57,7 @@ std::vector<at::Tensor> DiTBlock::modulation(const at::Tensor& c) const {
 std::pair<at::Tensor, at::Tensor> DiTBlock::attention_half(const at::Tensor& x, const at::Tensor& h,
                                                            const std::vector<at::Tensor>& mod,
                                                            at::ScalarType act) const {
-  auto qkv = ops::linear(h, attn.qkv.weight, attn.qkv.bias);  // [B, T, 3D] act
-  auto a = ops::qkv_attention(qkv, attn.heads());             // [B, T, D]
+  auto a = ops::projected_attention(h, attn.qkv.weight, attn.qkv.bias, attn.heads());  // [B, T, D] act
   // x1 = x + gate * proj(a) and the MLP's modulated norm of x1, in one pass.
   return ops::residual_adaln(x, mod[2], ops::linear(a, attn.proj.weight, attn.proj.bias), mod[3], mod[4], act);
 }

@@ -67,7 +67,7 @@ kernels::GemmDtype gemm_dtype(at::ScalarType t, const char* what) {
 }
 
 bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool trans_b, const at::Tensor& d,
-                 kernels::GemmEpilogue epilogue, const at::Tensor& bias, const at::Tensor& aux) {
+                 kernels::GemmEpilogue epilogue, const at::Tensor& bias, const at::Tensor& aux, bool accumulate) {
   check_matrix(a, "A");
   check_matrix(b, "B");
   check_matrix(d, "D");
@@ -87,6 +87,7 @@ bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool tr
   g.ab_type = gemm_dtype(a.scalar_type(), "matrix operand");
   g.d_type = gemm_dtype(d.scalar_type(), "matrix product output");
   g.epilogue = epilogue;
+  g.accumulate = accumulate;
   if (bias.defined()) {
     TORCH_CHECK(bias.is_contiguous() && bias.dim() == 1, "try_gemm_lt: bias must be a contiguous vector");
     const int64_t want = epilogue == kernels::GemmEpilogue::kBGradB ? g.m : g.n;

@@ -27,10 +27,11 @@ kernels::GemmDtype gemm_dtype(at::ScalarType t, const char* what);
 // d = epilogue(op(a) op(b)) on 2-D contiguous CUDA tensors (a [m,k] or
 // [k,m] when trans_a, b [k,n] or [n,k] when trans_b, d [m,n]), bias/aux as
 // kernels::GemmArgs describes. Returns false, launching nothing, when
-// cuBLASLt has no algorithm for it; the caller then falls back.
+// cuBLASLt has no algorithm for it; the caller then falls back. With
+// accumulate, d += ... (d's old contents are read).
 bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool trans_b, const at::Tensor& d,
                  kernels::GemmEpilogue epilogue, const at::Tensor& bias = at::Tensor(),
-                 const at::Tensor& aux = at::Tensor());
+                 const at::Tensor& aux = at::Tensor(), bool accumulate = false);
 
 // How many products, since the process started, ran as a plain ATen product
 // (+ ATen epilogue ops) because cuBLASLt refused the fused form. 0 on the

@@ -1,6 +1,7 @@
 #include "ops/linear.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/mm.h>
@@ -101,36 +102,49 @@ void linear_forward_product(const at::Tensor& x2, const at::Tensor& w, const at:
   if (bias.defined()) out.add_(bias);
 }
 
-void linear_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& dx2) {
+void linear_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& dx2, bool accumulate) {
   if (lt_path(dy, w)) {
-    if (try_gemm_lt(dy, false, w, false, dx2, GemmEpilogue::kDefault)) return;
+    if (try_gemm_lt(dy, false, w, false, dx2, GemmEpilogue::kDefault, at::Tensor(), at::Tensor(), accumulate)) return;
     note_gemm_fallback();
   }
   at::Tensor out = dx2;
-  at::mm_out(out, dy, w);
+  if (accumulate) {
+    out.addmm_(dy, w);
+  } else {
+    at::mm_out(out, dy, w);
+  }
+}
+
+void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2, const at::Tensor& dw, const at::Tensor& db) {
+  at::Tensor dw_out = dw, db_out = db;  // handles on the same storage
+  if (dw.defined()) {
+    if (lt_path(dy, x2)) {
+      // dW[N, K] = dY^T X, and with BGRADB db[N] = the column sums of dY from
+      // the same pass over dY (see kernels/gemm_lt.h).
+      const bool fused_db = db.defined() && bias_grad_epilogue();
+      if (try_gemm_lt(dy, true, x2, false, dw, fused_db ? GemmEpilogue::kBGradB : GemmEpilogue::kDefault,
+                      fused_db ? db : at::Tensor())) {
+        if (db.defined() && !fused_db) at::sum_out(db_out, dy, {0}, /*keepdim=*/false, db.scalar_type());
+        return;
+      }
+      note_gemm_fallback();
+      // BGRADB refused: the product alone, then the bias gradient as a sum.
+      if (db.defined() && try_gemm_lt(dy, true, x2, false, dw, GemmEpilogue::kDefault)) {
+        at::sum_out(db_out, dy, {0}, /*keepdim=*/false, db.scalar_type());
+        return;
+      }
+    }
+    dw_out.copy_(mm_in(dy.t(), x2, dw.scalar_type()));
+  }
+  if (db.defined()) at::sum_out(db_out, dy, {0}, /*keepdim=*/false, db.scalar_type());
 }
 
 std::pair<at::Tensor, at::Tensor> linear_weight_grad(const at::Tensor& dy, const at::Tensor& x2,
                                                      at::ScalarType w_dtype, bool want_dw, bool want_db) {
   at::Tensor dw, db;
-  if (want_dw) {
-    // dW[N, K] = dY^T X, and with BGRADB db[N] = the column sums of dY from
-    // the same pass over dY (see kernels/gemm_lt.h).
-    dw = at::empty({dy.size(1), x2.size(1)}, dy.options().dtype(w_dtype));
-    if (want_db) db = at::empty({dy.size(1)}, dy.options().dtype(w_dtype));
-    if (lt_path(dy, x2)) {
-      const bool fused_db = want_db && bias_grad_epilogue();
-      if (try_gemm_lt(dy, true, x2, false, dw, fused_db ? GemmEpilogue::kBGradB : GemmEpilogue::kDefault,
-                      fused_db ? db : at::Tensor()))
-        return {dw, want_db && !fused_db ? at::sum(dy, {0}, /*keepdim=*/false, w_dtype) : db};
-      note_gemm_fallback();
-      // BGRADB refused: the product alone, then the bias gradient as a sum.
-      if (want_db && try_gemm_lt(dy, true, x2, false, dw, GemmEpilogue::kDefault))
-        return {dw, at::sum(dy, {0}, /*keepdim=*/false, w_dtype)};
-    }
-    dw = mm_in(dy.t(), x2, w_dtype);
-  }
-  if (want_db) db = at::sum(dy, {0}, /*keepdim=*/false, w_dtype);
+  if (want_dw) dw = at::empty({dy.size(1), x2.size(1)}, dy.options().dtype(w_dtype));
+  if (want_db) db = at::empty({dy.size(1)}, dy.options().dtype(w_dtype));
+  linear_weight_grad_into(dy, x2, dw, db);
   return {dw, db};
 }
 

@@ -47,12 +47,16 @@ void check_linear_params(const char* op, int64_t k, at::ScalarType dtype, at::De
 // back a tensor of its caller's shape that is not a view.
 // y2 [M, N] = x2 w^T + bias, in x2's dtype (bias fp32 or x2's dtype, or undefined).
 void linear_forward_product(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& y2);
-// dx2 [M, K] = dy w, in dy's dtype.
-void linear_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& dx2);
+// dx2 [M, K] = dy w, in dy's dtype; with accumulate, dx2 += dy w (the input
+// gradient of a layer whose output gradient arrives in column blocks).
+void linear_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& dx2, bool accumulate = false);
 // {dW = dy^T x2 in w_dtype, db = column sums of dy in w_dtype}; either is
 // undefined when not wanted.
 std::pair<at::Tensor, at::Tensor> linear_weight_grad(const at::Tensor& dy, const at::Tensor& x2,
                                                      at::ScalarType w_dtype, bool want_dw, bool want_db);
+// The same into preallocated contiguous dw [N, K] and db [N] (either may be
+// undefined), e.g. row blocks of a larger weight's gradient.
+void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2, const at::Tensor& dw, const at::Tensor& db);
 
 }  // namespace detail
 }  // namespace perftrain::ops

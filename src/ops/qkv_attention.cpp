@@ -3,13 +3,18 @@
 #include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention_backward.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <array>
 #include <atomic>
 #include <iostream>
+#include <optional>
+#include <string>
 
+#include "base/error.h"
 #include "ops/compat.h"
+#include "ops/linear.h"
 #include "ops/self_attention.h"
 
 namespace perftrain::ops {
@@ -25,58 +30,171 @@ std::array<at::Tensor, 3> split_heads(const at::Tensor& qkv, int64_t heads) {
   return {v5.select(2, 0).transpose(1, 2), v5.select(2, 1).transpose(1, 2), v5.select(2, 2).transpose(1, 2)};
 }
 
+// cuDNN's forward on the packed qkv: saves what its backward needs in ctx
+// (after `first_saved`, tensors the caller saves first) and returns the
+// output as [B, T, D] (a view: cuDNN writes it token-major).
+at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
+                         std::vector<at::Tensor> first_saved) {
+  auto [q, k, v] = split_heads(qkv, heads);
+  auto r = at::_scaled_dot_product_cudnn_attention(q, k, v, /*attn_bias=*/std::nullopt,
+                                                   /*compute_log_sumexp=*/true);
+  const at::Tensor& out = std::get<0>(r);  // [B, H, T, Dh], token-major in memory
+  first_saved.insert(first_saved.end(), {qkv, out, std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r),
+                                         std::get<7>(r)});
+  ctx->save_for_backward(first_saved);
+  ctx->saved_data["heads"] = heads;
+  ctx->saved_data["max_q"] = std::get<4>(r).expect_int();
+  ctx->saved_data["max_k"] = std::get<5>(r).expect_int();
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
+  return out.transpose(1, 2).reshape({B, T, D});
+}
+
+// cuDNN's backward from what cudnn_forward saved (starting at index `at`):
+// dq, dk, dv as [B, H, T, Dh] in the layout of q (token-major).
+std::array<at::Tensor, 3> cudnn_backward(AutogradContext* ctx, const variable_list& s, size_t at,
+                                         const at::Tensor& grad_out) {
+  const at::Tensor &qkv = s[at], &out = s[at + 1], &lse = s[at + 2], &cum_q = s[at + 3], &cum_k = s[at + 4],
+                   &seed = s[at + 5], &offset = s[at + 6];
+  const int64_t heads = ctx->saved_data["heads"].toInt();
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
+  auto [q, k, v] = split_heads(qkv, heads);
+  // The output gradient in the output's own layout (cuDNN wants them alike).
+  at::Tensor dout = grad_out.contiguous().view({B, T, heads, D / heads}).transpose(1, 2);
+  auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
+      dout, q, k, v, out, lse, seed, offset, /*attn_bias=*/at::Tensor(), cum_q, cum_k,
+      ctx->saved_data["max_q"].toInt(), ctx->saved_data["max_k"].toInt(), /*dropout_p=*/0.0,
+      /*is_causal=*/false);
+  return {dq, dk, dv};
+}
+
+// dq, dk, dv [B, H, T, Dh] -> the packed [B, T, 3D] gradient of qkv (three strided copies).
+at::Tensor pack_dqkv(const std::array<at::Tensor, 3>& d, int64_t B, int64_t T, int64_t heads, int64_t D) {
+  at::Tensor dqkv = at::empty({B, T, 3, heads, D / heads}, d[0].options());
+  for (int64_t i = 0; i < 3; ++i) dqkv.select(2, i).copy_(d[i].transpose(1, 2));
+  return dqkv.view({B, T, 3 * D});
+}
+
 struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads) {
-    auto [q, k, v] = split_heads(qkv, heads);
-    auto r = at::_scaled_dot_product_cudnn_attention(q, k, v, /*attn_bias=*/std::nullopt,
-                                                     /*compute_log_sumexp=*/true);
-    const at::Tensor& out = std::get<0>(r);  // [B, H, T, Dh], token-major in memory
-    ctx->save_for_backward({qkv, out, std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r),
-                            std::get<7>(r)});
-    ctx->saved_data["heads"] = heads;
-    ctx->saved_data["max_q"] = std::get<4>(r).expect_int();
-    ctx->saved_data["max_k"] = std::get<5>(r).expect_int();
-    const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
-    return out.transpose(1, 2).reshape({B, T, D});
+    return cudnn_forward(ctx, qkv, heads, {});
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto s = ctx->get_saved_variables();
-    const at::Tensor &qkv = s[0], &out = s[1], &lse = s[2], &cum_q = s[3], &cum_k = s[4], &seed = s[5],
-                     &offset = s[6];
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor& qkv = s[0];
     const int64_t heads = ctx->saved_data["heads"].toInt();
-    const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
-    auto [q, k, v] = split_heads(qkv, heads);
-    // The output gradient in the output's own layout (cuDNN wants them alike).
-    at::Tensor dout = grads[0].contiguous().view({B, T, heads, D / heads}).transpose(1, 2);
-    auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
-        dout, q, k, v, out, lse, seed, offset, /*attn_bias=*/at::Tensor(), cum_q, cum_k,
-        ctx->saved_data["max_q"].toInt(), ctx->saved_data["max_k"].toInt(), /*dropout_p=*/0.0,
-        /*is_causal=*/false);
-    at::Tensor dqkv = at::empty({B, T, 3, heads, D / heads}, qkv.options());
-    dqkv.select(2, 0).copy_(dq.transpose(1, 2));
-    dqkv.select(2, 1).copy_(dk.transpose(1, 2));
-    dqkv.select(2, 2).copy_(dv.transpose(1, 2));
-    return {dqkv.view({B, T, 3 * D}), at::Tensor()};
+    const auto d = cudnn_backward(ctx, s, 0, grads[0]);
+    return {pack_dqkv(d, qkv.size(0), qkv.size(1), heads, qkv.size(2) / 3), at::Tensor()};
+  }
+};
+
+struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias_opt, int64_t heads) {
+    const at::Tensor bias = bias_opt.value_or(at::Tensor());
+    const c10::DeviceGuard device_guard(h.device());
+    const int64_t B = h.size(0), T = h.size(1), D = h.size(2), m = B * T;
+    const at::Tensor h2 = h.contiguous().view({m, D});
+    const at::Tensor w = weight.to(h.scalar_type()).contiguous();  // the per-call cast of the master weight
+    at::Tensor qkv = at::empty({B, T, 3 * D}, h.options());
+    detail::linear_forward_product(h2, w, bias.defined() ? bias.contiguous() : bias, qkv.view({m, 3 * D}));
+    ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());
+    ctx->saved_data["b_dtype"] = bias.defined() ? int64_t(bias.scalar_type()) : int64_t(-1);
+    return cudnn_forward(ctx, qkv, heads, {h2, w});
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor &h2 = s[0], &w = s[1], &qkv = s[2];
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3, m = B * T;
+    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto d = cudnn_backward(ctx, s, 2, grads[0]);
+
+    // Each of dq, dk, dv is [B, T, D] in memory when cuDNN kept q's token-major
+    // layout (it does on the DiT shapes): then it is the output gradient of
+    // one row block of the projection, and the products read it in place.
+    std::array<at::Tensor, 3> blocks;
+    bool in_place = true;
+    for (int i = 0; i < 3; ++i) {
+      const at::Tensor tm = d[i].transpose(1, 2);
+      in_place = in_place && tm.is_contiguous();
+      if (in_place) blocks[i] = tm.view({m, D});
+    }
+    if (!in_place) {  // the packed gradient, sliced into its column blocks
+      const at::Tensor dqkv = pack_dqkv(d, B, T, heads, D).view({m, 3 * D});
+      for (int i = 0; i < 3; ++i) blocks[i] = dqkv.narrow(1, i * D, D).contiguous();
+    }
+
+    at::Tensor dh, dw, db;
+    if (ctx->needs_input_grad(0)) {
+      dh = at::empty({B, T, D}, blocks[0].options());
+      for (int i = 0; i < 3; ++i) detail::linear_input_grad(blocks[i], w.narrow(0, i * D, D), dh.view({m, D}), i > 0);
+    }
+    if (ctx->needs_input_grad(1)) dw = at::empty({3 * D, D}, w.options().dtype(w_dtype));
+    if (b_dtype >= 0 && ctx->needs_input_grad(2)) db = at::empty({3 * D}, w.options().dtype(w_dtype));
+    for (int i = 0; i < 3 && (dw.defined() || db.defined()); ++i) {
+      detail::linear_weight_grad_into(blocks[i], h2, dw.defined() ? dw.narrow(0, i * D, D) : at::Tensor(),
+                                      db.defined() ? db.narrow(0, i * D, D) : at::Tensor());
+    }
+    if (db.defined() && int64_t(db.scalar_type()) != b_dtype) db = db.to(static_cast<at::ScalarType>(b_dtype));
+    return {dh, dw, db, at::Tensor()};
   }
 };
 
 std::atomic<bool> cudnn_refused{false};
 
+bool cudnn_eligible(const at::Tensor& t) {
+  const bool half = t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+  return t.is_cuda() && half && !cudnn_refused.load();
+}
+
+// Once, before any capture (the first step runs eagerly): say so and use SDPA from now on.
+void note_refusal(const at::Tensor& qkv, const std::exception& e) {
+  cudnn_refused.store(true);
+  std::cerr << "perftrain: cuDNN attention refused " << qkv.sizes() << " (" << compat::error_message(e)
+            << "); using at::scaled_dot_product_attention\n";
+}
+
+void check_heads(const char* op, int64_t d, int64_t heads) {
+  if (heads <= 0 || d % heads != 0)
+    throw UsageError(std::string(op) + ": " + std::to_string(d) + " channels do not split into " +
+                     std::to_string(heads) + " heads");
+}
+
 }  // namespace
 
 at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads) {
-  const bool half = qkv.scalar_type() == at::kBFloat16 || qkv.scalar_type() == at::kHalf;
-  if (!qkv.is_cuda() || !half || !qkv.is_contiguous() || cudnn_refused.load()) return self_attention(qkv, heads);
+  if (!cudnn_eligible(qkv) || !qkv.is_contiguous()) return self_attention(qkv, heads);
   try {
     return CudnnAttention::apply(qkv, heads);
   } catch (const std::exception& e) {
-    // Once, before any capture (the first step runs eagerly): say so and use SDPA from now on.
-    cudnn_refused.store(true);
-    std::cerr << "perftrain: cuDNN attention refused " << qkv.sizes() << " (" << compat::error_message(e)
-              << "); using at::scaled_dot_product_attention\n";
+    note_refusal(qkv, e);
     return self_attention(qkv, heads);
   }
+}
+
+at::Tensor projected_attention(const at::Tensor& h, const at::Tensor& qkv_weight, const at::Tensor& qkv_bias,
+                               int64_t heads) {
+  detail::check_linear_args("projected_attention", h, qkv_weight, qkv_bias);
+  if (h.dim() != 3 || qkv_weight.size(0) != 3 * h.size(2))
+    throw UsageError("projected_attention: h must be [B, T, D] and qkv_weight [3D, D]");
+  check_heads("projected_attention", h.size(2), heads);
+  if (!cudnn_eligible(h)) return qkv_attention(linear(h, qkv_weight, qkv_bias), heads);
+  try {
+    return ProjectedAttention::apply(h, qkv_weight,
+                                     qkv_bias.defined() ? std::optional<at::Tensor>(qkv_bias) : std::nullopt, heads);
+  } catch (const std::exception& e) {
+    note_refusal(h, e);
+    return qkv_attention(linear(h, qkv_weight, qkv_bias), heads);
+  }
+}
+
+at::Tensor projected_attention_reference(const at::Tensor& h, const at::Tensor& qkv_weight,
+                                         const at::Tensor& qkv_bias, int64_t heads) {
+  return self_attention(linear_reference(h, qkv_weight, qkv_bias), heads);
 }
 
 }  // namespace perftrain::ops
