@@ -122,4 +122,12 @@ bool bias_grad_epilogue() {
   return on;
 }
 
+bool bgradb_epilogue() {
+  static const bool on = [] {
+    const char* v = std::getenv("PERFTRAIN_BGRADB");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
 }  // namespace perftrain::ops

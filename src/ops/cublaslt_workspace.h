@@ -37,12 +37,15 @@ bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool tr
 // (+ ATen epilogue ops) because cuBLASLt refused the fused form. 0 on the
 // DiT shapes is expected; tests and the benchmark report it.
 int64_t gemm_fallback_count();
-// Whether bias gradients ride in the products' epilogues (BGRADB,
-// DGELU_BGRAD), on by default. cuBLASLt 13.0 runs BGRADB as its own reduction
-// kernel after the product, yet that was still faster than at::sum on the
-// H200 (DiT-S/2 b256 step 35.3 ms with it, 36.5 ms with at::sum).
-// PERFTRAIN_BGRAD_EPILOGUE=0 takes them with at::sum instead, to compare.
+// Whether gelu_mlp's fc1 bias gradient rides in the DGELU_BGRAD epilogue, on
+// by default; PERFTRAIN_BGRAD_EPILOGUE=0 takes it with at::sum instead, to compare.
 bool bias_grad_epilogue();
+// Whether linear's bias gradients come from cuBLASLt's BGRADB epilogue
+// (PERFTRAIN_BGRADB=1) instead of ops::column_sums_into (the default).
+// cuBLASLt 13.0 runs BGRADB as its own reduction kernel after the product at
+// about 1 TB/s on the H200; it was still faster than at::sum (DiT-S/2 b256
+// step 35.3 vs 36.5 ms), and the column-sum kernel is meant to beat both.
+bool bgradb_epilogue();
 void note_gemm_fallback();  // for the ops that fall back
 
 }  // namespace perftrain::ops

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "ops/column_sums.h"
 
 namespace perftrain::ops {
 
@@ -116,27 +117,23 @@ void linear_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tens
 }
 
 void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2, const at::Tensor& dw, const at::Tensor& db) {
-  at::Tensor dw_out = dw, db_out = db;  // handles on the same storage
+  at::Tensor dw_out = dw;  // a handle on the same storage
+  bool db_done = false;
   if (dw.defined()) {
+    bool dw_done = false;
     if (lt_path(dy, x2)) {
-      // dW[N, K] = dY^T X, and with BGRADB db[N] = the column sums of dY from
-      // the same pass over dY (see kernels/gemm_lt.h).
-      const bool fused_db = db.defined() && bias_grad_epilogue();
-      if (try_gemm_lt(dy, true, x2, false, dw, fused_db ? GemmEpilogue::kBGradB : GemmEpilogue::kDefault,
-                      fused_db ? db : at::Tensor())) {
-        if (db.defined() && !fused_db) at::sum_out(db_out, dy, {0}, /*keepdim=*/false, db.scalar_type());
-        return;
-      }
-      note_gemm_fallback();
-      // BGRADB refused: the product alone, then the bias gradient as a sum.
-      if (db.defined() && try_gemm_lt(dy, true, x2, false, dw, GemmEpilogue::kDefault)) {
-        at::sum_out(db_out, dy, {0}, /*keepdim=*/false, db.scalar_type());
-        return;
-      }
+      // dW[N, K] = dY^T X; with BGRADB (when asked for) db[N] = the column
+      // sums of dY after the product (see kernels/gemm_lt.h).
+      const bool fused_db = db.defined() && bgradb_epilogue();
+      dw_done = try_gemm_lt(dy, true, x2, false, dw, fused_db ? GemmEpilogue::kBGradB : GemmEpilogue::kDefault,
+                            fused_db ? db : at::Tensor());
+      db_done = dw_done && fused_db;
+      if (!dw_done && fused_db) dw_done = try_gemm_lt(dy, true, x2, false, dw, GemmEpilogue::kDefault);
+      if (!dw_done) note_gemm_fallback();
     }
-    dw_out.copy_(mm_in(dy.t(), x2, dw.scalar_type()));
+    if (!dw_done) dw_out.copy_(mm_in(dy.t(), x2, dw.scalar_type()));
   }
-  if (db.defined()) at::sum_out(db_out, dy, {0}, /*keepdim=*/false, db.scalar_type());
+  if (db.defined() && !db_done) column_sums_into({dy}, {db});
 }
 
 std::pair<at::Tensor, at::Tensor> linear_weight_grad(const at::Tensor& dy, const at::Tensor& x2,

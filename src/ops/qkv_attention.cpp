@@ -8,11 +8,14 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "base/error.h"
+#include "ops/column_sums.h"
 #include "ops/compat.h"
 #include "ops/linear.h"
 #include "ops/self_attention.h"
@@ -74,6 +77,18 @@ at::Tensor pack_dqkv(const std::array<at::Tensor, 3>& d, int64_t B, int64_t T, i
   return dqkv.view({B, T, 3 * D});
 }
 
+// PERFTRAIN_QKV_GRAD=packed: projected_attention's backward packs dq/dk/dv
+// into one [B, T, 3D] gradient and runs the projection's two products on it
+// (three copies, two products) instead of six products on the blocks in
+// place: to compare the two on a GPU (fewer launches vs fewer bytes).
+bool packed_qkv_grad() {
+  static const bool packed = [] {
+    const char* v = std::getenv("PERFTRAIN_QKV_GRAD");
+    return v != nullptr && std::string(v) == "packed";
+  }();
+  return packed;
+}
+
 struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads) {
     return cudnn_forward(ctx, qkv, heads, {});
@@ -117,28 +132,36 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     // layout (it does on the DiT shapes): then it is the output gradient of
     // one row block of the projection, and the products read it in place.
     std::array<at::Tensor, 3> blocks;
-    bool in_place = true;
+    bool in_place = !packed_qkv_grad();
     for (int i = 0; i < 3; ++i) {
       const at::Tensor tm = d[i].transpose(1, 2);
       in_place = in_place && tm.is_contiguous();
       if (in_place) blocks[i] = tm.view({m, D});
     }
-    if (!in_place) {  // the packed gradient, sliced into its column blocks
+    at::Tensor dh, dw, db;
+    if (!in_place) {  // the packed gradient and the plain linear backward on it
       const at::Tensor dqkv = pack_dqkv(d, B, T, heads, D).view({m, 3 * D});
-      for (int i = 0; i < 3; ++i) blocks[i] = dqkv.narrow(1, i * D, D).contiguous();
+      if (ctx->needs_input_grad(0)) {
+        dh = at::empty({B, T, D}, dqkv.options());
+        detail::linear_input_grad(dqkv, w, dh.view({m, D}));
+      }
+      std::tie(dw, db) = detail::linear_weight_grad(dqkv, h2, w_dtype, ctx->needs_input_grad(1),
+                                                    b_dtype >= 0 && ctx->needs_input_grad(2));
+      if (db.defined() && int64_t(db.scalar_type()) != b_dtype) db = db.to(static_cast<at::ScalarType>(b_dtype));
+      return {dh, dw, db, at::Tensor()};
     }
 
-    at::Tensor dh, dw, db;
     if (ctx->needs_input_grad(0)) {
       dh = at::empty({B, T, D}, blocks[0].options());
       for (int i = 0; i < 3; ++i) detail::linear_input_grad(blocks[i], w.narrow(0, i * D, D), dh.view({m, D}), i > 0);
     }
     if (ctx->needs_input_grad(1)) dw = at::empty({3 * D, D}, w.options().dtype(w_dtype));
     if (b_dtype >= 0 && ctx->needs_input_grad(2)) db = at::empty({3 * D}, w.options().dtype(w_dtype));
-    for (int i = 0; i < 3 && (dw.defined() || db.defined()); ++i) {
-      detail::linear_weight_grad_into(blocks[i], h2, dw.defined() ? dw.narrow(0, i * D, D) : at::Tensor(),
-                                      db.defined() ? db.narrow(0, i * D, D) : at::Tensor());
-    }
+    for (int i = 0; i < 3 && dw.defined(); ++i)
+      detail::linear_weight_grad_into(blocks[i], h2, dw.narrow(0, i * D, D), at::Tensor());
+    // The three bias-gradient blocks in one launch pair.
+    if (db.defined()) column_sums_into({blocks[0], blocks[1], blocks[2]}, {db.narrow(0, 0, D), db.narrow(0, D, D),
+                                                                         db.narrow(0, 2 * D, D)});
     if (db.defined() && int64_t(db.scalar_type()) != b_dtype) db = db.to(static_cast<at::ScalarType>(b_dtype));
     return {dh, dw, db, at::Tensor()};
   }

@@ -1,0 +1,122 @@
+#include "kernels/column_sums.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda_check.h"
+#include "kernels/vector_io.cuh"
+
+namespace perftrain::kernels {
+namespace {
+
+using detail::load_vec;
+using detail::to_float;
+
+constexpr int kVec = 8;                      // columns per thread
+constexpr int kThreadsX = 32;                // threads across a column tile
+constexpr int kTileCols = kThreadsX * kVec;  // 256
+constexpr int kThreadsY = 8;                 // rows walked at once
+
+struct Pointers {
+  const void* in[kColumnSumsMaxMatrices];
+  float* out[kColumnSumsMaxMatrices];
+};
+
+// Block (column tile, chunk, matrix): the chunk's rows, summed per column.
+// VEC8: whole 16-byte vectors (cols % 8 == 0 and aligned); else one column
+// per load, same ownership.
+template <typename T, bool VEC8>
+__global__ void __launch_bounds__(kThreadsX* kThreadsY)
+    column_partials_kernel(Pointers p, int64_t rows, int cols, int64_t rows_per_chunk, float* __restrict__ partials) {
+  __shared__ float smem[kThreadsY][kTileCols];
+  const int chunk = blockIdx.y, chunks = gridDim.y, mat = blockIdx.z;
+  const T* __restrict__ in = static_cast<const T*>(p.in[mat]);
+  const int c0 = blockIdx.x * kTileCols + threadIdx.x * kVec;
+  const int64_t r0 = int64_t(chunk) * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  float acc[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
+  if (c0 < cols) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kThreadsY) {
+      const T* row = in + r * cols;
+      if constexpr (VEC8) {
+        float v[kVec];
+        load_vec<T, kVec>(row + c0, v);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) acc[j] += v[j];
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j)
+          if (c0 + j < cols) acc[j] += to_float(row[c0 + j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) smem[threadIdx.y][threadIdx.x * kVec + j] = acc[j];
+  __syncthreads();
+  // 256 threads, one column of the tile each: add the 8 row groups in order.
+  const int t = threadIdx.y * kThreadsX + threadIdx.x;
+  const int c = blockIdx.x * kTileCols + t;
+  if (c < cols) {
+    float s = 0.f;
+#pragma unroll
+    for (int y = 0; y < kThreadsY; ++y) s += smem[y][t];
+    partials[(int64_t(mat) * chunks + chunk) * cols + c] = s;
+  }
+}
+
+__global__ void column_reduce_kernel(Pointers p, const float* __restrict__ partials, int chunks, int cols) {
+  const int mat = blockIdx.y;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const float* q = partials + int64_t(mat) * chunks * cols + c;
+  float s = 0.f;
+  for (int k = 0; k < chunks; ++k) s += q[int64_t(k) * cols];
+  p.out[mat][c] = s;
+}
+
+}  // namespace
+
+int column_sums_chunks(int64_t rows, int cols, int count, int sm_count) {
+  if (rows < 1 || cols < 1 || count < 1) return 1;
+  // About four blocks per SM in all, each with at least 64 rows to walk.
+  const int64_t tiles = (cols + kTileCols - 1) / kTileCols;
+  const int64_t want = (4LL * std::max(sm_count, 1) + tiles * count - 1) / (tiles * count);
+  return int(std::max<int64_t>(1, std::min<int64_t>({want, (rows + 63) / 64, 65535})));
+}
+
+template <typename T>
+void column_sums(const T* const* inputs, float* const* outputs, int count, int64_t rows, int cols, float* partials,
+                 int chunks, cudaStream_t stream) {
+  if (count < 1 || count > kColumnSumsMaxMatrices || rows < 0 || cols < 1 || chunks < 1 || chunks > 65535)
+    throw std::invalid_argument("column_sums: unsupported count=" + std::to_string(count) +
+                                " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                                " chunks=" + std::to_string(chunks));
+  Pointers p{};
+  bool vec8 = cols % kVec == 0;
+  for (int j = 0; j < count; ++j) {
+    if (inputs[j] == nullptr || outputs[j] == nullptr) throw std::invalid_argument("column_sums: null pointer");
+    p.in[j] = inputs[j];
+    p.out[j] = outputs[j];
+    vec8 = vec8 && detail::vec8_aligned(inputs[j]);
+  }
+  const int64_t rows_per_chunk = std::max<int64_t>(1, (rows + chunks - 1) / chunks);
+  const dim3 block(kThreadsX, kThreadsY);
+  const dim3 grid((cols + kTileCols - 1) / kTileCols, chunks, count);
+  if (vec8)
+    column_partials_kernel<T, true><<<grid, block, 0, stream>>>(p, rows, cols, rows_per_chunk, partials);
+  else
+    column_partials_kernel<T, false><<<grid, block, 0, stream>>>(p, rows, cols, rows_per_chunk, partials);
+  PERFTRAIN_LAUNCH_CHECK();
+  column_reduce_kernel<<<dim3((cols + 255) / 256, count), 256, 0, stream>>>(p, partials, chunks, cols);
+  PERFTRAIN_LAUNCH_CHECK();
+}
+
+template void column_sums<float>(const float* const*, float* const*, int, int64_t, int, float*, int, cudaStream_t);
+template void column_sums<__nv_bfloat16>(const __nv_bfloat16* const*, float* const*, int, int64_t, int, float*, int,
+                                         cudaStream_t);
+template void column_sums<__half>(const __half* const*, float* const*, int, int64_t, int, float*, int, cudaStream_t);
+
+}  // namespace perftrain::kernels

@@ -1,0 +1,39 @@
+// Column sums of up to four [rows, cols] matrices in one pass each, in fp32:
+//   out_j[c] = sum_r in_j[r, c]
+// This is the bias gradient of a linear layer (db = column sums of dY). Why
+// not cuBLASLt's BGRADB epilogue: cuBLAS 13.0 runs it as a separate reduction
+// after the product at about 1 TB/s (docs/perf/gpu-facts.md), and the qkv
+// projection's three gradient blocks would need three of them; here all
+// matrices go through one launch at streaming bandwidth.
+//
+// Shape: block (column tile of 256, row chunk, matrix); 32 threads across the
+// tile each own 8 adjacent columns (one 16-byte load of bf16 per row), 8 rows
+// of threads walk the chunk; the 8 partial sums go through shared memory to
+// one row of fp32 partials [matrix][chunk][cols], and a second small kernel
+// adds the chunks in a fixed order. Deterministic, no atomics, shape-determined
+// grid and scratch: captures in CUDA graphs.
+//
+// Bytes: reads rows * cols * sizeof(T) per matrix, writes 4 * cols * (chunks + 1).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace perftrain::kernels {
+
+constexpr int kColumnSumsMaxMatrices = 4;
+
+// Row chunks per matrix the sums use; the caller allocates partials of
+// count * chunks * cols floats.
+int column_sums_chunks(int64_t rows, int cols, int count, int sm_count);
+
+// inputs[j] [rows, cols] dense row-major (T: float, __nv_bfloat16, __half),
+// outputs[j] [cols] fp32, j < count <= kColumnSumsMaxMatrices. partials as above.
+template <typename T>
+void column_sums(const T* const* inputs, float* const* outputs, int count, int64_t rows, int cols, float* partials,
+                 int chunks, cudaStream_t stream);
+
+}  // namespace perftrain::kernels

@@ -1,0 +1,56 @@
+#include "ops/column_sums.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <string>
+
+#include "base/error.h"
+#include "kernels/column_sums.h"
+#include "ops/dtype_dispatch.h"
+
+namespace perftrain::ops {
+
+void column_sums_into(const std::vector<at::Tensor>& mats, const std::vector<at::Tensor>& outs) {
+  if (mats.empty() || mats.size() != outs.size() || mats.size() > size_t(kernels::kColumnSumsMaxMatrices))
+    throw UsageError("column_sums_into: 1 to " + std::to_string(kernels::kColumnSumsMaxMatrices) +
+                     " matrices, one output each");
+  const at::Tensor& m0 = mats[0];
+  bool fused = m0.is_cuda() && is_kernel_dtype(m0.scalar_type()) && m0.dim() == 2 && m0.numel() > 0;
+  for (size_t j = 0; j < mats.size(); ++j) {
+    if (mats[j].dim() != 2 || mats[j].sizes() != m0.sizes() || mats[j].scalar_type() != m0.scalar_type() ||
+        mats[j].device() != m0.device() || !mats[j].is_contiguous())
+      throw UsageError("column_sums_into: the matrices must be contiguous 2-D tensors of one shape, dtype and device");
+    if (outs[j].dim() != 1 || outs[j].size(0) != m0.size(1) || !outs[j].is_contiguous() ||
+        outs[j].device() != m0.device())
+      throw UsageError("column_sums_into: each output must be a contiguous [N] tensor on the matrices' device");
+    fused = fused && outs[j].scalar_type() == at::kFloat;
+  }
+  if (!fused) {
+    for (size_t j = 0; j < mats.size(); ++j) {
+      at::Tensor out = outs[j];
+      at::sum_out(out, mats[j], {0}, /*keepdim=*/false, out.scalar_type());
+    }
+    return;
+  }
+  const c10::cuda::CUDAGuard guard(m0.device());
+  const int count = int(mats.size()), cols = int(m0.size(1));
+  const int64_t rows = m0.size(0);
+  const int chunks = kernels::column_sums_chunks(rows, cols, count,
+                                                 at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  // Shape-determined scratch from the caching allocator: fine under graph capture.
+  at::Tensor partials = at::empty({count, chunks, cols}, m0.options().dtype(at::kFloat));
+  float* out_ptrs[kernels::kColumnSumsMaxMatrices] = {};
+  for (int j = 0; j < count; ++j) out_ptrs[j] = outs[j].data_ptr<float>();
+  with_kernel_type("column_sums_into", m0.scalar_type(), [&](auto tp) {
+    using T = kernel_type<decltype(tp)>;
+    const T* in_ptrs[kernels::kColumnSumsMaxMatrices] = {};
+    for (int j = 0; j < count; ++j) in_ptrs[j] = static_cast<const T*>(mats[j].data_ptr());
+    kernels::column_sums<T>(in_ptrs, out_ptrs, count, rows, cols, partials.data_ptr<float>(), chunks,
+                            at::cuda::getCurrentCUDAStream());
+  });
+}
+
+}  // namespace perftrain::ops

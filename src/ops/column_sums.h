@@ -1,0 +1,17 @@
+// Bias gradients as column sums: out_j = sum over rows of mats_j, for a few
+// matrices at once (one launch pair for all of them on CUDA, see
+// kernels/column_sums.h for why not cuBLASLt's BGRADB).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace perftrain::ops {
+
+// mats: 1 to 4 contiguous [M, N] tensors of one float dtype and shape, on one
+// device; outs: as many contiguous [N] tensors (written). CUDA with fp32
+// outputs: the fused kernel, fp32 accumulation; otherwise at::sum_out.
+void column_sums_into(const std::vector<at::Tensor>& mats, const std::vector<at::Tensor>& outs);
+
+}  // namespace perftrain::ops

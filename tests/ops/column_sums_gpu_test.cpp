@@ -1,0 +1,61 @@
+// ops::column_sums_into on the GPU: the fused column-sum kernel against
+// float64 sums for 1-3 matrices at once, every float dtype, aligned and odd
+// widths, a single row and DiT-sized ones, on NaN-poisoned outputs; the same
+// bits on a rerun (fixed reduction order). Skips without a GPU.
+#include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/randn.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "ops/column_sums.h"
+#include "ops/compat.h"
+#include "support/tensor_checks.h"
+
+namespace perftrain::ops {
+namespace {
+
+const at::Device kCuda(at::kCUDA, 0);
+
+TEST(ColumnSumsGpu, MatchFloat64AndRepeatBitForBit) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = at::cuda::detail::createCUDAGenerator(0);
+  g.set_current_seed(3);
+  struct Case {
+    int64_t rows, cols;
+    int count;
+  };
+  for (const at::ScalarType dt : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (const Case c : {Case{1, 8, 1}, Case{7, 100, 2}, Case{300, 384, 3}, Case{8192, 1152, 3}, Case{65536, 384, 1},
+                         Case{1000, 257, 2}}) {
+      std::vector<at::Tensor> mats, outs, again;
+      for (int j = 0; j < c.count; ++j) {
+        // A mean offset, so that column sums are large and cancellation shows.
+        mats.push_back((at::randn({c.rows, c.cols}, g, at::TensorOptions().device(kCuda)) + 0.5).to(dt));
+        outs.push_back(at::full({c.cols}, std::numeric_limits<double>::quiet_NaN(),
+                                at::TensorOptions().device(kCuda).dtype(at::kFloat)));
+        again.push_back(at::full_like(outs.back(), std::numeric_limits<double>::quiet_NaN()));
+      }
+      column_sums_into(mats, outs);
+      column_sums_into(mats, again);
+      const std::string what = std::string(c10::toString(dt)) + " " + std::to_string(c.rows) + "x" +
+                               std::to_string(c.cols) + " x" + std::to_string(c.count);
+      for (int j = 0; j < c.count; ++j) {
+        const at::Tensor want = mats[j].to(at::kDouble).sum(0);
+        // fp32 accumulation over `rows` terms of magnitude ~1: error ~ rows * 2^-24 * |sum|-ish; 1e-5 relative
+        // plus an absolute term for columns that sum near zero.
+        EXPECT_TRUE(perftrain::testing::all_close(outs[j], want, 1e-6 * double(c.rows), 1e-5)) << what << " m" << j;
+        EXPECT_TRUE(at::equal(outs[j], again[j])) << what << " m" << j << ": a rerun gave other bits";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace perftrain::ops
