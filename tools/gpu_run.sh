@@ -6,6 +6,8 @@
 #   MODE=bench  perftrain bench --against-torch on BENCH_CASES (default: the four target cases)
 #   MODE=curve  first 500 steps of DiT-S/2 on Fashion-MNIST: the fast path vs two eager fp32 seeds
 #   MODE=train  the default training run, STEPS steps
+#   MODE=tune   gpu tests, then the `all` variant on BENCH_CASES per switch in TUNE_ENVS (e.g.
+#               "PERFTRAIN_QKV_GRAD=packed PERFTRAIN_BGRADB=1") and with --recompute, side by side
 # Options: TESTS=all (every test, not only gpu ones), COMMIT=<sha>, BENCH_CASES="DiT-S/2:32,256 DiT-B/2:256",
 # BENCH_ARGS (extra bench flags). In a device call: carry [".carry"]. Results go to $OUT (or ./gpu-out).
 set -uo pipefail
@@ -89,6 +91,19 @@ case "$MODE" in
       env $COMPARE_ENV $BIN bench --model DiT-S/2 --batch 32,256 --variants all --steps 20 --warmup 5 \
         --out "$RUNS/bench-compare" 2>&1 | grep -E "^DiT" | sed "s/^/[$COMPARE_ENV] /" | tee -a "$SUMMARY"
     fi
+    ;;
+  tune)  # gpu tests, then the `all` variant of BENCH_CASES under each switch of TUNE_ENVS and with --recompute
+    run_tests
+    for c in ${BENCH_CASES:-DiT-S/2:32,256 DiT-XL/2:256}; do
+      model=${c%%:*} batches=${c##*:}
+      for e in default ${TUNE_ENVS:-}; do
+        envs=(); [ "$e" != default ] && envs=("$e")
+        env "${envs[@]}" $BIN bench --model "$model" --batch "$batches" --variants all --steps 15 --warmup 4 \
+          --out "$RUNS/tune-$RANDOM" 2>&1 | grep -E "^  batch |^DiT" | sed "s|^|[$e] |" | tee -a "$SUMMARY"
+      done
+      $BIN bench --model "$model" --batch "$batches" --variants all --steps 15 --warmup 4 --recompute \
+        --out "$RUNS/tune-$RANDOM" 2>&1 | grep -E "^  batch |^DiT" | sed "s|^|[--recompute] |" | tee -a "$SUMMARY"
+    done
     ;;
   check)
     run_tests
