@@ -159,6 +159,8 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   auto built = models::build_model_and_ema(cfg.model, cfg.optim.seed, device);
   models::DiT& model = *built.model;
   models::DiT& ema = *built.ema;
+  compat::synchronize(device);
+  row.build_s = std::chrono::duration<double>(Clock::now() - t0).count();
   at::Generator gen = at::globalContext().defaultGenerator(device).clone();
   gen.set_current_seed(cfg.optim.seed);
   train::StepRunner runner(model, ema, cfg, so, device, gen);
@@ -236,7 +238,7 @@ void print_row(const ob::BenchRow& r) {
     std::cout << ob::format_number(r.ms, 2) << " ms (p10 " << ob::format_number(r.ms_p10, 2) << ", p90 "
               << ob::format_number(r.ms_p90, 2) << "), " << ob::format_rate(r.tflops) << " TFLOP/s, peak "
               << ob::format_gib(r.peak_gib) << ", first step " << ob::format_number(r.first_step_s, 2)
-              << " s, " << r.graph_status << (r.ok() ? "" : "; error: " + r.error) << "\n";
+              << " s (build " << ob::format_number(r.build_s, 2) << " s), " << r.graph_status << (r.ok() ? "" : "; error: " + r.error) << "\n";
   std::cout.flush();
 }
 

@@ -2,6 +2,7 @@
 
 #include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 
 #include <ATen/TensorOperators.h>
 
@@ -87,9 +88,17 @@ at::Tensor FinalLayer::forward(const at::Tensor& x, const at::Tensor& c) const {
   return linear.forward(nn::modulate(nn::layer_norm_no_affine(x), mod[0], mod[1]));
 }
 
-static at::Generator seeded(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+static at::Generator seeded(uint64_t seed, const at::Device& device = at::kCPU) {
+  if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Generator gen = at::globalContext().defaultGenerator(device).clone();
+  gen.set_current_seed(seed);
+  return gen;
+}
 
 DiT::DiT(const DiTConfig& cfg, uint64_t seed) : DiT((cfg.validate(), cfg), seeded(seed)) {}
+
+DiT::DiT(const DiTConfig& cfg, uint64_t seed, const at::Device& device)
+    : DiT((cfg.validate(), cfg), seeded(seed, device)) {}
 
 DiT::DiT(const DiTConfig& cfg, at::Generator gen)
     : cfg_(cfg),
@@ -97,7 +106,7 @@ DiT::DiT(const DiTConfig& cfg, at::Generator gen)
       t_embedder(cfg.hidden, gen),
       y_embedder(cfg.num_classes, cfg.hidden, cfg.class_dropout > 0, gen),
       final_layer(cfg, gen) {
-  pos_embed = nn::sincos_pos_embed_2d(cfg.hidden, cfg.image_size / cfg.patch).unsqueeze(0);
+  pos_embed = nn::sincos_pos_embed_2d(cfg.hidden, cfg.image_size / cfg.patch).unsqueeze(0).to(gen.device());
   for (int64_t i = 0; i < cfg.depth; ++i) blocks.add(std::make_unique<DiTBlock>(cfg, gen));
   // Registration order is the reference's state_dict order.
   register_parameter("pos_embed", &pos_embed, /*trainable=*/false);
@@ -155,15 +164,21 @@ at::Tensor DiT::unpatchify(const at::Tensor& x) const {
 }
 
 ModelAndEma build_model_and_ema(const DiTConfig& cfg, uint64_t seed, const at::Device& device) {
-  auto build = [&cfg, seed, device]() {
-    auto m = std::make_unique<DiT>(cfg, seed);
-    m->transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
+  // transform() also marks the trainable tensors as requiring gradients.
+  auto build = [&cfg, seed, device] {
+    auto m = std::make_unique<DiT>(cfg, seed, device);
+    m->transform([](const std::string&, const at::Tensor& t) { return t; });
     return m;
   };
-  auto ema = std::async(std::launch::async, build);
   ModelAndEma out;
-  out.model = build();
-  out.ema = ema.get();
+  if (device.is_cpu()) {  // the CPU's draws are slow for large models: two threads
+    auto ema = std::async(std::launch::async, build);
+    out.model = build();
+    out.ema = ema.get();
+  } else {
+    out.model = build();
+    out.ema = build();
+  }
   for (auto& p : out.ema->parameters()) p.set_requires_grad(false);
   return out;
 }

@@ -52,6 +52,9 @@ class DiT : public nn::Module {
   // Builds on the CPU in float32 with the reference initialisation drawn from
   // a generator seeded with `seed`.
   DiT(const DiTConfig& cfg, uint64_t seed);
+  // The same on `device`, drawn from that device's generator seeded with
+  // `seed` (other values than the CPU's for the same seed; same on every run).
+  DiT(const DiTConfig& cfg, uint64_t seed, const at::Device& device);
   // x [B, C, H, W], t [B] float (timestep units), y [B] int64 -> [B, out, H, W]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) const;
   const DiTConfig& config() const { return cfg_; }
@@ -81,9 +84,9 @@ class DiT : public nn::Module {
 };
 
 // A model to train and its EMA (the same initial weights; the EMA takes no
-// gradients), both on `device`. The two are built on two threads: the
-// reference initialisation draws on the CPU, which is most of the time to the
-// first step for large models (DiT-XL/2: ~5 s each).
+// gradients), both on `device`, initialised there (DiT(cfg, seed, device)):
+// on a GPU in milliseconds, where drawing DiT-XL/2's weights on the CPU took
+// ~5 s per model and was most of the time to the first step.
 struct ModelAndEma {
   std::unique_ptr<DiT> model, ema;
 };

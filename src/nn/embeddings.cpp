@@ -18,9 +18,9 @@ namespace perftrain::nn {
 
 PatchEmbed::PatchEmbed(int64_t in_channels, int64_t hidden, int64_t patch, at::Generator& gen)
     : patch_(patch) {
-  weight = at::empty({hidden, in_channels, patch, patch}, at::kFloat);
+  weight = at::empty({hidden, in_channels, patch, patch}, param_options(gen));
   xavier_uniform_(weight, gen);  // as the reference: on the [hidden, C*p*p] view
-  bias = at::zeros({hidden}, at::kFloat);
+  bias = at::zeros({hidden}, param_options(gen));
   register_module("proj", &proj_);
 }
 
@@ -57,7 +57,7 @@ at::Tensor TimestepEmbedder::forward(const at::Tensor& t) const {
 
 LabelEmbedder::LabelEmbedder(int64_t num_classes, int64_t hidden, bool with_null_class,
                              at::Generator& gen) {
-  embedding_table = at::empty({num_classes + (with_null_class ? 1 : 0), hidden}, at::kFloat);
+  embedding_table = at::empty({num_classes + (with_null_class ? 1 : 0), hidden}, param_options(gen));
   normal_(embedding_table, 0.02, gen);
   register_parameter("embedding_table.weight", &embedding_table);
 }

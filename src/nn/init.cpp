@@ -17,4 +17,8 @@ void normal_(at::Tensor& w, double std, at::Generator& gen) {
   w.normal_(0.0, std, gen);
 }
 
+at::TensorOptions param_options(const at::Generator& gen) {
+  return at::TensorOptions().dtype(at::kFloat).device(gen.device());
+}
+
 }  // namespace perftrain::nn

@@ -5,6 +5,7 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/TensorOptions.h>
 
 namespace perftrain::nn {
 
@@ -12,5 +13,11 @@ namespace perftrain::nn {
 // dimensions after the first (a conv weight viewed as [out, in*kh*kw]).
 void xavier_uniform_(at::Tensor& w, at::Generator& gen);
 void normal_(at::Tensor& w, double std, at::Generator& gen);
+
+// Where parameters drawn from `gen` are created: float32 on the generator's
+// device. A CUDA generator builds the model on the GPU directly (its init
+// takes milliseconds; a CPU generator's draws of DiT-XL/2's 675M values take
+// seconds), so the same seed gives a different initial model on CPU and GPU.
+at::TensorOptions param_options(const at::Generator& gen);
 
 }  // namespace perftrain::nn

@@ -10,11 +10,11 @@
 namespace perftrain::nn {
 
 Linear::Linear(int64_t in_features, int64_t out_features, at::Generator& gen, bool has_bias) {
-  weight = at::empty({out_features, in_features}, at::kFloat);
+  weight = at::empty({out_features, in_features}, param_options(gen));
   xavier_uniform_(weight, gen);
   register_parameter("weight", &weight);
   if (has_bias) {
-    bias = at::zeros({out_features}, at::kFloat);
+    bias = at::zeros({out_features}, param_options(gen));
     register_parameter("bias", &bias);
   }
 }

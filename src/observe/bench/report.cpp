@@ -127,6 +127,7 @@ nlohmann::ordered_json to_json(const BenchRow& r) {
                       {"mfu", opt(r.mfu)},
                       {"peak_gib", opt(r.peak_gib)},
                       {"first_step_s", opt(r.first_step_s)},
+                      {"build_s", opt(r.build_s)},
                       {"loss", opt(r.loss)},
                       {"graph_status", r.graph_status},
                       {"speedup_vs_best_torch", opt(r.speedup_vs_best_torch)},

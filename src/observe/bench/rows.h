@@ -25,6 +25,7 @@ struct BenchRow {
   std::vector<double> repeat_median_ms, step_ms;
   std::optional<double> images_per_s, tflops, mfu;
   std::optional<double> peak_gib, first_step_s, loss;
+  std::optional<double> build_s;  // of first_step_s: model and EMA built and on the device
   std::optional<double> speedup_vs_best_torch;  // best torch ms / this row's ms
   std::string graph_status;
   std::string error;  // empty: the row ran
