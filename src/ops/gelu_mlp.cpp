@@ -8,6 +8,7 @@
 #include <c10/util/irange.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -34,7 +35,7 @@ std::string shape(const at::Tensor& t) {
 
 void check_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                 const at::Tensor& b2) {
-  if (!b1.defined() || !b2.defined()) throw UsageError("gelu_mlp: b1 and b2 are required (use linear for no bias)");
+  if (!b1.defined()) throw UsageError("gelu_mlp: b1 is required (use linear for no bias)");
   detail::check_linear_args("gelu_mlp fc1", x, w1, b1);
   const int64_t h = w1.size(0);
   if (w2.dim() != 2 || w2.size(1) != h)
@@ -91,8 +92,10 @@ at::Tensor cast_to(const at::Tensor& t, at::ScalarType dtype) {
 }
 
 struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
+  // b2 travels as an optional: autograd functions take no undefined tensors.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
-                            const at::Tensor& w2, const at::Tensor& b2) {
+                            const at::Tensor& w2, const std::optional<at::Tensor>& b2_opt) {
+    const at::Tensor b2 = b2_opt.value_or(at::Tensor());
     const c10::DeviceGuard device_guard(x.device());  // handle, stream and workspace of x's device
     const int64_t m = leading_rows(x), c = x.size(-1), h = w1.size(0), d = w2.size(0);
     const at::ScalarType dt = x.scalar_type();
@@ -104,7 +107,7 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     std::vector<int64_t> out_sizes = x.sizes().vec();
     out_sizes.back() = d;
     at::Tensor y = at::empty(out_sizes, x.options());
-    detail::linear_forward_product(act, w2c, b2.contiguous(), y.view({m, d}));
+    detail::linear_forward_product(act, w2c, b2.defined() ? b2.contiguous() : b2, y.view({m, d}));
 
     // Only what the wanted gradients read: act for dW2; w2 and pre to reach
     // pre's gradient; then x for dW1 and w1 for dx.
@@ -118,7 +121,7 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     ctx->saved_data["w1_dtype"] = int64_t(w1.scalar_type());
     ctx->saved_data["b1_dtype"] = int64_t(b1.scalar_type());
     ctx->saved_data["w2_dtype"] = int64_t(w2.scalar_type());
-    ctx->saved_data["b2_dtype"] = int64_t(b2.scalar_type());
+    ctx->saved_data["b2_dtype"] = b2.defined() ? int64_t(b2.scalar_type()) : int64_t(-1);
     return y;
   }
 
@@ -132,8 +135,9 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     const at::Tensor dy = grads[0].to(dt).contiguous().view({m, grads[0].size(-1)});
 
     // fc2: dW2 = dy^T act with db2 from the same product.
+    const bool has_b2 = ctx->saved_data["b2_dtype"].toInt() >= 0;
     auto [dw2, db2] = detail::linear_weight_grad(dy, act, dtype_of(ctx, "w2_dtype"), ctx->needs_input_grad(3),
-                                                 ctx->needs_input_grad(4));
+                                                 has_b2 && ctx->needs_input_grad(4));
     at::Tensor dx, dw1, db1;
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
       auto [dpre, db1_fused] = fc2_back_through_gelu(dy, w2c, pre, ctx->needs_input_grad(2));
@@ -148,7 +152,8 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
         detail::linear_input_grad(dpre, w1c, dx.view({m, c}));
       }
     }
-    return {dx, dw1, cast_to(db1, dtype_of(ctx, "b1_dtype")), dw2, cast_to(db2, dtype_of(ctx, "b2_dtype"))};
+    return {dx, dw1, cast_to(db1, dtype_of(ctx, "b1_dtype")), dw2,
+            has_b2 ? cast_to(db2, dtype_of(ctx, "b2_dtype")) : at::Tensor()};
   }
 };
 
@@ -157,21 +162,21 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
 at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                               const at::Tensor& b2) {
   const at::Tensor h = at::linear(x.to(at::kFloat), w1.to(at::kFloat), b1.to(at::kFloat));
-  return at::linear(at::gelu(h, "tanh"), w2.to(at::kFloat), b2.to(at::kFloat));
+  return at::linear(at::gelu(h, "tanh"), w2.to(at::kFloat), b2.defined() ? b2.to(at::kFloat) : b2);
 }
 
 at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                     const at::Tensor& b2) {
   check_args(x, w1, b1, w2, b2);
   if (!x.is_cuda()) return gelu_mlp_reference(x, w1, b1, w2, b2).to(x.scalar_type());
-  return GeluMlpFunction::apply(x, w1, b1, w2, b2);
+  return GeluMlpFunction::apply(x, w1, b1, w2, b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt);
 }
 
 namespace detail {
 at::Tensor gelu_mlp_function(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                              const at::Tensor& b2) {
   check_args(x, w1, b1, w2, b2);
-  return GeluMlpFunction::apply(x, w1, b1, w2, b2);
+  return GeluMlpFunction::apply(x, w1, b1, w2, b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt);
 }
 }  // namespace detail
 

@@ -1,10 +1,10 @@
 // The transformer MLP, fc2(gelu_tanh(fc1(x))), as one autograd function
 // whose elementwise work rides in cuBLASLt epilogues: fc1's bias and GELU in
 // its product (GELU_AUX_BIAS, keeping the pre-activation), fc2's bias in
-// its; backward: fc2's weight and bias gradients in one product (BGRADB),
-// the GELU derivative and fc1's bias gradient in the product that
-// back-propagates through fc2 (DGELU_BGRAD). No separate GELU, bias-add or
-// bias-reduction kernel runs on the fused path.
+// its; backward: fc2's weight gradient product and its bias gradient as
+// column sums (ops/column_sums), the GELU derivative and fc1's bias gradient
+// in the product that back-propagates through fc2 (DGELU_BGRAD). No separate
+// GELU or bias-add kernel runs on the fused path.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,7 +14,8 @@
 namespace perftrain::ops {
 
 // x [..., C] in the compute dtype (bf16, fp16 or fp32); w1 [H, C], b1 [H],
-// w2 [D, H], b2 [D] (biases required) in fp32 or x's dtype, cast to x's
+// w2 [D, H], b2 [D] (b1 required; b2 may be undefined, e.g. when the gated
+// residual after the MLP adds it) in fp32 or x's dtype, cast to x's
 // dtype per call. Returns [..., D] in x's dtype; gradients as ops::linear.
 // Saves for backward x, the cast weights, the pre-activation and the
 // activation ([M, H] each), only those the wanted gradients read.

@@ -1,8 +1,9 @@
 // y = x W^T + b on Tensor Cores through cuBLASLt, as one autograd function:
 // the bias rides in the product's epilogue, and the backward's weight
-// gradient is written straight in fp32 with the bias gradient fused into the
-// same product (cuBLASLt BGRADB). The DiT block's qkv, attention projection
-// and final layers use it; the MLP uses gelu_mlp.
+// gradient is written straight in fp32; the bias gradient comes from the
+// column-sum kernel (ops/column_sums; cuBLASLt's BGRADB with
+// PERFTRAIN_BGRADB=1). The DiT block's attention projection and final layers
+// use it; qkv goes through projected_attention, the MLP through gelu_mlp.
 #pragma once
 
 #include <ATen/core/Tensor.h>
