@@ -7,7 +7,8 @@
 #   MODE=curve  first 500 steps of DiT-S/2 on Fashion-MNIST: the fast path vs two eager fp32 seeds
 #   MODE=train  the default training run, STEPS steps
 #   MODE=tune   gpu tests, then the `all` variant on BENCH_CASES per switch in TUNE_ENVS (e.g.
-#               "PERFTRAIN_QKV_GRAD=packed PERFTRAIN_BGRADB=1") and with --recompute, side by side
+#               "PERFTRAIN_QKV_GRAD=packed PERFTRAIN_BGRADB=1") and with --recompute, side by side;
+#               PROFILE=1 adds a kernel profile per case
 # Options: TESTS=all (every test, not only gpu ones), COMMIT=<sha>, BENCH_CASES="DiT-S/2:32,256 DiT-B/2:256",
 # BENCH_ARGS (extra bench flags). In a device call: carry [".carry"]. Results go to $OUT (or ./gpu-out).
 set -uo pipefail
@@ -103,6 +104,12 @@ case "$MODE" in
       done
       $BIN bench --model "$model" --batch "$batches" --variants all --steps 15 --warmup 4 --recompute \
         --out "$RUNS/tune-$RANDOM" 2>&1 | grep -E "^  batch |^DiT" | sed "s|^|[--recompute] |" | tee -a "$SUMMARY"
+      if [ "${PROFILE:-0}" = 1 ]; then  # where the time goes now, kernel by kernel
+        tag=$(echo "$model-$batches" | tr '/,' '-_')
+        $BIN bench --model "$model" --batch "$batches" --variants all --steps 10 --warmup 4 --profile all \
+          --out "$RUNS/profile-$tag" > "$OUT/profile-$tag.log" 2>&1
+        for f in "$RUNS/profile-$tag"/profile-*.md; do cp "$f" "$OUT/$tag-$(basename "$f")" 2>/dev/null; done
+      fi
     done
     ;;
   check)
