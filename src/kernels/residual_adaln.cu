@@ -19,10 +19,15 @@ using detail::vec8_aligned;
 // Register budget per thread: ITEMS vectors of VEC elements of the row.
 // Forward: x1 (1 array) lives across the row. Backward: the three column sums
 // live across all rows and xhat, g across one row's reduction: 5 arrays, which
-// at 2 x 8 stays inside the 128 registers a 512-thread block allows.
+// at 2 x 8 stays inside the 128 registers a 512-thread block allows. With a
+// bias the fourth sum (6 arrays) spills at 2 x 8 in the fp32 instantiations,
+// so rows up to kNarrowBiasCols take 1 x 8 (more threads per row instead),
+// wider ones 2 x 8 (a few spilled registers).
 template <int VEC> constexpr int fwd_items() { return VEC == 8 ? 6 : 16; }  // warp covers D <= 1536 / 512
 template <int VEC> constexpr int bwd_items() { return VEC == 8 ? 2 : 16; }
 constexpr int kMaxThreads = 512;
+constexpr int kNarrowBiasItems = 1;  // VEC = 8
+constexpr int kNarrowBiasCols = kMaxThreads * 8 * kNarrowBiasItems;
 static_assert(kMaxThreads * fwd_items<1>() >= kResidualAdaLNMaxCols &&
                   kMaxThreads * 8 * bwd_items<8>() >= kResidualAdaLNMaxCols &&
                   kMaxThreads * bwd_items<1>() >= kResidualAdaLNMaxCols,
@@ -42,10 +47,12 @@ __device__ __forceinline__ float round_to(float v) {
   return to_float(from_float<T>(v));
 }
 
-template <typename TX, typename TM, typename TA, int VEC, int ITEMS>
+// BIAS: a separate instantiation, so that the path without one keeps its registers.
+template <typename TX, typename TM, typename TA, int VEC, int ITEMS, bool BIAS>
 __global__ void __launch_bounds__(kMaxThreads, 1)
     residual_adaln_forward_kernel(const TX* __restrict__ x, const TM* __restrict__ gate, int64_t gate_stride,
-                                  const TA* __restrict__ y, const TM* __restrict__ shift, int64_t shift_stride,
+                                  const TA* __restrict__ y, const float* __restrict__ bias,
+                                  const TM* __restrict__ shift, int64_t shift_stride,
                                   const TM* __restrict__ scale, int64_t scale_stride, TX* __restrict__ x1,
                                   TA* __restrict__ h, float* __restrict__ mean_out, float* __restrict__ rstd_out,
                                   int rows, int tokens, int cols, float eps) {
@@ -58,7 +65,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const int b = row / tokens;
   const TM* gt = gate + int64_t(b) * gate_stride;
 
-  // x1 = x + gate * y, written out and kept (as stored) for the statistics.
+  // x1 = x + gate * (y + bias), written out and kept (as stored) for the statistics.
   float v[ITEMS][VEC];
   float s[1] = {0.f};
 #pragma unroll
@@ -69,6 +76,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       load_vec<TX, VEC>(x + off + int64_t(c) * VEC, v[i]);
       load_vec<TA, VEC>(y + off + int64_t(c) * VEC, yv);
       load_vec<TM, VEC>(gt + c * VEC, g);
+      if constexpr (BIAS) {
+        float bv[VEC];
+        load_vec<float, VEC>(bias + c * VEC, bv);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) yv[j] += bv[j];
+      }
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         v[i][j] = round_to<TX>(v[i][j] + g[j] * yv[j]);
@@ -116,8 +129,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 // Block (tile, b): rows b*tokens + [tile*rows_per_tile, ...) of one sample.
 // Phase 1 of a row needs x1, dh, scale (the LN backward's two row sums);
 // phase 2 reads dx1_ext, y, gate only after the sums, so they take no
-// registers across the reduction.
-template <typename TX, typename TM, typename TA, int VEC, int ITEMS>
+// registers across the reduction. SUM_DX1: also the column sums of dx1
+// (plane 3), for the bias; the bias itself only enters in the reduce kernel.
+template <typename TX, typename TM, typename TA, int VEC, int ITEMS, bool SUM_DX1>
 __global__ void __launch_bounds__(kMaxThreads, 1)
     residual_adaln_backward_kernel(const TX* __restrict__ dx1_ext, const TA* __restrict__ dh,
                                    const TX* __restrict__ x1, const TA* __restrict__ y, const TM* __restrict__ gate,
@@ -135,10 +149,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const TM* sc = scale + int64_t(b) * scale_stride;
 
   float acc_dgate[ITEMS][VEC], acc_dscale[ITEMS][VEC], acc_dshift[ITEMS][VEC];
+  float acc_dx1[ITEMS][VEC];  // only with SUM_DX1
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) acc_dgate[i][j] = acc_dscale[i][j] = acc_dshift[i][j] = 0.f;
+    for (int j = 0; j < VEC; ++j) acc_dgate[i][j] = acc_dscale[i][j] = acc_dshift[i][j] = acc_dx1[i][j] = 0.f;
   }
 
   for (int t = t0; t < t1; ++t) {  // the same trip count for the whole block
@@ -185,6 +200,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
         for (int j = 0; j < VEC; ++j) {
           e[j] += rs * (g[i][j] - mg - xh[i][j] * mgx);  // dx1
           acc_dgate[i][j] += e[j] * yv[j];
+          if constexpr (SUM_DX1) acc_dx1[i][j] += e[j];
           yv[j] = e[j] * gv[j];  // dy
         }
         store_vec<TX, VEC>(dx + off + int64_t(c) * VEC, e);
@@ -193,7 +209,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     }
   }
 
-  // Plane 0: sum dx1*y (-> dgate); plane 1: sum dh*xhat (-> dscale); plane 2: sum dh (-> dshift).
+  // Plane 0: sum dx1*y (-> dgate); plane 1: sum dh*xhat (-> dscale); plane 2: sum dh (-> dshift);
+  // plane 3: sum dx1 (-> the bias's share of dgate, and dbias).
   float* p0 = partials + (int64_t(b) * tiles + tile) * cols;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
@@ -202,25 +219,42 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       store_vec<float, VEC>(p0 + c * VEC, acc_dgate[i]);
       store_vec<float, VEC>(p0 + plane + c * VEC, acc_dscale[i]);
       store_vec<float, VEC>(p0 + 2 * plane + c * VEC, acc_dshift[i]);
+      if constexpr (SUM_DX1) store_vec<float, VEC>(p0 + 3 * plane + c * VEC, acc_dx1[i]);
     }
   }
 }
 
-// The three per-sample column sums over tiles, in tile order.
+// The per-sample column sums over tiles, in tile order: three, or four when
+// sum_dx1 (plane 3). dgate = sum dx1*y + bias * sum dx1 (the bias's share of
+// sum dx1*(y + bias)); dbias_per_sample = gate * sum dx1.
 template <typename TM>
 __global__ void residual_adaln_reduce_partials_kernel(const float* __restrict__ partials, int64_t plane, int tiles,
-                                                      int cols, TM* __restrict__ dgate, TM* __restrict__ dscale,
-                                                      TM* __restrict__ dshift) {
+                                                      int cols, bool sum_dx1, const TM* __restrict__ gate,
+                                                      int64_t gate_stride, const float* __restrict__ bias,
+                                                      TM* __restrict__ dgate, TM* __restrict__ dscale,
+                                                      TM* __restrict__ dshift, float* __restrict__ dbias_per_sample) {
   const int b = blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   const float* p = partials + int64_t(b) * tiles * cols + c;
-  float s0 = 0.f, s1 = 0.f, s2 = 0.f;
-  for (int t = 0; t < tiles; ++t) {
-    s0 += p[int64_t(t) * cols];
-    s1 += p[plane + int64_t(t) * cols];
-    s2 += p[2 * plane + int64_t(t) * cols];
+  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+  if (sum_dx1) {
+    for (int t = 0; t < tiles; ++t) {
+      s0 += p[int64_t(t) * cols];
+      s1 += p[plane + int64_t(t) * cols];
+      s2 += p[2 * plane + int64_t(t) * cols];
+      s3 += p[3 * plane + int64_t(t) * cols];
+    }
+  } else {
+    for (int t = 0; t < tiles; ++t) {
+      s0 += p[int64_t(t) * cols];
+      s1 += p[plane + int64_t(t) * cols];
+      s2 += p[2 * plane + int64_t(t) * cols];
+    }
   }
+  if (bias != nullptr) s0 = fmaf(bias[c], s3, s0);
+  if (dbias_per_sample != nullptr)
+    dbias_per_sample[int64_t(b) * cols + c] = to_float(gate[int64_t(b) * gate_stride + c]) * s3;
   dgate[int64_t(b) * cols + c] = from_float<TM>(s0);
   dscale[int64_t(b) * cols + c] = from_float<TM>(s1);
   dshift[int64_t(b) * cols + c] = from_float<TM>(s2);
@@ -229,27 +263,33 @@ __global__ void residual_adaln_reduce_partials_kernel(const float* __restrict__ 
 }  // namespace
 
 template <typename TX, typename TM, typename TA>
-void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y, const TM* shift,
-                            int64_t shift_stride, const TM* scale, int64_t scale_stride, TX* x1, TA* h, float* mean,
-                            float* rstd, int batch, int tokens, int cols, float eps, cudaStream_t stream) {
+void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y, const float* bias,
+                            const TM* shift, int64_t shift_stride, const TM* scale, int64_t scale_stride, TX* x1,
+                            TA* h, float* mean, float* rstd, int batch, int tokens, int cols, float eps,
+                            cudaStream_t stream) {
   detail::check_sizes("residual_adaln_forward", batch, tokens, cols, kResidualAdaLNMaxCols);
   const int rows = batch * tokens;
   if (rows == 0) return;
   const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && shift_stride % 8 == 0 && scale_stride % 8 == 0 &&
                     vec8_aligned(x) && vec8_aligned(gate) && vec8_aligned(y) && vec8_aligned(shift) &&
-                    vec8_aligned(scale) && vec8_aligned(x1) && vec8_aligned(h);
+                    vec8_aligned(scale) && vec8_aligned(x1) && vec8_aligned(h) &&
+                    (bias == nullptr || vec8_aligned(bias));
   auto launch = [&](auto kernel, int vec, int items) {
     const int per_row = threads_per_row(cols / vec, items);
     const dim3 block(per_row, per_row == 32 ? 4 : 1);  // warp per row: 4 rows per block
     const dim3 grid((rows + block.y - 1) / block.y);
-    kernel<<<grid, block, 0, stream>>>(x, gate, gate_stride, y, shift, shift_stride, scale, scale_stride, x1, h,
-                                       mean, rstd, rows, tokens, cols, eps);
+    kernel<<<grid, block, 0, stream>>>(x, gate, gate_stride, y, bias, shift, shift_stride, scale, scale_stride, x1,
+                                       h, mean, rstd, rows, tokens, cols, eps);
     PERFTRAIN_LAUNCH_CHECK();
   };
-  if (vec8)
-    launch(residual_adaln_forward_kernel<TX, TM, TA, 8, fwd_items<8>()>, 8, fwd_items<8>());
+  if (vec8 && bias != nullptr)
+    launch(residual_adaln_forward_kernel<TX, TM, TA, 8, fwd_items<8>(), true>, 8, fwd_items<8>());
+  else if (vec8)
+    launch(residual_adaln_forward_kernel<TX, TM, TA, 8, fwd_items<8>(), false>, 8, fwd_items<8>());
+  else if (bias != nullptr)
+    launch(residual_adaln_forward_kernel<TX, TM, TA, 1, fwd_items<1>(), true>, 1, fwd_items<1>());
   else
-    launch(residual_adaln_forward_kernel<TX, TM, TA, 1, fwd_items<1>()>, 1, fwd_items<1>());
+    launch(residual_adaln_forward_kernel<TX, TM, TA, 1, fwd_items<1>(), false>, 1, fwd_items<1>());
 }
 
 int residual_adaln_backward_tiles(int batch, int tokens, int sm_count) {
@@ -257,15 +297,19 @@ int residual_adaln_backward_tiles(int batch, int tokens, int sm_count) {
 }
 
 template <typename TX, typename TM, typename TA>
-void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, const TA* y, const TM* gate,
-                             int64_t gate_stride, const TM* scale, int64_t scale_stride, const float* mean,
-                             const float* rstd, TX* dx, TA* dy, TM* dgate, TM* dshift, TM* dscale, float* partials,
-                             int batch, int tokens, int cols, int tiles_per_sample, cudaStream_t stream) {
+void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, const TA* y, const float* bias,
+                             const TM* gate, int64_t gate_stride, const TM* scale, int64_t scale_stride,
+                             const float* mean, const float* rstd, TX* dx, TA* dy, TM* dgate, TM* dshift, TM* dscale,
+                             float* dbias_per_sample, float* partials, int batch, int tokens, int cols,
+                             int tiles_per_sample, cudaStream_t stream) {
   detail::check_sizes("residual_adaln_backward", batch, tokens, cols, kResidualAdaLNMaxCols);
   if (batch == 0) return;
   detail::check_tiles("residual_adaln_backward", tiles_per_sample, tokens);
   const int rows_per_tile = (tokens + tiles_per_sample - 1) / tiles_per_sample;
   const int64_t plane = int64_t(batch) * tiles_per_sample * cols;
+  // The bias needs the column sums of dx1 (a fourth plane); without it the
+  // row loop is the one without that sum.
+  const bool sum_dx1 = bias != nullptr || dbias_per_sample != nullptr;
   const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && scale_stride % 8 == 0 &&
                     (dx1_ext == nullptr || vec8_aligned(dx1_ext)) && vec8_aligned(dh) && vec8_aligned(x1) &&
                     vec8_aligned(y) && vec8_aligned(gate) && vec8_aligned(scale) && vec8_aligned(dx) &&
@@ -277,24 +321,32 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
                                        dy, partials, tokens, cols, rows_per_tile, plane);
     PERFTRAIN_LAUNCH_CHECK();
   };
-  if (vec8)
-    launch(residual_adaln_backward_kernel<TX, TM, TA, 8, bwd_items<8>()>, 8, bwd_items<8>());
+  if (vec8 && sum_dx1 && cols <= kNarrowBiasCols)
+    launch(residual_adaln_backward_kernel<TX, TM, TA, 8, kNarrowBiasItems, true>, 8, kNarrowBiasItems);
+  else if (vec8 && sum_dx1)
+    launch(residual_adaln_backward_kernel<TX, TM, TA, 8, bwd_items<8>(), true>, 8, bwd_items<8>());
+  else if (vec8)
+    launch(residual_adaln_backward_kernel<TX, TM, TA, 8, bwd_items<8>(), false>, 8, bwd_items<8>());
+  else if (sum_dx1)
+    launch(residual_adaln_backward_kernel<TX, TM, TA, 1, bwd_items<1>(), true>, 1, bwd_items<1>());
   else
-    launch(residual_adaln_backward_kernel<TX, TM, TA, 1, bwd_items<1>()>, 1, bwd_items<1>());
+    launch(residual_adaln_backward_kernel<TX, TM, TA, 1, bwd_items<1>(), false>, 1, bwd_items<1>());
 
   const dim3 grid((cols + 255) / 256, batch);
-  residual_adaln_reduce_partials_kernel<TM><<<grid, 256, 0, stream>>>(partials, plane, tiles_per_sample, cols, dgate,
-                                                                       dscale, dshift);
+  residual_adaln_reduce_partials_kernel<TM><<<grid, 256, 0, stream>>>(partials, plane, tiles_per_sample, cols,
+                                                                       sum_dx1, gate, gate_stride, bias, dgate,
+                                                                       dscale, dshift, dbias_per_sample);
   PERFTRAIN_LAUNCH_CHECK();
 }
 
 #define PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, TA)                                                         \
-  template void residual_adaln_forward<TX, TM, TA>(const TX*, const TM*, int64_t, const TA*, const TM*, int64_t, \
-                                                   const TM*, int64_t, TX*, TA*, float*, float*, int, int, int,  \
-                                                   float, cudaStream_t);                                         \
-  template void residual_adaln_backward<TX, TM, TA>(const TX*, const TA*, const TX*, const TA*, const TM*,       \
-                                                    int64_t, const TM*, int64_t, const float*, const float*, TX*, \
-                                                    TA*, TM*, TM*, TM*, float*, int, int, int, int, cudaStream_t);
+  template void residual_adaln_forward<TX, TM, TA>(const TX*, const TM*, int64_t, const TA*, const float*,       \
+                                                   const TM*, int64_t, const TM*, int64_t, TX*, TA*, float*,      \
+                                                   float*, int, int, int, float, cudaStream_t);                   \
+  template void residual_adaln_backward<TX, TM, TA>(const TX*, const TA*, const TX*, const TA*, const float*,    \
+                                                    const TM*, int64_t, const TM*, int64_t, const float*,         \
+                                                    const float*, TX*, TA*, TM*, TM*, TM*, float*, float*, int,   \
+                                                    int, int, int, cudaStream_t);
 #define PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_A(TX, TM)          \
   PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, float)           \
   PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, __nv_bfloat16)   \

@@ -1,6 +1,6 @@
 // The gated residual of one DiT sub-block fused with the adaLN LayerNorm that
 // opens the next one (b = r / tokens, fp32 math):
-//   x1[r, :] = x[r, :] + gate[b, :] * y[r, :]                                 (x's type: the residual stream)
+//   x1[r, :] = x[r, :] + gate[b, :] * (y[r, :] + bias)                        (x's type: the residual stream)
 //   h[r, :]  = (x1[r, :] - mean_r) * rstd_r * (1 + scale[b, :]) + shift[b, :]  (the next matmul's operand)
 // LN statistics are taken over x1 as stored (rounded to x's type), so the
 // result is gated_residual followed by adaln_layernorm. Backward, with
@@ -8,14 +8,18 @@
 // xhat = (x1 - mean) * rstd and g = dh * (1 + scale):
 //   dx1 = dx1_ext + rstd * (g - mean_D(g) - xhat * mean_D(g * xhat))
 //   dx = dx1,  dy = dx1 * gate[b]
-//   dgate[b, :] = sum_t dx1 * y,  dscale[b, :] = sum_t dh * xhat,  dshift[b, :] = sum_t dh
+//   dgate[b, :] = sum_t dx1 * (y + bias),  dscale[b, :] = sum_t dh * xhat,  dshift[b, :] = sum_t dh
+//   dbias_per_sample[b, :] = sum_t dy = gate[b, :] * sum_t dx1                (fp32)
+// bias [cols] fp32 (null = none) is the bias of the linear layer that produced
+// y, folded in here so that its gradient comes from the column sums this
+// backward takes anyway instead of a separate reduction over dy.
 //
 // Bytes per row (D = cols; sx = x's element size, sa = y's and h's):
 //   forward   reads D*(sx + sa), writes D*(sx + sa) + 8: fp32 x, bf16 y/h is 12D bytes, against
 //             16D for gated_residual then adaln_layernorm (x1 is not read back). ~10D FLOPs.
 //   backward  reads D*(2 sx + 2 sa) + 8, writes D*(sx + sa): fp32 x, bf16 y/h is 18D bytes,
 //             against 30D for the two backwards plus autograd's sum of the two fp32 gradients
-//             of x1; ~20D FLOPs; plus 12D bytes of fp32 partials per tile (not per row).
+//             of x1; ~20D FLOPs; plus 12D bytes of fp32 partials per tile (16D with a bias; not per row).
 // Memory-bound like its two parents, and shaped like adaln_layernorm:
 //   forward   one warp per row (a block per row when D > 1536), x1 held in registers between
 //             the mean pass, the variance pass (two-pass, exact) and the write of h; 16-byte
@@ -24,7 +28,14 @@
 //             columns on every row and keeps its three column sums in registers (gate and
 //             scale are re-read per row from L1, which leaves the registers to the sums); they
 //             are stored once to fp32 partials [3][batch][tiles][cols] and a second small
-//             kernel adds the tiles in a fixed order. Deterministic, no atomics.
+//             kernel adds the tiles in a fixed order. Deterministic, no atomics. With a bias
+//             a fourth sum, of dx1, takes a fourth plane, and the reduce kernel finishes
+//             dgate = sum dx1*y + bias * sum dx1 and dbias_per_sample = gate * sum dx1, so the
+//             row loop never reads the bias; rows up to 4096 wide then take one 8-element
+//             vector per thread instead of two (more threads per row), which keeps the four
+//             sums in registers without spilling.
+// With and without a bias are separate instantiations of both row kernels, so the path without
+// one has exactly its old code (no bias load, no fourth sum, the same registers and shape).
 // Everything is shape-determined (grid, scratch size), so it captures in CUDA graphs.
 #pragma once
 
@@ -40,27 +51,42 @@ namespace perftrain::kernels {
 constexpr int kResidualAdaLNMaxCols = 8192;
 
 // Forward. x, y, x1, h [batch * tokens, cols] contiguous; gate, shift, scale
-// rows of `cols` elements at b * <name>_stride. mean/rstd [rows] fp32 (either
-// may be null). TX: x and x1; TM: gate, shift, scale; TA: y and h; each float,
-// __nv_bfloat16 or __half. Outputs must not overlap inputs.
+// rows of `cols` elements at b * <name>_stride; bias [cols] fp32 or null.
+// mean/rstd [rows] fp32 (either may be null). TX: x and x1; TM: gate, shift,
+// scale; TA: y and h; each float, __nv_bfloat16 or __half. Outputs must not
+// overlap inputs.
 template <typename TX, typename TM, typename TA>
-void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y, const TM* shift,
-                            int64_t shift_stride, const TM* scale, int64_t scale_stride, TX* x1, TA* h, float* mean,
-                            float* rstd, int batch, int tokens, int cols, float eps, cudaStream_t stream);
+void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y, const float* bias,
+                            const TM* shift, int64_t shift_stride, const TM* scale, int64_t scale_stride, TX* x1,
+                            TA* h, float* mean, float* rstd, int batch, int tokens, int cols, float eps,
+                            cudaStream_t stream);
 
-// How many row tiles per sample the backward uses; the caller allocates
-// partials of 3 * batch * tiles * cols floats.
+// How many row tiles per sample the backward uses.
 int residual_adaln_backward_tiles(int batch, int tokens, int sm_count);
 
+// Floats of fp32 scratch the backward needs: one plane of batch * tiles * cols
+// per column sum, that is 3 planes, or 4 when `bias_sums` (the backward is given
+// a bias or a dbias_per_sample).
+inline int64_t residual_adaln_backward_partials(int batch, int tiles_per_sample, int cols, bool bias_sums) {
+  return (bias_sums ? 4 : 3) * int64_t(batch) * tiles_per_sample * cols;
+}
+
 // Backward. dx1_ext [rows, cols] (TX, null when x1 had no other consumer),
-// dh [rows, cols] (TA); x1, y, gate, scale, mean, rstd as in forward. Writes
-// dx [rows, cols] (TX), dy [rows, cols] (TA) and dgate, dshift, dscale
-// [batch, cols] contiguous (TM). `partials` is fp32 scratch of
-// 3 * batch * tiles_per_sample * cols floats, fully written before it is read.
+// dh [rows, cols] (TA); x1, y, bias (null = none), gate, scale, mean, rstd as
+// in forward. Writes dx [rows, cols] (TX), dy [rows, cols] (TA), dgate, dshift,
+// dscale [batch, cols] contiguous (TM) and, when dbias_per_sample is not null,
+// the per-sample column sums of dy in fp32 (gate[b] * sum_t dx1: dy's rounding
+// to TA does not enter) to dbias_per_sample [batch, cols] contiguous (the
+// caller sums it over the batch). dbias_per_sample may be given without a
+// bias (the gradient at bias = 0). `partials` is fp32 scratch of
+// residual_adaln_backward_partials(batch, tiles_per_sample, cols,
+// bias != nullptr || dbias_per_sample != nullptr) floats, fully written before
+// it is read.
 template <typename TX, typename TM, typename TA>
-void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, const TA* y, const TM* gate,
-                             int64_t gate_stride, const TM* scale, int64_t scale_stride, const float* mean,
-                             const float* rstd, TX* dx, TA* dy, TM* dgate, TM* dshift, TM* dscale, float* partials,
-                             int batch, int tokens, int cols, int tiles_per_sample, cudaStream_t stream);
+void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, const TA* y, const float* bias,
+                             const TM* gate, int64_t gate_stride, const TM* scale, int64_t scale_stride,
+                             const float* mean, const float* rstd, TX* dx, TA* dy, TM* dgate, TM* dshift, TM* dscale,
+                             float* dbias_per_sample, float* partials, int batch, int tokens, int cols,
+                             int tiles_per_sample, cudaStream_t stream);
 
 }  // namespace perftrain::kernels

@@ -59,19 +59,23 @@ std::pair<at::Tensor, at::Tensor> DiTBlock::attention_half(const at::Tensor& x, 
                                                            const std::vector<at::Tensor>& mod,
                                                            at::ScalarType act) const {
   auto a = ops::projected_attention(h, attn.qkv.weight, attn.qkv.bias, attn.heads());  // [B, T, D] act
-  // x1 = x + gate * proj(a) and the MLP's modulated norm of x1, in one pass.
-  return ops::residual_adaln(x, mod[2], ops::linear(a, attn.proj.weight, attn.proj.bias), mod[3], mod[4], act);
+  // x1 = x + gate * (a proj^T + bias) and the MLP's modulated norm of x1, in
+  // one pass: the bias is added there and its gradient comes from that
+  // kernel's column sums, not from a reduction over the product's gradient.
+  return ops::residual_adaln(x, mod[2], ops::linear(a, attn.proj.weight), mod[3], mod[4], act, 1e-6,
+                             attn.proj.bias);
 }
 
 at::Tensor DiTBlock::mlp_half(const at::Tensor& h2) const {
-  return ops::gelu_mlp(h2, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias);  // [B, T, D]
+  // fc2's bias is left to the gated residual after it (as the projection's).
+  return ops::gelu_mlp(h2, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, at::Tensor());  // [B, T, D]
 }
 
 at::Tensor DiTBlock::forward_fused(const at::Tensor& x, const at::Tensor& c) const {
   const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
   const auto mod = modulation(c);                                                   // 6 x [B, D]
   auto [x1, h2] = attention_half(x, ops::adaln_layernorm(x, mod[0], mod[1], act), mod, act);
-  return ops::gated_residual(x1, mod[5], mlp_half(h2));                             // [B, T, D]
+  return ops::gated_residual(x1, mod[5], mlp_half(h2), mlp.fc2.bias);              // [B, T, D]
 }
 
 FinalLayer::FinalLayer(const DiTConfig& cfg, at::Generator& gen)
@@ -148,9 +152,10 @@ at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c) co
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto [x1, h2] = blocks[i].attention_half(x, h, mod, act);
     at::Tensor m = blocks[i].mlp_half(h2);
-    if (i + 1 == blocks.size()) return ops::gated_residual(x1, mod[5], m);
+    const at::Tensor& fc2_bias = blocks[i].mlp.fc2.bias;
+    if (i + 1 == blocks.size()) return ops::gated_residual(x1, mod[5], m, fc2_bias);
     auto next = blocks[i + 1].modulation(c);
-    std::tie(x, h) = ops::residual_adaln(x1, mod[5], m, next[0], next[1], act);
+    std::tie(x, h) = ops::residual_adaln(x1, mod[5], m, next[0], next[1], act, 1e-6, fc2_bias);
     mod = std::move(next);
   }
   return x;

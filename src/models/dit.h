@@ -27,7 +27,8 @@ class DiTBlock : public nn::Module {
   at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& c) const;
   // Pieces of forward_fused, so the model can chain blocks: the six
   // modulation vectors; the attention half from x and its modulated norm h
-  // -> (x1, the MLP's modulated norm of x1); the MLP of that norm.
+  // -> (x1, the MLP's modulated norm of x1); the MLP of that norm, without
+  // fc2's bias (the gated residual that follows adds it).
   std::vector<at::Tensor> modulation(const at::Tensor& c) const;
   std::pair<at::Tensor, at::Tensor> attention_half(const at::Tensor& x, const at::Tensor& h,
                                                    const std::vector<at::Tensor>& mod, at::ScalarType act) const;

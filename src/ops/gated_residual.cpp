@@ -4,9 +4,11 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/sum.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -55,20 +57,29 @@ void check_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y
   }
 }
 
+std::optional<at::Tensor> optional_bias(const at::Tensor& bias) {
+  return bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
+}
+
 // The shared dispatch (ops/dtype_dispatch.h), errors naming this op.
 template <typename F>
 void with_type(at::ScalarType t, F&& f) {
   with_kernel_type("gated_residual", t, std::forward<F>(f));
 }
 
+// The bias travels as an optional: autograd functions take no undefined
+// tensors, but an absent optional is "no input here" (and has no gradient slot
+// among the input edges: needs_input_grad(3) exists only when it is present).
 struct GatedResidualFunction : public torch::autograd::Function<GatedResidualFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& gate_in,
-                            const at::Tensor& y_in) {
+                            const at::Tensor& y_in, const std::optional<at::Tensor>& bias_opt) {
     const c10::cuda::CUDAGuard guard(x_in.device());
     const int batch = int(x_in.size(0)), tokens = int(x_in.size(1)), cols = int(x_in.size(2));
     const at::Tensor x = x_in.contiguous(), y = y_in.contiguous();
     // The kernels want the last dimension dense; the row stride is passed through.
     const at::Tensor gate = gate_in.stride(1) == 1 ? gate_in : gate_in.contiguous();
+    // The kernels read the bias as dense fp32 (no copy when it already is).
+    const at::Tensor bias = bias_opt.has_value() ? bias_opt->to(at::kFloat).contiguous() : at::Tensor();
     at::Tensor out = at::empty(x.sizes(), x.options());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     with_type(x.scalar_type(), [&](auto tx) {
@@ -79,24 +90,28 @@ struct GatedResidualFunction : public torch::autograd::Function<GatedResidualFun
           using TY = kernel_type<decltype(ty)>;
           kernels::gated_residual_forward<TX, TG, TY>(
               static_cast<const TX*>(x.data_ptr()), static_cast<const TG*>(gate.data_ptr()), gate.stride(0),
-              static_cast<const TY*>(y.data_ptr()), static_cast<TX*>(out.data_ptr()), batch, tokens, cols, stream);
+              static_cast<const TY*>(y.data_ptr()), bias.defined() ? bias.data_ptr<float>() : nullptr,
+              static_cast<TX*>(out.data_ptr()), batch, tokens, cols, stream);
         });
       });
     });
-    // dy needs gate, dgate needs y; x is not needed at all.
-    ctx->save_for_backward({gate, y});
+    // dy needs gate, dgate needs y and the bias; x is not needed at all.
+    ctx->save_for_backward({gate, y, bias});
     ctx->saved_data["x_dtype"] = int64_t(x.scalar_type());
+    ctx->saved_data["bias_dtype"] = bias_opt.has_value() ? int64_t(bias_opt->scalar_type()) : int64_t(-1);
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &gate = saved[0], &y = saved[1];
+    const at::Tensor &gate = saved[0], &y = saved[1], &bias = saved[2];
     const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
     const at::Tensor& dout_in = grads[0];
-    if (!dout_in.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!dout_in.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const bool want_gate = ctx->needs_input_grad(1), want_y = ctx->needs_input_grad(2);
-    if (!want_gate && !want_y) return {dout_in, at::Tensor(), at::Tensor()};
+    const bool want_bias = bias_dtype >= 0 && ctx->needs_input_grad(3);
+    if (!want_gate && !want_y && !want_bias) return {dout_in, at::Tensor(), at::Tensor(), at::Tensor()};
     const c10::cuda::CUDAGuard guard(y.device());
     const int batch = int(y.size(0)), tokens = int(y.size(1)), cols = int(y.size(2));
     // A broadcast or non-contiguous incoming gradient is made dense once (the
@@ -104,10 +119,15 @@ struct GatedResidualFunction : public torch::autograd::Function<GatedResidualFun
     const at::Tensor dout = dout_in.to(x_dtype).contiguous();
     at::Tensor dy = at::empty_like(y);
     at::Tensor dgate = at::empty({batch, cols}, gate.options());
+    at::Tensor dbias_ps = want_bias ? at::empty({batch, cols}, y.options().dtype(at::kFloat)) : at::Tensor();
+    // The bias enters dgate only; without a wanted dgate the kernel may leave it out.
+    const float* bias_ptr = want_gate && bias.defined() ? bias.data_ptr<float>() : nullptr;
     const int tiles = kernels::gated_residual_backward_tiles(
         batch, tokens, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
     // Shape-determined scratch from the caching allocator: fine under graph capture.
-    at::Tensor partials = at::empty({batch, tiles, cols}, y.options().dtype(at::kFloat));
+    at::Tensor partials = at::empty(
+        {kernels::gated_residual_backward_partials(batch, tiles, cols, bias_ptr != nullptr || want_bias)},
+        y.options().dtype(at::kFloat));
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     with_type(x_dtype, [&](auto tx) {
       with_type(gate.scalar_type(), [&](auto tg) {
@@ -117,28 +137,56 @@ struct GatedResidualFunction : public torch::autograd::Function<GatedResidualFun
           using TY = kernel_type<decltype(ty)>;
           kernels::gated_residual_backward<TX, TG, TY>(
               static_cast<const TX*>(dout.data_ptr()), static_cast<const TG*>(gate.data_ptr()), gate.stride(0),
-              static_cast<const TY*>(y.data_ptr()), static_cast<TY*>(dy.data_ptr()),
-              static_cast<TG*>(dgate.data_ptr()), partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
+              static_cast<const TY*>(y.data_ptr()), bias_ptr, static_cast<TY*>(dy.data_ptr()),
+              static_cast<TG*>(dgate.data_ptr()), want_bias ? dbias_ps.data_ptr<float>() : nullptr,
+              partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
         });
       });
     });
-    return {dout_in, want_gate ? dgate : at::Tensor(), want_y ? dy : at::Tensor()};
+    at::Tensor dbias;
+    if (want_bias) {
+      // Over the batch in fp32, then (for a non-fp32 bias) one rounding to its dtype.
+      dbias = at::sum(dbias_ps, {0});
+      if (int64_t(dbias.scalar_type()) != bias_dtype) dbias = dbias.to(static_cast<at::ScalarType>(bias_dtype));
+    }
+    return {dout_in, want_gate ? dgate : at::Tensor(), want_y ? dy : at::Tensor(), dbias};
   }
 };
 
 }  // namespace
 
-at::Tensor gated_residual_reference(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y) {
-  const bool f64 =
-      x.scalar_type() == at::kDouble || gate.scalar_type() == at::kDouble || y.scalar_type() == at::kDouble;
-  const at::ScalarType ct = f64 ? at::kDouble : at::kFloat;
-  return (x.to(ct) + gate.to(ct).unsqueeze(1) * y.to(ct)).to(x.scalar_type());
+namespace detail {
+
+void check_residual_bias(const char* op, const at::Tensor& x, const at::Tensor& bias) {
+  if (!bias.defined()) return;
+  const int64_t d = x.size(-1);
+  if (bias.dim() != 1 || bias.size(0) != d)
+    throw UsageError(std::string(op) + ": bias must be [" + std::to_string(d) + "] (x is " + shape(x) + "), got " +
+                     shape(bias));
+  const at::ScalarType t = bias.scalar_type();
+  if (!is_kernel_dtype(t) && t != at::kDouble)
+    throw UsageError(std::string(op) + ": bias must be float32, bfloat16, float16 or float64, got " +
+                     c10::toString(t));
+  if (bias.device() != x.device())
+    throw UsageError(std::string(op) + ": x is on " + x.device().str() + " but bias is on " + bias.device().str());
 }
 
-at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y) {
+}  // namespace detail
+
+at::Tensor gated_residual_reference(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
+                                    const at::Tensor& bias) {
+  const bool f64 = x.scalar_type() == at::kDouble || gate.scalar_type() == at::kDouble ||
+                   y.scalar_type() == at::kDouble || (bias.defined() && bias.scalar_type() == at::kDouble);
+  const at::ScalarType ct = f64 ? at::kDouble : at::kFloat;
+  const at::Tensor v = bias.defined() ? y.to(ct) + bias.to(ct) : y.to(ct);
+  return (x.to(ct) + gate.to(ct).unsqueeze(1) * v).to(x.scalar_type());
+}
+
+at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y, const at::Tensor& bias) {
   check_args(x, gate, y);
-  if (!x.is_cuda()) return gated_residual_reference(x, gate, y);
-  return GatedResidualFunction::apply(x, gate, y);
+  detail::check_residual_bias("gated_residual", x, bias);
+  if (!x.is_cuda()) return gated_residual_reference(x, gate, y, bias);
+  return GatedResidualFunction::apply(x, gate, y, optional_bias(bias));
 }
 
 }  // namespace perftrain::ops

@@ -4,9 +4,11 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/sum.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -85,10 +87,13 @@ void dispatch(at::ScalarType x, at::ScalarType m, at::ScalarType a, F&& f) {
   });
 }
 
+// The bias travels as an optional: autograd functions take no undefined
+// tensors, but an absent optional is "no input here" (and has no gradient slot
+// among the input edges: needs_input_grad(5) exists only when it is present).
 struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& gate_in,
                                const at::Tensor& y_in, const at::Tensor& shift_in, const at::Tensor& scale_in,
-                               int64_t out_dtype_i, double eps) {
+                               int64_t out_dtype_i, double eps, const std::optional<at::Tensor>& bias_opt) {
     const auto out_dtype = static_cast<at::ScalarType>(out_dtype_i);
     const c10::cuda::CUDAGuard guard(x_in.device());
     const int batch = int(x_in.size(0)), tokens = int(x_in.size(1)), cols = int(x_in.size(2));
@@ -103,6 +108,8 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
     // rounded once, by the cast below.
     const at::ScalarType act = y_in.scalar_type() == out_dtype ? out_dtype : at::kFloat;
     const at::Tensor y = y_in.to(act).contiguous();
+    // The kernels read the bias as dense fp32 (no copy when it already is).
+    const at::Tensor bias = bias_opt.has_value() ? bias_opt->to(at::kFloat).contiguous() : at::Tensor();
     at::Tensor x1 = at::empty(x.sizes(), x.options());
     at::Tensor h = at::empty(x.sizes(), x.options().dtype(act));
     at::Tensor mean = at::empty({int64_t(batch) * tokens}, x.options().dtype(at::kFloat));
@@ -113,19 +120,21 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
       using TM = kernel_type<decltype(tm)>;
       using TA = kernel_type<decltype(ta)>;
       kernels::residual_adaln_forward<TX, TM, TA>(
-          ptr<const TX>(x), ptr<const TM>(gate), gate.stride(0), ptr<const TA>(y), ptr<const TM>(shift),
-          shift.stride(0), ptr<const TM>(scale), scale.stride(0), ptr<TX>(x1), ptr<TA>(h), mean.data_ptr<float>(),
+          ptr<const TX>(x), ptr<const TM>(gate), gate.stride(0), ptr<const TA>(y),
+          bias.defined() ? bias.data_ptr<float>() : nullptr, ptr<const TM>(shift), shift.stride(0),
+          ptr<const TM>(scale), scale.stride(0), ptr<TX>(x1), ptr<TA>(h), mean.data_ptr<float>(),
           rstd.data_ptr<float>(), batch, tokens, cols, float(eps), stream);
     });
     // An unused output's gradient arrives undefined rather than as zeros to read.
     ctx->set_materialize_grads(false);
     // x1 replaces x (the LN backward needs x1; the residual's needs nothing of x).
-    ctx->save_for_backward({x1, y, gate, scale, mean, rstd});
+    ctx->save_for_backward({x1, y, gate, scale, mean, rstd, bias});
     ctx->saved_data["act"] = int64_t(act);
     ctx->saved_data["y_dtype"] = int64_t(y_in.scalar_type());
     ctx->saved_data["gate_dtype"] = int64_t(gate_in.scalar_type());
     ctx->saved_data["shift_dtype"] = int64_t(shift_in.scalar_type());
     ctx->saved_data["scale_dtype"] = int64_t(scale_in.scalar_type());
+    ctx->saved_data["bias_dtype"] = bias_opt.has_value() ? int64_t(bias_opt->scalar_type()) : int64_t(-1);
     if (act != out_dtype) h = h.to(out_dtype);
     return {x1, h};
   }
@@ -133,14 +142,15 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x1 = saved[0], &y = saved[1], &gate = saved[2], &scale = saved[3], &mean = saved[4],
-                     &rstd = saved[5];
+                     &rstd = saved[5], &bias = saved[6];
     auto dtype = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data[key].toInt()); };
     const at::ScalarType act = dtype("act");
     const at::Tensor &dx1_in = grads[0], &dh_in = grads[1];
+    const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
     const bool want_x = ctx->needs_input_grad(0), want_gate = ctx->needs_input_grad(1),
                want_y = ctx->needs_input_grad(2), want_shift = ctx->needs_input_grad(3),
-               want_scale = ctx->needs_input_grad(4);
-    variable_list out(7);  // x, gate, y, shift, scale, out_dtype, eps
+               want_scale = ctx->needs_input_grad(4), want_bias = bias_dtype >= 0 && ctx->needs_input_grad(5);
+    variable_list out(8);  // x, gate, y, shift, scale, out_dtype, eps, bias
     if (!dx1_in.defined() && !dh_in.defined()) return out;
     const c10::cuda::CUDAGuard guard(x1.device());
     const int batch = int(x1.size(0)), tokens = int(x1.size(1)), cols = int(x1.size(2));
@@ -150,20 +160,28 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
     const at::Tensor dx1_ext = dx1_in.defined() ? dx1_in.to(x1.scalar_type()).contiguous() : at::Tensor();
     at::Tensor dx, dy = at::empty_like(y);
     at::Tensor dgate = at::empty({batch, cols}, gate.options()), dshift, dscale;
+    // The bias's gradient per sample (fp32), summed over the batch below.
+    at::Tensor dbias_ps = want_bias ? at::empty({batch, cols}, x1.options().dtype(at::kFloat)) : at::Tensor();
+    float* dbias_ptr = want_bias ? dbias_ps.data_ptr<float>() : nullptr;
+    // The bias enters dgate only; without a wanted dgate the kernels may leave it out.
+    const float* bias_ptr = want_gate && bias.defined() ? bias.data_ptr<float>() : nullptr;
+    const bool bias_sums = bias_ptr != nullptr || want_bias;
     if (!dh_in.defined()) {
       // Only x1 was used: exactly gated_residual's backward, and dx is the incoming gradient itself.
       dx = dx1_in;
-      if (want_gate || want_y) {
+      if (want_gate || want_y || want_bias) {
         const int tiles = kernels::gated_residual_backward_tiles(batch, tokens, sms);
         // Shape-determined scratch from the caching allocator: fine under graph capture.
-        at::Tensor partials = at::empty({batch, tiles, cols}, x1.options().dtype(at::kFloat));
+        at::Tensor partials = at::empty({kernels::gated_residual_backward_partials(batch, tiles, cols, bias_sums)},
+                                        x1.options().dtype(at::kFloat));
         dispatch(x1.scalar_type(), gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
           using TX = kernel_type<decltype(tx)>;
           using TM = kernel_type<decltype(tm)>;
           using TA = kernel_type<decltype(ta)>;
           kernels::gated_residual_backward<TX, TM, TA>(ptr<const TX>(dx1_ext), ptr<const TM>(gate), gate.stride(0),
-                                                       ptr<const TA>(y), ptr<TA>(dy), ptr<TM>(dgate),
-                                                       partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
+                                                       ptr<const TA>(y), bias_ptr, ptr<TA>(dy), ptr<TM>(dgate),
+                                                       dbias_ptr, partials.data_ptr<float>(), batch, tokens, cols,
+                                                       tiles, stream);
         });
       }
     } else {
@@ -172,16 +190,17 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
       dshift = at::empty_like(dgate);
       dscale = at::empty_like(dgate);
       const int tiles = kernels::residual_adaln_backward_tiles(batch, tokens, sms);
-      at::Tensor partials = at::empty({3, batch, tiles, cols}, x1.options().dtype(at::kFloat));
+      at::Tensor partials = at::empty({kernels::residual_adaln_backward_partials(batch, tiles, cols, bias_sums)},
+                                      x1.options().dtype(at::kFloat));
       dispatch(x1.scalar_type(), gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
         using TX = kernel_type<decltype(tx)>;
         using TM = kernel_type<decltype(tm)>;
         using TA = kernel_type<decltype(ta)>;
         kernels::residual_adaln_backward<TX, TM, TA>(
             dx1_ext.defined() ? ptr<const TX>(dx1_ext) : nullptr, ptr<const TA>(dh), ptr<const TX>(x1),
-            ptr<const TA>(y), ptr<const TM>(gate), gate.stride(0), ptr<const TM>(scale), scale.stride(0),
+            ptr<const TA>(y), bias_ptr, ptr<const TM>(gate), gate.stride(0), ptr<const TM>(scale), scale.stride(0),
             mean.data_ptr<float>(), rstd.data_ptr<float>(), ptr<TX>(dx), ptr<TA>(dy), ptr<TM>(dgate), ptr<TM>(dshift),
-            ptr<TM>(dscale), partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
+            ptr<TM>(dscale), dbias_ptr, partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
       });
     }
     // Back to each input's own dtype (no-ops on the fast path).
@@ -191,6 +210,8 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
     if (want_y) out[2] = as(dy, dtype("y_dtype"));
     if (want_shift && dshift.defined()) out[3] = as(dshift, dtype("shift_dtype"));
     if (want_scale && dscale.defined()) out[4] = as(dscale, dtype("scale_dtype"));
+    // Over the batch in fp32, then (for a non-fp32 bias) one rounding to its dtype.
+    if (want_bias) out[7] = as(at::sum(dbias_ps, {0}), static_cast<at::ScalarType>(bias_dtype));
     return out;
   }
 };
@@ -200,18 +221,20 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
 std::pair<at::Tensor, at::Tensor> residual_adaln_reference(const at::Tensor& x, const at::Tensor& gate,
                                                            const at::Tensor& y, const at::Tensor& shift,
                                                            const at::Tensor& scale, at::ScalarType out_dtype,
-                                                           double eps) {
-  at::Tensor x1 = gated_residual_reference(x, gate, y);
+                                                           double eps, const at::Tensor& bias) {
+  at::Tensor x1 = gated_residual_reference(x, gate, y, bias);
   at::Tensor h = adaln_layernorm_reference(x1, shift, scale, out_dtype, eps);
   return {std::move(x1), std::move(h)};
 }
 
 std::pair<at::Tensor, at::Tensor> residual_adaln(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
                                                  const at::Tensor& shift, const at::Tensor& scale,
-                                                 at::ScalarType out_dtype, double eps) {
+                                                 at::ScalarType out_dtype, double eps, const at::Tensor& bias) {
   check_args(x, gate, y, shift, scale, out_dtype);
-  if (!x.is_cuda()) return residual_adaln_reference(x, gate, y, shift, scale, out_dtype, eps);
-  variable_list out = ResidualAdaLNFunction::apply(x, gate, y, shift, scale, int64_t(out_dtype), eps);
+  detail::check_residual_bias(kOp, x, bias);
+  if (!x.is_cuda()) return residual_adaln_reference(x, gate, y, shift, scale, out_dtype, eps, bias);
+  const std::optional<at::Tensor> bias_opt = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
+  variable_list out = ResidualAdaLNFunction::apply(x, gate, y, shift, scale, int64_t(out_dtype), eps, bias_opt);
   return {std::move(out[0]), std::move(out[1])};
 }
 

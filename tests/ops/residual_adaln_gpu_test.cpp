@@ -1,8 +1,8 @@
 // On a GPU: residual_adaln against its reference computed in float64 on the
 // same (upcast) inputs, forward and backward, with both outputs used and with
-// only one of them; every element written (outputs and scratch pre-filled
-// with NaN through the kernel launches); bit-identical reruns; capture of
-// forward + backward in a CUDA graph. Skips without a GPU.
+// only one of them, without and with a bias; every element written (outputs
+// and scratch pre-filled with NaN through the kernel launches); bit-identical
+// reruns; capture of forward + backward in a CUDA graph. Skips without a GPU.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -10,6 +10,7 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/sum.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
@@ -43,7 +44,7 @@ bool reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 // Elementwise: |got - ref| <= tol + tol * |ref| everywhere; a NaN fails.
 // Tolerance per dtype of `got`: bf16/fp16 2e-2 (one rounding of an O(1)
 // value is <= 2^-8 relative, plus the rounding of x1 when x is reduced);
-// fp32 1e-4 (D <= 1152 terms per row reduction).
+// fp32 1e-4 (D <= 4104 terms per row reduction).
 void expect_close(const at::Tensor& got, const at::Tensor& ref, const std::string& what) {
   ASSERT_TRUE(got.defined()) << what << ": undefined";
   ASSERT_EQ(got.sizes(), ref.sizes()) << what;
@@ -57,11 +58,12 @@ void expect_close(const at::Tensor& got, const at::Tensor& ref, const std::strin
 }
 
 // Per-sample column sums over T rows: ||got - ref|| / ||ref|| below 1e-2 when
-// got is bf16/fp16 (its own rounding dominates), 1e-5 when fp32.
-void expect_rel_l2(const at::Tensor& got, const at::Tensor& ref, const std::string& what) {
+// got is bf16/fp16 (its own rounding dominates), 1e-5 when fp32; `tol` > 0
+// overrides (dbias: fp32, but as exact as dx1 is, see its check).
+void expect_rel_l2(const at::Tensor& got, const at::Tensor& ref, const std::string& what, double tol = 0) {
   ASSERT_TRUE(got.defined()) << what << ": undefined";
   ASSERT_EQ(got.sizes(), ref.sizes()) << what;
-  const double tol = reduced(got.scalar_type()) ? 1e-2 : 1e-5;
+  if (tol <= 0) tol = reduced(got.scalar_type()) ? 1e-2 : 1e-5;
   const at::Tensor g = got.to(at::kDouble), r = ref.to(at::kDouble);
   EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
   const double rel = (g - r).norm().item<double>() / r.norm().item<double>();
@@ -71,7 +73,9 @@ void expect_rel_l2(const at::Tensor& got, const at::Tensor& ref, const std::stri
 struct Shape {
   int64_t b, t, d;
 };
-const std::vector<Shape> kShapes = {{1, 1, 37}, {2, 3, 200}, {3, 256, 384}, {2, 256, 1152}, {256, 256, 384}};
+// 4104: wider than 4096, where the backward with a bias takes two vectors per thread.
+const std::vector<Shape> kShapes = {{1, 1, 37},     {2, 3, 200},     {3, 256, 384},
+                                    {2, 256, 1152}, {256, 256, 384}, {2, 7, 4104}};
 
 std::string name(const Shape& s) {
   return "[" + std::to_string(s.b) + "," + std::to_string(s.t) + "," + std::to_string(s.d) + "]";
@@ -98,10 +102,11 @@ enum class Use { kBoth, kHOnly, kX1Only };
 const char* name(Use u) { return u == Use::kBoth ? "both used" : u == Use::kHOnly ? "h only" : "x1 only"; }
 
 // Runs the op (or the float64 reference) and differentiates the used outputs.
-// Returns {x1, h, dx, dgate, dy, dshift, dscale}; unused-input gradients are undefined.
+// Returns {x1, h, dx, dgate, dy, dshift, dscale, dbias}; unused-input gradients
+// and dbias without a bias (undefined = none) are undefined.
 std::vector<at::Tensor> run(bool reference, Use use, const at::Tensor& x, const at::Tensor& mod_a,
                             const at::Tensor& y, const at::Tensor& mod_b, at::ScalarType out, const at::Tensor& dx1,
-                            const at::Tensor& dh) {
+                            const at::Tensor& dh, const at::Tensor& bias = at::Tensor()) {
   auto leaf = [&](const at::Tensor& t) {
     return (reference ? t.to(at::kDouble) : t).detach().requires_grad_(true);
   };
@@ -109,60 +114,116 @@ std::vector<at::Tensor> run(bool reference, Use use, const at::Tensor& x, const 
   // gate is block i's gate_mlp, shift/scale block i+1's shift_msa/scale_msa.
   const at::Tensor xl = leaf(x), yl = leaf(y), ma = leaf(mod_a), mb = leaf(mod_b);
   const at::Tensor gate = ma.chunk(6, 1)[5], shift = mb.chunk(6, 1)[0], scale = mb.chunk(6, 1)[1];
-  const auto [x1, h] = reference ? residual_adaln_reference(xl, gate, yl, shift, scale, at::kDouble)
-                                 : residual_adaln(xl, gate, yl, shift, scale, out);
+  const at::Tensor bl = bias.defined() ? leaf(bias) : at::Tensor();
+  const auto [x1, h] = reference ? residual_adaln_reference(xl, gate, yl, shift, scale, at::kDouble, 1e-6, bl)
+                                 : residual_adaln(xl, gate, yl, shift, scale, out, 1e-6, bl);
   std::vector<at::Tensor> outs, grads_out;
   auto as_ref = [&](const at::Tensor& t) { return reference ? t.to(at::kDouble) : t; };
   if (use != Use::kHOnly) outs.push_back(x1), grads_out.push_back(as_ref(dx1));
   if (use != Use::kX1Only) outs.push_back(h), grads_out.push_back(as_ref(dh));
-  const auto g = torch::autograd::grad(outs, {xl, gate, yl, shift, scale}, grads_out, std::nullopt, false,
-                                       /*allow_unused=*/true);
-  return {x1.detach(), h.detach(), g[0], g[1], g[2], g[3], g[4]};
+  std::vector<at::Tensor> inputs = {xl, gate, yl, shift, scale};
+  if (bl.defined()) inputs.push_back(bl);
+  const auto g = torch::autograd::grad(outs, inputs, grads_out, std::nullopt, false, /*allow_unused=*/true);
+  return {x1.detach(), h.detach(), g[0], g[1], g[2], g[3], g[4], bl.defined() ? g[5] : at::Tensor()};
 }
 
+// Every case, shape and use without a bias and with a random fp32 one. dbias
+// is fp32 and sums B*T rows of dx1 * gate: expect_rel_l2's fp32 tolerance
+// (1e-5) when x is fp32; when x is bf16/fp16, x1 is rounded to it before the
+// LayerNorm (as dx and dgate see), so dx1 and dbias carry that rounding: 1e-2.
 TEST(ResidualAdaLNGpu, MatchesFloat64Reference) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   uint64_t seed = 1;
   for (const Case& c : kCases) {
     for (const Shape& s : kShapes) {
       for (const Use use : {Use::kBoth, Use::kHOnly, Use::kX1Only}) {
-        const std::string where = name(c) + " " + name(s) + " " + name(use) + ": ";
-        at::Generator g = gen(seed++);
-        const at::Tensor mod_a = rnd({s.b, 6 * s.d}, g, c.mod, 0.5), mod_b = rnd({s.b, 6 * s.d}, g, c.mod, 0.5);
-        const at::Tensor x = rnd({s.b, s.t, s.d}, g, c.x, 2.0, 0.3);
-        const at::Tensor y = rnd({s.b, s.t, s.d}, g, c.y);
-        const at::Tensor dx1 = rnd({s.b, s.t, s.d}, g, c.x), dh = rnd({s.b, s.t, s.d}, g, c.out);
+        for (const bool with_bias : {false, true}) {
+          const std::string where = name(c) + " " + name(s) + " " + name(use) + (with_bias ? " with bias: " : ": ");
+          at::Generator g = gen(seed++);
+          const at::Tensor mod_a = rnd({s.b, 6 * s.d}, g, c.mod, 0.5), mod_b = rnd({s.b, 6 * s.d}, g, c.mod, 0.5);
+          const at::Tensor x = rnd({s.b, s.t, s.d}, g, c.x, 2.0, 0.3);
+          const at::Tensor y = rnd({s.b, s.t, s.d}, g, c.y);
+          const at::Tensor dx1 = rnd({s.b, s.t, s.d}, g, c.x), dh = rnd({s.b, s.t, s.d}, g, c.out);
+          const at::Tensor bias = with_bias ? rnd({s.d}, g, at::kFloat) : at::Tensor();
 
-        const auto got = run(false, use, x, mod_a, y, mod_b, c.out, dx1, dh);
-        const auto ref = run(true, use, x, mod_a, y, mod_b, c.out, dx1, dh);
-        ASSERT_EQ(got[0].scalar_type(), c.x) << where;
-        ASSERT_EQ(got[1].scalar_type(), c.out) << where;
-        expect_close(got[0], ref[0], where + "x1");
-        expect_close(got[1], ref[1], where + "h");
-        ASSERT_TRUE(got[2].defined() && got[3].defined() && got[4].defined()) << where;
-        EXPECT_EQ(got[2].scalar_type(), c.x) << where << "dx dtype";
-        EXPECT_EQ(got[3].scalar_type(), c.mod) << where << "dgate dtype";
-        EXPECT_EQ(got[4].scalar_type(), c.y) << where << "dy dtype";
-        expect_close(got[2], ref[2], where + "dx");
-        expect_rel_l2(got[3], ref[3], where + "dgate");
-        expect_close(got[4], ref[4], where + "dy");
-        if (use == Use::kX1Only) {
-          EXPECT_FALSE(got[5].defined() || got[6].defined()) << where << "h unused: no dshift/dscale";
-          EXPECT_TRUE(at::equal(got[2], dx1)) << where << "dx must be dx1 itself";
-        } else {
-          ASSERT_TRUE(got[5].defined() && got[6].defined()) << where;
-          EXPECT_EQ(got[5].scalar_type(), c.mod) << where << "dshift dtype";
-          expect_rel_l2(got[5], ref[5], where + "dshift");
-          expect_rel_l2(got[6], ref[6], where + "dscale");
-        }
+          const auto got = run(false, use, x, mod_a, y, mod_b, c.out, dx1, dh, bias);
+          const auto ref = run(true, use, x, mod_a, y, mod_b, c.out, dx1, dh, bias);
+          ASSERT_EQ(got[0].scalar_type(), c.x) << where;
+          ASSERT_EQ(got[1].scalar_type(), c.out) << where;
+          expect_close(got[0], ref[0], where + "x1");
+          expect_close(got[1], ref[1], where + "h");
+          ASSERT_TRUE(got[2].defined() && got[3].defined() && got[4].defined()) << where;
+          EXPECT_EQ(got[2].scalar_type(), c.x) << where << "dx dtype";
+          EXPECT_EQ(got[3].scalar_type(), c.mod) << where << "dgate dtype";
+          EXPECT_EQ(got[4].scalar_type(), c.y) << where << "dy dtype";
+          expect_close(got[2], ref[2], where + "dx");
+          expect_rel_l2(got[3], ref[3], where + "dgate");
+          expect_close(got[4], ref[4], where + "dy");
+          if (use == Use::kX1Only) {
+            EXPECT_FALSE(got[5].defined() || got[6].defined()) << where << "h unused: no dshift/dscale";
+            EXPECT_TRUE(at::equal(got[2], dx1)) << where << "dx must be dx1 itself";
+          } else {
+            ASSERT_TRUE(got[5].defined() && got[6].defined()) << where;
+            EXPECT_EQ(got[5].scalar_type(), c.mod) << where << "dshift dtype";
+            expect_rel_l2(got[5], ref[5], where + "dshift");
+            expect_rel_l2(got[6], ref[6], where + "dscale");
+          }
+          if (with_bias) {
+            ASSERT_TRUE(got[7].defined()) << where << "no dbias";
+            EXPECT_EQ(got[7].scalar_type(), at::kFloat) << where << "dbias dtype";
+            expect_rel_l2(got[7], ref[7], where + "dbias", reduced(c.x) ? 1e-2 : 1e-5);
+          } else {
+            EXPECT_FALSE(got[7].defined()) << where;
+          }
 
-        // Deterministic: a second run gives the same bits.
-        const auto again = run(false, use, x, mod_a, y, mod_b, c.out, dx1, dh);
-        for (size_t i = 0; i < got.size(); ++i) {
-          if (!got[i].defined()) continue;
-          EXPECT_TRUE(at::equal(got[i], again[i])) << where << "output " << i << " not bit-identical";
+          // Deterministic: a second run gives the same bits.
+          const auto again = run(false, use, x, mod_a, y, mod_b, c.out, dx1, dh, bias);
+          for (size_t i = 0; i < got.size(); ++i) {
+            if (!got[i].defined()) continue;
+            EXPECT_TRUE(at::equal(got[i], again[i])) << where << "output " << i << " not bit-identical";
+          }
         }
       }
+    }
+  }
+}
+
+// The bias's gradient when gate's is not wanted (the kernels then sum dx1 for
+// dbias without the bias entering dgate), a bf16 bias (gradient in bf16), and
+// dgate when the bias needs no gradient; each use of the outputs; against
+// float64 (fp32 residual stream, bf16 elsewhere). Tolerances as above.
+TEST(ResidualAdaLNGpu, BiasGradientAlone) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 3000;
+  for (const Shape& s : {Shape{1, 1, 37}, Shape{2, 256, 1152}, Shape{2, 7, 4104}}) {
+    for (const Use use : {Use::kBoth, Use::kHOnly, Use::kX1Only}) {
+      const std::string where = name(s) + " " + name(use) + ": ";
+      at::Generator g = gen(seed++);
+      const at::Tensor x = rnd({s.b, s.t, s.d}, g, at::kFloat, 2.0, 0.3), y = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
+      const at::Tensor gate = rnd({s.b, s.d}, g, at::kBFloat16, 0.5), shift = rnd({s.b, s.d}, g, at::kBFloat16, 0.5);
+      const at::Tensor scale = rnd({s.b, s.d}, g, at::kBFloat16, 0.5), bias = rnd({s.d}, g, at::kBFloat16);
+      const at::Tensor dx1 = rnd({s.b, s.t, s.d}, g, at::kFloat), dh = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
+      // Differentiates the used outputs with respect to `wrt` (leaves made here; the rest constants).
+      auto grads = [&](bool reference, const std::vector<int>& wrt) {
+        std::vector<at::Tensor> in = {x, gate, y, shift, scale, bias};
+        for (at::Tensor& t : in) t = (reference ? t.to(at::kDouble) : t).detach();
+        std::vector<at::Tensor> leaves;
+        for (const int i : wrt) leaves.push_back(in[i].requires_grad_(true));
+        const auto [x1, h] = reference
+                                 ? residual_adaln_reference(in[0], in[1], in[2], in[3], in[4], at::kDouble, 1e-6, in[5])
+                                 : residual_adaln(in[0], in[1], in[2], in[3], in[4], at::kBFloat16, 1e-6, in[5]);
+        std::vector<at::Tensor> outs, grads_out;
+        auto as_ref = [&](const at::Tensor& t) { return reference ? t.to(at::kDouble) : t; };
+        if (use != Use::kHOnly) outs.push_back(x1), grads_out.push_back(as_ref(dx1));
+        if (use != Use::kX1Only) outs.push_back(h), grads_out.push_back(as_ref(dh));
+        return torch::autograd::grad(outs, leaves, grads_out);
+      };
+      const auto got = grads(false, {2, 5}), ref = grads(true, {2, 5});  // y and bias, not gate
+      EXPECT_EQ(got[1].scalar_type(), at::kBFloat16) << where << "dbias dtype";
+      expect_close(got[0], ref[0], where + "dy (no dgate)");
+      expect_rel_l2(got[1], ref[1], where + "dbias (no dgate)");
+      const auto got_g = grads(false, {1}), ref_g = grads(true, {1});  // gate only: bias without gradient
+      expect_rel_l2(got_g[0], ref_g[0], where + "dgate (bias without gradient)");
     }
   }
 }
@@ -173,8 +234,11 @@ at::Tensor nan_like(at::IntArrayRef sizes, at::ScalarType dtype) {
 
 // The kernel launches write every element of their outputs and read no
 // scratch they did not write: outputs and scratch start as NaN, results must
-// match the op (checked against the reference above) bit for bit. With and
-// without dx1_ext; the 16-byte path (D % 8 == 0) and the scalar one (D = 37).
+// match the op (checked against the reference above) bit for bit. Without and
+// with a bias (then also the fourth partials plane and dbias_per_sample, whose
+// batch sum is the op's dbias), with and without dx1_ext; the 16-byte path
+// (D % 8 == 0: one vector per thread, two with a bias beyond 4096) and the
+// scalar one (D = 37).
 TEST(ResidualAdaLNGpu, KernelsWriteEveryOutputElement) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   const c10::cuda::CUDAGuard guard(kCuda);
@@ -182,49 +246,63 @@ TEST(ResidualAdaLNGpu, KernelsWriteEveryOutputElement) {
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   using bf16 = __nv_bfloat16;
   auto bp = [](const at::Tensor& t) { return static_cast<bf16*>(t.data_ptr()); };
+  auto fp = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
   uint64_t seed = 5000;
   for (const Shape& s : {Shape{1, 1, 37}, Shape{2, 3, 200}, Shape{3, 256, 384}, Shape{2, 256, 1152},
-                         Shape{4, 17, 1000}}) {
-    const int b = int(s.b), t = int(s.t), d = int(s.d);
-    at::Generator g = gen(seed++);
-    const at::Tensor x = rnd({s.b, s.t, s.d}, g, at::kFloat, 2.0, 0.3), y = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
-    const at::Tensor gate = rnd({s.b, s.d}, g, at::kBFloat16, 0.5), shift = rnd({s.b, s.d}, g, at::kBFloat16, 0.5);
-    const at::Tensor scale = rnd({s.b, s.d}, g, at::kBFloat16, 0.5);
+                         Shape{4, 17, 1000}, Shape{2, 7, 4104}}) {
+    for (const bool with_bias : {false, true}) {
+      const std::string where_s = name(s) + (with_bias ? " with bias" : "");
+      const int b = int(s.b), t = int(s.t), d = int(s.d);
+      at::Generator g = gen(seed++);
+      const at::Tensor x = rnd({s.b, s.t, s.d}, g, at::kFloat, 2.0, 0.3), y = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
+      const at::Tensor gate = rnd({s.b, s.d}, g, at::kBFloat16, 0.5), shift = rnd({s.b, s.d}, g, at::kBFloat16, 0.5);
+      const at::Tensor scale = rnd({s.b, s.d}, g, at::kBFloat16, 0.5);
+      const at::Tensor bias = with_bias ? rnd({s.d}, g, at::kFloat) : at::Tensor();
 
-    at::Tensor x1 = nan_like({s.b, s.t, s.d}, at::kFloat), h = nan_like({s.b, s.t, s.d}, at::kBFloat16);
-    at::Tensor mean = nan_like({s.b * s.t}, at::kFloat), rstd = nan_like({s.b * s.t}, at::kFloat);
-    kernels::residual_adaln_forward<float, bf16, bf16>(x.data_ptr<float>(), bp(gate), d, bp(y), bp(shift), d,
-                                                       bp(scale), d, x1.data_ptr<float>(), bp(h),
-                                                       mean.data_ptr<float>(), rstd.data_ptr<float>(), b, t, d,
-                                                       1e-6f, stream);
-    {
-      const auto [x1_op, h_op] = residual_adaln(x, gate, y, shift, scale, at::kBFloat16);
-      EXPECT_TRUE(at::equal(x1, x1_op)) << name(s) << " forward x1";
-      EXPECT_TRUE(at::equal(h, h_op)) << name(s) << " forward h";
-      EXPECT_FALSE(mean.isnan().any().item<bool>() || rstd.isnan().any().item<bool>()) << name(s);
-    }
+      at::Tensor x1 = nan_like({s.b, s.t, s.d}, at::kFloat), h = nan_like({s.b, s.t, s.d}, at::kBFloat16);
+      at::Tensor mean = nan_like({s.b * s.t}, at::kFloat), rstd = nan_like({s.b * s.t}, at::kFloat);
+      kernels::residual_adaln_forward<float, bf16, bf16>(x.data_ptr<float>(), bp(gate), d, bp(y), fp(bias), bp(shift),
+                                                         d, bp(scale), d, x1.data_ptr<float>(), bp(h),
+                                                         mean.data_ptr<float>(), rstd.data_ptr<float>(), b, t, d,
+                                                         1e-6f, stream);
+      {
+        const auto [x1_op, h_op] = residual_adaln(x, gate, y, shift, scale, at::kBFloat16, 1e-6, bias);
+        EXPECT_TRUE(at::equal(x1, x1_op)) << where_s << " forward x1";
+        EXPECT_TRUE(at::equal(h, h_op)) << where_s << " forward h";
+        EXPECT_FALSE(mean.isnan().any().item<bool>() || rstd.isnan().any().item<bool>()) << where_s;
+      }
 
-    const at::Tensor dx1 = rnd({s.b, s.t, s.d}, g, at::kFloat), dh = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
-    const int tiles = kernels::residual_adaln_backward_tiles(b, t, sms);
-    for (const bool with_ext : {true, false}) {
-      const std::string where = name(s) + (with_ext ? " with dx1_ext " : " without dx1_ext ");
-      at::Tensor dx = nan_like({s.b, s.t, s.d}, at::kFloat), dy = nan_like({s.b, s.t, s.d}, at::kBFloat16);
-      at::Tensor dgate = nan_like({s.b, s.d}, at::kBFloat16), dshift = nan_like({s.b, s.d}, at::kBFloat16);
-      at::Tensor dscale = nan_like({s.b, s.d}, at::kBFloat16), partials = nan_like({3, s.b, tiles, s.d}, at::kFloat);
-      kernels::residual_adaln_backward<float, bf16, bf16>(
-          with_ext ? dx1.data_ptr<float>() : nullptr, bp(dh), x1.data_ptr<float>(), bp(y), bp(gate), d, bp(scale), d,
-          mean.data_ptr<float>(), rstd.data_ptr<float>(), dx.data_ptr<float>(), bp(dy), bp(dgate), bp(dshift),
-          bp(dscale), partials.data_ptr<float>(), b, t, d, tiles, stream);
-      std::vector<at::Tensor> in = {x, gate, y, shift, scale};
-      for (at::Tensor& v : in) v = v.detach().requires_grad_(true);
-      const auto [x1_op, h_op] = residual_adaln(in[0], in[1], in[2], in[3], in[4], at::kBFloat16);
-      const auto gr = with_ext ? torch::autograd::grad({x1_op, h_op}, in, {dx1, dh})
-                               : torch::autograd::grad({h_op}, in, {dh});
-      EXPECT_TRUE(at::equal(dx, gr[0])) << where << "dx";
-      EXPECT_TRUE(at::equal(dgate, gr[1])) << where << "dgate";
-      EXPECT_TRUE(at::equal(dy, gr[2])) << where << "dy";
-      EXPECT_TRUE(at::equal(dshift, gr[3])) << where << "dshift";
-      EXPECT_TRUE(at::equal(dscale, gr[4])) << where << "dscale";
+      const at::Tensor dx1 = rnd({s.b, s.t, s.d}, g, at::kFloat), dh = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
+      const int tiles = kernels::residual_adaln_backward_tiles(b, t, sms);
+      for (const bool with_ext : {true, false}) {
+        const std::string where = where_s + (with_ext ? " with dx1_ext " : " without dx1_ext ");
+        at::Tensor dx = nan_like({s.b, s.t, s.d}, at::kFloat), dy = nan_like({s.b, s.t, s.d}, at::kBFloat16);
+        at::Tensor dgate = nan_like({s.b, s.d}, at::kBFloat16), dshift = nan_like({s.b, s.d}, at::kBFloat16);
+        at::Tensor dscale = nan_like({s.b, s.d}, at::kBFloat16);
+        at::Tensor dbias_ps = with_bias ? nan_like({s.b, s.d}, at::kFloat) : at::Tensor();
+        at::Tensor partials =
+            nan_like({kernels::residual_adaln_backward_partials(b, tiles, d, with_bias)}, at::kFloat);
+        kernels::residual_adaln_backward<float, bf16, bf16>(
+            with_ext ? dx1.data_ptr<float>() : nullptr, bp(dh), x1.data_ptr<float>(), bp(y), fp(bias), bp(gate), d,
+            bp(scale), d, mean.data_ptr<float>(), rstd.data_ptr<float>(), dx.data_ptr<float>(), bp(dy), bp(dgate),
+            bp(dshift), bp(dscale), fp(dbias_ps), partials.data_ptr<float>(), b, t, d, tiles, stream);
+        std::vector<at::Tensor> in = {x, gate, y, shift, scale};
+        if (with_bias) in.push_back(bias);
+        for (at::Tensor& v : in) v = v.detach().requires_grad_(true);
+        const auto [x1_op, h_op] = residual_adaln(in[0], in[1], in[2], in[3], in[4], at::kBFloat16, 1e-6,
+                                                  with_bias ? in[5] : at::Tensor());
+        const auto gr = with_ext ? torch::autograd::grad({x1_op, h_op}, in, {dx1, dh})
+                                 : torch::autograd::grad({h_op}, in, {dh});
+        EXPECT_TRUE(at::equal(dx, gr[0])) << where << "dx";
+        EXPECT_TRUE(at::equal(dgate, gr[1])) << where << "dgate";
+        EXPECT_TRUE(at::equal(dy, gr[2])) << where << "dy";
+        EXPECT_TRUE(at::equal(dshift, gr[3])) << where << "dshift";
+        EXPECT_TRUE(at::equal(dscale, gr[4])) << where << "dscale";
+        if (with_bias) {
+          EXPECT_FALSE(dbias_ps.isnan().any().item<bool>()) << where << "dbias_per_sample";
+          EXPECT_TRUE(at::equal(at::sum(dbias_ps, {0}), gr[5])) << where << "dbias";
+        }
+      }
     }
   }
 }
@@ -236,13 +314,15 @@ TEST(ResidualAdaLNGpu, MixedDevicesRaiseUsageError) {
   const at::Tensor m = at::randn({2, 8});
   EXPECT_THROW(residual_adaln(x, m.to(kCuda), x, m, m.to(kCuda), at::kBFloat16), UsageError);
   EXPECT_THROW(residual_adaln(x, m.to(kCuda), x.cpu(), m.to(kCuda), m.to(kCuda), at::kBFloat16), UsageError);
+  const at::Tensor mc = m.to(kCuda);
+  EXPECT_THROW(residual_adaln(x, mc, x, mc, mc, at::kBFloat16, 1e-6, at::randn({8})), UsageError);  // bias on the CPU
 }
 
 // Two DiT blocks' worth of chaining (residual_adaln -> stand-in for the
-// attention -> residual_adaln -> stand-in -> gated_residual), forward and
-// backward captured in one CUDA graph and replayed: fails loudly on a host
-// sync or a data-dependent allocation, and the replay reproduces the eager
-// outputs and gradients bit for bit.
+// attention -> residual_adaln -> stand-in -> gated_residual), without and with
+// the folded biases, forward and backward captured in one CUDA graph and
+// replayed: fails loudly on a host sync or a data-dependent allocation, and
+// the replay reproduces the eager outputs and gradients bit for bit.
 TEST(ResidualAdaLNGpu, ForwardAndBackwardCaptureInCudaGraph) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   at::Generator g = gen(9000);
@@ -250,27 +330,36 @@ TEST(ResidualAdaLNGpu, ForwardAndBackwardCaptureInCudaGraph) {
   const at::Tensor x = rnd({b, t, d}, g, at::kFloat).requires_grad_(true);
   const at::Tensor y0 = rnd({b, t, d}, g, at::kBFloat16).requires_grad_(true);
   const at::Tensor mod = rnd({b, 6 * d}, g, at::kBFloat16, 0.5).requires_grad_(true);
+  const at::Tensor bias_a = rnd({d}, g, at::kFloat).requires_grad_(true);
+  const at::Tensor bias_b = rnd({d}, g, at::kFloat).requires_grad_(true);
   const at::Tensor dout = rnd({b, t, d}, g, at::kFloat);
-  auto step = [&] {
-    const auto c = mod.chunk(6, 1);
-    const auto [x1, h1] = residual_adaln(x, c[2], y0, c[0], c[1], at::kBFloat16);
-    const auto [x2, h2] = residual_adaln(x1, c[5], h1 * 2, c[3], c[4], at::kBFloat16);
-    const at::Tensor out = gated_residual(x2, c[2], h2 * 3);
-    const auto grads = torch::autograd::grad({out}, {x, y0, mod}, {dout});
-    return std::vector<at::Tensor>{out.detach(), grads[0], grads[1], grads[2]};
-  };
-  compat::synchronize(kCuda);  // the inputs were made on the default stream
-  c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool());
-  const auto eager = step();  // warm-up outside the capture
-  at::cuda::CUDAGraph graph;
-  graph.capture_begin();
-  const auto captured = step();
-  graph.capture_end();
-  for (int i = 0; i < 2; ++i) {
-    graph.replay();
-    at::cuda::getCurrentCUDAStream().synchronize();
-    for (size_t k = 0; k < eager.size(); ++k)
-      EXPECT_TRUE(at::equal(captured[k], eager[k])) << "replay " << i << " output " << k;
+  for (const bool with_bias : {false, true}) {
+    auto step = [&] {
+      const at::Tensor ba = with_bias ? bias_a : at::Tensor(), bb = with_bias ? bias_b : at::Tensor();
+      const auto c = mod.chunk(6, 1);
+      const auto [x1, h1] = residual_adaln(x, c[2], y0, c[0], c[1], at::kBFloat16, 1e-6, ba);
+      const auto [x2, h2] = residual_adaln(x1, c[5], h1 * 2, c[3], c[4], at::kBFloat16, 1e-6, bb);
+      const at::Tensor out = gated_residual(x2, c[2], h2 * 3, ba);
+      const auto grads = with_bias ? torch::autograd::grad({out}, {x, y0, mod, bias_a, bias_b}, {dout})
+                                   : torch::autograd::grad({out}, {x, y0, mod}, {dout});
+      std::vector<at::Tensor> result = {out.detach()};
+      result.insert(result.end(), grads.begin(), grads.end());
+      return result;
+    };
+    compat::synchronize(kCuda);  // the inputs were made on the default stream
+    c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool());
+    const auto eager = step();  // warm-up outside the capture
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    const auto captured = step();
+    graph.capture_end();
+    for (int i = 0; i < 2; ++i) {
+      graph.replay();
+      at::cuda::getCurrentCUDAStream().synchronize();
+      for (size_t k = 0; k < eager.size(); ++k)
+        EXPECT_TRUE(at::equal(captured[k], eager[k]))
+            << (with_bias ? "with bias " : "") << "replay " << i << " output " << k;
+    }
   }
 }
 

@@ -1,7 +1,8 @@
 // residual_adaln on the CPU: the op is its reference (gated_residual then
 // adaln_layernorm), and the reference's values and gradients agree with an
 // independent composition through expand and at::layer_norm, with both
-// outputs used and with only one of them used; bad inputs raise UsageError.
+// outputs used and with only one of them used, with and without a bias; the
+// bias is added to y; bad inputs raise UsageError.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/equal.h>
@@ -38,9 +39,11 @@ std::string name(const Shape& s) {
 
 // The independent composition: broadcast through expand, ATen's own LayerNorm.
 std::pair<at::Tensor, at::Tensor> composed(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
-                                           const at::Tensor& shift, const at::Tensor& scale, double eps) {
+                                           const at::Tensor& shift, const at::Tensor& scale, double eps,
+                                           const at::Tensor& bias = at::Tensor()) {
   const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
-  const at::Tensor x1 = x + gate.view({b, 1, d}).expand({b, t, d}) * y;
+  const at::Tensor yb = bias.defined() ? y + bias.view({1, 1, d}).expand({b, t, d}) : y;
+  const at::Tensor x1 = x + gate.view({b, 1, d}).expand({b, t, d}) * yb;
   const at::Tensor h = at::layer_norm(x1, {d}, {}, {}, eps) * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
   return {x1, h};
 }
@@ -71,46 +74,82 @@ TEST(ResidualAdaLN, CpuOpIsTheReference) {
   }
 }
 
-// fp32 throughout: op vs the composition, forward and all five gradients,
-// with random upstream gradients for both outputs, for h only (dx1_ext
-// undefined) and for x1 only (dh undefined: shift and scale get no gradient).
-// Tolerance (fp32, D <= 1000 terms per row reduction, <= 9 per column sum):
-// atol 1e-5 + rtol 1e-5.
+// The bias is added to y before the gate: with an fp32 bias the op (on the CPU,
+// the reference) equals the reference without a bias on y + bias (formed in
+// fp32 either way), bit for bit, for both outputs.
+TEST(ResidualAdaLN, CpuBiasIsAddedToY) {
+  uint64_t seed = 50;
+  for (const Shape& s : kShapes) {
+    for (const auto x_dt : {at::kFloat, at::kBFloat16}) {
+      for (const auto a_dt : {at::kFloat, at::kBFloat16}) {  // y and h
+        at::Generator g = gen(seed++);
+        const at::Tensor x = (at::randn({s.b, s.t, s.d}, g) * 2 + 0.5).to(x_dt);
+        const at::Tensor gate = at::randn({s.b, s.d}, g).to(at::kBFloat16);
+        const at::Tensor y = at::randn({s.b, s.t, s.d}, g).to(a_dt);
+        const at::Tensor shift = at::randn({s.b, s.d}, g).to(at::kBFloat16);
+        const at::Tensor scale = (at::randn({s.b, s.d}, g) * 0.5).to(at::kBFloat16);
+        const at::Tensor bias = at::randn({s.d}, g);
+        const auto [x1, h] = residual_adaln(x, gate, y, shift, scale, a_dt, 1e-6, bias);
+        EXPECT_EQ(x1.scalar_type(), x_dt);
+        EXPECT_EQ(h.scalar_type(), a_dt);
+        EXPECT_FALSE(x1.isnan().any().item<bool>() || h.isnan().any().item<bool>()) << name(s);
+        const auto [x1_ref, h_ref] = residual_adaln_reference(x, gate, y + bias, shift, scale, a_dt);
+        EXPECT_TRUE(at::equal(x1, x1_ref)) << name(s);
+        EXPECT_TRUE(at::equal(h, h_ref)) << name(s);
+        EXPECT_TRUE(at::equal(x1, gated_residual_reference(x, gate, y, bias))) << name(s);
+        EXPECT_FALSE(at::equal(x1, residual_adaln(x, gate, y, shift, scale, a_dt).first)) << name(s) << " bias ignored";
+      }
+    }
+  }
+}
+
+// fp32 throughout: op vs the composition, forward and all five gradients
+// (six with the bias), with random upstream gradients for both outputs, for h
+// only (dx1_ext undefined) and for x1 only (dh undefined: shift and scale get
+// no gradient). Tolerance (fp32, D <= 1000 terms per row reduction, <= 18 per
+// column sum): atol 1e-5 + rtol 1e-5.
 TEST(ResidualAdaLN, CpuMatchesCompositionForwardAndBackward) {
   enum Use { kBoth, kHOnly, kX1Only };
   uint64_t seed = 100;
   for (const Shape& s : kShapes) {
     for (const Use use : {kBoth, kHOnly, kX1Only}) {
-      at::Generator g = gen(seed++);
-      const at::Tensor x0 = at::randn({s.b, s.t, s.d}, g) * 3 - 1;
-      const at::Tensor gate0 = at::randn({s.b, s.d}, g);
-      const at::Tensor y0 = at::randn({s.b, s.t, s.d}, g);
-      const at::Tensor shift0 = at::randn({s.b, s.d}, g);
-      const at::Tensor scale0 = at::randn({s.b, s.d}, g) * 0.5;
-      const at::Tensor dx1 = at::randn({s.b, s.t, s.d}, g), dh = at::randn({s.b, s.t, s.d}, g);
-      auto run = [&](bool ours) {
-        std::vector<at::Tensor> in = {x0.clone(), gate0.clone(), y0.clone(), shift0.clone(), scale0.clone()};
-        for (at::Tensor& t : in) t.requires_grad_(true);
-        const auto [x1, h] = ours ? residual_adaln(in[0], in[1], in[2], in[3], in[4], at::kFloat)
-                                  : composed(in[0], in[1], in[2], in[3], in[4], 1e-6);
-        std::vector<at::Tensor> outs, grads_out;
-        if (use != kHOnly) outs.push_back(x1), grads_out.push_back(dx1);
-        if (use != kX1Only) outs.push_back(h), grads_out.push_back(dh);
-        auto grads = torch::autograd::grad(outs, in, grads_out, /*retain_graph=*/std::nullopt,
-                                           /*create_graph=*/false, /*allow_unused=*/true);
-        grads.insert(grads.begin(), {x1.detach(), h.detach()});
-        return grads;
-      };
-      const auto ours = run(true), ref = run(false);
-      const std::string where = name(s) + (use == kBoth ? "both used " : use == kHOnly ? "h only " : "x1 only ");
-      const char* names[] = {"x1", "h", "dx", "dgate", "dy", "dshift", "dscale"};
-      for (size_t i = 0; i < ours.size(); ++i) {
-        if (use == kX1Only && (i == 5 || i == 6)) {
-          EXPECT_FALSE(ours[i].defined()) << where << names[i] << ": h unused, so no gradient";
-          EXPECT_FALSE(ref[i].defined()) << where << names[i];
-          continue;
+      for (const bool with_bias : {false, true}) {
+        at::Generator g = gen(seed++);
+        const at::Tensor x0 = at::randn({s.b, s.t, s.d}, g) * 3 - 1;
+        const at::Tensor gate0 = at::randn({s.b, s.d}, g);
+        const at::Tensor y0 = at::randn({s.b, s.t, s.d}, g);
+        const at::Tensor shift0 = at::randn({s.b, s.d}, g);
+        const at::Tensor scale0 = at::randn({s.b, s.d}, g) * 0.5;
+        const at::Tensor dx1 = at::randn({s.b, s.t, s.d}, g), dh = at::randn({s.b, s.t, s.d}, g);
+        const at::Tensor bias0 = at::randn({s.d}, g);
+        auto run = [&](bool ours) {
+          std::vector<at::Tensor> in = {x0.clone(), gate0.clone(), y0.clone(), shift0.clone(), scale0.clone()};
+          if (with_bias) in.push_back(bias0.clone());
+          for (at::Tensor& t : in) t.requires_grad_(true);
+          const at::Tensor bias = with_bias ? in[5] : at::Tensor();
+          const auto [x1, h] = ours ? residual_adaln(in[0], in[1], in[2], in[3], in[4], at::kFloat, 1e-6, bias)
+                                    : composed(in[0], in[1], in[2], in[3], in[4], 1e-6, bias);
+          std::vector<at::Tensor> outs, grads_out;
+          if (use != kHOnly) outs.push_back(x1), grads_out.push_back(dx1);
+          if (use != kX1Only) outs.push_back(h), grads_out.push_back(dh);
+          auto grads = torch::autograd::grad(outs, in, grads_out, /*retain_graph=*/std::nullopt,
+                                             /*create_graph=*/false, /*allow_unused=*/true);
+          grads.insert(grads.begin(), {x1.detach(), h.detach()});
+          return grads;
+        };
+        const auto ours = run(true), ref = run(false);
+        const std::string where = name(s) + (use == kBoth ? "both used " : use == kHOnly ? "h only " : "x1 only ") +
+                                  (with_bias ? "with bias " : "");
+        ASSERT_EQ(ours.size(), with_bias ? 8u : 7u) << where;
+        const char* names[] = {"x1", "h", "dx", "dgate", "dy", "dshift", "dscale", "dbias"};
+        for (size_t i = 0; i < ours.size(); ++i) {
+          if (use == kX1Only && (i == 5 || i == 6)) {
+            EXPECT_FALSE(ours[i].defined()) << where << names[i] << ": h unused, so no gradient";
+            EXPECT_FALSE(ref[i].defined()) << where << names[i];
+            continue;
+          }
+          expect_close(ours[i], ref[i], 1e-5, 1e-5, where + names[i]);
         }
-        expect_close(ours[i], ref[i], 1e-5, 1e-5, where + names[i]);
       }
     }
   }
@@ -158,6 +197,10 @@ TEST(ResidualAdaLN, BadInputsRaiseUsageError) {
   EXPECT_TRUE(has(msg([&] { residual_adaln(x, m, x.to(at::kDouble), m, m, at::kFloat); }), "y must be float32"));
   EXPECT_TRUE(has(msg([&] { residual_adaln(x, m, x, m, m, at::kInt); }), "out_dtype"));
   EXPECT_TRUE(has(msg([&] { residual_adaln(x, m, x, at::Tensor(), m, at::kFloat); }), "defined"));
+  EXPECT_TRUE(has(msg([&] { residual_adaln(x, m, x, m, m, at::kFloat, 1e-6, at::randn({7})); }), "bias must be [8]"));
+  EXPECT_TRUE(has(msg([&] { residual_adaln(x, m, x, m, m, at::kFloat, 1e-6, m); }), "bias must be [8]"));
+  EXPECT_TRUE(
+      has(msg([&] { residual_adaln(x, m, x, m, m, at::kFloat, 1e-6, at::randn({8}).to(at::kLong)); }), "bias must be"));
 }
 
 }  // namespace
