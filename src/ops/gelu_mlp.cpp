@@ -65,16 +65,24 @@ void fc1_gelu(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, 
   at::gelu_out(act, pre, "tanh");
 }
 
-// d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums (fp32)
-// from the same product when wanted and cuBLASLt takes it; otherwise db1 is
+// d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums (fp32, or
+// bf16) from the same product when wanted and cuBLASLt takes it; otherwise db1 is
 // returned undefined and comes later (from dW1's product, or a sum).
 std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, const at::Tensor& w2,
                                                         const at::Tensor& pre, bool want_db1) {
   at::Tensor dpre = at::empty(pre.sizes(), dy.options());
   if (lt_path(dy, w2)) {
     if (want_db1 && bias_grad_epilogue()) {
-      at::Tensor db1 = at::empty({pre.size(1)}, dy.options().dtype(at::kFloat));
-      if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGeluBGrad, db1, pre)) return {dpre, db1};
+      // fp32 first; cuBLASLt 13.0 refuses an fp32 bias gradient with a bf16
+      // D and takes a bf16 one: the column sums inside the product, rounded
+      // once (as autocast's bias gradient is in PyTorch). Not fp16: a sum of
+      // loss-scaled gradients over all rows could overflow it.
+      std::vector<at::ScalarType> bias_dtypes{at::kFloat};
+      if (dy.scalar_type() == at::kBFloat16) bias_dtypes.push_back(at::kBFloat16);
+      for (const at::ScalarType bias_dt : bias_dtypes) {
+        at::Tensor db1 = at::empty({pre.size(1)}, dy.options().dtype(bias_dt));
+        if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGeluBGrad, db1, pre)) return {dpre, db1};
+      }
     }
     if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGelu, at::Tensor(), pre)) return {dpre, at::Tensor()};
     note_gemm_fallback();
