@@ -173,9 +173,11 @@ __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float
 template <bool kEma>
 __device__ __forceinline__ void update_chunk(float* __restrict__ p, const float* __restrict__ g,
                                              float* __restrict__ m, float* __restrict__ v,
-                                             float* __restrict__ e, int len, const UpdateCoefficients& k) {
+                                             float* __restrict__ e, __nv_bfloat16* __restrict__ sh, int len,
+                                             const UpdateCoefficients& k) {
   int tail = 0;
-  if (aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && (!kEma || aligned16(e))) {
+  if (aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && (!kEma || aligned16(e)) &&
+      (sh == nullptr || reinterpret_cast<uintptr_t>(sh) % 8 == 0)) {
     const int nv = len >> 2;
     for (int i = threadIdx.x; i < nv; i += kThreads) {
       float4 p4 = reinterpret_cast<const float4*>(p)[i];
@@ -187,6 +189,10 @@ __device__ __forceinline__ void update_chunk(float* __restrict__ p, const float*
       adamw_element(p4.z, g4.z, m4.z, v4.z, k);
       adamw_element(p4.w, g4.w, m4.w, v4.w, k);
       reinterpret_cast<float4*>(p)[i] = p4;
+      if (sh != nullptr) {  // round to nearest even, as p.to(bfloat16)
+        reinterpret_cast<__nv_bfloat162*>(sh)[2 * i] = __floats2bfloat162_rn(p4.x, p4.y);
+        reinterpret_cast<__nv_bfloat162*>(sh)[2 * i + 1] = __floats2bfloat162_rn(p4.z, p4.w);
+      }
       reinterpret_cast<float4*>(m)[i] = m4;
       reinterpret_cast<float4*>(v)[i] = v4;
       if (kEma) {
@@ -204,6 +210,7 @@ __device__ __forceinline__ void update_chunk(float* __restrict__ p, const float*
     float pi = p[i], mi = m[i], vi = v[i];
     adamw_element(pi, __ldg(g + i), mi, vi, k);
     p[i] = pi, m[i] = mi, v[i] = vi;
+    if (sh != nullptr) sh[i] = __float2bfloat16_rn(pi);
     if (kEma) e[i] = lerp(e[i], pi, k.ema_weight);
   }
 }
@@ -231,8 +238,9 @@ update_kernel(const __grid_constant__ AdamWTable table, const AdamWScalars* __re
     const float* g = t.g + ch.start;
     float* m = t.m + ch.start;
     float* v = t.v + ch.start;
-    if (e != nullptr) update_chunk<true>(p, g, m, v, e, ch.len, k);
-    else update_chunk<false>(p, g, m, v, nullptr, ch.len, k);
+    __nv_bfloat16* sh = t.shadow != nullptr ? t.shadow + ch.start : nullptr;
+    if (e != nullptr) update_chunk<true>(p, g, m, v, e, sh, ch.len, k);
+    else update_chunk<false>(p, g, m, v, nullptr, sh, ch.len, k);
   }
 }
 

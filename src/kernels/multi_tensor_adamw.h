@@ -7,13 +7,17 @@
 //       LR, the clip coefficient, the bias corrections and the EMA weight;
 //   (3) adamw_update: AdamW and the EMA in one pass over each element
 //       (reads p, g, m, v, ema; writes p, m, v, ema: 36 bytes and ~20 FLOPs
-//       an element, so it runs at copy bandwidth).
+//       an element, so it runs at copy bandwidth), and, where a tensor has
+//       one, its bf16 shadow: the copy the next forward's matrix products
+//       read (2 more bytes an element instead of a separate cast per layer
+//       and step: one launch, no re-read of p).
 // The tensors are found through a table passed by value as a kernel parameter
 // (CUDA 12.1+ allows 32 KB of them on sm_90): a block takes fixed chunks of
 // kAdamWChunk elements and finds its tensor by binary search in the prefix sum
 // of chunk counts. 16-byte vector loads where a tensor's pointers allow.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -24,13 +28,16 @@ constexpr int kAdamWChunk = 65536;     // elements per block task
 constexpr int kAdamWMaxTensors = 384;  // per table (a table is ~20 KB)
 
 // One parameter tensor, float32, contiguous, n elements. g == nullptr: the
-// parameter had no gradient (only its EMA follows it); ema == nullptr: no EMA.
+// parameter had no gradient (only its EMA follows it); ema == nullptr: no EMA;
+// shadow == nullptr: no bf16 copy to keep (else it is rewritten from p
+// wherever p changes).
 struct AdamWTensor {
   float* p;
   const float* g;
   float* m;
   float* v;
   float* ema;
+  __nv_bfloat16* shadow;
   int64_t n;
 };
 
@@ -40,6 +47,7 @@ struct AdamWTable {
   int chunk_end[kAdamWMaxTensors];  // inclusive prefix sum of ceil(n / kAdamWChunk)
   AdamWTensor t[kAdamWMaxTensors];
 };
+static_assert(sizeof(AdamWTable) <= 32000, "the table travels as a kernel parameter (32764 bytes at most)");
 
 // The step's scalars, in device memory (float32 slots, so the op layer can
 // show each one as a 0-d tensor). Written by adamw_prepare; the state part

@@ -5,6 +5,7 @@
 #include <ATen/Context.h>
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/silu.h>
 
 #include <future>
 
@@ -51,8 +52,12 @@ at::Tensor DiTBlock::forward(const at::Tensor& x, const at::Tensor& c) const {
   return x1 + gate_mlp.unsqueeze(1) * h;  // [B, T, D]
 }
 
-std::vector<at::Tensor> DiTBlock::modulation(const at::Tensor& c) const {
-  return adaLN_modulation.forward(c).chunk(6, 1);  // shift, scale, gate (attention); shift, scale, gate (MLP)
+std::vector<at::Tensor> DiTBlock::modulation(const at::Tensor& c, at::ScalarType act) const {
+  // SiLU + Linear as forward()'s adaLN_modulation, through ops::linear (the
+  // optimizer's bf16 weight copy, the bias in the product's epilogue).
+  const nn::Linear& l = adaLN_modulation.linear();
+  return ops::linear(at::silu(c).to(act), l.weight, l.bias)
+      .chunk(6, 1);  // shift, scale, gate (attention); shift, scale, gate (MLP)
 }
 
 std::pair<at::Tensor, at::Tensor> DiTBlock::attention_half(const at::Tensor& x, const at::Tensor& h,
@@ -73,7 +78,7 @@ at::Tensor DiTBlock::mlp_half(const at::Tensor& h2) const {
 
 at::Tensor DiTBlock::forward_fused(const at::Tensor& x, const at::Tensor& c) const {
   const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
-  const auto mod = modulation(c);                                                   // 6 x [B, D]
+  const auto mod = modulation(c, act);                                              // 6 x [B, D]
   auto [x1, h2] = attention_half(x, ops::adaln_layernorm(x, mod[0], mod[1], act), mod, act);
   return ops::gated_residual(x1, mod[5], mlp_half(h2), mlp.fc2.bias);              // [B, T, D]
 }
@@ -146,7 +151,7 @@ at::Tensor DiT::run_block(size_t i, const at::Tensor& h, const at::Tensor& c) co
 // summed inside the kernel, not by autograd in a separate pass.
 at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c) const {
   const at::ScalarType act = compat::autocast_dtype(x0.device().type()).value_or(x0.scalar_type());
-  auto mod = blocks[0].modulation(c);
+  auto mod = blocks[0].modulation(c, act);
   at::Tensor x = x0;
   at::Tensor h = ops::adaln_layernorm(x, mod[0], mod[1], act);
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -154,7 +159,7 @@ at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c) co
     at::Tensor m = blocks[i].mlp_half(h2);
     const at::Tensor& fc2_bias = blocks[i].mlp.fc2.bias;
     if (i + 1 == blocks.size()) return ops::gated_residual(x1, mod[5], m, fc2_bias);
-    auto next = blocks[i + 1].modulation(c);
+    auto next = blocks[i + 1].modulation(c, act);
     std::tie(x, h) = ops::residual_adaln(x1, mod[5], m, next[0], next[1], act, 1e-6, fc2_bias);
     mod = std::move(next);
   }

@@ -26,6 +26,7 @@ class SiLULinear : public Module {
   SiLULinear(int64_t in_features, int64_t out_features, at::Generator& gen);
   at::Tensor forward(const at::Tensor& x) const;
   Linear& linear() { return linear_; }
+  const Linear& linear() const { return linear_; }
 
  private:
   Linear linear_;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "ops/compute_weights.h"
 #include "ops/linear.h"
 
 namespace perftrain::ops {
@@ -57,7 +58,7 @@ void fc1_gelu(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, 
   if (lt_path(x2, w1)) {
     if (try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, b1, pre)) return;
     if (b1.scalar_type() != x2.scalar_type() &&
-        try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, b1.to(x2.scalar_type()), pre))
+        try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, compute_weight(b1, x2.scalar_type()), pre))
       return;
     note_gemm_fallback();
   }
@@ -108,7 +109,7 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     const int64_t m = leading_rows(x), c = x.size(-1), h = w1.size(0), d = w2.size(0);
     const at::ScalarType dt = x.scalar_type();
     const at::Tensor x2 = x.contiguous().view({m, c});
-    const at::Tensor w1c = w1.to(dt).contiguous(), w2c = w2.to(dt).contiguous();
+    const at::Tensor w1c = compute_weight(w1, dt), w2c = compute_weight(w2, dt);
     at::Tensor pre = at::empty({m, h}, x.options());
     at::Tensor act = at::empty({m, h}, x.options());
     fc1_gelu(x2, w1c, b1.contiguous(), pre, act);

@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "ops/column_sums.h"
+#include "ops/compute_weights.h"
 
 namespace perftrain::ops {
 
@@ -90,7 +91,7 @@ void linear_forward_product(const at::Tensor& x2, const at::Tensor& w, const at:
       // it; else the bias cast to the compute dtype (still fused).
       if (try_gemm_lt(x2, false, w, true, y2, GemmEpilogue::kBias, bias)) return;
       if (bias.scalar_type() != x2.scalar_type() &&
-          try_gemm_lt(x2, false, w, true, y2, GemmEpilogue::kBias, bias.to(x2.scalar_type())))
+          try_gemm_lt(x2, false, w, true, y2, GemmEpilogue::kBias, compute_weight(bias, x2.scalar_type())))
         return;
       note_gemm_fallback();  // the epilogue was refused: product, then add
       if (try_gemm_lt(x2, false, w, true, y2, GemmEpilogue::kDefault)) {
@@ -167,7 +168,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     const int64_t m = leading_rows(x), k = x.size(-1), n = weight.size(0);
     const at::ScalarType dt = x.scalar_type();
     const at::Tensor x2 = x.contiguous().view({m, k});
-    const at::Tensor w = weight.to(dt).contiguous();  // the per-call cast of the master weight
+    const at::Tensor w = compute_weight(weight, dt);  // the optimizer's bf16 copy, or a cast
     std::vector<int64_t> out_sizes = x.sizes().vec();
     out_sizes.back() = n;
     at::Tensor y = at::empty(out_sizes, x.options());

@@ -85,15 +85,20 @@ struct MultiTensorAdamW::Plan {
 
 MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> exp_avgs,
                                    std::vector<at::Tensor> exp_avg_sqs, std::vector<at::Tensor> emas,
-                                   at::Tensor scalars, MultiTensorAdamWOptions opts, std::vector<std::string> names)
+                                   at::Tensor scalars, MultiTensorAdamWOptions opts, std::vector<std::string> names,
+                                   std::vector<at::Tensor> shadows)
     : params_(std::move(params)),
       exp_avgs_(std::move(exp_avgs)),
       exp_avg_sqs_(std::move(exp_avg_sqs)),
       emas_(std::move(emas)),
       scalars_(std::move(scalars)),
       opts_(opts),
-      names_(std::move(names)) {
+      names_(std::move(names)),
+      shadows_(std::move(shadows)) {
   const size_t n = params_.size();
+  if (!shadows_.empty() && shadows_.size() != n)
+    throw UsageError("multi_tensor_adamw: " + std::to_string(n) + " parameters but " +
+                     std::to_string(shadows_.size()) + " shadows");
   if (exp_avgs_.size() != n || exp_avg_sqs_.size() != n || (!emas_.empty() && emas_.size() != n))
     throw UsageError("multi_tensor_adamw: " + std::to_string(n) + " parameters but " +
                      std::to_string(exp_avgs_.size()) + " exp_avgs, " + std::to_string(exp_avg_sqs_.size()) +
@@ -108,6 +113,11 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<a
     check_like(exp_avgs_[i], params_[i], "exp_avg", names_, i);
     check_like(exp_avg_sqs_[i], params_[i], "exp_avg_sq", names_, i);
     if (!emas_.empty()) check_like(emas_[i], params_[i], "EMA tensor", names_, i);
+    if (!shadows_.empty() && shadows_[i].defined() &&
+        (shadows_[i].scalar_type() != at::kBFloat16 || !shadows_[i].is_contiguous() ||
+         shadows_[i].sizes() != params_[i].sizes() || shadows_[i].device() != device))
+      throw UsageError("multi_tensor_adamw: the shadow of " + label(names_, i) +
+                       " must be a contiguous bfloat16 tensor of its sizes on its device");
   }
   if (!scalars_.defined() || scalars_.scalar_type() != at::kFloat || scalars_.numel() != adamw_scalar_slots() ||
       !scalars_.is_contiguous() || scalars_.device() != device)
@@ -135,7 +145,7 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<a
     if (chunks > std::numeric_limits<int>::max())
       throw UsageError("multi_tensor_adamw: more than 2^31 chunks of parameters in one table");
     g.table.chunk_end[g.table.count] = static_cast<int>(chunks);
-    g.table.t[g.table.count] = kernels::AdamWTensor{nullptr, nullptr, nullptr, nullptr, nullptr, numel};
+    g.table.t[g.table.count] = kernels::AdamWTensor{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, numel};
     g.table.chunks = static_cast<int>(chunks);
     g.index.push_back(i);
     ++g.table.count;
@@ -163,6 +173,9 @@ void MultiTensorAdamW::step(const std::vector<at::Tensor>& grads) {
     for (size_t i = 0; i < grads.size(); ++i)
       if (grads[i].defined()) check_like(grads[i], params_[i], "gradient", names_, i);
     multi_tensor_adamw_reference(params_, grads, exp_avgs_, exp_avg_sqs_, emas_, scalars_, opts_);
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < shadows_.size(); ++i)
+      if (shadows_[i].defined()) shadows_[i].copy_(params_[i]);
     return;
   }
   // Pointers are read afresh each step (grads are new tensors every backward;
@@ -179,6 +192,9 @@ void MultiTensorAdamW::step(const std::vector<at::Tensor>& grads) {
       t.m = exp_avgs_[i].data_ptr<float>();
       t.v = exp_avg_sqs_[i].data_ptr<float>();
       t.ema = emas_.empty() ? nullptr : emas_[i].data_ptr<float>();
+      const bool shadowed = !shadows_.empty() && shadows_[i].defined();
+      t.shadow = shadowed ? reinterpret_cast<__nv_bfloat16*>(shadows_[i].data_ptr()) : nullptr;
+      if (shadowed) shadows_[i].unsafeGetTensorImpl()->bump_version();
     }
   }
   c10::cuda::CUDAGuard guard(scalars_.device());

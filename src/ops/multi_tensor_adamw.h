@@ -56,9 +56,14 @@ class MultiTensorAdamW {
   // params, exp_avgs, exp_avg_sqs, emas: float32, contiguous, one device,
   // pairwise the same sizes; emas may be empty (no EMA). scalars from
   // make_adamw_scalars on the same device. names (optional) label errors.
+  // shadows (optional, one per parameter, each may be undefined): bf16
+  // contiguous tensors of the parameters' sizes that every step rewrites as
+  // params[i].to(bfloat16) where the parameter changed (the caller fills
+  // them once at the start; they stay in step from then on).
   MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> exp_avgs,
                    std::vector<at::Tensor> exp_avg_sqs, std::vector<at::Tensor> emas, at::Tensor scalars,
-                   MultiTensorAdamWOptions opts, std::vector<std::string> names = {});
+                   MultiTensorAdamWOptions opts, std::vector<std::string> names = {},
+                   std::vector<at::Tensor> shadows = {});
   ~MultiTensorAdamW();
   MultiTensorAdamW(const MultiTensorAdamW&) = delete;
   MultiTensorAdamW& operator=(const MultiTensorAdamW&) = delete;
@@ -74,7 +79,7 @@ class MultiTensorAdamW {
 
  private:
   struct Plan;
-  std::vector<at::Tensor> params_, exp_avgs_, exp_avg_sqs_, emas_;
+  std::vector<at::Tensor> params_, exp_avgs_, exp_avg_sqs_, emas_, shadows_;
   at::Tensor scalars_;
   MultiTensorAdamWOptions opts_;
   std::vector<std::string> names_;

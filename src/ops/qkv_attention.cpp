@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "ops/column_sums.h"
 #include "ops/compat.h"
+#include "ops/compute_weights.h"
 #include "ops/linear.h"
 #include "ops/self_attention.h"
 
@@ -110,7 +111,7 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     const c10::DeviceGuard device_guard(h.device());
     const int64_t B = h.size(0), T = h.size(1), D = h.size(2), m = B * T;
     const at::Tensor h2 = h.contiguous().view({m, D});
-    const at::Tensor w = weight.to(h.scalar_type()).contiguous();  // the per-call cast of the master weight
+    const at::Tensor w = compute_weight(weight, h.scalar_type());  // the optimizer's bf16 copy, or a cast
     at::Tensor qkv = at::empty({B, T, 3 * D}, h.options());
     detail::linear_forward_product(h2, w, bias.defined() ? bias.contiguous() : bias, qkv.view({m, 3 * D}));
     ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());

@@ -1,6 +1,7 @@
 #include "train/device_optimizer.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <cmath>
@@ -43,7 +44,9 @@ DeviceOptimizer::DeviceOptimizer(std::vector<std::pair<std::string, at::Tensor>>
     names.push_back(name);
     exp_avg_.push_back(at::zeros_like(t, at::MemoryFormat::Contiguous));
     exp_avg_sq_.push_back(at::zeros_like(t, at::MemoryFormat::Contiguous));
+    if (opts_.bf16_shadows) shadows_.push_back(at::empty(t.sizes(), t.options().dtype(at::kBFloat16)));
   }
+  refresh_shadows();
   const at::Device device = p.empty() ? at::Device(at::kCPU) : p[0].device();
   scalars_ = ops::make_adamw_scalars(device, opts_.dynamic_loss_scale ? opts_.initial_loss_scale : 1.0);
   loss_scale_ = scalars_.select(0, ops::kSlotLossScale);
@@ -55,7 +58,18 @@ DeviceOptimizer::DeviceOptimizer(std::vector<std::pair<std::string, at::Tensor>>
 
   op_ = std::make_unique<ops::MultiTensorAdamW>(std::move(p), exp_avg_, exp_avg_sq_, ema_, scalars_,
                                                 static_cast<const ops::MultiTensorAdamWOptions&>(opts_),
-                                                std::move(names));
+                                                std::move(names), shadows_);
+}
+
+ops::ComputeWeights DeviceOptimizer::compute_weights() const {
+  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
+  for (size_t i = 0; i < shadows_.size(); ++i) pairs.emplace_back(params_[i].second, shadows_[i]);
+  return ops::ComputeWeights(pairs);
+}
+
+void DeviceOptimizer::refresh_shadows() {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < shadows_.size(); ++i) shadows_[i].copy_(params_[i].second);
 }
 
 DeviceOptimizer::~DeviceOptimizer() = default;

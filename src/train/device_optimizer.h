@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/compute_weights.h"
 #include "ops/multi_tensor_adamw.h"
 
 namespace perftrain::train {
@@ -28,6 +29,10 @@ namespace perftrain::train {
 // fp16 loss scale starts.
 struct DeviceOptimizerOptions : ops::MultiTensorAdamWOptions {
   double initial_loss_scale = 65536;  // fp16: multiply the loss by loss_scale() before backward
+  // Keep a bf16 copy of every parameter, rewritten by the update kernel, for
+  // the bf16 matrix products to read (compute_weights()) instead of casting
+  // each weight on every call.
+  bool bf16_shadows = false;
 };
 
 class DeviceOptimizer {
@@ -53,6 +58,13 @@ class DeviceOptimizer {
   const at::Tensor& steps_taken() const { return step_; }       // float32 0-d, AdamW's step counter
   const DeviceOptimizerOptions& options() const { return opts_; }
 
+  // With bf16_shadows: each parameter and its bf16 copy, for an
+  // ops::ComputeWeightsScope. The copies follow every step(); after the
+  // parameters change by other means (a checkpoint loaded into the model),
+  // refresh_shadows() first. Without: empty.
+  ops::ComputeWeights compute_weights() const;
+  void refresh_shadows();
+
   // "exp_avg.<name>", "exp_avg_sq.<name>", "step.<name>" for each parameter
   // (as AdamW::state()), then "loss_scale". Live tensors, not copies.
   std::vector<std::pair<std::string, at::Tensor>> state() const;
@@ -63,7 +75,7 @@ class DeviceOptimizer {
 
  private:
   std::vector<std::pair<std::string, at::Tensor>> params_;
-  std::vector<at::Tensor> ema_, exp_avg_, exp_avg_sq_;
+  std::vector<at::Tensor> ema_, exp_avg_, exp_avg_sq_, shadows_;
   DeviceOptimizerOptions opts_;
   at::Tensor scalars_;  // ops::make_adamw_scalars; the members below are 0-d views of its slots
   at::Tensor loss_scale_, grad_norm_, lr_, skipped_, step_, good_steps_;

@@ -18,6 +18,7 @@
 #include "diffusion/flow.h"
 #include "diffusion/objective.h"
 #include "ops/compat.h"
+#include "ops/compute_weights.h"
 #include "train/adamw.h"
 #include "train/device_optimizer.h"
 #include "train/ema.h"
@@ -38,6 +39,7 @@ struct StepRunner::Impl {
 
   // The optimizer: on the device (capturable), or ATen's AdamW with a host LR.
   std::unique_ptr<DeviceOptimizer> device_optimizer;
+  ops::ComputeWeights compute_weights;  // its bf16 parameter copies, read by the fused ops
   std::unique_ptr<AdamW> adamw;
   int64_t updates = 0;  // host path: updates taken, for the LR and EMA schedules
   at::Tensor host_grad_norm;
@@ -79,6 +81,7 @@ struct StepRunner::Impl {
   // body is the same eager and captured; nothing in it syncs with the host
   // when the device optimizer is used.
   void body(const at::Tensor& x, const at::Tensor& y) {
+    const ops::ComputeWeightsScope weights(&compute_weights);
     diffusion::LossTerms terms = objective(x, y);
     at::Tensor loss = terms.loss;
     if (device_optimizer) {
@@ -214,7 +217,9 @@ StepRunner::StepRunner(models::DiT& model, models::DiT& ema, const TrainConfig& 
     o.grad_clip = cfg.optim.grad_clip;
     o.ema_decay = cfg.optim.ema_decay, o.ema_warmup = cfg.optim.ema_warmup;
     o.dynamic_loss_scale = opts.precision == "fp16";
+    o.bf16_shadows = opts.precision == "bf16" && opts.fused_kernels;  // what the fused ops multiply with
     s.device_optimizer = std::make_unique<DeviceOptimizer>(model.named_parameters(), s.ema_params, o);
+    s.compute_weights = s.device_optimizer->compute_weights();
   } else {
     s.adamw = std::make_unique<AdamW>(model.named_parameters(),
                                       AdamWOptions{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps,
@@ -249,6 +254,9 @@ bool StepRunner::graph_active() const { return impl_->graph != nullptr; }
 
 void StepRunner::step(const data::Batch& batch) {
   Impl& s = *impl_;
+  // The parameters may have been loaded since the copies were made (resume);
+  // from here on every update rewrites them.
+  if (steps_done_ == 0 && s.device_optimizer) s.device_optimizer->refresh_shadows();
   if (!s.device.is_cuda()) {
     s.body(batch.x.to(s.device), batch.y.to(s.device));
   } else if (!s.graph_wanted) {

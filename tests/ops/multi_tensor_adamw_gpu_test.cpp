@@ -1,12 +1,15 @@
 // The multi-tensor AdamW kernels against multi_tensor_adamw_reference (plain
 // ATen fp32 on CPU copies): odd sizes, views whose pointers defeat the 16-byte
 // vector path, a parameter without a gradient, no EMA, more tensors than one
-// table holds; poisoned scalar slots; input errors; a bandwidth readout.
+// table holds; poisoned scalar slots; the bf16 shadow copies bit for bit;
+// input errors; a bandwidth readout.
 // Skips without a GPU.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/isnan.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/randn.h>
@@ -176,6 +179,46 @@ TEST(MultiTensorAdamWGpu, RepeatedStepsAreBitwiseDeterministic) {
   opb.step(a.gpu.g);
   EXPECT_TRUE(a.scalars_gpu.equal(b.scalars_gpu));
   for (size_t i = 0; i < shapes.size(); ++i) EXPECT_TRUE(a.gpu.p[i].equal(b.gpu.p[i]));
+}
+
+TEST(MultiTensorAdamWGpu, Bf16ShadowsFollowTheParametersBitForBit) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  auto gen = gen_for(35);
+  // Odd sizes (the scalar tail), a misaligned view (the scalar path), more
+  // than one chunk, a parameter without gradient, one without a shadow.
+  const std::vector<std::vector<int64_t>> shapes = {{7}, {1000}, {65537}, {384, 1152}, {3, 5, 7}, {131072}};
+  Case c = make_case(shapes, /*ema=*/true, gen, [](size_t i) { return i == 2; });
+  std::vector<at::Tensor> shadows;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (i == 4) {
+      shadows.emplace_back();  // no shadow for this one
+      continue;
+    }
+    // Poisoned: every element must be written before it is read back.
+    shadows.push_back(at::full(shapes[i], std::numeric_limits<float>::quiet_NaN(),
+                               at::TensorOptions().device(kCuda).dtype(at::kBFloat16)));
+  }
+  MultiTensorAdamW op(c.gpu.p, c.gpu.m, c.gpu.v, c.gpu.e, c.scalars_gpu, busy_options(), {}, shadows);
+  // The caller fills the shadows once; the parameter without gradient keeps that copy.
+  shadows[1].copy_(c.gpu.p[1]);
+  for (int step = 1; step <= 3; ++step) {
+    new_grads(c, gen, step % 2 ? 1.0 : 1e-3, /*skip_index=*/1);
+    op.step(c.gpu.g);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      if (!shadows[i].defined()) continue;
+      // Round-to-nearest-even on both sides: the same bits.
+      EXPECT_TRUE(at::equal(shadows[i], c.gpu.p[i].to(at::kBFloat16)))
+          << "shadow " << i << " after step " << step;
+    }
+  }
+  // A shadow of the wrong dtype or size is refused up front.
+  std::vector<at::Tensor> bad = shadows;
+  bad[0] = at::empty({8}, at::TensorOptions().device(kCuda).dtype(at::kBFloat16));
+  EXPECT_THROW(MultiTensorAdamW(c.gpu.p, c.gpu.m, c.gpu.v, c.gpu.e, c.scalars_gpu, busy_options(), {}, bad),
+               UsageError);
+  bad[0] = at::empty({7}, at::TensorOptions().device(kCuda).dtype(at::kHalf));
+  EXPECT_THROW(MultiTensorAdamW(c.gpu.p, c.gpu.m, c.gpu.v, c.gpu.e, c.scalars_gpu, busy_options(), {}, bad),
+               UsageError);
 }
 
 TEST(MultiTensorAdamWGpu, RejectsMismatchedInputs) {

@@ -1,10 +1,12 @@
 // DeviceOptimizer's kernels against its CPU path (plain ATen, itself checked
 // against AdamW + clip + EMA in device_optimizer_test.cpp) on tensors of odd
 // sizes; the fp16 loss-scale rules on the device; the step captured in a CUDA
-// graph replays exactly as the eager step; no allocation per step. Skips
+// graph replays exactly as the eager step; no allocation per step; the bf16
+// parameter copies it keeps for the matrix products. Skips
 // without a GPU.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/empty_like.h>
@@ -112,6 +114,36 @@ TEST(DeviceOptimizerGpu, MatchesTheCpuPathOnOddSizes) {
       expect_same_state(p, gpu, cpu, "clip " + std::to_string(clip) + " step " + std::to_string(step));
     }
   }
+}
+
+TEST(DeviceOptimizerGpu, Bf16ShadowsAreTheParametersInBf16AfterEveryStep) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  auto gen = gen_for(23);
+  Pair p = make_pair_of(kShapes, gen);
+  DeviceOptimizerOptions o;
+  o.lr = 1e-2, o.bf16_shadows = true;
+  DeviceOptimizer gpu(p.gpu, p.ema_gpu, o);
+  const ops::ComputeWeights weights = gpu.compute_weights();
+  ASSERT_EQ(weights.size(), kShapes.size());
+  auto check = [&](const std::string& when) {
+    for (const auto& [name, t] : p.gpu) {
+      const at::Tensor copy = weights.find(t, at::kBFloat16);
+      ASSERT_TRUE(copy.defined()) << name;
+      EXPECT_TRUE(copy.equal(t.detach().to(at::kBFloat16))) << name << " " << when;
+    }
+  };
+  check("at construction");
+  for (int step = 1; step <= 3; ++step) {
+    set_grads(p, gen, 1e-3, 1.f);
+    gpu.step();
+    check("after step " + std::to_string(step));
+  }
+  {  // a parameter changed by other means (a checkpoint loaded): refresh_shadows() catches up
+    at::NoGradGuard no_grad;
+    p.gpu[2].second.mul_(0.5);
+  }
+  gpu.refresh_shadows();
+  check("after refresh_shadows");
 }
 
 TEST(DeviceOptimizerGpu, DynamicLossScaleSkipsInfAndGrowsOnTheDevice) {

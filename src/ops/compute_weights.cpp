@@ -1,0 +1,42 @@
+#include "ops/compute_weights.h"
+
+#include "base/error.h"
+
+namespace perftrain::ops {
+namespace {
+
+thread_local const ComputeWeights* g_current = nullptr;
+
+}  // namespace
+
+ComputeWeights::ComputeWeights(const std::vector<std::pair<at::Tensor, at::Tensor>>& pairs) {
+  for (const auto& [master, copy] : pairs) {
+    if (!master.defined() || !copy.defined()) continue;
+    if (master.sizes() != copy.sizes())
+      throw UsageError("ComputeWeights: a copy must have its master's sizes");
+    copies_[master.unsafeGetTensorImpl()] = {master, copy};
+  }
+}
+
+at::Tensor ComputeWeights::find(const at::Tensor& master, at::ScalarType dtype) const {
+  auto it = copies_.find(master.unsafeGetTensorImpl());
+  if (it == copies_.end() || it->second.second.scalar_type() != dtype) return at::Tensor();
+  return it->second.second;
+}
+
+ComputeWeightsScope::ComputeWeightsScope(const ComputeWeights* weights) : previous_(g_current) {
+  g_current = weights;
+}
+
+ComputeWeightsScope::~ComputeWeightsScope() { g_current = previous_; }
+
+at::Tensor compute_weight(const at::Tensor& t, at::ScalarType dtype) {
+  if (!t.defined() || (t.scalar_type() == dtype && t.is_contiguous())) return t;
+  if (g_current != nullptr) {
+    at::Tensor copy = g_current->find(t, dtype);
+    if (copy.defined()) return copy;
+  }
+  return t.to(dtype).contiguous();
+}
+
+}  // namespace perftrain::ops

@@ -1,0 +1,48 @@
+// ops::compute_weight and its scope: a registered copy is found only inside a
+// ComputeWeightsScope on the same thread and only for its own dtype; outside,
+// or for other tensors, the weight is cast as before; scopes nest and a null
+// scope hides the outer one.
+#include <ATen/ops/randn.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "base/error.h"
+#include "ops/compute_weights.h"
+#include "support/tensor_checks.h"
+
+namespace perftrain::ops {
+namespace {
+
+TEST(ComputeWeights, TheScopeDecidesWhetherTheCopyIsRead) {
+  auto gen = perftrain::testing::seeded_cpu_generator(4);
+  const at::Tensor w = at::randn({6, 5}, gen, at::kFloat), other = at::randn({6, 5}, gen, at::kFloat);
+  // A deliberately different "copy", so that reading it is visible.
+  const at::Tensor copy = (w * 2).to(at::kBFloat16);
+  const ComputeWeights weights({{w, copy}});
+  EXPECT_EQ(weights.size(), 1u);
+
+  auto cast = compute_weight(w, at::kBFloat16);  // no scope: a cast of w
+  EXPECT_TRUE(cast.equal(w.to(at::kBFloat16)));
+  {
+    const ComputeWeightsScope scope(&weights);
+    EXPECT_TRUE(compute_weight(w, at::kBFloat16).is_same(copy));
+    EXPECT_TRUE(compute_weight(other, at::kBFloat16).equal(other.to(at::kBFloat16)));  // not registered
+    EXPECT_TRUE(compute_weight(w, at::kHalf).equal(w.to(at::kHalf)));                  // another dtype
+    EXPECT_TRUE(compute_weight(w, at::kFloat).is_same(w));                             // already that dtype
+    std::thread([&] {  // another thread sees no scope
+      EXPECT_TRUE(compute_weight(w, at::kBFloat16).equal(w.to(at::kBFloat16)));
+    }).join();
+    {
+      const ComputeWeightsScope hide(nullptr);
+      EXPECT_TRUE(compute_weight(w, at::kBFloat16).equal(w.to(at::kBFloat16)));
+    }
+    EXPECT_TRUE(compute_weight(w, at::kBFloat16).is_same(copy));  // the outer scope is back
+  }
+  EXPECT_TRUE(compute_weight(w, at::kBFloat16).equal(w.to(at::kBFloat16)));
+  EXPECT_FALSE(compute_weight(at::Tensor(), at::kBFloat16).defined());
+  EXPECT_THROW(ComputeWeights({{w, at::randn({5, 6}, gen, at::kFloat)}}), UsageError);
+}
+
+}  // namespace
+}  // namespace perftrain::ops
