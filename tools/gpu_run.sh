@@ -8,7 +8,7 @@
 #   MODE=train  the default training run, STEPS steps
 #   MODE=tune   gpu tests, then the `all` variant on BENCH_CASES per switch in TUNE_ENVS (e.g.
 #               "PERFTRAIN_QKV_GRAD=packed PERFTRAIN_BGRADB=1") and with --recompute, side by side;
-#               PROFILE=1 adds a kernel profile per case
+#               PROFILE=1 adds a kernel profile per case; RUN_TESTS=0, RECOMPUTE=0 leave those out
 # Options: TESTS=all (every test, not only gpu ones), COMMIT=<sha>, BENCH_CASES="DiT-S/2:32,256 DiT-B/2:256",
 # BENCH_ARGS (extra bench flags). In a device call: carry [".carry"]. Results go to $OUT (or ./gpu-out).
 set -uo pipefail
@@ -78,7 +78,7 @@ bench_case() {  # "DiT-S/2:32,256", extra flags...
   row "bench $model b$batches" "rc $rc, $(( $(date +%s) - t0 )) s"
 }
 
-[ "${RUN_TESTS:-0}" = 1 ] && [ "$MODE" != check ] && [ "$MODE" != debug ] && run_tests
+[ "${RUN_TESTS:-0}" = 1 ] && [ "$MODE" != check ] && [ "$MODE" != debug ] && [ "$MODE" != tune ] && run_tests
 case "$MODE" in
   debug)  # TEST_REGEX tests with their output, then BENCH_CASES profiled
     run_tests
@@ -94,7 +94,7 @@ case "$MODE" in
     fi
     ;;
   tune)  # gpu tests, then the `all` variant of BENCH_CASES under each switch of TUNE_ENVS and with --recompute
-    run_tests
+    [ "${RUN_TESTS:-1}" = 1 ] && run_tests
     for c in ${BENCH_CASES:-DiT-S/2:32,256 DiT-XL/2:256}; do
       model=${c%%:*} batches=${c##*:}
       for e in default ${TUNE_ENVS:-}; do
@@ -102,8 +102,9 @@ case "$MODE" in
         env "${envs[@]}" $BIN bench --model "$model" --batch "$batches" --variants all --steps 15 --warmup 4 \
           --out "$RUNS/tune-$RANDOM" 2>&1 | grep -E "^  batch |^DiT" | sed "s|^|[$e] |" | tee -a "$SUMMARY"
       done
-      $BIN bench --model "$model" --batch "$batches" --variants all --steps 15 --warmup 4 --recompute \
-        --out "$RUNS/tune-$RANDOM" 2>&1 | grep -E "^  batch |^DiT" | sed "s|^|[--recompute] |" | tee -a "$SUMMARY"
+      [ "${RECOMPUTE:-1}" = 1 ] && $BIN bench --model "$model" --batch "$batches" --variants all --steps 15 \
+        --warmup 4 --recompute --out "$RUNS/tune-$RANDOM" 2>&1 | grep -E "^  batch |^DiT" |
+        sed "s|^|[--recompute] |" | tee -a "$SUMMARY"
       if [ "${PROFILE:-0}" = 1 ]; then  # where the time goes now, kernel by kernel
         tag=$(echo "$model-$batches" | tr '/,' '-_')
         $BIN bench --model "$model" --batch "$batches" --variants all --steps 10 --warmup 4 --profile all \

@@ -11,6 +11,7 @@
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cstdlib>
 #include <optional>
 
 #include "base/error.h"
@@ -217,7 +218,10 @@ StepRunner::StepRunner(models::DiT& model, models::DiT& ema, const TrainConfig& 
     o.grad_clip = cfg.optim.grad_clip;
     o.ema_decay = cfg.optim.ema_decay, o.ema_warmup = cfg.optim.ema_warmup;
     o.dynamic_loss_scale = opts.precision == "fp16";
-    o.bf16_shadows = opts.precision == "bf16" && opts.fused_kernels;  // what the fused ops multiply with
+    // What the fused ops multiply with (PERFTRAIN_BF16_SHADOWS=0: per-call casts instead, to compare).
+    const char* shadows_env = std::getenv("PERFTRAIN_BF16_SHADOWS");
+    o.bf16_shadows = opts.precision == "bf16" && opts.fused_kernels &&
+                     !(shadows_env != nullptr && std::string(shadows_env) == "0");
     s.device_optimizer = std::make_unique<DeviceOptimizer>(model.named_parameters(), s.ema_params, o);
     s.compute_weights = s.device_optimizer->compute_weights();
   } else {
