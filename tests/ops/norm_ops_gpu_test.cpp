@@ -7,7 +7,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/randn.h>
@@ -28,6 +27,7 @@
 #include "ops/adaln_layernorm.h"
 #include "ops/compat.h"
 #include "ops/gated_residual.h"
+#include "support/graph_checks.h"
 
 namespace perftrain::ops {
 namespace {
@@ -366,20 +366,7 @@ TEST(NormOpsGpu, ForwardAndBackwardCaptureInCudaGraph) {
       result.insert(result.end(), grads.begin(), grads.end());
       return result;
     };
-    compat::synchronize(kCuda);  // the inputs were made on the default stream
-    c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool());
-    const auto eager = step();  // warm-up outside the capture
-    at::cuda::CUDAGraph graph;
-    graph.capture_begin();
-    const auto captured = step();
-    graph.capture_end();
-    for (int i = 0; i < 2; ++i) {
-      graph.replay();
-      at::cuda::getCurrentCUDAStream().synchronize();
-      for (size_t k = 0; k < eager.size(); ++k)
-        EXPECT_TRUE(at::equal(captured[k], eager[k]))
-            << (with_bias ? "with bias " : "") << "replay " << i << " output " << k;
-    }
+    perftrain::testing::expect_graph_replays_match_eager(step, with_bias ? "with bias " : "");
   }
 }
 
