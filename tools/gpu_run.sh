@@ -4,7 +4,8 @@
 # tools/fill_carry.sh), then does what MODE says and prints a table last.
 #   MODE=check  gpu tests, a quick bench of every variant (DiT-S/2 b32, b256), a short default training run
 #   MODE=bench  perftrain bench --against-torch on BENCH_CASES (default: the four target cases)
-#   MODE=curve  first 500 steps of DiT-S/2 on Fashion-MNIST: the fast path vs two eager fp32 seeds
+#   MODE=curve  first 500 steps of DiT-S/2 on Fashion-MNIST: the fast path vs eager fp32 seeds
+#               (FP32_SEEDS, default "0 1"; each more seed costs ~70 s of device time)
 #   MODE=train  the default training run, STEPS steps
 #   MODE=tune   gpu tests, then the `all` variant on BENCH_CASES per switch in TUNE_ENVS (e.g.
 #               "PERFTRAIN_QKV_GRAD=packed PERFTRAIN_BGRADB=1") and with --recompute, side by side;
@@ -123,13 +124,15 @@ case "$MODE" in
       bench_case "$c" --against-torch
     done
     ;;
-  curve)
+  curve)  # FP32_SEEDS: the eager fp32 references (the first shares the fast run's seed 0)
     common=(--steps 500 --set log.every=10 --set log.sample_every=0 --set log.checkpoint_every=0)
     train_run fast-seed0 "${common[@]}" --seed 0
-    train_run fp32-seed0 "${common[@]}" --seed 0 --precision fp32 --graph off --fused off
-    train_run fp32-seed1 "${common[@]}" --seed 1 --precision fp32 --graph off --fused off
-    "$PY" tools/compare_curves.py "$OUT/metrics-fast-seed0.jsonl" "$OUT/metrics-fp32-seed0.jsonl" \
-      "$OUT/metrics-fp32-seed1.jsonl" | tee "$OUT/curve.txt"
+    refs=()
+    for seed in ${FP32_SEEDS:-0 1}; do
+      train_run "fp32-seed$seed" "${common[@]}" --seed "$seed" --precision fp32 --graph off --fused off
+      refs+=("$OUT/metrics-fp32-seed$seed.jsonl")
+    done
+    "$PY" tools/compare_curves.py "$OUT/metrics-fast-seed0.jsonl" "${refs[@]}" | tee "$OUT/curve.txt"
     row "loss curve" "$(tail -1 "$OUT/curve.txt")"
     ;;
   train)

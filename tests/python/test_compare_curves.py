@@ -1,0 +1,70 @@
+"""Tests of tools/compare_curves.py (the loss-curve check of the speed engine).
+
+Run with pytest, or without it:  .venv/bin/python tests/python/test_compare_curves.py
+"""
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("compare_curves", os.path.join(ROOT, "tools", "compare_curves.py"))
+cc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cc)
+
+
+def curve(values):
+    return {10 * (i + 1): v for i, v in enumerate(values)}
+
+
+def write(dirname, name, values):
+    path = os.path.join(dirname, name)
+    with open(path, "w") as f:
+        for step, loss in curve(values).items():
+            f.write(json.dumps({"step": step, "loss": loss}) + "\n")
+    return path
+
+
+def test_band_is_the_references_spread_around_all_of_them():
+    refs = [curve([9.0, 1.0, 2.0]), curve([9.0, 1.2, 2.0]), curve([9.0, 1.1, 2.1])]
+    # Window 2: refs 1.0..1.2, d 0.2 -> band [0.8, 1.4]; window 3: 2.0..2.1 -> [1.9, 2.2].
+    _, inside, n, worst, _, _ = cc.compare(curve([0.0, 1.39, 2.25]), refs)
+    assert (inside, n) == (1, 2)  # the first window is skipped; 2.25 is outside [1.9, 2.2]
+    assert abs(worst - 0.05) < 1e-9
+    _, inside, n, worst, _, _ = cc.compare(curve([0.0, 0.81, 2.19]), refs)
+    assert (inside, n, worst) == (2, 2, 0.0)
+
+
+def test_gaps_compare_same_seed_with_between_seeds():
+    refs = [curve([5.0, 1.0, 1.0]), curve([5.0, 1.4, 0.6])]
+    _, _, _, _, same_seed, seed_gap = cc.compare(curve([5.0, 1.1, 0.9]), refs)
+    assert abs(same_seed - 0.1) < 1e-9
+    assert abs(seed_gap - 0.4) < 1e-9
+
+
+def test_command_line_verdict_and_exit_code():
+    with tempfile.TemporaryDirectory() as d:
+        fast = write(d, "fast.jsonl", [3.0, 1.05, 0.5])
+        r0 = write(d, "r0.jsonl", [3.0, 1.0, 0.5])
+        r1 = write(d, "r1.jsonl", [3.1, 1.1, 0.52])
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cc.main(fast, r0, r1) == 0
+        assert "verdict: PASS: 2/2 windows within the 2-seed fp32 band" in out.getvalue()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cc.main(fast, r0) == 2  # one reference is not a spread
+        bad = write(d, "bad.jsonl", [3.0, 2.0, 0.5])
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cc.main(bad, r0, r1) == 1
+        assert "FAIL: 1/2" in out.getvalue()
+
+
+if __name__ == "__main__":
+    for name, fn in sorted(globals().items()):
+        if name.startswith("test_") and callable(fn):
+            fn()
+            print("ok", name)
