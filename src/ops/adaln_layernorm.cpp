@@ -7,7 +7,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <sstream>
 #include <string>
 #include <utility>
 
@@ -21,12 +20,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 namespace {
-
-std::string shape(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
-}
 
 void check_dtype(at::ScalarType t, const char* what) { check_kernel_dtype("adaln_layernorm", t, what); }
 

@@ -33,6 +33,13 @@ bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool tr
                  kernels::GemmEpilogue epilogue, const at::Tensor& bias = at::Tensor(),
                  const at::Tensor& aux = at::Tensor(), bool accumulate = false);
 
+// Whether a product of a and b goes to cuBLASLt: CUDA tensors with something
+// to multiply. Empty products (and CPU tensors) go through ATen, which
+// handles them and is not a fallback.
+inline bool cublaslt_path(const at::Tensor& a, const at::Tensor& b) {
+  return a.is_cuda() && a.numel() > 0 && b.numel() > 0;
+}
+
 // How many products, since the process started, ran as a plain ATen product
 // (+ ATen epilogue ops) because cuBLASLt refused the fused form. 0 on the
 // DiT shapes is expected; tests and the benchmark report it.

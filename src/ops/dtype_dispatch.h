@@ -1,7 +1,8 @@
 // From a runtime at::ScalarType to the C++ element type a kernel template is
 // instantiated for: the three storage types the row kernels take (float32,
 // bfloat16, float16), the check that names the offending input, and the
-// dispatch that the ops nest once per templated type.
+// dispatch that the ops nest once per templated type. Also the sizes text
+// ("[2, 3, 8]") the ops' argument errors quote.
 //
 //   with_kernel_type("my_op", x.scalar_type(), [&](auto tx) {
 //     using TX = kernel_type<decltype(tx)>;   // float, __nv_bfloat16 or __half
@@ -9,16 +10,25 @@
 //   });
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <sstream>
 #include <string>
 #include <type_traits>
 
 #include "base/error.h"
 
 namespace perftrain::ops {
+
+// "[2, 3, 8]": a tensor's sizes for an error message.
+inline std::string shape(const at::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
 
 inline bool is_kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
 

@@ -9,7 +9,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 
@@ -23,12 +22,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 namespace {
-
-std::string shape(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
-}
 
 void check_dtype(at::ScalarType t, const char* what) { check_kernel_dtype("gated_residual", t, what); }
 

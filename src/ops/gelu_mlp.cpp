@@ -10,13 +10,13 @@
 
 #include <cstdlib>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "base/error.h"
 #include "ops/compute_weights.h"
+#include "ops/dtype_dispatch.h"
 #include "ops/linear.h"
 
 namespace perftrain::ops {
@@ -26,14 +26,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 namespace {
-
-bool lt_path(const at::Tensor& a, const at::Tensor& b) { return a.is_cuda() && a.numel() > 0 && b.numel() > 0; }
-
-std::string shape(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
-}
 
 void check_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                 const at::Tensor& b2) {
@@ -56,7 +48,7 @@ int64_t leading_rows(const at::Tensor& x) {
 // pre = x2 w1^T + b1 and act = gelu_tanh(pre), in one product where
 // cuBLASLt takes the epilogue (fp32 bias first, then the cast bias).
 void fc1_gelu(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, at::Tensor& pre, at::Tensor& act) {
-  if (lt_path(x2, w1)) {
+  if (cublaslt_path(x2, w1)) {
     if (try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, b1, pre)) return;
     if (b1.scalar_type() != x2.scalar_type() &&
         try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, compute_weight(b1, x2.scalar_type()), pre))
@@ -81,7 +73,7 @@ bool dgelu_bf16_bgrad() {
 std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, const at::Tensor& w2,
                                                         const at::Tensor& pre, bool want_db1) {
   at::Tensor dpre = at::empty(pre.sizes(), dy.options());
-  if (lt_path(dy, w2)) {
+  if (cublaslt_path(dy, w2)) {
     if (want_db1 && bias_grad_epilogue()) {
       // fp32 first; cuBLASLt 13.0 refuses an fp32 bias gradient with a bf16
       // D. It takes a bf16 one, but only PERFTRAIN_DGELU_BF16_BGRAD=1 asks

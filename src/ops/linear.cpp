@@ -11,13 +11,13 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
 #include "ops/column_sums.h"
 #include "ops/compute_weights.h"
+#include "ops/dtype_dispatch.h"
 
 namespace perftrain::ops {
 
@@ -27,16 +27,6 @@ using torch::autograd::variable_list;
 
 namespace detail {
 namespace {
-
-std::string shape(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
-}
-
-// cuBLASLt runs products on CUDA with something to multiply; empty products
-// (and CPU tensors) go through ATen, which handles them and is not a fallback.
-bool lt_path(const at::Tensor& a, const at::Tensor& b) { return a.is_cuda() && a.numel() > 0 && b.numel() > 0; }
 
 // a b with fp32 accumulation, written in `dtype` (upcasts first when the
 // inputs are narrower: the fallback keeps the fused path's precision).
@@ -82,7 +72,7 @@ void check_linear_params(const char* op, int64_t k, at::ScalarType dtype, at::De
 
 void linear_forward_product(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& y2) {
   at::Tensor out = y2;  // a handle on the same storage
-  if (lt_path(x2, w)) {
+  if (cublaslt_path(x2, w)) {
     if (!bias.defined()) {
       if (try_gemm_lt(x2, false, w, true, y2, GemmEpilogue::kDefault)) return;
       note_gemm_fallback();
@@ -105,7 +95,7 @@ void linear_forward_product(const at::Tensor& x2, const at::Tensor& w, const at:
 }
 
 void linear_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& dx2, bool accumulate) {
-  if (lt_path(dy, w)) {
+  if (cublaslt_path(dy, w)) {
     if (try_gemm_lt(dy, false, w, false, dx2, GemmEpilogue::kDefault, at::Tensor(), at::Tensor(), accumulate)) return;
     note_gemm_fallback();
   }
@@ -122,7 +112,7 @@ void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2, const a
   bool db_done = false;
   if (dw.defined()) {
     bool dw_done = false;
-    if (lt_path(dy, x2)) {
+    if (cublaslt_path(dy, x2)) {
       // dW[N, K] = dY^T X; with BGRADB (when asked for) db[N] = the column
       // sums of dY after the product (see kernels/gemm_lt.h).
       const bool fused_db = db.defined() && bgradb_epilogue();

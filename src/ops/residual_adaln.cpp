@@ -9,7 +9,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <optional>
-#include <sstream>
 #include <string>
 
 #include "base/error.h"
@@ -27,12 +26,6 @@ using torch::autograd::variable_list;
 namespace {
 
 constexpr const char* kOp = "residual_adaln";
-
-std::string shape(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
-}
 
 void check_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y, const at::Tensor& shift,
                 const at::Tensor& scale, at::ScalarType out_dtype) {
