@@ -8,7 +8,8 @@
 #               (FP32_SEEDS, default "0 1"; each more seed costs ~70 s of device time)
 #   MODE=train  the default training run, STEPS steps
 #   MODE=tune   gpu tests, then the `all` variant on BENCH_CASES per switch in TUNE_ENVS (e.g.
-#               "PERFTRAIN_QKV_GRAD=packed PERFTRAIN_BGRADB=1") and with --recompute, side by side;
+#               "PERFTRAIN_QKV_GRAD=packed PERFTRAIN_BGRADB=1,PERFTRAIN_GEMM_TUNE=8": a comma joins
+#               switches into one setting) and with --recompute, side by side;
 #               PROFILE=1 adds a kernel profile per case; RUN_TESTS=0, RECOMPUTE=0 leave those out
 # Options: TESTS=all (every test, not only gpu ones), COMMIT=<sha>, BENCH_CASES="DiT-S/2:32,256 DiT-B/2:256",
 # BENCH_ARGS (extra bench flags). In a device call: carry [".carry"]. Results go to $OUT (or ./gpu-out).
@@ -99,9 +100,10 @@ case "$MODE" in
     for c in ${BENCH_CASES:-DiT-S/2:32,256 DiT-XL/2:256}; do
       model=${c%%:*} batches=${c##*:}
       for e in default ${TUNE_ENVS:-}; do
-        envs=(); [ "$e" != default ] && envs=("$e")
+        envs=(); [ "$e" != default ] && envs=(${e//,/ })  # "A=1,B=2": both switches at once
         env "${envs[@]}" $BIN bench --model "$model" --batch "$batches" --variants all --steps 15 --warmup 4 \
-          --out "$RUNS/tune-$RANDOM" 2>&1 | grep -E "^  batch |^DiT" | sed "s|^|[$e] |" | tee -a "$SUMMARY"
+          --out "$RUNS/tune-$RANDOM" 2>&1 | grep -E "^  batch |^DiT|^GEMM tuning|^  [A-Z_]+ m=" |
+          sed "s|^|[$e] |" | tee -a "$SUMMARY"
       done
       [ "${RECOMPUTE:-1}" = 1 ] && $BIN bench --model "$model" --batch "$batches" --variants all --steps 15 \
         --warmup 4 --recompute --out "$RUNS/tune-$RANDOM" 2>&1 | grep -E "^  batch |^DiT" |

@@ -1,9 +1,12 @@
 #include "kernels/gemm_lt.h"
 
+#include <algorithm>
 #include <array>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "kernels/cuda_check.h"
 
@@ -119,6 +122,9 @@ PlanKey key_of(const GemmArgs& g, const GemmContext& ctx) {
           g.accumulate};
 }
 
+// The most algorithms tuning asks the heuristic for.
+constexpr int kMaxCandidates = 16;
+
 // Descriptors, layouts and the chosen algorithm for one configuration; or,
 // when cuBLASLt has none, the reason (so a refused configuration is not
 // queried again on every call).
@@ -128,6 +134,9 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
   bool ok = false;
   std::string refusal;
+  // The heuristic's ranking (algo = candidates[0] until tuned).
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  bool tuned = false;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -203,19 +212,81 @@ std::unique_ptr<Plan> make_plan(const GemmArgs& g, const GemmContext& ctx) {
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(g.d));
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(g.d));
 
-  cublasLtMatmulHeuristicResult_t result{};
+  const int wanted = std::max(1, std::min(ctx.tune_candidates, kMaxCandidates));
+  std::array<cublasLtMatmulHeuristicResult_t, kMaxCandidates> results{};
   int found = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(ctx.handle, p->desc, p->a, p->b, p->d, p->d, pref, 1, &result, &found);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p->desc, p->a, p->b, p->d, p->d, pref, wanted,
+                                                           results.data(), &found);
+  for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) p->candidates.push_back(results[i].algo);
+  }
+  if (p->candidates.empty()) {
     p->refusal = st != CUBLAS_STATUS_SUCCESS
                      ? "cublasLtMatmulAlgoGetHeuristic refused it (status " + std::to_string(int(st)) + ")"
                      : "cublasLtMatmulAlgoGetHeuristic found no algorithm";
     return p;
   }
-  p->algo = result.algo;
+  p->algo = p->candidates[0];
   p->ok = true;
   return p;
+}
+
+cublasStatus_t launch(const Plan& p, const cublasLtMatmulAlgo_t& algo, const GemmArgs& g, const GemmContext& ctx) {
+  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+  // cuBLAS's A/B are our B/A; C = D (read only when accumulating).
+  return cublasLtMatmul(ctx.handle, p.desc, &alpha, g.b, p.a, g.a, p.b, &beta, g.d, p.d, g.d, p.d, &algo,
+                        ctx.workspace, ctx.workspace_bytes, ctx.stream);
+}
+
+std::vector<GemmTuneRecord>& tune_records() {
+  static auto* records = new std::vector<GemmTuneRecord>();
+  return *records;
+}
+
+// Mean milliseconds of one product with `algo` over enough repeats to last
+// about a millisecond, after one untimed run; infinity if it will not run.
+double time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const GemmArgs& g, const GemmContext& ctx,
+                 cudaEvent_t start, cudaEvent_t stop) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  auto timed = [&](int repeats) {
+    PERFTRAIN_CUDA_CHECK(cudaEventRecord(start, ctx.stream));
+    for (int r = 0; r < repeats; ++r) {
+      if (launch(p, algo, g, ctx) != CUBLAS_STATUS_SUCCESS) return kInf;
+    }
+    PERFTRAIN_CUDA_CHECK(cudaEventRecord(stop, ctx.stream));
+    PERFTRAIN_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    PERFTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return double(ms) / repeats;
+  };
+  if (launch(p, algo, g, ctx) != CUBLAS_STATUS_SUCCESS) return kInf;
+  const double once = timed(1);
+  if (once == kInf) return kInf;
+  return timed(std::clamp(int(1.0 / std::max(once, 1e-3)), 3, 50));
+}
+
+// Times the plan's candidates on g's buffers and keeps the fastest when it
+// beats the heuristic's first pick by more than 3% (see the header).
+void tune(Plan& p, const GemmArgs& g, const GemmContext& ctx) {
+  p.tuned = true;
+  if (p.candidates.size() < 2) return;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  PERFTRAIN_CUDA_CHECK(cudaEventCreate(&start));
+  PERFTRAIN_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> ms;
+  for (const auto& algo : p.candidates) ms.push_back(time_algo(p, algo, g, ctx, start, stop));
+  PERFTRAIN_CUDA_CHECK(cudaEventDestroy(start));
+  PERFTRAIN_CUDA_CHECK(cudaEventDestroy(stop));
+  const size_t best = size_t(std::min_element(ms.begin(), ms.end()) - ms.begin());
+  const size_t chosen = ms[best] < 0.97 * ms[0] ? best : 0;
+  p.algo = p.candidates[chosen];
+  tune_records().push_back({gemm_describe(g), int(ms.size()), int(chosen), ms[0], ms[chosen]});
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  PERFTRAIN_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 std::mutex& plans_mutex() {
@@ -255,6 +326,11 @@ std::string gemm_describe(const GemmArgs& g) {
   return s;
 }
 
+std::vector<GemmTuneRecord> gemm_tune_records() {
+  std::lock_guard<std::mutex> lock(plans_mutex());
+  return tune_records();
+}
+
 bool gemm_lt_supported(const GemmArgs& g, const GemmContext& ctx) {
   validate(g);
   check_context(g, ctx);
@@ -269,10 +345,8 @@ void gemm_lt(const GemmArgs& g, const GemmContext& ctx) {
   Plan& p = plan_for(g, ctx);
   if (!p.ok) throw GemmUnsupported("cuBLASLt cannot run " + gemm_describe(g) + ": " + p.refusal);
   set_pointers(p, g);
-  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
-  // cuBLAS's A/B are our B/A; C = D (read only when accumulating).
-  const cublasStatus_t st = cublasLtMatmul(ctx.handle, p.desc, &alpha, g.b, p.a, g.a, p.b, &beta, g.d, p.d, g.d, p.d,
-                                           &p.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+  if (!p.tuned && ctx.tune_candidates > 1 && !g.accumulate && !capturing(ctx.stream)) tune(p, g, ctx);
+  const cublasStatus_t st = launch(p, p.algo, g, ctx);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
     // The heuristic offered it but the launch refused: remember, so the
     // caller's fallback is taken at once next time.

@@ -34,11 +34,20 @@
 // TF32 Tensor Cores (CUBLAS_COMPUTE_32F_FAST_TF32) into fp32 D.
 //
 // Cost per call after the first with the same shapes: descriptors, layouts
-// and the heuristic's algorithm are cached per (shapes, dtypes, epilogue,
+// and the chosen algorithm are cached per (shapes, dtypes, epilogue,
 // transposes, pointer alignments, workspace, device), so a call is two
 // attribute sets and one cublasLtMatmul launch. No allocation, no sync:
 // capturable in a CUDA graph once the cache is warm (a first call inside a
 // capture only queries the heuristic on the host, which is also safe).
+//
+// Algorithm choice: cuBLASLt's heuristic ranks algorithms by a model, and
+// its first pick is not always the fastest (it was 2x off for DiT's DGELU
+// product with k = 384). With GemmContext::tune_candidates > 1 the first
+// eligible call of a configuration times the heuristic's top candidates on
+// the caller's own buffers and keeps the fastest, when it beats the first
+// pick by more than 3% (so near-ties keep the heuristic's choice and runs
+// stay reproducible). Eligible: not inside a graph capture and not
+// accumulating (timing would add into D several times).
 #pragma once
 
 #include <cublasLt.h>
@@ -48,6 +57,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace perftrain::kernels {
 
@@ -95,6 +105,9 @@ struct GemmContext {
   void* workspace = nullptr;  // device memory, 256-byte aligned
   size_t workspace_bytes = 0;
   cudaStream_t stream = nullptr;
+  // How many of the heuristic's algorithms to time on a configuration's
+  // first eligible call (0 or 1: take its first pick, time nothing).
+  int tune_candidates = 0;
 };
 
 // cuBLASLt has no algorithm for this configuration (the heuristic returned
@@ -114,6 +127,17 @@ void gemm_lt(const GemmArgs& args, const GemmContext& ctx);
 // Whether gemm_lt(args, ctx) finds an algorithm (runs the same cached
 // heuristic query; launches nothing; pointers only matter for alignment).
 bool gemm_lt_supported(const GemmArgs& args, const GemmContext& ctx);
+
+// What tuning chose for one configuration (for reports and logs).
+struct GemmTuneRecord {
+  std::string what;         // gemm_describe of the configuration
+  int candidates = 0;       // algorithms timed
+  int chosen = 0;           // index in the heuristic's ranking (0 = its first pick)
+  double heuristic_ms = 0;  // time of the first pick
+  double chosen_ms = 0;     // time of the chosen one
+};
+// Every configuration tuned so far in this process, in tuning order.
+std::vector<GemmTuneRecord> gemm_tune_records();
 
 // "GELU_AUX_BIAS m=8192 n=4608 k=1152 A=bf16^T B=bf16 D=bf16 bias=f32"
 std::string gemm_describe(const GemmArgs& args);

@@ -7,6 +7,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -52,6 +53,7 @@ kernels::GemmContext cublaslt_context() {
   ctx.workspace_bytes = kCublasLtWorkspaceBytes;
   ctx.handle = at::cuda::getCurrentCUDABlasLtHandle();
   ctx.stream = at::cuda::getCurrentCUDAStream().stream();
+  ctx.tune_candidates = gemm_tune_candidates();
   return ctx;
 }
 
@@ -120,6 +122,14 @@ bool bias_grad_epilogue() {
     return v == nullptr || std::string(v) != "0";
   }();
   return on;
+}
+
+int gemm_tune_candidates() {
+  static const int n = [] {
+    const char* v = std::getenv("PERFTRAIN_GEMM_TUNE");
+    return v == nullptr ? kDefaultGemmTuneCandidates : std::max(0, std::atoi(v));
+  }();
+  return n;
 }
 
 bool bgradb_epilogue() {

@@ -53,6 +53,12 @@ bool bias_grad_epilogue();
 // about 1 TB/s on the H200; it was still faster than at::sum (DiT-S/2 b256
 // step 35.3 vs 36.5 ms), and the column-sum kernel is meant to beat both.
 bool bgradb_epilogue();
-void note_gemm_fallback();  // for the ops that fall back
+void note_gemm_fallback();
+
+// How many of cuBLASLt's candidate algorithms each product configuration
+// times on its first eligible call (kernels::GemmContext::tune_candidates);
+// PERFTRAIN_GEMM_TUNE=N overrides, 0 takes the heuristic's first pick.
+constexpr int kDefaultGemmTuneCandidates = 0;
+int gemm_tune_candidates();  // for the ops that fall back
 
 }  // namespace perftrain::ops

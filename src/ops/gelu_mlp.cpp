@@ -8,8 +8,10 @@
 #include <c10/util/irange.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <optional>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -98,6 +100,14 @@ at::ScalarType dtype_of(AutogradContext* ctx, const char* key) {
   return static_cast<at::ScalarType>(ctx->saved_data[key].toInt());
 }
 
+// act = gelu_tanh(pre) again, for fc2's weight gradient, where the forward
+// kept only pre (gelu_mlp_saves_activation() false).
+at::Tensor gelu_again(const at::Tensor& pre) {
+  at::Tensor act = at::empty(pre.sizes(), pre.options());
+  at::gelu_out(act, pre, "tanh");
+  return act;
+}
+
 at::Tensor cast_to(const at::Tensor& t, at::ScalarType dtype) {
   return t.defined() && t.scalar_type() != dtype ? t.to(dtype) : t;
 }
@@ -120,12 +130,14 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     at::Tensor y = at::empty(out_sizes, x.options());
     detail::linear_forward_product(act, w2c, b2.defined() ? b2.contiguous() : b2, y.view({m, d}));
 
-    // Only what the wanted gradients read: act for dW2; w2 and pre to reach
-    // pre's gradient; then x for dW1 and w1 for dx.
+    // Only what the wanted gradients read: act for dW2 (or pre, to compute
+    // it again); w2 and pre to reach pre's gradient; then x for dW1 and w1
+    // for dx.
     const bool need_pre = x.requires_grad() || w1.requires_grad() || b1.requires_grad();
+    const bool keep_act = w2.requires_grad() && gelu_mlp_saves_activation();
     const at::Tensor none;
     ctx->save_for_backward({w1.requires_grad() ? x2 : none, x.requires_grad() ? w1c : none, need_pre ? w2c : none,
-                            need_pre ? pre : none, w2.requires_grad() ? act : none});
+                            need_pre || (w2.requires_grad() && !keep_act) ? pre : none, keep_act ? act : none});
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["m"] = m;
     ctx->saved_data["dtype"] = int64_t(dt);
@@ -147,8 +159,13 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
 
     // fc2: dW2 = dy^T act with db2 from the same product.
     const bool has_b2 = ctx->saved_data["b2_dtype"].toInt() >= 0;
-    auto [dw2, db2] = detail::linear_weight_grad(dy, act, dtype_of(ctx, "w2_dtype"), ctx->needs_input_grad(3),
-                                                 has_b2 && ctx->needs_input_grad(4));
+    at::Tensor dw2, db2;
+    if (ctx->needs_input_grad(3) || (has_b2 && ctx->needs_input_grad(4))) {
+      std::tie(dw2, db2) =
+          detail::linear_weight_grad(dy, act.defined() || !ctx->needs_input_grad(3) ? act : gelu_again(pre),
+                                     dtype_of(ctx, "w2_dtype"), ctx->needs_input_grad(3),
+                                     has_b2 && ctx->needs_input_grad(4));
+    }
     at::Tensor dx, dw1, db1;
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
       auto [dpre, db1_fused] = fc2_back_through_gelu(dy, w2c, pre, ctx->needs_input_grad(2));
@@ -169,6 +186,19 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
 };
 
 }  // namespace
+
+namespace {
+std::atomic<bool>& saves_activation() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("PERFTRAIN_GELU_SAVE");
+    return v == nullptr || std::string(v) != "pre";
+  }()};
+  return on;
+}
+}  // namespace
+
+bool gelu_mlp_saves_activation() { return saves_activation().load(); }
+void set_gelu_mlp_saves_activation(bool on) { saves_activation().store(on); }
 
 at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                               const at::Tensor& b2) {

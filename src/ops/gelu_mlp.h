@@ -18,12 +18,22 @@ namespace perftrain::ops {
 // residual after the MLP adds it) in fp32 or x's dtype, cast to x's
 // dtype per call. Returns [..., D] in x's dtype; gradients as ops::linear.
 // Saves for backward x, the cast weights, the pre-activation and the
-// activation ([M, H] each), only those the wanted gradients read.
+// activation ([M, H] each; see gelu_mlp_saves_activation), only those the
+// wanted gradients read.
 // The fused GELU path needs H % 8 == 0 (cuBLASLt's aux leading dimension);
 // other widths, and any epilogue cuBLASLt refuses, run through ATen and are
 // counted by gemm_fallback_count(). CPU: gelu_mlp_reference.
 at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                     const at::Tensor& b2);
+
+// Whether gelu_mlp keeps the activation for fc2's weight gradient (the
+// default) or only the pre-activation, computing the activation again in
+// backward: one [M, H] tensor less per MLP held from forward to backward
+// (DiT-XL/2 b256: 0.6 GB per block), for one elementwise pass in backward.
+// PERFTRAIN_GELU_SAVE=pre chooses the latter at start; the setter changes
+// it for the MLPs run after it (each call records what it saved).
+bool gelu_mlp_saves_activation();
+void set_gelu_mlp_saves_activation(bool on);
 
 // The plain-ATen fp32 reference: linear, gelu(..., "tanh"), linear on fp32
 // copies; returns fp32.

@@ -67,6 +67,25 @@ TEST(BenchEnvironment, CpuFieldsAreNaNotMissing) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
 }
 
+TEST(BenchEnvironment, SwitchesListThePerftrainVariablesThatChangeKernels) {
+  ::setenv("PERFTRAIN_COMMIT", "abc1234", 1);  // where, not which kernels: left out
+  ::setenv("PERFTRAIN_ZZ_TEST_SWITCH", "2", 1);
+  ::setenv("PERFTRAIN_AA_TEST_SWITCH", "packed", 1);
+  const auto e = collect_environment(at::Device(at::kCPU), PERFTRAIN_SOURCE_DIR);
+  ::unsetenv("PERFTRAIN_COMMIT");
+  ::unsetenv("PERFTRAIN_ZZ_TEST_SWITCH");
+  ::unsetenv("PERFTRAIN_AA_TEST_SWITCH");
+  EXPECT_EQ(e.switches.find("PERFTRAIN_COMMIT"), std::string::npos) << e.switches;
+  const auto aa = e.switches.find("PERFTRAIN_AA_TEST_SWITCH=packed");
+  const auto zz = e.switches.find("PERFTRAIN_ZZ_TEST_SWITCH=2");
+  ASSERT_NE(aa, std::string::npos) << e.switches;
+  ASSERT_NE(zz, std::string::npos) << e.switches;
+  EXPECT_LT(aa, zz) << "sorted: " << e.switches;
+  const auto fields = environment_fields(e);
+  EXPECT_NE(std::find(fields.begin(), fields.end(), std::make_pair(std::string("switches"), e.switches)),
+            fields.end());
+}
+
 TEST(BenchEnvironment, CommitFromGit) {
   const std::string src = PERFTRAIN_SOURCE_DIR;
   ::unsetenv("PERFTRAIN_COMMIT");

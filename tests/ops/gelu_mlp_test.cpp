@@ -175,6 +175,31 @@ TEST(GeluMlp, CpuFunctionMatchesReferenceBf16WithFp32Master) {
   }
 }
 
+// Keeping only the pre-activation and computing GELU again for dW2 gives the
+// same numbers: on the CPU both paths run the same ATen GELU, so bit for bit
+// (fp32 and bf16), including dW2 alone (fc1 frozen: pre kept only for it).
+TEST(GeluMlp, CpuFunctionSavingOnlyThePreActivationIsBitIdentical) {
+  ASSERT_TRUE(gelu_mlp_saves_activation()) << "the default keeps the activation";
+  uint64_t seed = 400;
+  for (const auto dt : {at::kFloat, at::kBFloat16}) {
+    for (const Shape& s : kShapes) {
+      Inputs in = make_inputs(s, seed++);
+      in.x = in.x.to(dt);
+      in.dy = in.dy.to(dt);
+      const auto kept = run(fn, in);
+      set_gelu_mlp_saves_activation(false);
+      const auto again = run(fn, in);
+      const at::Tensor w2 = in.w2.clone().requires_grad_(true);
+      const at::Tensor y = detail::gelu_mlp_function(in.x, in.w1, in.b1, w2, in.b2);
+      const at::Tensor dw2_alone = torch::autograd::grad({y}, {w2}, {in.dy})[0];
+      set_gelu_mlp_saves_activation(true);
+      for (size_t i = 0; i < kept.size(); ++i)
+        EXPECT_TRUE(at::equal(kept[i], again[i])) << name(s) << kWhat[i] << " " << c10::toString(dt);
+      EXPECT_TRUE(at::equal(dw2_alone, kept[4])) << name(s) << "dW2 alone " << c10::toString(dt);
+    }
+  }
+}
+
 // Only fc2 trains (fc1 frozen, x a constant), then only fc1's bias: the
 // wanted gradients are right and the rest come back undefined.
 TEST(GeluMlp, CpuFunctionPartialGradients) {

@@ -92,8 +92,9 @@ std::string describe(const LtCase& c) {
 }
 
 // Runs one epilogue; returns false (and prints) when cuBLASLt refuses it.
+// tune_candidates: GemmContext's (0: the heuristic's first pick).
 bool run_epilogue(const LtCase& c, GemmEpilogue ep, at::ScalarType dt, at::ScalarType d_dt, at::ScalarType bias_dt,
-                  at::Generator& g, std::string* support_log) {
+                  at::Generator& g, std::string* support_log, int tune_candidates = 0) {
   const at::Tensor a = c.ta ? rnd({c.k, c.m}, g, dt) : rnd({c.m, c.k}, g, dt);
   const at::Tensor b = c.tb ? rnd({c.n, c.k}, g, dt, 1.0 / std::sqrt(double(c.k)))
                             : rnd({c.k, c.n}, g, dt, 1.0 / std::sqrt(double(c.k)));
@@ -117,7 +118,8 @@ bool run_epilogue(const LtCase& c, GemmEpilogue ep, at::ScalarType dt, at::Scala
   args.epilogue = ep;
   if (bias.defined()) args.bias = bias.data_ptr(), args.bias_type = gemm_dtype(bias_dt, "bias");
   if (aux.defined()) args.aux = aux.data_ptr();
-  const kernels::GemmContext ctx = cublaslt_context();
+  kernels::GemmContext ctx = cublaslt_context();
+  ctx.tune_candidates = tune_candidates;
   const bool ok = kernels::gemm_lt_supported(args, ctx);
   *support_log += std::string(ok ? "  yes  " : "  NO   ") + kernels::gemm_describe(args) + "\n";
   if (!ok) {
@@ -184,6 +186,42 @@ TEST(GemmGpu, EveryEpilogueMatchesFloat64OnPoisonedOutputs) {
   }
   std::printf("[gemm] cuBLASLt support (yes/NO per configuration):\n%s", log.c_str());
   EXPECT_EQ(refused_on_dit, 0) << "an epilogue family is refused at every bias dtype on a DiT shape";
+}
+
+// With tuning on, the first call of each configuration times the
+// heuristic's candidates on the real (NaN-poisoned) buffers and then runs the
+// chosen one: the results are still right, each configuration is timed once,
+// and what was chosen is recorded. Shapes used nowhere else, so their plans
+// are new here.
+TEST(GemmGpu, TunedProductsMatchFloat64AndAreRecorded) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = cuda_gen(2);
+  std::string log;
+  const size_t before = kernels::gemm_tune_records().size();
+  const std::vector<LtCase> cases = {{4104, 1544, 392, false, false}, {4104, 1160, 392, false, true},
+                                     {392, 1544, 4104, true, false}};
+  const at::ScalarType bf = at::kBFloat16, f32 = at::kFloat;
+  for (const LtCase& c : cases) {
+    EXPECT_TRUE(run_epilogue(c, GemmEpilogue::kDefault, bf, bf, f32, g, &log, 8)) << describe(c);
+    run_epilogue(c, GemmEpilogue::kDGelu, bf, bf, f32, g, &log, 8);
+    run_epilogue(c, GemmEpilogue::kBias, bf, bf, f32, g, &log, 8);
+    // Second call of the same configuration: no second timing.
+    EXPECT_TRUE(run_epilogue(c, GemmEpilogue::kDefault, bf, bf, f32, g, &log, 8)) << describe(c);
+  }
+  const auto records = kernels::gemm_tune_records();
+  ASSERT_GT(records.size(), before) << "no configuration offered two candidates";
+  std::printf("[gemm] tuning (8 candidates):\n");
+  for (size_t i = before; i < records.size(); ++i) {
+    const auto& r = records[i];
+    std::printf("  %s: first pick %.4f ms, chosen %d of %d %.4f ms\n", r.what.c_str(), r.heuristic_ms, r.chosen,
+                r.candidates, r.chosen_ms);
+    EXPECT_GE(r.candidates, 2) << r.what;
+    EXPECT_GE(r.chosen, 0) << r.what;
+    EXPECT_LT(r.chosen, r.candidates) << r.what;
+    EXPECT_GT(r.heuristic_ms, 0.0) << r.what;
+    EXPECT_LE(r.chosen_ms, r.heuristic_ms) << r.what;
+    for (size_t j = before; j < i; ++j) EXPECT_NE(records[j].what, r.what) << "timed twice";
+  }
 }
 
 // Where `got` sits between two candidate functions a and b, by least
@@ -341,6 +379,12 @@ TEST(GemmGpu, GeluMlpMatchesFloat64) {
     for (const CH& s : shapes)
       for (const int64_t m : kRows) check_gelu_mlp(dt, m, s.c, s.h, s.dit, seed++);
   check_gelu_mlp(at::kHalf, 8192, 384, 1536, true, seed++);
+  // Keeping only the pre-activation (GELU computed again by ATen for dW2,
+  // where the forward's came from cuBLASLt's epilogue): same tolerance.
+  set_gelu_mlp_saves_activation(false);
+  for (const CH& s : shapes) check_gelu_mlp(at::kBFloat16, 8192, s.c, s.h, s.dit, seed++);
+  check_gelu_mlp(at::kBFloat16, 77, 384, 1536, true, seed++);
+  set_gelu_mlp_saves_activation(true);
 }
 
 // H = 20 is no multiple of 8: the fused GELU cannot run, the products fall

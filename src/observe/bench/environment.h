@@ -34,6 +34,9 @@ struct Environment {
   std::string torch;
   std::string hostname = "n/a", commit = "unknown", source_dir;
   std::string cpu_threads, timestamp;  // ISO 8601, local time
+  // The PERFTRAIN_* switches set in the environment ("NAME=value ...",
+  // sorted; "none"): they change which kernels run.
+  std::string switches = "none";
 };
 
 // Collects it for `device`. source_dir: the repository checkout, for the
