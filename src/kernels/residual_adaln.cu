@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <type_traits>
 
 #include "kernels/cuda_check.h"
 #include "kernels/vector_io.cuh"
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
                                   const TM* __restrict__ shift, int64_t shift_stride,
                                   const TM* __restrict__ scale, int64_t scale_stride, TX* __restrict__ x1,
                                   TA* __restrict__ h, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                                  int rows, int tokens, int cols, float eps) {
+                                  TA* __restrict__ xhat_out, int rows, int tokens, int cols, float eps) {
   __shared__ float smem[32];
   const int row = blockIdx.x * blockDim.y + threadIdx.y;
   if (row >= rows) return;  // a whole warp (warp per row) or a whole block (block per row)
@@ -120,21 +121,26 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       load_vec<TM, VEC>(sc + c * VEC, a);
       load_vec<TM, VEC>(sh + c * VEC, m);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out[j] = (v[i][j] - mean) * rstd * (1.f + a[j]) + m[j];
+      for (int j = 0; j < VEC; ++j) v[i][j] = (v[i][j] - mean) * rstd;  // xhat
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out[j] = v[i][j] * (1.f + a[j]) + m[j];
       store_vec<TA, VEC>(h + off + int64_t(c) * VEC, out);
+      if (xhat_out != nullptr) store_vec<TA, VEC>(xhat_out + off + int64_t(c) * VEC, v[i]);
     }
   }
 }
 
 // Block (tile, b): rows b*tokens + [tile*rows_per_tile, ...) of one sample.
+// XHAT: read the normalised rows the forward kept (TA) instead of x1 and mean.
 // Phase 1 of a row needs x1, dh, scale (the LN backward's two row sums);
 // phase 2 reads dx1_ext, y, gate only after the sums, so they take no
 // registers across the reduction. SUM_DX1: also the column sums of dx1
 // (plane 3), for the bias; the bias itself only enters in the reduce kernel.
-template <typename TX, typename TM, typename TA, int VEC, int ITEMS, bool SUM_DX1>
+template <typename TX, typename TM, typename TA, int VEC, int ITEMS, bool SUM_DX1, bool XHAT>
 __global__ void __launch_bounds__(kMaxThreads, 1)
     residual_adaln_backward_kernel(const TX* __restrict__ dx1_ext, const TA* __restrict__ dh,
-                                   const TX* __restrict__ x1, const TA* __restrict__ y, const TM* __restrict__ gate,
+                                   const TX* __restrict__ x1, const TA* __restrict__ xhat,
+                                   const TA* __restrict__ y, const TM* __restrict__ gate,
                                    int64_t gate_stride, const TM* __restrict__ scale, int64_t scale_stride,
                                    const float* __restrict__ mean, const float* __restrict__ rstd,
                                    TX* __restrict__ dx, TA* __restrict__ dy, float* __restrict__ partials, int tokens,
@@ -159,7 +165,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   for (int t = t0; t < t1; ++t) {  // the same trip count for the whole block
     const int64_t row = int64_t(b) * tokens + t;
     const int64_t off = row * cols;
-    const float mu = mean[row], rs = rstd[row];
+    const float mu = XHAT ? 0.f : mean[row], rs = rstd[row];
     float xh[ITEMS][VEC], g[ITEMS][VEC];
     float s[2] = {0.f, 0.f};  // sum g, sum g*xhat
 #pragma unroll
@@ -167,12 +173,16 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       const int c = threadIdx.x + i * blockDim.x;
       if (c < nvec) {
         float d[VEC], a[VEC];
-        load_vec<TX, VEC>(x1 + off + int64_t(c) * VEC, xh[i]);
+        if constexpr (XHAT) {
+          load_vec<TA, VEC>(xhat + off + int64_t(c) * VEC, xh[i]);
+        } else {
+          load_vec<TX, VEC>(x1 + off + int64_t(c) * VEC, xh[i]);
+        }
         load_vec<TA, VEC>(dh + off + int64_t(c) * VEC, d);
         load_vec<TM, VEC>(sc + c * VEC, a);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          xh[i][j] = (xh[i][j] - mu) * rs;
+          if constexpr (!XHAT) xh[i][j] = (xh[i][j] - mu) * rs;
           g[i][j] = d[j] * (1.f + a[j]);
           acc_dscale[i][j] += d[j] * xh[i][j];
           acc_dshift[i][j] += d[j];
@@ -265,7 +275,7 @@ __global__ void residual_adaln_reduce_partials_kernel(const float* __restrict__ 
 template <typename TX, typename TM, typename TA>
 void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y, const float* bias,
                             const TM* shift, int64_t shift_stride, const TM* scale, int64_t scale_stride, TX* x1,
-                            TA* h, float* mean, float* rstd, int batch, int tokens, int cols, float eps,
+                            TA* h, float* mean, float* rstd, TA* xhat, int batch, int tokens, int cols, float eps,
                             cudaStream_t stream) {
   detail::check_sizes("residual_adaln_forward", batch, tokens, cols, kResidualAdaLNMaxCols);
   const int rows = batch * tokens;
@@ -273,13 +283,13 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
   const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && shift_stride % 8 == 0 && scale_stride % 8 == 0 &&
                     vec8_aligned(x) && vec8_aligned(gate) && vec8_aligned(y) && vec8_aligned(shift) &&
                     vec8_aligned(scale) && vec8_aligned(x1) && vec8_aligned(h) &&
-                    (bias == nullptr || vec8_aligned(bias));
+                    (bias == nullptr || vec8_aligned(bias)) && (xhat == nullptr || vec8_aligned(xhat));
   auto launch = [&](auto kernel, int vec, int items) {
     const int per_row = threads_per_row(cols / vec, items);
     const dim3 block(per_row, per_row == 32 ? 4 : 1);  // warp per row: 4 rows per block
     const dim3 grid((rows + block.y - 1) / block.y);
     kernel<<<grid, block, 0, stream>>>(x, gate, gate_stride, y, bias, shift, shift_stride, scale, scale_stride, x1,
-                                       h, mean, rstd, rows, tokens, cols, eps);
+                                       h, mean, rstd, xhat, rows, tokens, cols, eps);
     PERFTRAIN_LAUNCH_CHECK();
   };
   if (vec8 && bias != nullptr)
@@ -297,13 +307,15 @@ int residual_adaln_backward_tiles(int batch, int tokens, int sm_count) {
 }
 
 template <typename TX, typename TM, typename TA>
-void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, const TA* y, const float* bias,
-                             const TM* gate, int64_t gate_stride, const TM* scale, int64_t scale_stride,
-                             const float* mean, const float* rstd, TX* dx, TA* dy, TM* dgate, TM* dshift, TM* dscale,
-                             float* dbias_per_sample, float* partials, int batch, int tokens, int cols,
-                             int tiles_per_sample, cudaStream_t stream) {
+void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, const TA* xhat, const TA* y,
+                             const float* bias, const TM* gate, int64_t gate_stride, const TM* scale,
+                             int64_t scale_stride, const float* mean, const float* rstd, TX* dx, TA* dy, TM* dgate,
+                             TM* dshift, TM* dscale, float* dbias_per_sample, float* partials, int batch, int tokens,
+                             int cols, int tiles_per_sample, cudaStream_t stream) {
   detail::check_sizes("residual_adaln_backward", batch, tokens, cols, kResidualAdaLNMaxCols);
   if (batch == 0) return;
+  if (xhat == nullptr && (x1 == nullptr || mean == nullptr))
+    throw std::invalid_argument("residual_adaln_backward: needs xhat, or x1 and mean");
   detail::check_tiles("residual_adaln_backward", tiles_per_sample, tokens);
   const int rows_per_tile = (tokens + tiles_per_sample - 1) / tiles_per_sample;
   const int64_t plane = int64_t(batch) * tiles_per_sample * cols;
@@ -311,26 +323,42 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
   // row loop is the one without that sum.
   const bool sum_dx1 = bias != nullptr || dbias_per_sample != nullptr;
   const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && scale_stride % 8 == 0 &&
-                    (dx1_ext == nullptr || vec8_aligned(dx1_ext)) && vec8_aligned(dh) && vec8_aligned(x1) &&
+                    (dx1_ext == nullptr || vec8_aligned(dx1_ext)) && vec8_aligned(dh) &&
+                    (xhat != nullptr ? vec8_aligned(xhat) : vec8_aligned(x1)) &&
                     vec8_aligned(y) && vec8_aligned(gate) && vec8_aligned(scale) && vec8_aligned(dx) &&
                     vec8_aligned(dy) && vec8_aligned(partials);
   auto launch = [&](auto kernel, int vec, int items) {
     const dim3 block(threads_per_row(cols / vec, items));
     const dim3 grid(tiles_per_sample, batch);
-    kernel<<<grid, block, 0, stream>>>(dx1_ext, dh, x1, y, gate, gate_stride, scale, scale_stride, mean, rstd, dx,
-                                       dy, partials, tokens, cols, rows_per_tile, plane);
+    kernel<<<grid, block, 0, stream>>>(dx1_ext, dh, x1, xhat, y, gate, gate_stride, scale, scale_stride, mean, rstd,
+                                       dx, dy, partials, tokens, cols, rows_per_tile, plane);
     PERFTRAIN_LAUNCH_CHECK();
   };
-  if (vec8 && sum_dx1 && cols <= kNarrowBiasCols)
-    launch(residual_adaln_backward_kernel<TX, TM, TA, 8, kNarrowBiasItems, true>, 8, kNarrowBiasItems);
-  else if (vec8 && sum_dx1)
-    launch(residual_adaln_backward_kernel<TX, TM, TA, 8, bwd_items<8>(), true>, 8, bwd_items<8>());
-  else if (vec8)
-    launch(residual_adaln_backward_kernel<TX, TM, TA, 8, bwd_items<8>(), false>, 8, bwd_items<8>());
-  else if (sum_dx1)
-    launch(residual_adaln_backward_kernel<TX, TM, TA, 1, bwd_items<1>(), true>, 1, bwd_items<1>());
-  else
-    launch(residual_adaln_backward_kernel<TX, TM, TA, 1, bwd_items<1>(), false>, 1, bwd_items<1>());
+  auto row_kernels = [&](auto xhat_tag) {
+    constexpr bool XHAT = decltype(xhat_tag)::value;
+    if (vec8 && sum_dx1 && cols <= kNarrowBiasCols)
+      launch(residual_adaln_backward_kernel<TX, TM, TA, 8, kNarrowBiasItems, true, XHAT>, 8, kNarrowBiasItems);
+    else if (vec8 && sum_dx1)
+      launch(residual_adaln_backward_kernel<TX, TM, TA, 8, bwd_items<8>(), true, XHAT>, 8, bwd_items<8>());
+    else if (vec8)
+      launch(residual_adaln_backward_kernel<TX, TM, TA, 8, bwd_items<8>(), false, XHAT>, 8, bwd_items<8>());
+    else if (sum_dx1)
+      launch(residual_adaln_backward_kernel<TX, TM, TA, 1, bwd_items<1>(), true, XHAT>, 1, bwd_items<1>());
+    else
+      launch(residual_adaln_backward_kernel<TX, TM, TA, 1, bwd_items<1>(), false, XHAT>, 1, bwd_items<1>());
+  };
+  // A kept xhat saves memory only in a 16-bit TA (in fp32 it is x1's size):
+  // only those instantiate the XHAT kernels.
+  if constexpr (sizeof(TA) == 2) {
+    if (xhat != nullptr) {
+      row_kernels(std::true_type{});
+    } else {
+      row_kernels(std::false_type{});
+    }
+  } else {
+    if (xhat != nullptr) throw std::invalid_argument("residual_adaln_backward: xhat is kept only in a 16-bit type");
+    row_kernels(std::false_type{});
+  }
 
   const dim3 grid((cols + 255) / 256, batch);
   residual_adaln_reduce_partials_kernel<TM><<<grid, 256, 0, stream>>>(partials, plane, tiles_per_sample, cols,
@@ -342,11 +370,11 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
 #define PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, TA)                                                         \
   template void residual_adaln_forward<TX, TM, TA>(const TX*, const TM*, int64_t, const TA*, const float*,       \
                                                    const TM*, int64_t, const TM*, int64_t, TX*, TA*, float*,      \
-                                                   float*, int, int, int, float, cudaStream_t);                   \
-  template void residual_adaln_backward<TX, TM, TA>(const TX*, const TA*, const TX*, const TA*, const float*,    \
-                                                    const TM*, int64_t, const TM*, int64_t, const float*,         \
-                                                    const float*, TX*, TA*, TM*, TM*, TM*, float*, float*, int,   \
-                                                    int, int, int, cudaStream_t);
+                                                   float*, TA*, int, int, int, float, cudaStream_t);              \
+  template void residual_adaln_backward<TX, TM, TA>(const TX*, const TA*, const TX*, const TA*, const TA*,       \
+                                                    const float*, const TM*, int64_t, const TM*, int64_t,         \
+                                                    const float*, const float*, TX*, TA*, TM*, TM*, TM*, float*,  \
+                                                    float*, int, int, int, int, cudaStream_t);
 #define PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_A(TX, TM)          \
   PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, float)           \
   PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, __nv_bfloat16)   \

@@ -52,13 +52,16 @@ constexpr int kResidualAdaLNMaxCols = 8192;
 
 // Forward. x, y, x1, h [batch * tokens, cols] contiguous; gate, shift, scale
 // rows of `cols` elements at b * <name>_stride; bias [cols] fp32 or null.
-// mean/rstd [rows] fp32 (either may be null). TX: x and x1; TM: gate, shift,
-// scale; TA: y and h; each float, __nv_bfloat16 or __half. Outputs must not
-// overlap inputs.
+// mean/rstd [rows] fp32 (either may be null). xhat [rows, cols] (null =
+// none): the normalised rows (x1 - mean) * rstd rounded to TA, for a backward
+// that keeps them instead of x1 (a bf16 xhat is half an fp32 x1's memory; the
+// forward writes 2 bytes more per element, the backward reads 2 fewer).
+// TX: x and x1; TM: gate, shift, scale; TA: y, h and xhat; each float,
+// __nv_bfloat16 or __half. Outputs must not overlap inputs.
 template <typename TX, typename TM, typename TA>
 void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y, const float* bias,
                             const TM* shift, int64_t shift_stride, const TM* scale, int64_t scale_stride, TX* x1,
-                            TA* h, float* mean, float* rstd, int batch, int tokens, int cols, float eps,
+                            TA* h, float* mean, float* rstd, TA* xhat, int batch, int tokens, int cols, float eps,
                             cudaStream_t stream);
 
 // How many row tiles per sample the backward uses.
@@ -73,7 +76,8 @@ inline int64_t residual_adaln_backward_partials(int batch, int tiles_per_sample,
 
 // Backward. dx1_ext [rows, cols] (TX, null when x1 had no other consumer),
 // dh [rows, cols] (TA); x1, y, bias (null = none), gate, scale, mean, rstd as
-// in forward. Writes dx [rows, cols] (TX), dy [rows, cols] (TA), dgate, dshift,
+// in forward; either xhat as the forward wrote it (TA 16-bit only; then x1 and
+// mean are not read and may be null) or x1 and mean. Writes dx [rows, cols] (TX), dy [rows, cols] (TA), dgate, dshift,
 // dscale [batch, cols] contiguous (TM) and, when dbias_per_sample is not null,
 // the per-sample column sums of dy in fp32 (gate[b] * sum_t dx1: dy's rounding
 // to TA does not enter) to dbias_per_sample [batch, cols] contiguous (the
@@ -83,10 +87,10 @@ inline int64_t residual_adaln_backward_partials(int batch, int tiles_per_sample,
 // bias != nullptr || dbias_per_sample != nullptr) floats, fully written before
 // it is read.
 template <typename TX, typename TM, typename TA>
-void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, const TA* y, const float* bias,
-                             const TM* gate, int64_t gate_stride, const TM* scale, int64_t scale_stride,
-                             const float* mean, const float* rstd, TX* dx, TA* dy, TM* dgate, TM* dshift, TM* dscale,
-                             float* dbias_per_sample, float* partials, int batch, int tokens, int cols,
-                             int tiles_per_sample, cudaStream_t stream);
+void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, const TA* xhat, const TA* y,
+                             const float* bias, const TM* gate, int64_t gate_stride, const TM* scale,
+                             int64_t scale_stride, const float* mean, const float* rstd, TX* dx, TA* dy, TM* dgate,
+                             TM* dshift, TM* dscale, float* dbias_per_sample, float* partials, int batch, int tokens,
+                             int cols, int tiles_per_sample, cudaStream_t stream);
 
 }  // namespace perftrain::kernels

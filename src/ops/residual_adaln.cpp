@@ -8,8 +8,11 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "base/error.h"
 #include "kernels/gated_residual.h"
@@ -107,6 +110,12 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
     at::Tensor h = at::empty(x.sizes(), x.options().dtype(act));
     at::Tensor mean = at::empty({int64_t(batch) * tokens}, x.options().dtype(at::kFloat));
     at::Tensor rstd = at::empty_like(mean);
+    // The LN backward reads xhat (16-bit, kept here) or x1 (the residual
+    // stream's dtype, usually fp32) and mean: the former halves what this
+    // op holds for backward. Only when xhat is narrower than x1.
+    const bool keep_xhat = residual_adaln_keeps_xhat() && c10::elementSize(act) == 2 &&
+                           c10::elementSize(x.scalar_type()) > 2;
+    at::Tensor xhat = keep_xhat ? at::empty(x.sizes(), x.options().dtype(act)) : at::Tensor();
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     dispatch(x.scalar_type(), gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
       using TX = kernel_type<decltype(tx)>;
@@ -116,12 +125,15 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
           ptr<const TX>(x), ptr<const TM>(gate), gate.stride(0), ptr<const TA>(y),
           bias.defined() ? bias.data_ptr<float>() : nullptr, ptr<const TM>(shift), shift.stride(0),
           ptr<const TM>(scale), scale.stride(0), ptr<TX>(x1), ptr<TA>(h), mean.data_ptr<float>(),
-          rstd.data_ptr<float>(), batch, tokens, cols, float(eps), stream);
+          rstd.data_ptr<float>(), keep_xhat ? ptr<TA>(xhat) : nullptr, batch, tokens, cols, float(eps), stream);
     });
     // An unused output's gradient arrives undefined rather than as zeros to read.
     ctx->set_materialize_grads(false);
-    // x1 replaces x (the LN backward needs x1; the residual's needs nothing of x).
-    ctx->save_for_backward({x1, y, gate, scale, mean, rstd, bias});
+    // x1 (or xhat) replaces x: the LN backward needs it, the residual's needs
+    // nothing of x. With xhat, x1 and mean are not kept.
+    const at::Tensor none;
+    ctx->save_for_backward({keep_xhat ? none : x1, y, gate, scale, keep_xhat ? none : mean, rstd, bias, xhat});
+    ctx->saved_data["x_dtype"] = int64_t(x.scalar_type());
     ctx->saved_data["act"] = int64_t(act);
     ctx->saved_data["y_dtype"] = int64_t(y_in.scalar_type());
     ctx->saved_data["gate_dtype"] = int64_t(gate_in.scalar_type());
@@ -135,9 +147,10 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x1 = saved[0], &y = saved[1], &gate = saved[2], &scale = saved[3], &mean = saved[4],
-                     &rstd = saved[5], &bias = saved[6];
+                     &rstd = saved[5], &bias = saved[6], &xhat = saved[7];
     auto dtype = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data[key].toInt()); };
-    const at::ScalarType act = dtype("act");
+    const at::ScalarType act = dtype("act"), x_dtype = dtype("x_dtype");
+    const at::TensorOptions x_options = y.options().dtype(x_dtype);
     const at::Tensor &dx1_in = grads[0], &dh_in = grads[1];
     const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
     const bool want_x = ctx->needs_input_grad(0), want_gate = ctx->needs_input_grad(1),
@@ -145,16 +158,16 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
                want_scale = ctx->needs_input_grad(4), want_bias = bias_dtype >= 0 && ctx->needs_input_grad(5);
     variable_list out(8);  // x, gate, y, shift, scale, out_dtype, eps, bias
     if (!dx1_in.defined() && !dh_in.defined()) return out;
-    const c10::cuda::CUDAGuard guard(x1.device());
-    const int batch = int(x1.size(0)), tokens = int(x1.size(1)), cols = int(x1.size(2));
+    const c10::cuda::CUDAGuard guard(y.device());
+    const int batch = int(y.size(0)), tokens = int(y.size(1)), cols = int(y.size(2));
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     // A broadcast or non-contiguous incoming gradient is made dense once.
-    const at::Tensor dx1_ext = dx1_in.defined() ? dx1_in.to(x1.scalar_type()).contiguous() : at::Tensor();
+    const at::Tensor dx1_ext = dx1_in.defined() ? dx1_in.to(x_dtype).contiguous() : at::Tensor();
     at::Tensor dx, dy = at::empty_like(y);
     at::Tensor dgate = at::empty({batch, cols}, gate.options()), dshift, dscale;
     // The bias's gradient per sample (fp32), summed over the batch below.
-    at::Tensor dbias_ps = want_bias ? at::empty({batch, cols}, x1.options().dtype(at::kFloat)) : at::Tensor();
+    at::Tensor dbias_ps = want_bias ? at::empty({batch, cols}, x_options.dtype(at::kFloat)) : at::Tensor();
     float* dbias_ptr = want_bias ? dbias_ps.data_ptr<float>() : nullptr;
     // The bias enters dgate only; without a wanted dgate the kernels may leave it out.
     const float* bias_ptr = want_gate && bias.defined() ? bias.data_ptr<float>() : nullptr;
@@ -166,8 +179,8 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
         const int tiles = kernels::gated_residual_backward_tiles(batch, tokens, sms);
         // Shape-determined scratch from the caching allocator: fine under graph capture.
         at::Tensor partials = at::empty({kernels::gated_residual_backward_partials(batch, tiles, cols, bias_sums)},
-                                        x1.options().dtype(at::kFloat));
-        dispatch(x1.scalar_type(), gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
+                                        x_options.dtype(at::kFloat));
+        dispatch(x_dtype, gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
           using TX = kernel_type<decltype(tx)>;
           using TM = kernel_type<decltype(tm)>;
           using TA = kernel_type<decltype(ta)>;
@@ -179,21 +192,26 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
       }
     } else {
       const at::Tensor dh = dh_in.to(act).contiguous();
-      dx = at::empty_like(x1);
+      dx = at::empty(y.sizes(), x_options);
       dshift = at::empty_like(dgate);
       dscale = at::empty_like(dgate);
       const int tiles = kernels::residual_adaln_backward_tiles(batch, tokens, sms);
       at::Tensor partials = at::empty({kernels::residual_adaln_backward_partials(batch, tiles, cols, bias_sums)},
-                                      x1.options().dtype(at::kFloat));
-      dispatch(x1.scalar_type(), gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
+                                      x_options.dtype(at::kFloat));
+      auto data = [](const at::Tensor& t, auto* type_tag) {
+        using T = std::remove_pointer_t<decltype(type_tag)>;
+        return t.defined() ? ptr<const T>(t) : nullptr;
+      };
+      dispatch(x_dtype, gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
         using TX = kernel_type<decltype(tx)>;
         using TM = kernel_type<decltype(tm)>;
         using TA = kernel_type<decltype(ta)>;
         kernels::residual_adaln_backward<TX, TM, TA>(
-            dx1_ext.defined() ? ptr<const TX>(dx1_ext) : nullptr, ptr<const TA>(dh), ptr<const TX>(x1),
+            data(dx1_ext, (TX*)nullptr), ptr<const TA>(dh), data(x1, (TX*)nullptr), data(xhat, (TA*)nullptr),
             ptr<const TA>(y), bias_ptr, ptr<const TM>(gate), gate.stride(0), ptr<const TM>(scale), scale.stride(0),
-            mean.data_ptr<float>(), rstd.data_ptr<float>(), ptr<TX>(dx), ptr<TA>(dy), ptr<TM>(dgate), ptr<TM>(dshift),
-            ptr<TM>(dscale), dbias_ptr, partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
+            data(mean, (float*)nullptr), rstd.data_ptr<float>(), ptr<TX>(dx), ptr<TA>(dy), ptr<TM>(dgate),
+            ptr<TM>(dshift), ptr<TM>(dscale), dbias_ptr, partials.data_ptr<float>(), batch, tokens, cols, tiles,
+            stream);
       });
     }
     // Back to each input's own dtype (no-ops on the fast path).
@@ -209,7 +227,18 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
   }
 };
 
+std::atomic<bool>& keeps_xhat() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("PERFTRAIN_LN_SAVE");
+    return v == nullptr || std::string(v) != "x";
+  }()};
+  return on;
+}
+
 }  // namespace
+
+bool residual_adaln_keeps_xhat() { return keeps_xhat().load(); }
+void set_residual_adaln_keeps_xhat(bool on) { keeps_xhat().store(on); }
 
 std::pair<at::Tensor, at::Tensor> residual_adaln_reference(const at::Tensor& x, const at::Tensor& gate,
                                                            const at::Tensor& y, const at::Tensor& shift,
