@@ -53,11 +53,14 @@ at::Tensor DiTBlock::forward(const at::Tensor& x, const at::Tensor& c) const {
 }
 
 std::vector<at::Tensor> DiTBlock::modulation(const at::Tensor& c, at::ScalarType act) const {
-  // SiLU + Linear as forward()'s adaLN_modulation, through ops::linear (the
+  return modulation_of_silu(at::silu(c).to(act));
+}
+
+std::vector<at::Tensor> DiTBlock::modulation_of_silu(const at::Tensor& silu_c) const {
+  // The Linear of forward()'s adaLN_modulation, through ops::linear (the
   // optimizer's bf16 weight copy, the bias in the product's epilogue).
   const nn::Linear& l = adaLN_modulation.linear();
-  return ops::linear(at::silu(c).to(act), l.weight, l.bias)
-      .chunk(6, 1);  // shift, scale, gate (attention); shift, scale, gate (MLP)
+  return ops::linear(silu_c, l.weight, l.bias).chunk(6, 1);  // shift, scale, gate (attention); (MLP)
 }
 
 std::pair<at::Tensor, at::Tensor> DiTBlock::attention_half(const at::Tensor& x, const at::Tensor& h,
@@ -151,7 +154,11 @@ at::Tensor DiT::run_block(size_t i, const at::Tensor& h, const at::Tensor& c) co
 // summed inside the kernel, not by autograd in a separate pass.
 at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c) const {
   const at::ScalarType act = compat::autocast_dtype(x0.device().type()).value_or(x0.scalar_type());
-  auto mod = blocks[0].modulation(c, act);
+  // One SiLU and one cast of c for all blocks (each block's modulation
+  // starts from the same silu(c)); backward sums the blocks' gradients of
+  // it, then one SiLU backward.
+  const at::Tensor silu_c = at::silu(c).to(act);
+  auto mod = blocks[0].modulation_of_silu(silu_c);
   at::Tensor x = x0;
   at::Tensor h = ops::adaln_layernorm(x, mod[0], mod[1], act);
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -159,7 +166,7 @@ at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c) co
     at::Tensor m = blocks[i].mlp_half(h2);
     const at::Tensor& fc2_bias = blocks[i].mlp.fc2.bias;
     if (i + 1 == blocks.size()) return ops::gated_residual(x1, mod[5], m, fc2_bias);
-    auto next = blocks[i + 1].modulation(c, act);
+    auto next = blocks[i + 1].modulation_of_silu(silu_c);
     std::tie(x, h) = ops::residual_adaln(x1, mod[5], m, next[0], next[1], act, 1e-6, fc2_bias);
     mod = std::move(next);
   }

@@ -30,6 +30,8 @@ class DiTBlock : public nn::Module {
   // -> (x1, the MLP's modulated norm of x1); the MLP of that norm, without
   // fc2's bias (the gated residual that follows adds it).
   std::vector<at::Tensor> modulation(const at::Tensor& c, at::ScalarType act) const;
+  // The same from silu(c) already in the compute dtype (shared by the blocks).
+  std::vector<at::Tensor> modulation_of_silu(const at::Tensor& silu_c) const;
   std::pair<at::Tensor, at::Tensor> attention_half(const at::Tensor& x, const at::Tensor& h,
                                                    const std::vector<at::Tensor>& mod, at::ScalarType act) const;
   at::Tensor mlp_half(const at::Tensor& h2) const;
