@@ -5,7 +5,7 @@
 #   MODE=check  gpu tests, a quick bench of every variant (DiT-S/2 b32, b256), a short default training run
 #   MODE=bench  perftrain bench --against-torch on BENCH_CASES (default: the four target cases)
 #   MODE=curve  first 500 steps of DiT-S/2 on Fashion-MNIST: the fast path vs eager fp32 seeds
-#               (FP32_SEEDS, default "0 1"; each more seed costs ~70 s of device time)
+#               (FP32_SEEDS, default "0 1 2": three for the leave-one-out check; ~70 s of device time each)
 #   MODE=train  the default training run, STEPS steps
 #   MODE=tune   gpu tests, then the `all` variant on BENCH_CASES per switch in TUNE_ENVS (e.g.
 #               "PERFTRAIN_QKV_GRAD=packed PERFTRAIN_BGRADB=1,PERFTRAIN_GEMM_TUNE=8": a comma joins
@@ -130,7 +130,7 @@ case "$MODE" in
     common=(--steps 500 --set log.every=10 --set log.sample_every=0 --set log.checkpoint_every=0)
     train_run fast-seed0 "${common[@]}" --seed 0
     refs=()
-    for seed in ${FP32_SEEDS:-0 1}; do
+    for seed in ${FP32_SEEDS:-0 1 2}; do
       train_run "fp32-seed$seed" "${common[@]}" --seed "$seed" --precision fp32 --graph off --fused off
       refs+=("$OUT/metrics-fp32-seed$seed.jsonl")
     done

@@ -45,7 +45,7 @@ struct BenchArgs {
   int64_t steps = 30, warmup = 6, repeats = 1;
   int64_t image_size = 32, in_channels = 4, num_classes = 1000;
   uint64_t seed = 0;
-  bool against_torch = false, recompute = false;
+  bool against_torch = false, recompute = false, gelu_recompute = false;
   std::string profile;      // variant to profile after its timing ("" none)
   std::string profile_dir;  // where its breakdown goes (the run directory)
 };
@@ -148,6 +148,7 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   so.fused_optimizer = v.fused_optimizer;
   so.graph = v.graph;
   so.recompute = a.recompute;
+  so.gelu_recompute = a.gelu_recompute;
   // The capture happens at step so.warmup_steps + 1; time from one replay after.
   const int64_t warmup = std::max<int64_t>({a.warmup, 1, v.graph ? so.warmup_steps + 2 : 0});
   row.warmup = warmup;
@@ -216,6 +217,7 @@ ob::BenchRow run_variant(const BenchArgs& a, const train::TrainConfig& base, con
   row.fused_optimizer = v.fused_optimizer;
   row.graph = v.graph;
   row.recompute = a.recompute;
+  row.gelu_recompute = a.gelu_recompute;
   row.steps = a.steps;
   row.repeats = a.repeats;
   try {
@@ -303,6 +305,7 @@ void run(BenchArgs a) {
   for (const auto& v : variants) s.variants.push_back(v.name);
   s.precision = a.precision;
   s.recompute = a.recompute;
+  s.gelu_recompute = a.gelu_recompute;
   s.steps = a.steps, s.warmup = a.warmup, s.repeats = a.repeats;
   s.device = cuda ? "cuda" : "cpu";
   s.data_pool = kPoolBatches;
@@ -394,6 +397,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--out", a->out, "run directory (default runs/bench-<model>-<date>)");
   cmd->add_option("--device", a->device, "auto | cpu | cuda");
   cmd->add_flag("--recompute", a->recompute, "recompute block activations in backward (all variants)");
+  cmd->add_flag("--gelu-recompute", a->gelu_recompute,
+                "keep only the MLPs' pre-activations, GELU again in backward (all variants)");
   cmd->add_option("--seed", a->seed, "model and data seed");
   cmd->add_option("--profile", a->profile,
                   "after timing this variant (e.g. all), record 5 steps with the PyTorch profiler: kernel time by "

@@ -24,7 +24,7 @@ struct TrainArgs {
   std::optional<int64_t> steps, batch_size, seed;
   std::optional<double> lr;
   std::optional<std::string> graph, fused;  // on | off
-  bool recompute = false;
+  bool recompute = false, gelu_recompute = false;
 };
 
 std::vector<std::string> shortcut_overrides(const TrainArgs& a) {
@@ -56,6 +56,7 @@ std::vector<std::string> shortcut_overrides(const TrainArgs& a) {
     o.push_back(std::string("speed.fused_optimizer=") + v);
   }
   if (a.recompute) o.push_back("speed.recompute=true");
+  if (a.gelu_recompute) o.push_back("speed.gelu_recompute=true");
   return o;
 }
 
@@ -106,6 +107,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--fused", a->fused, "on | off: fused kernels and the device optimizer (default on)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_flag("--recompute", a->recompute, "recompute block activations in backward (less memory, ~30% slower)");
+  cmd->add_flag("--gelu-recompute", a->gelu_recompute,
+                "keep only the MLPs' pre-activations, GELU again in backward (~15% less memory, ~3% slower)");
   cmd->add_option("--objective", a->objective, "ddpm | flow");
   cmd->add_option("--steps", a->steps, "total training steps");
   cmd->add_option("--batch-size", a->batch_size, "batch size");

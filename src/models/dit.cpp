@@ -74,9 +74,9 @@ std::pair<at::Tensor, at::Tensor> DiTBlock::attention_half(const at::Tensor& x, 
                              attn.proj.bias);
 }
 
-at::Tensor DiTBlock::mlp_half(const at::Tensor& h2) const {
+at::Tensor DiTBlock::mlp_half(const at::Tensor& h2, std::optional<bool> keep_activation) const {
   // fc2's bias is left to the gated residual after it (as the projection's).
-  return ops::gelu_mlp(h2, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, at::Tensor());  // [B, T, D]
+  return ops::gelu_mlp(h2, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, at::Tensor(), keep_activation);  // [B, T, D]
 }
 
 at::Tensor DiTBlock::forward_fused(const at::Tensor& x, const at::Tensor& c) const {
@@ -163,7 +163,7 @@ at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c) co
   at::Tensor h = ops::adaln_layernorm(x, mod[0], mod[1], act);
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto [x1, h2] = blocks[i].attention_half(x, h, mod, act);
-    at::Tensor m = blocks[i].mlp_half(h2);
+    at::Tensor m = blocks[i].mlp_half(h2, gelu_recompute_ ? std::optional<bool>(false) : std::nullopt);
     const at::Tensor& fc2_bias = blocks[i].mlp.fc2.bias;
     if (i + 1 == blocks.size()) return ops::gated_residual(x1, mod[5], m, fc2_bias);
     auto next = blocks[i + 1].modulation_of_silu(silu_c);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -34,7 +35,8 @@ class DiTBlock : public nn::Module {
   std::vector<at::Tensor> modulation_of_silu(const at::Tensor& silu_c) const;
   std::pair<at::Tensor, at::Tensor> attention_half(const at::Tensor& x, const at::Tensor& h,
                                                    const std::vector<at::Tensor>& mod, at::ScalarType act) const;
-  at::Tensor mlp_half(const at::Tensor& h2) const;
+  // keep_activation: gelu_mlp's (nullopt: the process default).
+  at::Tensor mlp_half(const at::Tensor& h2, std::optional<bool> keep_activation = std::nullopt) const;
 
   nn::SelfAttention attn;
   nn::Mlp mlp;
@@ -67,6 +69,10 @@ class DiT : public nn::Module {
   // of kept (less memory, one more block forward per step).
   void set_fused_kernels(bool on) { fused_kernels_ = on; }
   void set_recompute(bool on) { recompute_ = on; }
+  // Fused blocks: keep only each MLP's pre-activation and compute GELU again
+  // in backward (ops::gelu_mlp_saves_activation): one [B*T, 4D] tensor less
+  // per block held for backward, one elementwise pass more.
+  void set_gelu_recompute(bool on) { gelu_recompute_ = on; }
   bool fused_kernels() const { return fused_kernels_; }
 
  private:
@@ -77,7 +83,7 @@ class DiT : public nn::Module {
   at::Tensor run_blocks_chained(const at::Tensor& h, const at::Tensor& c) const;
 
   DiTConfig cfg_;
-  bool fused_kernels_ = false, recompute_ = false;
+  bool fused_kernels_ = false, recompute_ = false, gelu_recompute_ = false;
   at::Tensor pos_embed;  // [1, T, D], fixed (not trainable) but in the state_dict
   nn::PatchEmbed x_embedder;
   nn::TimestepEmbedder t_embedder;

@@ -115,7 +115,7 @@ at::Tensor cast_to(const at::Tensor& t, at::ScalarType dtype) {
 struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
   // b2 travels as an optional: autograd functions take no undefined tensors.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
-                            const at::Tensor& w2, const std::optional<at::Tensor>& b2_opt) {
+                            const at::Tensor& w2, const std::optional<at::Tensor>& b2_opt, bool keep_activation) {
     const at::Tensor b2 = b2_opt.value_or(at::Tensor());
     const c10::DeviceGuard device_guard(x.device());  // handle, stream and workspace of x's device
     const int64_t m = leading_rows(x), c = x.size(-1), h = w1.size(0), d = w2.size(0);
@@ -134,7 +134,7 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     // it again); w2 and pre to reach pre's gradient; then x for dW1 and w1
     // for dx.
     const bool need_pre = x.requires_grad() || w1.requires_grad() || b1.requires_grad();
-    const bool keep_act = w2.requires_grad() && gelu_mlp_saves_activation();
+    const bool keep_act = w2.requires_grad() && keep_activation;
     const at::Tensor none;
     ctx->save_for_backward({w1.requires_grad() ? x2 : none, x.requires_grad() ? w1c : none, need_pre ? w2c : none,
                             need_pre || (w2.requires_grad() && !keep_act) ? pre : none, keep_act ? act : none});
@@ -149,7 +149,7 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return variable_list(5);
+    if (!grads[0].defined()) return variable_list(6);
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x2 = saved[0], &w1c = saved[1], &w2c = saved[2], &pre = saved[3], &act = saved[4];
     const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
@@ -181,7 +181,7 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
       }
     }
     return {dx, dw1, cast_to(db1, dtype_of(ctx, "b1_dtype")), dw2,
-            has_b2 ? cast_to(db2, dtype_of(ctx, "b2_dtype")) : at::Tensor()};
+            has_b2 ? cast_to(db2, dtype_of(ctx, "b2_dtype")) : at::Tensor(), at::Tensor()};
   }
 };
 
@@ -207,17 +207,19 @@ at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const a
 }
 
 at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                    const at::Tensor& b2) {
+                    const at::Tensor& b2, std::optional<bool> keep_activation) {
   check_args(x, w1, b1, w2, b2);
   if (!x.is_cuda()) return gelu_mlp_reference(x, w1, b1, w2, b2).to(x.scalar_type());
-  return GeluMlpFunction::apply(x, w1, b1, w2, b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt);
+  return GeluMlpFunction::apply(x, w1, b1, w2, b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt,
+                                keep_activation.value_or(gelu_mlp_saves_activation()));
 }
 
 namespace detail {
 at::Tensor gelu_mlp_function(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                             const at::Tensor& b2) {
+                             const at::Tensor& b2, std::optional<bool> keep_activation) {
   check_args(x, w1, b1, w2, b2);
-  return GeluMlpFunction::apply(x, w1, b1, w2, b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt);
+  return GeluMlpFunction::apply(x, w1, b1, w2, b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt,
+                                keep_activation.value_or(gelu_mlp_saves_activation()));
 }
 }  // namespace detail
 

@@ -9,6 +9,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 #include "ops/cublaslt_workspace.h"  // gemm_fallback_count()
 
 namespace perftrain::ops {
@@ -23,8 +25,10 @@ namespace perftrain::ops {
 // The fused GELU path needs H % 8 == 0 (cuBLASLt's aux leading dimension);
 // other widths, and any epilogue cuBLASLt refuses, run through ATen and are
 // counted by gemm_fallback_count(). CPU: gelu_mlp_reference.
+// keep_activation: whether this call keeps the activation for backward or
+// only the pre-activation (see gelu_mlp_saves_activation, the default).
 at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                    const at::Tensor& b2);
+                    const at::Tensor& b2, std::optional<bool> keep_activation = std::nullopt);
 
 // Whether gelu_mlp keeps the activation for fc2's weight gradient (the
 // default) or only the pre-activation, computing the activation again in
@@ -43,7 +47,7 @@ at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const a
 namespace detail {
 // The autograd function on any device (CPU: its ATen fallbacks), for tests.
 at::Tensor gelu_mlp_function(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                             const at::Tensor& b2);
+                             const at::Tensor& b2, std::optional<bool> keep_activation = std::nullopt);
 }  // namespace detail
 
 }  // namespace perftrain::ops

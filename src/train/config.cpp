@@ -68,6 +68,7 @@ std::vector<Key> keys(TrainConfig& c) {
       {"speed", "fused_kernels", &c.speed.fused_kernels},
       {"speed", "fused_optimizer", &c.speed.fused_optimizer},
       {"speed", "recompute", &c.speed.recompute},
+      {"speed", "gelu_recompute", &c.speed.gelu_recompute},
   };
 }
 

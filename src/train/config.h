@@ -42,6 +42,7 @@ struct SpeedConfig {
   bool fused_kernels = true;    // DiT blocks through the fused ops (adaLN LayerNorm, epilogues, ...)
   bool fused_optimizer = true;  // clip + AdamW + EMA + LR on the device, no host sync
   bool recompute = false;       // recompute each block's activations in backward (less memory)
+  bool gelu_recompute = false;  // keep only the MLPs' pre-activations, GELU again in backward (~15% less, ~3% slower)
 };
 
 struct DiffusionConfig {

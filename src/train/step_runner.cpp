@@ -206,6 +206,7 @@ StepRunner::StepRunner(models::DiT& model, models::DiT& ema, const TrainConfig& 
   // path is the same function, and the one the CPU tests pin down.
   model.set_fused_kernels(cuda && opts.fused_kernels);
   model.set_recompute(opts.recompute);
+  model.set_gelu_recompute(opts.gelu_recompute);
 
   s.params = model.parameters();
   s.ema_params = ema.parameters();

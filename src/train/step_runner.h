@@ -34,6 +34,7 @@ struct StepOptions {
   bool fused_optimizer = true;     // DeviceOptimizer; false: ATen AdamW + foreach EMA with a host LR
   bool graph = true;               // whole-step CUDA graph (needs fused_optimizer)
   bool recompute = false;          // recompute each block's activations in backward
+  bool gelu_recompute = false;     // keep only the MLPs' pre-activations (models::DiT::set_gelu_recompute)
   int warmup_steps = 3;            // eager steps before the capture
 };
 

@@ -103,6 +103,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   step_opts.fused_kernels = cfg.speed.fused_kernels;
   step_opts.fused_optimizer = cfg.speed.fused_optimizer;
   step_opts.recompute = cfg.speed.recompute;
+  step_opts.gelu_recompute = cfg.speed.gelu_recompute;
   StepRunner runner(model, ema, cfg, step_opts, device, gen);
 
   TrainerState state;
@@ -119,7 +120,8 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   log << "perftrain: " << cfg.model.name << " (" << model.parameter_count(true) << " trainable parameters) on "
       << compat::device_description(device) << ", " << precision
       << (device.is_cuda() ? std::string(cfg.speed.fused_kernels ? ", fused kernels" : ", unfused") +
-                                 (cfg.speed.recompute ? ", recompute" : "")
+                                 (cfg.speed.recompute ? ", recompute" : "") +
+                                 (cfg.speed.gelu_recompute ? ", GELU recomputed in backward" : "")
                            : std::string())
       << "\n"
       << "data: " << dataset->describe() << "\n"

@@ -63,6 +63,38 @@ def test_command_line_verdict_and_exit_code():
         assert "FAIL: 1/2" in out.getvalue()
 
 
+def test_leave_one_out_uses_bands_of_the_other_references_only():
+    # Window 2: the three references 1.0, 1.1, 1.6.
+    refs = [curve([9.0, 1.0, 2.0]), curve([9.0, 1.1, 2.0]), curve([9.0, 1.6, 2.0])]
+    ref_counts, fast_counts, n = cc.leave_one_out(curve([9.0, 1.05, 2.0]), refs)
+    assert n == 2
+    # ref0 vs {1.1, 1.6}: [0.6, 2.1] in; ref1 vs {1.0, 1.6}: in; ref2 vs {1.0, 1.1}: [0.9, 1.2] out.
+    assert ref_counts == [2, 2, 1]
+    # The fast run (1.05) against the same three bands: in, in, in.
+    assert fast_counts == [2, 2, 2]
+
+
+def test_verdict_passes_leave_one_out_when_the_fast_run_is_no_worse_than_a_seed():
+    with tempfile.TemporaryDirectory() as d:
+        # Window 3: the refs agree exactly (strict band [2.0, 2.0]) and the fast run is 0.001 off;
+        # windows 2 and 4 make ref2 an outlier, window 5 ref1 (inside 4, 3, 2 of 4; mean 3).
+        r0 = write(d, "r0.jsonl", [9.0, 1.0, 2.0, 3.0, 4.0])
+        r1 = write(d, "r1.jsonl", [9.0, 1.01, 2.0, 3.0, 4.3])
+        r2 = write(d, "r2.jsonl", [9.0, 1.3, 2.0, 3.2, 4.0])
+        fast = write(d, "fast.jsonl", [9.0, 1.0, 2.001, 3.0, 4.0])  # inside 3 of 4 in every band
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cc.main(fast, r0, r1, r2) == 0
+        assert "verdict: PASS (leave-one-out" in out.getvalue()
+        assert "strict: 3/4 windows" in out.getvalue()
+        # Far outside everywhere: more an outlier than any seed.
+        bad = write(d, "bad.jsonl", [9.0, 5.0, 7.0, 9.0, 11.0])
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cc.main(bad, r0, r1, r2) == 1
+        assert "verdict: FAIL (leave-one-out" in out.getvalue()
+
+
 if __name__ == "__main__":
     for name, fn in sorted(globals().items()):
         if name.startswith("test_") and callable(fn):

@@ -44,12 +44,15 @@ TEST(TrainConfig, ResolvedTomlRoundTrips) {
   apply_override(a, "train.lr=0.00012345678901234");
   apply_override(a, "run.name=my-run");
   apply_override(a, "model.depth=3");
+  EXPECT_FALSE(a.speed.gelu_recompute) << "the default keeps the MLP activations";
+  apply_override(a, "speed.gelu_recompute=true");
   TrainConfig b = default_config(false);
   apply_toml(b, a.to_toml(), "roundtrip");
   EXPECT_EQ(a.to_toml(), b.to_toml());
   EXPECT_DOUBLE_EQ(b.optim.lr, 0.00012345678901234);
   EXPECT_EQ(b.run.name, "my-run");
   EXPECT_EQ(b.model.depth, 3);
+  EXPECT_TRUE(b.speed.gelu_recompute);
 }
 
 TEST(TrainConfig, UnknownKeysSectionsAndWrongTypesAreUsageErrors) {

@@ -106,6 +106,7 @@ nlohmann::ordered_json to_json(const BenchRow& r) {
                       {"fused_optimizer", r.fused_optimizer},
                       {"graph", r.graph},
                       {"recompute", r.recompute},
+                      {"gelu_recompute", r.gelu_recompute},
                       {"warmup", r.warmup},
                       {"steps", r.steps},
                       {"repeats", r.repeats},
@@ -193,6 +194,7 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
                            {"variants", s.variants},
                            {"precision", s.precision},
                            {"recompute", s.recompute},
+                           {"gelu_recompute", s.gelu_recompute},
                            {"steps", s.steps},
                            {"warmup", s.warmup},
                            {"repeats", s.repeats},
@@ -291,7 +293,8 @@ std::string to_markdown(const BenchReport& r) {
     << "| FLOPs | " << format_number(s.train_flops_per_image / 1e9, 2) << " GFLOP per image per training step |\n"
     << "| batches | " << join(s.batches) << " |\n"
     << "| variants | " << join(s.variants) << " (mixed precision: " << s.precision
-    << (s.recompute ? ", activation recompute on" : "") << ") |\n"
+    << (s.recompute ? ", activation recompute on" : "") << (s.gelu_recompute ? ", GELU recomputed in backward" : "")
+    << ") |\n"
     << "| steps | " << s.warmup << " warm-up, " << s.steps << " timed x " << s.repeats << " repeat(s) |\n"
     << "| device | " << s.device << " |\n"
     << "| optimizer | " << cell(s.optimizer) << " |\n";

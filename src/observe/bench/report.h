@@ -29,6 +29,7 @@ struct BenchSettings {
   std::vector<std::string> variants;
   std::string precision = "bf16";  // of the mixed-precision variants
   bool recompute = false;
+  bool gelu_recompute = false;
   int64_t steps = 30, warmup = 6, repeats = 1;
   std::string device;
   int64_t data_pool = 8;  // distinct batches reused round-robin
