@@ -1,18 +1,15 @@
 #include "ops/cublaslt_workspace.h"
 
-#include <cstdlib>
-#include <string>
-
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 
-#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
 
+#include "base/env.h"
 #include "base/error.h"
 
 namespace perftrain::ops {
@@ -117,26 +114,17 @@ int64_t gemm_fallback_count() { return g_fallbacks.load(); }
 void note_gemm_fallback() { g_fallbacks.fetch_add(1); }
 
 bool bias_grad_epilogue() {
-  static const bool on = [] {
-    const char* v = std::getenv("PERFTRAIN_BGRAD_EPILOGUE");
-    return v == nullptr || std::string(v) != "0";
-  }();
+  static const bool on = !env_equals("PERFTRAIN_BGRAD_EPILOGUE", "0");
   return on;
 }
 
 int gemm_tune_candidates() {
-  static const int n = [] {
-    const char* v = std::getenv("PERFTRAIN_GEMM_TUNE");
-    return v == nullptr ? kDefaultGemmTuneCandidates : std::max(0, std::atoi(v));
-  }();
+  static const int n = env_count("PERFTRAIN_GEMM_TUNE", kDefaultGemmTuneCandidates);
   return n;
 }
 
 bool bgradb_epilogue() {
-  static const bool on = [] {
-    const char* v = std::getenv("PERFTRAIN_BGRADB");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool on = env_equals("PERFTRAIN_BGRADB", "1");
   return on;
 }
 

@@ -9,13 +9,13 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <optional>
 #include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "base/env.h"
 #include "base/error.h"
 #include "ops/compute_weights.h"
 #include "ops/dtype_dispatch.h"
@@ -62,10 +62,7 @@ void fc1_gelu(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, 
 }
 
 bool dgelu_bf16_bgrad() {
-  static const bool on = [] {
-    const char* v = std::getenv("PERFTRAIN_DGELU_BF16_BGRAD");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool on = env_equals("PERFTRAIN_DGELU_BF16_BGRAD", "1");
   return on;
 }
 
@@ -189,10 +186,7 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
 
 namespace {
 std::atomic<bool>& saves_activation() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("PERFTRAIN_GELU_SAVE");
-    return v == nullptr || std::string(v) != "pre";
-  }()};
+  static std::atomic<bool> on{!env_equals("PERFTRAIN_GELU_SAVE", "pre")};
   return on;
 }
 }  // namespace

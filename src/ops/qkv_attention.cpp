@@ -8,12 +8,12 @@
 
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <tuple>
 
+#include "base/env.h"
 #include "base/error.h"
 #include "ops/column_sums.h"
 #include "ops/compat.h"
@@ -83,10 +83,7 @@ at::Tensor pack_dqkv(const std::array<at::Tensor, 3>& d, int64_t B, int64_t T, i
 // (three copies, two products) instead of six products on the blocks in
 // place: to compare the two on a GPU (fewer launches vs fewer bytes).
 bool packed_qkv_grad() {
-  static const bool packed = [] {
-    const char* v = std::getenv("PERFTRAIN_QKV_GRAD");
-    return v != nullptr && std::string(v) == "packed";
-  }();
+  static const bool packed = env_equals("PERFTRAIN_QKV_GRAD", "packed");
   return packed;
 }
 

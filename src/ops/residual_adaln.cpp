@@ -9,11 +9,11 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <type_traits>
 
+#include "base/env.h"
 #include "base/error.h"
 #include "kernels/gated_residual.h"
 #include "kernels/residual_adaln.h"
@@ -228,10 +228,7 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
 };
 
 std::atomic<bool>& keeps_xhat() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("PERFTRAIN_LN_SAVE");
-    return v == nullptr || std::string(v) != "x";
-  }()};
+  static std::atomic<bool> on{!env_equals("PERFTRAIN_LN_SAVE", "x")};
   return on;
 }
 

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "base/env.h"
 #include "base/error.h"
 #include "diffusion/ddpm.h"
 #include "diffusion/flow.h"
@@ -220,9 +221,7 @@ StepRunner::StepRunner(models::DiT& model, models::DiT& ema, const TrainConfig& 
     o.ema_decay = cfg.optim.ema_decay, o.ema_warmup = cfg.optim.ema_warmup;
     o.dynamic_loss_scale = opts.precision == "fp16";
     // What the fused ops multiply with (PERFTRAIN_BF16_SHADOWS=0: per-call casts instead, to compare).
-    const char* shadows_env = std::getenv("PERFTRAIN_BF16_SHADOWS");
-    o.bf16_shadows = opts.precision == "bf16" && opts.fused_kernels &&
-                     !(shadows_env != nullptr && std::string(shadows_env) == "0");
+    o.bf16_shadows = opts.precision == "bf16" && opts.fused_kernels && !env_equals("PERFTRAIN_BF16_SHADOWS", "0");
     s.device_optimizer = std::make_unique<DeviceOptimizer>(model.named_parameters(), s.ema_params, o);
     s.compute_weights = s.device_optimizer->compute_weights();
   } else {
