@@ -11,7 +11,8 @@
 #               "PERFTRAIN_QKV_GRAD=packed PERFTRAIN_BGRADB=1,PERFTRAIN_GEMM_TUNE=8": a comma joins
 #               switches into one setting) and with --recompute, side by side;
 #               PROFILE=1 adds a kernel profile per case; RUN_TESTS=0, RECOMPUTE=0 leave those out
-# Options: TESTS=all (every test, not only gpu ones), COMMIT=<sha>, BENCH_CASES="DiT-S/2:32,256 DiT-B/2:256",
+# Options: TESTS=all (every test, not only gpu ones), COMMIT=<sha> (pass it literally: git on the device
+# machine may see stale metadata and name an older commit), BENCH_CASES="DiT-S/2:32,256 DiT-B/2:256",
 # BENCH_ARGS (extra bench flags). In a device call: carry [".carry"]. Results go to $OUT (or ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."

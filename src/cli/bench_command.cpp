@@ -234,19 +234,21 @@ ob::BenchRow run_variant(const BenchArgs& a, const train::TrainConfig& base, con
   return row;
 }
 
-// What GEMM tuning (ops::gemm_tune_candidates) changed against cuBLASLt's
-// first pick, so a speedup from it is visible and attributable.
-void print_gemm_tuning() {
-  const auto records = kernels::gemm_tune_records();
-  if (records.empty()) return;
-  std::vector<kernels::GemmTuneRecord> changed;
-  for (const auto& r : records)
-    if (r.chosen != 0) changed.push_back(r);
-  std::cout << "GEMM tuning (" << ops::gemm_tune_candidates() << " candidates): " << records.size()
-            << " configurations timed, " << changed.size() << " faster than cuBLASLt's first pick\n";
-  for (const auto& r : changed) {
-    std::cout << "  " << r.what << ": " << ob::format_number(r.heuristic_ms, 3) << " -> "
-              << ob::format_number(r.chosen_ms, 3) << " ms (candidate " << r.chosen << " of " << r.candidates
+// What GEMM tuning (ops::gemm_tune_candidates) chose, into the report and
+// printed where it beat cuBLASLt's first pick, so a speedup from it is
+// visible and attributable.
+void report_gemm_tuning(ob::BenchReport& report) {
+  for (const auto& r : kernels::gemm_tune_records())
+    report.gemm_tuning.push_back({r.what, r.candidates, r.chosen, r.heuristic_ms, r.chosen_ms});
+  if (report.gemm_tuning.empty()) return;
+  size_t changed = 0;
+  for (const auto& t : report.gemm_tuning) changed += t.chosen != 0;
+  std::cout << "GEMM tuning (" << ops::gemm_tune_candidates() << " candidates): " << report.gemm_tuning.size()
+            << " configurations timed, " << changed << " faster than cuBLASLt's first pick\n";
+  for (const auto& t : report.gemm_tuning) {
+    if (t.chosen == 0) continue;
+    std::cout << "  " << t.what << ": " << ob::format_number(t.heuristic_ms, 3) << " -> "
+              << ob::format_number(t.chosen_ms, 3) << " ms (candidate " << t.chosen << " of " << t.candidates
               << ")\n";
   }
   std::cout.flush();
@@ -338,7 +340,7 @@ void run(BenchArgs a) {
     }
   }
 
-  print_gemm_tuning();
+  report_gemm_tuning(report);
 
   if (a.against_torch) {
     const std::string script = ob::reference_script(source_dir);

@@ -13,6 +13,7 @@
 #include "io/atomic_file.h"
 #include "models/dit.h"
 #include "ops/compat.h"
+#include "ops/cublaslt_workspace.h"
 #include "train/checkpoint.h"
 #include "train/progress.h"
 #include "train/report.h"
@@ -62,6 +63,17 @@ std::string default_run_name(const TrainConfig& cfg) {
   std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
   return model + "-" + cfg.data.source + "-" + stamp;
+}
+
+// One line on how the matrix products' algorithms were chosen in the first
+// step (nothing on the CPU, where none are tuned).
+void log_gemm_tuning(std::ostream& log) {
+  const auto records = kernels::gemm_tune_records();
+  if (records.empty()) return;
+  size_t changed = 0;
+  for (const auto& r : records) changed += r.chosen != 0;
+  log << "matrix products: " << records.size() << " shapes tuned on first use, " << changed
+      << " on a faster algorithm than cuBLASLt's first pick (PERFTRAIN_GEMM_TUNE=0: no tuning)\n";
 }
 
 }  // namespace
@@ -168,6 +180,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       loop_start = window_start = Clock::now();
       wait_at_window_start = loader.wait_seconds();
       log << "first step done " << summary.first_step_s << " s after start\n";
+      log_gemm_tuning(log);
     }
     if (step > summary.first_step && (step % cfg.log.every == 0 || step == cfg.optim.steps)) {
       const WindowStats w = runner.take_window();  // the one host sync per window

@@ -134,7 +134,8 @@ TEST(BenchReport, JsonHasEveryFieldWithNullsForTheMissing) {
   r.matmul_peak.tflops.reset();  // as on a machine where it could not be measured
   r.matmul_peak.note = "n/a: no CUDA device";
   const auto j = nlohmann::json::parse(to_json(r).dump());  // survives a round trip through text
-  for (const char* k : {"environment", "matmul_peak_tflops", "config", "method", "rows", "torch", "summary"})
+  for (const char* k :
+       {"environment", "matmul_peak_tflops", "config", "method", "rows", "torch", "summary", "gemm_tuning"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_TRUE(j["matmul_peak_tflops"].is_null());
   EXPECT_EQ(j["environment"]["commit"], "abc1234");
@@ -193,6 +194,31 @@ TEST(BenchReport, MarkdownAndTable) {
   EXPECT_TRUE(contains(format_table(cpu), "DiT-S/2 batch 2: eager-fp32 120.00 ms")) << format_table(cpu);
   EXPECT_EQ(format_number(std::nullopt, 2), "n/a");
   EXPECT_EQ(format_number(1.23456, 2), "1.23");
+}
+
+// The tuned product shapes: all in the JSON, in order; in the Markdown only
+// those that changed algorithm (with how many were tuned); no section when
+// nothing was tuned.
+TEST(BenchReport, GemmTuningInJsonAndMarkdown) {
+  auto r = sample_report();
+  EXPECT_TRUE(to_json(r)["gemm_tuning"].empty());
+  EXPECT_FALSE(contains(to_markdown(r), "## Matrix-product algorithms"));
+  r.gemm_tuning = {{"DGELU m=65536 n=1536 k=384 A=bf16 B=bf16 D=bf16", 8, 1, 0.266, 0.230},
+                   {"DEFAULT m=8192 n=384 k=384 A=bf16 B=bf16^T D=bf16", 8, 0, 0.0081, 0.0081}};
+  const auto j = to_json(r);
+  ASSERT_EQ(j["gemm_tuning"].size(), 2u);
+  EXPECT_EQ(j["gemm_tuning"][0]["what"], "DGELU m=65536 n=1536 k=384 A=bf16 B=bf16 D=bf16");
+  EXPECT_EQ(j["gemm_tuning"][0]["candidates"], 8);
+  EXPECT_EQ(j["gemm_tuning"][0]["chosen"], 1);
+  EXPECT_DOUBLE_EQ(j["gemm_tuning"][0]["heuristic_ms"].get<double>(), 0.266);
+  EXPECT_DOUBLE_EQ(j["gemm_tuning"][0]["chosen_ms"].get<double>(), 0.230);
+  EXPECT_EQ(j["gemm_tuning"][1]["chosen"], 0);
+  const auto md = to_markdown(r);
+  EXPECT_TRUE(contains(md, "## Matrix-product algorithms")) << md;
+  EXPECT_TRUE(contains(md, "2 product shapes were tuned")) << md;
+  EXPECT_TRUE(contains(md, "1 run a faster algorithm")) << md;
+  EXPECT_TRUE(contains(md, "| DGELU m=65536 n=1536 k=384 A=bf16 B=bf16 D=bf16 | 0.2660 | 0.2300 | 1 of 8 |")) << md;
+  EXPECT_FALSE(contains(md, "DEFAULT m=8192")) << "unchanged shapes are left out of the table\n" << md;
 }
 
 TEST(BenchReport, WritesBothFiles) {

@@ -208,6 +208,14 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
   for (const auto& x : r.rows) rows.push_back(to_json(x));
   for (const auto& x : r.torch) torch.push_back(to_json(x));
   for (const auto& x : r.summary) summary.push_back(to_json(x));
+  Json tuning = Json::array();
+  for (const auto& t : r.gemm_tuning) {
+    tuning.push_back({{"what", t.what},
+                      {"candidates", t.candidates},
+                      {"chosen", t.chosen},
+                      {"heuristic_ms", t.heuristic_ms},
+                      {"chosen_ms", t.chosen_ms}});
+  }
   return {{"environment", env},
           {"matmul_peak_tflops", opt(r.matmul_peak.tflops)},
           {"matmul_peak",
@@ -220,7 +228,8 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
           {"method", method_text(r)},
           {"rows", rows},
           {"torch", torch},
-          {"summary", summary}};
+          {"summary", summary},
+          {"gemm_tuning", tuning}};
 }
 
 std::string format_summary_line(const SummaryRow& s) {
@@ -340,6 +349,20 @@ std::string to_markdown(const BenchReport& r) {
       << (x.best_torch_mode.empty() ? "n/a" : x.best_torch_mode) << " | " << format_number(x.best_torch_ms, 2)
       << " | " << (x.speedup_vs_best_torch ? format_number(x.speedup_vs_best_torch, 2) + "x" : std::string("n/a"))
       << " |\n";
+  }
+
+  if (!r.gemm_tuning.empty()) {
+    size_t changed = 0;
+    for (const auto& t : r.gemm_tuning) changed += t.chosen != 0;
+    m << "\n## Matrix-product algorithms\n\n" << r.gemm_tuning.size()
+      << " product shapes were tuned on first use (cuBLASLt's top candidates timed on the real buffers); "
+      << changed << " run a faster algorithm than cuBLASLt's first pick:\n\n"
+      << "| product | first pick ms | chosen ms | chosen (rank of candidates) |\n|---|---:|---:|---:|\n";
+    for (const auto& t : r.gemm_tuning) {
+      if (t.chosen == 0) continue;
+      m << "| " << cell(t.what) << " | " << format_number(t.heuristic_ms, 4) << " | " << format_number(t.chosen_ms, 4)
+        << " | " << t.chosen << " of " << t.candidates << " |\n";
+    }
   }
   return m.str();
 }

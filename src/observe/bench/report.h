@@ -39,6 +39,14 @@ struct BenchSettings {
   std::string torch_python;  // the interpreter used for them
 };
 
+// One matrix-product shape whose cuBLASLt algorithm was chosen by timing
+// (kernels::GemmTuneRecord): why a product runs on the kernel it does.
+struct GemmTuning {
+  std::string what;  // "DGELU m=65536 n=1536 k=384 A=bf16 B=bf16 D=bf16"
+  int candidates = 0, chosen = 0;  // chosen: rank in the heuristic's list, 0 = its first pick
+  double heuristic_ms = 0, chosen_ms = 0;
+};
+
 struct BenchReport {
   Environment environment;
   MatmulPeak matmul_peak;
@@ -46,13 +54,14 @@ struct BenchReport {
   std::vector<BenchRow> rows;
   std::vector<TorchRow> torch;
   std::vector<SummaryRow> summary;
+  std::vector<GemmTuning> gemm_tuning;  // every shape timed, in the order tuned
 };
 
 nlohmann::ordered_json to_json(const BenchRow& r);
 nlohmann::ordered_json to_json(const TorchRow& r);
 nlohmann::ordered_json to_json(const SummaryRow& r);
 // In this key order: {"environment", "matmul_peak_tflops", "matmul_peak", "config", "method",
-//  "rows", "torch", "summary"}
+//  "rows", "torch", "summary", "gemm_tuning"}
 nlohmann::ordered_json to_json(const BenchReport& report);
 
 // One line per row (ours, then torch), then one summary line per batch.
