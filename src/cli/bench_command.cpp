@@ -175,6 +175,7 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   for (int64_t i = 1; i < warmup; ++i) step();
 
   std::vector<double> all_ms;
+  ob::GpuSampler sampler(ob::nvidia_smi_id(device));
   for (int64_t r = 0; r < a.repeats; ++r) {
     ob::StepTimer timer(device, a.steps);
     for (int64_t i = 0; i < a.steps; ++i) {
@@ -186,6 +187,7 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
     row.repeat_median_ms.push_back(ob::summarize(ms).median);
     all_ms.insert(all_ms.end(), ms.begin(), ms.end());
   }
+  row.gpu = sampler.stop();
   row.step_ms = all_ms;
   fill_timing(row, all_ms);
   if (a.profile == v.name && device.is_cuda()) {  // where the time goes, kernel by kernel
@@ -261,7 +263,9 @@ void print_row(const ob::BenchRow& r) {
     std::cout << ob::format_number(r.ms, 2) << " ms (p10 " << ob::format_number(r.ms_p10, 2) << ", p90 "
               << ob::format_number(r.ms_p90, 2) << "), " << ob::format_rate(r.tflops) << " TFLOP/s, peak "
               << ob::format_gib(r.peak_gib) << ", first step " << ob::format_number(r.first_step_s, 2)
-              << " s (build " << ob::format_number(r.build_s, 2) << " s), " << r.graph_status << (r.ok() ? "" : "; error: " + r.error) << "\n";
+              << " s (build " << ob::format_number(r.build_s, 2) << " s), " << r.graph_status
+              << (r.gpu.count > 0 ? "; GPU " + ob::describe(r.gpu) : "") << (r.ok() ? "" : "; error: " + r.error)
+              << "\n";
   std::cout.flush();
 }
 

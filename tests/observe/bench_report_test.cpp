@@ -221,6 +221,24 @@ TEST(BenchReport, GemmTuningInJsonAndMarkdown) {
   EXPECT_FALSE(contains(md, "DEFAULT m=8192")) << "unchanged shapes are left out of the table\n" << md;
 }
 
+// What nvidia-smi saw during a row's timed steps: in its JSON (nulls without
+// samples) and, only when there were samples, a Markdown section.
+TEST(BenchReport, GpuDuringTheTimedSteps) {
+  auto r = sample_report();
+  EXPECT_EQ(to_json(r.rows[0])["gpu_during_timing"]["samples"], 0);
+  EXPECT_TRUE(to_json(r.rows[0])["gpu_during_timing"]["sm_clock_mhz_median"].is_null());
+  EXPECT_FALSE(contains(to_markdown(r), "## The GPU during the timed steps"));
+  r.rows[0].gpu = parse_gpu_samples("1755, 1980, 690, 700, 61\n1745, 1980, 695, 700, 62\n");
+  const auto j = to_json(r.rows[0])["gpu_during_timing"];
+  EXPECT_EQ(j["samples"], 2);
+  EXPECT_DOUBLE_EQ(j["sm_clock_mhz_median"].get<double>(), 1750);
+  EXPECT_DOUBLE_EQ(j["at_power_limit"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(j["power_limit_w"].get<double>(), 700);
+  const auto md = to_markdown(r);
+  EXPECT_TRUE(contains(md, "## The GPU during the timed steps")) << md;
+  EXPECT_TRUE(contains(md, "| 1750 (min 1745, max 1980) | 692 of 700 | 100.0% | 62 |")) << md;
+}
+
 TEST(BenchReport, WritesBothFiles) {
   perftrain::testing::TempDir tmp;
   write_report_files(tmp.path(), sample_report());

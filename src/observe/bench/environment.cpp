@@ -73,18 +73,22 @@ std::string git_commit(const std::string& source_dir) {
 }
 
 GpuClocks query_nvidia_smi(const at::Device& device) {
-  const int index = device.index() < 0 ? 0 : device.index();
-  const cudaDeviceProp* p = at::cuda::getDeviceProperties(index);
-  // Select by PCI address: CUDA's device numbering need not be nvidia-smi's.
-  char bus[32];
-  std::snprintf(bus, sizeof bus, "%08X:%02X:%02X.0", p->pciDomainID, p->pciBusID, p->pciDeviceID);
   const std::string query = std::string("nvidia-smi --query-gpu=") + kNvidiaSmiFields + " --format=csv,noheader";
-  auto r = run_command_capture(query + " --id=" + bus);
+  auto r = run_command_capture(query + " --id=" + nvidia_smi_id(device));
   if (!r.ok) return GpuClocks{};
   return parse_nvidia_smi_line(first_line(r.out));
 }
 
 }  // namespace
+
+std::string nvidia_smi_id(const at::Device& device) {
+  if (!device.is_cuda()) return "";
+  const int index = device.index() < 0 ? 0 : device.index();
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(index);
+  char bus[32];
+  std::snprintf(bus, sizeof bus, "%08X:%02X:%02X.0", p->pciDomainID, p->pciBusID, p->pciDeviceID);
+  return bus;
+}
 
 GpuClocks parse_nvidia_smi_line(const std::string& line) {
   std::vector<std::string> parts;

@@ -39,6 +39,10 @@ struct Environment {
   std::string switches = "none";
 };
 
+// How nvidia-smi names the GPU of `device` (`--id=`): its PCI address, since
+// CUDA's device numbering need not be nvidia-smi's. "" for a CPU device.
+std::string nvidia_smi_id(const at::Device& device);
+
 // Collects it for `device`. source_dir: the repository checkout, for the
 // commit (env PERFTRAIN_COMMIT wins; else `git rev-parse --short HEAD` there,
 // with "-dirty" when tracked files changed; else "unknown").

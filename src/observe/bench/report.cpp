@@ -131,6 +131,16 @@ nlohmann::ordered_json to_json(const BenchRow& r) {
                       {"build_s", opt(r.build_s)},
                       {"loss", opt(r.loss)},
                       {"graph_status", r.graph_status},
+                      {"gpu_during_timing",
+                       {{"samples", r.gpu.count},
+                        {"sm_clock_mhz_median", opt(r.gpu.sm_clock_mhz_median)},
+                        {"sm_clock_mhz_min", opt(r.gpu.sm_clock_mhz_min)},
+                        {"sm_clock_max_mhz", opt(r.gpu.sm_clock_max_mhz)},
+                        {"power_w_mean", opt(r.gpu.power_w_mean)},
+                        {"power_w_max", opt(r.gpu.power_w_max)},
+                        {"power_limit_w", opt(r.gpu.power_limit_w)},
+                        {"at_power_limit", opt(r.gpu.at_power_limit)},
+                        {"temperature_c_max", opt(r.gpu.temperature_c_max)}}},
                       {"speedup_vs_best_torch", opt(r.speedup_vs_best_torch)},
                       {"error", r.ok() ? Json(nullptr) : Json(r.error)}};
   return j;
@@ -338,6 +348,23 @@ std::string to_markdown(const BenchReport& r) {
       << " | n/a | " << format_number(t.images_per_s, 1) << " | " << format_rate(t.tflops) << " | "
       << percent(t.mfu) << " | " << format_number(t.peak_gib, 2) << " | " << format_number(t.first_step_s, 2)
       << " (from process start) | | torch " << cell(t.torch_version) << " |\n";
+  }
+
+  bool sampled = false;
+  for (const auto& x : r.rows) sampled |= x.gpu.count > 0;
+  if (sampled) {
+    m << "\n## The GPU during the timed steps\n\nnvidia-smi every 100 ms: the SM clock (median, lowest), "
+         "the power draw against the limit, the hottest sample. A clock below its maximum with most samples at "
+         "the power limit means the step is power-bound there.\n\n| batch | variant | samples | SM clock MHz | "
+         "power W | at the power limit | max C |\n|---:|---|---:|---:|---:|---:|---:|\n";
+    for (const auto& x : r.rows) {
+      if (x.gpu.count == 0) continue;
+      const auto& g = x.gpu;
+      m << "| " << x.batch << " | " << x.variant << " | " << g.count << " | " << format_number(g.sm_clock_mhz_median, 0)
+        << " (min " << format_number(g.sm_clock_mhz_min, 0) << ", max " << format_number(g.sm_clock_max_mhz, 0)
+        << ") | " << format_number(g.power_w_mean, 0) << " of " << format_number(g.power_limit_w, 0) << " | "
+        << percent(g.at_power_limit) << " | " << format_number(g.temperature_c_max, 0) << " |\n";
+    }
   }
 
   m << "\n## Summary\n\n| model | batch | ours | ms | TFLOP/s | MFU | peak GiB | first step s | best torch | "

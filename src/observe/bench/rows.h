@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "observe/bench/gpu_sampler.h"
+
 namespace perftrain::observe::bench {
 
 struct BenchRow {
@@ -28,6 +30,7 @@ struct BenchRow {
   std::optional<double> build_s;  // of first_step_s: model and EMA built and on the device
   std::optional<double> speedup_vs_best_torch;  // best torch ms / this row's ms
   std::string graph_status;
+  GpuSamples gpu;     // SM clock, power and temperature during the timed steps
   std::string error;  // empty: the row ran
   bool ok() const { return error.empty(); }
 };
