@@ -345,7 +345,9 @@ void gemm_lt(const GemmArgs& g, const GemmContext& ctx) {
   Plan& p = plan_for(g, ctx);
   if (!p.ok) throw GemmUnsupported("cuBLASLt cannot run " + gemm_describe(g) + ": " + p.refusal);
   set_pointers(p, g);
-  if (!p.tuned && ctx.tune_candidates > 1 && !g.accumulate && !capturing(ctx.stream)) tune(p, g, ctx);
+  if (!p.tuned && ctx.tune_now && ctx.tune_candidates > 1 && !g.accumulate && !capturing(ctx.stream)) {
+    tune(p, g, ctx);
+  }
   const cublasStatus_t st = launch(p, p.algo, g, ctx);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
     // The heuristic offered it but the launch refused: remember, so the

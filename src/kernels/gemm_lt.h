@@ -108,6 +108,10 @@ struct GemmContext {
   // How many of the heuristic's algorithms to time on a configuration's
   // first eligible call (0 or 1: take its first pick, time nothing).
   int tune_candidates = 0;
+  // Whether this call may do that timing; false leaves the configuration on
+  // the first pick until a later call with true (e.g. to keep the timing out
+  // of a training run's first step).
+  bool tune_now = true;
 };
 
 // cuBLASLt has no algorithm for this configuration (the heuristic returned

@@ -51,6 +51,7 @@ kernels::GemmContext cublaslt_context() {
   ctx.handle = at::cuda::getCurrentCUDABlasLtHandle();
   ctx.stream = at::cuda::getCurrentCUDAStream().stream();
   ctx.tune_candidates = gemm_tune_candidates();
+  ctx.tune_now = gemm_tuning_open();
   return ctx;
 }
 
@@ -116,6 +117,20 @@ void note_gemm_fallback() { g_fallbacks.fetch_add(1); }
 bool bias_grad_epilogue() {
   static const bool on = !env_equals("PERFTRAIN_BGRAD_EPILOGUE", "0");
   return on;
+}
+
+namespace {
+std::atomic<bool> g_tuning_open{true};
+}  // namespace
+
+bool gemm_tuning_open() { return g_tuning_open.load(); }
+
+GemmTuningDeferred::GemmTuningDeferred(bool active) : active_(active), was_open_(g_tuning_open.load()) {
+  if (active_) g_tuning_open.store(false);
+}
+
+GemmTuningDeferred::~GemmTuningDeferred() {
+  if (active_) g_tuning_open.store(was_open_);
 }
 
 int gemm_tune_candidates() {

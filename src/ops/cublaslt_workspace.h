@@ -65,6 +65,27 @@ void note_gemm_fallback();
 // may pick different algorithms (last-bit differences between runs, as with
 // cuDNN's benchmark mode); 0 makes the choice fixed.
 constexpr int kDefaultGemmTuneCandidates = 8;
-int gemm_tune_candidates();  // for the ops that fall back
+int gemm_tune_candidates();
+
+// Whether products may do their timing now (GemmContext::tune_now); true
+// except inside a GemmTuningDeferred. Process-wide: the backward runs on
+// autograd's threads.
+bool gemm_tuning_open();
+
+// While alive (and `active`), products run on cuBLASLt's first pick and time
+// nothing; the shapes they meet are tuned by their first call after it. The
+// step runner holds one over a run's first step, so that timing ~100
+// candidate kernels (each loaded on first use) is not in the time to the
+// first step, and the warm-up steps after it do the tuning.
+class GemmTuningDeferred {
+ public:
+  explicit GemmTuningDeferred(bool active = true);
+  ~GemmTuningDeferred();
+  GemmTuningDeferred(const GemmTuningDeferred&) = delete;
+  GemmTuningDeferred& operator=(const GemmTuningDeferred&) = delete;
+
+ private:
+  bool active_, was_open_;
+};  // for the ops that fall back
 
 }  // namespace perftrain::ops

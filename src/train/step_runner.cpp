@@ -21,6 +21,7 @@
 #include "diffusion/objective.h"
 #include "ops/compat.h"
 #include "ops/compute_weights.h"
+#include "ops/cublaslt_workspace.h"
 #include "train/adamw.h"
 #include "train/device_optimizer.h"
 #include "train/ema.h"
@@ -258,6 +259,9 @@ bool StepRunner::graph_active() const { return impl_->graph != nullptr; }
 
 void StepRunner::step(const data::Batch& batch) {
   Impl& s = *impl_;
+  // The first step runs the products on cuBLASLt's first picks; the eager
+  // warm-up steps after it tune them (before the capture).
+  const ops::GemmTuningDeferred first_step_untuned(steps_done_ == 0);
   // The parameters may have been loaded since the copies were made (resume);
   // from here on every update rewrites them.
   if (steps_done_ == 0 && s.device_optimizer) s.device_optimizer->refresh_shadows();

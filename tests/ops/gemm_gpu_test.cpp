@@ -224,6 +224,25 @@ TEST(GemmGpu, TunedProductsMatchFloat64AndAreRecorded) {
   }
 }
 
+// Inside a GemmTuningDeferred (a training run's first step) a new shape runs
+// on the first pick and is not timed; its first call after the scope times it.
+TEST(GemmGpu, DeferredTuningWaitsForTheNextCall) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = cuda_gen(3);
+  std::string log;
+  const LtCase c{4112, 1552, 400, false, false};  // used nowhere else
+  const size_t before = kernels::gemm_tune_records().size();
+  {
+    const GemmTuningDeferred deferred;
+    EXPECT_TRUE(run_epilogue(c, GemmEpilogue::kDefault, at::kBFloat16, at::kBFloat16, at::kFloat, g, &log, 8));
+  }
+  EXPECT_EQ(kernels::gemm_tune_records().size(), before) << "timed inside the deferred scope";
+  EXPECT_TRUE(run_epilogue(c, GemmEpilogue::kDefault, at::kBFloat16, at::kBFloat16, at::kFloat, g, &log, 8));
+  const auto records = kernels::gemm_tune_records();
+  ASSERT_EQ(records.size(), before + 1) << "not timed on the first call after the scope";
+  EXPECT_NE(records.back().what.find("m=4112 n=1552 k=400"), std::string::npos) << records.back().what;
+}
+
 // Where `got` sits between two candidate functions a and b, by least
 // squares: got ~ a + c (b - a). c ~ 0 means a, c ~ 1 means b; noise in got
 // (an approximate tanh in the epilogue) averages out over the points.
