@@ -8,7 +8,6 @@
 #include <c10/util/irange.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <atomic>
 #include <optional>
 #include <tuple>
 #include <string>
@@ -184,15 +183,10 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
 
 }  // namespace
 
-namespace {
-std::atomic<bool>& saves_activation() {
-  static std::atomic<bool> on{!env_equals("PERFTRAIN_GELU_SAVE", "pre")};
+bool gelu_mlp_saves_activation() {
+  static const bool on = !env_equals("PERFTRAIN_GELU_SAVE", "pre");
   return on;
 }
-}  // namespace
-
-bool gelu_mlp_saves_activation() { return saves_activation().load(); }
-void set_gelu_mlp_saves_activation(bool on) { saves_activation().store(on); }
 
 at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                               const at::Tensor& b2) {

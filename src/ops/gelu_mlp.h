@@ -34,10 +34,9 @@ at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor&
 // default) or only the pre-activation, computing the activation again in
 // backward: one [M, H] tensor less per MLP held from forward to backward
 // (DiT-XL/2 b256: 0.6 GB per block), for one elementwise pass in backward.
-// PERFTRAIN_GELU_SAVE=pre chooses the latter at start; the setter changes
-// it for the MLPs run after it (each call records what it saved).
+// This is the process default (PERFTRAIN_GELU_SAVE=pre: the latter); a call's
+// keep_activation, e.g. from models::DiT::set_gelu_recompute, overrides it.
 bool gelu_mlp_saves_activation();
-void set_gelu_mlp_saves_activation(bool on);
 
 // The plain-ATen fp32 reference: linear, gelu(..., "tanh"), linear on fp32
 // copies; returns fp32.

@@ -11,7 +11,6 @@
 #include <atomic>
 #include <optional>
 #include <string>
-#include <type_traits>
 
 #include "base/env.h"
 #include "base/error.h"
@@ -73,6 +72,12 @@ at::Tensor rows_dense(const at::Tensor& t) { return t.stride(1) == 1 ? t : t.con
 template <typename T>
 T* ptr(const at::Tensor& t) {
   return static_cast<T*>(t.data_ptr());
+}
+
+// The same, or null for an undefined tensor (what the op did not keep).
+template <typename T>
+const T* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? ptr<const T>(t) : nullptr;
 }
 
 // Calls f with null pointers of the C++ types of x1, of gate/shift/scale and of y/h.
@@ -198,18 +203,14 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
       const int tiles = kernels::residual_adaln_backward_tiles(batch, tokens, sms);
       at::Tensor partials = at::empty({kernels::residual_adaln_backward_partials(batch, tiles, cols, bias_sums)},
                                       x_options.dtype(at::kFloat));
-      auto data = [](const at::Tensor& t, auto* type_tag) {
-        using T = std::remove_pointer_t<decltype(type_tag)>;
-        return t.defined() ? ptr<const T>(t) : nullptr;
-      };
       dispatch(x_dtype, gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
         using TX = kernel_type<decltype(tx)>;
         using TM = kernel_type<decltype(tm)>;
         using TA = kernel_type<decltype(ta)>;
         kernels::residual_adaln_backward<TX, TM, TA>(
-            data(dx1_ext, (TX*)nullptr), ptr<const TA>(dh), data(x1, (TX*)nullptr), data(xhat, (TA*)nullptr),
+            ptr_or_null<TX>(dx1_ext), ptr<const TA>(dh), ptr_or_null<TX>(x1), ptr_or_null<TA>(xhat),
             ptr<const TA>(y), bias_ptr, ptr<const TM>(gate), gate.stride(0), ptr<const TM>(scale), scale.stride(0),
-            data(mean, (float*)nullptr), rstd.data_ptr<float>(), ptr<TX>(dx), ptr<TA>(dy), ptr<TM>(dgate),
+            ptr_or_null<float>(mean), rstd.data_ptr<float>(), ptr<TX>(dx), ptr<TA>(dy), ptr<TM>(dgate),
             ptr<TM>(dshift), ptr<TM>(dscale), dbias_ptr, partials.data_ptr<float>(), batch, tokens, cols, tiles,
             stream);
       });

@@ -65,8 +65,8 @@ std::string default_run_name(const TrainConfig& cfg) {
   return model + "-" + cfg.data.source + "-" + stamp;
 }
 
-// One line on how the matrix products' algorithms were chosen in the first
-// step (nothing on the CPU, where none are tuned).
+// One line on how the matrix products' algorithms were chosen in the
+// warm-up steps (nothing on the CPU, where none are tuned).
 void log_gemm_tuning(std::ostream& log) {
   const auto records = kernels::gemm_tune_records();
   if (records.empty()) return;
@@ -164,6 +164,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   };
 
   std::string graph_status;
+  bool tuning_logged = false;
   while (state.step < cfg.optim.steps) {
     const int64_t step = state.step + 1;
     runner.step(loader.next());
@@ -180,7 +181,6 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       loop_start = window_start = Clock::now();
       wait_at_window_start = loader.wait_seconds();
       log << "first step done " << summary.first_step_s << " s after start\n";
-      log_gemm_tuning(log);
     }
     if (step > summary.first_step && (step % cfg.log.every == 0 || step == cfg.optim.steps)) {
       const WindowStats w = runner.take_window();  // the one host sync per window
@@ -190,6 +190,8 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       const double secs = seconds_since(window_start);
       const double steps_per_s = w.steps / secs;
       const double img_per_s = steps_per_s * cfg.optim.batch_size;
+      if (!tuning_logged) log_gemm_tuning(log);  // the warm-up steps after the first one tuned
+      tuning_logged = true;
       if (summary.first_loss == 0) summary.first_loss = w.loss;
       summary.final_loss = w.loss;
       nlohmann::json rec = {{"step", step},

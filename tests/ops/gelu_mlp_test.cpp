@@ -112,6 +112,9 @@ const char* kWhat[] = {"y", "dx", "dW1", "db1", "dW2", "db2"};
 auto op = [](auto& x, auto& w1, auto& b1, auto& w2, auto& b2) { return gelu_mlp(x, w1, b1, w2, b2); };
 auto fn = [](auto& x, auto& w1, auto& b1, auto& w2, auto& b2) { return detail::gelu_mlp_function(x, w1, b1, w2, b2); };
 auto ref = [](auto& x, auto& w1, auto& b1, auto& w2, auto& b2) { return gelu_mlp_reference(x, w1, b1, w2, b2); };
+auto fn_pre_only = [](auto& x, auto& w1, auto& b1, auto& w2, auto& b2) {
+  return detail::gelu_mlp_function(x, w1, b1, w2, b2, /*keep_activation=*/false);
+};
 
 // fp32 on the CPU against float64, <= 256 terms per dot product:
 // atol 2e-5 + rtol 2e-5.
@@ -187,12 +190,10 @@ TEST(GeluMlp, CpuFunctionSavingOnlyThePreActivationIsBitIdentical) {
       in.x = in.x.to(dt);
       in.dy = in.dy.to(dt);
       const auto kept = run(fn, in);
-      set_gelu_mlp_saves_activation(false);
-      const auto again = run(fn, in);
+      const auto again = run(fn_pre_only, in);
       const at::Tensor w2 = in.w2.clone().requires_grad_(true);
-      const at::Tensor y = detail::gelu_mlp_function(in.x, in.w1, in.b1, w2, in.b2);
+      const at::Tensor y = detail::gelu_mlp_function(in.x, in.w1, in.b1, w2, in.b2, /*keep_activation=*/false);
       const at::Tensor dw2_alone = torch::autograd::grad({y}, {w2}, {in.dy})[0];
-      set_gelu_mlp_saves_activation(true);
       for (size_t i = 0; i < kept.size(); ++i)
         EXPECT_TRUE(at::equal(kept[i], again[i])) << name(s) << kWhat[i] << " " << c10::toString(dt);
       EXPECT_TRUE(at::equal(dw2_alone, kept[4])) << name(s) << "dW2 alone " << c10::toString(dt);

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -360,7 +361,9 @@ TEST(GemmGpu, LinearMatchesFloat64) {
   check_linear(at::kHalf, 7, 40, 24, false, seed++);
 }
 
-void check_gelu_mlp(at::ScalarType dt, int64_t m, int64_t c, int64_t h, bool dit, uint64_t seed) {
+// keep_activation: gelu_mlp's (nullopt: the default).
+void check_gelu_mlp(at::ScalarType dt, int64_t m, int64_t c, int64_t h, bool dit, uint64_t seed,
+                    std::optional<bool> keep_activation = std::nullopt) {
   at::Generator g = cuda_gen(seed);
   const std::string name = case_name("gelu_mlp", dt, m, c, h);
   const at::Tensor x = rnd({m, c}, g, dt, 1.0, 0.2).requires_grad_(true);
@@ -372,7 +375,7 @@ void check_gelu_mlp(at::ScalarType dt, int64_t m, int64_t c, int64_t h, bool dit
   const std::vector<at::Tensor> params = {x, w1, b1, w2, b2};
   std::vector<at::Tensor> got;
   count_fallbacks(name, dit && m >= 8192, [&] {
-    const at::Tensor y = gelu_mlp(x, w1, b1, w2, b2);
+    const at::Tensor y = gelu_mlp(x, w1, b1, w2, b2, keep_activation);
     got = torch::autograd::grad({y}, params, {dy});
     got.insert(got.begin(), y);
   });
@@ -400,10 +403,8 @@ TEST(GemmGpu, GeluMlpMatchesFloat64) {
   check_gelu_mlp(at::kHalf, 8192, 384, 1536, true, seed++);
   // Keeping only the pre-activation (GELU computed again by ATen for dW2,
   // where the forward's came from cuBLASLt's epilogue): same tolerance.
-  set_gelu_mlp_saves_activation(false);
-  for (const CH& s : shapes) check_gelu_mlp(at::kBFloat16, 8192, s.c, s.h, s.dit, seed++);
-  check_gelu_mlp(at::kBFloat16, 77, 384, 1536, true, seed++);
-  set_gelu_mlp_saves_activation(true);
+  for (const CH& s : shapes) check_gelu_mlp(at::kBFloat16, 8192, s.c, s.h, s.dit, seed++, false);
+  check_gelu_mlp(at::kBFloat16, 77, 384, 1536, true, seed++, false);
 }
 
 // H = 20 is no multiple of 8: the fused GELU cannot run, the products fall
