@@ -8,23 +8,26 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "base/env.h"
 #include "base/error.h"
+#include "ops/weight_grad_lane.h"
 
 namespace perftrain::ops {
 namespace {
 
 std::atomic<int64_t> g_fallbacks{0};
 
-// One workspace per device for every product on it. Products on one stream
-// run in order; two streams using the same device's workspace at once would
-// race, which the single training stream (eager or replayed graph) never does.
-void* workspace_for(int device) {
+// Two workspaces per device: one for the training stream's products, one for
+// the weight-gradient stream's (ops/weight_grad_lane), which run at the same
+// time. Products on one stream run in order, so one workspace per stream is
+// enough; the training stream is one at a time (eager or replayed graph).
+void* workspace_for(int device, bool side) {
   static std::mutex mutex;
-  static auto* buffers = new std::map<int, at::Tensor>();  // kept to the end
+  static auto* buffers = new std::map<std::pair<int, bool>, at::Tensor>();  // kept to the end
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = buffers->find(device);
+  auto it = buffers->find({device, side});
   if (it != buffers->end()) return it->second.data_ptr();
   if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
     throw RuntimeError("cuBLASLt workspace: first use on cuda:" + std::to_string(device) +
@@ -32,7 +35,7 @@ void* workspace_for(int device) {
   }
   at::Tensor w = at::empty({int64_t(kCublasLtWorkspaceBytes)},
                            at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, device)));
-  return buffers->emplace(device, std::move(w)).first->second.data_ptr();
+  return buffers->emplace(std::make_pair(device, side), std::move(w)).first->second.data_ptr();
 }
 
 void check_matrix(const at::Tensor& t, const char* what) {
@@ -46,7 +49,7 @@ void check_matrix(const at::Tensor& t, const char* what) {
 kernels::GemmContext cublaslt_context() {
   kernels::GemmContext ctx;
   const int device = c10::cuda::current_device();
-  ctx.workspace = workspace_for(device);
+  ctx.workspace = workspace_for(device, on_weight_grad_stream());
   ctx.workspace_bytes = kCublasLtWorkspaceBytes;
   ctx.handle = at::cuda::getCurrentCUDABlasLtHandle();
   ctx.stream = at::cuda::getCurrentCUDAStream().stream();

@@ -12,11 +12,12 @@
 
 namespace perftrain::ops {
 
-// Bytes of the cuBLASLt workspace, one per device.
+// Bytes of a cuBLASLt workspace; a device has two, one for the training
+// stream and one for the weight-gradient stream (ops/weight_grad_lane.h).
 constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
 
 // Handle (ATen's, per thread and device), the workspace of the current
-// device (allocated on first use and kept for the life of the process) and
+// device and stream (allocated on first use and kept for the life of the process) and
 // the current stream. The first call on a device must not be inside a CUDA
 // graph capture (an eager warm-up step does it): it throws RuntimeError there.
 kernels::GemmContext cublaslt_context();

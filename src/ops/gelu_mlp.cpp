@@ -9,7 +9,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <optional>
-#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "ops/compute_weights.h"
 #include "ops/dtype_dispatch.h"
 #include "ops/linear.h"
+#include "ops/weight_grad_lane.h"
 
 namespace perftrain::ops {
 
@@ -136,6 +136,7 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
                             need_pre || (w2.requires_grad() && !keep_act) ? pre : none, keep_act ? act : none});
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["m"] = m;
+    ctx->saved_data["h"] = h;
     ctx->saved_data["dtype"] = int64_t(dt);
     ctx->saved_data["w1_dtype"] = int64_t(w1.scalar_type());
     ctx->saved_data["b1_dtype"] = int64_t(b1.scalar_type());
@@ -153,24 +154,32 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     const at::ScalarType dt = dtype_of(ctx, "dtype");
     const at::Tensor dy = grads[0].to(dt).contiguous().view({m, grads[0].size(-1)});
 
-    // fc2: dW2 = dy^T act with db2 from the same product.
+    // The weight gradients are handed off as soon as their inputs exist, each
+    // before the input-gradient product it can run beside
+    // (ops/weight_grad_lane.h); their outputs are allocated here, in the
+    // parameters' dtypes.
+    const auto out = [&](int input, std::initializer_list<int64_t> sizes, const char* dtype) {
+      return ctx->needs_input_grad(input) ? at::empty(sizes, dy.options().dtype(dtype_of(ctx, dtype))) : at::Tensor();
+    };
+    const int64_t h = ctx->saved_data["h"].toInt(), d = dy.size(1);
+    // fc2: dW2 = dy^T act (act computed again when only pre was kept).
     const bool has_b2 = ctx->saved_data["b2_dtype"].toInt() >= 0;
-    at::Tensor dw2, db2;
-    if (ctx->needs_input_grad(3) || (has_b2 && ctx->needs_input_grad(4))) {
-      std::tie(dw2, db2) =
-          detail::linear_weight_grad(dy, act.defined() || !ctx->needs_input_grad(3) ? act : gelu_again(pre),
-                                     dtype_of(ctx, "w2_dtype"), ctx->needs_input_grad(3),
-                                     has_b2 && ctx->needs_input_grad(4));
+    const at::Tensor dw2 = out(3, {d, h}, "w2_dtype");
+    const at::Tensor db2 = has_b2 ? out(4, {d}, "b2_dtype") : at::Tensor();
+    if (dw2.defined() || db2.defined()) {
+      const at::Tensor a = act.defined() || !dw2.defined() ? act : gelu_again(pre);
+      run_weight_grads([&] { detail::linear_weight_grad_into(dy, a, dw2, db2); }, {dy, a});
     }
     at::Tensor dx, dw1, db1;
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
       auto [dpre, db1_fused] = fc2_back_through_gelu(dy, w2c, pre, ctx->needs_input_grad(2));
       db1 = db1_fused;
       // fc1: dW1 = dpre^T x (taking db1 here when the DGELU product did not).
-      auto [dw1_, db1_] = detail::linear_weight_grad(dpre, x2, dtype_of(ctx, "w1_dtype"), ctx->needs_input_grad(1),
-                                                     ctx->needs_input_grad(2) && !db1.defined());
-      dw1 = dw1_;
-      if (!db1.defined()) db1 = db1_;
+      dw1 = out(1, {h, c}, "w1_dtype");
+      if (ctx->needs_input_grad(2) && !db1.defined()) db1 = out(2, {h}, "b1_dtype");
+      const at::Tensor db1_here = db1_fused.defined() ? at::Tensor() : db1;
+      if (dw1.defined() || db1_here.defined())
+        run_weight_grads([&] { detail::linear_weight_grad_into(dpre, x2, dw1, db1_here); }, {dpre, x2});
       if (ctx->needs_input_grad(0)) {
         dx = at::empty(x_sizes, dy.options());
         detail::linear_input_grad(dpre, w1c, dx.view({m, c}));

@@ -18,6 +18,7 @@
 #include "ops/column_sums.h"
 #include "ops/compute_weights.h"
 #include "ops/dtype_dispatch.h"
+#include "ops/weight_grad_lane.h"
 
 namespace perftrain::ops {
 
@@ -127,15 +128,6 @@ void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2, const a
   if (db.defined() && !db_done) column_sums_into({dy}, {db});
 }
 
-std::pair<at::Tensor, at::Tensor> linear_weight_grad(const at::Tensor& dy, const at::Tensor& x2,
-                                                     at::ScalarType w_dtype, bool want_dw, bool want_db) {
-  at::Tensor dw, db;
-  if (want_dw) dw = at::empty({dy.size(1), x2.size(1)}, dy.options().dtype(w_dtype));
-  if (want_db) db = at::empty({dy.size(1)}, dy.options().dtype(w_dtype));
-  linear_weight_grad_into(dy, x2, dw, db);
-  return {dw, db};
-}
-
 namespace {
 
 int64_t leading_rows(const at::Tensor& x) {
@@ -188,14 +180,17 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     // A broadcast or non-contiguous incoming gradient is made dense once.
     const at::Tensor dy = grads[0].to(dt).contiguous().view({m, n});
 
+    // The weight gradient first: beside the input gradient when the step
+    // runs them on two streams (ops/weight_grad_lane.h).
+    at::Tensor dw, db;
+    if (ctx->needs_input_grad(1)) dw = at::empty({n, k}, dy.options().dtype(w_dtype));
+    if (b_dtype >= 0 && ctx->needs_input_grad(2)) db = at::empty({n}, dy.options().dtype(at::ScalarType(b_dtype)));
+    if (dw.defined() || db.defined()) run_weight_grads([&] { linear_weight_grad_into(dy, x2, dw, db); }, {dy, x2});
     at::Tensor dx;
     if (ctx->needs_input_grad(0)) {
       dx = at::empty(x_sizes, dy.options());
       linear_input_grad(dy, w, dx.view({m, k}));
     }
-    const bool want_db = b_dtype >= 0 && ctx->needs_input_grad(2);
-    auto [dw, db] = linear_weight_grad(dy, x2, w_dtype, ctx->needs_input_grad(1), want_db);
-    if (db.defined() && int64_t(db.scalar_type()) != b_dtype) db = db.to(static_cast<at::ScalarType>(b_dtype));
     return {dx, dw, db};
   }
 };

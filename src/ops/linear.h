@@ -8,7 +8,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <utility>
 
 #include "ops/cublaslt_workspace.h"  // gemm_fallback_count()
 
@@ -51,12 +50,9 @@ void linear_forward_product(const at::Tensor& x2, const at::Tensor& w, const at:
 // dx2 [M, K] = dy w, in dy's dtype; with accumulate, dx2 += dy w (the input
 // gradient of a layer whose output gradient arrives in column blocks).
 void linear_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& dx2, bool accumulate = false);
-// {dW = dy^T x2 in w_dtype, db = column sums of dy in w_dtype}; either is
-// undefined when not wanted.
-std::pair<at::Tensor, at::Tensor> linear_weight_grad(const at::Tensor& dy, const at::Tensor& x2,
-                                                     at::ScalarType w_dtype, bool want_dw, bool want_db);
-// The same into preallocated contiguous dw [N, K] and db [N] (either may be
-// undefined), e.g. row blocks of a larger weight's gradient.
+// dW = dy^T x2 and db = the column sums of dy, into preallocated contiguous
+// dw [N, K] and db [N] in their own dtypes (either may be undefined), e.g.
+// row blocks of a larger weight's gradient.
 void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2, const at::Tensor& dw, const at::Tensor& db);
 
 }  // namespace detail

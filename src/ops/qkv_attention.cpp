@@ -20,6 +20,7 @@
 #include "ops/compute_weights.h"
 #include "ops/linear.h"
 #include "ops/self_attention.h"
+#include "ops/weight_grad_lane.h"
 
 namespace perftrain::ops {
 namespace {
@@ -136,31 +137,38 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
       in_place = in_place && tm.is_contiguous();
       if (in_place) blocks[i] = tm.view({m, D});
     }
+    // The weight and bias gradients first, handed off to run beside dh's
+    // products (ops/weight_grad_lane.h), into outputs allocated here.
     at::Tensor dh, dw, db;
+    if (ctx->needs_input_grad(1)) dw = at::empty({3 * D, D}, w.options().dtype(w_dtype));
+    if (b_dtype >= 0 && ctx->needs_input_grad(2)) db = at::empty({3 * D}, w.options().dtype(at::ScalarType(b_dtype)));
     if (!in_place) {  // the packed gradient and the plain linear backward on it
       const at::Tensor dqkv = pack_dqkv(d, B, T, heads, D).view({m, 3 * D});
+      if (dw.defined() || db.defined())
+        run_weight_grads([&] { detail::linear_weight_grad_into(dqkv, h2, dw, db); }, {dqkv, h2});
       if (ctx->needs_input_grad(0)) {
         dh = at::empty({B, T, D}, dqkv.options());
         detail::linear_input_grad(dqkv, w, dh.view({m, D}));
       }
-      std::tie(dw, db) = detail::linear_weight_grad(dqkv, h2, w_dtype, ctx->needs_input_grad(1),
-                                                    b_dtype >= 0 && ctx->needs_input_grad(2));
-      if (db.defined() && int64_t(db.scalar_type()) != b_dtype) db = db.to(static_cast<at::ScalarType>(b_dtype));
       return {dh, dw, db, at::Tensor()};
     }
 
+    if (dw.defined() || db.defined()) {
+      run_weight_grads(
+          [&] {
+            for (int i = 0; i < 3 && dw.defined(); ++i)
+              detail::linear_weight_grad_into(blocks[i], h2, dw.narrow(0, i * D, D), at::Tensor());
+            // The three bias-gradient blocks in one launch.
+            if (db.defined())
+              column_sums_into({blocks[0], blocks[1], blocks[2]},
+                               {db.narrow(0, 0, D), db.narrow(0, D, D), db.narrow(0, 2 * D, D)});
+          },
+          {blocks[0], blocks[1], blocks[2], h2});
+    }
     if (ctx->needs_input_grad(0)) {
       dh = at::empty({B, T, D}, blocks[0].options());
       for (int i = 0; i < 3; ++i) detail::linear_input_grad(blocks[i], w.narrow(0, i * D, D), dh.view({m, D}), i > 0);
     }
-    if (ctx->needs_input_grad(1)) dw = at::empty({3 * D, D}, w.options().dtype(w_dtype));
-    if (b_dtype >= 0 && ctx->needs_input_grad(2)) db = at::empty({3 * D}, w.options().dtype(w_dtype));
-    for (int i = 0; i < 3 && dw.defined(); ++i)
-      detail::linear_weight_grad_into(blocks[i], h2, dw.narrow(0, i * D, D), at::Tensor());
-    // The three bias-gradient blocks in one launch pair.
-    if (db.defined()) column_sums_into({blocks[0], blocks[1], blocks[2]}, {db.narrow(0, 0, D), db.narrow(0, D, D),
-                                                                         db.narrow(0, 2 * D, D)});
-    if (db.defined() && int64_t(db.scalar_type()) != b_dtype) db = db.to(static_cast<at::ScalarType>(b_dtype));
     return {dh, dw, db, at::Tensor()};
   }
 };

@@ -22,6 +22,7 @@
 #include "ops/compat.h"
 #include "ops/compute_weights.h"
 #include "ops/cublaslt_workspace.h"
+#include "ops/weight_grad_lane.h"
 #include "train/adamw.h"
 #include "train/device_optimizer.h"
 #include "train/ema.h"
@@ -56,6 +57,11 @@ struct StepRunner::Impl {
   // The whole-step graph and its static inputs. The batch goes pinned host ->
   // staging (side stream, overlapping the previous replay) -> static (a
   // device copy on the main stream right before the replay).
+  // Whether the backward runs weight gradients on their own stream: the
+  // fused ops only (DiT uses each weight once per step; --recompute's nested
+  // backward is left on one stream).
+  bool weight_grad_stream = false;
+
   bool graph_wanted = false;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
   std::optional<c10::cuda::CUDAStream> copy_stream, capture_stream;
@@ -89,7 +95,12 @@ struct StepRunner::Impl {
     at::Tensor loss = terms.loss;
     if (device_optimizer) {
       if (cfg.optim.precision == "fp16") loss = loss * device_optimizer->loss_scale();
-      loss.backward();
+      {
+        // Weight gradients on a second stream beside the input gradients,
+        // joined before the optimizer reads them (ops/weight_grad_lane.h).
+        const ops::WeightGradOverlap overlap(weight_grad_stream, device);
+        loss.backward();
+      }
       device_optimizer->step();
     } else {
       loss.backward();
@@ -209,6 +220,8 @@ StepRunner::StepRunner(models::DiT& model, models::DiT& ema, const TrainConfig& 
   model.set_fused_kernels(cuda && opts.fused_kernels);
   model.set_recompute(opts.recompute);
   model.set_gelu_recompute(opts.gelu_recompute);
+  s.weight_grad_stream = cuda && opts.fused_kernels && !opts.recompute && opts.weight_grad_stream &&
+                         ops::weight_grad_overlap_for(cfg.optim.batch_size * cfg.model.tokens());
 
   s.params = model.parameters();
   s.ema_params = ema.parameters();

@@ -147,6 +147,39 @@ TEST(StepRunnerGpu, GraphReplayTrainsLikeTheEagerStep) {
   for (size_t i = 0; i < weights[0].size(); ++i) EXPECT_LT(rel(weights[1][i], weights[0][i]), 1e-3) << "tensor " << i;
 }
 
+// Weight gradients on their own stream (the default) train exactly like one
+// stream, eager and captured.
+TEST(StepRunnerGpu, WeightGradStreamTrainsBitForBitLikeOneStream) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  TrainConfig c = tiny(true);
+  const at::Device cuda(at::kCUDA, 0);
+  auto data = batches(c, 8, /*pinned=*/true);
+  for (bool graph : {false, true}) {
+    std::vector<double> losses[2];
+    std::vector<at::Tensor> weights[2];
+    for (int lane = 0; lane < 2; ++lane) {
+      Models m(c);
+      at::Generator gen = at::globalContext().defaultGenerator(cuda).clone();
+      gen.set_current_seed(5);
+      StepOptions o;
+      o.graph = graph;
+      o.weight_grad_stream = lane == 1;
+      StepRunner r(m.model, m.ema, c, o, cuda, gen);
+      for (const auto& b : data) {
+        r.step(b);
+        losses[lane].push_back(r.take_window().loss);
+      }
+      EXPECT_EQ(r.graph_active(), graph) << r.graph_status();
+      for (auto& p : m.model.parameters()) weights[lane].push_back(p.detach().clone());
+    }
+    for (size_t i = 0; i < losses[0].size(); ++i)
+      EXPECT_EQ(losses[1][i], losses[0][i]) << (graph ? "graph" : "eager") << ", step " << i + 1;
+    for (size_t i = 0; i < weights[0].size(); ++i)
+      EXPECT_EQ((weights[1][i] - weights[0][i]).abs().max().item<double>(), 0.0)
+          << (graph ? "graph" : "eager") << ", tensor " << i;
+  }
+}
+
 TEST(StepRunnerGpu, ReplaysAllocateNothingAndFp16Captures) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   for (const char* precision : {"bf16", "fp16"}) {

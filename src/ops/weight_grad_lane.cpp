@@ -1,0 +1,141 @@
+#include "ops/weight_grad_lane.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime.h>
+
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "base/env.h"
+#include "base/error.h"
+#include "ops/cublaslt_workspace.h"
+
+namespace perftrain::ops {
+namespace {
+
+struct HandOff {
+  at::cuda::CUDAEvent done;        // recorded on the side stream after the work
+  std::vector<at::Tensor> reads;   // released once the current stream has waited on `done`
+};
+
+// Process-wide: the scope is opened by the step runner's thread, the work
+// handed off from autograd's.
+struct Lane {
+  std::mutex mutex;
+  bool active = false;
+  std::optional<c10::cuda::CUDAStream> side;  // the active scope's device's
+  std::deque<HandOff> in_flight;
+  std::map<int, c10::cuda::CUDAStream> streams;  // one per device, made once and kept
+};
+
+Lane& lane() {
+  static auto* l = new Lane();  // outlives every static that might use it
+  return *l;
+}
+
+thread_local bool t_on_side = false;
+
+bool capturing() { return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None; }
+
+// The device's side stream, or nullopt when it does not exist yet and cannot
+// be made now (inside a capture). Non-blocking: it never waits for the legacy
+// default stream. Same priority as the training stream.
+std::optional<c10::cuda::CUDAStream> side_stream(Lane& l, int device) {
+  auto it = l.streams.find(device);
+  if (it != l.streams.end()) return it->second;
+  if (capturing()) return std::nullopt;
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  cudaStream_t s = nullptr;
+  const cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (err != cudaSuccess)
+    throw RuntimeError(std::string("weight-gradient stream: cudaStreamCreateWithFlags: ") + cudaGetErrorString(err));
+  auto stream = c10::cuda::getStreamFromExternal(s, static_cast<c10::DeviceIndex>(device));
+  l.streams.emplace(device, stream);
+  return stream;
+}
+
+}  // namespace
+
+bool weight_grad_overlap_for(int64_t rows) {
+  static const bool never = env_equals("PERFTRAIN_DW_STREAM", "0"), always = env_equals("PERFTRAIN_DW_STREAM", "1");
+  return !never && (always || rows <= kWeightGradStreamMaxRows);
+}
+
+bool on_weight_grad_stream() { return t_on_side; }
+
+WeightGradOverlap::WeightGradOverlap(bool enabled, const at::Device& device) {
+  if (!enabled || !device.is_cuda()) return;
+  Lane& l = lane();
+  std::lock_guard<std::mutex> lock(l.mutex);
+  if (l.active) return;
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  auto side = side_stream(l, index);
+  if (!side) return;
+  if (!capturing()) {  // the side stream's cuBLASLt workspace, before any capture needs it
+    const c10::cuda::CUDAStreamGuard on_side(*side);
+    t_on_side = true;
+    (void)cublaslt_context();
+    t_on_side = false;
+  }
+  l.side = side;
+  l.active = active_ = true;
+}
+
+WeightGradOverlap::~WeightGradOverlap() {
+  if (!active_) return;
+  Lane& l = lane();
+  std::lock_guard<std::mutex> lock(l.mutex);
+  try {
+    at::cuda::CUDAEvent all_done;
+    all_done.record(*l.side);
+    all_done.block(at::cuda::getCurrentCUDAStream(l.side->device_index()));
+  } catch (...) {  // a failed capture: it is abandoned anyway; the caller reports it
+  }
+  l.in_flight.clear();  // after the join: what they read may be reused now
+  l.active = false;
+  l.side.reset();
+}
+
+void run_weight_grads(const std::function<void()>& work, std::vector<at::Tensor> reads) {
+  Lane& l = lane();
+  std::unique_lock<std::mutex> lock(l.mutex);
+  if (!l.active) {
+    lock.unlock();
+    work();
+    return;
+  }
+  const c10::cuda::CUDAStream side = *l.side;
+  const c10::cuda::CUDAStream main = at::cuda::getCurrentCUDAStream(side.device_index());
+  at::cuda::CUDAEvent ready;
+  ready.record(main);  // everything the work reads is produced by now
+  ready.block(side);
+  HandOff h;
+  {
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    t_on_side = true;
+    try {
+      work();
+    } catch (...) {
+      t_on_side = false;
+      throw;
+    }
+    t_on_side = false;
+    h.done.record(side);
+  }
+  h.reads = std::move(reads);
+  l.in_flight.push_back(std::move(h));
+  // Bound what is held: the oldest hand-off must finish before the current
+  // stream goes on, and what it read is free after that.
+  while (int(l.in_flight.size()) > kWeightGradLag) {
+    l.in_flight.front().done.block(main);
+    l.in_flight.pop_front();
+  }
+}
+
+}  // namespace perftrain::ops

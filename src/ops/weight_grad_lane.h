@@ -1,0 +1,74 @@
+// Weight gradients beside the backward's critical path.
+//
+// In a layer's backward only the input gradient dX = dY W feeds the next
+// (earlier) layer; the weight gradient dW = dY^T X and the bias column sums
+// are needed only by the optimizer. Run on a second CUDA stream, they fill
+// the SMs that the critical path's small products and kernels leave idle
+// (DiT-S/2 at batch 32: products of 8192 rows use 64-100 of 132 SMs, and the
+// step is a chain of ~700 short kernels). Inside a captured step the two
+// streams become two branches of the graph, which the GPU runs concurrently.
+//
+// While a WeightGradOverlap scope is alive, the backward ops (linear,
+// gelu_mlp, projected_attention) hand their weight-gradient work to
+// run_weight_grads(): it forks the side stream from the current one, runs
+// the work there and keeps the tensors it reads alive. Memory stays bounded:
+// at each hand-off the current stream waits for the work handed off
+// kWeightGradLag calls earlier and releases what that work read (released
+// after the wait, the caching allocator may reuse it on the current stream
+// safely). The scope's end joins: the current stream waits for all of it, so
+// the optimizer after it sees every gradient.
+//
+// What the work writes must be allocated before the hand-off, on the current
+// stream, and nothing may read it before the join. Autograd moves a returned
+// gradient into .grad without touching it when the weight has one use in the
+// step (true of DiT); a weight used twice would have its two gradients added
+// on the current stream before the join, so models that share weights must
+// not run their backward in a scope.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <vector>
+
+namespace perftrain::ops {
+
+// How many hand-offs may be in flight on the side stream.
+constexpr int kWeightGradLag = 2;
+
+// Whether the step runner opens the scope for a model whose products have
+// `rows` rows (batch x tokens). Measured on the H200 (DiT-S/2, the whole
+// captured step, docs/PERFORMANCE.md): 8192 rows 6.58 -> 6.21 ms, 65536 rows
+// 31.92 -> 32.22 ms. Large products fill the GPU alone, and two at once only
+// share it, so by default the scope opens up to kWeightGradStreamMaxRows
+// (between the two measured sizes; the crossing itself is not measured).
+// PERFTRAIN_DW_STREAM=1 opens it at every size, =0 never (read once).
+constexpr int64_t kWeightGradStreamMaxRows = 16384;
+bool weight_grad_overlap_for(int64_t rows);
+
+class WeightGradOverlap {
+ public:
+  // Active when `enabled`, on a CUDA device, and no other scope is active.
+  // The side stream and its cuBLASLt workspace are made on first use, which
+  // must be outside a CUDA graph capture: a scope opened first inside a
+  // capture stays inactive (the work then runs inline, still correct).
+  WeightGradOverlap(bool enabled, const at::Device& device);
+  ~WeightGradOverlap();  // joins (the current stream waits for the side stream)
+  WeightGradOverlap(const WeightGradOverlap&) = delete;
+  WeightGradOverlap& operator=(const WeightGradOverlap&) = delete;
+  bool active() const { return active_; }
+
+ private:
+  bool active_ = false;
+};
+
+// Runs work() on the side stream when a scope is active (else here, inline);
+// `reads` are the tensors it reads, kept alive until the stream has passed
+// them. Called from autograd's threads.
+void run_weight_grads(const std::function<void()>& work, std::vector<at::Tensor> reads);
+
+// Whether the calling thread is running work on the side stream now (the
+// cuBLASLt context then hands out the side stream's own workspace).
+bool on_weight_grad_stream();
+
+}  // namespace perftrain::ops
