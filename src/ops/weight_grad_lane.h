@@ -4,8 +4,8 @@
 // (earlier) layer; the weight gradient dW = dY^T X and the bias column sums
 // are needed only by the optimizer. Run on a second CUDA stream, they fill
 // the SMs that the critical path's small products and kernels leave idle
-// (DiT-S/2 at batch 32: products of 8192 rows use 64-100 of 132 SMs, and the
-// step is a chain of ~700 short kernels). Inside a captured step the two
+// (DiT-S/2 at batch 32: many products of 8192 rows have one wave of output
+// tiles or less, and the step is a chain of ~700 short kernels). Inside a captured step the two
 // streams become two branches of the graph, which the GPU runs concurrently.
 //
 // While a WeightGradOverlap scope is alive, the backward ops (linear,
