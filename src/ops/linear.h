@@ -8,7 +8,6 @@
 
 #include <ATen/core/Tensor.h>
 
-
 #include "ops/cublaslt_workspace.h"  // gemm_fallback_count()
 
 namespace perftrain::ops {
