@@ -202,6 +202,7 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   const auto w = runner.take_window();  // one host sync, after the timing
   row.loss = w.loss;
   row.graph_status = runner.graph_status();
+  row.weight_grad_stream = runner.weight_grad_stream();
   if (device.is_cuda()) row.peak_gib = static_cast<double>(compat::peak_memory_bytes(device)) / (1ull << 30);
   ob::fill_rates(row, 3 * cfg.model.forward_flops_per_sample() * static_cast<double>(row.batch), peak);
   if (!std::isfinite(w.loss))
@@ -263,7 +264,7 @@ void print_row(const ob::BenchRow& r) {
     std::cout << ob::format_number(r.ms, 2) << " ms (p10 " << ob::format_number(r.ms_p10, 2) << ", p90 "
               << ob::format_number(r.ms_p90, 2) << "), " << ob::format_rate(r.tflops) << " TFLOP/s, peak "
               << ob::format_gib(r.peak_gib) << ", first step " << ob::format_number(r.first_step_s, 2)
-              << " s (build " << ob::format_number(r.build_s, 2) << " s), " << r.graph_status
+              << " s (build " << ob::format_number(r.build_s, 2) << " s), " << ob::execution_note(r)
               << (r.gpu.count > 0 ? "; GPU " + ob::describe(r.gpu) : "") << (r.ok() ? "" : "; error: " + r.error)
               << "\n";
   std::cout.flush();

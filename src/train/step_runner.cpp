@@ -270,6 +270,8 @@ StepRunner::~StepRunner() = default;
 
 bool StepRunner::graph_active() const { return impl_->graph != nullptr; }
 
+bool StepRunner::weight_grad_stream() const { return impl_->weight_grad_stream; }
+
 void StepRunner::step(const data::Batch& batch) {
   Impl& s = *impl_;
   // The first step runs the products on cuBLASLt's first picks; the eager

@@ -76,6 +76,9 @@ class StepRunner {
   // "captured at step 4" / "eager: <reason>" / "eager: warming up".
   const std::string& graph_status() const { return graph_status_; }
   bool graph_active() const;
+  // Whether the backward runs its weight gradients on a second stream
+  // (StepOptions::weight_grad_stream and the size rule).
+  bool weight_grad_stream() const;
 
   // Optimizer state for checkpoints, named as AdamW::state() names it.
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;

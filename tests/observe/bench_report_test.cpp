@@ -143,7 +143,8 @@ TEST(BenchReport, JsonHasEveryFieldWithNullsForTheMissing) {
   ASSERT_EQ(j["rows"].size(), 6u);
   const auto& ok = j["rows"][2];
   for (const char* k : {"model", "batch", "variant", "ms", "ms_p10", "ms_p90", "ms_min", "images_per_s", "tflops",
-                        "mfu", "peak_gib", "first_step_s", "graph_status", "speedup_vs_best_torch", "error"})
+                        "mfu", "peak_gib", "first_step_s", "graph_status", "weight_grad_stream",
+                        "speedup_vs_best_torch", "error"})
     EXPECT_TRUE(ok.contains(k)) << k;
   EXPECT_EQ(ok["variant"], "all");
   EXPECT_DOUBLE_EQ(ok["ms"].get<double>(), 5.5);
@@ -164,7 +165,12 @@ TEST(BenchReport, JsonHasEveryFieldWithNullsForTheMissing) {
 
 TEST(BenchReport, MarkdownAndTable) {
   auto r = sample_report();
+  r.rows[2].weight_grad_stream = true;  // batch 32 'all'
   const auto md = to_markdown(r);
+  EXPECT_TRUE(contains(md, "| captured at step 4; weight gradients on a second stream |")) << md;
+  EXPECT_TRUE(contains(format_table(r), "captured at step 4; weight gradients on a second stream")) << format_table(r);
+  EXPECT_EQ(nlohmann::json::parse(to_json(r).dump())["rows"][2]["weight_grad_stream"], true);
+  EXPECT_EQ(execution_note(r.rows[1]), "eager: graph off");
   for (const char* part : {"# perftrain bench: DiT-S/2", "## Environment", "| commit | abc1234 |", "## Method",
                            "CUDA events", "median", "## Results", "| 32 | all | 5.50 |",
                            "| 256 | torch compile | 35.80", "## Summary", "| DiT-S/2 | 256 | fused | 30.00 |",

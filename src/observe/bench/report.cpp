@@ -97,6 +97,10 @@ std::string format_gib(const std::optional<double>& v) {
   return v ? format_number(v, 2) + " GiB" : std::string("n/a");
 }
 
+std::string execution_note(const BenchRow& r) {
+  return r.graph_status + (r.weight_grad_stream ? "; weight gradients on a second stream" : "");
+}
+
 nlohmann::ordered_json to_json(const BenchRow& r) {
   Json j = {{"model", r.model},
                       {"batch", r.batch},
@@ -107,6 +111,7 @@ nlohmann::ordered_json to_json(const BenchRow& r) {
                       {"graph", r.graph},
                       {"recompute", r.recompute},
                       {"gelu_recompute", r.gelu_recompute},
+                      {"weight_grad_stream", r.weight_grad_stream},
                       {"warmup", r.warmup},
                       {"steps", r.steps},
                       {"repeats", r.repeats},
@@ -278,7 +283,7 @@ std::string format_table(const BenchReport& r) {
       continue;
     }
     numbers(x.ms, x.ms_p10, x.ms_p90, x.images_per_s, x.tflops, x.mfu, x.peak_gib, x.first_step_s);
-    o << "  " << x.graph_status << "\n";
+    o << "  " << execution_note(x) << "\n";
   }
   for (const auto& t : r.torch) {
     o << pad(std::to_string(t.batch), 6) << "  " << pad("torch " + t.mode, 22, true);
@@ -336,7 +341,7 @@ std::string to_markdown(const BenchReport& r) {
       << format_rate(x.tflops) << " | " << percent(x.mfu) << " | " << format_number(x.peak_gib, 2) << " | "
       << format_number(x.first_step_s, 2) << " | "
       << (x.speedup_vs_best_torch ? format_number(x.speedup_vs_best_torch, 2) + "x" : std::string("n/a")) << " | "
-      << cell(x.graph_status) << " |\n";
+      << cell(execution_note(x)) << " |\n";
   }
   for (const auto& t : r.torch) {
     m << "| " << t.batch << " | torch " << t.mode << " | ";

@@ -76,6 +76,8 @@ std::string format_number(const std::optional<double>& v, int digits);
 // run's 0.0123, not "0.0").
 std::string format_rate(const std::optional<double>& v);
 std::string format_gib(const std::optional<double>& v);  // "3.25 GiB" or "n/a"
+// How a row's step ran: its graph status, and the second stream when it was on.
+std::string execution_note(const BenchRow& r);
 
 // Writes bench.json and bench.md into dir (which exists), each atomically.
 void write_report_files(const std::string& dir, const BenchReport& report);

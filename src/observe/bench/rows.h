@@ -19,6 +19,7 @@ struct BenchRow {
   int64_t batch = 0;
   std::string variant, precision;
   bool fused_kernels = false, fused_optimizer = false, graph = false, recompute = false, gelu_recompute = false;
+  bool weight_grad_stream = false;  // the backward's weight gradients ran on a second stream
   int64_t warmup = 0, steps = 0, repeats = 0;  // warm-up steps actually run, timed steps per repeat
   // Step time statistics over all timed steps of all repeats (ms).
   std::optional<double> ms, ms_p10, ms_p90, ms_min, ms_max, ms_mean;
