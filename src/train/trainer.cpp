@@ -133,7 +133,8 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       << compat::device_description(device) << ", " << precision
       << (device.is_cuda() ? std::string(cfg.speed.fused_kernels ? ", fused kernels" : ", unfused") +
                                  (cfg.speed.recompute ? ", recompute" : "") +
-                                 (cfg.speed.gelu_recompute ? ", GELU recomputed in backward" : "")
+                                 (cfg.speed.gelu_recompute ? ", GELU recomputed in backward" : "") +
+                                 (runner.weight_grad_stream() ? ", weight gradients on a second stream" : "")
                            : std::string())
       << "\n"
       << "data: " << dataset->describe() << "\n"
