@@ -63,9 +63,9 @@ std::optional<c10::cuda::CUDAStream> side_stream(Lane& l, int device) {
 
 }  // namespace
 
-bool weight_grad_overlap_for(int64_t rows) {
+bool weight_grad_overlap_for(int64_t rows, int64_t hidden) {
   static const bool never = env_equals("PERFTRAIN_DW_STREAM", "0"), always = env_equals("PERFTRAIN_DW_STREAM", "1");
-  return !never && (always || rows <= kWeightGradStreamMaxRows);
+  return !never && (always || rows * hidden <= kWeightGradStreamMaxElements);
 }
 
 bool on_weight_grad_stream() { return t_on_side; }

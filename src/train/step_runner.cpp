@@ -221,7 +221,7 @@ StepRunner::StepRunner(models::DiT& model, models::DiT& ema, const TrainConfig& 
   model.set_recompute(opts.recompute);
   model.set_gelu_recompute(opts.gelu_recompute);
   s.weight_grad_stream = cuda && opts.fused_kernels && !opts.recompute && opts.weight_grad_stream &&
-                         ops::weight_grad_overlap_for(cfg.optim.batch_size * cfg.model.tokens());
+                         ops::weight_grad_overlap_for(cfg.optim.batch_size * cfg.model.tokens(), cfg.model.hidden);
 
   s.params = model.parameters();
   s.ema_params = ema.parameters();

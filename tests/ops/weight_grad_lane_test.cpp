@@ -12,9 +12,10 @@ namespace {
 
 TEST(WeightGradLane, OpensForSmallProductsOnly) {
   if (std::getenv("PERFTRAIN_DW_STREAM") != nullptr) GTEST_SKIP() << "PERFTRAIN_DW_STREAM is set";
-  EXPECT_TRUE(weight_grad_overlap_for(32 * 256));    // DiT-S/2 batch 32: measured faster
-  EXPECT_TRUE(weight_grad_overlap_for(kWeightGradStreamMaxRows));
-  EXPECT_FALSE(weight_grad_overlap_for(256 * 256));  // batch 256: measured slower
+  EXPECT_TRUE(weight_grad_overlap_for(32 * 256, 384));    // DiT-S/2 batch 32: measured faster
+  EXPECT_TRUE(weight_grad_overlap_for(64 * 256, 384));    // at the limit
+  EXPECT_FALSE(weight_grad_overlap_for(256 * 256, 384));  // batch 256: measured slower
+  EXPECT_FALSE(weight_grad_overlap_for(32 * 256, 1152));  // DiT-XL/2 batch 32: three times the work per product
 }
 
 TEST(WeightGradLane, RunsInlineWithoutAnActiveScope) {
