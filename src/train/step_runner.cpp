@@ -11,7 +11,6 @@
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <cstdlib>
 #include <optional>
 
 #include "base/env.h"
@@ -54,14 +53,14 @@ struct StepRunner::Impl {
   at::Tensor loss_sum, mse_sum, vb_sum;  // device accumulators of the window
   int64_t window = 0;
 
-  // The whole-step graph and its static inputs. The batch goes pinned host ->
-  // staging (side stream, overlapping the previous replay) -> static (a
-  // device copy on the main stream right before the replay).
   // Whether the backward runs weight gradients on their own stream: the
   // fused ops only (DiT uses each weight once per step; --recompute's nested
   // backward is left on one stream).
   bool weight_grad_stream = false;
 
+  // The whole-step graph and its static inputs. The batch goes pinned host ->
+  // staging (side stream, overlapping the previous replay) -> static (a
+  // device copy on the main stream right before the replay).
   bool graph_wanted = false;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
   std::optional<c10::cuda::CUDAStream> copy_stream, capture_stream;
