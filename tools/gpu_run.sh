@@ -10,7 +10,9 @@
 #   MODE=tune   gpu tests, then the `all` variant on BENCH_CASES per switch in TUNE_ENVS (e.g.
 #               "PERFTRAIN_QKV_GRAD=packed PERFTRAIN_BGRADB=1,PERFTRAIN_GEMM_TUNE=8": a comma joins
 #               switches into one setting) and with --recompute, side by side;
-#               PROFILE=1 adds a kernel profile per case; RUN_TESTS=0, RECOMPUTE=0 leave those out
+#               PROFILE=1 adds a kernel profile per case (of PROFILE_VARIANT, default all; an uncaptured
+#               one such as fused also gets its kernels by launching operation); RUN_TESTS=0, RECOMPUTE=0
+#               leave those out
 # Options: TESTS=all (every test, not only gpu ones), COMMIT=<sha> (pass it literally: git on the device
 # machine may see stale metadata and name an older commit), BENCH_CASES="DiT-S/2:32,256 DiT-B/2:256",
 # BENCH_ARGS (extra bench flags). In a device call: carry [".carry"]. Results go to $OUT (or ./gpu-out).
@@ -111,9 +113,14 @@ case "$MODE" in
         sed "s|^|[--recompute] |" | tee -a "$SUMMARY"
       if [ "${PROFILE:-0}" = 1 ]; then  # where the time goes now, kernel by kernel
         tag=$(echo "$model-$batches" | tr '/,' '-_')
-        $BIN bench --model "$model" --batch "$batches" --variants all --steps 10 --warmup 4 --profile all \
+        pv=${PROFILE_VARIANT:-all}
+        $BIN bench --model "$model" --batch "$batches" --variants "$pv" --steps 10 --warmup 4 --profile "$pv" \
           --out "$RUNS/profile-$tag" > "$OUT/profile-$tag.log" 2>&1
         for f in "$RUNS/profile-$tag"/profile-*.md; do cp "$f" "$OUT/$tag-$(basename "$f")" 2>/dev/null; done
+        # Uncaptured variants: each kernel charged to the operation that launched it.
+        [ "$pv" != all ] && [ "$pv" != graph ] && for f in "$RUNS/profile-$tag"/trace-*.json; do
+          python3 tools/trace_kernels.py "$f" > "$OUT/$tag-by-op-$(basename "$f" .json).md" 2>&1
+        done
       fi
     done
     ;;

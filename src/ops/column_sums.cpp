@@ -53,4 +53,16 @@ void column_sums_into(const std::vector<at::Tensor>& mats, const std::vector<at:
   });
 }
 
+void batch_sums_into(const at::Tensor& partials, const at::Tensor& out) {
+  if (partials.scalar_type() != at::kFloat || partials.dim() != 2 || out.dim() != 1 ||
+      out.size(0) != partials.size(1))
+    throw UsageError("batch_sums_into: fp32 partials [B, N] and an [N] output");
+  at::Tensor o = out;  // a handle on the same storage
+  if (out.scalar_type() == at::kFloat) {
+    at::sum_out(o, partials, {0});
+  } else {
+    o.copy_(at::sum(partials, {0}));
+  }
+}
+
 }  // namespace perftrain::ops

@@ -14,4 +14,9 @@ namespace perftrain::ops {
 // outputs: the fused kernel, fp32 accumulation; otherwise at::sum_out.
 void column_sums_into(const std::vector<at::Tensor>& mats, const std::vector<at::Tensor>& outs);
 
+// out[N] = the sum over rows of fp32 per-sample partials [B, N], in fp32,
+// then one rounding to out's dtype: the bias gradients of the fused residual
+// kernels, which write one partial row per sample.
+void batch_sums_into(const at::Tensor& partials, const at::Tensor& out);
+
 }  // namespace perftrain::ops

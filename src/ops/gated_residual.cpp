@@ -4,7 +4,6 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/sum.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -14,7 +13,9 @@
 
 #include "base/error.h"
 #include "kernels/gated_residual.h"
+#include "ops/column_sums.h"
 #include "ops/dtype_dispatch.h"
+#include "ops/weight_grad_lane.h"
 
 namespace perftrain::ops {
 
@@ -137,10 +138,9 @@ struct GatedResidualFunction : public torch::autograd::Function<GatedResidualFun
       });
     });
     at::Tensor dbias;
-    if (want_bias) {
-      // Over the batch in fp32, then (for a non-fp32 bias) one rounding to its dtype.
-      dbias = at::sum(dbias_ps, {0});
-      if (int64_t(dbias.scalar_type()) != bias_dtype) dbias = dbias.to(static_cast<at::ScalarType>(bias_dtype));
+    if (want_bias) {  // for the optimizer only: beside the rest of the backward (ops/weight_grad_lane.h)
+      dbias = at::empty({cols}, y.options().dtype(static_cast<at::ScalarType>(bias_dtype)));
+      run_weight_grads([&] { batch_sums_into(dbias_ps, dbias); }, {dbias_ps});
     }
     return {dout_in, want_gate ? dgate : at::Tensor(), want_y ? dy : at::Tensor(), dbias};
   }

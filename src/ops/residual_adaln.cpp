@@ -4,7 +4,6 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/sum.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -17,8 +16,10 @@
 #include "kernels/gated_residual.h"
 #include "kernels/residual_adaln.h"
 #include "ops/adaln_layernorm.h"
+#include "ops/column_sums.h"
 #include "ops/dtype_dispatch.h"
 #include "ops/gated_residual.h"
+#include "ops/weight_grad_lane.h"
 
 namespace perftrain::ops {
 
@@ -223,7 +224,12 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
     if (want_shift && dshift.defined()) out[3] = as(dshift, dtype("shift_dtype"));
     if (want_scale && dscale.defined()) out[4] = as(dscale, dtype("scale_dtype"));
     // Over the batch in fp32, then (for a non-fp32 bias) one rounding to its dtype.
-    if (want_bias) out[7] = as(at::sum(dbias_ps, {0}), static_cast<at::ScalarType>(bias_dtype));
+    // The bias gradient is for the optimizer only: its batch sum runs beside
+    // the rest of the backward when a weight-gradient scope is open.
+    if (want_bias) {
+      out[7] = at::empty({cols}, x_options.dtype(static_cast<at::ScalarType>(bias_dtype)));
+      run_weight_grads([&] { batch_sums_into(dbias_ps, out[7]); }, {dbias_ps});
+    }
     return out;
   }
 };

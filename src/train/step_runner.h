@@ -37,7 +37,7 @@ struct StepOptions {
   bool gelu_recompute = false;     // keep only the MLPs' pre-activations (models::DiT::set_gelu_recompute)
   // Weight gradients on a second stream beside the input gradients, with the
   // fused kernels, where the products are small enough to gain from it
-  // (ops::weight_grad_overlap_for: batch x tokens x hidden <= 16384 x 384
+  // (ops::weight_grad_overlap_for: batch x tokens x hidden <= 32768 x 384
   // unless PERFTRAIN_DW_STREAM says otherwise); false: never.
   bool weight_grad_stream = true;
   int warmup_steps = 3;            // eager steps before the capture

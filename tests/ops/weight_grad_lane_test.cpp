@@ -13,9 +13,11 @@ namespace {
 TEST(WeightGradLane, OpensForSmallProductsOnly) {
   if (std::getenv("PERFTRAIN_DW_STREAM") != nullptr) GTEST_SKIP() << "PERFTRAIN_DW_STREAM is set";
   EXPECT_TRUE(weight_grad_overlap_for(32 * 256, 384));    // DiT-S/2 batch 32: measured faster
-  EXPECT_TRUE(weight_grad_overlap_for(64 * 256, 384));    // at the limit
+  EXPECT_TRUE(weight_grad_overlap_for(128 * 256, 384));   // batch 128: measured faster, at the limit
+  EXPECT_FALSE(weight_grad_overlap_for(129 * 256, 384));
+  EXPECT_TRUE(weight_grad_overlap_for(64 * 256, 768));    // DiT-B/2 batch 64: measured faster
   EXPECT_FALSE(weight_grad_overlap_for(256 * 256, 384));  // batch 256: measured slower
-  EXPECT_FALSE(weight_grad_overlap_for(32 * 256, 1152));  // DiT-XL/2 batch 32: three times the work per product
+  EXPECT_FALSE(weight_grad_overlap_for(64 * 256, 1152));  // DiT-XL/2 batch 64: three times the work per product
 }
 
 TEST(WeightGradLane, RunsInlineWithoutAnActiveScope) {
