@@ -100,6 +100,18 @@ at::Tensor FinalLayer::forward(const at::Tensor& x, const at::Tensor& c) const {
   return linear.forward(nn::modulate(nn::layer_norm_no_affine(x), mod[0], mod[1]));
 }
 
+std::vector<at::Tensor> FinalLayer::modulation_of_silu(const at::Tensor& silu_c) const {
+  const nn::Linear& l = adaLN_modulation.linear();
+  return ops::linear(silu_c, l.weight, l.bias).chunk(2, 1);  // shift, scale
+}
+
+at::Tensor FinalLayer::product(const at::Tensor& h) const { return ops::linear(h, linear.weight, linear.bias); }
+
+at::Tensor FinalLayer::forward_fused(const at::Tensor& x, const at::Tensor& silu_c, at::ScalarType act) const {
+  const auto mod = modulation_of_silu(silu_c);
+  return product(ops::adaln_layernorm(x, mod[0], mod[1], act));
+}
+
 static at::Generator seeded(uint64_t seed, const at::Device& device = at::kCPU) {
   if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(seed);
   at::Generator gen = at::globalContext().defaultGenerator(device).clone();
@@ -130,14 +142,17 @@ DiT::DiT(const DiTConfig& cfg, at::Generator gen)
 }
 
 at::Tensor DiT::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) const {
-  auto h = x_embedder.forward(x) + pos_embed;                // [B, T, D]
   auto c = t_embedder.forward(t) + y_embedder.forward(y);  // [B, D]
-  if (fused_kernels_ && !recompute_ && blocks.size() > 0) {
-    h = run_blocks_chained(h, c);
-  } else {
+  if (!fused_kernels_) {
+    at::Tensor h = x_embedder.forward(x) + pos_embed;  // [B, T, D]
     for (size_t i = 0; i < blocks.size(); ++i) h = run_block(i, h, c);
+    return unpatchify(final_layer.forward(h, c));  // [B, out, H, W]
   }
-  return unpatchify(final_layer.forward(h, c));  // [B, out, H, W]
+  const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
+  at::Tensor h = x_embedder.forward_as_product(x, act) + pos_embed;  // contiguous [B, T, D]
+  if (!recompute_ && blocks.size() > 0) return unpatchify(run_blocks_chained(h, c, act));
+  for (size_t i = 0; i < blocks.size(); ++i) h = run_block(i, h, c);
+  return unpatchify(final_layer.forward_fused(h, at::silu(c).to(act), act));
 }
 
 at::Tensor DiT::run_block(size_t i, const at::Tensor& h, const at::Tensor& c) const {
@@ -149,11 +164,11 @@ at::Tensor DiT::run_block(size_t i, const at::Tensor& h, const at::Tensor& c) co
 }
 
 // The fused blocks one after another with each block's MLP residual fused
-// with the next block's first modulated norm (ops::residual_adaln): the
-// residual stream is written once per half-block and its two gradients are
-// summed inside the kernel, not by autograd in a separate pass.
-at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c) const {
-  const at::ScalarType act = compat::autocast_dtype(x0.device().type()).value_or(x0.scalar_type());
+// with the next block's first modulated norm (ops::residual_adaln), and the
+// last one's with the final layer's: the residual stream is written once per
+// half-block and its two gradients are summed inside the kernel, not by
+// autograd in a separate pass.
+at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c, at::ScalarType act) const {
   // One SiLU and one cast of c for all blocks (each block's modulation
   // starts from the same silu(c)); backward sums the blocks' gradients of
   // it, then one SiLU backward.
@@ -165,7 +180,12 @@ at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c) co
     auto [x1, h2] = blocks[i].attention_half(x, h, mod, act);
     at::Tensor m = blocks[i].mlp_half(h2, gelu_recompute_ ? std::optional<bool>(false) : std::nullopt);
     const at::Tensor& fc2_bias = blocks[i].mlp.fc2.bias;
-    if (i + 1 == blocks.size()) return ops::gated_residual(x1, mod[5], m, fc2_bias);
+    if (i + 1 == blocks.size()) {
+      // The last residual with the final layer's modulated norm; the residual
+      // stream itself is not needed after it.
+      const auto fin = final_layer.modulation_of_silu(silu_c);
+      return final_layer.product(ops::residual_adaln(x1, mod[5], m, fin[0], fin[1], act, 1e-6, fc2_bias).second);
+    }
     auto next = blocks[i + 1].modulation_of_silu(silu_c);
     std::tie(x, h) = ops::residual_adaln(x1, mod[5], m, next[0], next[1], act, 1e-6, fc2_bias);
     mod = std::move(next);

@@ -47,6 +47,11 @@ class FinalLayer : public nn::Module {
  public:
   FinalLayer(const DiTConfig& cfg, at::Generator& gen);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& c) const;  // -> [B, T, p*p*out]
+  // The same through the fused ops, from silu(c) in the compute dtype: the
+  // shift and scale; the product on the modulated norm h; both together.
+  std::vector<at::Tensor> modulation_of_silu(const at::Tensor& silu_c) const;
+  at::Tensor product(const at::Tensor& h) const;
+  at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& silu_c, at::ScalarType act) const;
 
   nn::Linear linear;
   nn::SiLULinear adaLN_modulation;  // c -> shift, scale
@@ -80,7 +85,8 @@ class DiT : public nn::Module {
   at::Tensor unpatchify(const at::Tensor& x) const;  // [B, T, p*p*c] -> [B, c, H, W]
 
   at::Tensor run_block(size_t i, const at::Tensor& h, const at::Tensor& c) const;
-  at::Tensor run_blocks_chained(const at::Tensor& h, const at::Tensor& c) const;
+  // The fused blocks and the final layer, chained: -> [B, T, p*p*out].
+  at::Tensor run_blocks_chained(const at::Tensor& h, const at::Tensor& c, at::ScalarType act) const;
 
   DiTConfig cfg_;
   bool fused_kernels_ = false, recompute_ = false, gelu_recompute_ = false;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "nn/init.h"
+#include "ops/linear.h"
 
 namespace perftrain::nn {
 
@@ -27,6 +28,17 @@ PatchEmbed::PatchEmbed(int64_t in_channels, int64_t hidden, int64_t patch, at::G
 at::Tensor PatchEmbed::forward(const at::Tensor& x) const {
   auto y = at::conv2d(x, weight, bias, {patch_, patch_});  // [B, hidden, H/p, W/p]
   return y.flatten(2).transpose(1, 2);                     // [B, T, hidden]
+}
+
+at::Tensor PatchEmbed::forward_as_product(const at::Tensor& x, at::ScalarType act) const {
+  const int64_t B = x.size(0), C = x.size(1), p = patch_, gh = x.size(2) / p, gw = x.size(3) / p;
+  // [B, C, gh, p, gw, p] -> [B, gh, gw, C, p, p]: each token's patch in the
+  // weight's (c, i, j) order, cast and made contiguous in one copy.
+  const at::Tensor patches = x.reshape({B, C, gh, p, gw, p})
+                                 .permute({0, 2, 4, 1, 3, 5})
+                                 .to(act, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous)
+                                 .view({B, gh * gw, C * p * p});
+  return ops::linear(patches, weight.view({weight.size(0), C * p * p}), bias);  // [B, T, hidden]
 }
 
 TimestepEmbedder::Mlp::Mlp(int64_t hidden, at::Generator& gen)

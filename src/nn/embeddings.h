@@ -14,6 +14,11 @@ class PatchEmbed : public Module {
  public:
   PatchEmbed(int64_t in_channels, int64_t hidden, int64_t patch, at::Generator& gen);
   at::Tensor forward(const at::Tensor& x) const;  // [B, C, H, W] -> [B, H/p * W/p, hidden]
+  // The same map as one matrix product (ops::linear) on the patches, with
+  // the weight viewed as [hidden, C*p*p], in `act` (the autocast dtype). The
+  // result is contiguous: the conv's is a transposed view that made the
+  // positional add and each later reader of the residual stream copy it.
+  at::Tensor forward_as_product(const at::Tensor& x, at::ScalarType act) const;
 
   at::Tensor weight;  // "proj.weight" [hidden, C, p, p]
   at::Tensor bias;    // "proj.bias" [hidden]

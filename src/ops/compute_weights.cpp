@@ -35,6 +35,15 @@ at::Tensor compute_weight(const at::Tensor& t, at::ScalarType dtype) {
   if (g_current != nullptr) {
     at::Tensor copy = g_current->find(t, dtype);
     if (copy.defined()) return copy;
+    // A reshaping view of a whole parameter (a conv weight seen as a
+    // matrix): the same view of the parameter's copy.
+    if (t.is_view() && t.is_contiguous()) {
+      const at::Tensor base(t._base());
+      if (base.is_contiguous() && t.storage_offset() == base.storage_offset() && t.numel() == base.numel()) {
+        copy = g_current->find(base, dtype);
+        if (copy.defined()) return copy.view(t.sizes());
+      }
+    }
   }
   return t.to(dtype).contiguous();
 }

@@ -47,7 +47,8 @@ class ComputeWeightsScope {
 };
 
 // `t` in `dtype`, contiguous: itself when it already is, the scope's copy
-// when there is one, else a cast (t.to(dtype).contiguous()).
+// when there is one (for a contiguous view of a whole parameter, the same
+// view of its copy), else a cast (t.to(dtype).contiguous()).
 at::Tensor compute_weight(const at::Tensor& t, at::ScalarType dtype);
 
 }  // namespace perftrain::ops

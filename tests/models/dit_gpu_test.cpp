@@ -1,5 +1,6 @@
 // On the GPU: the DiT forward and backward against the same model on the CPU
-// in fp32, both in fp32 (TF32 off) and under bf16 autocast. Skips without a GPU.
+// in fp32, both in fp32 (TF32 off) and under bf16 autocast, plain and through
+// the fused ops. Skips without a GPU.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
@@ -72,6 +73,41 @@ TEST(DiTGpu, MatchesCpuInFp32AndBf16) {
     EXPECT_LT(rel_err(grads16[k], ref_grads[k]), 5e-2) << names[k].first;
   }
   at::globalContext().setAllowTF32CuBLAS(true);
+}
+
+// The fused path (patch embedding as a product, blocks chained through the
+// fused ops, the last residual fused with the final layer's norm) and its
+// recompute variant (block by block, final layer through adaln_layernorm)
+// against the plain model on the CPU in fp32: same output and weight
+// gradients within bf16 tolerance.
+TEST(DiTGpu, FusedPathMatchesCpu) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  DiTConfig c;
+  c.depth = 3, c.hidden = 96, c.heads = 3, c.patch = 2, c.image_size = 16, c.in_channels = 4, c.num_classes = 7;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  DiT cpu(c, 4), gpu(c, 4);
+  cpu.transform([&](const std::string& n, const at::Tensor& w) {
+    return n == "pos_embed" ? w : w + 0.05 * at::randn(w.sizes(), gen, at::kFloat);
+  });
+  auto state = cpu.state();
+  size_t i = 0;
+  gpu.transform([&](const std::string&, const at::Tensor&) { return state[i++].second.to(at::kCUDA); });
+  gpu.set_fused_kernels(true);
+
+  const int64_t B = 6;
+  auto x = at::randn({B, 4, 16, 16}, gen, at::kFloat);
+  auto t = at::rand({B}, gen, at::kFloat) * 999;
+  auto y = at::randint(0, 8, {B}, gen, at::kLong);
+  auto gout = at::randn({B, 8, 16, 16}, gen, at::kFloat);
+  auto [ref_out, ref_grads] = run(cpu, at::kCPU, false, x, t, y, gout);
+  const auto names = cpu.named_parameters();
+  for (const bool recompute : {false, true}) {
+    gpu.set_recompute(recompute);
+    auto [out16, grads16] = run(gpu, at::Device(at::kCUDA, 0), true, x, t, y, gout);
+    EXPECT_LT(rel_err(out16, ref_out), 2e-2) << "recompute " << recompute;
+    for (size_t k = 0; k < ref_grads.size(); ++k)
+      EXPECT_LT(rel_err(grads16[k], ref_grads[k]), 5e-2) << names[k].first << ", recompute " << recompute;
+  }
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // ops::compute_weight and its scope: a registered copy is found only inside a
 // ComputeWeightsScope on the same thread and only for its own dtype; outside,
 // or for other tensors, the weight is cast as before; scopes nest and a null
-// scope hides the outer one.
+// scope hides the outer one; a whole-parameter view reads the copy's view.
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 
@@ -41,6 +41,22 @@ TEST(ComputeWeights, TheScopeDecidesWhetherTheCopyIsRead) {
   }
   EXPECT_TRUE(compute_weight(w, at::kBFloat16).equal(w.to(at::kBFloat16)));
   EXPECT_FALSE(compute_weight(at::Tensor(), at::kBFloat16).defined());
+}
+
+// A conv weight read as a matrix: a reshaping view of the whole parameter
+// finds the same view of the copy; a view of part of it is cast.
+TEST(ComputeWeights, AWholeViewOfAParameterReadsItsCopy) {
+  auto gen = perftrain::testing::seeded_cpu_generator(5);
+  const at::Tensor w = at::randn({6, 2, 2, 2}, gen, at::kFloat).set_requires_grad(true);
+  const at::Tensor copy = (w.detach() * 2).to(at::kBFloat16);
+  const ComputeWeights weights({{w, copy}});
+  const ComputeWeightsScope scope(&weights);
+  const at::Tensor as_matrix = w.view({6, 8});
+  const at::Tensor got = compute_weight(as_matrix, at::kBFloat16);
+  EXPECT_EQ(got.sizes(), as_matrix.sizes());
+  EXPECT_EQ(got.data_ptr(), copy.data_ptr());
+  const at::Tensor part = w.view({6, 8}).narrow(0, 1, 3);
+  EXPECT_TRUE(compute_weight(part, at::kBFloat16).equal(part.detach().to(at::kBFloat16)));
   EXPECT_THROW(ComputeWeights({{w, at::randn({5, 6}, gen, at::kFloat)}}), UsageError);
 }
 
