@@ -17,6 +17,7 @@
 #include "ops/linear.h"
 #include "ops/recompute.h"
 #include "ops/residual_adaln.h"
+#include "ops/stacked_linear.h"
 #include "ops/qkv_attention.h"
 
 namespace perftrain::models {
@@ -169,26 +170,30 @@ at::Tensor DiT::run_block(size_t i, const at::Tensor& h, const at::Tensor& c) co
 // half-block and its two gradients are summed inside the kernel, not by
 // autograd in a separate pass.
 at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c, at::ScalarType act) const {
-  // One SiLU and one cast of c for all blocks (each block's modulation
-  // starts from the same silu(c)); backward sums the blocks' gradients of
-  // it, then one SiLU backward.
+  // One SiLU and one cast of c for all blocks, and all blocks' modulations
+  // from it in one product (ops::stacked_linear), split once into the six
+  // [B, D] vectors per block; backward joins their gradients in one cat.
   const at::Tensor silu_c = at::silu(c).to(act);
-  auto mod = blocks[0].modulation_of_silu(silu_c);
-  at::Tensor x = x0;
-  at::Tensor h = ops::adaln_layernorm(x, mod[0], mod[1], act);
+  std::vector<at::Tensor> weights, biases;
   for (size_t i = 0; i < blocks.size(); ++i) {
-    auto [x1, h2] = blocks[i].attention_half(x, h, mod, act);
+    weights.push_back(blocks[i].adaLN_modulation.linear().weight);
+    biases.push_back(blocks[i].adaLN_modulation.linear().bias);
+  }
+  const std::vector<at::Tensor> mods = ops::stacked_linear(silu_c, weights, biases).chunk(6 * blocks.size(), 1);
+  auto mod = [&mods](size_t block, size_t j) -> const at::Tensor& { return mods[6 * block + j]; };
+  at::Tensor x = x0;
+  at::Tensor h = ops::adaln_layernorm(x, mod(0, 0), mod(0, 1), act);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto [x1, h2] = blocks[i].attention_half(x, h, {mod(i, 0), mod(i, 1), mod(i, 2), mod(i, 3), mod(i, 4)}, act);
     at::Tensor m = blocks[i].mlp_half(h2, gelu_recompute_ ? std::optional<bool>(false) : std::nullopt);
     const at::Tensor& fc2_bias = blocks[i].mlp.fc2.bias;
     if (i + 1 == blocks.size()) {
       // The last residual with the final layer's modulated norm; the residual
       // stream itself is not needed after it.
       const auto fin = final_layer.modulation_of_silu(silu_c);
-      return final_layer.product(ops::residual_adaln(x1, mod[5], m, fin[0], fin[1], act, 1e-6, fc2_bias).second);
+      return final_layer.product(ops::residual_adaln(x1, mod(i, 5), m, fin[0], fin[1], act, 1e-6, fc2_bias).second);
     }
-    auto next = blocks[i + 1].modulation_of_silu(silu_c);
-    std::tie(x, h) = ops::residual_adaln(x1, mod[5], m, next[0], next[1], act, 1e-6, fc2_bias);
-    mod = std::move(next);
+    std::tie(x, h) = ops::residual_adaln(x1, mod(i, 5), m, mod(i + 1, 0), mod(i + 1, 1), act, 1e-6, fc2_bias);
   }
   return x;
 }

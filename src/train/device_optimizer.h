@@ -31,7 +31,10 @@ struct DeviceOptimizerOptions : ops::MultiTensorAdamWOptions {
   double initial_loss_scale = 65536;  // fp16: multiply the loss by loss_scale() before backward
   // Keep a bf16 copy of every parameter, rewritten by the update kernel, for
   // the bf16 matrix products to read (compute_weights()) instead of casting
-  // each weight on every call.
+  // each weight on every call. The copies live in one buffer, those of one
+  // shape one after another in parameter order, so that an op reading many
+  // layers of one shape at once (ops::stacked_linear: DiT's adaLN
+  // modulations) reads them as one matrix without a copy.
   bool bf16_shadows = false;
 };
 

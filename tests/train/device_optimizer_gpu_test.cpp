@@ -146,6 +146,32 @@ TEST(DeviceOptimizerGpu, Bf16ShadowsAreTheParametersInBf16AfterEveryStep) {
   check("after refresh_shadows");
 }
 
+// The copies of one shape lie back to back in parameter order (what
+// ops::stacked_linear reads as one matrix), each at a 64-element boundary,
+// and still follow their parameters.
+TEST(DeviceOptimizerGpu, Bf16ShadowsOfOneShapeAreAdjacent) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  auto gen = gen_for(24);
+  Pair p = make_pair_of({{7}, {8, 8}, {3}, {8, 8}, {8, 8}}, gen);
+  DeviceOptimizerOptions o;
+  o.lr = 1e-2, o.bf16_shadows = true;
+  DeviceOptimizer gpu(p.gpu, p.ema_gpu, o);
+  const ops::ComputeWeights weights = gpu.compute_weights();
+  std::vector<at::Tensor> copies;
+  for (const auto& [name, t] : p.gpu) copies.push_back(weights.find(t, at::kBFloat16));
+  for (const auto& c : copies) {
+    ASSERT_TRUE(c.defined());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(c.data_ptr()) % 128, 0u);
+  }
+  auto* w1 = static_cast<char*>(copies[1].data_ptr());
+  EXPECT_EQ(static_cast<char*>(copies[3].data_ptr()), w1 + 64 * 2);
+  EXPECT_EQ(static_cast<char*>(copies[4].data_ptr()), w1 + 128 * 2);
+  set_grads(p, gen, 1e-3, 1.f);
+  gpu.step();
+  for (size_t i = 0; i < copies.size(); ++i)
+    EXPECT_TRUE(copies[i].equal(p.gpu[i].second.detach().to(at::kBFloat16))) << p.gpu[i].first;
+}
+
 TEST(DeviceOptimizerGpu, DynamicLossScaleSkipsInfAndGrowsOnTheDevice) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   auto gen = gen_for(22);

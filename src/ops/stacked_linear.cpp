@@ -1,0 +1,153 @@
+#include "ops/stacked_linear.h"
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <string>
+
+#include "base/error.h"
+#include "ops/compute_weights.h"
+#include "ops/linear.h"
+#include "ops/weight_grad_lane.h"
+
+namespace perftrain::ops {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace detail {
+
+at::Tensor stacked_rows(const std::vector<at::Tensor>& parts) {
+  bool adjacent = parts[0].is_contiguous();
+  int64_t rows = parts[0].size(0);
+  for (size_t i = 1; i < parts.size() && adjacent; ++i) {
+    const at::Tensor &a = parts[i - 1], &b = parts[i];
+    adjacent = b.is_contiguous() && b.is_alias_of(a) &&
+               b.storage_offset() == a.storage_offset() + a.numel() && b.sizes().slice(1) == a.sizes().slice(1);
+    rows += b.size(0);
+  }
+  if (!adjacent) return at::cat(parts, 0);
+  std::vector<int64_t> sizes = parts[0].sizes().vec();
+  sizes[0] = rows;
+  return parts[0].as_strided(sizes, parts[0].strides(), parts[0].storage_offset());
+}
+
+namespace {
+
+void check_args(const at::Tensor& x, const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& biases) {
+  if (weights.empty()) throw UsageError("stacked_linear: at least one weight");
+  if (!biases.empty() && biases.size() != weights.size())
+    throw UsageError("stacked_linear: " + std::to_string(weights.size()) + " weights but " +
+                     std::to_string(biases.size()) + " biases (none, or one per weight)");
+  for (size_t i = 0; i < weights.size(); ++i) {
+    check_linear_args("stacked_linear", x, weights[i], biases.empty() ? at::Tensor() : biases[i]);
+    if (weights[i].scalar_type() != weights[0].scalar_type() ||
+        (!biases.empty() && biases[i].scalar_type() != biases[0].scalar_type()))
+      throw UsageError("stacked_linear: the weights must share one dtype, and the biases one");
+  }
+}
+
+std::vector<at::Tensor> in_dtype(at::TensorList ts, at::ScalarType dt) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : ts) out.push_back(compute_weight(t, dt));  // the optimizer's copies, or casts
+  return out;
+}
+
+struct StackedLinearFunction : public torch::autograd::Function<StackedLinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
+                            at::TensorList biases) {
+    const c10::DeviceGuard device_guard(x.device());
+    const at::ScalarType dt = x.scalar_type();
+    const int64_t k = x.size(-1), m = x.numel() / k;
+    std::vector<int64_t> rows;
+    int64_t n = 0;
+    for (const auto& w : weights) {
+      rows.push_back(w.size(0));
+      n += w.size(0);
+    }
+    const at::Tensor x2 = x.contiguous().view({m, k});
+    const at::Tensor w = stacked_rows(in_dtype(weights, dt));
+    const at::Tensor b = biases.empty() ? at::Tensor() : stacked_rows(in_dtype(biases, dt));
+    std::vector<int64_t> out_sizes = x.sizes().vec();
+    out_sizes.back() = n;
+    at::Tensor y = at::empty(out_sizes, x.options());
+    linear_forward_product(x2, w, b, y.view({m, n}));
+    bool weights_grad = false;
+    for (const auto& t : weights) weights_grad = weights_grad || t.requires_grad();
+    ctx->save_for_backward({weights_grad ? x2 : at::Tensor(), x.requires_grad() ? w : at::Tensor()});
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["w_dtype"] = int64_t(weights[0].scalar_type());
+    ctx->saved_data["b_dtype"] = biases.empty() ? int64_t(-1) : int64_t(biases[0].scalar_type());
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x2 = saved[0], &w = saved[1];
+    const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
+    const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
+    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
+    const size_t count = rows.size();
+    variable_list out(1 + count + (b_dtype >= 0 ? count : 0));
+    if (!grads[0].defined()) return out;
+    const int64_t k = x_sizes.back(), n = grads[0].size(-1), m = grads[0].numel() / n;
+    const at::ScalarType dt = w.defined() ? w.scalar_type() : x2.scalar_type();
+    const at::Tensor dy = grads[0].to(dt).contiguous().view({m, n});
+
+    bool want_w = false, want_b = false;
+    for (size_t i = 0; i < count; ++i) {
+      want_w = want_w || ctx->needs_input_grad(1 + i);
+      want_b = want_b || (b_dtype >= 0 && ctx->needs_input_grad(1 + count + i));
+    }
+    // All weights' gradients in one product (and the biases' in one column
+    // sum), beside the input gradient when the step runs two streams; each
+    // layer gets its row block, which autograd moves into .grad as it is.
+    at::Tensor dw = want_w ? at::empty({n, k}, dy.options().dtype(w_dtype)) : at::Tensor();
+    at::Tensor db = want_b ? at::empty({n}, dy.options().dtype(at::ScalarType(b_dtype))) : at::Tensor();
+    if (want_w || want_b) run_weight_grads([&] { linear_weight_grad_into(dy, x2, dw, db); }, {dy, x2});
+    int64_t offset = 0;
+    for (size_t i = 0; i < count; ++i) {
+      if (want_w && ctx->needs_input_grad(1 + i)) out[1 + i] = dw.narrow(0, offset, rows[i]);
+      if (want_b && ctx->needs_input_grad(1 + count + i)) out[1 + count + i] = db.narrow(0, offset, rows[i]);
+      offset += rows[i];
+    }
+    if (ctx->needs_input_grad(0)) {
+      at::Tensor dx = at::empty(x_sizes, dy.options());
+      linear_input_grad(dy, w, dx.view({m, k}));
+      out[0] = dx;
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+at::Tensor stacked_linear_function(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                   const std::vector<at::Tensor>& biases) {
+  check_args(x, weights, biases);
+  return StackedLinearFunction::apply(x, at::TensorList(weights), at::TensorList(biases));
+}
+
+}  // namespace detail
+
+at::Tensor stacked_linear_reference(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                    const std::vector<at::Tensor>& biases) {
+  std::vector<at::Tensor> w32, b32;
+  for (const auto& w : weights) w32.push_back(w.to(at::kFloat));
+  for (const auto& b : biases) b32.push_back(b.to(at::kFloat));
+  return at::linear(x.to(at::kFloat), at::cat(w32, 0), b32.empty() ? at::Tensor() : at::cat(b32, 0));
+}
+
+at::Tensor stacked_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                          const std::vector<at::Tensor>& biases) {
+  detail::check_args(x, weights, biases);
+  if (!x.is_cuda()) return stacked_linear_reference(x, weights, biases).to(x.scalar_type());
+  return detail::StackedLinearFunction::apply(x, at::TensorList(weights), at::TensorList(biases));
+}
+
+}  // namespace perftrain::ops

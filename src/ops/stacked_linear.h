@@ -1,0 +1,42 @@
+// Several linear layers that read the same input, as one product:
+//   y = x [W_0; W_1; ...]^T + [b_0; b_1; ...]      -> [..., N_0 + N_1 + ...]
+// DiT's adaLN modulations all read silu(c): one product of B rows each per
+// block (28 at XL/2), each far below one wave of output tiles, forward and
+// twice again backward. Stacked, they are one product forward and one each
+// for dX, dW (with the bias column sums) backward, and the gradients of the
+// pieces reach the op already joined by the chunk that split its output.
+//
+// The weights are read without a copy when their compute-dtype copies lie
+// back to back in memory (the device optimizer lays copies of one shape out
+// that way, train/device_optimizer.h); otherwise they are concatenated on each
+// call. The weight and bias gradients are row blocks of one fp32 buffer each
+// and go to the weight-gradient stream like linear's (ops/weight_grad_lane.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace perftrain::ops {
+
+// x [..., K] in the compute dtype; weights: n >= 1 tensors [N_i, K], one dtype
+// (fp32 masters or x's dtype); biases: none, or one [N_i] per weight (fp32 or
+// x's dtype). Returns [..., sum N_i] in x's dtype. Gradients as linear's.
+// CPU: the reference. Bad shapes or dtypes throw UsageError.
+at::Tensor stacked_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                          const std::vector<at::Tensor>& biases = {});
+
+// The plain-ATen fp32 reference: at::linear on the concatenated weights.
+at::Tensor stacked_linear_reference(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                    const std::vector<at::Tensor>& biases = {});
+
+namespace detail {
+// The autograd function on any device (CPU: through the ATen fallbacks).
+at::Tensor stacked_linear_function(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                   const std::vector<at::Tensor>& biases);
+// The tensors as one [sum of sizes(0), ...] tensor: a view when they lie
+// back to back in one storage, each contiguous; else their concatenation.
+at::Tensor stacked_rows(const std::vector<at::Tensor>& parts);
+}  // namespace detail
+
+}  // namespace perftrain::ops
