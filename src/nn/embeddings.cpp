@@ -34,10 +34,9 @@ at::Tensor PatchEmbed::forward_as_product(const at::Tensor& x, at::ScalarType ac
   const int64_t B = x.size(0), C = x.size(1), p = patch_, gh = x.size(2) / p, gw = x.size(3) / p;
   // [B, C, gh, p, gw, p] -> [B, gh, gw, C, p, p]: each token's patch in the
   // weight's (c, i, j) order, cast and made contiguous in one copy.
-  const at::Tensor patches = x.reshape({B, C, gh, p, gw, p})
-                                 .permute({0, 2, 4, 1, 3, 5})
-                                 .to(act, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous)
-                                 .view({B, gh * gw, C * p * p});
+  at::Tensor patches = at::empty({B, gh, gw, C, p, p}, x.options().dtype(act));
+  patches.copy_(x.reshape({B, C, gh, p, gw, p}).permute({0, 2, 4, 1, 3, 5}));
+  patches = patches.view({B, gh * gw, C * p * p});
   return ops::linear(patches, weight.view({weight.size(0), C * p * p}), bias);  // [B, T, hidden]
 }
 

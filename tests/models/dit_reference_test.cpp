@@ -138,6 +138,50 @@ TEST(DiT, ZeroInitialisedModelOutputsZeroAndIdentityBlocks) {
   EXPECT_EQ(out.abs().max().item<float>(), 0.0f);  // final layer is zero-initialised
 }
 
+// The fused path's structure on the CPU (where each fused op is its fp32
+// reference): the patch embedding as a product, the blocks chained, the
+// stacked modulations and the last residual fused with the final layer's
+// norm, and the recompute variant, give the plain model's output and
+// gradients. (The CUDA kernels themselves: tests/models/dit_gpu_test.cpp.)
+TEST(DiT, FusedPathMatchesThePlainModelInFp32) {
+  DiTConfig c = dit_config("DiT-T/4");
+  c.in_channels = 3, c.num_classes = 10, c.depth = 3;
+  DiT plain(c, 3), fused(c, 3);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
+  // Away from adaLN-Zero, so that every path carries signal.
+  auto perturb = [&gen](const std::string& n, const at::Tensor& w) {
+    return n == "pos_embed" ? w : w + 0.05 * at::randn(w.sizes(), gen, at::kFloat);
+  };
+  plain.transform(perturb);
+  const auto state = plain.state();
+  size_t i = 0;
+  fused.transform([&](const std::string&, const at::Tensor&) { return state[i++].second.clone(); });
+  fused.set_fused_kernels(true);
+  auto x = at::randn({2, 3, 32, 32}, gen, at::kFloat);
+  auto t = at::rand({2}, gen, at::kFloat) * 999;
+  auto y = at::randint(0, 10, {2}, gen, at::kLong);
+  auto gout = at::randn({2, 6, 32, 32}, gen, at::kFloat);
+  auto run = [&](DiT& m) {
+    const at::Tensor out = m.forward(x, t, y);
+    (out * gout).sum().backward();
+    std::vector<at::Tensor> grads;
+    for (auto& p : m.parameters()) {
+      grads.push_back(p.grad().clone());
+      p.mutable_grad() = at::Tensor();
+    }
+    return std::make_pair(out.detach(), grads);
+  };
+  const auto ref = run(plain);
+  const auto names = plain.named_parameters();
+  for (const bool recompute : {false, true}) {
+    fused.set_recompute(recompute);
+    const auto got = run(fused);
+    EXPECT_TRUE(got.first.allclose(ref.first, 1e-4, 1e-5)) << "recompute " << recompute;
+    for (size_t k = 0; k < ref.second.size(); ++k)
+      EXPECT_TRUE(got.second[k].allclose(ref.second[k], 1e-3, 1e-5)) << names[k].first << ", recompute " << recompute;
+  }
+}
+
 TEST(DiT, SameSeedSameWeightsDifferentSeedDifferent) {
   DiTConfig c = dit_config("DiT-T/8");
   DiT a(c, 1), b(c, 1), d(c, 2);
