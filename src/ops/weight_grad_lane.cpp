@@ -5,12 +5,15 @@
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "base/env.h"
@@ -137,6 +140,41 @@ void run_weight_grads(const std::function<void()>& work, std::vector<at::Tensor>
     l.in_flight.front().done.block(main);
     l.in_flight.pop_front();
   }
+}
+
+std::vector<std::string> leaves_used_more_than_once(const at::Tensor& root,
+                                                    const std::vector<std::pair<std::string, at::Tensor>>& names) {
+  using torch::autograd::AccumulateGrad;
+  using torch::autograd::Node;
+  std::vector<std::string> out;
+  const std::shared_ptr<Node> start = root.defined() ? root.grad_fn() : nullptr;
+  if (!start) return out;
+  // Every node once; every edge into an AccumulateGrad counted.
+  std::unordered_set<const Node*> seen{start.get()};
+  std::vector<const Node*> todo{start.get()};
+  std::unordered_map<const AccumulateGrad*, int> uses;
+  std::vector<const AccumulateGrad*> order;  // first-reached order, for a stable message
+  while (!todo.empty()) {
+    const Node* node = todo.back();
+    todo.pop_back();
+    for (const auto& edge : node->next_edges()) {
+      const Node* next = edge.function.get();
+      if (next == nullptr) continue;
+      if (const auto* acc = dynamic_cast<const AccumulateGrad*>(next)) {
+        if (uses[acc]++ == 0) order.push_back(acc);
+      }
+      if (seen.insert(next).second) todo.push_back(next);
+    }
+  }
+  std::unordered_map<const void*, std::string> name_of;
+  for (const auto& [name, t] : names) name_of[t.unsafeGetTensorImpl()] = name;
+  int unnamed = 0;
+  for (const AccumulateGrad* acc : order) {
+    if (uses[acc] < 2) continue;
+    auto it = name_of.find(acc->variable.unsafeGetTensorImpl());
+    out.push_back(it != name_of.end() ? it->second : "leaf " + std::to_string(unnamed++));
+  }
+  return out;
 }
 
 }  // namespace perftrain::ops

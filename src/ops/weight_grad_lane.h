@@ -23,12 +23,15 @@
 // gradient into .grad without touching it when the weight has one use in the
 // step (true of DiT); a weight used twice would have its two gradients added
 // on the current stream before the join, so models that share weights must
-// not run their backward in a scope.
+// not run their backward in a scope (the step runner checks the first step's
+// graph with leaves_used_more_than_once() and stays on one stream if so).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace perftrain::ops {
@@ -75,5 +78,14 @@ void run_weight_grads(const std::function<void()>& work, std::vector<at::Tensor>
 // Whether the calling thread is running work on the side stream now (the
 // cuBLASLt context then hands out the side stream's own workspace).
 bool on_weight_grad_stream();
+
+// The condition above, checked on a built graph: walks the autograd graph
+// of `root` (before its backward) and returns the names of the leaves
+// reached by more than one edge (a weight used twice: shared weights, a
+// layer applied in a loop), as `names` names them (keyed by the leaf's
+// TensorImpl; an unnamed leaf is "leaf <n>"). Empty: each leaf is used once,
+// and its gradient may be left on the side stream.
+std::vector<std::string> leaves_used_more_than_once(
+    const at::Tensor& root, const std::vector<std::pair<std::string, at::Tensor>>& names = {});
 
 }  // namespace perftrain::ops

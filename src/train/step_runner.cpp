@@ -55,8 +55,11 @@ struct StepRunner::Impl {
 
   // Whether the backward runs weight gradients on their own stream: the
   // fused ops only (DiT uses each weight once per step; --recompute's nested
-  // backward is left on one stream).
+  // backward is left on one stream). The first step's graph is checked for a
+  // weight used twice, which turns it off (weight_grad_note says why).
   bool weight_grad_stream = false;
+  bool weight_uses_checked = false;
+  std::string weight_grad_note;
 
   // The whole-step graph and its static inputs. The batch goes pinned host ->
   // staging (side stream, overlapping the previous replay) -> static (a
@@ -94,6 +97,7 @@ struct StepRunner::Impl {
     at::Tensor loss = terms.loss;
     if (device_optimizer) {
       if (cfg.optim.precision == "fp16") loss = loss * device_optimizer->loss_scale();
+      if (weight_grad_stream && !weight_uses_checked) check_weight_uses(loss);
       {
         // Weight gradients on a second stream beside the input gradients,
         // joined before the optimizer reads them (ops/weight_grad_lane.h).
@@ -112,6 +116,18 @@ struct StepRunner::Impl {
     loss_sum.add_(terms.loss.detach());
     mse_sum.add_(terms.mse);
     if (terms.vb.defined()) vb_sum.add_(terms.vb);
+  }
+
+  // The side stream needs each weight used once per step (ops/weight_grad_lane.h);
+  // a model that shares weights runs its backward on one stream.
+  void check_weight_uses(const at::Tensor& loss) {
+    weight_uses_checked = true;
+    const auto shared = ops::leaves_used_more_than_once(loss, model.named_parameters());
+    if (shared.empty()) return;
+    weight_grad_stream = false;
+    weight_grad_note = "weight gradients on one stream: " + shared[0] +
+                       (shared.size() > 1 ? " and " + std::to_string(shared.size() - 1) + " more" : "") +
+                       " used more than once per step";
   }
 
   bool fits_static(const data::Batch& b) const {
@@ -270,6 +286,7 @@ StepRunner::~StepRunner() = default;
 bool StepRunner::graph_active() const { return impl_->graph != nullptr; }
 
 bool StepRunner::weight_grad_stream() const { return impl_->weight_grad_stream; }
+const std::string& StepRunner::weight_grad_note() const { return impl_->weight_grad_note; }
 
 void StepRunner::step(const data::Batch& batch) {
   Impl& s = *impl_;

@@ -77,8 +77,11 @@ class StepRunner {
   const std::string& graph_status() const { return graph_status_; }
   bool graph_active() const;
   // Whether the backward runs its weight gradients on a second stream
-  // (StepOptions::weight_grad_stream and the size rule).
+  // (StepOptions::weight_grad_stream and the size rule; turned off at the
+  // first step for a model that uses a weight twice, and the note says so:
+  // "" otherwise).
   bool weight_grad_stream() const;
+  const std::string& weight_grad_note() const;
 
   // Optimizer state for checkpoints, named as AdamW::state() names it.
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;

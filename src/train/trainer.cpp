@@ -182,6 +182,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       loop_start = window_start = Clock::now();
       wait_at_window_start = loader.wait_seconds();
       log << "first step done " << summary.first_step_s << " s after start\n";
+      if (!runner.weight_grad_note().empty()) log << runner.weight_grad_note() << "\n";
     }
     if (step > summary.first_step && (step % cfg.log.every == 0 || step == cfg.optim.steps)) {
       const WindowStats w = runner.take_window();  // the one host sync per window

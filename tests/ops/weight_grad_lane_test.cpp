@@ -1,11 +1,21 @@
-// The weight-gradient stream's host side: when the step runner opens it, and
-// that without an active scope (or on the CPU) the work runs inline.
+// The weight-gradient stream's host side: when the step runner opens it, that
+// without an active scope (or on the CPU) the work runs inline, and the check
+// of a built graph for weights used more than once.
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "ops/stacked_linear.h"
 #include "ops/weight_grad_lane.h"
+#include "support/tensor_checks.h"
 
 namespace perftrain::ops {
 namespace {
@@ -33,6 +43,35 @@ TEST(WeightGradLane, RunsInlineWithoutAnActiveScope) {
       {at::ones({2})});
   EXPECT_EQ(runs, 1);
   EXPECT_FALSE(on_side);
+}
+
+// The graph check the step runner makes before the first backward: a weight
+// reached by two edges (used twice, or twice by one op) is named; weights
+// used once, inputs that need no gradient and a graph-less root are not.
+TEST(WeightGradLane, FindsWeightsUsedMoreThanOnce) {
+  auto gen = perftrain::testing::seeded_cpu_generator(3);
+  const at::Tensor x = at::randn({5, 4}, gen);
+  const at::Tensor w1 = at::randn({4, 4}, gen).set_requires_grad(true);
+  const at::Tensor w2 = at::randn({4, 4}, gen).set_requires_grad(true);
+  const at::Tensor b = at::randn({4}, gen).set_requires_grad(true);
+  const std::vector<std::pair<std::string, at::Tensor>> names{{"w1", w1}, {"w2", w2}, {"b", b}};
+
+  const at::Tensor once = (at::matmul(at::matmul(x, w1) + b, w2)).sum();
+  EXPECT_TRUE(leaves_used_more_than_once(once, names).empty());
+  const at::Tensor looped = (at::matmul(at::matmul(x, w1), w1) + b).sum();  // a layer applied twice
+  EXPECT_EQ(leaves_used_more_than_once(looped, names), (std::vector<std::string>{"w1"}));
+  const at::Tensor twice_in_one_op = (at::matmul(x, w2 + w2) + b + b).sum();
+  auto both = leaves_used_more_than_once(twice_in_one_op, names);
+  std::sort(both.begin(), both.end());
+  EXPECT_EQ(both, (std::vector<std::string>{"b", "w2"}));
+  EXPECT_EQ(leaves_used_more_than_once(looped), (std::vector<std::string>{"leaf 0"}));  // no names given
+  // The stacked modulation product reads each weight once; the same weight
+  // listed twice is two uses.
+  const at::Tensor xs = x.clone().set_requires_grad(true);
+  EXPECT_TRUE(leaves_used_more_than_once(detail::stacked_linear_function(xs, {w1, w2}, {}).sum(), names).empty());
+  EXPECT_EQ(leaves_used_more_than_once(detail::stacked_linear_function(xs, {w1, w1}, {}).sum(), names),
+            (std::vector<std::string>{"w1"}));
+  EXPECT_TRUE(leaves_used_more_than_once(x.sum(), names).empty());  // no graph
 }
 
 }  // namespace
