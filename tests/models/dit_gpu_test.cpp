@@ -39,6 +39,17 @@ std::pair<at::Tensor, std::vector<at::Tensor>> run(DiT& model, const at::Device&
   return {out.to(at::kFloat).cpu(), grads};
 }
 
+// Moves the CPU model's weights away from adaLN-Zero (so that every path
+// carries signal) and copies them into the GPU model.
+void perturb_and_copy(DiT& cpu, DiT& gpu, at::Generator& gen) {
+  cpu.transform([&](const std::string& n, const at::Tensor& w) {
+    return n == "pos_embed" ? w : w + 0.05 * at::randn(w.sizes(), gen, at::kFloat);
+  });
+  auto state = cpu.state();
+  size_t i = 0;
+  gpu.transform([&](const std::string&, const at::Tensor&) { return state[i++].second.to(at::kCUDA); });
+}
+
 TEST(DiTGpu, MatchesCpuInFp32AndBf16) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   at::globalContext().setAllowTF32CuBLAS(false);
@@ -46,13 +57,7 @@ TEST(DiTGpu, MatchesCpuInFp32AndBf16) {
   c.depth = 3, c.hidden = 96, c.heads = 3, c.patch = 2, c.image_size = 10, c.in_channels = 3, c.num_classes = 7;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
   DiT cpu(c, 4), gpu(c, 4);
-  // Perturb away from adaLN-Zero so that every path carries signal.
-  cpu.transform([&](const std::string& n, const at::Tensor& w) {
-    return n == "pos_embed" ? w : w + 0.05 * at::randn(w.sizes(), gen, at::kFloat);
-  });
-  auto state = cpu.state();
-  size_t i = 0;
-  gpu.transform([&](const std::string&, const at::Tensor&) { return state[i++].second.to(at::kCUDA); });
+  perturb_and_copy(cpu, gpu, gen);
 
   const int64_t B = 5;
   auto x = at::randn({B, 3, 10, 10}, gen, at::kFloat);
@@ -86,12 +91,7 @@ TEST(DiTGpu, FusedPathMatchesCpu) {
   c.depth = 3, c.hidden = 96, c.heads = 3, c.patch = 2, c.image_size = 16, c.in_channels = 4, c.num_classes = 7;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   DiT cpu(c, 4), gpu(c, 4);
-  cpu.transform([&](const std::string& n, const at::Tensor& w) {
-    return n == "pos_embed" ? w : w + 0.05 * at::randn(w.sizes(), gen, at::kFloat);
-  });
-  auto state = cpu.state();
-  size_t i = 0;
-  gpu.transform([&](const std::string&, const at::Tensor&) { return state[i++].second.to(at::kCUDA); });
+  perturb_and_copy(cpu, gpu, gen);
   gpu.set_fused_kernels(true);
 
   const int64_t B = 6;
