@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "support/test_support.h"
 #include "models/dit.h"
+#include "ops/weight_grad_lane.h"
 
 namespace perftrain::models {
 namespace {
@@ -180,6 +181,12 @@ TEST(DiT, FusedPathMatchesThePlainModelInFp32) {
     for (size_t k = 0; k < ref.second.size(); ++k)
       EXPECT_TRUE(got.second[k].allclose(ref.second[k], 1e-3, 1e-5)) << names[k].first << ", recompute " << recompute;
   }
+  // Each weight is used once per step on both paths: the condition under
+  // which the step runner leaves the weight gradients on a second stream.
+  fused.set_recompute(false);
+  for (DiT* m : {&plain, &fused})
+    EXPECT_TRUE(ops::leaves_used_more_than_once((m->forward(x, t, y) * gout).sum(), m->named_parameters()).empty())
+        << (m == &fused ? "fused" : "plain");
 }
 
 TEST(DiT, SameSeedSameWeightsDifferentSeedDifferent) {
