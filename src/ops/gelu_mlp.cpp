@@ -8,6 +8,7 @@
 #include <c10/util/irange.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <atomic>
 #include <optional>
 #include <string>
 #include <utility>
@@ -71,7 +72,13 @@ bool dgelu_bf16_bgrad() {
 std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, const at::Tensor& w2,
                                                         const at::Tensor& pre, bool want_db1) {
   at::Tensor dpre = at::empty(pre.sizes(), dy.options());
-  if (cublaslt_path(dy, w2)) {
+  if (cublaslt_path(dy, w2) && !gelu_mlp_dgelu_in_epilogue()) {
+    if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDefault)) {
+      at::gelu_backward_out(dpre, dpre, pre, "tanh");  // elementwise: in place is safe
+      return {dpre, at::Tensor()};
+    }
+    note_gemm_fallback();
+  } else if (cublaslt_path(dy, w2)) {
     if (want_db1 && bias_grad_epilogue()) {
       // fp32 first; cuBLASLt 13.0 refuses an fp32 bias gradient with a bf16
       // D. It takes a bf16 one, but only PERFTRAIN_DGELU_BF16_BGRAD=1 asks
@@ -191,6 +198,16 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
 };
 
 }  // namespace
+
+namespace {
+std::atomic<bool>& dgelu_in_epilogue() {
+  static std::atomic<bool> on{!env_equals("PERFTRAIN_DGELU", "split")};
+  return on;
+}
+}  // namespace
+
+bool gelu_mlp_dgelu_in_epilogue() { return dgelu_in_epilogue().load(); }
+void set_gelu_mlp_dgelu_in_epilogue(bool on) { dgelu_in_epilogue().store(on); }
 
 bool gelu_mlp_saves_activation() {
   static const bool on = !env_equals("PERFTRAIN_GELU_SAVE", "pre");

@@ -38,6 +38,16 @@ at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor&
 // keep_activation, e.g. from models::DiT::set_gelu_recompute, overrides it.
 bool gelu_mlp_saves_activation();
 
+// Where the backward makes pre's gradient (dy w2) * gelu_tanh'(pre): in the
+// DGELU epilogue of that product (the default), or with a plain product and
+// then ATen's gelu_backward in place on its result (PERFTRAIN_DGELU=split).
+// cuBLASLt's DGELU kernel is slow at DiT-S/2 b32: 50 µs per call, where the
+// forward's product of the same shape with its GELU epilogue takes 30. The
+// split form pays one more pass over two [M, H] tensors for it. Not yet
+// measured in a whole step; the setter is for tests and the bench.
+bool gelu_mlp_dgelu_in_epilogue();
+void set_gelu_mlp_dgelu_in_epilogue(bool on);
+
 // The plain-ATen fp32 reference: linear, gelu(..., "tanh"), linear on fp32
 // copies; returns fp32.
 at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,

@@ -405,6 +405,12 @@ TEST(GemmGpu, GeluMlpMatchesFloat64) {
   // where the forward's came from cuBLASLt's epilogue): same tolerance.
   for (const CH& s : shapes) check_gelu_mlp(at::kBFloat16, 8192, s.c, s.h, s.dit, seed++, false);
   check_gelu_mlp(at::kBFloat16, 77, 384, 1536, true, seed++, false);
+  // pre's gradient from a plain product and gelu_backward in place
+  // (PERFTRAIN_DGELU=split): same tolerance.
+  set_gelu_mlp_dgelu_in_epilogue(false);
+  for (const CH& s : shapes) check_gelu_mlp(at::kBFloat16, 8192, s.c, s.h, s.dit, seed++);
+  check_gelu_mlp(at::kBFloat16, 77, 384, 1536, true, seed++);
+  set_gelu_mlp_dgelu_in_epilogue(true);
 }
 
 // H = 20 is no multiple of 8: the fused GELU cannot run, the products fall
