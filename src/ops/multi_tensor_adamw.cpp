@@ -91,10 +91,10 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<a
       exp_avgs_(std::move(exp_avgs)),
       exp_avg_sqs_(std::move(exp_avg_sqs)),
       emas_(std::move(emas)),
+      shadows_(std::move(shadows)),
       scalars_(std::move(scalars)),
       opts_(opts),
-      names_(std::move(names)),
-      shadows_(std::move(shadows)) {
+      names_(std::move(names)) {
   const size_t n = params_.size();
   if (!shadows_.empty() && shadows_.size() != n)
     throw UsageError("multi_tensor_adamw: " + std::to_string(n) + " parameters but " +
