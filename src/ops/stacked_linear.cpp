@@ -80,6 +80,7 @@ struct StackedLinearFunction : public torch::autograd::Function<StackedLinearFun
     ctx->save_for_backward({weights_grad ? x2 : at::Tensor(), x.requires_grad() ? w : at::Tensor()});
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["rows"] = rows;
+    ctx->saved_data["dtype"] = int64_t(dt);
     ctx->saved_data["w_dtype"] = int64_t(weights[0].scalar_type());
     ctx->saved_data["b_dtype"] = biases.empty() ? int64_t(-1) : int64_t(biases[0].scalar_type());
     return y;
@@ -96,7 +97,7 @@ struct StackedLinearFunction : public torch::autograd::Function<StackedLinearFun
     variable_list out(1 + count + (b_dtype >= 0 ? count : 0));
     if (!grads[0].defined()) return out;
     const int64_t k = x_sizes.back(), n = grads[0].size(-1), m = grads[0].numel() / n;
-    const at::ScalarType dt = w.defined() ? w.scalar_type() : x2.scalar_type();
+    const auto dt = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     const at::Tensor dy = grads[0].to(dt).contiguous().view({m, n});
 
     bool want_w = false, want_b = false;

@@ -64,6 +64,20 @@ TEST(StackedLinear, MatchesSeparateLayersForwardAndBackward) {
   }
 }
 
+// Only the biases train (frozen weights, an input without gradient): the
+// backward saved neither x nor the weights and still gives the column sums.
+TEST(StackedLinear, BiasesAloneGetTheirGradients) {
+  Layers l = make_layers({5, 3}, 4, 6, true, 4);
+  const at::Tensor x = l.x.detach();
+  std::vector<at::Tensor> frozen;
+  for (const auto& w : l.w) frozen.push_back(w.detach());
+  const at::Tensor y = detail::stacked_linear_function(x, frozen, l.b);
+  const auto grads = torch::autograd::grad({y}, l.b, {l.dy});
+  ASSERT_EQ(grads.size(), 2u);
+  expect_close(grads[0], l.dy.narrow(1, 0, 5).sum(0), 1e-5, 1e-5, "first bias");
+  expect_close(grads[1], l.dy.narrow(1, 5, 3).sum(0), 1e-5, 1e-5, "second bias");
+}
+
 TEST(StackedLinear, ReadsAdjacentRowsAsOneView) {
   const at::Tensor buffer = at::randn({3 * 4 * 5 + 8});
   std::vector<at::Tensor> adjacent;
