@@ -72,13 +72,7 @@ bool dgelu_bf16_bgrad() {
 std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, const at::Tensor& w2,
                                                         const at::Tensor& pre, bool want_db1) {
   at::Tensor dpre = at::empty(pre.sizes(), dy.options());
-  if (cublaslt_path(dy, w2) && !gelu_mlp_dgelu_in_epilogue()) {
-    if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDefault)) {
-      at::gelu_backward_out(dpre, dpre, pre, "tanh");  // elementwise: in place is safe
-      return {dpre, at::Tensor()};
-    }
-    note_gemm_fallback();
-  } else if (cublaslt_path(dy, w2)) {
+  if (cublaslt_path(dy, w2) && gelu_mlp_dgelu_in_epilogue()) {
     if (want_db1 && bias_grad_epilogue()) {
       // fp32 first; cuBLASLt 13.0 refuses an fp32 bias gradient with a bf16
       // D. It takes a bf16 one, but only PERFTRAIN_DGELU_BF16_BGRAD=1 asks
@@ -95,8 +89,11 @@ std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, co
     if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGelu, at::Tensor(), pre)) return {dpre, at::Tensor()};
     note_gemm_fallback();
   }
+  // The split form (or the fallback): the plain product, then GELU's
+  // backward in place on it (elementwise, so in place is safe).
   detail::linear_input_grad(dy, w2, dpre);
-  return {at::gelu_backward(dpre, pre, "tanh"), at::Tensor()};
+  at::gelu_backward_out(dpre, dpre, pre, "tanh");
+  return {dpre, at::Tensor()};
 }
 
 at::ScalarType dtype_of(AutogradContext* ctx, const char* key) {
