@@ -293,8 +293,9 @@ class DDPMLinear:
         return self.sqrt_acp[t].view(-1, 1, 1, 1) * x0 + self.sqrt_1m_acp[t].view(-1, 1, 1, 1) * noise
 
 
-def train_step(model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=False):
-    """One step: sample t and noise, forward, MSE against the noise, backward, AdamW, zero_grad."""
+def train_step(model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=False, ema=None):
+    """One step: sample t and noise, forward, MSE against the noise, backward, AdamW, zero_grad;
+    with ema = (ema_params, params, decay) also the EMA update, one foreach lerp."""
     if mark_cudagraph_step:
         torch.compiler.cudagraph_mark_step_begin()
     t = torch.randint(0, ddpm.num_timesteps, (x0.shape[0],), device=x0.device)  # [B]
@@ -307,6 +308,10 @@ def train_step(model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=False):
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    if ema is not None:
+        ema_params, params, decay = ema
+        with torch.no_grad():
+            torch._foreach_lerp_(ema_params, params, 1 - decay)
     return loss
 
 
@@ -322,6 +327,8 @@ def run_bench(cfg, args):
     model = build_model(cfg).to(dev).train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
                             weight_decay=0, **({"fused": True} if cuda else {}))
+    params = [p for p in model.parameters() if p.requires_grad]
+    ema = ([p.detach().clone() for p in params], params, args.ema) if args.ema > 0 else None
     step_model = model
     if args.mode == "compile":
         step_model = torch.compile(model)
@@ -344,7 +351,8 @@ def run_bench(cfg, args):
             ev0.record()
         else:
             c0 = now_ms()
-        train_step(step_model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=args.mode == "reduce-overhead")
+        train_step(step_model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=args.mode == "reduce-overhead",
+                   ema=ema)
         if cuda:
             ev1.record()
         if i == 0:
@@ -550,6 +558,8 @@ def make_parser():
     s.add_argument("--mode", choices=MODES, default="eager-bf16")
     s.add_argument("--steps", type=int, default=30)
     s.add_argument("--warmup", type=int, default=6)
+    s.add_argument("--ema", type=float, default=0.0,
+                   help="> 0: an EMA of the weights with this decay, updated after every step (timed)")
     s.add_argument("--objective", choices=["ddpm"], default="ddpm")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda if available")

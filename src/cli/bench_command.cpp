@@ -46,6 +46,7 @@ struct BenchArgs {
   int64_t image_size = 32, in_channels = 4, num_classes = 1000;
   uint64_t seed = 0;
   bool against_torch = false, recompute = false, gelu_recompute = false;
+  bool ema = false;         // an EMA update each step, here and in the torch reference
   std::string profile;      // variant to profile after its timing ("" none)
   std::string profile_dir;  // where its breakdown goes (the run directory)
 };
@@ -82,7 +83,7 @@ std::string default_out_dir(const std::string& model) {
 
 // The anchors' benchmark config: DiT as in facebookresearch/DiT with
 // learn_sigma off, label dropout 0.1, DDPM eps-MSE, AdamW (lr 1e-4, no weight
-// decay, no clipping, no LR warm-up), EMA 0.9999.
+// decay, no clipping, no LR warm-up); with --ema also an EMA at 0.9999.
 train::TrainConfig bench_config(const BenchArgs& a, bool cuda) {
   train::TrainConfig cfg;
   cfg.model = models::dit_config(a.model);  // UsageError listing the known names
@@ -149,6 +150,10 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   so.graph = v.graph;
   so.recompute = a.recompute;
   so.gelu_recompute = a.gelu_recompute;
+  // The step torch's reference times: no gradient norm (it does not clip),
+  // an EMA only where both sides run one.
+  so.ema = a.ema;
+  so.grad_norm = false;
   // The capture happens at step so.warmup_steps + 1; time from one replay after.
   const int64_t warmup = std::max<int64_t>({a.warmup, 1, v.graph ? so.warmup_steps + 2 : 0});
   row.warmup = warmup;
@@ -317,9 +322,10 @@ void run(BenchArgs a) {
   s.device = cuda ? "cuda" : "cpu";
   s.data_pool = kPoolBatches;
   char optim[160];
-  std::snprintf(optim, sizeof optim, "AdamW lr %g, betas (%g, %g), eps %g, weight decay %g, no clipping; EMA %g",
-                base.optim.lr, base.optim.beta1, base.optim.beta2, base.optim.eps, base.optim.weight_decay,
-                base.optim.ema_decay);
+  char ema[32] = "no EMA";
+  if (a.ema) std::snprintf(ema, sizeof ema, "EMA %g", base.optim.ema_decay);
+  std::snprintf(optim, sizeof optim, "AdamW lr %g, betas (%g, %g), eps %g, weight decay %g, no clipping; %s",
+                base.optim.lr, base.optim.beta1, base.optim.beta2, base.optim.eps, base.optim.weight_decay, ema);
   s.optimizer = optim;
   s.against_torch = a.against_torch;
   s.torch_modes = torch_modes;
@@ -359,6 +365,7 @@ void run(BenchArgs a) {
         r.num_classes = base.model.num_classes;
         r.class_dropout = base.model.class_dropout;
         r.batch = b, r.steps = a.steps, r.warmup = a.warmup, r.mode = mode;
+        r.ema_decay = a.ema ? base.optim.ema_decay : 0.0;
         r.device = cuda ? "cuda" : "cpu";
         std::cout << "  torch batch " << b << " " << mode << " ..." << std::flush;
         auto row = ob::run_torch_bench(s.torch_python, script, r,
@@ -406,6 +413,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--recompute", a->recompute, "recompute block activations in backward (all variants)");
   cmd->add_flag("--gelu-recompute", a->gelu_recompute,
                 "keep only the MLPs' pre-activations, GELU again in backward (all variants)");
+  cmd->add_flag("--ema", a->ema,
+                "also update an EMA of the weights (decay 0.9999) every step, in every variant and in the torch "
+                "reference (default: the anchors' step, AdamW only)");
   cmd->add_option("--seed", a->seed, "model and data seed");
   cmd->add_option("--profile", a->profile,
                   "after timing this variant (e.g. all), record 5 steps with the PyTorch profiler: kernel time by "

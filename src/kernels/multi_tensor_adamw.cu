@@ -102,7 +102,7 @@ prepare_kernel(const double* __restrict__ partials, int count, AdamWScalars* __r
   if (threadIdx.x != 0) return;
 
   const float scale = s->loss_scale;
-  const double norm = sqrt(sumsq) / static_cast<double>(scale);
+  const double norm = count >= 0 ? sqrt(sumsq) / static_cast<double>(scale) : nan("");
   s->grad_norm = static_cast<float>(norm);
   const bool found_inf = !isfinite(static_cast<float>(norm));
   bool skip = false;

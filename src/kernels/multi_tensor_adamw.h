@@ -84,7 +84,8 @@ struct AdamWHyper {
 int adamw_grid(int chunks);
 // Fills partials[0 .. grid) (grid <= table.chunks, fixed by the caller).
 void adamw_sum_squares(const AdamWTable& table, double* partials, int grid, cudaStream_t stream);
-// Sums partials[0 .. count) and writes *scalars.
+// Sums partials[0 .. count) and writes *scalars; count -1: the norm was not
+// computed, grad_norm is NaN (the caller has no clipping or dynamic scale).
 void adamw_prepare(const double* partials, int count, AdamWScalars* scalars, const AdamWHyper& hyper,
                    cudaStream_t stream);
 // Applies the update described by *scalars (nothing when scalars->skip).

@@ -25,6 +25,9 @@ using detail::vec8_aligned;
 // so rows up to kNarrowBiasCols take 1 x 8 (more threads per row instead),
 // wider ones 2 x 8 (a few spilled registers).
 template <int VEC> constexpr int fwd_items() { return VEC == 8 ? 6 : 16; }  // warp covers D <= 1536 / 512
+// Narrower rows keep a warp per row with fewer vectors per thread: fewer
+// registers, so more rows in flight per SM (the forward is latency-bound at
+// ~25% occupancy with 6 vectors of 8 held for D = 384).
 template <int VEC> constexpr int bwd_items() { return VEC == 8 ? 2 : 16; }
 constexpr int kMaxThreads = 512;
 constexpr int kNarrowBiasItems = 1;  // VEC = 8
@@ -136,7 +139,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 // phase 2 reads dx1_ext, y, gate only after the sums, so they take no
 // registers across the reduction. SUM_DX1: also the column sums of dx1
 // (plane 3), for the bias; the bias itself only enters in the reduce kernel.
-template <typename TX, typename TM, typename TA, int VEC, int ITEMS, bool SUM_DX1, bool XHAT>
+// EARLY: a row's phase-2 inputs (dx1_ext, y) are loaded with its phase-1
+// ones, before the row sums, so each row costs one memory round trip instead
+// of two; it holds them in registers across the reduction, so only the
+// one-vector (ITEMS = 1) instantiations take it.
+template <typename TX, typename TM, typename TA, int VEC, int ITEMS, bool SUM_DX1, bool XHAT, bool EARLY>
 __global__ void __launch_bounds__(kMaxThreads, 1)
     residual_adaln_backward_kernel(const TX* __restrict__ dx1_ext, const TA* __restrict__ dh,
                                    const TX* __restrict__ x1, const TA* __restrict__ xhat,
@@ -167,6 +174,23 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     const int64_t off = row * cols;
     const float mu = XHAT ? 0.f : mean[row], rs = rstd[row];
     float xh[ITEMS][VEC], g[ITEMS][VEC];
+    float e[ITEMS][VEC], yv[ITEMS][VEC];  // dx1_ext (then dx1) and y
+    auto load_phase2 = [&](int i, int c) {
+      if (dx1_ext != nullptr) {
+        load_vec<TX, VEC>(dx1_ext + off + int64_t(c) * VEC, e[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) e[i][j] = 0.f;
+      }
+      load_vec<TA, VEC>(y + off + int64_t(c) * VEC, yv[i]);
+    };
+    if constexpr (EARLY) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        const int c = threadIdx.x + i * blockDim.x;
+        if (c < nvec) load_phase2(i, c);
+      }
+    }
     float s[2] = {0.f, 0.f};  // sum g, sum g*xhat
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -197,24 +221,18 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     for (int i = 0; i < ITEMS; ++i) {
       const int c = threadIdx.x + i * blockDim.x;
       if (c < nvec) {
-        float e[VEC], yv[VEC], gv[VEC];
-        if (dx1_ext != nullptr) {
-          load_vec<TX, VEC>(dx1_ext + off + int64_t(c) * VEC, e);
-        } else {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) e[j] = 0.f;
-        }
-        load_vec<TA, VEC>(y + off + int64_t(c) * VEC, yv);
+        float gv[VEC];
+        if constexpr (!EARLY) load_phase2(i, c);
         load_vec<TM, VEC>(gt + c * VEC, gv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          e[j] += rs * (g[i][j] - mg - xh[i][j] * mgx);  // dx1
-          acc_dgate[i][j] += e[j] * yv[j];
-          if constexpr (SUM_DX1) acc_dx1[i][j] += e[j];
-          yv[j] = e[j] * gv[j];  // dy
+          e[i][j] += rs * (g[i][j] - mg - xh[i][j] * mgx);  // dx1
+          acc_dgate[i][j] += e[i][j] * yv[i][j];
+          if constexpr (SUM_DX1) acc_dx1[i][j] += e[i][j];
+          yv[i][j] = e[i][j] * gv[j];  // dy
         }
-        store_vec<TX, VEC>(dx + off + int64_t(c) * VEC, e);
-        store_vec<TA, VEC>(dy + off + int64_t(c) * VEC, yv);
+        store_vec<TX, VEC>(dx + off + int64_t(c) * VEC, e[i]);
+        store_vec<TA, VEC>(dy + off + int64_t(c) * VEC, yv[i]);
       }
     }
   }
@@ -270,7 +288,15 @@ __global__ void residual_adaln_reduce_partials_kernel(const float* __restrict__ 
   dshift[int64_t(b) * cols + c] = from_float<TM>(s2);
 }
 
+ResidualAdaLNLaunch& launch_settings() {
+  static ResidualAdaLNLaunch settings;
+  return settings;
+}
+
 }  // namespace
+
+ResidualAdaLNLaunch residual_adaln_launch() { return launch_settings(); }
+void set_residual_adaln_launch(const ResidualAdaLNLaunch& settings) { launch_settings() = settings; }
 
 template <typename TX, typename TM, typename TA>
 void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y, const float* bias,
@@ -292,10 +318,21 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
                                        h, mean, rstd, xhat, rows, tokens, cols, eps);
     PERFTRAIN_LAUNCH_CHECK();
   };
+  // A warp per row takes 8 x ITEMS x 32 columns: the fewest ITEMS that cover the row.
+  const bool by_width = residual_adaln_launch().forward_items_by_width;
+  auto vec8_launch = [&](auto bias_tag) {
+    constexpr bool B = decltype(bias_tag)::value;
+    if (by_width && cols <= 8 * 2 * 32)
+      launch(residual_adaln_forward_kernel<TX, TM, TA, 8, 2, B>, 8, 2);
+    else if (by_width && cols <= 8 * 3 * 32)
+      launch(residual_adaln_forward_kernel<TX, TM, TA, 8, 3, B>, 8, 3);
+    else
+      launch(residual_adaln_forward_kernel<TX, TM, TA, 8, fwd_items<8>(), B>, 8, fwd_items<8>());
+  };
   if (vec8 && bias != nullptr)
-    launch(residual_adaln_forward_kernel<TX, TM, TA, 8, fwd_items<8>(), true>, 8, fwd_items<8>());
+    vec8_launch(std::true_type{});
   else if (vec8)
-    launch(residual_adaln_forward_kernel<TX, TM, TA, 8, fwd_items<8>(), false>, 8, fwd_items<8>());
+    vec8_launch(std::false_type{});
   else if (bias != nullptr)
     launch(residual_adaln_forward_kernel<TX, TM, TA, 1, fwd_items<1>(), true>, 1, fwd_items<1>());
   else
@@ -303,7 +340,7 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
 }
 
 int residual_adaln_backward_tiles(int batch, int tokens, int sm_count) {
-  return detail::sample_row_tiles(batch, tokens, sm_count);
+  return detail::sample_row_tiles(batch, tokens, sm_count, residual_adaln_launch().backward_blocks_per_sm);
 }
 
 template <typename TX, typename TM, typename TA>
@@ -336,16 +373,20 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
   };
   auto row_kernels = [&](auto xhat_tag) {
     constexpr bool XHAT = decltype(xhat_tag)::value;
-    if (vec8 && sum_dx1 && cols <= kNarrowBiasCols)
-      launch(residual_adaln_backward_kernel<TX, TM, TA, 8, kNarrowBiasItems, true, XHAT>, 8, kNarrowBiasItems);
+    const bool early = residual_adaln_launch().backward_early_loads;
+    if (vec8 && sum_dx1 && cols <= kNarrowBiasCols && early)
+      launch(residual_adaln_backward_kernel<TX, TM, TA, 8, kNarrowBiasItems, true, XHAT, true>, 8, kNarrowBiasItems);
+    else if (vec8 && sum_dx1 && cols <= kNarrowBiasCols)
+      launch(residual_adaln_backward_kernel<TX, TM, TA, 8, kNarrowBiasItems, true, XHAT, false>, 8,
+             kNarrowBiasItems);
     else if (vec8 && sum_dx1)
-      launch(residual_adaln_backward_kernel<TX, TM, TA, 8, bwd_items<8>(), true, XHAT>, 8, bwd_items<8>());
+      launch(residual_adaln_backward_kernel<TX, TM, TA, 8, bwd_items<8>(), true, XHAT, false>, 8, bwd_items<8>());
     else if (vec8)
-      launch(residual_adaln_backward_kernel<TX, TM, TA, 8, bwd_items<8>(), false, XHAT>, 8, bwd_items<8>());
+      launch(residual_adaln_backward_kernel<TX, TM, TA, 8, bwd_items<8>(), false, XHAT, false>, 8, bwd_items<8>());
     else if (sum_dx1)
-      launch(residual_adaln_backward_kernel<TX, TM, TA, 1, bwd_items<1>(), true, XHAT>, 1, bwd_items<1>());
+      launch(residual_adaln_backward_kernel<TX, TM, TA, 1, bwd_items<1>(), true, XHAT, false>, 1, bwd_items<1>());
     else
-      launch(residual_adaln_backward_kernel<TX, TM, TA, 1, bwd_items<1>(), false, XHAT>, 1, bwd_items<1>());
+      launch(residual_adaln_backward_kernel<TX, TM, TA, 1, bwd_items<1>(), false, XHAT, false>, 1, bwd_items<1>());
   };
   // A kept xhat saves memory only in a 16-bit TA (in fp32 it is x1's size):
   // only those instantiate the XHAT kernels.

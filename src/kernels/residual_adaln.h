@@ -50,6 +50,21 @@ namespace perftrain::kernels {
 // The widest row either kernel takes (the op checks it up front).
 constexpr int kResidualAdaLNMaxCols = 8192;
 
+// Launch choices that the whole-step benchmark compares (ops/residual_adaln
+// sets them once from PERFTRAIN_RA_LAUNCH): the forward's vectors per thread
+// by row width (fewer registers on narrow rows) or always the widest; the
+// backward's second-phase loads issued with the first (one round trip per
+// row) or after the row sums; the backward's row tiles, about this many
+// blocks per SM (fewer: fewer partial sums to write; more: a smaller last
+// wave). Process-wide; set before launching.
+struct ResidualAdaLNLaunch {
+  bool forward_items_by_width = true;
+  bool backward_early_loads = true;
+  int backward_blocks_per_sm = 8;
+};
+ResidualAdaLNLaunch residual_adaln_launch();
+void set_residual_adaln_launch(const ResidualAdaLNLaunch& settings);
+
 // Forward. x, y, x1, h [batch * tokens, cols] contiguous; gate, shift, scale
 // rows of `cols` elements at b * <name>_stride; bias [cols] fp32 or null.
 // mean/rstd [rows] fp32 (either may be null). xhat [rows, cols] (null =

@@ -122,12 +122,12 @@ bool vec8_aligned(const T* p) {
 }
 
 // How many row tiles per sample a backward with per-sample column sums uses:
-// about 8 blocks per SM in all, at least 4 rows per tile, and no empty tile.
-// The tile count fixes the summation order, so it depends on shapes and the
-// SM count only.
-inline int sample_row_tiles(int batch, int tokens, int sm_count) {
+// about blocks_per_sm blocks per SM in all, at least 4 rows per tile, and no
+// empty tile. The tile count fixes the summation order, so it depends on
+// shapes and the SM count only.
+inline int sample_row_tiles(int batch, int tokens, int sm_count, int blocks_per_sm = 8) {
   if (batch < 1 || tokens < 1) return 1;
-  const int64_t target = 8LL * std::max(sm_count, 1);
+  const int64_t target = int64_t(std::max(blocks_per_sm, 1)) * std::max(sm_count, 1);
   int64_t tiles = (target + batch - 1) / batch;
   tiles = std::max<int64_t>(1, std::min<int64_t>(tiles, tokens / 4));
   const int64_t rows_per_tile = (tokens + tiles - 1) / tiles;

@@ -72,7 +72,7 @@ bool dgelu_bf16_bgrad() {
 std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, const at::Tensor& w2,
                                                         const at::Tensor& pre, bool want_db1) {
   at::Tensor dpre = at::empty(pre.sizes(), dy.options());
-  if (cublaslt_path(dy, w2) && gelu_mlp_dgelu_in_epilogue()) {
+  if (cublaslt_path(dy, w2) && gelu_mlp_dgelu_in_epilogue(pre.size(0), pre.size(1))) {
     if (want_db1 && bias_grad_epilogue()) {
       // fp32 first; cuBLASLt 13.0 refuses an fp32 bias gradient with a bf16
       // D. It takes a bf16 one, but only PERFTRAIN_DGELU_BF16_BGRAD=1 asks
@@ -194,17 +194,25 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
   }
 };
 
-}  // namespace
-
-namespace {
-std::atomic<bool>& dgelu_in_epilogue() {
-  static std::atomic<bool> on{!env_equals("PERFTRAIN_DGELU", "split")};
-  return on;
+std::atomic<DGeluPath>& dgelu_path() {
+  static std::atomic<DGeluPath> path{env_equals("PERFTRAIN_DGELU", "split")      ? DGeluPath::kSplit
+                                     : env_equals("PERFTRAIN_DGELU", "epilogue") ? DGeluPath::kEpilogue
+                                                                                 : DGeluPath::kAuto};
+  return path;
 }
 }  // namespace
 
-bool gelu_mlp_dgelu_in_epilogue() { return dgelu_in_epilogue().load(); }
-void set_gelu_mlp_dgelu_in_epilogue(bool on) { dgelu_in_epilogue().store(on); }
+DGeluPath gelu_mlp_dgelu_path() { return dgelu_path().load(); }
+void set_gelu_mlp_dgelu_path(DGeluPath path) { dgelu_path().store(path); }
+
+bool gelu_mlp_dgelu_in_epilogue(int64_t rows, int64_t hidden) {
+  switch (gelu_mlp_dgelu_path()) {
+    case DGeluPath::kEpilogue: return true;
+    case DGeluPath::kSplit: return false;
+    case DGeluPath::kAuto: break;
+  }
+  return rows * hidden > kSplitDGeluMaxElements;
+}
 
 bool gelu_mlp_saves_activation() {
   static const bool on = !env_equals("PERFTRAIN_GELU_SAVE", "pre");

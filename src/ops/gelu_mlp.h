@@ -39,14 +39,21 @@ at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor&
 bool gelu_mlp_saves_activation();
 
 // Where the backward makes pre's gradient (dy w2) * gelu_tanh'(pre): in the
-// DGELU epilogue of that product (the default), or with a plain product and
-// then ATen's gelu_backward in place on its result (PERFTRAIN_DGELU=split).
-// cuBLASLt's DGELU kernel is slow at DiT-S/2 b32: 50 µs per call, where the
-// forward's product of the same shape with its GELU epilogue takes 30. The
-// split form pays one more pass over two [M, H] tensors for it. Not yet
-// measured in a whole step; the setter is for tests and the bench.
-bool gelu_mlp_dgelu_in_epilogue();
-void set_gelu_mlp_dgelu_in_epilogue(bool on);
+// DGELU epilogue of that product, or with a plain product and then ATen's
+// gelu_backward in place on its result (split). cuBLASLt's DGELU kernel is
+// slow on small products (DiT-S/2 b32: 39 µs per call tuned, against 17 for
+// the plain product), while the split form pays one more pass over two
+// [M, H] tensors. Measured in whole steps (H200, 7a8ecdc, DiT-S/2): split
+// 5.77 -> 5.71 ms at b32, 9.18 -> 9.13 at b64, 30.90 -> 31.17 at b256. So by
+// default (kAuto) products of up to kSplitDGeluMaxElements outputs take the
+// split form. PERFTRAIN_DGELU=split|epilogue forces one; the setter is for
+// tests and the bench.
+enum class DGeluPath { kAuto, kEpilogue, kSplit };
+constexpr int64_t kSplitDGeluMaxElements = 16384LL * 1536;
+DGeluPath gelu_mlp_dgelu_path();
+void set_gelu_mlp_dgelu_path(DGeluPath path);
+// The decision for a backward of `rows` rows and `hidden` MLP features.
+bool gelu_mlp_dgelu_in_epilogue(int64_t rows, int64_t hidden);
 
 // The plain-ATen fp32 reference: linear, gelu(..., "tanh"), linear on fp32
 // copies; returns fp32.

@@ -122,6 +122,8 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<a
   if (!scalars_.defined() || scalars_.scalar_type() != at::kFloat || scalars_.numel() != adamw_scalar_slots() ||
       !scalars_.is_contiguous() || scalars_.device() != device)
     throw UsageError("multi_tensor_adamw: scalars must be make_adamw_scalars() on " + device.str());
+  if (!opts_.grad_norm && (opts_.grad_clip > 0 || opts_.dynamic_loss_scale))
+    throw UsageError("multi_tensor_adamw: clipping and the dynamic loss scale need the gradient norm (grad_norm)");
   if (!device.is_cuda()) return;
 
   c10::cuda::CUDAGuard guard(device);
@@ -162,7 +164,9 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<a
 MultiTensorAdamW::~MultiTensorAdamW() = default;
 
 int MultiTensorAdamW::launches_per_step() const {
-  return plan_ ? 2 * static_cast<int>(plan_->groups.size()) + 1 : 0;
+  if (!plan_) return 0;
+  const int groups = static_cast<int>(plan_->groups.size());
+  return (opts_.grad_norm ? 2 * groups : groups) + 1;
 }
 
 void MultiTensorAdamW::step(const std::vector<at::Tensor>& grads) {
@@ -201,8 +205,12 @@ void MultiTensorAdamW::step(const std::vector<at::Tensor>& grads) {
   cudaStream_t stream = at::cuda::getCurrentCUDAStream(scalars_.device().index()).stream();
   double* partials = plan_->partials.data_ptr<double>();
   auto* scalars = reinterpret_cast<kernels::AdamWScalars*>(scalars_.data_ptr<float>());
-  for (const auto& g : plan_->groups) kernels::adamw_sum_squares(g.table, partials + g.partials_offset, g.grid, stream);
-  kernels::adamw_prepare(partials, plan_->partials_count, scalars, plan_->hyper, stream);
+  if (opts_.grad_norm) {
+    for (const auto& g : plan_->groups)
+      kernels::adamw_sum_squares(g.table, partials + g.partials_offset, g.grid, stream);
+  }
+  // Without the norm no partial sums are read (count -1): the kernel writes NaN.
+  kernels::adamw_prepare(partials, opts_.grad_norm ? plan_->partials_count : -1, scalars, plan_->hyper, stream);
   for (const auto& g : plan_->groups) kernels::adamw_update(g.table, scalars, plan_->hyper, g.grid, stream);
 }
 
@@ -223,7 +231,9 @@ void multi_tensor_adamw_reference(const std::vector<at::Tensor>& params, const s
   }
 
   const float scale = s[kSlotLossScale];
-  const double raw = g.empty() ? 0.0 : at::stack(at::_foreach_norm(g, 2)).norm(2).item<double>();
+  const double raw = !o.grad_norm ? std::nan("")
+                     : g.empty()   ? 0.0
+                                   : at::stack(at::_foreach_norm(g, 2)).norm(2).item<double>();
   const double norm = raw / scale;
   s[kSlotGradNorm] = static_cast<float>(norm);
   bool skip = false;

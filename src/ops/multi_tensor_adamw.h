@@ -6,7 +6,7 @@
 // (make_adamw_scalars), one slot each, so callers read them as 0-d views.
 //
 // Step semantics (the reference below spells them in plain ATen):
-//   norm = sqrt(sum g^2) / loss_scale; found_inf = !isfinite(norm)
+//   norm = sqrt(sum g^2) / loss_scale; found_inf = !isfinite(norm)  (NaN, not computed, without grad_norm)
 //   dynamic scale: inf -> scale /= 2, skip the whole update; else every
 //   growth_interval finite steps scale *= 2 (as torch.amp.GradScaler)
 //   step += 1; lr = lr * min(1, step / warmup)
@@ -32,6 +32,11 @@ struct MultiTensorAdamWOptions {
   bool ema_warmup = true;
   bool dynamic_loss_scale = false;
   int64_t growth_interval = 2000;
+  // false: skip the pass over every gradient that only the norm needs; the
+  // norm slot reads NaN. Only without clipping and the dynamic loss scale,
+  // which need it (the constructor throws UsageError otherwise). For a step
+  // that must match one without a norm (the benchmark against torch's AdamW).
+  bool grad_norm = true;
 };
 
 // Slots of the scalars tensor (the order of kernels::AdamWScalars).

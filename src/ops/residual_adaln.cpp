@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -67,6 +68,22 @@ void check_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y
   }
 }
 
+// The kernels' launch choices, once per process: PERFTRAIN_RA_FWD=max-items
+// and PERFTRAIN_RA_BWD=late-loads bring back the earlier launches, and
+// PERFTRAIN_RA_BWD_BLOCKS=<n> sets the backward's blocks per SM, to compare.
+void apply_launch_env() {
+  static const bool applied = [] {
+    kernels::ResidualAdaLNLaunch l;
+    l.forward_items_by_width = !env_equals("PERFTRAIN_RA_FWD", "max-items");
+    l.backward_early_loads = !env_equals("PERFTRAIN_RA_BWD", "late-loads");
+    if (const char* n = std::getenv("PERFTRAIN_RA_BWD_BLOCKS"); n != nullptr && std::atoi(n) > 0)
+      l.backward_blocks_per_sm = std::atoi(n);
+    kernels::set_residual_adaln_launch(l);
+    return true;
+  }();
+  (void)applied;
+}
+
 // The kernels want the last dimension dense; row strides are passed through.
 at::Tensor rows_dense(const at::Tensor& t) { return t.stride(1) == 1 ? t : t.contiguous(); }
 
@@ -98,6 +115,7 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
                                int64_t out_dtype_i, double eps, const std::optional<at::Tensor>& bias_opt) {
     const auto out_dtype = static_cast<at::ScalarType>(out_dtype_i);
     const c10::cuda::CUDAGuard guard(x_in.device());
+    apply_launch_env();
     const int batch = int(x_in.size(0)), tokens = int(x_in.size(1)), cols = int(x_in.size(2));
     const at::Tensor x = x_in.contiguous();
     // gate, shift and scale share one kernel type; mixed dtypes meet in fp32 (tiny tensors).

@@ -110,7 +110,8 @@ struct StepRunner::Impl {
       ++updates;
       if (cfg.optim.grad_clip > 0) host_grad_norm = clip_grad_norm_(params, cfg.optim.grad_clip);
       adamw->step(lr_at(updates, cfg.optim.lr, cfg.optim.warmup_steps));
-      ema_update_(ema_params, params, ema_decay_at(updates - 1, cfg.optim.ema_decay, cfg.optim.ema_warmup));
+      if (!ema_params.empty())
+        ema_update_(ema_params, params, ema_decay_at(updates - 1, cfg.optim.ema_decay, cfg.optim.ema_warmup));
     }
     at::NoGradGuard no_grad;
     loss_sum.add_(terms.loss.detach());
@@ -239,7 +240,7 @@ StepRunner::StepRunner(models::DiT& model, models::DiT& ema, const TrainConfig& 
                          ops::weight_grad_overlap_for(cfg.optim.batch_size * cfg.model.tokens(), cfg.model.hidden);
 
   s.params = model.parameters();
-  s.ema_params = ema.parameters();
+  if (opts.ema) s.ema_params = ema.parameters();
   if (cuda && opts.fused_optimizer) {
     DeviceOptimizerOptions o;
     o.lr = cfg.optim.lr;
@@ -249,6 +250,7 @@ StepRunner::StepRunner(models::DiT& model, models::DiT& ema, const TrainConfig& 
     o.grad_clip = cfg.optim.grad_clip;
     o.ema_decay = cfg.optim.ema_decay, o.ema_warmup = cfg.optim.ema_warmup;
     o.dynamic_loss_scale = opts.precision == "fp16";
+    o.grad_norm = opts.grad_norm || o.grad_clip > 0 || o.dynamic_loss_scale;
     // What the fused ops multiply with (PERFTRAIN_BF16_SHADOWS=0: per-call casts instead, to compare).
     o.bf16_shadows = opts.precision == "bf16" && opts.fused_kernels && !env_equals("PERFTRAIN_BF16_SHADOWS", "0");
     s.device_optimizer = std::make_unique<DeviceOptimizer>(model.named_parameters(), s.ema_params, o);
@@ -338,7 +340,7 @@ WindowStats StepRunner::take_window() {
     w.vb = s.vb_sum.item<double>() / s.window;
   }
   if (s.device_optimizer) {
-    w.grad_norm = s.device_optimizer->grad_norm().item<double>();
+    if (s.device_optimizer->options().grad_norm) w.grad_norm = s.device_optimizer->grad_norm().item<double>();
     w.lr = s.device_optimizer->lr().item<double>();
     w.loss_scale = s.device_optimizer->loss_scale().item<double>();
     w.skipped_steps = static_cast<int64_t>(s.device_optimizer->skipped().item<double>());

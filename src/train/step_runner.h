@@ -41,6 +41,12 @@ struct StepOptions {
   // unless PERFTRAIN_DW_STREAM says otherwise); false: never.
   bool weight_grad_stream = true;
   int warmup_steps = 3;            // eager steps before the capture
+  // The EMA model follows every update; false: it stays as built (perftrain
+  // bench, whose step is torch's reference step: AdamW without an EMA).
+  bool ema = true;
+  // The gradient norm each step, for the log, also without clipping; false:
+  // only where clipping or the fp16 loss scale needs it (the bench again).
+  bool grad_norm = true;
 };
 
 // Loss terms summed on the device since the last take_window().

@@ -38,6 +38,11 @@ TEST(BenchTorchReference, CommandLine) {
                            " --class-dropout 0.1", " --device 'cuda'"})
     EXPECT_TRUE(contains(cmd, part)) << part << " missing in " << cmd;
   EXPECT_FALSE(contains(cmd, "--depth")) << cmd;
+  EXPECT_FALSE(contains(cmd, "--ema")) << "no EMA unless asked: " << cmd;
+  auto with_ema = request("DiT-S/2", 12, 384, 6, 2);
+  with_ema.ema_decay = 0.9999;
+  cmd = torch_bench_command("python3", "r.py", with_ema);
+  EXPECT_TRUE(contains(cmd, " --ema 0.9999")) << cmd;
   // DiT-T is ours only: sent as an explicit architecture.
   cmd = torch_bench_command("python3", "r.py", request("DiT-T/4", 6, 192, 3, 4));
   EXPECT_TRUE(contains(cmd, "--depth 6 --hidden 192 --heads 3 --patch 4")) << cmd;
@@ -131,6 +136,7 @@ TEST(BenchTorchReference, TheRealScriptAcceptsOurCommandOnTheCpu) {
   r.warmup = 1;
   r.mode = "eager-fp32";
   r.device = "cpu";
+  r.ema_decay = 0.99;  // the EMA path too
   const auto row =
       run_torch_bench(PERFTRAIN_PYTHON, std::string(PERFTRAIN_SOURCE_DIR) + "/bench/reference_dit.py", r,
                       tmp.file("torch.log"));

@@ -397,6 +397,9 @@ TEST(GemmGpu, GeluMlpMatchesFloat64) {
   };
   const std::vector<CH> shapes = {{384, 1536, true}, {1152, 4608, true}, {40, 24, false}};
   uint64_t seed = 500;
+  // The DGELU epilogue first (the default picks the split form for the
+  // smaller products), then the split form on the same shapes.
+  set_gelu_mlp_dgelu_path(DGeluPath::kEpilogue);
   for (const auto dt : {at::kBFloat16, at::kFloat})
     for (const CH& s : shapes)
       for (const int64_t m : kRows) check_gelu_mlp(dt, m, s.c, s.h, s.dit, seed++);
@@ -407,10 +410,10 @@ TEST(GemmGpu, GeluMlpMatchesFloat64) {
   check_gelu_mlp(at::kBFloat16, 77, 384, 1536, true, seed++, false);
   // pre's gradient from a plain product and gelu_backward in place
   // (PERFTRAIN_DGELU=split): same tolerance.
-  set_gelu_mlp_dgelu_in_epilogue(false);
+  set_gelu_mlp_dgelu_path(DGeluPath::kSplit);
   for (const CH& s : shapes) check_gelu_mlp(at::kBFloat16, 8192, s.c, s.h, s.dit, seed++);
   check_gelu_mlp(at::kBFloat16, 77, 384, 1536, true, seed++);
-  set_gelu_mlp_dgelu_in_epilogue(true);
+  set_gelu_mlp_dgelu_path(DGeluPath::kAuto);
 }
 
 // H = 20 is no multiple of 8: the fused GELU cannot run, the products fall

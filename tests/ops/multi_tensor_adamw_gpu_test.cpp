@@ -148,6 +148,36 @@ TEST(MultiTensorAdamWGpu, MatchesReferenceWithoutEma) {
   run_case(c, o, gen, 3, -1);
 }
 
+// Without the norm: one launch group fewer, the same update as the reference,
+// and the norm slot NaN (poisoned to 0 first, so the kernel must write it).
+TEST(MultiTensorAdamWGpu, MatchesReferenceWithoutTheNorm) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  auto gen = gen_for(35);
+  Case c = make_case({{65537}, {384, 1152}, {5}}, /*ema=*/true, gen, [](size_t i) { return i == 0; });
+  auto o = busy_options();
+  o.grad_clip = 0, o.grad_norm = false;
+  MultiTensorAdamW op(c.gpu.p, c.gpu.m, c.gpu.v, c.gpu.e, c.scalars_gpu, o);
+  auto with_norm = o;
+  with_norm.grad_norm = true;
+  EXPECT_EQ(op.launches_per_step() + 1, MultiTensorAdamW(c.gpu.p, c.gpu.m, c.gpu.v, c.gpu.e,
+                                                          make_adamw_scalars(kCuda, 1.0), with_norm)
+                                                .launches_per_step());
+  for (int step = 1; step <= 3; ++step) {
+    c.scalars_gpu.narrow(0, kSlotGradNorm, 1).fill_(0.f);
+    new_grads(c, gen, 1.0, -1);
+    op.step(c.gpu.g);
+    multi_tensor_adamw_reference(c.cpu.p, c.cpu.g, c.cpu.m, c.cpu.v, c.cpu.e, c.scalars_cpu, o);
+    for (size_t i = 0; i < c.cpu.p.size(); ++i) {
+      EXPECT_TRUE(close(c.gpu.p[i], c.cpu.p[i], 1e-5, 2e-5)) << "p " << i << " step " << step;
+      EXPECT_TRUE(close(c.gpu.e[i], c.cpu.e[i], 1e-5, 2e-5)) << "ema " << i << " step " << step;
+    }
+    const auto s = c.scalars_gpu.cpu();
+    EXPECT_TRUE(std::isnan(s[kSlotGradNorm].item<float>())) << "step " << step;
+    EXPECT_TRUE(std::isnan(c.scalars_cpu[kSlotGradNorm].item<float>())) << "step " << step;
+    EXPECT_EQ(s[kSlotStep].item<float>(), step);
+  }
+}
+
 TEST(MultiTensorAdamWGpu, SplitsIntoSeveralTablesBeyondOnesCapacity) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   auto gen = gen_for(33);

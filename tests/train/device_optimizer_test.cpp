@@ -3,6 +3,7 @@
 // fp16 loss-scale rules; state() names and round trip; input errors.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/isnan.h>
 #include <ATen/ops/randn.h>
@@ -253,6 +254,42 @@ TEST(DeviceOptimizer, StateHasAdamWNamesAndRoundTrips) {
   wrong[0].second = at::randn({3}, gen, at::kFloat);
   msg = perftrain::testing::error_of<RuntimeError>([&] { c.load_state(wrong); });
   EXPECT_NE(msg.find("wrong shape"), std::string::npos) << msg;
+}
+
+// Without the norm (the benchmark's step): the same update, the norm reads NaN;
+// clipping and the fp16 loss scale refuse to run without it.
+TEST(DeviceOptimizer, WithoutTheNormTheUpdateIsTheSame) {
+  auto gen = gen_for(17);
+  Twin t = make_twin(kShapes, gen);
+  DeviceOptimizerOptions o;
+  o.lr = 3e-2, o.weight_decay = 0.1, o.ema_decay = 0.99;
+  DeviceOptimizer with_norm(t.named(t.p_ref), t.ema_ref, o);
+  o.grad_norm = false;
+  DeviceOptimizer without(t.named(t.p), t.ema, o);
+  for (int step = 1; step <= 3; ++step) {
+    for (size_t i = 0; i < t.p.size(); ++i) {
+      auto g = at::randn(t.p[i].sizes(), gen, at::kFloat);
+      t.p[i].mutable_grad() = g.clone();
+      t.p_ref[i].mutable_grad() = g.clone();
+    }
+    with_norm.step();
+    without.step();
+    EXPECT_TRUE(std::isnan(value(without.grad_norm()))) << "step " << step;
+    EXPECT_GT(value(with_norm.grad_norm()), 0.f);
+    EXPECT_EQ(value(without.steps_taken()), step);
+    for (size_t i = 0; i < t.p.size(); ++i) {
+      EXPECT_TRUE(at::equal(t.p[i], t.p_ref[i])) << t.names[i] << " step " << step;
+      EXPECT_TRUE(at::equal(t.ema[i], t.ema_ref[i])) << t.names[i] << " step " << step;
+    }
+  }
+  for (const bool fp16 : {false, true}) {
+    DeviceOptimizerOptions bad;
+    bad.grad_norm = false;
+    if (fp16) bad.dynamic_loss_scale = true; else bad.grad_clip = 1.0;
+    const auto msg =
+        perftrain::testing::error_of<UsageError>([&] { DeviceOptimizer({{"w", t.p[0]}}, {}, bad); });
+    EXPECT_NE(msg.find("gradient norm"), std::string::npos) << msg;
+  }
 }
 
 TEST(DeviceOptimizer, RejectsBadInputsWithClearErrors) {

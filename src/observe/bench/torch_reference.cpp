@@ -77,6 +77,7 @@ std::string torch_bench_command(const std::string& python, const std::string& sc
     << " --class-dropout " << r.class_dropout << " --no-learn-sigma --batch " << r.batch << " --mode "
     << shell_quote(r.mode) << " --steps " << r.steps << " --warmup " << r.warmup << " --device "
     << shell_quote(r.device) << " --json";
+  if (r.ema_decay > 0) c << " --ema " << r.ema_decay;
   return c.str();
 }
 

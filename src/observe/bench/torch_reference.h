@@ -18,6 +18,7 @@ struct TorchBenchRequest {
   double class_dropout = 0.1;
   int64_t batch = 0, steps = 30, warmup = 6;
   std::string mode = "eager-bf16";
+  double ema_decay = 0;  // > 0: an EMA update after each optimizer step (--ema)
   std::string device = "cuda";  // cuda | cpu
 };
 
