@@ -417,12 +417,19 @@ TEST(GemmGpu, GeluMlpMatchesFloat64) {
 }
 
 // H = 20 is no multiple of 8: the fused GELU cannot run, the products fall
-// back to ATen (counted), and the result is still right.
+// back to ATen (counted), and the result is still right. The DGELU epilogue
+// is forced: by default so small a product takes the split form, which
+// never tries it.
 TEST(GemmGpu, GeluMlpFallbackIsCountedAndRight) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  set_gelu_mlp_dgelu_path(DGeluPath::kEpilogue);
   const int64_t before = gemm_fallback_count();
   check_gelu_mlp(at::kBFloat16, 77, 40, 20, false, 900);
   EXPECT_GE(gemm_fallback_count() - before, 2) << "GELU_AUX_BIAS and DGELU should both have fallen back";
+  set_gelu_mlp_dgelu_path(DGeluPath::kAuto);
+  const int64_t split_before = gemm_fallback_count();
+  check_gelu_mlp(at::kBFloat16, 77, 40, 20, false, 901);
+  EXPECT_GE(gemm_fallback_count() - split_before, 1) << "GELU_AUX_BIAS should have fallen back";
 }
 
 TEST(GemmGpu, MixedDevicesRaiseUsageError) {
