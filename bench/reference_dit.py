@@ -325,9 +325,8 @@ def run_bench(cfg, args):
     torch.manual_seed(args.seed)
 
     model = build_model(cfg).to(dev).train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
-                            weight_decay=0, **({"fused": True} if cuda else {}))
     params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0, **({"fused": True} if cuda else {}))
     ema = ([p.detach().clone() for p in params], params, args.ema) if args.ema > 0 else None
     step_model = model
     if args.mode == "compile":

@@ -25,9 +25,6 @@ using detail::vec8_aligned;
 // so rows up to kNarrowBiasCols take 1 x 8 (more threads per row instead),
 // wider ones 2 x 8 (a few spilled registers).
 template <int VEC> constexpr int fwd_items() { return VEC == 8 ? 6 : 16; }  // warp covers D <= 1536 / 512
-// Narrower rows keep a warp per row with fewer vectors per thread: fewer
-// registers, so more rows in flight per SM (the forward is latency-bound at
-// ~25% occupancy with 6 vectors of 8 held for D = 384).
 template <int VEC> constexpr int bwd_items() { return VEC == 8 ? 2 : 16; }
 constexpr int kMaxThreads = 512;
 constexpr int kNarrowBiasItems = 1;  // VEC = 8
@@ -136,8 +133,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 // Block (tile, b): rows b*tokens + [tile*rows_per_tile, ...) of one sample.
 // XHAT: read the normalised rows the forward kept (TA) instead of x1 and mean.
 // Phase 1 of a row needs x1, dh, scale (the LN backward's two row sums);
-// phase 2 reads dx1_ext, y, gate only after the sums, so they take no
-// registers across the reduction. SUM_DX1: also the column sums of dx1
+// phase 2 reads dx1_ext, y, gate only after the sums (unless EARLY), so they
+// take no registers across the reduction. SUM_DX1: also the column sums of dx1
 // (plane 3), for the bias; the bias itself only enters in the reduce kernel.
 // EARLY: a row's phase-2 inputs (dx1_ext, y) are loaded with its phase-1
 // ones, before the row sums, so each row costs one memory round trip instead
@@ -318,7 +315,10 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
                                        h, mean, rstd, xhat, rows, tokens, cols, eps);
     PERFTRAIN_LAUNCH_CHECK();
   };
-  // A warp per row takes 8 x ITEMS x 32 columns: the fewest ITEMS that cover the row.
+  // A warp per row takes 8 x ITEMS x 32 columns: the fewest ITEMS that cover
+  // the row. Fewer registers, so more rows in flight per SM: with 6 vectors
+  // held at D = 384 the kernel used 94 registers (~20 warps per SM), with 2
+  // it uses 56.
   const bool by_width = residual_adaln_launch().forward_items_by_width;
   auto vec8_launch = [&](auto bias_tag) {
     constexpr bool B = decltype(bias_tag)::value;

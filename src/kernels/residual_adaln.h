@@ -51,7 +51,7 @@ namespace perftrain::kernels {
 constexpr int kResidualAdaLNMaxCols = 8192;
 
 // Launch choices that the whole-step benchmark compares (ops/residual_adaln
-// sets them once from PERFTRAIN_RA_LAUNCH): the forward's vectors per thread
+// sets them once from PERFTRAIN_RA_FWD, _BWD and _BWD_BLOCKS): the forward's vectors per thread
 // by row width (fewer registers on narrow rows) or always the widest; the
 // backward's second-phase loads issued with the first (one round trip per
 // row) or after the row sums; the backward's row tiles, about this many
