@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <thread>
 
 #include "base/error.h"
 #include "base/fs.h"
@@ -47,6 +48,7 @@ struct BenchArgs {
   uint64_t seed = 0;
   bool against_torch = false, recompute = false, gelu_recompute = false;
   bool ema = false;         // an EMA update each step, here and in the torch reference
+  double cooldown_s = 0;    // the GPU idle this long before each variant and torch run
   std::string profile;      // variant to profile after its timing ("" none)
   std::string profile_dir;  // where its breakdown goes (the run directory)
 };
@@ -327,6 +329,7 @@ void run(BenchArgs a) {
   std::snprintf(optim, sizeof optim, "AdamW lr %g, betas (%g, %g), eps %g, weight decay %g, no clipping; %s",
                 base.optim.lr, base.optim.beta1, base.optim.beta2, base.optim.eps, base.optim.weight_decay, ema);
   s.optimizer = optim;
+  s.cooldown_s = a.cooldown_s;
   s.against_torch = a.against_torch;
   s.torch_modes = torch_modes;
   if (a.against_torch) s.torch_python = ob::reference_python(source_dir);
@@ -343,9 +346,18 @@ void run(BenchArgs a) {
             << "\n";
   std::cout.flush();
 
+  // Every timed window starts from a GPU at rest: a power-bound step runs
+  // at a higher clock on a cooler GPU, so back to back the later runs
+  // would be timed on a hotter one than the earlier.
+  auto cool_down = [&] {
+    if (a.cooldown_s <= 0) return;
+    compat::synchronize(device);
+    std::this_thread::sleep_for(std::chrono::duration<double>(a.cooldown_s));
+  };
   for (int64_t b : batches) {
     const auto pool = make_pool(base, b, cuda);
     for (const auto& v : variants) {
+      cool_down();
       report.rows.push_back(run_variant(a, base, v, pool, device, report.matmul_peak.tflops));
       print_row(report.rows.back());
     }
@@ -367,6 +379,7 @@ void run(BenchArgs a) {
         r.batch = b, r.steps = a.steps, r.warmup = a.warmup, r.mode = mode;
         r.ema_decay = a.ema ? base.optim.ema_decay : 0.0;
         r.device = cuda ? "cuda" : "cpu";
+        cool_down();
         std::cout << "  torch batch " << b << " " << mode << " ..." << std::flush;
         auto row = ob::run_torch_bench(s.torch_python, script, r,
                                        fs::join(out, "torch-b" + std::to_string(b) + "-" + mode + ".log"));
@@ -416,6 +429,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--ema", a->ema,
                 "also update an EMA of the weights (decay 0.9999) every step, in every variant and in the torch "
                 "reference (default: the anchors' step, AdamW only)");
+  cmd->add_option("--cooldown", a->cooldown_s,
+                  "seconds of idle GPU before each variant and each torch run, so that every timed window starts "
+                  "from a GPU at rest (power-bound steps run at higher clocks on a cooler GPU); default 0: back "
+                  "to back")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a->seed, "model and data seed");
   cmd->add_option("--profile", a->profile,
                   "after timing this variant (e.g. all), record 5 steps with the PyTorch profiler: kernel time by "

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -69,6 +70,31 @@ TEST(CliBench, RunsOnTheCpuAndWritesItsReport) {
   EXPECT_TRUE(contains(r.output, "already holds a bench.json")) << r.output;
 }
 
+// --cooldown: the GPU idle before each variant (two here, one that cannot
+// run on a CPU), said in the
+// report; without it the optimizer line says the step has no EMA (as
+// torch's), with --ema it names the EMA.
+TEST(CliBench, CooldownAndEmaAreRecorded) {
+  TempDir tmp;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run(kCpu + ",eager-bf16 --cooldown 0.4 --out " + tmp.file("c"));  // bf16: a row saying it needs a GPU
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_GE(took, 0.8) << "two variants, 0.4 s of cool-down before each";
+  auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("c/bench.json")));
+  EXPECT_DOUBLE_EQ(j["config"]["cooldown_s"].get<double>(), 0.4);
+  EXPECT_TRUE(contains(j["config"]["optimizer"].get<std::string>(), "no EMA")) << j["config"].dump(2);
+  const auto md = perftrain::testing::read_raw(tmp.file("c/bench.md"));
+  EXPECT_TRUE(contains(md, "after 0.4 s with the GPU idle")) << md;
+
+  r = run(kCpu + " --ema --out " + tmp.file("e"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("e/bench.json")));
+  EXPECT_TRUE(contains(j["config"]["optimizer"].get<std::string>(), "EMA 0.9999")) << j["config"].dump(2);
+  EXPECT_DOUBLE_EQ(j["config"]["cooldown_s"].get<double>(), 0.0);
+  EXPECT_TRUE(std::isfinite(j["rows"][0]["loss"].get<double>()));
+}
+
 TEST(CliBench, AVariantThatCannotRunIsARowNotACrash) {
   TempDir tmp;
   // bf16 needs a GPU: that row says so, the fp32 row still runs.
@@ -99,6 +125,7 @@ TEST(CliBench, BadOptionsExitTwo) {
            {"bench --device cpu --against-torch --torch-modes max-autotune", "unknown torch mode"},
            {"bench --device tpu", "--device"},
            {"bench --device cpu --steps 0", "--steps"},
+           {"bench --device cpu --cooldown -1", "--cooldown"},
        }) {
     auto r = run(args + out);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;

@@ -68,9 +68,12 @@ std::string method_text(const BenchReport& r) {
     << " distinct synthetic batches in pinned memory, reused round-robin (no data loading is timed). The step: "
        "DDPM eps-MSE, label dropout "
     << s.class_dropout << ", " << s.optimizer << ".";
+  if (s.cooldown_s > 0)
+    m << " Each variant" << (s.against_torch ? " and each PyTorch run" : "") << " started after "
+      << format_number(s.cooldown_s, 1) << " s with the GPU idle.";
   if (s.against_torch)
-    m << " PyTorch rows: bench/reference_dit.py bench in its own process per mode (same model, batch, objective; "
-         "AdamW fused, bf16 autocast; no EMA update), its median of "
+    m << " PyTorch rows: bench/reference_dit.py bench in its own process per mode (same model, batch, objective "
+         "and optimizer step; AdamW fused, bf16 autocast), its median of "
       << s.steps << " steps after " << s.warmup
       << " warm-up by CUDA events; its first_step_s counts from its process start (Python, torch import and "
          "compilation included).";
@@ -216,6 +219,7 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
                            {"device", s.device},
                            {"data_pool_batches", s.data_pool},
                            {"optimizer", s.optimizer},
+                           {"cooldown_s", s.cooldown_s},
                            {"against_torch", s.against_torch},
                            {"torch_modes", s.torch_modes},
                            {"torch_python", s.torch_python}};

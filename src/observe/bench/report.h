@@ -34,6 +34,7 @@ struct BenchSettings {
   std::string device;
   int64_t data_pool = 8;  // distinct batches reused round-robin
   std::string optimizer;  // "AdamW lr 1e-4, betas (0.9, 0.999), wd 0; EMA 0.9999"
+  double cooldown_s = 0;  // idle GPU before each variant and torch run
   bool against_torch = false;
   std::vector<std::string> torch_modes;
   std::string torch_python;  // the interpreter used for them
