@@ -153,8 +153,8 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   so.recompute = a.recompute;
   so.gelu_recompute = a.gelu_recompute;
   // The step torch's reference times: no gradient norm (it does not clip),
-  // an EMA only where both sides run one.
-  so.ema = a.ema;
+  // an EMA only where both sides keep one (then it is built here too, and
+  // counts in the peak memory).
   so.grad_norm = false;
   // The capture happens at step so.warmup_steps + 1; time from one replay after.
   const int64_t warmup = std::max<int64_t>({a.warmup, 1, v.graph ? so.warmup_steps + 2 : 0});
@@ -165,14 +165,17 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   train::TrainConfig cfg = base;
   cfg.optim.batch_size = row.batch;
   cfg.optim.precision = v.precision;
-  auto built = models::build_model_and_ema(cfg.model, cfg.optim.seed, device);
+  models::ModelAndEma built;
+  if (a.ema)
+    built = models::build_model_and_ema(cfg.model, cfg.optim.seed, device);
+  else
+    built.model = models::build_model(cfg.model, cfg.optim.seed, device);
   models::DiT& model = *built.model;
-  models::DiT& ema = *built.ema;
   compat::synchronize(device);
   row.build_s = std::chrono::duration<double>(Clock::now() - t0).count();
   at::Generator gen = at::globalContext().defaultGenerator(device).clone();
   gen.set_current_seed(cfg.optim.seed);
-  train::StepRunner runner(model, ema, cfg, so, device, gen);
+  train::StepRunner runner(model, built.ema.get(), cfg, so, device, gen);
 
   size_t next = 0;
   auto step = [&] { runner.step(pool[next++ % pool.size()]); };

@@ -205,13 +205,15 @@ at::Tensor DiT::unpatchify(const at::Tensor& x) const {
       .reshape({x.size(0), c, g * p, g * p});         // [B, c, H, W]
 }
 
-ModelAndEma build_model_and_ema(const DiTConfig& cfg, uint64_t seed, const at::Device& device) {
+std::unique_ptr<DiT> build_model(const DiTConfig& cfg, uint64_t seed, const at::Device& device) {
   // transform() also marks the trainable tensors as requiring gradients.
-  auto build = [&cfg, seed, device] {
-    auto m = std::make_unique<DiT>(cfg, seed, device);
-    m->transform([](const std::string&, const at::Tensor& t) { return t; });
-    return m;
-  };
+  auto m = std::make_unique<DiT>(cfg, seed, device);
+  m->transform([](const std::string&, const at::Tensor& t) { return t; });
+  return m;
+}
+
+ModelAndEma build_model_and_ema(const DiTConfig& cfg, uint64_t seed, const at::Device& device) {
+  auto build = [&cfg, seed, device] { return build_model(cfg, seed, device); };
   ModelAndEma out;
   if (device.is_cpu()) {  // the CPU's draws are slow for large models: two threads
     auto ema = std::async(std::launch::async, build);

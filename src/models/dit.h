@@ -106,5 +106,7 @@ struct ModelAndEma {
   std::unique_ptr<DiT> model, ema;
 };
 ModelAndEma build_model_and_ema(const DiTConfig& cfg, uint64_t seed, const at::Device& device);
+// The model alone, as build_model_and_ema builds it (for a run without an EMA).
+std::unique_ptr<DiT> build_model(const DiTConfig& cfg, uint64_t seed, const at::Device& device);
 
 }  // namespace perftrain::models

@@ -32,7 +32,6 @@ namespace perftrain::train {
 
 struct StepRunner::Impl {
   models::DiT& model;
-  models::DiT& ema;
   TrainConfig cfg;
   StepOptions opts;
   at::Device device;
@@ -70,8 +69,8 @@ struct StepRunner::Impl {
   at::cuda::CUDAEvent staged_ready, staged_consumed;
   at::Tensor x_static, y_static, x_stage, y_stage;
 
-  Impl(models::DiT& m, models::DiT& e, const TrainConfig& c, const StepOptions& o, at::Device d, at::Generator g)
-      : model(m), ema(e), cfg(c), opts(o), device(d), gen(std::move(g)) {}
+  Impl(models::DiT& m, const TrainConfig& c, const StepOptions& o, at::Device d, at::Generator g)
+      : model(m), cfg(c), opts(o), device(d), gen(std::move(g)) {}
 
   diffusion::LossTerms objective(const at::Tensor& x0, const at::Tensor& y_in) {
     at::Tensor y = y_in;
@@ -215,9 +214,9 @@ struct StepRunner::Impl {
   }
 };
 
-StepRunner::StepRunner(models::DiT& model, models::DiT& ema, const TrainConfig& cfg, const StepOptions& opts,
+StepRunner::StepRunner(models::DiT& model, models::DiT* ema, const TrainConfig& cfg, const StepOptions& opts,
                        at::Device device, at::Generator gen)
-    : impl_(std::make_unique<Impl>(model, ema, cfg, opts, device, std::move(gen))) {
+    : impl_(std::make_unique<Impl>(model, cfg, opts, device, std::move(gen))) {
   Impl& s = *impl_;
   const bool cuda = device.is_cuda();
   if (!cuda && (opts.precision == "bf16" || opts.precision == "fp16"))
@@ -240,7 +239,7 @@ StepRunner::StepRunner(models::DiT& model, models::DiT& ema, const TrainConfig& 
                          ops::weight_grad_overlap_for(cfg.optim.batch_size * cfg.model.tokens(), cfg.model.hidden);
 
   s.params = model.parameters();
-  if (opts.ema) s.ema_params = ema.parameters();
+  if (ema != nullptr) s.ema_params = ema->parameters();
   if (cuda && opts.fused_optimizer) {
     DeviceOptimizerOptions o;
     o.lr = cfg.optim.lr;

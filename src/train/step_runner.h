@@ -41,9 +41,6 @@ struct StepOptions {
   // unless PERFTRAIN_DW_STREAM says otherwise); false: never.
   bool weight_grad_stream = true;
   int warmup_steps = 3;            // eager steps before the capture
-  // The EMA model follows every update; false: it stays as built (perftrain
-  // bench, whose step is torch's reference step: AdamW without an EMA).
-  bool ema = true;
   // The gradient norm each step, for the log, also without clipping; false:
   // only where clipping or the fp16 loss scale needs it (the bench again).
   bool grad_norm = true;
@@ -61,10 +58,11 @@ struct WindowStats {
 
 class StepRunner {
  public:
-  // model and ema live on `device` already; gen is the training generator
-  // (timesteps, noise, label dropout). cfg gives the objective, the optimizer
-  // hyper-parameters and the batch size.
-  StepRunner(models::DiT& model, models::DiT& ema, const TrainConfig& cfg, const StepOptions& opts,
+  // model and ema live on `device` already; ema null: no EMA is kept (perftrain
+  // bench, whose step is torch's reference step: AdamW without one). gen is
+  // the training generator (timesteps, noise, label dropout). cfg gives the
+  // objective, the optimizer hyper-parameters and the batch size.
+  StepRunner(models::DiT& model, models::DiT* ema, const TrainConfig& cfg, const StepOptions& opts,
              at::Device device, at::Generator gen);
   ~StepRunner();
   StepRunner(const StepRunner&) = delete;

@@ -116,7 +116,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   step_opts.fused_optimizer = cfg.speed.fused_optimizer;
   step_opts.recompute = cfg.speed.recompute;
   step_opts.gelu_recompute = cfg.speed.gelu_recompute;
-  StepRunner runner(model, ema, cfg, step_opts, device, gen);
+  StepRunner runner(model, &ema, cfg, step_opts, device, gen);
 
   TrainerState state;
   if (!resume_dir.empty()) {

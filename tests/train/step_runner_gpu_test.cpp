@@ -139,7 +139,7 @@ Trained train_steps(const TrainConfig& c, const std::vector<data::Batch>& data, 
   Models m(c);
   at::Generator gen = at::globalContext().defaultGenerator(cuda).clone();
   gen.set_current_seed(seed);
-  StepRunner r(m.model, m.ema, c, o, cuda, gen);
+  StepRunner r(m.model, &m.ema, c, o, cuda, gen);
   Trained t;
   for (const auto& b : data) {
     r.step(b);
@@ -208,7 +208,7 @@ TEST(StepRunnerGpu, ReplaysAllocateNothingAndFp16Captures) {
     at::Generator gen = at::globalContext().defaultGenerator(cuda).clone();
     StepOptions o;
     o.precision = precision;
-    StepRunner r(m.model, m.ema, c, o, cuda, gen);
+    StepRunner r(m.model, &m.ema, c, o, cuda, gen);
     for (int i = 0; i < 5; ++i) r.step(data[i % 4]);
     ASSERT_TRUE(r.graph_active()) << precision << ": " << r.graph_status();
     compat::synchronize(cuda);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 
@@ -27,7 +28,7 @@ TEST(StepRunner, RunsEagerlyOnTheCpuAndSaysWhy) {
   models::DiT &model = *built.model, &ema = *built.ema;
   StepOptions o;
   o.precision = "fp32";
-  StepRunner r(model, ema, c, o, at::Device(at::kCPU), at::make_generator<at::CPUGeneratorImpl>(5));
+  StepRunner r(model, &ema, c, o, at::Device(at::kCPU), at::make_generator<at::CPUGeneratorImpl>(5));
   EXPECT_EQ(r.graph_status(), "eager: CPU device");
   data::Batch b{at::randn({8, 1, 4, 4}), at::randint(3, {8}, at::kLong)};
   for (int i = 0; i < 20; ++i) r.step(b);
@@ -41,6 +42,22 @@ TEST(StepRunner, RunsEagerlyOnTheCpuAndSaysWhy) {
   EXPECT_FALSE(r.optimizer_state().empty());
 }
 
+// Without an EMA model (the bench's step): it trains all the same.
+TEST(StepRunner, TrainsWithoutAnEma) {
+  TrainConfig c = tiny_cpu();
+  auto model = models::build_model(c.model, 1, at::Device(at::kCPU));
+  const at::Tensor before = model->parameters().front().detach().clone();
+  StepOptions o;
+  o.precision = "fp32";
+  StepRunner r(*model, nullptr, c, o, at::Device(at::kCPU), at::make_generator<at::CPUGeneratorImpl>(5));
+  data::Batch b{at::randn({8, 1, 4, 4}), at::randint(3, {8}, at::kLong)};
+  for (int i = 0; i < 3; ++i) r.step(b);
+  const WindowStats w = r.take_window();
+  EXPECT_EQ(w.steps, 3);
+  EXPECT_TRUE(std::isfinite(w.loss));
+  EXPECT_FALSE(at::equal(before, model->parameters().front())) << "the weights moved";
+}
+
 TEST(StepRunner, RefusesHalfPrecisionOnTheCpu) {
   TrainConfig c = tiny_cpu();
   models::DiT model(c.model, 1), ema(c.model, 1);
@@ -48,7 +65,7 @@ TEST(StepRunner, RefusesHalfPrecisionOnTheCpu) {
     StepOptions o;
     o.precision = p;
     auto msg = perftrain::testing::error_of<UsageError>([&] {
-      StepRunner r(model, ema, c, o, at::Device(at::kCPU), at::make_generator<at::CPUGeneratorImpl>(5));
+      StepRunner r(model, &ema, c, o, at::Device(at::kCPU), at::make_generator<at::CPUGeneratorImpl>(5));
     });
     EXPECT_NE(msg.find("CUDA"), std::string::npos) << msg;
   }
