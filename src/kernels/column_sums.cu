@@ -110,6 +110,19 @@ void column_sums(const T* const* inputs, float* const* outputs, int count, int64
   else
     column_partials_kernel<T, false><<<grid, block, 0, stream>>>(p, rows, cols, rows_per_chunk, partials);
   PERFTRAIN_LAUNCH_CHECK();
+  column_sums_reduce(partials, outputs, count, chunks, cols, stream);
+}
+
+void column_sums_reduce(const float* partials, float* const* outputs, int count, int chunks, int cols,
+                        cudaStream_t stream) {
+  if (count < 1 || count > kColumnSumsMaxMatrices || cols < 1 || chunks < 1 || partials == nullptr)
+    throw std::invalid_argument("column_sums_reduce: unsupported count=" + std::to_string(count) +
+                                " cols=" + std::to_string(cols) + " chunks=" + std::to_string(chunks));
+  Pointers p{};
+  for (int j = 0; j < count; ++j) {
+    if (outputs[j] == nullptr) throw std::invalid_argument("column_sums_reduce: null output");
+    p.out[j] = outputs[j];
+  }
   column_reduce_kernel<<<dim3((cols + 255) / 256, count), 256, 0, stream>>>(p, partials, chunks, cols);
   PERFTRAIN_LAUNCH_CHECK();
 }

@@ -36,4 +36,10 @@ template <typename T>
 void column_sums(const T* const* inputs, float* const* outputs, int count, int64_t rows, int cols, float* partials,
                  int chunks, cudaStream_t stream);
 
+// The second step alone, for kernels that write the same fp32 partials
+// [count][chunks][cols] themselves (gelu_backward.h): outputs[j][c] = the sum
+// of matrix j's chunk rows, added in chunk order.
+void column_sums_reduce(const float* partials, float* const* outputs, int count, int chunks, int cols,
+                        cudaStream_t stream);
+
 }  // namespace perftrain::kernels

@@ -2,7 +2,6 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
-#include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/linear.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/irange.h>
@@ -18,6 +17,7 @@
 #include "base/error.h"
 #include "ops/compute_weights.h"
 #include "ops/dtype_dispatch.h"
+#include "ops/gelu_backward.h"
 #include "ops/linear.h"
 #include "ops/weight_grad_lane.h"
 
@@ -66,8 +66,9 @@ bool dgelu_bf16_bgrad() {
   return on;
 }
 
-// d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums (fp32, or
-// bf16) from the same product when wanted and cuBLASLt takes it; otherwise db1 is
+// d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums when wanted:
+// from the split form's GELU pass (fp32), or from the DGELU product when
+// cuBLASLt takes the bias gradient there (fp32, or bf16); otherwise db1 is
 // returned undefined and comes later (from dW1's product, or a sum).
 std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, const at::Tensor& w2,
                                                         const at::Tensor& pre, bool want_db1) {
@@ -90,10 +91,11 @@ std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, co
     note_gemm_fallback();
   }
   // The split form (or the fallback): the plain product, then GELU's
-  // backward in place on it (elementwise, so in place is safe).
+  // backward in place on it, with db1 as the column sums of the same pass.
   detail::linear_input_grad(dy, w2, dpre);
-  at::gelu_backward_out(dpre, dpre, pre, "tanh");
-  return {dpre, at::Tensor()};
+  const at::Tensor db1 = want_db1 ? at::empty({pre.size(1)}, dy.options().dtype(at::kFloat)) : at::Tensor();
+  gelu_tanh_backward_(dpre, pre, db1);
+  return {dpre, db1};
 }
 
 at::ScalarType dtype_of(AutogradContext* ctx, const char* key) {

@@ -39,15 +39,17 @@ at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor&
 bool gelu_mlp_saves_activation();
 
 // Where the backward makes pre's gradient (dy w2) * gelu_tanh'(pre): in the
-// DGELU epilogue of that product, or with a plain product and then ATen's
-// gelu_backward in place on its result (split). cuBLASLt's DGELU kernel is
+// DGELU epilogue of that product, or with a plain product and then GELU's
+// backward in place on its result (split; ops/gelu_backward, which also
+// gives fc1's bias gradient from the same pass). cuBLASLt's DGELU kernel is
 // slow on small products (DiT-S/2 b32: 39 µs per call tuned, against 17 for
 // the plain product), while the split form pays one more pass over two
-// [M, H] tensors. Measured in whole steps (H200, 7a8ecdc, DiT-S/2): split
-// 5.77 -> 5.71 ms at b32, 9.18 -> 9.13 at b64, 30.90 -> 31.17 at b256. So by
-// default (kAuto) products of up to kSplitDGeluMaxElements outputs take the
-// split form. PERFTRAIN_DGELU=split|epilogue forces one; the setter is for
-// tests and the bench.
+// [M, H] tensors. Measured in whole steps (H200, 7a8ecdc, DiT-S/2, with
+// ATen's gelu_backward and a separate bias sum): split 5.77 -> 5.71 ms at
+// b32, 9.18 -> 9.13 at b64, 30.90 -> 31.17 at b256. So by default (kAuto)
+// products of up to kSplitDGeluMaxElements outputs take the split form.
+// PERFTRAIN_DGELU=split|epilogue forces one; the setter is for tests and the
+// bench.
 enum class DGeluPath { kAuto, kEpilogue, kSplit };
 constexpr int64_t kSplitDGeluMaxElements = 16384LL * 1536;
 DGeluPath gelu_mlp_dgelu_path();

@@ -1,0 +1,140 @@
+#include "kernels/gelu_backward.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/column_sums.h"
+#include "kernels/cuda_check.h"
+#include "kernels/vector_io.cuh"
+
+namespace perftrain::kernels {
+namespace {
+
+using detail::from_float;
+using detail::load_vec;
+using detail::store_vec;
+using detail::to_float;
+
+constexpr int kVec = 8;                      // columns per thread
+constexpr int kThreadsX = 32;                // threads across a column tile
+constexpr int kTileCols = kThreadsX * kVec;  // 256, as kernels/column_sums
+constexpr int kThreadsY = 8;                 // rows walked at once
+
+__device__ __forceinline__ float gelu_tanh_grad(float x) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  const float x_sq = x * x;
+  const float inner = kBeta * (x + kKappa * x_sq * x);
+  const float t = 1.f - 2.f / (__expf(2.f * inner) + 1.f);  // tanh(inner); exp overflow gives t = 1
+  const float left_derivative = 0.5f * (1.f + t);
+  const float right_derivative = 0.5f * x * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * x_sq);
+  return left_derivative + right_derivative;
+}
+
+// One element: the stored result, and its value as stored (what the sums add).
+template <typename T>
+__device__ __forceinline__ float dgelu_stored(float g, float x) {
+  return to_float(from_float<T>(g * gelu_tanh_grad(x)));
+}
+
+// Block (column tile, row chunk). VEC8: whole 16-byte vectors (cols % 8 == 0
+// and aligned); else one column per access, same ownership. SUMS: also the
+// chunk's column partials, as column_partials_kernel writes them.
+template <typename T, bool VEC8, bool SUMS>
+__global__ void __launch_bounds__(kThreadsX* kThreadsY)
+    gelu_backward_partials_kernel(T* __restrict__ grad, const T* __restrict__ pre, int64_t rows, int cols,
+                                  int64_t rows_per_chunk, float* __restrict__ partials) {
+  const int chunk = blockIdx.y;
+  const int c0 = blockIdx.x * kTileCols + threadIdx.x * kVec;
+  const int64_t r0 = int64_t(chunk) * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  float acc[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
+  if (c0 < cols) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kThreadsY) {
+      const int64_t at = r * cols + c0;
+      if constexpr (VEC8) {
+        float g[kVec], x[kVec];
+        load_vec<T, kVec>(grad + at, g);
+        load_vec<T, kVec>(pre + at, x);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          g[j] = dgelu_stored<T>(g[j], x[j]);
+          acc[j] += g[j];
+        }
+        store_vec<T, kVec>(grad + at, g);  // already representable: stored exactly
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          if (c0 + j < cols) {
+            const float d = dgelu_stored<T>(to_float(grad[at + j]), to_float(pre[at + j]));
+            grad[at + j] = from_float<T>(d);
+            acc[j] += d;
+          }
+        }
+      }
+    }
+  }
+  if constexpr (SUMS) {
+    __shared__ float smem[kThreadsY][kTileCols];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) smem[threadIdx.y][threadIdx.x * kVec + j] = acc[j];
+    __syncthreads();
+    // 256 threads, one column of the tile each: the 8 row groups in order.
+    const int t = threadIdx.y * kThreadsX + threadIdx.x;
+    const int c = blockIdx.x * kTileCols + t;
+    if (c < cols) {
+      float s = 0.f;
+#pragma unroll
+      for (int y = 0; y < kThreadsY; ++y) s += smem[y][t];
+      partials[int64_t(chunk) * cols + c] = s;
+    }
+  }
+}
+
+template <typename T, bool VEC8>
+void launch(T* grad, const T* pre, int64_t rows, int cols, bool sums, int64_t rows_per_chunk, float* partials,
+            dim3 grid, cudaStream_t stream) {
+  const dim3 block(kThreadsX, kThreadsY);
+  if (sums)
+    gelu_backward_partials_kernel<T, VEC8, true><<<grid, block, 0, stream>>>(grad, pre, rows, cols, rows_per_chunk,
+                                                                             partials);
+  else
+    gelu_backward_partials_kernel<T, VEC8, false><<<grid, block, 0, stream>>>(grad, pre, rows, cols, rows_per_chunk,
+                                                                              partials);
+  PERFTRAIN_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+template <typename T>
+void gelu_tanh_backward_column_sums(T* grad, const T* pre, int64_t rows, int cols, float* sums, float* partials,
+                                    int chunks, cudaStream_t stream) {
+  if (rows < 0 || cols < 1 || chunks < 1 || chunks > 65535 || grad == nullptr || pre == nullptr ||
+      (sums != nullptr && partials == nullptr))
+    throw std::invalid_argument("gelu_tanh_backward_column_sums: unsupported rows=" + std::to_string(rows) +
+                                " cols=" + std::to_string(cols) + " chunks=" + std::to_string(chunks));
+  if (rows == 0 && sums == nullptr) return;
+  const int64_t rows_per_chunk = std::max<int64_t>(1, (rows + chunks - 1) / chunks);
+  const dim3 grid((cols + kTileCols - 1) / kTileCols, chunks);
+  const bool vec8 = cols % kVec == 0 && detail::vec8_aligned(grad) && detail::vec8_aligned(pre);
+  if (vec8)
+    launch<T, true>(grad, pre, rows, cols, sums != nullptr, rows_per_chunk, partials, grid, stream);
+  else
+    launch<T, false>(grad, pre, rows, cols, sums != nullptr, rows_per_chunk, partials, grid, stream);
+  if (sums != nullptr) {
+    float* outputs[1] = {sums};
+    column_sums_reduce(partials, outputs, 1, chunks, cols, stream);
+  }
+}
+
+template void gelu_tanh_backward_column_sums<float>(float*, const float*, int64_t, int, float*, float*, int,
+                                                    cudaStream_t);
+template void gelu_tanh_backward_column_sums<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, int64_t, int,
+                                                            float*, float*, int, cudaStream_t);
+template void gelu_tanh_backward_column_sums<__half>(__half*, const __half*, int64_t, int, float*, float*, int,
+                                                     cudaStream_t);
+
+}  // namespace perftrain::kernels
