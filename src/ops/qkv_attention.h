@@ -27,7 +27,9 @@ at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads);
 // function: h [B, T, D] in the compute dtype, qkv_weight [3D, D] and
 // qkv_bias [3D] (may be undefined) as for ops::linear. Gradients as linear's.
 // Falls back to exactly that composition where qkv_attention would not use
-// cuDNN. Bad shapes or dtypes throw UsageError.
+// cuDNN. On the cuDNN path the key block of qkv_bias's gradient is exactly
+// zero (softmax is shift-invariant per query; the composition gives rounding
+// noise there). Bad shapes or dtypes throw UsageError.
 at::Tensor projected_attention(const at::Tensor& h, const at::Tensor& qkv_weight, const at::Tensor& qkv_bias,
                                int64_t heads);
 

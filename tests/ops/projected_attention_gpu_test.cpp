@@ -98,6 +98,11 @@ TEST(ProjectedAttentionGpu, MatchesFp32ReferenceAndTheUnfusedOps) {
     EXPECT_LT(rel_l2(got.dh, unfused.dh), 1e-2) << what << " dh vs unfused";
     EXPECT_LT(rel_l2(got.dw, unfused.dw), 1e-5) << what << " dW vs unfused";
     EXPECT_LT(rel_l2(got.db, unfused.db), 1e-5) << what << " db vs unfused";
+    // The key block: exactly zero here, and only rounding noise in the fp32
+    // reference (softmax ignores a shift shared by a query's logits).
+    const at::Tensor got_k = got.db.narrow(0, s.dim, s.dim).cpu(), ref_k = ref.db.narrow(0, s.dim, s.dim).cpu();
+    EXPECT_EQ(got_k.abs().max().item<float>(), 0.f) << what << " db_k";
+    EXPECT_LT(ref_k.norm().item<double>(), 1e-4 * ref.db.norm().item<double>()) << what << " reference db_k";
   }
   EXPECT_EQ(gemm_fallback_count(), fallbacks_before) << "cuBLASLt refused a product on these shapes";
 }
