@@ -2,6 +2,7 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
+#include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/linear.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/irange.h>
@@ -66,6 +67,11 @@ bool dgelu_bf16_bgrad() {
   return on;
 }
 
+bool aten_gelu_backward() {
+  static const bool on = env_equals("PERFTRAIN_GELU_BWD", "aten");
+  return on;
+}
+
 // d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums when wanted:
 // from the split form's GELU pass (fp32), or from the DGELU product when
 // cuBLASLt takes the bias gradient there (fp32, or bf16); otherwise db1 is
@@ -91,8 +97,13 @@ std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, co
     note_gemm_fallback();
   }
   // The split form (or the fallback): the plain product, then GELU's
-  // backward in place on it, with db1 as the column sums of the same pass.
+  // backward in place on it, with db1 as the column sums of the same pass
+  // (PERFTRAIN_GELU_BWD=aten: ATen's gelu_backward, db1 later, to compare).
   detail::linear_input_grad(dy, w2, dpre);
+  if (aten_gelu_backward()) {
+    at::gelu_backward_out(dpre, dpre, pre, "tanh");
+    return {dpre, at::Tensor()};
+  }
   const at::Tensor db1 = want_db1 ? at::empty({pre.size(1)}, dy.options().dtype(at::kFloat)) : at::Tensor();
   gelu_tanh_backward_(dpre, pre, db1);
   return {dpre, db1};

@@ -97,12 +97,18 @@ TEST(ProjectedAttentionGpu, MatchesFp32ReferenceAndTheUnfusedOps) {
     EXPECT_LT(rel_l2(got.out, unfused.out), 1e-6) << what << " out vs unfused";
     EXPECT_LT(rel_l2(got.dh, unfused.dh), 1e-2) << what << " dh vs unfused";
     EXPECT_LT(rel_l2(got.dw, unfused.dw), 1e-5) << what << " dW vs unfused";
-    EXPECT_LT(rel_l2(got.db, unfused.db), 1e-5) << what << " db vs unfused";
-    // The key block: exactly zero here, and only rounding noise in the fp32
-    // reference (softmax ignores a shift shared by a query's logits).
-    const at::Tensor got_k = got.db.narrow(0, s.dim, s.dim).cpu(), ref_k = ref.db.narrow(0, s.dim, s.dim).cpu();
-    EXPECT_EQ(got_k.abs().max().item<float>(), 0.f) << what << " db_k";
-    EXPECT_LT(ref_k.norm().item<double>(), 1e-4 * ref.db.norm().item<double>()) << what << " reference db_k";
+    // The q and v bias blocks: the same sums of the same bf16 values.
+    for (const int64_t block : {0, 2})
+      EXPECT_LT(rel_l2(got.db.narrow(0, block * s.dim, s.dim), unfused.db.narrow(0, block * s.dim, s.dim)), 1e-5)
+          << what << " db block " << block << " vs unfused";
+    // The key block: exactly zero here, and only rounding noise elsewhere:
+    // in the fp32 reference, and in the unfused sums of bf16 dk (measured
+    // 4e-4 to 1.2e-3 of the whole gradient on these shapes).
+    const auto k_block = [&](const Grads& r) { return r.db.narrow(0, s.dim, s.dim).cpu(); };
+    EXPECT_EQ(k_block(got).abs().max().item<float>(), 0.f) << what << " db_k";
+    EXPECT_LT(k_block(ref).norm().item<double>(), 1e-4 * ref.db.norm().item<double>()) << what << " reference db_k";
+    EXPECT_LT(k_block(unfused).norm().item<double>(), 1e-2 * unfused.db.norm().item<double>())
+        << what << " unfused db_k";
   }
   EXPECT_EQ(gemm_fallback_count(), fallbacks_before) << "cuBLASLt refused a product on these shapes";
 }
