@@ -1,6 +1,7 @@
 #include "kernels/gelu_backward.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -12,7 +13,6 @@ namespace perftrain::kernels {
 namespace {
 
 using detail::from_float;
-using detail::load_vec;
 using detail::store_vec;
 using detail::to_float;
 
@@ -26,7 +26,8 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
   constexpr float kKappa = 0.044715f;
   const float x_sq = x * x;
   const float inner = kBeta * (x + kKappa * x_sq * x);
-  const float t = 1.f - 2.f / (__expf(2.f * inner) + 1.f);  // tanh(inner); exp overflow gives t = 1
+  // tanh(inner); when exp overflows, __fdividef gives 0 and t = 1.
+  const float t = 1.f - __fdividef(2.f, __expf(2.f * inner) + 1.f);
   const float left_derivative = 0.5f * (1.f + t);
   const float right_derivative = 0.5f * x * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * x_sq);
   return left_derivative + right_derivative;
@@ -38,9 +39,42 @@ __device__ __forceinline__ float dgelu_stored(float g, float x) {
   return to_float(from_float<T>(g * gelu_tanh_grad(x)));
 }
 
+// Rows each thread has in flight at once on the vector path: their loads are
+// all issued before any result is computed, so that a thread waits for
+// memory once per kRowsInFlight rows (a latency-bound loop otherwise: one
+// row's two 16-byte loads, then its math, then the next row's loads).
+constexpr int kRowsInFlight = 4;
+// Three blocks of 256 threads fit an SM at the vector path's 80 registers:
+// the grid is sized to one such wave (gelu_backward_chunks).
+constexpr int kBlocksPerSm = 3;
+
+// 8 elements of T as raw 16-byte words (one for 16-bit types, two for fp32).
+template <typename T>
+struct Words {
+  static constexpr int kCount = kVec * int(sizeof(T)) / 16;
+  uint4 w[kCount];
+};
+
+template <typename T>
+__device__ __forceinline__ Words<T> load_words(const T* p) {
+  Words<T> r;
+#pragma unroll
+  for (int i = 0; i < Words<T>::kCount; ++i) r.w[i] = reinterpret_cast<const uint4*>(p)[i];
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack(const Words<T>& r, float (&f)[kVec]) {
+  T e[kVec];
+  memcpy(e, r.w, sizeof(e));
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) f[j] = to_float(e[j]);
+}
+
 // Block (column tile, row chunk). VEC8: whole 16-byte vectors (cols % 8 == 0
-// and aligned); else one column per access, same ownership. SUMS: also the
-// chunk's column partials, as column_partials_kernel writes them.
+// and aligned), kRowsInFlight rows per thread at a time; else one column per
+// access, same ownership. SUMS: also the chunk's column partials, as
+// column_partials_kernel writes them.
 template <typename T, bool VEC8, bool SUMS>
 __global__ void __launch_bounds__(kThreadsX* kThreadsY)
     gelu_backward_partials_kernel(T* __restrict__ grad, const T* __restrict__ pre, int64_t rows, int cols,
@@ -53,19 +87,36 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
 #pragma unroll
   for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
   if (c0 < cols) {
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kThreadsY) {
-      const int64_t at = r * cols + c0;
-      if constexpr (VEC8) {
-        float g[kVec], x[kVec];
-        load_vec<T, kVec>(grad + at, g);
-        load_vec<T, kVec>(pre + at, x);
+    if constexpr (VEC8) {
+      for (int64_t r = r0 + threadIdx.y; r < r1; r += kThreadsY * kRowsInFlight) {
+        Words<T> gw[kRowsInFlight], pw[kRowsInFlight];
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          g[j] = dgelu_stored<T>(g[j], x[j]);
-          acc[j] += g[j];
+        for (int u = 0; u < kRowsInFlight; ++u) {
+          const int64_t row = r + int64_t(u) * kThreadsY;
+          if (row < r1) {
+            gw[u] = load_words(grad + row * cols + c0);
+            pw[u] = load_words(pre + row * cols + c0);
+          }
         }
-        store_vec<T, kVec>(grad + at, g);  // already representable: stored exactly
-      } else {
+#pragma unroll
+        for (int u = 0; u < kRowsInFlight; ++u) {
+          const int64_t row = r + int64_t(u) * kThreadsY;
+          if (row < r1) {
+            float g[kVec], x[kVec];
+            unpack(gw[u], g);
+            unpack(pw[u], x);
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              g[j] = dgelu_stored<T>(g[j], x[j]);
+              acc[j] += g[j];
+            }
+            store_vec<T, kVec>(grad + row * cols + c0, g);  // already representable: stored exactly
+          }
+        }
+      }
+    } else {
+      for (int64_t r = r0 + threadIdx.y; r < r1; r += kThreadsY) {
+        const int64_t at = r * cols + c0;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           if (c0 + j < cols) {
@@ -108,6 +159,13 @@ void launch(T* grad, const T* pre, int64_t rows, int cols, bool sums, int64_t ro
 }
 
 }  // namespace
+
+int gelu_backward_chunks(int64_t rows, int cols, int sm_count) {
+  if (rows < 1 || cols < 1) return 1;
+  const int64_t tiles = (cols + kTileCols - 1) / kTileCols;
+  const int64_t want = (int64_t(kBlocksPerSm) * std::max(sm_count, 1) + tiles - 1) / tiles;
+  return int(std::max<int64_t>(1, std::min<int64_t>({want, (rows + 63) / 64, 65535})));
+}
 
 template <typename T>
 void gelu_tanh_backward_column_sums(T* grad, const T* pre, int64_t rows, int cols, float* sums, float* partials,

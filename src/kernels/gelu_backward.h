@@ -11,11 +11,12 @@
 //
 // gelu_tanh'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2), t = tanh(k (x + a x^3)),
 // k = sqrt(2/pi), a = 0.044715, in fp32 as ATen computes it; tanh here is
-// 1 - 2 / (exp(2u) + 1) with the fast exp (absolute error ~1e-7 in t, far
+// 1 - 2 / (exp(2u) + 1) with the fast exp and divide (absolute error ~1e-7 in t, far
 // below the bf16 rounding of the result).
 //
 // Shape: the tiling of kernels/column_sums (column tiles of 256, 8 columns per
-// thread, row chunks), its fp32 partials and its reduce step; deterministic,
+// thread, row chunks; here 4 rows per thread in flight), its fp32 partials
+// and its reduce step; deterministic,
 // shape-determined grid and scratch, so it captures in CUDA graphs.
 #pragma once
 
@@ -27,9 +28,12 @@
 
 namespace perftrain::kernels {
 
+// Row chunks (grid rows) for a [rows, cols] call: one wave of blocks.
+int gelu_backward_chunks(int64_t rows, int cols, int sm_count);
+
 // grad, pre [rows, cols] dense row-major (T: float, __nv_bfloat16, __half).
 // sums: [cols] fp32 or nullptr (then only the elementwise part runs).
-// partials: chunks * cols floats, chunks from column_sums_chunks(rows, cols, 1, sms).
+// partials: chunks * cols floats, chunks from gelu_backward_chunks.
 template <typename T>
 void gelu_tanh_backward_column_sums(T* grad, const T* pre, int64_t rows, int cols, float* sums, float* partials,
                                     int chunks, cudaStream_t stream);

@@ -9,7 +9,6 @@
 #include <string>
 
 #include "base/error.h"
-#include "kernels/column_sums.h"
 #include "kernels/gelu_backward.h"
 #include "ops/dtype_dispatch.h"
 
@@ -37,7 +36,7 @@ void gelu_tanh_backward_(at::Tensor& grad, const at::Tensor& pre, const at::Tens
   if (cols == 0) return;
   const c10::cuda::CUDAGuard guard(grad.device());
   const int chunks =
-      kernels::column_sums_chunks(rows, cols, 1, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+      kernels::gelu_backward_chunks(rows, cols, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   // Shape-determined scratch from the caching allocator: fine under capture.
   const at::Tensor partials = sums.defined() ? at::empty({chunks, cols}, sums.options()) : at::Tensor();
   with_kernel_type("gelu_tanh_backward_", grad.scalar_type(), [&](auto tp) {
