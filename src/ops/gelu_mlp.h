@@ -40,18 +40,20 @@ bool gelu_mlp_saves_activation();
 
 // Where the backward makes pre's gradient (dy w2) * gelu_tanh'(pre): in the
 // DGELU epilogue of that product, or with a plain product and then GELU's
-// backward in place on its result (split; ops/gelu_backward, which also
-// gives fc1's bias gradient from the same pass). cuBLASLt's DGELU kernel is
-// slow on small products (DiT-S/2 b32: 39 µs per call tuned, against 17 for
-// the plain product), while the split form pays one more pass over two
-// [M, H] tensors. Measured in whole steps (H200, 7a8ecdc, DiT-S/2, with
-// ATen's gelu_backward and a separate bias sum): split 5.77 -> 5.71 ms at
-// b32, 9.18 -> 9.13 at b64, 30.90 -> 31.17 at b256. So by default (kAuto)
-// products of up to kSplitDGeluMaxElements outputs take the split form.
-// PERFTRAIN_DGELU=split|epilogue forces one; the setter is for tests and the
-// bench.
+// backward in place on its result (split). cuBLASLt's DGELU kernel is slow
+// on small products (DiT-S/2 b32: 39 µs per call tuned, against 17 for the
+// plain product), while the split form pays one more pass over two [M, H]
+// tensors. Measured in whole steps on the H200, DiT-S/2: at 7a8ecdc, with
+// ATen's gelu_backward and a separate bias sum, split 5.77 -> 5.71 ms at b32,
+// 9.18 -> 9.13 at b64, but 30.90 -> 31.17 at b256. With the fused GELU pass
+// that also gives fc1's bias gradient (ops/gelu_backward), b256 went the
+// other way: 30.14 -> 29.89 (fa07c2f), while DiT-B/2 b256 (65536 x 3072)
+// stayed faster with the epilogue (76.68 against 78.77 split, ddbb712). So by
+// default (kAuto) products of up to kSplitDGeluMaxElements outputs take the
+// split form. PERFTRAIN_DGELU=split|epilogue forces one; the setter is for
+// tests and the bench.
 enum class DGeluPath { kAuto, kEpilogue, kSplit };
-constexpr int64_t kSplitDGeluMaxElements = 16384LL * 1536;
+constexpr int64_t kSplitDGeluMaxElements = 65536LL * 1536;
 DGeluPath gelu_mlp_dgelu_path();
 void set_gelu_mlp_dgelu_path(DGeluPath path);
 // The decision for a backward of `rows` rows and `hidden` MLP features.

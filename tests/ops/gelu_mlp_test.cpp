@@ -221,16 +221,18 @@ TEST(GeluMlp, CpuFunctionPartialGradients) {
   }
 }
 
-// The DGELU epilogue only on products above the measured size (DiT-S/2 b64:
-// 16384 x 1536 outputs); the forced paths either way.
+// The DGELU epilogue only on products above the measured size (DiT-S/2
+// b256: 65536 x 1536 outputs, split; DiT-B/2 b256, twice that, epilogue);
+// the forced paths either way.
 TEST(GeluMlp, DGeluPathBySize) {
   const DGeluPath before = gelu_mlp_dgelu_path();
   set_gelu_mlp_dgelu_path(DGeluPath::kAuto);
   EXPECT_FALSE(gelu_mlp_dgelu_in_epilogue(32 * 256, 1536));   // DiT-S/2 b32
   EXPECT_FALSE(gelu_mlp_dgelu_in_epilogue(64 * 256, 1536));   // b64
-  EXPECT_TRUE(gelu_mlp_dgelu_in_epilogue(128 * 256, 1536));   // b128
-  EXPECT_TRUE(gelu_mlp_dgelu_in_epilogue(256 * 256, 1536));   // b256
-  EXPECT_TRUE(gelu_mlp_dgelu_in_epilogue(32 * 256, 4608));    // DiT-XL/2 b32
+  EXPECT_FALSE(gelu_mlp_dgelu_in_epilogue(256 * 256, 1536));  // b256
+  EXPECT_TRUE(gelu_mlp_dgelu_in_epilogue(512 * 256, 1536));   // b512
+  EXPECT_TRUE(gelu_mlp_dgelu_in_epilogue(256 * 256, 3072));   // DiT-B/2 b256
+  EXPECT_TRUE(gelu_mlp_dgelu_in_epilogue(256 * 256, 4608));   // DiT-XL/2 b256
   set_gelu_mlp_dgelu_path(DGeluPath::kEpilogue);
   EXPECT_TRUE(gelu_mlp_dgelu_in_epilogue(8, 8));
   set_gelu_mlp_dgelu_path(DGeluPath::kSplit);
