@@ -106,12 +106,6 @@ WeightGradOverlap::~WeightGradOverlap() {
   l.side.reset();
 }
 
-bool weight_grad_overlap_active() {
-  Lane& l = lane();
-  const std::lock_guard<std::mutex> lock(l.mutex);
-  return l.active;
-}
-
 void run_weight_grads(const std::function<void()>& work, std::vector<at::Tensor> reads) {
   Lane& l = lane();
   std::unique_lock<std::mutex> lock(l.mutex);

@@ -70,9 +70,6 @@ class WeightGradOverlap {
   bool active_ = false;
 };
 
-// Whether a scope is active now (work handed off goes to the side stream).
-bool weight_grad_overlap_active();
-
 // Runs work() on the side stream when a scope is active (else here, inline);
 // `reads` are the tensors it reads, kept alive until the stream has passed
 // them. Called from autograd's threads.
