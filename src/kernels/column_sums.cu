@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/column_partials.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/vector_io.cuh"
 
@@ -13,10 +14,10 @@ namespace {
 using detail::load_vec;
 using detail::to_float;
 
-constexpr int kVec = 8;                      // columns per thread
-constexpr int kThreadsX = 32;                // threads across a column tile
-constexpr int kTileCols = kThreadsX * kVec;  // 256
-constexpr int kThreadsY = 8;                 // rows walked at once
+constexpr int kVec = detail::kColVec;
+constexpr int kThreadsX = detail::kColThreadsX;
+constexpr int kTileCols = detail::kColTile;
+constexpr int kThreadsY = detail::kColThreadsY;
 
 struct Pointers {
   const void* in[kColumnSumsMaxMatrices];
@@ -29,7 +30,6 @@ struct Pointers {
 template <typename T, bool VEC8>
 __global__ void __launch_bounds__(kThreadsX* kThreadsY)
     column_partials_kernel(Pointers p, int64_t rows, int cols, int64_t rows_per_chunk, float* __restrict__ partials) {
-  __shared__ float smem[kThreadsY][kTileCols];
   const int chunk = blockIdx.y, chunks = gridDim.y, mat = blockIdx.z;
   const T* __restrict__ in = static_cast<const T*>(p.in[mat]);
   const int c0 = blockIdx.x * kTileCols + threadIdx.x * kVec;
@@ -53,18 +53,7 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
       }
     }
   }
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) smem[threadIdx.y][threadIdx.x * kVec + j] = acc[j];
-  __syncthreads();
-  // 256 threads, one column of the tile each: add the 8 row groups in order.
-  const int t = threadIdx.y * kThreadsX + threadIdx.x;
-  const int c = blockIdx.x * kTileCols + t;
-  if (c < cols) {
-    float s = 0.f;
-#pragma unroll
-    for (int y = 0; y < kThreadsY; ++y) s += smem[y][t];
-    partials[(int64_t(mat) * chunks + chunk) * cols + c] = s;
-  }
+  detail::write_column_partials(acc, partials + (int64_t(mat) * chunks + chunk) * cols, cols);
 }
 
 __global__ void column_reduce_kernel(Pointers p, const float* __restrict__ partials, int chunks, int cols) {

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/column_partials.cuh"
 #include "kernels/column_sums.h"
 #include "kernels/cuda_check.h"
 #include "kernels/vector_io.cuh"
@@ -16,10 +17,10 @@ using detail::from_float;
 using detail::store_vec;
 using detail::to_float;
 
-constexpr int kVec = 8;                      // columns per thread
-constexpr int kThreadsX = 32;                // threads across a column tile
-constexpr int kTileCols = kThreadsX * kVec;  // 256, as kernels/column_sums
-constexpr int kThreadsY = 8;                 // rows walked at once
+constexpr int kVec = detail::kColVec;
+constexpr int kThreadsX = detail::kColThreadsX;
+constexpr int kTileCols = detail::kColTile;
+constexpr int kThreadsY = detail::kColThreadsY;
 
 __device__ __forceinline__ float gelu_tanh_grad(float x) {
   constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -128,21 +129,7 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
       }
     }
   }
-  if constexpr (SUMS) {
-    __shared__ float smem[kThreadsY][kTileCols];
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) smem[threadIdx.y][threadIdx.x * kVec + j] = acc[j];
-    __syncthreads();
-    // 256 threads, one column of the tile each: the 8 row groups in order.
-    const int t = threadIdx.y * kThreadsX + threadIdx.x;
-    const int c = blockIdx.x * kTileCols + t;
-    if (c < cols) {
-      float s = 0.f;
-#pragma unroll
-      for (int y = 0; y < kThreadsY; ++y) s += smem[y][t];
-      partials[int64_t(chunk) * cols + c] = s;
-    }
-  }
+  if constexpr (SUMS) detail::write_column_partials(acc, partials + int64_t(chunk) * cols, cols);
 }
 
 template <typename T, bool VEC8>
