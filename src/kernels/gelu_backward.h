@@ -11,13 +11,13 @@
 //
 // gelu_tanh'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2), t = tanh(k (x + a x^3)),
 // k = sqrt(2/pi), a = 0.044715, in fp32 as ATen computes it; tanh here is
-// 1 - 2 / (exp(2u) + 1) with the fast exp and divide (absolute error ~1e-7 in t, far
-// below the bf16 rounding of the result).
+// 1 - 2 / (exp(2u) + 1) with the fast exp and divide (absolute error ~1e-7
+// in t, far below the bf16 rounding of the result).
 //
-// Shape: the tiling of kernels/column_sums (column tiles of 256, 8 columns per
-// thread, row chunks; here 4 rows per thread in flight), its fp32 partials
-// and its reduce step; deterministic,
-// shape-determined grid and scratch, so it captures in CUDA graphs.
+// Shape: the tiling of kernels/column_sums (kernels/column_partials.cuh;
+// here 4 rows per thread in flight), its fp32 partials and its reduce step;
+// deterministic, shape-determined grid and scratch, so it captures in CUDA
+// graphs.
 #pragma once
 
 #include <cuda_bf16.h>
