@@ -67,21 +67,6 @@ bool dgelu_bf16_bgrad() {
   return on;
 }
 
-// The split form's GELU backward: ATen's gelu_backward, with db1 summed
-// later beside the critical path, for the sizes whose weight gradients run
-// on the second stream (weight_grad_overlap_for: decided by the shape, not by
-// whether a scope is open, so that one and two streams give the same bits);
-// otherwise the fused pass (ops/gelu_backward) that gives db1 from the same
-// read. On the H200 at fa07c2f (DiT-S/2, `all`): with the stream (b32, b64)
-// ATen's measured 5.54 / 8.85 ms against 5.66 / 8.99 fused; on one stream
-// (b256) the fused pass made the split form 29.89 ms against the DGELU
-// epilogue's 30.14. PERFTRAIN_GELU_BWD=aten|fused forces one (to compare).
-bool fused_gelu_backward(int64_t rows, int64_t width) {
-  static const bool aten = env_equals("PERFTRAIN_GELU_BWD", "aten"), fused = env_equals("PERFTRAIN_GELU_BWD", "fused");
-  if (aten || fused) return fused;
-  return !weight_grad_overlap_for(rows, width);
-}
-
 // d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums when wanted:
 // from the split form's GELU pass (fp32), or from the DGELU product when
 // cuBLASLt takes the bias gradient there (fp32, or bf16); otherwise db1 is
@@ -109,7 +94,7 @@ std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, co
   // The split form (or the fallback): the plain product, then GELU's
   // backward in place on it (with db1 from the same pass when fused).
   detail::linear_input_grad(dy, w2, dpre);
-  if (!fused_gelu_backward(dy.size(0), dy.size(1))) {
+  if (!gelu_mlp_fused_gelu_backward(dy.size(0), dy.size(1))) {
     at::gelu_backward_out(dpre, dpre, pre, "tanh");
     return {dpre, at::Tensor()};
   }
@@ -222,6 +207,12 @@ std::atomic<DGeluPath>& dgelu_path() {
                                                                                  : DGeluPath::kAuto};
   return path;
 }
+std::atomic<GeluBackwardForm>& gelu_backward_form() {
+  static std::atomic<GeluBackwardForm> form{env_equals("PERFTRAIN_GELU_BWD", "aten")    ? GeluBackwardForm::kAten
+                                            : env_equals("PERFTRAIN_GELU_BWD", "fused") ? GeluBackwardForm::kFused
+                                                                                        : GeluBackwardForm::kAuto};
+  return form;
+}
 }  // namespace
 
 DGeluPath gelu_mlp_dgelu_path() { return dgelu_path().load(); }
@@ -234,6 +225,22 @@ bool gelu_mlp_dgelu_in_epilogue(int64_t rows, int64_t hidden) {
     case DGeluPath::kAuto: break;
   }
   return rows * hidden > kSplitDGeluMaxElements;
+}
+
+GeluBackwardForm gelu_mlp_gelu_backward_form() { return gelu_backward_form().load(); }
+void set_gelu_mlp_gelu_backward_form(GeluBackwardForm form) { gelu_backward_form().store(form); }
+
+// Measured on the H200 at fa07c2f (DiT-S/2, `all`): with the second stream
+// (b32, b64) ATen's pass took 5.54 / 8.85 ms against 5.66 / 8.99 fused; on one
+// stream (b256) the fused pass made the split form 29.89 ms against the DGELU
+// epilogue's 30.14.
+bool gelu_mlp_fused_gelu_backward(int64_t rows, int64_t width) {
+  switch (gelu_mlp_gelu_backward_form()) {
+    case GeluBackwardForm::kAten: return false;
+    case GeluBackwardForm::kFused: return true;
+    case GeluBackwardForm::kAuto: break;
+  }
+  return !weight_grad_overlap_for(rows, width);
 }
 
 bool gelu_mlp_saves_activation() {

@@ -59,6 +59,20 @@ void set_gelu_mlp_dgelu_path(DGeluPath path);
 // The decision for a backward of `rows` rows and `hidden` MLP features.
 bool gelu_mlp_dgelu_in_epilogue(int64_t rows, int64_t hidden);
 
+// The split form's GELU backward: ATen's gelu_backward (fc1's bias gradient
+// summed afterwards, beside the critical path when the weight-gradient
+// stream is on) or the fused pass of ops/gelu_backward (the bias gradient
+// from the same pass). kAuto: ATen's for the shapes whose weight gradients
+// run on the second stream (weight_grad_overlap_for of rows and model width),
+// where it measured faster, the fused pass otherwise; by shape, so that one
+// stream and two give the same bits. PERFTRAIN_GELU_BWD=aten|fused forces
+// one; the setter is for tests.
+enum class GeluBackwardForm { kAuto, kAten, kFused };
+GeluBackwardForm gelu_mlp_gelu_backward_form();
+void set_gelu_mlp_gelu_backward_form(GeluBackwardForm form);
+// The decision for a backward of `rows` rows of width `width` (fc2's output).
+bool gelu_mlp_fused_gelu_backward(int64_t rows, int64_t width);
+
 // The plain-ATen fp32 reference: linear, gelu(..., "tanh"), linear on fp32
 // copies; returns fp32.
 at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,

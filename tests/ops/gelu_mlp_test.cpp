@@ -221,6 +221,33 @@ TEST(GeluMlp, CpuFunctionPartialGradients) {
   }
 }
 
+// Both forms of the split path's GELU backward (on the CPU the fused one is
+// ATen's gelu_backward and a sum: this checks where db1 comes from and its
+// dtype), with all gradients and with db1 alone.
+TEST(GeluMlp, CpuFunctionBothGeluBackwardFormsMatchFloat64) {
+  const GeluBackwardForm before = gelu_mlp_gelu_backward_form();
+  uint64_t seed = 600;
+  for (const GeluBackwardForm form : {GeluBackwardForm::kAten, GeluBackwardForm::kFused}) {
+    set_gelu_mlp_gelu_backward_form(form);
+    const std::string what = form == GeluBackwardForm::kAten ? " aten" : " fused";
+    for (const Shape& s : kShapes) {
+      const Inputs in = make_inputs(s, seed++);
+      const auto got = run(fn, in);
+      const auto want = float64_oracle(in);
+      for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], want[i], 2e-5, 2e-5, name(s) + kWhat[i] + what);
+      EXPECT_EQ(got[3].scalar_type(), at::kFloat) << name(s) << "db1 in b1's dtype" << what;
+    }
+    const Inputs in = make_inputs({{6, 37}, 24, 13}, seed++);
+    const at::Tensor b1 = in.b1.clone().requires_grad_(true);
+    const at::Tensor y = detail::gelu_mlp_function(in.x, in.w1, b1, in.w2, in.b2);
+    expect_close(torch::autograd::grad({y}, {b1}, {in.dy})[0], float64_oracle(in)[3], 2e-5, 2e-5,
+                 "db1 without dW1" + what);
+  }
+  set_gelu_mlp_gelu_backward_form(before);
+  EXPECT_FALSE(gelu_mlp_fused_gelu_backward(32 * 256, 384)) << "DiT-S/2 b32: ATen's, beside the second stream";
+  EXPECT_TRUE(gelu_mlp_fused_gelu_backward(256 * 256, 384)) << "DiT-S/2 b256: the fused pass";
+}
+
 // The DGELU epilogue only on products above the measured size (DiT-S/2
 // b256: 65536 x 1536 outputs, split; DiT-B/2 b256, twice that, epilogue);
 // the forced paths either way.

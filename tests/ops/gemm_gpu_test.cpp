@@ -408,11 +408,17 @@ TEST(GemmGpu, GeluMlpMatchesFloat64) {
   // where the forward's came from cuBLASLt's epilogue): same tolerance.
   for (const CH& s : shapes) check_gelu_mlp(at::kBFloat16, 8192, s.c, s.h, s.dit, seed++, false);
   check_gelu_mlp(at::kBFloat16, 77, 384, 1536, true, seed++, false);
-  // pre's gradient from a plain product and gelu_backward in place
-  // (PERFTRAIN_DGELU=split): same tolerance.
+  // pre's gradient from a plain product and GELU's backward in place
+  // (PERFTRAIN_DGELU=split), by ATen's pass and by the fused one that also
+  // gives db1 (these sizes would pick ATen's): same tolerance.
   set_gelu_mlp_dgelu_path(DGeluPath::kSplit);
-  for (const CH& s : shapes) check_gelu_mlp(at::kBFloat16, 8192, s.c, s.h, s.dit, seed++);
-  check_gelu_mlp(at::kBFloat16, 77, 384, 1536, true, seed++);
+  for (const GeluBackwardForm form : {GeluBackwardForm::kAten, GeluBackwardForm::kFused}) {
+    set_gelu_mlp_gelu_backward_form(form);
+    for (const CH& s : shapes) check_gelu_mlp(at::kBFloat16, 8192, s.c, s.h, s.dit, seed++);
+    check_gelu_mlp(at::kBFloat16, 77, 384, 1536, true, seed++);
+  }
+  check_gelu_mlp(at::kFloat, 77, 40, 24, false, seed++);  // the fused pass in fp32, odd widths
+  set_gelu_mlp_gelu_backward_form(GeluBackwardForm::kAuto);
   set_gelu_mlp_dgelu_path(DGeluPath::kAuto);
 }
 
