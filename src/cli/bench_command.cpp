@@ -161,6 +161,9 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   row.warmup = warmup;
 
   compat::reset_peak_memory(device);
+  const bool cuda = device.is_cuda();
+  auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (1ull << 30); };
+  if (cuda) row.held_gib_before = gib(compat::allocated_bytes(device));
   const auto t0 = Clock::now();
   train::TrainConfig cfg = base;
   cfg.optim.batch_size = row.batch;
@@ -183,6 +186,11 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   compat::synchronize(device);
   row.first_step_s = std::chrono::duration<double>(Clock::now() - t0).count();
   for (int64_t i = 1; i < warmup; ++i) step();
+  if (cuda) {  // the warm-up's peak (capture included) apart from the steady state's
+    compat::synchronize(device);
+    row.peak_gib_warmup = gib(compat::peak_memory_bytes(device));
+    compat::reset_peak_memory(device);
+  }
 
   std::vector<double> all_ms;
   ob::GpuSampler sampler(ob::nvidia_smi_id(device));
@@ -197,6 +205,7 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
     row.repeat_median_ms.push_back(ob::summarize(ms).median);
     all_ms.insert(all_ms.end(), ms.begin(), ms.end());
   }
+  if (cuda) row.peak_gib_steady = gib(compat::peak_memory_bytes(device));
   row.gpu = sampler.stop();
   row.step_ms = all_ms;
   fill_timing(row, all_ms);
@@ -213,7 +222,7 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   row.loss = w.loss;
   row.graph_status = runner.graph_status();
   row.weight_grad_stream = runner.weight_grad_stream();
-  if (device.is_cuda()) row.peak_gib = static_cast<double>(compat::peak_memory_bytes(device)) / (1ull << 30);
+  if (cuda) row.peak_gib = std::max(*row.peak_gib_warmup, gib(compat::peak_memory_bytes(device)));
   ob::fill_rates(row, 3 * cfg.model.forward_flops_per_sample() * static_cast<double>(row.batch), peak);
   if (!std::isfinite(w.loss))
     row.error = "the loss is not finite (" + std::to_string(w.loss) + "): timings kept in step_ms";
@@ -273,7 +282,11 @@ void print_row(const ob::BenchRow& r) {
   else
     std::cout << ob::format_number(r.ms, 2) << " ms (p10 " << ob::format_number(r.ms_p10, 2) << ", p90 "
               << ob::format_number(r.ms_p90, 2) << "), " << ob::format_rate(r.tflops) << " TFLOP/s, peak "
-              << ob::format_gib(r.peak_gib) << ", first step " << ob::format_number(r.first_step_s, 2)
+              << ob::format_gib(r.peak_gib)
+              << (r.peak_gib_steady ? " (steady " + ob::format_gib(r.peak_gib_steady) + ", held before " +
+                                          ob::format_gib(r.held_gib_before) + ")"
+                                    : std::string())
+              << ", first step " << ob::format_number(r.first_step_s, 2)
               << " s (build " << ob::format_number(r.build_s, 2) << " s), " << ob::execution_note(r)
               << (r.gpu.count > 0 ? "; GPU " + ob::describe(r.gpu) : "") << (r.ok() ? "" : "; error: " + r.error)
               << "\n";

@@ -56,14 +56,32 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
   detail::write_column_partials(acc, partials + (int64_t(mat) * chunks + chunk) * cols, cols);
 }
 
-__global__ void column_reduce_kernel(Pointers p, const float* __restrict__ partials, int chunks, int cols) {
+// Block (32 columns, 8 row groups): group g adds rows g, g + 8, ... of its
+// columns, then the 8 group sums are added in group order. Short sums (a few
+// hundred chunk or batch rows) so spread over cols / 32 blocks with eight
+// loads in flight per column, where one thread per column walking every row
+// left all but a few SMs idle.
+constexpr int kReduceCols = 32, kReduceGroups = 8;
+
+__global__ void __launch_bounds__(kReduceCols* kReduceGroups)
+    column_reduce_kernel(Pointers p, const float* __restrict__ partials, int chunks, int cols) {
+  __shared__ float group_sums[kReduceGroups][kReduceCols];
   const int mat = blockIdx.y;
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  const float* q = partials + int64_t(mat) * chunks * cols + c;
+  const int c = blockIdx.x * kReduceCols + threadIdx.x;
   float s = 0.f;
-  for (int k = 0; k < chunks; ++k) s += q[int64_t(k) * cols];
-  p.out[mat][c] = s;
+  if (c < cols) {
+    const float* q = partials + int64_t(mat) * chunks * cols + c;
+#pragma unroll 4
+    for (int k = threadIdx.y; k < chunks; k += kReduceGroups) s += q[int64_t(k) * cols];
+  }
+  group_sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float t = group_sums[0][threadIdx.x];
+#pragma unroll
+    for (int g = 1; g < kReduceGroups; ++g) t += group_sums[g][threadIdx.x];
+    p.out[mat][c] = t;
+  }
 }
 
 }  // namespace
@@ -112,7 +130,8 @@ void column_sums_reduce(const float* partials, float* const* outputs, int count,
     if (outputs[j] == nullptr) throw std::invalid_argument("column_sums_reduce: null output");
     p.out[j] = outputs[j];
   }
-  column_reduce_kernel<<<dim3((cols + 255) / 256, count), 256, 0, stream>>>(p, partials, chunks, cols);
+  const dim3 grid((cols + kReduceCols - 1) / kReduceCols, count), block(kReduceCols, kReduceGroups);
+  column_reduce_kernel<<<grid, block, 0, stream>>>(p, partials, chunks, cols);
   PERFTRAIN_LAUNCH_CHECK();
 }
 

@@ -37,8 +37,10 @@ void column_sums(const T* const* inputs, float* const* outputs, int count, int64
                  int chunks, cudaStream_t stream);
 
 // The second step alone, for kernels that write the same fp32 partials
-// [count][chunks][cols] themselves (gelu_backward.h): outputs[j][c] = the sum
-// of matrix j's chunk rows, added in chunk order.
+// [count][chunks][cols] themselves (gelu_backward.h), and for any short fp32
+// matrix (chunks = its rows, a few thousand at most): outputs[j][c] = the sum
+// of matrix j's chunk rows, in a fixed order (rows k = g mod 8 summed per
+// group g, then the eight groups in order).
 void column_sums_reduce(const float* partials, float* const* outputs, int count, int chunks, int cols,
                         cudaStream_t stream);
 

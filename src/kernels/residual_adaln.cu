@@ -11,7 +11,10 @@ namespace perftrain::kernels {
 namespace {
 
 using detail::from_float;
+using detail::load_raw;
 using detail::load_vec;
+using detail::raw_to_float;
+using detail::RawVec;
 using detail::row_sum;
 using detail::store_vec;
 using detail::to_float;
@@ -136,10 +139,13 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 // phase 2 reads dx1_ext, y, gate only after the sums (unless EARLY), so they
 // take no registers across the reduction. SUM_DX1: also the column sums of dx1
 // (plane 3), for the bias; the bias itself only enters in the reduce kernel.
-// EARLY: a row's phase-2 inputs (dx1_ext, y) are loaded with its phase-1
-// ones, before the row sums, so each row costs one memory round trip instead
-// of two; it holds them in registers across the reduction, so only the
-// one-vector (ITEMS = 1) instantiations take it.
+// EARLY: all four row inputs (xhat or x1, dh, dx1_ext, y) are loaded as raw
+// words before the row's sums, so each row costs one memory round trip
+// instead of two; with `prefetch` they are loaded one row ahead, so that the
+// next row's loads are in flight during this row's block reduction (one row
+// per block at a time otherwise leaves few bytes in flight per SM). It holds
+// them in registers across the reduction, so only the one-vector (ITEMS = 1)
+// instantiations take it.
 template <typename TX, typename TM, typename TA, int VEC, int ITEMS, bool SUM_DX1, bool XHAT, bool EARLY>
 __global__ void __launch_bounds__(kMaxThreads, 1)
     residual_adaln_backward_kernel(const TX* __restrict__ dx1_ext, const TA* __restrict__ dh,
@@ -148,7 +154,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
                                    int64_t gate_stride, const TM* __restrict__ scale, int64_t scale_stride,
                                    const float* __restrict__ mean, const float* __restrict__ rstd,
                                    TX* __restrict__ dx, TA* __restrict__ dy, float* __restrict__ partials, int tokens,
-                                   int cols, int rows_per_tile, int64_t plane) {
+                                   int cols, int rows_per_tile, int64_t plane, bool prefetch) {
   __shared__ float smem[64];
   const int tile = blockIdx.x, b = blockIdx.y, tiles = gridDim.x;
   const int nvec = cols / VEC;
@@ -166,40 +172,83 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     for (int j = 0; j < VEC; ++j) acc_dgate[i][j] = acc_dscale[i][j] = acc_dshift[i][j] = acc_dx1[i][j] = 0.f;
   }
 
+  // EARLY's raw row inputs: this row's (cur) and, with prefetch, the next one's.
+  using TXH = std::conditional_t<XHAT, TA, TX>;
+  struct RowInputs {
+    RawVec<TXH, VEC> xh[ITEMS];
+    RawVec<TA, VEC> d[ITEMS], y[ITEMS];
+    RawVec<TX, VEC> e[ITEMS];
+    float mu, rs;
+  };
+  RowInputs cur, next;
+  auto load_row = [&](int t, RowInputs& in) {
+    const int64_t row = int64_t(b) * tokens + t, off = row * cols;
+    in.mu = XHAT ? 0.f : mean[row];
+    in.rs = rstd[row];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c = threadIdx.x + i * blockDim.x;
+      if (c < nvec) {
+        if constexpr (XHAT) {
+          load_raw<TA, VEC>(xhat + off + int64_t(c) * VEC, in.xh[i]);
+        } else {
+          load_raw<TX, VEC>(x1 + off + int64_t(c) * VEC, in.xh[i]);
+        }
+        load_raw<TA, VEC>(dh + off + int64_t(c) * VEC, in.d[i]);
+        if (dx1_ext != nullptr) load_raw<TX, VEC>(dx1_ext + off + int64_t(c) * VEC, in.e[i]);
+        load_raw<TA, VEC>(y + off + int64_t(c) * VEC, in.y[i]);
+      }
+    }
+  };
+  if constexpr (EARLY) {
+    if (t0 < t1) load_row(t0, cur);
+  }
+
   for (int t = t0; t < t1; ++t) {  // the same trip count for the whole block
     const int64_t row = int64_t(b) * tokens + t;
     const int64_t off = row * cols;
-    const float mu = XHAT ? 0.f : mean[row], rs = rstd[row];
+    if constexpr (EARLY) {
+      if (prefetch && t + 1 < t1) load_row(t + 1, next);
+    }
+    const float mu = EARLY ? cur.mu : XHAT ? 0.f : mean[row];
+    const float rs = EARLY ? cur.rs : rstd[row];
     float xh[ITEMS][VEC], g[ITEMS][VEC];
     float e[ITEMS][VEC], yv[ITEMS][VEC];  // dx1_ext (then dx1) and y
     auto load_phase2 = [&](int i, int c) {
-      if (dx1_ext != nullptr) {
-        load_vec<TX, VEC>(dx1_ext + off + int64_t(c) * VEC, e[i]);
+      if constexpr (EARLY) {
+        if (dx1_ext != nullptr) {
+          raw_to_float<TX, VEC>(cur.e[i], e[i]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) e[i][j] = 0.f;
+        }
+        raw_to_float<TA, VEC>(cur.y[i], yv[i]);
       } else {
+        if (dx1_ext != nullptr) {
+          load_vec<TX, VEC>(dx1_ext + off + int64_t(c) * VEC, e[i]);
+        } else {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) e[i][j] = 0.f;
+          for (int j = 0; j < VEC; ++j) e[i][j] = 0.f;
+        }
+        load_vec<TA, VEC>(y + off + int64_t(c) * VEC, yv[i]);
       }
-      load_vec<TA, VEC>(y + off + int64_t(c) * VEC, yv[i]);
     };
-    if constexpr (EARLY) {
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        const int c = threadIdx.x + i * blockDim.x;
-        if (c < nvec) load_phase2(i, c);
-      }
-    }
     float s[2] = {0.f, 0.f};  // sum g, sum g*xhat
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c = threadIdx.x + i * blockDim.x;
       if (c < nvec) {
         float d[VEC], a[VEC];
-        if constexpr (XHAT) {
+        if constexpr (EARLY) {
+          raw_to_float<TXH, VEC>(cur.xh[i], xh[i]);
+          raw_to_float<TA, VEC>(cur.d[i], d);
+        } else if constexpr (XHAT) {
           load_vec<TA, VEC>(xhat + off + int64_t(c) * VEC, xh[i]);
+          load_vec<TA, VEC>(dh + off + int64_t(c) * VEC, d);
         } else {
           load_vec<TX, VEC>(x1 + off + int64_t(c) * VEC, xh[i]);
+          load_vec<TA, VEC>(dh + off + int64_t(c) * VEC, d);
         }
-        load_vec<TA, VEC>(dh + off + int64_t(c) * VEC, d);
         load_vec<TM, VEC>(sc + c * VEC, a);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
@@ -219,7 +268,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       const int c = threadIdx.x + i * blockDim.x;
       if (c < nvec) {
         float gv[VEC];
-        if constexpr (!EARLY) load_phase2(i, c);
+        load_phase2(i, c);
         load_vec<TM, VEC>(gt + c * VEC, gv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
@@ -230,6 +279,13 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
         }
         store_vec<TX, VEC>(dx + off + int64_t(c) * VEC, e[i]);
         store_vec<TA, VEC>(dy + off + int64_t(c) * VEC, yv[i]);
+      }
+    }
+    if constexpr (EARLY) {
+      if (prefetch) {
+        cur = next;
+      } else if (t + 1 < t1) {
+        load_row(t + 1, cur);
       }
     }
   }
@@ -368,7 +424,8 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
     const dim3 block(threads_per_row(cols / vec, items));
     const dim3 grid(tiles_per_sample, batch);
     kernel<<<grid, block, 0, stream>>>(dx1_ext, dh, x1, xhat, y, gate, gate_stride, scale, scale_stride, mean, rstd,
-                                       dx, dy, partials, tokens, cols, rows_per_tile, plane);
+                                       dx, dy, partials, tokens, cols, rows_per_tile, plane,
+                                       residual_adaln_launch().backward_prefetch);
     PERFTRAIN_LAUNCH_CHECK();
   };
   auto row_kernels = [&](auto xhat_tag) {

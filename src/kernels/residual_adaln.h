@@ -54,12 +54,14 @@ constexpr int kResidualAdaLNMaxCols = 8192;
 // sets them once from PERFTRAIN_RA_FWD, _BWD and _BWD_BLOCKS): the forward's vectors per thread
 // by row width (fewer registers on narrow rows) or always the widest; the
 // backward's second-phase loads issued with the first (one round trip per
-// row) or after the row sums; the backward's row tiles, about this many
+// row) or after the row sums, and with them the next row's loads issued
+// before this row's sums (prefetch); the backward's row tiles, about this many
 // blocks per SM (fewer: fewer partial sums to write; more: a smaller last
 // wave). Process-wide; set before launching.
 struct ResidualAdaLNLaunch {
   bool forward_items_by_width = true;
   bool backward_early_loads = true;
+  bool backward_prefetch = true;  // with early loads: a row ahead (see the kernel)
   int backward_blocks_per_sm = 8;
 };
 ResidualAdaLNLaunch residual_adaln_launch();

@@ -47,18 +47,41 @@ template <> struct RawWord<2> { using type = unsigned short; };
 template <typename T, int VEC>
 constexpr int chunk_elems() { return VEC * sizeof(T) > 16 ? int(16 / sizeof(T)) : VEC; }
 
+// VEC elements of T as the memory words they were loaded in: a load issued
+// early (a row ahead) is converted only where it is used, so that the
+// conversion does not make the thread wait for it at the load.
+template <typename T, int VEC>
+struct RawVec {
+  static constexpr int kChunk = chunk_elems<T, VEC>();
+  using Word = typename RawWord<kChunk * sizeof(T)>::type;
+  Word w[VEC / kChunk];
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_raw(const T* p, RawVec<T, VEC>& r) {
+  constexpr int C = RawVec<T, VEC>::kChunk;
+  using Word = typename RawVec<T, VEC>::Word;
+#pragma unroll
+  for (int i = 0; i < VEC / C; ++i) r.w[i] = *reinterpret_cast<const Word*>(p + i * C);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void raw_to_float(const RawVec<T, VEC>& r, float (&f)[VEC]) {
+  constexpr int C = RawVec<T, VEC>::kChunk;
+#pragma unroll
+  for (int i = 0; i < VEC / C; ++i) {
+    T e[C];
+    memcpy(e, &r.w[i], sizeof(r.w[i]));
+#pragma unroll
+    for (int j = 0; j < C; ++j) f[i * C + j] = to_float(e[j]);
+  }
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void load_vec(const T* p, float (&f)[VEC]) {
-  constexpr int C = chunk_elems<T, VEC>();
-  using Word = typename RawWord<C * sizeof(T)>::type;
-#pragma unroll
-  for (int i = 0; i < VEC; i += C) {
-    const Word w = *reinterpret_cast<const Word*>(p + i);
-    T e[C];
-    memcpy(e, &w, sizeof(w));
-#pragma unroll
-    for (int j = 0; j < C; ++j) f[i + j] = to_float(e[j]);
-  }
+  RawVec<T, VEC> r;
+  load_raw(p, r);
+  raw_to_float(r, f);
 }
 
 template <typename T, int VEC>

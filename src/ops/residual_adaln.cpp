@@ -69,13 +69,15 @@ void check_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y
 }
 
 // The kernels' launch choices, once per process: PERFTRAIN_RA_FWD=max-items
-// and PERFTRAIN_RA_BWD=late-loads bring back the earlier launches, and
-// PERFTRAIN_RA_BWD_BLOCKS=<n> sets the backward's blocks per SM, to compare.
+// and PERFTRAIN_RA_BWD=late-loads or no-prefetch bring back the earlier
+// launches, and PERFTRAIN_RA_BWD_BLOCKS=<n> sets the backward's blocks per
+// SM, to compare.
 void apply_launch_env() {
   static const bool applied = [] {
     kernels::ResidualAdaLNLaunch l;
     l.forward_items_by_width = !env_equals("PERFTRAIN_RA_FWD", "max-items");
     l.backward_early_loads = !env_equals("PERFTRAIN_RA_BWD", "late-loads");
+    l.backward_prefetch = l.backward_early_loads && !env_equals("PERFTRAIN_RA_BWD", "no-prefetch");
     if (const char* n = std::getenv("PERFTRAIN_RA_BWD_BLOCKS"); n != nullptr && std::atoi(n) > 0)
       l.backward_blocks_per_sm = std::atoi(n);
     kernels::set_residual_adaln_launch(l);

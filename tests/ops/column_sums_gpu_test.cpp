@@ -1,7 +1,8 @@
 // ops::column_sums_into on the GPU: the fused column-sum kernel against
 // float64 sums for 1-3 matrices at once, every float dtype, aligned and odd
 // widths, a single row and DiT-sized ones, on NaN-poisoned outputs; the same
-// bits on a rerun (fixed reduction order). Skips without a GPU.
+// bits on a rerun (fixed reduction order); ops::batch_sums_into (the short
+// one-launch sum) the same way, into fp32 and bf16 outputs. Skips without a GPU.
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/ops/equal.h>
@@ -52,6 +53,31 @@ TEST(ColumnSumsGpu, MatchFloat64AndRepeatBitForBit) {
         // plus an absolute term for columns that sum near zero.
         EXPECT_TRUE(perftrain::testing::all_close(outs[j], want, 1e-6 * double(c.rows), 1e-5)) << what << " m" << j;
         EXPECT_TRUE(at::equal(outs[j], again[j])) << what << " m" << j << ": a rerun gave other bits";
+      }
+    }
+  }
+}
+
+TEST(ColumnSumsGpu, BatchSumsMatchFloat64AndRepeatBitForBit) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = at::cuda::detail::createCUDAGenerator(0);
+  g.set_current_seed(5);
+  const auto f32 = at::TensorOptions().device(kCuda).dtype(at::kFloat);
+  // Rows: one, fewer than the kernel's 8 row groups, not a multiple of 8, DiT batches; widths: odd, under and
+  // over one 32-column block, DiT's.
+  for (const int64_t rows : {1, 5, 33, 256, 1000}) {
+    for (const int64_t cols : {1, 31, 100, 384, 1152}) {
+      const at::Tensor partials = at::randn({rows, cols}, g, f32) + 0.5;
+      const at::Tensor want = partials.to(at::kDouble).sum(0);
+      const std::string what = std::to_string(rows) + "x" + std::to_string(cols);
+      for (const at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+        const at::Tensor out = at::full({cols}, std::numeric_limits<double>::quiet_NaN(), f32.dtype(dt));
+        const at::Tensor again = at::full_like(out, std::numeric_limits<double>::quiet_NaN());
+        batch_sums_into(partials, out);
+        batch_sums_into(partials, again);
+        const double rtol = dt == at::kFloat ? 1e-5 : 8e-3;  // bf16: one rounding of the fp32 sum
+        EXPECT_TRUE(perftrain::testing::all_close(out, want, 1e-6 * double(rows), rtol)) << what << " " << dt;
+        EXPECT_TRUE(at::equal(out, again)) << what << " " << dt << ": a rerun gave other bits";
       }
     }
   }

@@ -61,7 +61,9 @@ std::string method_text(const BenchReport& r) {
        "matrix-product rate measured in this process ("
     << (r.matmul_peak.tflops ? format_number(r.matmul_peak.tflops, 1) + " TFLOP/s, " + r.matmul_peak.note
                              : r.matmul_peak.note)
-    << "). Peak memory: the most the caching allocator held allocated from building the model to the last step. "
+    << "). Peak memory: the most the caching allocator held allocated from building the model to the last step "
+       "(in the JSON also by phase: peak_gib_warmup up to and with the graph capture, peak_gib_steady over the "
+       "timed steps, held_gib_before what the process held when the row started). "
        "first_step_s: wall time from starting to build the model to the end of the first step (synchronized). "
        "Data: "
     << s.data_pool
@@ -135,6 +137,9 @@ nlohmann::ordered_json to_json(const BenchRow& r) {
                       {"tflops", opt(r.tflops)},
                       {"mfu", opt(r.mfu)},
                       {"peak_gib", opt(r.peak_gib)},
+                      {"peak_gib_warmup", opt(r.peak_gib_warmup)},
+                      {"peak_gib_steady", opt(r.peak_gib_steady)},
+                      {"held_gib_before", opt(r.held_gib_before)},
                       {"first_step_s", opt(r.first_step_s)},
                       {"build_s", opt(r.build_s)},
                       {"loss", opt(r.loss)},

@@ -28,6 +28,10 @@ struct BenchRow {
   std::vector<double> repeat_median_ms, step_ms;
   std::optional<double> images_per_s, tflops, mfu;
   std::optional<double> peak_gib, first_step_s, loss;
+  // peak_gib split by phase: building, the first step and the warm-up (graph
+  // capture included); the timed steps alone; what earlier rows of the same
+  // process still held allocated when this one started (counted in both).
+  std::optional<double> peak_gib_warmup, peak_gib_steady, held_gib_before;
   std::optional<double> build_s;  // of first_step_s: model and EMA built and on the device
   std::optional<double> speedup_vs_best_torch;  // best torch ms / this row's ms
   std::string graph_status;
