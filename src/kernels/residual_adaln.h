@@ -62,7 +62,11 @@ struct ResidualAdaLNLaunch {
   bool forward_items_by_width = true;
   bool backward_early_loads = true;
   bool backward_prefetch = true;  // with early loads: a row ahead (see the kernel)
-  int backward_blocks_per_sm = 8;
+  // 6: with the row-ahead loads the narrow backward takes 128 registers, so
+  // 8 blocks of 64 threads fit an SM; 8 per SM made DiT-S/2 b256's 1280
+  // blocks a wave and a fifth, 6 makes 1024 one wave (29.23 against 30.08 ms
+  // a step, 6b76542; B/2 and XL/2 b256 within noise).
+  int backward_blocks_per_sm = 6;
 };
 ResidualAdaLNLaunch residual_adaln_launch();
 void set_residual_adaln_launch(const ResidualAdaLNLaunch& settings);
