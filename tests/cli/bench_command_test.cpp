@@ -54,6 +54,8 @@ TEST(CliBench, RunsOnTheCpuAndWritesItsReport) {
   EXPECT_GT(row["tflops"].get<double>(), 0.0);
   EXPECT_TRUE(row["mfu"].is_null());       // no measured peak on the CPU
   EXPECT_TRUE(row["peak_gib"].is_null());  // no allocator statistics on the CPU
+  for (const char* k : {"peak_gib_warmup", "peak_gib_steady", "held_gib_before"})
+    EXPECT_TRUE(row.contains(k) && row[k].is_null()) << k;
   EXPECT_GT(row["first_step_s"].get<double>(), 0.0);
   EXPECT_TRUE(std::isfinite(row["loss"].get<double>()));
   ASSERT_EQ(j["summary"].size(), 1u);

@@ -33,6 +33,9 @@ BenchRow row(int64_t batch, const std::string& variant, std::optional<double> ms
     r.ms_ci_low = *ms * 0.99;
     r.ms_ci_high = *ms * 1.01;
     r.peak_gib = 3.25;
+    r.peak_gib_warmup = 3.25;
+    r.peak_gib_steady = 1.5;
+    r.held_gib_before = 0.25;
     r.first_step_s = 1.5;
     r.graph_status = r.graph ? "captured at step 4" : "eager: graph off";
     fill_rates(r, 3 * 1e9 * static_cast<double>(batch), 800.0);
@@ -148,6 +151,9 @@ TEST(BenchReport, JsonHasEveryFieldWithNullsForTheMissing) {
     EXPECT_TRUE(ok.contains(k)) << k;
   EXPECT_EQ(ok["variant"], "all");
   EXPECT_DOUBLE_EQ(ok["ms"].get<double>(), 5.5);
+  EXPECT_DOUBLE_EQ(ok["peak_gib_warmup"].get<double>(), 3.25);
+  EXPECT_DOUBLE_EQ(ok["peak_gib_steady"].get<double>(), 1.5);
+  EXPECT_DOUBLE_EQ(ok["held_gib_before"].get<double>(), 0.25);
   EXPECT_TRUE(ok["error"].is_null());
   const auto& failed = j["rows"][5];
   EXPECT_TRUE(failed["ms"].is_null());
