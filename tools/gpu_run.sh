@@ -15,7 +15,9 @@
 #               leave those out
 # Options: TESTS=all (every test, not only gpu ones), COMMIT=<sha> (pass it literally: git on the device
 # machine may see stale metadata and name an older commit), BENCH_CASES="DiT-S/2:32,256 DiT-B/2:256",
-# BENCH_ARGS (extra bench flags). In a device call: carry [".carry"]. Results go to $OUT (or ./gpu-out).
+# BENCH_ARGS (extra bench flags), BUILD_TARGETS (ninja targets instead of everything, e.g.
+# "tests/test_ops_gpu" with TEST_REGEX for a quick kernel check: ~1 min less build). In a device call:
+# carry [".carry"]. Results go to $OUT (or ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"
@@ -37,7 +39,7 @@ row commit "$PERFTRAIN_COMMIT"
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERFTRAIN_PYTHON="$PY" \
   -DPERFTRAIN_CARRY_DIR="$PWD/.carry" > "$OUT/build.log" 2>&1 &&
-  ninja -C build-gpu -j "$JOBS" >> "$OUT/build.log" 2>&1
+  ninja -C build-gpu -j "$JOBS" ${BUILD_TARGETS:-} >> "$OUT/build.log" 2>&1
 build_rc=$?
 row build "rc $build_rc, $(( $(date +%s) - t0 )) s"
 if [ $build_rc -ne 0 ]; then grep -E "error|FAILED" "$OUT/build.log" | head -30; tail -20 "$OUT/build.log"; exit 1; fi
