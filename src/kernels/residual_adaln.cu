@@ -395,8 +395,18 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
     launch(residual_adaln_forward_kernel<TX, TM, TA, 1, fwd_items<1>(), false>, 1, fwd_items<1>());
 }
 
-int residual_adaln_backward_tiles(int batch, int tokens, int sm_count) {
-  return detail::sample_row_tiles(batch, tokens, sm_count, residual_adaln_launch().backward_blocks_per_sm);
+int residual_adaln_backward_tiles(int batch, int tokens, int cols, bool bias_sums, int sm_count) {
+  if (const int per_sm = residual_adaln_launch().backward_blocks_per_sm; per_sm > 0)
+    return detail::sample_row_tiles(batch, tokens, sm_count, per_sm);
+  // Slots from the block size the launch below picks for these columns, at
+  // the 128 registers per thread that __launch_bounds__(512, 1) allows and the
+  // row-ahead kernel takes: 512 / threads blocks per SM. The same for every
+  // load form (they differ in registers), so the forms give the same bits.
+  const int threads = cols % 8 != 0 ? threads_per_row(cols, bwd_items<1>())
+                      : bias_sums && cols <= kNarrowBiasCols ? threads_per_row(cols / 8, kNarrowBiasItems)
+                                                             : threads_per_row(cols / 8, bwd_items<8>());
+  const int64_t slots = int64_t(std::max(1, kMaxThreads / threads)) * std::max(sm_count, 1);
+  return detail::wave_row_tiles(batch, tokens, slots, /*overhead_rows=*/2);
 }
 
 template <typename TX, typename TM, typename TA>

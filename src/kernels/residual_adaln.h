@@ -62,11 +62,14 @@ struct ResidualAdaLNLaunch {
   bool forward_items_by_width = true;
   bool backward_early_loads = true;
   bool backward_prefetch = true;  // with early loads: a row ahead (see the kernel)
-  // 6: with the row-ahead loads the narrow backward takes 128 registers, so
-  // 8 blocks of 64 threads fit an SM; 8 per SM made DiT-S/2 b256's 1280
-  // blocks a wave and a fifth, 6 makes 1024 one wave (29.23 against 30.08 ms
-  // a step, 6b76542; B/2 and XL/2 b256 within noise).
-  int backward_blocks_per_sm = 6;
+  // 0: tiles by waves (detail::wave_row_tiles on the slots the block size
+  // leaves at 128 registers a thread); n > 0: about n blocks per SM. With the
+  // row-ahead loads the narrow backward takes 128 registers, so 8 blocks of
+  // 64 threads fit an SM; 8 per SM made DiT-S/2 b256's 1280 blocks a wave
+  // and a fifth, 6 made 1024 one wave (29.23 against 30.08 ms a step,
+  // 6b76542). By waves gives those 1024 too, and at D = 768 (96 threads,
+  // 5 per SM) 5 tiles instead of 4.
+  int backward_blocks_per_sm = 0;
 };
 ResidualAdaLNLaunch residual_adaln_launch();
 void set_residual_adaln_launch(const ResidualAdaLNLaunch& settings);
@@ -85,8 +88,9 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
                             TA* h, float* mean, float* rstd, TA* xhat, int batch, int tokens, int cols, float eps,
                             cudaStream_t stream);
 
-// How many row tiles per sample the backward uses.
-int residual_adaln_backward_tiles(int batch, int tokens, int sm_count);
+// How many row tiles per sample the backward uses; bias_sums as for the
+// partials below (it picks the block size).
+int residual_adaln_backward_tiles(int batch, int tokens, int cols, bool bias_sums, int sm_count);
 
 // Floats of fp32 scratch the backward needs: one plane of batch * tiles * cols
 // per column sum, that is 3 planes, or 4 when `bias_sums` (the backward is given

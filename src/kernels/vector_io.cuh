@@ -157,6 +157,33 @@ inline int sample_row_tiles(int batch, int tokens, int sm_count, int blocks_per_
   return int((tokens + rows_per_tile - 1) / rows_per_tile);
 }
 
+// The same, by waves: with `slots` blocks resident on the GPU at once, the
+// tile count that minimises waves x (rows per tile + overhead_rows), fewest
+// tiles on a tie. A block's time grows with its rows, and a last wave that
+// fills the GPU only partly still takes a block's time (these kernels wait
+// on memory latency more than on bandwidth), so, e.g., 256 samples on 660
+// slots take 5 tiles (1280 blocks, 2 full-ish waves of 52 rows) rather than
+// 4 (1024 blocks, 1.55 waves of 64). overhead_rows stands for the per-block
+// start and the partial sums' store. Shapes, SMs and the kernel's block size
+// only, so the summation order stays fixed.
+inline int wave_row_tiles(int batch, int tokens, int64_t slots, int overhead_rows) {
+  if (batch < 1 || tokens < 1) return 1;
+  slots = std::max<int64_t>(slots, 1);
+  int best = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int t = 1; t <= std::max(1, tokens / 4); ++t) {
+    const int64_t rows = (tokens + t - 1) / t;
+    if ((tokens + rows - 1) / rows != t) continue;  // the same tiles as a smaller t
+    const int64_t waves = (int64_t(batch) * t + slots - 1) / slots;
+    const int64_t cost = waves * (rows + overhead_rows);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = t;
+    }
+  }
+  return best;
+}
+
 // Sizes every row kernel takes: a grid of (tiles, batch) and 32-bit row indices.
 inline void check_sizes(const char* what, int batch, int tokens, int cols, int max_cols) {
   if (batch < 0 || tokens < 0 || cols < 1 || cols > max_cols || batch > 65535 || int64_t(batch) * tokens > INT32_MAX)

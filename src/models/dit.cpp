@@ -15,6 +15,7 @@
 #include "ops/gated_residual.h"
 #include "ops/gelu_mlp.h"
 #include "ops/linear.h"
+#include "ops/position_add.h"
 #include "ops/recompute.h"
 #include "ops/residual_adaln.h"
 #include "ops/stacked_linear.h"
@@ -150,7 +151,7 @@ at::Tensor DiT::forward(const at::Tensor& x, const at::Tensor& t, const at::Tens
     return unpatchify(final_layer.forward(h, c));  // [B, out, H, W]
   }
   const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
-  at::Tensor h = x_embedder.forward_as_product(x, act) + pos_embed;  // contiguous [B, T, D]
+  at::Tensor h = ops::position_add(x_embedder.forward_as_product(x, act), pos_embed);  // contiguous [B, T, D]
   if (!recompute_ && blocks.size() > 0) return unpatchify(run_blocks_chained(h, c, act));
   for (size_t i = 0; i < blocks.size(); ++i) h = run_block(i, h, c);
   return unpatchify(final_layer.forward_fused(h, at::silu(c).to(act), act));

@@ -221,7 +221,7 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
       dx = at::empty(y.sizes(), x_options);
       dshift = at::empty_like(dgate);
       dscale = at::empty_like(dgate);
-      const int tiles = kernels::residual_adaln_backward_tiles(batch, tokens, sms);
+      const int tiles = kernels::residual_adaln_backward_tiles(batch, tokens, cols, bias_sums, sms);
       at::Tensor partials = at::empty({kernels::residual_adaln_backward_partials(batch, tiles, cols, bias_sums)},
                                       x_options.dtype(at::kFloat));
       dispatch(x_dtype, gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {

@@ -350,7 +350,7 @@ TEST(ResidualAdaLNGpu, KernelsWriteEveryOutputElement) {
       }
 
       const at::Tensor dx1 = rnd({s.b, s.t, s.d}, g, at::kFloat), dh = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
-      const int tiles = kernels::residual_adaln_backward_tiles(b, t, sms);
+      const int tiles = kernels::residual_adaln_backward_tiles(b, t, d, with_bias, sms);
       for (const bool with_ext : {true, false})
       for (const bool from_xhat : {true, false}) {
         const KeepXhat keep(from_xhat);
