@@ -15,6 +15,10 @@ namespace perftrain::ops {
 // Bytes of a cuBLASLt workspace; a device has two, one for the training
 // stream and one for the weight-gradient stream (ops/weight_grad_lane.h).
 constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
+// The weight-gradient stream's: PERFTRAIN_LT_SIDE_WORKSPACE_MIB=<n> (1..32)
+// sets it, to compare; it opens only for small batches (DiT-S/2 b32/b64),
+// whose weight gradients need little split-K scratch.
+size_t side_workspace_bytes();
 
 // Handle (ATen's, per thread and device), the workspace of the current
 // device and stream (allocated on first use and kept for the life of the process) and
