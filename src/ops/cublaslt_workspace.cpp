@@ -117,7 +117,7 @@ bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool tr
 size_t side_workspace_bytes() {
   static const size_t bytes = [] {
     const int mib = env_count("PERFTRAIN_LT_SIDE_WORKSPACE_MIB", 0);
-    return mib >= 1 && mib <= 32 ? size_t(mib) << 20 : kCublasLtWorkspaceBytes;
+    return mib >= 1 && mib <= 32 ? size_t(mib) << 20 : kSideCublasLtWorkspaceBytes;
   }();
   return bytes;
 }

@@ -15,9 +15,12 @@ namespace perftrain::ops {
 // Bytes of a cuBLASLt workspace; a device has two, one for the training
 // stream and one for the weight-gradient stream (ops/weight_grad_lane.h).
 constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
-// The weight-gradient stream's: PERFTRAIN_LT_SIDE_WORKSPACE_MIB=<n> (1..32)
-// sets it, to compare; it opens only for small batches (DiT-S/2 b32/b64),
-// whose weight gradients need little split-K scratch.
+// The weight-gradient stream's, 8 MiB: it opens only for small steps
+// (DiT-S/2 up to b128, B/2 up to b64), whose weight gradients need little
+// split-K scratch. At DiT-S/2 b32 (8b6687e, H200, one process per size):
+// 32 MiB 5.43 ms and 1.99 GiB peak, 8 MiB 5.39 ms and 1.96 GiB, 2 MiB 5.44
+// ms and 1.96 GiB. PERFTRAIN_LT_SIDE_WORKSPACE_MIB=<n> (1..32) sets it.
+constexpr size_t kSideCublasLtWorkspaceBytes = size_t(8) << 20;
 size_t side_workspace_bytes();
 
 // Handle (ATen's, per thread and device), the workspace of the current
