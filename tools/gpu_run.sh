@@ -154,7 +154,6 @@ case "$MODE" in
     ;;
 esac
 
-# Only a few files come back from the device machine: logs travel in one tarball.
 # Only a few files come back from the device machine: all but the summary,
 # the bench reports and the curve verdict travel in one tarball.
 (cd "$OUT" && keep='^(summary\.md|gpu\.txt|tests\.log|curve\.txt|logs\.tgz|bench-[^/]*\.(json|md))$' &&

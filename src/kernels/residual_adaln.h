@@ -68,7 +68,8 @@ struct ResidualAdaLNLaunch {
   // 64 threads fit an SM; 8 per SM made DiT-S/2 b256's 1280 blocks a wave
   // and a fifth, 6 made 1024 one wave (29.23 against 30.08 ms a step,
   // 6b76542). By waves gives those 1024 too, and at D = 768 (96 threads,
-  // 5 per SM) 5 tiles instead of 4.
+  // 5 per SM) 5 tiles instead of 4: whole steps within noise of the 6-per-SM
+  // rule at S/2, B/2 and XL/2 (182bb00), kept as the rule without a constant.
   int backward_blocks_per_sm = 0;
 };
 ResidualAdaLNLaunch residual_adaln_launch();
