@@ -190,7 +190,7 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
     const bool want_x = ctx->needs_input_grad(0), want_gate = ctx->needs_input_grad(1),
                want_y = ctx->needs_input_grad(2), want_shift = ctx->needs_input_grad(3),
                want_scale = ctx->needs_input_grad(4), want_bias = bias_dtype >= 0 && ctx->needs_input_grad(5);
-    variable_list out(9);  // x, gate, y, shift, scale, out_dtype, eps, bias, ones column
+    variable_list out(8);  // x, gate, y, shift, scale, out_dtype, eps, bias
     if (!dx1_in.defined() && !dh_in.defined()) return out;
     const c10::cuda::CUDAGuard guard(y.device());
     const int batch = int(y.size(0)), tokens = int(y.size(1)), cols = int(y.size(2));
