@@ -86,7 +86,6 @@ void validate(const GemmArgs& g) {
   if (g.d_type != g.ab_type && g.d_type != GemmDtype::kF32) fail("D must have the dtype of A/B or be f32");
   if (uses_bias(g.epilogue) && g.bias == nullptr) fail("the epilogue needs a bias pointer");
   if (uses_aux(g.epilogue) && g.aux == nullptr) fail("the epilogue needs an aux pointer");
-  if (g.lda != 0 && (g.trans_a || g.lda < g.k)) fail("lda must be 0, or at least k with A not transposed");
 }
 
 // The heuristic's choice depends on the device, not on the handle (ATen
@@ -99,7 +98,7 @@ int64_t current_device() {
 }
 
 // Everything the descriptors and the heuristic's choice depend on.
-using PlanKey = std::array<int64_t, 19>;
+using PlanKey = std::array<int64_t, 18>;
 
 PlanKey key_of(const GemmArgs& g, const GemmContext& ctx) {
   const bool bias = uses_bias(g.epilogue), aux = uses_aux(g.epilogue);
@@ -120,8 +119,7 @@ PlanKey key_of(const GemmArgs& g, const GemmContext& ctx) {
           int64_t(ctx.workspace_bytes),
           alignment(ctx.workspace),
           current_device(),
-          g.accumulate,
-          g.lda == 0 ? g.k : g.lda};
+          g.accumulate};
 }
 
 // The most algorithms tuning asks the heuristic for.
@@ -194,7 +192,7 @@ std::unique_ptr<Plan> make_plan(const GemmArgs& g, const GemmContext& ctx) {
   if (g.trans_a) {
     PERFTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab, m, k, int64_t(m)));
   } else {
-    PERFTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab, k, m, g.lda == 0 ? int64_t(k) : g.lda));
+    PERFTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab, k, m, int64_t(k)));
   }
   PERFTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, dt, n, m, int64_t(n)));
 
@@ -323,8 +321,7 @@ std::string gemm_describe(const GemmArgs& g) {
   std::string s = std::string(gemm_epilogue_name(g.epilogue)) + " m=" + std::to_string(g.m) +
                   " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) + " A=" + gemm_dtype_name(g.ab_type) +
                   (g.trans_a ? "^T" : "") + " B=" + gemm_dtype_name(g.ab_type) + (g.trans_b ? "^T" : "") +
-                  " D=" + gemm_dtype_name(g.d_type) + (g.accumulate ? " (D +=)" : "") +
-                  (g.lda != 0 && g.lda != g.k ? " lda=" + std::to_string(g.lda) : "");
+                  " D=" + gemm_dtype_name(g.d_type) + (g.accumulate ? " (D +=)" : "");
   if (uses_bias(g.epilogue)) s += std::string(" bias=") + gemm_dtype_name(g.bias_type);
   return s;
 }

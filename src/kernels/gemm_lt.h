@@ -83,10 +83,6 @@ struct GemmArgs {
   const void* b = nullptr;  // [k, n], or [n, k] when trans_b
   bool trans_b = false;
   GemmDtype ab_type = GemmDtype::kBF16;  // A and B share one dtype
-  // A's row stride in elements when not trans_a (0: k, dense): A may be the
-  // first k columns of wider rows, e.g. an activation stored with a ones
-  // column after it (ops/residual_adaln.h).
-  int64_t lda = 0;
   void* d = nullptr;                     // [m, n]
   GemmDtype d_type = GemmDtype::kBF16;   // ab_type, or kF32
   GemmEpilogue epilogue = GemmEpilogue::kDefault;

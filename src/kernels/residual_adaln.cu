@@ -58,9 +58,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
                                   const TA* __restrict__ y, const float* __restrict__ bias,
                                   const TM* __restrict__ shift, int64_t shift_stride,
                                   const TM* __restrict__ scale, int64_t scale_stride, TX* __restrict__ x1,
-                                  TA* __restrict__ h, int64_t h_stride, bool h_ones, float* __restrict__ mean_out,
-                                  float* __restrict__ rstd_out, TA* __restrict__ xhat_out, int rows, int tokens,
-                                  int cols, float eps) {
+                                  TA* __restrict__ h, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                  TA* __restrict__ xhat_out, int rows, int tokens, int cols, float eps) {
   __shared__ float smem[32];
   const int row = blockIdx.x * blockDim.y + threadIdx.y;
   if (row >= rows) return;  // a whole warp (warp per row) or a whole block (block per row)
@@ -128,13 +127,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       for (int j = 0; j < VEC; ++j) v[i][j] = (v[i][j] - mean) * rstd;  // xhat
 #pragma unroll
       for (int j = 0; j < VEC; ++j) out[j] = v[i][j] * (1.f + a[j]) + m[j];
-      store_vec<TA, VEC>(h + int64_t(row) * h_stride + int64_t(c) * VEC, out);
+      store_vec<TA, VEC>(h + off + int64_t(c) * VEC, out);
       if (xhat_out != nullptr) store_vec<TA, VEC>(xhat_out + off + int64_t(c) * VEC, v[i]);
     }
-  }
-  if (h_ones && threadIdx.x == 0) {  // the ones column and its zero padding (16-byte aligned: cols % 8 == 0)
-    const float pad[8] = {1.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    store_vec<TA, 8>(h + int64_t(row) * h_stride + cols, pad);
   }
 }
 
@@ -360,24 +355,20 @@ template <typename TX, typename TM, typename TA>
 void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y, const float* bias,
                             const TM* shift, int64_t shift_stride, const TM* scale, int64_t scale_stride, TX* x1,
                             TA* h, float* mean, float* rstd, TA* xhat, int batch, int tokens, int cols, float eps,
-                            cudaStream_t stream, int64_t h_stride, bool h_ones_column) {
+                            cudaStream_t stream) {
   detail::check_sizes("residual_adaln_forward", batch, tokens, cols, kResidualAdaLNMaxCols);
-  if (h_stride == 0) h_stride = cols;
-  if (h_stride < cols + (h_ones_column ? 8 : 0))
-    throw std::invalid_argument("residual_adaln_forward: h_stride " + std::to_string(h_stride) +
-                                " too small for cols=" + std::to_string(cols) + (h_ones_column ? " + 8" : ""));
   const int rows = batch * tokens;
   if (rows == 0) return;
   const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && shift_stride % 8 == 0 && scale_stride % 8 == 0 &&
                     vec8_aligned(x) && vec8_aligned(gate) && vec8_aligned(y) && vec8_aligned(shift) &&
-                    vec8_aligned(scale) && vec8_aligned(x1) && vec8_aligned(h) && h_stride % 8 == 0 &&
+                    vec8_aligned(scale) && vec8_aligned(x1) && vec8_aligned(h) &&
                     (bias == nullptr || vec8_aligned(bias)) && (xhat == nullptr || vec8_aligned(xhat));
   auto launch = [&](auto kernel, int vec, int items) {
     const int per_row = threads_per_row(cols / vec, items);
     const dim3 block(per_row, per_row == 32 ? 4 : 1);  // warp per row: 4 rows per block
     const dim3 grid((rows + block.y - 1) / block.y);
     kernel<<<grid, block, 0, stream>>>(x, gate, gate_stride, y, bias, shift, shift_stride, scale, scale_stride, x1,
-                                       h, h_stride, h_ones_column, mean, rstd, xhat, rows, tokens, cols, eps);
+                                       h, mean, rstd, xhat, rows, tokens, cols, eps);
     PERFTRAIN_LAUNCH_CHECK();
   };
   // A warp per row takes 8 x ITEMS x 32 columns: the fewest ITEMS that cover
@@ -394,9 +385,6 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
     else
       launch(residual_adaln_forward_kernel<TX, TM, TA, 8, fwd_items<8>(), B>, 8, fwd_items<8>());
   };
-  if (h_ones_column && !vec8)
-    throw std::invalid_argument("residual_adaln_forward: a ones column needs the 16-byte path (cols, strides and "
-                                "pointers multiples of 8 elements)");
   if (vec8 && bias != nullptr)
     vec8_launch(std::true_type{});
   else if (vec8)
@@ -490,8 +478,7 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
 #define PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, TA)                                                         \
   template void residual_adaln_forward<TX, TM, TA>(const TX*, const TM*, int64_t, const TA*, const float*,       \
                                                    const TM*, int64_t, const TM*, int64_t, TX*, TA*, float*,      \
-                                                   float*, TA*, int, int, int, float, cudaStream_t, int64_t,      \
-                                                   bool);                                                         \
+                                                   float*, TA*, int, int, int, float, cudaStream_t);              \
   template void residual_adaln_backward<TX, TM, TA>(const TX*, const TA*, const TX*, const TA*, const TA*,       \
                                                     const float*, const TM*, int64_t, const TM*, int64_t,         \
                                                     const float*, const float*, TX*, TA*, TM*, TM*, TM*, float*,  \

@@ -83,15 +83,11 @@ void set_residual_adaln_launch(const ResidualAdaLNLaunch& settings);
 // forward writes 2 bytes more per element, the backward reads 2 fewer).
 // TX: x and x1; TM: gate, shift, scale; TA: y, h and xhat; each float,
 // __nv_bfloat16 or __half. Outputs must not overlap inputs.
-// h_stride: h's row stride in elements (0: cols). h_ones_column: h's rows
-// are followed by 1, 0, ..., 0 (8 elements, written here; h_stride >= cols +
-// 8), so that a weight-gradient product dY^T [h | 1] gives the bias gradient
-// as its last column (ops/gelu_mlp.h); only on the 16-byte path.
 template <typename TX, typename TM, typename TA>
 void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y, const float* bias,
                             const TM* shift, int64_t shift_stride, const TM* scale, int64_t scale_stride, TX* x1,
                             TA* h, float* mean, float* rstd, TA* xhat, int batch, int tokens, int cols, float eps,
-                            cudaStream_t stream, int64_t h_stride = 0, bool h_ones_column = false);
+                            cudaStream_t stream);
 
 // How many row tiles per sample the backward uses; bias_sums as for the
 // partials below (it picks the block size).

@@ -67,19 +67,18 @@ std::vector<at::Tensor> DiTBlock::modulation_of_silu(const at::Tensor& silu_c) c
 
 std::pair<at::Tensor, at::Tensor> DiTBlock::attention_half(const at::Tensor& x, const at::Tensor& h,
                                                            const std::vector<at::Tensor>& mod,
-                                                           at::ScalarType act, bool mlp_ones_column) const {
+                                                           at::ScalarType act) const {
   auto a = ops::projected_attention(h, attn.qkv.weight, attn.qkv.bias, attn.heads());  // [B, T, D] act
   // x1 = x + gate * (a proj^T + bias) and the MLP's modulated norm of x1, in
   // one pass: the bias is added there and its gradient comes from that
   // kernel's column sums, not from a reduction over the product's gradient.
   return ops::residual_adaln(x, mod[2], ops::linear(a, attn.proj.weight), mod[3], mod[4], act, 1e-6,
-                             attn.proj.bias, mlp_ones_column);
+                             attn.proj.bias);
 }
 
-at::Tensor DiTBlock::mlp_half(const at::Tensor& h2, std::optional<bool> keep_activation, bool ones_column) const {
+at::Tensor DiTBlock::mlp_half(const at::Tensor& h2, std::optional<bool> keep_activation) const {
   // fc2's bias is left to the gated residual after it (as the projection's).
-  return ops::gelu_mlp(h2, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, at::Tensor(), keep_activation,
-                       ones_column);  // [B, T, D]
+  return ops::gelu_mlp(h2, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, at::Tensor(), keep_activation);  // [B, T, D]
 }
 
 at::Tensor DiTBlock::forward_fused(const at::Tensor& x, const at::Tensor& c) const {
@@ -185,12 +184,9 @@ at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c, at
   auto mod = [&mods](size_t block, size_t j) -> const at::Tensor& { return mods[6 * block + j]; };
   at::Tensor x = x0;
   at::Tensor h = ops::adaln_layernorm(x, mod(0, 0), mod(0, 1), act);
-  const bool ones =
-      ops::gelu_mlp_takes_ones_column(x0.size(0) * x0.size(1), cfg_.hidden, blocks[0].mlp.fc1.weight.size(0));
   for (size_t i = 0; i < blocks.size(); ++i) {
-    auto [x1, h2] =
-        blocks[i].attention_half(x, h, {mod(i, 0), mod(i, 1), mod(i, 2), mod(i, 3), mod(i, 4)}, act, ones);
-    at::Tensor m = blocks[i].mlp_half(h2, gelu_recompute_ ? std::optional<bool>(false) : std::nullopt, ones);
+    auto [x1, h2] = blocks[i].attention_half(x, h, {mod(i, 0), mod(i, 1), mod(i, 2), mod(i, 3), mod(i, 4)}, act);
+    at::Tensor m = blocks[i].mlp_half(h2, gelu_recompute_ ? std::optional<bool>(false) : std::nullopt);
     const at::Tensor& fc2_bias = blocks[i].mlp.fc2.bias;
     if (i + 1 == blocks.size()) {
       // The last residual with the final layer's modulated norm; the residual

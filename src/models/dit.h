@@ -33,15 +33,10 @@ class DiTBlock : public nn::Module {
   std::vector<at::Tensor> modulation(const at::Tensor& c, at::ScalarType act) const;
   // The same from silu(c) already in the compute dtype (shared by the blocks).
   std::vector<at::Tensor> modulation_of_silu(const at::Tensor& silu_c) const;
-  // mlp_ones_column: the MLP's norm with a ones column after its rows, for
-  // fc1's bias gradient (ops::gelu_mlp_takes_ones_column); pass the same to
-  // mlp_half.
   std::pair<at::Tensor, at::Tensor> attention_half(const at::Tensor& x, const at::Tensor& h,
-                                                   const std::vector<at::Tensor>& mod, at::ScalarType act,
-                                                   bool mlp_ones_column = false) const;
+                                                   const std::vector<at::Tensor>& mod, at::ScalarType act) const;
   // keep_activation: gelu_mlp's (nullopt: the process default).
-  at::Tensor mlp_half(const at::Tensor& h2, std::optional<bool> keep_activation = std::nullopt,
-                      bool ones_column = false) const;
+  at::Tensor mlp_half(const at::Tensor& h2, std::optional<bool> keep_activation = std::nullopt) const;
 
   nn::SelfAttention attn;
   nn::Mlp mlp;

@@ -72,10 +72,7 @@ kernels::GemmDtype gemm_dtype(at::ScalarType t, const char* what) {
 
 bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool trans_b, const at::Tensor& d,
                  kernels::GemmEpilogue epilogue, const at::Tensor& bias, const at::Tensor& aux, bool accumulate) {
-  // A not transposed may be the first columns of wider rows (dense rows, any row stride).
-  const bool a_row_strided = !trans_a && a.defined() && a.dim() == 2 && a.is_cuda() && a.stride(1) == 1 &&
-                             a.stride(0) > a.size(1);
-  if (!a_row_strided) check_matrix(a, "A");
+  check_matrix(a, "A");
   check_matrix(b, "B");
   check_matrix(d, "D");
   kernels::GemmArgs g;
@@ -87,7 +84,6 @@ bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool tr
               ", ", g.k, "], op(B) [", kb, ", ", g.n, "], D ", d.sizes());
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "try_gemm_lt: A and B dtypes differ");
   g.a = a.data_ptr();
-  if (a_row_strided) g.lda = a.stride(0);
   g.b = b.data_ptr();
   g.d = d.data_ptr();
   g.trans_a = trans_a;

@@ -33,8 +33,7 @@ kernels::GemmContext cublaslt_context();
 kernels::GemmDtype gemm_dtype(at::ScalarType t, const char* what);
 
 // d = epilogue(op(a) op(b)) on 2-D contiguous CUDA tensors (a [m,k] or
-// [k,m] when trans_a, b [k,n] or [n,k] when trans_b, d [m,n]; a not
-// transposed may also have a row stride above k), bias/aux as
+// [k,m] when trans_a, b [k,n] or [n,k] when trans_b, d [m,n]), bias/aux as
 // kernels::GemmArgs describes. Returns false, launching nothing, when
 // cuBLASLt has no algorithm for it; the caller then falls back. With
 // accumulate, d += ... (d's old contents are read).

@@ -122,16 +122,12 @@ at::Tensor cast_to(const at::Tensor& t, at::ScalarType dtype) {
 struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
   // b2 travels as an optional: autograd functions take no undefined tensors.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
-                            const at::Tensor& w2, const std::optional<at::Tensor>& b2_opt, bool keep_activation,
-                            bool x_ones_column) {
+                            const at::Tensor& w2, const std::optional<at::Tensor>& b2_opt, bool keep_activation) {
     const at::Tensor b2 = b2_opt.value_or(at::Tensor());
     const c10::DeviceGuard device_guard(x.device());  // handle, stream and workspace of x's device
     const int64_t m = leading_rows(x), c = x.size(-1), h = w1.size(0), d = w2.size(0);
     const at::ScalarType dt = x.scalar_type();
-    // x made with a ones column (ops/residual_adaln.h) is read in place, rows of c + 8.
-    const bool ones = x_ones_column && x.is_cuda() && x.dim() >= 2 && x.stride(-1) == 1 && x.stride(-2) == c + 8 &&
-                      (x.dim() == 2 || x.stride(-3) == x.size(-2) * (c + 8));
-    const at::Tensor x2 = ones ? x.view({m, c}) : x.contiguous().view({m, c});
+    const at::Tensor x2 = x.contiguous().view({m, c});
     const at::Tensor w1c = compute_weight(w1, dt), w2c = compute_weight(w2, dt);
     at::Tensor pre = at::empty({m, h}, x.options());
     at::Tensor act = at::empty({m, h}, x.options());
@@ -151,7 +147,6 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
                             need_pre || (w2.requires_grad() && !keep_act) ? pre : none, keep_act ? act : none});
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["m"] = m;
-    ctx->saved_data["x_ones"] = ones;
     ctx->saved_data["h"] = h;
     ctx->saved_data["dtype"] = int64_t(dt);
     ctx->saved_data["w1_dtype"] = int64_t(w1.scalar_type());
@@ -162,7 +157,7 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return variable_list(7);
+    if (!grads[0].defined()) return variable_list(6);
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x2 = saved[0], &w1c = saved[1], &w2c = saved[2], &pre = saved[3], &act = saved[4];
     const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
@@ -194,21 +189,15 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
       dw1 = out(1, {h, c}, "w1_dtype");
       if (ctx->needs_input_grad(2) && !db1.defined()) db1 = out(2, {h}, "b1_dtype");
       const at::Tensor db1_here = db1_fused.defined() ? at::Tensor() : db1;
-      const bool x_ones = ctx->saved_data["x_ones"].toBool();
       if (dw1.defined() || db1_here.defined())
-        run_weight_grads(
-            [&] {
-              if (!(x_ones && detail::linear_weight_grad_from_ones_column(dpre, x2, dw1, db1_here)))
-                detail::linear_weight_grad_into(dpre, x2, dw1, db1_here);
-            },
-            {dpre, x2});
+        run_weight_grads([&] { detail::linear_weight_grad_into(dpre, x2, dw1, db1_here); }, {dpre, x2});
       if (ctx->needs_input_grad(0)) {
         dx = at::empty(x_sizes, dy.options());
         detail::linear_input_grad(dpre, w1c, dx.view({m, c}));
       }
     }
     return {dx, dw1, cast_to(db1, dtype_of(ctx, "b1_dtype")), dw2,
-            has_b2 ? cast_to(db2, dtype_of(ctx, "b2_dtype")) : at::Tensor(), at::Tensor(), at::Tensor()};
+            has_b2 ? cast_to(db2, dtype_of(ctx, "b2_dtype")) : at::Tensor(), at::Tensor()};
   }
 };
 
@@ -217,10 +206,6 @@ std::atomic<DGeluPath>& dgelu_path() {
                                      : env_equals("PERFTRAIN_DGELU", "epilogue") ? DGeluPath::kEpilogue
                                                                                  : DGeluPath::kAuto};
   return path;
-}
-std::atomic<bool>& fc1_bias_from_ones() {
-  static std::atomic<bool> on{env_equals("PERFTRAIN_FC1_BGRAD", "ones")};
-  return on;
 }
 std::atomic<GeluBackwardForm>& gelu_backward_form() {
   static std::atomic<GeluBackwardForm> form{env_equals("PERFTRAIN_GELU_BWD", "aten")    ? GeluBackwardForm::kAten
@@ -258,16 +243,6 @@ bool gelu_mlp_fused_gelu_backward(int64_t rows, int64_t width) {
   return !weight_grad_overlap_for(rows, width);
 }
 
-bool gelu_mlp_fc1_bias_from_ones_column() { return fc1_bias_from_ones().load(); }
-void set_gelu_mlp_fc1_bias_from_ones_column(bool on) { fc1_bias_from_ones().store(on); }
-
-bool gelu_mlp_takes_ones_column(int64_t rows, int64_t width, int64_t hidden) {
-  // Where the backward's db1 comes from neither the DGELU product nor the
-  // fused GELU pass, but from a column sum of dpre.
-  return gelu_mlp_fc1_bias_from_ones_column() &&
-         (gelu_mlp_dgelu_in_epilogue(rows, hidden) || !gelu_mlp_fused_gelu_backward(rows, width));
-}
-
 bool gelu_mlp_saves_activation() {
   static const bool on = !env_equals("PERFTRAIN_GELU_SAVE", "pre");
   return on;
@@ -280,11 +255,11 @@ at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const a
 }
 
 at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                    const at::Tensor& b2, std::optional<bool> keep_activation, bool x_ones_column) {
+                    const at::Tensor& b2, std::optional<bool> keep_activation) {
   check_args(x, w1, b1, w2, b2);
   if (!x.is_cuda()) return gelu_mlp_reference(x, w1, b1, w2, b2).to(x.scalar_type());
   return GeluMlpFunction::apply(x, w1, b1, w2, b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt,
-                                keep_activation.value_or(gelu_mlp_saves_activation()), x_ones_column);
+                                keep_activation.value_or(gelu_mlp_saves_activation()));
 }
 
 namespace detail {
@@ -292,7 +267,7 @@ at::Tensor gelu_mlp_function(const at::Tensor& x, const at::Tensor& w1, const at
                              const at::Tensor& b2, std::optional<bool> keep_activation) {
   check_args(x, w1, b1, w2, b2);
   return GeluMlpFunction::apply(x, w1, b1, w2, b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt,
-                                keep_activation.value_or(gelu_mlp_saves_activation()), false);
+                                keep_activation.value_or(gelu_mlp_saves_activation()));
 }
 }  // namespace detail
 

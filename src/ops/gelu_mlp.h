@@ -27,24 +27,8 @@ namespace perftrain::ops {
 // counted by gemm_fallback_count(). CPU: gelu_mlp_reference.
 // keep_activation: whether this call keeps the activation for backward or
 // only the pre-activation (see gelu_mlp_saves_activation, the default).
-// x_ones_column: x comes from ops::residual_adaln with h_ones_column; where
-// its rows really are followed by the ones (row stride C + 8), x is read in
-// place and fc1's weight and bias gradients come from one product
-// (detail::linear_weight_grad_from_ones_column) instead of the weight
-// gradient's product and a column sum over dpre.
 at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                    const at::Tensor& b2, std::optional<bool> keep_activation = std::nullopt,
-                    bool x_ones_column = false);
-
-// Whether a model should ask for x with a ones column for an MLP of `rows`
-// rows, `width` inputs and `hidden` features: where fc1's bias gradient would
-// otherwise be a separate column sum over dpre (the DGELU epilogue path, and
-// the split path with ATen's GELU pass), and only while it is switched on:
-// PERFTRAIN_FC1_BGRAD=ones, or the setter (tests, the bench). Off by default
-// until measured on the GPU.
-bool gelu_mlp_takes_ones_column(int64_t rows, int64_t width, int64_t hidden);
-bool gelu_mlp_fc1_bias_from_ones_column();
-void set_gelu_mlp_fc1_bias_from_ones_column(bool on);
+                    const at::Tensor& b2, std::optional<bool> keep_activation = std::nullopt);
 
 // Whether gelu_mlp keeps the activation for fc2's weight gradient (the
 // default) or only the pre-activation, computing the activation again in

@@ -108,10 +108,7 @@ void linear_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tens
   }
 }
 
-void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2_in, const at::Tensor& dw,
-                             const at::Tensor& db) {
-  // The product's B operand must be dense (x2 with a ones column is not).
-  const at::Tensor x2 = dw.defined() && !x2_in.is_contiguous() ? x2_in.contiguous() : x2_in;
+void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2, const at::Tensor& dw, const at::Tensor& db) {
   at::Tensor dw_out = dw;  // a handle on the same storage
   bool db_done = false;
   if (dw.defined()) {
@@ -129,22 +126,6 @@ void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2_in, cons
     if (!dw_done) dw_out.copy_(mm_in(dy.t(), x2, dw.scalar_type()));
   }
   if (db.defined() && !db_done) column_sums_into({dy}, {db});
-}
-
-bool linear_weight_grad_from_ones_column(const at::Tensor& dy, const at::Tensor& x2, const at::Tensor& dw,
-                                         const at::Tensor& db) {
-  if (!dw.defined() || !db.defined() || !cublaslt_path(dy, x2) || x2.dim() != 2 || x2.stride(1) != 1 ||
-      x2.stride(0) != x2.size(1) + 8 || !dy.is_contiguous())
-    return false;
-  const int64_t k = x2.size(1);
-  const at::Tensor x_ones = x2.as_strided({x2.size(0), k + 8}, {k + 8, 1});
-  // Shape-determined scratch from the caching allocator: fine under graph capture.
-  const at::Tensor wide = at::empty({dy.size(1), k + 8}, dy.options().dtype(at::kFloat));
-  if (!try_gemm_lt(dy, true, x_ones, false, wide, GemmEpilogue::kDefault)) return false;
-  at::Tensor dw_out = dw, db_out = db;  // handles on the same storage
-  dw_out.copy_(wide.narrow(1, 0, k));
-  db_out.copy_(wide.select(1, k));
-  return true;
 }
 
 namespace {

@@ -51,19 +51,8 @@ void linear_forward_product(const at::Tensor& x2, const at::Tensor& w, const at:
 void linear_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& dx2, bool accumulate = false);
 // dW = dy^T x2 and db = the column sums of dy, into preallocated contiguous
 // dw [N, K] and db [N] in their own dtypes (either may be undefined), e.g.
-// row blocks of a larger weight's gradient. x2 may have a row stride (it is
-// then copied dense for the product).
+// row blocks of a larger weight's gradient.
 void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2, const at::Tensor& dw, const at::Tensor& db);
-// The same from one product, when x2 [M, K] is the first K columns of rows
-// of K + 8 followed by 1, 0, ..., 0 (ops::residual_adaln's h_ones_column):
-// dY^T [x2 | 1 | 0] holds dW in its first K columns and db in column K, so
-// dY is read once instead of twice (a second time by the column sums). For
-// fc1 at DiT-B/2 b256 that read is 400 MB per block. Both dw and db must be
-// defined; returns false, writing nothing, where it does not apply (another
-// layout, not CUDA, cuBLASLt refusing), and the caller takes
-// linear_weight_grad_into.
-bool linear_weight_grad_from_ones_column(const at::Tensor& dy, const at::Tensor& x2, const at::Tensor& dw,
-                                         const at::Tensor& db);
 
 }  // namespace detail
 }  // namespace perftrain::ops

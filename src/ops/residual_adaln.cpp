@@ -114,8 +114,7 @@ void dispatch(at::ScalarType x, at::ScalarType m, at::ScalarType a, F&& f) {
 struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& gate_in,
                                const at::Tensor& y_in, const at::Tensor& shift_in, const at::Tensor& scale_in,
-                               int64_t out_dtype_i, double eps, const std::optional<at::Tensor>& bias_opt,
-                               bool ones_column_wanted) {
+                               int64_t out_dtype_i, double eps, const std::optional<at::Tensor>& bias_opt) {
     const auto out_dtype = static_cast<at::ScalarType>(out_dtype_i);
     const c10::cuda::CUDAGuard guard(x_in.device());
     apply_launch_env();
@@ -134,13 +133,7 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
     // The kernels read the bias as dense fp32 (no copy when it already is).
     const at::Tensor bias = bias_opt.has_value() ? bias_opt->to(at::kFloat).contiguous() : at::Tensor();
     at::Tensor x1 = at::empty(x.sizes(), x.options());
-    // With the ones column h is the first D columns of [B, T, D + 8] rows
-    // (kernels/residual_adaln.h): only on the 16-byte path and when h is
-    // returned as written (no cast after the kernel).
-    const bool ones_column = ones_column_wanted && act == out_dtype && cols % 8 == 0 && gate.stride(0) % 8 == 0 &&
-                             shift.stride(0) % 8 == 0 && scale.stride(0) % 8 == 0;
-    const at::Tensor h_rows = at::empty({batch, tokens, cols + (ones_column ? 8 : 0)}, x.options().dtype(act));
-    at::Tensor h = ones_column ? h_rows.narrow(2, 0, cols) : h_rows;
+    at::Tensor h = at::empty(x.sizes(), x.options().dtype(act));
     at::Tensor mean = at::empty({int64_t(batch) * tokens}, x.options().dtype(at::kFloat));
     at::Tensor rstd = at::empty_like(mean);
     // The LN backward reads xhat (16-bit, kept here) or x1 (the residual
@@ -158,8 +151,7 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
           ptr<const TX>(x), ptr<const TM>(gate), gate.stride(0), ptr<const TA>(y),
           bias.defined() ? bias.data_ptr<float>() : nullptr, ptr<const TM>(shift), shift.stride(0),
           ptr<const TM>(scale), scale.stride(0), ptr<TX>(x1), ptr<TA>(h), mean.data_ptr<float>(),
-          rstd.data_ptr<float>(), keep_xhat ? ptr<TA>(xhat) : nullptr, batch, tokens, cols, float(eps), stream,
-          h_rows.size(2), ones_column);
+          rstd.data_ptr<float>(), keep_xhat ? ptr<TA>(xhat) : nullptr, batch, tokens, cols, float(eps), stream);
     });
     // An unused output's gradient arrives undefined rather than as zeros to read.
     ctx->set_materialize_grads(false);
@@ -283,14 +275,12 @@ std::pair<at::Tensor, at::Tensor> residual_adaln_reference(const at::Tensor& x, 
 
 std::pair<at::Tensor, at::Tensor> residual_adaln(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
                                                  const at::Tensor& shift, const at::Tensor& scale,
-                                                 at::ScalarType out_dtype, double eps, const at::Tensor& bias,
-                                                 bool h_ones_column) {
+                                                 at::ScalarType out_dtype, double eps, const at::Tensor& bias) {
   check_args(x, gate, y, shift, scale, out_dtype);
   detail::check_residual_bias(kOp, x, bias);
   if (!x.is_cuda()) return residual_adaln_reference(x, gate, y, shift, scale, out_dtype, eps, bias);
   const std::optional<at::Tensor> bias_opt = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
-  variable_list out =
-      ResidualAdaLNFunction::apply(x, gate, y, shift, scale, int64_t(out_dtype), eps, bias_opt, h_ones_column);
+  variable_list out = ResidualAdaLNFunction::apply(x, gate, y, shift, scale, int64_t(out_dtype), eps, bias_opt);
   return {std::move(out[0]), std::move(out[1])};
 }
 

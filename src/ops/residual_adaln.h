@@ -26,15 +26,10 @@ namespace perftrain::ops {
 // fused kernels (D up to 8192); fastest when gate, shift and scale share a
 // dtype and y has out_dtype (otherwise they go through float32 copies). CPU:
 // residual_adaln_reference. Bad shapes, dtypes or devices throw UsageError.
-// h_ones_column: on CUDA, where the kernel's 16-byte path runs and y has
-// out_dtype, h is returned as the first D columns of [B, T, D + 8] rows whose
-// last 8 elements are 1, 0, ..., 0 (then h.stride(1) == D + 8); the
-// products that read h then take its bias gradient from the ones
-// (ops/gelu_mlp.h). Elsewhere it is ignored and h is dense.
 std::pair<at::Tensor, at::Tensor> residual_adaln(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
                                                  const at::Tensor& shift, const at::Tensor& scale,
                                                  at::ScalarType out_dtype, double eps = 1e-6,
-                                                 const at::Tensor& bias = at::Tensor(), bool h_ones_column = false);
+                                                 const at::Tensor& bias = at::Tensor());
 
 // What the CUDA op keeps for the LayerNorm's backward when h is 16-bit and x
 // wider (the bf16 DiT path: fp32 residual stream): the normalised rows

@@ -273,11 +273,9 @@ TEST(GeluMlp, BadInputsRaiseUsageError) {
   auto contains = [](const std::string& msg, const std::string& part) {
     EXPECT_NE(msg.find(part), std::string::npos) << "message: " << msg << "\nmissing: " << part;
   };
-  for (const bool function : {false, true}) {  // the op, then the autograd function itself
-    auto f = [function](const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                        const at::Tensor& b2) {
-      return function ? detail::gelu_mlp_function(x, w1, b1, w2, b2) : gelu_mlp(x, w1, b1, w2, b2);
-    };
+  for (auto op_or_function : {&gelu_mlp, &detail::gelu_mlp_function}) {
+    auto f = [op_or_function](const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                              const at::Tensor& b2) { return op_or_function(x, w1, b1, w2, b2, std::nullopt); };
     contains(error_of<UsageError>([&] { f(at::randn({4, 36}), in.w1, in.b1, in.w2, in.b2); }), "K=36");
     contains(error_of<UsageError>([&] { f(at::randn({}), in.w1, in.b1, in.w2, in.b2); }), "0-d");
     contains(error_of<UsageError>([&] { f(at::randint(0, 3, {4, 37}, gen(1)), in.w1, in.b1, in.w2, in.b2); }),
