@@ -159,13 +159,15 @@ inline int sample_row_tiles(int batch, int tokens, int sm_count, int blocks_per_
 
 // The same, by waves: with `slots` blocks resident on the GPU at once, the
 // tile count that minimises waves x (rows per tile + overhead_rows), fewest
-// tiles on a tie. A block's time grows with its rows, and a last wave that
-// fills the GPU only partly still takes a block's time (these kernels wait
-// on memory latency more than on bandwidth), so, e.g., 256 samples on 660
-// slots take 5 tiles (1280 blocks, 2 full-ish waves of 52 rows) rather than
-// 4 (1024 blocks, 1.55 waves of 64). overhead_rows stands for the per-block
-// start and the partial sums' store. Shapes, SMs and the kernel's block size
-// only, so the summation order stays fixed.
+// tiles on a tie. The model: a block's time grows with its rows, and a last
+// wave that fills the GPU only partly still takes a block's time. So, e.g.,
+// 256 samples on 660 slots take 5 tiles (1280 blocks, 2 full-ish waves of 52
+// rows) rather than 4 (1024 blocks, 1.55 waves of 64). On the H200 the DiT
+// steps measured within noise of the 6-blocks-per-SM target (182bb00): where
+// the kernel is bandwidth-bound the waves matter less than the model says.
+// overhead_rows stands for the per-block start and the partial sums' store.
+// Shapes, SMs and the kernel's block size only, so the summation order
+// stays fixed.
 inline int wave_row_tiles(int batch, int tokens, int64_t slots, int overhead_rows) {
   if (batch < 1 || tokens < 1) return 1;
   slots = std::max<int64_t>(slots, 1);
