@@ -33,7 +33,7 @@ void* workspace_for(int device, bool side) {
     throw RuntimeError("cuBLASLt workspace: first use on cuda:" + std::to_string(device) +
                        " inside a CUDA graph capture; run one eager step before capturing");
   }
-  at::Tensor w = at::empty({int64_t(side ? side_workspace_bytes() : kCublasLtWorkspaceBytes)},
+  at::Tensor w = at::empty({int64_t(side ? side_workspace_bytes() : main_workspace_bytes())},
                            at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, device)));
   return buffers->emplace(std::make_pair(device, side), std::move(w)).first->second.data_ptr();
 }
@@ -51,7 +51,7 @@ kernels::GemmContext cublaslt_context() {
   const int device = c10::cuda::current_device();
   const bool side = on_weight_grad_stream();
   ctx.workspace = workspace_for(device, side);
-  ctx.workspace_bytes = side ? side_workspace_bytes() : kCublasLtWorkspaceBytes;
+  ctx.workspace_bytes = side ? side_workspace_bytes() : main_workspace_bytes();
   ctx.handle = at::cuda::getCurrentCUDABlasLtHandle();
   ctx.stream = at::cuda::getCurrentCUDAStream().stream();
   ctx.tune_candidates = gemm_tune_candidates();
@@ -112,6 +112,14 @@ bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool tr
     return false;
   }
   return true;
+}
+
+size_t main_workspace_bytes() {
+  static const size_t bytes = [] {
+    const int mib = env_count("PERFTRAIN_LT_WORKSPACE_MIB", 0);
+    return mib >= 1 && mib <= 64 ? size_t(mib) << 20 : kCublasLtWorkspaceBytes;
+  }();
+  return bytes;
 }
 
 size_t side_workspace_bytes() {

@@ -14,7 +14,9 @@ namespace perftrain::ops {
 
 // Bytes of a cuBLASLt workspace; a device has two, one for the training
 // stream and one for the weight-gradient stream (ops/weight_grad_lane.h).
+// PERFTRAIN_LT_WORKSPACE_MIB=<n> (1..64) sets the training stream's.
 constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
+size_t main_workspace_bytes();
 // The weight-gradient stream's, 8 MiB: it opens only for small steps
 // (DiT-S/2 up to b128, B/2 up to b64), whose weight gradients need little
 // split-K scratch. At DiT-S/2 b32 (8b6687e, H200, one process per size):
