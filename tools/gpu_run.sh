@@ -7,6 +7,9 @@
 #   MODE=curve  first 500 steps of DiT-S/2 on Fashion-MNIST: the fast path vs eager fp32 seeds
 #               (FP32_SEEDS, default "0 1 2": three for the leave-one-out check; ~70 s of device time each)
 #   MODE=train  the default training run, STEPS steps
+#   MODE=ncu    Nsight Compute on the kernels matching NCU_KERNEL (a regex) in the `all` variant of
+#               BENCH_CASES, once per setting in TUNE_ENVS as in tune: NCU_SKIP launches skipped (the
+#               first, eager steps), NCU_COUNT profiled; the report's text goes to ncu-*.txt
 #   MODE=tune   gpu tests, then the `all` variant on BENCH_CASES per switch in TUNE_ENVS (e.g.
 #               "PERFTRAIN_QKV_GRAD=packed PERFTRAIN_BGRADB=1,PERFTRAIN_GEMM_TUNE=8": a comma joins
 #               switches into one setting) and with --recompute, side by side;
@@ -124,6 +127,24 @@ case "$MODE" in
           python3 tools/trace_kernels.py "$f" > "$OUT/$tag-by-op-$(basename "$f" .json).md" 2>&1
         done
       fi
+    done
+    ;;
+  ncu)
+    NCU="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+    [ -z "$NCU" ] && { echo "no ncu on this machine"; row ncu "not found"; }
+    [ -n "$NCU" ] && for c in ${BENCH_CASES:-DiT-B/2:256}; do
+      model=${c%%:*} batches=${c##*:}
+      for e in default ${TUNE_ENVS:-}; do
+        envs=(); [ "$e" != default ] && envs=(${e//,/ })
+        tag=$(echo "$model-$batches-$e" | tr '/,=' '-_-')
+        env "${envs[@]}" "$NCU" --kernel-name "regex:${NCU_KERNEL:-residual_adaln_backward}" \
+          --launch-skip "${NCU_SKIP:-30}" --launch-count "${NCU_COUNT:-2}" \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+          --section LaunchStats --section WarpStateStats --section SchedulerStats \
+          $BIN bench --model "$model" --batch "$batches" --variants all --steps 2 --warmup 4 \
+          --out "$RUNS/ncu-$RANDOM" > "$OUT/ncu-$tag.txt" 2>&1
+        row "ncu $model b$batches [$e]" "rc $?, $(grep -E "Duration|DRAM Throughput" "$OUT/ncu-$tag.txt" | head -4 | tr -s ' ' | tr '\n' ';')"
+      done
     done
     ;;
   check)
