@@ -32,7 +32,6 @@ template <int VEC> constexpr int bwd_items() { return VEC == 8 ? 2 : 16; }
 constexpr int kMaxThreads = 512;
 constexpr int kNarrowBiasItems = 1;  // VEC = 8
 constexpr int kNarrowBiasCols = kMaxThreads * 8 * kNarrowBiasItems;
-constexpr int kMaxRingRows = 8;  // detail::cp_async_wait takes up to 6 pending groups
 static_assert(kMaxThreads * fwd_items<1>() >= kResidualAdaLNMaxCols &&
                   kMaxThreads * 8 * bwd_items<8>() >= kResidualAdaLNMaxCols &&
                   kMaxThreads * bwd_items<1>() >= kResidualAdaLNMaxCols,
@@ -147,13 +146,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 // per block at a time otherwise leaves few bytes in flight per SM). It holds
 // them in registers across the reduction, so only the one-vector (ITEMS = 1)
 // instantiations take it.
-// STAGED (with EARLY, ITEMS = 1, VEC = 8): the rows ahead are copied by
-// cp.async into a ring of `stages` rows in shared memory instead of
-// registers, so stages - 1 rows of loads are in flight during a row's work
-// (one with `prefetch`) at no register cost. Each thread copies and reads only
-// its own words, so the ring needs no barrier. Same arithmetic, same bits.
-template <typename TX, typename TM, typename TA, int VEC, int ITEMS, bool SUM_DX1, bool XHAT, bool EARLY,
-          bool STAGED = false>
+template <typename TX, typename TM, typename TA, int VEC, int ITEMS, bool SUM_DX1, bool XHAT, bool EARLY>
 __global__ void __launch_bounds__(kMaxThreads, 1)
     residual_adaln_backward_kernel(const TX* __restrict__ dx1_ext, const TA* __restrict__ dh,
                                    const TX* __restrict__ x1, const TA* __restrict__ xhat,
@@ -161,8 +154,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
                                    int64_t gate_stride, const TM* __restrict__ scale, int64_t scale_stride,
                                    const float* __restrict__ mean, const float* __restrict__ rstd,
                                    TX* __restrict__ dx, TA* __restrict__ dy, float* __restrict__ partials, int tokens,
-                                   int cols, int rows_per_tile, int64_t plane, bool prefetch, int stages) {
-  static_assert(!STAGED || (EARLY && ITEMS == 1 && VEC == 8), "the staged loads are a form of the one-vector rows");
+                                   int cols, int rows_per_tile, int64_t plane, bool prefetch) {
   __shared__ float smem[64];
   const int tile = blockIdx.x, b = blockIdx.y, tiles = gridDim.x;
   const int nvec = cols / VEC;
@@ -208,92 +200,14 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       }
     }
   };
-  // STAGED's ring: per row slot, the thread's 16-byte words of xhat (or x1),
-  // dh, dx1_ext and y, [slot][word][thread] so that a warp's words are
-  // contiguous; then rstd and mean per slot and thread.
-  constexpr int kXhW = int(sizeof(TXH)) * VEC / 16, kDW = int(sizeof(TA)) * VEC / 16;
-  constexpr int kEW = int(sizeof(TX)) * VEC / 16, kWords = kXhW + 2 * kDW + kEW;
-  extern __shared__ uint4 ring[];
-  const int nt = blockDim.x;
-  float* ring_scalars = reinterpret_cast<float*>(ring + int64_t(stages) * kWords * nt);
-  auto stage_row = [&](int t, int slot) {  // copies row t into the slot, as one commit group
-    if constexpr (STAGED) {
-      const int64_t row = int64_t(b) * tokens + t, off = row * cols;
-      uint4* w = ring + int64_t(slot) * kWords * nt + threadIdx.x;
-      float* sc = ring_scalars + (int64_t(slot) * nt + threadIdx.x) * 2;
-      detail::cp_async_4(sc, rstd + row);
-      if constexpr (!XHAT) detail::cp_async_4(sc + 1, mean + row);
-      const int c = threadIdx.x;
-      if (c < nvec) {
-        const uint4* xs = XHAT ? reinterpret_cast<const uint4*>(xhat + off + int64_t(c) * VEC)
-                               : reinterpret_cast<const uint4*>(x1 + off + int64_t(c) * VEC);
-        const uint4* ds = reinterpret_cast<const uint4*>(dh + off + int64_t(c) * VEC);
-        const uint4* ys = reinterpret_cast<const uint4*>(y + off + int64_t(c) * VEC);
-#pragma unroll
-        for (int k = 0; k < kXhW; ++k) detail::cp_async_16(w + k * nt, xs + k);
-#pragma unroll
-        for (int k = 0; k < kDW; ++k) detail::cp_async_16(w + (kXhW + k) * nt, ds + k);
-#pragma unroll
-        for (int k = 0; k < kDW; ++k) detail::cp_async_16(w + (kXhW + kDW + k) * nt, ys + k);
-        if (dx1_ext != nullptr) {
-          const uint4* es = reinterpret_cast<const uint4*>(dx1_ext + off + int64_t(c) * VEC);
-#pragma unroll
-          for (int k = 0; k < kEW; ++k) detail::cp_async_16(w + (kXhW + 2 * kDW + k) * nt, es + k);
-        }
-      }
-      detail::cp_async_commit();
-    }
-  };
-  auto read_staged = [&](int slot, RowInputs& in) {  // this thread's words of the row in the slot
-    if constexpr (STAGED) {
-      static_assert(std::is_same_v<typename RawVec<TXH, VEC>::Word, uint4> &&
-                        std::is_same_v<typename RawVec<TA, VEC>::Word, uint4> &&
-                        std::is_same_v<typename RawVec<TX, VEC>::Word, uint4>,
-                    "the ring's words are the raw vectors' words");
-      const uint4* w = ring + int64_t(slot) * kWords * nt + threadIdx.x;
-      const float* sc = ring_scalars + (int64_t(slot) * nt + threadIdx.x) * 2;
-      in.rs = sc[0];
-      in.mu = XHAT ? 0.f : sc[1];
-      if (int(threadIdx.x) < nvec) {
-#pragma unroll
-        for (int k = 0; k < kXhW; ++k) in.xh[0].w[k] = w[k * nt];
-#pragma unroll
-        for (int k = 0; k < kDW; ++k) in.d[0].w[k] = w[(kXhW + k) * nt];
-#pragma unroll
-        for (int k = 0; k < kDW; ++k) in.y[0].w[k] = w[(kXhW + kDW + k) * nt];
-        if (dx1_ext != nullptr) {
-#pragma unroll
-          for (int k = 0; k < kEW; ++k) in.e[0].w[k] = w[(kXhW + 2 * kDW + k) * nt];
-        }
-      }
-    }
-  };
-  if constexpr (STAGED) {
-    for (int k = 0; k + 1 < stages; ++k) {  // the first stages - 1 rows (empty groups past the tile)
-      if (t0 + k < t1) {
-        stage_row(t0 + k, k);
-      } else {
-        detail::cp_async_commit();
-      }
-    }
-  } else if constexpr (EARLY) {
+  if constexpr (EARLY) {
     if (t0 < t1) load_row(t0, cur);
   }
 
   for (int t = t0; t < t1; ++t) {  // the same trip count for the whole block
     const int64_t row = int64_t(b) * tokens + t;
     const int64_t off = row * cols;
-    if constexpr (STAGED) {
-      // Row t's group is the oldest of the stages - 1 in flight.
-      detail::cp_async_wait(stages - 2);
-      read_staged((t - t0) % stages, cur);
-      // Refill the slot row t - 1 used (this thread read it last iteration).
-      if (t + stages - 1 < t1) {
-        stage_row(t + stages - 1, (t + stages - 1 - t0) % stages);
-      } else {
-        detail::cp_async_commit();
-      }
-    } else if constexpr (EARLY) {
+    if constexpr (EARLY) {
       if (prefetch && t + 1 < t1) load_row(t + 1, next);
     }
     const float mu = EARLY ? cur.mu : XHAT ? 0.f : mean[row];
@@ -367,7 +281,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
         store_vec<TA, VEC>(dy + off + int64_t(c) * VEC, yv[i]);
       }
     }
-    if constexpr (EARLY && !STAGED) {
+    if constexpr (EARLY) {
       if (prefetch) {
         cur = next;
       } else if (t + 1 < t1) {
@@ -481,27 +395,6 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
     launch(residual_adaln_forward_kernel<TX, TM, TA, 1, fwd_items<1>(), false>, 1, fwd_items<1>());
 }
 
-namespace {
-
-// Rows in the backward's cp.async ring: the launch setting, fewer where the
-// ring would cost blocks per SM (as many blocks of `threads` as the 512
-// threads a block may have give; shared memory is the SM's, less 1 KiB that
-// each block reserves). Below 2 the register form runs instead.
-int backward_ring_rows(int threads, size_t row_bytes_per_thread) {
-  const int wanted = residual_adaln_launch().backward_stages;
-  if (wanted < 2) return 0;
-  int device = 0, per_sm = 0, per_block = 0;
-  PERFTRAIN_CUDA_CHECK(cudaGetDevice(&device));
-  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const int blocks = std::max(1, kMaxThreads / threads);
-  const int64_t budget = std::min<int64_t>(per_block, (int64_t(per_sm) - 1024 * blocks) / blocks);
-  const int64_t fit = budget / int64_t(row_bytes_per_thread * threads);
-  return int(std::min<int64_t>(std::min(wanted, kMaxRingRows), fit));
-}
-
-}  // namespace
-
 int residual_adaln_backward_tiles(int batch, int tokens, int cols, bool bias_sums, int sm_count) {
   if (const int per_sm = residual_adaln_launch().backward_blocks_per_sm; per_sm > 0)
     return detail::sample_row_tiles(batch, tokens, sm_count, per_sm);
@@ -537,30 +430,17 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
                     (xhat != nullptr ? vec8_aligned(xhat) : vec8_aligned(x1)) &&
                     vec8_aligned(y) && vec8_aligned(gate) && vec8_aligned(scale) && vec8_aligned(dx) &&
                     vec8_aligned(dy) && vec8_aligned(partials);
-  auto launch = [&](auto kernel, int vec, int items, int stages = 0, size_t smem = 0) {
+  auto launch = [&](auto kernel, int vec, int items) {
     const dim3 block(threads_per_row(cols / vec, items));
     const dim3 grid(tiles_per_sample, batch);
-    if (smem > 48 * 1024)
-      PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    kernel<<<grid, block, smem, stream>>>(dx1_ext, dh, x1, xhat, y, gate, gate_stride, scale, scale_stride, mean,
-                                          rstd, dx, dy, partials, tokens, cols, rows_per_tile, plane,
-                                          residual_adaln_launch().backward_prefetch, stages);
+    kernel<<<grid, block, 0, stream>>>(dx1_ext, dh, x1, xhat, y, gate, gate_stride, scale, scale_stride, mean, rstd,
+                                       dx, dy, partials, tokens, cols, rows_per_tile, plane,
+                                       residual_adaln_launch().backward_prefetch);
     PERFTRAIN_LAUNCH_CHECK();
   };
   auto row_kernels = [&](auto xhat_tag) {
     constexpr bool XHAT = decltype(xhat_tag)::value;
     const bool early = residual_adaln_launch().backward_early_loads;
-    if (vec8 && sum_dx1 && cols <= kNarrowBiasCols && early && residual_adaln_launch().backward_prefetch) {
-      using TXH = std::conditional_t<XHAT, TA, TX>;
-      const int threads = threads_per_row(cols / 8, kNarrowBiasItems);
-      const size_t row_bytes = (sizeof(TXH) + 2 * sizeof(TA) + sizeof(TX)) * 8 + 2 * sizeof(float);
-      const int stages = backward_ring_rows(threads, row_bytes);
-      if (stages >= 2) {
-        launch(residual_adaln_backward_kernel<TX, TM, TA, 8, kNarrowBiasItems, true, XHAT, true, true>, 8,
-               kNarrowBiasItems, stages, size_t(stages) * row_bytes * threads);
-        return;
-      }
-    }
     if (vec8 && sum_dx1 && cols <= kNarrowBiasCols && early)
       launch(residual_adaln_backward_kernel<TX, TM, TA, 8, kNarrowBiasItems, true, XHAT, true>, 8, kNarrowBiasItems);
     else if (vec8 && sum_dx1 && cols <= kNarrowBiasCols)

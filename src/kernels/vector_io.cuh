@@ -99,38 +99,6 @@ __device__ __forceinline__ void store_vec(T* p, const float (&f)[VEC]) {
   }
 }
 
-// ---- asynchronous copies into shared memory (sm_80+), for loads many rows ahead ----
-// cp.async takes no registers while in flight: a kernel can keep several rows
-// of loads outstanding where holding them in registers would cost occupancy.
-
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-// Wait until at most `pending` of this thread's committed groups are still in
-// flight. The PTX wants an immediate; `pending` is the same for a whole loop,
-// so the switch costs one uniform branch.
-__device__ __forceinline__ void cp_async_wait(int pending) {
-  switch (pending) {
-    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-    case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
-    case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
-    case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-  }
-}
-
 // ---- reductions over the threads of one row ----
 
 __device__ __forceinline__ float warp_sum(float v) {
