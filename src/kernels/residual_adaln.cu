@@ -32,11 +32,6 @@ template <int VEC> constexpr int bwd_items() { return VEC == 8 ? 2 : 16; }
 constexpr int kMaxThreads = 512;
 constexpr int kNarrowBiasItems = 1;  // VEC = 8
 constexpr int kNarrowBiasCols = kMaxThreads * 8 * kNarrowBiasItems;
-// The backward's half-vector rows (ResidualAdaLNLaunch::backward_vec = 4):
-// 4 elements per thread, twice the threads per row, and at most 64 registers
-// a thread (__launch_bounds__ asks for 2 blocks of 512), so an SM holds twice
-// the warps. Rows up to kHalfVecCols wide.
-constexpr int kHalfVecCols = kMaxThreads * 4;
 static_assert(kMaxThreads * fwd_items<1>() >= kResidualAdaLNMaxCols &&
                   kMaxThreads * 8 * bwd_items<8>() >= kResidualAdaLNMaxCols &&
                   kMaxThreads * bwd_items<1>() >= kResidualAdaLNMaxCols,
@@ -152,7 +147,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 // them in registers across the reduction, so only the one-vector (ITEMS = 1)
 // instantiations take it.
 template <typename TX, typename TM, typename TA, int VEC, int ITEMS, bool SUM_DX1, bool XHAT, bool EARLY>
-__global__ void __launch_bounds__(kMaxThreads, VEC == 4 ? 2 : 1)
+__global__ void __launch_bounds__(kMaxThreads, 1)
     residual_adaln_backward_kernel(const TX* __restrict__ dx1_ext, const TA* __restrict__ dh,
                                    const TX* __restrict__ x1, const TA* __restrict__ xhat,
                                    const TA* __restrict__ y, const TM* __restrict__ gate,
@@ -400,11 +395,6 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
     launch(residual_adaln_forward_kernel<TX, TM, TA, 1, fwd_items<1>(), false>, 1, fwd_items<1>());
 }
 
-namespace {
-// Whether the backward's one-vector rows with a bias take 4 elements a thread.
-bool half_vec_rows(int cols) { return residual_adaln_launch().backward_vec == 4 && cols <= kHalfVecCols; }
-}  // namespace
-
 int residual_adaln_backward_tiles(int batch, int tokens, int cols, bool bias_sums, int sm_count) {
   if (const int per_sm = residual_adaln_launch().backward_blocks_per_sm; per_sm > 0)
     return detail::sample_row_tiles(batch, tokens, sm_count, per_sm);
@@ -412,11 +402,6 @@ int residual_adaln_backward_tiles(int batch, int tokens, int cols, bool bias_sum
   // the 128 registers per thread that __launch_bounds__(512, 1) allows and the
   // row-ahead kernel takes: 512 / threads blocks per SM. The same for every
   // load form (they differ in registers), so the forms give the same bits.
-  if (cols % 8 == 0 && bias_sums && half_vec_rows(cols)) {
-    // 64 registers a thread: 1024 / threads blocks per SM.
-    const int64_t slots = int64_t(std::max(1, 2 * kMaxThreads / threads_per_row(cols / 4, 1))) * std::max(sm_count, 1);
-    return detail::wave_row_tiles(batch, tokens, slots, /*overhead_rows=*/2);
-  }
   const int threads = cols % 8 != 0 ? threads_per_row(cols, bwd_items<1>())
                       : bias_sums && cols <= kNarrowBiasCols ? threads_per_row(cols / 8, kNarrowBiasItems)
                                                              : threads_per_row(cols / 8, bwd_items<8>());
@@ -456,11 +441,7 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
   auto row_kernels = [&](auto xhat_tag) {
     constexpr bool XHAT = decltype(xhat_tag)::value;
     const bool early = residual_adaln_launch().backward_early_loads;
-    if (vec8 && sum_dx1 && half_vec_rows(cols) && early)
-      launch(residual_adaln_backward_kernel<TX, TM, TA, 4, 1, true, XHAT, true>, 4, 1);
-    else if (vec8 && sum_dx1 && half_vec_rows(cols))
-      launch(residual_adaln_backward_kernel<TX, TM, TA, 4, 1, true, XHAT, false>, 4, 1);
-    else if (vec8 && sum_dx1 && cols <= kNarrowBiasCols && early)
+    if (vec8 && sum_dx1 && cols <= kNarrowBiasCols && early)
       launch(residual_adaln_backward_kernel<TX, TM, TA, 8, kNarrowBiasItems, true, XHAT, true>, 8, kNarrowBiasItems);
     else if (vec8 && sum_dx1 && cols <= kNarrowBiasCols)
       launch(residual_adaln_backward_kernel<TX, TM, TA, 8, kNarrowBiasItems, true, XHAT, false>, 8,

@@ -51,7 +51,7 @@ namespace perftrain::kernels {
 constexpr int kResidualAdaLNMaxCols = 8192;
 
 // Launch choices that the whole-step benchmark compares (ops/residual_adaln
-// sets them once from PERFTRAIN_RA_FWD, _BWD, _BWD_BLOCKS and _BWD_VEC): the forward's vectors per thread
+// sets them once from PERFTRAIN_RA_FWD, _BWD and _BWD_BLOCKS): the forward's vectors per thread
 // by row width (fewer registers on narrow rows) or always the widest; the
 // backward's second-phase loads issued with the first (one round trip per
 // row) or after the row sums, and with them the next row's loads issued
@@ -71,10 +71,6 @@ struct ResidualAdaLNLaunch {
   // 5 per SM) 5 tiles instead of 4: whole steps within noise of the 6-per-SM
   // rule at S/2, B/2 and XL/2 (182bb00), kept as the rule without a constant.
   int backward_blocks_per_sm = 0;
-  // Elements per thread in the backward's rows with a bias up to 2048 wide
-  // (every DiT call): 8 (16-byte loads), or 4 with twice the threads per row
-  // and at most 64 registers a thread, for twice the warps per SM.
-  int backward_vec = 8;
 };
 ResidualAdaLNLaunch residual_adaln_launch();
 void set_residual_adaln_launch(const ResidualAdaLNLaunch& settings);
