@@ -9,7 +9,8 @@
 #   MODE=train  the default training run, STEPS steps
 #   MODE=ncu    Nsight Compute on the kernels matching NCU_KERNEL (a regex) in the `all` variant of
 #               BENCH_CASES, once per setting in TUNE_ENVS as in tune: NCU_SKIP launches skipped (the
-#               first, eager steps), NCU_COUNT profiled; the report's text goes to ncu-*.txt
+#               first, eager steps), NCU_COUNT profiled, NCU_ARGS added (e.g. --metrics ...); the
+#               report's text goes to ncu-*.txt
 #   MODE=tune   gpu tests, then the `all` variant on BENCH_CASES per switch in TUNE_ENVS (e.g.
 #               "PERFTRAIN_QKV_GRAD=packed PERFTRAIN_BGRADB=1,PERFTRAIN_GEMM_TUNE=8": a comma joins
 #               switches into one setting) and with --recompute, side by side;
@@ -140,7 +141,7 @@ case "$MODE" in
         env "${envs[@]}" "$NCU" --kernel-name "regex:${NCU_KERNEL:-residual_adaln_backward}" \
           --launch-skip "${NCU_SKIP:-30}" --launch-count "${NCU_COUNT:-2}" \
           --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-          --section LaunchStats --section WarpStateStats --section SchedulerStats \
+          --section LaunchStats --section WarpStateStats --section SchedulerStats ${NCU_ARGS:-} \
           $BIN bench --model "$model" --batch "$batches" --variants all --steps 2 --warmup 4 \
           --out "$RUNS/ncu-$RANDOM" > "$OUT/ncu-$tag.txt" 2>&1
         row "ncu $model b$batches [$e]" "rc $?, $(grep -E "Duration|DRAM Throughput" "$OUT/ncu-$tag.txt" | head -4 | tr -s ' ' | tr '\n' ';')"
