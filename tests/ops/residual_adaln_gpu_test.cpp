@@ -268,7 +268,8 @@ TEST(ResidualAdaLNGpu, BackwardLaunchFormsGiveTheSameBits) {
   const Form forms[] = {{"a row ahead", true, true}, {"with the sums", true, false}, {"after the sums", false, false}};
   uint64_t seed = 5000;
   const Case c = kCases[0];  // DiT's autocast dtypes
-  for (const Shape& s : {Shape{3, 5, 384}, Shape{2, 77, 768}, Shape{256, 256, 384}, Shape{2, 7, 4104}}) {
+  for (const Shape& s :
+       {Shape{3, 5, 384}, Shape{2, 77, 768}, Shape{256, 256, 384}, Shape{3, 256, 1152}, Shape{2, 7, 4104}}) {
     for (const bool xhat : {true, false}) {
       const KeepXhat keep(xhat);
       for (const bool with_bias : {false, true}) {
