@@ -154,17 +154,13 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
                                    int64_t gate_stride, const TM* __restrict__ scale, int64_t scale_stride,
                                    const float* __restrict__ mean, const float* __restrict__ rstd,
                                    TX* __restrict__ dx, TA* __restrict__ dy, float* __restrict__ partials, int tokens,
-                                   int cols, int rows_per_tile, int64_t plane, bool prefetch, bool interleave) {
+                                   int cols, int rows_per_tile, int64_t plane, bool prefetch) {
   __shared__ float smem[64];
   const int tile = blockIdx.x, b = blockIdx.y, tiles = gridDim.x;
   const int nvec = cols / VEC;
   const float inv_cols = 1.f / float(cols);
-  // The tile's rows: a run of rows_per_tile, or (interleave) every tiles-th
-  // row from `tile` on, so that a sample's tiles read neighbouring rows at
-  // the same time.
-  const int t0 = interleave ? tile : tile * rows_per_tile;
-  const int t1 = interleave ? tokens : min(tokens, t0 + rows_per_tile);
-  const int step = interleave ? tiles : 1;
+  const int t0 = tile * rows_per_tile;
+  const int t1 = min(tokens, t0 + rows_per_tile);
   const TM* gt = gate + int64_t(b) * gate_stride;
   const TM* sc = scale + int64_t(b) * scale_stride;
 
@@ -208,11 +204,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     if (t0 < t1) load_row(t0, cur);
   }
 
-  for (int t = t0; t < t1; t += step) {  // the same trip count for the whole block
+  for (int t = t0; t < t1; ++t) {  // the same trip count for the whole block
     const int64_t row = int64_t(b) * tokens + t;
     const int64_t off = row * cols;
     if constexpr (EARLY) {
-      if (prefetch && t + step < t1) load_row(t + step, next);
+      if (prefetch && t + 1 < t1) load_row(t + 1, next);
     }
     const float mu = EARLY ? cur.mu : XHAT ? 0.f : mean[row];
     const float rs = EARLY ? cur.rs : rstd[row];
@@ -288,8 +284,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     if constexpr (EARLY) {
       if (prefetch) {
         cur = next;
-      } else if (t + step < t1) {
-        load_row(t + step, cur);
+      } else if (t + 1 < t1) {
+        load_row(t + 1, cur);
       }
     }
   }
@@ -439,8 +435,7 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
     const dim3 grid(tiles_per_sample, batch);
     kernel<<<grid, block, 0, stream>>>(dx1_ext, dh, x1, xhat, y, gate, gate_stride, scale, scale_stride, mean, rstd,
                                        dx, dy, partials, tokens, cols, rows_per_tile, plane,
-                                       residual_adaln_launch().backward_prefetch,
-                                       residual_adaln_launch().backward_interleaved_rows);
+                                       residual_adaln_launch().backward_prefetch);
     PERFTRAIN_LAUNCH_CHECK();
   };
   auto row_kernels = [&](auto xhat_tag) {

@@ -51,7 +51,7 @@ namespace perftrain::kernels {
 constexpr int kResidualAdaLNMaxCols = 8192;
 
 // Launch choices that the whole-step benchmark compares (ops/residual_adaln
-// sets them once from PERFTRAIN_RA_FWD, _BWD, _BWD_BLOCKS and _BWD_ROWS): the forward's vectors per thread
+// sets them once from PERFTRAIN_RA_FWD, _BWD and _BWD_BLOCKS): the forward's vectors per thread
 // by row width (fewer registers on narrow rows) or always the widest; the
 // backward's second-phase loads issued with the first (one round trip per
 // row) or after the row sums, and with them the next row's loads issued
@@ -71,10 +71,6 @@ struct ResidualAdaLNLaunch {
   // 5 per SM) 5 tiles instead of 4: whole steps within noise of the 6-per-SM
   // rule at S/2, B/2 and XL/2 (182bb00), kept as the rule without a constant.
   int backward_blocks_per_sm = 0;
-  // Which rows a backward tile takes: a run of consecutive rows (false), or
-  // every tiles-th row (true), so that the blocks running at the same time
-  // read nearby rows of a sample. Another summation order, other bits.
-  bool backward_interleaved_rows = false;
 };
 ResidualAdaLNLaunch residual_adaln_launch();
 void set_residual_adaln_launch(const ResidualAdaLNLaunch& settings);

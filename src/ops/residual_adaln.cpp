@@ -70,9 +70,8 @@ void check_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y
 
 // The kernels' launch choices, once per process: PERFTRAIN_RA_FWD=max-items
 // and PERFTRAIN_RA_BWD=late-loads or no-prefetch bring back the earlier
-// launches, PERFTRAIN_RA_BWD_BLOCKS=<n> sets the backward's blocks per
-// SM, and PERFTRAIN_RA_BWD_ROWS=interleaved gives each tile every tiles-th
-// row instead of a run, to compare.
+// launches, and PERFTRAIN_RA_BWD_BLOCKS=<n> sets the backward's blocks per
+// SM, to compare.
 void apply_launch_env() {
   static const bool applied = [] {
     kernels::ResidualAdaLNLaunch l;
@@ -81,7 +80,6 @@ void apply_launch_env() {
     l.backward_prefetch = l.backward_early_loads && !env_equals("PERFTRAIN_RA_BWD", "no-prefetch");
     if (const char* n = std::getenv("PERFTRAIN_RA_BWD_BLOCKS"); n != nullptr && std::atoi(n) > 0)
       l.backward_blocks_per_sm = std::atoi(n);
-    l.backward_interleaved_rows = env_equals("PERFTRAIN_RA_BWD_ROWS", "interleaved");
     kernels::set_residual_adaln_launch(l);
     return true;
   }();
