@@ -14,7 +14,10 @@ namespace perftrain::ops {
 
 // Bytes of a cuBLASLt workspace; a device has two, one for the training
 // stream and one for the weight-gradient stream (ops/weight_grad_lane.h).
-// PERFTRAIN_LT_WORKSPACE_MIB=<n> (1..64) sets the training stream's.
+// PERFTRAIN_LT_WORKSPACE_MIB=<n> (1..64) sets the training stream's; 32 MiB
+// by default. 8 MiB took DiT-S/2 b32's peak from 1.96 to 1.94 GiB and the
+// step from 5.37 to 5.45 ms (the tuner finds slower split-K products with
+// less scratch); B/2 b256 within noise (67adaac, H200).
 constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
 size_t main_workspace_bytes();
 // The weight-gradient stream's, 8 MiB: it opens only for small steps
