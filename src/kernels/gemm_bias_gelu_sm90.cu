@@ -1,0 +1,316 @@
+#include "kernels/gemm_bias_gelu_sm90.h"
+
+#include <cuda.h>  // CUtensorMap and its enums (the encoder comes through the runtime)
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kernels/cuda_check.h"
+
+namespace perftrain::kernels {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kBM = 128, kBN = 256, kBK = 64;  // CTA tile; 64 bf16 of K = one 128-byte swizzled row
+constexpr int kStages = 4;
+constexpr int kThreads = 384;                   // producer warpgroup + two consumer warpgroups
+constexpr int kConsumerWarps = 8;
+constexpr uint32_t kATileBytes = kBM * kBK * 2, kWTileBytes = kBN * kBK * 2;
+constexpr size_t kSmemBytes = kStages * (kATileBytes + kWTileBytes) + 2 * kStages * sizeof(uint64_t) + 1024;
+
+// ---- the sm_90a instructions, one helper each ----
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// Spins until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// A box of the tensor map at (c0 = column, c1 = row) into shared memory; the
+// barrier counts its bytes.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::
+          "r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// wgmma's shared-memory operand: K-major rows of 128 bytes in the 128-byte
+// swizzle TMA wrote them in, 8-row groups 1024 bytes apart (SBO); the
+// leading offset is unused for this layout. Bits: start address >> 4 in
+// 0-13, LBO >> 4 in 16-29, SBO >> 4 in 32-45, layout 1 (128-byte swizzle)
+// in 62-63. Adding 2 to it moves 32 bytes, 16 elements of K, along the row.
+__device__ __forceinline__ uint64_t smem_desc(const void* p) {
+  const uint64_t addr = smem_u32(p);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Keeps the compiler from moving accumulator reads or writes across the
+// asynchronous products.
+__device__ __forceinline__ void fence_accumulators(float (&d)[128]) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (64 x 256 per warpgroup, fp32) = A (64 x 16) B^T (16 x 256) + (scale_d ? d : 0).
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The tanh form, as cuBLASLt's GELU epilogue and ATen's gelu(approximate="tanh").
+__device__ __forceinline__ float gelu_tanh(float x) {
+  return 0.5f * x * (1.f + tanh_approx(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+__device__ __forceinline__ float2 bias_pair(const float* b) { return *reinterpret_cast<const float2*>(b); }
+__device__ __forceinline__ float2 bias_pair(const bf16* b) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(b));
+}
+
+__device__ __forceinline__ void store_pre_act(bf16* pre, bf16* act, int64_t off, float v0, float v1) {
+  *reinterpret_cast<__nv_bfloat162*>(pre + off) = __floats2bfloat162_rn(v0, v1);
+  *reinterpret_cast<__nv_bfloat162*>(act + off) = __floats2bfloat162_rn(gelu_tanh(v0), gelu_tanh(v1));
+}
+
+// Persistent: each CTA takes tiles blockIdx.x, + gridDim.x, ... (consecutive
+// tiles run along N, so the CTAs at work share A's rows; W fits in L2). The
+// ring's stage and phase run on across tiles, so the producer loads the next
+// tile's first stages while the consumers write this one's epilogue.
+template <typename TB>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_bias_gelu_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
+                          const TB* __restrict__ bias, bf16* __restrict__ pre, bf16* __restrict__ act, int m, int n,
+                          int k) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  // The 128-byte swizzle repeats every 1024 bytes: tiles start on a multiple.
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  bf16* sa = reinterpret_cast<bf16*>(smem);
+  bf16* sw = reinterpret_cast<bf16*>(smem + kStages * kATileBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * (kATileBytes + kWTileBytes));
+  uint64_t* empty = full + kStages;
+  const int wg = threadIdx.x / 128;
+  const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
+  const int kblocks = k / kBK;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);                // the producer's arrive, plus the TMA bytes
+      mbar_init(&empty[s], kConsumerWarps);  // one arrive per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer: one thread issues every copy
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0) {
+      int it = 0;  // k-steps issued, over all tiles
+      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const int s = it % kStages;
+          mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+          mbar_arrive_expect_tx(&full[s], kATileBytes + kWTileBytes);
+          tma_load_2d(sa + s * kBM * kBK, &tma_a, &full[s], kb * kBK, m0);
+          tma_load_2d(sw + s * kBN * kBK, &tma_w, &full[s], kb * kBK, n0);
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int c = wg - 1;  // this warpgroup's 64 rows of each tile
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
+  // Not cleared: each tile's first product takes scale_d = 0 (d = A B^T).
+  // Clearing them would put non-wgmma writes of the accumulators in the
+  // pipeline, and ptxas then serialises the products (its warning C7515).
+  float d[128];
+  int it = 0;  // k-steps consumed, over all tiles
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
+    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      const int s = it % kStages;
+      mbar_wait(&full[s], (it / kStages) & 1);
+      const uint64_t da = smem_desc(sa + s * kBM * kBK + c * 64 * kBK);
+      const uint64_t dw = smem_desc(sw + s * kBN * kBK);
+      fence_accumulators(d);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)
+        wgmma_m64n256k16(d, da + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+      wgmma_commit();
+      if (kb > 0) {  // the previous step's products are done: its stage may be refilled
+        wgmma_wait<1>();
+        fence_accumulators(d);
+        if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+      }
+    }
+    wgmma_wait<0>();
+    fence_accumulators(d);
+    if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);  // the tile's last stage
+
+    // The accumulator layout of wgmma m64nNk16: warp w of the warpgroup holds
+    // rows 16w..16w+15; lane l holds rows l/4 and l/4 + 8, columns
+    // 8j + 2(l%4) and the next, in d[4j..4j+1] and d[4j+2..4j+3].
+    const int64_t row = m0 + c * 64 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) {
+      const int col = n0 + 8 * j + 2 * (lane & 3);
+      const float2 b = bias_pair(bias + col);
+      store_pre_act(pre, act, row * n + col, d[4 * j] + b.x, d[4 * j + 1] + b.y);
+      store_pre_act(pre, act, (row + 8) * n + col, d[4 * j + 2] + b.x, d[4 * j + 3] + b.y);
+    }
+  }
+#else
+  __trap();  // built for an architecture without wgmma: the host refuses to launch first
+#endif
+}
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's tensor-map encoder, through the runtime (no link to libcuda).
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    PERFTRAIN_CUDA_CHECK(
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || p == nullptr)
+      throw std::runtime_error("gemm_bias_gelu_sm90: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+// A [rows, cols] bf16 row-major matrix read in boxes of box_rows x 64.
+CUtensorMap tensor_map(const bf16* base, int64_t rows, int64_t cols, int box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};  // innermost first
+  const cuuint64_t strides[1] = {cuuint64_t(cols) * sizeof(bf16)};  // bytes between rows
+  const cuuint32_t box[2] = {cuuint32_t(kBK), cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims,
+                                    strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error("gemm_bias_gelu_sm90: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) +
+                             ")");
+  return map;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k) {
+  // The tile index is an int: (m / 128) * (n / 256) must fit.
+  return m > 0 && n > 0 && k > 0 && m % kBM == 0 && n % kBN == 0 && k % kBK == 0 && m <= INT32_MAX &&
+         n <= INT32_MAX && k <= INT32_MAX && (m / kBM) * (n / kBN) <= INT32_MAX;
+}
+
+template <typename TB>
+void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre, bf16* act, int64_t m, int64_t n,
+                         int64_t k, cudaStream_t stream) {
+  static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "bias: float or bf16");
+  if (!gemm_bias_gelu_sm90_supported(m, n, k))
+    throw std::invalid_argument("gemm_bias_gelu_sm90: unsupported shape m=" + std::to_string(m) + " n=" +
+                                std::to_string(n) + " k=" + std::to_string(k) + " (needs m % 128, n % 256, k % 64 == 0)");
+  if (!aligned16(a) || !aligned16(w) || !aligned16(pre) || !aligned16(act) || bias == nullptr ||
+      reinterpret_cast<uintptr_t>(bias) % (2 * sizeof(TB)) != 0)
+    throw std::invalid_argument("gemm_bias_gelu_sm90: a, w, pre, act must be 16-byte aligned and bias given, "
+                                "aligned to two elements");
+  int device = 0, major = 0, minor = 0;
+  PERFTRAIN_CUDA_CHECK(cudaGetDevice(&device));
+  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9 || minor != 0) throw std::invalid_argument("gemm_bias_gelu_sm90: needs an sm_90 GPU");
+  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, kBN);
+  static const bool attributes_set = [] {
+    PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(gemm_bias_gelu_kernel<TB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              int(kSmemBytes)));
+    return true;
+  }();
+  (void)attributes_set;
+  // One CTA per SM (the ring takes most of its shared memory), each looping over tiles.
+  int sms = 0;
+  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t tiles = (m / kBM) * (n / kBN);
+  const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
+  gemm_bias_gelu_kernel<TB><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_w, bias, pre, act, int(m), int(n),
+                                                                     int(k));
+  PERFTRAIN_LAUNCH_CHECK();
+}
+
+template void gemm_bias_gelu_sm90<float>(const bf16*, const bf16*, const float*, bf16*, bf16*, int64_t, int64_t,
+                                         int64_t, cudaStream_t);
+template void gemm_bias_gelu_sm90<bf16>(const bf16*, const bf16*, const bf16*, bf16*, bf16*, int64_t, int64_t,
+                                        int64_t, cudaStream_t);
+
+}  // namespace perftrain::kernels

@@ -1,0 +1,45 @@
+// fc1 of a DiT MLP in one Hopper (sm_90a) kernel of our own:
+//   pre = A W^T + bias        bf16, GELU's input, kept for the backward
+//   act = gelu_tanh(pre)      bf16, from the fp32 value before rounding
+// A [M, K] and W [N, K] bf16 row-major (W as nn.Linear keeps it), bias [N]
+// (float or bf16), pre and act [M, N] bf16 row-major.
+//
+// Why: on the H200, cuBLASLt's GELU_AUX_BIAS product runs DiT's fc1 at 481
+// (B/2) and 520 (XL/2) TFLOP/s, where its plain products in the same step
+// run at ~700 and ~640 (docs/PERFORMANCE.md, tenth pass).
+//
+// How (one persistent CTA per SM looping over 128 x 256 output tiles, 384
+// threads):
+//   - warpgroup 0, one thread: TMA copies of the A and W tiles (64 of K a
+//     step, 128-byte swizzle) into a ring of 4 stages, each with a "full" and
+//     an "empty" mbarrier;
+//   - warpgroups 1 and 2: 64 rows each, wgmma m64n256k16 from shared memory
+//     into 128 fp32 accumulators a thread, releasing a stage once the
+//     products that read it are done (one group of products kept in flight);
+//   - the epilogue from registers: bias, GELU (tanh.approx), two bf16 stores,
+//     while the producer already loads the next tile's first stages.
+// Not yet measured on the GPU (written in a session without device time
+// left): bench_gemm_bias_gelu compares it with cuBLASLt's products.
+//
+// Shapes: M % 128 == 0, N % 256 == 0, K % 64 == 0, pointers 16-byte
+// aligned (gemm_bias_gelu_sm90_supported). DiT's fc1 fits: M = batch x
+// tokens, N = 4D, K = D with D a multiple of 64.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace perftrain::kernels {
+
+bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k);
+
+// TB: float or __nv_bfloat16. Throws std::invalid_argument for a shape that
+// gemm_bias_gelu_sm90_supported refuses or a misaligned pointer,
+// std::runtime_error for a CUDA error.
+template <typename TB>
+void gemm_bias_gelu_sm90(const __nv_bfloat16* a, const __nv_bfloat16* w, const TB* bias, __nv_bfloat16* pre,
+                         __nv_bfloat16* act, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+
+}  // namespace perftrain::kernels
