@@ -7,6 +7,10 @@
 #   MODE=curve  first 500 steps of DiT-S/2 on Fashion-MNIST: the fast path vs eager fp32 seeds
 #               (FP32_SEEDS, default "0 1 2": three for the leave-one-out check; ~70 s of device time each)
 #   MODE=train  the default training run, STEPS steps
+#   MODE=gemm-check  only our fc1 product (kernels/gemm_bias_gelu_sm90): nvcc builds the torch-free
+#               tools/gemm_bias_gelu_check.cu and runs it (correctness on sampled rows, then times at DiT's
+#               shapes); no CMake build, ~30 s. The full comparison with cuBLASLt is
+#               build-gpu/tests/bench_gemm_bias_gelu after a build.
 #   MODE=ncu    Nsight Compute on the kernels matching NCU_KERNEL (a regex) in the `all` variant of
 #               BENCH_CASES, once per setting in TUNE_ENVS as in tune: NCU_SKIP launches skipped (the
 #               first, eager steps), NCU_COUNT profiled, NCU_ARGS added (e.g. --metrics ...); the
@@ -39,6 +43,16 @@ export PERFTRAIN_PYTHON="$PY" PERFTRAIN_SOURCE_DIR="$PWD"
 export PERFTRAIN_COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 row GPU "$(cat "$OUT/gpu.txt")"
 row commit "$PERFTRAIN_COMMIT"
+
+if [ "$MODE" = gemm-check ]; then
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/gemm_bias_gelu_check.cu \
+    src/kernels/gemm_bias_gelu_sm90.cu -o "$OUT/gemm_check" > "$OUT/gemm-check.log" 2>&1 &&
+    timeout 300 "$OUT/gemm_check" 2>&1 | tee -a "$OUT/gemm-check.log"
+  row "gemm check" "rc ${PIPESTATUS[0]}: $(grep -c PASS "$OUT/gemm-check.log") PASS, $(grep -c FAIL "$OUT/gemm-check.log") FAIL"
+  rm -f "$OUT/gemm_check"
+  cat "$SUMMARY"
+  exit 0
+fi
 
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERFTRAIN_PYTHON="$PY" \
