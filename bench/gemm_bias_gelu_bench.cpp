@@ -2,9 +2,9 @@
 // Hopper product (ops::try_gemm_bias_gelu_sm90) against cuBLASLt's
 // GELU_AUX_BIAS product (what gelu_mlp runs by default) and its plain BIAS
 // product (the same FLOPs, one output, no GELU), on DiT's fc1 shapes at batch
-// 256, side by side in one process: median of 50 calls after 10 warm-up ones
-// (cuBLASLt's first call also times its candidate algorithms), CUDA events,
-// fresh random inputs. Also the largest difference between our pre/act and
+// 256, side by side in one process: per call, the median of 9 windows of 10
+// back-to-back calls after 10 warm-up ones (cuBLASLt's first call also times
+// its candidate algorithms), CUDA events, fresh random inputs. Also the largest difference between our pre/act and
 // cuBLASLt's (theirs take a bf16 bias, ours the fp32 one).
 //   bench_gemm_bias_gelu [m n k]...     (default: DiT-S/2, B/2, XL/2 at b256)
 #include <ATen/TensorOperators.h>
@@ -30,7 +30,9 @@ namespace {
 
 using perftrain::kernels::GemmEpilogue;
 
-// Median milliseconds of one call of fn, each call between its own events.
+// Milliseconds per call of fn: the median of 9 windows of 10 back-to-back
+// calls between two events (so the host's work per call hides behind the
+// GPU's), after 10 warm-up calls.
 double median_ms(const std::function<bool()>& fn) {
   for (int i = 0; i < 10; ++i)
     if (!fn()) return NAN;
@@ -39,14 +41,14 @@ double median_ms(const std::function<bool()>& fn) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  for (int i = 0; i < 50; ++i) {
+  for (int win = 0; win < 9; ++win) {
     cudaEventRecord(start, stream);
-    fn();
+    for (int i = 0; i < 10; ++i) fn();
     cudaEventRecord(stop, stream);
     cudaEventSynchronize(stop);
     float t = 0;
     cudaEventElapsedTime(&t, start, stop);
-    ms.push_back(t);
+    ms.push_back(t / 10);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
