@@ -1,6 +1,6 @@
-// A standalone check of kernels::gemm_bias_gelu_sm90 without libtorch, for a
-// quick device call: random bf16 inputs, sampled rows against a float64 CPU
-// reference, then the time per call at DiT's fc1 shapes (CUDA events over
+// A standalone check of kernels::gemm_bias_gelu_sm90 and gemm_dgelu_sm90
+// without libtorch, for a quick device call: random bf16 inputs, sampled rows
+// against a float64 CPU reference, then the time per call at DiT's fc1 shapes (CUDA events over
 // windows of back-to-back calls, median window).
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc \
 //        tools/gemm_bias_gelu_check.cu src/kernels/gemm_bias_gelu_sm90.cu -o /tmp/gemm_check
@@ -105,13 +105,91 @@ static int run(int64_t m, int64_t n, int64_t k, bool check) {
   return 0;
 }
 
+static double gelu_grad(double x) {
+  const double k0 = 0.7978845608028654, k1 = 0.044715, t = std::tanh(k0 * (x + k1 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k0 * (1 + 3 * k1 * x * x);
+}
+
+// The backward's form: dpre = (dy w^T) * gelu'(pre), w [n, k] (fc2's weight transposed).
+static int run_dgelu(int64_t m, int64_t n, int64_t k, bool check) {
+  std::mt19937 rng(4321);
+  std::normal_distribution<float> nd;
+  std::vector<bf16> dy(m * k), w(n * k), pre(m * n);
+  for (auto& v : dy) v = __float2bfloat16(nd(rng));
+  for (auto& v : w) v = __float2bfloat16(nd(rng) / std::sqrt(float(k)));
+  for (auto& v : pre) v = __float2bfloat16(1.5f * nd(rng));
+  bf16 *d_dy, *d_w, *d_pre, *d_out;
+  CHECK(cudaMalloc(&d_dy, dy.size() * 2));
+  CHECK(cudaMalloc(&d_w, w.size() * 2));
+  CHECK(cudaMalloc(&d_pre, pre.size() * 2));
+  CHECK(cudaMalloc(&d_out, m * n * 2));
+  CHECK(cudaMemcpy(d_dy, dy.data(), dy.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_w, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_pre, pre.data(), pre.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemset(d_out, 0xff, m * n * 2));
+  perftrain::kernels::gemm_dgelu_sm90(d_dy, d_w, d_pre, d_out, m, n, k, nullptr);
+  CHECK(cudaDeviceSynchronize());
+  if (check) {
+    std::vector<bf16> out(m * n);
+    CHECK(cudaMemcpy(out.data(), d_out, m * n * 2, cudaMemcpyDeviceToHost));
+    int64_t nan = 0, bad = 0;
+    double worst = 0;
+    for (int64_t i = 0; i < m * n; ++i)
+      if (std::isnan(__bfloat162float(out[i]))) ++nan;
+    for (int64_t r = 0; r < m; r += std::max<int64_t>(1, m / 97)) {
+      for (int64_t c = 0; c < n; ++c) {
+        double acc = 0;
+        for (int64_t q = 0; q < k; ++q) acc += double(__bfloat162float(dy[r * k + q])) * __bfloat162float(w[c * k + q]);
+        const double ref = acc * gelu_grad(__bfloat162float(pre[r * n + c]));
+        const double e = std::fabs(__bfloat162float(out[r * n + c]) - ref) / (std::fabs(ref) + 2e-2);
+        worst = std::max(worst, e);
+        if (e > 1.0 / 32) ++bad;
+      }
+    }
+    std::printf("dgelu check m=%lld n=%lld k=%lld: NaN left %lld, worst rel err %.3g, bad %lld -> %s\n",
+                (long long)m, (long long)n, (long long)k, (long long)nan, worst, (long long)bad,
+                nan == 0 && bad == 0 ? "PASS" : "FAIL");
+  } else {
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<float> ms;
+    for (int i = 0; i < 5; ++i) perftrain::kernels::gemm_dgelu_sm90(d_dy, d_w, d_pre, d_out, m, n, k, nullptr);
+    for (int win = 0; win < 7; ++win) {
+      cudaEventRecord(e0);
+      for (int i = 0; i < 20; ++i) perftrain::kernels::gemm_dgelu_sm90(d_dy, d_w, d_pre, d_out, m, n, k, nullptr);
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float t;
+      cudaEventElapsedTime(&t, e0, e1);
+      ms.push_back(t / 20);
+    }
+    CHECK(cudaGetLastError());
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    std::printf("dgelu time m=%lld n=%lld k=%lld: median %.3f ms, %.0f TFLOP/s\n", (long long)m, (long long)n,
+                (long long)k, med, 2.0 * m * n * k / med * 1e-9);
+  }
+  cudaFree(d_dy);
+  cudaFree(d_w);
+  cudaFree(d_pre);
+  cudaFree(d_out);
+  return 0;
+}
+
 int main() {
   int rc = 0;
   rc |= run(256, 512, 384, true);
   rc |= run(1024, 3072, 768, true);
   rc |= run(512, 4608, 1152, true);
+  rc |= run_dgelu(256, 512, 384, true);
+  rc |= run_dgelu(1024, 3072, 768, true);
+  rc |= run_dgelu(512, 4608, 1152, true);
   rc |= run(65536, 1536, 384, false);
   rc |= run(65536, 3072, 768, false);
   rc |= run(65536, 4608, 1152, false);
+  rc |= run_dgelu(65536, 1536, 384, false);
+  rc |= run_dgelu(65536, 3072, 768, false);
+  rc |= run_dgelu(65536, 4608, 1152, false);
   return rc;
 }

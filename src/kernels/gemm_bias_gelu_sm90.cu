@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -123,25 +124,53 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.f + tanh_approx(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+// GELU's derivative in the same tanh form, as cuBLASLt's DGELU epilogue.
+__device__ __forceinline__ float gelu_tanh_grad(float x) {
+  const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+  const float t = tanh_approx(k0 * (x + k1 * x * x * x));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * k0 * (1.f + 3.f * k1 * x * x);
+}
+
 __device__ __forceinline__ float2 bias_pair(const float* b) { return *reinterpret_cast<const float2*>(b); }
 __device__ __forceinline__ float2 bias_pair(const bf16* b) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(b));
 }
 
-__device__ __forceinline__ void store_pre_act(bf16* pre, bf16* act, int64_t off, float v0, float v1) {
-  *reinterpret_cast<__nv_bfloat162*>(pre + off) = __floats2bfloat162_rn(v0, v1);
-  *reinterpret_cast<__nv_bfloat162*>(act + off) = __floats2bfloat162_rn(gelu_tanh(v0), gelu_tanh(v1));
-}
+// The epilogues: what happens to two neighbouring accumulators (columns col
+// and col + 1, element offset off of the [M, N] outputs).
+template <typename TB>
+struct BiasGeluEpilogue {  // pre = acc + b, act = gelu_tanh(acc + b)
+  const TB* bias;
+  bf16* pre;
+  bf16* act;
+  __device__ __forceinline__ void operator()(int64_t off, int col, float v0, float v1) const {
+    const float2 b = bias_pair(bias + col);
+    v0 += b.x;
+    v1 += b.y;
+    *reinterpret_cast<__nv_bfloat162*>(pre + off) = __floats2bfloat162_rn(v0, v1);
+    *reinterpret_cast<__nv_bfloat162*>(act + off) = __floats2bfloat162_rn(gelu_tanh(v0), gelu_tanh(v1));
+  }
+};
 
+struct DGeluEpilogue {  // dpre = acc * gelu_tanh'(pre)
+  const bf16* pre;
+  bf16* dpre;
+  __device__ __forceinline__ void operator()(int64_t off, int, float v0, float v1) const {
+    const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pre + off));
+    *reinterpret_cast<__nv_bfloat162*>(dpre + off) =
+        __floats2bfloat162_rn(v0 * gelu_tanh_grad(p.x), v1 * gelu_tanh_grad(p.y));
+  }
+};
+
+// out = epilogue(A W^T), 128 x 256 tiles (see the header).
 // Persistent: each CTA takes tiles blockIdx.x, + gridDim.x, ... (consecutive
 // tiles run along N, so the CTAs at work share A's rows; W fits in L2). The
 // ring's stage and phase run on across tiles, so the producer loads the next
 // tile's first stages while the consumers write this one's epilogue.
-template <typename TB>
+template <typename Epilogue>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemm_bias_gelu_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
-                          const TB* __restrict__ bias, bf16* __restrict__ pre, bf16* __restrict__ act, int m, int n,
-                          int k) {
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
+                     const Epilogue epilogue, int m, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   // The 128-byte swizzle repeats every 1024 bytes: tiles start on a multiple.
@@ -220,9 +249,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int j = 0; j < kBN / 8; ++j) {
       const int col = n0 + 8 * j + 2 * (lane & 3);
-      const float2 b = bias_pair(bias + col);
-      store_pre_act(pre, act, row * n + col, d[4 * j] + b.x, d[4 * j + 1] + b.y);
-      store_pre_act(pre, act, (row + 8) * n + col, d[4 * j + 2] + b.x, d[4 * j + 3] + b.y);
+      epilogue(row * n + col, col, d[4 * j], d[4 * j + 1]);
+      epilogue((row + 8) * n + col, col, d[4 * j + 2], d[4 * j + 3]);
     }
   }
 #else
@@ -275,37 +303,52 @@ bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k) {
          n <= INT32_MAX && k <= INT32_MAX && (m / kBM) * (n / kBN) <= INT32_MAX;
 }
 
-template <typename TB>
-void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre, bf16* act, int64_t m, int64_t n,
-                         int64_t k, cudaStream_t stream) {
-  static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "bias: float or bf16");
+namespace {
+
+template <typename Epilogue>
+void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epilogue& epilogue,
+                      std::initializer_list<const void*> outputs, int64_t m, int64_t n, int64_t k,
+                      cudaStream_t stream) {
   if (!gemm_bias_gelu_sm90_supported(m, n, k))
-    throw std::invalid_argument("gemm_bias_gelu_sm90: unsupported shape m=" + std::to_string(m) + " n=" +
+    throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " n=" +
                                 std::to_string(n) + " k=" + std::to_string(k) + " (needs m % 128, n % 256, k % 64 == 0)");
-  if (!aligned16(a) || !aligned16(w) || !aligned16(pre) || !aligned16(act) || bias == nullptr ||
-      reinterpret_cast<uintptr_t>(bias) % (2 * sizeof(TB)) != 0)
-    throw std::invalid_argument("gemm_bias_gelu_sm90: a, w, pre, act must be 16-byte aligned and bias given, "
-                                "aligned to two elements");
-  int device = 0, major = 0, minor = 0;
+  bool aligned = aligned16(a) && aligned16(w);
+  for (const void* p : outputs) aligned = aligned && p != nullptr && aligned16(p);
+  if (!aligned) throw std::invalid_argument(std::string(what) + ": a, w and the [m, n] matrices must be 16-byte aligned");
+  int device = 0, major = 0, minor = 0, sms = 0;
   PERFTRAIN_CUDA_CHECK(cudaGetDevice(&device));
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9 || minor != 0) throw std::invalid_argument("gemm_bias_gelu_sm90: needs an sm_90 GPU");
+  if (major != 9 || minor != 0) throw std::invalid_argument(std::string(what) + ": needs an sm_90 GPU");
   const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, kBN);
   static const bool attributes_set = [] {
-    PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(gemm_bias_gelu_kernel<TB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              int(kSmemBytes)));
+    PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(gemm_sm90_kernel<Epilogue>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
     return true;
   }();
   (void)attributes_set;
   // One CTA per SM (the ring takes most of its shared memory), each looping over tiles.
-  int sms = 0;
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t tiles = (m / kBM) * (n / kBN);
   const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
-  gemm_bias_gelu_kernel<TB><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_w, bias, pre, act, int(m), int(n),
-                                                                     int(k));
+  gemm_sm90_kernel<Epilogue><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_w, epilogue, int(m), int(n), int(k));
   PERFTRAIN_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+template <typename TB>
+void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre, bf16* act, int64_t m, int64_t n,
+                         int64_t k, cudaStream_t stream) {
+  static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "bias: float or bf16");
+  if (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % (2 * sizeof(TB)) != 0)
+    throw std::invalid_argument("gemm_bias_gelu_sm90: bias must be given, aligned to two elements");
+  launch_gemm_sm90("gemm_bias_gelu_sm90", a, w, BiasGeluEpilogue<TB>{bias, pre, act}, {pre, act}, m, n, k, stream);
+}
+
+void gemm_dgelu_sm90(const bf16* a, const bf16* w, const bf16* pre, bf16* dpre, int64_t m, int64_t n, int64_t k,
+                     cudaStream_t stream) {
+  launch_gemm_sm90("gemm_dgelu_sm90", a, w, DGeluEpilogue{pre, dpre}, {pre, dpre}, m, n, k, stream);
 }
 
 template void gemm_bias_gelu_sm90<float>(const bf16*, const bf16*, const float*, bf16*, bf16*, int64_t, int64_t,

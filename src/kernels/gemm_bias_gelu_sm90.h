@@ -1,12 +1,16 @@
-// fc1 of a DiT MLP in one Hopper (sm_90a) kernel of our own:
-//   pre = A W^T + bias        bf16, GELU's input, kept for the backward
-//   act = gelu_tanh(pre)      bf16, from the fp32 value before rounding
+// The two products of a DiT MLP that carry GELU, in one Hopper (sm_90a)
+// kernel of our own with two epilogues:
+//   fc1:  pre = A W^T + bias       bf16, GELU's input, kept for the backward
+//         act = gelu_tanh(pre)     bf16, from the fp32 value before rounding
+//   fc2's input gradient through GELU (A = dy, W = w2^T):
+//         dpre = (A W^T) * gelu_tanh'(pre)
 // A [M, K] and W [N, K] bf16 row-major (W as nn.Linear keeps it), bias [N]
-// (float or bf16), pre and act [M, N] bf16 row-major.
+// (float or bf16), pre, act and dpre [M, N] bf16 row-major.
 //
-// Why: on the H200, cuBLASLt's GELU_AUX_BIAS product runs DiT's fc1 at 481
-// (B/2) and 520 (XL/2) TFLOP/s, where its plain products in the same step
-// run at ~700 and ~640 (docs/PERFORMANCE.md, tenth pass).
+// Why: on the H200, cuBLASLt runs these with its GELU_AUX_BIAS and DGELU
+// epilogues at 481 and 524 TFLOP/s (DiT-B/2 b256; 520 and 614 at XL/2),
+// where its plain products in the same step run at ~700 (~640 at XL/2):
+// 5.5% of a B/2 step (docs/PERFORMANCE.md, tenth pass).
 //
 // How (one persistent CTA per SM looping over 128 x 256 output tiles, 384
 // threads):
@@ -16,8 +20,9 @@
 //   - warpgroups 1 and 2: 64 rows each, wgmma m64n256k16 from shared memory
 //     into 128 fp32 accumulators a thread, releasing a stage once the
 //     products that read it are done (one group of products kept in flight);
-//   - the epilogue from registers: bias, GELU (tanh.approx), two bf16 stores,
-//     while the producer already loads the next tile's first stages.
+//   - the epilogue from registers (bias and GELU, or GELU's derivative at
+//     the kept pre; tanh.approx), while the producer already loads the next
+//     tile's first stages.
 // Not yet measured on the GPU (written in a session without device time
 // left): bench_gemm_bias_gelu compares it with cuBLASLt's products.
 //
@@ -35,11 +40,15 @@ namespace perftrain::kernels {
 
 bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k);
 
-// TB: float or __nv_bfloat16. Throws std::invalid_argument for a shape that
-// gemm_bias_gelu_sm90_supported refuses or a misaligned pointer,
-// std::runtime_error for a CUDA error.
+// TB: float or __nv_bfloat16. Both throw std::invalid_argument for a shape
+// that gemm_bias_gelu_sm90_supported refuses, a missing or misaligned
+// pointer or a GPU other than sm_90, std::runtime_error for a CUDA error.
 template <typename TB>
 void gemm_bias_gelu_sm90(const __nv_bfloat16* a, const __nv_bfloat16* w, const TB* bias, __nv_bfloat16* pre,
                          __nv_bfloat16* act, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+
+// dpre = (a w^T) * gelu_tanh'(pre); the same shapes and refusals.
+void gemm_dgelu_sm90(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* pre, __nv_bfloat16* dpre,
+                     int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 
 }  // namespace perftrain::kernels

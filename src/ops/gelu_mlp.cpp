@@ -73,10 +73,12 @@ bool dgelu_bf16_bgrad() {
 // d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums when wanted:
 // from the split form's GELU pass (fp32), or from the DGELU product when
 // cuBLASLt takes the bias gradient there (fp32, or bf16); otherwise db1 is
-// returned undefined and comes later (from dW1's product, or a sum).
+// returned undefined and comes later (from dW1's product, or a sum). Our own
+// Hopper product first when PERFTRAIN_DGELU_GEMM=sm90 asks for it.
 std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, const at::Tensor& w2,
                                                         const at::Tensor& pre, bool want_db1) {
   at::Tensor dpre = at::empty(pre.sizes(), dy.options());
+  if (own_dgelu_product() && try_gemm_dgelu_sm90(dy, w2, pre, dpre)) return {dpre, at::Tensor()};
   if (cublaslt_path(dy, w2) && gelu_mlp_dgelu_in_epilogue(pre.size(0), pre.size(1))) {
     if (want_db1 && bias_grad_epilogue()) {
       // fp32 first; cuBLASLt 13.0 refuses an fp32 bias gradient with a bf16

@@ -1,7 +1,8 @@
-// fc1 with its bias and GELU through our own Hopper product
-// (kernels/gemm_bias_gelu_sm90.h) instead of cuBLASLt's GELU_AUX_BIAS
-// epilogue, where it applies. gelu_mlp takes it with PERFTRAIN_FC1_GEMM=sm90
-// (off by default until it is measured faster on the GPU).
+// The MLP's two GELU products through our own Hopper kernel
+// (kernels/gemm_bias_gelu_sm90.h) instead of cuBLASLt's GELU_AUX_BIAS and
+// DGELU epilogues, where it applies. gelu_mlp takes them with
+// PERFTRAIN_FC1_GEMM=sm90 and PERFTRAIN_DGELU_GEMM=sm90 (off by default
+// until measured correct and faster on the GPU).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,5 +18,14 @@ bool own_fc1_product();
 // n % 256, k % 64). Returns false, launching nothing, otherwise.
 bool try_gemm_bias_gelu_sm90(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& pre,
                              const at::Tensor& act);
+
+// Whether PERFTRAIN_DGELU_GEMM=sm90 was set (read once).
+bool own_dgelu_product();
+
+// dpre = (dy w2) * gelu_tanh'(pre) into the given bf16 [m, n] tensor: dy
+// [m, k], w2 [k, n] (as fc2 keeps it; its transpose is made here, n x k
+// elements), pre [m, n], all bf16 contiguous, the kernel's shapes, an sm_90
+// GPU. Returns false, launching nothing, otherwise.
+bool try_gemm_dgelu_sm90(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, const at::Tensor& dpre);
 
 }  // namespace perftrain::ops
