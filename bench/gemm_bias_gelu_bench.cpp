@@ -58,6 +58,13 @@ double median_ms(const std::function<bool()>& fn) {
   return ms[ms.size() / 2];
 }
 
+// "ms (TFLOP/s)" for a table cell.
+std::string ms_and_tflops(double ms, double flop) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3f (%.0f)", ms, flop / ms * 1e-9);
+  return buf;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,12 +93,7 @@ int main(int argc, char** argv) {
     const at::Tensor plain = at::empty({m, n}, bf);
     const double lt_bias =
         median_ms([&] { return perftrain::ops::try_gemm_lt(a, false, w, true, plain, GemmEpilogue::kBias, b16); });
-    const double flop = 2.0 * m * n * k;
-    auto cell = [&](double ms) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%.3f (%.0f)", ms, flop / ms * 1e-9);
-      return std::string(buf);
-    };
+    const auto cell = [flop = 2.0 * m * n * k](double ms) { return ms_and_tflops(ms, flop); };
     const double dpre = (pre.to(at::kFloat) - pre_lt.to(at::kFloat)).abs().max().item<double>();
     const double dact = (act.to(at::kFloat) - act_lt.to(at::kFloat)).abs().max().item<double>();
     std::printf("| %lld | %lld | %lld | %s | %s | %s | %.3g | %.3g |\n", (long long)m, (long long)n, (long long)k,
@@ -114,12 +116,7 @@ int main(int argc, char** argv) {
     });
     const double lt_plain =
         median_ms([&] { return perftrain::ops::try_gemm_lt(dy, false, w2, false, plain, GemmEpilogue::kDefault); });
-    const double flop = 2.0 * m * n * k;
-    auto cell = [&](double ms) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%.3f (%.0f)", ms, flop / ms * 1e-9);
-      return std::string(buf);
-    };
+    const auto cell = [flop = 2.0 * m * n * k](double ms) { return ms_and_tflops(ms, flop); };
     const double diff = (dpre.to(at::kFloat) - dpre_lt.to(at::kFloat)).abs().max().item<double>();
     std::printf("| %lld | %lld | %lld | %s | %s | %s | %.3g |\n", (long long)m, (long long)n, (long long)k,
                 cell(ours).c_str(), cell(lt_dgelu).c_str(), cell(lt_plain).c_str(), diff);

@@ -28,6 +28,33 @@ using bf16 = __nv_bfloat16;
 
 static double gelu(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
 
+// Milliseconds per launch: windows of 20 back-to-back launches, so that the
+// host's work per launch (two tensor maps) hides behind the GPU's; the
+// median of 7 windows after 5 warm-up launches. Prints the TFLOP/s line.
+template <typename Launch>
+static int time_launches(const char* what, int64_t m, int64_t n, int64_t k, Launch launch) {
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 5; ++i) launch();
+  for (int win = 0; win < 7; ++win) {
+    CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < 20; ++i) launch();
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    CHECK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t / 20);
+  }
+  CHECK(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[ms.size() / 2];
+  std::printf("%s time m=%lld n=%lld k=%lld: median %.3f ms, %.0f TFLOP/s\n", what, (long long)m, (long long)n,
+              (long long)k, med, 2.0 * m * n * k / med * 1e-9);
+  return 0;
+}
+
 static int run(int64_t m, int64_t n, int64_t k, bool check) {
   std::mt19937 rng(1234);
   std::normal_distribution<float> nd;
@@ -69,33 +96,13 @@ static int run(int64_t m, int64_t n, int64_t k, bool check) {
         if (ep > 1.0 / 64 || ea > 1.0 / 32) ++bad;
       }
     }
-    std::printf("check m=%lld n=%lld k=%lld: NaN left %lld, worst rel err pre %.3g act %.3g, bad %lld -> %s\n",
+    std::printf("fc1 check m=%lld n=%lld k=%lld: NaN left %lld, worst rel err pre %.3g act %.3g, bad %lld -> %s\n",
                 (long long)m, (long long)n, (long long)k, (long long)nan, worst_pre, worst_act, (long long)bad,
                 nan == 0 && bad == 0 ? "PASS" : "FAIL");
-  } else {
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    // Windows of 20 back-to-back calls, so that the host's work per call
-    // (two tensor maps) hides behind the GPU's; the median window.
-    std::vector<float> ms;
-    for (int i = 0; i < 5; ++i)
-      perftrain::kernels::gemm_bias_gelu_sm90<float>(da, dw, db, dpre, dact, m, n, k, nullptr);
-    for (int win = 0; win < 7; ++win) {
-      cudaEventRecord(e0);
-      for (int i = 0; i < 20; ++i)
-        perftrain::kernels::gemm_bias_gelu_sm90<float>(da, dw, db, dpre, dact, m, n, k, nullptr);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float t;
-      cudaEventElapsedTime(&t, e0, e1);
-      ms.push_back(t / 20);
-    }
-    CHECK(cudaGetLastError());
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
-    std::printf("time m=%lld n=%lld k=%lld: median %.3f ms, %.0f TFLOP/s\n", (long long)m, (long long)n, (long long)k,
-                med, 2.0 * m * n * k / med * 1e-9);
+  } else if (time_launches("fc1", m, n, k, [&] {
+               perftrain::kernels::gemm_bias_gelu_sm90<float>(da, dw, db, dpre, dact, m, n, k, nullptr);
+             }) != 0) {
+    return 1;
   }
   cudaFree(da);
   cudaFree(dw);
@@ -149,26 +156,10 @@ static int run_dgelu(int64_t m, int64_t n, int64_t k, bool check) {
     std::printf("dgelu check m=%lld n=%lld k=%lld: NaN left %lld, worst rel err %.3g, bad %lld -> %s\n",
                 (long long)m, (long long)n, (long long)k, (long long)nan, worst, (long long)bad,
                 nan == 0 && bad == 0 ? "PASS" : "FAIL");
-  } else {
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    std::vector<float> ms;
-    for (int i = 0; i < 5; ++i) perftrain::kernels::gemm_dgelu_sm90(d_dy, d_w, d_pre, d_out, m, n, k, nullptr);
-    for (int win = 0; win < 7; ++win) {
-      cudaEventRecord(e0);
-      for (int i = 0; i < 20; ++i) perftrain::kernels::gemm_dgelu_sm90(d_dy, d_w, d_pre, d_out, m, n, k, nullptr);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float t;
-      cudaEventElapsedTime(&t, e0, e1);
-      ms.push_back(t / 20);
-    }
-    CHECK(cudaGetLastError());
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
-    std::printf("dgelu time m=%lld n=%lld k=%lld: median %.3f ms, %.0f TFLOP/s\n", (long long)m, (long long)n,
-                (long long)k, med, 2.0 * m * n * k / med * 1e-9);
+  } else if (time_launches("dgelu", m, n, k, [&] {
+               perftrain::kernels::gemm_dgelu_sm90(d_dy, d_w, d_pre, d_out, m, n, k, nullptr);
+             }) != 0) {
+    return 1;
   }
   cudaFree(d_dy);
   cudaFree(d_w);

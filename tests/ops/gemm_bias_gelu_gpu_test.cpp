@@ -51,6 +51,10 @@ struct Shape {
   int64_t m, n, k;
 };
 
+std::string name(const Shape& s) {
+  return "m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k);
+}
+
 TEST(GemmBiasGeluGpu, MatchesFloat64OnPoisonedOutputs) {
   if (!on_sm90()) GTEST_SKIP() << "no sm_90 GPU";
   const c10::cuda::CUDAGuard guard(kCuda);
@@ -60,8 +64,7 @@ TEST(GemmBiasGeluGpu, MatchesFloat64OnPoisonedOutputs) {
   for (const Shape s : {Shape{128, 256, 64}, Shape{256, 512, 384}, Shape{384, 1536, 384}, Shape{1024, 3072, 768},
                         Shape{256, 4608, 1152}}) {
     for (const at::ScalarType bias_dtype : {at::kFloat, at::kBFloat16}) {
-      const std::string where = "m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" +
-                                std::to_string(s.k) + " bias " + c10::toString(bias_dtype) + ": ";
+      const std::string where = name(s) + " bias " + c10::toString(bias_dtype) + ": ";
       // Unit-variance rows in, pre of order 1 out: GELU's curved part is exercised.
       const at::Tensor a = at::randn({s.m, s.k}, g, opts).to(at::kBFloat16);
       const at::Tensor w = (at::randn({s.n, s.k}, g, opts) / std::sqrt(double(s.k))).to(at::kBFloat16);
@@ -93,8 +96,7 @@ TEST(GemmBiasGeluGpu, DGeluMatchesFloat64OnPoisonedOutputs) {
   g.set_current_seed(91);
   const auto opts = at::TensorOptions().device(kCuda);
   for (const Shape s : {Shape{128, 256, 64}, Shape{384, 1536, 384}, Shape{1024, 3072, 768}, Shape{256, 4608, 1152}}) {
-    const std::string where =
-        "m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + ": ";
+    const std::string where = name(s) + ": ";
     // dy [m, k] and fc2's weight [k, n] as the MLP's backward has them; pre of order 1.
     const at::Tensor dy = at::randn({s.m, s.k}, g, opts).to(at::kBFloat16);
     const at::Tensor w2 = (at::randn({s.k, s.n}, g, opts) / std::sqrt(double(s.k))).to(at::kBFloat16);
