@@ -19,7 +19,6 @@
 #include "ops/compute_weights.h"
 #include "ops/dtype_dispatch.h"
 #include "ops/gelu_backward.h"
-#include "ops/gemm_bias_gelu.h"
 #include "ops/linear.h"
 #include "ops/weight_grad_lane.h"
 
@@ -49,11 +48,9 @@ int64_t leading_rows(const at::Tensor& x) {
   return m;
 }
 
-// pre = x2 w1^T + b1 and act = gelu_tanh(pre), in one product: our own
-// Hopper kernel when PERFTRAIN_FC1_GEMM=sm90 asks for it and the shape fits,
-// else where cuBLASLt takes the epilogue (fp32 bias first, then the cast bias).
+// pre = x2 w1^T + b1 and act = gelu_tanh(pre), in one product where
+// cuBLASLt takes the epilogue (fp32 bias first, then the cast bias).
 void fc1_gelu(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, at::Tensor& pre, at::Tensor& act) {
-  if (own_fc1_product() && try_gemm_bias_gelu_sm90(x2, w1, b1.contiguous(), pre, act)) return;
   if (cublaslt_path(x2, w1)) {
     if (try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, b1, pre)) return;
     if (b1.scalar_type() != x2.scalar_type() &&
@@ -73,12 +70,10 @@ bool dgelu_bf16_bgrad() {
 // d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums when wanted:
 // from the split form's GELU pass (fp32), or from the DGELU product when
 // cuBLASLt takes the bias gradient there (fp32, or bf16); otherwise db1 is
-// returned undefined and comes later (from dW1's product, or a sum). Our own
-// Hopper product first when PERFTRAIN_DGELU_GEMM=sm90 asks for it.
+// returned undefined and comes later (from dW1's product, or a sum).
 std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, const at::Tensor& w2,
                                                         const at::Tensor& pre, bool want_db1) {
   at::Tensor dpre = at::empty(pre.sizes(), dy.options());
-  if (own_dgelu_product() && try_gemm_dgelu_sm90(dy, w2, pre, dpre)) return {dpre, at::Tensor()};
   if (cublaslt_path(dy, w2) && gelu_mlp_dgelu_in_epilogue(pre.size(0), pre.size(1))) {
     if (want_db1 && bias_grad_epilogue()) {
       // fp32 first; cuBLASLt 13.0 refuses an fp32 bias gradient with a bf16

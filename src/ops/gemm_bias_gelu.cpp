@@ -2,15 +2,9 @@
 
 #include <ATen/cuda/CUDAContext.h>
 
-#include "base/env.h"
 #include "kernels/gemm_bias_gelu_sm90.h"
 
 namespace perftrain::ops {
-
-bool own_fc1_product() {
-  static const bool on = env_equals("PERFTRAIN_FC1_GEMM", "sm90");
-  return on;
-}
 
 namespace {
 
@@ -47,11 +41,6 @@ bool try_gemm_bias_gelu_sm90(const at::Tensor& x, const at::Tensor& w, const at:
                                                 m, n, k, stream);
   }
   return true;
-}
-
-bool own_dgelu_product() {
-  static const bool on = env_equals("PERFTRAIN_DGELU_GEMM", "sm90");
-  return on;
 }
 
 bool try_gemm_dgelu_sm90(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, const at::Tensor& dpre) {

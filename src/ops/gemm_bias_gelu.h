@@ -1,16 +1,13 @@
 // The MLP's two GELU products through our own Hopper kernel
-// (kernels/gemm_bias_gelu_sm90.h) instead of cuBLASLt's GELU_AUX_BIAS and
-// DGELU epilogues, where it applies. gelu_mlp takes them with
-// PERFTRAIN_FC1_GEMM=sm90 and PERFTRAIN_DGELU_GEMM=sm90 (off by default
-// until measured correct and faster on the GPU).
+// (kernels/gemm_bias_gelu_sm90.h), from tensors. Not yet on the training
+// path: the kernel has not run on a GPU, so gelu_mlp still takes cuBLASLt's
+// GELU_AUX_BIAS and DGELU epilogues; the tests and bench_gemm_bias_gelu
+// call these.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 namespace perftrain::ops {
-
-// Whether PERFTRAIN_FC1_GEMM=sm90 was set (read once).
-bool own_fc1_product();
 
 // pre = x w^T + b and act = gelu_tanh(pre) into the given bf16 [m, n]
 // tensors, on the current stream. x [m, k] and w [n, k] bf16 contiguous on
@@ -19,13 +16,11 @@ bool own_fc1_product();
 bool try_gemm_bias_gelu_sm90(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& pre,
                              const at::Tensor& act);
 
-// Whether PERFTRAIN_DGELU_GEMM=sm90 was set (read once).
-bool own_dgelu_product();
-
 // dpre = (dy w2) * gelu_tanh'(pre) into the given bf16 [m, n] tensor: dy
-// [m, k], w2 [k, n] (as fc2 keeps it; its transpose is made here, n x k
-// elements), pre [m, n], all bf16 contiguous, the kernel's shapes, an sm_90
-// GPU. Returns false, launching nothing, otherwise.
+// [m, k], w2 [k, n] (as fc2 keeps it; its transpose is made here, a new
+// n x k tensor each call: a training step would keep one per weight instead),
+// pre [m, n], all bf16 contiguous, the kernel's shapes, an sm_90 GPU.
+// Returns false, launching nothing, otherwise.
 bool try_gemm_dgelu_sm90(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, const at::Tensor& dpre);
 
 }  // namespace perftrain::ops
