@@ -10,7 +10,8 @@
 #   MODE=gemm-check  only our fc1 product (kernels/gemm_bias_gelu_sm90): nvcc builds the torch-free
 #               tools/gemm_bias_gelu_check.cu and runs it (correctness on sampled rows, then times at DiT's
 #               shapes); no CMake build, ~30 s. The full comparison with cuBLASLt is
-#               build-gpu/tests/bench_gemm_bias_gelu after a build.
+#               build-gpu/tests/bench_gemm_bias_gelu after a build. NCU_SHAPE="fc1 65536 3072 768"
+#               (or dgelu ...) adds Nsight Compute's full set on one launch of that shape.
 #   MODE=ncu    Nsight Compute on the kernels matching NCU_KERNEL (a regex) in the `all` variant of
 #               BENCH_CASES, once per setting in TUNE_ENVS as in tune: NCU_SKIP launches skipped (the
 #               first, eager steps), NCU_COUNT profiled, NCU_ARGS added (e.g. --metrics ...); the
@@ -48,7 +49,14 @@ if [ "$MODE" = gemm-check ]; then
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/gemm_bias_gelu_check.cu \
     src/kernels/gemm_bias_gelu_sm90.cu -o "$OUT/gemm_check" > "$OUT/gemm-check.log" 2>&1 &&
     timeout 300 "$OUT/gemm_check" 2>&1 | tee -a "$OUT/gemm-check.log"
-  row "gemm check" "rc ${PIPESTATUS[0]}: $(grep -c PASS "$OUT/gemm-check.log") PASS, $(grep -c FAIL "$OUT/gemm-check.log") FAIL"
+  check_rc=${PIPESTATUS[0]}
+  if [ -n "${NCU_SHAPE:-}" ]; then  # e.g. NCU_SHAPE="fc1 65536 3072 768": Nsight Compute on one timed launch
+    timeout 300 ncu --set full -k regex:gemm_sm90 --launch-skip 3 --launch-count 1 ${NCU_ARGS:-} \
+      "$OUT/gemm_check" $NCU_SHAPE > "$OUT/ncu-gemm.txt" 2>&1
+    grep -E "Duration|Throughput|Warp Cycles|Issued|Eligible|Stall|L2 Hit|Registers|Achieved|Executed Ipc|Bank|sectors|Uncoalesced|excessive" \
+      "$OUT/ncu-gemm.txt" | head -80
+  fi
+  row "gemm check" "rc $check_rc: $(grep -c PASS "$OUT/gemm-check.log") PASS, $(grep -c FAIL "$OUT/gemm-check.log") FAIL"
   rm -f "$OUT/gemm_check"
   cat "$SUMMARY"
   exit 0

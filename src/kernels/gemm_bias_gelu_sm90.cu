@@ -21,7 +21,14 @@ constexpr int kStages = 4;
 constexpr int kThreads = 384;                   // producer warpgroup + two consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr uint32_t kATileBytes = kBM * kBK * 2, kWTileBytes = kBN * kBK * 2;
-constexpr size_t kSmemBytes = kStages * (kATileBytes + kWTileBytes) + 2 * kStages * sizeof(uint64_t) + 1024;
+// The epilogue writes through shared memory: each consumer warpgroup has two
+// buffers of 64 rows x 64 columns (bf16, 128-byte swizzle), filled from the
+// accumulators and written out by a TMA store while the other fills.
+constexpr int kChunkCols = 64;
+constexpr uint32_t kChunkBytes = 64 * kChunkCols * 2;
+constexpr uint32_t kRingBytes = kStages * (kATileBytes + kWTileBytes), kStagingBytes = 2 * 2 * kChunkBytes;
+constexpr size_t kSmemBytes = kRingBytes + kStagingBytes + 2 * kStages * sizeof(uint64_t) + 1024;
+static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100/H200 block may have");
 
 // ---- the sm_90a instructions, one helper each ----
 
@@ -62,6 +69,36 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
           "r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
       : "memory");
+}
+
+// A 64 x 64 box from shared memory into the tensor map at (c0, c1); the
+// bulk group lets the issuing thread wait until the box has been read.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Until at most N of this thread's bulk stores still read shared memory.
+template <int N>
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+// Makes this thread's shared-memory writes visible to the TMA (async proxy).
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// A barrier for the 128 threads of one consumer warpgroup (ids 1, 2; 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_barrier(int id) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 // wgmma's shared-memory operand: K-major rows of 128 bytes in the 128-byte
@@ -131,34 +168,61 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
   return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * k0 * (1.f + 3.f * k1 * x * x);
 }
 
-__device__ __forceinline__ float2 bias_pair(const float* b) { return *reinterpret_cast<const float2*>(b); }
+__device__ __forceinline__ float2 bias_pair(const float* b) { return __ldg(reinterpret_cast<const float2*>(b)); }
 __device__ __forceinline__ float2 bias_pair(const bf16* b) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(b));
+  return __bfloat1622float2(__ldg(reinterpret_cast<const __nv_bfloat162*>(b)));
 }
 
-// The epilogues: what happens to two neighbouring accumulators (columns col
-// and col + 1, element offset off of the [M, N] outputs).
+__device__ __forceinline__ uint32_t pack_bf16x2(float v0, float v1) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// The epilogues. In the layout of wgmma m64nNk16 a consumer thread holds rows
+// `row` and row + 8 (h = 0, 1), columns col + 8j and the next (j = 0..31),
+// in d[4j + 2h] and d[4j + 2h + 1]. The kernel walks the outputs and, per
+// output, the 64-column chunks jc = 0..3 (j = 8 jc + jj): load() fetches what
+// a chunk needs from global memory (a struct of registers), value() gives
+// the packed bf16 pair of output o.
 template <typename TB>
-struct BiasGeluEpilogue {  // pre = acc + b, act = gelu_tanh(acc + b)
+struct BiasGeluEpilogue {  // output 0: pre = acc + b; output 1: act = gelu_tanh(acc + b)
+  static constexpr int kOutputs = 2;
   const TB* bias;
-  bf16* pre;
-  bf16* act;
-  __device__ __forceinline__ void operator()(int64_t off, int col, float v0, float v1) const {
-    const float2 b = bias_pair(bias + col);
-    v0 += b.x;
-    v1 += b.y;
-    *reinterpret_cast<__nv_bfloat162*>(pre + off) = __floats2bfloat162_rn(v0, v1);
-    *reinterpret_cast<__nv_bfloat162*>(act + off) = __floats2bfloat162_rn(gelu_tanh(v0), gelu_tanh(v1));
+  struct Chunk {
+    float2 b[8];
+  };
+  __device__ __forceinline__ Chunk load(int64_t, int col, int, int jc) const {
+    Chunk c;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) c.b[jj] = bias_pair(bias + col + 8 * (8 * jc + jj));
+    return c;
+  }
+  __device__ __forceinline__ uint32_t value(const Chunk& c, int o, int jj, int, float v0, float v1) const {
+    v0 += c.b[jj].x;
+    v1 += c.b[jj].y;
+    return o == 0 ? pack_bf16x2(v0, v1) : pack_bf16x2(gelu_tanh(v0), gelu_tanh(v1));
   }
 };
 
-struct DGeluEpilogue {  // dpre = acc * gelu_tanh'(pre)
+struct DGeluEpilogue {  // output 0: dpre = acc * gelu_tanh'(pre)
+  static constexpr int kOutputs = 1;
   const bf16* pre;
-  bf16* dpre;
-  __device__ __forceinline__ void operator()(int64_t off, int, float v0, float v1) const {
-    const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pre + off));
-    *reinterpret_cast<__nv_bfloat162*>(dpre + off) =
-        __floats2bfloat162_rn(v0 * gelu_tanh_grad(p.x), v1 * gelu_tanh_grad(p.y));
+  struct Chunk {
+    __nv_bfloat162 p[8][2];
+  };
+  __device__ __forceinline__ Chunk load(int64_t row, int col, int n, int jc) const {
+    Chunk c;
+    const bf16* p0 = pre + row * n + col + 64 * jc;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      c.p[jj][0] = __ldcs(reinterpret_cast<const __nv_bfloat162*>(p0 + 8 * jj));
+      c.p[jj][1] = __ldcs(reinterpret_cast<const __nv_bfloat162*>(p0 + 8 * int64_t(n) + 8 * jj));
+    }
+    return c;
+  }
+  __device__ __forceinline__ uint32_t value(const Chunk& c, int, int jj, int h, float v0, float v1) const {
+    const float2 p = __bfloat1622float2(c.p[jj][h]);
+    return pack_bf16x2(v0 * gelu_tanh_grad(p.x), v1 * gelu_tanh_grad(p.y));
   }
 };
 
@@ -170,6 +234,7 @@ struct DGeluEpilogue {  // dpre = acc * gelu_tanh'(pre)
 template <typename Epilogue>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
+                     const __grid_constant__ CUtensorMap tma_out0, const __grid_constant__ CUtensorMap tma_out1,
                      const Epilogue epilogue, int m, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -178,7 +243,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   bf16* sa = reinterpret_cast<bf16*>(smem);
   bf16* sw = reinterpret_cast<bf16*>(smem + kStages * kATileBytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * (kATileBytes + kWTileBytes));
+  unsigned char* staging = smem + kRingBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kRingBytes + kStagingBytes);
   uint64_t* empty = full + kStages;
   const int wg = threadIdx.x / 128;
   const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
@@ -218,7 +284,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Clearing them would put non-wgmma writes of the accumulators in the
   // pipeline, and ptxas then serialises the products (its warning C7515).
   float d[128];
-  int it = 0;  // k-steps consumed, over all tiles
+  int it = 0;     // k-steps consumed, over all tiles
+  int chunk = 0;  // epilogue chunks stored, over all tiles: picks the staging buffer
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
     for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -238,21 +305,50 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
       }
     }
+    const int64_t row = m0 + c * 64 + warp * 16 + lane / 4;
+    const int col = n0 + 2 * (lane & 3);
+    // The first chunk's loads go out while the last products run; each
+    // later chunk's while the one before is written.
+    typename Epilogue::Chunk next = epilogue.load(row, col, n, 0);
     wgmma_wait<0>();
     fence_accumulators(d);
     if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);  // the tile's last stage
 
-    // The accumulator layout of wgmma m64nNk16: warp w of the warpgroup holds
-    // rows 16w..16w+15; lane l holds rows l/4 and l/4 + 8, columns
-    // 8j + 2(l%4) and the next, in d[4j..4j+1] and d[4j+2..4j+3].
-    const int64_t row = m0 + c * 64 + warp * 16 + lane / 4;
+    // The epilogue, one 64 x 64 chunk of one output at a time: the thread
+    // writes its pairs into the swizzled buffer (16-byte unit jj of row r at
+    // unit jj ^ (r % 8), as TMA's 128-byte swizzle reads it back; the 32
+    // lanes of a warp then hit 32 different banks), and thread 0 of the
+    // warpgroup stores the chunk with TMA while the other buffer fills.
+    const uint32_t my_staging = smem_u32(staging) + c * 2 * kChunkBytes;
 #pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      const int col = n0 + 8 * j + 2 * (lane & 3);
-      epilogue(row * n + col, col, d[4 * j], d[4 * j + 1]);
-      epilogue((row + 8) * n + col, col, d[4 * j + 2], d[4 * j + 3]);
+    for (int o = 0; o < Epilogue::kOutputs; ++o) {
+#pragma unroll
+      for (int jc = 0; jc < kBN / kChunkCols; ++jc, ++chunk) {
+        const typename Epilogue::Chunk loaded = next;
+        if (o + 1 < Epilogue::kOutputs || jc + 1 < kBN / kChunkCols)
+          next = epilogue.load(row, col, n, (jc + 1) % (kBN / kChunkCols));
+        const uint32_t buf = my_staging + (chunk & 1) * kChunkBytes;
+        if (threadIdx.x % 128 == 0) tma_store_wait_read<1>();  // this buffer's previous store has read it
+        warpgroup_barrier(1 + c);
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = warp * 16 + lane / 4 + 8 * h;  // row within the warpgroup's 64
+            const int q = 4 * (8 * jc + jj) + 2 * h;
+            st_shared_u32(buf + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * (lane & 3),
+                          epilogue.value(loaded, o, jj, h, d[q], d[q + 1]));
+          }
+        }
+        fence_async_shared();
+        warpgroup_barrier(1 + c);
+        if (threadIdx.x % 128 == 0)
+          tma_store_2d(o == 0 ? &tma_out0 : &tma_out1, staging + (buf - smem_u32(staging)), n0 + kChunkCols * jc,
+                       m0 + c * 64);
+      }
     }
   }
+  if (threadIdx.x % 128 == 0) tma_store_wait_read<0>();  // shared memory must outlive the stores' reads
 #else
   __trap();  // built for an architecture without wgmma: the host refuses to launch first
 #endif
@@ -276,7 +372,9 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// A [rows, cols] bf16 row-major matrix read in boxes of box_rows x 64.
+// A [rows, cols] bf16 row-major matrix in boxes of box_rows x 64 columns
+// (128 bytes: the swizzle's row), for loads into the ring or stores from the
+// epilogue's buffers.
 CUtensorMap tensor_map(const bf16* base, int64_t rows, int64_t cols, int box_rows) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};  // innermost first
@@ -306,14 +404,14 @@ bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k) {
 namespace {
 
 template <typename Epilogue>
-void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epilogue& epilogue,
-                      std::initializer_list<const void*> outputs, int64_t m, int64_t n, int64_t k,
+void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epilogue& epilogue, bf16* out0,
+                      bf16* out1, std::initializer_list<const void*> matrices, int64_t m, int64_t n, int64_t k,
                       cudaStream_t stream) {
   if (!gemm_bias_gelu_sm90_supported(m, n, k))
     throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " n=" +
                                 std::to_string(n) + " k=" + std::to_string(k) + " (needs m % 128, n % 256, k % 64 == 0)");
   bool aligned = aligned16(a) && aligned16(w);
-  for (const void* p : outputs) aligned = aligned && p != nullptr && aligned16(p);
+  for (const void* p : matrices) aligned = aligned && p != nullptr && aligned16(p);
   if (!aligned) throw std::invalid_argument(std::string(what) + ": a, w and the [m, n] matrices must be 16-byte aligned");
   int device = 0, major = 0, minor = 0, sms = 0;
   PERFTRAIN_CUDA_CHECK(cudaGetDevice(&device));
@@ -321,6 +419,8 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major != 9 || minor != 0) throw std::invalid_argument(std::string(what) + ": needs an sm_90 GPU");
   const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, kBN);
+  // An epilogue with one output never reads tma_out1: it gets out0's map.
+  const CUtensorMap map_out0 = tensor_map(out0, m, n, 64), map_out1 = out1 ? tensor_map(out1, m, n, 64) : map_out0;
   static const bool attributes_set = [] {
     PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(gemm_sm90_kernel<Epilogue>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
@@ -331,7 +431,8 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t tiles = (m / kBM) * (n / kBN);
   const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
-  gemm_sm90_kernel<Epilogue><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_w, epilogue, int(m), int(n), int(k));
+  gemm_sm90_kernel<Epilogue><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_w, map_out0, map_out1, epilogue, int(m),
+                                                                     int(n), int(k));
   PERFTRAIN_LAUNCH_CHECK();
 }
 
@@ -343,12 +444,13 @@ void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre
   static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "bias: float or bf16");
   if (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % (2 * sizeof(TB)) != 0)
     throw std::invalid_argument("gemm_bias_gelu_sm90: bias must be given, aligned to two elements");
-  launch_gemm_sm90("gemm_bias_gelu_sm90", a, w, BiasGeluEpilogue<TB>{bias, pre, act}, {pre, act}, m, n, k, stream);
+  launch_gemm_sm90("gemm_bias_gelu_sm90", a, w, BiasGeluEpilogue<TB>{bias}, pre, act, {pre, act}, m, n, k,
+                   stream);
 }
 
 void gemm_dgelu_sm90(const bf16* a, const bf16* w, const bf16* pre, bf16* dpre, int64_t m, int64_t n, int64_t k,
                      cudaStream_t stream) {
-  launch_gemm_sm90("gemm_dgelu_sm90", a, w, DGeluEpilogue{pre, dpre}, {pre, dpre}, m, n, k, stream);
+  launch_gemm_sm90("gemm_dgelu_sm90", a, w, DGeluEpilogue{pre}, dpre, nullptr, {pre, dpre}, m, n, k, stream);
 }
 
 template void gemm_bias_gelu_sm90<float>(const bf16*, const bf16*, const float*, bf16*, bf16*, int64_t, int64_t,
