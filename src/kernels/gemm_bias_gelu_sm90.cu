@@ -17,18 +17,25 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kBM = 128, kBN = 256, kBK = 64;  // CTA tile; 64 bf16 of K = one 128-byte swizzled row
-constexpr int kStages = 4;
 constexpr int kThreads = 384;                   // producer warpgroup + two consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr uint32_t kATileBytes = kBM * kBK * 2, kWTileBytes = kBN * kBK * 2;
-// The epilogue writes through shared memory: each consumer warpgroup has two
+// The epilogue writes through shared memory: each consumer warpgroup has
 // buffers of 64 rows x 64 columns (bf16, 128-byte swizzle), filled from the
-// accumulators and written out by a TMA store while the other fills.
+// accumulators and written out by TMA stores.
 constexpr int kChunkCols = 64;
 constexpr uint32_t kChunkBytes = 64 * kChunkCols * 2;
-constexpr uint32_t kRingBytes = kStages * (kATileBytes + kWTileBytes), kStagingBytes = 2 * 2 * kChunkBytes;
-constexpr size_t kSmemBytes = kRingBytes + kStagingBytes + 2 * kStages * sizeof(uint64_t) + 1024;
-static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100/H200 block may have");
+
+// Shared memory: the ring of Stages (A and W tiles), each consumer
+// warpgroup's Buffers, then the barriers (full and empty per stage, one per
+// warpgroup for a preloaded tile); 1024 bytes of slack to align the start.
+template <int Stages, int Buffers>
+struct SmemLayout {
+  static constexpr uint32_t kRing = Stages * (kATileBytes + kWTileBytes);
+  static constexpr uint32_t kStaging = 2 * Buffers * kChunkBytes;
+  static constexpr size_t kTotal = kRing + kStaging + (2 * Stages + 2) * sizeof(uint64_t) + 1024;
+  static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
+};
 
 // ---- the sm_90a instructions, one helper each ----
 
@@ -95,6 +102,12 @@ __device__ __forceinline__ void fence_async_shared() {
 // A barrier for the 128 threads of one consumer warpgroup (ids 1, 2; 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_barrier(int id) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
 }
 
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
@@ -181,47 +194,42 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float v0, float v1) {
 // The epilogues. In the layout of wgmma m64nNk16 a consumer thread holds rows
 // `row` and row + 8 (h = 0, 1), columns col + 8j and the next (j = 0..31),
 // in d[4j + 2h] and d[4j + 2h + 1]. The kernel walks the outputs and, per
-// output, the 64-column chunks jc = 0..3 (j = 8 jc + jj): load() fetches what
-// a chunk needs from global memory (a struct of registers), value() gives
-// the packed bf16 pair of output o.
+// output, the 64-column chunks jc = 0..3 (j = 8 jc + jj). Each epilogue
+// names its ring depth and buffers (shared memory holds either 4 stages and
+// 2 buffers, or 3 and 4), and whether the kernel preloads an [M, N] input
+// into the buffers by TMA during the mainloop (kPreloads: value() then takes
+// the input's pair at the place the output's pair goes) or load() fetches
+// what a chunk needs into registers (a Chunk) for value().
 template <typename TB>
 struct BiasGeluEpilogue {  // output 0: pre = acc + b; output 1: act = gelu_tanh(acc + b)
-  static constexpr int kOutputs = 2;
+  static constexpr int kOutputs = 2, kStages = 4, kBuffers = 2;
+  static constexpr bool kPreloads = false;
   const TB* bias;
   struct Chunk {
     float2 b[8];
   };
-  __device__ __forceinline__ Chunk load(int64_t, int col, int, int jc) const {
+  __device__ __forceinline__ Chunk load(int col, int jc) const {
     Chunk c;
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) c.b[jj] = bias_pair(bias + col + 8 * (8 * jc + jj));
     return c;
   }
-  __device__ __forceinline__ uint32_t value(const Chunk& c, int o, int jj, int, float v0, float v1) const {
+  __device__ __forceinline__ uint32_t value(const Chunk& c, int o, int jj, float v0, float v1) const {
     v0 += c.b[jj].x;
     v1 += c.b[jj].y;
     return o == 0 ? pack_bf16x2(v0, v1) : pack_bf16x2(gelu_tanh(v0), gelu_tanh(v1));
   }
 };
 
-struct DGeluEpilogue {  // output 0: dpre = acc * gelu_tanh'(pre)
-  static constexpr int kOutputs = 1;
-  const bf16* pre;
-  struct Chunk {
-    __nv_bfloat162 p[8][2];
-  };
-  __device__ __forceinline__ Chunk load(int64_t row, int col, int n, int jc) const {
-    Chunk c;
-    const bf16* p0 = pre + row * n + col + 64 * jc;
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-      c.p[jj][0] = __ldcs(reinterpret_cast<const __nv_bfloat162*>(p0 + 8 * jj));
-      c.p[jj][1] = __ldcs(reinterpret_cast<const __nv_bfloat162*>(p0 + 8 * int64_t(n) + 8 * jj));
-    }
-    return c;
-  }
-  __device__ __forceinline__ uint32_t value(const Chunk& c, int, int jj, int h, float v0, float v1) const {
-    const float2 p = __bfloat1622float2(c.p[jj][h]);
+// output 0: dpre = acc * gelu_tanh'(pre), pre (tma_out1's matrix) preloaded:
+// its 64 x 256 tile per warpgroup arrives while the products run, in
+// 128-byte rows the TMA reads at full width, where loads from registers
+// would fetch 4 bytes a thread.
+struct DGeluEpilogue {
+  static constexpr int kStages = 3, kBuffers = 4;  // one output
+  static constexpr bool kPreloads = true;
+  __device__ __forceinline__ uint32_t value(uint32_t pre_pair, float v0, float v1) const {
+    const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pre_pair));
     return pack_bf16x2(v0 * gelu_tanh_grad(p.x), v1 * gelu_tanh_grad(p.y));
   }
 };
@@ -232,20 +240,26 @@ struct DGeluEpilogue {  // output 0: dpre = acc * gelu_tanh'(pre)
 // ring's stage and phase run on across tiles, so the producer loads the next
 // tile's first stages while the consumers write this one's epilogue.
 template <typename Epilogue>
+using LayoutOf = SmemLayout<Epilogue::kStages, Epilogue::kBuffers>;
+
+template <typename Epilogue>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
                      const __grid_constant__ CUtensorMap tma_out0, const __grid_constant__ CUtensorMap tma_out1,
                      const Epilogue epilogue, int m, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kStages = Epilogue::kStages;
+  using Layout = LayoutOf<Epilogue>;
   extern __shared__ unsigned char smem_raw[];
   // The 128-byte swizzle repeats every 1024 bytes: tiles start on a multiple.
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   bf16* sa = reinterpret_cast<bf16*>(smem);
   bf16* sw = reinterpret_cast<bf16*>(smem + kStages * kATileBytes);
-  unsigned char* staging = smem + kRingBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kRingBytes + kStagingBytes);
+  unsigned char* staging = smem + Layout::kRing;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Layout::kRing + Layout::kStaging);
   uint64_t* empty = full + kStages;
+  uint64_t* preloaded = empty + kStages;  // per consumer warpgroup: its buffers hold the tile's input
   const int wg = threadIdx.x / 128;
   const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
@@ -255,6 +269,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&full[s], 1);                // the producer's arrive, plus the TMA bytes
       mbar_init(&empty[s], kConsumerWarps);  // one arrive per consumer warp
     }
+    mbar_init(&preloaded[0], 1);
+    mbar_init(&preloaded[1], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -286,6 +302,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float d[128];
   int it = 0;     // k-steps consumed, over all tiles
   int chunk = 0;  // epilogue chunks stored, over all tiles: picks the staging buffer
+  int tiles_done = 0;
+  const bool store_thread = threadIdx.x % 128 == 0;  // issues this warpgroup's TMA stores (and preloads)
+  const uint32_t my_staging = smem_u32(staging) + c * Epilogue::kBuffers * kChunkBytes;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
     for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -299,56 +318,85 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kBK / 16; ++kk)
         wgmma_m64n256k16(d, da + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
       wgmma_commit();
+      if constexpr (Epilogue::kPreloads) {
+        if (kb == 0 && store_thread) {  // once the last tile's stores have read the buffers
+          tma_store_wait_read<0>();
+          mbar_arrive_expect_tx(&preloaded[c], 4 * kChunkBytes);
+          for (int jc = 0; jc < kBN / kChunkCols; ++jc)
+            tma_load_2d(staging + (my_staging - smem_u32(staging)) + jc * kChunkBytes, &tma_out1, &preloaded[c],
+                        n0 + kChunkCols * jc, m0 + c * 64);
+        }
+      }
       if (kb > 0) {  // the previous step's products are done: its stage may be refilled
         wgmma_wait<1>();
         fence_accumulators(d);
         if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
       }
     }
-    const int64_t row = m0 + c * 64 + warp * 16 + lane / 4;
-    const int col = n0 + 2 * (lane & 3);
-    // The first chunk's loads go out while the last products run; each
-    // later chunk's while the one before is written.
-    typename Epilogue::Chunk next = epilogue.load(row, col, n, 0);
-    wgmma_wait<0>();
-    fence_accumulators(d);
-    if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);  // the tile's last stage
-
     // The epilogue, one 64 x 64 chunk of one output at a time: the thread
-    // writes its pairs into the swizzled buffer (16-byte unit jj of row r at
+    // writes its pairs into a swizzled buffer (16-byte unit jj of row r at
     // unit jj ^ (r % 8), as TMA's 128-byte swizzle reads it back; the 32
-    // lanes of a warp then hit 32 different banks), and thread 0 of the
-    // warpgroup stores the chunk with TMA while the other buffer fills.
-    const uint32_t my_staging = smem_u32(staging) + c * 2 * kChunkBytes;
+    // lanes of a warp then hit 32 different banks), and the warpgroup's
+    // store thread writes the chunk out with TMA.
+    const int col = n0 + 2 * (lane & 3);
+    auto swizzled = [&](uint32_t buf, int jj, int h) {
+      const int r = warp * 16 + lane / 4 + 8 * h;  // row within the warpgroup's 64
+      return buf + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * (lane & 3);
+    };
+    auto store_chunk = [&](const CUtensorMap* map, uint32_t buf, int jc) {
+      fence_async_shared();
+      warpgroup_barrier(1 + c);
+      if (store_thread) tma_store_2d(map, staging + (buf - smem_u32(staging)), n0 + kChunkCols * jc, m0 + c * 64);
+    };
+    if constexpr (Epilogue::kPreloads) {  // each chunk in its own buffer, the input's values in place
+      wgmma_wait<0>();
+      fence_accumulators(d);
+      if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);  // the tile's last stage
+      mbar_wait(&preloaded[c], tiles_done & 1);
 #pragma unroll
-    for (int o = 0; o < Epilogue::kOutputs; ++o) {
-#pragma unroll
-      for (int jc = 0; jc < kBN / kChunkCols; ++jc, ++chunk) {
-        const typename Epilogue::Chunk loaded = next;
-        if (o + 1 < Epilogue::kOutputs || jc + 1 < kBN / kChunkCols)
-          next = epilogue.load(row, col, n, (jc + 1) % (kBN / kChunkCols));
-        const uint32_t buf = my_staging + (chunk & 1) * kChunkBytes;
-        if (threadIdx.x % 128 == 0) tma_store_wait_read<1>();  // this buffer's previous store has read it
-        warpgroup_barrier(1 + c);
+      for (int jc = 0; jc < kBN / kChunkCols; ++jc) {
+        const uint32_t buf = my_staging + jc * kChunkBytes;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int r = warp * 16 + lane / 4 + 8 * h;  // row within the warpgroup's 64
             const int q = 4 * (8 * jc + jj) + 2 * h;
-            st_shared_u32(buf + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * (lane & 3),
-                          epilogue.value(loaded, o, jj, h, d[q], d[q + 1]));
+            const uint32_t at = swizzled(buf, jj, h);
+            st_shared_u32(at, epilogue.value(ld_shared_u32(at), d[q], d[q + 1]));
           }
         }
-        fence_async_shared();
-        warpgroup_barrier(1 + c);
-        if (threadIdx.x % 128 == 0)
-          tma_store_2d(o == 0 ? &tma_out0 : &tma_out1, staging + (buf - smem_u32(staging)), n0 + kChunkCols * jc,
-                       m0 + c * 64);
+        store_chunk(&tma_out0, buf, jc);
+      }
+    } else {  // two buffers in turn; a chunk's loads go out while the one before is written
+      typename Epilogue::Chunk next = epilogue.load(col, 0);  // while the last products run
+      wgmma_wait<0>();
+      fence_accumulators(d);
+      if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);  // the tile's last stage
+#pragma unroll
+      for (int o = 0; o < Epilogue::kOutputs; ++o) {
+#pragma unroll
+        for (int jc = 0; jc < kBN / kChunkCols; ++jc, ++chunk) {
+          const typename Epilogue::Chunk loaded = next;
+          if (o + 1 < Epilogue::kOutputs || jc + 1 < kBN / kChunkCols)
+            next = epilogue.load(col, (jc + 1) % (kBN / kChunkCols));
+          const uint32_t buf = my_staging + (chunk & 1) * kChunkBytes;
+          if (store_thread) tma_store_wait_read<1>();  // this buffer's previous store has read it
+          warpgroup_barrier(1 + c);
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int q = 4 * (8 * jc + jj) + 2 * h;
+              st_shared_u32(swizzled(buf, jj, h), epilogue.value(loaded, o, jj, d[q], d[q + 1]));
+            }
+          }
+          store_chunk(o == 0 ? &tma_out0 : &tma_out1, buf, jc);
+        }
       }
     }
+    ++tiles_done;
   }
-  if (threadIdx.x % 128 == 0) tma_store_wait_read<0>();  // shared memory must outlive the stores' reads
+  if (store_thread) tma_store_wait_read<0>();  // shared memory must outlive the stores' reads
 #else
   __trap();  // built for an architecture without wgmma: the host refuses to launch first
 #endif
@@ -419,11 +467,13 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major != 9 || minor != 0) throw std::invalid_argument(std::string(what) + ": needs an sm_90 GPU");
   const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, kBN);
-  // An epilogue with one output never reads tma_out1: it gets out0's map.
+  // tma_out1: the second output, or the preloaded input; out0's map where
+  // the epilogue reads neither.
   const CUtensorMap map_out0 = tensor_map(out0, m, n, 64), map_out1 = out1 ? tensor_map(out1, m, n, 64) : map_out0;
   static const bool attributes_set = [] {
     PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(gemm_sm90_kernel<Epilogue>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              int(LayoutOf<Epilogue>::kTotal)));
     return true;
   }();
   (void)attributes_set;
@@ -431,7 +481,7 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t tiles = (m / kBM) * (n / kBN);
   const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
-  gemm_sm90_kernel<Epilogue><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_w, map_out0, map_out1, epilogue, int(m),
+  gemm_sm90_kernel<Epilogue><<<grid, kThreads, LayoutOf<Epilogue>::kTotal, stream>>>(map_a, map_w, map_out0, map_out1, epilogue, int(m),
                                                                      int(n), int(k));
   PERFTRAIN_LAUNCH_CHECK();
 }
@@ -450,7 +500,8 @@ void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre
 
 void gemm_dgelu_sm90(const bf16* a, const bf16* w, const bf16* pre, bf16* dpre, int64_t m, int64_t n, int64_t k,
                      cudaStream_t stream) {
-  launch_gemm_sm90("gemm_dgelu_sm90", a, w, DGeluEpilogue{pre}, dpre, nullptr, {pre, dpre}, m, n, k, stream);
+  launch_gemm_sm90("gemm_dgelu_sm90", a, w, DGeluEpilogue{}, dpre, const_cast<bf16*>(pre), {pre, dpre}, m, n,
+                   k, stream);
 }
 
 template void gemm_bias_gelu_sm90<float>(const bf16*, const bf16*, const float*, bf16*, bf16*, int64_t, int64_t,

@@ -19,6 +19,7 @@
 #include "ops/compute_weights.h"
 #include "ops/dtype_dispatch.h"
 #include "ops/gelu_backward.h"
+#include "ops/gemm_bias_gelu.h"
 #include "ops/linear.h"
 #include "ops/weight_grad_lane.h"
 
@@ -48,9 +49,11 @@ int64_t leading_rows(const at::Tensor& x) {
   return m;
 }
 
-// pre = x2 w1^T + b1 and act = gelu_tanh(pre), in one product where
-// cuBLASLt takes the epilogue (fp32 bias first, then the cast bias).
+// pre = x2 w1^T + b1 and act = gelu_tanh(pre), in one product: our Hopper
+// kernel where it applies (bf16 on sm_90, m % 128, h % 256, c % 64), else
+// where cuBLASLt takes the epilogue (fp32 bias first, then the cast bias).
 void fc1_gelu(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, at::Tensor& pre, at::Tensor& act) {
+  if (own_fc1_product() && try_gemm_bias_gelu_sm90(x2, w1, b1, pre, act)) return;
   if (cublaslt_path(x2, w1)) {
     if (try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, b1, pre)) return;
     if (b1.scalar_type() != x2.scalar_type() &&

@@ -1,13 +1,17 @@
 // The MLP's two GELU products through our own Hopper kernel
-// (kernels/gemm_bias_gelu_sm90.h), from tensors. Not yet on the training
-// path: the kernel has not run on a GPU, so gelu_mlp still takes cuBLASLt's
-// GELU_AUX_BIAS and DGELU epilogues; the tests and bench_gemm_bias_gelu
-// call these.
+// (kernels/gemm_bias_gelu_sm90.h), from tensors. gelu_mlp takes fc1's
+// (faster than cuBLASLt's GELU_AUX_BIAS on the H200, docs/PERFORMANCE.md);
+// the backward's DGELU form is slower than cuBLASLt's, so only the tests and
+// bench_gemm_bias_gelu call it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 namespace perftrain::ops {
+
+// Whether fc1 goes through our kernel: yes unless PERFTRAIN_FC1_GEMM=cublaslt
+// (read once), to compare.
+bool own_fc1_product();
 
 // pre = x w^T + b and act = gelu_tanh(pre) into the given bf16 [m, n]
 // tensors, on the current stream. x [m, k] and w [n, k] bf16 contiguous on
