@@ -48,7 +48,7 @@ row commit "$PERFTRAIN_COMMIT"
 if [ "$MODE" = gemm-check ]; then
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/gemm_bias_gelu_check.cu \
     src/kernels/gemm_bias_gelu_sm90.cu -o "$OUT/gemm_check" > "$OUT/gemm-check.log" 2>&1 &&
-    timeout 300 "$OUT/gemm_check" 2>&1 | tee -a "$OUT/gemm-check.log"
+    timeout 120 "$OUT/gemm_check" 2>&1 | tee -a "$OUT/gemm-check.log"
   check_rc=${PIPESTATUS[0]}
   if [ -n "${NCU_SHAPE:-}" ]; then  # e.g. NCU_SHAPE="fc1 65536 3072 768": Nsight Compute on one timed launch
     timeout 300 ncu --set full -k regex:gemm_sm90 --launch-skip 3 --launch-count 1 ${NCU_ARGS:-} \
