@@ -114,29 +114,6 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
-// The same box into the same shared-memory offset of every CTA of the
-// cluster in cta_mask, each CTA's barrier at bar's offset counting its bytes.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
-                                                      uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
-      : "memory");
-}
-
-// An arrive on the barrier at bar's offset in CTA `rank` of the cluster.
-__device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-
-// Every thread of every CTA of the cluster.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
 // wgmma's shared-memory operand: K-major rows of 128 bytes in the 128-byte
 // swizzle TMA wrote them in, 8-row groups 1024 bytes apart (SBO); the
 // leading offset is unused for this layout. Bits: start address >> 4 in
@@ -265,12 +242,7 @@ struct DGeluEpilogue {
 template <typename Epilogue>
 using LayoutOf = SmemLayout<Epilogue::kStages, Epilogue::kBuffers>;
 
-// kPairs = 2: clusters of two CTAs on vertically adjacent tiles (rows m0
-// and m0 + 128, the same columns): each loads its A tile and half of the
-// shared W tile, multicast into both, so W's traffic from L2 halves. A
-// stage is then free only when the consumers of both CTAs are done with it:
-// each consumer warp arrives on its own CTA's empty barrier and its peer's.
-template <typename Epilogue, int kPairs>
+template <typename Epilogue>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
                      const __grid_constant__ CUtensorMap tma_out0, const __grid_constant__ CUtensorMap tma_out1,
@@ -289,50 +261,38 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = full + kStages;
   uint64_t* preloaded = empty + kStages;  // per consumer warpgroup: its buffers hold the tile's input
   const int wg = threadIdx.x / 128;
-  // Tiles go to clusters (kPairs CTAs, kPairs x 128 rows) in turn.
-  const int tiles_n = n / kBN, tiles = (m / (kBM * kPairs)) * tiles_n;
-  const int first_tile = blockIdx.x / kPairs, tile_step = gridDim.x / kPairs;
-  const int rank = blockIdx.x % kPairs;  // in the cluster (1-D clusters of consecutive blocks)
-  auto tile_m0 = [&](int tile) { return ((tile / tiles_n) * kPairs + rank) * kBM; };
+  const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);                // the producer's arrive, plus the TMA bytes
-      mbar_init(&empty[s], kConsumerWarps * kPairs);  // one arrive per consumer warp of the cluster
+      mbar_init(&empty[s], kConsumerWarps);  // one arrive per consumer warp
     }
     mbar_init(&preloaded[0], 1);
     mbar_init(&preloaded[1], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if constexpr (kPairs > 1) {
-    cluster_sync();  // the peer's barriers exist before anything arrives on them
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   if (wg == 0) {  // producer: one thread issues every copy
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0) {
       int it = 0;  // k-steps issued, over all tiles
-      for (int tile = first_tile; tile < tiles; tile += tile_step) {
-        const int n0 = (tile % tiles_n) * kBN, m0 = tile_m0(tile);
+      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int s = it % kStages;
           mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
-          mbar_arrive_expect_tx(&full[s], kATileBytes + kWTileBytes);  // W whole: our half and the peer's
+          mbar_arrive_expect_tx(&full[s], kATileBytes + kWTileBytes);
           tma_load_2d(sa + s * kBM * kBK, &tma_a, &full[s], kb * kBK, m0);
-          if constexpr (kPairs > 1) {
-            constexpr int kHalf = kBN / kPairs;
-            tma_load_2d_multicast(sw + s * kBN * kBK + rank * kHalf * kBK, &tma_w, &full[s], kb * kBK,
-                                  n0 + rank * kHalf, uint16_t((1u << kPairs) - 1));
-          } else {
-            tma_load_2d(sw + s * kBN * kBK, &tma_w, &full[s], kb * kBK, n0);
-          }
+          tma_load_2d(sw + s * kBN * kBK, &tma_w, &full[s], kb * kBK, n0);
         }
       }
     }
-  } else {  // the consumers
+    return;
+  }
+
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int c = wg - 1;  // this warpgroup's 64 rows of each tile
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
@@ -345,14 +305,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   int tiles_done = 0;
   const bool store_thread = threadIdx.x % 128 == 0;  // issues this warpgroup's TMA stores (and preloads)
   const uint32_t my_staging = smem_u32(staging) + c * Epilogue::kBuffers * kChunkBytes;
-  // Frees stage s: this CTA's and, paired, the peer's.
-  auto release = [&](int s) {
-    if (lane != 0) return;
-    mbar_arrive(&empty[s]);
-    if constexpr (kPairs > 1) mbar_arrive_remote(&empty[s], rank ^ 1);
-  };
-  for (int tile = first_tile; tile < tiles; tile += tile_step) {
-    const int n0 = (tile % tiles_n) * kBN, m0 = tile_m0(tile);
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
     for (int kb = 0; kb < kblocks; ++kb, ++it) {
       const int s = it % kStages;
       mbar_wait(&full[s], (it / kStages) & 1);
@@ -376,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (kb > 0) {  // the previous step's products are done: its stage may be refilled
         wgmma_wait<1>();
         fence_accumulators(d);
-        release((it - 1) % kStages);
+        if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
       }
     }
     // The epilogue, one 64 x 64 chunk of one output at a time: the thread
@@ -397,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (Epilogue::kPreloads) {  // each chunk in its own buffer, the input's values in place
       wgmma_wait<0>();
       fence_accumulators(d);
-      release((it - 1) % kStages);  // the tile's last stage
+      if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);  // the tile's last stage
       mbar_wait(&preloaded[c], tiles_done & 1);
 #pragma unroll
       for (int jc = 0; jc < kBN / kChunkCols; ++jc) {
@@ -417,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       typename Epilogue::Chunk next = epilogue.load(col, 0);  // while the last products run
       wgmma_wait<0>();
       fence_accumulators(d);
-      release((it - 1) % kStages);  // the tile's last stage
+      if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);  // the tile's last stage
 #pragma unroll
       for (int o = 0; o < Epilogue::kOutputs; ++o) {
 #pragma unroll
@@ -443,9 +397,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     ++tiles_done;
   }
   if (store_thread) tma_store_wait_read<0>();  // shared memory must outlive the stores' reads
-  }
-  // Paired, no CTA may leave while its peer can still arrive on its barriers.
-  if constexpr (kPairs > 1) cluster_sync();
 #else
   __trap();  // built for an architecture without wgmma: the host refuses to launch first
 #endif
@@ -500,57 +451,10 @@ bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k) {
 
 namespace {
 
-// At most this many clusters of kPairs CTAs can be resident at once (a
-// persistent grid larger than that would run its last clusters after the
-// others, not beside them).
-template <typename Epilogue, int kPairs>
-int max_resident_clusters(cudaLaunchConfig_t config) {
-  static const int clusters = [&] {
-    int n = 0;
-    PERFTRAIN_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, gemm_sm90_kernel<Epilogue, kPairs>, &config));
-    return n;
-  }();
-  return clusters;
-}
-
-template <typename Epilogue, int kPairs>
-void launch_tiles(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUtensorMap& map_out0,
-                  const CUtensorMap& map_out1, const Epilogue& epilogue, int64_t m, int64_t n, int64_t k, int sms,
-                  cudaStream_t stream) {
-  static const bool attributes_set = [] {
-    PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(gemm_sm90_kernel<Epilogue, kPairs>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              int(LayoutOf<Epilogue>::kTotal)));
-    return true;
-  }();
-  (void)attributes_set;
-  // One CTA per SM (the ring takes most of its shared memory), each looping over tiles.
-  const int64_t tiles = (m / (kBM * kPairs)) * (n / kBN);
-  cudaLaunchConfig_t config{};
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = LayoutOf<Epilogue>::kTotal;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kPairs;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = kPairs > 1 ? 1 : 0;
-  int64_t clusters = std::max(sms, 1) / kPairs;
-  if constexpr (kPairs > 1) {
-    config.gridDim = dim3(unsigned(clusters * kPairs));
-    clusters = std::min<int64_t>(clusters, std::max(max_resident_clusters<Epilogue, kPairs>(config), 1));
-  }
-  config.gridDim = dim3(unsigned(std::min<int64_t>(tiles, clusters) * kPairs));
-  PERFTRAIN_CUDA_CHECK(cudaLaunchKernelEx(&config, gemm_sm90_kernel<Epilogue, kPairs>, map_a, map_w, map_out0,
-                                          map_out1, epilogue, int(m), int(n), int(k)));
-}
-
 template <typename Epilogue>
 void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epilogue& epilogue, bf16* out0,
                       bf16* out1, std::initializer_list<const void*> matrices, int64_t m, int64_t n, int64_t k,
-                      bool paired, cudaStream_t stream) {
+                      cudaStream_t stream) {
   if (!gemm_bias_gelu_sm90_supported(m, n, k))
     throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " n=" +
                                 std::to_string(n) + " k=" + std::to_string(k) + " (needs m % 128, n % 256, k % 64 == 0)");
@@ -562,18 +466,23 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major != 9 || minor != 0) throw std::invalid_argument(std::string(what) + ": needs an sm_90 GPU");
-  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  paired = paired && m % (2 * kBM) == 0;
-  // A paired CTA loads half of W's 256 rows: the box is 128 rows.
-  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, paired ? kBN / 2 : kBN);
+  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, kBN);
   // tma_out1: the second output, or the preloaded input; out0's map where
   // the epilogue reads neither.
   const CUtensorMap map_out0 = tensor_map(out0, m, n, 64), map_out1 = out1 ? tensor_map(out1, m, n, 64) : map_out0;
-  if (paired) {
-    launch_tiles<Epilogue, 2>(map_a, map_w, map_out0, map_out1, epilogue, m, n, k, sms, stream);
-  } else {
-    launch_tiles<Epilogue, 1>(map_a, map_w, map_out0, map_out1, epilogue, m, n, k, sms, stream);
-  }
+  static const bool attributes_set = [] {
+    PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(gemm_sm90_kernel<Epilogue>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              int(LayoutOf<Epilogue>::kTotal)));
+    return true;
+  }();
+  (void)attributes_set;
+  // One CTA per SM (the ring takes most of its shared memory), each looping over tiles.
+  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t tiles = (m / kBM) * (n / kBN);
+  const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
+  gemm_sm90_kernel<Epilogue><<<grid, kThreads, LayoutOf<Epilogue>::kTotal, stream>>>(map_a, map_w, map_out0, map_out1, epilogue, int(m),
+                                                                     int(n), int(k));
   PERFTRAIN_LAUNCH_CHECK();
 }
 
@@ -581,23 +490,23 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
 
 template <typename TB>
 void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre, bf16* act, int64_t m, int64_t n,
-                         int64_t k, cudaStream_t stream, bool paired) {
+                         int64_t k, cudaStream_t stream) {
   static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "bias: float or bf16");
   if (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % (2 * sizeof(TB)) != 0)
     throw std::invalid_argument("gemm_bias_gelu_sm90: bias must be given, aligned to two elements");
   launch_gemm_sm90("gemm_bias_gelu_sm90", a, w, BiasGeluEpilogue<TB>{bias}, pre, act, {pre, act}, m, n, k,
-                   paired, stream);
+                   stream);
 }
 
 void gemm_dgelu_sm90(const bf16* a, const bf16* w, const bf16* pre, bf16* dpre, int64_t m, int64_t n, int64_t k,
-                     cudaStream_t stream, bool paired) {
+                     cudaStream_t stream) {
   launch_gemm_sm90("gemm_dgelu_sm90", a, w, DGeluEpilogue{}, dpre, const_cast<bf16*>(pre), {pre, dpre}, m, n,
-                   k, paired, stream);
+                   k, stream);
 }
 
 template void gemm_bias_gelu_sm90<float>(const bf16*, const bf16*, const float*, bf16*, bf16*, int64_t, int64_t,
-                                         int64_t, cudaStream_t, bool);
+                                         int64_t, cudaStream_t);
 template void gemm_bias_gelu_sm90<bf16>(const bf16*, const bf16*, const bf16*, bf16*, bf16*, int64_t, int64_t,
-                                        int64_t, cudaStream_t, bool);
+                                        int64_t, cudaStream_t);
 
 }  // namespace perftrain::kernels

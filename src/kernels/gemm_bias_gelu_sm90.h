@@ -46,16 +46,12 @@ bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k);
 // TB: float or __nv_bfloat16. Both throw std::invalid_argument for a shape
 // that gemm_bias_gelu_sm90_supported refuses, a missing or misaligned
 // pointer or a GPU other than sm_90, std::runtime_error for a CUDA error.
-// paired: clusters of two CTAs that multicast the W tile they share (where
-// m % 256 == 0; otherwise it is ignored). An experiment so far: only
-// tools/gemm_bias_gelu_check.cu asks for it.
 template <typename TB>
 void gemm_bias_gelu_sm90(const __nv_bfloat16* a, const __nv_bfloat16* w, const TB* bias, __nv_bfloat16* pre,
-                         __nv_bfloat16* act, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                         bool paired = false);
+                         __nv_bfloat16* act, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 
 // dpre = (a w^T) * gelu_tanh'(pre); the same shapes and refusals.
 void gemm_dgelu_sm90(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* pre, __nv_bfloat16* dpre,
-                     int64_t m, int64_t n, int64_t k, cudaStream_t stream, bool paired = false);
+                     int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 
 }  // namespace perftrain::kernels
