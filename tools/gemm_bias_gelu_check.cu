@@ -10,9 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
-#include <cstdlib>
 #include <vector>
 
 #include "kernels/gemm_bias_gelu_sm90.h"

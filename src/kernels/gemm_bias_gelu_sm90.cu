@@ -234,14 +234,14 @@ struct DGeluEpilogue {
   }
 };
 
+template <typename Epilogue>
+using LayoutOf = SmemLayout<Epilogue::kStages, Epilogue::kBuffers>;
+
 // out = epilogue(A W^T), 128 x 256 tiles (see the header).
 // Persistent: each CTA takes tiles blockIdx.x, + gridDim.x, ... (consecutive
 // tiles run along N, so the CTAs at work share A's rows; W fits in L2). The
 // ring's stage and phase run on across tiles, so the producer loads the next
 // tile's first stages while the consumers write this one's epilogue.
-template <typename Epilogue>
-using LayoutOf = SmemLayout<Epilogue::kStages, Epilogue::kBuffers>;
-
 template <typename Epilogue>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
@@ -481,8 +481,8 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t tiles = (m / kBM) * (n / kBN);
   const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
-  gemm_sm90_kernel<Epilogue><<<grid, kThreads, LayoutOf<Epilogue>::kTotal, stream>>>(map_a, map_w, map_out0, map_out1, epilogue, int(m),
-                                                                     int(n), int(k));
+  gemm_sm90_kernel<Epilogue><<<grid, kThreads, LayoutOf<Epilogue>::kTotal, stream>>>(
+      map_a, map_w, map_out0, map_out1, epilogue, int(m), int(n), int(k));
   PERFTRAIN_LAUNCH_CHECK();
 }
 

@@ -25,10 +25,11 @@
 //     producer already loads the next tile's first stages. fc1 alternates two
 //     buffers; DGELU has four, which a TMA load fills with the tile's pre
 //     during the mainloop, and writes dpre over pre in place.
-// Measured (H200, tools/gpu_run.sh MODE=gemm-check, 2026-12-01): fc1 at
-// DiT-B/2 b256 (65536 x 3072 x 768) 0.53-0.57 ms against cuBLASLt's 0.643,
-// at XL/2 1.20-1.24 ms against ~1.34; DGELU 0.611 against 0.590 at B/2 and
-// 1.312 against ~1.13 at XL/2, so the training path takes only fc1.
+// Measured (H200, 2026-12-01, docs/PERFORMANCE.md): fc1 at DiT-B/2 b256
+// (65536 x 3072 x 768) 0.53-0.57 ms against cuBLASLt GELU_AUX_BIAS's 0.58
+// (as fast as its BIAS product, which writes one output), at XL/2 1.20-1.24
+// against 1.29; DGELU 0.61 against cuBLASLt's 0.51 (tuned) at B/2, so the
+// training path takes only fc1.
 // Shapes: M % 128 == 0, N % 256 == 0, K % 64 == 0, pointers 16-byte
 // aligned (gemm_bias_gelu_sm90_supported). DiT's fc1 fits: M = batch x
 // tokens, N = 4D, K = D with D a multiple of 64.
