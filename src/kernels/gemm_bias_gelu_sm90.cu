@@ -5,11 +5,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "kernels/cuda_check.h"
 
@@ -453,21 +451,6 @@ bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k) {
 
 namespace {
 
-// The kernel's shared memory is above the default limit; the attribute that
-// allows it belongs to the function on one device, so it is set once per
-// device the kernel runs on.
-template <typename Epilogue>
-void allow_shared_memory(int device) {
-  static std::mutex mutex;
-  static std::vector<bool> done;
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (device >= int(done.size())) done.resize(device + 1, false);
-  if (done[device]) return;
-  PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(gemm_sm90_kernel<Epilogue>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(LayoutOf<Epilogue>::kTotal)));
-  done[device] = true;
-}
-
 template <typename Epilogue>
 void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epilogue& epilogue, bf16* out0,
                       bf16* out1, std::initializer_list<const void*> matrices, int64_t m, int64_t n, int64_t k,
@@ -487,7 +470,13 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   // tma_out1: the second output, or the preloaded input; out0's map where
   // the epilogue reads neither.
   const CUtensorMap map_out0 = tensor_map(out0, m, n, 64), map_out1 = out1 ? tensor_map(out1, m, n, 64) : map_out0;
-  allow_shared_memory<Epilogue>(device);
+  static const bool attributes_set = [] {
+    PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(gemm_sm90_kernel<Epilogue>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              int(LayoutOf<Epilogue>::kTotal)));
+    return true;
+  }();
+  (void)attributes_set;
   // One CTA per SM (the ring takes most of its shared memory), each looping over tiles.
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t tiles = (m / kBM) * (n / kBN);
