@@ -12,8 +12,7 @@
 #               shapes); no CMake build, ~30 s. The full comparison with cuBLASLt is
 #               build-gpu/tests/bench_gemm_bias_gelu after a build. NCU_SHAPE="fc1 65536 3072 768"
 #               (or dgelu ...) adds Nsight Compute's full set on one launch of that shape. PROBES=1 adds the
-#               kernel's timing probes (PERFTRAIN_GEMM_SM90_PROBE: 1 no epilogue, 2 no GELU arithmetic,
-#               3 the consumers' hand-over only).
+#               kernel's timing probes (PERFTRAIN_GEMM_SM90_PROBE: 1 no epilogue, 2 no GELU arithmetic).
 #   MODE=ncu    Nsight Compute on the kernels matching NCU_KERNEL (a regex) in the `all` variant of
 #               BENCH_CASES, once per setting in TUNE_ENVS as in tune: NCU_SKIP launches skipped (the
 #               first, eager steps), NCU_COUNT profiled, NCU_ARGS added (e.g. --metrics ...); the
@@ -52,8 +51,8 @@ if [ "$MODE" = gemm-check ]; then
     src/kernels/gemm_bias_gelu_sm90.cu -o "$OUT/gemm_check" > "$OUT/gemm-check.log" 2>&1 &&
     timeout 120 "$OUT/gemm_check" 2>&1 | tee -a "$OUT/gemm-check.log"
   check_rc=${PIPESTATUS[0]}
-  if [ "${PROBES:-0}" = 1 ]; then  # the same timings with the kernel's probes: 1 no epilogue, 2 no GELU arithmetic, 3 hand-over only
-    for probe in 1 2 3; do
+  if [ "${PROBES:-0}" = 1 ]; then  # the same timings with the kernel's probes: 1 no epilogue, 2 no GELU arithmetic
+    for probe in 1 2; do
       nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -DPERFTRAIN_GEMM_SM90_PROBE=$probe \
         tools/gemm_bias_gelu_check.cu src/kernels/gemm_bias_gelu_sm90.cu -o "$OUT/gemm_probe" >> "$OUT/gemm-check.log" 2>&1
       for shape in "fc1 65536 1536 384" "fc1 65536 3072 768" "fc1 65536 4608 1152" "dgelu 65536 3072 768"; do

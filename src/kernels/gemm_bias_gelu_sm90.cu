@@ -18,25 +18,23 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kBM = 128, kBN = 256, kBK = 64;  // CTA tile; 64 bf16 of K = one 128-byte swizzled row
-constexpr int kThreads = 384;                   // warpgroup 0 (producer + store warps), two consumer warpgroups
-constexpr int kConsumerWarps = 8, kConsumerThreads = 256;
-constexpr int kStoreThreads = 96;  // warps 1-3: the epilogue's second half
+constexpr int kThreads = 384;                   // producer warpgroup + two consumer warpgroups
+constexpr int kConsumerWarps = 8;
 constexpr uint32_t kATileBytes = kBM * kBK * 2, kWTileBytes = kBN * kBK * 2;
-// The consumers hand each finished tile over in shared memory: 8 chunks of
-// 64 rows x 64 columns (bf16, 128-byte swizzle, as the TMA stores read
-// them), chunk 4 h + jc holding rows 64 h.. and columns 64 jc.. of the tile.
-constexpr int kChunkCols = 64, kTileChunks = 8;
-constexpr uint32_t kChunkBytes = 64 * kChunkCols * 2, kTileBytes = kTileChunks * kChunkBytes;
+// The epilogue writes through shared memory: each consumer warpgroup has
+// buffers of 64 rows x 64 columns (bf16, 128-byte swizzle), filled from the
+// accumulators and written out by TMA stores.
+constexpr int kChunkCols = 64;
+constexpr uint32_t kChunkBytes = 64 * kChunkCols * 2;
 
-// Shared memory: the ring of Stages (A and W tiles), the handed-over tile,
-// the store warps' column sums (DGELU's bias gradient), then the barriers
-// (full and empty per stage; dumped and drained for the tile); 1024 bytes
-// of slack to align the start.
-template <int Stages>
+// Shared memory: the ring of Stages (A and W tiles), each consumer
+// warpgroup's Buffers, then the barriers (full and empty per stage, one per
+// warpgroup for a preloaded tile); 1024 bytes of slack to align the start.
+template <int Stages, int Buffers>
 struct SmemLayout {
   static constexpr uint32_t kRing = Stages * (kATileBytes + kWTileBytes);
-  static constexpr uint32_t kScratch = (kStoreThreads / 32) * kBN * sizeof(float);
-  static constexpr size_t kTotal = kRing + kTileBytes + kScratch + (2 * Stages + 2) * sizeof(uint64_t) + 1024;
+  static constexpr uint32_t kStaging = 2 * Buffers * kChunkBytes;
+  static constexpr size_t kTotal = kRing + kStaging + (2 * Stages + 2) * sizeof(uint64_t) + 1024;
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
 };
 
@@ -81,22 +79,40 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
-// A barrier for the store warps alone (id 1; 0 is __syncthreads).
-__device__ __forceinline__ void store_warps_barrier() {
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kStoreThreads) : "memory");
+// A 64 x 64 box from shared memory into the tensor map at (c0, c1); the
+// bulk group lets the issuing thread wait until the box has been read.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Until at most N of this thread's bulk stores still read shared memory.
+template <int N>
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+// Makes this thread's shared-memory writes visible to the TMA (async proxy).
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// A barrier for the 128 threads of one consumer warpgroup (ids 1, 2; 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_barrier(int id) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
 }
 
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
 }
 
 // wgmma's shared-memory operand: K-major rows of 128 bytes in the 128-byte
@@ -176,56 +192,20 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float v0, float v1) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// What the store warps need to finish a tile: the handed-over buffer, the
-// tile's place, and which of the 96 they are. Thread ht owns the 16-byte
-// unit jj = ht % 8 (8 columns) of rows r0 = ht / 8, r0 + 12, ... of each
-// chunk: a warp's 32 lanes read 4 whole rows of the buffer (4 shared-memory
-// wavefronts, the least for 512 bytes) and write 4 whole 128-byte row
-// segments of an output, and a thread's columns stay fixed (DGELU keeps their
-// sums in registers).
-constexpr int kRowGroups = kStoreThreads / 8;                             // 12
-constexpr int kRowsPerThread = (64 + kRowGroups - 1) / kRowGroups;       // 6 (the last one for some)
-struct TileContext {
-  uint32_t buf;  // the tile buffer (shared-memory address)
-  int m0, n0;    // the tile's first row and column
-  int64_t n;     // the outputs' row length
-  int ht;        // 0..95
-  __device__ __forceinline__ int jj() const { return ht % 8; }
-  __device__ __forceinline__ int row(int i) const { return ht / 8 + kRowGroups * i; }  // in a chunk: < 64?
-  // The thread's unit of row r of chunk c: in the buffer (16-byte unit jj of
-  // row r sits at unit jj ^ (r % 8), TMA's 128-byte swizzle), and its offset
-  // in an [m, n] output.
-  __device__ __forceinline__ uint32_t in_buf(int c, int r) const {
-    return buf + c * kChunkBytes + r * 128 + ((jj() ^ (r & 7)) << 4);
-  }
-  __device__ __forceinline__ int64_t in_out(int c, int r) const {
-    return int64_t(m0 + 64 * (c / 4) + r) * n + n0 + kChunkCols * (c % 4) + 8 * jj();
-  }
-};
-
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
-
-// The epilogues come in two halves. The consumers' (hand_over) turns the
-// accumulators into one bf16 matrix in the tile buffer: in the layout of
-// wgmma m64nNk16 a consumer thread holds rows `row` and row + 8 (h = 0, 1),
-// columns col + 8j and the next (j = 0..31) in d[4j + 2h] and d[4j + 2h + 1];
-// per 64-column chunk jc, load() fetches what the chunk's values need first.
-// The store warps' (finish) reads the buffer, computes, and writes the
-// outputs with 16-byte stores while the consumers run the next tile's
-// products: the epilogue's arithmetic and stores no longer hold the tensor
-// cores (they took 31-47% of fc1's time when the consumers did it all,
-// docs/PERFORMANCE.md). finish() returns once it has read the whole buffer.
-
-// fc1. Hand-over: pre = acc + b. Finish: pre written as it is, and
-// act = gelu_tanh(pre) from the bf16 pre (as PyTorch's autocast computes
-// gelu from the rounded linear output).
+// The epilogues. In the layout of wgmma m64nNk16 a consumer thread holds rows
+// `row` and row + 8 (h = 0, 1), columns col + 8j and the next (j = 0..31),
+// in d[4j + 2h] and d[4j + 2h + 1]. The kernel walks the outputs and, per
+// output, the 64-column chunks jc = 0..3 (j = 8 jc + jj). Each epilogue
+// names its ring depth and buffers (shared memory holds either 4 stages and
+// 2 buffers, or 3 and 4), and whether the kernel preloads an [M, N] input
+// into the buffers by TMA during the mainloop (kPreloads: value() then takes
+// the input's pair at the place the output's pair goes) or load() fetches
+// what a chunk needs into registers (a Chunk) for value().
 template <typename TB>
-struct BiasGeluEpilogue {
-  static constexpr int kStages = 3;
+struct BiasGeluEpilogue {  // output 0: pre = acc + b; output 1: act = gelu_tanh(acc + b)
+  static constexpr int kOutputs = 2, kStages = 4, kBuffers = 2;
+  static constexpr bool kPreloads = false;
   const TB* bias;
-  bf16* pre;
-  bf16* act;
   struct Chunk {
     float2 b[8];
   };
@@ -235,133 +215,56 @@ struct BiasGeluEpilogue {
     for (int jj = 0; jj < 8; ++jj) c.b[jj] = bias_pair(bias + col + 8 * (8 * jc + jj));
     return c;
   }
-  __device__ __forceinline__ uint32_t hand_over(const Chunk& c, int jj, float v0, float v1) const {
-    return pack_bf16x2(v0 + c.b[jj].x, v1 + c.b[jj].y);
-  }
-
-  static __device__ __forceinline__ uint32_t gelu_pair(uint32_t w) {
+  __device__ __forceinline__ uint32_t value(const Chunk& c, int o, int jj, float v0, float v1) const {
+    v0 += c.b[jj].x;
+    v1 += c.b[jj].y;
 #if PERFTRAIN_GEMM_SM90_PROBE == 2  // timing probe: the epilogue's traffic without GELU's arithmetic
-    return pack_bf16x2(0.5f * bf16_lo(w), 0.5f * bf16_hi(w));
+    return o == 0 ? pack_bf16x2(v0, v1) : pack_bf16x2(0.5f * v0, 0.5f * v1);
 #else
-    return pack_bf16x2(gelu_tanh(bf16_lo(w)), gelu_tanh(bf16_hi(w)));
+    return o == 0 ? pack_bf16x2(v0, v1) : pack_bf16x2(gelu_tanh(v0), gelu_tanh(v1));
 #endif
   }
-
-  __device__ __forceinline__ void finish(const TileContext& t, float*) const {
-#pragma unroll 2
-    for (int c = 0; c < kTileChunks; ++c) {
-#pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i) {
-        const int r = t.row(i);
-        if (r < 64) {
-          const uint4 v = ld_shared_v4(t.in_buf(c, r));
-          const int64_t at = t.in_out(c, r);
-          *reinterpret_cast<uint4*>(pre + at) = v;
-          *reinterpret_cast<uint4*>(act + at) =
-              make_uint4(gelu_pair(v.x), gelu_pair(v.y), gelu_pair(v.z), gelu_pair(v.w));
-        }
-      }
-    }
-  }
 };
 
-// fc2's input gradient through GELU. Hand-over: the product dy w2 (rounded
-// to bf16). Finish: dpre = product * gelu_tanh'(pre), pre read from global
-// memory two chunks ahead; with bias_grad_partials, the tile's column sums
-// of dpre (fp32, before rounding) go to its row: partials[m0 / 128, n0 ..
-// n0 + 255].
+// output 0: dpre = acc * gelu_tanh'(pre), pre (tma_out1's matrix) preloaded:
+// its 64 x 256 tile per warpgroup arrives while the products run, in
+// 128-byte rows the TMA reads at full width, where loads from registers
+// would fetch 4 bytes a thread.
 struct DGeluEpilogue {
-  static constexpr int kStages = 3;
-  const bf16* pre;
-  bf16* dpre;
-  float* bias_grad_partials;  // [m / 128, n] or null
-  struct Chunk {};
-  __device__ __forceinline__ Chunk load(int, int) const { return {}; }
-  __device__ __forceinline__ uint32_t hand_over(const Chunk&, int, float v0, float v1) const {
-    return pack_bf16x2(v0, v1);
-  }
-
-  static __device__ __forceinline__ uint32_t dgelu_pair(uint32_t prod, uint32_t p, float& s0, float& s1) {
-    const float v0 = bf16_lo(prod) * gelu_tanh_grad(bf16_lo(p)), v1 = bf16_hi(prod) * gelu_tanh_grad(bf16_hi(p));
-    s0 += v0;
-    s1 += v1;
-    return pack_bf16x2(v0, v1);
-  }
-
-  __device__ __forceinline__ void load_pre(const TileContext& t, int c, uint4 (&p)[kRowsPerThread]) const {
-#pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i)
-      if (t.row(i) < 64) p[i] = __ldg(reinterpret_cast<const uint4*>(pre + t.in_out(c, t.row(i))));
-  }
-
-  __device__ __forceinline__ void finish(const TileContext& t, float* scratch) const {
-    float sums[4][8] = {};
-    uint4 p[3][kRowsPerThread];  // pre for chunks c, c + 1, c + 2
-    load_pre(t, 0, p[0]);
-    load_pre(t, 1, p[1]);
-#pragma unroll
-    for (int c = 0; c < kTileChunks; ++c) {
-      if (c + 2 < kTileChunks) load_pre(t, c + 2, p[(c + 2) % 3]);
-      float(&s)[8] = sums[c % 4];
-#pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i) {
-        const int r = t.row(i);
-        if (r < 64) {
-          const uint4 a = ld_shared_v4(t.in_buf(c, r)), q = p[c % 3][i];
-          *reinterpret_cast<uint4*>(dpre + t.in_out(c, r)) =
-              make_uint4(dgelu_pair(a.x, q.x, s[0], s[1]), dgelu_pair(a.y, q.y, s[2], s[3]),
-                         dgelu_pair(a.z, q.z, s[4], s[5]), dgelu_pair(a.w, q.w, s[6], s[7]));
-        }
-      }
-    }
-    if (bias_grad_partials == nullptr) return;
-    // The 12 threads of a column unit: 4 lanes of each store warp (lane,
-    // lane ^ 8, ^ 16, ^ 24), then the 3 warps through shared memory, in a
-    // fixed order.
-    const int lane = t.ht % 32, w = t.ht / 32;
-#pragma unroll
-    for (int jc = 0; jc < 4; ++jc) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        float v = sums[jc][e];
-        v += __shfl_xor_sync(0xffffffffu, v, 8);
-        v += __shfl_xor_sync(0xffffffffu, v, 16);
-        if (lane < 8) scratch[w * kBN + kChunkCols * jc + 8 * t.jj() + e] = v;
-      }
-    }
-    store_warps_barrier();
-    float* row = bias_grad_partials + int64_t(t.m0 / kBM) * t.n + t.n0;
-    for (int col = t.ht; col < kBN; col += kStoreThreads)
-      row[col] = scratch[col] + scratch[kBN + col] + scratch[2 * kBN + col];
-    store_warps_barrier();  // the scratch is free for the next tile
+  static constexpr int kStages = 3, kBuffers = 4;  // one output
+  static constexpr bool kPreloads = true;
+  __device__ __forceinline__ uint32_t value(uint32_t pre_pair, float v0, float v1) const {
+    const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pre_pair));
+    return pack_bf16x2(v0 * gelu_tanh_grad(p.x), v1 * gelu_tanh_grad(p.y));
   }
 };
+
+template <typename Epilogue>
+using LayoutOf = SmemLayout<Epilogue::kStages, Epilogue::kBuffers>;
 
 // out = epilogue(A W^T), 128 x 256 tiles (see the header).
 // Persistent: each CTA takes tiles blockIdx.x, + gridDim.x, ... (consecutive
 // tiles run along N, so the CTAs at work share A's rows; W fits in L2). The
 // ring's stage and phase run on across tiles, so the producer loads the next
-// tile's first stages while the consumers hand this one over, and the store
-// warps finish it during the next tile's products.
+// tile's first stages while the consumers write this one's epilogue.
 template <typename Epilogue>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
+                     const __grid_constant__ CUtensorMap tma_out0, const __grid_constant__ CUtensorMap tma_out1,
                      const Epilogue epilogue, int m, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStages = Epilogue::kStages;
-  using Layout = SmemLayout<kStages>;
+  using Layout = LayoutOf<Epilogue>;
   extern __shared__ unsigned char smem_raw[];
   // The 128-byte swizzle repeats every 1024 bytes: tiles start on a multiple.
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   bf16* sa = reinterpret_cast<bf16*>(smem);
   bf16* sw = reinterpret_cast<bf16*>(smem + kStages * kATileBytes);
-  unsigned char* tile_buf = smem + Layout::kRing;
-  float* scratch = reinterpret_cast<float*>(tile_buf + kTileBytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(tile_buf + kTileBytes + Layout::kScratch);
+  unsigned char* staging = smem + Layout::kRing;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Layout::kRing + Layout::kStaging);
   uint64_t* empty = full + kStages;
-  uint64_t* dumped = empty + kStages;  // the consumers have handed the tile over
-  uint64_t* drained = dumped + 1;      // the store warps are done with the buffer
+  uint64_t* preloaded = empty + kStages;  // per consumer warpgroup: its buffers hold the tile's input
   const int wg = threadIdx.x / 128;
   const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
@@ -371,15 +274,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&full[s], 1);                // the producer's arrive, plus the TMA bytes
       mbar_init(&empty[s], kConsumerWarps);  // one arrive per consumer warp
     }
-    mbar_init(dumped, kConsumerThreads);
-    mbar_init(drained, 1);
+    mbar_init(&preloaded[0], 1);
+    mbar_init(&preloaded[1], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
-  if (wg == 0) {
-    if (threadIdx.x == 0) {  // the producer: one thread issues every copy
-      int it = 0;            // k-steps issued, over all tiles
+  if (wg == 0) {  // producer: one thread issues every copy
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0) {
+      int it = 0;  // k-steps issued, over all tiles
       for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -390,37 +294,24 @@ __global__ void __launch_bounds__(kThreads, 1)
           tma_load_2d(sw + s * kBN * kBK, &tma_w, &full[s], kb * kBK, n0);
         }
       }
-    } else if (threadIdx.x >= 32) {  // the store warps
-#if PERFTRAIN_GEMM_SM90_PROBE == 1
-      return;
-#endif
-      TileContext t{smem_u32(tile_buf), 0, 0, n, int(threadIdx.x) - 32};
-      int done = 0;
-      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++done) {
-        t.n0 = (tile % tiles_n) * kBN;
-        t.m0 = (tile / tiles_n) * kBM;
-        mbar_wait(dumped, done & 1);
-#if PERFTRAIN_GEMM_SM90_PROBE != 3  // timing probe 3: the hand-over alone
-        epilogue.finish(t, scratch);
-#endif
-        store_warps_barrier();  // all 96 have read the buffer
-        if (t.ht == 0) mbar_arrive(drained);
-      }
     }
     return;
   }
 
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int c = wg - 1;  // this warpgroup's 64 rows of each tile
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
   // Not cleared: each tile's first product takes scale_d = 0 (d = A B^T).
   // Clearing them would put non-wgmma writes of the accumulators in the
   // pipeline, and ptxas then serialises the products (its warning C7515).
   float d[128];
-  int it = 0;  // k-steps consumed, over all tiles
-  int done = 0;
-  const uint32_t my_chunks = smem_u32(tile_buf) + 4 * c * kChunkBytes;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++done) {
-    const int n0 = (tile % tiles_n) * kBN;
+  int it = 0;     // k-steps consumed, over all tiles
+  int chunk = 0;  // epilogue chunks stored, over all tiles: picks the staging buffer
+  int tiles_done = 0;
+  const bool store_thread = threadIdx.x % 128 == 0;  // issues this warpgroup's TMA stores (and preloads)
+  const uint32_t my_staging = smem_u32(staging) + c * Epilogue::kBuffers * kChunkBytes;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
     for (int kb = 0; kb < kblocks; ++kb, ++it) {
       const int s = it % kStages;
       mbar_wait(&full[s], (it / kStages) & 1);
@@ -432,44 +323,92 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kBK / 16; ++kk)
         wgmma_m64n256k16(d, da + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
       wgmma_commit();
+      if constexpr (Epilogue::kPreloads) {
+        if (kb == 0 && store_thread) {  // once the last tile's stores have read the buffers
+          tma_store_wait_read<0>();
+          mbar_arrive_expect_tx(&preloaded[c], 4 * kChunkBytes);
+          for (int jc = 0; jc < kBN / kChunkCols; ++jc)
+            tma_load_2d(staging + (my_staging - smem_u32(staging)) + jc * kChunkBytes, &tma_out1, &preloaded[c],
+                        n0 + kChunkCols * jc, m0 + c * 64);
+        }
+      }
       if (kb > 0) {  // the previous step's products are done: its stage may be refilled
         wgmma_wait<1>();
         fence_accumulators(d);
         if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
       }
     }
-    const int col = n0 + 2 * (lane & 3);
-    typename Epilogue::Chunk next = epilogue.load(col, 0);  // while the last products run
+#if PERFTRAIN_GEMM_SM90_PROBE == 1  // timing probe (tools/gpu_run.sh MODE=gemm-check PROBES=1): no epilogue
     wgmma_wait<0>();
     fence_accumulators(d);
-    if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);  // the tile's last stage
-#if PERFTRAIN_GEMM_SM90_PROBE == 1  // timing probe (tools/gpu_run.sh MODE=gemm-check PROBES=1): no epilogue
-    if (d[0] == 1234.5f) st_shared_u32(my_chunks, 1);  // the products' results stay live
+    if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+    if (d[0] == 1234.5f) st_shared_u32(my_staging, 1);  // the products' results stay live
     continue;
 #endif
-    // The hand-over: each thread writes its pairs into the buffer's chunks,
-    // 16-byte unit jj of row r at unit jj ^ (r % 8), as TMA's 128-byte
-    // swizzle reads it back (the 32 lanes of a warp then hit 32 different
-    // banks), once the store warps are done with the last tile.
-    mbar_wait(drained, (done & 1) ^ 1);
+    // The epilogue, one 64 x 64 chunk of one output at a time: the thread
+    // writes its pairs into a swizzled buffer (16-byte unit jj of row r at
+    // unit jj ^ (r % 8), as TMA's 128-byte swizzle reads it back; the 32
+    // lanes of a warp then hit 32 different banks), and the warpgroup's
+    // store thread writes the chunk out with TMA.
+    const int col = n0 + 2 * (lane & 3);
+    auto swizzled = [&](uint32_t buf, int jj, int h) {
+      const int r = warp * 16 + lane / 4 + 8 * h;  // row within the warpgroup's 64
+      return buf + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * (lane & 3);
+    };
+    auto store_chunk = [&](const CUtensorMap* map, uint32_t buf, int jc) {
+      fence_async_shared();
+      warpgroup_barrier(1 + c);
+      if (store_thread) tma_store_2d(map, staging + (buf - smem_u32(staging)), n0 + kChunkCols * jc, m0 + c * 64);
+    };
+    if constexpr (Epilogue::kPreloads) {  // each chunk in its own buffer, the input's values in place
+      wgmma_wait<0>();
+      fence_accumulators(d);
+      if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);  // the tile's last stage
+      mbar_wait(&preloaded[c], tiles_done & 1);
 #pragma unroll
-    for (int jc = 0; jc < kBN / kChunkCols; ++jc) {
-      const typename Epilogue::Chunk loaded = next;
-      if (jc + 1 < kBN / kChunkCols) next = epilogue.load(col, jc + 1);
-      const uint32_t buf = my_chunks + jc * kChunkBytes;
+      for (int jc = 0; jc < kBN / kChunkCols; ++jc) {
+        const uint32_t buf = my_staging + jc * kChunkBytes;
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
+        for (int jj = 0; jj < 8; ++jj) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = warp * 16 + lane / 4 + 8 * h;  // row within the warpgroup's 64
-          const int q = 4 * (8 * jc + jj) + 2 * h;
-          st_shared_u32(buf + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * (lane & 3),
-                        epilogue.hand_over(loaded, jj, d[q], d[q + 1]));
+          for (int h = 0; h < 2; ++h) {
+            const int q = 4 * (8 * jc + jj) + 2 * h;
+            const uint32_t at = swizzled(buf, jj, h);
+            st_shared_u32(at, epilogue.value(ld_shared_u32(at), d[q], d[q + 1]));
+          }
+        }
+        store_chunk(&tma_out0, buf, jc);
+      }
+    } else {  // two buffers in turn; a chunk's loads go out while the one before is written
+      typename Epilogue::Chunk next = epilogue.load(col, 0);  // while the last products run
+      wgmma_wait<0>();
+      fence_accumulators(d);
+      if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);  // the tile's last stage
+#pragma unroll
+      for (int o = 0; o < Epilogue::kOutputs; ++o) {
+#pragma unroll
+        for (int jc = 0; jc < kBN / kChunkCols; ++jc, ++chunk) {
+          const typename Epilogue::Chunk loaded = next;
+          if (o + 1 < Epilogue::kOutputs || jc + 1 < kBN / kChunkCols)
+            next = epilogue.load(col, (jc + 1) % (kBN / kChunkCols));
+          const uint32_t buf = my_staging + (chunk & 1) * kChunkBytes;
+          if (store_thread) tma_store_wait_read<1>();  // this buffer's previous store has read it
+          warpgroup_barrier(1 + c);
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int q = 4 * (8 * jc + jj) + 2 * h;
+              st_shared_u32(swizzled(buf, jj, h), epilogue.value(loaded, o, jj, d[q], d[q + 1]));
+            }
+          }
+          store_chunk(o == 0 ? &tma_out0 : &tma_out1, buf, jc);
         }
       }
     }
-    mbar_arrive(dumped);
+    ++tiles_done;
   }
+  if (store_thread) tma_store_wait_read<0>();  // shared memory must outlive the stores' reads
 #else
   __trap();  // built for an architecture without wgmma: the host refuses to launch first
 #endif
@@ -494,7 +433,8 @@ EncodeTiled encode_tiled() {
 }
 
 // A [rows, cols] bf16 row-major matrix in boxes of box_rows x 64 columns
-// (128 bytes: the swizzle's row), for loads into the ring.
+// (128 bytes: the swizzle's row), for loads into the ring or stores from the
+// epilogue's buffers.
 CUtensorMap tensor_map(const bf16* base, int64_t rows, int64_t cols, int box_rows) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};  // innermost first
@@ -524,8 +464,8 @@ bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k) {
 namespace {
 
 template <typename Epilogue>
-void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epilogue& epilogue,
-                      std::initializer_list<const void*> matrices, int64_t m, int64_t n, int64_t k,
+void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epilogue& epilogue, bf16* out0,
+                      bf16* out1, std::initializer_list<const void*> matrices, int64_t m, int64_t n, int64_t k,
                       cudaStream_t stream) {
   if (!gemm_bias_gelu_sm90_supported(m, n, k))
     throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " n=" +
@@ -539,21 +479,24 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major != 9 || minor != 0) throw std::invalid_argument(std::string(what) + ": needs an sm_90 GPU");
   const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, kBN);
+  // tma_out1: the second output, or the preloaded input; out0's map where
+  // the epilogue reads neither.
+  const CUtensorMap map_out0 = tensor_map(out0, m, n, 64), map_out1 = out1 ? tensor_map(out1, m, n, 64) : map_out0;
   // The attribute belongs to the function on one device: set it once per
   // device (bit d of the mask), so that a second GPU in the process gets it too.
   static std::atomic<uint64_t> attribute_set_on{0};
   const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
   if (bit == 0 || (attribute_set_on.load(std::memory_order_acquire) & bit) == 0) {
     PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(gemm_sm90_kernel<Epilogue>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              int(SmemLayout<Epilogue::kStages>::kTotal)));
+                                              int(LayoutOf<Epilogue>::kTotal)));
     attribute_set_on.fetch_or(bit, std::memory_order_release);
   }
   // One CTA per SM (the ring takes most of its shared memory), each looping over tiles.
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t tiles = (m / kBM) * (n / kBN);
   const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
-  gemm_sm90_kernel<Epilogue><<<grid, kThreads, SmemLayout<Epilogue::kStages>::kTotal, stream>>>(
-      map_a, map_w, epilogue, int(m), int(n), int(k));
+  gemm_sm90_kernel<Epilogue><<<grid, kThreads, LayoutOf<Epilogue>::kTotal, stream>>>(
+      map_a, map_w, map_out0, map_out1, epilogue, int(m), int(n), int(k));
   PERFTRAIN_LAUNCH_CHECK();
 }
 
@@ -565,15 +508,14 @@ void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre
   static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "bias: float or bf16");
   if (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % (2 * sizeof(TB)) != 0)
     throw std::invalid_argument("gemm_bias_gelu_sm90: bias must be given, aligned to two elements");
-  launch_gemm_sm90("gemm_bias_gelu_sm90", a, w, BiasGeluEpilogue<TB>{bias, pre, act}, {pre, act}, m, n, k, stream);
+  launch_gemm_sm90("gemm_bias_gelu_sm90", a, w, BiasGeluEpilogue<TB>{bias}, pre, act, {pre, act}, m, n, k,
+                   stream);
 }
 
-void gemm_dgelu_sm90(const bf16* a, const bf16* w, const bf16* pre, bf16* dpre, float* bias_grad_partials,
-                     int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
-  if (bias_grad_partials != nullptr && reinterpret_cast<uintptr_t>(bias_grad_partials) % 4 != 0)
-    throw std::invalid_argument("gemm_dgelu_sm90: bias_grad_partials must be float-aligned");
-  launch_gemm_sm90("gemm_dgelu_sm90", a, w, DGeluEpilogue{pre, dpre, bias_grad_partials}, {pre, dpre}, m, n, k,
-                   stream);
+void gemm_dgelu_sm90(const bf16* a, const bf16* w, const bf16* pre, bf16* dpre, int64_t m, int64_t n, int64_t k,
+                     cudaStream_t stream) {
+  launch_gemm_sm90("gemm_dgelu_sm90", a, w, DGeluEpilogue{}, dpre, const_cast<bf16*>(pre), {pre, dpre}, m, n,
+                   k, stream);
 }
 
 template void gemm_bias_gelu_sm90<float>(const bf16*, const bf16*, const float*, bf16*, bf16*, int64_t, int64_t,

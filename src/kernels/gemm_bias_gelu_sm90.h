@@ -51,11 +51,8 @@ template <typename TB>
 void gemm_bias_gelu_sm90(const __nv_bfloat16* a, const __nv_bfloat16* w, const TB* bias, __nv_bfloat16* pre,
                          __nv_bfloat16* act, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 
-// dpre = (a w^T) * gelu_tanh'(pre); the same shapes and refusals. With
-// bias_grad_partials (fp32 [m / 128, n], or null) each 128-row tile's column
-// sums of dpre (fp32, before rounding): their column sums are the bias
-// gradient, in a fixed order.
+// dpre = (a w^T) * gelu_tanh'(pre); the same shapes and refusals.
 void gemm_dgelu_sm90(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* pre, __nv_bfloat16* dpre,
-                     float* bias_grad_partials, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+                     int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 
 }  // namespace perftrain::kernels
