@@ -12,8 +12,7 @@
 #               shapes); no CMake build, ~30 s. The full comparison with cuBLASLt is
 #               build-gpu/tests/bench_gemm_bias_gelu after a build. NCU_SHAPE="fc1 65536 3072 768"
 #               (or dgelu ...) adds Nsight Compute's full set on one launch of that shape. PROBES=1 adds the
-#               kernel's timing probes (PERFTRAIN_GEMM_SM90_PROBE: 1 no epilogue, 2 no GELU arithmetic; 4 fc1 on
-#               the two-CTA kernel, checked and timed).
+#               kernel's timing probes (PERFTRAIN_GEMM_SM90_PROBE: 1 no epilogue, 2 no GELU arithmetic).
 #   MODE=ncu    Nsight Compute on the kernels matching NCU_KERNEL (a regex) in the `all` variant of
 #               BENCH_CASES, once per setting in TUNE_ENVS as in tune: NCU_SKIP launches skipped (the
 #               first, eager steps), NCU_COUNT profiled, NCU_ARGS added (e.g. --metrics ...); the
@@ -60,10 +59,6 @@ if [ "$MODE" = gemm-check ]; then
         echo "probe $probe: $(timeout 60 "$OUT/gemm_probe" $shape 2>&1)" | tee -a "$OUT/gemm-check.log"
       done
     done
-    # 4: fc1 on the two-CTA kernel, checked and timed in full
-    nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -DPERFTRAIN_GEMM_SM90_PROBE=4 \
-      tools/gemm_bias_gelu_check.cu src/kernels/gemm_bias_gelu_sm90.cu -o "$OUT/gemm_probe" >> "$OUT/gemm-check.log" 2>&1
-    timeout 120 "$OUT/gemm_probe" 2>&1 | sed 's/^/probe 4: /' | tee -a "$OUT/gemm-check.log"
     rm -f "$OUT/gemm_probe"
   fi
   if [ -n "${NCU_SHAPE:-}" ]; then  # e.g. NCU_SHAPE="fc1 65536 3072 768": Nsight Compute on one timed launch

@@ -134,10 +134,9 @@ __device__ __forceinline__ void wgmma_wait() {
 
 // Keeps the compiler from moving accumulator reads or writes across the
 // asynchronous products.
-template <int N>
-__device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
+__device__ __forceinline__ void fence_accumulators(float (&d)[128]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // d (64 x 256 per warpgroup, fp32) = A (64 x 16) B^T (16 x 256) + (scale_d ? d : 0).
@@ -162,23 +161,6 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-// d (64 x 128 per warpgroup, fp32) = A (64 x 16) B^T (16 x 128) + (scale_d ? d : 0).
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -432,141 +414,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// fc1 at two CTAs an SM: 128 x 128 tiles, a producer warpgroup (one thread
-// issues the copies; the warpgroup gives its registers to the consumers) and
-// one consumer warpgroup (each thread both 64-row halves: 2 x 64
-// accumulators); 3 stages of 32 KB and the two epilogue buffers make 112 KB,
-// so two CTAs share an SM and one's products run while the other writes its
-// epilogue (in the kernel above the epilogue holds the tensor cores: 31-47%
-// of fc1's time). The price: 1.33x the L2 reads of the 128 x 256 tile.
-constexpr int kNarrowBN = 128, kNarrowStages = 3, kNarrowThreads = 256;
-constexpr uint32_t kNarrowWTileBytes = kNarrowBN * kBK * 2;
-struct NarrowLayout {
-  static constexpr uint32_t kRing = kNarrowStages * (kATileBytes + kNarrowWTileBytes);
-  static constexpr uint32_t kStaging = 2 * kChunkBytes;
-  // No slack for alignment: the kernel checks that the window starts on 1024 bytes.
-  static constexpr size_t kTotal = kRing + kStaging + 2 * kNarrowStages * sizeof(uint64_t);
-  static_assert(kTotal + 1024 <= 228 * 1024 / 2, "two CTAs (each with 1 KB reserved) must fit an SM");
-};
-
-template <typename Epilogue>
-__global__ void __launch_bounds__(kNarrowThreads, 2)
-    gemm_sm90_narrow_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
-                            const __grid_constant__ CUtensorMap tma_out0, const __grid_constant__ CUtensorMap tma_out1,
-                            const Epilogue epilogue, int m, int n, int k) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kStages = kNarrowStages;
-  extern __shared__ __align__(1024) unsigned char smem[];
-  if (smem_u32(smem) % 1024 != 0) __trap();  // the 128-byte swizzle needs tiles on 1024 bytes
-  bf16* sa = reinterpret_cast<bf16*>(smem);
-  bf16* sw = reinterpret_cast<bf16*>(smem + kStages * kATileBytes);
-  unsigned char* staging = smem + NarrowLayout::kRing;
-  uint64_t* full = reinterpret_cast<uint64_t*>(staging + NarrowLayout::kStaging);
-  uint64_t* empty = full + kStages;
-  const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
-  const int tiles_n = n / kNarrowBN, tiles = (m / kBM) * tiles_n;
-  const int kblocks = k / kBK;
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 4);  // one arrive per consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-
-  if (wg == 0) {  // the producer; 2 x (40 + 216) x 128 registers: two CTAs fill the SM's 65536
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x == 0) {
-      int it = 0;
-      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int n0 = (tile % tiles_n) * kNarrowBN, m0 = (tile / tiles_n) * kBM;
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
-          const int s = it % kStages;
-          mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
-          mbar_arrive_expect_tx(&full[s], kATileBytes + kNarrowWTileBytes);
-          tma_load_2d(sa + s * kBM * kBK, &tma_a, &full[s], kb * kBK, m0);
-          tma_load_2d(sw + s * kNarrowBN * kBK, &tma_w, &full[s], kb * kBK, n0);
-        }
-      }
-    }
-    return;
-  }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
-  float d0[64], d1[64];  // rows 0-63 and 64-127 of the tile
-  int it = 0, chunk = 0;
-  const bool store_thread = threadIdx.x == 128;
-  const uint32_t staging_u32 = smem_u32(staging);
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int n0 = (tile % tiles_n) * kNarrowBN, m0 = (tile / tiles_n) * kBM;
-    for (int kb = 0; kb < kblocks; ++kb, ++it) {
-      const int s = it % kStages;
-      mbar_wait(&full[s], (it / kStages) & 1);
-      const uint64_t da0 = smem_desc(sa + s * kBM * kBK), da1 = smem_desc(sa + s * kBM * kBK + 64 * kBK);
-      const uint64_t dw = smem_desc(sw + s * kNarrowBN * kBK);
-      fence_accumulators(d0);
-      fence_accumulators(d1);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        const int scale = (kb > 0 || kk > 0) ? 1 : 0;
-        wgmma_m64n128k16(d0, da0 + 2 * kk, dw + 2 * kk, scale);
-        wgmma_m64n128k16(d1, da1 + 2 * kk, dw + 2 * kk, scale);
-      }
-      wgmma_commit();
-      if (kb > 0) {
-        wgmma_wait<1>();
-        fence_accumulators(d0);
-        fence_accumulators(d1);
-        if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
-      }
-    }
-    const int col = n0 + 2 * (lane & 3);
-    typename Epilogue::Chunk loaded = epilogue.load(col, 0);
-    wgmma_wait<0>();
-    fence_accumulators(d0);
-    fence_accumulators(d1);
-    if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
-    // As the kernel above: 64 x 64 chunks through two swizzled buffers and
-    // TMA stores; a column chunk's bias serves both halves and both outputs.
-#pragma unroll
-    for (int jc = 0; jc < kNarrowBN / kChunkCols; ++jc) {
-      if (jc > 0) loaded = epilogue.load(col, jc);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-        for (int o = 0; o < Epilogue::kOutputs; ++o, ++chunk) {
-          const uint32_t buf = staging_u32 + (chunk & 1) * kChunkBytes;
-          if (store_thread) tma_store_wait_read<1>();
-          warpgroup_barrier(1);
-#pragma unroll
-          for (int jj = 0; jj < 8; ++jj) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int r = warp * 16 + lane / 4 + 8 * h;
-              const int q = 4 * (8 * jc + jj) + 2 * h;
-              const float v0 = hh == 0 ? d0[q] : d1[q], v1 = hh == 0 ? d0[q + 1] : d1[q + 1];
-              st_shared_u32(buf + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * (lane & 3),
-                            epilogue.value(loaded, o, jj, v0, v1));
-            }
-          }
-          fence_async_shared();
-          warpgroup_barrier(1);
-          if (store_thread)
-            tma_store_2d(o == 0 ? &tma_out0 : &tma_out1, staging + (buf - staging_u32), n0 + kChunkCols * jc,
-                         m0 + 64 * hh);
-        }
-      }
-    }
-  }
-  if (store_thread) tma_store_wait_read<0>();
-#else
-  __trap();
-#endif
-}
-
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -653,26 +500,6 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   PERFTRAIN_LAUNCH_CHECK();
 }
 
-// fc1 on the two-CTA kernel (an experiment: PERFTRAIN_GEMM_SM90_PROBE=4 builds it in).
-template <typename Epilogue>
-void launch_gemm_sm90_narrow(const bf16* a, const bf16* w, const Epilogue& epilogue, bf16* out0, bf16* out1,
-                             int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
-  int device = 0, sms = 0, per_sm = 0;
-  PERFTRAIN_CUDA_CHECK(cudaGetDevice(&device));
-  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, kNarrowBN);
-  const CUtensorMap map_out0 = tensor_map(out0, m, n, 64), map_out1 = tensor_map(out1, m, n, 64);
-  PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(gemm_sm90_narrow_kernel<Epilogue>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(NarrowLayout::kTotal)));
-  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  PERFTRAIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_sm90_narrow_kernel<Epilogue>,
-                                                                     kNarrowThreads, NarrowLayout::kTotal));
-  const int64_t tiles = (m / kBM) * (n / kNarrowBN);
-  const unsigned grid = unsigned(std::min<int64_t>(tiles, int64_t(std::max(sms, 1)) * std::max(per_sm, 1)));
-  gemm_sm90_narrow_kernel<Epilogue><<<grid, kNarrowThreads, NarrowLayout::kTotal, stream>>>(
-      map_a, map_w, map_out0, map_out1, epilogue, int(m), int(n), int(k));
-  PERFTRAIN_LAUNCH_CHECK();
-}
-
 }  // namespace
 
 template <typename TB>
@@ -681,12 +508,6 @@ void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre
   static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "bias: float or bf16");
   if (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % (2 * sizeof(TB)) != 0)
     throw std::invalid_argument("gemm_bias_gelu_sm90: bias must be given, aligned to two elements");
-#if PERFTRAIN_GEMM_SM90_PROBE == 4
-  if (gemm_bias_gelu_sm90_supported(m, n, k)) {
-    launch_gemm_sm90_narrow(a, w, BiasGeluEpilogue<TB>{bias}, pre, act, m, n, k, stream);
-    return;
-  }
-#endif
   launch_gemm_sm90("gemm_bias_gelu_sm90", a, w, BiasGeluEpilogue<TB>{bias}, pre, act, {pre, act}, m, n, k,
                    stream);
 }
