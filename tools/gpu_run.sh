@@ -13,6 +13,9 @@
 #               build-gpu/tests/bench_gemm_bias_gelu after a build. NCU_SHAPE="fc1 65536 3072 768"
 #               (or dgelu ...) adds Nsight Compute's full set on one launch of that shape. PROBES=1 adds the
 #               kernel's timing probes (PERFTRAIN_GEMM_SM90_PROBE: 1 no epilogue, 2 no GELU arithmetic).
+#   MODE=write-check  tools/write_bandwidth_check.cu (nvcc only): the rate at which fc1's two outputs can be
+#               written with no product around them (memset, streaming, fc1's tile pattern, with A read beside
+#               it), on cudaMalloc memory and on cuMemCreate memory with compression off and on
 #   MODE=ncu    Nsight Compute on the kernels matching NCU_KERNEL (a regex) in the `all` variant of
 #               BENCH_CASES, once per setting in TUNE_ENVS as in tune: NCU_SKIP launches skipped (the
 #               first, eager steps), NCU_COUNT profiled, NCU_ARGS added (e.g. --metrics ...); the
@@ -45,6 +48,15 @@ export PERFTRAIN_PYTHON="$PY" PERFTRAIN_SOURCE_DIR="$PWD"
 export PERFTRAIN_COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 row GPU "$(cat "$OUT/gpu.txt")"
 row commit "$PERFTRAIN_COMMIT"
+
+if [ "$MODE" = write-check ]; then  # how fast fc1's outputs can be written at all (nvcc only, ~20 s)
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/write_bandwidth_check.cu -o "$OUT/write_check" \
+    > "$OUT/write-check.log" 2>&1 && timeout 120 "$OUT/write_check" 2>&1 | tee -a "$OUT/write-check.log"
+  row "write check" "rc ${PIPESTATUS[0]}"
+  rm -f "$OUT/write_check"
+  cat "$SUMMARY"
+  exit 0
+fi
 
 if [ "$MODE" = gemm-check ]; then
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/gemm_bias_gelu_check.cu \
