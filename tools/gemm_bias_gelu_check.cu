@@ -172,9 +172,15 @@ static int run_dgelu(int64_t m, int64_t n, int64_t k, bool check) {
 
 // With arguments (fc1|dgelu M N K) it only times that shape, e.g. under Nsight Compute.
 int main(int argc, char** argv) {
-  if (argc == 5) {
-    const int64_t m = std::atoll(argv[2]), n = std::atoll(argv[3]), k = std::atoll(argv[4]);
-    return std::string(argv[1]) == "dgelu" ? run_dgelu(m, n, k, false) : run(m, n, k, false);
+  if (argc != 1) {
+    const std::string form = argc == 5 ? argv[1] : "";
+    const int64_t m = argc == 5 ? std::atoll(argv[2]) : 0, n = argc == 5 ? std::atoll(argv[3]) : 0,
+                  k = argc == 5 ? std::atoll(argv[4]) : 0;
+    if ((form != "fc1" && form != "dgelu") || !perftrain::kernels::gemm_bias_gelu_sm90_supported(m, n, k)) {
+      std::printf("usage: %s [fc1|dgelu M N K] (M %% 128, N %% 256, K %% 64 == 0)\n", argv[0]);
+      return 2;
+    }
+    return form == "dgelu" ? run_dgelu(m, n, k, false) : run(m, n, k, false);
   }
   int rc = 0;
   rc |= run(256, 512, 384, true);
