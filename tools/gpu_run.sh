@@ -73,6 +73,17 @@ if [ "$MODE" = gemm-check ]; then
     done
     rm -f "$OUT/gemm_probe"
   fi
+  # GEMM_VARIANTS="-DA=1;-DB=2 -DC=3": the same timings per set of defines (';' between sets), e.g.
+  # -DPERFTRAIN_FC1_STAGES=3 -DPERFTRAIN_FC1_BUFFERS=5 (fc1's ring depth and epilogue buffers)
+  IFS=';' read -ra variants <<< "${GEMM_VARIANTS:-}"
+  for defines in "${variants[@]}"; do
+    nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc $defines \
+      tools/gemm_bias_gelu_check.cu src/kernels/gemm_bias_gelu_sm90.cu -o "$OUT/gemm_variant" >> "$OUT/gemm-check.log" 2>&1
+    "$OUT/gemm_variant" > "$OUT/variant-check.log" 2>&1
+    echo "[$defines] checks: $(grep -c PASS "$OUT/variant-check.log") PASS, $(grep -c FAIL "$OUT/variant-check.log") FAIL" | tee -a "$OUT/gemm-check.log"
+    grep "time" "$OUT/variant-check.log" | sed "s/^/[$defines] /" | tee -a "$OUT/gemm-check.log"
+    rm -f "$OUT/gemm_variant" "$OUT/variant-check.log"
+  done
   if [ -n "${NCU_SHAPE:-}" ]; then  # e.g. NCU_SHAPE="fc1 65536 3072 768": Nsight Compute on one timed launch
     timeout 300 ncu --set full -k regex:gemm_sm90 --launch-skip 3 --launch-count 1 ${NCU_ARGS:-} \
       "$OUT/gemm_check" $NCU_SHAPE > "$OUT/ncu-gemm.txt" 2>&1

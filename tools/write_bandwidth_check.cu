@@ -77,6 +77,35 @@ __global__ void tile_writes(uint4* out0, uint4* out1, const uint4* a, int m, int
   if (acc == 0x9e3779b9u) out0[0] = make_uint4(acc, 0, 0, 0);  // the reads stay
 }
 
+// fc1's rhythm with no product: per tile, spin `work_ns` (the main loop's
+// time), then write the tile as tile_writes does. CTA b first waits
+// (b % 4) * stagger_ns, so that with a stagger the bursts of writes of
+// different SMs fall at different times.
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void rhythm_tiles(uint4* out0, uint4* out1, int m, int n, int work_ns, int stagger_ns) {
+  const int tiles_n = n / 256, tiles = (m / 128) * tiles_n;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (const uint64_t until = global_ns() + uint64_t(blockIdx.x % 4) * stagger_ns; global_ns() < until;) {
+  }
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int n0 = (tile % tiles_n) * 256, m0 = (tile / tiles_n) * 128;
+    __syncthreads();
+    for (const uint64_t until = global_ns() + work_ns; global_ns() < until;) {
+    }
+    for (int r = warp; r < 128; r += 8) {
+      const size_t at = (size_t(m0 + r) * n + n0) / 8 + lane;
+      const uint32_t v = mix(at);
+      out0[at] = make_uint4(v, ~v, v * 3u, v ^ 0x55555555u);
+      out1[at] = make_uint4(~v, v, v * 5u, v ^ 0x33333333u);
+    }
+  }
+}
+
 // GB/s of `bytes` written per launch: median of 7 windows of 10 launches.
 template <typename Launch>
 double gbps(size_t bytes, Launch launch) {
@@ -217,6 +246,22 @@ int main() {
                 "0.52 ms writes 1548 GB/s\n",
                 names[compression + 1], memset_rate, stream_rate, tile_rate, tile_a_rate,
                 tile_a_rate * double(kRows / 128 * (kCols / 256)) * 128 * kDepth * 2 / (2 * kOutputBytes));
+    if (compression < 0) {
+      // Is the rate a limit of each SM or of the whole GPU? The tile pattern on fewer SMs.
+      for (int ctas : {sms / 4, sms / 2}) {
+        const double rate =
+            gbps(2 * kOutputBytes, [&] { tile_writes<<<ctas, 256>>>(o0, o1, nullptr, kRows, kCols, kDepth); });
+        std::printf("  tiles on %d SMs: %.0f GB/s (%.1f per SM)\n", ctas, rate, rate / ctas);
+      }
+      // fc1's rhythm: ms per launch against the main loop's time alone (work only).
+      const int tiles = kRows / 128 * (kCols / 256), per_cta = (tiles + sms - 1) / sms;
+      for (int work_ns : {0, 7700})
+        for (int stagger_ns : {0, 1000, 2000}) {
+          const double rate = gbps(2 * kOutputBytes, [&] { rhythm_tiles<<<sms, 256>>>(o0, o1, kRows, kCols, work_ns, stagger_ns); });
+          std::printf("  rhythm work %d ns/tile, stagger %d ns: %.3f ms a launch (work alone %.3f ms)\n", work_ns,
+                      stagger_ns, 2 * kOutputBytes / (rate * 1e9) * 1e3, per_cta * work_ns * 1e-6);
+        }
+    }
     release(out0), release(out1), release(a);
   }
   return 0;

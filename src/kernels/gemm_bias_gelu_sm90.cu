@@ -201,9 +201,15 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float v0, float v1) {
 // into the buffers by TMA during the mainloop (kPreloads: value() then takes
 // the input's pair at the place the output's pair goes) or load() fetches
 // what a chunk needs into registers (a Chunk) for value().
+#ifndef PERFTRAIN_FC1_STAGES  // timing variants (MODE=gemm-check GEMM_VARIANTS=...)
+#define PERFTRAIN_FC1_STAGES 4
+#endif
+#ifndef PERFTRAIN_FC1_BUFFERS
+#define PERFTRAIN_FC1_BUFFERS 2
+#endif
 template <typename TB>
 struct BiasGeluEpilogue {  // output 0: pre = acc + b; output 1: act = gelu_tanh(acc + b)
-  static constexpr int kOutputs = 2, kStages = 4, kBuffers = 2;
+  static constexpr int kOutputs = 2, kStages = PERFTRAIN_FC1_STAGES, kBuffers = PERFTRAIN_FC1_BUFFERS;
   static constexpr bool kPreloads = false;
   const TB* bias;
   struct Chunk {
@@ -379,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         store_chunk(&tma_out0, buf, jc);
       }
-    } else {  // two buffers in turn; a chunk's loads go out while the one before is written
+    } else {  // the buffers in turn; a chunk's loads go out while the one before is written
       typename Epilogue::Chunk next = epilogue.load(col, 0);  // while the last products run
       wgmma_wait<0>();
       fence_accumulators(d);
@@ -391,8 +397,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const typename Epilogue::Chunk loaded = next;
           if (o + 1 < Epilogue::kOutputs || jc + 1 < kBN / kChunkCols)
             next = epilogue.load(col, (jc + 1) % (kBN / kChunkCols));
-          const uint32_t buf = my_staging + (chunk & 1) * kChunkBytes;
-          if (store_thread) tma_store_wait_read<1>();  // this buffer's previous store has read it
+          const uint32_t buf = my_staging + (chunk % Epilogue::kBuffers) * kChunkBytes;
+          if (store_thread) tma_store_wait_read<Epilogue::kBuffers - 1>();  // this buffer's last store has read it
           warpgroup_barrier(1 + c);
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
