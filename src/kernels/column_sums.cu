@@ -11,18 +11,13 @@
 namespace perftrain::kernels {
 namespace {
 
-using detail::load_raw;
 using detail::load_vec;
-using detail::raw_to_float;
-using detail::RawVec;
 using detail::to_float;
 
 constexpr int kVec = detail::kColVec;
 constexpr int kThreadsX = detail::kColThreadsX;
 constexpr int kTileCols = detail::kColTile;
 constexpr int kThreadsY = detail::kColThreadsY;
-
-constexpr int kRowsInFlight = 4;  // loads a thread issues before it adds
 
 struct Pointers {
   const void* in[kColumnSumsMaxMatrices];
@@ -44,25 +39,7 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
 #pragma unroll
   for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
   if (c0 < cols) {
-    int64_t r = r0 + threadIdx.y;
-    if constexpr (VEC8) {
-      // kRowsInFlight rows' loads issued before any is added: one 16-byte
-      // load in flight per thread left the pass at ~1.8 TB/s (latency, not
-      // bandwidth). The adds keep the row order, so the sums are unchanged.
-      for (; r + (kRowsInFlight - 1) * kThreadsY < r1; r += kRowsInFlight * kThreadsY) {
-        RawVec<T, kVec> raw[kRowsInFlight];
-#pragma unroll
-        for (int u = 0; u < kRowsInFlight; ++u) load_raw(in + (r + u * kThreadsY) * cols + c0, raw[u]);
-#pragma unroll
-        for (int u = 0; u < kRowsInFlight; ++u) {
-          float v[kVec];
-          raw_to_float(raw[u], v);
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) acc[j] += v[j];
-        }
-      }
-    }
-    for (; r < r1; r += kThreadsY) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kThreadsY) {
       const T* row = in + r * cols;
       if constexpr (VEC8) {
         float v[kVec];
