@@ -186,6 +186,9 @@ int main(int argc, char** argv) {
   rc |= run(256, 512, 384, true);
   rc |= run(1024, 3072, 768, true);
   rc |= run(512, 4608, 1152, true);
+  // Many tiles per CTA, and fewer k-steps a tile than ring stages (ping-pong's hand-off between its warpgroups).
+  rc |= run(8192, 2048, 768, true);
+  rc |= run(4096, 1024, 128, true);
   rc |= run_dgelu(256, 512, 384, true);
   rc |= run_dgelu(1024, 3072, 768, true);
   rc |= run_dgelu(512, 4608, 1152, true);

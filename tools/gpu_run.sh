@@ -73,8 +73,24 @@ if [ "$MODE" = gemm-check ]; then
     done
     rm -f "$OUT/gemm_probe"
   fi
+  # FC1_SCHEDULES="cooperative pingpong": the checks under each PERFTRAIN_FC1_SCHEDULE, then fc1's timings
+  # with the schedules alternating, twice (the clocks drift over a run: alternation keeps that out of the ratio)
+  if [ -n "${FC1_SCHEDULES:-}" ]; then
+    for sched in $FC1_SCHEDULES; do
+      PERFTRAIN_FC1_SCHEDULE=$sched timeout 120 "$OUT/gemm_check" > "$OUT/schedule-check.log" 2>&1
+      echo "[$sched] checks rc $?: $(grep -c PASS "$OUT/schedule-check.log") PASS, $(grep -c -- '-> FAIL' "$OUT/schedule-check.log") FAIL" | tee -a "$OUT/gemm-check.log"
+      grep -- "-> FAIL" "$OUT/schedule-check.log" | head -5
+    done
+    for rep in 1 2; do
+      for shape in "fc1 65536 1536 384" "fc1 65536 3072 768" "fc1 65536 4608 1152"; do
+        for sched in $FC1_SCHEDULES; do
+          echo "[$sched] $(PERFTRAIN_FC1_SCHEDULE=$sched timeout 60 "$OUT/gemm_check" $shape 2>&1)" | tee -a "$OUT/gemm-check.log"
+        done
+      done
+    done
+  fi
   # GEMM_VARIANTS="-DA=1;-DB=2 -DC=3": the same timings per set of defines (';' between sets), e.g.
-  # -DPERFTRAIN_FC1_STAGES=3 -DPERFTRAIN_FC1_BUFFERS=5 (fc1's ring depth and epilogue buffers)
+  # -DPERFTRAIN_GEMM_SM90_PROBE=2
   IFS=';' read -ra variants <<< "${GEMM_VARIANTS:-}"
   for defines in "${variants[@]}"; do
     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc $defines \

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -134,9 +135,10 @@ __device__ __forceinline__ void wgmma_wait() {
 
 // Keeps the compiler from moving accumulator reads or writes across the
 // asynchronous products.
-__device__ __forceinline__ void fence_accumulators(float (&d)[128]) {
+template <int N>
+__device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // d (64 x 256 per warpgroup, fp32) = A (64 x 16) B^T (16 x 256) + (scale_d ? d : 0).
@@ -161,6 +163,23 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// d (64 x 128 per call, fp32) = A (64 x 16) B^T (16 x 128) + (scale_d ? d : 0).
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -201,15 +220,9 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float v0, float v1) {
 // into the buffers by TMA during the mainloop (kPreloads: value() then takes
 // the input's pair at the place the output's pair goes) or load() fetches
 // what a chunk needs into registers (a Chunk) for value().
-#ifndef PERFTRAIN_FC1_STAGES  // timing variants (MODE=gemm-check GEMM_VARIANTS=...)
-#define PERFTRAIN_FC1_STAGES 4
-#endif
-#ifndef PERFTRAIN_FC1_BUFFERS
-#define PERFTRAIN_FC1_BUFFERS 2
-#endif
 template <typename TB>
 struct BiasGeluEpilogue {  // output 0: pre = acc + b; output 1: act = gelu_tanh(acc + b)
-  static constexpr int kOutputs = 2, kStages = PERFTRAIN_FC1_STAGES, kBuffers = PERFTRAIN_FC1_BUFFERS;
+  static constexpr int kOutputs = 2, kStages = 4, kBuffers = 2;
   static constexpr bool kPreloads = false;
   const TB* bias;
   struct Chunk {
@@ -385,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         store_chunk(&tma_out0, buf, jc);
       }
-    } else {  // the buffers in turn; a chunk's loads go out while the one before is written
+    } else {  // two buffers in turn; a chunk's loads go out while the one before is written
       typename Epilogue::Chunk next = epilogue.load(col, 0);  // while the last products run
       wgmma_wait<0>();
       fence_accumulators(d);
@@ -397,8 +410,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const typename Epilogue::Chunk loaded = next;
           if (o + 1 < Epilogue::kOutputs || jc + 1 < kBN / kChunkCols)
             next = epilogue.load(col, (jc + 1) % (kBN / kChunkCols));
-          const uint32_t buf = my_staging + (chunk % Epilogue::kBuffers) * kChunkBytes;
-          if (store_thread) tma_store_wait_read<Epilogue::kBuffers - 1>();  // this buffer's last store has read it
+          const uint32_t buf = my_staging + (chunk & 1) * kChunkBytes;
+          if (store_thread) tma_store_wait_read<1>();  // this buffer's previous store has read it
           warpgroup_barrier(1 + c);
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
@@ -417,6 +430,160 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (store_thread) tma_store_wait_read<0>();  // shared memory must outlive the stores' reads
 #else
   __trap();  // built for an architecture without wgmma: the host refuses to launch first
+#endif
+}
+
+// fc1 in "ping-pong": each consumer warpgroup owns whole 128 x 128 tiles
+// (the CTA's tiles 0, 2, 4, ... go to warpgroup 1, 1, 3, 5, ... to 2), so
+// while one writes its tile's epilogue the other's products keep the
+// tensor cores busy. Why: the cooperative kernel's epilogue (both
+// warpgroups at once) leaves the tensor cores idle for ~1/3 of fc1's time,
+// and an SM writes at most ~55-60 GB/s (tools/write_bandwidth_check.cu), so
+// a 128 x 256 tile's 128 KB of outputs take >= 2.2 us that more staging
+// buffers did not hide (docs/PERFORMANCE.md, thirteenth pass). One ring of
+// stages in tile order: the producer fills tile i's stages after tile
+// i - 1's, so the two warpgroups' main loops follow each other.
+constexpr int kPingBN = 128;                                  // tile columns
+constexpr uint32_t kPingWTileBytes = kPingBN * kBK * 2;       // W stage: 128 rows of 64 K
+constexpr int kPingStages = 4, kPingBuffers = 4;              // ring depth; 64 x 64 buffers per warpgroup
+static_assert((kPingBuffers & (kPingBuffers - 1)) == 0, "buffers taken in turn by a mask");
+constexpr uint32_t kPingRing = kPingStages * (kATileBytes + kPingWTileBytes);
+constexpr uint32_t kPingStaging = 2 * kPingBuffers * kChunkBytes;
+constexpr size_t kPingSmem = kPingRing + kPingStaging + (2 * kPingStages + 2) * sizeof(uint64_t) + 1024;
+static_assert(kPingSmem <= 227 * 1024, "more shared memory than an H100/H200 block may have");
+
+template <typename Epilogue>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_sm90_pingpong_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
+                              const __grid_constant__ CUtensorMap tma_out0, const __grid_constant__ CUtensorMap tma_out1,
+                              const Epilogue epilogue, int m, int n, int k) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(!Epilogue::kPreloads, "ping-pong takes the register-loading epilogues only");
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  bf16* sa = reinterpret_cast<bf16*>(smem);
+  bf16* sw = reinterpret_cast<bf16*>(smem + kPingStages * kATileBytes);
+  unsigned char* staging = smem + kPingRing;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kPingRing + kPingStaging);
+  uint64_t* empty = full + kPingStages;
+  // handoff[c]: the other warpgroup has passed the full barriers of its
+  // latest tile. A warpgroup waits on it before its next tile's main loop:
+  // its stages' full barriers are then at most one phase ahead of what it
+  // waits for, as parity waits need (without it, warpgroup 2 would wait on
+  // tile 1's phases while the barriers are still in tile 0's and pass).
+  uint64_t* handoff = empty + kPingStages;
+  const int wg = threadIdx.x / 128;
+  const int tiles_n = n / kPingBN, tiles = (m / kBM) * tiles_n;
+  const int kblocks = k / kBK;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kPingStages; ++s) {
+      mbar_init(&full[s], 1);   // the producer's arrive, plus the TMA bytes
+      mbar_init(&empty[s], 4);  // one arrive per warp of the warpgroup that used it
+    }
+    mbar_init(&handoff[0], 1);
+    mbar_init(&handoff[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer: one thread issues every copy, tile after tile
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0) {
+      int it = 0;
+      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int n0 = (tile % tiles_n) * kPingBN, m0 = (tile / tiles_n) * kBM;
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const int s = it % kPingStages;
+          mbar_wait(&empty[s], ((it / kPingStages) & 1) ^ 1);
+          mbar_arrive_expect_tx(&full[s], kATileBytes + kPingWTileBytes);
+          tma_load_2d(sa + s * kBM * kBK, &tma_a, &full[s], kb * kBK, m0);
+          tma_load_2d(sw + s * kPingBN * kBK, &tma_w, &full[s], kb * kBK, n0);
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int c = wg - 1;
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
+  float d0[64], d1[64];  // rows 0-63 and 64-127 of the tile; each tile's first product takes scale_d = 0
+  int chunk = 0;
+  const bool store_thread = threadIdx.x % 128 == 0;
+  const uint32_t my_staging = smem_u32(staging) + c * kPingBuffers * kChunkBytes;
+  // This warpgroup's tiles: the CTA's i-th tile for i = c, c + 2, ...
+  int i = c;
+  for (int tile = blockIdx.x + c * gridDim.x; tile < tiles; tile += 2 * gridDim.x, i += 2) {
+    const int n0 = (tile % tiles_n) * kPingBN, m0 = (tile / tiles_n) * kBM;
+    if (i > 0) mbar_wait(&handoff[c], ((i - 1) / 2) & 1);  // the CTA's tile i - 1 has passed its waits
+    int it = i * kblocks;  // this tile's first stage in the ring's order
+    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      const int s = it % kPingStages;
+      mbar_wait(&full[s], (it / kPingStages) & 1);
+      const uint64_t da = smem_desc(sa + s * kBM * kBK);
+      const uint64_t da_low = smem_desc(sa + s * kBM * kBK + 64 * kBK);
+      const uint64_t dw = smem_desc(sw + s * kPingBN * kBK);
+      fence_accumulators(d0);
+      fence_accumulators(d1);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        wgmma_m64n128k16(d0, da + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+        wgmma_m64n128k16(d1, da_low + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+      }
+      wgmma_commit();
+      if (kb > 0) {
+        wgmma_wait<1>();
+        fence_accumulators(d0);
+        fence_accumulators(d1);
+        if (lane == 0) mbar_arrive(&empty[(it - 1) % kPingStages]);
+      }
+    }
+    if (store_thread) mbar_arrive(&handoff[1 - c]);  // this thread has passed every full barrier of tile i
+    const int col = n0 + 2 * (lane & 3);
+    typename Epilogue::Chunk next = epilogue.load(col, 0);
+    wgmma_wait<0>();
+    fence_accumulators(d0);
+    fence_accumulators(d1);
+    if (lane == 0) mbar_arrive(&empty[(it - 1) % kPingStages]);
+    // Chunks: output o, row half hh (d0, d1), 64-column chunk jc (j = 8 jc + jj of the 16).
+#pragma unroll
+    for (int o = 0; o < Epilogue::kOutputs; ++o) {
+#pragma unroll
+      for (int jc = 0; jc < kPingBN / kChunkCols; ++jc) {
+        const typename Epilogue::Chunk loaded = next;
+        if (o + 1 < Epilogue::kOutputs || jc + 1 < kPingBN / kChunkCols)
+          next = epilogue.load(col, (jc + 1) % (kPingBN / kChunkCols));
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh, ++chunk) {
+          const float(&d)[64] = hh == 0 ? d0 : d1;
+          const uint32_t buf = my_staging + (chunk & (kPingBuffers - 1)) * kChunkBytes;
+          if (store_thread) tma_store_wait_read<kPingBuffers - 1>();
+          warpgroup_barrier(1 + c);
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int q = 4 * (8 * jc + jj) + 2 * h;
+              const int r = warp * 16 + lane / 4 + 8 * h;
+              const uint32_t at = buf + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * (lane & 3);
+              st_shared_u32(at, epilogue.value(loaded, o, jj, d[q], d[q + 1]));
+            }
+          }
+          fence_async_shared();
+          warpgroup_barrier(1 + c);
+          if (store_thread)
+            tma_store_2d(o == 0 ? &tma_out0 : &tma_out1, staging + (buf - smem_u32(staging)), n0 + kChunkCols * jc,
+                         m0 + 64 * hh);
+        }
+      }
+    }
+  }
+  if (store_thread) tma_store_wait_read<0>();
+#else
+  __trap();
 #endif
 }
 
@@ -469,10 +636,25 @@ bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k) {
 
 namespace {
 
-template <typename Epilogue>
+// The kernel of a schedule: the cooperative one (both consumer warpgroups
+// on one 128 x 256 tile) or ping-pong (a 128 x 128 tile each, in turn).
+template <typename Epilogue, bool PingPong>
+struct Schedule {
+  static constexpr int kTileN = PingPong ? kPingBN : kBN;
+  static constexpr size_t kSmem = PingPong ? kPingSmem : LayoutOf<Epilogue>::kTotal;
+  static constexpr auto kernel() {
+    if constexpr (PingPong)
+      return gemm_sm90_pingpong_kernel<Epilogue>;
+    else
+      return gemm_sm90_kernel<Epilogue>;
+  }
+};
+
+template <typename Epilogue, bool PingPong = false>
 void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epilogue& epilogue, bf16* out0,
                       bf16* out1, std::initializer_list<const void*> matrices, int64_t m, int64_t n, int64_t k,
                       cudaStream_t stream) {
+  using S = Schedule<Epilogue, PingPong>;
   if (!gemm_bias_gelu_sm90_supported(m, n, k))
     throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " n=" +
                                 std::to_string(n) + " k=" + std::to_string(k) + " (needs m % 128, n % 256, k % 64 == 0)");
@@ -484,7 +666,7 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major != 9 || minor != 0) throw std::invalid_argument(std::string(what) + ": needs an sm_90 GPU");
-  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, kBN);
+  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, S::kTileN);
   // tma_out1: the second output, or the preloaded input; out0's map where
   // the epilogue reads neither.
   const CUtensorMap map_out0 = tensor_map(out0, m, n, 64), map_out1 = out1 ? tensor_map(out1, m, n, 64) : map_out0;
@@ -493,17 +675,26 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   static std::atomic<uint64_t> attribute_set_on{0};
   const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
   if (bit == 0 || (attribute_set_on.load(std::memory_order_acquire) & bit) == 0) {
-    PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(gemm_sm90_kernel<Epilogue>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              int(LayoutOf<Epilogue>::kTotal)));
+    PERFTRAIN_CUDA_CHECK(
+        cudaFuncSetAttribute(S::kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmem)));
     attribute_set_on.fetch_or(bit, std::memory_order_release);
   }
   // One CTA per SM (the ring takes most of its shared memory), each looping over tiles.
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t tiles = (m / kBM) * (n / kBN);
+  const int64_t tiles = (m / kBM) * (n / S::kTileN);
   const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
-  gemm_sm90_kernel<Epilogue><<<grid, kThreads, LayoutOf<Epilogue>::kTotal, stream>>>(
-      map_a, map_w, map_out0, map_out1, epilogue, int(m), int(n), int(k));
+  S::kernel()<<<grid, kThreads, S::kSmem, stream>>>(map_a, map_w, map_out0, map_out1, epilogue, int(m), int(n),
+                                                     int(k));
   PERFTRAIN_LAUNCH_CHECK();
+}
+
+// fc1's schedule: PERFTRAIN_FC1_SCHEDULE=cooperative or pingpong, read once.
+bool fc1_pingpong() {
+  static const bool pingpong = [] {
+    const char* v = std::getenv("PERFTRAIN_FC1_SCHEDULE");
+    return v != nullptr && std::string(v) == "pingpong";
+  }();
+  return pingpong;
 }
 
 }  // namespace
@@ -514,8 +705,12 @@ void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre
   static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "bias: float or bf16");
   if (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % (2 * sizeof(TB)) != 0)
     throw std::invalid_argument("gemm_bias_gelu_sm90: bias must be given, aligned to two elements");
-  launch_gemm_sm90("gemm_bias_gelu_sm90", a, w, BiasGeluEpilogue<TB>{bias}, pre, act, {pre, act}, m, n, k,
-                   stream);
+  if (fc1_pingpong())
+    launch_gemm_sm90<BiasGeluEpilogue<TB>, true>("gemm_bias_gelu_sm90", a, w, BiasGeluEpilogue<TB>{bias}, pre, act,
+                                                 {pre, act}, m, n, k, stream);
+  else
+    launch_gemm_sm90("gemm_bias_gelu_sm90", a, w, BiasGeluEpilogue<TB>{bias}, pre, act, {pre, act}, m, n, k,
+                     stream);
 }
 
 void gemm_dgelu_sm90(const bf16* a, const bf16* w, const bf16* pre, bf16* dpre, int64_t m, int64_t n, int64_t k,
