@@ -12,8 +12,8 @@
 // where its plain products in the same step run at ~700 (~640 at XL/2):
 // 5.5% of a B/2 step (docs/PERFORMANCE.md, tenth pass).
 //
-// How (one persistent CTA per SM looping over 128 x 256 output tiles, 384
-// threads):
+// How, DGELU and fc1 with PERFTRAIN_FC1_SCHEDULE=cooperative (one persistent
+// CTA per SM looping over 128 x 256 output tiles, 384 threads):
 //   - warpgroup 0, one thread: TMA copies of the A and W tiles (64 of K a
 //     step, 128-byte swizzle) into a ring of stages (4 for fc1, 3 for
 //     DGELU), each with a "full" and an "empty" mbarrier;
@@ -25,11 +25,17 @@
 //     producer already loads the next tile's first stages. fc1 alternates two
 //     buffers; DGELU has four, which a TMA load fills with the tile's pre
 //     during the mainloop, and writes dpre over pre in place.
+// fc1 by default runs "ping-pong": the same producer and ring, but each
+// consumer warpgroup owns whole 128 x 128 tiles (wgmma m64n128k16 twice a
+// step, two sets of 64 accumulators), the CTA's even tiles on one and odd
+// on the other, so one warpgroup's epilogue (four buffers) overlaps the
+// other's products; an mbarrier hand-off keeps their main loops in turn.
 // Measured (H200, 2026-12-01, docs/PERFORMANCE.md): fc1 at DiT-B/2 b256
-// (65536 x 3072 x 768) 0.53-0.57 ms against cuBLASLt GELU_AUX_BIAS's 0.58
-// (as fast as its BIAS product, which writes one output), at XL/2 1.20-1.24
-// against 1.29; DGELU 0.61 against cuBLASLt's 0.51 (tuned) at B/2, so the
-// training path takes only fc1.
+// (65536 x 3072 x 768) 0.53-0.57 ms cooperative against cuBLASLt GELU_AUX_BIAS's
+// 0.58 (as fast as its BIAS product, which writes one output), at XL/2
+// 1.20-1.24 against 1.29; ping-pong 1-5% faster than cooperative (B/2
+// 0.517 against 0.526); DGELU 0.61 against cuBLASLt's 0.51 (tuned) at B/2,
+// so the training path takes only fc1.
 // Shapes: M % 128 == 0, N % 256 == 0, K % 64 == 0, pointers 16-byte
 // aligned (gemm_bias_gelu_sm90_supported). DiT's fc1 fits: M = batch x
 // tokens, N = 4D, K = D with D a multiple of 64.
