@@ -77,9 +77,20 @@ if [ "$MODE" = gemm-check ]; then
   # with the schedules alternating, twice (the clocks drift over a run: alternation keeps that out of the ratio)
   if [ -n "${FC1_SCHEDULES:-}" ]; then
     for sched in $FC1_SCHEDULES; do
-      PERFTRAIN_FC1_SCHEDULE=$sched timeout 120 "$OUT/gemm_check" > "$OUT/schedule-check.log" 2>&1
-      echo "[$sched] checks rc $?: $(grep -c PASS "$OUT/schedule-check.log") PASS, $(grep -c -- '-> FAIL' "$OUT/schedule-check.log") FAIL" | tee -a "$OUT/gemm-check.log"
-      grep -- "-> FAIL" "$OUT/schedule-check.log" | head -5
+      PERFTRAIN_FC1_SCHEDULE=$sched timeout 120 "$OUT/gemm_check" > "$OUT/schedule-check-$sched.log" 2>&1
+      echo "[$sched] checks rc $?: $(grep -c PASS "$OUT/schedule-check-$sched.log") PASS, $(grep -c -- '-> FAIL' "$OUT/schedule-check-$sched.log") FAIL" | tee -a "$OUT/gemm-check.log"
+      grep -- "-> FAIL" "$OUT/schedule-check-$sched.log" | head -5
+    done
+    # fc1's outputs to the bit, schedule against schedule (the digests of the check shapes)
+    first=${FC1_SCHEDULES%% *}
+    for sched in $FC1_SCHEDULES; do
+      [ "$sched" = "$first" ] && continue
+      if diff <(grep -o "fc1 check m=[0-9]* n=[0-9]* k=[0-9]*\|digest [0-9a-f]*" "$OUT/schedule-check-$first.log") \
+              <(grep -o "fc1 check m=[0-9]* n=[0-9]* k=[0-9]*\|digest [0-9a-f]*" "$OUT/schedule-check-$sched.log") > /dev/null; then
+        echo "[$sched] fc1 outputs bit-identical to [$first] at every check shape" | tee -a "$OUT/gemm-check.log"
+      else
+        echo "[$sched] fc1 outputs DIFFER from [$first]" | tee -a "$OUT/gemm-check.log"
+      fi
     done
     for rep in 1 2; do
       for shape in "fc1 65536 1536 384" "fc1 65536 3072 768" "fc1 65536 4608 1152"; do
