@@ -689,7 +689,8 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
 }
 
 // fc1's schedule, read once: ping-pong unless PERFTRAIN_FC1_SCHEDULE=cooperative
-// (ping-pong was 1-5% faster in six alternating pairs on the H200, thirteenth pass).
+// (the same bits; ~1.5% faster at S/2 and B/2, ~0.5% slower at XL/2 in twelve
+// alternating pairs on the H200, thirteenth pass).
 bool fc1_pingpong() {
   static const bool pingpong = [] {
     const char* v = std::getenv("PERFTRAIN_FC1_SCHEDULE");
