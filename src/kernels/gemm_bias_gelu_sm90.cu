@@ -141,28 +141,18 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The accumulators as asm operands, 16 at a time (d[i] ... d[i + 15]).
+#define PT_ACC4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define PT_ACC16(i) PT_ACC4(i), PT_ACC4(i + 4), PT_ACC4(i + 8), PT_ACC4(i + 12)
+
 // d (64 x 256 per warpgroup, fp32) = A (64 x 16) B^T (16 x 256) + (scale_d ? d : 0).
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : PT_ACC16(0), PT_ACC16(16), PT_ACC16(32), PT_ACC16(48), PT_ACC16(64), PT_ACC16(80), PT_ACC16(96),
+        PT_ACC16(112)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -172,16 +162,11 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : PT_ACC16(0), PT_ACC16(16), PT_ACC16(32), PT_ACC16(48)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+#undef PT_ACC16
+#undef PT_ACC4
 
 __device__ __forceinline__ float tanh_approx(float x) {
   float y;
@@ -258,6 +243,40 @@ struct DGeluEpilogue {
   }
 };
 
+// The ring's barriers (full: the producer's arrive plus the TMA bytes;
+// empty: one arrive per consumer warp that read the stage) and two more
+// single-arrive barriers for the kernel's own use; thread 0 only, before
+// the block's first __syncthreads.
+__device__ __forceinline__ void init_ring_barriers(uint64_t* full, uint64_t* empty, int stages, int empty_arrivals,
+                                                   uint64_t* extra) {
+  for (int s = 0; s < stages; ++s) {
+    mbar_init(&full[s], 1);
+    mbar_init(&empty[s], empty_arrivals);
+  }
+  mbar_init(&extra[0], 1);
+  mbar_init(&extra[1], 1);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// The producer (one thread): for each of the CTA's tiles (blockIdx.x, +
+// gridDim.x, ...), its k-steps' A (128 rows) and W (TileN rows) boxes into
+// the ring, each stage once its last readers have released it.
+template <int Stages, int TileN>
+__device__ __forceinline__ void produce_tiles(const CUtensorMap* tma_a, const CUtensorMap* tma_w, bf16* sa, bf16* sw,
+                                              uint64_t* full, uint64_t* empty, int tiles, int tiles_n, int kblocks) {
+  int it = 0;  // k-steps issued, over all tiles
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int n0 = (tile % tiles_n) * TileN, m0 = (tile / tiles_n) * kBM;
+    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      const int s = it % Stages;
+      mbar_wait(&empty[s], ((it / Stages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+      mbar_arrive_expect_tx(&full[s], kATileBytes + TileN * kBK * 2);
+      tma_load_2d(sa + s * kBM * kBK, tma_a, &full[s], kb * kBK, m0);
+      tma_load_2d(sw + s * TileN * kBK, tma_w, &full[s], kb * kBK, n0);
+    }
+  }
+}
+
 template <typename Epilogue>
 using LayoutOf = SmemLayout<Epilogue::kStages, Epilogue::kBuffers>;
 
@@ -288,32 +307,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);                // the producer's arrive, plus the TMA bytes
-      mbar_init(&empty[s], kConsumerWarps);  // one arrive per consumer warp
-    }
-    mbar_init(&preloaded[0], 1);
-    mbar_init(&preloaded[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (threadIdx.x == 0) init_ring_barriers(full, empty, kStages, kConsumerWarps, preloaded);
   __syncthreads();
 
   if (wg == 0) {  // producer: one thread issues every copy
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x == 0) {
-      int it = 0;  // k-steps issued, over all tiles
-      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
-          const int s = it % kStages;
-          mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
-          mbar_arrive_expect_tx(&full[s], kATileBytes + kWTileBytes);
-          tma_load_2d(sa + s * kBM * kBK, &tma_a, &full[s], kb * kBK, m0);
-          tma_load_2d(sw + s * kBN * kBK, &tma_w, &full[s], kb * kBK, n0);
-        }
-      }
-    }
+    if (threadIdx.x == 0) produce_tiles<kStages, kBN>(&tma_a, &tma_w, sa, sw, full, empty, tiles, tiles_n, kblocks);
     return;
   }
 
@@ -477,32 +476,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tiles_n = n / kPingBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kPingStages; ++s) {
-      mbar_init(&full[s], 1);   // the producer's arrive, plus the TMA bytes
-      mbar_init(&empty[s], 4);  // one arrive per warp of the warpgroup that used it
-    }
-    mbar_init(&handoff[0], 1);
-    mbar_init(&handoff[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  // A stage is read by one warpgroup here: its four warps release it.
+  if (threadIdx.x == 0) init_ring_barriers(full, empty, kPingStages, 4, handoff);
   __syncthreads();
 
   if (wg == 0) {  // producer: one thread issues every copy, tile after tile
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x == 0) {
-      int it = 0;
-      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int n0 = (tile % tiles_n) * kPingBN, m0 = (tile / tiles_n) * kBM;
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
-          const int s = it % kPingStages;
-          mbar_wait(&empty[s], ((it / kPingStages) & 1) ^ 1);
-          mbar_arrive_expect_tx(&full[s], kATileBytes + kPingWTileBytes);
-          tma_load_2d(sa + s * kBM * kBK, &tma_a, &full[s], kb * kBK, m0);
-          tma_load_2d(sw + s * kPingBN * kBK, &tma_w, &full[s], kb * kBK, n0);
-        }
-      }
-    }
+    if (threadIdx.x == 0)
+      produce_tiles<kPingStages, kPingBN>(&tma_a, &tma_w, sa, sw, full, empty, tiles, tiles_n, kblocks);
     return;
   }
 
