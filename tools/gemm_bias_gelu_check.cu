@@ -101,11 +101,10 @@ static int run(int64_t m, int64_t n, int64_t k, bool check) {
     }
     // FNV-1a over both outputs' bytes: two schedules that agree to the bit print the same digest.
     uint64_t digest = 1469598103934665603ull;
-    for (const std::vector<bf16>* out : {&pre, &act})
-      for (const unsigned char byte : std::vector<unsigned char>(reinterpret_cast<const unsigned char*>(out->data()),
-                                                                  reinterpret_cast<const unsigned char*>(out->data()) +
-                                                                      out->size() * sizeof(bf16)))
-        digest = (digest ^ byte) * 1099511628211ull;
+    for (const std::vector<bf16>* out : {&pre, &act}) {
+      const auto* bytes = reinterpret_cast<const unsigned char*>(out->data());
+      for (size_t i = 0; i < out->size() * sizeof(bf16); ++i) digest = (digest ^ bytes[i]) * 1099511628211ull;
+    }
     std::printf("fc1 check m=%lld n=%lld k=%lld: NaN left %lld, worst rel err pre %.3g act %.3g, bad %lld, digest "
                 "%016llx -> %s\n",
                 (long long)m, (long long)n, (long long)k, (long long)nan, worst_pre, worst_act, (long long)bad,

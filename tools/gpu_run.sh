@@ -13,9 +13,13 @@
 #               build-gpu/tests/bench_gemm_bias_gelu after a build. NCU_SHAPE="fc1 65536 3072 768"
 #               (or dgelu ...) adds Nsight Compute's full set on one launch of that shape. PROBES=1 adds the
 #               kernel's timing probes (PERFTRAIN_GEMM_SM90_PROBE: 1 no epilogue, 2 no GELU arithmetic).
+#               FC1_SCHEDULES="cooperative pingpong" checks fc1 under each PERFTRAIN_FC1_SCHEDULE, compares
+#               their outputs to the bit and times them in alternating pairs; GEMM_VARIANTS="-DX=1;-DY=2"
+#               rebuilds and times the kernel per set of defines.
 #   MODE=write-check  tools/write_bandwidth_check.cu (nvcc only): the rate at which fc1's two outputs can be
 #               written with no product around them (memset, streaming, fc1's tile pattern, with A read beside
-#               it), on cudaMalloc memory and on cuMemCreate memory with compression off and on
+#               it), on cudaMalloc memory and on cuMemCreate memory with compression off and on; the tile
+#               pattern on fewer SMs (the limit of one SM) and fc1's rhythm of work then writes
 #   MODE=ncu    Nsight Compute on the kernels matching NCU_KERNEL (a regex) in the `all` variant of
 #               BENCH_CASES, once per setting in TUNE_ENVS as in tune: NCU_SKIP launches skipped (the
 #               first, eager steps), NCU_COUNT profiled, NCU_ARGS added (e.g. --metrics ...); the

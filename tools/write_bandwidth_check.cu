@@ -12,8 +12,11 @@
 //             of A, as the product's main loop streams them
 // into memory from cudaMalloc and from cuMemCreate with compression off and,
 // where the GPU offers it, on (Nsight Compute saw every sector fc1 wrote
-// pass the L2's compression unit). The values differ everywhere, so that no
-// compressor finds runs. GB/s of bytes written: the median of 7 windows of
+// pass the L2's compression unit); then, on cudaMalloc memory, the tile
+// pattern on a quarter and a half of the SMs (a limit per SM, or of the
+// GPU?) and fc1's rhythm without the product (rhythm_tiles: spin for the
+// main loop's time, then write the tile; CTAs started in waves or not).
+// The values differ everywhere, so that no compressor finds runs. GB/s of bytes written: the median of 7 windows of
 // 10 launches after 3 warm-up launches, CUDA events.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/write_bandwidth_check.cu -o /tmp/write_check
 #include <cuda.h>  // CUmemAllocationProp and friends (the entry points come through the runtime)
