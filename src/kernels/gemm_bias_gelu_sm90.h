@@ -31,11 +31,12 @@
 // on the other, so one warpgroup's epilogue (four buffers) overlaps the
 // other's products; an mbarrier hand-off keeps their main loops in turn.
 // Measured (H200, 2026-12-01, docs/PERFORMANCE.md): fc1 at DiT-B/2 b256
-// (65536 x 3072 x 768) 0.53-0.57 ms cooperative against cuBLASLt GELU_AUX_BIAS's
-// 0.58 (as fast as its BIAS product, which writes one output), at XL/2
-// 1.20-1.24 against 1.29; ping-pong gives the same bits, ~1.5% faster than
-// cooperative at S/2 and B/2, ~0.5% slower at XL/2 (twelve pairs); DGELU 0.61 against cuBLASLt's 0.51 (tuned) at B/2,
-// so the training path takes only fc1.
+// (65536 x 3072 x 768) 0.53-0.57 ms cooperative against cuBLASLt
+// GELU_AUX_BIAS's 0.58 (as fast as its BIAS product, which writes one
+// output), at XL/2 1.20-1.24 against 1.29; ping-pong gives the same bits,
+// ~1.5% faster than cooperative at S/2 and B/2, ~0.5% slower at XL/2
+// (twelve pairs); DGELU 0.61 against cuBLASLt's 0.51 (tuned) at B/2, so
+// the training path takes only fc1.
 // Shapes: M % 128 == 0, N % 256 == 0, K % 64 == 0, pointers 16-byte
 // aligned (gemm_bias_gelu_sm90_supported). DiT's fc1 fits: M = batch x
 // tokens, N = 4D, K = D with D a multiple of 64.
