@@ -22,19 +22,20 @@ using bf16 = __nv_bfloat16;
 constexpr int kBM = 128, kBN = 256, kBK = 64;  // CTA tile; 64 bf16 of K = one 128-byte swizzled row
 constexpr int kThreads = 384;                   // producer warpgroup + two consumer warpgroups
 constexpr int kConsumerWarps = 8;
-constexpr uint32_t kATileBytes = kBM * kBK * 2, kWTileBytes = kBN * kBK * 2;
+constexpr uint32_t kATileBytes = kBM * kBK * 2;
 // The epilogue writes through shared memory: each consumer warpgroup has
 // buffers of 64 rows x 64 columns (bf16, 128-byte swizzle), filled from the
 // accumulators and written out by TMA stores.
 constexpr int kChunkCols = 64;
 constexpr uint32_t kChunkBytes = 64 * kChunkCols * 2;
 
-// Shared memory: the ring of Stages (A and W tiles), each consumer
-// warpgroup's Buffers, then the barriers (full and empty per stage, one per
-// warpgroup for a preloaded tile); 1024 bytes of slack to align the start.
-template <int Stages, int Buffers>
+// Shared memory: the ring of Stages (A tiles and W tiles of TileN rows),
+// each consumer warpgroup's Buffers, then the barriers (full and empty per
+// stage, two for the kernel's own use); 1024 bytes of slack to align the start.
+template <int Stages, int Buffers, int TileN = kBN>
 struct SmemLayout {
-  static constexpr uint32_t kRing = Stages * (kATileBytes + kWTileBytes);
+  static constexpr int kStages = Stages;
+  static constexpr uint32_t kRing = Stages * (kATileBytes + uint32_t(TileN) * kBK * 2);
   static constexpr uint32_t kStaging = 2 * Buffers * kChunkBytes;
   static constexpr size_t kTotal = kRing + kStaging + (2 * Stages + 2) * sizeof(uint64_t) + 1024;
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
@@ -175,6 +176,39 @@ __device__ __forceinline__ void produce_tiles(const CUtensorMap* tma_a, const CU
 template <typename Epilogue>
 using LayoutOf = SmemLayout<Epilogue::kStages, Epilogue::kBuffers>;
 
+// The dynamic shared memory of a kernel with this Layout, carved: the ring's
+// A and W stages, the epilogue buffers, and the barriers (full and empty per
+// stage, then two more for the kernel's own use).
+struct SmemParts {
+  bf16 *sa, *sw;
+  unsigned char* staging;
+  uint64_t *full, *empty, *extra;
+};
+
+template <typename Layout>
+__device__ __forceinline__ SmemParts carve_smem(unsigned char* smem_raw) {
+  // The 128-byte swizzle repeats every 1024 bytes: tiles start on a multiple.
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  SmemParts p;
+  p.sa = reinterpret_cast<bf16*>(smem);
+  p.sw = reinterpret_cast<bf16*>(smem + Layout::kStages * kATileBytes);
+  p.staging = smem + Layout::kRing;
+  p.full = reinterpret_cast<uint64_t*>(smem + Layout::kRing + Layout::kStaging);
+  p.empty = p.full + Layout::kStages;
+  p.extra = p.empty + Layout::kStages;
+  return p;
+}
+
+// Where a consumer thread's pair (jj, h) of a 64 x 64 epilogue chunk goes in
+// a 128-byte-swizzled buffer: 16-byte unit jj of row r at unit jj ^ (r % 8),
+// as TMA's swizzle reads it back (the 32 lanes of a warp then hit 32
+// different banks); r = the thread's row h (0: lane / 4, 1: + 8) of its warp's 16.
+__device__ __forceinline__ uint32_t swizzled_pair(uint32_t buf, int warp, int lane, int jj, int h) {
+  const int r = warp * 16 + lane / 4 + 8 * h;  // row within the warpgroup's 64
+  return buf + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * (lane & 3);
+}
+
 // out = epilogue(A W^T), 128 x 256 tiles (see the header).
 // Persistent: each CTA takes tiles blockIdx.x, + gridDim.x, ... (consecutive
 // tiles run along N, so the CTAs at work share A's rows; W fits in L2). The
@@ -189,15 +223,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kStages = Epilogue::kStages;
   using Layout = LayoutOf<Epilogue>;
   extern __shared__ unsigned char smem_raw[];
-  // The 128-byte swizzle repeats every 1024 bytes: tiles start on a multiple.
-  unsigned char* smem =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  bf16* sa = reinterpret_cast<bf16*>(smem);
-  bf16* sw = reinterpret_cast<bf16*>(smem + kStages * kATileBytes);
-  unsigned char* staging = smem + Layout::kRing;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Layout::kRing + Layout::kStaging);
-  uint64_t* empty = full + kStages;
-  uint64_t* preloaded = empty + kStages;  // per consumer warpgroup: its buffers hold the tile's input
+  const SmemParts parts = carve_smem<Layout>(smem_raw);
+  bf16 *const sa = parts.sa, *const sw = parts.sw;
+  unsigned char* const staging = parts.staging;
+  uint64_t *const full = parts.full, *const empty = parts.empty;
+  uint64_t* const preloaded = parts.extra;  // per consumer warpgroup: its buffers hold the tile's input
   const int wg = threadIdx.x / 128;
   const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
@@ -259,15 +289,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     continue;
 #endif
     // The epilogue, one 64 x 64 chunk of one output at a time: the thread
-    // writes its pairs into a swizzled buffer (16-byte unit jj of row r at
-    // unit jj ^ (r % 8), as TMA's 128-byte swizzle reads it back; the 32
-    // lanes of a warp then hit 32 different banks), and the warpgroup's
-    // store thread writes the chunk out with TMA.
+    // writes its pairs into a swizzled buffer (swizzled_pair), and the
+    // warpgroup's store thread writes the chunk out with TMA.
     const int col = n0 + 2 * (lane & 3);
-    auto swizzled = [&](uint32_t buf, int jj, int h) {
-      const int r = warp * 16 + lane / 4 + 8 * h;  // row within the warpgroup's 64
-      return buf + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * (lane & 3);
-    };
+    auto swizzled = [&](uint32_t buf, int jj, int h) { return swizzled_pair(buf, warp, lane, jj, h); };
     auto store_chunk = [&](const CUtensorMap* map, uint32_t buf, int jc) {
       fence_async_shared();
       warpgroup_barrier(1 + c);
@@ -339,14 +364,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // i - 1's, so the two warpgroups' main loops follow each other. Measured:
 // the same bits as the cooperative kernel and within ~1.5% of its time, so
 // what holds fc1 is not the idle tensor cores alone.
-constexpr int kPingBN = 128;                                  // tile columns
-constexpr uint32_t kPingWTileBytes = kPingBN * kBK * 2;       // W stage: 128 rows of 64 K
-constexpr int kPingStages = 4, kPingBuffers = 4;              // ring depth; 64 x 64 buffers per warpgroup
+constexpr int kPingBN = 128;                      // tile columns
+constexpr int kPingStages = 4, kPingBuffers = 4;  // ring depth; 64 x 64 buffers per warpgroup
 static_assert((kPingBuffers & (kPingBuffers - 1)) == 0, "buffers taken in turn by a mask");
-constexpr uint32_t kPingRing = kPingStages * (kATileBytes + kPingWTileBytes);
-constexpr uint32_t kPingStaging = 2 * kPingBuffers * kChunkBytes;
-constexpr size_t kPingSmem = kPingRing + kPingStaging + (2 * kPingStages + 2) * sizeof(uint64_t) + 1024;
-static_assert(kPingSmem <= 227 * 1024, "more shared memory than an H100/H200 block may have");
+using PingLayout = SmemLayout<kPingStages, kPingBuffers, kPingBN>;
 
 template <typename Epilogue>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -356,19 +377,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!Epilogue::kPreloads, "ping-pong takes the register-loading epilogues only");
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  bf16* sa = reinterpret_cast<bf16*>(smem);
-  bf16* sw = reinterpret_cast<bf16*>(smem + kPingStages * kATileBytes);
-  unsigned char* staging = smem + kPingRing;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kPingRing + kPingStaging);
-  uint64_t* empty = full + kPingStages;
+  const SmemParts parts = carve_smem<PingLayout>(smem_raw);
+  bf16 *const sa = parts.sa, *const sw = parts.sw;
+  unsigned char* const staging = parts.staging;
+  uint64_t *const full = parts.full, *const empty = parts.empty;
   // handoff[c]: the other warpgroup has passed the full barriers of its
   // latest tile. A warpgroup waits on it before its next tile's main loop:
   // its stages' full barriers are then at most one phase ahead of what it
   // waits for, as parity waits need (without it, warpgroup 2 would wait on
   // tile 1's phases while the barriers are still in tile 0's and pass).
-  uint64_t* handoff = empty + kPingStages;
+  uint64_t* const handoff = parts.extra;
   const int wg = threadIdx.x / 128;
   const int tiles_n = n / kPingBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
@@ -445,9 +463,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const int q = 4 * (8 * jc + jj) + 2 * h;
-              const int r = warp * 16 + lane / 4 + 8 * h;
-              const uint32_t at = buf + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * (lane & 3);
-              st_shared_u32(at, epilogue.value(loaded, o, jj, d[q], d[q + 1]));
+              st_shared_u32(swizzled_pair(buf, warp, lane, jj, h), epilogue.value(loaded, o, jj, d[q], d[q + 1]));
             }
           }
           fence_async_shared();
@@ -519,7 +535,7 @@ namespace {
 template <typename Epilogue, bool PingPong>
 struct Schedule {
   static constexpr int kTileN = PingPong ? kPingBN : kBN;
-  static constexpr size_t kSmem = PingPong ? kPingSmem : LayoutOf<Epilogue>::kTotal;
+  static constexpr size_t kSmem = PingPong ? PingLayout::kTotal : LayoutOf<Epilogue>::kTotal;
   static constexpr auto kernel() {
     if constexpr (PingPong)
       return gemm_sm90_pingpong_kernel<Epilogue>;
