@@ -585,10 +585,15 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
 // fc1's schedule, read once: ping-pong unless PERFTRAIN_FC1_SCHEDULE=cooperative
 // (the same bits; ~1.5% faster at S/2 and B/2, ~0.5% slower at XL/2 in twelve
 // alternating pairs on the H200, thirteenth pass).
+// Any other value is refused (a misspelt "cooperative" would otherwise run
+// the default unnoticed).
 bool fc1_pingpong() {
   static const bool pingpong = [] {
     const char* v = std::getenv("PERFTRAIN_FC1_SCHEDULE");
-    return v == nullptr || std::string(v) != "cooperative";
+    const std::string value = v == nullptr ? "" : v;
+    if (!value.empty() && value != "pingpong" && value != "cooperative")
+      throw std::invalid_argument("PERFTRAIN_FC1_SCHEDULE must be pingpong or cooperative, not '" + value + "'");
+    return value != "cooperative";
   }();
   return pingpong;
 }
