@@ -1,0 +1,347 @@
+#include "kernels/attention_head_bwd_sm90.h"
+
+#include <cuda.h>  // CUtensorMap and its enums (the encoder comes through the runtime)
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda_check.h"
+#include "kernels/sm90.cuh"
+
+namespace perftrain::kernels {
+namespace {
+
+using namespace sm90;  // the instruction helpers (kernels/sm90.cuh)
+using bf16 = __nv_bfloat16;
+
+constexpr int kT = kHeadBwdTokens, kD = kHeadBwdDim;
+constexpr int kChunk = 64;                     // queries per chunk
+constexpr int kKeyBlock = 64;                  // keys per wgmma M
+constexpr int kThreads = 256;                  // two warpgroups
+constexpr uint32_t kMatBytes = kT * kD * 2;    // one [256][64] bf16 operand, 128-byte rows: 32 KB
+constexpr uint32_t kDsBytes = kChunk * kT * 2; // dS of a chunk, [64 queries][256 keys] as 4 panels of 64 keys
+
+// Shared memory: Q, K, V, dO (TMA, 128-byte swizzle), two dS buffers, the
+// chunk's lse and D per query, one mbarrier; 1024 bytes to align the start.
+struct Smem {
+  static constexpr uint32_t kQ = 0, kK = kMatBytes, kV = 2 * kMatBytes, kDO = 3 * kMatBytes;
+  static constexpr uint32_t kDS = 4 * kMatBytes;               // 2 x kDsBytes
+  static constexpr uint32_t kLse = kDS + 2 * kDsBytes;         // float[256]
+  static constexpr uint32_t kDelta = kLse + kT * 4;            // float[256]
+  static constexpr uint32_t kBar = kDelta + kT * 4;            // uint64_t
+  static constexpr size_t kTotal = kBar + 8 + 1024;
+  static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
+};
+
+// wgmma's descriptor of a B operand stored MN-major (row = K index, 64
+// contiguous N values = one 128-byte swizzled row), N = 64: one swizzle atom
+// across N, 8-row groups 1024 bytes apart along K. LBO and SBO both 1024:
+// the one that steps along K is right whichever it is, and the other has no
+// second atom to step to.
+__device__ __forceinline__ uint64_t smem_desc_mn(uint32_t addr) {
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t(1024 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// d (64 x 64) = A B^T (+ d), both from shared memory, K-major.
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// The same with B stored MN-major (transposed).
+__device__ __forceinline__ void wgmma_m64n64k16_ss_tb(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1;\n}\n"
+      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// d (64 x 64) = A B (+ d), A (64 x 16) from registers in the accumulator
+// layout's k16 fragment, B from shared memory MN-major (transposed).
+__device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                      int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// A 256-thread barrier of the CTA's two warpgroups (id 1; 0 is __syncthreads).
+__device__ __forceinline__ void cta_barrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+// The k16 fragment t (queries 16t .. 16t + 15 of a chunk) of a 64 x 64
+// accumulator, as wgmma's register A operand: the accumulator holds columns
+// 8j + 2(lane % 4) + {0, 1} of rows lane / 4 (+ 8) in d[4j .. 4j + 3], which
+// is the A layout of columns 16t .. 16t + 15 for j = 2t, 2t + 1.
+__device__ __forceinline__ void a_fragment(const float (&d)[32], int t, uint32_t (&a)[4]) {
+  a[0] = pack_bf16x2(d[8 * t + 0], d[8 * t + 1]);
+  a[1] = pack_bf16x2(d[8 * t + 2], d[8 * t + 3]);
+  a[2] = pack_bf16x2(d[8 * t + 4], d[8 * t + 5]);
+  a[3] = pack_bf16x2(d[8 * t + 6], d[8 * t + 7]);
+}
+
+// Byte offset of element (row, col) in a K-major 128-byte-swizzled [rows][64]
+// bf16 panel: 16-byte unit u of row r sits at unit u ^ (r % 8).
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int col) {
+  return row * 128 + ((((col * 2) >> 4) ^ (row & 7)) << 4) + ((col * 2) & 15);
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_head_bwd_kernel(const __grid_constant__ CUtensorMap tma_qkv, const __grid_constant__ CUtensorMap tma_do,
+                              const bf16* __restrict__ o, const float* __restrict__ lse, bf16* __restrict__ dqkv,
+                              int heads, float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t base = smem_u32(smem);
+  float* s_lse = reinterpret_cast<float*>(smem + Smem::kLse);
+  float* s_delta = reinterpret_cast<float*>(smem + Smem::kDelta);
+  uint64_t* loaded = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
+  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+  const int row0 = b * kT;                   // the sample's first token
+  const int64_t row_stride = int64_t(3) * heads * kD;  // elements between tokens in qkv and dqkv
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
+
+  if (tid == 0) {
+    mbar_init(loaded, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (tid == 0) {  // the head's Q, K, V and dO, 32 KB each, in 64-row boxes
+    mbar_arrive_expect_tx(loaded, 4 * kMatBytes);
+    for (int r = 0; r < kT; r += 64) {
+      tma_load_2d(smem + Smem::kQ + r * 128, &tma_qkv, loaded, h * kD, row0 + r);
+      tma_load_2d(smem + Smem::kK + r * 128, &tma_qkv, loaded, (heads + h) * kD, row0 + r);
+      tma_load_2d(smem + Smem::kV + r * 128, &tma_qkv, loaded, (2 * heads + h) * kD, row0 + r);
+      tma_load_2d(smem + Smem::kDO + r * 128, &tma_do, loaded, h * kD, row0 + r);
+    }
+  }
+  // Per query (thread tid = query): lse, and D = rowsum(dO * O) once dO is in.
+  s_lse[tid] = lse[(int64_t(b) * heads + h) * kT + tid];
+  mbar_wait(loaded, 0);
+  {
+    const bf16* o_row = o + (int64_t(row0 + tid) * heads + h) * kD;
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {  // 16-byte unit u of the row: 8 values
+      const uint4 ov = *reinterpret_cast<const uint4*>(o_row + 8 * u);
+      const uint4 dv = *reinterpret_cast<const uint4*>(smem + Smem::kDO + tid * 128 + ((u ^ (tid & 7)) << 4));
+      const __nv_bfloat162* op = reinterpret_cast<const __nv_bfloat162*>(&ov);
+      const __nv_bfloat162* dp = reinterpret_cast<const __nv_bfloat162*>(&dv);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 of = __bfloat1622float2(op[i]), df = __bfloat1622float2(dp[i]);
+        acc += of.x * df.x + of.y * df.y;
+      }
+    }
+    s_delta[tid] = acc;
+  }
+  __syncthreads();
+
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale_log2 = scale * kLog2e;
+  // This warpgroup's key blocks 2 wg, 2 wg + 1, and their gradients.
+  float dv[2][32], dk[2][32];
+  const int r_lo = warp * 16 + lane / 4;  // accumulator rows r_lo and r_lo + 8 (keys within the block)
+
+  for (int qc = 0; qc < kT / kChunk; ++qc) {
+    const uint32_t ds_buf = base + Smem::kDS + (qc & 1) * kDsBytes;
+#pragma unroll
+    for (int kbi = 0; kbi < 2; ++kbi) {
+      const int kb = 2 * wg + kbi;
+      float st[32], dpt[32];  // S^T and dP^T: [64 keys][64 queries of the chunk]
+      {
+        const uint64_t da_k = smem_desc(smem + Smem::kK + kb * kKeyBlock * 128);
+        const uint64_t da_v = smem_desc(smem + Smem::kV + kb * kKeyBlock * 128);
+        const uint64_t db_q = smem_desc(smem + Smem::kQ + qc * kChunk * 128);
+        const uint64_t db_do = smem_desc(smem + Smem::kDO + qc * kChunk * 128);
+        wgmma_fence();
+#pragma unroll
+        for (int t = 0; t < kD / 16; ++t) wgmma_m64n64k16_ss(st, da_k + 2 * t, db_q + 2 * t, t > 0);
+#pragma unroll
+        for (int t = 0; t < kD / 16; ++t) wgmma_m64n64k16_ss(dpt, da_v + 2 * t, db_do + 2 * t, t > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(st);
+        fence_accumulators(dpt);
+      }
+      // P^T = exp(s S^T - lse[q]) and dS^T = P^T (dP^T - D[q]); column q of the chunk.
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int q = qc * kChunk + 8 * j + 2 * (lane & 3) + e;
+          const float l2 = s_lse[q] * kLog2e, delta = s_delta[q];
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int i = 4 * j + 2 * hh + e;
+            const float p = exp2f(st[i] * scale_log2 - l2);
+            st[i] = p;
+            dpt[i] = p * (dpt[i] - delta);
+          }
+        }
+      }
+      // dV += P^T dO over the chunk's 64 queries (B: dO's rows, MN-major); P^T
+      // goes into bf16 fragments first, so that S^T's registers are free.
+      const int first = qc > 0 ? 1 : 0;
+      {
+        uint32_t ap[4][4];
+#pragma unroll
+        for (int t = 0; t < kChunk / 16; ++t) a_fragment(st, t, ap[t]);
+        wgmma_fence();
+#pragma unroll
+        for (int t = 0; t < kChunk / 16; ++t)
+          wgmma_m64n64k16_rs_tb(dv[kbi], ap[t], smem_desc_mn(base + Smem::kDO + (qc * kChunk + 16 * t) * 128),
+                                first | (t > 0));
+        wgmma_commit();
+        // dS into the chunk's buffer meanwhile, transposed: [query][key], keys in panels of 64.
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int q_local = 8 * j + 2 * (lane & 3) + (i & 1), key = r_lo + 8 * (i >> 1);
+            const uint32_t at = ds_buf + kb * (kChunk * 128) + swizzled_offset(q_local, key);
+            const bf16 v = __float2bfloat16_rn(dpt[4 * j + i]);
+            asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(at), "h"(*reinterpret_cast<const unsigned short*>(&v))
+                         : "memory");
+          }
+        }
+        // dK += dS^T Q (B: Q's rows, MN-major).
+        uint32_t ads[4][4];
+#pragma unroll
+        for (int t = 0; t < kChunk / 16; ++t) a_fragment(dpt, t, ads[t]);
+        wgmma_fence();
+#pragma unroll
+        for (int t = 0; t < kChunk / 16; ++t)
+          wgmma_m64n64k16_rs_tb(dk[kbi], ads[t], smem_desc_mn(base + Smem::kQ + (qc * kChunk + 16 * t) * 128),
+                                first | (t > 0));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(dv[kbi]);
+        fence_accumulators(dk[kbi]);
+      }
+    }
+    // The chunk's dS is complete once both warpgroups are here; the async
+    // proxy (wgmma) reads what st.shared wrote.
+    fence_async_shared();
+    cta_barrier();
+    if (wg == (qc & 1)) {  // dQ of the chunk = s dS K: [64 queries][64 d], K over 256 keys
+      float dq[32];
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < kT / 16; ++t) {
+        const uint64_t da = smem_desc(smem + Smem::kDS + (qc & 1) * kDsBytes + (t / 4) * (kChunk * 128)) + 2 * (t % 4);
+        wgmma_m64n64k16_ss_tb(dq, da, smem_desc_mn(base + Smem::kK + 16 * t * 128), t > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(dq);
+      // Row r_lo (+ 8) of the chunk, columns 8j + 2 (lane % 4) + {0, 1}.
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        bf16* out = dqkv + int64_t(row0 + qc * kChunk + r_lo + 8 * hh) * row_stride + h * kD + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_bf16x2(scale * dq[4 * j + 2 * hh], scale * dq[4 * j + 2 * hh + 1]);
+      }
+    }
+  }
+  // dK (scaled) and dV of this warpgroup's two key blocks.
+#pragma unroll
+  for (int kbi = 0; kbi < 2; ++kbi) {
+    const int key0 = (2 * wg + kbi) * kKeyBlock;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int64_t row = int64_t(row0 + key0 + r_lo + 8 * hh) * row_stride;
+      bf16* out_k = dqkv + row + (heads + h) * kD + 2 * (lane & 3);
+      bf16* out_v = dqkv + row + (2 * heads + h) * kD + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        *reinterpret_cast<uint32_t*>(out_k + 8 * j) =
+            pack_bf16x2(scale * dk[kbi][4 * j + 2 * hh], scale * dk[kbi][4 * j + 2 * hh + 1]);
+        *reinterpret_cast<uint32_t*>(out_v + 8 * j) = pack_bf16x2(dv[kbi][4 * j + 2 * hh], dv[kbi][4 * j + 2 * hh + 1]);
+      }
+    }
+  }
+#else
+  __trap();  // built for an architecture without wgmma: the host refuses to launch first
+#endif
+}
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    PERFTRAIN_CUDA_CHECK(
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || p == nullptr)
+      throw std::runtime_error("attention_head_bwd_sm90: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+// [rows, cols] bf16 row-major in boxes of 64 rows x 64 columns, 128-byte swizzle.
+CUtensorMap tensor_map(const bf16* base, int64_t rows, int64_t cols) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(cols) * sizeof(bf16)};
+  const cuuint32_t box[2] = {64, 64};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides,
+                                    box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error("attention_head_bwd_sm90: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) +
+                             ")");
+  return map;
+}
+
+}  // namespace
+
+void attention_head_bwd_sm90(const bf16* qkv, const bf16* o, const bf16* d_o, const float* lse, bf16* dqkv, int batch,
+                             int heads, float scale, cudaStream_t stream) {
+  if (batch < 1 || heads < 1 || int64_t(batch) * heads > INT32_MAX)
+    throw std::invalid_argument("attention_head_bwd_sm90: needs batch >= 1 and heads >= 1");
+  for (const void* p : {static_cast<const void*>(qkv), static_cast<const void*>(o), static_cast<const void*>(d_o),
+                        static_cast<const void*>(lse), static_cast<const void*>(dqkv)})
+    if (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      throw std::invalid_argument("attention_head_bwd_sm90: every pointer must be given and 16-byte aligned");
+  int device = 0, major = 0, minor = 0;
+  PERFTRAIN_CUDA_CHECK(cudaGetDevice(&device));
+  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9 || minor != 0) throw std::invalid_argument("attention_head_bwd_sm90: needs an sm_90 GPU");
+  const int64_t rows = int64_t(batch) * kT;
+  const CUtensorMap map_qkv = tensor_map(qkv, rows, int64_t(3) * heads * kD);
+  const CUtensorMap map_do = tensor_map(d_o, rows, int64_t(heads) * kD);
+  PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(attention_head_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(Smem::kTotal)));
+  attention_head_bwd_kernel<<<batch * heads, kThreads, Smem::kTotal, stream>>>(map_qkv, map_do, o, lse, dqkv, heads,
+                                                                               scale);
+  PERFTRAIN_LAUNCH_CHECK();
+}
+
+}  // namespace perftrain::kernels

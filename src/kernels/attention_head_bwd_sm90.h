@@ -1,0 +1,42 @@
+// DRAFT (branch whole-head-attention, not yet run on a GPU): the backward of
+// softmax attention for DiT's short sequences, one CTA per (sample, head),
+// Hopper (sm_90a) wgmma. Non-causal, no dropout, T = 256 tokens, head dim 64.
+//
+// Why: at 256 tokens cuDNN's flash backward runs at ~257 TFLOP/s and adds
+// two side passes (dot(dO, O) and the fp32 dQ accumulator's conversion),
+// 2.4 ms of a 77 ms DiT-B/2 b256 step (docs/PERFORMANCE.md, thirteenth
+// pass). A CTA that holds a whole head (Q, K, V, dO: 128 KB) owns every
+// row of dQ, dK and dV, so it needs no fp32 accumulator, no atomics and no
+// extra passes, and writes dq, dk, dv straight into the packed [B, T, 3, H, d]
+// gradient of qkv (one product for the qkv input gradient, no pack copy).
+//
+// Math (s = softmax scale, lse the forward's log-sum-exp of s * S per query):
+//   S = Q K^T, P = exp(s S - lse), dP = dO V^T, D = rowsum(dO * O),
+//   dS = P * (dP - D), dV = P^T dO, dK = s dS^T Q, dQ = s dS K.
+// How: warpgroup c owns keys [128c, 128c + 128) as two 64-key blocks and
+// keeps their dV and dK in registers; query chunks of 64 go by in turn: per
+// key block S^T = K Q^T and dP^T = V dO^T (wgmma, both operands K-major in
+// shared memory), P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q
+// (A from registers, B = dO, Q transposed), dS^T stored transposed into a
+// shared [64 queries][256 keys] buffer; then one warpgroup takes the
+// chunk's dQ = dS K (B = K transposed) while the other starts the next chunk.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace perftrain::kernels {
+
+constexpr int kHeadBwdTokens = 256, kHeadBwdDim = 64;
+
+// qkv [B, T, 3, H, 64] bf16 (the packed projection), o and d_o [B, T, H, 64]
+// bf16, lse [B, H, T] fp32 (natural log, of the scaled scores), dqkv
+// [B, T, 3, H, 64] bf16. T must be 256. Throws std::invalid_argument for
+// other shapes, misaligned pointers or a GPU other than sm_90.
+void attention_head_bwd_sm90(const __nv_bfloat16* qkv, const __nv_bfloat16* o, const __nv_bfloat16* d_o,
+                             const float* lse, __nv_bfloat16* dqkv, int batch, int heads, float scale,
+                             cudaStream_t stream);
+
+}  // namespace perftrain::kernels

@@ -1,0 +1,225 @@
+// A standalone check of kernels::attention_head_bwd_sm90 without libtorch,
+// for a quick device call: random bf16 q, k, v, dO for a few (sample, head)
+// pairs, the forward's O and log-sum-exp and the three gradients in float64
+// on the CPU, the kernel's packed dq/dk/dv (poisoned with NaN first) against
+// them; then the time per call at DiT-B/2 b256's shape (256 samples, 12
+// heads) by CUDA events.
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc \
+//        tools/attention_bwd_check.cu src/kernels/attention_head_bwd_sm90.cu -o /tmp/attention_check
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/attention_head_bwd_sm90.h"
+
+using bf16 = __nv_bfloat16;
+
+#define CHECK(x)                                                  \
+  do {                                                            \
+    cudaError_t e = (x);                                          \
+    if (e != cudaSuccess) {                                       \
+      std::printf("%s: %s\n", #x, cudaGetErrorString(e));         \
+      return 1;                                                   \
+    }                                                             \
+  } while (0)
+
+constexpr int kT = perftrain::kernels::kHeadBwdTokens, kD = perftrain::kernels::kHeadBwdDim;
+
+static float bf(bf16 v) { return __bfloat162float(v); }
+
+struct Problem {
+  int batch, heads;
+  std::vector<bf16> qkv, o, d_o;  // [B, T, 3, H, D], [B, T, H, D], [B, T, H, D]
+  std::vector<float> lse;         // [B, H, T]
+  size_t at_qkv(int b, int t, int which, int h, int d) const {
+    return (((size_t(b) * kT + t) * 3 + which) * heads + h) * kD + d;
+  }
+  size_t at_o(int b, int t, int h, int d) const { return ((size_t(b) * kT + t) * heads + h) * kD + d; }
+};
+
+// Random inputs; O and lse from the forward in float64 (O rounded to bf16, as
+// the forward stores it).
+static Problem make_problem(int batch, int heads, float scale, unsigned seed, bool forward) {
+  Problem p{batch, heads, {}, {}, {}, {}};
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  p.qkv.resize(size_t(batch) * kT * 3 * heads * kD);
+  p.o.resize(size_t(batch) * kT * heads * kD);
+  p.d_o.resize(p.o.size());
+  p.lse.resize(size_t(batch) * heads * kT);
+  for (auto& v : p.qkv) v = __float2bfloat16(nd(rng));
+  for (auto& v : p.d_o) v = __float2bfloat16(nd(rng));
+  if (!forward) {  // timing only: any finite O and lse
+    for (auto& v : p.o) v = __float2bfloat16(nd(rng));
+    for (auto& v : p.lse) v = 6.f + nd(rng);
+    return p;
+  }
+  std::vector<double> s(kT);
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < kT; ++i) {
+        double mx = -1e300;
+        for (int j = 0; j < kT; ++j) {
+          double acc = 0;
+          for (int d = 0; d < kD; ++d) acc += double(bf(p.qkv[p.at_qkv(b, i, 0, h, d)])) * bf(p.qkv[p.at_qkv(b, j, 1, h, d)]);
+          s[j] = scale * acc;
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j < kT; ++j) sum += std::exp(s[j] - mx);
+        p.lse[(size_t(b) * heads + h) * kT + i] = float(mx + std::log(sum));
+        for (int d = 0; d < kD; ++d) {
+          double acc = 0;
+          for (int j = 0; j < kT; ++j) acc += std::exp(s[j] - mx) / sum * bf(p.qkv[p.at_qkv(b, j, 2, h, d)]);
+          p.o[p.at_o(b, i, h, d)] = __float2bfloat16(float(acc));
+        }
+      }
+  return p;
+}
+
+// The gradients of one (sample, head) in float64: dq, dk, dv [T][D].
+static void reference(const Problem& p, int b, int h, float scale, std::vector<double>& dq, std::vector<double>& dk,
+                      std::vector<double>& dv) {
+  dq.assign(size_t(kT) * kD, 0);
+  dk.assign(size_t(kT) * kD, 0);
+  dv.assign(size_t(kT) * kD, 0);
+  std::vector<double> prob(kT), dp(kT);
+  for (int i = 0; i < kT; ++i) {
+    const double lse = p.lse[(size_t(b) * p.heads + h) * kT + i];
+    double delta = 0;
+    for (int d = 0; d < kD; ++d) delta += double(bf(p.d_o[p.at_o(b, i, h, d)])) * bf(p.o[p.at_o(b, i, h, d)]);
+    for (int j = 0; j < kT; ++j) {
+      double sc = 0, dpj = 0;
+      for (int d = 0; d < kD; ++d) {
+        sc += double(bf(p.qkv[p.at_qkv(b, i, 0, h, d)])) * bf(p.qkv[p.at_qkv(b, j, 1, h, d)]);
+        dpj += double(bf(p.d_o[p.at_o(b, i, h, d)])) * bf(p.qkv[p.at_qkv(b, j, 2, h, d)]);
+      }
+      prob[j] = std::exp(scale * sc - lse);
+      dp[j] = dpj;
+    }
+    for (int j = 0; j < kT; ++j) {
+      const double ds = prob[j] * (dp[j] - delta);
+      for (int d = 0; d < kD; ++d) {
+        dq[size_t(i) * kD + d] += scale * ds * bf(p.qkv[p.at_qkv(b, j, 1, h, d)]);
+        dk[size_t(j) * kD + d] += scale * ds * bf(p.qkv[p.at_qkv(b, i, 0, h, d)]);
+        dv[size_t(j) * kD + d] += prob[j] * bf(p.d_o[p.at_o(b, i, h, d)]);
+      }
+    }
+  }
+}
+
+struct Device {
+  bf16 *qkv = nullptr, *o = nullptr, *d_o = nullptr, *dqkv = nullptr;
+  float* lse = nullptr;
+};
+
+static int upload(const Problem& p, Device& dev) {
+  CHECK(cudaMalloc(&dev.qkv, p.qkv.size() * 2));
+  CHECK(cudaMalloc(&dev.o, p.o.size() * 2));
+  CHECK(cudaMalloc(&dev.d_o, p.d_o.size() * 2));
+  CHECK(cudaMalloc(&dev.dqkv, p.qkv.size() * 2));
+  CHECK(cudaMalloc(&dev.lse, p.lse.size() * 4));
+  CHECK(cudaMemcpy(dev.qkv, p.qkv.data(), p.qkv.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dev.o, p.o.data(), p.o.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dev.d_o, p.d_o.data(), p.d_o.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dev.lse, p.lse.data(), p.lse.size() * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemset(dev.dqkv, 0xff, p.qkv.size() * 2));  // NaN in bf16
+  return 0;
+}
+
+static void release(Device& dev) {
+  cudaFree(dev.qkv);
+  cudaFree(dev.o);
+  cudaFree(dev.d_o);
+  cudaFree(dev.dqkv);
+  cudaFree(dev.lse);
+}
+
+// Every (sample, head) against float64: the largest error over the RMS of the
+// reference, per gradient. bf16 P and dS put ~1e-2 into it.
+static int check(int batch, int heads) {
+  const float scale = 1.f / std::sqrt(float(kD));
+  const Problem p = make_problem(batch, heads, scale, 7u + batch, true);
+  Device dev;
+  if (upload(p, dev) != 0) return 1;
+  perftrain::kernels::attention_head_bwd_sm90(dev.qkv, dev.o, dev.d_o, dev.lse, dev.dqkv, batch, heads, scale, nullptr);
+  CHECK(cudaDeviceSynchronize());
+  std::vector<bf16> got(p.qkv.size());
+  CHECK(cudaMemcpy(got.data(), dev.dqkv, got.size() * 2, cudaMemcpyDeviceToHost));
+  release(dev);
+  size_t nan = 0;
+  for (const bf16 v : got)
+    if (std::isnan(bf(v))) ++nan;
+  double worst[3] = {0, 0, 0};
+  std::vector<double> ref[3];
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < heads; ++h) {
+      reference(p, b, h, scale, ref[0], ref[1], ref[2]);
+      for (int which = 0; which < 3; ++which) {
+        double ss = 0, err = 0;
+        for (double v : ref[which]) ss += v * v;
+        const double rms = std::sqrt(ss / ref[which].size()) + 1e-30;
+        for (int t = 0; t < kT; ++t)
+          for (int d = 0; d < kD; ++d)
+            err = std::max(err, std::fabs(bf(got[p.at_qkv(b, t, which, h, d)]) - ref[which][size_t(t) * kD + d]));
+        worst[which] = std::max(worst[which], err / rms);
+      }
+    }
+  const bool ok = nan == 0 && worst[0] < 0.05 && worst[1] < 0.05 && worst[2] < 0.05;
+  std::printf("attention bwd check batch=%d heads=%d: NaN left %zu, worst error / rms dq %.3g dk %.3g dv %.3g -> %s\n",
+              batch, heads, nan, worst[0], worst[1], worst[2], ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+// Milliseconds per call at (batch, heads): the median of 7 windows of 20
+// calls after 5 warm-up calls; TFLOP/s counts 2.5x the forward's 4 B H T^2 D.
+static int time_shape(int batch, int heads) {
+  const float scale = 1.f / std::sqrt(float(kD));
+  const Problem p = make_problem(batch, heads, scale, 99u, false);
+  Device dev;
+  if (upload(p, dev) != 0) return 1;
+  auto launch = [&] {
+    perftrain::kernels::attention_head_bwd_sm90(dev.qkv, dev.o, dev.d_o, dev.lse, dev.dqkv, batch, heads, scale,
+                                                nullptr);
+  };
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 5; ++i) launch();
+  std::vector<float> ms;
+  for (int w = 0; w < 7; ++w) {
+    CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < 20; ++i) launch();
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    CHECK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t / 20);
+  }
+  CHECK(cudaGetLastError());
+  release(dev);
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[ms.size() / 2];
+  const double flops = 2.5 * 4.0 * batch * heads * double(kT) * kT * kD;
+  std::printf("attention bwd time batch=%d heads=%d: median %.3f ms, %.0f TFLOP/s (cuDNN at B/2: ~0.50 ms + 0.20 ms "
+              "of side passes)\n",
+              batch, heads, med, flops / med * 1e-9);
+  return 0;
+}
+
+// `attention_check checks` runs only the checks (for compute-sanitizer).
+int main(int argc, char** argv) {
+  int rc = 0;
+  rc |= check(1, 1);
+  rc |= check(2, 3);
+  if (argc > 1 && std::string(argv[1]) == "checks") return rc;
+  rc |= time_shape(256, 12);  // DiT-B/2 b256
+  rc |= time_shape(256, 6);   // DiT-S/2 b256
+  return rc;
+}
