@@ -15,6 +15,7 @@
 
 #include "base/env.h"
 #include "base/error.h"
+#include "ops/attention_head_bwd.h"
 #include "ops/column_sums.h"
 #include "ops/compat.h"
 #include "ops/compute_weights.h"
@@ -134,14 +135,17 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    const auto d = cudnn_backward(ctx, s, 2, grads[0]);
+    // Our whole-head kernel where it applies (PERFTRAIN_ATTN_BWD=own): the
+    // packed gradient directly, from cudnn_forward's out (s[3]) and lse (s[4]).
+    const at::Tensor own_dqkv = try_attention_head_bwd(qkv, s[3], s[4], grads[0], heads);
+    const auto d = own_dqkv.defined() ? std::array<at::Tensor, 3>{} : cudnn_backward(ctx, s, 2, grads[0]);
 
     // Each of dq, dk, dv is [B, T, D] in memory when cuDNN kept q's token-major
     // layout (it does on the DiT shapes): then it is the output gradient of
     // one row block of the projection, and the products read it in place.
     std::array<at::Tensor, 3> blocks;
-    bool in_place = !packed_qkv_grad();
-    for (int i = 0; i < 3; ++i) {
+    bool in_place = !packed_qkv_grad() && !own_dqkv.defined();
+    for (int i = 0; i < 3 && in_place; ++i) {
       const at::Tensor tm = d[i].transpose(1, 2);
       in_place = in_place && tm.is_contiguous();
       if (in_place) blocks[i] = tm.view({m, D});
@@ -152,7 +156,7 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     if (ctx->needs_input_grad(1)) dw = at::empty({3 * D, D}, w.options().dtype(w_dtype));
     if (b_dtype >= 0 && ctx->needs_input_grad(2)) db = at::empty({3 * D}, w.options().dtype(at::ScalarType(b_dtype)));
     if (!in_place) {  // the packed gradient and the plain linear backward on it
-      const at::Tensor dqkv = pack_dqkv(d, B, T, heads, D).view({m, 3 * D});
+      const at::Tensor dqkv = (own_dqkv.defined() ? own_dqkv : pack_dqkv(d, B, T, heads, D)).view({m, 3 * D});
       if (dw.defined() || db.defined())
         run_weight_grads(
             [&] {

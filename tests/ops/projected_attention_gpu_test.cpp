@@ -4,6 +4,7 @@
 // the same result as the unfused linear + qkv_attention; and the
 // accumulating product (D += A B) it relies on. Skips without a GPU.
 #include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/matmul.h>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/attention_head_bwd.h"
 #include "ops/compat.h"
 #include "ops/cublaslt_workspace.h"
 #include "ops/linear.h"
@@ -111,6 +113,36 @@ TEST(ProjectedAttentionGpu, MatchesFp32ReferenceAndTheUnfusedOps) {
         << what << " unfused db_k";
   }
   EXPECT_EQ(gemm_fallback_count(), fallbacks_before) << "cuBLASLt refused a product on these shapes";
+}
+
+// The draft whole-head backward (ops/attention_head_bwd, sm_90 only, 256
+// tokens, head dim 64) against the fp32 reference and cuDNN's backward.
+TEST(ProjectedAttentionGpu, OwnBackwardMatchesReferenceAndCudnn) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  if (at::cuda::getCurrentDeviceProperties()->major != 9) GTEST_SKIP() << "not sm_90";
+  auto g = cuda_gen(33);
+  for (const Shape s : {Shape{2, 256, 128, 2}, Shape{3, 256, 384, 6}}) {
+    const at::Tensor h = rnd({s.batch, s.tokens, s.dim}, g).to(at::kBFloat16);
+    const at::Tensor w = rnd({3 * s.dim, s.dim}, g, 1.0 / std::sqrt(double(s.dim)));
+    const at::Tensor b = rnd({3 * s.dim}, g, 0.1);
+    const at::Tensor gout = rnd({s.batch, s.tokens, s.dim}, g);
+    const int64_t heads = s.heads;
+    const auto attention = [&](auto x, auto wt, auto bt) { return projected_attention(x, wt, bt, heads); };
+    const Grads ref = run([&](auto x, auto wt, auto bt) { return projected_attention_reference(x.to(at::kFloat), wt, bt, heads); },
+                          h, w, b, gout);
+    set_own_attention_backward(false);
+    const Grads cudnn = run(attention, h, w, b, gout);
+    set_own_attention_backward(true);
+    const Grads own = run(attention, h, w, b, gout);
+    set_own_attention_backward(false);
+    const std::string what = describe(s);
+    EXPECT_LT(rel_l2(own.dh, ref.dh), 2e-2) << what << " dh";
+    EXPECT_LT(rel_l2(own.dw, ref.dw), 2e-2) << what << " dW";
+    EXPECT_LT(rel_l2(own.db, ref.db), 2e-2) << what << " db";
+    EXPECT_LT(rel_l2(own.dh, cudnn.dh), 1.5e-2) << what << " dh vs cuDNN";
+    EXPECT_LT(rel_l2(own.dw, cudnn.dw), 1.5e-2) << what << " dW vs cuDNN";
+    EXPECT_EQ(own.db.narrow(0, s.dim, s.dim).abs().max().item<float>(), 0.f) << what << " db_k";
+  }
 }
 
 TEST(ProjectedAttentionGpu, AccumulatingProductAddsToD) {

@@ -1,0 +1,53 @@
+#include "ops/attention_head_bwd.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+
+#include <atomic>
+#include <cmath>
+
+#include "base/env.h"
+#include "kernels/attention_head_bwd_sm90.h"
+
+namespace perftrain::ops {
+namespace {
+
+std::atomic<bool>& own_flag() {
+  static std::atomic<bool> on{env_equals("PERFTRAIN_ATTN_BWD", "own")};
+  return on;
+}
+
+bool on_sm90() {
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  return props->major == 9 && props->minor == 0;
+}
+
+}  // namespace
+
+bool own_attention_backward() { return own_flag().load(std::memory_order_relaxed); }
+void set_own_attention_backward(bool on) { own_flag().store(on, std::memory_order_relaxed); }
+
+at::Tensor try_attention_head_bwd(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
+                                  const at::Tensor& grad_out, int64_t heads) {
+  if (!own_attention_backward() || !qkv.is_cuda() || qkv.scalar_type() != at::kBFloat16 || qkv.dim() != 3 ||
+      !qkv.is_contiguous() || heads < 1)
+    return at::Tensor();
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
+  if (T != kernels::kHeadBwdTokens || D != heads * kernels::kHeadBwdDim || qkv.size(2) != 3 * D) return at::Tensor();
+  // out: [B, H, T, d] whose memory is [B, T, H, d]; lse: B * H * T fp32, contiguous.
+  if (out.scalar_type() != at::kBFloat16 || out.dim() != 4 || !out.transpose(1, 2).is_contiguous() ||
+      out.size(0) != B || out.size(1) != heads || out.size(2) != T || out.size(3) != kernels::kHeadBwdDim)
+    return at::Tensor();
+  if (lse.scalar_type() != at::kFloat || !lse.is_contiguous() || lse.numel() != B * heads * T) return at::Tensor();
+  if (grad_out.scalar_type() != at::kBFloat16 || grad_out.numel() != B * T * D || !on_sm90()) return at::Tensor();
+  const at::Tensor dout = grad_out.contiguous();
+  at::Tensor dqkv = at::empty({B, T, 3 * D}, qkv.options());
+  kernels::attention_head_bwd_sm90(static_cast<const __nv_bfloat16*>(qkv.data_ptr()),
+                                   static_cast<const __nv_bfloat16*>(out.data_ptr()),
+                                   static_cast<const __nv_bfloat16*>(dout.data_ptr()), lse.data_ptr<float>(),
+                                   static_cast<__nv_bfloat16*>(dqkv.data_ptr()), int(B), int(heads),
+                                   1.f / std::sqrt(float(kernels::kHeadBwdDim)), at::cuda::getCurrentCUDAStream());
+  return dqkv;
+}
+
+}  // namespace perftrain::ops
