@@ -165,9 +165,19 @@ static int check(int batch, int heads) {
         double ss = 0, err = 0;
         for (double v : ref[which]) ss += v * v;
         const double rms = std::sqrt(ss / ref[which].size()) + 1e-30;
+        int shown = 0;
         for (int t = 0; t < kT; ++t)
-          for (int d = 0; d < kD; ++d)
-            err = std::max(err, std::fabs(bf(got[p.at_qkv(b, t, which, h, d)]) - ref[which][size_t(t) * kD + d]));
+          for (int d = 0; d < kD; ++d) {
+            const double g = bf(got[p.at_qkv(b, t, which, h, d)]), r = ref[which][size_t(t) * kD + d];
+            const double e = std::fabs(g - r);
+            err = std::max(err, e);
+            // The first few large misses, where they are: a layout mistake shows as a pattern.
+            if (!(e <= 0.05 * rms) && shown < 4 && b == 0 && h == 0) {
+              std::printf("  %s[token %d][d %d]: got %.5g, want %.5g\n", which == 0 ? "dq" : which == 1 ? "dk" : "dv", t,
+                          d, g, r);
+              ++shown;
+            }
+          }
         worst[which] = std::max(worst[which], err / rms);
       }
     }
