@@ -141,8 +141,10 @@ static void release(Device& dev) {
   cudaFree(dev.lse);
 }
 
-// Every (sample, head) against float64: the largest error over the RMS of the
-// reference, per gradient. bf16 P and dS put ~1e-2 into it.
+// Every (sample, head) against float64, per gradient: the largest error over
+// the RMS of the reference (reported), and a pass when every element is within
+// 0.05 RMS + 2^-7 of its own size (bf16 output rounding of the large values of
+// dk's heavy tail alone is 2^-9 of them; bf16 P and dS add ~1e-2 RMS).
 static int check(int batch, int heads) {
   const float scale = 1.f / std::sqrt(float(kD));
   const Problem p = make_problem(batch, heads, scale, 7u + batch, true);
@@ -157,6 +159,7 @@ static int check(int batch, int heads) {
   for (const bf16 v : got)
     if (std::isnan(bf(v))) ++nan;
   double worst[3] = {0, 0, 0};
+  bool close = true;
   std::vector<double> ref[3];
   for (int b = 0; b < batch; ++b)
     for (int h = 0; h < heads; ++h) {
@@ -171,17 +174,19 @@ static int check(int batch, int heads) {
             const double g = bf(got[p.at_qkv(b, t, which, h, d)]), r = ref[which][size_t(t) * kD + d];
             const double e = std::fabs(g - r);
             err = std::max(err, e);
-            // The first few large misses, where they are: a layout mistake shows as a pattern.
-            if (!(e <= 0.05 * rms) && shown < 4 && b == 0 && h == 0) {
-              std::printf("  %s[token %d][d %d]: got %.5g, want %.5g\n", which == 0 ? "dq" : which == 1 ? "dk" : "dv", t,
-                          d, g, r);
+            const bool near = e <= 0.05 * rms + std::fabs(r) / 128;
+            close = close && near;
+            // The first few misses, where they are: a layout mistake shows as a pattern.
+            if (!near && shown < 4) {
+              std::printf("  %s[sample %d][head %d][token %d][d %d]: got %.5g, want %.5g (rms %.3g)\n",
+                          which == 0 ? "dq" : which == 1 ? "dk" : "dv", b, h, t, d, g, r, rms);
               ++shown;
             }
           }
         worst[which] = std::max(worst[which], err / rms);
       }
     }
-  const bool ok = nan == 0 && worst[0] < 0.05 && worst[1] < 0.05 && worst[2] < 0.05;
+  const bool ok = nan == 0 && close;
   std::printf("attention bwd check batch=%d heads=%d: NaN left %zu, worst error / rms dq %.3g dk %.3g dv %.3g -> %s\n",
               batch, heads, nan, worst[0], worst[1], worst[2], ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
