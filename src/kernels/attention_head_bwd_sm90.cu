@@ -17,28 +17,31 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kT = kHeadBwdTokens, kD = kHeadBwdDim;
 constexpr int kChunk = 64;                     // queries per chunk
+constexpr int kChunks = kT / kChunk;
 constexpr int kKeyBlock = 64;                  // keys per wgmma M
 constexpr int kThreads = 256;                  // two warpgroups
 constexpr uint32_t kMatBytes = kT * kD * 2;    // one [256][64] bf16 operand, 128-byte rows: 32 KB
+constexpr uint32_t kBoxBytes = 64 * kD * 2;    // one TMA box, 64 rows: 8 KB
 constexpr uint32_t kDsBytes = kChunk * kT * 2; // dS of a chunk, [64 queries][256 keys] as 4 panels of 64 keys
 
-// Shared memory: Q, K, V, dO (TMA, 128-byte swizzle), two dS buffers, the
-// chunk's lse and D per query, one mbarrier; 1024 bytes to align the start.
+// Shared memory: Q, K, V, dO (TMA, 128-byte swizzle), two dS buffers, one dQ
+// staging box per warpgroup (TMA store), lse (times log2 e) and D per query,
+// one mbarrier per chunk; 1024 bytes to align the start.
 struct Smem {
   static constexpr uint32_t kQ = 0, kK = kMatBytes, kV = 2 * kMatBytes, kDO = 3 * kMatBytes;
   static constexpr uint32_t kDS = 4 * kMatBytes;               // 2 x kDsBytes
-  static constexpr uint32_t kLse = kDS + 2 * kDsBytes;         // float[256]
+  static constexpr uint32_t kDQ = kDS + 2 * kDsBytes;          // 2 x kBoxBytes
+  static constexpr uint32_t kLse = kDQ + 2 * kBoxBytes;        // float[256]
   static constexpr uint32_t kDelta = kLse + kT * 4;            // float[256]
-  static constexpr uint32_t kBar = kDelta + kT * 4;            // uint64_t
-  static constexpr size_t kTotal = kBar + 8 + 1024;
+  static constexpr uint32_t kBar = kDelta + kT * 4;            // uint64_t[kChunks]
+  static constexpr size_t kTotal = kBar + 8 * kChunks + 1024;
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
 };
 
 // wgmma's descriptor of a B operand stored MN-major (row = K index, 64
 // contiguous N values = one 128-byte swizzled row), N = 64: one swizzle atom
-// across N, 8-row groups 1024 bytes apart along K. LBO and SBO both 1024:
-// the one that steps along K is right whichever it is, and the other has no
-// second atom to step to.
+// across N, 8-row groups 1024 bytes apart along K (SBO). LBO would step to
+// a second atom across N; there is none, so it only has to be a legal value.
 __device__ __forceinline__ uint64_t smem_desc_mn(uint32_t addr) {
   return ((addr & 0x3FFFF) >> 4) | (uint64_t(1024 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
@@ -83,7 +86,24 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// A 256-thread barrier of the CTA's two warpgroups (id 1; 0 is __syncthreads).
+// 2^x on the special-function unit; flushing denormal results to zero costs
+// nothing here (a probability below 2^-126 is zero in bf16 anyway).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Four 8 x 8 bf16 matrices of mma fragments stored transposed: lane L gives
+// the address of row L % 8 of matrix L / 8 of the result.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// A 256-thread barrier of the CTA's two warpgroups (id 1; 0 is __syncthreads,
+// 2 and 3 are the warpgroups' own).
 __device__ __forceinline__ void cta_barrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
 // The k16 fragment t (queries 16t .. 16t + 15 of a chunk) of a 64 x 64
@@ -103,67 +123,101 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int col) {
   return row * 128 + ((((col * 2) >> 4) ^ (row & 7)) << 4) + ((col * 2) & 15);
 }
 
+// A warp's 16 rows of a 64 x 64 accumulator, times `scale`, as bf16 into a
+// swizzled [64][64] box at `box` (shared address) for a TMA store: row
+// r_lo (+ 8), columns 8j + 2 (lane % 4) + {0, 1}; the eight rows of a store
+// land in eight different 16-byte units, so it is free of bank conflicts.
+__device__ __forceinline__ void stage_box(uint32_t box, const float (&d)[32], int r_lo, int lane, float scale) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      st_shared_u32(box + swizzled_offset(r_lo + 8 * hh, 8 * j + 2 * (lane & 3)),
+                    pack_bf16x2(scale * d[4 * j + 2 * hh], scale * d[4 * j + 2 * hh + 1]));
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     attention_head_bwd_kernel(const __grid_constant__ CUtensorMap tma_qkv, const __grid_constant__ CUtensorMap tma_do,
-                              const bf16* __restrict__ o, const float* __restrict__ lse, bf16* __restrict__ dqkv,
-                              int heads, float scale) {
+                              const __grid_constant__ CUtensorMap tma_dqkv, const bf16* __restrict__ o,
+                              const bf16* __restrict__ d_o, const float* __restrict__ lse, int heads, float scale) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Offsetting smem_raw itself (not an integer) keeps the compiler's shared-space loads and stores.
+  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   const uint32_t base = smem_u32(smem);
-  float* s_lse = reinterpret_cast<float*>(smem + Smem::kLse);
+  float* s_lse2 = reinterpret_cast<float*>(smem + Smem::kLse);
   float* s_delta = reinterpret_cast<float*>(smem + Smem::kDelta);
-  uint64_t* loaded = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
+  uint64_t* chunk_ready = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
-  const int row0 = b * kT;                   // the sample's first token
-  const int64_t row_stride = int64_t(3) * heads * kD;  // elements between tokens in qkv and dqkv
+  const int row0 = b * kT;  // the sample's first token
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
+  const bool wg_lead = tid % 128 == 0;
 
   if (tid == 0) {
-    mbar_init(loaded, 1);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) mbar_init(&chunk_ready[c], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  if (tid == 0) {  // the head's Q, K, V and dO, 32 KB each, in 64-row boxes
-    mbar_arrive_expect_tx(loaded, 4 * kMatBytes);
-    for (int r = 0; r < kT; r += 64) {
-      tma_load_2d(smem + Smem::kQ + r * 128, &tma_qkv, loaded, h * kD, row0 + r);
-      tma_load_2d(smem + Smem::kK + r * 128, &tma_qkv, loaded, (heads + h) * kD, row0 + r);
-      tma_load_2d(smem + Smem::kV + r * 128, &tma_qkv, loaded, (2 * heads + h) * kD, row0 + r);
-      tma_load_2d(smem + Smem::kDO + r * 128, &tma_do, loaded, h * kD, row0 + r);
+  if (tid == 0) {  // chunk 0 brings K and V with its Q and dO, so the first products wait for 80 KB, not 128
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      mbar_arrive_expect_tx(&chunk_ready[c], (c == 0 ? 2 * kMatBytes : 0) + 2 * kBoxBytes);
+      tma_load_2d(smem + Smem::kQ + c * kBoxBytes, &tma_qkv, &chunk_ready[c], h * kD, row0 + c * kChunk);
+      tma_load_2d(smem + Smem::kDO + c * kBoxBytes, &tma_do, &chunk_ready[c], h * kD, row0 + c * kChunk);
+      if (c == 0)
+        for (int r = 0; r < kT; r += 64) {
+          tma_load_2d(smem + Smem::kK + r * 128, &tma_qkv, &chunk_ready[0], (heads + h) * kD, row0 + r);
+          tma_load_2d(smem + Smem::kV + r * 128, &tma_qkv, &chunk_ready[0], (2 * heads + h) * kD, row0 + r);
+        }
     }
   }
-  // Per query (thread tid = query): lse, and D = rowsum(dO * O) once dO is in.
-  s_lse[tid] = lse[(int64_t(b) * heads + h) * kT + tid];
-  mbar_wait(loaded, 0);
+  constexpr float kLog2e = 1.4426950408889634f;
+  // Per query: lse (in log2 units) and D = rowsum(dO * O), from global memory
+  // while the TMA copies are in flight. Four threads share a query, 16
+  // values each; a quad's loads are 128 contiguous bytes.
+  s_lse2[tid] = lse[(int64_t(b) * heads + h) * kT + tid] * kLog2e;
   {
-    const bf16* o_row = o + (int64_t(row0 + tid) * heads + h) * kD;
-    float acc = 0.f;
+    const int part = tid & 3;
+    float acc[kT / 64];
+    uint4 ov[kT / 64][2], dv[kT / 64][2];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {  // 16-byte unit u of the row: 8 values
-      const uint4 ov = *reinterpret_cast<const uint4*>(o_row + 8 * u);
-      const uint4 dv = *reinterpret_cast<const uint4*>(smem + Smem::kDO + tid * 128 + ((u ^ (tid & 7)) << 4));
-      const __nv_bfloat162* op = reinterpret_cast<const __nv_bfloat162*>(&ov);
-      const __nv_bfloat162* dp = reinterpret_cast<const __nv_bfloat162*>(&dv);
+    for (int k = 0; k < kT / 64; ++k) {
+      const int64_t at = (int64_t(row0 + tid / 4 + 64 * k) * heads + h) * kD + 16 * part;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 of = __bfloat1622float2(op[i]), df = __bfloat1622float2(dp[i]);
-        acc += of.x * df.x + of.y * df.y;
+      for (int u = 0; u < 2; ++u) {
+        ov[k][u] = __ldg(reinterpret_cast<const uint4*>(o + at) + u);
+        dv[k][u] = __ldg(reinterpret_cast<const uint4*>(d_o + at) + u);
       }
     }
-    s_delta[tid] = acc;
+#pragma unroll
+    for (int k = 0; k < kT / 64; ++k) {
+      acc[k] = 0.f;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const __nv_bfloat162* op = reinterpret_cast<const __nv_bfloat162*>(&ov[k][u]);
+        const __nv_bfloat162* dp = reinterpret_cast<const __nv_bfloat162*>(&dv[k][u]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 of = __bfloat1622float2(op[i]), df = __bfloat1622float2(dp[i]);
+          acc[k] += of.x * df.x + of.y * df.y;
+        }
+      }
+      acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], 1);
+      acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], 2);
+      if (part == 0) s_delta[tid / 4 + 64 * k] = acc[k];
+    }
   }
   __syncthreads();
 
-  constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = scale * kLog2e;
   // This warpgroup's key blocks 2 wg, 2 wg + 1, and their gradients.
   float dv[2][32], dk[2][32];
   const int r_lo = warp * 16 + lane / 4;  // accumulator rows r_lo and r_lo + 8 (keys within the block)
 
-  for (int qc = 0; qc < kT / kChunk; ++qc) {
+  for (int qc = 0; qc < kChunks; ++qc) {
     const uint32_t ds_buf = base + Smem::kDS + (qc & 1) * kDsBytes;
+    mbar_wait(&chunk_ready[qc], 0);
 #pragma unroll
     for (int kbi = 0; kbi < 2; ++kbi) {
       const int kb = 2 * wg + kbi;
@@ -183,17 +237,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_accumulators(st);
         fence_accumulators(dpt);
       }
-      // P^T = exp(s S^T - lse[q]) and dS^T = P^T (dP^T - D[q]); column q of the chunk.
+      // P^T = 2^(s log2e S^T - lse2[q]) and dS^T = P^T (dP^T - D[q]); column q of the chunk.
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int q = qc * kChunk + 8 * j + 2 * (lane & 3) + e;
-          const float l2 = s_lse[q] * kLog2e, delta = s_delta[q];
+          const float l2 = s_lse2[q], delta = s_delta[q];
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             const int i = 4 * j + 2 * hh + e;
-            const float p = exp2f(st[i] * scale_log2 - l2);
+            const float p = exp2_approx(fmaf(st[i], scale_log2, -l2));
             st[i] = p;
             dpt[i] = p * (dpt[i] - delta);
           }
@@ -212,22 +266,23 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma_m64n64k16_rs_tb(dv[kbi], ap[t], smem_desc_mn(base + Smem::kDO + (qc * kChunk + 16 * t) * 128),
                                 first | (t > 0));
         wgmma_commit();
-        // dS into the chunk's buffer meanwhile, transposed: [query][key], keys in panels of 64.
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int q_local = 8 * j + 2 * (lane & 3) + (i & 1), key = r_lo + 8 * (i >> 1);
-            const uint32_t at = ds_buf + kb * (kChunk * 128) + swizzled_offset(q_local, key);
-            const bf16 v = __float2bfloat16_rn(dpt[4 * j + i]);
-            asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(at), "h"(*reinterpret_cast<const unsigned short*>(&v))
-                         : "memory");
-          }
-        }
-        // dK += dS^T Q (B: Q's rows, MN-major).
+        // dS^T as bf16 fragments, stored transposed into the chunk's buffer
+        // ([query][key], keys in panels of 64) while dV's product runs:
+        // fragment t holds the 8 x 8 matrices (queries 16t + 8 (i / 2), keys
+        // 16 warp + 8 (i % 2)) for i = 0 .. 3.
         uint32_t ads[4][4];
 #pragma unroll
         for (int t = 0; t < kChunk / 16; ++t) a_fragment(dpt, t, ads[t]);
+        {
+          const int i = lane / 8, row = lane & 7;
+#pragma unroll
+          for (int t = 0; t < kChunk / 16; ++t) {
+            const int q_local = 16 * t + 8 * (i >> 1) + row;
+            stmatrix_x4_trans(ds_buf + kb * (kChunk * 128) + q_local * 128 + (((2 * warp + (i & 1)) ^ row) << 4),
+                              ads[t]);
+          }
+        }
+        // dK += dS^T Q (B: Q's rows, MN-major).
         wgmma_fence();
 #pragma unroll
         for (int t = 0; t < kChunk / 16; ++t)
@@ -240,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     // The chunk's dS is complete once both warpgroups are here; the async
-    // proxy (wgmma) reads what st.shared wrote.
+    // proxy (wgmma) reads what stmatrix wrote.
     fence_async_shared();
     cta_barrier();
     if (wg == (qc & 1)) {  // dQ of the chunk = s dS K: [64 queries][64 d], K over 256 keys
@@ -252,34 +307,36 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_m64n64k16_ss_tb(dq, da, smem_desc_mn(base + Smem::kK + 16 * t * 128), t > 0);
       }
       wgmma_commit();
+      // This warpgroup's staging box is free once its previous store has read it.
+      if (wg_lead) tma_store_wait_read<0>();
+      warpgroup_barrier(2 + wg);
       wgmma_wait<0>();
       fence_accumulators(dq);
-      // Row r_lo (+ 8) of the chunk, columns 8j + 2 (lane % 4) + {0, 1}.
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        bf16* out = dqkv + int64_t(row0 + qc * kChunk + r_lo + 8 * hh) * row_stride + h * kD + 2 * (lane & 3);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_bf16x2(scale * dq[4 * j + 2 * hh], scale * dq[4 * j + 2 * hh + 1]);
-      }
+      const uint32_t box = base + Smem::kDQ + wg * kBoxBytes;
+      stage_box(box, dq, r_lo, lane, scale);
+      fence_async_shared();
+      warpgroup_barrier(2 + wg);
+      if (wg_lead) tma_store_2d(&tma_dqkv, smem + Smem::kDQ + wg * kBoxBytes, h * kD, row0 + qc * kChunk);
     }
   }
-  // dK (scaled) and dV of this warpgroup's two key blocks.
+  // dK (scaled) and dV of this warpgroup's keys, staged where its rows of Q
+  // and dO were (no product reads them any more), then stored by TMA.
 #pragma unroll
   for (int kbi = 0; kbi < 2; ++kbi) {
-    const int key0 = (2 * wg + kbi) * kKeyBlock;
+    const int kb = 2 * wg + kbi;
+    stage_box(base + Smem::kQ + kb * kBoxBytes, dk[kbi], r_lo, lane, scale);
+    stage_box(base + Smem::kDO + kb * kBoxBytes, dv[kbi], r_lo, lane, 1.f);
+  }
+  fence_async_shared();
+  warpgroup_barrier(2 + wg);
+  if (wg_lead) {
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int64_t row = int64_t(row0 + key0 + r_lo + 8 * hh) * row_stride;
-      bf16* out_k = dqkv + row + (heads + h) * kD + 2 * (lane & 3);
-      bf16* out_v = dqkv + row + (2 * heads + h) * kD + 2 * (lane & 3);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        *reinterpret_cast<uint32_t*>(out_k + 8 * j) =
-            pack_bf16x2(scale * dk[kbi][4 * j + 2 * hh], scale * dk[kbi][4 * j + 2 * hh + 1]);
-        *reinterpret_cast<uint32_t*>(out_v + 8 * j) = pack_bf16x2(dv[kbi][4 * j + 2 * hh], dv[kbi][4 * j + 2 * hh + 1]);
-      }
+    for (int kbi = 0; kbi < 2; ++kbi) {
+      const int kb = 2 * wg + kbi;
+      tma_store_2d(&tma_dqkv, smem + Smem::kQ + kb * kBoxBytes, (heads + h) * kD, row0 + kb * kKeyBlock);
+      tma_store_2d(&tma_dqkv, smem + Smem::kDO + kb * kBoxBytes, (2 * heads + h) * kD, row0 + kb * kKeyBlock);
     }
+    tma_store_wait_read<0>();  // shared memory must outlive the reads
   }
 #else
   __trap();  // built for an architecture without wgmma: the host refuses to launch first
@@ -337,10 +394,15 @@ void attention_head_bwd_sm90(const bf16* qkv, const bf16* o, const bf16* d_o, co
   const int64_t rows = int64_t(batch) * kT;
   const CUtensorMap map_qkv = tensor_map(qkv, rows, int64_t(3) * heads * kD);
   const CUtensorMap map_do = tensor_map(d_o, rows, int64_t(heads) * kD);
-  PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(attention_head_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(Smem::kTotal)));
-  attention_head_bwd_kernel<<<batch * heads, kThreads, Smem::kTotal, stream>>>(map_qkv, map_do, o, lse, dqkv, heads,
-                                                                               scale);
+  const CUtensorMap map_dqkv = tensor_map(dqkv, rows, int64_t(3) * heads * kD);
+  static const bool smem_set = [] {
+    PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(attention_head_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              int(Smem::kTotal)));
+    return true;
+  }();
+  (void)smem_set;
+  attention_head_bwd_kernel<<<batch * heads, kThreads, Smem::kTotal, stream>>>(map_qkv, map_do, map_dqkv, o, d_o, lse,
+                                                                               heads, scale);
   PERFTRAIN_LAUNCH_CHECK();
 }
 
