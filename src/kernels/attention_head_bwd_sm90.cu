@@ -24,17 +24,19 @@ constexpr uint32_t kMatBytes = kT * kD * 2;    // one [256][64] bf16 operand, 12
 constexpr uint32_t kBoxBytes = 64 * kD * 2;    // one TMA box, 64 rows: 8 KB
 constexpr uint32_t kDsBytes = kChunk * kT * 2; // dS of a chunk, [64 queries][256 keys] as 4 panels of 64 keys
 
-// Shared memory: Q, K, V, dO (TMA, 128-byte swizzle), two dS buffers, one dQ
-// staging box per warpgroup (TMA store), lse (times log2 e) and D per query,
-// one mbarrier per chunk; 1024 bytes to align the start.
+// Shared memory: Q, K, V, dO (TMA, 128-byte swizzle), two dS buffers (a
+// chunk's dQ is staged for its TMA store in its first panel once dQ's
+// product has read it), two slots for O's chunks (for D), lse per query, D
+// per query for each warpgroup, mbarriers per chunk (Q, dO, and with chunk 0
+// K, V, lse) and per O chunk; 1024 bytes to align the start.
 struct Smem {
   static constexpr uint32_t kQ = 0, kK = kMatBytes, kV = 2 * kMatBytes, kDO = 3 * kMatBytes;
   static constexpr uint32_t kDS = 4 * kMatBytes;               // 2 x kDsBytes
-  static constexpr uint32_t kDQ = kDS + 2 * kDsBytes;          // 2 x kBoxBytes
-  static constexpr uint32_t kLse = kDQ + 2 * kBoxBytes;        // float[256]
-  static constexpr uint32_t kDelta = kLse + kT * 4;            // float[256]
-  static constexpr uint32_t kBar = kDelta + kT * 4;            // uint64_t[kChunks]
-  static constexpr size_t kTotal = kBar + 8 * kChunks + 1024;
+  static constexpr uint32_t kO = kDS + 2 * kDsBytes;           // 2 x kBoxBytes
+  static constexpr uint32_t kLse = kO + 2 * kBoxBytes;         // float[256]
+  static constexpr uint32_t kDelta = kLse + kT * 4;            // float[2][256]
+  static constexpr uint32_t kBar = kDelta + 2 * kT * 4;        // uint64_t[kChunks] chunks, then [kChunks] O
+  static constexpr size_t kTotal = kBar + 16 * kChunks + 1024;
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
 };
 
@@ -136,80 +138,64 @@ __device__ __forceinline__ void stage_box(uint32_t box, const float (&d)[32], in
                     pack_bf16x2(scale * d[4 * j + 2 * hh], scale * d[4 * j + 2 * hh + 1]));
 }
 
+// 1D bulk copy of `bytes` (a multiple of 16) from global into shared memory;
+// the barrier counts them.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_head_bwd_kernel(const __grid_constant__ CUtensorMap tma_qkv, const __grid_constant__ CUtensorMap tma_do,
-                              const __grid_constant__ CUtensorMap tma_dqkv, const bf16* __restrict__ o,
-                              const bf16* __restrict__ d_o, const float* __restrict__ lse, int heads, float scale) {
+    attention_head_bwd_kernel(const __grid_constant__ CUtensorMap tma_qkv, const __grid_constant__ CUtensorMap tma_o,
+                              const __grid_constant__ CUtensorMap tma_do, const __grid_constant__ CUtensorMap tma_dqkv,
+                              const float* __restrict__ lse, int heads, float scale) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Offsetting smem_raw itself (not an integer) keeps the compiler's shared-space loads and stores.
   unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   const uint32_t base = smem_u32(smem);
-  float* s_lse2 = reinterpret_cast<float*>(smem + Smem::kLse);
-  float* s_delta = reinterpret_cast<float*>(smem + Smem::kDelta);
+  const float* s_lse = reinterpret_cast<const float*>(smem + Smem::kLse);
   uint64_t* chunk_ready = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
+  uint64_t* o_ready = chunk_ready + kChunks;
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
   const int row0 = b * kT;  // the sample's first token
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
+  float* s_delta = reinterpret_cast<float*>(smem + Smem::kDelta) + wg * kT;  // this warpgroup's D
 
   if (tid == 0) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) mbar_init(&chunk_ready[c], 1);
+    for (int c = 0; c < 2 * kChunks; ++c) mbar_init(&chunk_ready[c], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  if (tid == 0) {  // chunk 0 brings K and V with its Q and dO, so the first products wait for 80 KB, not 128
+  // O's chunk c goes to slot c % 2: chunks 0 and 1 now, 2 and 3 once both
+  // warpgroups have their D of chunks 0 and 1.
+  auto load_o = [&](int c) {
+    mbar_arrive_expect_tx(&o_ready[c], kBoxBytes);
+    tma_load_2d(smem + Smem::kO + (c & 1) * kBoxBytes, &tma_o, &o_ready[c], h * kD, row0 + c * kChunk);
+  };
+  if (tid == 0) {  // chunk 0 brings K, V and lse with its Q and dO: the first products wait for 81 KB, not 160
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
-      mbar_arrive_expect_tx(&chunk_ready[c], (c == 0 ? 2 * kMatBytes : 0) + 2 * kBoxBytes);
+      mbar_arrive_expect_tx(&chunk_ready[c], (c == 0 ? 2 * kMatBytes + kT * 4 : 0) + 2 * kBoxBytes);
       tma_load_2d(smem + Smem::kQ + c * kBoxBytes, &tma_qkv, &chunk_ready[c], h * kD, row0 + c * kChunk);
       tma_load_2d(smem + Smem::kDO + c * kBoxBytes, &tma_do, &chunk_ready[c], h * kD, row0 + c * kChunk);
-      if (c == 0)
+      if (c == 0) {
         for (int r = 0; r < kT; r += 64) {
           tma_load_2d(smem + Smem::kK + r * 128, &tma_qkv, &chunk_ready[0], (heads + h) * kD, row0 + r);
           tma_load_2d(smem + Smem::kV + r * 128, &tma_qkv, &chunk_ready[0], (2 * heads + h) * kD, row0 + r);
         }
+        bulk_load(smem + Smem::kLse, lse + (int64_t(b) * heads + h) * kT, kT * 4, &chunk_ready[0]);
+        load_o(0);
+      }
+      if (c == 1) load_o(1);
     }
   }
-  constexpr float kLog2e = 1.4426950408889634f;
-  // Per query: lse (in log2 units) and D = rowsum(dO * O), from global memory
-  // while the TMA copies are in flight. Four threads share a query, 16
-  // values each; a quad's loads are 128 contiguous bytes.
-  s_lse2[tid] = lse[(int64_t(b) * heads + h) * kT + tid] * kLog2e;
-  {
-    const int part = tid & 3;
-    float acc[kT / 64];
-    uint4 ov[kT / 64][2], dv[kT / 64][2];
-#pragma unroll
-    for (int k = 0; k < kT / 64; ++k) {
-      const int64_t at = (int64_t(row0 + tid / 4 + 64 * k) * heads + h) * kD + 16 * part;
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        ov[k][u] = __ldg(reinterpret_cast<const uint4*>(o + at) + u);
-        dv[k][u] = __ldg(reinterpret_cast<const uint4*>(d_o + at) + u);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kT / 64; ++k) {
-      acc[k] = 0.f;
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const __nv_bfloat162* op = reinterpret_cast<const __nv_bfloat162*>(&ov[k][u]);
-        const __nv_bfloat162* dp = reinterpret_cast<const __nv_bfloat162*>(&dv[k][u]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 of = __bfloat1622float2(op[i]), df = __bfloat1622float2(dp[i]);
-          acc[k] += of.x * df.x + of.y * df.y;
-        }
-      }
-      acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], 1);
-      acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], 2);
-      if (part == 0) s_delta[tid / 4 + 64 * k] = acc[k];
-    }
-  }
-  __syncthreads();
 
+  constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = scale * kLog2e;
   // This warpgroup's key blocks 2 wg, 2 wg + 1, and their gradients.
   float dv[2][32], dk[2][32];
@@ -233,17 +219,48 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int t = 0; t < kD / 16; ++t) wgmma_m64n64k16_ss(dpt, da_v + 2 * t, db_do + 2 * t, t > 0);
         wgmma_commit();
+        if (kbi == 0) {
+          // While the first products run: D = rowsum(dO * O) of the chunk's
+          // 64 queries, two threads per query, into this warpgroup's copy.
+          const int i = tid % 128, q = i / 2, half = i & 1;
+          mbar_wait(&o_ready[qc], 0);
+          const uint32_t o_row = base + Smem::kO + (qc & 1) * kBoxBytes + q * 128;
+          const uint32_t do_row = base + Smem::kDO + (qc * kChunk + q) * 128;
+          float acc = 0.f;
+#pragma unroll
+          for (int u = 4 * half; u < 4 * half + 4; ++u) {
+            const uint32_t at = (u ^ (q & 7)) << 4;
+            uint4 ov, dv4;
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(ov.x), "=r"(ov.y), "=r"(ov.z), "=r"(ov.w)
+                         : "r"(o_row + at));
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(dv4.x), "=r"(dv4.y), "=r"(dv4.z), "=r"(dv4.w)
+                         : "r"(do_row + at));
+            const __nv_bfloat162* op = reinterpret_cast<const __nv_bfloat162*>(&ov);
+            const __nv_bfloat162* dp = reinterpret_cast<const __nv_bfloat162*>(&dv4);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const float2 of = __bfloat1622float2(op[k]), df = __bfloat1622float2(dp[k]);
+              acc = fmaf(of.x, df.x, acc);
+              acc = fmaf(of.y, df.y, acc);
+            }
+          }
+          acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+          if (half == 0) s_delta[qc * kChunk + q] = acc;
+          warpgroup_barrier(2 + wg);
+        }
         wgmma_wait<0>();
         fence_accumulators(st);
         fence_accumulators(dpt);
       }
-      // P^T = 2^(s log2e S^T - lse2[q]) and dS^T = P^T (dP^T - D[q]); column q of the chunk.
+      // P^T = 2^(s log2e S^T - lse[q] log2e) and dS^T = P^T (dP^T - D[q]); column q of the chunk.
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int q = qc * kChunk + 8 * j + 2 * (lane & 3) + e;
-          const float l2 = s_lse2[q], delta = s_delta[q];
+          const float l2 = s_lse[q] * kLog2e, delta = s_delta[q];
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             const int i = 4 * j + 2 * hh + e;
@@ -295,9 +312,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     // The chunk's dS is complete once both warpgroups are here; the async
-    // proxy (wgmma) reads what stmatrix wrote.
+    // proxy (wgmma) reads what stmatrix wrote. A dQ box staged two chunks
+    // ago in this chunk's other buffer must have been read by its TMA store
+    // before anyone writes dS there after this barrier.
     fence_async_shared();
+    if (wg_lead) tma_store_wait_read<0>();
     cta_barrier();
+    // Both warpgroups have their D of this chunk: its O slot takes chunk qc + 2.
+    if (tid == 0 && qc + 2 < kChunks) load_o(qc + 2);
     if (wg == (qc & 1)) {  // dQ of the chunk = s dS K: [64 queries][64 d], K over 256 keys
       float dq[32];
       wgmma_fence();
@@ -307,16 +329,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_m64n64k16_ss_tb(dq, da, smem_desc_mn(base + Smem::kK + 16 * t * 128), t > 0);
       }
       wgmma_commit();
-      // This warpgroup's staging box is free once its previous store has read it.
-      if (wg_lead) tma_store_wait_read<0>();
-      warpgroup_barrier(2 + wg);
       wgmma_wait<0>();
       fence_accumulators(dq);
-      const uint32_t box = base + Smem::kDQ + wg * kBoxBytes;
-      stage_box(box, dq, r_lo, lane, scale);
+      // Every warp's part of the product is done before the box overwrites dS's first panel.
+      warpgroup_barrier(2 + wg);
+      stage_box(ds_buf, dq, r_lo, lane, scale);
       fence_async_shared();
       warpgroup_barrier(2 + wg);
-      if (wg_lead) tma_store_2d(&tma_dqkv, smem + Smem::kDQ + wg * kBoxBytes, h * kD, row0 + qc * kChunk);
+      if (wg_lead) tma_store_2d(&tma_dqkv, smem + Smem::kDS + (qc & 1) * kDsBytes, h * kD, row0 + qc * kChunk);
     }
   }
   // dK (scaled) and dV of this warpgroup's keys, staged where its rows of Q
@@ -394,6 +414,7 @@ void attention_head_bwd_sm90(const bf16* qkv, const bf16* o, const bf16* d_o, co
   const int64_t rows = int64_t(batch) * kT;
   const CUtensorMap map_qkv = tensor_map(qkv, rows, int64_t(3) * heads * kD);
   const CUtensorMap map_do = tensor_map(d_o, rows, int64_t(heads) * kD);
+  const CUtensorMap map_o = tensor_map(o, rows, int64_t(heads) * kD);
   const CUtensorMap map_dqkv = tensor_map(dqkv, rows, int64_t(3) * heads * kD);
   static const bool smem_set = [] {
     PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(attention_head_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -401,8 +422,8 @@ void attention_head_bwd_sm90(const bf16* qkv, const bf16* o, const bf16* d_o, co
     return true;
   }();
   (void)smem_set;
-  attention_head_bwd_kernel<<<batch * heads, kThreads, Smem::kTotal, stream>>>(map_qkv, map_do, map_dqkv, o, d_o, lse,
-                                                                               heads, scale);
+  attention_head_bwd_kernel<<<batch * heads, kThreads, Smem::kTotal, stream>>>(map_qkv, map_o, map_do, map_dqkv, lse, heads,
+                                                                               scale);
   PERFTRAIN_LAUNCH_CHECK();
 }
 
