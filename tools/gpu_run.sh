@@ -16,8 +16,8 @@
 #               FC1_SCHEDULES="cooperative pingpong" checks fc1 under each PERFTRAIN_FC1_SCHEDULE, compares
 #               their outputs to the bit and times them in alternating pairs; GEMM_VARIANTS="-DX=1;-DY=2"
 #               rebuilds and times the kernel per set of defines.
-#   MODE=attn-check  tools/attention_bwd_check.cu (nvcc only): the draft attention backward against float64,
-#               under compute-sanitizer first, then plainly with its timings
+#   MODE=attn-check  tools/attention_bwd_check.cu (nvcc only): the whole-head attention backward against float64,
+#               under compute-sanitizer first, then plainly with its timings; NCU=1 adds an Nsight Compute report
 #   MODE=write-check  tools/write_bandwidth_check.cu (nvcc only): the rate at which fc1's two outputs can be
 #               written with no product around them (memset, streaming, fc1's tile pattern, with A read beside
 #               it), on cudaMalloc memory and on cuMemCreate memory with compression off and on; the tile
@@ -64,7 +64,7 @@ if [ "$MODE" = write-check ]; then  # how fast fc1's outputs can be written at a
   exit 0
 fi
 
-if [ "$MODE" = attn-check ]; then  # the draft whole-head attention backward (branch whole-head-attention), nvcc only
+if [ "$MODE" = attn-check ]; then  # the whole-head attention backward alone, nvcc only
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/attention_bwd_check.cu \
     src/kernels/attention_head_bwd_sm90.cu -o "$OUT/attention_check" > "$OUT/attn-check.log" 2>&1 &&
     timeout 240 compute-sanitizer --tool memcheck "$OUT/attention_check" checks 2>&1 | tail -25 | tee -a "$OUT/attn-check.log"

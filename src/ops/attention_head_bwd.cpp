@@ -5,15 +5,27 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 
-#include "base/env.h"
 #include "kernels/attention_head_bwd_sm90.h"
 
 namespace perftrain::ops {
 namespace {
 
+// Read once: ours unless PERFTRAIN_ATTN_BWD=cudnn; a misspelling is an
+// error, not a silent default.
+bool own_from_env() {
+  const char* v = std::getenv("PERFTRAIN_ATTN_BWD");
+  const std::string value = v == nullptr ? "own" : v;
+  if (value != "own" && value != "cudnn")
+    throw std::invalid_argument("PERFTRAIN_ATTN_BWD must be own or cudnn, not '" + value + "'");
+  return value == "own";
+}
+
 std::atomic<bool>& own_flag() {
-  static std::atomic<bool> on{env_equals("PERFTRAIN_ATTN_BWD", "own")};
+  static std::atomic<bool> on{own_from_env()};
   return on;
 }
 

@@ -135,8 +135,9 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    // Our whole-head kernel where it applies (PERFTRAIN_ATTN_BWD=own): the
-    // packed gradient directly, from cudnn_forward's out (s[3]) and lse (s[4]).
+    // Our whole-head kernel where it applies (PERFTRAIN_ATTN_BWD, default
+    // own): the packed gradient directly, from cudnn_forward's out (s[3])
+    // and lse (s[4]); cuDNN's backward elsewhere.
     const at::Tensor own_dqkv = try_attention_head_bwd(qkv, s[3], s[4], grads[0], heads);
     const auto d = own_dqkv.defined() ? std::array<at::Tensor, 3>{} : cudnn_backward(ctx, s, 2, grads[0]);
 

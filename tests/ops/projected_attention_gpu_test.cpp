@@ -115,8 +115,8 @@ TEST(ProjectedAttentionGpu, MatchesFp32ReferenceAndTheUnfusedOps) {
   EXPECT_EQ(gemm_fallback_count(), fallbacks_before) << "cuBLASLt refused a product on these shapes";
 }
 
-// The draft whole-head backward (ops/attention_head_bwd, sm_90 only, 256
-// tokens, head dim 64) against the fp32 reference and cuDNN's backward.
+// The whole-head backward (ops/attention_head_bwd, sm_90 only, 256 tokens,
+// head dim 64) against the fp32 reference and cuDNN's backward.
 TEST(ProjectedAttentionGpu, OwnBackwardMatchesReferenceAndCudnn) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   if (at::cuda::getCurrentDeviceProperties()->major != 9) GTEST_SKIP() << "not sm_90";
@@ -130,11 +130,12 @@ TEST(ProjectedAttentionGpu, OwnBackwardMatchesReferenceAndCudnn) {
     const auto attention = [&](auto x, auto wt, auto bt) { return projected_attention(x, wt, bt, heads); };
     const Grads ref = run([&](auto x, auto wt, auto bt) { return projected_attention_reference(x.to(at::kFloat), wt, bt, heads); },
                           h, w, b, gout);
+    const bool was_own = own_attention_backward();
     set_own_attention_backward(false);
     const Grads cudnn = run(attention, h, w, b, gout);
     set_own_attention_backward(true);
     const Grads own = run(attention, h, w, b, gout);
-    set_own_attention_backward(false);
+    set_own_attention_backward(was_own);
     const std::string what = describe(s);
     EXPECT_LT(rel_l2(own.dh, ref.dh), 2e-2) << what << " dh";
     EXPECT_LT(rel_l2(own.dw, ref.dw), 2e-2) << what << " dW";
