@@ -5,7 +5,8 @@
 #   MODE=check  gpu tests, a quick bench of every variant (DiT-S/2 b32, b256), a short default training run
 #   MODE=bench  perftrain bench --against-torch on BENCH_CASES (default: the four target cases)
 #   MODE=curve  first 500 steps of DiT-S/2 on Fashion-MNIST: the fast path vs eager fp32 seeds
-#               (FP32_SEEDS, default "0 1 2": three for the leave-one-out check; ~70 s of device time each)
+#               (FP32_SEEDS, default "0 1 2": three for the leave-one-out check; ~70 s of device time each;
+#               FP32_REFS_DIR=docs/perf/curve-<sha> reuses stored ones when the eager fp32 code has not changed)
 #   MODE=train  the default training run, STEPS steps
 #   MODE=gemm-check  only our fc1 product (kernels/gemm_bias_gelu_sm90): nvcc builds the torch-free
 #               tools/gemm_bias_gelu_check.cu and runs it (correctness on sampled rows, then times at DiT's
@@ -266,13 +267,17 @@ case "$MODE" in
       bench_case "$c" --against-torch
     done
     ;;
-  curve)  # FP32_SEEDS: the eager fp32 references (the first shares the fast run's seed 0)
+  curve)  # FP32_SEEDS: the eager fp32 references (the first shares the fast run's seed 0); FP32_REFS_DIR: reuse them
     common=(--steps 500 --set log.every=10 --set log.sample_every=0 --set log.checkpoint_every=0)
     train_run fast-seed0 "${common[@]}" --seed 0
     refs=()
     for seed in ${FP32_SEEDS:-0 1 2}; do
-      train_run "fp32-seed$seed" "${common[@]}" --seed "$seed" --precision fp32 --graph off --fused off
-      refs+=("$OUT/metrics-fp32-seed$seed.jsonl")
+      if [ -n "${FP32_REFS_DIR:-}" ]; then  # fp32 runs kept from an earlier curve whose eager fp32 code is unchanged
+        refs+=("$FP32_REFS_DIR/metrics-fp32-seed$seed.jsonl")
+      else
+        train_run "fp32-seed$seed" "${common[@]}" --seed "$seed" --precision fp32 --graph off --fused off
+        refs+=("$OUT/metrics-fp32-seed$seed.jsonl")
+      fi
     done
     "$PY" tools/compare_curves.py "$OUT/metrics-fast-seed0.jsonl" "${refs[@]}" | tee "$OUT/curve.txt"
     row "loss curve" "$(tail -1 "$OUT/curve.txt")"
