@@ -5,7 +5,7 @@
 // them; then the time per call at DiT-B/2 b256's shape (256 samples, 12
 // heads) by CUDA events.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc \
-//        tools/attention_bwd_check.cu src/kernels/attention_head_bwd_sm90.cu -o /tmp/attention_check
+//        tools/attention_bwd_check.cu src/kernels/attention_head_bwd_sm90.cu src/kernels/tensor_map.cpp -o /tmp/attention_check
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

@@ -3,7 +3,7 @@
 // against a float64 CPU reference, then the time per call at DiT's fc1 shapes (CUDA events over
 // windows of back-to-back calls, median window).
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc \
-//        tools/gemm_bias_gelu_check.cu src/kernels/gemm_bias_gelu_sm90.cu -o /tmp/gemm_check
+//        tools/gemm_bias_gelu_check.cu src/kernels/gemm_bias_gelu_sm90.cu src/kernels/tensor_map.cpp -o /tmp/gemm_check
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

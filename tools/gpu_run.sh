@@ -67,7 +67,7 @@ fi
 
 if [ "$MODE" = attn-check ]; then  # the whole-head attention backward alone, nvcc only
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/attention_bwd_check.cu \
-    src/kernels/attention_head_bwd_sm90.cu -o "$OUT/attention_check" > "$OUT/attn-check.log" 2>&1 &&
+    src/kernels/attention_head_bwd_sm90.cu src/kernels/tensor_map.cpp -o "$OUT/attention_check" > "$OUT/attn-check.log" 2>&1 &&
     timeout 240 compute-sanitizer --tool memcheck "$OUT/attention_check" checks 2>&1 | tail -25 | tee -a "$OUT/attn-check.log"
   row "attn check (memcheck)" "rc ${PIPESTATUS[0]}"
   [ -x "$OUT/attention_check" ] && timeout 120 "$OUT/attention_check" 2>&1 | tee -a "$OUT/attn-check.log"
@@ -88,7 +88,7 @@ fi
 
 if [ "$MODE" = gemm-check ]; then
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/gemm_bias_gelu_check.cu \
-    src/kernels/gemm_bias_gelu_sm90.cu -o "$OUT/gemm_check" > "$OUT/gemm-check.log" 2>&1 &&
+    src/kernels/gemm_bias_gelu_sm90.cu src/kernels/tensor_map.cpp -o "$OUT/gemm_check" > "$OUT/gemm-check.log" 2>&1 &&
     timeout 120 "$OUT/gemm_check" 2>&1 | tee -a "$OUT/gemm-check.log"
   check_rc=${PIPESTATUS[0]}
   # FC1_SCHEDULES="cooperative pingpong": the checks under each PERFTRAIN_FC1_SCHEDULE, then fc1's timings
@@ -126,7 +126,7 @@ if [ "$MODE" = gemm-check ]; then
   IFS=';' read -ra variants <<< "$variant_list"
   for defines in "${variants[@]}"; do
     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc $defines \
-      tools/gemm_bias_gelu_check.cu src/kernels/gemm_bias_gelu_sm90.cu -o "$OUT/gemm_variant" >> "$OUT/gemm-check.log" 2>&1
+      tools/gemm_bias_gelu_check.cu src/kernels/gemm_bias_gelu_sm90.cu src/kernels/tensor_map.cpp -o "$OUT/gemm_variant" >> "$OUT/gemm-check.log" 2>&1
     timeout 120 "$OUT/gemm_variant" > "$OUT/variant-check.log" 2>&1
     echo "[$defines] checks: $(grep -c PASS "$OUT/variant-check.log") PASS, $(grep -c -- '-> FAIL' "$OUT/variant-check.log") FAIL" | tee -a "$OUT/gemm-check.log"
     grep "time" "$OUT/variant-check.log" | sed "s/^/[$defines] /" | tee -a "$OUT/gemm-check.log"

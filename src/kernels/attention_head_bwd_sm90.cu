@@ -1,13 +1,14 @@
 #include "kernels/attention_head_bwd_sm90.h"
 
-#include <cuda.h>  // CUtensorMap and its enums (the encoder comes through the runtime)
+#include <cuda.h>  // CUtensorMap
 
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
-#include <string>
 
 #include "kernels/cuda_check.h"
 #include "kernels/sm90.cuh"
+#include "kernels/tensor_map.h"
 
 namespace perftrain::kernels {
 namespace {
@@ -363,37 +364,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiled encode_tiled() {
-  static const EncodeTiled fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    PERFTRAIN_CUDA_CHECK(
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
-    if (found != cudaDriverEntryPointSuccess || p == nullptr)
-      throw std::runtime_error("attention_head_bwd_sm90: the driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<EncodeTiled>(p);
-  }();
-  return fn;
-}
-
 // [rows, cols] bf16 row-major in boxes of 64 rows x 64 columns, 128-byte swizzle.
 CUtensorMap tensor_map(const bf16* base, int64_t rows, int64_t cols) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(cols) * sizeof(bf16)};
-  const cuuint32_t box[2] = {64, 64};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides,
-                                    box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw std::runtime_error("attention_head_bwd_sm90: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) +
-                             ")");
-  return map;
+  return bf16_tensor_map(base, rows, cols, 64, "attention_head_bwd_sm90");
 }
 
 }  // namespace
@@ -416,12 +389,9 @@ void attention_head_bwd_sm90(const bf16* qkv, const bf16* o, const bf16* d_o, co
   const CUtensorMap map_do = tensor_map(d_o, rows, int64_t(heads) * kD);
   const CUtensorMap map_o = tensor_map(o, rows, int64_t(heads) * kD);
   const CUtensorMap map_dqkv = tensor_map(dqkv, rows, int64_t(3) * heads * kD);
-  static const bool smem_set = [] {
-    PERFTRAIN_CUDA_CHECK(cudaFuncSetAttribute(attention_head_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              int(Smem::kTotal)));
-    return true;
-  }();
-  (void)smem_set;
+  static std::atomic<uint64_t> attribute_set_on{0};
+  allow_dynamic_smem(reinterpret_cast<const void*>(attention_head_bwd_kernel), int(Smem::kTotal), device,
+                     attribute_set_on);
   attention_head_bwd_kernel<<<batch * heads, kThreads, Smem::kTotal, stream>>>(map_qkv, map_o, map_do, map_dqkv, lse, heads,
                                                                                scale);
   PERFTRAIN_LAUNCH_CHECK();

@@ -1,6 +1,6 @@
 #include "kernels/gemm_bias_gelu_sm90.h"
 
-#include <cuda.h>  // CUtensorMap and its enums (the encoder comes through the runtime)
+#include <cuda.h>  // CUtensorMap
 
 #include <algorithm>
 #include <atomic>
@@ -13,6 +13,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/sm90.cuh"
+#include "kernels/tensor_map.h"
 
 namespace perftrain::kernels {
 namespace {
@@ -481,41 +482,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// The driver's tensor-map encoder, through the runtime (no link to libcuda).
-EncodeTiled encode_tiled() {
-  static const EncodeTiled fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    PERFTRAIN_CUDA_CHECK(
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
-    if (found != cudaDriverEntryPointSuccess || p == nullptr)
-      throw std::runtime_error("gemm_bias_gelu_sm90: the driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<EncodeTiled>(p);
-  }();
-  return fn;
-}
-
 // A [rows, cols] bf16 row-major matrix in boxes of box_rows x 64 columns
 // (128 bytes: the swizzle's row), for loads into the ring or stores from the
 // epilogue's buffers.
+static_assert(kBK == 64, "the tensor maps' boxes are 64 columns wide");
 CUtensorMap tensor_map(const bf16* base, int64_t rows, int64_t cols, int box_rows) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};  // innermost first
-  const cuuint64_t strides[1] = {cuuint64_t(cols) * sizeof(bf16)};  // bytes between rows
-  const cuuint32_t box[2] = {cuuint32_t(kBK), cuuint32_t(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims,
-                                    strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw std::runtime_error("gemm_bias_gelu_sm90: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) +
-                             ")");
-  return map;
+  return bf16_tensor_map(base, rows, cols, box_rows, "gemm_bias_gelu_sm90");
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -564,15 +536,8 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   // tma_out1: the second output, or the preloaded input; out0's map where
   // the epilogue reads neither.
   const CUtensorMap map_out0 = tensor_map(out0, m, n, 64), map_out1 = out1 ? tensor_map(out1, m, n, 64) : map_out0;
-  // The attribute belongs to the function on one device: set it once per
-  // device (bit d of the mask), so that a second GPU in the process gets it too.
   static std::atomic<uint64_t> attribute_set_on{0};
-  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
-  if (bit == 0 || (attribute_set_on.load(std::memory_order_acquire) & bit) == 0) {
-    PERFTRAIN_CUDA_CHECK(
-        cudaFuncSetAttribute(S::kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmem)));
-    attribute_set_on.fetch_or(bit, std::memory_order_release);
-  }
+  allow_dynamic_smem(reinterpret_cast<const void*>(S::kernel()), int(S::kSmem), device, attribute_set_on);
   // One CTA per SM (the ring takes most of its shared memory), each looping over tiles.
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t tiles = (m / kBM) * (n / S::kTileN);

@@ -1,0 +1,24 @@
+// The host side our TMA kernels share: the driver's tensor-map encoder
+// reached through the runtime (no link to libcuda), for the one layout they
+// use, and a kernel's dynamic shared-memory limit set once per device.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap
+
+#include <atomic>
+#include <cstdint>
+
+namespace perftrain::kernels {
+
+// A [rows, cols] bf16 row-major matrix in boxes of box_rows x 64 columns
+// (128 bytes: the row of the 128-byte swizzle), for TMA loads and stores.
+// Throws std::runtime_error naming `who` when the driver refuses.
+CUtensorMap bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int box_rows, const char* who);
+
+// Sets `kernel`'s dynamic shared-memory limit to `bytes` on `device` unless
+// `set_on` (the caller's static mask, bit d for device d) says it is set:
+// the attribute belongs to the function on one device, so a second GPU in
+// the process needs its own call.
+void allow_dynamic_smem(const void* kernel, int bytes, int device, std::atomic<uint64_t>& set_on);
+
+}  // namespace perftrain::kernels
