@@ -16,18 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "check_util.h"
 #include "kernels/attention_head_bwd_sm90.h"
 
 using bf16 = __nv_bfloat16;
-
-#define CHECK(x)                                                  \
-  do {                                                            \
-    cudaError_t e = (x);                                          \
-    if (e != cudaSuccess) {                                       \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e));         \
-      return 1;                                                   \
-    }                                                             \
-  } while (0)
 
 constexpr int kT = perftrain::kernels::kHeadBwdTokens, kD = perftrain::kernels::kHeadBwdDim;
 
@@ -203,24 +195,10 @@ static int time_shape(int batch, int heads) {
     perftrain::kernels::attention_head_bwd_sm90(dev.qkv, dev.o, dev.d_o, dev.lse, dev.dqkv, batch, heads, scale,
                                                 nullptr);
   };
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < 5; ++i) launch();
-  std::vector<float> ms;
-  for (int w = 0; w < 7; ++w) {
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < 20; ++i) launch();
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    CHECK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t / 20);
-  }
-  CHECK(cudaGetLastError());
+  double med = 0;
+  const int rc = median_launch_ms(launch, &med);
   release(dev);
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2];
+  if (rc != 0) return rc;
   const double flops = 2.5 * 4.0 * batch * heads * double(kT) * kT * kD;
   std::printf("attention bwd time batch=%d heads=%d: median %.3f ms, %.0f TFLOP/s (cuDNN at B/2: ~0.50 ms + 0.20 ms "
               "of side passes)\n",

@@ -16,18 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "check_util.h"
 #include "kernels/gemm_bias_gelu_sm90.h"
 
 using bf16 = __nv_bfloat16;
-
-#define CHECK(x)                                                              \
-  do {                                                                        \
-    cudaError_t e = (x);                                                      \
-    if (e != cudaSuccess) {                                                   \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e));                     \
-      return 1;                                                               \
-    }                                                                         \
-  } while (0)
 
 static double gelu(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
 
@@ -36,23 +28,8 @@ static double gelu(double x) { return 0.5 * x * (1 + std::tanh(0.797884560802865
 // median of 7 windows after 5 warm-up launches. Prints the TFLOP/s line.
 template <typename Launch>
 static int time_launches(const char* what, int64_t m, int64_t n, int64_t k, Launch launch) {
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 5; ++i) launch();
-  for (int win = 0; win < 7; ++win) {
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < 20; ++i) launch();
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    CHECK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t / 20);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2];
+  double med = 0;
+  if (median_launch_ms(launch, &med) != 0) return 1;
   std::printf("%s time m=%lld n=%lld k=%lld: median %.3f ms, %.0f TFLOP/s\n", what, (long long)m, (long long)n,
               (long long)k, med, 2.0 * m * n * k / med * 1e-9);
   return 0;

@@ -28,14 +28,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(x)                                                  \
-  do {                                                            \
-    cudaError_t e = (x);                                          \
-    if (e != cudaSuccess) {                                       \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e));         \
-      std::exit(1);                                               \
-    }                                                             \
-  } while (0)
+#include "check_util.h"
 
 constexpr int kRows = 65536, kCols = 3072, kDepth = 768;  // DiT-B/2 b256's fc1: m, n, k
 constexpr size_t kOutputBytes = size_t(kRows) * kCols * 2, kABytes = size_t(kRows) * kDepth * 2;

@@ -49,26 +49,17 @@ __device__ __forceinline__ uint64_t smem_desc_mn(uint32_t addr) {
   return ((addr & 0x3FFFF) >> 4) | (uint64_t(1024 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
-// d (64 x 64) = A B^T (+ d), both from shared memory, K-major.
+// d (64 x 64) = A B^T (+ d), both from shared memory, A K-major; B K-major
+// too, or MN-major (transposed) with TransB = 1.
+template <int TransB>
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
       : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-// The same with B stored MN-major (transposed).
-__device__ __forceinline__ void wgmma_m64n64k16_ss_tb(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1;\n}\n"
-      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
 
 // d (64 x 64) = A B (+ d), A (64 x 16) from registers in the accumulator
@@ -216,9 +207,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t db_do = smem_desc(smem + Smem::kDO + qc * kChunk * 128);
         wgmma_fence();
 #pragma unroll
-        for (int t = 0; t < kD / 16; ++t) wgmma_m64n64k16_ss(st, da_k + 2 * t, db_q + 2 * t, t > 0);
+        for (int t = 0; t < kD / 16; ++t) wgmma_m64n64k16_ss<0>(st, da_k + 2 * t, db_q + 2 * t, t > 0);
 #pragma unroll
-        for (int t = 0; t < kD / 16; ++t) wgmma_m64n64k16_ss(dpt, da_v + 2 * t, db_do + 2 * t, t > 0);
+        for (int t = 0; t < kD / 16; ++t) wgmma_m64n64k16_ss<0>(dpt, da_v + 2 * t, db_do + 2 * t, t > 0);
         wgmma_commit();
         if (kbi == 0) {
           // While the first products run: D = rowsum(dO * O) of the chunk's
@@ -327,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int t = 0; t < kT / 16; ++t) {
         const uint64_t da = smem_desc(smem + Smem::kDS + (qc & 1) * kDsBytes + (t / 4) * (kChunk * 128)) + 2 * (t % 4);
-        wgmma_m64n64k16_ss_tb(dq, da, smem_desc_mn(base + Smem::kK + 16 * t * 128), t > 0);
+        wgmma_m64n64k16_ss<1>(dq, da, smem_desc_mn(base + Smem::kK + 16 * t * 128), t > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
