@@ -75,11 +75,12 @@ if [ "$MODE" = attn-check ]; then  # the whole-head attention backward alone, nv
   if [ "${NCU:-0}" = 1 ] && [ -x "$OUT/attention_check" ]; then  # one B/2-shaped launch: speed of light, stalls, sources
     timeout 240 ncu --set full --import-source no -k regex:attention_head_bwd --launch-skip 6 --launch-count 1 \
       -o "$OUT/attn" "$OUT/attention_check" > "$OUT/ncu-attn.txt" 2>&1
+    ncu_rc=$?
     ncu -i "$OUT/attn.ncu-rep" --page details >> "$OUT/ncu-attn.txt" 2>&1
     ncu -i "$OUT/attn.ncu-rep" --page raw --csv > "$OUT/ncu-attn-raw.csv" 2>&1
     ncu -i "$OUT/attn.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu-attn-sass.csv" 2>&1
     rm -f "$OUT/attn.ncu-rep"
-    row "attn ncu" "rc $?, $(grep -E "Duration|Compute \(SM\) Throughput|DRAM Throughput" "$OUT/ncu-attn.txt" | head -3 | tr -s ' ' | tr '\n' ';')"
+    row "attn ncu" "rc $ncu_rc, $(grep -E "Duration|Compute \(SM\) Throughput|DRAM Throughput" "$OUT/ncu-attn.txt" | head -3 | tr -s ' ' | tr '\n' ';')"
   fi
   rm -f "$OUT/attention_check"
   cat "$SUMMARY"
