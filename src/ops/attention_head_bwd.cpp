@@ -14,18 +14,8 @@
 namespace perftrain::ops {
 namespace {
 
-// Read once: ours unless PERFTRAIN_ATTN_BWD=cudnn; a misspelling is an
-// error, not a silent default.
-bool own_from_env() {
-  const char* v = std::getenv("PERFTRAIN_ATTN_BWD");
-  const std::string value = v == nullptr ? "own" : v;
-  if (value != "own" && value != "cudnn")
-    throw std::invalid_argument("PERFTRAIN_ATTN_BWD must be own or cudnn, not '" + value + "'");
-  return value == "own";
-}
-
-std::atomic<bool>& own_flag() {
-  static std::atomic<bool> on{own_from_env()};
+std::atomic<bool>& own_flag() {  // read once, at first use
+  static std::atomic<bool> on{own_attention_backward_from(std::getenv("PERFTRAIN_ATTN_BWD"))};
   return on;
 }
 
@@ -35,6 +25,13 @@ bool on_sm90() {
 }
 
 }  // namespace
+
+bool own_attention_backward_from(const char* value) {
+  const std::string v = value == nullptr ? "own" : value;
+  if (v != "own" && v != "cudnn")
+    throw std::invalid_argument("PERFTRAIN_ATTN_BWD must be own or cudnn, not '" + v + "'");
+  return v == "own";
+}
 
 bool own_attention_backward() { return own_flag().load(std::memory_order_relaxed); }
 void set_own_attention_backward(bool on) { own_flag().store(on, std::memory_order_relaxed); }

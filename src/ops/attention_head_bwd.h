@@ -13,6 +13,11 @@ namespace perftrain::ops {
 bool own_attention_backward();
 void set_own_attention_backward(bool on);  // process-wide; before the step is captured
 
+// PERFTRAIN_ATTN_BWD's value (nullptr when unset) as the switch: ours for
+// unset or "own", cuDNN's for "cudnn"; std::invalid_argument otherwise, so
+// that a misspelling is an error instead of a silent default.
+bool own_attention_backward_from(const char* value);
+
 // The packed gradient of qkv [B, T, 3D] from cuDNN's forward outputs (out
 // [B, H, T, d] in token-major memory, lse [B, H, T(, 1)] fp32) and the
 // output's gradient [B, T, D]; undefined where the kernel does not apply.
