@@ -30,6 +30,7 @@
 #include "observe/bench/torch_reference.h"
 #include "observe/bench/variants.h"
 #include "ops/compat.h"
+#include "ops/switches.h"
 #include "ops/cublaslt_workspace.h"
 #include "train/config.h"
 #include "train/step_runner.h"
@@ -294,6 +295,7 @@ void print_row(const ob::BenchRow& r) {
 }
 
 void run(BenchArgs a) {
+  ops::check_switches();
   if (a.device != "auto" && a.device != "cpu" && a.device != "cuda")
     throw UsageError("--device must be auto, cpu or cuda (got '" + a.device + "')");
   if (a.device == "cuda" && !compat::cuda_available()) throw UsageError("--device cuda but no CUDA GPU is visible");

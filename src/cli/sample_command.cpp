@@ -8,6 +8,7 @@
 #include "cli/command.h"
 #include "models/dit.h"
 #include "ops/compat.h"
+#include "ops/switches.h"
 #include "train/checkpoint.h"
 #include "train/sampling.h"
 
@@ -29,6 +30,7 @@ std::string weights_file(const SampleArgs& a) {
 }
 
 void run(const SampleArgs& a) {
+  ops::check_switches();
   if (a.weights != "ema" && a.weights != "model") throw UsageError("--weights must be ema or model");
   const std::string path = weights_file(a);
   train::TrainConfig cfg = train::config_from_weights(path);

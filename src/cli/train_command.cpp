@@ -9,6 +9,7 @@
 
 #include "cli/command.h"
 #include "ops/compat.h"
+#include "ops/switches.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -62,6 +63,7 @@ std::vector<std::string> shortcut_overrides(const TrainArgs& a) {
 
 void run(const TrainArgs& a) {
   const auto start = std::chrono::steady_clock::now();
+  ops::check_switches();
   train::TrainConfig cfg;
   if (!a.resume.empty()) {
     // A resumed run keeps the config it was started with; flags may change it

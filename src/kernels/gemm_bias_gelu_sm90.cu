@@ -547,12 +547,14 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   PERFTRAIN_LAUNCH_CHECK();
 }
 
+}  // namespace
+
 // fc1's schedule, read once: ping-pong unless PERFTRAIN_FC1_SCHEDULE=cooperative
 // (the same bits; ~1.5% faster at S/2 and B/2, ~0.5% slower at XL/2 in twelve
 // alternating pairs on the H200, thirteenth pass).
 // Any other value is refused (a misspelt "cooperative" would otherwise run
 // the default unnoticed).
-bool fc1_pingpong() {
+bool fc1_pingpong_schedule() {
   static const bool pingpong = [] {
     const char* v = std::getenv("PERFTRAIN_FC1_SCHEDULE");
     const std::string value = v == nullptr ? "" : v;
@@ -563,15 +565,13 @@ bool fc1_pingpong() {
   return pingpong;
 }
 
-}  // namespace
-
 template <typename TB>
 void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre, bf16* act, int64_t m, int64_t n,
                          int64_t k, cudaStream_t stream) {
   static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "bias: float or bf16");
   if (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % (2 * sizeof(TB)) != 0)
     throw std::invalid_argument("gemm_bias_gelu_sm90: bias must be given, aligned to two elements");
-  if (fc1_pingpong())
+  if (fc1_pingpong_schedule())
     launch_gemm_sm90<BiasGeluEpilogue<TB>, true>("gemm_bias_gelu_sm90", a, w, BiasGeluEpilogue<TB>{bias}, pre, act,
                                                  {pre, act}, m, n, k, stream);
   else

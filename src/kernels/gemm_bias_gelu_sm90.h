@@ -51,6 +51,10 @@ namespace perftrain::kernels {
 
 bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k);
 
+// fc1's schedule from PERFTRAIN_FC1_SCHEDULE, read once: ping-pong (true)
+// unless it says cooperative; std::invalid_argument for another value.
+bool fc1_pingpong_schedule();
+
 // TB: float or __nv_bfloat16. Both throw std::invalid_argument for a shape
 // that gemm_bias_gelu_sm90_supported refuses, a missing or misaligned
 // pointer or a GPU other than sm_90, std::runtime_error for a CUDA error.

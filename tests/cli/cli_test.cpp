@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "io/safetensors.h"
@@ -52,6 +53,19 @@ TEST(Cli, BadUsageExitsTwoWithAClearMessage) {
   expect_error("sample --ckpt " + tmp.path() + "/missing", 2, "does not exist");
   perftrain::testing::write_raw(tmp.file("bad.toml"), "[train]\nsteps = \"x\"\n");
   expect_error("train --config " + tmp.file("bad.toml") + runs, 2, "train.steps must be an integer");
+}
+
+// A switch that refuses a misspelt value stops the command before it writes
+// anything (it is otherwise first read inside the first step).
+TEST(Cli, BadSwitchValueExitsTwoBeforeWritingARun) {
+  TempDir tmp;
+  const std::string train = std::string(PERFTRAIN_BINARY) + " train --runs-dir " + tmp.path() + kTiny;
+  for (const std::string& env : {std::string("PERFTRAIN_ATTN_BWD=cuDNN"), std::string("PERFTRAIN_FC1_SCHEDULE=coop")}) {
+    const auto r = perftrain::testing::run_shell(env + " " + train);
+    EXPECT_EQ(r.code, 2) << env << "\n" << r.output;
+    EXPECT_NE(r.output.find(env.substr(0, env.find('='))), std::string::npos) << r.output;
+    EXPECT_TRUE(std::filesystem::is_empty(tmp.path())) << env << ": a run was started";
+  }
 }
 
 TEST(Cli, CorruptFilesExitOneNamingTheFile) {
