@@ -1,9 +1,10 @@
 // A standalone check of kernels::attention_head_bwd_sm90 without libtorch,
 // for a quick device call: random bf16 q, k, v, dO for a few (sample, head)
 // pairs, the forward's O and log-sum-exp and the three gradients in float64
-// on the CPU, the kernel's packed dq/dk/dv (poisoned with NaN first) against
-// them; then the time per call at DiT-B/2 b256's shape (256 samples, 12
-// heads) by CUDA events.
+// on the CPU, the kernel's packed dq/dk/dv (output and every SM's shared
+// memory poisoned with NaN first, three runs that must agree to the bit)
+// against them, at head dims 64 and 72; then the time per call at the b256 shapes
+// of DiT-B/2, S/2 (head dim 64) and XL/2 (72) by CUDA events.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc \
 //        tools/attention_bwd_check.cu src/kernels/attention_head_bwd_sm90.cu src/kernels/tensor_map.cpp -o /tmp/attention_check
 #include <cuda_bf16.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,28 +23,28 @@
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kT = perftrain::kernels::kHeadBwdTokens, kD = perftrain::kernels::kHeadBwdDim;
+constexpr int kT = perftrain::kernels::kHeadBwdTokens;
 
 static float bf(bf16 v) { return __bfloat162float(v); }
 
 struct Problem {
-  int batch, heads;
+  int batch, heads, dim;
   std::vector<bf16> qkv, o, d_o;  // [B, T, 3, H, D], [B, T, H, D], [B, T, H, D]
   std::vector<float> lse;         // [B, H, T]
   size_t at_qkv(int b, int t, int which, int h, int d) const {
-    return (((size_t(b) * kT + t) * 3 + which) * heads + h) * kD + d;
+    return (((size_t(b) * kT + t) * 3 + which) * heads + h) * dim + d;
   }
-  size_t at_o(int b, int t, int h, int d) const { return ((size_t(b) * kT + t) * heads + h) * kD + d; }
+  size_t at_o(int b, int t, int h, int d) const { return ((size_t(b) * kT + t) * heads + h) * dim + d; }
 };
 
 // Random inputs; O and lse from the forward in float64 (O rounded to bf16, as
 // the forward stores it).
-static Problem make_problem(int batch, int heads, float scale, unsigned seed, bool forward) {
-  Problem p{batch, heads, {}, {}, {}, {}};
+static Problem make_problem(int batch, int heads, int dim, float scale, unsigned seed, bool forward) {
+  Problem p{batch, heads, dim, {}, {}, {}, {}};
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
-  p.qkv.resize(size_t(batch) * kT * 3 * heads * kD);
-  p.o.resize(size_t(batch) * kT * heads * kD);
+  p.qkv.resize(size_t(batch) * kT * 3 * heads * dim);
+  p.o.resize(size_t(batch) * kT * heads * dim);
   p.d_o.resize(p.o.size());
   p.lse.resize(size_t(batch) * heads * kT);
   for (auto& v : p.qkv) v = __float2bfloat16(nd(rng));
@@ -59,14 +61,14 @@ static Problem make_problem(int batch, int heads, float scale, unsigned seed, bo
         double mx = -1e300;
         for (int j = 0; j < kT; ++j) {
           double acc = 0;
-          for (int d = 0; d < kD; ++d) acc += double(bf(p.qkv[p.at_qkv(b, i, 0, h, d)])) * bf(p.qkv[p.at_qkv(b, j, 1, h, d)]);
+          for (int d = 0; d < dim; ++d) acc += double(bf(p.qkv[p.at_qkv(b, i, 0, h, d)])) * bf(p.qkv[p.at_qkv(b, j, 1, h, d)]);
           s[j] = scale * acc;
           mx = std::max(mx, s[j]);
         }
         double sum = 0;
         for (int j = 0; j < kT; ++j) sum += std::exp(s[j] - mx);
         p.lse[(size_t(b) * heads + h) * kT + i] = float(mx + std::log(sum));
-        for (int d = 0; d < kD; ++d) {
+        for (int d = 0; d < dim; ++d) {
           double acc = 0;
           for (int j = 0; j < kT; ++j) acc += std::exp(s[j] - mx) / sum * bf(p.qkv[p.at_qkv(b, j, 2, h, d)]);
           p.o[p.at_o(b, i, h, d)] = __float2bfloat16(float(acc));
@@ -78,17 +80,18 @@ static Problem make_problem(int batch, int heads, float scale, unsigned seed, bo
 // The gradients of one (sample, head) in float64: dq, dk, dv [T][D].
 static void reference(const Problem& p, int b, int h, float scale, std::vector<double>& dq, std::vector<double>& dk,
                       std::vector<double>& dv) {
-  dq.assign(size_t(kT) * kD, 0);
-  dk.assign(size_t(kT) * kD, 0);
-  dv.assign(size_t(kT) * kD, 0);
+  const int dim = p.dim;
+  dq.assign(size_t(kT) * dim, 0);
+  dk.assign(size_t(kT) * dim, 0);
+  dv.assign(size_t(kT) * dim, 0);
   std::vector<double> prob(kT), dp(kT);
   for (int i = 0; i < kT; ++i) {
     const double lse = p.lse[(size_t(b) * p.heads + h) * kT + i];
     double delta = 0;
-    for (int d = 0; d < kD; ++d) delta += double(bf(p.d_o[p.at_o(b, i, h, d)])) * bf(p.o[p.at_o(b, i, h, d)]);
+    for (int d = 0; d < dim; ++d) delta += double(bf(p.d_o[p.at_o(b, i, h, d)])) * bf(p.o[p.at_o(b, i, h, d)]);
     for (int j = 0; j < kT; ++j) {
       double sc = 0, dpj = 0;
-      for (int d = 0; d < kD; ++d) {
+      for (int d = 0; d < dim; ++d) {
         sc += double(bf(p.qkv[p.at_qkv(b, i, 0, h, d)])) * bf(p.qkv[p.at_qkv(b, j, 1, h, d)]);
         dpj += double(bf(p.d_o[p.at_o(b, i, h, d)])) * bf(p.qkv[p.at_qkv(b, j, 2, h, d)]);
       }
@@ -97,10 +100,10 @@ static void reference(const Problem& p, int b, int h, float scale, std::vector<d
     }
     for (int j = 0; j < kT; ++j) {
       const double ds = prob[j] * (dp[j] - delta);
-      for (int d = 0; d < kD; ++d) {
-        dq[size_t(i) * kD + d] += scale * ds * bf(p.qkv[p.at_qkv(b, j, 1, h, d)]);
-        dk[size_t(j) * kD + d] += scale * ds * bf(p.qkv[p.at_qkv(b, i, 0, h, d)]);
-        dv[size_t(j) * kD + d] += prob[j] * bf(p.d_o[p.at_o(b, i, h, d)]);
+      for (int d = 0; d < dim; ++d) {
+        dq[size_t(i) * dim + d] += scale * ds * bf(p.qkv[p.at_qkv(b, j, 1, h, d)]);
+        dk[size_t(j) * dim + d] += scale * ds * bf(p.qkv[p.at_qkv(b, i, 0, h, d)]);
+        dv[size_t(j) * dim + d] += prob[j] * bf(p.d_o[p.at_o(b, i, h, d)]);
       }
     }
   }
@@ -125,6 +128,25 @@ static int upload(const Problem& p, Device& dev) {
   return 0;
 }
 
+// Fills every SM's shared memory with 0xFF bytes (NaN in bf16 and fp32), so
+// that a read of shared memory the kernel did not write shows up as NaN
+// instead of depending on what ran on the SM before.
+__global__ void poison_shared_memory(int bytes) {
+  extern __shared__ unsigned char shared[];
+  for (int i = threadIdx.x * 4; i < bytes; i += blockDim.x * 4) *reinterpret_cast<unsigned*>(shared + i) = 0xffffffffu;
+}
+
+static int poison_shared() {
+  int device = 0, sms = 0, bytes = 0;
+  CHECK(cudaGetDevice(&device));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  CHECK(cudaFuncSetAttribute(poison_shared_memory, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  poison_shared_memory<<<2 * sms, 1024, bytes>>>(bytes);  // one block per SM at a time, every SM twice over
+  CHECK(cudaGetLastError());
+  return 0;
+}
+
 static void release(Device& dev) {
   cudaFree(dev.qkv);
   cudaFree(dev.o);
@@ -137,16 +159,26 @@ static void release(Device& dev) {
 // the RMS of the reference (reported), and a pass when every element is within
 // 0.05 RMS + 2^-7 of its own size (bf16 output rounding of the large values of
 // dk's heavy tail alone is 2^-9 of them; bf16 P and dS add ~1e-2 RMS).
-static int check(int batch, int heads) {
-  const float scale = 1.f / std::sqrt(float(kD));
-  const Problem p = make_problem(batch, heads, scale, 7u + batch, true);
+static int check(int batch, int heads, int dim) {
+  const float scale = 1.f / std::sqrt(float(dim));
+  const Problem p = make_problem(batch, heads, dim, scale, 7u + batch, true);
   Device dev;
   if (upload(p, dev) != 0) return 1;
-  perftrain::kernels::attention_head_bwd_sm90(dev.qkv, dev.o, dev.d_o, dev.lse, dev.dqkv, batch, heads, scale, nullptr);
-  CHECK(cudaDeviceSynchronize());
-  std::vector<bf16> got(p.qkv.size());
-  CHECK(cudaMemcpy(got.data(), dev.dqkv, got.size() * 2, cudaMemcpyDeviceToHost));
+  // Three runs, each on shared memory poisoned first and into an output
+  // poisoned first: their bytes must agree (the kernel is deterministic).
+  std::vector<bf16> got(p.qkv.size()), again(p.qkv.size());
+  bool same = true;
+  for (int rep = 0; rep < 3; ++rep) {
+    if (poison_shared() != 0) return 1;
+    CHECK(cudaMemset(dev.dqkv, 0xff, p.qkv.size() * 2));
+    perftrain::kernels::attention_head_bwd_sm90(dev.qkv, dev.o, dev.d_o, dev.lse, dev.dqkv, batch, heads, dim, scale,
+                                                nullptr);
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(rep == 0 ? got.data() : again.data(), dev.dqkv, got.size() * 2, cudaMemcpyDeviceToHost));
+    if (rep > 0) same = same && std::memcmp(got.data(), again.data(), got.size() * 2) == 0;
+  }
   release(dev);
+  if (!same) std::printf("  the three runs differ: a race or a read of unwritten shared memory\n");
   size_t nan = 0;
   for (const bf16 v : got)
     if (std::isnan(bf(v))) ++nan;
@@ -162,8 +194,8 @@ static int check(int batch, int heads) {
         const double rms = std::sqrt(ss / ref[which].size()) + 1e-30;
         int shown = 0;
         for (int t = 0; t < kT; ++t)
-          for (int d = 0; d < kD; ++d) {
-            const double g = bf(got[p.at_qkv(b, t, which, h, d)]), r = ref[which][size_t(t) * kD + d];
+          for (int d = 0; d < dim; ++d) {
+            const double g = bf(got[p.at_qkv(b, t, which, h, d)]), r = ref[which][size_t(t) * dim + d];
             const double e = std::fabs(g - r);
             err = std::max(err, e);
             const bool near = e <= 0.05 * rms + std::fabs(r) / 128;
@@ -178,41 +210,45 @@ static int check(int batch, int heads) {
         worst[which] = std::max(worst[which], err / rms);
       }
     }
-  const bool ok = nan == 0 && close;
-  std::printf("attention bwd check batch=%d heads=%d: NaN left %zu, worst error / rms dq %.3g dk %.3g dv %.3g -> %s\n",
-              batch, heads, nan, worst[0], worst[1], worst[2], ok ? "PASS" : "FAIL");
+  const bool ok = nan == 0 && close && same;
+  std::printf("attention bwd check batch=%d heads=%d dim=%d: NaN left %zu, worst error / rms dq %.3g dk %.3g dv %.3g "
+              "-> %s\n",
+              batch, heads, dim, nan, worst[0], worst[1], worst[2], ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }
 
 // Milliseconds per call at (batch, heads): the median of 7 windows of 20
 // calls after 5 warm-up calls; TFLOP/s counts 2.5x the forward's 4 B H T^2 D.
-static int time_shape(int batch, int heads) {
-  const float scale = 1.f / std::sqrt(float(kD));
-  const Problem p = make_problem(batch, heads, scale, 99u, false);
+static int time_shape(int batch, int heads, int dim, const char* cudnn) {
+  const float scale = 1.f / std::sqrt(float(dim));
+  const Problem p = make_problem(batch, heads, dim, scale, 99u, false);
   Device dev;
   if (upload(p, dev) != 0) return 1;
   auto launch = [&] {
-    perftrain::kernels::attention_head_bwd_sm90(dev.qkv, dev.o, dev.d_o, dev.lse, dev.dqkv, batch, heads, scale,
+    perftrain::kernels::attention_head_bwd_sm90(dev.qkv, dev.o, dev.d_o, dev.lse, dev.dqkv, batch, heads, dim, scale,
                                                 nullptr);
   };
   double med = 0;
   const int rc = median_launch_ms(launch, &med);
   release(dev);
   if (rc != 0) return rc;
-  const double flops = 2.5 * 4.0 * batch * heads * double(kT) * kT * kD;
-  std::printf("attention bwd time batch=%d heads=%d: median %.3f ms, %.0f TFLOP/s (cuDNN at B/2: ~0.50 ms + 0.20 ms "
-              "of side passes)\n",
-              batch, heads, med, flops / med * 1e-9);
+  const double flops = 2.5 * 4.0 * batch * heads * double(kT) * kT * dim;
+  std::printf("attention bwd time batch=%d heads=%d dim=%d: median %.3f ms, %.0f TFLOP/s (cuDNN: %s)\n", batch, heads,
+              dim, med, flops / med * 1e-9, cudnn);
   return 0;
 }
 
 // `attention_check checks` runs only the checks (for compute-sanitizer).
 int main(int argc, char** argv) {
   int rc = 0;
-  rc |= check(1, 1);
-  rc |= check(2, 3);
+  for (const int dim : {64, 72}) {
+    rc |= check(1, 1, dim);
+    rc |= check(2, 3, dim);
+    rc |= check(4, 40, dim);  // 160 CTAs: more than one per SM in turn
+  }
   if (argc > 1 && std::string(argv[1]) == "checks") return rc;
-  rc |= time_shape(256, 12);  // DiT-B/2 b256
-  rc |= time_shape(256, 6);   // DiT-S/2 b256
+  rc |= time_shape(256, 12, 64, "~0.50 ms + 0.20 ms of side passes");  // DiT-B/2 b256
+  rc |= time_shape(256, 6, 64, "~0.25 ms + 0.10 ms of side passes");   // DiT-S/2 b256
+  rc |= time_shape(256, 16, 72, "1.09 ms + 0.35 ms of side passes");   // DiT-XL/2 b256
   return rc;
 }

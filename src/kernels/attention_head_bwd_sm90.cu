@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 
 #include "kernels/cuda_check.h"
 #include "kernels/sm90.cuh"
@@ -16,30 +17,71 @@ namespace {
 using namespace sm90;  // the instruction helpers (kernels/sm90.cuh)
 using bf16 = __nv_bfloat16;
 
-constexpr int kT = kHeadBwdTokens, kD = kHeadBwdDim;
+constexpr int kT = kHeadBwdTokens;
 constexpr int kChunk = 64;                     // queries per chunk
 constexpr int kChunks = kT / kChunk;
 constexpr int kKeyBlock = 64;                  // keys per wgmma M
 constexpr int kThreads = 256;                  // two warpgroups
-constexpr uint32_t kMatBytes = kT * kD * 2;    // one [256][64] bf16 operand, 128-byte rows: 32 KB
-constexpr uint32_t kBoxBytes = 64 * kD * 2;    // one TMA box, 64 rows: 8 KB
+constexpr uint32_t kMatBytes = kT * 64 * 2;    // one operand's first 64 columns, 128-byte rows: 32 KB
+constexpr uint32_t kBoxBytes = 64 * 64 * 2;    // one TMA box of them, 64 rows: 8 KB
 constexpr uint32_t kDsBytes = kChunk * kT * 2; // dS of a chunk, [64 queries][256 keys] as 4 panels of 64 keys
 
-// Shared memory: Q, K, V, dO (TMA, 128-byte swizzle), two dS buffers (a
-// chunk's dQ is staged for its TMA store in its first panel once dQ's
-// product has read it), two slots for O's chunks (for D), lse per query, D
-// per query for each warpgroup, mbarriers per chunk (Q, dO, and with chunk 0
-// K, V, lse) and per O chunk; 1024 bytes to align the start.
+// Head dim D = 64 or 72. Columns 0-63 of each operand sit in a 128-byte-
+// swizzled panel (TMA boxes of 64 x 64); at D = 72 columns 64-71 sit in a
+// second, unswizzled "tail" panel of 16-byte rows (boxes of 8 x 64), which
+// the products use as one more k16 step (S, dP: the tail of K and V from
+// registers with columns 72-79 zero) or as an N = 8 product (dV, dK, dQ).
+template <int D>
+struct Head {
+  static_assert(D == 64 || D == 72, "head dim 64 or 72");
+  static constexpr bool kTail = D > 64;
+  static constexpr uint32_t kTailMat = kTail ? kT * 16 : 0;   // one operand's tail panel: 4 KB
+  static constexpr uint32_t kTailBox = 64 * 16;               // one TMA box of it: 1 KB
+  static constexpr int kOSlots = kTail ? 1 : 2;               // O's chunks in flight (for D)
+  static constexpr uint32_t kOSlot = kBoxBytes + (kTail ? kTailBox : 0);
+};
+
+// Shared memory: Q, K, V, dO (TMA; first 64 columns, then the tails), two dS
+// buffers (a chunk's dQ is staged for its TMA store in its first panels
+// once dQ's product has read them), slots for O's chunks (for D), lse per
+// query, D per query for each warpgroup, mbarriers per chunk (Q, dO, and
+// with chunk 0 K, V, lse) and per O chunk, a counter of the warpgroups done
+// with a chunk's D; 1024 bytes to align the start.
+template <int D>
 struct Smem {
+  using H = Head<D>;
   static constexpr uint32_t kQ = 0, kK = kMatBytes, kV = 2 * kMatBytes, kDO = 3 * kMatBytes;
-  static constexpr uint32_t kDS = 4 * kMatBytes;               // 2 x kDsBytes
-  static constexpr uint32_t kO = kDS + 2 * kDsBytes;           // 2 x kBoxBytes
-  static constexpr uint32_t kLse = kO + 2 * kBoxBytes;         // float[256]
+  // The tails, per 64-row block c: Q's, dO's and K's side by side, then all
+  // of V's. The k16 tail step of S (dP) reads 8 rows past a block of Q
+  // (dO): they must hold finite numbers (the products multiply them by zero)
+  // and are dO's (K's) rows of the same block, loaded with it or before.
+  static constexpr uint32_t kTails = 4 * kMatBytes;
+  __host__ __device__ static constexpr uint32_t q_tail(int c) { return kTails + c * 3 * H::kTailBox; }
+  __host__ __device__ static constexpr uint32_t do_tail(int c) { return q_tail(c) + H::kTailBox; }
+  __host__ __device__ static constexpr uint32_t k_tail(int c) { return q_tail(c) + 2 * H::kTailBox; }
+  static constexpr uint32_t kVt = kTails + 3 * kChunks * H::kTailBox;  // [256][8]
+  static constexpr uint32_t kDS = kTails + 4 * H::kTailMat;    // 2 x kDsBytes
+  static constexpr uint32_t kO = kDS + 2 * kDsBytes;           // kOSlots x kOSlot
+  static constexpr uint32_t kLse = kO + H::kOSlots * H::kOSlot;  // float[256]
   static constexpr uint32_t kDelta = kLse + kT * 4;            // float[2][256]
   static constexpr uint32_t kBar = kDelta + 2 * kT * 4;        // uint64_t[kChunks] chunks, then [kChunks] O
-  static constexpr size_t kTotal = kBar + 16 * kChunks + 1024;
+  static constexpr uint32_t kDoneD = kBar + 16 * kChunks;      // uint32_t
+  static constexpr size_t kTotal = kDoneD + 16 + 1024;
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
+  static_assert(kDS % 1024 == 0 && kO % 1024 == 0, "swizzled panels need 1024-byte alignment");
 };
+
+// wgmma's descriptor of an unswizzled operand of 16-byte rows (a tail
+// panel): 8 x 8 core matrices of 128 contiguous bytes, the next 8 rows 128
+// bytes on. LBO and SBO both 128: one steps to the next 8 rows and the other
+// to the second 8 columns of a k16 step, which in a tail panel are the next
+// 8 rows too. For dV, dK, dQ (N = 8, MN-major) that is the product's own
+// K step; for the tail step of S and dP (K-major) it reads 8 rows past
+// the block for its last rows, which the zero columns 72-79 of the A
+// fragment multiply away: Smem puts finite, loaded rows there.
+__device__ __forceinline__ uint64_t smem_desc_tail(uint32_t addr) {
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(128 >> 4) << 32);
+}
 
 // wgmma's descriptor of a B operand stored MN-major (row = K index, 64
 // contiguous N values = one 128-byte swizzled row), N = 64: one swizzle atom
@@ -73,6 +115,40 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float (&d)[32], const uint
       "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
       : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+// d (64 x 64) = A B^T (+ d), A (64 x 16) from registers, B K-major in
+// shared memory (the S and dP products' tail step).
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                   int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+// d (64 x 8) = A B (+ d), A from registers, B MN-major (the tails of dV, dK).
+__device__ __forceinline__ void wgmma_m64n8k16_rs_tb(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b,
+                                                     int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+// d (64 x 8) = A B (+ d), A K-major and B MN-major in shared memory (dQ's tail).
+__device__ __forceinline__ void wgmma_m64n8k16_ss_tb(float (&d)[4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -130,6 +206,14 @@ __device__ __forceinline__ void stage_box(uint32_t box, const float (&d)[32], in
                     pack_bf16x2(scale * d[4 * j + 2 * hh], scale * d[4 * j + 2 * hh + 1]));
 }
 
+// The same for an N = 8 accumulator (columns 64-71) into a tail box of
+// 16-byte rows: row r_lo (+ 8), columns 2 (lane % 4) + {0, 1}.
+__device__ __forceinline__ void stage_tail(uint32_t box, const float (&d)[4], int r_lo, int lane, float scale) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+    st_shared_u32(box + (r_lo + 8 * hh) * 16 + 4 * (lane & 3), pack_bf16x2(scale * d[2 * hh], scale * d[2 * hh + 1]));
+}
+
 // 1D bulk copy of `bytes` (a multiple of 16) from global into shared memory;
 // the barrier counts them.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
@@ -139,108 +223,152 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
+// Dot product of 8 bf16 pairs at two shared-memory addresses (16 bytes each).
+__device__ __forceinline__ float dot8_shared(uint32_t x, uint32_t y) {
+  uint4 xv, yv;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(xv.x), "=r"(xv.y), "=r"(xv.z), "=r"(xv.w) : "r"(x));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(yv.x), "=r"(yv.y), "=r"(yv.z), "=r"(yv.w) : "r"(y));
+  const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+  const __nv_bfloat162* yp = reinterpret_cast<const __nv_bfloat162*>(&yv);
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 xf = __bfloat1622float2(xp[k]), yf = __bfloat1622float2(yp[k]);
+    acc = fmaf(xf.x, yf.x, acc);
+    acc = fmaf(xf.y, yf.y, acc);
+  }
+  return acc;
+}
+
+// The tensor maps of one call: boxes of 64 x 64 (128-byte swizzle) and, at
+// head dim 72, boxes of 64 rows x 8 columns for the tails (the same maps
+// stand in for them at 64).
+struct Maps {
+  CUtensorMap qkv, o, d_o, dqkv, qkv_t, o_t, d_o_t, dqkv_t;
+};
+
+template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_head_bwd_kernel(const __grid_constant__ CUtensorMap tma_qkv, const __grid_constant__ CUtensorMap tma_o,
-                              const __grid_constant__ CUtensorMap tma_do, const __grid_constant__ CUtensorMap tma_dqkv,
-                              const float* __restrict__ lse, int heads, float scale) {
+    attention_head_bwd_kernel(const __grid_constant__ Maps maps, const float* __restrict__ lse, int heads, float scale) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using H = Head<D>;
+  using L = Smem<D>;
+  constexpr bool kTail = H::kTail;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Offsetting smem_raw itself (not an integer) keeps the compiler's shared-space loads and stores.
   unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   const uint32_t base = smem_u32(smem);
-  const float* s_lse = reinterpret_cast<const float*>(smem + Smem::kLse);
-  uint64_t* chunk_ready = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
+  const float* s_lse = reinterpret_cast<const float*>(smem + L::kLse);
+  uint64_t* chunk_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
   uint64_t* o_ready = chunk_ready + kChunks;
+  unsigned int* d_done = reinterpret_cast<unsigned int*>(smem + L::kDoneD);
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
   const int row0 = b * kT;  // the sample's first token
+  const int col_q = h * D, col_k = (heads + h) * D, col_v = (2 * heads + h) * D, col_o = h * D;
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
-  float* s_delta = reinterpret_cast<float*>(smem + Smem::kDelta) + wg * kT;  // this warpgroup's D
+  float* s_delta = reinterpret_cast<float*>(smem + L::kDelta) + wg * kT;  // this warpgroup's D
 
   if (tid == 0) {
 #pragma unroll
     for (int c = 0; c < 2 * kChunks; ++c) mbar_init(&chunk_ready[c], 1);
+    *d_done = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  // O's chunk c goes to slot c % 2: chunks 0 and 1 now, 2 and 3 once both
-  // warpgroups have their D of chunks 0 and 1.
-  auto load_o = [&](int c) {
-    mbar_arrive_expect_tx(&o_ready[c], kBoxBytes);
-    tma_load_2d(smem + Smem::kO + (c & 1) * kBoxBytes, &tma_o, &o_ready[c], h * kD, row0 + c * kChunk);
+  // 64 rows from (col, row): the first 64 columns and, at D = 72, the tail.
+  auto load_rows = [&](uint32_t main_at, uint32_t tail_at, const CUtensorMap* map, const CUtensorMap* map_t,
+                       uint64_t* bar, int col, int row) {
+    tma_load_2d(smem + main_at, map, bar, col, row);
+    if constexpr (kTail) tma_load_2d(smem + tail_at, map_t, bar, col + 64, row);
   };
-  if (tid == 0) {  // chunk 0 brings K, V and lse with its Q and dO: the first products wait for 81 KB, not 160
+  // O's chunk c goes to slot c % kOSlots: the first kOSlots now, each later
+  // one once both warpgroups have their D of the chunk before it in the slot.
+  auto load_o = [&](int c) {
+    const uint32_t slot = L::kO + (c % H::kOSlots) * H::kOSlot;
+    mbar_arrive_expect_tx(&o_ready[c], H::kOSlot);
+    load_rows(slot, slot + kBoxBytes, &maps.o, &maps.o_t, &o_ready[c], col_o, row0 + c * kChunk);
+  };
+  if (tid == 0) {  // chunk 0 brings K, V and lse with its Q and dO: the first products wait for ~half the bytes
+    constexpr uint32_t kPair = kBoxBytes + (kTail ? H::kTailBox : 0);  // 64 rows with their tail
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
-      mbar_arrive_expect_tx(&chunk_ready[c], (c == 0 ? 2 * kMatBytes + kT * 4 : 0) + 2 * kBoxBytes);
-      tma_load_2d(smem + Smem::kQ + c * kBoxBytes, &tma_qkv, &chunk_ready[c], h * kD, row0 + c * kChunk);
-      tma_load_2d(smem + Smem::kDO + c * kBoxBytes, &tma_do, &chunk_ready[c], h * kD, row0 + c * kChunk);
+      mbar_arrive_expect_tx(&chunk_ready[c], (c == 0 ? 8 * kPair + kT * 4 : 0) + 2 * kPair);
+      load_rows(L::kQ + c * kBoxBytes, L::q_tail(c), &maps.qkv, &maps.qkv_t, &chunk_ready[c], col_q,
+                row0 + c * kChunk);
+      load_rows(L::kDO + c * kBoxBytes, L::do_tail(c), &maps.d_o, &maps.d_o_t, &chunk_ready[c], col_o,
+                row0 + c * kChunk);
       if (c == 0) {
         for (int r = 0; r < kT; r += 64) {
-          tma_load_2d(smem + Smem::kK + r * 128, &tma_qkv, &chunk_ready[0], (heads + h) * kD, row0 + r);
-          tma_load_2d(smem + Smem::kV + r * 128, &tma_qkv, &chunk_ready[0], (2 * heads + h) * kD, row0 + r);
+          load_rows(L::kK + r * 128, L::k_tail(r / 64), &maps.qkv, &maps.qkv_t, &chunk_ready[0], col_k, row0 + r);
+          load_rows(L::kV + r * 128, L::kVt + r * 16, &maps.qkv, &maps.qkv_t, &chunk_ready[0], col_v, row0 + r);
         }
-        bulk_load(smem + Smem::kLse, lse + (int64_t(b) * heads + h) * kT, kT * 4, &chunk_ready[0]);
-        load_o(0);
+        bulk_load(smem + L::kLse, lse + (int64_t(b) * heads + h) * kT, kT * 4, &chunk_ready[0]);
+        for (int c2 = 0; c2 < H::kOSlots; ++c2) load_o(c2);
       }
-      if (c == 1) load_o(1);
     }
   }
 
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = scale * kLog2e;
-  // This warpgroup's key blocks 2 wg, 2 wg + 1, and their gradients.
-  float dv[2][32], dk[2][32];
+  // This warpgroup's key blocks 2 wg, 2 wg + 1, and their gradients (columns
+  // 0-63; 64-71 in the tails at D = 72).
+  float dv[2][32], dk[2][32], dv_t[2][4], dk_t[2][4];
   const int r_lo = warp * 16 + lane / 4;  // accumulator rows r_lo and r_lo + 8 (keys within the block)
 
   for (int qc = 0; qc < kChunks; ++qc) {
-    const uint32_t ds_buf = base + Smem::kDS + (qc & 1) * kDsBytes;
+    const uint32_t ds_buf = base + L::kDS + (qc & 1) * kDsBytes;
     mbar_wait(&chunk_ready[qc], 0);
 #pragma unroll
     for (int kbi = 0; kbi < 2; ++kbi) {
       const int kb = 2 * wg + kbi;
       float st[32], dpt[32];  // S^T and dP^T: [64 keys][64 queries of the chunk]
       {
-        const uint64_t da_k = smem_desc(smem + Smem::kK + kb * kKeyBlock * 128);
-        const uint64_t da_v = smem_desc(smem + Smem::kV + kb * kKeyBlock * 128);
-        const uint64_t db_q = smem_desc(smem + Smem::kQ + qc * kChunk * 128);
-        const uint64_t db_do = smem_desc(smem + Smem::kDO + qc * kChunk * 128);
+        const uint64_t da_k = smem_desc(smem + L::kK + kb * kKeyBlock * 128);
+        const uint64_t da_v = smem_desc(smem + L::kV + kb * kKeyBlock * 128);
+        const uint64_t db_q = smem_desc(smem + L::kQ + qc * kChunk * 128);
+        const uint64_t db_do = smem_desc(smem + L::kDO + qc * kChunk * 128);
+        // The tails of this block's K and V rows as k16 A fragments: columns
+        // 64-71 from shared memory, 72-79 zero.
+        uint32_t k_t[4] = {0, 0, 0, 0}, v_t[4] = {0, 0, 0, 0};
+        if constexpr (kTail) {
+          const uint32_t at = r_lo * 16 + 4 * (lane & 3);
+          k_t[0] = ld_shared_u32(base + L::k_tail(kb) + at);
+          k_t[1] = ld_shared_u32(base + L::k_tail(kb) + at + 8 * 16);
+          v_t[0] = ld_shared_u32(base + L::kVt + kb * H::kTailBox + at);
+          v_t[1] = ld_shared_u32(base + L::kVt + kb * H::kTailBox + at + 8 * 16);
+        }
         wgmma_fence();
 #pragma unroll
-        for (int t = 0; t < kD / 16; ++t) wgmma_m64n64k16_ss<0>(st, da_k + 2 * t, db_q + 2 * t, t > 0);
+        for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(st, da_k + 2 * t, db_q + 2 * t, t > 0);
+        if constexpr (kTail) wgmma_m64n64k16_rs(st, k_t, smem_desc_tail(base + L::q_tail(qc)), 1);
 #pragma unroll
-        for (int t = 0; t < kD / 16; ++t) wgmma_m64n64k16_ss<0>(dpt, da_v + 2 * t, db_do + 2 * t, t > 0);
+        for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(dpt, da_v + 2 * t, db_do + 2 * t, t > 0);
+        if constexpr (kTail) wgmma_m64n64k16_rs(dpt, v_t, smem_desc_tail(base + L::do_tail(qc)), 1);
         wgmma_commit();
         if (kbi == 0) {
           // While the first products run: D = rowsum(dO * O) of the chunk's
           // 64 queries, two threads per query, into this warpgroup's copy.
           const int i = tid % 128, q = i / 2, half = i & 1;
           mbar_wait(&o_ready[qc], 0);
-          const uint32_t o_row = base + Smem::kO + (qc & 1) * kBoxBytes + q * 128;
-          const uint32_t do_row = base + Smem::kDO + (qc * kChunk + q) * 128;
+          const uint32_t slot = base + L::kO + (qc % H::kOSlots) * H::kOSlot;
+          const uint32_t o_row = slot + q * 128, do_row = base + L::kDO + (qc * kChunk + q) * 128;
           float acc = 0.f;
 #pragma unroll
           for (int u = 4 * half; u < 4 * half + 4; ++u) {
             const uint32_t at = (u ^ (q & 7)) << 4;
-            uint4 ov, dv4;
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(ov.x), "=r"(ov.y), "=r"(ov.z), "=r"(ov.w)
-                         : "r"(o_row + at));
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(dv4.x), "=r"(dv4.y), "=r"(dv4.z), "=r"(dv4.w)
-                         : "r"(do_row + at));
-            const __nv_bfloat162* op = reinterpret_cast<const __nv_bfloat162*>(&ov);
-            const __nv_bfloat162* dp = reinterpret_cast<const __nv_bfloat162*>(&dv4);
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              const float2 of = __bfloat1622float2(op[k]), df = __bfloat1622float2(dp[k]);
-              acc = fmaf(of.x, df.x, acc);
-              acc = fmaf(of.y, df.y, acc);
-            }
+            acc += dot8_shared(o_row + at, do_row + at);
           }
+          if constexpr (kTail)
+            if (half == 1) acc += dot8_shared(slot + kBoxBytes + q * 16, base + L::do_tail(qc) + q * 16);
           acc += __shfl_xor_sync(0xffffffffu, acc, 1);
           if (half == 0) s_delta[qc * kChunk + q] = acc;
           warpgroup_barrier(2 + wg);
+          // The second warpgroup done with this O chunk brings the next one into its slot.
+          if (wg_lead) {
+            __threadfence_block();
+            if ((atomicAdd(d_done, 1u) & 1u) != 0 && qc + H::kOSlots < kChunks) load_o(qc + H::kOSlots);
+          }
         }
         wgmma_wait<0>();
         fence_accumulators(st);
@@ -272,8 +400,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int t = 0; t < kChunk / 16; ++t)
-          wgmma_m64n64k16_rs_tb(dv[kbi], ap[t], smem_desc_mn(base + Smem::kDO + (qc * kChunk + 16 * t) * 128),
+          wgmma_m64n64k16_rs_tb(dv[kbi], ap[t], smem_desc_mn(base + L::kDO + (qc * kChunk + 16 * t) * 128),
                                 first | (t > 0));
+        if constexpr (kTail)
+#pragma unroll
+          for (int t = 0; t < kChunk / 16; ++t)
+            wgmma_m64n8k16_rs_tb(dv_t[kbi], ap[t], smem_desc_tail(base + L::do_tail(qc) + 16 * t * 16),
+                                 first | (t > 0));
         wgmma_commit();
         // dS^T as bf16 fragments, stored transposed into the chunk's buffer
         // ([query][key], keys in panels of 64) while dV's product runs:
@@ -295,12 +428,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int t = 0; t < kChunk / 16; ++t)
-          wgmma_m64n64k16_rs_tb(dk[kbi], ads[t], smem_desc_mn(base + Smem::kQ + (qc * kChunk + 16 * t) * 128),
+          wgmma_m64n64k16_rs_tb(dk[kbi], ads[t], smem_desc_mn(base + L::kQ + (qc * kChunk + 16 * t) * 128),
                                 first | (t > 0));
+        if constexpr (kTail)
+#pragma unroll
+          for (int t = 0; t < kChunk / 16; ++t)
+            wgmma_m64n8k16_rs_tb(dk_t[kbi], ads[t], smem_desc_tail(base + L::q_tail(qc) + 16 * t * 16),
+                                 first | (t > 0));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(dv[kbi]);
         fence_accumulators(dk[kbi]);
+        if constexpr (kTail) {
+          fence_accumulators(dv_t[kbi]);
+          fence_accumulators(dk_t[kbi]);
+        }
       }
     }
     // The chunk's dS is complete once both warpgroups are here; the async
@@ -310,25 +452,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_async_shared();
     if (wg_lead) tma_store_wait_read<0>();
     cta_barrier();
-    // Both warpgroups have their D of this chunk: its O slot takes chunk qc + 2.
-    if (tid == 0 && qc + 2 < kChunks) load_o(qc + 2);
-    if (wg == (qc & 1)) {  // dQ of the chunk = s dS K: [64 queries][64 d], K over 256 keys
-      float dq[32];
+    if (wg == (qc & 1)) {  // dQ of the chunk = s dS K: [64 queries][D], K over 256 keys
+      float dq[32], dq_t[4];
       wgmma_fence();
 #pragma unroll
       for (int t = 0; t < kT / 16; ++t) {
-        const uint64_t da = smem_desc(smem + Smem::kDS + (qc & 1) * kDsBytes + (t / 4) * (kChunk * 128)) + 2 * (t % 4);
-        wgmma_m64n64k16_ss<1>(dq, da, smem_desc_mn(base + Smem::kK + 16 * t * 128), t > 0);
+        const uint64_t da = smem_desc(smem + L::kDS + (qc & 1) * kDsBytes + (t / 4) * (kChunk * 128)) + 2 * (t % 4);
+        wgmma_m64n64k16_ss<1>(dq, da, smem_desc_mn(base + L::kK + 16 * t * 128), t > 0);
+        if constexpr (kTail) wgmma_m64n8k16_ss_tb(dq_t, da, smem_desc_tail(base + L::k_tail(t / 4) + (t % 4) * 16 * 16), t > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
       fence_accumulators(dq);
-      // Every warp's part of the product is done before the box overwrites dS's first panel.
+      if constexpr (kTail) fence_accumulators(dq_t);
+      // Every warp's part of the product is done before the box overwrites dS's first panels.
       warpgroup_barrier(2 + wg);
       stage_box(ds_buf, dq, r_lo, lane, scale);
+      if constexpr (kTail) stage_tail(ds_buf + kBoxBytes, dq_t, r_lo, lane, scale);
       fence_async_shared();
       warpgroup_barrier(2 + wg);
-      if (wg_lead) tma_store_2d(&tma_dqkv, smem + Smem::kDS + (qc & 1) * kDsBytes, h * kD, row0 + qc * kChunk);
+      if (wg_lead) {
+        unsigned char* box = smem + L::kDS + (qc & 1) * kDsBytes;
+        tma_store_2d(&maps.dqkv, box, col_q, row0 + qc * kChunk);
+        if constexpr (kTail) tma_store_2d(&maps.dqkv_t, box + kBoxBytes, col_q + 64, row0 + qc * kChunk);
+      }
     }
   }
   // dK (scaled) and dV of this warpgroup's keys, staged where its rows of Q
@@ -336,17 +483,25 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int kbi = 0; kbi < 2; ++kbi) {
     const int kb = 2 * wg + kbi;
-    stage_box(base + Smem::kQ + kb * kBoxBytes, dk[kbi], r_lo, lane, scale);
-    stage_box(base + Smem::kDO + kb * kBoxBytes, dv[kbi], r_lo, lane, 1.f);
+    stage_box(base + L::kQ + kb * kBoxBytes, dk[kbi], r_lo, lane, scale);
+    stage_box(base + L::kDO + kb * kBoxBytes, dv[kbi], r_lo, lane, 1.f);
+    if constexpr (kTail) {
+      stage_tail(base + L::q_tail(kb), dk_t[kbi], r_lo, lane, scale);
+      stage_tail(base + L::do_tail(kb), dv_t[kbi], r_lo, lane, 1.f);
+    }
   }
   fence_async_shared();
   warpgroup_barrier(2 + wg);
   if (wg_lead) {
 #pragma unroll
     for (int kbi = 0; kbi < 2; ++kbi) {
-      const int kb = 2 * wg + kbi;
-      tma_store_2d(&tma_dqkv, smem + Smem::kQ + kb * kBoxBytes, (heads + h) * kD, row0 + kb * kKeyBlock);
-      tma_store_2d(&tma_dqkv, smem + Smem::kDO + kb * kBoxBytes, (2 * heads + h) * kD, row0 + kb * kKeyBlock);
+      const int kb = 2 * wg + kbi, row = row0 + kb * kKeyBlock;
+      tma_store_2d(&maps.dqkv, smem + L::kQ + kb * kBoxBytes, col_k, row);
+      tma_store_2d(&maps.dqkv, smem + L::kDO + kb * kBoxBytes, col_v, row);
+      if constexpr (kTail) {
+        tma_store_2d(&maps.dqkv_t, smem + L::q_tail(kb), col_k + 64, row);
+        tma_store_2d(&maps.dqkv_t, smem + L::do_tail(kb), col_v + 64, row);
+      }
     }
     tma_store_wait_read<0>();  // shared memory must outlive the reads
   }
@@ -355,17 +510,42 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// [rows, cols] bf16 row-major in boxes of 64 rows x 64 columns, 128-byte swizzle.
-CUtensorMap tensor_map(const bf16* base, int64_t rows, int64_t cols) {
-  return bf16_tensor_map(base, rows, cols, 64, "attention_head_bwd_sm90");
+template <int D>
+void launch(const bf16* qkv, const bf16* o, const bf16* d_o, const float* lse, bf16* dqkv, int batch, int heads,
+            float scale, int device, cudaStream_t stream) {
+  constexpr const char* kWho = "attention_head_bwd_sm90";
+  const int64_t rows = int64_t(batch) * kT, qkv_cols = int64_t(3) * heads * D, o_cols = int64_t(heads) * D;
+  Maps maps;
+  maps.qkv = bf16_tensor_map(qkv, rows, qkv_cols, 64, kWho);
+  maps.o = bf16_tensor_map(o, rows, o_cols, 64, kWho);
+  maps.d_o = bf16_tensor_map(d_o, rows, o_cols, 64, kWho);
+  maps.dqkv = bf16_tensor_map(dqkv, rows, qkv_cols, 64, kWho);
+  if constexpr (Head<D>::kTail) {
+    maps.qkv_t = bf16_tensor_map(qkv, rows, qkv_cols, 64, kWho, 8);
+    maps.o_t = bf16_tensor_map(o, rows, o_cols, 64, kWho, 8);
+    maps.d_o_t = bf16_tensor_map(d_o, rows, o_cols, 64, kWho, 8);
+    maps.dqkv_t = bf16_tensor_map(dqkv, rows, qkv_cols, 64, kWho, 8);
+  } else {
+    maps.qkv_t = maps.qkv;
+    maps.o_t = maps.o;
+    maps.d_o_t = maps.d_o;
+    maps.dqkv_t = maps.dqkv;
+  }
+  static std::atomic<uint64_t> attribute_set_on{0};
+  allow_dynamic_smem(reinterpret_cast<const void*>(attention_head_bwd_kernel<D>), int(Smem<D>::kTotal), device,
+                     attribute_set_on);
+  attention_head_bwd_kernel<D><<<batch * heads, kThreads, Smem<D>::kTotal, stream>>>(maps, lse, heads, scale);
+  PERFTRAIN_LAUNCH_CHECK();
 }
 
 }  // namespace
 
 void attention_head_bwd_sm90(const bf16* qkv, const bf16* o, const bf16* d_o, const float* lse, bf16* dqkv, int batch,
-                             int heads, float scale, cudaStream_t stream) {
+                             int heads, int head_dim, float scale, cudaStream_t stream) {
   if (batch < 1 || heads < 1 || int64_t(batch) * heads > INT32_MAX)
     throw std::invalid_argument("attention_head_bwd_sm90: needs batch >= 1 and heads >= 1");
+  if (!head_bwd_dim_supported(head_dim))
+    throw std::invalid_argument("attention_head_bwd_sm90: head dim must be 64 or 72, not " + std::to_string(head_dim));
   for (const void* p : {static_cast<const void*>(qkv), static_cast<const void*>(o), static_cast<const void*>(d_o),
                         static_cast<const void*>(lse), static_cast<const void*>(dqkv)})
     if (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 != 0)
@@ -375,17 +555,10 @@ void attention_head_bwd_sm90(const bf16* qkv, const bf16* o, const bf16* d_o, co
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major != 9 || minor != 0) throw std::invalid_argument("attention_head_bwd_sm90: needs an sm_90 GPU");
-  const int64_t rows = int64_t(batch) * kT;
-  const CUtensorMap map_qkv = tensor_map(qkv, rows, int64_t(3) * heads * kD);
-  const CUtensorMap map_do = tensor_map(d_o, rows, int64_t(heads) * kD);
-  const CUtensorMap map_o = tensor_map(o, rows, int64_t(heads) * kD);
-  const CUtensorMap map_dqkv = tensor_map(dqkv, rows, int64_t(3) * heads * kD);
-  static std::atomic<uint64_t> attribute_set_on{0};
-  allow_dynamic_smem(reinterpret_cast<const void*>(attention_head_bwd_kernel), int(Smem::kTotal), device,
-                     attribute_set_on);
-  attention_head_bwd_kernel<<<batch * heads, kThreads, Smem::kTotal, stream>>>(map_qkv, map_o, map_do, map_dqkv, lse, heads,
-                                                                               scale);
-  PERFTRAIN_LAUNCH_CHECK();
+  if (head_dim == 64)
+    launch<64>(qkv, o, d_o, lse, dqkv, batch, heads, scale, device, stream);
+  else
+    launch<72>(qkv, o, d_o, lse, dqkv, batch, heads, scale, device, stream);
 }
 
 }  // namespace perftrain::kernels

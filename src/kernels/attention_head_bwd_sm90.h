@@ -1,6 +1,7 @@
 // The backward of softmax attention for DiT's short sequences, one CTA per
 // (sample, head), Hopper (sm_90a) wgmma. Non-causal, no dropout, T = 256
-// tokens, head dim 64 (DiT-S/2 and B/2 at 256 px).
+// tokens, head dim 64 (DiT-S/2 and B/2 at 256 px) or 72 (DiT-XL/2: columns
+// 64-71 as a tail panel, see Head in the .cu).
 //
 // Why: at 256 tokens cuDNN's flash backward runs at ~257 TFLOP/s and adds
 // two side passes (dot(dO, O) and the fp32 dQ accumulator's conversion):
@@ -32,14 +33,18 @@
 
 namespace perftrain::kernels {
 
-constexpr int kHeadBwdTokens = 256, kHeadBwdDim = 64;
+constexpr int kHeadBwdTokens = 256;
 
-// qkv [B, T, 3, H, 64] bf16 (the packed projection), o and d_o [B, T, H, 64]
+// The head dims the kernel is built for: 64 (DiT-S, B) and 72 (DiT-XL).
+constexpr bool head_bwd_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 72; }
+
+// qkv [B, T, 3, H, d] bf16 (the packed projection), o and d_o [B, T, H, d]
 // bf16, lse [B, H, T] fp32 (natural log, of the scaled scores), dqkv
-// [B, T, 3, H, 64] bf16. T must be 256. Throws std::invalid_argument for
-// other shapes, misaligned pointers or a GPU other than sm_90.
+// [B, T, 3, H, d] bf16. T must be 256, d 64 or 72. Throws
+// std::invalid_argument for other shapes, misaligned pointers or a GPU other
+// than sm_90.
 void attention_head_bwd_sm90(const __nv_bfloat16* qkv, const __nv_bfloat16* o, const __nv_bfloat16* d_o,
-                             const float* lse, __nv_bfloat16* dqkv, int batch, int heads, float scale,
+                             const float* lse, __nv_bfloat16* dqkv, int batch, int heads, int head_dim, float scale,
                              cudaStream_t stream);
 
 }  // namespace perftrain::kernels

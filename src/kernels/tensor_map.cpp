@@ -29,14 +29,18 @@ EncodeTiled encode_tiled() {
 
 }  // namespace
 
-CUtensorMap bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int box_rows, const char* who) {
+CUtensorMap bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int box_rows, const char* who,
+                            int box_cols) {
+  if (box_cols != 64 && (box_cols % 8 != 0 || box_cols > 64))
+    throw std::invalid_argument(std::string(who) + ": a tensor-map box is 64 columns or a multiple of 8 below");
   CUtensorMap map;
   const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};  // innermost first
   const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};             // bytes between rows
-  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)};
+  const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
-                                    box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw std::runtime_error(std::string(who) + ": cuTensorMapEncodeTiled failed (CUresult " +

@@ -10,10 +10,12 @@
 
 namespace perftrain::kernels {
 
-// A [rows, cols] bf16 row-major matrix in boxes of box_rows x 64 columns
-// (128 bytes: the row of the 128-byte swizzle), for TMA loads and stores.
-// Throws std::runtime_error naming `who` when the driver refuses.
-CUtensorMap bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int box_rows, const char* who);
+// A [rows, cols] bf16 row-major matrix in boxes of box_rows x box_cols,
+// for TMA loads and stores: 64 columns (128 bytes) take the 128-byte
+// swizzle, narrower boxes (a multiple of 8 columns) none. Throws
+// std::runtime_error naming `who` when the driver refuses.
+CUtensorMap bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int box_rows, const char* who,
+                            int box_cols = 64);
 
 // Sets `kernel`'s dynamic shared-memory limit to `bytes` on `device` unless
 // `set_on` (the caller's static mask, bit d for device d) says it is set:

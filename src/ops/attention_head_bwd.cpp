@@ -41,11 +41,13 @@ at::Tensor try_attention_head_bwd(const at::Tensor& qkv, const at::Tensor& out, 
   if (!own_attention_backward() || !qkv.is_cuda() || qkv.scalar_type() != at::kBFloat16 || qkv.dim() != 3 ||
       !qkv.is_contiguous() || heads < 1)
     return at::Tensor();
-  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
-  if (T != kernels::kHeadBwdTokens || D != heads * kernels::kHeadBwdDim || qkv.size(2) != 3 * D) return at::Tensor();
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3, head_dim = D / heads;
+  if (T != kernels::kHeadBwdTokens || D != heads * head_dim || qkv.size(2) != 3 * D ||
+      !kernels::head_bwd_dim_supported(int(head_dim)))
+    return at::Tensor();
   // out: [B, H, T, d] whose memory is [B, T, H, d]; lse: B * H * T fp32, contiguous.
   if (out.scalar_type() != at::kBFloat16 || out.dim() != 4 || !out.transpose(1, 2).is_contiguous() ||
-      out.size(0) != B || out.size(1) != heads || out.size(2) != T || out.size(3) != kernels::kHeadBwdDim)
+      out.size(0) != B || out.size(1) != heads || out.size(2) != T || out.size(3) != head_dim)
     return at::Tensor();
   if (lse.scalar_type() != at::kFloat || !lse.is_contiguous() || lse.numel() != B * heads * T) return at::Tensor();
   if (grad_out.scalar_type() != at::kBFloat16 || grad_out.numel() != B * T * D || !on_sm90()) return at::Tensor();
@@ -54,8 +56,8 @@ at::Tensor try_attention_head_bwd(const at::Tensor& qkv, const at::Tensor& out, 
   kernels::attention_head_bwd_sm90(static_cast<const __nv_bfloat16*>(qkv.data_ptr()),
                                    static_cast<const __nv_bfloat16*>(out.data_ptr()),
                                    static_cast<const __nv_bfloat16*>(dout.data_ptr()), lse.data_ptr<float>(),
-                                   static_cast<__nv_bfloat16*>(dqkv.data_ptr()), int(B), int(heads),
-                                   1.f / std::sqrt(float(kernels::kHeadBwdDim)), at::cuda::getCurrentCUDAStream());
+                                   static_cast<__nv_bfloat16*>(dqkv.data_ptr()), int(B), int(heads), int(head_dim),
+                                   1.f / std::sqrt(float(head_dim)), at::cuda::getCurrentCUDAStream());
   return dqkv;
 }
 
