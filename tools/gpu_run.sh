@@ -72,8 +72,11 @@ if [ "$MODE" = attn-check ]; then  # the whole-head attention backward alone, nv
   row "attn check (memcheck)" "rc ${PIPESTATUS[0]}"
   [ -x "$OUT/attention_check" ] && timeout 120 "$OUT/attention_check" 2>&1 | tee -a "$OUT/attn-check.log"
   row "attn check" "rc ${PIPESTATUS[0]}"
-  if [ "${NCU:-0}" = 1 ] && [ -x "$OUT/attention_check" ]; then  # one B/2-shaped launch: speed of light, stalls, sources
-    timeout 240 ncu --set full --import-source no -k regex:attention_head_bwd --launch-skip 6 --launch-count 1 \
+  # NCU=1: one launch's speed of light, stalls and sources. NCU_SKIP launches of the kernel come first: 18
+  # checks (2 head dims x 3 shapes x 3 runs), then 145 per timed shape (B/2, S/2, XL/2) after 5 warm-up
+  # ones: 23 is B/2's first timed launch (the default), 313 XL/2's.
+  if [ "${NCU:-0}" = 1 ] && [ -x "$OUT/attention_check" ]; then
+    timeout 240 ncu --set full --import-source no -k regex:attention_head_bwd --launch-skip "${NCU_SKIP:-23}" --launch-count 1 \
       -o "$OUT/attn" "$OUT/attention_check" > "$OUT/ncu-attn.txt" 2>&1
     ncu_rc=$?
     ncu -i "$OUT/attn.ncu-rep" --page details >> "$OUT/ncu-attn.txt" 2>&1
