@@ -1,0 +1,182 @@
+// The device pieces the whole-head attention kernels share (the backward
+// kernels/attention_head_bwd_sm90 and the forward kernels/attention_head_fwd_sm90):
+// the head-dim layout (64 columns in a swizzled panel, at 72 a tail), wgmma
+// descriptors and products of 64-row tiles, register fragments, and the
+// staging of accumulators for TMA stores. Device code only; a kernel file
+// includes it and says `using namespace attention_sm90;` in its own
+// anonymous namespace.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/sm90.cuh"
+
+namespace perftrain::kernels::attention_sm90 {
+
+using namespace sm90;
+
+constexpr int kHeadTokens = 256;               // T: the whole head in one CTA
+constexpr uint32_t kBoxBytes = 64 * 64 * 2;    // one TMA box of 64 rows x 64 columns: 8 KB
+
+// Head dim D = 64 or 72. Columns 0-63 of each operand sit in a 128-byte-
+// swizzled panel (TMA boxes of 64 x 64); at D = 72 columns 64-71 sit in a
+// second, unswizzled "tail" panel of 16-byte rows (boxes of 8 x 64), which
+// the products use as one more k16 step (S, dP: the tail of K and V from
+// registers with columns 72-79 zero) or as an N = 8 product (dV, dK, dQ).
+template <int D>
+struct Head {
+  static_assert(D == 64 || D == 72, "head dim 64 or 72");
+  static constexpr bool kTail = D > 64;
+  static constexpr uint32_t kTailMat = kTail ? kHeadTokens * 16 : 0;   // one operand's tail panel: 4 KB
+  static constexpr uint32_t kTailBox = 64 * 16;               // one TMA box of it: 1 KB
+  static constexpr int kOSlots = kTail ? 1 : 2;               // O's chunks in flight (for D)
+  static constexpr uint32_t kOSlot = kBoxBytes + (kTail ? kTailBox : 0);
+};
+
+// wgmma's descriptor of an unswizzled operand of 16-byte rows (a tail
+// panel): 8 x 8 core matrices of 128 contiguous bytes, the next 8 rows 128
+// bytes on. LBO and SBO both 128: one steps to the next 8 rows and the other
+// to the second 8 columns of a k16 step, which in a tail panel are the next
+// 8 rows too. For dV, dK, dQ (N = 8, MN-major) that is the product's own
+// K step; for the tail step of S and dP (K-major) it reads 8 rows past
+// the block for its last rows, which the zero columns 72-79 of the A
+// fragment multiply away: the kernels' layouts put finite, loaded rows there.
+__device__ __forceinline__ uint64_t smem_desc_tail(uint32_t addr) {
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(128 >> 4) << 32);
+}
+
+// wgmma's descriptor of a B operand stored MN-major (row = K index, 64
+// contiguous N values = one 128-byte swizzled row), N = 64: one swizzle atom
+// across N, 8-row groups 1024 bytes apart along K (SBO). LBO would step to
+// a second atom across N; there is none, so it only has to be a legal value.
+__device__ __forceinline__ uint64_t smem_desc_mn(uint32_t addr) {
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t(1024 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// d (64 x 64) = A B^T (+ d), both from shared memory, A K-major; B K-major
+// too, or MN-major (transposed) with TransB = 1.
+template <int TransB>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+}
+
+// d (64 x 64) = A B (+ d), A (64 x 16) from registers in the accumulator
+// layout's k16 fragment, B from shared memory MN-major (transposed).
+__device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                      int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+// d (64 x 64) = A B^T (+ d), A (64 x 16) from registers, B K-major in
+// shared memory (the S and dP products' tail step).
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                   int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+// d (64 x 8) = A B (+ d), A from registers, B MN-major (the tails of dV, dK).
+__device__ __forceinline__ void wgmma_m64n8k16_rs_tb(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b,
+                                                     int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+// d (64 x 8) = A B (+ d), A K-major and B MN-major in shared memory (dQ's tail).
+__device__ __forceinline__ void wgmma_m64n8k16_ss_tb(float (&d)[4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// 2^x on the special-function unit; flushing denormal results to zero costs
+// nothing here (a probability below 2^-126 is zero in bf16 anyway).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Four 8 x 8 bf16 matrices of mma fragments stored transposed: lane L gives
+// the address of row L % 8 of matrix L / 8 of the result.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// A 256-thread barrier of the CTA's two warpgroups (id 1; 0 is __syncthreads,
+// 2 and 3 are the warpgroups' own).
+__device__ __forceinline__ void cta_barrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+// The k16 fragment t (columns 16t .. 16t + 15) of a 64-row accumulator, as
+// wgmma's register A operand: the accumulator holds columns
+// 8j + 2(lane % 4) + {0, 1} of rows lane / 4 (+ 8) in d[4j .. 4j + 3], which
+// is the A layout of columns 16t .. 16t + 15 for j = 2t, 2t + 1.
+template <int N>
+__device__ __forceinline__ void a_fragment(const float (&d)[N], int t, uint32_t (&a)[4]) {
+  a[0] = pack_bf16x2(d[8 * t + 0], d[8 * t + 1]);
+  a[1] = pack_bf16x2(d[8 * t + 2], d[8 * t + 3]);
+  a[2] = pack_bf16x2(d[8 * t + 4], d[8 * t + 5]);
+  a[3] = pack_bf16x2(d[8 * t + 6], d[8 * t + 7]);
+}
+
+// Byte offset of element (row, col) in a K-major 128-byte-swizzled [rows][64]
+// bf16 panel: 16-byte unit u of row r sits at unit u ^ (r % 8).
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int col) {
+  return row * 128 + ((((col * 2) >> 4) ^ (row & 7)) << 4) + ((col * 2) & 15);
+}
+
+// A warp's 16 rows of a 64 x 64 accumulator, times `scale`, as bf16 into a
+// swizzled [64][64] box at `box` (shared address) for a TMA store: row
+// r_lo (+ 8), columns 8j + 2 (lane % 4) + {0, 1}; the eight rows of a store
+// land in eight different 16-byte units, so it is free of bank conflicts.
+__device__ __forceinline__ void stage_box(uint32_t box, const float (&d)[32], int r_lo, int lane, float scale) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      st_shared_u32(box + swizzled_offset(r_lo + 8 * hh, 8 * j + 2 * (lane & 3)),
+                    pack_bf16x2(scale * d[4 * j + 2 * hh], scale * d[4 * j + 2 * hh + 1]));
+}
+
+// The same for an N = 8 accumulator (columns 64-71) into a tail box of
+// 16-byte rows: row r_lo (+ 8), columns 2 (lane % 4) + {0, 1}.
+__device__ __forceinline__ void stage_tail(uint32_t box, const float (&d)[4], int r_lo, int lane, float scale) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+    st_shared_u32(box + (r_lo + 8 * hh) * 16 + 4 * (lane & 3), pack_bf16x2(scale * d[2 * hh], scale * d[2 * hh + 1]));
+}
+
+}  // namespace perftrain::kernels::attention_sm90
