@@ -17,8 +17,9 @@
 #               FC1_SCHEDULES="cooperative pingpong" checks fc1 under each PERFTRAIN_FC1_SCHEDULE, compares
 #               their outputs to the bit and times them in alternating pairs; GEMM_VARIANTS="-DX=1;-DY=2"
 #               rebuilds and times the kernel per set of defines.
-#   MODE=attn-check  tools/attention_bwd_check.cu (nvcc only): the whole-head attention backward against float64,
-#               under compute-sanitizer first, then plainly with its timings; NCU=1 adds an Nsight Compute report
+#   MODE=attn-check  tools/attention_bwd_check.cu and tools/attention_fwd_check.cu (nvcc only): the whole-head
+#               attention backward and forward against float64, under compute-sanitizer first, then plainly with
+#               their timings; NCU=1 adds an Nsight Compute report of the backward
 #   MODE=write-check  tools/write_bandwidth_check.cu (nvcc only): the rate at which fc1's two outputs can be
 #               written with no product around them (memset, streaming, fc1's tile pattern, with A read beside
 #               it), on cudaMalloc memory and on cuMemCreate memory with compression off and on; the tile
@@ -86,6 +87,16 @@ if [ "$MODE" = attn-check ]; then  # the whole-head attention backward alone, nv
     row "attn ncu" "rc $ncu_rc, $(grep -E "Duration|Compute \(SM\) Throughput|DRAM Throughput" "$OUT/ncu-attn.txt" | head -3 | tr -s ' ' | tr '\n' ';')"
   fi
   rm -f "$OUT/attention_check"
+  # The forward (tools/attention_fwd_check.cu): the same, without ncu.
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/attention_fwd_check.cu \
+    src/kernels/attention_head_fwd_sm90.cu src/kernels/tensor_map.cpp -o "$OUT/attention_fwd_check" \
+    > "$OUT/attn-fwd-check.log" 2>&1 &&
+    timeout 240 compute-sanitizer --tool memcheck "$OUT/attention_fwd_check" checks 2>&1 | tail -25 |
+    tee -a "$OUT/attn-fwd-check.log"
+  row "attn fwd check (memcheck)" "rc ${PIPESTATUS[0]}"
+  [ -x "$OUT/attention_fwd_check" ] && timeout 120 "$OUT/attention_fwd_check" 2>&1 | tee -a "$OUT/attn-fwd-check.log"
+  row "attn fwd check" "rc ${PIPESTATUS[0]}"
+  rm -f "$OUT/attention_fwd_check"
   cat "$SUMMARY"
   exit 0
 fi

@@ -393,11 +393,7 @@ void attention_head_bwd_sm90(const bf16* qkv, const bf16* o, const bf16* d_o, co
                         static_cast<const void*>(lse), static_cast<const void*>(dqkv)})
     if (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 != 0)
       throw std::invalid_argument("attention_head_bwd_sm90: every pointer must be given and 16-byte aligned");
-  int device = 0, major = 0, minor = 0;
-  PERFTRAIN_CUDA_CHECK(cudaGetDevice(&device));
-  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9 || minor != 0) throw std::invalid_argument("attention_head_bwd_sm90: needs an sm_90 GPU");
+  const int device = sm90_device("attention_head_bwd_sm90");
   if (head_dim == 64)
     launch<64>(qkv, o, d_o, lse, dqkv, batch, heads, scale, device, stream);
   else

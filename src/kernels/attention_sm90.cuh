@@ -31,7 +31,7 @@ struct Head {
   static constexpr bool kTail = D > 64;
   static constexpr uint32_t kTailMat = kTail ? kHeadTokens * 16 : 0;   // one operand's tail panel: 4 KB
   static constexpr uint32_t kTailBox = 64 * 16;               // one TMA box of it: 1 KB
-  static constexpr int kOSlots = kTail ? 1 : 2;               // O's chunks in flight (for D)
+  static constexpr int kOSlots = kTail ? 1 : 2;               // the backward's O chunks in flight (for D)
   static constexpr uint32_t kOSlot = kBoxBytes + (kTail ? kTailBox : 0);
 };
 
@@ -113,6 +113,37 @@ __device__ __forceinline__ void wgmma_m64n8k16_ss_tb(float (&d)[4], uint64_t des
       "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// The 128 accumulators of an m64n256 product as asm operands.
+#define PERFTRAIN_ATTN_ACC128                                                                                   \
+  PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16), PERFTRAIN_SM90_ACC16(32), PERFTRAIN_SM90_ACC16(48),        \
+      PERFTRAIN_SM90_ACC16(64), PERFTRAIN_SM90_ACC16(80), PERFTRAIN_SM90_ACC16(96), PERFTRAIN_SM90_ACC16(112)
+#define PERFTRAIN_ATTN_REGS128                                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
+  "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, "  \
+  "%68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, "  \
+  "%90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "  \
+  "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+
+// d (64 x 256) = A B^T (+ d), both K-major in shared memory (the forward's S = Q K^T).
+__device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " PERFTRAIN_ATTN_REGS128
+               ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+               : PERFTRAIN_ATTN_ACC128
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// d (64 x 256) = A B^T (+ d), A from registers, B K-major (the forward's tail step of S).
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b,
+                                                    int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " PERFTRAIN_ATTN_REGS128
+               ", {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+               : PERFTRAIN_ATTN_ACC128
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {

@@ -55,4 +55,13 @@ void allow_dynamic_smem(const void* kernel, int bytes, int device, std::atomic<u
   set_on.fetch_or(bit, std::memory_order_release);
 }
 
+int sm90_device(const char* who) {
+  int device = 0, major = 0, minor = 0;
+  PERFTRAIN_CUDA_CHECK(cudaGetDevice(&device));
+  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9 || minor != 0) throw std::invalid_argument(std::string(who) + ": needs an sm_90 GPU");
+  return device;
+}
+
 }  // namespace perftrain::kernels

@@ -1,6 +1,7 @@
 // The host side our TMA kernels share: the driver's tensor-map encoder
 // reached through the runtime (no link to libcuda), for the one layout they
-// use, and a kernel's dynamic shared-memory limit set once per device.
+// use, a kernel's dynamic shared-memory limit set once per device, and the
+// check for an sm_90 GPU.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -22,5 +23,9 @@ CUtensorMap bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int bo
 // the attribute belongs to the function on one device, so a second GPU in
 // the process needs its own call.
 void allow_dynamic_smem(const void* kernel, int bytes, int device, std::atomic<uint64_t>& set_on);
+
+// The current device, after checking that it is an sm_90 GPU (the wgmma and
+// TMA kernels' only target); std::invalid_argument naming `who` otherwise.
+int sm90_device(const char* who);
 
 }  // namespace perftrain::kernels

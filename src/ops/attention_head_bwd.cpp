@@ -36,21 +36,37 @@ bool own_attention_backward_from(const char* value) {
 bool own_attention_backward() { return own_flag().load(std::memory_order_relaxed); }
 void set_own_attention_backward(bool on) { own_flag().store(on, std::memory_order_relaxed); }
 
-at::Tensor try_attention_head_bwd(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
-                                  const at::Tensor& grad_out, int64_t heads) {
-  if (!own_attention_backward() || !qkv.is_cuda() || qkv.scalar_type() != at::kBFloat16 || qkv.dim() != 3 ||
-      !qkv.is_contiguous() || heads < 1)
-    return at::Tensor();
+namespace {
+
+// Whether the kernel takes these tensors (the switch aside).
+bool kernel_applies(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+                    int64_t heads) {
+  if (!qkv.is_cuda() || qkv.scalar_type() != at::kBFloat16 || qkv.dim() != 3 || !qkv.is_contiguous() || heads < 1)
+    return false;
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3, head_dim = D / heads;
   if (T != kernels::kHeadBwdTokens || D != heads * head_dim || qkv.size(2) != 3 * D ||
       !kernels::head_bwd_dim_supported(int(head_dim)))
-    return at::Tensor();
+    return false;
   // out: [B, H, T, d] whose memory is [B, T, H, d]; lse: B * H * T fp32, contiguous.
   if (out.scalar_type() != at::kBFloat16 || out.dim() != 4 || !out.transpose(1, 2).is_contiguous() ||
       out.size(0) != B || out.size(1) != heads || out.size(2) != T || out.size(3) != head_dim)
+    return false;
+  if (lse.scalar_type() != at::kFloat || !lse.is_contiguous() || lse.numel() != B * heads * T) return false;
+  return grad_out.scalar_type() == at::kBFloat16 && grad_out.numel() == B * T * D && on_sm90();
+}
+
+}  // namespace
+
+at::Tensor try_attention_head_bwd(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
+                                  const at::Tensor& grad_out, int64_t heads, bool forward_was_ours) {
+  if (!forward_was_ours && !own_attention_backward()) return at::Tensor();
+  if (!kernel_applies(qkv, out, lse, grad_out, heads)) {
+    if (forward_was_ours)
+      throw std::logic_error("attention backward: the forward was ours, but the backward kernel cannot take "
+                             "these tensors (their dtype or layout changed?)");
     return at::Tensor();
-  if (lse.scalar_type() != at::kFloat || !lse.is_contiguous() || lse.numel() != B * heads * T) return at::Tensor();
-  if (grad_out.scalar_type() != at::kBFloat16 || grad_out.numel() != B * T * D || !on_sm90()) return at::Tensor();
+  }
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3, head_dim = D / heads;
   const at::Tensor dout = grad_out.contiguous();
   at::Tensor dqkv = at::empty({B, T, 3 * D}, qkv.options());
   kernels::attention_head_bwd_sm90(static_cast<const __nv_bfloat16*>(qkv.data_ptr()),

@@ -18,10 +18,13 @@ void set_own_attention_backward(bool on);  // process-wide; before the step is c
 // that a misspelling is an error instead of a silent default.
 bool own_attention_backward_from(const char* value);
 
-// The packed gradient of qkv [B, T, 3D] from cuDNN's forward outputs (out
+// The packed gradient of qkv [B, T, 3D] from the forward's outputs (out
 // [B, H, T, d] in token-major memory, lse [B, H, T(, 1)] fp32) and the
 // output's gradient [B, T, D]; undefined where the kernel does not apply.
+// forward_was_ours: the forward was ours (ops/attention_head_fwd), so there
+// is no cuDNN state to fall back on: the switch is ignored, and a shape the
+// kernel cannot take throws std::logic_error.
 at::Tensor try_attention_head_bwd(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
-                                  const at::Tensor& grad_out, int64_t heads);
+                                  const at::Tensor& grad_out, int64_t heads, bool forward_was_ours = false);
 
 }  // namespace perftrain::ops

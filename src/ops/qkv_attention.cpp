@@ -16,6 +16,7 @@
 #include "base/env.h"
 #include "base/error.h"
 #include "ops/attention_head_bwd.h"
+#include "ops/attention_head_fwd.h"
 #include "ops/column_sums.h"
 #include "ops/compat.h"
 #include "ops/compute_weights.h"
@@ -124,7 +125,14 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     detail::linear_forward_product(h2, w, bias.defined() ? bias.contiguous() : bias, qkv.view({m, 3 * D}));
     ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());
     ctx->saved_data["b_dtype"] = bias.defined() ? int64_t(bias.scalar_type()) : int64_t(-1);
-    return cudnn_forward(ctx, qkv, heads, {h2, w});
+    // Our whole-head forward where it applies (ops/attention_head_fwd): the
+    // same saved layout as cudnn_forward's up to out and lse.
+    auto [out, lse] = try_attention_head_fwd(qkv, heads);
+    ctx->saved_data["own_fwd"] = out.defined();
+    if (!out.defined()) return cudnn_forward(ctx, qkv, heads, {h2, w});
+    ctx->save_for_backward({h2, w, qkv, out, lse});
+    ctx->saved_data["heads"] = heads;
+    return out.transpose(1, 2).reshape({B, T, D});
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -136,9 +144,10 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     // Our whole-head kernel where it applies (PERFTRAIN_ATTN_BWD, default
-    // own): the packed gradient directly, from cudnn_forward's out (s[3])
-    // and lse (s[4]); cuDNN's backward elsewhere.
-    const at::Tensor own_dqkv = try_attention_head_bwd(qkv, s[3], s[4], grads[0], heads);
+    // own), and always after our forward: the packed gradient directly,
+    // from the forward's out (s[3]) and lse (s[4]); cuDNN's backward elsewhere.
+    const at::Tensor own_dqkv =
+        try_attention_head_bwd(qkv, s[3], s[4], grads[0], heads, ctx->saved_data["own_fwd"].toBool());
     const auto d = own_dqkv.defined() ? std::array<at::Tensor, 3>{} : cudnn_backward(ctx, s, 2, grads[0]);
 
     // Each of dq, dk, dv is [B, T, D] in memory when cuDNN kept q's token-major

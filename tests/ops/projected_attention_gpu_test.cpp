@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ops/attention_head_bwd.h"
+#include "ops/attention_head_fwd.h"
 #include "ops/compat.h"
 #include "ops/cublaslt_workspace.h"
 #include "ops/linear.h"
@@ -149,6 +150,39 @@ TEST(ProjectedAttentionGpu, OwnBackwardMatchesReferenceAndCudnn) {
     EXPECT_LT(rel_l2(own.dw, cudnn.dw), 1.5e-2) << what << " dW vs cuDNN";
     EXPECT_EQ(own.db.narrow(0, s.dim, s.dim).abs().max().item<float>(), 0.f) << what << " db_k";
   }
+}
+
+// The whole-head forward (ops/attention_head_fwd, with our backward after
+// it) against the fp32 reference and against cuDNN's forward (with our
+// backward too), at head dims 64 and 72.
+TEST(ProjectedAttentionGpu, OwnForwardMatchesReferenceAndCudnn) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  if (at::cuda::getCurrentDeviceProperties()->major != 9) GTEST_SKIP() << "not sm_90";
+  auto g = cuda_gen(44);
+  const bool was_fwd = own_attention_forward(), was_bwd = own_attention_backward();
+  set_own_attention_backward(true);
+  for (const Shape s : {Shape{2, 256, 128, 2}, Shape{3, 256, 384, 6}, Shape{2, 256, 216, 3}}) {
+    const at::Tensor h = rnd({s.batch, s.tokens, s.dim}, g).to(at::kBFloat16);
+    const at::Tensor w = rnd({3 * s.dim, s.dim}, g, 1.0 / std::sqrt(double(s.dim)));
+    const at::Tensor b = rnd({3 * s.dim}, g, 0.1);
+    const at::Tensor gout = rnd({s.batch, s.tokens, s.dim}, g);
+    const int64_t heads = s.heads;
+    const auto attention = [&](auto x, auto wt, auto bt) { return projected_attention(x, wt, bt, heads); };
+    const Grads ref = run([&](auto x, auto wt, auto bt) { return projected_attention_reference(x.to(at::kFloat), wt, bt, heads); },
+                          h, w, b, gout);
+    set_own_attention_forward(false);
+    const Grads cudnn = run(attention, h, w, b, gout);
+    set_own_attention_forward(true);
+    const Grads own = run(attention, h, w, b, gout);
+    const std::string what = describe(s);
+    EXPECT_LT(rel_l2(own.out, ref.out), 1.5e-2) << what << " out";
+    EXPECT_LT(rel_l2(own.out, cudnn.out), 1e-2) << what << " out vs cuDNN";
+    EXPECT_LT(rel_l2(own.dh, ref.dh), 2e-2) << what << " dh";
+    EXPECT_LT(rel_l2(own.dw, ref.dw), 2e-2) << what << " dW";
+    EXPECT_LT(rel_l2(own.dh, cudnn.dh), 1.5e-2) << what << " dh vs cuDNN's forward";
+  }
+  set_own_attention_forward(was_fwd);
+  set_own_attention_backward(was_bwd);
 }
 
 TEST(ProjectedAttentionGpu, AccumulatingProductAddsToD) {

@@ -1,0 +1,30 @@
+// ops/attention_head_fwd on the CPU: the switch, and that the op steps aside
+// (returns nothing, so cuDNN's forward runs) where its kernel does not
+// apply. The kernel itself is checked on the GPU
+// (projected_attention_gpu_test.cpp, tools/attention_fwd_check.cu).
+#include <ATen/ops/randn.h>
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "ops/attention_head_fwd.h"
+
+namespace perftrain::ops {
+namespace {
+
+TEST(AttentionHeadFwd, SwitchIsOwnOrCudnnAndRefusesOtherValues) {
+  EXPECT_TRUE(own_attention_forward_from(nullptr));
+  EXPECT_TRUE(own_attention_forward_from("own"));
+  EXPECT_FALSE(own_attention_forward_from("cudnn"));
+  EXPECT_THROW(own_attention_forward_from("flash"), std::invalid_argument);
+}
+
+TEST(AttentionHeadFwd, StepsAsideOnTheCpuAndOnOtherShapes) {
+  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  EXPECT_FALSE(try_attention_head_fwd(at::randn({2, 256, 3 * 128}, bf16), 2).first.defined());
+  EXPECT_FALSE(try_attention_head_fwd(at::randn({2, 17, 3 * 128}, bf16), 2).first.defined());
+  EXPECT_FALSE(try_attention_head_fwd(at::randn({2, 256, 3 * 128}), 2).first.defined());
+}
+
+}  // namespace
+}  // namespace perftrain::ops
