@@ -128,25 +128,6 @@ static int upload(const Problem& p, Device& dev) {
   return 0;
 }
 
-// Fills every SM's shared memory with 0xFF bytes (NaN in bf16 and fp32), so
-// that a read of shared memory the kernel did not write shows up as NaN
-// instead of depending on what ran on the SM before.
-__global__ void poison_shared_memory(int bytes) {
-  extern __shared__ unsigned char shared[];
-  for (int i = threadIdx.x * 4; i < bytes; i += blockDim.x * 4) *reinterpret_cast<unsigned*>(shared + i) = 0xffffffffu;
-}
-
-static int poison_shared() {
-  int device = 0, sms = 0, bytes = 0;
-  CHECK(cudaGetDevice(&device));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  CHECK(cudaFuncSetAttribute(poison_shared_memory, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  poison_shared_memory<<<2 * sms, 1024, bytes>>>(bytes);  // one block per SM at a time, every SM twice over
-  CHECK(cudaGetLastError());
-  return 0;
-}
-
 static void release(Device& dev) {
   cudaFree(dev.qkv);
   cudaFree(dev.o);

@@ -26,24 +26,6 @@ constexpr int kT = 256;
 
 static float bf(bf16 v) { return __bfloat162float(v); }
 
-// Fills every SM's shared memory with 0xFF bytes (NaN), so that a read of
-// shared memory the kernel did not write shows up.
-__global__ void poison_shared_memory(int bytes) {
-  extern __shared__ unsigned char shared[];
-  for (int i = threadIdx.x * 4; i < bytes; i += blockDim.x * 4) *reinterpret_cast<unsigned*>(shared + i) = 0xffffffffu;
-}
-
-static int poison_shared() {
-  int device = 0, sms = 0, bytes = 0;
-  CHECK(cudaGetDevice(&device));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  CHECK(cudaFuncSetAttribute(poison_shared_memory, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  poison_shared_memory<<<2 * sms, 1024, bytes>>>(bytes);
-  CHECK(cudaGetLastError());
-  return 0;
-}
-
 struct Buffers {
   bf16 *qkv = nullptr, *out = nullptr;
   float* lse = nullptr;

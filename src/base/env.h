@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 namespace perftrain {
 
@@ -20,6 +22,17 @@ inline bool env_equals(const char* name, const char* value) {
 inline int env_count(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v == nullptr ? fallback : std::max(0, std::atoi(v));
+}
+
+// Whether `value` (switch `name`'s value, nullptr when unset) picks our own
+// implementation over cuDNN's: unset or "own" does, "cudnn" does not; any
+// other value throws std::invalid_argument, so that a misspelling is an
+// error instead of a silent default.
+inline bool own_or_cudnn(const char* name, const char* value) {
+  const std::string v = value == nullptr ? "own" : value;
+  if (v != "own" && v != "cudnn")
+    throw std::invalid_argument(std::string(name) + " must be own or cudnn, not '" + v + "'");
+  return v == "own";
 }
 
 }  // namespace perftrain

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
-#include <string>
 
+#include "base/env.h"
 #include "kernels/attention_head_bwd_sm90.h"
 
 namespace perftrain::ops {
@@ -26,12 +26,7 @@ bool on_sm90() {
 
 }  // namespace
 
-bool own_attention_backward_from(const char* value) {
-  const std::string v = value == nullptr ? "own" : value;
-  if (v != "own" && v != "cudnn")
-    throw std::invalid_argument("PERFTRAIN_ATTN_BWD must be own or cudnn, not '" + v + "'");
-  return v == "own";
-}
+bool own_attention_backward_from(const char* value) { return own_or_cudnn("PERFTRAIN_ATTN_BWD", value); }
 
 bool own_attention_backward() { return own_flag().load(std::memory_order_relaxed); }
 void set_own_attention_backward(bool on) { own_flag().store(on, std::memory_order_relaxed); }

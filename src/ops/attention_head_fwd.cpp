@@ -6,9 +6,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <stdexcept>
-#include <string>
 
+#include "base/env.h"
 #include "kernels/attention_head_bwd_sm90.h"
 #include "kernels/attention_head_fwd_sm90.h"
 #include "ops/attention_head_bwd.h"
@@ -23,12 +22,7 @@ std::atomic<bool>& own_flag() {  // read once, at first use
 
 }  // namespace
 
-bool own_attention_forward_from(const char* value) {
-  const std::string v = value == nullptr ? "own" : value;
-  if (v != "own" && v != "cudnn")
-    throw std::invalid_argument("PERFTRAIN_ATTN_FWD must be own or cudnn, not '" + v + "'");
-  return v == "own";
-}
+bool own_attention_forward_from(const char* value) { return own_or_cudnn("PERFTRAIN_ATTN_FWD", value); }
 
 bool own_attention_forward() { return own_flag().load(std::memory_order_relaxed); }
 void set_own_attention_forward(bool on) { own_flag().store(on, std::memory_order_relaxed); }
