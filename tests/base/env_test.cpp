@@ -1,8 +1,10 @@
 // The environment-switch helpers (base/env.h): exact matches only, counts
-// with their fallback when unset.
+// with their fallback when unset, own-or-cudnn switches.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #include "base/env.h"
 
@@ -32,6 +34,18 @@ TEST(Env, CountFallsBackWhenUnsetAndIsNeverNegative) {
   ::setenv("PERFTRAIN_TEST_ENV_COUNT", "off", 1);
   EXPECT_EQ(env_count("PERFTRAIN_TEST_ENV_COUNT", 8), 0);
   ::unsetenv("PERFTRAIN_TEST_ENV_COUNT");
+}
+
+TEST(Env, OwnOrCudnnTakesOnlyThoseTwoAndNamesTheSwitch) {
+  EXPECT_TRUE(own_or_cudnn("PERFTRAIN_X", nullptr));
+  EXPECT_TRUE(own_or_cudnn("PERFTRAIN_X", "own"));
+  EXPECT_FALSE(own_or_cudnn("PERFTRAIN_X", "cudnn"));
+  try {
+    own_or_cudnn("PERFTRAIN_X", "CUDNN");
+    FAIL() << "no error for a misspelled value";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("PERFTRAIN_X"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
