@@ -7,7 +7,7 @@
 
 namespace perftrain::ops {
 
-// Reads PERFTRAIN_ATTN_BWD and PERFTRAIN_FC1_SCHEDULE; a value either
+// Reads PERFTRAIN_ATTN_BWD, PERFTRAIN_ATTN_FWD and PERFTRAIN_FC1_SCHEDULE; a value either
 // refuses becomes a UsageError (a one-line message, exit code 2).
 void check_switches();
 
