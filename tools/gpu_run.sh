@@ -4,7 +4,7 @@
 # tools/fill_carry.sh), then does what MODE says and prints a table last.
 #   MODE=check  gpu tests, a quick bench of every variant (DiT-S/2 b32, b256), a short default training run
 #   MODE=bench  perftrain bench --against-torch on BENCH_CASES (default: the four target cases)
-#   MODE=curve  first 500 steps of DiT-S/2 on Fashion-MNIST: the fast path vs eager fp32 seeds
+#   MODE=curve  first 500 steps of DiT-S/2 on Fashion-MNIST: the fast path vs eager fp32 seeds (CURVE_ARGS: other shapes)
 #               (FP32_SEEDS, default "0 1 2": three for the leave-one-out check; ~70 s of device time each;
 #               FP32_REFS_DIR=docs/perf/curve-<sha> reuses stored ones when the eager fp32 code has not changed)
 #   MODE=train  the default training run, STEPS steps
@@ -283,7 +283,8 @@ case "$MODE" in
     done
     ;;
   curve)  # FP32_SEEDS: the eager fp32 references (the first shares the fast run's seed 0); FP32_REFS_DIR: reuse them
-    common=(--steps 500 --set log.every=10 --set log.sample_every=0 --set log.checkpoint_every=0)
+    # CURVE_ARGS: more train flags for every run, e.g. "--set model.hidden=432 --set model.heads=6" (head dim 72)
+    common=(--steps 500 --set log.every=10 --set log.sample_every=0 --set log.checkpoint_every=0 ${CURVE_ARGS:-})
     train_run fast-seed0 "${common[@]}" --seed 0
     refs=()
     for seed in ${FP32_SEEDS:-0 1 2}; do

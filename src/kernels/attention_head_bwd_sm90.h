@@ -9,7 +9,8 @@
 // dO: 128 KB) owns every row of dQ, dK and dV, so it needs no fp32
 // accumulator, no atomics and no extra passes, and writes dq, dk, dv straight
 // into the packed [B, T, 3, H, d] gradient of qkv (one product for the qkv
-// input gradient, no pack copy). 0.35 ms (366 TFLOP/s) on the H200.
+// input gradient, no pack copy). 0.35 ms (366 TFLOP/s) on the H200; 0.77 ms
+// a XL/2 layer (d = 72) against cuDNN's 1.09 + 0.35.
 //
 // Math (s = softmax scale, lse the forward's log-sum-exp of s * S per query):
 //   S = Q K^T, P = exp(s S - lse), dP = dO V^T, D = rowsum(dO * O),
