@@ -2,8 +2,9 @@
 // projected_attention, where it applies (bf16 on sm_90, 256 tokens, head dim
 // 64 or 72: DiT-S/2, B/2 and XL/2 at 256 px), instead of cuDNN's backward
 // and its side passes: 0.35 ms against cuDNN's 0.70 per DiT-B/2 b256 layer,
-// 0.74 against 1.44 per XL/2 layer on the H200 (docs/PERFORMANCE.md). On by default; PERFTRAIN_ATTN_BWD=cudnn (or
-// set_own_attention_backward(false), for tests) goes back to cuDNN.
+// 0.77 against 1.44 per XL/2 layer on the H200 (docs/PERFORMANCE.md). On by
+// default; PERFTRAIN_ATTN_BWD=cudnn (or set_own_attention_backward(false),
+// for tests) goes back to cuDNN, for the forward too.
 #pragma once
 
 #include <ATen/core/Tensor.h>
