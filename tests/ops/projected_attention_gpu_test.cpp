@@ -47,19 +47,40 @@ struct Grads {
   at::Tensor out, dh, dw, db;
 };
 
-// Output and gradients of (out * gout).sum() through `f`, leaves made here.
-template <typename F>
-Grads run(F f, const at::Tensor& h, const at::Tensor& w, const at::Tensor& b, const at::Tensor& gout) {
-  at::Tensor hl = h.detach().requires_grad_(true), wl = w.detach().requires_grad_(true),
-             bl = b.detach().requires_grad_(true);
-  at::Tensor out = f(hl, wl, bl);
-  auto g = torch::autograd::grad({(out.to(at::kFloat) * gout).sum()}, {hl, wl, bl});
-  return {out.detach(), g[0], g[1], g[2]};
-}
-
 struct Shape {
   int64_t batch, tokens, dim, heads;
 };
+
+// bf16 activations h [B, T, D], the fp32 master weight [3D, D] and bias
+// [3D] of the projection, and the output's gradient, drawn from g in this order.
+struct Inputs {
+  at::Tensor h, w, b, gout;
+};
+
+Inputs random_inputs(const Shape& s, at::Generator& g) {
+  Inputs in;
+  in.h = rnd({s.batch, s.tokens, s.dim}, g).to(at::kBFloat16);
+  in.w = rnd({3 * s.dim, s.dim}, g, 1.0 / std::sqrt(double(s.dim)));
+  in.b = rnd({3 * s.dim}, g, 0.1);
+  in.gout = rnd({s.batch, s.tokens, s.dim}, g);
+  return in;
+}
+
+// Output and gradients of (out * gout).sum() through `f`, leaves made here.
+template <typename F>
+Grads run(F f, const Inputs& in) {
+  at::Tensor hl = in.h.detach().requires_grad_(true), wl = in.w.detach().requires_grad_(true),
+             bl = in.b.detach().requires_grad_(true);
+  at::Tensor out = f(hl, wl, bl);
+  auto g = torch::autograd::grad({(out.to(at::kFloat) * in.gout).sum()}, {hl, wl, bl});
+  return {out.detach(), g[0], g[1], g[2]};
+}
+
+// The fp32 reference (the projection and attention in fp32 from h in fp32).
+Grads reference(const Inputs& in, int64_t heads) {
+  return run([&](auto x, auto wt, auto bt) { return projected_attention_reference(x.to(at::kFloat), wt, bt, heads); },
+             in);
+}
 
 std::string describe(const Shape& s) {
   return "B=" + std::to_string(s.batch) + " T=" + std::to_string(s.tokens) + " D=" + std::to_string(s.dim) +
@@ -76,17 +97,13 @@ TEST(ProjectedAttentionGpu, MatchesFp32ReferenceAndTheUnfusedOps) {
   set_own_attention_backward(false);
   // DiT-S/2's head dim 64, DiT-XL/2's 72, odd token counts, a single sample.
   for (const Shape s : {Shape{3, 17, 96, 3}, Shape{2, 256, 144, 2}, Shape{4, 64, 384, 6}, Shape{1, 33, 128, 2}}) {
-    const at::Tensor h = rnd({s.batch, s.tokens, s.dim}, g).to(at::kBFloat16);
-    const at::Tensor w = rnd({3 * s.dim, s.dim}, g, 1.0 / std::sqrt(double(s.dim)));  // fp32 master weight
-    const at::Tensor b = rnd({3 * s.dim}, g, 0.1);
-    const at::Tensor gout = rnd({s.batch, s.tokens, s.dim}, g);
+    const Inputs in = random_inputs(s, g);
     const int64_t heads = s.heads;
 
-    const Grads ref = run([&](auto x, auto wt, auto bt) { return projected_attention_reference(x.to(at::kFloat), wt, bt, heads); },
-                          h, w, b, gout);
-    const Grads got = run([&](auto x, auto wt, auto bt) { return projected_attention(x, wt, bt, heads); }, h, w, b, gout);
+    const Grads ref = reference(in, heads);
+    const Grads got = run([&](auto x, auto wt, auto bt) { return projected_attention(x, wt, bt, heads); }, in);
     const Grads unfused =
-        run([&](auto x, auto wt, auto bt) { return qkv_attention(linear(x, wt, bt), heads); }, h, w, b, gout);
+        run([&](auto x, auto wt, auto bt) { return qkv_attention(linear(x, wt, bt), heads); }, in);
 
     const std::string what = describe(s);
     ASSERT_EQ(got.out.scalar_type(), at::kBFloat16) << what;
@@ -128,19 +145,15 @@ TEST(ProjectedAttentionGpu, OwnBackwardMatchesReferenceAndCudnn) {
   if (at::cuda::getCurrentDeviceProperties()->major != 9) GTEST_SKIP() << "not sm_90";
   auto g = cuda_gen(33);
   for (const Shape s : {Shape{2, 256, 128, 2}, Shape{3, 256, 384, 6}, Shape{2, 256, 216, 3}}) {
-    const at::Tensor h = rnd({s.batch, s.tokens, s.dim}, g).to(at::kBFloat16);
-    const at::Tensor w = rnd({3 * s.dim, s.dim}, g, 1.0 / std::sqrt(double(s.dim)));
-    const at::Tensor b = rnd({3 * s.dim}, g, 0.1);
-    const at::Tensor gout = rnd({s.batch, s.tokens, s.dim}, g);
+    const Inputs in = random_inputs(s, g);
     const int64_t heads = s.heads;
     const auto attention = [&](auto x, auto wt, auto bt) { return projected_attention(x, wt, bt, heads); };
-    const Grads ref = run([&](auto x, auto wt, auto bt) { return projected_attention_reference(x.to(at::kFloat), wt, bt, heads); },
-                          h, w, b, gout);
+    const Grads ref = reference(in, heads);
     const bool was_own = own_attention_backward();
     set_own_attention_backward(false);
-    const Grads cudnn = run(attention, h, w, b, gout);
+    const Grads cudnn = run(attention, in);
     set_own_attention_backward(true);
-    const Grads own = run(attention, h, w, b, gout);
+    const Grads own = run(attention, in);
     set_own_attention_backward(was_own);
     const std::string what = describe(s);
     EXPECT_LT(rel_l2(own.dh, ref.dh), 2e-2) << what << " dh";
@@ -162,18 +175,14 @@ TEST(ProjectedAttentionGpu, OwnForwardMatchesReferenceAndCudnn) {
   const bool was_fwd = own_attention_forward(), was_bwd = own_attention_backward();
   set_own_attention_backward(true);
   for (const Shape s : {Shape{2, 256, 128, 2}, Shape{3, 256, 384, 6}, Shape{2, 256, 216, 3}}) {
-    const at::Tensor h = rnd({s.batch, s.tokens, s.dim}, g).to(at::kBFloat16);
-    const at::Tensor w = rnd({3 * s.dim, s.dim}, g, 1.0 / std::sqrt(double(s.dim)));
-    const at::Tensor b = rnd({3 * s.dim}, g, 0.1);
-    const at::Tensor gout = rnd({s.batch, s.tokens, s.dim}, g);
+    const Inputs in = random_inputs(s, g);
     const int64_t heads = s.heads;
     const auto attention = [&](auto x, auto wt, auto bt) { return projected_attention(x, wt, bt, heads); };
-    const Grads ref = run([&](auto x, auto wt, auto bt) { return projected_attention_reference(x.to(at::kFloat), wt, bt, heads); },
-                          h, w, b, gout);
+    const Grads ref = reference(in, heads);
     set_own_attention_forward(false);
-    const Grads cudnn = run(attention, h, w, b, gout);
+    const Grads cudnn = run(attention, in);
     set_own_attention_forward(true);
-    const Grads own = run(attention, h, w, b, gout);
+    const Grads own = run(attention, in);
     const std::string what = describe(s);
     EXPECT_LT(rel_l2(own.out, ref.out), 1.5e-2) << what << " out";
     EXPECT_LT(rel_l2(own.out, cudnn.out), 1e-2) << what << " out vs cuDNN";
