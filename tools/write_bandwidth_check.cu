@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -102,28 +103,13 @@ __global__ void rhythm_tiles(uint4* out0, uint4* out1, int m, int n, int work_ns
   }
 }
 
-// GB/s of `bytes` written per launch: median of 7 windows of 10 launches.
+// GB/s of `bytes` written per launch, from check_util.h's median launch
+// time; NaN on a CUDA error (printed there), so that no rate is made up.
 template <typename Launch>
 double gbps(size_t bytes, Launch launch) {
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) launch();
-  std::vector<float> ms;
-  for (int w = 0; w < 7; ++w) {
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < 10; ++i) launch();
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    CHECK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t / 10);
-  }
-  CHECK(cudaGetLastError());
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
-  std::sort(ms.begin(), ms.end());
-  return bytes / (ms[ms.size() / 2] * 1e-3) * 1e-9;
+  double ms = 0;
+  if (median_launch_ms(launch, &ms) != 0) return std::nan("");
+  return bytes / (ms * 1e-3) * 1e-9;
 }
 
 template <typename F>
@@ -228,6 +214,7 @@ int main() {
     const double memset_rate = gbps(2 * kOutputBytes, [&] {
       CHECK(cudaMemsetAsync(out0.ptr, 0x5a, kOutputBytes));
       CHECK(cudaMemsetAsync(out1.ptr, 0xa5, kOutputBytes));
+      return 0;
     });
     const double stream_rate = gbps(2 * kOutputBytes, [&] {
       stream_writes<<<4 * sms, 512>>>(o0, kOutputBytes / 16);
