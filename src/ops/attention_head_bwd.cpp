@@ -10,6 +10,7 @@
 
 #include "base/env.h"
 #include "kernels/attention_head_bwd_sm90.h"
+#include "ops/compat.h"
 
 namespace perftrain::ops {
 namespace {
@@ -17,11 +18,6 @@ namespace {
 std::atomic<bool>& own_flag() {  // read once, at first use
   static std::atomic<bool> on{own_attention_backward_from(std::getenv("PERFTRAIN_ATTN_BWD"))};
   return on;
-}
-
-bool on_sm90() {
-  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  return props->major == 9 && props->minor == 0;
 }
 
 }  // namespace
@@ -47,7 +43,7 @@ bool kernel_applies(const at::Tensor& qkv, const at::Tensor& out, const at::Tens
       out.size(0) != B || out.size(1) != heads || out.size(2) != T || out.size(3) != head_dim)
     return false;
   if (lse.scalar_type() != at::kFloat || !lse.is_contiguous() || lse.numel() != B * heads * T) return false;
-  return grad_out.scalar_type() == at::kBFloat16 && grad_out.numel() == B * T * D && on_sm90();
+  return grad_out.scalar_type() == at::kBFloat16 && grad_out.numel() == B * T * D && compat::current_device_is_sm90();
 }
 
 }  // namespace

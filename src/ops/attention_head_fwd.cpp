@@ -9,6 +9,7 @@
 
 #include "base/env.h"
 #include "kernels/attention_head_bwd_sm90.h"
+#include "ops/compat.h"
 #include "kernels/attention_head_fwd_sm90.h"
 #include "ops/attention_head_bwd.h"
 
@@ -35,8 +36,7 @@ std::pair<at::Tensor, at::Tensor> try_attention_head_fwd(const at::Tensor& qkv, 
   if (T != kernels::kHeadBwdTokens || D != heads * head_dim || qkv.size(2) != 3 * D ||
       !kernels::head_bwd_dim_supported(int(head_dim)))
     return {};
-  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  if (props->major != 9 || props->minor != 0) return {};
+  if (!compat::current_device_is_sm90()) return {};
   at::Tensor out = at::empty({B, T, heads, head_dim}, qkv.options());
   at::Tensor lse = at::empty({B, heads, T}, qkv.options().dtype(at::kFloat));
   kernels::attention_head_fwd_sm90(static_cast<const __nv_bfloat16*>(qkv.data_ptr()),

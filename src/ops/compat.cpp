@@ -52,6 +52,11 @@ void empty_cuda_cache() {
 
 bool cuda_available() { return at::globalContext().hasCUDA() && at::cuda::device_count() > 0; }
 
+bool current_device_is_sm90() {
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  return props->major == 9 && props->minor == 0;
+}
+
 std::string device_description(const at::Device& device) {
   std::ostringstream s;
   if (device.is_cuda()) {

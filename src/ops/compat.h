@@ -49,6 +49,9 @@ void fused_adamw_(const std::vector<at::Tensor>& params, const std::vector<at::T
                   double weight_decay, double eps);
 
 bool cuda_available();
+// Whether the current CUDA device is sm_90 (H100/H200), where our Hopper
+// kernels (wgmma, TMA) run; the ops fall back elsewhere.
+bool current_device_is_sm90();
 // "NVIDIA H200 (sm_90, 132 SMs, 141 GB)" or "CPU (N threads)".
 std::string device_description(const at::Device& device);
 // Peak bytes allocated on a CUDA device since the last reset (0 on CPU).

@@ -4,6 +4,7 @@
 
 #include "base/env.h"
 #include "kernels/gemm_bias_gelu_sm90.h"
+#include "ops/compat.h"
 
 namespace perftrain::ops {
 
@@ -19,11 +20,6 @@ bool dense_bf16(const at::Tensor& t) {
   return t.is_cuda() && t.dim() == 2 && t.scalar_type() == at::kBFloat16 && t.is_contiguous();
 }
 
-bool on_sm90() {
-  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  return props->major == 9 && props->minor == 0;
-}
-
 }  // namespace
 
 bool try_gemm_bias_gelu_sm90(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& pre,
@@ -33,7 +29,7 @@ bool try_gemm_bias_gelu_sm90(const at::Tensor& x, const at::Tensor& w, const at:
     return false;
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
   if (w.size(1) != k || b.size(0) != n || pre.sizes() != at::IntArrayRef{m, n} || act.sizes() != pre.sizes() ||
-      !kernels::gemm_bias_gelu_sm90_supported(m, n, k) || !on_sm90())
+      !kernels::gemm_bias_gelu_sm90_supported(m, n, k) || !compat::current_device_is_sm90())
     return false;
   const auto* xp = static_cast<const __nv_bfloat16*>(x.data_ptr());
   const auto* wp = static_cast<const __nv_bfloat16*>(w.data_ptr());
@@ -55,7 +51,7 @@ bool try_gemm_dgelu_sm90(const at::Tensor& dy, const at::Tensor& w2, const at::T
     return false;
   const int64_t m = dy.size(0), k = dy.size(1), n = w2.size(1);
   if (w2.size(0) != k || pre.sizes() != at::IntArrayRef{m, n} || dpre.sizes() != pre.sizes() ||
-      !kernels::gemm_bias_gelu_sm90_supported(m, n, k) || !on_sm90())
+      !kernels::gemm_bias_gelu_sm90_supported(m, n, k) || !compat::current_device_is_sm90())
     return false;
   // The kernel reads W as [n, k] rows of k: fc2's weight transposed, 4.7 MB
   // at DiT-B/2, against 0.6 ms for the product.
