@@ -60,7 +60,8 @@ TEST(Cli, BadUsageExitsTwoWithAClearMessage) {
 TEST(Cli, BadSwitchValueExitsTwoBeforeWritingARun) {
   TempDir tmp;
   const std::string train = std::string(PERFTRAIN_BINARY) + " train --runs-dir " + tmp.path() + kTiny;
-  for (const std::string& env : {std::string("PERFTRAIN_ATTN_BWD=cuDNN"), std::string("PERFTRAIN_FC1_SCHEDULE=coop")}) {
+  for (const std::string& env : {std::string("PERFTRAIN_ATTN_BWD=cuDNN"), std::string("PERFTRAIN_ATTN_FWD=yes"),
+                                 std::string("PERFTRAIN_FC1_SCHEDULE=coop")}) {
     const auto r = perftrain::testing::run_shell(env + " " + train);
     EXPECT_EQ(r.code, 2) << env << "\n" << r.output;
     EXPECT_NE(r.output.find(env.substr(0, env.find('='))), std::string::npos) << r.output;
