@@ -29,7 +29,8 @@ struct Pointers {
 // per load, same ownership.
 template <typename T, bool VEC8>
 __global__ void __launch_bounds__(kThreadsX* kThreadsY)
-    column_partials_kernel(Pointers p, int64_t rows, int cols, int64_t rows_per_chunk, float* __restrict__ partials) {
+    column_partials_kernel(Pointers p, int64_t rows, int cols, int64_t ld, int64_t rows_per_chunk,
+                           float* __restrict__ partials) {
   const int chunk = blockIdx.y, chunks = gridDim.y, mat = blockIdx.z;
   const T* __restrict__ in = static_cast<const T*>(p.in[mat]);
   const int c0 = blockIdx.x * kTileCols + threadIdx.x * kVec;
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
   for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
   if (c0 < cols) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kThreadsY) {
-      const T* row = in + r * cols;
+      const T* row = in + r * ld;
       if constexpr (VEC8) {
         float v[kVec];
         load_vec<T, kVec>(row + c0, v);
@@ -95,14 +96,15 @@ int column_sums_chunks(int64_t rows, int cols, int count, int sm_count) {
 }
 
 template <typename T>
-void column_sums(const T* const* inputs, float* const* outputs, int count, int64_t rows, int cols, float* partials,
-                 int chunks, cudaStream_t stream) {
-  if (count < 1 || count > kColumnSumsMaxMatrices || rows < 0 || cols < 1 || chunks < 1 || chunks > 65535)
+void column_sums(const T* const* inputs, float* const* outputs, int count, int64_t rows, int cols, int64_t ld,
+                 float* partials, int chunks, cudaStream_t stream) {
+  if (count < 1 || count > kColumnSumsMaxMatrices || rows < 0 || cols < 1 || ld < cols || chunks < 1 ||
+      chunks > 65535)
     throw std::invalid_argument("column_sums: unsupported count=" + std::to_string(count) +
                                 " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
-                                " chunks=" + std::to_string(chunks));
+                                " ld=" + std::to_string(ld) + " chunks=" + std::to_string(chunks));
   Pointers p{};
-  bool vec8 = cols % kVec == 0;
+  bool vec8 = cols % kVec == 0 && ld % kVec == 0;
   for (int j = 0; j < count; ++j) {
     if (inputs[j] == nullptr || outputs[j] == nullptr) throw std::invalid_argument("column_sums: null pointer");
     p.in[j] = inputs[j];
@@ -113,9 +115,9 @@ void column_sums(const T* const* inputs, float* const* outputs, int count, int64
   const dim3 block(kThreadsX, kThreadsY);
   const dim3 grid((cols + kTileCols - 1) / kTileCols, chunks, count);
   if (vec8)
-    column_partials_kernel<T, true><<<grid, block, 0, stream>>>(p, rows, cols, rows_per_chunk, partials);
+    column_partials_kernel<T, true><<<grid, block, 0, stream>>>(p, rows, cols, ld, rows_per_chunk, partials);
   else
-    column_partials_kernel<T, false><<<grid, block, 0, stream>>>(p, rows, cols, rows_per_chunk, partials);
+    column_partials_kernel<T, false><<<grid, block, 0, stream>>>(p, rows, cols, ld, rows_per_chunk, partials);
   PERFTRAIN_LAUNCH_CHECK();
   column_sums_reduce(partials, outputs, count, chunks, cols, stream);
 }
@@ -135,9 +137,11 @@ void column_sums_reduce(const float* partials, float* const* outputs, int count,
   PERFTRAIN_LAUNCH_CHECK();
 }
 
-template void column_sums<float>(const float* const*, float* const*, int, int64_t, int, float*, int, cudaStream_t);
-template void column_sums<__nv_bfloat16>(const __nv_bfloat16* const*, float* const*, int, int64_t, int, float*, int,
-                                         cudaStream_t);
-template void column_sums<__half>(const __half* const*, float* const*, int, int64_t, int, float*, int, cudaStream_t);
+template void column_sums<float>(const float* const*, float* const*, int, int64_t, int, int64_t, float*, int,
+                                 cudaStream_t);
+template void column_sums<__nv_bfloat16>(const __nv_bfloat16* const*, float* const*, int, int64_t, int, int64_t,
+                                         float*, int, cudaStream_t);
+template void column_sums<__half>(const __half* const*, float* const*, int, int64_t, int, int64_t, float*, int,
+                                  cudaStream_t);
 
 }  // namespace perftrain::kernels

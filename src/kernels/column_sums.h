@@ -13,7 +13,7 @@
 // adds the chunks in a fixed order. Deterministic, no atomics, shape-determined
 // grid and scratch: captures in CUDA graphs.
 //
-// Bytes: reads rows * cols * sizeof(T) per matrix, writes 4 * cols * (chunks + 1).
+// Bytes: reads rows * cols * sizeof(T) per matrix (whatever ld is), writes 4 * cols * (chunks + 1).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -30,11 +30,13 @@ constexpr int kColumnSumsMaxMatrices = 4;
 // count * chunks * cols floats.
 int column_sums_chunks(int64_t rows, int cols, int count, int sm_count);
 
-// inputs[j] [rows, cols] dense row-major (T: float, __nv_bfloat16, __half),
+// inputs[j] [rows, cols] row-major with rows `ld` elements apart (ld >= cols;
+// ld > cols: column blocks of a wider matrix, e.g. the q and v blocks of a
+// packed qkv gradient without its k block) (T: float, __nv_bfloat16, __half),
 // outputs[j] [cols] fp32, j < count <= kColumnSumsMaxMatrices. partials as above.
 template <typename T>
-void column_sums(const T* const* inputs, float* const* outputs, int count, int64_t rows, int cols, float* partials,
-                 int chunks, cudaStream_t stream);
+void column_sums(const T* const* inputs, float* const* outputs, int count, int64_t rows, int cols, int64_t ld,
+                 float* partials, int chunks, cudaStream_t stream);
 
 // The second step alone, for kernels that write the same fp32 partials
 // [count][chunks][cols] themselves (gelu_backward.h), and for any short fp32

@@ -374,7 +374,7 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
   // A warp per row takes 8 x ITEMS x 32 columns: the fewest ITEMS that cover
   // the row. Fewer registers, so more rows in flight per SM: with 6 vectors
   // held at D = 384 the kernel used 94 registers (~20 warps per SM), with 2
-  // it uses 56.
+  // it uses 56. D = 1152 (XL/2) takes 5 (4.5 a lane) instead of 6.
   const bool by_width = residual_adaln_launch().forward_items_by_width;
   auto vec8_launch = [&](auto bias_tag) {
     constexpr bool B = decltype(bias_tag)::value;
@@ -382,6 +382,10 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
       launch(residual_adaln_forward_kernel<TX, TM, TA, 8, 2, B>, 8, 2);
     else if (by_width && cols <= 8 * 3 * 32)
       launch(residual_adaln_forward_kernel<TX, TM, TA, 8, 3, B>, 8, 3);
+    else if (by_width && cols <= 8 * 4 * 32)
+      launch(residual_adaln_forward_kernel<TX, TM, TA, 8, 4, B>, 8, 4);
+    else if (by_width && cols <= 8 * 5 * 32)
+      launch(residual_adaln_forward_kernel<TX, TM, TA, 8, 5, B>, 8, 5);
     else
       launch(residual_adaln_forward_kernel<TX, TM, TA, 8, fwd_items<8>(), B>, 8, fwd_items<8>());
   };

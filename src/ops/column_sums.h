@@ -9,9 +9,11 @@
 
 namespace perftrain::ops {
 
-// mats: 1 to 4 contiguous [M, N] tensors of one float dtype and shape, on one
-// device; outs: as many contiguous [N] tensors (written). CUDA with fp32
-// outputs: the fused kernel, fp32 accumulation; otherwise at::sum_out.
+// mats: 1 to 4 [M, N] tensors of one float dtype, shape and row stride, on one
+// device, each row contiguous (whole matrices, or column blocks of a wider
+// one such as dqkv.narrow(1, 0, D)); outs: as many contiguous [N] tensors
+// (written). CUDA with fp32 outputs: the fused kernel, fp32 accumulation;
+// otherwise at::sum_out.
 void column_sums_into(const std::vector<at::Tensor>& mats, const std::vector<at::Tensor>& outs);
 
 // out[N] = the sum over rows of fp32 per-sample partials [B, N], in fp32,

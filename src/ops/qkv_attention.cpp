@@ -20,6 +20,7 @@
 #include "ops/column_sums.h"
 #include "ops/compat.h"
 #include "ops/compute_weights.h"
+#include "ops/cublaslt_workspace.h"
 #include "ops/linear.h"
 #include "ops/self_attention.h"
 #include "ops/weight_grad_lane.h"
@@ -170,7 +171,15 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
       if (dw.defined() || db.defined())
         run_weight_grads(
             [&] {
-              detail::linear_weight_grad_into(dqkv, h2, dw, db);
+              // The q and v blocks' column sums straight from the packed
+              // gradient (its rows 3D apart), the k block not read, as in the
+              // in-place path; with BGRADB (PERFTRAIN_BGRADB=1) the epilogue
+              // sums all three and k's block is overwritten.
+              const bool epilogue_db = bgradb_epilogue();
+              detail::linear_weight_grad_into(dqkv, h2, dw, epilogue_db ? db : at::Tensor());
+              if (db.defined() && !epilogue_db)
+                column_sums_into({dqkv.narrow(1, 0, D), dqkv.narrow(1, 2 * D, D)},
+                                 {db.narrow(0, 0, D), db.narrow(0, 2 * D, D)});
               if (db.defined()) db.narrow(0, D, D).zero_();  // as the in-place path: exactly zero
             },
             {dqkv, h2});

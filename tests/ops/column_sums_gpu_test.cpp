@@ -13,6 +13,7 @@
 
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/column_sums.h"
@@ -54,6 +55,31 @@ TEST(ColumnSumsGpu, MatchFloat64AndRepeatBitForBit) {
         EXPECT_TRUE(perftrain::testing::all_close(outs[j], want, 1e-6 * double(c.rows), 1e-5)) << what << " m" << j;
         EXPECT_TRUE(at::equal(outs[j], again[j])) << what << " m" << j << ": a rerun gave other bits";
       }
+    }
+  }
+}
+
+// Column blocks of one wider matrix (rows ld elements apart), as the qkv
+// bias gradient takes the q and v blocks of the packed dqkv and skips k:
+// DiT-XL/2's widths (16-byte rows) and odd ones (the one-column loads).
+TEST(ColumnSumsGpu, ColumnBlocksOfAWiderMatrixMatchFloat64) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = at::cuda::detail::createCUDAGenerator(0);
+  g.set_current_seed(4);
+  for (const at::ScalarType dt : {at::kBFloat16, at::kFloat}) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{4096, 1152}, {333, 101}}) {
+      const at::Tensor wide = (at::randn({rows, 3 * cols}, g, at::TensorOptions().device(kCuda)) + 0.5).to(dt);
+      const std::vector<at::Tensor> mats = {wide.narrow(1, 0, cols), wide.narrow(1, 2 * cols, cols)};
+      std::vector<at::Tensor> outs;
+      for (int j = 0; j < 2; ++j)
+        outs.push_back(at::full({cols}, std::numeric_limits<double>::quiet_NaN(),
+                                at::TensorOptions().device(kCuda).dtype(at::kFloat)));
+      column_sums_into(mats, outs);
+      const std::string what = std::string(c10::toString(dt)) + " " + std::to_string(rows) + "x" +
+                               std::to_string(cols) + " blocks of " + std::to_string(3 * cols);
+      for (int j = 0; j < 2; ++j)
+        EXPECT_TRUE(perftrain::testing::all_close(outs[j], mats[j].to(at::kDouble).sum(0), 1e-6 * double(rows), 1e-5))
+            << what << " block " << j;
     }
   }
 }

@@ -37,6 +37,19 @@ TEST(ColumnSums, ColumnSumsMatchFloat64) {
   EXPECT_TRUE(perftrain::testing::all_close(ob, b.to(at::kDouble).sum(0), 1e-5, 1e-5));
 }
 
+TEST(ColumnSums, ColumnBlocksOfAWiderMatrix) {
+  at::Generator g = perftrain::testing::seeded_cpu_generator(2);
+  const at::Tensor wide = at::randn({40, 30}, g);
+  const at::Tensor q = wide.narrow(1, 0, 10), v = wide.narrow(1, 20, 10);
+  at::Tensor oq = at::full({10}, std::numeric_limits<double>::quiet_NaN()), ov = at::full_like(oq, 0.0);
+  column_sums_into({q, v}, {oq, ov});
+  EXPECT_TRUE(perftrain::testing::all_close(oq, q.to(at::kDouble).sum(0), 1e-5, 1e-5));
+  EXPECT_TRUE(perftrain::testing::all_close(ov, v.to(at::kDouble).sum(0), 1e-5, 1e-5));
+  // Rows must be contiguous, and the blocks must share their row stride.
+  EXPECT_THROW(column_sums_into({wide.narrow(1, 0, 10).t()}, {at::empty({40})}), UsageError);
+  EXPECT_THROW(column_sums_into({q, at::randn({40, 10}, g)}, {oq, ov}), UsageError);
+}
+
 TEST(ColumnSums, RejectWrongShapesAndDtypes) {
   const at::Tensor partials = at::randn({4, 8});
   EXPECT_THROW(batch_sums_into(partials.to(at::kBFloat16), at::empty({8})), UsageError);  // partials not fp32

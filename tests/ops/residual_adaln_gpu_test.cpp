@@ -74,7 +74,7 @@ struct Shape {
   int64_t b, t, d;
 };
 // 4104: wider than 4096, where the backward with a bias takes two vectors per thread.
-const std::vector<Shape> kShapes = {{1, 1, 37},     {2, 3, 200},     {3, 256, 384},
+const std::vector<Shape> kShapes = {{1, 1, 37},     {2, 3, 200},     {3, 256, 384},     {2, 5, 1000},
                                     {2, 256, 1152}, {256, 256, 384}, {2, 7, 4104}};
 
 std::string name(const Shape& s) {
