@@ -97,6 +97,11 @@ if [ "$MODE" = attn-check ]; then  # the whole-head attention backward alone, nv
   [ -x "$OUT/attention_fwd_check" ] && timeout 120 "$OUT/attention_fwd_check" 2>&1 | tee -a "$OUT/attn-fwd-check.log"
   row "attn fwd check" "rc ${PIPESTATUS[0]}"
   rm -f "$OUT/attention_fwd_check"
+  # The n72 probe (tools/wgmma_n72_probe.cu): the tail products' cost, and one m64n72k16 on an unswizzled operand.
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/wgmma_n72_probe.cu -o "$OUT/n72_probe" \
+    > "$OUT/n72-probe.log" 2>&1 && timeout 120 "$OUT/n72_probe" 2>&1 | tee -a "$OUT/n72-probe.log"
+  row "wgmma n72 probe" "rc ${PIPESTATUS[0]}, $(grep -c MATCH "$OUT/n72-probe.log") layouts match"
+  rm -f "$OUT/n72_probe"
   cat "$SUMMARY"
   exit 0
 fi
