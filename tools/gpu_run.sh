@@ -19,7 +19,8 @@
 #               rebuilds and times the kernel per set of defines.
 #   MODE=attn-check  tools/attention_bwd_check.cu and tools/attention_fwd_check.cu (nvcc only): the whole-head
 #               attention backward and forward against float64, under compute-sanitizer first, then plainly with
-#               their timings; NCU=1 adds an Nsight Compute report of the backward
+#               their timings; NCU=1 adds an Nsight Compute report of the backward; then
+#               tools/wgmma_n72_probe.cu (what d = 72's n8 tail products cost, one m64n72k16 instead)
 #   MODE=write-check  tools/write_bandwidth_check.cu (nvcc only): the rate at which fc1's two outputs can be
 #               written with no product around them (memset, streaming, fc1's tile pattern, with A read beside
 #               it), on cudaMalloc memory and on cuMemCreate memory with compression off and on; the tile
