@@ -23,6 +23,10 @@
 // First each variant once against variant 1, which the kernels' checks
 // have verified against float64 (the layout reading whose results match is
 // the right one), then each timed, in alternation, twice.
+//
+// Result (H200, 23a78f2, docs/PERFORMANCE.md sixteenth pass): variant 3 is
+// the right reading (2 and 4 differ); n72 unswizzled 0.0808 ms against
+// 0.0877 for n64 + n8, and n64 unswizzled 0.0744 against 0.0739 swizzled.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
