@@ -19,11 +19,17 @@ void column_sums_into(const std::vector<at::Tensor>& mats, const std::vector<at:
                      " matrices, one output each");
   const at::Tensor& m0 = mats[0];
   bool fused = m0.is_cuda() && is_kernel_dtype(m0.scalar_type()) && m0.dim() == 2 && m0.numel() > 0;
-  // Rows ld elements apart: contiguous matrices, or column blocks of a wider one (narrow(1, ...)).
-  const auto row_major = [](const at::Tensor& t) { return t.stride(1) == 1 && t.stride(0) >= t.size(1); };
+  // Rows ld elements apart: contiguous matrices (ld = N, whatever the strides
+  // of a size-1 dimension say), or column blocks of a wider one (narrow(1, ...)).
+  const auto row_stride = [](const at::Tensor& t) -> int64_t {
+    if (t.dim() != 2) return -1;
+    if (t.is_contiguous()) return t.size(1);
+    return t.stride(1) == 1 && t.stride(0) >= t.size(1) ? t.stride(0) : -1;
+  };
+  const int64_t ld = row_stride(m0);
   for (size_t j = 0; j < mats.size(); ++j) {
     if (mats[j].dim() != 2 || mats[j].sizes() != m0.sizes() || mats[j].scalar_type() != m0.scalar_type() ||
-        mats[j].device() != m0.device() || !row_major(mats[j]) || mats[j].stride(0) != m0.stride(0))
+        mats[j].device() != m0.device() || ld < 0 || row_stride(mats[j]) != ld)
       throw UsageError("column_sums_into: the matrices must be 2-D tensors of one shape, row stride, dtype and "
                        "device, with contiguous rows");
     if (outs[j].dim() != 1 || outs[j].size(0) != m0.size(1) || !outs[j].is_contiguous() ||
@@ -51,7 +57,7 @@ void column_sums_into(const std::vector<at::Tensor>& mats, const std::vector<at:
     using T = kernel_type<decltype(tp)>;
     const T* in_ptrs[kernels::kColumnSumsMaxMatrices] = {};
     for (int j = 0; j < count; ++j) in_ptrs[j] = static_cast<const T*>(mats[j].data_ptr());
-    kernels::column_sums<T>(in_ptrs, out_ptrs, count, rows, cols, m0.stride(0), partials.data_ptr<float>(), chunks,
+    kernels::column_sums<T>(in_ptrs, out_ptrs, count, rows, cols, ld, partials.data_ptr<float>(), chunks,
                             at::cuda::getCurrentCUDAStream());
   });
 }

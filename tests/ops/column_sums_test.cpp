@@ -45,6 +45,11 @@ TEST(ColumnSums, ColumnBlocksOfAWiderMatrix) {
   column_sums_into({q, v}, {oq, ov});
   EXPECT_TRUE(perftrain::testing::all_close(oq, q.to(at::kDouble).sum(0), 1e-5, 1e-5));
   EXPECT_TRUE(perftrain::testing::all_close(ov, v.to(at::kDouble).sum(0), 1e-5, 1e-5));
+  // A contiguous [6, 1] whose size-1 dimension has another stride is still one dense matrix.
+  const at::Tensor column = at::randn({1, 6}, g).t();
+  at::Tensor oc = at::full({1}, std::numeric_limits<double>::quiet_NaN());
+  column_sums_into({column}, {oc});
+  EXPECT_TRUE(perftrain::testing::all_close(oc, column.to(at::kDouble).sum(0), 1e-5, 1e-5));
   // Rows must be contiguous, and the blocks must share their row stride.
   EXPECT_THROW(column_sums_into({wide.narrow(1, 0, 10).t()}, {at::empty({40})}), UsageError);
   EXPECT_THROW(column_sums_into({q, at::randn({40, 10}, g)}, {oq, ov}), UsageError);
