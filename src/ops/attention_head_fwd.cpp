@@ -9,9 +9,9 @@
 
 #include "base/env.h"
 #include "kernels/attention_head_bwd_sm90.h"
-#include "ops/compat.h"
 #include "kernels/attention_head_fwd_sm90.h"
 #include "ops/attention_head_bwd.h"
+#include "ops/compat.h"
 
 namespace perftrain::ops {
 namespace {
