@@ -29,7 +29,7 @@
 #include "observe/profile/kernel_breakdown.h"
 #include "observe/bench/torch_reference.h"
 #include "observe/bench/variants.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/switches.h"
 #include "ops/cublaslt_workspace.h"
 #include "train/config.h"

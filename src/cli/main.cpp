@@ -6,7 +6,7 @@
 
 #include "base/error.h"
 #include "cli/command.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"perftrain: fast single-GPU training of diffusion transformers"};

@@ -7,7 +7,7 @@
 #include "base/fs.h"
 #include "cli/command.h"
 #include "models/dit.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/switches.h"
 #include "train/checkpoint.h"
 #include "train/sampling.h"

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "cli/command.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/switches.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"

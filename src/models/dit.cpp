@@ -11,7 +11,7 @@
 
 #include "nn/modulation.h"
 #include "ops/adaln_layernorm.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/gated_residual.h"
 #include "ops/gelu_mlp.h"
 #include "ops/linear.h"

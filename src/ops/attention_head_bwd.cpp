@@ -10,7 +10,7 @@
 
 #include "base/env.h"
 #include "kernels/attention_head_bwd_sm90.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 namespace perftrain::ops {
 namespace {

@@ -11,7 +11,7 @@
 #include "kernels/attention_head_bwd_sm90.h"
 #include "kernels/attention_head_fwd_sm90.h"
 #include "ops/attention_head_bwd.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 namespace perftrain::ops {
 namespace {

@@ -153,10 +153,13 @@ GemmTuningDeferred::~GemmTuningDeferred() {
   if (active_) g_tuning_open.store(was_open_);
 }
 
-int gemm_tune_candidates() {
-  static const int n = env_count("PERFTRAIN_GEMM_TUNE", kDefaultGemmTuneCandidates);
-  return n;
-}
+namespace {
+std::atomic<int> g_tune_candidates{kDefaultGemmTuneCandidates};
+}  // namespace
+
+int gemm_tune_candidates() { return g_tune_candidates.load(); }
+void set_gemm_tune_candidates(int n) { g_tune_candidates.store(n < 0 ? 0 : n); }
+std::vector<kernels::GemmTuneRecord> gemm_tune_records() { return kernels::gemm_tune_records(); }
 
 bool bgradb_epilogue() {
   static const bool on = env_equals("PERFTRAIN_BGRADB", "1");

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/gemm_lt.h"
 
@@ -79,6 +80,10 @@ void note_gemm_fallback();
 // cuDNN's benchmark mode); 0 makes the choice fixed.
 constexpr int kDefaultGemmTuneCandidates = 8;
 int gemm_tune_candidates();
+// Process-wide (the [speed] key gemm_tune); set before the first product.
+void set_gemm_tune_candidates(int n);
+// What the tuning chose, per product configuration (for reports).
+std::vector<kernels::GemmTuneRecord> gemm_tune_records();
 
 // Whether products may do their timing now (GemmContext::tune_now); true
 // except inside a GemmTuningDeferred. Process-wide: the backward runs on

@@ -4,7 +4,7 @@
 
 #include "base/env.h"
 #include "kernels/gemm_bias_gelu_sm90.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 namespace perftrain::ops {
 

@@ -18,7 +18,7 @@
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
 #include "ops/column_sums.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/compute_weights.h"
 #include "ops/cublaslt_workspace.h"
 #include "ops/linear.h"

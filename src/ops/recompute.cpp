@@ -6,7 +6,7 @@
 
 #include <optional>
 
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 namespace perftrain::ops {
 namespace {

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -66,9 +67,20 @@ std::optional<c10::cuda::CUDAStream> side_stream(Lane& l, int device) {
 
 }  // namespace
 
+namespace {
+std::atomic<WeightGradStreamMode> g_stream_mode{WeightGradStreamMode::kAuto};
+}  // namespace
+
+void set_weight_grad_stream_mode(WeightGradStreamMode mode) { g_stream_mode.store(mode); }
+WeightGradStreamMode weight_grad_stream_mode() { return g_stream_mode.load(); }
+
 bool weight_grad_overlap_for(int64_t rows, int64_t hidden) {
-  static const bool never = env_equals("PERFTRAIN_DW_STREAM", "0"), always = env_equals("PERFTRAIN_DW_STREAM", "1");
-  return !never && (always || rows * hidden <= kWeightGradStreamMaxElements);
+  switch (weight_grad_stream_mode()) {
+    case WeightGradStreamMode::kOn: return true;
+    case WeightGradStreamMode::kOff: return false;
+    case WeightGradStreamMode::kAuto: break;
+  }
+  return rows * hidden <= kWeightGradStreamMaxElements;
 }
 
 bool on_weight_grad_stream() { return t_on_side; }

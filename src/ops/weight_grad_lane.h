@@ -54,6 +54,13 @@ constexpr int kWeightGradLag = 2;
 constexpr int64_t kWeightGradStreamMaxElements = int64_t(32768) * 384;
 bool weight_grad_overlap_for(int64_t rows, int64_t hidden);
 
+// The rule weight_grad_overlap_for applies (the [speed] key
+// weight_grad_stream): by size (kAuto, the default), at every size, never.
+// Process-wide; set before the first step.
+enum class WeightGradStreamMode { kAuto, kOn, kOff };
+void set_weight_grad_stream_mode(WeightGradStreamMode mode);
+WeightGradStreamMode weight_grad_stream_mode();
+
 class WeightGradOverlap {
  public:
   // Active when `enabled`, on a CUDA device, and no other scope is active.

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "base/error.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 namespace perftrain::train {
 

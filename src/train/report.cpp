@@ -3,7 +3,7 @@
 #include <sstream>
 
 #include "io/atomic_file.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "train/progress.h"
 
 namespace perftrain::train {

@@ -11,7 +11,7 @@
 #include "diffusion/flow.h"
 #include "diffusion/guidance.h"
 #include "io/png.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 namespace perftrain::train {
 

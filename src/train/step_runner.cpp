@@ -18,7 +18,7 @@
 #include "diffusion/ddpm.h"
 #include "diffusion/flow.h"
 #include "diffusion/objective.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/compute_weights.h"
 #include "ops/cublaslt_workspace.h"
 #include "ops/weight_grad_lane.h"

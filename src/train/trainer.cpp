@@ -12,7 +12,7 @@
 #include "data/batch_loader.h"
 #include "io/atomic_file.h"
 #include "models/dit.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/cublaslt_workspace.h"
 #include "train/checkpoint.h"
 #include "train/progress.h"

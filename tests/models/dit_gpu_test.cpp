@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "models/dit.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 namespace perftrain::models {
 namespace {

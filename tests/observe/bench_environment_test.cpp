@@ -13,7 +13,7 @@
 #include "observe/bench/environment.h"
 #include "observe/bench/matmul_peak.h"
 #include "observe/bench/step_timer.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "support/test_support.h"
 
 namespace {

@@ -12,7 +12,7 @@
 #include "observe/bench/matmul_peak.h"
 #include "observe/bench/step_timer.h"
 #include "observe/bench/subprocess.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 namespace {
 

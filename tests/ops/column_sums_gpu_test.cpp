@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "ops/column_sums.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "support/tensor_checks.h"
 
 namespace perftrain::ops {

@@ -16,7 +16,7 @@
 #include <limits>
 #include <string>
 
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/gelu_backward.h"
 #include "support/tensor_checks.h"
 

@@ -19,7 +19,7 @@
 #include <limits>
 #include <string>
 
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/gemm_bias_gelu.h"
 
 namespace perftrain::ops {

@@ -33,7 +33,7 @@
 
 #include "base/error.h"
 #include "kernels/gemm_lt.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/gelu_mlp.h"
 #include "ops/linear.h"
 

@@ -21,7 +21,7 @@
 #include <limits>
 
 #include "base/error.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/multi_tensor_adamw.h"
 #include "support/tensor_checks.h"
 

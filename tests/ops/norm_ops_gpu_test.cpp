@@ -25,7 +25,7 @@
 #include "kernels/adaln_layernorm.h"
 #include "kernels/gated_residual.h"
 #include "ops/adaln_layernorm.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/gated_residual.h"
 #include "support/graph_checks.h"
 

@@ -19,7 +19,7 @@
 #include <string>
 
 #include "kernels/position_add.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/dtype_dispatch.h"
 #include "ops/position_add.h"
 

@@ -20,7 +20,7 @@
 
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/cublaslt_workspace.h"
 #include "ops/linear.h"
 #include "ops/qkv_attention.h"

@@ -22,7 +22,7 @@
 
 #include "base/error.h"
 #include "kernels/residual_adaln.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/gated_residual.h"
 #include "ops/residual_adaln.h"
 #include "support/graph_checks.h"

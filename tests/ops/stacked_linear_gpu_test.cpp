@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/compute_weights.h"
 #include "ops/stacked_linear.h"
 #include "ops/weight_grad_lane.h"

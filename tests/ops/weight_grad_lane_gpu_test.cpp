@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "ops/gelu_mlp.h"
 #include "ops/linear.h"
 #include "ops/qkv_attention.h"

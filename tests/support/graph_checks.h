@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 namespace perftrain::testing {
 

@@ -20,7 +20,7 @@
 #include <cmath>
 #include <limits>
 
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "train/device_optimizer.h"
 #include "support/tensor_checks.h"
 

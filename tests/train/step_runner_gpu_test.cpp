@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "support/tensor_checks.h"
 #include "train/step_runner.h"
 

@@ -8,7 +8,7 @@
 
 #include "io/safetensors.h"
 #include "support/test_support.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 

@@ -16,7 +16,7 @@
 
 #include "base/fs.h"
 #include "observe/bench/subprocess.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 namespace perftrain::observe::bench {
 

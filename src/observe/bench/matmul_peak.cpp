@@ -10,7 +10,7 @@
 
 #include "base/error.h"
 #include "observe/bench/stats.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 namespace perftrain::observe::bench {
 

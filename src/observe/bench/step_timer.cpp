@@ -4,7 +4,7 @@
 #include <ATen/cuda/CUDAEvent.h>
 
 #include "base/error.h"
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 namespace perftrain::observe::bench {
 

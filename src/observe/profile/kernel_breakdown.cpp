@@ -7,7 +7,7 @@
 #include <map>
 #include <sstream>
 
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 namespace perftrain::observe {
 namespace {

@@ -1,4 +1,4 @@
-#include "ops/compat.h"
+#include "compat/compat.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
