@@ -1,4 +1,4 @@
-# One static library per layer of DESIGN.md, from the .cpp files of its folder.
+# One static library per layer of docs/design.md, from the .cpp files of its folder.
 # perftrain_layer(NAME DEPS...): DEPS are lower layers it may use.
 function(perftrain_layer name)
   file(GLOB _src CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/src/${name}/*.cpp"
