@@ -1,52 +1,37 @@
 #!/usr/bin/env bash
-# The one script for the GPU machine (docs/guide/quickstart.md): builds
-# against the PyTorch there with the carried headers (.carry, filled by
-# tools/fill_carry.sh), then does what MODE says and prints a table last.
-#   MODE=check  gpu tests, a quick bench of every variant (DiT-S/2 b32, b256), a short default training run
-#   MODE=bench  perftrain bench --against-torch on BENCH_CASES (default: the four target cases)
-#   MODE=curve  first 500 steps of DiT-S/2 on Fashion-MNIST: the fast path vs eager fp32 seeds (CURVE_ARGS: other shapes)
-#               (FP32_SEEDS, default "0 1 2": three for the leave-one-out check; ~70 s of device time each;
-#               FP32_REFS_DIR=docs/perf/curve-<sha> reuses stored ones when the eager fp32 code has not changed)
-#   MODE=train  the default training run, STEPS steps
-#   MODE=gemm-check  only our fc1 product (kernels/gemm_bias_gelu_sm90): nvcc builds the torch-free
-#               tools/gemm_bias_gelu_check.cu and runs it (correctness on sampled rows, then times at DiT's
-#               shapes); no CMake build, ~30 s. The full comparison with cuBLASLt is
-#               build-gpu/tests/bench_gemm_bias_gelu after a build. NCU_SHAPE="fc1 65536 3072 768"
-#               (or dgelu ...) adds Nsight Compute's full set on one launch of that shape. PROBES=1 adds the
-#               kernel's timing probes as variants (PERFTRAIN_GEMM_SM90_PROBE: 1 no epilogue, 2 no GELU arithmetic).
-#               FC1_SCHEDULES="cooperative pingpong" checks fc1 under each PERFTRAIN_FC1_SCHEDULE, compares
-#               their outputs to the bit and times them in alternating pairs; GEMM_VARIANTS="-DX=1;-DY=2"
-#               rebuilds and times the kernel per set of defines.
-#   MODE=attn-check  tools/attention_bwd_check.cu and tools/attention_fwd_check.cu (nvcc only): the whole-head
-#               attention backward and forward against float64, under compute-sanitizer first, then plainly with
-#               their timings; NCU=1 adds an Nsight Compute report of the backward; then
-#               tools/wgmma_n72_probe.cu (what d = 72's n8 tail products cost, one m64n72k16 instead)
-#   MODE=write-check  tools/write_bandwidth_check.cu (nvcc only): the rate at which fc1's two outputs can be
-#               written with no product around them (memset, streaming, fc1's tile pattern, with A read beside
-#               it), on cudaMalloc memory and on cuMemCreate memory with compression off and on; the tile
-#               pattern on fewer SMs (the limit of one SM) and fc1's rhythm of work then writes
-#   MODE=ncu    Nsight Compute on the kernels matching NCU_KERNEL (a regex) in the `all` variant of
-#               BENCH_CASES, once per setting in TUNE_ENVS as in tune: NCU_SKIP launches skipped (the
-#               first, eager steps), NCU_COUNT profiled, NCU_ARGS added (e.g. --metrics ...); the
-#               report's text goes to ncu-*.txt
-#   MODE=tune   gpu tests, then the `all` variant on BENCH_CASES per switch in TUNE_ENVS (e.g.
-#               "PERFTRAIN_QKV_GRAD=packed PERFTRAIN_BGRADB=1,PERFTRAIN_GEMM_TUNE=8": a comma joins
-#               switches into one setting) and with --recompute, side by side;
-#               PROFILE=1 adds a kernel profile per case (of PROFILE_VARIANT, default all; an uncaptured
-#               one such as fused also gets its kernels by launching operation); RUN_TESTS=0, RECOMPUTE=0
-#               leave those out
-# Options: TESTS=all (every test, not only gpu ones), COMMIT=<sha> (pass it literally: git on the device
-# machine may see stale metadata and name an older commit), BENCH_CASES="DiT-S/2:32,256 DiT-B/2:256",
-# BENCH_ARGS (extra bench flags), BUILD_TARGETS (ninja targets instead of everything, e.g.
-# "tests/test_ops_gpu" with TEST_REGEX for a quick kernel check: ~1 min less build). In a device call:
-# carry [".carry"]. Results go to $OUT (or ./gpu-out).
+# The one script for the GPU machine (docs/guide/quickstart.md): builds into build-gpu/ against the PyTorch
+# there with the carried headers (.carry, filled here by tools/fill_carry.sh; name ".carry" in the device
+# call's carry list), does what MODE says, writes into $OUT (default ./gpu-out) and prints a table last.
+#   MODE=check    gpu tests (the kernels' float64 checks among them), a quick bench of DiT-S/2 b32,b256 and a
+#                 300-step training run
+#   MODE=bench    perftrain bench --against-torch on BENCH_CASES (default: the four target cases)
+#   MODE=curve    500 steps of DiT-S/2 on Fashion-MNIST, the fast path against eager fp32 runs of FP32_SEEDS
+#                 (default "0 1 2"); FP32_REFS_DIR=docs/perf/curve-<commit> reuses stored fp32 runs when the
+#                 eager fp32 code has not changed; CURVE_ARGS: more train flags for every run
+#   MODE=profile  perftrain bench --profile PROFILE_VARIANT (default all) on BENCH_CASES: kernel time by kind and
+#                 the top kernels per case (an uncaptured variant also by launching operation); NCU=1 adds
+#                 Nsight Compute on the `all` variant's kernels matching NCU_KERNEL (NCU_SKIP default 30)
+#   MODE=lab      LAB=<program> of bench/kernels (its README) built alone and run with LAB_ARGS; SANITIZE=1 under
+#                 compute-sanitizer's memcheck, NCU=1 under Nsight Compute
+# Settings: SETS="speed.attention=cudnn speed.gemm_tune=0" adds one bench or profile run per setting, by
+#   --set (a comma joins keys into one setting: "speed.recompute=true,speed.gemm_tune=0").
+# Nsight Compute: NCU_KERNEL (a kernel-name regex), NCU_SKIP and NCU_COUNT (launches skipped and profiled),
+#   NCU_ARGS (default "--set full"); the report goes to ncu-<name>.txt.
+# Options: COMMIT=<sha> (pass it: git on the device machine may name an older commit), BENCH_CASES="DiT-S/2:32,256
+#   DiT-B/2:256", BENCH_ARGS (more bench flags), TESTS=all (every test, not only gpu ones), TEST_REGEX, RUN_TESTS=1
+#   (the gpu tests in the other modes too), BUILD_TARGETS (ninja targets instead of everything, e.g.
+#   "tests/test_ops_gpu" with TEST_REGEX=ops.: a faster build).
+# Output: summary.md, gpu.txt, tests.log, bench-<case>[-<setting>].{json,md}, curve.txt,
+#   <case>[-<setting>]-profile-b<batch>-<variant>.md, lab-<program>.log, ncu-*.txt; the rest in logs.tgz.
+# shellcheck disable=SC2086,SC2206  # the *_ARGS, BUILD_TARGETS and CURVE_ARGS lists split on purpose
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 MODE="${MODE:-check}"
+case "$MODE" in check | bench | curve | profile | lab) ;; *) echo "unknown MODE=$MODE (check, bench, curve, profile, lab)"; exit 2 ;; esac
+[ "$MODE" = lab ] && [ -z "${LAB:-}" ] && { echo "MODE=lab needs LAB=<program> (bench/kernels/README.md)"; exit 2; }
 JOBS="$(nproc)"
-log() { echo "[gpu_run $(date +%H:%M:%S)] $*"; }
 SUMMARY="$OUT/summary.md"
 : > "$SUMMARY"
 row() { echo "| $1 | $2 |" >> "$SUMMARY"; }
@@ -58,132 +43,28 @@ export PERFTRAIN_COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || e
 row GPU "$(cat "$OUT/gpu.txt")"
 row commit "$PERFTRAIN_COMMIT"
 
-if [ "$MODE" = write-check ]; then  # how fast fc1's outputs can be written at all (nvcc only, ~20 s)
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/write_bandwidth_check.cu -o "$OUT/write_check" \
-    > "$OUT/write-check.log" 2>&1 && timeout 120 "$OUT/write_check" 2>&1 | tee -a "$OUT/write-check.log"
-  row "write check" "rc ${PIPESTATUS[0]}"
-  rm -f "$OUT/write_check"
-  cat "$SUMMARY"
-  exit 0
+# The build: everything, or BUILD_TARGETS; in lab mode only the program (a Python one needs none).
+targets="${BUILD_TARGETS:-}"
+[ "$MODE" = lab ] && targets="${BUILD_TARGETS:-$LAB}"
+if [[ "$MODE" != lab || "$LAB" != *.py ]]; then
+  t0=$(date +%s)
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERFTRAIN_PYTHON="$PY" \
+    -DPERFTRAIN_CARRY_DIR="$PWD/.carry" > "$OUT/build.log" 2>&1 &&
+    ninja -C build-gpu -j "$JOBS" $targets >> "$OUT/build.log" 2>&1
+  build_rc=$?
+  row build "rc $build_rc, $(( $(date +%s) - t0 )) s"
+  if [ $build_rc -ne 0 ]; then grep -E "error|FAILED" "$OUT/build.log" | head -30; tail -20 "$OUT/build.log"; exit 1; fi
 fi
-
-if [ "$MODE" = attn-check ]; then  # the whole-head attention backward alone, nvcc only
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/attention_bwd_check.cu \
-    src/kernels/attention_head_bwd_sm90.cu src/kernels/tensor_map.cpp -o "$OUT/attention_check" > "$OUT/attn-check.log" 2>&1 &&
-    timeout 240 compute-sanitizer --tool memcheck "$OUT/attention_check" checks 2>&1 | tail -25 | tee -a "$OUT/attn-check.log"
-  row "attn check (memcheck)" "rc ${PIPESTATUS[0]}"
-  [ -x "$OUT/attention_check" ] && timeout 120 "$OUT/attention_check" 2>&1 | tee -a "$OUT/attn-check.log"
-  row "attn check" "rc ${PIPESTATUS[0]}"
-  # NCU=1: one launch's speed of light, stalls and sources. NCU_SKIP launches of the kernel come first: 18
-  # checks (2 head dims x 3 shapes x 3 runs), then 145 per timed shape (B/2, S/2, XL/2) after 5 warm-up
-  # ones: 23 is B/2's first timed launch (the default), 313 XL/2's.
-  if [ "${NCU:-0}" = 1 ] && [ -x "$OUT/attention_check" ]; then
-    timeout 240 ncu --set full --import-source no -k regex:attention_head_bwd --launch-skip "${NCU_SKIP:-23}" --launch-count 1 \
-      -o "$OUT/attn" "$OUT/attention_check" > "$OUT/ncu-attn.txt" 2>&1
-    ncu_rc=$?
-    ncu -i "$OUT/attn.ncu-rep" --page details >> "$OUT/ncu-attn.txt" 2>&1
-    ncu -i "$OUT/attn.ncu-rep" --page raw --csv > "$OUT/ncu-attn-raw.csv" 2>&1
-    ncu -i "$OUT/attn.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu-attn-sass.csv" 2>&1
-    rm -f "$OUT/attn.ncu-rep"
-    row "attn ncu" "rc $ncu_rc, $(grep -E "Duration|Compute \(SM\) Throughput|DRAM Throughput" "$OUT/ncu-attn.txt" | head -3 | tr -s ' ' | tr '\n' ';')"
-  fi
-  rm -f "$OUT/attention_check"
-  # The forward (tools/attention_fwd_check.cu): the same, without ncu.
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/attention_fwd_check.cu \
-    src/kernels/attention_head_fwd_sm90.cu src/kernels/tensor_map.cpp -o "$OUT/attention_fwd_check" \
-    > "$OUT/attn-fwd-check.log" 2>&1 &&
-    timeout 240 compute-sanitizer --tool memcheck "$OUT/attention_fwd_check" checks 2>&1 | tail -25 |
-    tee -a "$OUT/attn-fwd-check.log"
-  row "attn fwd check (memcheck)" "rc ${PIPESTATUS[0]}"
-  [ -x "$OUT/attention_fwd_check" ] && timeout 120 "$OUT/attention_fwd_check" 2>&1 | tee -a "$OUT/attn-fwd-check.log"
-  row "attn fwd check" "rc ${PIPESTATUS[0]}"
-  rm -f "$OUT/attention_fwd_check"
-  # The n72 probe (tools/wgmma_n72_probe.cu): the tail products' cost, and one m64n72k16 on an unswizzled operand.
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/wgmma_n72_probe.cu -o "$OUT/n72_probe" \
-    > "$OUT/n72-probe.log" 2>&1 && timeout 120 "$OUT/n72_probe" 2>&1 | tee -a "$OUT/n72-probe.log"
-  row "wgmma n72 probe" "rc ${PIPESTATUS[0]}, $(grep -c MATCH "$OUT/n72-probe.log") layouts match"
-  rm -f "$OUT/n72_probe"
-  cat "$SUMMARY"
-  exit 0
-fi
-
-if [ "$MODE" = gemm-check ]; then
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/gemm_bias_gelu_check.cu \
-    src/kernels/gemm_bias_gelu_sm90.cu src/kernels/tensor_map.cpp -o "$OUT/gemm_check" > "$OUT/gemm-check.log" 2>&1 &&
-    timeout 120 "$OUT/gemm_check" 2>&1 | tee -a "$OUT/gemm-check.log"
-  check_rc=${PIPESTATUS[0]}
-  # FC1_SCHEDULES="cooperative pingpong": the checks under each PERFTRAIN_FC1_SCHEDULE, then fc1's timings
-  # with the schedules alternating, twice (the clocks drift over a run: alternation keeps that out of the ratio)
-  if [ -n "${FC1_SCHEDULES:-}" ]; then
-    for sched in $FC1_SCHEDULES; do
-      PERFTRAIN_FC1_SCHEDULE=$sched timeout 120 "$OUT/gemm_check" > "$OUT/schedule-check-$sched.log" 2>&1
-      echo "[$sched] checks rc $?: $(grep -c PASS "$OUT/schedule-check-$sched.log") PASS, $(grep -c -- '-> FAIL' "$OUT/schedule-check-$sched.log") FAIL" | tee -a "$OUT/gemm-check.log"
-      grep -- "-> FAIL" "$OUT/schedule-check-$sched.log" | head -5
-    done
-    # fc1's outputs to the bit, schedule against schedule (the digests of the check shapes)
-    first=${FC1_SCHEDULES%% *}
-    for sched in $FC1_SCHEDULES; do
-      [ "$sched" = "$first" ] && continue
-      if diff <(grep -o "fc1 check m=[0-9]* n=[0-9]* k=[0-9]*\|digest [0-9a-f]*" "$OUT/schedule-check-$first.log") \
-              <(grep -o "fc1 check m=[0-9]* n=[0-9]* k=[0-9]*\|digest [0-9a-f]*" "$OUT/schedule-check-$sched.log") > /dev/null; then
-        echo "[$sched] fc1 outputs bit-identical to [$first] at every check shape" | tee -a "$OUT/gemm-check.log"
-      else
-        echo "[$sched] fc1 outputs DIFFER from [$first]" | tee -a "$OUT/gemm-check.log"
-      fi
-    done
-    for rep in 1 2; do
-      for shape in "fc1 65536 1536 384" "fc1 65536 3072 768" "fc1 65536 4608 1152"; do
-        for sched in $FC1_SCHEDULES; do
-          echo "[$sched] $(PERFTRAIN_FC1_SCHEDULE=$sched timeout 60 "$OUT/gemm_check" $shape 2>&1)" | tee -a "$OUT/gemm-check.log"
-        done
-      done
-    done
-  fi
-  # GEMM_VARIANTS="-DA=1;-DB=2 -DC=3": the checks and timings again per set of defines (';' between sets).
-  # PROBES=1 adds the kernel's two timing probes (their checks fail by design: the probes skip work).
-  variant_list="${GEMM_VARIANTS:-}"
-  [ "${PROBES:-0}" = 1 ] &&
-    variant_list="${variant_list:+$variant_list;}-DPERFTRAIN_GEMM_SM90_PROBE=1;-DPERFTRAIN_GEMM_SM90_PROBE=2"
-  IFS=';' read -ra variants <<< "$variant_list"
-  for defines in "${variants[@]}"; do
-    nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc $defines \
-      tools/gemm_bias_gelu_check.cu src/kernels/gemm_bias_gelu_sm90.cu src/kernels/tensor_map.cpp -o "$OUT/gemm_variant" >> "$OUT/gemm-check.log" 2>&1
-    timeout 120 "$OUT/gemm_variant" > "$OUT/variant-check.log" 2>&1
-    echo "[$defines] checks: $(grep -c PASS "$OUT/variant-check.log") PASS, $(grep -c -- '-> FAIL' "$OUT/variant-check.log") FAIL" | tee -a "$OUT/gemm-check.log"
-    grep "time" "$OUT/variant-check.log" | sed "s/^/[$defines] /" | tee -a "$OUT/gemm-check.log"
-    rm -f "$OUT/gemm_variant" "$OUT/variant-check.log"
-  done
-  if [ -n "${NCU_SHAPE:-}" ]; then  # e.g. NCU_SHAPE="fc1 65536 3072 768": Nsight Compute on one timed launch
-    timeout 300 ncu --set full -k regex:gemm_sm90 --launch-skip 3 --launch-count 1 ${NCU_ARGS:-} \
-      "$OUT/gemm_check" $NCU_SHAPE > "$OUT/ncu-gemm.txt" 2>&1
-    if [ -n "${NCU_METRICS:-}" ]; then  # named metrics on the same launch (a wrong name fails only this run)
-      timeout 200 ncu --metrics "$NCU_METRICS" -k regex:gemm_sm90 --launch-skip 3 --launch-count 1 \
-        "$OUT/gemm_check" $NCU_SHAPE > "$OUT/ncu-gemm-metrics.txt" 2>&1
-      tail -n 30 "$OUT/ncu-gemm-metrics.txt"
-    fi
-    grep -E "Duration|Throughput|Warp Cycles|Issued|Eligible|Stall|L2 Hit|Registers|Achieved|Executed Ipc|Bank|sectors|Uncoalesced|excessive" \
-      "$OUT/ncu-gemm.txt" | head -80
-  fi
-  row "gemm check" "rc $check_rc: $(grep -c -- "-> PASS" "$OUT/gemm-check.log") PASS, $(grep -c -- "-> FAIL" "$OUT/gemm-check.log") FAIL"
-  rm -f "$OUT/gemm_check"
-  cat "$SUMMARY"
-  exit 0
-fi
-
-t0=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERFTRAIN_PYTHON="$PY" \
-  -DPERFTRAIN_CARRY_DIR="$PWD/.carry" > "$OUT/build.log" 2>&1 &&
-  ninja -C build-gpu -j "$JOBS" ${BUILD_TARGETS:-} >> "$OUT/build.log" 2>&1
-build_rc=$?
-row build "rc $build_rc, $(( $(date +%s) - t0 )) s"
-if [ $build_rc -ne 0 ]; then grep -E "error|FAILED" "$OUT/build.log" | head -30; tail -20 "$OUT/build.log"; exit 1; fi
 BIN=./build-gpu/perftrain
 RUNS=/tmp/perftrain-runs
 rm -rf "$RUNS"
 FMNIST="$PWD/.carry/fashion-mnist"
+NCU_BIN="$(command -v ncu)"
+for f in /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do [ -z "$NCU_BIN" ] && [ -x "$f" ] && NCU_BIN=$f; done
 
 run_tests() {
-  local t0=$(date +%s)
+  local t0
+  t0=$(date +%s)
   if [ -n "${TEST_REGEX:-}" ]; then
     ctest --test-dir build-gpu -R "$TEST_REGEX" --output-on-failure -j 2 > "$OUT/tests.log" 2>&1
   elif [ "${TESTS:-gpu}" = all ]; then
@@ -192,13 +73,13 @@ run_tests() {
     ctest --test-dir build-gpu -L gpu --output-on-failure -j 2 > "$OUT/tests.log" 2>&1
   fi
   local rc=$?
-  grep -E "^\s*[0-9]+/[0-9]+ Test.*(Failed|Exception|Timeout)|tests passed" "$OUT/tests.log" | tail -20
+  grep -E "^\s*[0-9]+/[0-9]+ Test.*(Failed|Exception|Timeout|Not Run)|tests passed" "$OUT/tests.log" | tail -20
   row "tests (${TESTS:-gpu})" "rc $rc, $(( $(date +%s) - t0 )) s: $(grep -E 'tests passed' "$OUT/tests.log")"
 }
 
 train_run() {  # name, extra flags...
-  local name=$1; shift
-  local t0=$(date +%s)
+  local name=$1 t0; shift
+  t0=$(date +%s)
   $BIN train --data-path "$FMNIST" --runs-dir "$RUNS" --run-name "$name" "$@" > "$OUT/train-$name.log" 2>&1
   local rc=$?
   tail -4 "$OUT/train-$name.log"
@@ -207,85 +88,43 @@ train_run() {  # name, extra flags...
   row "train $name" "rc $rc, $(( $(date +%s) - t0 )) s; $(grep -E 'first step done' "$OUT/train-$name.log"); $(grep -E '^step: ' "$OUT/train-$name.log" | head -1); $(grep -E '^\| speed ' "$RUNS/$name/report.md" 2>/dev/null | cut -d'|' -f3)"
 }
 
-bench_case() {  # "DiT-S/2:32,256", extra flags...
-  local model=${1%%:*} batches=${1##*:}; shift
-  local tag=$(echo "$model-$batches" | tr '/,' '-_')
-  local t0=$(date +%s)
-  $BIN bench --model "$model" --batch "$batches" --out "$RUNS/bench-$tag" "$@" ${BENCH_ARGS:-} > "$OUT/bench-$tag.log" 2>&1
+# A setting of SETS as bench flags and as a file-name tag: "speed.a=x,speed.b=y" -> --set ... / "a-x_b-y".
+set_flags() { [ "$1" = default ] || for kv in ${1//,/ }; do printf -- '--set\n%s\n' "$kv"; done; }
+set_tag() { [ "$1" = default ] || echo "-$(echo "$1" | sed 's/speed\.//g' | tr '=,/' '-_-')"; }
+
+bench_case() {  # "DiT-S/2:32,256", setting (default or a SETS entry), extra flags...
+  local model=${1%%:*} batches=${1##*:} setting=$2 tag t0 sets; shift 2
+  tag=$(echo "$model-$batches" | tr '/,' '-_')$(set_tag "$setting")
+  t0=$(date +%s)
+  mapfile -t sets < <(set_flags "$setting")
+  $BIN bench --model "$model" --batch "$batches" --out "$RUNS/bench-$tag" "${sets[@]}" "$@" ${BENCH_ARGS:-} \
+    > "$OUT/bench-$tag.log" 2>&1
   local rc=$?
-  cat "$OUT/bench-$tag.log" | tail -30
+  tail -30 "$OUT/bench-$tag.log"
   cp "$RUNS/bench-$tag/bench.json" "$OUT/bench-$tag.json" 2>/dev/null
   cp "$RUNS/bench-$tag/bench.md" "$OUT/bench-$tag.md" 2>/dev/null
-  row "bench $model b$batches" "rc $rc, $(( $(date +%s) - t0 )) s"
+  row "bench $model b$batches $setting" "rc $rc, $(( $(date +%s) - t0 )) s; $(awk '$2 == "all" { printf "b%s all %s ms; ", $1, $3 }' "$OUT/bench-$tag.log")"
 }
 
-[ "${RUN_TESTS:-0}" = 1 ] && [ "$MODE" != check ] && [ "$MODE" != debug ] && [ "$MODE" != tune ] && run_tests
+ncu_run() {  # name, command...: Nsight Compute on the launches of NCU_KERNEL in the command
+  local name=$1; shift
+  [ -z "$NCU_BIN" ] && { row "ncu $name" "no ncu on this machine"; return; }
+  timeout 600 "$NCU_BIN" ${NCU_KERNEL:+-k "regex:$NCU_KERNEL"} --launch-skip "${NCU_SKIP:-0}" \
+    --launch-count "${NCU_COUNT:-1}" ${NCU_ARGS:---set full} "$@" > "$OUT/ncu-$name.txt" 2>&1
+  row "ncu $name" "rc $?, $(grep -E "Duration|Compute \(SM\) Throughput|DRAM Throughput" "$OUT/ncu-$name.txt" | head -3 | tr -s ' ' | tr '\n' ';')"
+}
+
+[ "${RUN_TESTS:-0}" = 1 ] && [ "$MODE" != check ] && run_tests
 case "$MODE" in
-  debug)  # TEST_REGEX tests with their output, then BENCH_CASES profiled
-    run_tests
-    for c in ${BENCH_CASES:-DiT-S/2:32,256}; do
-      bench_case "$c" --variants all --steps 20 --warmup 5 --profile all
-      for f in "$RUNS"/bench-*/profile-*.md; do
-        cp "$f" "$OUT/$(basename "$(dirname "$f")")-$(basename "$f")" 2>/dev/null
-      done
-    done
-    if [ -n "${COMPARE_ENV:-}" ]; then  # the same bench with an environment switch, e.g. PERFTRAIN_BGRAD_EPILOGUE=1
-      env $COMPARE_ENV $BIN bench --model DiT-S/2 --batch 32,256 --variants all --steps 20 --warmup 5 \
-        --out "$RUNS/bench-compare" 2>&1 | grep -E "^DiT" | sed "s/^/[$COMPARE_ENV] /" | tee -a "$SUMMARY"
-    fi
-    ;;
-  tune)  # gpu tests, then the `all` variant of BENCH_CASES under each switch of TUNE_ENVS and with --recompute
-    [ "${RUN_TESTS:-1}" = 1 ] && run_tests
-    for c in ${BENCH_CASES:-DiT-S/2:32,256 DiT-XL/2:256}; do
-      model=${c%%:*} batches=${c##*:}
-      for e in default ${TUNE_ENVS:-}; do
-        envs=(); [ "$e" != default ] && envs=(${e//,/ })  # "A=1,B=2": both switches at once
-        env "${envs[@]}" $BIN bench --model "$model" --batch "$batches" --variants all --steps 15 --warmup 4 \
-          --out "$RUNS/tune-$RANDOM" 2>&1 | grep -E "^  batch |^DiT|^GEMM tuning|^  [A-Z_]+ m=" |
-          sed "s|^|[$e] |" | tee -a "$SUMMARY"
-      done
-      [ "${RECOMPUTE:-1}" = 1 ] && $BIN bench --model "$model" --batch "$batches" --variants all --steps 15 \
-        --warmup 4 --recompute --out "$RUNS/tune-$RANDOM" 2>&1 | grep -E "^  batch |^DiT" |
-        sed "s|^|[--recompute] |" | tee -a "$SUMMARY"
-      if [ "${PROFILE:-0}" = 1 ]; then  # where the time goes now, kernel by kernel
-        tag=$(echo "$model-$batches" | tr '/,' '-_')
-        pv=${PROFILE_VARIANT:-all}
-        $BIN bench --model "$model" --batch "$batches" --variants "$pv" --steps 10 --warmup 4 --profile "$pv" \
-          --out "$RUNS/profile-$tag" > "$OUT/profile-$tag.log" 2>&1
-        for f in "$RUNS/profile-$tag"/profile-*.md; do cp "$f" "$OUT/$tag-$(basename "$f")" 2>/dev/null; done
-        # Uncaptured variants: each kernel charged to the operation that launched it.
-        [ "$pv" != all ] && [ "$pv" != graph ] && for f in "$RUNS/profile-$tag"/trace-*.json; do
-          python3 tools/trace_kernels.py "$f" > "$OUT/$tag-by-op-$(basename "$f" .json).md" 2>&1
-        done
-      fi
-    done
-    ;;
-  ncu)
-    NCU="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
-    [ -z "$NCU" ] && { echo "no ncu on this machine"; row ncu "not found"; }
-    [ -n "$NCU" ] && for c in ${BENCH_CASES:-DiT-B/2:256}; do
-      model=${c%%:*} batches=${c##*:}
-      for e in default ${TUNE_ENVS:-}; do
-        envs=(); [ "$e" != default ] && envs=(${e//,/ })
-        tag=$(echo "$model-$batches-$e" | tr '/,=' '-_-')
-        env "${envs[@]}" "$NCU" --kernel-name "regex:${NCU_KERNEL:-residual_adaln_backward}" \
-          --launch-skip "${NCU_SKIP:-30}" --launch-count "${NCU_COUNT:-2}" \
-          --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-          --section LaunchStats --section WarpStateStats --section SchedulerStats ${NCU_ARGS:-} \
-          $BIN bench --model "$model" --batch "$batches" --variants all --steps 2 --warmup 4 \
-          --out "$RUNS/ncu-$RANDOM" > "$OUT/ncu-$tag.txt" 2>&1
-        row "ncu $model b$batches [$e]" "rc $?, $(grep -E "Duration|DRAM Throughput" "$OUT/ncu-$tag.txt" | head -4 | tr -s ' ' | tr '\n' ';')"
-      done
-    done
-    ;;
   check)
     run_tests
-    bench_case "DiT-S/2:32,256" --steps 20 --warmup 5
+    bench_case "DiT-S/2:32,256" default --steps 20 --warmup 5
     train_run fast --steps 300 --set log.sample_every=0 --set log.checkpoint_every=0
     ;;
-  bench)
+  bench)  # the four target cases against torch; a setting times the `all` variant alone
     for c in ${BENCH_CASES:-DiT-S/2:32,256 DiT-B/2:256 DiT-XL/2:256}; do
-      bench_case "$c" --against-torch
+      bench_case "$c" default --against-torch
+      for s in ${SETS:-}; do bench_case "$c" "$s" --variants all; done
     done
     ;;
   curve)  # FP32_SEEDS: the eager fp32 references (the first shares the fast run's seed 0); FP32_REFS_DIR: reuse them
@@ -304,17 +143,46 @@ case "$MODE" in
     "$PY" tools/compare_curves.py "$OUT/metrics-fast-seed0.jsonl" "${refs[@]}" | tee "$OUT/curve.txt"
     row "loss curve" "$(tail -1 "$OUT/curve.txt")"
     ;;
-  train)
-    train_run fmnist --steps "${STEPS:-4000}"
-    last=$(ls "$RUNS/fmnist/samples" 2>/dev/null | tail -1)
-    [ -n "$last" ] && cp "$RUNS/fmnist/samples/$last" "$OUT/samples_final.png"
+  profile)  # where the time goes, kernel by kernel, per case and setting
+    pv=${PROFILE_VARIANT:-all}
+    for c in ${BENCH_CASES:-DiT-S/2:32,256 DiT-B/2:256 DiT-XL/2:256}; do
+      model=${c%%:*} batches=${c##*:}
+      for s in default ${SETS:-}; do
+        tag=$(echo "$model-$batches" | tr '/,' '-_')$(set_tag "$s")
+        mapfile -t sets < <(set_flags "$s")
+        $BIN bench --model "$model" --batch "$batches" --variants "$pv" --steps 10 --warmup 4 --profile "$pv" \
+          --out "$RUNS/profile-$tag" "${sets[@]}" ${BENCH_ARGS:-} > "$OUT/profile-$tag.log" 2>&1
+        row "profile $model b$batches $s ($pv)" "rc $?"
+        for f in "$RUNS/profile-$tag"/profile-*.md; do cp "$f" "$OUT/$tag-$(basename "$f")" 2>/dev/null; done
+        # Uncaptured variants: each kernel charged to the operation that launched it.
+        [ "$pv" != all ] && [ "$pv" != graph ] && for f in "$RUNS/profile-$tag"/trace-*.json; do
+          "$PY" tools/trace_kernels.py "$f" > "$OUT/$tag-by-op-$(basename "$f" .json).md" 2>&1
+        done
+        # NCU=1: NCU_SKIP launches (default 30: the eager warm-up steps) of the `all` variant, then NCU_COUNT.
+        [ "${NCU:-0}" = 1 ] && NCU_SKIP=${NCU_SKIP:-30} ncu_run "$tag" $BIN bench --model "$model" \
+          --batch "$batches" --variants all --steps 2 --warmup 4 --out "$RUNS/ncu-$tag" "${sets[@]}"
+      done
+    done
+    ;;
+  lab)  # one program of bench/kernels
+    name=${LAB%.py}
+    if [[ "$LAB" == *.py ]]; then cmd=("$PY" "bench/kernels/$LAB"); else cmd=("./build-gpu/bench/kernels/$LAB"); fi
+    sanitizer=()
+    [ "${SANITIZE:-0}" = 1 ] && sanitizer=(compute-sanitizer --tool memcheck)
+    timeout "${LAB_TIMEOUT:-540}" "${sanitizer[@]}" "${cmd[@]}" ${LAB_ARGS:-} 2>&1 | tee "$OUT/lab-$name.log"
+    rc=${PIPESTATUS[0]}
+    row "lab $LAB ${LAB_ARGS:-}${sanitizer:+ (memcheck)}" "rc $rc$(grep -q -- '-> \(PASS\|FAIL\)' "$OUT/lab-$name.log" &&
+      echo ": $(grep -c -- '-> PASS' "$OUT/lab-$name.log") PASS, $(grep -c -- '-> FAIL' "$OUT/lab-$name.log") FAIL")"
+    [ "${NCU:-0}" = 1 ] && ncu_run "$name" "${cmd[@]}" ${LAB_ARGS:-}
     ;;
 esac
 
-# Only a few files come back from the device machine: all but the summary,
-# the bench reports and the curve verdict travel in one tarball.
-(cd "$OUT" && keep='^(summary\.md|gpu\.txt|tests\.log|curve\.txt|logs\.tgz|bench-[^/]*\.(json|md))$' &&
-  tar czf logs.tgz --remove-files $(ls | grep -Ev "$keep" | grep -v profile) $(ls | grep profile) 2>/dev/null)
+# Only a few files come back from the device machine: all but the summary, the bench reports, the kernel
+# profiles, the lab's and Nsight Compute's output and the curve verdict travel in one tarball.
+keep='^(summary\.md|gpu\.txt|tests\.log|curve\.txt|logs\.tgz|bench-.*\.(json|md)|.*-profile-b.*\.md|lab-.*\.log|ncu-.*\.txt)$'
+rest=()
+for f in "$OUT"/*; do [[ "$(basename "$f")" =~ $keep ]] || rest+=("$(basename "$f")"); done
+[ ${#rest[@]} -gt 0 ] && tar czf "$OUT/logs.tgz" -C "$OUT" --remove-files "${rest[@]}" 2>/dev/null
 echo
 echo "| what | result |"
 echo "|---|---|"

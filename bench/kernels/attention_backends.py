@@ -8,7 +8,11 @@ head dimension zero-padded to the next multiple of 16/32 (the result is the
 same: padding q and k with zeros leaves q k^T alone, padding v adds zero
 columns to the output). Medians of CUDA-event timings after warm-up.
 
-    python3 bench/attention_backends.py --batch 256 --tokens 256 --heads 16 --head-dim 72
+    python3 bench/kernels/attention_backends.py --batch 256 --tokens 256 --heads 16 --head-dim 72
+
+On the GPU machine: tools/gpu_run.sh MODE=lab LAB=attention_backends.py
+LAB_ARGS="--batch 256 --heads 16 --head-dim 72". perftrain's own whole-head
+kernels against cuDNN's: perftrain bench --set speed.attention=cudnn.
 """
 
 import argparse

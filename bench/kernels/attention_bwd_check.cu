@@ -1,12 +1,20 @@
-// A standalone check of kernels::attention_head_bwd_sm90 without libtorch,
-// for a quick device call: random bf16 q, k, v, dO for a few (sample, head)
-// pairs, the forward's O and log-sum-exp and the three gradients in float64
-// on the CPU, the kernel's packed dq/dk/dv (output and every SM's shared
-// memory poisoned with NaN first, three runs that must agree to the bit)
-// against them, at head dims 64 and 72; then the time per call at the b256 shapes
-// of DiT-B/2, S/2 (head dim 64) and XL/2 (72) by CUDA events.
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc \
-//        tools/attention_bwd_check.cu src/kernels/attention_head_bwd_sm90.cu src/kernels/tensor_map.cpp -o /tmp/attention_check
+// The whole-head attention backward (kernels::attention_head_bwd_sm90)
+// against float64, torch-free. Random bf16 q, k, v and dO for a few
+// (sample, head) pairs at head dims 64 and 72; the forward's O and
+// log-sum-exp and the three gradients in float64 on the CPU; the kernel's
+// packed dq/dk/dv (output and every SM's shared memory poisoned with NaN
+// first, three runs that must agree to the bit) against them. Then the time
+// per call at the b256 shapes of DiT-B/2, S/2 (head dim 64) and XL/2 (72).
+//   attention_bwd_check checks   the float64 checks only: the ctest
+//                                kernels.attention_head_bwd_float64 (label
+//                                gpu; exit 77, skipped, without an sm_90 GPU)
+//   attention_bwd_check time     the timings only
+//   attention_bwd_check          both
+// Build: cmake --build build --target attention_bwd_check (binary in
+// build/bench/kernels/). On the GPU machine: tools/gpu_run.sh MODE=lab
+// LAB=attention_bwd_check [LAB_ARGS=checks] [SANITIZE=1] [NCU=1
+// NCU_KERNEL=attention_head_bwd NCU_SKIP=5] (with `time`, launch 5 of the
+// kernel is B/2's first timed one; each shape takes 145 launches).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -200,7 +208,7 @@ static int check(int batch, int heads, int dim) {
 
 // Milliseconds per call at (batch, heads): the median of 7 windows of 20
 // calls after 5 warm-up calls; TFLOP/s counts 2.5x the forward's 4 B H T^2 D.
-static int time_shape(int batch, int heads, int dim, const char* cudnn) {
+static int time_shape(int batch, int heads, int dim) {
   const float scale = 1.f / std::sqrt(float(dim));
   const Problem p = make_problem(batch, heads, dim, scale, 99u, false);
   Device dev;
@@ -214,22 +222,28 @@ static int time_shape(int batch, int heads, int dim, const char* cudnn) {
   release(dev);
   if (rc != 0) return rc;
   const double flops = 2.5 * 4.0 * batch * heads * double(kT) * kT * dim;
-  std::printf("attention bwd time batch=%d heads=%d dim=%d: median %.3f ms, %.0f TFLOP/s (cuDNN: %s)\n", batch, heads,
-              dim, med, flops / med * 1e-9, cudnn);
+  std::printf("attention bwd time batch=%d heads=%d dim=%d: median %.3f ms, %.0f TFLOP/s\n", batch, heads, dim, med,
+              flops / med * 1e-9);
   return 0;
 }
 
-// `attention_check checks` runs only the checks (for compute-sanitizer).
 int main(int argc, char** argv) {
-  int rc = 0;
-  for (const int dim : {64, 72}) {
-    rc |= check(1, 1, dim);
-    rc |= check(2, 3, dim);
-    rc |= check(4, 40, dim);  // 160 CTAs: more than one per SM in turn
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (argc > 2 || (mode != "" && mode != "checks" && mode != "time")) {
+    std::printf("usage: %s [checks|time]\n", argv[0]);
+    return 2;
   }
-  if (argc > 1 && std::string(argv[1]) == "checks") return rc;
-  rc |= time_shape(256, 12, 64, "~0.50 ms + 0.20 ms of side passes");  // DiT-B/2 b256
-  rc |= time_shape(256, 6, 64, "~0.25 ms + 0.10 ms of side passes");   // DiT-S/2 b256
-  rc |= time_shape(256, 16, 72, "1.09 ms + 0.35 ms of side passes");   // DiT-XL/2 b256
+  if (skip_without_sm90("attention_bwd_check")) return kSkipCode;
+  int rc = 0;
+  if (mode != "time")
+    for (const int dim : {64, 72}) {
+      rc |= check(1, 1, dim);
+      rc |= check(2, 3, dim);
+      rc |= check(4, 40, dim);  // 160 CTAs: more than one per SM in turn
+    }
+  if (mode == "checks") return rc;
+  rc |= time_shape(256, 12, 64);  // DiT-B/2 b256
+  rc |= time_shape(256, 6, 64);   // DiT-S/2 b256
+  rc |= time_shape(256, 16, 72);  // DiT-XL/2 b256
   return rc;
 }

@@ -1,11 +1,17 @@
-// A standalone check of kernels::attention_head_fwd_sm90 without libtorch,
-// for a quick device call: random bf16 q, k, v for a few (sample, head)
-// pairs, O and the log-sum-exp in float64 on the CPU, the kernel's O and lse
-// (outputs and every SM's shared memory poisoned with NaN first, three runs
-// that must agree to the bit) against them, at head dims 64 and 72; then the
-// time per call at the b256 shapes of DiT-B/2, S/2 (64) and XL/2 (72).
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/attention_fwd_check.cu \
-//        src/kernels/attention_head_fwd_sm90.cu src/kernels/tensor_map.cpp -o /tmp/attention_fwd_check
+// The whole-head attention forward (kernels::attention_head_fwd_sm90)
+// against float64, torch-free. Random bf16 q, k, v for a few (sample, head)
+// pairs at head dims 64 and 72; O and the log-sum-exp in float64 on the CPU;
+// the kernel's O and lse (outputs and every SM's shared memory poisoned with
+// NaN first, three runs that must agree to the bit) against them. Then the
+// time per call at the b256 shapes of DiT-B/2, S/2 (head dim 64) and XL/2 (72).
+//   attention_fwd_check checks   the float64 checks only: the ctest
+//                                kernels.attention_head_fwd_float64 (label
+//                                gpu; exit 77, skipped, without an sm_90 GPU)
+//   attention_fwd_check time     the timings only
+//   attention_fwd_check          both
+// Build: cmake --build build --target attention_fwd_check (binary in
+// build/bench/kernels/). On the GPU machine: tools/gpu_run.sh MODE=lab
+// LAB=attention_fwd_check [LAB_ARGS=checks] [SANITIZE=1] [NCU=1].
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -130,7 +136,7 @@ static int check(int batch, int heads, int dim) {
   return ok ? 0 : 1;
 }
 
-static int time_shape(int batch, int heads, int dim, const char* cudnn) {
+static int time_shape(int batch, int heads, int dim) {
   const float scale = 1.f / std::sqrt(float(dim));
   std::mt19937 rng(99u);
   std::normal_distribution<float> nd;
@@ -144,22 +150,28 @@ static int time_shape(int batch, int heads, int dim, const char* cudnn) {
                        &med) != 0)
     return 1;
   const double flops = 4.0 * batch * heads * double(kT) * kT * dim;
-  std::printf("attention fwd time batch=%d heads=%d dim=%d: median %.3f ms, %.0f TFLOP/s (cuDNN: %s)\n", batch, heads,
-              dim, med, flops / med * 1e-9, cudnn);
+  std::printf("attention fwd time batch=%d heads=%d dim=%d: median %.3f ms, %.0f TFLOP/s\n", batch, heads, dim, med,
+              flops / med * 1e-9);
   return 0;
 }
 
-// `attention_fwd_check checks` runs only the checks (for compute-sanitizer).
 int main(int argc, char** argv) {
-  int rc = 0;
-  for (const int dim : {64, 72}) {
-    rc |= check(1, 1, dim);
-    rc |= check(2, 3, dim);
-    rc |= check(2, 150, dim);  // 300 heads: more than one per CTA, both buffers in turn
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (argc > 2 || (mode != "" && mode != "checks" && mode != "time")) {
+    std::printf("usage: %s [checks|time]\n", argv[0]);
+    return 2;
   }
-  if (argc > 1 && std::string(argv[1]) == "checks") return rc;
-  rc |= time_shape(256, 12, 64, "~0.17 ms");  // DiT-B/2 b256
-  rc |= time_shape(256, 6, 64, "~0.085 ms, half of B/2");  // DiT-S/2 b256
-  rc |= time_shape(256, 16, 72, "0.37 ms");   // DiT-XL/2 b256
+  if (skip_without_sm90("attention_fwd_check")) return kSkipCode;
+  int rc = 0;
+  if (mode != "time")
+    for (const int dim : {64, 72}) {
+      rc |= check(1, 1, dim);
+      rc |= check(2, 3, dim);
+      rc |= check(2, 150, dim);  // 300 heads: more than one per CTA, both buffers in turn
+    }
+  if (mode == "checks") return rc;
+  rc |= time_shape(256, 12, 64);  // DiT-B/2 b256
+  rc |= time_shape(256, 6, 64);   // DiT-S/2 b256
+  rc |= time_shape(256, 16, 72);  // DiT-XL/2 b256
   return rc;
 }

@@ -1,7 +1,9 @@
-// For the standalone GPU check tools (nvcc, no libtorch): CHECK(call)
-// prints a failing CUDA runtime call with its error and returns 1 from the
-// function it is in; median_launch_ms times a launch the way all of them do;
-// poison_shared fills every SM's shared memory with NaN before a check.
+// Shared by the torch-free programs of bench/kernels: CHECK(call) prints a
+// failing CUDA runtime call with its error and returns 1 from the function it
+// is in; skip_without_sm90 says whether there is no Hopper GPU to run on (the
+// float64 checks then exit with kSkipCode, which ctest counts as skipped);
+// median_launch_ms times a launch the way all of them do; poison_shared
+// fills every SM's shared memory with NaN before a check.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +11,26 @@
 #include <algorithm>
 #include <cstdio>
 #include <vector>
+
+// The exit code of a check that could not run here (SKIP_RETURN_CODE in CMake).
+constexpr int kSkipCode = 77;
+
+// True, with a line saying why, when there is no CUDA device or device 0 is
+// not sm_90 (the kernels under check are built for sm_90a only).
+inline bool skip_without_sm90(const char* program) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    std::printf("%s: SKIP, no CUDA device (%s)\n", program, e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    return true;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major != 9 || prop.minor != 0) {
+    std::printf("%s: SKIP, device 0 is not sm_90 (%s, sm_%d%d)\n", program, prop.name, prop.major, prop.minor);
+    return true;
+  }
+  return false;
+}
 
 #define CHECK(x)                                          \
   do {                                                    \

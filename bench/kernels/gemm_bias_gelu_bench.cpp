@@ -1,14 +1,17 @@
-// Micro-benchmark (GPU, not a test): fc1 with bias and GELU through our own
+// Micro-benchmark (GPU, libtorch): fc1 with bias and GELU through our own
 // Hopper product (ops::try_gemm_bias_gelu_sm90) against cuBLASLt's
-// GELU_AUX_BIAS product (what gelu_mlp runs by default) and its plain BIAS
-// product (the same FLOPs, one output, no GELU), on DiT's fc1 shapes at batch
-// 256, side by side in one process: per call, the median of 9 windows of 10
-// back-to-back calls after 10 warm-up ones (cuBLASLt's first call also times
-// its candidate algorithms), CUDA events, fresh random inputs. Also the
+// GELU_AUX_BIAS product (the fallback where ours cannot run) and its plain
+// BIAS product (the same FLOPs, one output, no GELU), on DiT's fc1 shapes at
+// batch 256, side by side in one process: per call, the median of 9 windows
+// of 10 back-to-back calls after 10 warm-up ones (cuBLASLt's first call also
+// times its candidate algorithms), CUDA events, fresh random inputs. Also the
 // largest difference between our pre/act and cuBLASLt's (theirs take a bf16
 // bias, ours the fp32 one). Then the backward's product through GELU the
 // same way: ours, cuBLASLt's DGELU, its plain product.
 //   bench_gemm_bias_gelu [m n k]...     (default: DiT-S/2, B/2, XL/2 at b256)
+// Build: cmake --build build --target bench_gemm_bias_gelu (binary in
+// build/bench/kernels/). On the GPU machine: tools/gpu_run.sh MODE=lab
+// LAB=bench_gemm_bias_gelu [LAB_ARGS="65536 3072 768"].
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>

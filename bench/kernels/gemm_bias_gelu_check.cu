@@ -1,13 +1,27 @@
-// A standalone check of kernels::gemm_bias_gelu_sm90 and gemm_dgelu_sm90
-// without libtorch, for a quick device call: random bf16 inputs, sampled rows
-// against a float64 CPU reference, then the time per call at DiT's fc1 shapes (CUDA events over
-// windows of back-to-back calls, median window).
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc \
-//        tools/gemm_bias_gelu_check.cu src/kernels/gemm_bias_gelu_sm90.cu src/kernels/tensor_map.cpp -o /tmp/gemm_check
+// Our fc1 product and its backward form (kernels::gemm_bias_gelu_sm90 and
+// gemm_dgelu_sm90) against float64, torch-free. Random bf16 inputs (outputs
+// poisoned with NaN first); sampled rows of pre = A W^T + bias,
+// act = gelu_tanh(pre) and dpre = (dy W^T) * gelu_tanh'(pre) against a
+// float64 CPU reference, with a digest of fc1's output bytes (two builds of
+// the kernel that agree to the bit print the same digest). Then the time per
+// call at DiT's fc1 shapes at b256 (CUDA events over windows of back-to-back
+// calls, median window).
+//   gemm_bias_gelu_check checks          the float64 checks only: the ctest
+//                                        kernels.gemm_bias_gelu_float64 (label
+//                                        gpu; exit 77, skipped, without an sm_90 GPU)
+//   gemm_bias_gelu_check time            the timings only
+//   gemm_bias_gelu_check fc1|dgelu M N K one shape timed (e.g. under Nsight Compute)
+//   gemm_bias_gelu_check                 checks, then timings
+// Build: cmake --build build --target gemm_bias_gelu_check (binary in
+// build/bench/kernels/). On the GPU machine: tools/gpu_run.sh MODE=lab
+// LAB=gemm_bias_gelu_check [LAB_ARGS="fc1 65536 3072 768" NCU=1
+// NCU_KERNEL=gemm_sm90 NCU_SKIP=3]. bench_gemm_bias_gelu (gemm_bias_gelu_bench.cpp)
+// compares the same products with cuBLASLt's.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -35,6 +49,7 @@ static int time_launches(const char* what, int64_t m, int64_t n, int64_t k, Laun
   return 0;
 }
 
+// With check, 1 when a sampled value misses its reference or NaN is left.
 static int run(int64_t m, int64_t n, int64_t k, bool check) {
   std::mt19937 rng(1234);
   std::normal_distribution<float> nd;
@@ -57,6 +72,7 @@ static int run(int64_t m, int64_t n, int64_t k, bool check) {
   CHECK(cudaMemset(dact, 0xff, m * n * 2));
   perftrain::kernels::gemm_bias_gelu_sm90<float>(da, dw, db, dpre, dact, m, n, k, nullptr);
   CHECK(cudaDeviceSynchronize());
+  bool ok = true;
   if (check) {
     std::vector<bf16> pre(m * n), act(m * n);
     CHECK(cudaMemcpy(pre.data(), dpre, m * n * 2, cudaMemcpyDeviceToHost));
@@ -76,7 +92,7 @@ static int run(int64_t m, int64_t n, int64_t k, bool check) {
         if (ep > 1.0 / 64 || ea > 1.0 / 32) ++bad;
       }
     }
-    // FNV-1a over both outputs' bytes: two schedules that agree to the bit print the same digest.
+    // FNV-1a over both outputs' bytes.
     uint64_t digest = 1469598103934665603ull;
     for (const std::vector<bf16>* out : {&pre, &act}) {
       const auto* bytes = reinterpret_cast<const unsigned char*>(out->data());
@@ -86,6 +102,7 @@ static int run(int64_t m, int64_t n, int64_t k, bool check) {
                 "%016llx -> %s\n",
                 (long long)m, (long long)n, (long long)k, (long long)nan, worst_pre, worst_act, (long long)bad,
                 (unsigned long long)digest, nan == 0 && bad == 0 ? "PASS" : "FAIL");
+    ok = nan == 0 && bad == 0;
   } else if (time_launches("fc1", m, n, k, [&] {
                perftrain::kernels::gemm_bias_gelu_sm90<float>(da, dw, db, dpre, dact, m, n, k, nullptr);
              }) != 0) {
@@ -96,7 +113,7 @@ static int run(int64_t m, int64_t n, int64_t k, bool check) {
   cudaFree(db);
   cudaFree(dpre);
   cudaFree(dact);
-  return 0;
+  return ok ? 0 : 1;
 }
 
 static double gelu_grad(double x) {
@@ -104,7 +121,7 @@ static double gelu_grad(double x) {
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k0 * (1 + 3 * k1 * x * x);
 }
 
-// The backward's form: dpre = (dy w^T) * gelu'(pre), w [n, k] (fc2's weight transposed).
+// The backward's form (the same return): dpre = (dy w^T) * gelu'(pre), w [n, k] (fc2's weight transposed).
 static int run_dgelu(int64_t m, int64_t n, int64_t k, bool check) {
   std::mt19937 rng(4321);
   std::normal_distribution<float> nd;
@@ -123,6 +140,7 @@ static int run_dgelu(int64_t m, int64_t n, int64_t k, bool check) {
   CHECK(cudaMemset(d_out, 0xff, m * n * 2));
   perftrain::kernels::gemm_dgelu_sm90(d_dy, d_w, d_pre, d_out, m, n, k, nullptr);
   CHECK(cudaDeviceSynchronize());
+  bool ok = true;
   if (check) {
     std::vector<bf16> out(m * n);
     CHECK(cudaMemcpy(out.data(), d_out, m * n * 2, cudaMemcpyDeviceToHost));
@@ -143,6 +161,7 @@ static int run_dgelu(int64_t m, int64_t n, int64_t k, bool check) {
     std::printf("dgelu check m=%lld n=%lld k=%lld: NaN left %lld, worst rel err %.3g, bad %lld -> %s\n",
                 (long long)m, (long long)n, (long long)k, (long long)nan, worst, (long long)bad,
                 nan == 0 && bad == 0 ? "PASS" : "FAIL");
+    ok = nan == 0 && bad == 0;
   } else if (time_launches("dgelu", m, n, k, [&] {
                perftrain::kernels::gemm_dgelu_sm90(d_dy, d_w, d_pre, d_out, m, n, k, nullptr);
              }) != 0) {
@@ -152,36 +171,41 @@ static int run_dgelu(int64_t m, int64_t n, int64_t k, bool check) {
   cudaFree(d_w);
   cudaFree(d_pre);
   cudaFree(d_out);
-  return 0;
+  return ok ? 0 : 1;
 }
 
-// With arguments (fc1|dgelu M N K) it only times that shape, e.g. under Nsight Compute.
 int main(int argc, char** argv) {
-  if (argc != 1) {
-    const std::string form = argc == 5 ? argv[1] : "";
-    const int64_t m = argc == 5 ? std::atoll(argv[2]) : 0, n = argc == 5 ? std::atoll(argv[3]) : 0,
-                  k = argc == 5 ? std::atoll(argv[4]) : 0;
-    if ((form != "fc1" && form != "dgelu") || !perftrain::kernels::gemm_bias_gelu_sm90_supported(m, n, k)) {
-      std::printf("usage: %s [fc1|dgelu M N K] (M %% 128, N %% 256, K %% 64 == 0)\n", argv[0]);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (argc == 5) {
+    const int64_t m = std::atoll(argv[2]), n = std::atoll(argv[3]), k = std::atoll(argv[4]);
+    if ((mode != "fc1" && mode != "dgelu") || !perftrain::kernels::gemm_bias_gelu_sm90_supported(m, n, k)) {
+      std::printf("usage: %s [checks|time|fc1 M N K|dgelu M N K] (M %% 128, N %% 256, K %% 64 == 0)\n", argv[0]);
       return 2;
     }
-    return form == "dgelu" ? run_dgelu(m, n, k, false) : run(m, n, k, false);
+    if (skip_without_sm90("gemm_bias_gelu_check")) return kSkipCode;
+    return mode == "dgelu" ? run_dgelu(m, n, k, false) : run(m, n, k, false);
   }
+  if (argc > 2 || (mode != "" && mode != "checks" && mode != "time")) {
+    std::printf("usage: %s [checks|time|fc1 M N K|dgelu M N K] (M %% 128, N %% 256, K %% 64 == 0)\n", argv[0]);
+    return 2;
+  }
+  if (skip_without_sm90("gemm_bias_gelu_check")) return kSkipCode;
   int rc = 0;
-  rc |= run(256, 512, 384, true);
-  rc |= run(1024, 3072, 768, true);
-  rc |= run(512, 4608, 1152, true);
-  // Many tiles per CTA, and fewer k-steps a tile than ring stages (ping-pong's hand-off between its warpgroups).
-  rc |= run(8192, 2048, 768, true);
-  rc |= run(4096, 1024, 128, true);
-  rc |= run_dgelu(256, 512, 384, true);
-  rc |= run_dgelu(1024, 3072, 768, true);
-  rc |= run_dgelu(512, 4608, 1152, true);
-  rc |= run(65536, 1536, 384, false);
-  rc |= run(65536, 3072, 768, false);
-  rc |= run(65536, 4608, 1152, false);
-  rc |= run_dgelu(65536, 1536, 384, false);
-  rc |= run_dgelu(65536, 3072, 768, false);
-  rc |= run_dgelu(65536, 4608, 1152, false);
+  if (mode != "time") {
+    rc |= run(256, 512, 384, true);
+    rc |= run(1024, 3072, 768, true);
+    rc |= run(512, 4608, 1152, true);
+    // Many tiles per CTA, and fewer k-steps a tile than ring stages (ping-pong's hand-off between its warpgroups).
+    rc |= run(8192, 2048, 768, true);
+    rc |= run(4096, 1024, 128, true);
+    rc |= run_dgelu(256, 512, 384, true);
+    rc |= run_dgelu(1024, 3072, 768, true);
+    rc |= run_dgelu(512, 4608, 1152, true);
+  }
+  if (mode == "checks") return rc;
+  for (const auto& s : {std::array<int64_t, 3>{65536, 1536, 384}, {65536, 3072, 768}, {65536, 4608, 1152}})
+    rc |= run(s[0], s[1], s[2], false);  // DiT-S/2, B/2, XL/2 at b256
+  for (const auto& s : {std::array<int64_t, 3>{65536, 1536, 384}, {65536, 3072, 768}, {65536, 4608, 1152}})
+    rc |= run_dgelu(s[0], s[1], s[2], false);
   return rc;
 }

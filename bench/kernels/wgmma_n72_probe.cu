@@ -1,32 +1,32 @@
-// A probe for the head-dim-72 attention kernels (nvcc only, no libtorch): what
-// the N = 8 tail products cost, and whether one m64n72k16 product on an
-// unswizzled operand can replace the n64 + n8 pair.
+// A probe for the head-dim-72 attention kernels, torch-free: what the N = 8
+// tail products cost, and whether one m64n72k16 product on an unswizzled
+// operand can replace the n64 + n8 pair.
 //
-// Why: at d = 72 both whole-head kernels take ~1.5x the time per head of
-// d = 64 for 1.125x the work (docs/PERFORMANCE.md, fifteenth pass). Every
-// product with the head dim as N runs as m64n64k16 on the 128-byte-swizzled
-// panel plus m64n8k16 on the unswizzled tail panel. A single m64n72k16 needs
-// all 72 columns in one layout: without swizzle, in 8-column core matrices
-// (TMA boxes of rows x 8 columns, one box after the other).
+// Why: at d = 72 both whole-head kernels are slower per head than d = 64 by
+// more than the extra work. Every product with the head dim as N runs as
+// m64n64k16 on the 128-byte-swizzled panel plus m64n8k16 on the unswizzled
+// tail panel. A single m64n72k16 needs all 72 columns in one layout: without
+// swizzle, in 8-column core matrices (TMA boxes of rows x 8 columns, one box
+// after the other).
 //
 // What: one warpgroup per CTA, two CTAs per SM (as the kernels' two
 // warpgroups), each accumulating D (64 x N) = A (64 x 256, register
 // fragments) B (256 x N, MN-major in shared memory, as V in O = P V or dO in
 // dV = P^T dO) over 16 k16 steps, `reps` times:
 //   0: n64, swizzled panel (the kernels' main product alone)
-//   1: n64 swizzled + n8 tail panel (the kernels' d = 72 product today)
+//   1: n64 swizzled + n8 tail panel (the kernels' d = 72 product)
 //   2: n72 unswizzled, LBO = 4096 (one box to the next, along N), SBO = 128
 //   3: n72 unswizzled, LBO = 128, SBO = 4096 (the other reading of the
 //      descriptor's two strides for an MN-major operand)
 //   4, 5: n64 unswizzled, the same two readings (does the layout cost the
 //      n64 part anything?)
-// First each variant once against variant 1, which the kernels' checks
-// have verified against float64 (the layout reading whose results match is
-// the right one), then each timed, in alternation, twice.
-//
-// Result (H200, 23a78f2, docs/PERFORMANCE.md sixteenth pass): variant 3 is
-// the right reading (2 and 4 differ); n72 unswizzled 0.0808 ms against
-// 0.0877 for n64 + n8, and n64 unswizzled 0.0744 against 0.0739 swizzled.
+// First each variant once against variant 1, which the kernels' float64
+// checks cover (the layout reading whose results match is the right one),
+// then each timed, in alternation, twice. On the H200 reading 3 is the one
+// that matches, and one n72 product takes about 8% less time than n64 + n8.
+// Build: cmake --build build --target wgmma_n72_probe (binary in
+// build/bench/kernels/). On the GPU machine: tools/gpu_run.sh MODE=lab
+// LAB=wgmma_n72_probe.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -36,7 +36,7 @@
 #include <cstring>
 #include <vector>
 
-#include "../tools/check_util.h"
+#include "check_util.h"
 #include "kernels/attention_sm90.cuh"
 
 namespace {

@@ -1,8 +1,8 @@
-// How fast does an H200 take the writes of fc1's epilogue, with no product
-// around them? A torch-free probe for the question docs/PERFORMANCE.md
-// (twelfth pass) leaves open: our fc1 product writes its two bf16
-// [65536, 3072] outputs (805 MB at DiT-B/2 b256) at ~1.55 TB/s whichever way
-// its epilogue is arranged. Here the same bytes are written
+// How fast an H200 takes the writes of fc1's epilogue with no product
+// around them: the upper bound for our fc1 product (kernels/
+// gemm_bias_gelu_sm90), which writes two bf16 [65536, 3072] outputs (805 MB at
+// DiT-B/2 b256) at about 1.55 TB/s however its epilogue is arranged.
+// Torch-free. The same bytes are written
 //   memset    by cudaMemsetAsync (the driver's own rate)
 //   stream    by 16-byte stores, each warp 512 contiguous bytes, grid-stride
 //   tiles     by one persistent CTA per SM walking 128 x 256 tiles along N
@@ -11,14 +11,16 @@
 //   tiles+A   the same while each CTA also reads its tile's 128 x 768 rows
 //             of A, as the product's main loop streams them
 // into memory from cudaMalloc and from cuMemCreate with compression off and,
-// where the GPU offers it, on (Nsight Compute saw every sector fc1 wrote
-// pass the L2's compression unit); then, on cudaMalloc memory, the tile
-// pattern on a quarter and a half of the SMs (a limit per SM, or of the
-// GPU?) and fc1's rhythm without the product (rhythm_tiles: spin for the
-// main loop's time, then write the tile; CTAs started in waves or not).
-// The values differ everywhere, so that no compressor finds runs. GB/s of bytes written: the median of 7 windows of
-// 10 launches after 3 warm-up launches, CUDA events.
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/write_bandwidth_check.cu -o /tmp/write_check
+// where the GPU offers it, on (the L2's compression unit sees every sector
+// fc1 writes); then, on cudaMalloc memory, the tile pattern on a quarter and
+// a half of the SMs (a limit per SM, or of the GPU?) and fc1's rhythm
+// without the product (rhythm_tiles: spin for the main loop's time, then
+// write the tile; CTAs started in waves or not). The values differ
+// everywhere, so that no compressor finds runs. GB/s of bytes written: the
+// median of 7 windows of 20 launches after 5 warm-up launches, CUDA events.
+// Build: cmake --build build --target write_bandwidth_check (binary in
+// build/bench/kernels/). On the GPU machine: tools/gpu_run.sh MODE=lab
+// LAB=write_bandwidth_check (~20 s).
 #include <cuda.h>  // CUmemAllocationProp and friends (the entry points come through the runtime)
 #include <cuda_runtime.h>
 
@@ -224,9 +226,7 @@ int main() {
         gbps(2 * kOutputBytes, [&] { tile_writes<<<sms, 256>>>(o0, o1, nullptr, kRows, kCols, kDepth); });
     const double tile_a_rate =
         gbps(2 * kOutputBytes, [&] { tile_writes<<<sms, 256>>>(o0, o1, ap, kRows, kCols, kDepth); });
-    // What fc1's 0.52 ms would need: 805 MB of writes at 1.55 TB/s.
-    std::printf("%s: memset %.0f GB/s, stream %.0f, tiles %.0f, tiles+A %.0f (A read beside it at %.0f); fc1 at "
-                "0.52 ms writes 1548 GB/s\n",
+    std::printf("%s: memset %.0f GB/s, stream %.0f, tiles %.0f, tiles+A %.0f (A read beside it at %.0f)\n",
                 names[compression + 1], memset_rate, stream_rate, tile_rate, tile_a_rate,
                 tile_a_rate * double(kRows / 128 * (kCols / 256)) * 128 * kDepth * 2 / (2 * kOutputBytes));
     if (compression < 0) {
