@@ -17,10 +17,16 @@ class Dataset {
   virtual std::array<int64_t, 3> sample_shape() const = 0;  // C, H, W
   virtual int64_t num_classes() const = 0;                  // labels lie in [0, n)
   // Writes samples indices[0..n) as float32 into x_out (n*C*H*W values) and
-  // their labels into y_out. Must be safe to call from a background thread.
-  virtual void gather(const int64_t* indices, int64_t n, float* x_out,
-                      int64_t* y_out) const = 0;
+  // their labels into y_out: each index checked (RuntimeError when outside
+  // [0, size())), then read. Must be safe to call from a background thread.
+  virtual void gather(const int64_t* indices, int64_t n, float* x_out, int64_t* y_out) const;
   virtual std::string describe() const = 0;  // one line, for logs and reports
+
+ protected:
+  // Sample i (already checked) as C*H*W float32 values into out; its label.
+  virtual int64_t read(int64_t i, float* out) const = 0;
+  // "N samples CxHxW, K classes", for describe().
+  std::string summary(const char* noun = "samples") const;
 };
 
 // Fashion-MNIST from idx files (optionally gzip'ed), e.g. Debian's

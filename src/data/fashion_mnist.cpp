@@ -63,25 +63,20 @@ class FashionMnist final : public Dataset {
   std::array<int64_t, 3> sample_shape() const override { return {1, kPadded, kPadded}; }
   int64_t num_classes() const override { return kClasses; }
 
-  void gather(const int64_t* indices, int64_t n, float* x_out, int64_t* y_out) const override {
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t i = indices[k];
-      if (i < 0 || i >= size_) throw RuntimeError(describe() + ": sample index " + std::to_string(i) + " out of range");
-      float* out = x_out + k * kPadded * kPadded;
-      std::fill(out, out + kPadded * kPadded, -1.0f);  // background and padding are -1
-      const uint8_t* src = pixels_.data() + i * kSide * kSide;
-      for (int64_t y = 0; y < kSide; ++y) {
-        for (int64_t x = 0; x < kSide; ++x) {
-          out[(y + kPad) * kPadded + x + kPad] = src[y * kSide + x] * (2.0f / 255.0f) - 1.0f;
-        }
-      }
-      y_out[k] = labels_[i];
-    }
+  std::string describe() const override {
+    return std::string("Fashion-MNIST ") + (train_ ? "train" : "test") + " (" + summary("images") + ") from " + dir_;
   }
 
-  std::string describe() const override {
-    return std::string("Fashion-MNIST ") + (train_ ? "train" : "test") + " (" + std::to_string(size_) +
-           " images 1x32x32, 10 classes) from " + dir_;
+ protected:
+  int64_t read(int64_t i, float* out) const override {
+    std::fill(out, out + kPadded * kPadded, -1.0f);  // background and padding are -1
+    const uint8_t* src = pixels_.data() + i * kSide * kSide;
+    for (int64_t y = 0; y < kSide; ++y) {
+      for (int64_t x = 0; x < kSide; ++x) {
+        out[(y + kPad) * kPadded + x + kPad] = src[y * kSide + x] * (2.0f / 255.0f) - 1.0f;
+      }
+    }
+    return labels_[i];
   }
 
  private:

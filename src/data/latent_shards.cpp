@@ -133,36 +133,30 @@ class LatentShards final : public Dataset {
   std::array<int64_t, 3> sample_shape() const override { return shape_; }
   int64_t num_classes() const override { return num_classes_; }
 
-  void gather(const int64_t* indices, int64_t n, float* x_out, int64_t* y_out) const override {
-    const int64_t numel = shape_[0] * shape_[1] * shape_[2];
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t i = indices[k];
-      if (i < 0 || i >= size_) throw RuntimeError(describe() + ": sample index " + std::to_string(i) + " out of range");
-      // The last shard that starts at or before i.
-      const auto it = std::upper_bound(shards_.begin(), shards_.end(), i,
-                                       [](int64_t v, const Shard& s) { return v < s.start; }) - 1;
-      const int64_t j = i - it->start;
-      float* out = x_out + k * numel;
-      const void* src = static_cast<const char*>(it->latents.data_ptr()) + j * numel * it->latents.element_size();
-      switch (it->latents.scalar_type()) {
-        case at::kFloat:
-          std::memcpy(out, src, numel * sizeof(float));
-          break;
-        case at::kHalf:
-          convert(static_cast<const c10::Half*>(src), numel, out);
-          break;
-        default:
-          convert(static_cast<const c10::BFloat16*>(src), numel, out);
-          break;
-      }
-      y_out[k] = it->labels[j];
-    }
+  std::string describe() const override {
+    return "latent shards (" + summary() + ", " + std::to_string(shards_.size()) + " files) from " + path_;
   }
 
-  std::string describe() const override {
-    return "latent shards (" + std::to_string(size_) + " samples " + std::to_string(shape_[0]) + "x" +
-           std::to_string(shape_[1]) + "x" + std::to_string(shape_[2]) + ", " + std::to_string(num_classes_) +
-           " classes, " + std::to_string(shards_.size()) + " files) from " + path_;
+ protected:
+  int64_t read(int64_t i, float* out) const override {
+    const int64_t numel = shape_[0] * shape_[1] * shape_[2];
+    // The last shard that starts at or before i.
+    const auto it = std::upper_bound(shards_.begin(), shards_.end(), i,
+                                     [](int64_t v, const Shard& s) { return v < s.start; }) - 1;
+    const int64_t j = i - it->start;
+    const void* src = static_cast<const char*>(it->latents.data_ptr()) + j * numel * it->latents.element_size();
+    switch (it->latents.scalar_type()) {
+      case at::kFloat:
+        std::memcpy(out, src, numel * sizeof(float));
+        break;
+      case at::kHalf:
+        convert(static_cast<const c10::Half*>(src), numel, out);
+        break;
+      default:
+        convert(static_cast<const c10::BFloat16*>(src), numel, out);
+        break;
+    }
+    return it->labels[j];
   }
 
  private:

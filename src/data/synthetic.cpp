@@ -27,29 +27,31 @@ class Synthetic final : public Dataset {
   std::array<int64_t, 3> sample_shape() const override { return shape_; }
   int64_t num_classes() const override { return num_classes_; }
 
-  void gather(const int64_t* indices, int64_t n, float* x_out, int64_t* y_out) const override {
-    const int64_t numel = shape_[0] * shape_[1] * shape_[2];
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t i = indices[k];
-      if (i < 0 || i >= size_) throw RuntimeError(describe() + ": sample index " + std::to_string(i) + " out of range");
-      const uint64_t key = mix(seed_ ^ mix(static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull));
-      float* out = x_out + k * numel;
-      // Box-Muller: each pair of uniforms gives two independent normals.
-      for (int64_t e = 0; e < numel; e += 2) {
-        const uint64_t h1 = mix(key + 2 * static_cast<uint64_t>(e) + 1);
-        const uint64_t h2 = mix(key + 2 * static_cast<uint64_t>(e) + 2);
-        const double u1 = (static_cast<double>(h1 >> 11) + 1.0) * 0x1p-53;  // (0, 1]: log is finite
-        const double u2 = static_cast<double>(h2 >> 11) * 0x1p-53;         // [0, 1)
-        const double r = std::sqrt(-2.0 * std::log(u1));
-        const double a = 6.283185307179586 * u2;
-        out[e] = static_cast<float>(kNoise * r * std::cos(a));
-        if (e + 1 < numel) out[e + 1] = static_cast<float>(kNoise * r * std::sin(a));
-      }
-      y_out[k] = i % num_classes_;
-      add_pattern(y_out[k], out);
-    }
+  std::string describe() const override {
+    return "synthetic (" + summary() + ", seed " + std::to_string(seed_) + ")";
   }
 
+ protected:
+  int64_t read(int64_t i, float* out) const override {
+    const int64_t numel = shape_[0] * shape_[1] * shape_[2];
+    const uint64_t key = mix(seed_ ^ mix(static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull));
+    // Box-Muller: each pair of uniforms gives two independent normals.
+    for (int64_t e = 0; e < numel; e += 2) {
+      const uint64_t h1 = mix(key + 2 * static_cast<uint64_t>(e) + 1);
+      const uint64_t h2 = mix(key + 2 * static_cast<uint64_t>(e) + 2);
+      const double u1 = (static_cast<double>(h1 >> 11) + 1.0) * 0x1p-53;  // (0, 1]: log is finite
+      const double u2 = static_cast<double>(h2 >> 11) * 0x1p-53;         // [0, 1)
+      const double r = std::sqrt(-2.0 * std::log(u1));
+      const double a = 6.283185307179586 * u2;
+      out[e] = static_cast<float>(kNoise * r * std::cos(a));
+      if (e + 1 < numel) out[e + 1] = static_cast<float>(kNoise * r * std::sin(a));
+    }
+    const int64_t label = i % num_classes_;
+    add_pattern(label, out);
+    return label;
+  }
+
+ private:
   // sqrt(2) sin(2 pi (k1 h / H + k2 w / W) + phase): whole periods, so mean 0
   // and variance 1 over the image; frequencies and phase depend on the class.
   // sin(a + b) = sin a cos b + cos a sin b: H + W sines per channel, not H * W,
@@ -75,13 +77,6 @@ class Synthetic final : public Dataset {
   }
   static constexpr double kNoise = 0.6, kPattern = 0.8;
 
-  std::string describe() const override {
-    return "synthetic (" + std::to_string(size_) + " samples " + std::to_string(shape_[0]) + "x" +
-           std::to_string(shape_[1]) + "x" + std::to_string(shape_[2]) + ", " +
-           std::to_string(num_classes_) + " classes, seed " + std::to_string(seed_) + ")";
-  }
-
- private:
   int64_t size_;
   std::array<int64_t, 3> shape_;
   int64_t num_classes_;

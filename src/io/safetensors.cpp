@@ -71,6 +71,31 @@ std::string known_dtypes() {
   throw RuntimeError(path + ": not a valid safetensors file: " + what);
 }
 
+// torch.save writes a zip archive ("PK\x03\x04"), its legacy format and
+// pickle.dump a pickle (protocol 2 and up start with 0x80, then the protocol).
+// A safetensors header always starts with '{' at byte 8, so a file that has
+// one is never taken for a pickle, whatever its header length's bytes.
+// Names what the file is and the Python line that converts it.
+void reject_torch_pickle(const std::string& path, const uint8_t* b, size_t size) {
+  if (size > 8 && b[8] == '{') return;
+  const bool zip = size >= 4 && b[0] == 'P' && b[1] == 'K' && b[2] == 3 && b[3] == 4;
+  const bool pickle = size >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5;
+  if (!zip && !pickle) return;
+  std::string out = path;
+  for (const char* ext : {".pt", ".pth", ".bin", ".ckpt", ".pkl"}) {
+    const size_t n = std::strlen(ext);
+    if (out.size() > n && out.compare(out.size() - n, n, ext) == 0) {
+      out.erase(out.size() - n);
+      break;
+    }
+  }
+  out += ".safetensors";
+  throw UsageError(path + ": a PyTorch " + (zip ? "checkpoint (torch.save's zip format)" : "pickle") +
+                   ", not safetensors; convert it with: python -c \"import torch; from safetensors.torch import "
+                   "save_file; sd = torch.load('" + path + "', map_location='cpu'); save_file({k: v.contiguous() "
+                   "for k, v in sd.items()}, '" + out + "')\" (for a dict of state_dicts take one, e.g. sd['ema'])");
+}
+
 std::shared_ptr<Mapping> map_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw RuntimeError(path + ": cannot open: " + std::strerror(errno));
@@ -122,6 +147,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   file.mapping_ = map_file(path);
   const uint8_t* base = file.mapping_->bytes();
   const uint64_t size = file.mapping_->size;
+  reject_torch_pickle(path, base, size);
 
   uint64_t header_len = 0;  // little-endian u64 at byte 0
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base[i];

@@ -23,7 +23,9 @@ struct Mapping;  // the memory-mapped file
 class SafetensorsFile {
  public:
   // Throws perftrain::RuntimeError naming the file and what is wrong
-  // (missing, truncated, bad header JSON, offsets outside the file, ...).
+  // (missing, truncated, bad header JSON, offsets outside the file, ...), and
+  // UsageError for a PyTorch pickle or torch.save zip file, with the Python
+  // line that converts it.
   static SafetensorsFile open(const std::string& path);
 
   const std::string& path() const { return path_; }

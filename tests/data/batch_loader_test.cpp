@@ -28,12 +28,15 @@ class IndexDataset final : public Dataset {
   void gather(const int64_t* idx, int64_t n, float* x, int64_t* y) const override {
     if (fail_after_ >= 0 && gathers_++ >= fail_after_) throw RuntimeError("shard-7.safetensors: bad bytes");
     if (sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
-    for (int64_t k = 0; k < n; ++k) {
-      std::fill(x + k * 6, x + (k + 1) * 6, static_cast<float>(idx[k]));
-      y[k] = idx[k];
-    }
+    Dataset::gather(idx, n, x, y);
   }
   std::string describe() const override { return "index dataset"; }
+
+ protected:
+  int64_t read(int64_t i, float* out) const override {
+    std::fill(out, out + 6, static_cast<float>(i));
+    return i;
+  }
 
  private:
   int64_t n_;

@@ -72,6 +72,18 @@ TEST(Synthetic, SamplesOfOneClassShareAPattern) {
   EXPECT_LT(std::abs(corr(2, 4)), 0.3);
 }
 
+TEST(Synthetic, IndexOutsideTheDatasetIsNamed) {
+  const auto ds = make_synthetic(10, {1, 2, 2}, 3, 0);
+  std::vector<float> x(8);
+  int64_t y[2];
+  for (int64_t bad : {int64_t(10), int64_t(-1)}) {
+    const int64_t idx[2] = {0, bad};
+    const std::string msg = error_of<RuntimeError>([&] { ds->gather(idx, 2, x.data(), y); });
+    EXPECT_NE(msg.find("synthetic (10 samples 1x2x2, 3 classes, seed 0)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("index " + std::to_string(bad) + " out of range"), std::string::npos) << msg;
+  }
+}
+
 TEST(Synthetic, BadArgumentsAreUsageErrors) {
   error_of<UsageError>([] { make_synthetic(0, {1, 2, 2}, 10, 0); });
   error_of<UsageError>([] { make_synthetic(10, {1, 0, 2}, 10, 0); });

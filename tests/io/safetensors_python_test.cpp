@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "base/error.h"
 #include "io/safetensors.h"
 #include "support/test_support.h"
 
@@ -119,6 +120,25 @@ TEST(SafetensorsPython, WeReadWhatPythonWrote) {
   const at::Tensor s = file.get("s");
   EXPECT_EQ(s.dim(), 0);
   EXPECT_EQ(s.data_ptr<double>()[0], 3.5);
+}
+
+// A file torch.save wrote is refused with the Python line that converts it,
+// and that line, run as printed, gives a file we read.
+TEST(SafetensorsPython, TorchSaveFileGetsAConversionThatWorks) {
+  TempDir dir;
+  const std::string pt = dir.file("weights.pt");
+  ASSERT_EQ(run_python(dir, "import sys, torch\ntorch.save({'w': torch.arange(6.0).reshape(2, 3)}, sys.argv[1])\n",
+                       "'" + pt + "'"),
+            0);
+  const std::string msg = perftrain::testing::error_of<UsageError>([&] { SafetensorsFile::open(pt); });
+  const size_t begin = msg.find("python -c \""), end = msg.find('"', begin + 11);
+  ASSERT_NE(begin, std::string::npos) << msg;
+  ASSERT_NE(end, std::string::npos) << msg;
+  ASSERT_EQ(run_command(std::string("'") + PERFTRAIN_PYTHON + "'" + msg.substr(begin + 6, end + 1 - begin - 6)), 0)
+      << msg;
+  const at::Tensor w = SafetensorsFile::open(dir.file("weights.safetensors")).get("w");
+  ASSERT_EQ(w.sizes(), (std::vector<int64_t>{2, 3}));
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(w.data_ptr<float>()[i], float(i));
 }
 
 }  // namespace

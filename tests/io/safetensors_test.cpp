@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <tuple>
 
 #include "base/error.h"
 #include "support/test_support.h"
@@ -153,6 +154,46 @@ TEST(Safetensors, CorruptFilesNameTheFileAndTheProblem) {
     const std::string msg = error_of<RuntimeError>([&] { SafetensorsFile::open(path); });
     EXPECT_NE(msg.find(path), std::string::npos) << c.name << ": " << msg;
     EXPECT_NE(msg.find(c.expect), std::string::npos) << c.name << ": " << msg;
+  }
+}
+
+// The first bytes torch.save writes: its zip format (a local file header for
+// "archive/data.pkl") and its legacy format (pickle protocol 2, then the
+// magic number as a LONG1); and pickle.dump's protocol 4.
+const std::string kTorchZip("PK\x03\x04\x00\x00\x08\x08\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+                            "\x00\x00\x00\x00\x00\x00\x10\x00\x12\x00" "archive/data.pklFB", 48);
+const std::string kTorchLegacy("\x80\x02\x8a\x0al\xfc\x9c\x46\xf9\x20j\xa8P\x19.\x80", 16);
+const std::string kPickle4("\x80\x04\x95\x0a\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x01" "a\x94K\x01s.", 21);
+
+TEST(Safetensors, TorchPickleFilesAreNamedWithTheWayToConvert) {
+  TempDir dir;
+  for (const auto& [name, bytes, what] : {std::tuple{"model.pt", kTorchZip, "zip"},
+                                          std::tuple{"legacy.pth", kTorchLegacy, "pickle"},
+                                          std::tuple{"dump.safetensors", kPickle4, "pickle"}}) {
+    const std::string path = dir.file(name);
+    write_raw(path, bytes + std::string(64, '\0'));
+    const std::string msg = error_of<UsageError>([&] { SafetensorsFile::open(path); });
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_NE(msg.find(path + ": a PyTorch"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    EXPECT_NE(msg.find("not safetensors"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("save_file"), std::string::npos) << msg;
+  }
+  EXPECT_NE(error_of<UsageError>([&] { SafetensorsFile::open(dir.file("model.pt")); })
+                .find("'" + dir.file("model.safetensors") + "'"),
+            std::string::npos);
+}
+
+// A header length whose low bytes read 0x80 0x02 (640) or "PK\3\4" is a
+// safetensors file all the same: its header starts with '{' at byte 8.
+TEST(Safetensors, HeaderLengthsThatLookLikePickleStillRead) {
+  TempDir dir;
+  for (const uint64_t len : {uint64_t(0x280), uint64_t(0x04034B50)}) {
+    std::string header = R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})";
+    header.append(len - header.size(), ' ');
+    const std::string path = dir.file("h.safetensors");
+    write_raw(path, file_bytes(header, 2));
+    EXPECT_EQ(SafetensorsFile::open(path).get("a").numel(), 2) << len;
   }
 }
 
