@@ -30,9 +30,9 @@
 #include "observe/bench/torch_reference.h"
 #include "observe/bench/variants.h"
 #include "compat/compat.h"
-#include "ops/switches.h"
 #include "ops/cublaslt_workspace.h"
 #include "train/config.h"
+#include "train/speed.h"
 #include "train/step_runner.h"
 
 namespace perftrain::cli {
@@ -52,6 +52,7 @@ struct BenchArgs {
   double cooldown_s = 0;    // the GPU idle this long before each variant and torch run
   std::string profile;      // variant to profile after its timing ("" none)
   std::string profile_dir;  // where its breakdown goes (the run directory)
+  std::vector<std::string> overrides;  // --set section.key=value, over the bench's config
 };
 
 constexpr int64_t kPoolBatches = 8;  // distinct batches, reused round-robin
@@ -86,7 +87,10 @@ std::string default_out_dir(const std::string& model) {
 
 // The anchors' benchmark config: DiT as in facebookresearch/DiT with
 // learn_sigma off, label dropout 0.1, DDPM eps-MSE, AdamW (lr 1e-4, no weight
-// decay, no clipping, no LR warm-up); with --ema also an EMA at 0.9999.
+// decay, no clipping, no LR warm-up); with --ema also an EMA at 0.9999. Then
+// --recompute / --gelu-recompute and the --set overrides (e.g.
+// speed.attention=cudnn); each variant sets graph, fused_kernels and
+// fused_optimizer itself.
 train::TrainConfig bench_config(const BenchArgs& a, bool cuda) {
   train::TrainConfig cfg;
   cfg.model = models::dit_config(a.model);  // UsageError listing the known names
@@ -103,7 +107,21 @@ train::TrainConfig bench_config(const BenchArgs& a, bool cuda) {
   cfg.optim.grad_clip = 0;
   cfg.optim.warmup_steps = 0;
   cfg.optim.seed = a.seed;
+  cfg.speed.recompute = a.recompute;
+  cfg.speed.gelu_recompute = a.gelu_recompute;
+  for (const auto& o : a.overrides) train::apply_override(cfg, o);
   cfg.validate();
+  return cfg;
+}
+
+// The config of one (batch, variant): the variant's precision and step shape.
+train::TrainConfig variant_config(const train::TrainConfig& base, const ob::Variant& v, int64_t batch) {
+  train::TrainConfig cfg = base;
+  cfg.optim.batch_size = batch;
+  cfg.optim.precision = v.precision;
+  cfg.speed.fused_kernels = v.fused_kernels;
+  cfg.speed.fused_optimizer = v.fused_optimizer;
+  cfg.speed.graph = v.graph;
   return cfg;
 }
 
@@ -144,21 +162,16 @@ void fill_timing(ob::BenchRow& row, const std::vector<double>& all_ms) {
 // One (batch, variant): a fresh model, EMA and runner; the first step timed
 // from the start of the build; warm-up; `repeats` windows of `steps` timed
 // steps. Everything it allocated is freed when it returns.
-void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainConfig& base, const ob::Variant& v,
+void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainConfig& cfg,
                      const std::vector<data::Batch>& pool, at::Device device, std::optional<double> peak) {
   train::StepOptions so;
-  so.precision = v.precision;
-  so.fused_kernels = v.fused_kernels;
-  so.fused_optimizer = v.fused_optimizer;
-  so.graph = v.graph;
-  so.recompute = a.recompute;
-  so.gelu_recompute = a.gelu_recompute;
+  so.precision = cfg.optim.precision;
   // The step torch's reference times: no gradient norm (it does not clip),
   // an EMA only where both sides keep one (then it is built here too, and
   // counts in the peak memory).
   so.grad_norm = false;
   // The capture happens at step so.warmup_steps + 1; time from one replay after.
-  const int64_t warmup = std::max<int64_t>({a.warmup, 1, v.graph ? so.warmup_steps + 2 : 0});
+  const int64_t warmup = std::max<int64_t>({a.warmup, 1, cfg.speed.graph ? so.warmup_steps + 2 : 0});
   row.warmup = warmup;
 
   compat::reset_peak_memory(device);
@@ -166,9 +179,6 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (1ull << 30); };
   if (cuda) row.held_gib_before = gib(compat::allocated_bytes(device));
   const auto t0 = Clock::now();
-  train::TrainConfig cfg = base;
-  cfg.optim.batch_size = row.batch;
-  cfg.optim.precision = v.precision;
   models::ModelAndEma built;
   if (a.ema)
     built = models::build_model_and_ema(cfg.model, cfg.optim.seed, device);
@@ -210,13 +220,14 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   row.gpu = sampler.stop();
   row.step_ms = all_ms;
   fill_timing(row, all_ms);
-  if (a.profile == v.name && device.is_cuda()) {  // where the time goes, kernel by kernel
+  if (a.profile == row.variant && device.is_cuda()) {  // where the time goes, kernel by kernel
     const int n = 5;
+    const std::string name = "b" + std::to_string(row.batch) + "-" + row.variant;
     auto b = observe::profile_kernels([&] { for (int i = 0; i < n; ++i) step(); }, n,
-                                      fs::join(a.profile_dir, "trace-b" + std::to_string(row.batch) + "-" + v.name + ".json"));
-    const std::string md = "# Kernel time of " + base.model.name + " batch " + std::to_string(row.batch) + ", " +
-                           v.name + "\n\n" + observe::to_markdown(b);
-    io::write_text_atomic(fs::join(a.profile_dir, "profile-b" + std::to_string(row.batch) + "-" + v.name + ".md"), md);
+                                      fs::join(a.profile_dir, "trace-" + name + ".json"));
+    const std::string md = "# Kernel time of " + cfg.model.name + " batch " + std::to_string(row.batch) + ", " +
+                           row.variant + "\n\n" + observe::to_markdown(b);
+    io::write_text_atomic(fs::join(a.profile_dir, "profile-" + name + ".md"), md);
     std::cout << md << std::flush;
   }
   const auto w = runner.take_window();  // one host sync, after the timing
@@ -231,20 +242,21 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
 
 ob::BenchRow run_variant(const BenchArgs& a, const train::TrainConfig& base, const ob::Variant& v,
                          const std::vector<data::Batch>& pool, at::Device device, std::optional<double> peak) {
+  const train::TrainConfig cfg = variant_config(base, v, pool.front().x.size(0));
   ob::BenchRow row;
-  row.model = base.model.name;
-  row.batch = pool.front().x.size(0);
+  row.model = cfg.model.name;
+  row.batch = cfg.optim.batch_size;
   row.variant = v.name;
-  row.precision = v.precision;
-  row.fused_kernels = v.fused_kernels;
-  row.fused_optimizer = v.fused_optimizer;
-  row.graph = v.graph;
-  row.recompute = a.recompute;
-  row.gelu_recompute = a.gelu_recompute;
+  row.precision = cfg.optim.precision;
+  row.fused_kernels = cfg.speed.fused_kernels;
+  row.fused_optimizer = cfg.speed.fused_optimizer;
+  row.graph = cfg.speed.graph;
+  row.recompute = cfg.speed.recompute;
+  row.gelu_recompute = cfg.speed.gelu_recompute;
   row.steps = a.steps;
   row.repeats = a.repeats;
   try {
-    measure_variant(row, a, base, v, pool, device, peak);
+    measure_variant(row, a, cfg, pool, device, peak);
   } catch (const std::exception& e) {  // out of memory, an unsupported switch: a row, and on
     row.error = compat::error_message(e);
   }
@@ -261,7 +273,7 @@ ob::BenchRow run_variant(const BenchArgs& a, const train::TrainConfig& base, con
 // printed where it beat cuBLASLt's first pick, so a speedup from it is
 // visible and attributable.
 void report_gemm_tuning(ob::BenchReport& report) {
-  for (const auto& r : kernels::gemm_tune_records())
+  for (const auto& r : ops::gemm_tune_records())
     report.gemm_tuning.push_back({r.what, r.candidates, r.chosen, r.heuristic_ms, r.chosen_ms});
   if (report.gemm_tuning.empty()) return;
   size_t changed = 0;
@@ -295,7 +307,6 @@ void print_row(const ob::BenchRow& r) {
 }
 
 void run(BenchArgs a) {
-  ops::check_switches();
   if (a.device != "auto" && a.device != "cpu" && a.device != "cuda")
     throw UsageError("--device must be auto, cpu or cuda (got '" + a.device + "')");
   if (a.device == "cuda" && !compat::cuda_available()) throw UsageError("--device cuda but no CUDA GPU is visible");
@@ -313,6 +324,7 @@ void run(BenchArgs a) {
                                                                       : "eager-fp32")
                                                               : a.torch_modes);
   const train::TrainConfig base = bench_config(a, cuda);
+  train::apply_speed_settings(base.speed);
 
   const std::string out = a.out.empty() ? default_out_dir(a.model) : a.out;
   a.profile_dir = out;
@@ -336,8 +348,7 @@ void run(BenchArgs a) {
   s.batches = batches;
   for (const auto& v : variants) s.variants.push_back(v.name);
   s.precision = a.precision;
-  s.recompute = a.recompute;
-  s.gelu_recompute = a.gelu_recompute;
+  s.speed = train::config_fields(base, "speed");
   s.steps = a.steps, s.warmup = a.warmup, s.repeats = a.repeats;
   s.device = cuda ? "cuda" : "cpu";
   s.data_pool = kPoolBatches;
@@ -441,9 +452,13 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--precision", a->precision, "bf16 | fp16: the mixed-precision variants' dtype");
   cmd->add_option("--out", a->out, "run directory (default runs/bench-<model>-<date>)");
   cmd->add_option("--device", a->device, "auto | cpu | cuda");
-  cmd->add_flag("--recompute", a->recompute, "recompute block activations in backward (all variants)");
+  cmd->add_flag("--recompute", a->recompute,
+                "recompute block activations in backward (all variants; speed.recompute)");
   cmd->add_flag("--gelu-recompute", a->gelu_recompute,
-                "keep only the MLPs' pre-activations, GELU again in backward (all variants)");
+                "keep only the MLPs' pre-activations, GELU again in backward (all variants; speed.gelu_recompute)");
+  cmd->add_option("--set", a->overrides,
+                  "override a config key for all variants: section.key=value, e.g. speed.attention=cudnn "
+                  "(repeatable; the variants set speed.graph, fused_kernels and fused_optimizer)");
   cmd->add_flag("--ema", a->ema,
                 "also update an EMA of the weights (decay 0.9999) every step, in every variant and in the torch "
                 "reference (default: the anchors' step, AdamW only)");

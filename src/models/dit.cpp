@@ -76,16 +76,16 @@ std::pair<at::Tensor, at::Tensor> DiTBlock::attention_half(const at::Tensor& x, 
                              attn.proj.bias);
 }
 
-at::Tensor DiTBlock::mlp_half(const at::Tensor& h2, std::optional<bool> keep_activation) const {
+at::Tensor DiTBlock::mlp_half(const at::Tensor& h2, bool keep_activation) const {
   // fc2's bias is left to the gated residual after it (as the projection's).
   return ops::gelu_mlp(h2, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, at::Tensor(), keep_activation);  // [B, T, D]
 }
 
-at::Tensor DiTBlock::forward_fused(const at::Tensor& x, const at::Tensor& c) const {
+at::Tensor DiTBlock::forward_fused(const at::Tensor& x, const at::Tensor& c, bool keep_activation) const {
   const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
-  const auto mod = modulation(c, act);                                              // 6 x [B, D]
+  const auto mod = modulation(c, act);  // 6 x [B, D]
   auto [x1, h2] = attention_half(x, ops::adaln_layernorm(x, mod[0], mod[1], act), mod, act);
-  return ops::gated_residual(x1, mod[5], mlp_half(h2), mlp.fc2.bias);              // [B, T, D]
+  return ops::gated_residual(x1, mod[5], mlp_half(h2, keep_activation), mlp.fc2.bias);  // [B, T, D]
 }
 
 FinalLayer::FinalLayer(const DiTConfig& cfg, at::Generator& gen)
@@ -143,26 +143,29 @@ DiT::DiT(const DiTConfig& cfg, at::Generator gen)
   register_module("final_layer", &final_layer);
 }
 
-at::Tensor DiT::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) const {
+at::Tensor DiT::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y,
+                        const DiTExecution& exec) const {
   auto c = t_embedder.forward(t) + y_embedder.forward(y);  // [B, D]
-  if (!fused_kernels_) {
+  if (!exec.fused_kernels) {
     at::Tensor h = x_embedder.forward(x) + pos_embed;  // [B, T, D]
-    for (size_t i = 0; i < blocks.size(); ++i) h = run_block(i, h, c);
+    for (size_t i = 0; i < blocks.size(); ++i) h = run_block(i, h, c, exec);
     return unpatchify(final_layer.forward(h, c));  // [B, out, H, W]
   }
   const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
   at::Tensor h = ops::position_add(x_embedder.forward_as_product(x, act), pos_embed);  // contiguous [B, T, D]
-  if (!recompute_ && blocks.size() > 0) return unpatchify(run_blocks_chained(h, c, act));
-  for (size_t i = 0; i < blocks.size(); ++i) h = run_block(i, h, c);
+  if (!exec.recompute && blocks.size() > 0) return unpatchify(run_blocks_chained(h, c, act, !exec.gelu_recompute));
+  for (size_t i = 0; i < blocks.size(); ++i) h = run_block(i, h, c, exec);
   return unpatchify(final_layer.forward_fused(h, at::silu(c).to(act), act));
 }
 
-at::Tensor DiT::run_block(size_t i, const at::Tensor& h, const at::Tensor& c) const {
+at::Tensor DiT::run_block(size_t i, const at::Tensor& h, const at::Tensor& c, const DiTExecution& exec) const {
   const DiTBlock& block = blocks[i];
-  auto fn = [&block, fused = fused_kernels_](const at::Tensor& x, const at::Tensor& cond) {
-    return fused ? block.forward_fused(x, cond) : block.forward(x, cond);
+  // With recompute, backward calls fn again on autograd's thread after this
+  // forward has returned: everything it reads is captured by value here.
+  auto fn = [&block, exec](const at::Tensor& x, const at::Tensor& cond) {
+    return exec.fused_kernels ? block.forward_fused(x, cond, !exec.gelu_recompute) : block.forward(x, cond);
   };
-  return recompute_ ? ops::recompute(fn, h, c) : fn(h, c);
+  return exec.recompute ? ops::recompute(fn, h, c) : fn(h, c);
 }
 
 // The fused blocks one after another with each block's MLP residual fused
@@ -170,7 +173,8 @@ at::Tensor DiT::run_block(size_t i, const at::Tensor& h, const at::Tensor& c) co
 // last one's with the final layer's: the residual stream is written once per
 // half-block and its two gradients are summed inside the kernel, not by
 // autograd in a separate pass.
-at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c, at::ScalarType act) const {
+at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c, at::ScalarType act,
+                                   bool keep_activation) const {
   // One SiLU and one cast of c for all blocks, and all blocks' modulations
   // from it in one product (ops::stacked_linear), split once into the six
   // [B, D] vectors per block; backward joins their gradients in one cat.
@@ -186,7 +190,7 @@ at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c, at
   at::Tensor h = ops::adaln_layernorm(x, mod(0, 0), mod(0, 1), act);
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto [x1, h2] = blocks[i].attention_half(x, h, {mod(i, 0), mod(i, 1), mod(i, 2), mod(i, 3), mod(i, 4)}, act);
-    at::Tensor m = blocks[i].mlp_half(h2, gelu_recompute_ ? std::optional<bool>(false) : std::nullopt);
+    at::Tensor m = blocks[i].mlp_half(h2, keep_activation);
     const at::Tensor& fc2_bias = blocks[i].mlp.fc2.bias;
     if (i + 1 == blocks.size()) {
       // The last residual with the final layer's modulated norm; the residual

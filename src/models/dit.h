@@ -2,12 +2,11 @@
 // semantics and state_dict names of facebookresearch/DiT's models.py:
 // patchify -> + pos_embed -> N adaLN-Zero blocks conditioned on
 // c = t_embed(t) + y_embed(y) -> final adaLN layer -> unpatchify.
-// The model knows nothing of how it is run: precision (autocast), capture and
-// label dropout are applied from outside.
+// The model knows nothing of how it is run: precision (autocast), capture,
+// label dropout and the execution plan (DiTExecution) come from outside.
 #pragma once
 
 #include <memory>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -18,6 +17,20 @@
 
 namespace perftrain::models {
 
+// How DiT::forward runs its blocks, chosen by the caller (the step runner,
+// from the [speed] config); the default is the plain eager path.
+struct DiTExecution {
+  // Through the fused ops (src/ops) rather than the plain ATen modules.
+  bool fused_kernels = false;
+  // Each block's activations recomputed in backward instead of kept: less
+  // memory, one more block forward per step.
+  bool recompute = false;
+  // Fused blocks: keep only each MLP's pre-activation and compute GELU again
+  // in backward (gelu_mlp's keep_activation false): one [B*T, 4D] tensor
+  // less per block held for backward, one elementwise pass more.
+  bool gelu_recompute = false;
+};
+
 class DiTBlock : public nn::Module {
  public:
   DiTBlock(const DiTConfig& cfg, at::Generator& gen);
@@ -25,7 +38,8 @@ class DiTBlock : public nn::Module {
   // The same function through the fused ops (src/ops): adaLN LayerNorm,
   // cuBLASLt products with bias/GELU epilogues, gated residuals. Matrix
   // operands in the autocast dtype (or x's dtype without autocast).
-  at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& c) const;
+  // keep_activation: gelu_mlp's (false: GELU again in backward).
+  at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& c, bool keep_activation = true) const;
   // Pieces of forward_fused, so the model can chain blocks: the six
   // modulation vectors; the attention half from x and its modulated norm h
   // -> (x1, the MLP's modulated norm of x1); the MLP of that norm, without
@@ -35,8 +49,7 @@ class DiTBlock : public nn::Module {
   std::vector<at::Tensor> modulation_of_silu(const at::Tensor& silu_c) const;
   std::pair<at::Tensor, at::Tensor> attention_half(const at::Tensor& x, const at::Tensor& h,
                                                    const std::vector<at::Tensor>& mod, at::ScalarType act) const;
-  // keep_activation: gelu_mlp's (nullopt: the process default).
-  at::Tensor mlp_half(const at::Tensor& h2, std::optional<bool> keep_activation = std::nullopt) const;
+  at::Tensor mlp_half(const at::Tensor& h2, bool keep_activation = true) const;
 
   nn::SelfAttention attn;
   nn::Mlp mlp;
@@ -65,31 +78,22 @@ class DiT : public nn::Module {
   // The same on `device`, drawn from that device's generator seeded with
   // `seed` (other values than the CPU's for the same seed; same on every run).
   DiT(const DiTConfig& cfg, uint64_t seed, const at::Device& device);
-  // x [B, C, H, W], t [B] float (timestep units), y [B] int64 -> [B, out, H, W]
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) const;
+  // x [B, C, H, W], t [B] float (timestep units), y [B] int64 -> [B, out, H, W],
+  // run as `exec` says.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y,
+                     const DiTExecution& exec = {}) const;
   const DiTConfig& config() const { return cfg_; }
-
-  // How the blocks run (set from outside, e.g. by the step runner): through
-  // the fused ops, and with their activations recomputed in backward instead
-  // of kept (less memory, one more block forward per step).
-  void set_fused_kernels(bool on) { fused_kernels_ = on; }
-  void set_recompute(bool on) { recompute_ = on; }
-  // Fused blocks: keep only each MLP's pre-activation and compute GELU again
-  // in backward (ops::gelu_mlp_saves_activation): one [B*T, 4D] tensor less
-  // per block held for backward, one elementwise pass more.
-  void set_gelu_recompute(bool on) { gelu_recompute_ = on; }
-  bool fused_kernels() const { return fused_kernels_; }
 
  private:
   DiT(const DiTConfig& cfg, at::Generator gen);
   at::Tensor unpatchify(const at::Tensor& x) const;  // [B, T, p*p*c] -> [B, c, H, W]
 
-  at::Tensor run_block(size_t i, const at::Tensor& h, const at::Tensor& c) const;
+  at::Tensor run_block(size_t i, const at::Tensor& h, const at::Tensor& c, const DiTExecution& exec) const;
   // The fused blocks and the final layer, chained: -> [B, T, p*p*out].
-  at::Tensor run_blocks_chained(const at::Tensor& h, const at::Tensor& c, at::ScalarType act) const;
+  at::Tensor run_blocks_chained(const at::Tensor& h, const at::Tensor& c, at::ScalarType act,
+                                bool keep_activation) const;
 
   DiTConfig cfg_;
-  bool fused_kernels_ = false, recompute_ = false, gelu_recompute_ = false;
   at::Tensor pos_embed;  // [1, T, D], fixed (not trainable) but in the state_dict
   nn::PatchEmbed x_embedder;
   nn::TimestepEmbedder t_embedder;

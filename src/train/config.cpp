@@ -4,6 +4,8 @@
 
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <stdexcept>
 #include <sstream>
 #include <variant>
 
@@ -17,6 +19,9 @@ struct Key {
   const char* section;
   const char* key;
   Target target;
+  // A string key's allowed values (empty: any); an integer key's range.
+  std::vector<const char*> choices = {};
+  int64_t min = std::numeric_limits<int64_t>::min(), max = std::numeric_limits<int64_t>::max();
 };
 
 // Every configurable key, in the order config.toml lists them.
@@ -34,7 +39,7 @@ std::vector<Key> keys(TrainConfig& c) {
       {"model", "num_classes", &m.num_classes},
       {"model", "class_dropout", &m.class_dropout},
       {"model", "learn_sigma", &m.learn_sigma},
-      {"data", "source", &c.data.source},
+      {"data", "source", &c.data.source, {"fashion-mnist", "latents", "synthetic"}},
       {"data", "path", &c.data.path},
       {"data", "synthetic_size", &c.data.synthetic_size},
       {"data", "prefetch", &c.data.prefetch},
@@ -50,10 +55,10 @@ std::vector<Key> keys(TrainConfig& c) {
       {"train", "ema_decay", &c.optim.ema_decay},
       {"train", "ema_warmup", &c.optim.ema_warmup},
       {"train", "seed", &c.optim.seed},
-      {"train", "device", &c.optim.device},
-      {"train", "precision", &c.optim.precision},
-      {"diffusion", "objective", &c.diffusion.objective},
-      {"diffusion", "time_sampling", &c.diffusion.time_sampling},
+      {"train", "device", &c.optim.device, {"auto", "cpu", "cuda"}},
+      {"train", "precision", &c.optim.precision, {"auto", "bf16", "fp16", "fp32"}},
+      {"diffusion", "objective", &c.diffusion.objective, {"ddpm", "flow"}},
+      {"diffusion", "time_sampling", &c.diffusion.time_sampling, {"uniform", "logit-normal"}},
       {"diffusion", "sample_steps", &c.diffusion.sample_steps},
       {"diffusion", "cfg_scale", &c.diffusion.cfg_scale},
       {"log", "every", &c.log.every},
@@ -69,7 +74,32 @@ std::vector<Key> keys(TrainConfig& c) {
       {"speed", "fused_optimizer", &c.speed.fused_optimizer},
       {"speed", "recompute", &c.speed.recompute},
       {"speed", "gelu_recompute", &c.speed.gelu_recompute},
+      {"speed", "attention", &c.speed.attention, {"own", "cudnn"}},
+      {"speed", "weight_grad_stream", &c.speed.weight_grad_stream, {"auto", "on", "off"}},
+      {"speed", "gemm_tune", &c.speed.gemm_tune, {}, 0, 64},
   };
+}
+
+// "a, b or c"
+std::string one_of(const std::vector<const char*>& choices) {
+  std::string out;
+  for (size_t i = 0; i < choices.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + std::string(choices[i]);
+  return out;
+}
+
+// Whether a key's value is one it allows; else the UsageError's text.
+std::string check_rule(const Key& k) {
+  const std::string full = std::string(k.section) + "." + k.key;
+  if (auto* const* s = std::get_if<std::string*>(&k.target); s && !k.choices.empty()) {
+    for (const char* c : k.choices)
+      if (**s == c) return "";
+    return full + " '" + **s + "' (expected " + one_of(k.choices) + ")";
+  }
+  if (auto* const* i = std::get_if<int64_t*>(&k.target); i && (**i < k.min || **i > k.max))
+    return full + " " + std::to_string(**i) + " (expected an integer from " + std::to_string(k.min) + " to " +
+           std::to_string(k.max) + ")";
+  return "";
 }
 
 std::string type_name(const Target& t) {
@@ -132,12 +162,15 @@ void set_key(TrainConfig& cfg, const std::string& section, const std::string& ke
       return;
     }
   }
-  std::ostringstream known;
-  for (const Key& k : keys(cfg))
+  std::ostringstream known, sections;
+  std::string last;
+  for (const Key& k : keys(cfg)) {
     if (section == k.section) known << " " << k.key;
+    if (last != k.section) sections << " [" << k.section << "]";
+    last = k.section;
+  }
   if (known.str().empty())
-    throw UsageError(origin + ": unknown section [" + section +
-                     "]; known sections: model data train diffusion log run");
+    throw UsageError(origin + ": unknown section [" + section + "]; known sections:" + sections.str());
   throw UsageError(origin + ": unknown key " + full + "; known keys in [" + section + "]:" + known.str());
 }
 
@@ -149,6 +182,29 @@ std::string quoted(const std::string& s) {
   std::ostringstream o;
   o << toml::value<std::string>(s);
   return o.str();
+}
+
+// A key's value as config.toml writes it: one that reads back exactly.
+std::string value_text(const Target& target) {
+  return std::visit(
+      [](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
+        else if constexpr (std::is_same_v<T, std::string>) return quoted(*p);
+        else if constexpr (std::is_same_v<T, double>) {
+          std::string s;
+          for (int digits = 15; digits <= 17; ++digits) {  // the shortest text that reads back exactly
+            std::ostringstream v;
+            v.precision(digits);
+            v << *p;
+            s = v.str();
+            if (std::stod(s) == *p) break;
+          }
+          if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos) s += ".0";
+          return s;
+        } else return std::to_string(*p);
+      },
+      target);
 }
 
 }  // namespace
@@ -231,11 +287,28 @@ void apply_override(TrainConfig& cfg, const std::string& assignment) {
   set_key(cfg, section, key, *parsed.get("v"), "override '" + assignment + "'");
 }
 
+namespace {
+// The keys with a list of values or a range, of one section or all ("").
+void check_rules(const TrainConfig& cfg, const std::string& section) {
+  TrainConfig copy = cfg;
+  for (const Key& k : keys(copy)) {
+    if (!section.empty() && section != k.section) continue;
+    const std::string why = check_rule(k);
+    require(why.empty(), why);
+  }
+}
+}  // namespace
+
+void validate_speed(const SpeedConfig& speed) {
+  TrainConfig c;
+  c.speed = speed;
+  check_rules(c, "speed");
+}
+
 void TrainConfig::validate() const {
   model.validate();
+  check_rules(*this, "");
   const auto& o = optim;
-  require(data.source == "fashion-mnist" || data.source == "latents" || data.source == "synthetic",
-          "data.source '" + data.source + "' (expected fashion-mnist, latents or synthetic)");
   require(data.synthetic_size > 0, "data.synthetic_size must be positive");
   require(data.prefetch >= 1, "data.prefetch must be at least 1");
   require(o.steps > 0, "train.steps must be positive");
@@ -247,18 +320,10 @@ void TrainConfig::validate() const {
   require(o.warmup_steps >= 0, "train.warmup_steps must be >= 0");
   require(o.grad_clip >= 0, "train.grad_clip must be >= 0 (0 turns clipping off)");
   require(o.ema_decay >= 0 && o.ema_decay < 1, "train.ema_decay must be in [0, 1)");
-  require(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
-          "train.device '" + o.device + "' (expected auto, cpu or cuda)");
-  require(o.precision == "auto" || o.precision == "bf16" || o.precision == "fp16" || o.precision == "fp32",
-          "train.precision '" + o.precision + "' (expected auto, bf16, fp16 or fp32)");
   require(o.precision != "fp16" || speed.fused_optimizer,
           "train.precision = fp16 keeps its loss scale in the device optimizer: leave speed.fused_optimizer on "
           "(--fused on)");
   const auto& d = diffusion;
-  require(d.objective == "ddpm" || d.objective == "flow",
-          "diffusion.objective '" + d.objective + "' (expected ddpm or flow)");
-  require(d.time_sampling == "uniform" || d.time_sampling == "logit-normal",
-          "diffusion.time_sampling '" + d.time_sampling + "' (expected uniform or logit-normal)");
   require(!(model.learn_sigma && d.objective == "flow"),
           "model.learn_sigma needs diffusion.objective = \"ddpm\" (flow has no variance to learn)");
   require(d.sample_steps > 0, "diffusion.sample_steps must be positive");
@@ -283,29 +348,18 @@ std::string TrainConfig::to_toml() const {
       section = k.section;
       out << "\n[" << section << "]\n";
     }
-    out << k.key << " = ";
-    std::visit(
-        [&](auto* p) {
-          using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_same_v<T, bool>) out << (*p ? "true" : "false");
-          else if constexpr (std::is_same_v<T, std::string>) out << quoted(*p);
-          else if constexpr (std::is_same_v<T, double>) {
-            std::string s;
-            for (int digits = 15; digits <= 17; ++digits) {  // the shortest text that reads back exactly
-              std::ostringstream v;
-              v.precision(digits);
-              v << *p;
-              s = v.str();
-              if (std::stod(s) == *p) break;
-            }
-            if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos) s += ".0";
-            out << s;
-          } else out << *p;
-        },
-        k.target);
-    out << "\n";
+    out << k.key << " = " << value_text(k.target) << "\n";
   }
   return out.str();
+}
+
+std::vector<std::pair<std::string, std::string>> config_fields(const TrainConfig& cfg, const std::string& section) {
+  TrainConfig copy = cfg;
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Key& k : keys(copy))
+    if (section == k.section) out.emplace_back(k.key, value_text(k.target));
+  if (out.empty()) throw std::invalid_argument("config_fields: no section [" + section + "]");
+  return out;
 }
 
 }  // namespace perftrain::train

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/dit_config.h"
+#include "ops/cublaslt_workspace.h"
 
 namespace perftrain::train {
 
@@ -35,14 +37,20 @@ struct OptimConfig {
   std::string precision = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32
 };
 
-// How a step runs on the GPU (docs/guide/speed.md); each switch exists to be
-// turned off when comparing or debugging, the defaults are the fast path.
+// How a step runs on the GPU (docs/guide/speed.md): each key is a choice a
+// user may want, the defaults are the fast path. graph, fused_kernels,
+// fused_optimizer, recompute and gelu_recompute shape the step runner's
+// step; attention, weight_grad_stream and gemm_tune are process-wide and set
+// by apply_speed_settings (train/speed.h) before a run or bench starts.
 struct SpeedConfig {
   bool graph = true;            // capture the whole step in one CUDA graph and replay it
   bool fused_kernels = true;    // DiT blocks through the fused ops (adaLN LayerNorm, epilogues, ...)
   bool fused_optimizer = true;  // clip + AdamW + EMA + LR on the device, no host sync
   bool recompute = false;       // recompute each block's activations in backward (less memory)
-  bool gelu_recompute = false;  // keep only the MLPs' pre-activations, GELU again in backward (~15% less, ~3% slower)
+  bool gelu_recompute = false;  // keep only the MLPs' pre-activations, GELU again in backward (less memory, slower)
+  std::string attention = "own";  // own: our whole-head attention kernels where the shape allows | cudnn: cuDNN's
+  std::string weight_grad_stream = "auto";  // weight gradients on a second stream: auto (by size) | on | off
+  int64_t gemm_tune = ops::kDefaultGemmTuneCandidates;  // cuBLASLt candidates timed per product, 0..64 (0: first pick)
 };
 
 struct DiffusionConfig {
@@ -80,6 +88,10 @@ struct TrainConfig {
   std::string to_toml() const;
 };
 
+// The [speed] keys' part of TrainConfig::validate(): UsageError naming the key
+// and its allowed values.
+void validate_speed(const SpeedConfig& speed);
+
 // The defaults for a machine with (cuda) or without a GPU.
 TrainConfig default_config(bool cuda);
 // Applies a TOML document (file contents) over cfg; unknown sections or keys
@@ -88,5 +100,8 @@ void apply_toml(TrainConfig& cfg, const std::string& toml_text, const std::strin
 void apply_toml_file(TrainConfig& cfg, const std::string& path);
 // Applies "section.key=value" (value parsed as TOML, bare strings allowed).
 void apply_override(TrainConfig& cfg, const std::string& assignment);
+// The keys of one section with their values as config.toml writes them
+// (strings quoted), in config.toml's order: for reports, e.g. "speed".
+std::vector<std::pair<std::string, std::string>> config_fields(const TrainConfig& cfg, const std::string& section);
 
 }  // namespace perftrain::train

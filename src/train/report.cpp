@@ -7,6 +7,24 @@
 #include "train/progress.h"
 
 namespace perftrain::train {
+namespace {
+
+// "graph = true, ..., attention = \"own\", ...": every [speed] key as resolved.
+std::string speed_settings(const TrainConfig& cfg) {
+  std::string out;
+  for (const auto& [key, value] : config_fields(cfg, "speed")) out += (out.empty() ? "" : ", ") + key + " = " + value;
+  return out;
+}
+
+// "1.25 GiB", or "n/a" where the allocator keeps no statistics (the CPU).
+std::string gib(const std::optional<double>& v) {
+  if (!v) return "n/a";
+  std::ostringstream o;
+  o << *v << " GiB";
+  return o.str();
+}
+
+}  // namespace
 
 void write_report(const std::string& path, const TrainConfig& cfg, const TrainSummary& s,
                   const std::string& device, const std::string& precision, int64_t params, const std::string& data) {
@@ -26,12 +44,13 @@ void write_report(const std::string& path, const TrainConfig& cfg, const TrainSu
                                   (precision == "fp16" ? ", dynamic loss scale" : ""))
     << " |\n"
     << "| step | " << s.step_mode << " |\n"
+    << "| speed settings | " << speed_settings(cfg) << " |\n"
     << "| torch | " << compat::torch_version() << " |\n"
     << "| steps | " << s.first_step << " to " << s.last_step << ", batch " << cfg.optim.batch_size << " |\n"
     << "| loss | " << s.first_loss << " (first window) to " << s.final_loss << " (last window) |\n"
     << "| speed | " << s.steps_per_s << " steps/s, " << s.steps_per_s * cfg.optim.batch_size << " images/s |\n"
     << "| first step | " << s.first_step_s << " s after start |\n"
-    << "| peak memory | " << s.peak_memory_gib << " GiB |\n"
+    << "| peak memory | " << gib(s.peak_memory_gib) << " |\n"
     << "| last checkpoint | " << s.last_checkpoint << " |\n"
     << "| last samples | " << s.last_samples << " |\n\n"
     << "Metrics per logging window are in metrics.jsonl; the resolved config is config.toml.\n";

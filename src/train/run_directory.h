@@ -1,4 +1,4 @@
-// The run directory of DESIGN.md: runs/<name>/ with config.toml,
+// The run directory (docs/design.md): runs/<name>/ with config.toml,
 // metrics.jsonl, ckpt/, samples/ and report.md.
 #pragma once
 

@@ -13,7 +13,6 @@
 
 #include <optional>
 
-#include "base/env.h"
 #include "base/error.h"
 #include "diffusion/ddpm.h"
 #include "diffusion/flow.h"
@@ -27,6 +26,7 @@
 #include "train/ema.h"
 #include "train/grad_clip.h"
 #include "train/lr_schedule.h"
+#include "train/speed.h"
 
 namespace perftrain::train {
 
@@ -37,6 +37,7 @@ struct StepRunner::Impl {
   at::Device device;
   at::Generator gen;
   std::optional<at::ScalarType> autocast;  // bf16 / fp16, or fp32 without autocast
+  models::DiTExecution execution;          // how the model's blocks run
   std::vector<at::Tensor> params, ema_params;
 
   // The optimizer: on the device (capturable), or ATen's AdamW with a host LR.
@@ -81,7 +82,7 @@ struct StepRunner::Impl {
     }
     diffusion::ModelFn forward = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& yy) {
       compat::AutocastGuard guard(device.type(), autocast.value_or(at::kBFloat16), autocast.has_value());
-      return model.forward(x, t, yy);
+      return model.forward(x, t, yy, execution);
     };
     return flow ? flow->training_loss(forward, x0, y, gen)
                 : ddpm.training_loss(forward, x0, y, gen, cfg.model.learn_sigma);
@@ -221,7 +222,8 @@ StepRunner::StepRunner(models::DiT& model, models::DiT* ema, const TrainConfig& 
   const bool cuda = device.is_cuda();
   if (!cuda && (opts.precision == "bf16" || opts.precision == "fp16"))
     throw UsageError("precision " + opts.precision + " needs a CUDA device; use fp32 on the CPU");
-  if (opts.precision == "fp16" && !opts.fused_optimizer)
+  const SpeedConfig& speed = cfg.speed;
+  if (opts.precision == "fp16" && !speed.fused_optimizer)
     throw UsageError("precision fp16 keeps its loss scale in the device optimizer: leave speed.fused_optimizer on");
   s.cfg.optim.precision = opts.precision;
   if (opts.precision == "bf16") s.autocast = at::kBFloat16;
@@ -230,17 +232,13 @@ StepRunner::StepRunner(models::DiT& model, models::DiT* ema, const TrainConfig& 
     at::globalContext().setAllowTF32CuBLAS(true);  // fp32 matrix products on TF32 Tensor Cores
     at::globalContext().setBenchmarkCuDNN(true);
   }
-  // On the CPU the fused paths would only run their references: the plain
-  // path is the same function, and the one the CPU tests pin down.
-  model.set_fused_kernels(cuda && opts.fused_kernels);
-  model.set_recompute(opts.recompute);
-  model.set_gelu_recompute(opts.gelu_recompute);
-  s.weight_grad_stream = cuda && opts.fused_kernels && !opts.recompute && opts.weight_grad_stream &&
+  s.execution = dit_execution(speed, cuda);
+  s.weight_grad_stream = s.execution.fused_kernels && !speed.recompute &&
                          ops::weight_grad_overlap_for(cfg.optim.batch_size * cfg.model.tokens(), cfg.model.hidden);
 
   s.params = model.parameters();
   if (ema != nullptr) s.ema_params = ema->parameters();
-  if (cuda && opts.fused_optimizer) {
+  if (cuda && speed.fused_optimizer) {
     DeviceOptimizerOptions o;
     o.lr = cfg.optim.lr;
     o.warmup_steps = cfg.optim.warmup_steps;
@@ -250,8 +248,9 @@ StepRunner::StepRunner(models::DiT& model, models::DiT* ema, const TrainConfig& 
     o.ema_decay = cfg.optim.ema_decay, o.ema_warmup = cfg.optim.ema_warmup;
     o.dynamic_loss_scale = opts.precision == "fp16";
     o.grad_norm = opts.grad_norm || o.grad_clip > 0 || o.dynamic_loss_scale;
-    // What the fused ops multiply with (PERFTRAIN_BF16_SHADOWS=0: per-call casts instead, to compare).
-    o.bf16_shadows = opts.precision == "bf16" && opts.fused_kernels && !env_equals("PERFTRAIN_BF16_SHADOWS", "0");
+    // bf16 copies of the weights, rewritten by each update, for the fused ops
+    // to multiply with (instead of a cast per product).
+    o.bf16_shadows = opts.precision == "bf16" && speed.fused_kernels;
     s.device_optimizer = std::make_unique<DeviceOptimizer>(model.named_parameters(), s.ema_params, o);
     s.compute_weights = s.device_optimizer->compute_weights();
   } else {
@@ -270,8 +269,8 @@ StepRunner::StepRunner(models::DiT& model, models::DiT* ema, const TrainConfig& 
   s.loss_sum = at::zeros({}, f32), s.mse_sum = at::zeros({}, f32), s.vb_sum = at::zeros({}, f32);
 
   if (!cuda) graph_status_ = "eager: CPU device";
-  else if (!opts.graph) graph_status_ = "eager: graph off (speed.graph / --graph off)";
-  else if (!opts.fused_optimizer) graph_status_ = "eager: the graph needs the device optimizer (speed.fused_optimizer)";
+  else if (!speed.graph) graph_status_ = "eager: graph off (speed.graph / --graph off)";
+  else if (!speed.fused_optimizer) graph_status_ = "eager: the graph needs the device optimizer (speed.fused_optimizer)";
   else {
     s.graph_wanted = true;
     graph_status_ = "eager: warming up";

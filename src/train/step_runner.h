@@ -28,18 +28,11 @@
 
 namespace perftrain::train {
 
+// What a step runner needs beyond the config. The step's shape (graph,
+// fused kernels, device optimizer, recompute, GELU recompute) is cfg.speed;
+// the process-wide [speed] keys are apply_speed_settings' (train/speed.h).
 struct StepOptions {
-  std::string precision = "bf16";  // bf16 | fp16 | fp32
-  bool fused_kernels = true;       // DiT blocks through the fused ops
-  bool fused_optimizer = true;     // DeviceOptimizer; false: ATen AdamW + foreach EMA with a host LR
-  bool graph = true;               // whole-step CUDA graph (needs fused_optimizer)
-  bool recompute = false;          // recompute each block's activations in backward
-  bool gelu_recompute = false;     // keep only the MLPs' pre-activations (models::DiT::set_gelu_recompute)
-  // Weight gradients on a second stream beside the input gradients, with the
-  // fused kernels, where the products are small enough to gain from it
-  // (ops::weight_grad_overlap_for: batch x tokens x hidden <= 32768 x 384
-  // unless PERFTRAIN_DW_STREAM says otherwise); false: never.
-  bool weight_grad_stream = true;
+  std::string precision = "bf16";  // bf16 | fp16 | fp32 (train.precision resolved for the device)
   int warmup_steps = 3;            // eager steps before the capture
   // The gradient norm each step, for the log, also without clipping; false:
   // only where clipping or the fp16 loss scale needs it (the bench again).
@@ -61,7 +54,8 @@ class StepRunner {
   // model and ema live on `device` already; ema null: no EMA is kept (perftrain
   // bench, whose step is torch's reference step: AdamW without one). gen is
   // the training generator (timesteps, noise, label dropout). cfg gives the
-  // objective, the optimizer hyper-parameters and the batch size.
+  // objective, the optimizer hyper-parameters, the batch size and the step's
+  // speed settings (cfg.speed; the model runs dit_execution(cfg.speed)).
   StepRunner(models::DiT& model, models::DiT* ema, const TrainConfig& cfg, const StepOptions& opts,
              at::Device device, at::Generator gen);
   ~StepRunner();
@@ -81,9 +75,9 @@ class StepRunner {
   const std::string& graph_status() const { return graph_status_; }
   bool graph_active() const;
   // Whether the backward runs its weight gradients on a second stream
-  // (StepOptions::weight_grad_stream and the size rule; turned off at the
-  // first step for a model that uses a weight twice, and the note says so:
-  // "" otherwise).
+  // (fused kernels without recompute, and ops::weight_grad_overlap_for's rule,
+  // speed.weight_grad_stream; turned off at the first step for a model that
+  // uses a weight twice, and the note says so: "" otherwise).
   bool weight_grad_stream() const;
   const std::string& weight_grad_note() const;
 

@@ -19,6 +19,7 @@
 #include "train/report.h"
 #include "train/run_directory.h"
 #include "train/sampling.h"
+#include "train/speed.h"
 #include "train/step_runner.h"
 
 namespace perftrain::train {
@@ -68,12 +69,12 @@ std::string default_run_name(const TrainConfig& cfg) {
 // One line on how the matrix products' algorithms were chosen in the
 // warm-up steps (nothing on the CPU, where none are tuned).
 void log_gemm_tuning(std::ostream& log) {
-  const auto records = kernels::gemm_tune_records();
+  const auto records = ops::gemm_tune_records();
   if (records.empty()) return;
   size_t changed = 0;
   for (const auto& r : records) changed += r.chosen != 0;
   log << "matrix products: " << records.size() << " shapes tuned on first use, " << changed
-      << " on a faster algorithm than cuBLASLt's first pick (PERFTRAIN_GEMM_TUNE=0: no tuning)\n";
+      << " on a faster algorithm than cuBLASLt's first pick (speed.gemm_tune = 0: no tuning)\n";
 }
 
 }  // namespace
@@ -81,6 +82,7 @@ void log_gemm_tuning(std::ostream& log) {
 TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, std::ostream& log) {
   TrainConfig cfg = cfg_in;
   cfg.validate();
+  apply_speed_settings(cfg.speed);
   const at::Device device = resolve_device(cfg.optim.device);
   if ((cfg.optim.precision == "bf16" || cfg.optim.precision == "fp16") && !device.is_cuda())
     throw UsageError("train.precision = " + cfg.optim.precision + " needs a CUDA device; use fp32 (or auto) on the CPU");
@@ -111,11 +113,6 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   gen.set_current_seed(cfg.optim.seed);
   StepOptions step_opts;
   step_opts.precision = precision;
-  step_opts.graph = cfg.speed.graph;
-  step_opts.fused_kernels = cfg.speed.fused_kernels;
-  step_opts.fused_optimizer = cfg.speed.fused_optimizer;
-  step_opts.recompute = cfg.speed.recompute;
-  step_opts.gelu_recompute = cfg.speed.gelu_recompute;
   StepRunner runner(model, &ema, cfg, step_opts, device, gen);
 
   TrainerState state;
@@ -134,6 +131,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       << (device.is_cuda() ? std::string(cfg.speed.fused_kernels ? ", fused kernels" : ", unfused") +
                                  (cfg.speed.recompute ? ", recompute" : "") +
                                  (cfg.speed.gelu_recompute ? ", GELU recomputed in backward" : "") +
+                                 (cfg.speed.attention == "cudnn" ? ", cuDNN attention" : "") +
                                  (runner.weight_grad_stream() ? ", weight gradients on a second stream" : "")
                            : std::string())
       << "\n"
@@ -230,7 +228,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   summary.last_step = state.step;
   const double loop_s = seconds_since(loop_start);
   summary.steps_per_s = summary.last_step > summary.first_step ? (summary.last_step - summary.first_step) / loop_s : 0;
-  summary.peak_memory_gib = compat::peak_memory_bytes(device) / double(1 << 30);
+  if (device.is_cuda()) summary.peak_memory_gib = compat::peak_memory_bytes(device) / double(1 << 30);
   summary.step_mode = runner.graph_status();
   write_report(run.file("report.md"), cfg, summary, compat::device_description(device), precision,
                model.parameter_count(true), dataset->describe());

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -28,7 +29,7 @@ struct TrainSummary {
   double first_loss = 0;     // mean loss over the first logging window
   double steps_per_s = 0;    // after the first step
   double first_step_s = 0;   // process start to the end of the first step
-  double peak_memory_gib = 0;
+  std::optional<double> peak_memory_gib;  // CUDA only
   std::string step_mode;     // how the step ran: "captured at step 4" (CUDA graph) or "eager: <why>"
 };
 

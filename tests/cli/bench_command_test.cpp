@@ -115,6 +115,26 @@ TEST(CliBench, AVariantThatCannotRunIsARowNotACrash) {
   EXPECT_TRUE(perftrain::fs::exists(tmp.file("c/bench.json")));
 }
 
+// --set: a config key for every variant (here with --recompute, the flag for
+// speed.recompute), every [speed] key with its value in the report's config.
+TEST(CliBench, SetOverridesTheSpeedConfigAndTheReportSaysSo) {
+  TempDir tmp;
+  auto r = run(kCpu + " --recompute --set speed.attention=cudnn --set speed.gemm_tune=0 --out " + tmp.file("s"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("s/bench.json")));
+  const auto& speed = j["config"]["speed"];
+  EXPECT_EQ(speed["attention"], "cudnn") << speed.dump(2);
+  EXPECT_EQ(speed["gemm_tune"], 0) << speed.dump(2);
+  EXPECT_EQ(speed["weight_grad_stream"], "auto") << speed.dump(2);
+  EXPECT_EQ(speed["recompute"], true) << speed.dump(2);
+  EXPECT_EQ(speed["gelu_recompute"], false) << speed.dump(2);
+  EXPECT_EQ(speed.size(), 8u) << "every [speed] key: " << speed.dump(2);
+  EXPECT_EQ(j["rows"][0]["recompute"], true);
+  EXPECT_FALSE(j["environment"].contains("switches")) << j["environment"].dump(2);
+  const auto md = perftrain::testing::read_raw(tmp.file("s/bench.md"));
+  EXPECT_TRUE(contains(md, "attention = \"cudnn\"")) << md;
+}
+
 TEST(CliBench, BadOptionsExitTwo) {
   TempDir tmp;
   const std::string out = " --out " + tmp.file("x");
@@ -128,6 +148,9 @@ TEST(CliBench, BadOptionsExitTwo) {
            {"bench --device tpu", "--device"},
            {"bench --device cpu --steps 0", "--steps"},
            {"bench --device cpu --cooldown -1", "--cooldown"},
+           {"bench --device cpu --set speed.attention=flash", "speed.attention 'flash' (expected own or cudnn)"},
+           {"bench --device cpu --set speed.gemm_tune=99", "speed.gemm_tune 99"},
+           {"bench --device cpu --set sped.attention=own", "[speed]"},
        }) {
     auto r = run(args + out);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;

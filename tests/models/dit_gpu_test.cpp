@@ -24,11 +24,11 @@ double rel_err(const at::Tensor& a, const at::Tensor& b) {
 // Output and weight gradients of (out * gout).sum() on `device`.
 std::pair<at::Tensor, std::vector<at::Tensor>> run(DiT& model, const at::Device& device, bool bf16,
                                                    const at::Tensor& x, const at::Tensor& t, const at::Tensor& y,
-                                                   const at::Tensor& gout) {
+                                                   const at::Tensor& gout, const DiTExecution& exec = {}) {
   at::Tensor out;
   {
     compat::AutocastGuard autocast(device.type(), at::kBFloat16, bf16);
-    out = model.forward(x.to(device), t.to(device), y.to(device));
+    out = model.forward(x.to(device), t.to(device), y.to(device), exec);
   }
   (out.to(at::kFloat) * gout.to(device)).sum().backward();
   std::vector<at::Tensor> grads;
@@ -92,7 +92,6 @@ TEST(DiTGpu, FusedPathMatchesCpu) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   DiT cpu(c, 4), gpu(c, 4);
   perturb_and_copy(cpu, gpu, gen);
-  gpu.set_fused_kernels(true);
 
   const int64_t B = 6;
   auto x = at::randn({B, 4, 16, 16}, gen, at::kFloat);
@@ -102,11 +101,18 @@ TEST(DiTGpu, FusedPathMatchesCpu) {
   auto [ref_out, ref_grads] = run(cpu, at::kCPU, false, x, t, y, gout);
   const auto names = cpu.named_parameters();
   for (const bool recompute : {false, true}) {
-    gpu.set_recompute(recompute);
-    auto [out16, grads16] = run(gpu, at::Device(at::kCUDA, 0), true, x, t, y, gout);
-    EXPECT_LT(rel_err(out16, ref_out), 2e-2) << "recompute " << recompute;
-    for (size_t k = 0; k < ref_grads.size(); ++k)
-      EXPECT_LT(rel_err(grads16[k], ref_grads[k]), 5e-2) << names[k].first << ", recompute " << recompute;
+    for (const bool gelu_recompute : {false, true}) {
+      // With recompute, backward runs each block again on autograd's thread:
+      // the plan must reach it as it was at forward time.
+      DiTExecution exec;
+      exec.fused_kernels = true, exec.recompute = recompute, exec.gelu_recompute = gelu_recompute;
+      const std::string what =
+          "recompute " + std::to_string(recompute) + ", gelu_recompute " + std::to_string(gelu_recompute);
+      auto [out16, grads16] = run(gpu, at::Device(at::kCUDA, 0), true, x, t, y, gout, exec);
+      EXPECT_LT(rel_err(out16, ref_out), 2e-2) << what;
+      for (size_t k = 0; k < ref_grads.size(); ++k)
+        EXPECT_LT(rel_err(grads16[k], ref_grads[k]), 5e-2) << names[k].first << ", " << what;
+    }
   }
 }
 

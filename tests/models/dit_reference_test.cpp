@@ -157,13 +157,12 @@ TEST(DiT, FusedPathMatchesThePlainModelInFp32) {
   const auto state = plain.state();
   size_t i = 0;
   fused.transform([&](const std::string&, const at::Tensor&) { return state[i++].second.clone(); });
-  fused.set_fused_kernels(true);
   auto x = at::randn({2, 3, 32, 32}, gen, at::kFloat);
   auto t = at::rand({2}, gen, at::kFloat) * 999;
   auto y = at::randint(0, 10, {2}, gen, at::kLong);
   auto gout = at::randn({2, 6, 32, 32}, gen, at::kFloat);
-  auto run = [&](DiT& m) {
-    const at::Tensor out = m.forward(x, t, y);
+  auto run = [&](DiT& m, const DiTExecution& exec) {
+    const at::Tensor out = m.forward(x, t, y, exec);
     (out * gout).sum().backward();
     std::vector<at::Tensor> grads;
     for (auto& p : m.parameters()) {
@@ -172,21 +171,30 @@ TEST(DiT, FusedPathMatchesThePlainModelInFp32) {
     }
     return std::make_pair(out.detach(), grads);
   };
-  const auto ref = run(plain);
+  const auto ref = run(plain, {});
   const auto names = plain.named_parameters();
   for (const bool recompute : {false, true}) {
-    fused.set_recompute(recompute);
-    const auto got = run(fused);
-    EXPECT_TRUE(got.first.allclose(ref.first, 1e-4, 1e-5)) << "recompute " << recompute;
-    for (size_t k = 0; k < ref.second.size(); ++k)
-      EXPECT_TRUE(got.second[k].allclose(ref.second[k], 1e-3, 1e-5)) << names[k].first << ", recompute " << recompute;
+    for (const bool gelu_recompute : {false, true}) {
+      DiTExecution exec;
+      exec.fused_kernels = true, exec.recompute = recompute, exec.gelu_recompute = gelu_recompute;
+      const std::string what =
+          "recompute " + std::to_string(recompute) + ", gelu_recompute " + std::to_string(gelu_recompute);
+      const auto got = run(fused, exec);
+      EXPECT_TRUE(got.first.allclose(ref.first, 1e-4, 1e-5)) << what;
+      for (size_t k = 0; k < ref.second.size(); ++k)
+        EXPECT_TRUE(got.second[k].allclose(ref.second[k], 1e-3, 1e-5)) << names[k].first << ", " << what;
+    }
   }
   // Each weight is used once per step on both paths: the condition under
   // which the step runner leaves the weight gradients on a second stream.
-  fused.set_recompute(false);
-  for (DiT* m : {&plain, &fused})
-    EXPECT_TRUE(ops::leaves_used_more_than_once((m->forward(x, t, y) * gout).sum(), m->named_parameters()).empty())
+  DiTExecution fused_exec;
+  fused_exec.fused_kernels = true;
+  for (DiT* m : {&plain, &fused}) {
+    const DiTExecution exec = m == &fused ? fused_exec : DiTExecution{};
+    EXPECT_TRUE(
+        ops::leaves_used_more_than_once((m->forward(x, t, y, exec) * gout).sum(), m->named_parameters()).empty())
         << (m == &fused ? "fused" : "plain");
+  }
 }
 
 TEST(DiT, SameSeedSameWeightsDifferentSeedDifferent) {

@@ -4,6 +4,10 @@
 #include "support/test_support.h"
 #include "train/config.h"
 
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 namespace perftrain::train {
 namespace {
 
@@ -62,6 +66,10 @@ TEST(TrainConfig, UnknownKeysSectionsAndWrongTypesAreUsageErrors) {
   EXPECT_NE(msg.find("batch_size"), std::string::npos) << "should list the known keys: " << msg;
   msg = error_of<UsageError>([&] { apply_toml(c, "[optimizer]\nlr = 3\n", "cfg.toml"); });
   EXPECT_NE(msg.find("[optimizer]"), std::string::npos) << msg;
+  for (const char* section : {"[model]", "[data]", "[train]", "[diffusion]", "[log]", "[run]", "[speed]"})
+    EXPECT_NE(msg.find(section), std::string::npos) << "should list every section: " << msg;
+  msg = error_of<UsageError>([&] { apply_override(c, "sped.attention=own"); });
+  EXPECT_NE(msg.find("[speed]"), std::string::npos) << msg;
   msg = error_of<UsageError>([&] { apply_toml(c, "[train]\nsteps = \"many\"\n", "cfg.toml"); });
   EXPECT_NE(msg.find("integer"), std::string::npos) << msg;
   msg = error_of<UsageError>([&] { apply_toml(c, "[train\nsteps = 1\n", "cfg.toml"); });
@@ -86,6 +94,69 @@ TEST(TrainConfig, ValidateNamesTheBadValue) {
   bad("train.device=tpu", "train.device");
   bad("diffusion.objective=score", "diffusion.objective");
   bad("train.steps=0", "train.steps");
+}
+
+// The [speed] keys beyond the booleans: their defaults, every allowed value
+// through config.toml and back, and a wrong value refused by validate().
+TEST(TrainConfig, SpeedKeysRoundTripAndAreValidated) {
+  const TrainConfig d = default_config(true);
+  EXPECT_EQ(d.speed.attention, "own");
+  EXPECT_EQ(d.speed.weight_grad_stream, "auto");
+  EXPECT_EQ(d.speed.gemm_tune, ops::kDefaultGemmTuneCandidates);
+  for (const char* attention : {"own", "cudnn"}) {
+    for (const char* stream : {"auto", "on", "off"}) {
+      for (const char* tune : {"0", "1", "64"}) {
+        TrainConfig a = default_config(true);
+        apply_override(a, std::string("speed.attention=") + attention);
+        apply_override(a, std::string("speed.weight_grad_stream=") + stream);
+        apply_override(a, std::string("speed.gemm_tune=") + tune);
+        EXPECT_NO_THROW(a.validate());
+        TrainConfig b = default_config(false);
+        apply_toml(b, a.to_toml(), "roundtrip");
+        EXPECT_EQ(b.speed.attention, attention);
+        EXPECT_EQ(b.speed.weight_grad_stream, stream);
+        EXPECT_EQ(b.speed.gemm_tune, std::stoll(tune));
+        EXPECT_EQ(a.to_toml(), b.to_toml());
+      }
+    }
+  }
+  auto bad = [](const std::string& override, const std::vector<std::string>& expect) {
+    TrainConfig c = default_config(true);
+    apply_override(c, override);
+    auto msg = error_of<UsageError>([&] { c.validate(); });
+    for (const auto& e : expect) EXPECT_NE(msg.find(e), std::string::npos) << override << " -> " << msg;
+    // validate_speed (what apply_speed_settings checks) says the same.
+    EXPECT_EQ(error_of<UsageError>([&] { validate_speed(c.speed); }), msg);
+  };
+  bad("speed.attention=flash", {"speed.attention", "'flash'", "own or cudnn"});
+  bad("speed.attention=OWN", {"speed.attention", "own or cudnn"});
+  bad("speed.weight_grad_stream=1", {"speed.weight_grad_stream", "auto, on or off"});
+  bad("speed.weight_grad_stream=yes", {"speed.weight_grad_stream", "'yes'", "auto, on or off"});
+  bad("speed.gemm_tune=65", {"speed.gemm_tune", "65", "from 0 to 64"});
+  bad("speed.gemm_tune=-1", {"speed.gemm_tune", "from 0 to 64"});
+  // The wrong type is refused when it is read.
+  TrainConfig c = default_config(true);
+  auto msg = error_of<UsageError>([&] { apply_override(c, "speed.gemm_tune=eight"); });
+  EXPECT_NE(msg.find("speed.gemm_tune must be an integer"), std::string::npos) << msg;
+  msg = error_of<UsageError>([&] { apply_toml(c, "[speed]\nattention = true\n", "cfg.toml"); });
+  EXPECT_NE(msg.find("speed.attention must be a string"), std::string::npos) << msg;
+}
+
+TEST(TrainConfig, ConfigFieldsListASectionAsConfigTomlWritesIt) {
+  TrainConfig c = default_config(true);
+  apply_override(c, "speed.attention=cudnn");
+  apply_override(c, "speed.gemm_tune=0");
+  const auto speed = config_fields(c, "speed");
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : speed) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"graph", "fused_kernels", "fused_optimizer", "recompute",
+                                            "gelu_recompute", "attention", "weight_grad_stream", "gemm_tune"}));
+  EXPECT_EQ(speed[0].second, "true");
+  EXPECT_EQ(speed[5].second, "\"cudnn\"");
+  EXPECT_EQ(speed[7].second, "0");
+  for (const auto& [k, v] : speed)
+    EXPECT_NE(c.to_toml().find(k + " = " + v + "\n"), std::string::npos) << k;
+  EXPECT_THROW(config_fields(c, "nonsense"), std::invalid_argument);
 }
 
 TEST(TrainConfig, Fp16NeedsTheDeviceOptimizer) {

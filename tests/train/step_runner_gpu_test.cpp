@@ -6,8 +6,6 @@
 // stream train like one stream. Skips without a GPU.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
@@ -20,6 +18,7 @@
 #include <vector>
 
 #include "compat/compat.h"
+#include "ops/weight_grad_lane.h"
 #include "support/tensor_checks.h"
 #include "train/step_runner.h"
 
@@ -74,7 +73,8 @@ std::vector<data::Batch> batches(const TrainConfig& c, int n, bool pinned) {
 void compare_fused(bool bf16, double tol_out, double tol_grad) {
   TrainConfig c = tiny(true);
   Models a(c), b(c);
-  a.model.set_fused_kernels(true);
+  models::DiTExecution fused;
+  fused.fused_kernels = true;
   const at::Device cuda(at::kCUDA, 0);
   auto x = at::randn({3, 4, 8, 8}, at::TensorOptions().device(cuda));
   auto t = at::rand({3}, at::TensorOptions().device(cuda)) * 999;
@@ -83,7 +83,7 @@ void compare_fused(bool bf16, double tol_out, double tol_grad) {
   at::Tensor out_a, out_b;
   {
     compat::AutocastGuard g(at::kCUDA, at::kBFloat16, bf16);
-    out_a = a.model.forward(x, t, y);
+    out_a = a.model.forward(x, t, y, fused);
     out_b = b.model.forward(x, t, y);
   }
   (out_a.to(at::kFloat) * w).sum().backward();
@@ -113,12 +113,13 @@ TEST(StepRunnerGpu, RecomputeGivesTheSameGradients) {
   at::globalContext().setAllowTF32CuBLAS(false);
   TrainConfig c = tiny(false);
   Models a(c), b(c);
-  a.model.set_recompute(true);
+  models::DiTExecution recompute;
+  recompute.recompute = true;
   const at::Device cuda(at::kCUDA, 0);
   auto x = at::randn({2, 4, 8, 8}, at::TensorOptions().device(cuda));
   auto t = at::rand({2}, at::TensorOptions().device(cuda)) * 999;
   auto y = at::randint(5, {2}, at::TensorOptions().device(cuda).dtype(at::kLong));
-  a.model.forward(x, t, y).square().sum().backward();
+  a.model.forward(x, t, y, recompute).square().sum().backward();
   b.model.forward(x, t, y).square().sum().backward();
   auto pa = a.model.named_parameters(), pb = b.model.named_parameters();
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_LT(rel(pa[i].second.grad(), pb[i].second.grad()), 1e-4) << pa[i].first;
@@ -158,11 +159,10 @@ TEST(StepRunnerGpu, GraphReplayTrainsLikeTheEagerStep) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   TrainConfig c = tiny(true);
   auto data = batches(c, 10, /*pinned=*/true);
-  StepOptions o;
-  o.graph = false;
-  const Trained eager = train_steps(c, data, o, 3);
-  o.graph = true;
-  const Trained graph = train_steps(c, data, o, 3);
+  c.speed.graph = false;
+  const Trained eager = train_steps(c, data, StepOptions{}, 3);
+  c.speed.graph = true;
+  const Trained graph = train_steps(c, data, StepOptions{}, 3);
   EXPECT_FALSE(eager.graph_active);
   EXPECT_EQ(graph.graph_status.rfind("captured", 0), 0u) << graph.graph_status;
   for (size_t i = 0; i < eager.losses.size(); ++i)
@@ -179,15 +179,15 @@ TEST(StepRunnerGpu, WeightGradStreamTrainsLikeOneStream) {
   auto data = batches(c, 8, /*pinned=*/true);
   for (bool graph : {false, true}) {
     const std::string mode = graph ? "graph" : "eager";
-    StepOptions o;
-    o.graph = graph;
-    o.weight_grad_stream = false;
-    const Trained one = train_steps(c, data, o, 5);
-    o.weight_grad_stream = true;
-    const Trained two = train_steps(c, data, o, 5);
+    c.speed.graph = graph;
+    ops::set_weight_grad_stream_mode(ops::WeightGradStreamMode::kOff);  // speed.weight_grad_stream = off
+    const Trained one = train_steps(c, data, StepOptions{}, 5);
+    ops::set_weight_grad_stream_mode(ops::WeightGradStreamMode::kAuto);  // the default: on at this size
+    const Trained two = train_steps(c, data, StepOptions{}, 5);
+    EXPECT_FALSE(one.weight_grad_stream) << mode;
     EXPECT_EQ(two.graph_active, graph) << two.graph_status;
     // DiT uses each weight once: the first step's graph check keeps the second stream.
-    if (std::getenv("PERFTRAIN_DW_STREAM") == nullptr) EXPECT_TRUE(two.weight_grad_stream) << mode;
+    EXPECT_TRUE(two.weight_grad_stream) << mode;
     // The products are the same bits (tests/ops/weight_grad_lane_gpu_test.cpp);
     // the small margin is for cuDNN's attention backward, which need not be
     // bit-reproducible run to run. A race would be far outside it.

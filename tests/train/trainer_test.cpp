@@ -79,6 +79,14 @@ TEST(Trainer, LossFallsAndTheRunDirectoryIsComplete) {
   const std::string dir = tmp.path() + "/run";
   for (const char* f : {"/config.toml", "/metrics.jsonl", "/report.md", "/ckpt/latest"})
     EXPECT_TRUE(perftrain::testing::read_raw(dir + f).size() > 0) << f;
+  // The report: the resolved [speed] keys, and n/a for what only CUDA measures.
+  EXPECT_FALSE(s.peak_memory_gib.has_value()) << "no allocator statistics on the CPU";
+  const std::string report = perftrain::testing::read_raw(dir + "/report.md");
+  EXPECT_NE(report.find("| peak memory | n/a |"), std::string::npos) << report;
+  EXPECT_NE(report.find("attention = \"own\", weight_grad_stream = \"auto\", gemm_tune = 8"), std::string::npos)
+      << report;
+  EXPECT_NE(perftrain::testing::read_raw(dir + "/config.toml").find("weight_grad_stream = \"auto\""),
+            std::string::npos);
   EXPECT_EQ(s.last_samples, dir + "/samples/step_00000150.png");
   EXPECT_GT(perftrain::testing::read_raw(s.last_samples).size(), 8u);
   std::ifstream metrics(dir + "/metrics.jsonl");

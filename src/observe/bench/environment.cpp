@@ -7,7 +7,6 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -41,23 +40,6 @@ std::string cuda_version_string(long v) {
 // cuDNN 9 encodes major * 10000 + minor * 100 + patch: 91900 -> "9.19.0".
 std::string cudnn_version_string(long v) {
   return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." + std::to_string(v % 100);
-}
-
-// Switches that only say where things are (not which kernels run) are left out.
-std::string perftrain_switches() {
-  std::vector<std::string> set;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const std::string kv = *e;
-    if (kv.rfind("PERFTRAIN_", 0) != 0) continue;
-    const std::string name = kv.substr(0, kv.find('='));
-    if (name == "PERFTRAIN_COMMIT" || name == "PERFTRAIN_SOURCE_DIR" || name == "PERFTRAIN_PYTHON") continue;
-    set.push_back(kv);
-  }
-  if (set.empty()) return "none";
-  std::sort(set.begin(), set.end());
-  std::string out;
-  for (const auto& kv : set) out += (out.empty() ? "" : " ") + kv;
-  return out;
 }
 
 std::string git_commit(const std::string& source_dir) {
@@ -128,7 +110,6 @@ Environment collect_environment(const at::Device& device, const std::string& sou
   const std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S%z", std::localtime(&now));
   e.timestamp = stamp;
-  e.switches = perftrain_switches();
   try {
     const auto& hooks = at::detail::getCUDAHooks();
     if (at::globalContext().hasCUDART()) e.cuda_runtime = cuda_version_string(hooks.versionCUDART());
@@ -164,7 +145,6 @@ std::vector<std::pair<std::string, std::string>> environment_fields(const Enviro
       {"hostname", e.hostname},
       {"cpu_threads", e.cpu_threads},
       {"commit", e.commit},
-      {"switches", e.switches},
       {"timestamp", e.timestamp},
   };
 }

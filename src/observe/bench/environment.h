@@ -34,9 +34,6 @@ struct Environment {
   std::string torch;
   std::string hostname = "n/a", commit = "unknown", source_dir;
   std::string cpu_threads, timestamp;  // ISO 8601, local time
-  // The PERFTRAIN_* switches set in the environment ("NAME=value ...",
-  // sorted; "none"): they change which kernels run.
-  std::string switches = "none";
 };
 
 // How nvidia-smi names the GPU of `device` (`--id=`): its PCI address, since

@@ -45,6 +45,21 @@ std::string cell(std::string s) {
   return out;
 }
 
+// The [speed] values as JSON: TOML's booleans, numbers and plain strings read
+// as JSON too; anything else stays the TOML text.
+Json speed_json(const std::vector<std::pair<std::string, std::string>>& speed) {
+  Json j = Json::object();
+  for (const auto& [key, value] : speed) j[key] = Json::accept(value) ? Json::parse(value) : Json(value);
+  return j;
+}
+
+// "graph = true, ..., gemm_tune = 8" or "n/a".
+std::string speed_text(const std::vector<std::pair<std::string, std::string>>& speed) {
+  std::string out;
+  for (const auto& [key, value] : speed) out += (out.empty() ? "" : ", ") + key + " = " + value;
+  return out.empty() ? "n/a" : out;
+}
+
 std::string method_text(const BenchReport& r) {
   const auto& s = r.settings;
   std::ostringstream m;
@@ -216,8 +231,7 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
                            {"batches", s.batches},
                            {"variants", s.variants},
                            {"precision", s.precision},
-                           {"recompute", s.recompute},
-                           {"gelu_recompute", s.gelu_recompute},
+                           {"speed", speed_json(s.speed)},
                            {"steps", s.steps},
                            {"warmup", s.warmup},
                            {"repeats", s.repeats},
@@ -325,9 +339,8 @@ std::string to_markdown(const BenchReport& r) {
     << "| objective | " << s.objective << ", class dropout " << s.class_dropout << " |\n"
     << "| FLOPs | " << format_number(s.train_flops_per_image / 1e9, 2) << " GFLOP per image per training step |\n"
     << "| batches | " << join(s.batches) << " |\n"
-    << "| variants | " << join(s.variants) << " (mixed precision: " << s.precision
-    << (s.recompute ? ", activation recompute on" : "") << (s.gelu_recompute ? ", GELU recomputed in backward" : "")
-    << ") |\n"
+    << "| variants | " << join(s.variants) << " (mixed precision: " << s.precision << ") |\n"
+    << "| speed | " << cell(speed_text(s.speed)) << " (graph, fused_kernels, fused_optimizer: each variant's own) |\n"
     << "| steps | " << s.warmup << " warm-up, " << s.steps << " timed x " << s.repeats << " repeat(s) |\n"
     << "| device | " << s.device << " |\n"
     << "| optimizer | " << cell(s.optimizer) << " |\n";

@@ -7,6 +7,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "observe/bench/environment.h"
@@ -28,8 +29,10 @@ struct BenchSettings {
   std::vector<int64_t> batches;
   std::vector<std::string> variants;
   std::string precision = "bf16";  // of the mixed-precision variants
-  bool recompute = false;
-  bool gelu_recompute = false;
+  // The [speed] config every variant ran with, key and value as config.toml
+  // writes them ("attention", "\"own\""); graph, fused_kernels and
+  // fused_optimizer are each variant's own (its row says).
+  std::vector<std::pair<std::string, std::string>> speed;
   int64_t steps = 30, warmup = 6, repeats = 1;
   std::string device;
   int64_t data_pool = 8;  // distinct batches reused round-robin
@@ -41,7 +44,7 @@ struct BenchSettings {
 };
 
 // One matrix-product shape whose cuBLASLt algorithm was chosen by timing
-// (kernels::GemmTuneRecord): why a product runs on the kernel it does.
+// (ops::gemm_tune_records): why a product runs on the kernel it does.
 struct GemmTuning {
   std::string what;  // "DGELU m=65536 n=1536 k=384 A=bf16 B=bf16 D=bf16"
   int candidates = 0, chosen = 0;  // chosen: rank in the heuristic's list, 0 = its first pick
