@@ -11,13 +11,9 @@
 namespace perftrain::kernels {
 namespace {
 
+using namespace column_tiling;
 using detail::load_vec;
 using detail::to_float;
-
-constexpr int kVec = detail::kColVec;
-constexpr int kThreadsX = detail::kColThreadsX;
-constexpr int kTileCols = detail::kColTile;
-constexpr int kThreadsY = detail::kColThreadsY;
 
 struct Pointers {
   const void* in[kColumnSumsMaxMatrices];
@@ -33,12 +29,8 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
                            float* __restrict__ partials) {
   const int chunk = blockIdx.y, chunks = gridDim.y, mat = blockIdx.z;
   const T* __restrict__ in = static_cast<const T*>(p.in[mat]);
-  const int c0 = blockIdx.x * kTileCols + threadIdx.x * kVec;
-  const int64_t r0 = int64_t(chunk) * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
-  float acc[kVec];
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
+  const auto [c0, r0, r1] = thread_slice(rows, rows_per_chunk);
+  float acc[kVec] = {};
   if (c0 < cols) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kThreadsY) {
       const T* row = in + r * ld;
@@ -54,7 +46,7 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
       }
     }
   }
-  detail::write_column_partials(acc, partials + (int64_t(mat) * chunks + chunk) * cols, cols);
+  write_column_partials(acc, partials + (int64_t(mat) * chunks + chunk) * cols, cols);
 }
 
 // Block (32 columns, 8 row groups): group g adds rows g, g + 8, ... of its
@@ -88,18 +80,15 @@ __global__ void __launch_bounds__(kReduceCols* kReduceGroups)
 }  // namespace
 
 int column_sums_chunks(int64_t rows, int cols, int count, int sm_count) {
-  if (rows < 1 || cols < 1 || count < 1) return 1;
   // About four blocks per SM in all, each with at least 64 rows to walk.
-  const int64_t tiles = (cols + kTileCols - 1) / kTileCols;
-  const int64_t want = (4LL * std::max(sm_count, 1) + tiles * count - 1) / (tiles * count);
-  return int(std::max<int64_t>(1, std::min<int64_t>({want, (rows + 63) / 64, 65535})));
+  return chunks_for(rows, cols, count, 4LL * std::max(sm_count, 1));
 }
 
 template <typename T>
 void column_sums(const T* const* inputs, float* const* outputs, int count, int64_t rows, int cols, int64_t ld,
                  float* partials, int chunks, cudaStream_t stream) {
   if (count < 1 || count > kColumnSumsMaxMatrices || rows < 0 || cols < 1 || ld < cols || chunks < 1 ||
-      chunks > 65535)
+      chunks > kMaxChunks)
     throw std::invalid_argument("column_sums: unsupported count=" + std::to_string(count) +
                                 " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
                                 " ld=" + std::to_string(ld) + " chunks=" + std::to_string(chunks));
@@ -111,13 +100,13 @@ void column_sums(const T* const* inputs, float* const* outputs, int count, int64
     p.out[j] = outputs[j];
     vec8 = vec8 && detail::vec8_aligned(inputs[j]);
   }
-  const int64_t rows_per_chunk = std::max<int64_t>(1, (rows + chunks - 1) / chunks);
+  const int64_t chunk_rows = rows_per_chunk(rows, chunks);
   const dim3 block(kThreadsX, kThreadsY);
   const dim3 grid((cols + kTileCols - 1) / kTileCols, chunks, count);
   if (vec8)
-    column_partials_kernel<T, true><<<grid, block, 0, stream>>>(p, rows, cols, ld, rows_per_chunk, partials);
+    column_partials_kernel<T, true><<<grid, block, 0, stream>>>(p, rows, cols, ld, chunk_rows, partials);
   else
-    column_partials_kernel<T, false><<<grid, block, 0, stream>>>(p, rows, cols, ld, rows_per_chunk, partials);
+    column_partials_kernel<T, false><<<grid, block, 0, stream>>>(p, rows, cols, ld, chunk_rows, partials);
   PERFTRAIN_LAUNCH_CHECK();
   column_sums_reduce(partials, outputs, count, chunks, cols, stream);
 }

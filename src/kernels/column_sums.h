@@ -2,16 +2,15 @@
 //   out_j[c] = sum_r in_j[r, c]
 // This is the bias gradient of a linear layer (db = column sums of dY). Why
 // not cuBLASLt's BGRADB epilogue: cuBLAS 13.0 runs it as a separate reduction
-// after the product at about 1 TB/s (docs/perf/gpu-facts.md), and the qkv
-// projection's three gradient blocks would need three of them; here all
-// matrices go through one launch at streaming bandwidth.
+// after the product at about a third of streaming bandwidth, and the qkv
+// projection's gradient blocks would need one each; here all matrices go
+// through one launch at streaming bandwidth.
 //
-// Shape: block (column tile of 256, row chunk, matrix); 32 threads across the
-// tile each own 8 adjacent columns (one 16-byte load of bf16 per row), 8 rows
-// of threads walk the chunk; the 8 partial sums go through shared memory to
-// one row of fp32 partials [matrix][chunk][cols], and a second small kernel
-// adds the chunks in a fixed order. Deterministic, no atomics, shape-determined
-// grid and scratch: captures in CUDA graphs.
+// Shape: block (column tile of 256, row chunk, matrix) in the tiling of
+// kernels/column_partials.cuh; each block writes one row of fp32 partials
+// [matrix][chunk][cols], and a second small kernel adds the chunks in a fixed
+// order. Deterministic, no atomics, shape-determined grid and scratch:
+// captures in CUDA graphs.
 //
 // Bytes: reads rows * cols * sizeof(T) per matrix (whatever ld is), writes 4 * cols * (chunks + 1).
 #pragma once

@@ -13,14 +13,10 @@
 namespace perftrain::kernels {
 namespace {
 
+using namespace column_tiling;
 using detail::from_float;
 using detail::store_vec;
 using detail::to_float;
-
-constexpr int kVec = detail::kColVec;
-constexpr int kThreadsX = detail::kColThreadsX;
-constexpr int kTileCols = detail::kColTile;
-constexpr int kThreadsY = detail::kColThreadsY;
 
 __device__ __forceinline__ float gelu_tanh_grad(float x) {
   constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -80,13 +76,8 @@ template <typename T, bool VEC8, bool SUMS>
 __global__ void __launch_bounds__(kThreadsX* kThreadsY)
     gelu_backward_partials_kernel(T* __restrict__ grad, const T* __restrict__ pre, int64_t rows, int cols,
                                   int64_t rows_per_chunk, float* __restrict__ partials) {
-  const int chunk = blockIdx.y;
-  const int c0 = blockIdx.x * kTileCols + threadIdx.x * kVec;
-  const int64_t r0 = int64_t(chunk) * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
-  float acc[kVec];
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
+  const auto [c0, r0, r1] = thread_slice(rows, rows_per_chunk);
+  float acc[kVec] = {};
   if (c0 < cols) {
     if constexpr (VEC8) {
       for (int64_t r = r0 + threadIdx.y; r < r1; r += kThreadsY * kRowsInFlight) {
@@ -129,7 +120,7 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
       }
     }
   }
-  if constexpr (SUMS) detail::write_column_partials(acc, partials + int64_t(chunk) * cols, cols);
+  if constexpr (SUMS) write_column_partials(acc, partials + int64_t(blockIdx.y) * cols, cols);
 }
 
 template <typename T, bool VEC8>
@@ -148,27 +139,24 @@ void launch(T* grad, const T* pre, int64_t rows, int cols, bool sums, int64_t ro
 }  // namespace
 
 int gelu_backward_chunks(int64_t rows, int cols, int sm_count) {
-  if (rows < 1 || cols < 1) return 1;
-  const int64_t tiles = (cols + kTileCols - 1) / kTileCols;
-  const int64_t want = (int64_t(kBlocksPerSm) * std::max(sm_count, 1) + tiles - 1) / tiles;
-  return int(std::max<int64_t>(1, std::min<int64_t>({want, (rows + 63) / 64, 65535})));
+  return chunks_for(rows, cols, 1, int64_t(kBlocksPerSm) * std::max(sm_count, 1));
 }
 
 template <typename T>
 void gelu_tanh_backward_column_sums(T* grad, const T* pre, int64_t rows, int cols, float* sums, float* partials,
                                     int chunks, cudaStream_t stream) {
-  if (rows < 0 || cols < 1 || chunks < 1 || chunks > 65535 || grad == nullptr || pre == nullptr ||
+  if (rows < 0 || cols < 1 || chunks < 1 || chunks > kMaxChunks || grad == nullptr || pre == nullptr ||
       (sums != nullptr && partials == nullptr))
     throw std::invalid_argument("gelu_tanh_backward_column_sums: unsupported rows=" + std::to_string(rows) +
                                 " cols=" + std::to_string(cols) + " chunks=" + std::to_string(chunks));
   if (rows == 0 && sums == nullptr) return;
-  const int64_t rows_per_chunk = std::max<int64_t>(1, (rows + chunks - 1) / chunks);
+  const int64_t chunk_rows = rows_per_chunk(rows, chunks);
   const dim3 grid((cols + kTileCols - 1) / kTileCols, chunks);
   const bool vec8 = cols % kVec == 0 && detail::vec8_aligned(grad) && detail::vec8_aligned(pre);
   if (vec8)
-    launch<T, true>(grad, pre, rows, cols, sums != nullptr, rows_per_chunk, partials, grid, stream);
+    launch<T, true>(grad, pre, rows, cols, sums != nullptr, chunk_rows, partials, grid, stream);
   else
-    launch<T, false>(grad, pre, rows, cols, sums != nullptr, rows_per_chunk, partials, grid, stream);
+    launch<T, false>(grad, pre, rows, cols, sums != nullptr, chunk_rows, partials, grid, stream);
   if (sums != nullptr) {
     float* outputs[1] = {sums};
     column_sums_reduce(partials, outputs, 1, chunks, cols, stream);

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -20,9 +19,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kBM = 128, kBN = 256, kBK = 64;  // CTA tile; 64 bf16 of K = one 128-byte swizzled row
+constexpr int kBM = 128, kBN = 256, kBK = 64;  // tile rows, DGELU's tile columns; 64 bf16 of K = one 128-byte row
 constexpr int kThreads = 384;                   // producer warpgroup + two consumer warpgroups
-constexpr int kConsumerWarps = 8;
 constexpr uint32_t kATileBytes = kBM * kBK * 2;
 // The epilogue writes through shared memory: each consumer warpgroup has
 // buffers of 64 rows x 64 columns (bf16, 128-byte swizzle), filled from the
@@ -94,18 +92,15 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float v0, float v1) {
 }
 
 // The epilogues. In the layout of wgmma m64nNk16 a consumer thread holds rows
-// `row` and row + 8 (h = 0, 1), columns col + 8j and the next (j = 0..31),
-// in d[4j + 2h] and d[4j + 2h + 1]. The kernel walks the outputs and, per
-// output, the 64-column chunks jc = 0..3 (j = 8 jc + jj). Each epilogue
-// names its ring depth and buffers (shared memory holds either 4 stages and
-// 2 buffers, or 3 and 4), and whether the kernel preloads an [M, N] input
-// into the buffers by TMA during the mainloop (kPreloads: value() then takes
-// the input's pair at the place the output's pair goes) or load() fetches
-// what a chunk needs into registers (a Chunk) for value().
+// `row` and row + 8 (h = 0, 1), columns col + 8j and the next, in d[4j + 2h]
+// and d[4j + 2h + 1]. The kernels walk the 64-column chunks jc of a tile
+// (j = 8 jc + jj).
+//
+// fc1's: output 0 pre = acc + b, output 1 act = gelu_tanh(acc + b); load()
+// fetches a chunk's bias pairs into registers (a Chunk) for value().
 template <typename TB>
-struct BiasGeluEpilogue {  // output 0: pre = acc + b; output 1: act = gelu_tanh(acc + b)
-  static constexpr int kOutputs = 2, kStages = 4, kBuffers = 2;
-  static constexpr bool kPreloads = false;
+struct BiasGeluEpilogue {
+  static constexpr int kOutputs = 2;
   const TB* bias;
   struct Chunk {
     float2 b[8];
@@ -119,21 +114,16 @@ struct BiasGeluEpilogue {  // output 0: pre = acc + b; output 1: act = gelu_tanh
   __device__ __forceinline__ uint32_t value(const Chunk& c, int o, int jj, float v0, float v1) const {
     v0 += c.b[jj].x;
     v1 += c.b[jj].y;
-#if PERFTRAIN_GEMM_SM90_PROBE == 2  // timing probe: the epilogue's traffic without GELU's arithmetic
-    return o == 0 ? pack_bf16x2(v0, v1) : pack_bf16x2(0.5f * v0, 0.5f * v1);
-#else
     return o == 0 ? pack_bf16x2(v0, v1) : pack_bf16x2(gelu_tanh(v0), gelu_tanh(v1));
-#endif
   }
 };
 
-// output 0: dpre = acc * gelu_tanh'(pre), pre (tma_out1's matrix) preloaded:
-// its 64 x 256 tile per warpgroup arrives while the products run, in
-// 128-byte rows the TMA reads at full width, where loads from registers
-// would fetch 4 bytes a thread.
+// DGELU's: dpre = acc * gelu_tanh'(pre), where pre's pair is read from the
+// buffer the result then overwrites. The kernel preloads pre by TMA while
+// the products run (its 64 x 256 tile per warpgroup, in 128-byte rows the
+// TMA reads at full width, where loads from registers would fetch 4 bytes a
+// thread).
 struct DGeluEpilogue {
-  static constexpr int kStages = 3, kBuffers = 4;  // one output
-  static constexpr bool kPreloads = true;
   __device__ __forceinline__ uint32_t value(uint32_t pre_pair, float v0, float v1) const {
     const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pre_pair));
     return pack_bf16x2(v0 * gelu_tanh_grad(p.x), v1 * gelu_tanh_grad(p.y));
@@ -154,28 +144,6 @@ __device__ __forceinline__ void init_ring_barriers(uint64_t* full, uint64_t* emp
   mbar_init(&extra[1], 1);
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
-
-// The producer (one thread): for each of the CTA's tiles (blockIdx.x, +
-// gridDim.x, ...), its k-steps' A (128 rows) and W (TileN rows) boxes into
-// the ring, each stage once its last readers have released it.
-template <int Stages, int TileN>
-__device__ __forceinline__ void produce_tiles(const CUtensorMap* tma_a, const CUtensorMap* tma_w, bf16* sa, bf16* sw,
-                                              uint64_t* full, uint64_t* empty, int tiles, int tiles_n, int kblocks) {
-  int it = 0;  // k-steps issued, over all tiles
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int n0 = (tile % tiles_n) * TileN, m0 = (tile / tiles_n) * kBM;
-    for (int kb = 0; kb < kblocks; ++kb, ++it) {
-      const int s = it % Stages;
-      mbar_wait(&empty[s], ((it / Stages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
-      mbar_arrive_expect_tx(&full[s], kATileBytes + TileN * kBK * 2);
-      tma_load_2d(sa + s * kBM * kBK, tma_a, &full[s], kb * kBK, m0);
-      tma_load_2d(sw + s * TileN * kBK, tma_w, &full[s], kb * kBK, n0);
-    }
-  }
-}
-
-template <typename Epilogue>
-using LayoutOf = SmemLayout<Epilogue::kStages, Epilogue::kBuffers>;
 
 // The dynamic shared memory of a kernel with this Layout, carved: the ring's
 // A and W stages, the epilogue buffers, and the barriers (full and empty per
@@ -201,6 +169,28 @@ __device__ __forceinline__ SmemParts carve_smem(unsigned char* smem_raw) {
   return p;
 }
 
+// The producer warpgroup: it gives up registers to the consumers, and one
+// thread, for each of the CTA's tiles (blockIdx.x, + gridDim.x, ...), loads
+// its k-steps' A (128 rows) and W (TileN rows) boxes into the ring, each
+// stage once its last readers have released it.
+template <int Stages, int TileN>
+__device__ __forceinline__ void run_producer(const CUtensorMap* tma_a, const CUtensorMap* tma_w, const SmemParts& p,
+                                             int tiles, int tiles_n, int kblocks) {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+  if (threadIdx.x != 0) return;
+  int it = 0;  // k-steps issued, over all tiles
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int n0 = (tile % tiles_n) * TileN, m0 = (tile / tiles_n) * kBM;
+    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      const int s = it % Stages;
+      mbar_wait(&p.empty[s], ((it / Stages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+      mbar_arrive_expect_tx(&p.full[s], kATileBytes + TileN * kBK * 2);
+      tma_load_2d(p.sa + s * kBM * kBK, tma_a, &p.full[s], kb * kBK, m0);
+      tma_load_2d(p.sw + s * TileN * kBK, tma_w, &p.full[s], kb * kBK, n0);
+    }
+  }
+}
+
 // Where a consumer thread's pair (jj, h) of a 64 x 64 epilogue chunk goes in
 // a 128-byte-swizzled buffer: 16-byte unit jj of row r at unit jj ^ (r % 8),
 // as TMA's swizzle reads it back (the 32 lanes of a warp then hit 32
@@ -210,161 +200,24 @@ __device__ __forceinline__ uint32_t swizzled_pair(uint32_t buf, int warp, int la
   return buf + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * (lane & 3);
 }
 
-// out = epilogue(A W^T), 128 x 256 tiles (see the header).
-// Persistent: each CTA takes tiles blockIdx.x, + gridDim.x, ... (consecutive
-// tiles run along N, so the CTAs at work share A's rows; W fits in L2). The
-// ring's stage and phase run on across tiles, so the producer loads the next
-// tile's first stages while the consumers write this one's epilogue.
-template <typename Epilogue>
-__global__ void __launch_bounds__(kThreads, 1)
-    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
-                     const __grid_constant__ CUtensorMap tma_out0, const __grid_constant__ CUtensorMap tma_out1,
-                     const Epilogue epilogue, int m, int n, int k) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kStages = Epilogue::kStages;
-  using Layout = LayoutOf<Epilogue>;
-  extern __shared__ unsigned char smem_raw[];
-  const SmemParts parts = carve_smem<Layout>(smem_raw);
-  bf16 *const sa = parts.sa, *const sw = parts.sw;
-  unsigned char* const staging = parts.staging;
-  uint64_t *const full = parts.full, *const empty = parts.empty;
-  uint64_t* const preloaded = parts.extra;  // per consumer warpgroup: its buffers hold the tile's input
-  const int wg = threadIdx.x / 128;
-  const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
-  const int kblocks = k / kBK;
-
-  if (threadIdx.x == 0) init_ring_barriers(full, empty, kStages, kConsumerWarps, preloaded);
-  __syncthreads();
-
-  if (wg == 0) {  // producer: one thread issues every copy
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x == 0) produce_tiles<kStages, kBN>(&tma_a, &tma_w, sa, sw, full, empty, tiles, tiles_n, kblocks);
-    return;
-  }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  const int c = wg - 1;  // this warpgroup's 64 rows of each tile
-  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
-  // Not cleared: each tile's first product takes scale_d = 0 (d = A B^T).
-  // Clearing them would put non-wgmma writes of the accumulators in the
-  // pipeline, and ptxas then serialises the products (its warning C7515).
-  float d[128];
-  int it = 0;     // k-steps consumed, over all tiles
-  int chunk = 0;  // epilogue chunks stored, over all tiles: picks the staging buffer
-  int tiles_done = 0;
-  const bool store_thread = threadIdx.x % 128 == 0;  // issues this warpgroup's TMA stores (and preloads)
-  const uint32_t my_staging = smem_u32(staging) + c * Epilogue::kBuffers * kChunkBytes;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
-    for (int kb = 0; kb < kblocks; ++kb, ++it) {
-      const int s = it % kStages;
-      mbar_wait(&full[s], (it / kStages) & 1);
-      const uint64_t da = smem_desc(sa + s * kBM * kBK + c * 64 * kBK);
-      const uint64_t dw = smem_desc(sw + s * kBN * kBK);
-      fence_accumulators(d);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk)
-        wgmma_m64n256k16(d, da + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
-      wgmma_commit();
-      if constexpr (Epilogue::kPreloads) {
-        if (kb == 0 && store_thread) {  // once the last tile's stores have read the buffers
-          tma_store_wait_read<0>();
-          mbar_arrive_expect_tx(&preloaded[c], 4 * kChunkBytes);
-          for (int jc = 0; jc < kBN / kChunkCols; ++jc)
-            tma_load_2d(staging + (my_staging - smem_u32(staging)) + jc * kChunkBytes, &tma_out1, &preloaded[c],
-                        n0 + kChunkCols * jc, m0 + c * 64);
-        }
-      }
-      if (kb > 0) {  // the previous step's products are done: its stage may be refilled
-        wgmma_wait<1>();
-        fence_accumulators(d);
-        if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
-      }
-    }
-#if PERFTRAIN_GEMM_SM90_PROBE == 1  // timing probe (tools/gpu_run.sh MODE=gemm-check PROBES=1): no epilogue
-    wgmma_wait<0>();
-    fence_accumulators(d);
-    if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);
-    if (d[0] == 1234.5f) st_shared_u32(my_staging, 1);  // the products' results stay live
-    continue;
-#endif
-    // The epilogue, one 64 x 64 chunk of one output at a time: the thread
-    // writes its pairs into a swizzled buffer (swizzled_pair), and the
-    // warpgroup's store thread writes the chunk out with TMA.
-    const int col = n0 + 2 * (lane & 3);
-    auto swizzled = [&](uint32_t buf, int jj, int h) { return swizzled_pair(buf, warp, lane, jj, h); };
-    auto store_chunk = [&](const CUtensorMap* map, uint32_t buf, int jc) {
-      fence_async_shared();
-      warpgroup_barrier(1 + c);
-      if (store_thread) tma_store_2d(map, staging + (buf - smem_u32(staging)), n0 + kChunkCols * jc, m0 + c * 64);
-    };
-    if constexpr (Epilogue::kPreloads) {  // each chunk in its own buffer, the input's values in place
-      wgmma_wait<0>();
-      fence_accumulators(d);
-      if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);  // the tile's last stage
-      mbar_wait(&preloaded[c], tiles_done & 1);
-#pragma unroll
-      for (int jc = 0; jc < kBN / kChunkCols; ++jc) {
-        const uint32_t buf = my_staging + jc * kChunkBytes;
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int q = 4 * (8 * jc + jj) + 2 * h;
-            const uint32_t at = swizzled(buf, jj, h);
-            st_shared_u32(at, epilogue.value(ld_shared_u32(at), d[q], d[q + 1]));
-          }
-        }
-        store_chunk(&tma_out0, buf, jc);
-      }
-    } else {  // two buffers in turn; a chunk's loads go out while the one before is written
-      typename Epilogue::Chunk next = epilogue.load(col, 0);  // while the last products run
-      wgmma_wait<0>();
-      fence_accumulators(d);
-      if (lane == 0) mbar_arrive(&empty[(it - 1) % kStages]);  // the tile's last stage
-#pragma unroll
-      for (int o = 0; o < Epilogue::kOutputs; ++o) {
-#pragma unroll
-        for (int jc = 0; jc < kBN / kChunkCols; ++jc, ++chunk) {
-          const typename Epilogue::Chunk loaded = next;
-          if (o + 1 < Epilogue::kOutputs || jc + 1 < kBN / kChunkCols)
-            next = epilogue.load(col, (jc + 1) % (kBN / kChunkCols));
-          const uint32_t buf = my_staging + (chunk & 1) * kChunkBytes;
-          if (store_thread) tma_store_wait_read<1>();  // this buffer's previous store has read it
-          warpgroup_barrier(1 + c);
-#pragma unroll
-          for (int jj = 0; jj < 8; ++jj) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int q = 4 * (8 * jc + jj) + 2 * h;
-              st_shared_u32(swizzled(buf, jj, h), epilogue.value(loaded, o, jj, d[q], d[q + 1]));
-            }
-          }
-          store_chunk(o == 0 ? &tma_out0 : &tma_out1, buf, jc);
-        }
-      }
-    }
-    ++tiles_done;
-  }
-  if (store_thread) tma_store_wait_read<0>();  // shared memory must outlive the stores' reads
-#else
-  __trap();  // built for an architecture without wgmma: the host refuses to launch first
-#endif
+// Writes a filled 64 x 64 buffer (shared address buf) to the tensor map at
+// (column c0, row c1): the warpgroup's writes made visible to the TMA, then
+// its store thread issues the store.
+__device__ __forceinline__ void store_chunk(const CUtensorMap* map, unsigned char* staging, uint32_t buf,
+                                            int warpgroup_bar, bool store_thread, int c0, int c1) {
+  fence_async_shared();
+  warpgroup_barrier(warpgroup_bar);
+  if (store_thread) tma_store_2d(map, staging + (buf - smem_u32(staging)), c0, c1);
 }
 
-// fc1 in "ping-pong": each consumer warpgroup owns whole 128 x 128 tiles
-// (the CTA's tiles 0, 2, 4, ... go to warpgroup 1, and 1, 3, 5, ... to 2), so
-// while one writes its tile's epilogue the other's products keep the
-// tensor cores busy. Why: the cooperative kernel's epilogue (both
-// warpgroups at once) leaves the tensor cores idle for ~1/3 of fc1's time,
-// and an SM writes at most ~55-60 GB/s (tools/write_bandwidth_check.cu), so
-// a 128 x 256 tile's 128 KB of outputs take >= 2.2 us that more staging
-// buffers did not hide (docs/PERFORMANCE.md, thirteenth pass). One ring of
+// fc1, pre and act = bias and GELU on A W^T, in "ping-pong": each consumer
+// warpgroup owns whole 128 x 128 tiles (the CTA's tiles 0, 2, 4, ... go to
+// warpgroup 1, and 1, 3, 5, ... to 2), so while one writes its tile's
+// epilogue the other's products keep the tensor cores busy. One ring of
 // stages in tile order: the producer fills tile i's stages after tile
-// i - 1's, so the two warpgroups' main loops follow each other. Measured:
-// the same bits as the cooperative kernel and within ~1.5% of its time, so
-// what holds fc1 is not the idle tensor cores alone.
+// i - 1's, so the two warpgroups' main loops follow each other.
+// Persistent: each CTA takes tiles blockIdx.x, + gridDim.x, ... (consecutive
+// tiles run along N, so the CTAs at work share A's rows; W fits in L2).
 constexpr int kPingBN = 128;                      // tile columns
 constexpr int kPingStages = 4, kPingBuffers = 4;  // ring depth; 64 x 64 buffers per warpgroup
 static_assert((kPingBuffers & (kPingBuffers - 1)) == 0, "buffers taken in turn by a mask");
@@ -376,40 +229,38 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const __grid_constant__ CUtensorMap tma_out0, const __grid_constant__ CUtensorMap tma_out1,
                               const Epilogue epilogue, int m, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(!Epilogue::kPreloads, "ping-pong takes the register-loading epilogues only");
   extern __shared__ unsigned char smem_raw[];
-  const SmemParts parts = carve_smem<PingLayout>(smem_raw);
-  bf16 *const sa = parts.sa, *const sw = parts.sw;
-  unsigned char* const staging = parts.staging;
-  uint64_t *const full = parts.full, *const empty = parts.empty;
+  const SmemParts p = carve_smem<PingLayout>(smem_raw);
   // handoff[c]: the other warpgroup has passed the full barriers of its
   // latest tile. A warpgroup waits on it before its next tile's main loop:
   // its stages' full barriers are then at most one phase ahead of what it
   // waits for, as parity waits need (without it, warpgroup 2 would wait on
   // tile 1's phases while the barriers are still in tile 0's and pass).
-  uint64_t* const handoff = parts.extra;
+  uint64_t* const handoff = p.extra;
   const int wg = threadIdx.x / 128;
   const int tiles_n = n / kPingBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
 
   // A stage is read by one warpgroup here: its four warps release it.
-  if (threadIdx.x == 0) init_ring_barriers(full, empty, kPingStages, 4, handoff);
+  if (threadIdx.x == 0) init_ring_barriers(p.full, p.empty, kPingStages, 4, handoff);
   __syncthreads();
 
-  if (wg == 0) {  // producer: one thread issues every copy, tile after tile
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x == 0)
-      produce_tiles<kPingStages, kPingBN>(&tma_a, &tma_w, sa, sw, full, empty, tiles, tiles_n, kblocks);
+  if (wg == 0) {
+    run_producer<kPingStages, kPingBN>(&tma_a, &tma_w, p, tiles, tiles_n, kblocks);
     return;
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int c = wg - 1;
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
-  float d0[64], d1[64];  // rows 0-63 and 64-127 of the tile; each tile's first product takes scale_d = 0
+  // Rows 0-63 and 64-127 of the tile. Not cleared: each tile's first product
+  // takes scale_d = 0 (d = A B^T). Clearing them would put non-wgmma writes
+  // of the accumulators in the pipeline, and ptxas then serialises the
+  // products (its warning C7515).
+  float d0[64], d1[64];
   int chunk = 0;
   const bool store_thread = threadIdx.x % 128 == 0;
-  const uint32_t my_staging = smem_u32(staging) + c * kPingBuffers * kChunkBytes;
+  const uint32_t my_staging = smem_u32(p.staging) + c * kPingBuffers * kChunkBytes;
   // This warpgroup's tiles: the CTA's i-th tile for i = c, c + 2, ...
   int i = c;
   for (int tile = blockIdx.x + c * gridDim.x; tile < tiles; tile += 2 * gridDim.x, i += 2) {
@@ -418,10 +269,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     int it = i * kblocks;  // this tile's first stage in the ring's order
     for (int kb = 0; kb < kblocks; ++kb, ++it) {
       const int s = it % kPingStages;
-      mbar_wait(&full[s], (it / kPingStages) & 1);
-      const uint64_t da = smem_desc(sa + s * kBM * kBK);
-      const uint64_t da_low = smem_desc(sa + s * kBM * kBK + 64 * kBK);
-      const uint64_t dw = smem_desc(sw + s * kPingBN * kBK);
+      mbar_wait(&p.full[s], (it / kPingStages) & 1);
+      const uint64_t da = smem_desc(p.sa + s * kBM * kBK);
+      const uint64_t da_low = smem_desc(p.sa + s * kBM * kBK + 64 * kBK);
+      const uint64_t dw = smem_desc(p.sw + s * kPingBN * kBK);
       fence_accumulators(d0);
       fence_accumulators(d1);
       wgmma_fence();
@@ -431,21 +282,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_m64n128k16(d1, da_low + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
       }
       wgmma_commit();
-      if (kb > 0) {
+      if (kb > 0) {  // the previous step's products are done: its stage may be refilled
         wgmma_wait<1>();
         fence_accumulators(d0);
         fence_accumulators(d1);
-        if (lane == 0) mbar_arrive(&empty[(it - 1) % kPingStages]);
+        if (lane == 0) mbar_arrive(&p.empty[(it - 1) % kPingStages]);
       }
     }
     if (store_thread) mbar_arrive(&handoff[1 - c]);  // this thread has passed every full barrier of tile i
     const int col = n0 + 2 * (lane & 3);
-    typename Epilogue::Chunk next = epilogue.load(col, 0);
+    typename Epilogue::Chunk next = epilogue.load(col, 0);  // while the last products run
     wgmma_wait<0>();
     fence_accumulators(d0);
     fence_accumulators(d1);
-    if (lane == 0) mbar_arrive(&empty[(it - 1) % kPingStages]);
-    // Chunks: output o, row half hh (d0, d1), 64-column chunk jc (j = 8 jc + jj of the 16).
+    if (lane == 0) mbar_arrive(&p.empty[(it - 1) % kPingStages]);  // the tile's last stage
+    // Chunks: output o, row half hh (d0, d1), 64-column chunk jc (j = 8 jc + jj of the 16);
+    // the buffers in turn, a chunk's bias loads out while the one before is written.
 #pragma unroll
     for (int o = 0; o < Epilogue::kOutputs; ++o) {
 #pragma unroll
@@ -457,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int hh = 0; hh < 2; ++hh, ++chunk) {
           const float(&d)[64] = hh == 0 ? d0 : d1;
           const uint32_t buf = my_staging + (chunk & (kPingBuffers - 1)) * kChunkBytes;
-          if (store_thread) tma_store_wait_read<kPingBuffers - 1>();
+          if (store_thread) tma_store_wait_read<kPingBuffers - 1>();  // this buffer's previous store has read it
           warpgroup_barrier(1 + c);
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
@@ -467,18 +319,107 @@ __global__ void __launch_bounds__(kThreads, 1)
               st_shared_u32(swizzled_pair(buf, warp, lane, jj, h), epilogue.value(loaded, o, jj, d[q], d[q + 1]));
             }
           }
-          fence_async_shared();
-          warpgroup_barrier(1 + c);
-          if (store_thread)
-            tma_store_2d(o == 0 ? &tma_out0 : &tma_out1, staging + (buf - smem_u32(staging)), n0 + kChunkCols * jc,
-                         m0 + 64 * hh);
+          store_chunk(o == 0 ? &tma_out0 : &tma_out1, p.staging, buf, 1 + c, store_thread, n0 + kChunkCols * jc,
+                      m0 + 64 * hh);
         }
       }
     }
   }
-  if (store_thread) tma_store_wait_read<0>();
+  if (store_thread) tma_store_wait_read<0>();  // shared memory must outlive the stores' reads
 #else
-  __trap();
+  __trap();  // built for an architecture without wgmma: the host refuses to launch first
+#endif
+}
+
+// DGELU, dpre = (A W^T) * gelu_tanh'(pre), "cooperative": both consumer
+// warpgroups on one 128 x 256 tile, 64 rows each; three stages, and four
+// buffers per warpgroup, which a TMA load fills with the tile's pre during
+// the main loop and the epilogue overwrites with dpre in place. Persistent
+// as fc1's; the ring's stage and phase run on across tiles, so the producer
+// loads the next tile's first stages while the consumers write this one's
+// epilogue.
+constexpr int kDGeluStages = 3, kDGeluBuffers = kBN / kChunkCols;
+using DGeluLayout = SmemLayout<kDGeluStages, kDGeluBuffers>;
+
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_dgelu_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
+                      const __grid_constant__ CUtensorMap tma_dpre, const __grid_constant__ CUtensorMap tma_pre,
+                      const DGeluEpilogue epilogue, int m, int n, int k) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  const SmemParts p = carve_smem<DGeluLayout>(smem_raw);
+  uint64_t* const preloaded = p.extra;  // per consumer warpgroup: its buffers hold the tile's pre
+  const int wg = threadIdx.x / 128;
+  const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
+  const int kblocks = k / kBK;
+
+  // A stage is read by both warpgroups: their eight warps release it.
+  if (threadIdx.x == 0) init_ring_barriers(p.full, p.empty, kDGeluStages, 8, preloaded);
+  __syncthreads();
+
+  if (wg == 0) {
+    run_producer<kDGeluStages, kBN>(&tma_a, &tma_w, p, tiles, tiles_n, kblocks);
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int c = wg - 1;  // this warpgroup's 64 rows of each tile
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
+  float d[128];  // not cleared: see the fc1 kernel
+  int it = 0;    // k-steps consumed, over all tiles
+  int tiles_done = 0;
+  const bool store_thread = threadIdx.x % 128 == 0;  // issues this warpgroup's TMA stores and preloads
+  const uint32_t my_staging = smem_u32(p.staging) + c * kDGeluBuffers * kChunkBytes;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
+    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      const int s = it % kDGeluStages;
+      mbar_wait(&p.full[s], (it / kDGeluStages) & 1);
+      const uint64_t da = smem_desc(p.sa + s * kBM * kBK + c * 64 * kBK);
+      const uint64_t dw = smem_desc(p.sw + s * kBN * kBK);
+      fence_accumulators(d);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)
+        wgmma_m64n256k16(d, da + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+      wgmma_commit();
+      if (kb == 0 && store_thread) {  // once the last tile's stores have read the buffers
+        tma_store_wait_read<0>();
+        mbar_arrive_expect_tx(&preloaded[c], kDGeluBuffers * kChunkBytes);
+        for (int jc = 0; jc < kDGeluBuffers; ++jc)
+          tma_load_2d(p.staging + (my_staging - smem_u32(p.staging)) + jc * kChunkBytes, &tma_pre, &preloaded[c],
+                      n0 + kChunkCols * jc, m0 + c * 64);
+      }
+      if (kb > 0) {  // the previous step's products are done: its stage may be refilled
+        wgmma_wait<1>();
+        fence_accumulators(d);
+        if (lane == 0) mbar_arrive(&p.empty[(it - 1) % kDGeluStages]);
+      }
+    }
+    wgmma_wait<0>();
+    fence_accumulators(d);
+    if (lane == 0) mbar_arrive(&p.empty[(it - 1) % kDGeluStages]);  // the tile's last stage
+    mbar_wait(&preloaded[c], tiles_done & 1);
+    // Each 64-column chunk in its own buffer, pre's values replaced in place.
+#pragma unroll
+    for (int jc = 0; jc < kDGeluBuffers; ++jc) {
+      const uint32_t buf = my_staging + jc * kChunkBytes;
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int q = 4 * (8 * jc + jj) + 2 * h;
+          const uint32_t at = swizzled_pair(buf, warp, lane, jj, h);
+          st_shared_u32(at, epilogue.value(ld_shared_u32(at), d[q], d[q + 1]));
+        }
+      }
+      store_chunk(&tma_dpre, p.staging, buf, 1 + c, store_thread, n0 + kChunkCols * jc, m0 + c * 64);
+    }
+    ++tiles_done;
+  }
+  if (store_thread) tma_store_wait_read<0>();  // shared memory must outlive the stores' reads
+#else
+  __trap();  // built for an architecture without wgmma: the host refuses to launch first
 #endif
 }
 
@@ -502,25 +443,14 @@ bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k) {
 
 namespace {
 
-// The kernel of a schedule: the cooperative one (both consumer warpgroups
-// on one 128 x 256 tile) or ping-pong (a 128 x 128 tile each, in turn).
-template <typename Epilogue, bool PingPong>
-struct Schedule {
-  static constexpr int kTileN = PingPong ? kPingBN : kBN;
-  static constexpr size_t kSmem = PingPong ? PingLayout::kTotal : LayoutOf<Epilogue>::kTotal;
-  static constexpr auto kernel() {
-    if constexpr (PingPong)
-      return gemm_sm90_pingpong_kernel<Epilogue>;
-    else
-      return gemm_sm90_kernel<Epilogue>;
-  }
-};
-
-template <typename Epilogue, bool PingPong = false>
-void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epilogue& epilogue, bf16* out0,
-                      bf16* out1, std::initializer_list<const void*> matrices, int64_t m, int64_t n, int64_t k,
-                      cudaStream_t stream) {
-  using S = Schedule<Epilogue, PingPong>;
+// Checks the shape, the pointers and the GPU, then launches `kernel` (tiles
+// of 128 x tile_n, smem bytes of dynamic shared memory) with one CTA per SM,
+// each looping over tiles. out1: the second output, or the preloaded input;
+// matrices: the [m, n] pointers that must be aligned.
+template <typename Kernel, typename Epilogue>
+void launch_gemm_sm90(const char* what, Kernel kernel, size_t smem, int tile_n, const bf16* a, const bf16* w,
+                      const Epilogue& epilogue, bf16* out0, bf16* out1, std::initializer_list<const void*> matrices,
+                      int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   if (!gemm_bias_gelu_sm90_supported(m, n, k))
     throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " n=" +
                                 std::to_string(n) + " k=" + std::to_string(k) + " (needs m % 128, n % 256, k % 64 == 0)");
@@ -532,38 +462,19 @@ void launch_gemm_sm90(const char* what, const bf16* a, const bf16* w, const Epil
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major != 9 || minor != 0) throw std::invalid_argument(std::string(what) + ": needs an sm_90 GPU");
-  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, S::kTileN);
-  // tma_out1: the second output, or the preloaded input; out0's map where
-  // the epilogue reads neither.
-  const CUtensorMap map_out0 = tensor_map(out0, m, n, 64), map_out1 = out1 ? tensor_map(out1, m, n, 64) : map_out0;
+  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, tile_n);
+  const CUtensorMap map_out0 = tensor_map(out0, m, n, 64), map_out1 = tensor_map(out1, m, n, 64);
+  // One flag per kernel instantiation (this function is instantiated once per kernel type and epilogue).
   static std::atomic<uint64_t> attribute_set_on{0};
-  allow_dynamic_smem(reinterpret_cast<const void*>(S::kernel()), int(S::kSmem), device, attribute_set_on);
-  // One CTA per SM (the ring takes most of its shared memory), each looping over tiles.
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(smem), device, attribute_set_on);
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t tiles = (m / kBM) * (n / S::kTileN);
+  const int64_t tiles = (m / kBM) * (n / tile_n);
   const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
-  S::kernel()<<<grid, kThreads, S::kSmem, stream>>>(map_a, map_w, map_out0, map_out1, epilogue, int(m), int(n),
-                                                     int(k));
+  kernel<<<grid, kThreads, smem, stream>>>(map_a, map_w, map_out0, map_out1, epilogue, int(m), int(n), int(k));
   PERFTRAIN_LAUNCH_CHECK();
 }
 
 }  // namespace
-
-// fc1's schedule, read once: ping-pong unless PERFTRAIN_FC1_SCHEDULE=cooperative
-// (the same bits; ~1.5% faster at S/2 and B/2, ~0.5% slower at XL/2 in twelve
-// alternating pairs on the H200, thirteenth pass).
-// Any other value is refused (a misspelt "cooperative" would otherwise run
-// the default unnoticed).
-bool fc1_pingpong_schedule() {
-  static const bool pingpong = [] {
-    const char* v = std::getenv("PERFTRAIN_FC1_SCHEDULE");
-    const std::string value = v == nullptr ? "" : v;
-    if (!value.empty() && value != "pingpong" && value != "cooperative")
-      throw std::invalid_argument("PERFTRAIN_FC1_SCHEDULE must be pingpong or cooperative, not '" + value + "'");
-    return value != "cooperative";
-  }();
-  return pingpong;
-}
 
 template <typename TB>
 void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre, bf16* act, int64_t m, int64_t n,
@@ -571,18 +482,14 @@ void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre
   static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "bias: float or bf16");
   if (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % (2 * sizeof(TB)) != 0)
     throw std::invalid_argument("gemm_bias_gelu_sm90: bias must be given, aligned to two elements");
-  if (fc1_pingpong_schedule())
-    launch_gemm_sm90<BiasGeluEpilogue<TB>, true>("gemm_bias_gelu_sm90", a, w, BiasGeluEpilogue<TB>{bias}, pre, act,
-                                                 {pre, act}, m, n, k, stream);
-  else
-    launch_gemm_sm90("gemm_bias_gelu_sm90", a, w, BiasGeluEpilogue<TB>{bias}, pre, act, {pre, act}, m, n, k,
-                     stream);
+  launch_gemm_sm90("gemm_bias_gelu_sm90", gemm_sm90_pingpong_kernel<BiasGeluEpilogue<TB>>, PingLayout::kTotal,
+                   kPingBN, a, w, BiasGeluEpilogue<TB>{bias}, pre, act, {pre, act}, m, n, k, stream);
 }
 
 void gemm_dgelu_sm90(const bf16* a, const bf16* w, const bf16* pre, bf16* dpre, int64_t m, int64_t n, int64_t k,
                      cudaStream_t stream) {
-  launch_gemm_sm90("gemm_dgelu_sm90", a, w, DGeluEpilogue{}, dpre, const_cast<bf16*>(pre), {pre, dpre}, m, n,
-                   k, stream);
+  launch_gemm_sm90("gemm_dgelu_sm90", gemm_dgelu_kernel, DGeluLayout::kTotal, kBN, a, w, DGeluEpilogue{}, dpre,
+                   const_cast<bf16*>(pre), {pre, dpre}, m, n, k, stream);
 }
 
 template void gemm_bias_gelu_sm90<float>(const bf16*, const bf16*, const float*, bf16*, bf16*, int64_t, int64_t,

@@ -1,5 +1,5 @@
-// The two products of a DiT MLP that carry GELU, in one Hopper (sm_90a)
-// kernel of our own with two epilogues:
+// The two products of a DiT MLP that carry GELU, as Hopper (sm_90a)
+// kernels of our own:
 //   fc1:  pre = A W^T + bias       bf16, GELU's input, kept for the backward
 //         act = gelu_tanh(pre)     bf16, from the fp32 value before rounding
 //   fc2's input gradient through GELU (A = dy, W = w2^T):
@@ -7,36 +7,27 @@
 // A [M, K] and W [N, K] bf16 row-major (W as nn.Linear keeps it), bias [N]
 // (float or bf16), pre, act and dpre [M, N] bf16 row-major.
 //
-// Why: on the H200, cuBLASLt runs these with its GELU_AUX_BIAS and DGELU
-// epilogues at 481 and 524 TFLOP/s (DiT-B/2 b256; 520 and 614 at XL/2),
-// where its plain products in the same step run at ~700 (~640 at XL/2):
-// 5.5% of a B/2 step (docs/PERFORMANCE.md, tenth pass).
+// Why: cuBLASLt runs these with its GELU_AUX_BIAS and DGELU epilogues well
+// below the rate of its plain products in the same step. Our fc1 takes about
+// 5% less time than GELU_AUX_BIAS at DiT-B/2 b256 on the H200 (as fast as
+// cuBLASLt's BIAS product, which writes one output), so gelu_mlp runs it;
+// our DGELU is slower than cuBLASLt's tuned DGELU, so the training step does
+// not (it stays GPU-tested and benchmarked).
 //
-// How, DGELU and fc1 with PERFTRAIN_FC1_SCHEDULE=cooperative (one persistent
-// CTA per SM looping over 128 x 256 output tiles, 384 threads):
+// How: one persistent CTA per SM loops over output tiles with 384 threads.
 //   - warpgroup 0, one thread: TMA copies of the A and W tiles (64 of K a
-//     step, 128-byte swizzle) into a ring of stages (4 for fc1, 3 for
-//     DGELU), each with a "full" and an "empty" mbarrier;
-//   - warpgroups 1 and 2: 64 rows each, wgmma m64n256k16 from shared memory
-//     into 128 fp32 accumulators a thread, releasing a stage once the
-//     products that read it are done (one group of products kept in flight);
+//     step, 128-byte swizzle) into a ring of stages, each with a "full" and
+//     an "empty" mbarrier;
+//   - warpgroups 1 and 2: wgmma from shared memory into fp32 accumulators,
+//     releasing a stage once the products that read it are done;
 //   - the epilogue through shared memory: each 64 x 64 chunk of an output is
 //     written into a 128-byte-swizzled buffer and stored by TMA, while the
-//     producer already loads the next tile's first stages. fc1 alternates two
-//     buffers; DGELU has four, which a TMA load fills with the tile's pre
-//     during the mainloop, and writes dpre over pre in place.
-// fc1 by default runs "ping-pong": the same producer and ring, but each
-// consumer warpgroup owns whole 128 x 128 tiles (wgmma m64n128k16 twice a
-// step, two sets of 64 accumulators), the CTA's even tiles on one and odd
-// on the other, so one warpgroup's epilogue (four buffers) overlaps the
-// other's products; an mbarrier hand-off keeps their main loops in turn.
-// Measured (H200, 2026-12-01, docs/PERFORMANCE.md): fc1 at DiT-B/2 b256
-// (65536 x 3072 x 768) 0.53-0.57 ms cooperative against cuBLASLt
-// GELU_AUX_BIAS's 0.58 (as fast as its BIAS product, which writes one
-// output), at XL/2 1.20-1.24 against 1.29; ping-pong gives the same bits,
-// ~1.5% faster than cooperative at S/2 and B/2, ~0.5% slower at XL/2
-// (twelve pairs); DGELU 0.61 against cuBLASLt's 0.51 (tuned) at B/2, so
-// the training path takes only fc1.
+//     producer already loads the next tile's first stages.
+// fc1 runs "ping-pong": each consumer warpgroup owns whole 128 x 128 tiles
+// in turn, so one warpgroup's epilogue (two outputs) overlaps the other's
+// products. DGELU runs "cooperative": both warpgroups share a 128 x 256
+// tile, and a TMA load brings the tile's pre into the epilogue buffers
+// during the main loop.
 // Shapes: M % 128 == 0, N % 256 == 0, K % 64 == 0, pointers 16-byte
 // aligned (gemm_bias_gelu_sm90_supported). DiT's fc1 fits: M = batch x
 // tokens, N = 4D, K = D with D a multiple of 64.
@@ -50,10 +41,6 @@
 namespace perftrain::kernels {
 
 bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k);
-
-// fc1's schedule from PERFTRAIN_FC1_SCHEDULE, read once: ping-pong (true)
-// unless it says cooperative; std::invalid_argument for another value.
-bool fc1_pingpong_schedule();
 
 // TB: float or __nv_bfloat16. Both throw std::invalid_argument for a shape
 // that gemm_bias_gelu_sm90_supported refuses, a missing or misaligned

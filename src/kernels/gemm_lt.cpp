@@ -19,7 +19,6 @@ const char* gemm_epilogue_name(GemmEpilogue e) {
     case GemmEpilogue::kGeluAuxBias: return "GELU_AUX_BIAS";
     case GemmEpilogue::kDGelu: return "DGELU";
     case GemmEpilogue::kDGeluBGrad: return "DGELU_BGRAD";
-    case GemmEpilogue::kBGradB: return "BGRADB";
   }
   return "?";
 }
@@ -53,14 +52,12 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
     case GemmEpilogue::kGeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case GemmEpilogue::kDGelu: return CUBLASLT_EPILOGUE_DGELU;
     case GemmEpilogue::kDGeluBGrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
-    case GemmEpilogue::kBGradB: return CUBLASLT_EPILOGUE_BGRADB;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
 bool uses_bias(GemmEpilogue e) {
-  return e == GemmEpilogue::kBias || e == GemmEpilogue::kGeluAuxBias || e == GemmEpilogue::kDGeluBGrad ||
-         e == GemmEpilogue::kBGradB;
+  return e == GemmEpilogue::kBias || e == GemmEpilogue::kGeluAuxBias || e == GemmEpilogue::kDGeluBGrad;
 }
 
 bool uses_aux(GemmEpilogue e) {

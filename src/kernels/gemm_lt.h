@@ -1,7 +1,6 @@
 // Matrix products on Tensor Cores through cuBLASLt, with the fused epilogues
 // a transformer's linear layers need (bias, GELU with its saved input, the
-// GELU gradient with the bias gradient, the bias gradient of a weight-gradient
-// product), for row-major matrices:
+// GELU gradient with the bias gradient), for row-major matrices:
 //
 //   D[m, n] = epilogue(op(A)[m, k] · op(B)[k, n])
 //   A is stored [m, k] (or [k, m] when trans_a), B [k, n] (or [n, k] when
@@ -24,10 +23,8 @@
 //     stored in D's dtype. cuBLASLt's GELU is the tanh form.
 //   DGELU_BGRAD: D = (op(A) op(B)) * gelu'(aux) and the bias gradient, of
 //     length n, is D summed over its m rows.
-//   BGRADB: cuBLAS's B operand is our A, so the bias gradient has length m
-//     and is op(A)[m, k] summed over k. For dW[N, K] = dY^T X (A = dY stored
-//     [M, N] with trans_a, B = X stored [M, K]) that is db[N] = sum over the
-//     M rows of dY: the bias gradient for free with the weight gradient.
+// (Weight-gradient products take their bias gradients from
+// kernels/column_sums, not from cuBLASLt's BGRADB: see there.)
 //
 // Precision: bf16/fp16 inputs multiply with fp32 accumulation (compute
 // CUBLAS_COMPUTE_32F) into D of the input dtype or fp32; fp32 inputs use
@@ -69,7 +66,6 @@ enum class GemmEpilogue {
   kGeluAuxBias,  // aux = op(A) op(B) + bias[n];  D = gelu_tanh(aux)
   kDGelu,        // D = (op(A) op(B)) * gelu_tanh'(aux)
   kDGeluBGrad,   // kDGelu, and bias[n] (written) = sum over rows of D
-  kBGradB,       // D = op(A) op(B), and bias[m] (written) = sum over k of op(A)
 };
 
 const char* gemm_epilogue_name(GemmEpilogue e);
@@ -87,7 +83,7 @@ struct GemmArgs {
   GemmDtype d_type = GemmDtype::kBF16;   // ab_type, or kF32
   GemmEpilogue epilogue = GemmEpilogue::kDefault;
   // Bias (read) for kBias / kGeluAuxBias; bias gradient (written) for
-  // kDGeluBGrad / kBGradB. Its dtype may differ from D's (e.g. fp32 with a
+  // kDGeluBGrad. Its dtype may differ from D's (e.g. fp32 with a
   // bf16 D) where cuBLASLt accepts it (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).
   void* bias = nullptr;
   GemmDtype bias_type = GemmDtype::kF32;

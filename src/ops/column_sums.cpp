@@ -72,8 +72,8 @@ void batch_sums_into(const at::Tensor& partials, const at::Tensor& out) {
     else o.copy_(at::sum(partials, {0}));
     return;
   }
-  // One short launch (kernels::column_sums_reduce): ATen's sum over dim 0 of
-  // a [256, 384] matrix took ~8 us, 24 times per DiT-S/2 step.
+  // One short launch (kernels::column_sums_reduce), several times faster
+  // than ATen's sum over dim 0 of such short matrices.
   const c10::cuda::CUDAGuard guard(partials.device());
   const bool direct = out.scalar_type() == at::kFloat && out.is_contiguous();
   at::Tensor sums = direct ? out : at::empty({partials.size(1)}, partials.options());

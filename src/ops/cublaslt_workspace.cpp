@@ -10,7 +10,6 @@
 #include <string>
 #include <utility>
 
-#include "base/env.h"
 #include "base/error.h"
 #include "ops/weight_grad_lane.h"
 
@@ -18,6 +17,8 @@ namespace perftrain::ops {
 namespace {
 
 std::atomic<int64_t> g_fallbacks{0};
+std::atomic<bool> g_tuning_open{true};
+std::atomic<int> g_tune_candidates{kDefaultGemmTuneCandidates};
 
 // Two workspaces per device: one for the training stream's products, one for
 // the weight-gradient stream's (ops/weight_grad_lane), which run at the same
@@ -33,7 +34,7 @@ void* workspace_for(int device, bool side) {
     throw RuntimeError("cuBLASLt workspace: first use on cuda:" + std::to_string(device) +
                        " inside a CUDA graph capture; run one eager step before capturing");
   }
-  at::Tensor w = at::empty({int64_t(side ? side_workspace_bytes() : main_workspace_bytes())},
+  at::Tensor w = at::empty({int64_t(side ? kSideCublasLtWorkspaceBytes : kCublasLtWorkspaceBytes)},
                            at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, device)));
   return buffers->emplace(std::make_pair(device, side), std::move(w)).first->second.data_ptr();
 }
@@ -51,7 +52,7 @@ kernels::GemmContext cublaslt_context() {
   const int device = c10::cuda::current_device();
   const bool side = on_weight_grad_stream();
   ctx.workspace = workspace_for(device, side);
-  ctx.workspace_bytes = side ? side_workspace_bytes() : main_workspace_bytes();
+  ctx.workspace_bytes = side ? kSideCublasLtWorkspaceBytes : kCublasLtWorkspaceBytes;
   ctx.handle = at::cuda::getCurrentCUDABlasLtHandle();
   ctx.stream = at::cuda::getCurrentCUDAStream().stream();
   ctx.tune_candidates = gemm_tune_candidates();
@@ -94,9 +95,8 @@ bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool tr
   g.accumulate = accumulate;
   if (bias.defined()) {
     TORCH_CHECK(bias.is_contiguous() && bias.dim() == 1, "try_gemm_lt: bias must be a contiguous vector");
-    const int64_t want = epilogue == kernels::GemmEpilogue::kBGradB ? g.m : g.n;
-    TORCH_CHECK(bias.size(0) == want, "try_gemm_lt: bias has ", bias.size(0), " elements, the epilogue needs ",
-                want);
+    TORCH_CHECK(bias.size(0) == g.n, "try_gemm_lt: bias has ", bias.size(0), " elements, the epilogue needs ",
+                g.n);
     g.bias = bias.data_ptr();
     g.bias_type = gemm_dtype(bias.scalar_type(), "bias");
   }
@@ -114,34 +114,9 @@ bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool tr
   return true;
 }
 
-size_t main_workspace_bytes() {
-  static const size_t bytes = [] {
-    const int mib = env_count("PERFTRAIN_LT_WORKSPACE_MIB", 0);
-    return mib >= 1 && mib <= 64 ? size_t(mib) << 20 : kCublasLtWorkspaceBytes;
-  }();
-  return bytes;
-}
-
-size_t side_workspace_bytes() {
-  static const size_t bytes = [] {
-    const int mib = env_count("PERFTRAIN_LT_SIDE_WORKSPACE_MIB", 0);
-    return mib >= 1 && mib <= 32 ? size_t(mib) << 20 : kSideCublasLtWorkspaceBytes;
-  }();
-  return bytes;
-}
-
 int64_t gemm_fallback_count() { return g_fallbacks.load(); }
 
 void note_gemm_fallback() { g_fallbacks.fetch_add(1); }
-
-bool bias_grad_epilogue() {
-  static const bool on = !env_equals("PERFTRAIN_BGRAD_EPILOGUE", "0");
-  return on;
-}
-
-namespace {
-std::atomic<bool> g_tuning_open{true};
-}  // namespace
 
 bool gemm_tuning_open() { return g_tuning_open.load(); }
 
@@ -153,17 +128,8 @@ GemmTuningDeferred::~GemmTuningDeferred() {
   if (active_) g_tuning_open.store(was_open_);
 }
 
-namespace {
-std::atomic<int> g_tune_candidates{kDefaultGemmTuneCandidates};
-}  // namespace
-
 int gemm_tune_candidates() { return g_tune_candidates.load(); }
 void set_gemm_tune_candidates(int n) { g_tune_candidates.store(n < 0 ? 0 : n); }
 std::vector<kernels::GemmTuneRecord> gemm_tune_records() { return kernels::gemm_tune_records(); }
-
-bool bgradb_epilogue() {
-  static const bool on = env_equals("PERFTRAIN_BGRADB", "1");
-  return on;
-}
 
 }  // namespace perftrain::ops

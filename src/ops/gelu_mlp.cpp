@@ -5,7 +5,6 @@
 #include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/linear.h>
 #include <c10/core/DeviceGuard.h>
-#include <c10/util/irange.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <atomic>
@@ -14,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "base/env.h"
 #include "base/error.h"
 #include "ops/compute_weights.h"
 #include "ops/dtype_dispatch.h"
@@ -43,17 +41,11 @@ void check_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
   detail::check_linear_params("gelu_mlp fc2", h, x.scalar_type(), x.device(), w2, b2);
 }
 
-int64_t leading_rows(const at::Tensor& x) {
-  int64_t m = 1;
-  for (const auto i : c10::irange(x.dim() - 1)) m *= x.size(i);
-  return m;
-}
-
 // pre = x2 w1^T + b1 and act = gelu_tanh(pre), in one product: our Hopper
 // kernel where it applies (bf16 on sm_90, m % 128, h % 256, c % 64), else
 // where cuBLASLt takes the epilogue (fp32 bias first, then the cast bias).
 void fc1_gelu(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, at::Tensor& pre, at::Tensor& act) {
-  if (own_fc1_product() && try_gemm_bias_gelu_sm90(x2, w1, b1, pre, act)) return;
+  if (try_gemm_bias_gelu_sm90(x2, w1, b1, pre, act)) return;
   if (cublaslt_path(x2, w1)) {
     if (try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, b1, pre)) return;
     if (b1.scalar_type() != x2.scalar_type() &&
@@ -65,31 +57,19 @@ void fc1_gelu(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, 
   at::gelu_out(act, pre, "tanh");
 }
 
-bool dgelu_bf16_bgrad() {
-  static const bool on = env_equals("PERFTRAIN_DGELU_BF16_BGRAD", "1");
-  return on;
-}
-
-// d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums when wanted:
-// from the split form's GELU pass (fp32), or from the DGELU product when
-// cuBLASLt takes the bias gradient there (fp32, or bf16); otherwise db1 is
-// returned undefined and comes later (from dW1's product, or a sum).
+// d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums (fp32) when
+// wanted: from the DGELU_BGRAD product, or from the split form's fused GELU
+// pass; otherwise db1 is returned undefined and comes later with dW1.
 std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, const at::Tensor& w2,
                                                         const at::Tensor& pre, bool want_db1) {
   at::Tensor dpre = at::empty(pre.sizes(), dy.options());
   if (cublaslt_path(dy, w2) && gelu_mlp_dgelu_in_epilogue(pre.size(0), pre.size(1))) {
-    if (want_db1 && bias_grad_epilogue()) {
-      // fp32 first; cuBLASLt 13.0 refuses an fp32 bias gradient with a bf16
-      // D. It takes a bf16 one, but only PERFTRAIN_DGELU_BF16_BGRAD=1 asks
-      // for it (to compare): the DiT-S/2 b256 step measured 39.2 ms with it
-      // against 33.2 ms with DGELU and the column-sum kernel. Never fp16: a
-      // sum of loss-scaled gradients over all rows could overflow it.
-      std::vector<at::ScalarType> bias_dtypes{at::kFloat};
-      if (dy.scalar_type() == at::kBFloat16 && dgelu_bf16_bgrad()) bias_dtypes.push_back(at::kBFloat16);
-      for (const at::ScalarType bias_dt : bias_dtypes) {
-        at::Tensor db1 = at::empty({pre.size(1)}, dy.options().dtype(bias_dt));
-        if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGeluBGrad, db1, pre)) return {dpre, db1};
-      }
+    // An fp32 bias gradient (cuBLASLt 13.0 refuses it with a bf16 D, and a
+    // 16-bit one is not asked for: the column sums of loss-scaled gradients
+    // could overflow fp16); then DGELU alone, db1 from dW1's pass.
+    if (want_db1) {
+      at::Tensor db1 = at::empty({pre.size(1)}, dy.options().dtype(at::kFloat));
+      if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGeluBGrad, db1, pre)) return {dpre, db1};
     }
     if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGelu, at::Tensor(), pre)) return {dpre, at::Tensor()};
     note_gemm_fallback();
@@ -111,7 +91,7 @@ at::ScalarType dtype_of(AutogradContext* ctx, const char* key) {
 }
 
 // act = gelu_tanh(pre) again, for fc2's weight gradient, where the forward
-// kept only pre (gelu_mlp_saves_activation() false).
+// kept only pre (keep_activation false).
 at::Tensor gelu_again(const at::Tensor& pre) {
   at::Tensor act = at::empty(pre.sizes(), pre.options());
   at::gelu_out(act, pre, "tanh");
@@ -128,7 +108,7 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
                             const at::Tensor& w2, const std::optional<at::Tensor>& b2_opt, bool keep_activation) {
     const at::Tensor b2 = b2_opt.value_or(at::Tensor());
     const c10::DeviceGuard device_guard(x.device());  // handle, stream and workspace of x's device
-    const int64_t m = leading_rows(x), c = x.size(-1), h = w1.size(0), d = w2.size(0);
+    const int64_t m = detail::leading_rows(x), c = x.size(-1), h = w1.size(0), d = w2.size(0);
     const at::ScalarType dt = x.scalar_type();
     const at::Tensor x2 = x.contiguous().view({m, c});
     const at::Tensor w1c = compute_weight(w1, dt), w2c = compute_weight(w2, dt);
@@ -204,22 +184,20 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
   }
 };
 
-std::atomic<DGeluPath>& dgelu_path() {
-  static std::atomic<DGeluPath> path{env_equals("PERFTRAIN_DGELU", "split")      ? DGeluPath::kSplit
-                                     : env_equals("PERFTRAIN_DGELU", "epilogue") ? DGeluPath::kEpilogue
-                                                                                 : DGeluPath::kAuto};
-  return path;
+// b2 travels as an optional (autograd functions take no undefined tensors);
+// the activation is kept unless the call says otherwise.
+at::Tensor apply_gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                          const at::Tensor& b2, std::optional<bool> keep_activation) {
+  return GeluMlpFunction::apply(x, w1, b1, w2, b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt,
+                                keep_activation.value_or(true));
 }
-std::atomic<GeluBackwardForm>& gelu_backward_form() {
-  static std::atomic<GeluBackwardForm> form{env_equals("PERFTRAIN_GELU_BWD", "aten")    ? GeluBackwardForm::kAten
-                                            : env_equals("PERFTRAIN_GELU_BWD", "fused") ? GeluBackwardForm::kFused
-                                                                                        : GeluBackwardForm::kAuto};
-  return form;
-}
+
+std::atomic<DGeluPath> g_dgelu_path{DGeluPath::kAuto};
+std::atomic<GeluBackwardForm> g_gelu_backward_form{GeluBackwardForm::kAuto};
 }  // namespace
 
-DGeluPath gelu_mlp_dgelu_path() { return dgelu_path().load(); }
-void set_gelu_mlp_dgelu_path(DGeluPath path) { dgelu_path().store(path); }
+DGeluPath gelu_mlp_dgelu_path() { return g_dgelu_path.load(); }
+void set_gelu_mlp_dgelu_path(DGeluPath path) { g_dgelu_path.store(path); }
 
 bool gelu_mlp_dgelu_in_epilogue(int64_t rows, int64_t hidden) {
   switch (gelu_mlp_dgelu_path()) {
@@ -230,13 +208,11 @@ bool gelu_mlp_dgelu_in_epilogue(int64_t rows, int64_t hidden) {
   return rows * hidden > kSplitDGeluMaxElements;
 }
 
-GeluBackwardForm gelu_mlp_gelu_backward_form() { return gelu_backward_form().load(); }
-void set_gelu_mlp_gelu_backward_form(GeluBackwardForm form) { gelu_backward_form().store(form); }
+GeluBackwardForm gelu_mlp_gelu_backward_form() { return g_gelu_backward_form.load(); }
+void set_gelu_mlp_gelu_backward_form(GeluBackwardForm form) { g_gelu_backward_form.store(form); }
 
-// Measured on the H200 at fa07c2f (DiT-S/2, `all`): with the second stream
-// (b32, b64) ATen's pass took 5.54 / 8.85 ms against 5.66 / 8.99 fused; on one
-// stream (b256) the fused pass made the split form 29.89 ms against the DGELU
-// epilogue's 30.14.
+// With the second stream ATen's pass is faster (its bias sum runs beside the
+// critical path); on one stream the fused pass is.
 bool gelu_mlp_fused_gelu_backward(int64_t rows, int64_t width) {
   switch (gelu_mlp_gelu_backward_form()) {
     case GeluBackwardForm::kAten: return false;
@@ -244,11 +220,6 @@ bool gelu_mlp_fused_gelu_backward(int64_t rows, int64_t width) {
     case GeluBackwardForm::kAuto: break;
   }
   return !weight_grad_overlap_for(rows, width);
-}
-
-bool gelu_mlp_saves_activation() {
-  static const bool on = !env_equals("PERFTRAIN_GELU_SAVE", "pre");
-  return on;
 }
 
 at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
@@ -261,16 +232,14 @@ at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor&
                     const at::Tensor& b2, std::optional<bool> keep_activation) {
   check_args(x, w1, b1, w2, b2);
   if (!x.is_cuda()) return gelu_mlp_reference(x, w1, b1, w2, b2).to(x.scalar_type());
-  return GeluMlpFunction::apply(x, w1, b1, w2, b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt,
-                                keep_activation.value_or(gelu_mlp_saves_activation()));
+  return apply_gelu_mlp(x, w1, b1, w2, b2, keep_activation);
 }
 
 namespace detail {
 at::Tensor gelu_mlp_function(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                              const at::Tensor& b2, std::optional<bool> keep_activation) {
   check_args(x, w1, b1, w2, b2);
-  return GeluMlpFunction::apply(x, w1, b1, w2, b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt,
-                                keep_activation.value_or(gelu_mlp_saves_activation()));
+  return apply_gelu_mlp(x, w1, b1, w2, b2, keep_activation);
 }
 }  // namespace detail
 

@@ -1,10 +1,12 @@
 // The transformer MLP, fc2(gelu_tanh(fc1(x))), as one autograd function
-// whose elementwise work rides in cuBLASLt epilogues: fc1's bias and GELU in
-// its product (GELU_AUX_BIAS, keeping the pre-activation), fc2's bias in
-// its; backward: fc2's weight gradient product and its bias gradient as
-// column sums (ops/column_sums), the GELU derivative and fc1's bias gradient
-// in the product that back-propagates through fc2 (DGELU_BGRAD). No separate
-// GELU or bias-add kernel runs on the fused path.
+// with no separate GELU or bias-add kernel on the fused path. Forward: fc1's
+// bias and GELU in one product (our Hopper kernel, ops/gemm_bias_gelu.h,
+// where it applies; else cuBLASLt's GELU_AUX_BIAS epilogue), keeping the
+// pre-activation; fc2's bias in its product's epilogue. Backward: fc2's
+// weight gradient and its bias gradient as column sums (ops/column_sums);
+// pre's gradient, (dy w2) * gelu_tanh'(pre), and fc1's bias gradient either
+// in cuBLASLt's DGELU_BGRAD epilogue or as a plain product followed by one
+// GELU-backward pass (see gelu_mlp_dgelu_in_epilogue).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,38 +22,28 @@ namespace perftrain::ops {
 // residual after the MLP adds it) in fp32 or x's dtype, cast to x's
 // dtype per call. Returns [..., D] in x's dtype; gradients as ops::linear.
 // Saves for backward x, the cast weights, the pre-activation and the
-// activation ([M, H] each; see gelu_mlp_saves_activation), only those the
-// wanted gradients read.
+// activation ([M, H] each; see keep_activation), only those the wanted
+// gradients read.
 // The fused GELU path needs H % 8 == 0 (cuBLASLt's aux leading dimension);
 // other widths, and any epilogue cuBLASLt refuses, run through ATen and are
 // counted by gemm_fallback_count(). CPU: gelu_mlp_reference.
-// keep_activation: whether this call keeps the activation for backward or
-// only the pre-activation (see gelu_mlp_saves_activation, the default).
+// keep_activation (nullopt: true): whether the activation is kept for fc2's
+// weight gradient, or only the pre-activation, computing the activation
+// again in backward: one [M, H] tensor less per MLP held from forward to
+// backward, for one elementwise pass in backward. The model sets it from
+// the [speed] key gelu_recompute.
 at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                     const at::Tensor& b2, std::optional<bool> keep_activation = std::nullopt);
-
-// Whether gelu_mlp keeps the activation for fc2's weight gradient (the
-// default) or only the pre-activation, computing the activation again in
-// backward: one [M, H] tensor less per MLP held from forward to backward
-// (DiT-XL/2 b256: 0.6 GB per block), for one elementwise pass in backward.
-// This is the process default (PERFTRAIN_GELU_SAVE=pre: the latter); a call's
-// keep_activation, e.g. from models::DiT::set_gelu_recompute, overrides it.
-bool gelu_mlp_saves_activation();
 
 // Where the backward makes pre's gradient (dy w2) * gelu_tanh'(pre): in the
 // DGELU epilogue of that product, or with a plain product and then GELU's
 // backward in place on its result (split). cuBLASLt's DGELU kernel is slow
-// on small products (DiT-S/2 b32: 39 µs per call tuned, against 17 for the
-// plain product), while the split form pays one more pass over two [M, H]
-// tensors. Measured in whole steps on the H200, DiT-S/2: at 7a8ecdc, with
-// ATen's gelu_backward and a separate bias sum, split 5.77 -> 5.71 ms at b32,
-// 9.18 -> 9.13 at b64, but 30.90 -> 31.17 at b256. With the fused GELU pass
-// that also gives fc1's bias gradient (ops/gelu_backward), b256 went the
-// other way: 30.14 -> 29.89 (fa07c2f), while DiT-B/2 b256 (65536 x 3072)
-// stayed faster with the epilogue (76.68 against 78.77 split, ddbb712). So by
-// default (kAuto) products of up to kSplitDGeluMaxElements outputs take the
-// split form. PERFTRAIN_DGELU=split|epilogue forces one; the setter is for
-// tests and the bench.
+// on small products (about twice the plain product's time at DiT-S/2 b32),
+// while the split form pays one more pass over two [M, H] tensors; on the
+// H200 the split form wins up to DiT-S/2 b256 and the epilogue from DiT-B/2
+// b256. So by default (kAuto) products of up to kSplitDGeluMaxElements
+// outputs take the split form; the setter (process-wide) is for tests and
+// benchmarks.
 enum class DGeluPath { kAuto, kEpilogue, kSplit };
 constexpr int64_t kSplitDGeluMaxElements = 65536LL * 1536;
 DGeluPath gelu_mlp_dgelu_path();
@@ -65,8 +57,7 @@ bool gelu_mlp_dgelu_in_epilogue(int64_t rows, int64_t hidden);
 // from the same pass). kAuto: ATen's for the shapes whose weight gradients
 // run on the second stream (weight_grad_overlap_for of rows and model width),
 // where it measured faster, the fused pass otherwise; by shape, so that one
-// stream and two give the same bits. PERFTRAIN_GELU_BWD=aten|fused forces
-// one; the setter is for tests.
+// stream and two give the same bits. The setter is for tests.
 enum class GeluBackwardForm { kAuto, kAten, kFused };
 GeluBackwardForm gelu_mlp_gelu_backward_form();
 void set_gelu_mlp_gelu_backward_form(GeluBackwardForm form);

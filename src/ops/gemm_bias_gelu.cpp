@@ -2,16 +2,10 @@
 
 #include <ATen/cuda/CUDAContext.h>
 
-#include "base/env.h"
-#include "kernels/gemm_bias_gelu_sm90.h"
 #include "compat/compat.h"
+#include "kernels/gemm_bias_gelu_sm90.h"
 
 namespace perftrain::ops {
-
-bool own_fc1_product() {
-  static const bool on = !env_equals("PERFTRAIN_FC1_GEMM", "cublaslt");
-  return on;
-}
 
 namespace {
 

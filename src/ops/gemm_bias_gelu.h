@@ -1,17 +1,14 @@
-// The MLP's two GELU products through our own Hopper kernel
-// (kernels/gemm_bias_gelu_sm90.h), from tensors. gelu_mlp takes fc1's
-// (faster than cuBLASLt's GELU_AUX_BIAS on the H200, docs/PERFORMANCE.md);
-// the backward's DGELU form is slower than cuBLASLt's, so only the tests and
-// bench_gemm_bias_gelu call it.
+// The MLP's two GELU products through our own Hopper kernels
+// (kernels/gemm_bias_gelu_sm90.h), from tensors. gelu_mlp runs fc1 through
+// try_gemm_bias_gelu_sm90 wherever it applies (it beats cuBLASLt's
+// GELU_AUX_BIAS epilogue, which stays as the fallback). The backward's DGELU
+// form is slower than cuBLASLt's DGELU epilogue, so the training step does
+// not call try_gemm_dgelu_sm90; its GPU test and benchmark do.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 namespace perftrain::ops {
-
-// Whether fc1 goes through our kernel: yes unless PERFTRAIN_FC1_GEMM=cublaslt
-// (read once), to compare.
-bool own_fc1_product();
 
 // pre = x w^T + b and act = gelu_tanh(pre) into the given bf16 [m, n]
 // tensors, on the current stream. x [m, k] and w [n, k] bf16 contiguous on

@@ -5,7 +5,6 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/mm.h>
-#include <ATen/ops/sum.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/irange.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -109,32 +108,28 @@ void linear_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tens
 }
 
 void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2, const at::Tensor& dw, const at::Tensor& db) {
-  at::Tensor dw_out = dw;  // a handle on the same storage
-  bool db_done = false;
   if (dw.defined()) {
-    bool dw_done = false;
+    // dW[N, K] = dY^T X.
+    bool done = false;
     if (cublaslt_path(dy, x2)) {
-      // dW[N, K] = dY^T X; with BGRADB (when asked for) db[N] = the column
-      // sums of dY after the product (see kernels/gemm_lt.h).
-      const bool fused_db = db.defined() && bgradb_epilogue();
-      dw_done = try_gemm_lt(dy, true, x2, false, dw, fused_db ? GemmEpilogue::kBGradB : GemmEpilogue::kDefault,
-                            fused_db ? db : at::Tensor());
-      db_done = dw_done && fused_db;
-      if (!dw_done && fused_db) dw_done = try_gemm_lt(dy, true, x2, false, dw, GemmEpilogue::kDefault);
-      if (!dw_done) note_gemm_fallback();
+      done = try_gemm_lt(dy, true, x2, false, dw, GemmEpilogue::kDefault);
+      if (!done) note_gemm_fallback();
     }
-    if (!dw_done) dw_out.copy_(mm_in(dy.t(), x2, dw.scalar_type()));
+    if (!done) {
+      at::Tensor dw_out = dw;  // a handle on the same storage
+      dw_out.copy_(mm_in(dy.t(), x2, dw.scalar_type()));
+    }
   }
-  if (db.defined() && !db_done) column_sums_into({dy}, {db});
+  if (db.defined()) column_sums_into({dy}, {db});
 }
-
-namespace {
 
 int64_t leading_rows(const at::Tensor& x) {
   int64_t m = 1;
   for (const auto i : c10::irange(x.dim() - 1)) m *= x.size(i);
   return m;
 }
+
+namespace {
 
 std::optional<at::Tensor> optional_bias(const at::Tensor& bias) {
   return bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;

@@ -1,9 +1,9 @@
 // y = x W^T + b on Tensor Cores through cuBLASLt, as one autograd function:
 // the bias rides in the product's epilogue, and the backward's weight
 // gradient is written straight in fp32; the bias gradient comes from the
-// column-sum kernel (ops/column_sums; cuBLASLt's BGRADB with
-// PERFTRAIN_BGRADB=1). The DiT block's attention projection and final layers
-// use it; qkv goes through projected_attention, the MLP through gelu_mlp.
+// column-sum kernel (ops/column_sums). The DiT block's attention projection
+// and final layers use it; qkv goes through projected_attention, the MLP
+// through gelu_mlp.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -39,8 +39,11 @@ void check_linear_args(const char* op, const at::Tensor& x, const at::Tensor& we
 void check_linear_params(const char* op, int64_t k, at::ScalarType dtype, at::Device device, const at::Tensor& weight,
                          const at::Tensor& bias);
 
+// The product of x's sizes but the last: the rows of x seen as [M, K].
+int64_t leading_rows(const at::Tensor& x);
+
 // The three products of a linear layer on 2-D contiguous tensors, each
-// through its fused cuBLASLt epilogue on CUDA, else plain ATen (counted as a
+// through cuBLASLt (with its fused epilogue) on CUDA, else plain ATen (counted as a
 // fallback on CUDA). x2 [M, K], w [N, K] in x2's dtype, dy [M, N]. Outputs
 // are written into preallocated contiguous tensors, so that an op can hand
 // back a tensor of its caller's shape that is not a view.
