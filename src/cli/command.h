@@ -10,6 +10,7 @@ class App;
 namespace perftrain::cli {
 
 void add_train_command(CLI::App& app);
+void add_config_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_models_command(CLI::App& app);
 void add_bench_command(CLI::App& app);

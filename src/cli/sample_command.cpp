@@ -8,7 +8,6 @@
 #include "cli/command.h"
 #include "models/dit.h"
 #include "compat/compat.h"
-#include "ops/switches.h"
 #include "train/checkpoint.h"
 #include "train/sampling.h"
 
@@ -30,7 +29,6 @@ std::string weights_file(const SampleArgs& a) {
 }
 
 void run(const SampleArgs& a) {
-  ops::check_switches();
   if (a.weights != "ema" && a.weights != "model") throw UsageError("--weights must be ema or model");
   const std::string path = weights_file(a);
   train::TrainConfig cfg = train::config_from_weights(path);
@@ -68,8 +66,8 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--weights", a->weights, "ema | model (for a directory)");
   cmd->add_option("--classes", a->classes, "the first N classes, one row each")->check(CLI::PositiveNumber);
   cmd->add_option("--per-class", a->per_class, "samples per class")->check(CLI::PositiveNumber);
-  cmd->add_option("--steps", a->steps, "sampler steps (default: the run's)")->check(CLI::PositiveNumber);
-  cmd->add_option("--cfg-scale", a->cfg_scale, "guidance scale (default: the run's)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--steps", a->steps, "sampler steps")->check(CLI::PositiveNumber)->default_str("the run's");
+  cmd->add_option("--cfg-scale", a->cfg_scale, "guidance scale")->check(CLI::NonNegativeNumber)->default_str("the run's");
   cmd->add_option("--seed", a->seed, "noise seed");
   cmd->add_option("--device", a->device, "auto | cpu | cuda");
   cmd->callback([a] { run(*a); });

@@ -1,88 +1,97 @@
-// perftrain train: resolve the config (device defaults < --config file <
-// shortcut flags < --set / positional section.key=value) and run training.
+// perftrain train: resolve the config (cli/train_options.h) and run training,
+// or with --dry-run print the resolved config and stop.
 #include <CLI/CLI.hpp>
+#include <toml++/toml.h>
 #include <unistd.h>
 
+#include <climits>
 #include <iostream>
-#include <optional>
 #include <sstream>
 
+#include "base/error.h"
+#include "base/fs.h"
 #include "cli/command.h"
+#include "cli/train_options.h"
 #include "compat/compat.h"
-#include "ops/switches.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace perftrain::cli {
 namespace {
 
-struct TrainArgs {
-  std::string config_file, resume;
-  std::vector<std::string> overrides;  // section.key=value
-  // Shortcuts for the most used keys; each becomes an override.
-  std::string model, data, data_path, device, precision, objective, run_name, runs_dir;
-  // Unset unless given (so that an explicit 0 reaches validation).
-  std::optional<int64_t> steps, batch_size, seed;
-  std::optional<double> lr;
-  std::optional<std::string> graph, fused;  // on | off
-  bool recompute = false, gelu_recompute = false;
+// A flag that sets one config key: --steps 100 is --set train.steps=100.
+struct Shortcut {
+  const char* flag;
+  const char* key;  // section.key
+  const char* help;
+};
+// Shortcuts under a heading of their own in --help.
+struct ShortcutGroup {
+  const char* heading;
+  std::vector<Shortcut> shortcuts;
+};
+const ShortcutGroup kShortcutGroups[] = {
+    {"Model and data",
+     {{"--model", "model.name", "model name (perftrain models lists them)"},
+      {"--data", "data.source", "data source: fashion-mnist | latents | synthetic"},
+      {"--data-path", "data.path", "dataset directory or latent shard file/directory"},
+      {"--objective", "diffusion.objective", "ddpm | flow"}}},
+    {"Training",
+     {{"--device", "train.device", "auto | cpu | cuda (also picks the defaults: GPU or CPU)"},
+      {"--precision", "train.precision", "auto | bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on the CPU)"},
+      {"--steps", "train.steps", "total training steps"},
+      {"--batch-size", "train.batch_size", "batch size"},
+      {"--lr", "train.lr", "learning rate"},
+      {"--seed", "train.seed", "random seed"}}},
+    {"Run directory",
+     {{"--run-name", "run.name", "run directory name under --runs-dir (empty: <model>-<data>-<date>)"},
+      {"--runs-dir", "run.dir", "where run directories go"}}},
 };
 
-std::vector<std::string> shortcut_overrides(const TrainArgs& a) {
-  std::vector<std::string> o;
-  auto str = [&](const std::string& key, const std::string& v) {
-    if (!v.empty()) o.push_back(key + "=\"" + v + "\"");
-  };
-  str("model.name", a.model);
-  str("data.source", a.data);
-  str("data.path", a.data_path);
-  str("train.device", a.device);
-  str("train.precision", a.precision);
-  str("diffusion.objective", a.objective);
-  str("run.name", a.run_name);
-  str("run.dir", a.runs_dir);
-  if (a.steps) o.push_back("train.steps=" + std::to_string(*a.steps));
-  if (a.batch_size) o.push_back("train.batch_size=" + std::to_string(*a.batch_size));
-  if (a.lr) {
-    std::ostringstream v;
-    v.precision(17);
-    v << std::showpoint << *a.lr;  // always a TOML float
-    o.push_back("train.lr=" + v.str());
+// The defaults for a machine with and without a GPU, as TOML tables, so
+// that help shows the values the config code actually starts from.
+struct Defaults {
+  toml::table gpu = toml::parse(train::default_config(true).to_toml());
+  toml::table cpu = toml::parse(train::default_config(false).to_toml());
+
+  // "4000 (GPU), 500 (CPU)" where they differ, else the one value.
+  std::string text(const std::string& key) const {
+    auto one = [&](const toml::table& t) {
+      const auto v = t.at_path(key);
+      if (const auto* s = v.as_string()) return s->get().empty() ? std::string("\"\"") : s->get();
+      if (const auto* b = v.as_boolean()) return std::string(b->get() ? "on" : "off");
+      std::ostringstream o;
+      o << v;
+      return o.str();
+    };
+    const std::string g = one(gpu), c = one(cpu);
+    return g == c ? g : g + " (GPU), " + c + " (CPU)";
   }
-  if (a.seed) o.push_back("train.seed=" + std::to_string(*a.seed));
-  if (a.graph) o.push_back(std::string("speed.graph=") + (*a.graph == "on" ? "true" : "false"));
-  if (a.fused) {
-    const char* v = *a.fused == "on" ? "true" : "false";
-    o.push_back(std::string("speed.fused_kernels=") + v);
-    o.push_back(std::string("speed.fused_optimizer=") + v);
-  }
-  if (a.recompute) o.push_back("speed.recompute=true");
-  if (a.gelu_recompute) o.push_back("speed.gelu_recompute=true");
-  return o;
+};
+
+std::string quoted(const std::string& s) {
+  std::ostringstream o;
+  o << toml::value<std::string>(s);
+  return o.str();
+}
+
+// The current directory joined with a relative path; others unchanged.
+std::string absolute(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char cwd[PATH_MAX];
+  if (::getcwd(cwd, sizeof cwd) == nullptr) throw RuntimeError("cannot read the current directory");
+  std::string rel = path;
+  while (rel.rfind("./", 0) == 0) rel.erase(0, 2);
+  return rel.empty() || rel == "." ? std::string(cwd) : fs::join(cwd, rel);
 }
 
 void run(const TrainArgs& a) {
   const auto start = std::chrono::steady_clock::now();
-  ops::check_switches();
-  train::TrainConfig cfg;
-  if (!a.resume.empty()) {
-    // A resumed run keeps the config it was started with; flags may change it
-    // (most often train.steps, to train longer).
-    const auto dir = train::resolve_checkpoint_dir(a.resume);
-    cfg = train::config_from_weights(dir + "/model.safetensors");
-  } else {
-    const bool cuda = a.device == "cuda" || (a.device != "cpu" && compat::cuda_available());
-    cfg = train::default_config(cuda);
-  }
-  if (!a.config_file.empty()) train::apply_toml_file(cfg, a.config_file);
-  for (const auto& o : shortcut_overrides(a)) train::apply_override(cfg, o);
-  for (const auto& o : a.overrides) train::apply_override(cfg, o);
-
   train::TrainOptions opts;
   opts.resume = a.resume;
   opts.process_start = start;
   opts.interactive = isatty(STDOUT_FILENO);
-  auto s = train::run_training(cfg, opts, std::cout);
+  auto s = train::run_training(resolve_config(a), opts, std::cout);
   std::cout << "done: steps " << s.first_step << "-" << s.last_step << ", loss " << s.first_loss << " -> "
             << s.final_loss << ", " << s.steps_per_s << " steps/s\n"
             << "samples: " << s.last_samples << "\ncheckpoint: " << s.last_checkpoint
@@ -91,34 +100,87 @@ void run(const TrainArgs& a) {
 
 }  // namespace
 
+void add_train_options(CLI::App* cmd, const std::shared_ptr<TrainArgs>& a) {
+  const Defaults defaults;
+  const char* config = "Config (resolved in this order: device defaults, --config, the flags below, --set)";
+  cmd->add_option("--config", a->config_file, "TOML config file (e.g. one `perftrain config` printed)")
+      ->check(CLI::ExistingFile)
+      ->group(config);
+  cmd->add_option("--resume", a->resume, "continue a run: its directory, or a ckpt/step_* directory")->group(config);
+  cmd->add_option("--set", a->overrides, "override a config key: section.key=value (repeatable)")->group(config);
+  cmd->add_option("overrides", a->overrides, "more section.key=value overrides")->group(config);
+  for (const ShortcutGroup& group : kShortcutGroups) {
+    for (const Shortcut& s : group.shortcuts) {
+      const std::string key = s.key;
+      const bool is_text = defaults.gpu.at_path(key).is_string();
+      auto* opt = cmd->add_option_function<std::string>(
+          s.flag,
+          [a, key, is_text](const std::string& v) {
+            if (key == "train.device") a->device = v;
+            a->shortcuts.push_back(key + "=" + (is_text ? quoted(v) : v));
+          },
+          s.help);
+      opt->default_str(defaults.text(key))->group(group.heading);
+      if (defaults.gpu.at_path(key).is_integer()) opt->type_name("INT")->check(CLI::TypeValidator<int64_t>());
+      else if (!is_text) opt->type_name("FLOAT")->check(CLI::Number);
+    }
+  }
+  // Speed shortcuts: on | off for one or two [speed] keys, flags for the others.
+  const char* speed = "Speed (the [speed] keys, docs/guide/speed.md)";
+  auto on_off = [&](const char* flag, std::vector<std::string> keys, const char* help) {
+    cmd->add_option_function<std::string>(
+           flag,
+           [a, keys](const std::string& v) {
+             for (const auto& k : keys) a->shortcuts.push_back(k + "=" + (v == "on" ? "true" : "false"));
+           },
+           help)
+        ->check(CLI::IsMember({"on", "off"}))
+        ->default_str(defaults.text(keys.front()))
+        ->group(speed);
+  };
+  on_off("--graph", {"speed.graph"}, "on | off: capture the whole step in one CUDA graph");
+  on_off("--fused", {"speed.fused_kernels", "speed.fused_optimizer"},
+         "on | off: fused kernels and the device optimizer");
+  cmd->add_flag_callback(
+         "--recompute", [a] { a->shortcuts.push_back("speed.recompute=true"); },
+         "recompute block activations in backward (less memory, ~30% slower; default off)")
+      ->group(speed);
+  cmd->add_flag_callback(
+         "--gelu-recompute", [a] { a->shortcuts.push_back("speed.gelu_recompute=true"); },
+         "keep only the MLPs' pre-activations, GELU again in backward (~15% less memory, ~3% slower; default off)")
+      ->group(speed);
+}
+
+train::TrainConfig resolve_config(const TrainArgs& a) {
+  train::TrainConfig cfg;
+  if (!a.resume.empty()) {
+    // A resumed run keeps the config it was started with; flags may change it
+    // (most often train.steps, to train longer).
+    cfg = train::config_from_weights(train::resolve_checkpoint_dir(a.resume) + "/model.safetensors");
+  } else {
+    const bool cuda = a.device == "cuda" || (a.device != "cpu" && compat::cuda_available());
+    cfg = train::default_config(cuda);
+  }
+  if (!a.config_file.empty()) train::apply_toml_file(cfg, a.config_file);
+  for (const auto& o : a.shortcuts) train::apply_override(cfg, o);
+  for (const auto& o : a.overrides) train::apply_override(cfg, o);
+  if (cfg.data.source != "synthetic") cfg.data.path = absolute(cfg.data.path);
+  cfg.validate();
+  return cfg;
+}
+
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "train a DiT (default: DiT-S/2 on Fashion-MNIST on the GPU, "
                                           "DiT-T/4 on the CPU)");
   auto a = std::make_shared<TrainArgs>();
-  cmd->add_option("--config", a->config_file, "TOML config file")->check(CLI::ExistingFile);
-  cmd->add_option("--resume", a->resume, "continue a run: its directory, or a ckpt/step_* directory");
-  cmd->add_option("--set", a->overrides, "override a config key: section.key=value (repeatable)");
-  cmd->add_option("overrides", a->overrides, "more section.key=value overrides");
-  cmd->add_option("--model", a->model, "model name (perftrain models lists them)");
-  cmd->add_option("--data", a->data, "data source: fashion-mnist | latents | synthetic");
-  cmd->add_option("--data-path", a->data_path, "dataset directory or latent shard file/directory");
-  cmd->add_option("--device", a->device, "auto | cpu | cuda");
-  cmd->add_option("--precision", a->precision, "auto | bf16 | fp16 | fp32");
-  cmd->add_option("--graph", a->graph, "on | off: capture the whole step in one CUDA graph (default on)")
-      ->check(CLI::IsMember({"on", "off"}));
-  cmd->add_option("--fused", a->fused, "on | off: fused kernels and the device optimizer (default on)")
-      ->check(CLI::IsMember({"on", "off"}));
-  cmd->add_flag("--recompute", a->recompute, "recompute block activations in backward (less memory, ~30% slower)");
-  cmd->add_flag("--gelu-recompute", a->gelu_recompute,
-                "keep only the MLPs' pre-activations, GELU again in backward (~15% less memory, ~3% slower)");
-  cmd->add_option("--objective", a->objective, "ddpm | flow");
-  cmd->add_option("--steps", a->steps, "total training steps");
-  cmd->add_option("--batch-size", a->batch_size, "batch size");
-  cmd->add_option("--lr", a->lr, "learning rate");
-  cmd->add_option("--seed", a->seed, "random seed");
-  cmd->add_option("--run-name", a->run_name, "run directory name under --runs-dir");
-  cmd->add_option("--runs-dir", a->runs_dir, "where run directories go (default runs)");
-  cmd->callback([a] { run(*a); });
+  add_train_options(cmd, a);
+  auto dry_run = std::make_shared<bool>(false);
+  cmd->add_flag("--dry-run", *dry_run, "print the resolved config (TOML) and stop: nothing runs or is written")
+      ->group(cmd->get_option("--config")->get_group());
+  cmd->callback([a, dry_run] {
+    if (*dry_run) std::cout << resolve_config(*a).to_toml();
+    else run(*a);
+  });
 }
 
 }  // namespace perftrain::cli
