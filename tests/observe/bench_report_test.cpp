@@ -169,6 +169,26 @@ TEST(BenchReport, JsonHasEveryFieldWithNullsForTheMissing) {
     }
 }
 
+// The [speed] config the variants ran with: typed in bench.json, one line in
+// bench.md; a report without it says n/a.
+TEST(BenchReport, SpeedSettingsInJsonAndMarkdown) {
+  BenchReport r;
+  r.settings.model = "DiT-S/2";
+  r.settings.speed = {{"graph", "true"}, {"recompute", "false"}, {"attention", "\"cudnn\""}, {"gemm_tune", "0"}};
+  const auto j = nlohmann::json::parse(to_json(r).dump());
+  const auto& speed = j["config"]["speed"];
+  EXPECT_EQ(speed["graph"], true) << speed.dump();
+  EXPECT_EQ(speed["recompute"], false) << speed.dump();
+  EXPECT_EQ(speed["attention"], "cudnn") << speed.dump();
+  EXPECT_EQ(speed["gemm_tune"], 0) << speed.dump();
+  EXPECT_FALSE(j["config"].contains("gelu_recompute")) << "in speed, not beside it: " << j["config"].dump();
+  const auto md = to_markdown(r);
+  EXPECT_TRUE(contains(md, "| speed | graph = true, recompute = false, attention = \"cudnn\", gemm_tune = 0 (")) << md;
+  r.settings.speed.clear();
+  EXPECT_TRUE(contains(to_markdown(r), "| speed | n/a (")) << to_markdown(r);
+  EXPECT_TRUE(nlohmann::json::parse(to_json(r).dump())["config"]["speed"].empty());
+}
+
 TEST(BenchReport, MarkdownAndTable) {
   auto r = sample_report();
   r.rows[2].weight_grad_stream = true;  // batch 32 'all'

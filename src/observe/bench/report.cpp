@@ -60,6 +60,31 @@ std::string speed_text(const std::vector<std::pair<std::string, std::string>>& s
   return out.empty() ? "n/a" : out;
 }
 
+// A row of ours or of torch's as the text tables show it.
+struct TextRow {
+  int64_t batch = 0;
+  std::string name;  // "all", "torch compile"
+  std::optional<double> ms, ms_p10, ms_p90, ms_ci_low, ms_ci_high, ms_min, images_per_s, tflops, mfu, peak_gib,
+      first_step_s, speedup;
+  bool torch = false;  // its first step counts from its process start
+  std::string note;    // how it ran: the execution note, or torch's version
+  std::string error;   // empty: it ran (torch's with where its log is)
+};
+
+// Ours, then torch's.
+std::vector<TextRow> text_rows(const BenchReport& r) {
+  std::vector<TextRow> out;
+  for (const auto& x : r.rows)
+    out.push_back({x.batch, x.variant, x.ms, x.ms_p10, x.ms_p90, x.ms_ci_low, x.ms_ci_high, x.ms_min, x.images_per_s,
+                   x.tflops, x.mfu, x.peak_gib, x.first_step_s, x.speedup_vs_best_torch, false, execution_note(x),
+                   x.error});
+  for (const auto& t : r.torch)
+    out.push_back({t.batch, "torch " + t.mode, t.ms, t.ms_p10, t.ms_p90, {}, {}, {}, t.images_per_s, t.tflops, t.mfu,
+                   t.peak_gib, t.first_step_s, {}, true, "torch " + t.torch_version,
+                   t.ok() ? "" : t.error + " (log: " + t.log_path + ")"});
+  return out;
+}
+
 std::string method_text(const BenchReport& r) {
   const auto& s = r.settings;
   std::ostringstream m;
@@ -291,31 +316,16 @@ std::string format_table(const BenchReport& r) {
   std::ostringstream o;
   o << pad("batch", 6) << "  " << pad("variant", 22, true) << pad("ms", 10) << pad("p10-p90", 18) << pad("img/s", 11)
     << pad("TFLOP/s", 9) << pad("MFU", 8) << pad("peak GiB", 10) << pad("1st step s", 12) << "  graph\n";
-  auto numbers = [&](const std::optional<double>& ms, const std::optional<double>& p10,
-                     const std::optional<double>& p90, const std::optional<double>& ips,
-                     const std::optional<double>& tf, const std::optional<double>& mfu,
-                     const std::optional<double>& gib, const std::optional<double>& first) {
-    o << pad(format_number(ms, 2), 10) << pad(format_number(p10, 2) + "-" + format_number(p90, 2), 18)
-      << pad(format_number(ips, 1), 11) << pad(format_rate(tf), 9) << pad(percent(mfu), 8)
-      << pad(format_number(gib, 2), 10) << pad(format_number(first, 2), 12);
-  };
-  for (const auto& x : r.rows) {
-    o << pad(std::to_string(x.batch), 6) << "  " << pad(x.variant, 22, true);
-    if (!x.ok()) {
+  for (const auto& x : text_rows(r)) {
+    o << pad(std::to_string(x.batch), 6) << "  " << pad(x.name, 22, true);
+    if (!x.error.empty()) {
       o << "error: " << x.error << "\n";
       continue;
     }
-    numbers(x.ms, x.ms_p10, x.ms_p90, x.images_per_s, x.tflops, x.mfu, x.peak_gib, x.first_step_s);
-    o << "  " << execution_note(x) << "\n";
-  }
-  for (const auto& t : r.torch) {
-    o << pad(std::to_string(t.batch), 6) << "  " << pad("torch " + t.mode, 22, true);
-    if (!t.ok()) {
-      o << "error: " << t.error << " (log: " << t.log_path << ")\n";
-      continue;
-    }
-    numbers(t.ms, t.ms_p10, t.ms_p90, t.images_per_s, t.tflops, t.mfu, t.peak_gib, t.first_step_s);
-    o << "  (first step from process start)\n";
+    o << pad(format_number(x.ms, 2), 10) << pad(format_number(x.ms_p10, 2) + "-" + format_number(x.ms_p90, 2), 18)
+      << pad(format_number(x.images_per_s, 1), 11) << pad(format_rate(x.tflops), 9) << pad(percent(x.mfu), 8)
+      << pad(format_number(x.peak_gib, 2), 10) << pad(format_number(x.first_step_s, 2), 12) << "  "
+      << (x.torch ? "(first step from process start)" : x.note) << "\n";
   }
   if (!r.summary.empty()) o << "\n";
   for (const auto& s : r.summary) o << format_summary_line(s) << "\n";
@@ -351,30 +361,20 @@ std::string to_markdown(const BenchReport& r) {
   m << "\n## Results\n\n| batch | variant | ms (median) | 95% CI | p10 / p90 | min | img/s | TFLOP/s | MFU | "
        "peak GiB | first step s | vs best torch | graph |\n"
        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
-  for (const auto& x : r.rows) {
-    m << "| " << x.batch << " | " << x.variant << " | ";
-    if (!x.ok()) {
+  for (const auto& x : text_rows(r)) {
+    m << "| " << x.batch << " | " << x.name << " | ";
+    if (!x.error.empty()) {
       m << "error: " << cell(x.error) << " | | | | | | | | | | |\n";
       continue;
     }
-    m << format_number(x.ms, 2) << " | " << format_number(x.ms_ci_low, 2) << "-" << format_number(x.ms_ci_high, 2)
+    m << format_number(x.ms, 2) << " | "
+      << (x.ms_ci_low ? format_number(x.ms_ci_low, 2) + "-" + format_number(x.ms_ci_high, 2) : std::string("n/a"))
       << " | " << format_number(x.ms_p10, 2) << " / " << format_number(x.ms_p90, 2) << " | "
-      << format_number(x.ms_min, 2) << " | " << format_number(x.images_per_s, 1) << " | "
-      << format_rate(x.tflops) << " | " << percent(x.mfu) << " | " << format_number(x.peak_gib, 2) << " | "
-      << format_number(x.first_step_s, 2) << " | "
-      << (x.speedup_vs_best_torch ? format_number(x.speedup_vs_best_torch, 2) + "x" : std::string("n/a")) << " | "
-      << cell(execution_note(x)) << " |\n";
-  }
-  for (const auto& t : r.torch) {
-    m << "| " << t.batch << " | torch " << t.mode << " | ";
-    if (!t.ok()) {
-      m << "error: " << cell(t.error) << " (log " << cell(t.log_path) << ") | | | | | | | | | | |\n";
-      continue;
-    }
-    m << format_number(t.ms, 2) << " | n/a | " << format_number(t.ms_p10, 2) << " / " << format_number(t.ms_p90, 2)
-      << " | n/a | " << format_number(t.images_per_s, 1) << " | " << format_rate(t.tflops) << " | "
-      << percent(t.mfu) << " | " << format_number(t.peak_gib, 2) << " | " << format_number(t.first_step_s, 2)
-      << " (from process start) | | torch " << cell(t.torch_version) << " |\n";
+      << format_number(x.ms_min, 2) << " | " << format_number(x.images_per_s, 1) << " | " << format_rate(x.tflops)
+      << " | " << percent(x.mfu) << " | " << format_number(x.peak_gib, 2) << " | " << format_number(x.first_step_s, 2)
+      << (x.torch ? " (from process start) | " : " | ")
+      << (x.speedup ? format_number(x.speedup, 2) + "x" : std::string(x.torch ? "" : "n/a")) << " | " << cell(x.note)
+      << " |\n";
   }
 
   bool sampled = false;
