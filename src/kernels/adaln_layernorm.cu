@@ -5,12 +5,14 @@
 #include <string>
 
 #include "kernels/cuda_check.h"
+#include "kernels/layernorm_stats.cuh"
 #include "kernels/vector_io.cuh"
 
 namespace perftrain::kernels {
 namespace {
 
 using detail::from_float;
+using detail::layernorm_row_stats;
 using detail::load_vec;
 using detail::row_sum;
 using detail::store_vec;
@@ -26,13 +28,7 @@ constexpr int kMaxThreads = 512;
 static_assert(kMaxThreads * 8 * bwd_items<8>() >= kAdaLNMaxCols && kMaxThreads * bwd_items<1>() >= kAdaLNMaxCols,
               "the backward's registers must cover the widest row");
 
-// Threads per row: the fewest whole warps that cover nvec vectors at `items` each.
-int threads_per_row(int nvec, int items) {
-  const int t = (nvec + items - 1) / items;
-  const int threads = std::max(32, (t + 31) / 32 * 32);
-  if (threads > kMaxThreads) throw std::invalid_argument("adaln_layernorm: row too wide for the kernel");
-  return threads;
-}
+int threads_per_row(int nvec, int items) { return detail::row_threads(nvec, items, kMaxThreads, "adaln_layernorm"); }
 
 template <typename TX, typename TM, typename TY, int VEC, int ITEMS>
 __global__ void __launch_bounds__(kMaxThreads, 1)
@@ -44,39 +40,15 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const int row = blockIdx.x * blockDim.y + threadIdx.y;
   if (row >= rows) return;  // a whole warp (warp per row) or a whole block (block per row)
   const int nvec = cols / VEC;
-  const float inv_cols = 1.f / float(cols);
   const int64_t off = int64_t(row) * cols;
 
   float v[ITEMS][VEC];
-  float s[1] = {0.f};
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int c = threadIdx.x + i * blockDim.x;
-    if (c < nvec) {
-      load_vec<TX, VEC>(x + off + int64_t(c) * VEC, v[i]);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) s[0] += v[i][j];
-    }
+    if (c < nvec) load_vec<TX, VEC>(x + off + int64_t(c) * VEC, v[i]);
   }
-  row_sum<1>(s, smem);
-  const float mean = s[0] * inv_cols;
-  s[0] = 0.f;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    if (int(threadIdx.x + i * blockDim.x) < nvec) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float d = v[i][j] - mean;
-        s[0] += d * d;
-      }
-    }
-  }
-  row_sum<1>(s, smem);
-  const float rstd = rsqrtf(s[0] * inv_cols + eps);
-  if (threadIdx.x == 0) {
-    if (mean_out != nullptr) mean_out[row] = mean;
-    if (rstd_out != nullptr) rstd_out[row] = rstd;
-  }
+  const auto [mean, rstd] = layernorm_row_stats(v, nvec, cols, eps, smem, row, mean_out, rstd_out);
 
   const int b = row / tokens;
   const TM* sh = shift + int64_t(b) * shift_stride;
@@ -256,16 +228,6 @@ void adaln_layernorm_backward(const TY* dy, const TX* x, const TM* scale, int64_
   template void adaln_layernorm_backward<TX, TM, TY>(const TY*, const TX*, const TM*, int64_t, const float*,     \
                                                      const float*, TX*, TM*, TM*, float*, int, int, int, int,     \
                                                      cudaStream_t);
-#define PERFTRAIN_ADALN_INSTANTIATE_Y(TX, TM)     \
-  PERFTRAIN_ADALN_INSTANTIATE(TX, TM, float)      \
-  PERFTRAIN_ADALN_INSTANTIATE(TX, TM, __nv_bfloat16) \
-  PERFTRAIN_ADALN_INSTANTIATE(TX, TM, __half)
-#define PERFTRAIN_ADALN_INSTANTIATE_MY(TX)             \
-  PERFTRAIN_ADALN_INSTANTIATE_Y(TX, float)             \
-  PERFTRAIN_ADALN_INSTANTIATE_Y(TX, __nv_bfloat16)     \
-  PERFTRAIN_ADALN_INSTANTIATE_Y(TX, __half)
-PERFTRAIN_ADALN_INSTANTIATE_MY(float)
-PERFTRAIN_ADALN_INSTANTIATE_MY(__nv_bfloat16)
-PERFTRAIN_ADALN_INSTANTIATE_MY(__half)
+PERFTRAIN_FOR_STORAGE_TYPES3(PERFTRAIN_ADALN_INSTANTIATE)
 
 }  // namespace perftrain::kernels

@@ -98,8 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using L = Smem<D>;
   constexpr bool kTail = H::kTail;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // Offsetting smem_raw itself (not an integer) keeps the compiler's shared-space loads and stores.
-  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  unsigned char* smem = align_smem_1024(smem_raw);
   const uint32_t base = smem_u32(smem);
   const float* s_lse = reinterpret_cast<const float*>(smem + L::kLse);
   uint64_t* chunk_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
@@ -240,17 +239,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint32_t ap[4][4];
 #pragma unroll
         for (int t = 0; t < kChunk / 16; ++t) a_fragment(st, t, ap[t]);
-        wgmma_fence();
-#pragma unroll
-        for (int t = 0; t < kChunk / 16; ++t)
-          wgmma_m64n64k16_rs_tb(dv[kbi], ap[t], smem_desc_mn(base + L::kDO + (qc * kChunk + 16 * t) * 128),
-                                first | (t > 0));
-        if constexpr (kTail)
-#pragma unroll
-          for (int t = 0; t < kChunk / 16; ++t)
-            wgmma_m64n8k16_rs_tb(dv_t[kbi], ap[t], smem_desc_tail(base + L::do_tail(qc) + 16 * t * 16),
-                                 first | (t > 0));
-        wgmma_commit();
+        wgmma_rows_mn<kChunk / 16, kTail>(dv[kbi], dv_t[kbi], ap, base + L::kDO + qc * kChunk * 128,
+                                          base + L::do_tail(qc), first);
         // dS^T as bf16 fragments, stored transposed into the chunk's buffer
         // ([query][key], keys in panels of 64) while dV's product runs:
         // fragment t holds the 8 x 8 matrices (queries 16t + 8 (i / 2), keys
@@ -268,17 +258,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         // dK += dS^T Q (B: Q's rows, MN-major).
-        wgmma_fence();
-#pragma unroll
-        for (int t = 0; t < kChunk / 16; ++t)
-          wgmma_m64n64k16_rs_tb(dk[kbi], ads[t], smem_desc_mn(base + L::kQ + (qc * kChunk + 16 * t) * 128),
-                                first | (t > 0));
-        if constexpr (kTail)
-#pragma unroll
-          for (int t = 0; t < kChunk / 16; ++t)
-            wgmma_m64n8k16_rs_tb(dk_t[kbi], ads[t], smem_desc_tail(base + L::q_tail(qc) + 16 * t * 16),
-                                 first | (t > 0));
-        wgmma_commit();
+        wgmma_rows_mn<kChunk / 16, kTail>(dk[kbi], dk_t[kbi], ads, base + L::kQ + qc * kChunk * 128,
+                                          base + L::q_tail(qc), first);
         wgmma_wait<0>();
         fence_accumulators(dv[kbi]);
         fence_accumulators(dk[kbi]);
@@ -389,10 +370,7 @@ void attention_head_bwd_sm90(const bf16* qkv, const bf16* o, const bf16* d_o, co
     throw std::invalid_argument("attention_head_bwd_sm90: needs batch >= 1 and heads >= 1");
   if (!head_bwd_dim_supported(head_dim))
     throw std::invalid_argument("attention_head_bwd_sm90: head dim must be 64 or 72, not " + std::to_string(head_dim));
-  for (const void* p : {static_cast<const void*>(qkv), static_cast<const void*>(o), static_cast<const void*>(d_o),
-                        static_cast<const void*>(lse), static_cast<const void*>(dqkv)})
-    if (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 != 0)
-      throw std::invalid_argument("attention_head_bwd_sm90: every pointer must be given and 16-byte aligned");
+  check_tma_pointers("attention_head_bwd_sm90", {qkv, o, d_o, lse, dqkv});
   const int device = sm90_device("attention_head_bwd_sm90");
   if (head_dim == 64)
     launch<64>(qkv, o, d_o, lse, dqkv, batch, heads, scale, device, stream);

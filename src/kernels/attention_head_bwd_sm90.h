@@ -3,14 +3,13 @@
 // tokens, head dim 64 (DiT-S/2 and B/2 at 256 px) or 72 (DiT-XL/2: columns
 // 64-71 as a tail panel, see Head in the .cu).
 //
-// Why: at 256 tokens cuDNN's flash backward runs at ~257 TFLOP/s and adds
-// two side passes (dot(dO, O) and the fp32 dQ accumulator's conversion):
-// 0.70 ms per DiT-B/2 b256 layer. A CTA that holds a whole head (Q, K, V,
-// dO: 128 KB) owns every row of dQ, dK and dV, so it needs no fp32
+// Why: at 256 tokens cuDNN's flash backward adds two side passes (dot(dO, O)
+// and the fp32 dQ accumulator's conversion). A CTA that holds a whole head
+// (Q, K, V, dO: 128 KB) owns every row of dQ, dK and dV, so it needs no fp32
 // accumulator, no atomics and no extra passes, and writes dq, dk, dv straight
 // into the packed [B, T, 3, H, d] gradient of qkv (one product for the qkv
-// input gradient, no pack copy). 0.35 ms (366 TFLOP/s) on the H200; 0.77 ms
-// a XL/2 layer (d = 72) against cuDNN's 1.09 + 0.35.
+// input gradient, no pack copy): about half cuDNN's time per DiT layer on
+// the H200.
 //
 // Math (s = softmax scale, lse the forward's log-sum-exp of s * S per query):
 //   S = Q K^T, P = exp(s S - lse), dP = dO V^T, D = rowsum(dO * O),

@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using L = FwdSmem<D>;
   constexpr bool kTail = H::kTail;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  unsigned char* smem = align_smem_1024(smem_raw);
   uint64_t* head_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
@@ -150,14 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint32_t ap[16][4];
 #pragma unroll
         for (int t = 0; t < 16; ++t) a_fragment(s, t, ap[t]);
-        wgmma_fence();
-#pragma unroll
-        for (int t = 0; t < 16; ++t) wgmma_m64n64k16_rs_tb(o, ap[t], smem_desc_mn(hbase + L::kV + 16 * t * 128), t > 0);
-        if constexpr (kTail)
-#pragma unroll
-          for (int t = 0; t < 16; ++t)
-            wgmma_m64n8k16_rs_tb(o_t, ap[t], smem_desc_tail(hbase + L::kVt + 16 * t * 16), t > 0);
-        wgmma_commit();
+        wgmma_rows_mn<16, kTail>(o, o_t, ap, hbase + L::kV, hbase + L::kVt, 0);
         wgmma_wait<0>();
         fence_accumulators(o);
         if constexpr (kTail) fence_accumulators(o_t);
@@ -230,9 +223,7 @@ void attention_head_fwd_sm90(const bf16* qkv, bf16* out, float* lse, int batch, 
     throw std::invalid_argument("attention_head_fwd_sm90: needs batch >= 1 and heads >= 1");
   if (!head_bwd_dim_supported(head_dim))
     throw std::invalid_argument("attention_head_fwd_sm90: head dim must be 64 or 72, not " + std::to_string(head_dim));
-  for (const void* p : {static_cast<const void*>(qkv), static_cast<const void*>(out), static_cast<const void*>(lse)})
-    if (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 != 0)
-      throw std::invalid_argument("attention_head_fwd_sm90: every pointer must be given and 16-byte aligned");
+  check_tma_pointers("attention_head_fwd_sm90", {qkv, out, lse});
   const int device = sm90_device("attention_head_fwd_sm90");
   if (head_dim == 64)
     launch<64>(qkv, out, lse, batch, heads, scale, device, stream);

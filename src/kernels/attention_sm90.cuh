@@ -68,30 +68,31 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc
       : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
 
-// d (64 x 64) = A B (+ d), A (64 x 16) from registers in the accumulator
-// layout's k16 fragment, B from shared memory MN-major (transposed).
-__device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
-                                                      int scale_d) {
+// d (64 x 64) = A B^T (+ d), A (64 x 16) from registers in the accumulator
+// layout's k16 fragment, B from shared memory K-major (TransB = 0), or
+// MN-major (TransB = 1: d = A B). The two forms by name below.
+template <int TransB>
+__device__ __forceinline__ void wgmma_m64n64k16_rs_layout(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                          int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
       : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
 
-// d (64 x 64) = A B^T (+ d), A (64 x 16) from registers, B K-major in
-// shared memory (the S and dP products' tail step).
+// B K-major (the S and dP products' tail step).
 __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
                                                    int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  wgmma_m64n64k16_rs_layout<0>(d, a, desc_b, scale_d);
+}
+
+// B MN-major (transposed): d (64 x 64) = A B (+ d).
+__device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                      int scale_d) {
+  wgmma_m64n64k16_rs_layout<1>(d, a, desc_b, scale_d);
 }
 
 // d (64 x 8) = A B (+ d), A from registers, B MN-major (the tails of dV, dK).
@@ -144,6 +145,32 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
                ", {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
                : PERFTRAIN_ATTN_ACC128
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+// acc (+)= A B over STEPS k16 steps: A the register fragments a[t], B's rows
+// 16t .. 16t + 15 MN-major in shared memory, the first 64 columns in a
+// swizzled panel at `panel` (128-byte rows) and, with TAIL, columns 64-71 in
+// a tail panel at `tail` (16-byte rows) into acc_t. accumulate = 0: the
+// first step overwrites. Issued and committed as one group; the caller waits.
+template <int STEPS, bool TAIL>
+__device__ __forceinline__ void wgmma_rows_mn(float (&acc)[32], float (&acc_t)[4], const uint32_t (&a)[STEPS][4],
+                                              uint32_t panel, uint32_t tail, int accumulate) {
+  wgmma_fence();
+#pragma unroll
+  for (int t = 0; t < STEPS; ++t)
+    wgmma_m64n64k16_rs_tb(acc, a[t], smem_desc_mn(panel + 16 * t * 128), accumulate | (t > 0));
+  if constexpr (TAIL)
+#pragma unroll
+    for (int t = 0; t < STEPS; ++t)
+      wgmma_m64n8k16_rs_tb(acc_t, a[t], smem_desc_tail(tail + 16 * t * 16), accumulate | (t > 0));
+  wgmma_commit();
+}
+
+// The 1024-byte-aligned start of a kernel's dynamic shared memory, for the
+// 128-byte-swizzled panels. Offsetting `raw` itself (not an integer) keeps
+// the compiler's shared-space loads and stores.
+__device__ __forceinline__ unsigned char* align_smem_1024(unsigned char* raw) {
+  return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {

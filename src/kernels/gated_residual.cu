@@ -179,10 +179,7 @@ void gated_residual_backward(const TX* dout, const TG* gate, int64_t gate_stride
   const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && vec8_aligned(dout) && vec8_aligned(gate) &&
                     vec8_aligned(y) && vec8_aligned(dy) && vec8_aligned(partials);
   auto launch = [&](auto kernel, int vec, int items) {
-    const int t = (cols / vec + items - 1) / items;
-    const dim3 block(std::max(32, (t + 31) / 32 * 32));
-    if (block.x > unsigned(kBackwardMaxThreads))
-      throw std::invalid_argument("gated_residual_backward: row too wide for the kernel");
+    const dim3 block(detail::row_threads(cols / vec, items, kBackwardMaxThreads, "gated_residual_backward"));
     const dim3 grid(tiles_per_sample, batch);
     kernel<<<grid, block, 0, stream>>>(dout, gate, gate_stride, y, dy, partials, tokens, cols, rows_per_tile, plane);
     PERFTRAIN_LAUNCH_CHECK();
@@ -207,16 +204,6 @@ void gated_residual_backward(const TX* dout, const TG* gate, int64_t gate_stride
                                                    int, int, int, cudaStream_t);                                 \
   template void gated_residual_backward<TX, TG, TY>(const TX*, const TG*, int64_t, const TY*, const float*, TY*, \
                                                     TG*, float*, float*, int, int, int, int, cudaStream_t);
-#define PERFTRAIN_GATED_INSTANTIATE_Y(TX, TG)          \
-  PERFTRAIN_GATED_INSTANTIATE(TX, TG, float)           \
-  PERFTRAIN_GATED_INSTANTIATE(TX, TG, __nv_bfloat16)   \
-  PERFTRAIN_GATED_INSTANTIATE(TX, TG, __half)
-#define PERFTRAIN_GATED_INSTANTIATE_GY(TX)             \
-  PERFTRAIN_GATED_INSTANTIATE_Y(TX, float)             \
-  PERFTRAIN_GATED_INSTANTIATE_Y(TX, __nv_bfloat16)     \
-  PERFTRAIN_GATED_INSTANTIATE_Y(TX, __half)
-PERFTRAIN_GATED_INSTANTIATE_GY(float)
-PERFTRAIN_GATED_INSTANTIATE_GY(__nv_bfloat16)
-PERFTRAIN_GATED_INSTANTIATE_GY(__half)
+PERFTRAIN_FOR_STORAGE_TYPES3(PERFTRAIN_GATED_INSTANTIATE)
 
 }  // namespace perftrain::kernels

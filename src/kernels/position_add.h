@@ -4,9 +4,9 @@
 // y [rows, cols] is the patch product (bf16 under autocast), table [period,
 // cols] fp32, out [rows, cols] fp32: the residual stream. ATen does this as a
 // broadcast add with a dtype promotion, which takes its non-vectorised
-// elementwise kernel (0.13 ms at DiT-S/2 b256, ~1.6 TB/s); this one moves
-// 16 bytes of y per thread and the same bytes as ATen (y read once, out
-// written once, the table from L2).
+// elementwise kernel (~1.6 TB/s on the H200); this one moves 16 bytes of y
+// per thread and the same bytes as ATen (y read once, out written once, the
+// table from L2).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -5,12 +5,14 @@
 #include <type_traits>
 
 #include "kernels/cuda_check.h"
+#include "kernels/layernorm_stats.cuh"
 #include "kernels/vector_io.cuh"
 
 namespace perftrain::kernels {
 namespace {
 
 using detail::from_float;
+using detail::layernorm_row_stats;
 using detail::load_raw;
 using detail::load_vec;
 using detail::raw_to_float;
@@ -37,13 +39,7 @@ static_assert(kMaxThreads * fwd_items<1>() >= kResidualAdaLNMaxCols &&
                   kMaxThreads * bwd_items<1>() >= kResidualAdaLNMaxCols,
               "the registers must cover the widest row");
 
-// Threads per row: the fewest whole warps that cover nvec vectors at `items` each.
-int threads_per_row(int nvec, int items) {
-  const int t = (nvec + items - 1) / items;
-  const int threads = std::max(32, (t + 31) / 32 * 32);
-  if (threads > kMaxThreads) throw std::invalid_argument("residual_adaln: row too wide for the kernel");
-  return threads;
-}
+int threads_per_row(int nvec, int items) { return detail::row_threads(nvec, items, kMaxThreads, "residual_adaln"); }
 
 // The value as stored in T: LN must see x1 exactly as the residual stream keeps it.
 template <typename T>
@@ -64,14 +60,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const int row = blockIdx.x * blockDim.y + threadIdx.y;
   if (row >= rows) return;  // a whole warp (warp per row) or a whole block (block per row)
   const int nvec = cols / VEC;
-  const float inv_cols = 1.f / float(cols);
   const int64_t off = int64_t(row) * cols;
   const int b = row / tokens;
   const TM* gt = gate + int64_t(b) * gate_stride;
 
   // x1 = x + gate * (y + bias), written out and kept (as stored) for the statistics.
   float v[ITEMS][VEC];
-  float s[1] = {0.f};
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int c = threadIdx.x + i * blockDim.x;
@@ -87,32 +81,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
         for (int j = 0; j < VEC; ++j) yv[j] += bv[j];
       }
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        v[i][j] = round_to<TX>(v[i][j] + g[j] * yv[j]);
-        s[0] += v[i][j];
-      }
+      for (int j = 0; j < VEC; ++j) v[i][j] = round_to<TX>(v[i][j] + g[j] * yv[j]);
       store_vec<TX, VEC>(x1 + off + int64_t(c) * VEC, v[i]);
     }
   }
-  row_sum<1>(s, smem);
-  const float mean = s[0] * inv_cols;
-  s[0] = 0.f;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    if (int(threadIdx.x + i * blockDim.x) < nvec) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float d = v[i][j] - mean;
-        s[0] += d * d;
-      }
-    }
-  }
-  row_sum<1>(s, smem);
-  const float rstd = rsqrtf(s[0] * inv_cols + eps);
-  if (threadIdx.x == 0) {
-    if (mean_out != nullptr) mean_out[row] = mean;
-    if (rstd_out != nullptr) rstd_out[row] = rstd;
-  }
+  const auto [mean, rstd] = layernorm_row_stats(v, nvec, cols, eps, smem, row, mean_out, rstd_out);
 
   const TM* sh = shift + int64_t(b) * shift_stride;
   const TM* sc = scale + int64_t(b) * scale_stride;
@@ -140,12 +113,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 // take no registers across the reduction. SUM_DX1: also the column sums of dx1
 // (plane 3), for the bias; the bias itself only enters in the reduce kernel.
 // EARLY: all four row inputs (xhat or x1, dh, dx1_ext, y) are loaded as raw
-// words before the row's sums, so each row costs one memory round trip
-// instead of two; with `prefetch` they are loaded one row ahead, so that the
-// next row's loads are in flight during this row's block reduction (one row
-// per block at a time otherwise leaves few bytes in flight per SM). It holds
-// them in registers across the reduction, so only the one-vector (ITEMS = 1)
-// instantiations take it.
+// words one row ahead, so each row costs one memory round trip instead of
+// two and the next row's loads are in flight during this row's block
+// reduction (one row per block at a time otherwise leaves few bytes in
+// flight per SM). It holds two rows' inputs in registers across the
+// reduction, so only the one-vector (ITEMS = 1) instantiations take it.
 template <typename TX, typename TM, typename TA, int VEC, int ITEMS, bool SUM_DX1, bool XHAT, bool EARLY>
 __global__ void __launch_bounds__(kMaxThreads, 1)
     residual_adaln_backward_kernel(const TX* __restrict__ dx1_ext, const TA* __restrict__ dh,
@@ -154,7 +126,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
                                    int64_t gate_stride, const TM* __restrict__ scale, int64_t scale_stride,
                                    const float* __restrict__ mean, const float* __restrict__ rstd,
                                    TX* __restrict__ dx, TA* __restrict__ dy, float* __restrict__ partials, int tokens,
-                                   int cols, int rows_per_tile, int64_t plane, bool prefetch) {
+                                   int cols, int rows_per_tile, int64_t plane) {
   __shared__ float smem[64];
   const int tile = blockIdx.x, b = blockIdx.y, tiles = gridDim.x;
   const int nvec = cols / VEC;
@@ -172,7 +144,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     for (int j = 0; j < VEC; ++j) acc_dgate[i][j] = acc_dscale[i][j] = acc_dshift[i][j] = acc_dx1[i][j] = 0.f;
   }
 
-  // EARLY's raw row inputs: this row's (cur) and, with prefetch, the next one's.
+  // EARLY's raw row inputs: this row's (cur) and the next one's.
   using TXH = std::conditional_t<XHAT, TA, TX>;
   struct RowInputs {
     RawVec<TXH, VEC> xh[ITEMS];
@@ -208,7 +180,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     const int64_t row = int64_t(b) * tokens + t;
     const int64_t off = row * cols;
     if constexpr (EARLY) {
-      if (prefetch && t + 1 < t1) load_row(t + 1, next);
+      if (t + 1 < t1) load_row(t + 1, next);
     }
     const float mu = EARLY ? cur.mu : XHAT ? 0.f : mean[row];
     const float rs = EARLY ? cur.rs : rstd[row];
@@ -281,13 +253,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
         store_vec<TA, VEC>(dy + off + int64_t(c) * VEC, yv[i]);
       }
     }
-    if constexpr (EARLY) {
-      if (prefetch) {
-        cur = next;
-      } else if (t + 1 < t1) {
-        load_row(t + 1, cur);
-      }
-    }
+    if constexpr (EARLY) cur = next;
   }
 
   // Plane 0: sum dx1*y (-> dgate); plane 1: sum dh*xhat (-> dscale); plane 2: sum dh (-> dshift);
@@ -341,15 +307,7 @@ __global__ void residual_adaln_reduce_partials_kernel(const float* __restrict__ 
   dshift[int64_t(b) * cols + c] = from_float<TM>(s2);
 }
 
-ResidualAdaLNLaunch& launch_settings() {
-  static ResidualAdaLNLaunch settings;
-  return settings;
-}
-
 }  // namespace
-
-ResidualAdaLNLaunch residual_adaln_launch() { return launch_settings(); }
-void set_residual_adaln_launch(const ResidualAdaLNLaunch& settings) { launch_settings() = settings; }
 
 template <typename TX, typename TM, typename TA>
 void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y, const float* bias,
@@ -372,19 +330,18 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
     PERFTRAIN_LAUNCH_CHECK();
   };
   // A warp per row takes 8 x ITEMS x 32 columns: the fewest ITEMS that cover
-  // the row. Fewer registers, so more rows in flight per SM: with 6 vectors
-  // held at D = 384 the kernel used 94 registers (~20 warps per SM), with 2
-  // it uses 56. D = 1152 (XL/2) takes 5 (4.5 a lane) instead of 6.
-  const bool by_width = residual_adaln_launch().forward_items_by_width;
+  // the row. Fewer registers, so more rows in flight per SM: at D = 384, 2
+  // vectors a thread take 56 registers where 6 took 94. D = 1152 (XL/2)
+  // takes 5 (4.5 a lane).
   auto vec8_launch = [&](auto bias_tag) {
     constexpr bool B = decltype(bias_tag)::value;
-    if (by_width && cols <= 8 * 2 * 32)
+    if (cols <= 8 * 2 * 32)
       launch(residual_adaln_forward_kernel<TX, TM, TA, 8, 2, B>, 8, 2);
-    else if (by_width && cols <= 8 * 3 * 32)
+    else if (cols <= 8 * 3 * 32)
       launch(residual_adaln_forward_kernel<TX, TM, TA, 8, 3, B>, 8, 3);
-    else if (by_width && cols <= 8 * 4 * 32)
+    else if (cols <= 8 * 4 * 32)
       launch(residual_adaln_forward_kernel<TX, TM, TA, 8, 4, B>, 8, 4);
-    else if (by_width && cols <= 8 * 5 * 32)
+    else if (cols <= 8 * 5 * 32)
       launch(residual_adaln_forward_kernel<TX, TM, TA, 8, 5, B>, 8, 5);
     else
       launch(residual_adaln_forward_kernel<TX, TM, TA, 8, fwd_items<8>(), B>, 8, fwd_items<8>());
@@ -400,12 +357,9 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
 }
 
 int residual_adaln_backward_tiles(int batch, int tokens, int cols, bool bias_sums, int sm_count) {
-  if (const int per_sm = residual_adaln_launch().backward_blocks_per_sm; per_sm > 0)
-    return detail::sample_row_tiles(batch, tokens, sm_count, per_sm);
   // Slots from the block size the launch below picks for these columns, at
   // the 128 registers per thread that __launch_bounds__(512, 1) allows and the
-  // row-ahead kernel takes: 512 / threads blocks per SM. The same for every
-  // load form (they differ in registers), so the forms give the same bits.
+  // row-ahead kernel takes: 512 / threads blocks per SM.
   const int threads = cols % 8 != 0 ? threads_per_row(cols, bwd_items<1>())
                       : bias_sums && cols <= kNarrowBiasCols ? threads_per_row(cols / 8, kNarrowBiasItems)
                                                              : threads_per_row(cols / 8, bwd_items<8>());
@@ -438,18 +392,13 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
     const dim3 block(threads_per_row(cols / vec, items));
     const dim3 grid(tiles_per_sample, batch);
     kernel<<<grid, block, 0, stream>>>(dx1_ext, dh, x1, xhat, y, gate, gate_stride, scale, scale_stride, mean, rstd,
-                                       dx, dy, partials, tokens, cols, rows_per_tile, plane,
-                                       residual_adaln_launch().backward_prefetch);
+                                       dx, dy, partials, tokens, cols, rows_per_tile, plane);
     PERFTRAIN_LAUNCH_CHECK();
   };
   auto row_kernels = [&](auto xhat_tag) {
     constexpr bool XHAT = decltype(xhat_tag)::value;
-    const bool early = residual_adaln_launch().backward_early_loads;
-    if (vec8 && sum_dx1 && cols <= kNarrowBiasCols && early)
+    if (vec8 && sum_dx1 && cols <= kNarrowBiasCols)
       launch(residual_adaln_backward_kernel<TX, TM, TA, 8, kNarrowBiasItems, true, XHAT, true>, 8, kNarrowBiasItems);
-    else if (vec8 && sum_dx1 && cols <= kNarrowBiasCols)
-      launch(residual_adaln_backward_kernel<TX, TM, TA, 8, kNarrowBiasItems, true, XHAT, false>, 8,
-             kNarrowBiasItems);
     else if (vec8 && sum_dx1)
       launch(residual_adaln_backward_kernel<TX, TM, TA, 8, bwd_items<8>(), true, XHAT, false>, 8, bwd_items<8>());
     else if (vec8)
@@ -487,16 +436,6 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
                                                     const float*, const TM*, int64_t, const TM*, int64_t,         \
                                                     const float*, const float*, TX*, TA*, TM*, TM*, TM*, float*,  \
                                                     float*, int, int, int, int, cudaStream_t);
-#define PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_A(TX, TM)          \
-  PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, float)           \
-  PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, __nv_bfloat16)   \
-  PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, __half)
-#define PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_MA(TX)            \
-  PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_A(TX, float)            \
-  PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_A(TX, __nv_bfloat16)    \
-  PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_A(TX, __half)
-PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_MA(float)
-PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_MA(__nv_bfloat16)
-PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE_MA(__half)
+PERFTRAIN_FOR_STORAGE_TYPES3(PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE)
 
 }  // namespace perftrain::kernels

@@ -33,9 +33,12 @@
 //             dgate = sum dx1*y + bias * sum dx1 and dbias_per_sample = gate * sum dx1, so the
 //             row loop never reads the bias; rows up to 4096 wide then take one 8-element
 //             vector per thread instead of two (more threads per row), which keeps the four
-//             sums in registers without spilling.
+//             sums in registers without spilling, and load each row's inputs one row ahead,
+//             so that they are in flight during the row before's block reduction. The tiles
+//             per sample are chosen by waves of the blocks an SM holds at that block size
+//             (detail::wave_row_tiles).
 // With and without a bias are separate instantiations of both row kernels, so the path without
-// one has exactly its old code (no bias load, no fourth sum, the same registers and shape).
+// one carries no bias load, no fourth sum and no registers for them.
 // Everything is shape-determined (grid, scratch size), so it captures in CUDA graphs.
 #pragma once
 
@@ -49,31 +52,6 @@ namespace perftrain::kernels {
 
 // The widest row either kernel takes (the op checks it up front).
 constexpr int kResidualAdaLNMaxCols = 8192;
-
-// Launch choices that the whole-step benchmark compares (ops/residual_adaln
-// sets them once from PERFTRAIN_RA_FWD, _BWD and _BWD_BLOCKS): the forward's vectors per thread
-// by row width (fewer registers on narrow rows) or always the widest; the
-// backward's second-phase loads issued with the first (one round trip per
-// row) or after the row sums, and with them the next row's loads issued
-// before this row's sums (prefetch); the backward's row tiles, about this many
-// blocks per SM (fewer: fewer partial sums to write; more: a smaller last
-// wave). Process-wide; set before launching.
-struct ResidualAdaLNLaunch {
-  bool forward_items_by_width = true;
-  bool backward_early_loads = true;
-  bool backward_prefetch = true;  // with early loads: a row ahead (see the kernel)
-  // 0: tiles by waves (detail::wave_row_tiles on the slots the block size
-  // leaves at 128 registers a thread); n > 0: about n blocks per SM. With the
-  // row-ahead loads the narrow backward takes 128 registers, so 8 blocks of
-  // 64 threads fit an SM; 8 per SM made DiT-S/2 b256's 1280 blocks a wave
-  // and a fifth, 6 made 1024 one wave (29.23 against 30.08 ms a step,
-  // 6b76542). By waves gives those 1024 too, and at D = 768 (96 threads,
-  // 5 per SM) 5 tiles instead of 4: whole steps within noise of the 6-per-SM
-  // rule at S/2, B/2 and XL/2 (182bb00), kept as the rule without a constant.
-  int backward_blocks_per_sm = 0;
-};
-ResidualAdaLNLaunch residual_adaln_launch();
-void set_residual_adaln_launch(const ResidualAdaLNLaunch& settings);
 
 // Forward. x, y, x1, h [batch * tokens, cols] contiguous; gate, shift, scale
 // rows of `cols` elements at b * <name>_stride; bias [cols] fp32 or null.

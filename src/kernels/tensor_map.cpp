@@ -55,6 +55,12 @@ void allow_dynamic_smem(const void* kernel, int bytes, int device, std::atomic<u
   set_on.fetch_or(bit, std::memory_order_release);
 }
 
+void check_tma_pointers(const char* who, std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      throw std::invalid_argument(std::string(who) + ": every pointer must be given and 16-byte aligned");
+}
+
 int sm90_device(const char* who) {
   int device = 0, major = 0, minor = 0;
   PERFTRAIN_CUDA_CHECK(cudaGetDevice(&device));

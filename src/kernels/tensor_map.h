@@ -1,13 +1,14 @@
 // The host side our TMA kernels share: the driver's tensor-map encoder
 // reached through the runtime (no link to libcuda), for the one layout they
 // use, a kernel's dynamic shared-memory limit set once per device, and the
-// check for an sm_90 GPU.
+// checks of their arguments and of the GPU (sm_90).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
 
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 
 namespace perftrain::kernels {
 
@@ -23,6 +24,10 @@ CUtensorMap bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int bo
 // the attribute belongs to the function on one device, so a second GPU in
 // the process needs its own call.
 void allow_dynamic_smem(const void* kernel, int bytes, int device, std::atomic<uint64_t>& set_on);
+
+// Every pointer given and 16-byte aligned (TMA's rule for a global address);
+// std::invalid_argument naming `who` otherwise.
+void check_tma_pointers(const char* who, std::initializer_list<const void*> pointers);
 
 // The current device, after checking that it is an sm_90 GPU (the wgmma and
 // TMA kernels' only target); std::invalid_argument naming `who` otherwise.

@@ -1,8 +1,9 @@
 // Device helpers shared by the row kernels (adaln_layernorm, gated_residual,
 // residual_adaln): fp32 math on float / __nv_bfloat16 / __half storage,
 // vector loads and stores of up to 16 bytes, deterministic warp and row sums,
-// and the host-side shape rules they agree on (16-byte alignment, the tile
-// split of the per-sample column reductions, the size check).
+// the explicit instantiation over the storage types, and the host-side shape
+// rules they agree on (16-byte alignment, threads per row, the tile split of
+// the per-sample column reductions, the size check).
 //
 // Everything here is inline or a template: the header goes into several .cu
 // files of one library.
@@ -133,6 +134,18 @@ __device__ __forceinline__ void row_sum(float (&v)[K], float* smem /* [32 * K] *
   }
 }
 
+// ---- explicit instantiation over the storage types ----
+
+// M(A, B, C) for every combination of the three storage types (27 in all):
+// the row kernels' host functions are templates on three of them.
+#define PERFTRAIN_STORAGE_TYPES_C(M, A, B) M(A, B, float) M(A, B, __nv_bfloat16) M(A, B, __half)
+#define PERFTRAIN_STORAGE_TYPES_BC(M, A)                                                  \
+  PERFTRAIN_STORAGE_TYPES_C(M, A, float) PERFTRAIN_STORAGE_TYPES_C(M, A, __nv_bfloat16) \
+      PERFTRAIN_STORAGE_TYPES_C(M, A, __half)
+#define PERFTRAIN_FOR_STORAGE_TYPES3(M)                                             \
+  PERFTRAIN_STORAGE_TYPES_BC(M, float) PERFTRAIN_STORAGE_TYPES_BC(M, __nv_bfloat16) \
+      PERFTRAIN_STORAGE_TYPES_BC(M, __half)
+
 // ---- host-side shape rules ----
 
 // 16-byte vectors need every row start aligned: cols and the strides a
@@ -144,13 +157,23 @@ bool vec8_aligned(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % word == 0;
 }
 
+// Threads per row: the fewest whole warps that cover nvec vectors at `items`
+// vectors a thread; std::invalid_argument naming `what` above max_threads.
+inline int row_threads(int nvec, int items, int max_threads, const char* what) {
+  const int t = (nvec + items - 1) / items;
+  const int threads = std::max(32, (t + 31) / 32 * 32);
+  if (threads > max_threads) throw std::invalid_argument(std::string(what) + ": row too wide for the kernel");
+  return threads;
+}
+
 // How many row tiles per sample a backward with per-sample column sums uses:
-// about blocks_per_sm blocks per SM in all, at least 4 rows per tile, and no
-// empty tile. The tile count fixes the summation order, so it depends on
-// shapes and the SM count only.
-inline int sample_row_tiles(int batch, int tokens, int sm_count, int blocks_per_sm = 8) {
+// about 8 blocks per SM in all, at least 4 rows per tile, and no empty tile.
+// The tile count fixes the summation order, so it depends on shapes and the
+// SM count only.
+inline int sample_row_tiles(int batch, int tokens, int sm_count) {
+  constexpr int kBlocksPerSm = 8;
   if (batch < 1 || tokens < 1) return 1;
-  const int64_t target = int64_t(std::max(blocks_per_sm, 1)) * std::max(sm_count, 1);
+  const int64_t target = int64_t(kBlocksPerSm) * std::max(sm_count, 1);
   int64_t tiles = (target + batch - 1) / batch;
   tiles = std::max<int64_t>(1, std::min<int64_t>(tiles, tokens / 4));
   const int64_t rows_per_tile = (tokens + tiles - 1) / tiles;
@@ -162,9 +185,9 @@ inline int sample_row_tiles(int batch, int tokens, int sm_count, int blocks_per_
 // tiles on a tie. The model: a block's time grows with its rows, and a last
 // wave that fills the GPU only partly still takes a block's time. So, e.g.,
 // 256 samples on 660 slots take 5 tiles (1280 blocks, 2 full-ish waves of 52
-// rows) rather than 4 (1024 blocks, 1.55 waves of 64). On the H200 the DiT
-// steps measured within noise of the 6-blocks-per-SM target (182bb00): where
-// the kernel is bandwidth-bound the waves matter less than the model says.
+// rows) rather than 4 (1024 blocks, 1.55 waves of 64). Where the kernel is
+// bandwidth-bound the waves matter less than the model says: on the DiT steps
+// it matches a tuned blocks-per-SM target without needing the constant.
 // overhead_rows stands for the per-block start and the partial sums' store.
 // Shapes, SMs and the kernel's block size only, so the summation order
 // stays fixed.

@@ -7,9 +7,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <string>
-#include <utility>
-
 #include "base/error.h"
 #include "kernels/adaln_layernorm.h"
 #include "ops/dtype_dispatch.h"
@@ -21,43 +18,20 @@ using torch::autograd::variable_list;
 
 namespace {
 
-void check_dtype(at::ScalarType t, const char* what) { check_kernel_dtype("adaln_layernorm", t, what); }
+constexpr const char* kOp = "adaln_layernorm";
 
 void check_args(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, at::ScalarType out_dtype) {
-  if (!x.defined() || !shift.defined() || !scale.defined())
-    throw UsageError("adaln_layernorm: x, shift and scale must all be defined tensors");
-  if (x.dim() != 3) throw UsageError("adaln_layernorm: x must be [B, T, D], got shape " + shape(x));
-  const int64_t b = x.size(0), d = x.size(2);
-  const std::string want = "[" + std::to_string(b) + ", " + std::to_string(d) + "] (x is " + shape(x) + ")";
-  if (shift.dim() != 2 || shift.size(0) != b || shift.size(1) != d)
-    throw UsageError("adaln_layernorm: shift must be " + want + ", got " + shape(shift));
-  if (scale.dim() != 2 || scale.size(0) != b || scale.size(1) != d)
-    throw UsageError("adaln_layernorm: scale must be " + want + ", got " + shape(scale));
-  if (d < 1) throw UsageError("adaln_layernorm: x must have D >= 1 features, got shape " + shape(x));
-  check_dtype(x.scalar_type(), "x");
-  check_dtype(shift.scalar_type(), "shift");
-  check_dtype(scale.scalar_type(), "scale");
-  check_dtype(out_dtype, "out_dtype");
-  if (shift.device() != x.device() || scale.device() != x.device())
-    throw UsageError("adaln_layernorm: x is on " + x.device().str() + " but shift is on " + shift.device().str() +
-                     " and scale on " + scale.device().str());
-  if (x.is_cuda()) {
-    if (d > kernels::kAdaLNMaxCols)
-      throw UsageError("adaln_layernorm: D=" + std::to_string(d) + " is wider than the CUDA kernel takes (" +
-                       std::to_string(kernels::kAdaLNMaxCols) + ")");
-    if (b > 65535 || x.size(0) * x.size(1) > INT32_MAX)
-      throw UsageError("adaln_layernorm: x " + shape(x) + " has too many rows for the CUDA kernel");
-  }
+  detail::check_defined(kOp, {&x, &shift, &scale}, "x, shift and scale");
+  detail::check_tokens(kOp, x);
+  detail::check_sample_rows(kOp, x, shift, "shift");
+  detail::check_sample_rows(kOp, x, scale, "scale");
+  check_kernel_dtype(kOp, x.scalar_type(), "x");
+  check_kernel_dtype(kOp, shift.scalar_type(), "shift");
+  check_kernel_dtype(kOp, scale.scalar_type(), "scale");
+  check_kernel_dtype(kOp, out_dtype, "out_dtype");
+  detail::check_device_of_x(kOp, x, {{"shift", &shift}, {"scale", &scale}});
+  detail::check_row_kernel_sizes(kOp, x, kernels::kAdaLNMaxCols);
 }
-
-// The shared dispatch (ops/dtype_dispatch.h), errors naming this op.
-template <typename F>
-void with_type(at::ScalarType t, F&& f) {
-  with_kernel_type("adaln_layernorm", t, std::forward<F>(f));
-}
-
-// The kernels want the last dimension dense; row strides are passed through.
-at::Tensor rows_dense(const at::Tensor& t) { return t.stride(1) == 1 ? t : t.contiguous(); }
 
 struct AdaLNLayerNormFunction : public torch::autograd::Function<AdaLNLayerNormFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& shift_in,
@@ -74,18 +48,14 @@ struct AdaLNLayerNormFunction : public torch::autograd::Function<AdaLNLayerNormF
     at::Tensor mean = at::empty({int64_t(batch) * tokens}, x.options().dtype(at::kFloat));
     at::Tensor rstd = at::empty_like(mean);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    with_type(x.scalar_type(), [&](auto tx) {
-      with_type(shift.scalar_type(), [&](auto tm) {
-        with_type(out_dtype, [&](auto ty) {
-          using TX = kernel_type<decltype(tx)>;
-          using TM = kernel_type<decltype(tm)>;
-          using TY = kernel_type<decltype(ty)>;
-          kernels::adaln_layernorm_forward<TX, TM, TY>(
-              static_cast<const TX*>(x.data_ptr()), static_cast<const TM*>(shift.data_ptr()), shift.stride(0),
-              static_cast<const TM*>(scale.data_ptr()), scale.stride(0), static_cast<TY*>(y.data_ptr()),
-              mean.data_ptr<float>(), rstd.data_ptr<float>(), batch, tokens, cols, float(eps), stream);
-        });
-      });
+    with_kernel_types(kOp, x.scalar_type(), shift.scalar_type(), out_dtype, [&](auto tx, auto tm, auto ty) {
+      using TX = kernel_type<decltype(tx)>;
+      using TM = kernel_type<decltype(tm)>;
+      using TY = kernel_type<decltype(ty)>;
+      kernels::adaln_layernorm_forward<TX, TM, TY>(kernel_ptr<const TX>(x), kernel_ptr<const TM>(shift),
+                                                   shift.stride(0), kernel_ptr<const TM>(scale), scale.stride(0),
+                                                   kernel_ptr<TY>(y), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                                                   batch, tokens, cols, float(eps), stream);
     });
     ctx->save_for_backward({x, scale, mean, rstd});
     ctx->saved_data["out_dtype"] = out_dtype_i;
@@ -113,19 +83,14 @@ struct AdaLNLayerNormFunction : public torch::autograd::Function<AdaLNLayerNormF
     // Shape-determined scratch from the caching allocator: fine under graph capture.
     at::Tensor partials = at::empty({2, batch, tiles, cols}, x.options().dtype(at::kFloat));
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    with_type(x.scalar_type(), [&](auto tx) {
-      with_type(scale.scalar_type(), [&](auto tm) {
-        with_type(out_dtype, [&](auto ty) {
-          using TX = kernel_type<decltype(tx)>;
-          using TM = kernel_type<decltype(tm)>;
-          using TY = kernel_type<decltype(ty)>;
-          kernels::adaln_layernorm_backward<TX, TM, TY>(
-              static_cast<const TY*>(dy.data_ptr()), static_cast<const TX*>(x.data_ptr()),
-              static_cast<const TM*>(scale.data_ptr()), scale.stride(0), mean.data_ptr<float>(),
-              rstd.data_ptr<float>(), static_cast<TX*>(dx.data_ptr()), static_cast<TM*>(dshift.data_ptr()),
-              static_cast<TM*>(dscale.data_ptr()), partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
-        });
-      });
+    with_kernel_types(kOp, x.scalar_type(), scale.scalar_type(), out_dtype, [&](auto tx, auto tm, auto ty) {
+      using TX = kernel_type<decltype(tx)>;
+      using TM = kernel_type<decltype(tm)>;
+      using TY = kernel_type<decltype(ty)>;
+      kernels::adaln_layernorm_backward<TX, TM, TY>(
+          kernel_ptr<const TY>(dy), kernel_ptr<const TX>(x), kernel_ptr<const TM>(scale), scale.stride(0),
+          mean.data_ptr<float>(), rstd.data_ptr<float>(), kernel_ptr<TX>(dx), kernel_ptr<TM>(dshift),
+          kernel_ptr<TM>(dscale), partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
     });
     if (dshift.scalar_type() != shift_dtype) dshift = dshift.to(shift_dtype);
     if (dscale.scalar_type() != scale_dtype) dscale = dscale.to(scale_dtype);

@@ -5,39 +5,22 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <stdexcept>
 
-#include "base/env.h"
-#include "kernels/attention_head_bwd_sm90.h"
 #include "compat/compat.h"
+#include "kernels/attention_head_bwd_sm90.h"
 
 namespace perftrain::ops {
 namespace {
 
-std::atomic<bool>& own_flag() {  // read once, at first use
-  static std::atomic<bool> on{own_attention_backward_from(std::getenv("PERFTRAIN_ATTN_BWD"))};
-  return on;
-}
-
-}  // namespace
-
-bool own_attention_backward_from(const char* value) { return own_or_cudnn("PERFTRAIN_ATTN_BWD", value); }
-
-bool own_attention_backward() { return own_flag().load(std::memory_order_relaxed); }
-void set_own_attention_backward(bool on) { own_flag().store(on, std::memory_order_relaxed); }
-
-namespace {
+std::atomic<bool> own_backward{true};
 
 // Whether the kernel takes these tensors (the switch aside).
 bool kernel_applies(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
                     int64_t heads) {
-  if (!qkv.is_cuda() || qkv.scalar_type() != at::kBFloat16 || qkv.dim() != 3 || !qkv.is_contiguous() || heads < 1)
-    return false;
-  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3, head_dim = D / heads;
-  if (T != kernels::kHeadBwdTokens || D != heads * head_dim || qkv.size(2) != 3 * D ||
-      !kernels::head_bwd_dim_supported(int(head_dim)))
-    return false;
+  const int64_t head_dim = detail::whole_head_dim(qkv, heads);
+  if (head_dim == 0) return false;
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = heads * head_dim;
   // out: [B, H, T, d] whose memory is [B, T, H, d]; lse: B * H * T fp32, contiguous.
   if (out.scalar_type() != at::kBFloat16 || out.dim() != 4 || !out.transpose(1, 2).is_contiguous() ||
       out.size(0) != B || out.size(1) != heads || out.size(2) != T || out.size(3) != head_dim)
@@ -47,6 +30,23 @@ bool kernel_applies(const at::Tensor& qkv, const at::Tensor& out, const at::Tens
 }
 
 }  // namespace
+
+bool own_attention_backward() { return own_backward.load(std::memory_order_relaxed); }
+void set_own_attention_backward(bool on) { own_backward.store(on, std::memory_order_relaxed); }
+
+namespace detail {
+
+int64_t whole_head_dim(const at::Tensor& qkv, int64_t heads) {
+  if (!qkv.is_cuda() || qkv.scalar_type() != at::kBFloat16 || qkv.dim() != 3 || !qkv.is_contiguous() || heads < 1)
+    return 0;
+  const int64_t T = qkv.size(1), D = qkv.size(2) / 3, head_dim = D / heads;
+  if (T != kernels::kHeadBwdTokens || D != heads * head_dim || qkv.size(2) != 3 * D ||
+      !kernels::head_bwd_dim_supported(int(head_dim)))
+    return 0;
+  return head_dim;
+}
+
+}  // namespace detail
 
 at::Tensor try_attention_head_bwd(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
                                   const at::Tensor& grad_out, int64_t heads, bool forward_was_ours) {

@@ -1,10 +1,13 @@
 // From a runtime at::ScalarType to the C++ element type a kernel template is
 // instantiated for: the three storage types the row kernels take (float32,
 // bfloat16, float16), the check that names the offending input, and the
-// dispatch that the ops nest once per templated type. Also the sizes text
-// ("[2, 3, 8]") the ops' argument errors quote.
+// dispatch over one or three templated types. Also what the row ops
+// (adaln_layernorm, gated_residual, residual_adaln, position_add) share
+// around their kernels: the sizes text ("[2, 3, 8]") their argument errors
+// quote, the argument checks, and the pointers they pass.
 //
-//   with_kernel_type("my_op", x.scalar_type(), [&](auto tx) {
+//   with_kernel_types("my_op", x.scalar_type(), m.scalar_type(), y.scalar_type(),
+//                     [&](auto tx, auto tm, auto ty) {
 //     using TX = kernel_type<decltype(tx)>;   // float, __nv_bfloat16 or __half
 //     ...
 //   });
@@ -15,9 +18,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "base/error.h"
 
@@ -52,5 +58,77 @@ void with_kernel_type(const char* op, at::ScalarType t, F&& f) {
 // The element type behind the null pointer with_kernel_type passes.
 template <typename P>
 using kernel_type = std::remove_pointer_t<P>;
+
+// f(ta, tb, tc) with the null pointers of three types: one kernel template's three parameters.
+template <typename F>
+void with_kernel_types(const char* op, at::ScalarType a, at::ScalarType b, at::ScalarType c, F&& f) {
+  with_kernel_type(op, a, [&](auto ta) {
+    with_kernel_type(op, b, [&](auto tb) { with_kernel_type(op, c, [&](auto tc) { f(ta, tb, tc); }); });
+  });
+}
+
+// t's data as T* (T const for a read-only argument), or null for an
+// undefined tensor (what an op did not keep or does not have).
+template <typename T>
+T* kernel_ptr(const at::Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+// The row kernels want a [B, D] modulation's last dimension dense; its row
+// stride is passed through, so a chunk of a [B, 6D] tensor is not copied.
+inline at::Tensor rows_dense(const at::Tensor& t) { return t.stride(1) == 1 ? t : t.contiguous(); }
+
+namespace detail {
+
+// The argument checks of the row ops; each throws UsageError naming `op`.
+
+// Every tensor is defined: "<op>: <names> must all be defined tensors".
+inline void check_defined(const char* op, std::initializer_list<const at::Tensor*> ts, const char* names) {
+  for (const at::Tensor* t : ts)
+    if (!t->defined()) throw UsageError(std::string(op) + ": " + names + " must all be defined tensors");
+}
+
+// x is [B, T, D] with D >= 1.
+inline void check_tokens(const char* op, const at::Tensor& x) {
+  if (x.dim() != 3) throw UsageError(std::string(op) + ": x must be [B, T, D], got shape " + shape(x));
+  if (x.size(2) < 1) throw UsageError(std::string(op) + ": x must have D >= 1 features, got shape " + shape(x));
+}
+
+// y (called `name`) has x's shape.
+inline void check_shape_of_x(const char* op, const at::Tensor& x, const at::Tensor& y, const char* name) {
+  if (y.sizes() != x.sizes())
+    throw UsageError(std::string(op) + ": " + name + " must have x's shape " + shape(x) + ", got " + shape(y));
+}
+
+// t (called `name`) is one row per sample of x [B, T, D]: [B, D].
+inline void check_sample_rows(const char* op, const at::Tensor& x, const at::Tensor& t, const char* name) {
+  const int64_t b = x.size(0), d = x.size(2);
+  if (t.dim() != 2 || t.size(0) != b || t.size(1) != d)
+    throw UsageError(std::string(op) + ": " + name + " must be [" + std::to_string(b) + ", " + std::to_string(d) +
+                     "] (x is " + shape(x) + "), got " + shape(t));
+}
+
+// Each named tensor is on x's device.
+inline void check_device_of_x(const char* op, const at::Tensor& x,
+                              std::initializer_list<std::pair<const char*, const at::Tensor*>> named) {
+  for (const auto& [name, t] : named)
+    if (t->device() != x.device())
+      throw UsageError(std::string(op) + ": x is on " + x.device().str() + " but " + name + " is on " +
+                       t->device().str());
+}
+
+// On CUDA, what the row kernels take: D up to max_cols, at most 65535
+// samples (a grid dimension) and rows indexed in 32 bits.
+inline void check_row_kernel_sizes(const char* op, const at::Tensor& x, int64_t max_cols) {
+  if (!x.is_cuda()) return;
+  const int64_t d = x.size(2);
+  if (d > max_cols)
+    throw UsageError(std::string(op) + ": D=" + std::to_string(d) + " is wider than the CUDA kernel takes (" +
+                     std::to_string(max_cols) + ")");
+  if (x.size(0) > 65535 || x.size(0) * x.size(1) > INT32_MAX)
+    throw UsageError(std::string(op) + ": x " + shape(x) + " has too many rows for the CUDA kernel");
+}
+
+}  // namespace detail
 
 }  // namespace perftrain::ops

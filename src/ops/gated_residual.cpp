@@ -24,41 +24,22 @@ using torch::autograd::variable_list;
 
 namespace {
 
-void check_dtype(at::ScalarType t, const char* what) { check_kernel_dtype("gated_residual", t, what); }
+constexpr const char* kOp = "gated_residual";
 
 void check_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y) {
-  if (!x.defined() || !gate.defined() || !y.defined())
-    throw UsageError("gated_residual: x, gate and y must all be defined tensors");
-  if (x.dim() != 3) throw UsageError("gated_residual: x must be [B, T, D], got shape " + shape(x));
-  if (y.sizes() != x.sizes())
-    throw UsageError("gated_residual: y must have x's shape " + shape(x) + ", got " + shape(y));
-  const int64_t b = x.size(0), d = x.size(2);
-  if (gate.dim() != 2 || gate.size(0) != b || gate.size(1) != d)
-    throw UsageError("gated_residual: gate must be [" + std::to_string(b) + ", " + std::to_string(d) + "] (x is " +
-                     shape(x) + "), got " + shape(gate));
-  check_dtype(x.scalar_type(), "x");
-  check_dtype(gate.scalar_type(), "gate");
-  check_dtype(y.scalar_type(), "y");
-  if (gate.device() != x.device() || y.device() != x.device())
-    throw UsageError("gated_residual: x is on " + x.device().str() + " but gate is on " + gate.device().str() +
-                     " and y on " + y.device().str());
-  if (x.is_cuda()) {
-    if (d > kernels::kGatedResidualMaxCols)
-      throw UsageError("gated_residual: D=" + std::to_string(d) + " is wider than the CUDA kernel takes (" +
-                       std::to_string(kernels::kGatedResidualMaxCols) + ")");
-    if (b > 65535 || x.size(0) * x.size(1) > INT32_MAX)
-      throw UsageError("gated_residual: x " + shape(x) + " has too many rows for the CUDA kernel");
-  }
+  detail::check_defined(kOp, {&x, &gate, &y}, "x, gate and y");
+  detail::check_tokens(kOp, x);
+  detail::check_shape_of_x(kOp, x, y, "y");
+  detail::check_sample_rows(kOp, x, gate, "gate");
+  check_kernel_dtype(kOp, x.scalar_type(), "x");
+  check_kernel_dtype(kOp, gate.scalar_type(), "gate");
+  check_kernel_dtype(kOp, y.scalar_type(), "y");
+  detail::check_device_of_x(kOp, x, {{"gate", &gate}, {"y", &y}});
+  detail::check_row_kernel_sizes(kOp, x, kernels::kGatedResidualMaxCols);
 }
 
 std::optional<at::Tensor> optional_bias(const at::Tensor& bias) {
   return bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
-}
-
-// The shared dispatch (ops/dtype_dispatch.h), errors naming this op.
-template <typename F>
-void with_type(at::ScalarType t, F&& f) {
-  with_kernel_type("gated_residual", t, std::forward<F>(f));
 }
 
 // The bias travels as an optional: autograd functions take no undefined
@@ -70,24 +51,18 @@ struct GatedResidualFunction : public torch::autograd::Function<GatedResidualFun
     const c10::cuda::CUDAGuard guard(x_in.device());
     const int batch = int(x_in.size(0)), tokens = int(x_in.size(1)), cols = int(x_in.size(2));
     const at::Tensor x = x_in.contiguous(), y = y_in.contiguous();
-    // The kernels want the last dimension dense; the row stride is passed through.
-    const at::Tensor gate = gate_in.stride(1) == 1 ? gate_in : gate_in.contiguous();
+    const at::Tensor gate = rows_dense(gate_in);
     // The kernels read the bias as dense fp32 (no copy when it already is).
     const at::Tensor bias = bias_opt.has_value() ? bias_opt->to(at::kFloat).contiguous() : at::Tensor();
     at::Tensor out = at::empty(x.sizes(), x.options());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    with_type(x.scalar_type(), [&](auto tx) {
-      with_type(gate.scalar_type(), [&](auto tg) {
-        with_type(y.scalar_type(), [&](auto ty) {
-          using TX = kernel_type<decltype(tx)>;
-          using TG = kernel_type<decltype(tg)>;
-          using TY = kernel_type<decltype(ty)>;
-          kernels::gated_residual_forward<TX, TG, TY>(
-              static_cast<const TX*>(x.data_ptr()), static_cast<const TG*>(gate.data_ptr()), gate.stride(0),
-              static_cast<const TY*>(y.data_ptr()), bias.defined() ? bias.data_ptr<float>() : nullptr,
-              static_cast<TX*>(out.data_ptr()), batch, tokens, cols, stream);
-        });
-      });
+    with_kernel_types(kOp, x.scalar_type(), gate.scalar_type(), y.scalar_type(), [&](auto tx, auto tg, auto ty) {
+      using TX = kernel_type<decltype(tx)>;
+      using TG = kernel_type<decltype(tg)>;
+      using TY = kernel_type<decltype(ty)>;
+      kernels::gated_residual_forward<TX, TG, TY>(kernel_ptr<const TX>(x), kernel_ptr<const TG>(gate), gate.stride(0),
+                                                  kernel_ptr<const TY>(y), kernel_ptr<const float>(bias),
+                                                  kernel_ptr<TX>(out), batch, tokens, cols, stream);
     });
     // dy needs gate, dgate needs y and the bias; x is not needed at all.
     ctx->save_for_backward({gate, y, bias});
@@ -123,19 +98,14 @@ struct GatedResidualFunction : public torch::autograd::Function<GatedResidualFun
         {kernels::gated_residual_backward_partials(batch, tiles, cols, bias_ptr != nullptr || want_bias)},
         y.options().dtype(at::kFloat));
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    with_type(x_dtype, [&](auto tx) {
-      with_type(gate.scalar_type(), [&](auto tg) {
-        with_type(y.scalar_type(), [&](auto ty) {
-          using TX = kernel_type<decltype(tx)>;
-          using TG = kernel_type<decltype(tg)>;
-          using TY = kernel_type<decltype(ty)>;
-          kernels::gated_residual_backward<TX, TG, TY>(
-              static_cast<const TX*>(dout.data_ptr()), static_cast<const TG*>(gate.data_ptr()), gate.stride(0),
-              static_cast<const TY*>(y.data_ptr()), bias_ptr, static_cast<TY*>(dy.data_ptr()),
-              static_cast<TG*>(dgate.data_ptr()), want_bias ? dbias_ps.data_ptr<float>() : nullptr,
-              partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
-        });
-      });
+    with_kernel_types(kOp, x_dtype, gate.scalar_type(), y.scalar_type(), [&](auto tx, auto tg, auto ty) {
+      using TX = kernel_type<decltype(tx)>;
+      using TG = kernel_type<decltype(tg)>;
+      using TY = kernel_type<decltype(ty)>;
+      kernels::gated_residual_backward<TX, TG, TY>(kernel_ptr<const TX>(dout), kernel_ptr<const TG>(gate),
+                                                   gate.stride(0), kernel_ptr<const TY>(y), bias_ptr, kernel_ptr<TY>(dy),
+                                                   kernel_ptr<TG>(dgate), kernel_ptr<float>(dbias_ps),
+                                                   partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
     });
     at::Tensor dbias;
     if (want_bias) {  // for the optimizer only: beside the rest of the backward (ops/weight_grad_lane.h)
@@ -177,7 +147,7 @@ at::Tensor gated_residual_reference(const at::Tensor& x, const at::Tensor& gate,
 
 at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y, const at::Tensor& bias) {
   check_args(x, gate, y);
-  detail::check_residual_bias("gated_residual", x, bias);
+  detail::check_residual_bias(kOp, x, bias);
   if (!x.is_cuda()) return gated_residual_reference(x, gate, y, bias);
   return GatedResidualFunction::apply(x, gate, y, optional_bias(bias));
 }

@@ -6,7 +6,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "base/env.h"
 #include "base/error.h"
 #include "kernels/position_add.h"
 #include "ops/dtype_dispatch.h"
@@ -53,9 +52,7 @@ at::Tensor position_add(const at::Tensor& y, const at::Tensor& table) {
     throw UsageError("position_add: y is on " + y.device().str() + " but the table on " + t2.device().str());
   const bool fused = y.is_cuda() && is_kernel_dtype(y.scalar_type()) && t2.scalar_type() == at::kFloat &&
                      !t2.requires_grad() && y.numel() > 0 && y.size(0) * y.size(1) <= INT32_MAX;
-  // PERFTRAIN_POS_ADD=aten: ATen's broadcast add, to compare.
-  static const bool aten = env_equals("PERFTRAIN_POS_ADD", "aten");
-  if (!fused || aten) return y + table;
+  if (!fused) return y + table;
   return PositionAddFunction::apply(y, t2);
 }
 

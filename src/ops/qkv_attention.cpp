@@ -12,15 +12,14 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
-#include "base/env.h"
 #include "base/error.h"
+#include "compat/compat.h"
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
 #include "ops/column_sums.h"
-#include "compat/compat.h"
 #include "ops/compute_weights.h"
-#include "ops/cublaslt_workspace.h"
 #include "ops/linear.h"
 #include "ops/self_attention.h"
 #include "ops/weight_grad_lane.h"
@@ -82,15 +81,6 @@ at::Tensor pack_dqkv(const std::array<at::Tensor, 3>& d, int64_t B, int64_t T, i
   return dqkv.view({B, T, 3 * D});
 }
 
-// PERFTRAIN_QKV_GRAD=packed: projected_attention's backward packs dq/dk/dv
-// into one [B, T, 3D] gradient and runs the projection's two products on it
-// (three copies, two products) instead of six products on the blocks in
-// place: to compare the two on a GPU (fewer launches vs fewer bytes).
-bool packed_qkv_grad() {
-  static const bool packed = env_equals("PERFTRAIN_QKV_GRAD", "packed");
-  return packed;
-}
-
 struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads) {
     return cudnn_forward(ctx, qkv, heads, {});
@@ -106,14 +96,13 @@ struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
 };
 
 // The key bias's gradient is exactly zero, so it is written as zeros instead
-// of summed from dk (a [B*T, D] read, 1/3 of the bias gradients' bytes: 50 MB
-// per block at DiT-S/2 b256). Adding b_k to every key adds q_i . b_k to all
-// logits of query i, which softmax ignores; in the gradient, each row of
-// dS = P (dP - rowsum(P dP)) sums to zero, so sum_j dk_j = scale sum_i q_i
-// sum_j dS_ij = 0. Autograd through SDPA gets rounding noise there instead
-// (measured 4e-4 to 1.2e-3 of the whole bias gradient in bf16, below 1e-4 in
-// fp32); AdamW turns that noise into steps of about the learning rate on
-// b_k, which change nothing the model computes.
+// of summed from dk (a [B*T, D] read, a third of the bias gradients' bytes).
+// Adding b_k to every key adds q_i . b_k to all logits of query i, which
+// softmax ignores; in the gradient, each row of dS = P (dP - rowsum(P dP))
+// sums to zero, so sum_j dk_j = scale sum_i q_i sum_j dS_ij = 0. Autograd
+// through SDPA gets rounding noise there instead (about 1e-3 of the whole
+// bias gradient in bf16), which AdamW turns into steps of about the learning
+// rate on b_k that change nothing the model computes.
 struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias_opt, int64_t heads) {
@@ -144,9 +133,9 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    // Our whole-head kernel where it applies (PERFTRAIN_ATTN_BWD, default
-    // own), and always after our forward: the packed gradient directly,
-    // from the forward's out (s[3]) and lse (s[4]); cuDNN's backward elsewhere.
+    // Our whole-head kernel where it applies (ops::own_attention_backward),
+    // and always after our forward: the packed gradient directly, from the
+    // forward's out (s[3]) and lse (s[4]); cuDNN's backward elsewhere.
     const at::Tensor own_dqkv =
         try_attention_head_bwd(qkv, s[3], s[4], grads[0], heads, ctx->saved_data["own_fwd"].toBool());
     const auto d = own_dqkv.defined() ? std::array<at::Tensor, 3>{} : cudnn_backward(ctx, s, 2, grads[0]);
@@ -155,7 +144,7 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     // layout (it does on the DiT shapes): then it is the output gradient of
     // one row block of the projection, and the products read it in place.
     std::array<at::Tensor, 3> blocks;
-    bool in_place = !packed_qkv_grad() && !own_dqkv.defined();
+    bool in_place = !own_dqkv.defined();
     for (int i = 0; i < 3 && in_place; ++i) {
       const at::Tensor tm = d[i].transpose(1, 2);
       in_place = in_place && tm.is_contiguous();
@@ -172,15 +161,14 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
         run_weight_grads(
             [&] {
               // The q and v blocks' column sums straight from the packed
-              // gradient (its rows 3D apart), the k block not read, as in the
-              // in-place path; with BGRADB (PERFTRAIN_BGRADB=1) the epilogue
-              // sums all three and k's block is overwritten.
-              const bool epilogue_db = bgradb_epilogue();
-              detail::linear_weight_grad_into(dqkv, h2, dw, epilogue_db ? db : at::Tensor());
-              if (db.defined() && !epilogue_db)
+              // gradient (its rows 3D apart), the k block zero and not read,
+              // as in the in-place path.
+              detail::linear_weight_grad_into(dqkv, h2, dw, at::Tensor());
+              if (db.defined()) {
                 column_sums_into({dqkv.narrow(1, 0, D), dqkv.narrow(1, 2 * D, D)},
                                  {db.narrow(0, 0, D), db.narrow(0, 2 * D, D)});
-              if (db.defined()) db.narrow(0, D, D).zero_();  // as the in-place path: exactly zero
+                db.narrow(0, D, D).zero_();
+              }
             },
             {dqkv, h2});
       if (ctx->needs_input_grad(0)) {

@@ -1,17 +1,19 @@
-// Multi-head self-attention on a packed qkv projection as one autograd
-// function around cuDNN's fused attention (forward and backward called
-// directly). Why not at::scaled_dot_product_attention on three views: its
-// backward returns dq, dk, dv as three tensors that autograd stacks and then
-// permutes back into the packed layout, two copies that cost more than the
-// attention itself (3.5 + 2.9 ms of a 41 ms DiT-S/2 b256 step, measured).
-// Here cuDNN reads q, k, v straight from the packed tensor and writes its
-// output and gradients in the token-major layout the matrix products read.
+// Multi-head self-attention on a packed qkv projection [B, T, 3D], as autograd
+// functions that read q, k and v straight from the packed tensor and write
+// the output and the gradients in the token-major layouts the matrix products
+// read, so that nothing is stacked or permuted in between (through three
+// views and at::scaled_dot_product_attention, autograd would stack dq, dk, dv
+// and permute them back: two copies that cost more than the attention).
 //
-// projected_attention goes one step further and owns the qkv projection too:
-// its backward feeds cuDNN's dq, dk, dv straight to the projection's products
-// (dW row block i = dQKV_i^T h, dh = sum_i dQKV_i W_i accumulated in place),
-// so the gradients are never copied into the packed layout (those copies were
-// 16.9 ms of a 398 ms DiT-XL/2 b256 step).
+// projected_attention owns the qkv projection too. The attention itself is
+// our whole-head kernels where they apply (ops/attention_head_fwd and
+// ops/attention_head_bwd: bf16 on sm_90, 256 tokens, head dim 64 or 72; the
+// [speed] key attention = "own"), cuDNN's fused attention otherwise, and
+// ATen's SDPA where cuDNN does not run (CPU, fp32, a shape it refuses). The
+// backward feeds the packed gradient, or cuDNN's dq, dk, dv in place, straight
+// to the projection's products (dW row block i = dQKV_i^T h, dh = sum_i
+// dQKV_i W_i accumulated in place), so the gradients are never copied into
+// another layout.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,16 +22,18 @@ namespace perftrain::ops {
 
 // qkv [B, T, 3*D] laid out as (3, heads, D/heads) in the last dim -> [B, T, D].
 // CUDA bf16/fp16: cuDNN attention; otherwise (CPU, fp32, or cuDNN refusing
-// the shape once) self_attention(), ATen's SDPA under autograd.
+// the shape once) self_attention(), ATen's SDPA under autograd. (Our
+// whole-head kernels run inside projected_attention only.)
 at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads);
 
 // qkv_attention(linear(h, qkv_weight, qkv_bias), heads) as one autograd
 // function: h [B, T, D] in the compute dtype, qkv_weight [3D, D] and
 // qkv_bias [3D] (may be undefined) as for ops::linear. Gradients as linear's.
 // Falls back to exactly that composition where qkv_attention would not use
-// cuDNN. On the cuDNN path the key block of qkv_bias's gradient is exactly
-// zero (softmax is shift-invariant per query; the composition gives rounding
-// noise there). Bad shapes or dtypes throw UsageError.
+// cuDNN. On the fused paths (ours and cuDNN's) the key block of qkv_bias's
+// gradient is exactly zero (softmax is shift-invariant per query; the
+// composition gives rounding noise there). Bad shapes or dtypes throw
+// UsageError.
 at::Tensor projected_attention(const at::Tensor& h, const at::Tensor& qkv_weight, const at::Tensor& qkv_bias,
                                int64_t heads);
 

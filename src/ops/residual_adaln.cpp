@@ -7,12 +7,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <atomic>
-#include <cstdlib>
 #include <optional>
 #include <string>
 
-#include "base/env.h"
 #include "base/error.h"
 #include "kernels/gated_residual.h"
 #include "kernels/residual_adaln.h"
@@ -33,79 +30,20 @@ constexpr const char* kOp = "residual_adaln";
 
 void check_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y, const at::Tensor& shift,
                 const at::Tensor& scale, at::ScalarType out_dtype) {
-  if (!x.defined() || !gate.defined() || !y.defined() || !shift.defined() || !scale.defined())
-    throw UsageError("residual_adaln: x, gate, y, shift and scale must all be defined tensors");
-  if (x.dim() != 3) throw UsageError("residual_adaln: x must be [B, T, D], got shape " + shape(x));
-  if (y.sizes() != x.sizes())
-    throw UsageError("residual_adaln: y must have x's shape " + shape(x) + ", got " + shape(y));
-  const int64_t b = x.size(0), d = x.size(2);
-  if (d < 1) throw UsageError("residual_adaln: x must have D >= 1 features, got shape " + shape(x));
-  const std::string want = "[" + std::to_string(b) + ", " + std::to_string(d) + "] (x is " + shape(x) + ")";
-  auto check_row = [&](const at::Tensor& t, const char* name) {
-    if (t.dim() != 2 || t.size(0) != b || t.size(1) != d)
-      throw UsageError(std::string("residual_adaln: ") + name + " must be " + want + ", got " + shape(t));
-  };
-  check_row(gate, "gate");
-  check_row(shift, "shift");
-  check_row(scale, "scale");
+  detail::check_defined(kOp, {&x, &gate, &y, &shift, &scale}, "x, gate, y, shift and scale");
+  detail::check_tokens(kOp, x);
+  detail::check_shape_of_x(kOp, x, y, "y");
+  detail::check_sample_rows(kOp, x, gate, "gate");
+  detail::check_sample_rows(kOp, x, shift, "shift");
+  detail::check_sample_rows(kOp, x, scale, "scale");
   check_kernel_dtype(kOp, x.scalar_type(), "x");
   check_kernel_dtype(kOp, gate.scalar_type(), "gate");
   check_kernel_dtype(kOp, y.scalar_type(), "y");
   check_kernel_dtype(kOp, shift.scalar_type(), "shift");
   check_kernel_dtype(kOp, scale.scalar_type(), "scale");
   check_kernel_dtype(kOp, out_dtype, "out_dtype");
-  if (gate.device() != x.device() || y.device() != x.device() || shift.device() != x.device() ||
-      scale.device() != x.device())
-    throw UsageError("residual_adaln: x is on " + x.device().str() + " but gate is on " + gate.device().str() +
-                     ", y on " + y.device().str() + ", shift on " + shift.device().str() + " and scale on " +
-                     scale.device().str());
-  if (x.is_cuda()) {
-    if (d > kernels::kResidualAdaLNMaxCols)
-      throw UsageError("residual_adaln: D=" + std::to_string(d) + " is wider than the CUDA kernel takes (" +
-                       std::to_string(kernels::kResidualAdaLNMaxCols) + ")");
-    if (b > 65535 || x.size(0) * x.size(1) > INT32_MAX)
-      throw UsageError("residual_adaln: x " + shape(x) + " has too many rows for the CUDA kernel");
-  }
-}
-
-// The kernels' launch choices, once per process: PERFTRAIN_RA_FWD=max-items
-// and PERFTRAIN_RA_BWD=late-loads or no-prefetch bring back the earlier
-// launches, and PERFTRAIN_RA_BWD_BLOCKS=<n> sets the backward's blocks per
-// SM, to compare.
-void apply_launch_env() {
-  static const bool applied = [] {
-    kernels::ResidualAdaLNLaunch l;
-    l.forward_items_by_width = !env_equals("PERFTRAIN_RA_FWD", "max-items");
-    l.backward_early_loads = !env_equals("PERFTRAIN_RA_BWD", "late-loads");
-    l.backward_prefetch = l.backward_early_loads && !env_equals("PERFTRAIN_RA_BWD", "no-prefetch");
-    if (const char* n = std::getenv("PERFTRAIN_RA_BWD_BLOCKS"); n != nullptr && std::atoi(n) > 0)
-      l.backward_blocks_per_sm = std::atoi(n);
-    kernels::set_residual_adaln_launch(l);
-    return true;
-  }();
-  (void)applied;
-}
-
-// The kernels want the last dimension dense; row strides are passed through.
-at::Tensor rows_dense(const at::Tensor& t) { return t.stride(1) == 1 ? t : t.contiguous(); }
-
-template <typename T>
-T* ptr(const at::Tensor& t) {
-  return static_cast<T*>(t.data_ptr());
-}
-
-// The same, or null for an undefined tensor (what the op did not keep).
-template <typename T>
-const T* ptr_or_null(const at::Tensor& t) {
-  return t.defined() ? ptr<const T>(t) : nullptr;
-}
-
-// Calls f with null pointers of the C++ types of x1, of gate/shift/scale and of y/h.
-template <typename F>
-void dispatch(at::ScalarType x, at::ScalarType m, at::ScalarType a, F&& f) {
-  with_kernel_type(kOp, x, [&](auto tx) {
-    with_kernel_type(kOp, m, [&](auto tm) { with_kernel_type(kOp, a, [&](auto ta) { f(tx, tm, ta); }); });
-  });
+  detail::check_device_of_x(kOp, x, {{"gate", &gate}, {"y", &y}, {"shift", &shift}, {"scale", &scale}});
+  detail::check_row_kernel_sizes(kOp, x, kernels::kResidualAdaLNMaxCols);
 }
 
 // The bias travels as an optional: autograd functions take no undefined
@@ -117,7 +55,6 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
                                int64_t out_dtype_i, double eps, const std::optional<at::Tensor>& bias_opt) {
     const auto out_dtype = static_cast<at::ScalarType>(out_dtype_i);
     const c10::cuda::CUDAGuard guard(x_in.device());
-    apply_launch_env();
     const int batch = int(x_in.size(0)), tokens = int(x_in.size(1)), cols = int(x_in.size(2));
     const at::Tensor x = x_in.contiguous();
     // gate, shift and scale share one kernel type; mixed dtypes meet in fp32 (tiny tensors).
@@ -136,22 +73,20 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
     at::Tensor h = at::empty(x.sizes(), x.options().dtype(act));
     at::Tensor mean = at::empty({int64_t(batch) * tokens}, x.options().dtype(at::kFloat));
     at::Tensor rstd = at::empty_like(mean);
-    // The LN backward reads xhat (16-bit, kept here) or x1 (the residual
-    // stream's dtype, usually fp32) and mean: the former halves what this
-    // op holds for backward. Only when xhat is narrower than x1.
-    const bool keep_xhat = residual_adaln_keeps_xhat() && c10::elementSize(act) == 2 &&
-                           c10::elementSize(x.scalar_type()) > 2;
+    // The LN backward reads xhat where it is narrower than x1 (16-bit h, wider
+    // x: the bf16 DiT path), x1 and mean otherwise (see the header).
+    const bool keep_xhat = c10::elementSize(act) == 2 && c10::elementSize(x.scalar_type()) > 2;
     at::Tensor xhat = keep_xhat ? at::empty(x.sizes(), x.options().dtype(act)) : at::Tensor();
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    dispatch(x.scalar_type(), gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
+    with_kernel_types(kOp, x.scalar_type(), gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
       using TX = kernel_type<decltype(tx)>;
       using TM = kernel_type<decltype(tm)>;
       using TA = kernel_type<decltype(ta)>;
       kernels::residual_adaln_forward<TX, TM, TA>(
-          ptr<const TX>(x), ptr<const TM>(gate), gate.stride(0), ptr<const TA>(y),
-          bias.defined() ? bias.data_ptr<float>() : nullptr, ptr<const TM>(shift), shift.stride(0),
-          ptr<const TM>(scale), scale.stride(0), ptr<TX>(x1), ptr<TA>(h), mean.data_ptr<float>(),
-          rstd.data_ptr<float>(), keep_xhat ? ptr<TA>(xhat) : nullptr, batch, tokens, cols, float(eps), stream);
+          kernel_ptr<const TX>(x), kernel_ptr<const TM>(gate), gate.stride(0), kernel_ptr<const TA>(y),
+          kernel_ptr<const float>(bias), kernel_ptr<const TM>(shift), shift.stride(0), kernel_ptr<const TM>(scale),
+          scale.stride(0), kernel_ptr<TX>(x1), kernel_ptr<TA>(h), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+          kernel_ptr<TA>(xhat), batch, tokens, cols, float(eps), stream);
     });
     // An unused output's gradient arrives undefined rather than as zeros to read.
     ctx->set_materialize_grads(false);
@@ -194,46 +129,46 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
     at::Tensor dgate = at::empty({batch, cols}, gate.options()), dshift, dscale;
     // The bias's gradient per sample (fp32), summed over the batch below.
     at::Tensor dbias_ps = want_bias ? at::empty({batch, cols}, x_options.dtype(at::kFloat)) : at::Tensor();
-    float* dbias_ptr = want_bias ? dbias_ps.data_ptr<float>() : nullptr;
+    float* dbias_ptr = kernel_ptr<float>(dbias_ps);
     // The bias enters dgate only; without a wanted dgate the kernels may leave it out.
     const float* bias_ptr = want_gate && bias.defined() ? bias.data_ptr<float>() : nullptr;
     const bool bias_sums = bias_ptr != nullptr || want_bias;
-    if (!dh_in.defined()) {
-      // Only x1 was used: exactly gated_residual's backward, and dx is the incoming gradient itself.
+    // Only x1 was used: exactly gated_residual's backward, and dx is the
+    // incoming gradient itself. Otherwise the fused backward.
+    const bool x1_only = !dh_in.defined();
+    const at::Tensor dh = x1_only ? at::Tensor() : dh_in.to(act).contiguous();
+    if (x1_only) {
       dx = dx1_in;
-      if (want_gate || want_y || want_bias) {
-        const int tiles = kernels::gated_residual_backward_tiles(batch, tokens, sms);
-        // Shape-determined scratch from the caching allocator: fine under graph capture.
-        at::Tensor partials = at::empty({kernels::gated_residual_backward_partials(batch, tiles, cols, bias_sums)},
-                                        x_options.dtype(at::kFloat));
-        dispatch(x_dtype, gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
-          using TX = kernel_type<decltype(tx)>;
-          using TM = kernel_type<decltype(tm)>;
-          using TA = kernel_type<decltype(ta)>;
-          kernels::gated_residual_backward<TX, TM, TA>(ptr<const TX>(dx1_ext), ptr<const TM>(gate), gate.stride(0),
-                                                       ptr<const TA>(y), bias_ptr, ptr<TA>(dy), ptr<TM>(dgate),
-                                                       dbias_ptr, partials.data_ptr<float>(), batch, tokens, cols,
-                                                       tiles, stream);
-        });
-      }
     } else {
-      const at::Tensor dh = dh_in.to(act).contiguous();
       dx = at::empty(y.sizes(), x_options);
       dshift = at::empty_like(dgate);
       dscale = at::empty_like(dgate);
-      const int tiles = kernels::residual_adaln_backward_tiles(batch, tokens, cols, bias_sums, sms);
-      at::Tensor partials = at::empty({kernels::residual_adaln_backward_partials(batch, tiles, cols, bias_sums)},
-                                      x_options.dtype(at::kFloat));
-      dispatch(x_dtype, gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
+    }
+    if (!x1_only || want_gate || want_y || want_bias) {
+      const int tiles = x1_only ? kernels::gated_residual_backward_tiles(batch, tokens, sms)
+                                : kernels::residual_adaln_backward_tiles(batch, tokens, cols, bias_sums, sms);
+      // Shape-determined scratch from the caching allocator: fine under graph capture.
+      const at::Tensor partials =
+          at::empty({x1_only ? kernels::gated_residual_backward_partials(batch, tiles, cols, bias_sums)
+                             : kernels::residual_adaln_backward_partials(batch, tiles, cols, bias_sums)},
+                    x_options.dtype(at::kFloat));
+      with_kernel_types(kOp, x_dtype, gate.scalar_type(), act, [&](auto tx, auto tm, auto ta) {
         using TX = kernel_type<decltype(tx)>;
         using TM = kernel_type<decltype(tm)>;
         using TA = kernel_type<decltype(ta)>;
-        kernels::residual_adaln_backward<TX, TM, TA>(
-            ptr_or_null<TX>(dx1_ext), ptr<const TA>(dh), ptr_or_null<TX>(x1), ptr_or_null<TA>(xhat),
-            ptr<const TA>(y), bias_ptr, ptr<const TM>(gate), gate.stride(0), ptr<const TM>(scale), scale.stride(0),
-            ptr_or_null<float>(mean), rstd.data_ptr<float>(), ptr<TX>(dx), ptr<TA>(dy), ptr<TM>(dgate),
-            ptr<TM>(dshift), ptr<TM>(dscale), dbias_ptr, partials.data_ptr<float>(), batch, tokens, cols, tiles,
-            stream);
+        if (x1_only)
+          kernels::gated_residual_backward<TX, TM, TA>(
+              kernel_ptr<const TX>(dx1_ext), kernel_ptr<const TM>(gate), gate.stride(0), kernel_ptr<const TA>(y),
+              bias_ptr, kernel_ptr<TA>(dy), kernel_ptr<TM>(dgate), dbias_ptr, partials.data_ptr<float>(), batch,
+              tokens, cols, tiles, stream);
+        else
+          kernels::residual_adaln_backward<TX, TM, TA>(
+              kernel_ptr<const TX>(dx1_ext), kernel_ptr<const TA>(dh), kernel_ptr<const TX>(x1),
+              kernel_ptr<const TA>(xhat), kernel_ptr<const TA>(y), bias_ptr, kernel_ptr<const TM>(gate),
+              gate.stride(0), kernel_ptr<const TM>(scale), scale.stride(0), kernel_ptr<const float>(mean),
+              rstd.data_ptr<float>(), kernel_ptr<TX>(dx), kernel_ptr<TA>(dy), kernel_ptr<TM>(dgate),
+              kernel_ptr<TM>(dshift), kernel_ptr<TM>(dscale), dbias_ptr, partials.data_ptr<float>(), batch, tokens,
+              cols, tiles, stream);
       });
     }
     // Back to each input's own dtype (no-ops on the fast path).
@@ -254,15 +189,7 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
   }
 };
 
-std::atomic<bool>& keeps_xhat() {
-  static std::atomic<bool> on{!env_equals("PERFTRAIN_LN_SAVE", "x")};
-  return on;
-}
-
 }  // namespace
-
-bool residual_adaln_keeps_xhat() { return keeps_xhat().load(); }
-void set_residual_adaln_keeps_xhat(bool on) { keeps_xhat().store(on); }
 
 std::pair<at::Tensor, at::Tensor> residual_adaln_reference(const at::Tensor& x, const at::Tensor& gate,
                                                            const at::Tensor& y, const at::Tensor& shift,

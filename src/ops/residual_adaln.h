@@ -8,6 +8,14 @@
 // LayerNorm's own inside the backward kernel instead of by autograd. The bias
 // (optional) is that of the linear layer that made y, folded in here so that
 // its gradient comes from the backward's column sums, not a reduction of its own.
+//
+// For the LayerNorm's backward the CUDA op keeps the normalised rows
+// xhat = (x1 - mean) * rstd in h's dtype when that is narrower than x's (the
+// bf16 DiT path: fp32 residual stream), else x1 and the means. A bf16 xhat is
+// half an fp32 x1's memory for the same traffic (the forward writes it, the
+// backward reads it instead of x1); the LN gradient then uses xhat rounded to
+// bf16 (relative 2^-9), like the bf16 operands every other gradient here is
+// made from.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -30,19 +38,6 @@ std::pair<at::Tensor, at::Tensor> residual_adaln(const at::Tensor& x, const at::
                                                  const at::Tensor& shift, const at::Tensor& scale,
                                                  at::ScalarType out_dtype, double eps = 1e-6,
                                                  const at::Tensor& bias = at::Tensor());
-
-// What the CUDA op keeps for the LayerNorm's backward when h is 16-bit and x
-// wider (the bf16 DiT path: fp32 residual stream): the normalised rows
-// xhat = (x1 - mean) * rstd in h's dtype (the default), or x1 itself and the
-// means. xhat is half of an fp32 x1 (DiT-XL/2 b256: 151 MB instead of 302 per
-// call, two calls per block); the forward writes it (2 bytes per element) and
-// the backward reads it instead of x1 (2 bytes fewer), so the traffic is the
-// same. The LN gradient then uses xhat rounded to bf16 (relative 2^-9), like
-// the bf16 operands every other gradient here is made from.
-// PERFTRAIN_LN_SAVE=x keeps x1 (the old behaviour) from the start; the setter
-// changes it for the calls after it.
-bool residual_adaln_keeps_xhat();
-void set_residual_adaln_keeps_xhat(bool on);
 
 // The plain-ATen reference: gated_residual_reference (with the bias), then
 // adaln_layernorm_reference on its result (fp32 math, fp64 when any input is

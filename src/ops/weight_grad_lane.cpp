@@ -17,7 +17,6 @@
 #include <unordered_set>
 #include <utility>
 
-#include "base/env.h"
 #include "base/error.h"
 #include "ops/cublaslt_workspace.h"
 

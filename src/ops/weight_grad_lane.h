@@ -40,17 +40,13 @@ namespace perftrain::ops {
 constexpr int kWeightGradLag = 2;
 
 // Whether the step runner opens the scope for a model whose activations are
-// `rows` (batch x tokens) by `hidden`. Measured on the H200 (the whole
-// captured step, one stream -> two, docs/PERFORMANCE.md): DiT-S/2 8192 rows
-// 6.58 -> 6.22 ms, 16384 rows 10.32 -> 9.81, 32768 rows 17.53 -> 17.27,
-// 65536 rows 31.92 -> 32.22; DiT-B/2 8192 rows 13.55 -> 13.25, 16384 rows
-// 23.86 -> 23.63. Large products fill the GPU alone and two at once only
-// share it, so by default the scope opens while rows x hidden is at most
-// kWeightGradStreamMaxElements (32768 x 384, the largest size measured
-// faster). Counting elements rather than rows switches wider models off
-// sooner, as their products of the same rows fill the GPU sooner (B/2 at
-// half the rows gains as S/2 does). PERFTRAIN_DW_STREAM=1 opens it at every
-// size, =0 never (read once).
+// `rows` (batch x tokens) by `hidden`, under the rule below. Large products
+// fill the GPU alone and two at once only share it, so by default (kAuto)
+// the scope opens while rows x hidden is at most
+// kWeightGradStreamMaxElements, the largest size measured faster on the H200
+// (DiT-S/2 at 32768 rows; docs/PERFORMANCE.md). Counting elements rather
+// than rows switches wider models off sooner, as their products of the same
+// rows fill the GPU sooner (B/2 at half the rows gains as S/2 does).
 constexpr int64_t kWeightGradStreamMaxElements = int64_t(32768) * 384;
 bool weight_grad_overlap_for(int64_t rows, int64_t hidden);
 

@@ -1,23 +1,29 @@
 // ops/attention_head_bwd on the CPU: the switch, and that the op steps aside
 // (returns nothing, so cuDNN's backward runs) where its kernel does not
-// apply. The kernel itself is checked on the GPU
-// (projected_attention_gpu_test.cpp, tools/attention_bwd_check.cu).
+// apply. The kernel itself is checked on the GPU (qkv_attention_gpu_test.cpp).
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 
-#include <stdexcept>
 
 #include "ops/attention_head_bwd.h"
 
 namespace perftrain::ops {
 namespace {
 
-TEST(AttentionHeadBwd, SwitchIsOwnOrCudnnAndRefusesOtherValues) {
-  EXPECT_TRUE(own_attention_backward_from(nullptr));
-  EXPECT_TRUE(own_attention_backward_from("own"));
-  EXPECT_FALSE(own_attention_backward_from("cudnn"));
-  EXPECT_THROW(own_attention_backward_from("cuDNN"), std::invalid_argument);
-  EXPECT_THROW(own_attention_backward_from(""), std::invalid_argument);
+TEST(AttentionHeadBwd, SwitchIsOnByDefaultAndSettable) {
+  EXPECT_TRUE(own_attention_backward());
+  set_own_attention_backward(false);
+  EXPECT_FALSE(own_attention_backward());
+  set_own_attention_backward(true);
+  EXPECT_TRUE(own_attention_backward());
+}
+
+// The shapes both whole-head kernels take: bf16 CUDA [B, 256, 3D] with head
+// dim 64 or 72 (a CPU tensor never).
+TEST(AttentionHeadBwd, WholeHeadDimIsZeroOffTheKernelsShapes) {
+  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  EXPECT_EQ(detail::whole_head_dim(at::randn({2, 256, 3 * 128}, bf16), 2), 0) << "on the CPU";
+  EXPECT_EQ(detail::whole_head_dim(at::randn({2, 256, 3 * 128}, bf16), 0), 0) << "no heads";
 }
 
 TEST(AttentionHeadBwd, StepsAsideOnTheCpuAndOnOtherShapes) {

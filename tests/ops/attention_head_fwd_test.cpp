@@ -1,22 +1,21 @@
 // ops/attention_head_fwd on the CPU: the switch, and that the op steps aside
 // (returns nothing, so cuDNN's forward runs) where its kernel does not
-// apply. The kernel itself is checked on the GPU
-// (projected_attention_gpu_test.cpp, tools/attention_fwd_check.cu).
+// apply. The kernel itself is checked on the GPU (qkv_attention_gpu_test.cpp).
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 
-#include <stdexcept>
 
 #include "ops/attention_head_fwd.h"
 
 namespace perftrain::ops {
 namespace {
 
-TEST(AttentionHeadFwd, SwitchIsOwnOrCudnnAndRefusesOtherValues) {
-  EXPECT_TRUE(own_attention_forward_from(nullptr));
-  EXPECT_TRUE(own_attention_forward_from("own"));
-  EXPECT_FALSE(own_attention_forward_from("cudnn"));
-  EXPECT_THROW(own_attention_forward_from("flash"), std::invalid_argument);
+TEST(AttentionHeadFwd, SwitchIsOnByDefaultAndSettable) {
+  EXPECT_TRUE(own_attention_forward());
+  set_own_attention_forward(false);
+  EXPECT_FALSE(own_attention_forward());
+  set_own_attention_forward(true);
+  EXPECT_TRUE(own_attention_forward());
 }
 
 TEST(AttentionHeadFwd, StepsAsideOnTheCpuAndOnOtherShapes) {

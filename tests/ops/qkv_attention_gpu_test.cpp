@@ -1,8 +1,10 @@
-// projected_attention on the GPU (cuDNN attention with the qkv projection's
-// backward fed straight from dq/dk/dv): forward and all three gradients
-// against the fp32 reference, on the DiT head sizes (64, 72) and odd ones;
-// the same result as the unfused linear + qkv_attention; and the
-// accumulating product (D += A B) it relies on. Skips without a GPU.
+// ops/qkv_attention on the GPU: projected_attention (the qkv projection's
+// backward fed straight from the attention's gradients), forward and all
+// three gradients against the fp32 reference, on the DiT head sizes (64, 72)
+// and odd ones, with cuDNN's attention and with our whole-head kernels
+// (ops/attention_head_fwd, ops/attention_head_bwd); the same result as the
+// unfused linear + qkv_attention; and the accumulating product (D += A B) it
+// relies on. Skips without a GPU.
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -18,9 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "compat/compat.h"
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
-#include "compat/compat.h"
 #include "ops/cublaslt_workspace.h"
 #include "ops/linear.h"
 #include "ops/qkv_attention.h"

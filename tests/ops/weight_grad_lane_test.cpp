@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,13 +20,23 @@ namespace perftrain::ops {
 namespace {
 
 TEST(WeightGradLane, OpensForSmallProductsOnly) {
-  if (std::getenv("PERFTRAIN_DW_STREAM") != nullptr) GTEST_SKIP() << "PERFTRAIN_DW_STREAM is set";
+  ASSERT_EQ(weight_grad_stream_mode(), WeightGradStreamMode::kAuto) << "the default rule";
   EXPECT_TRUE(weight_grad_overlap_for(32 * 256, 384));    // DiT-S/2 batch 32: measured faster
   EXPECT_TRUE(weight_grad_overlap_for(128 * 256, 384));   // batch 128: measured faster, at the limit
   EXPECT_FALSE(weight_grad_overlap_for(129 * 256, 384));
   EXPECT_TRUE(weight_grad_overlap_for(64 * 256, 768));    // DiT-B/2 batch 64: measured faster
   EXPECT_FALSE(weight_grad_overlap_for(256 * 256, 384));  // batch 256: measured slower
   EXPECT_FALSE(weight_grad_overlap_for(64 * 256, 1152));  // DiT-XL/2 batch 64: three times the work per product
+}
+
+// The [speed] key weight_grad_stream's other two rules: every size, never.
+TEST(WeightGradLane, ModeOnAndOffOverrideTheSizeRule) {
+  set_weight_grad_stream_mode(WeightGradStreamMode::kOn);
+  EXPECT_TRUE(weight_grad_overlap_for(256 * 256, 1152));
+  set_weight_grad_stream_mode(WeightGradStreamMode::kOff);
+  EXPECT_FALSE(weight_grad_overlap_for(32 * 256, 384));
+  set_weight_grad_stream_mode(WeightGradStreamMode::kAuto);
+  EXPECT_TRUE(weight_grad_overlap_for(32 * 256, 384));
 }
 
 TEST(WeightGradLane, RunsInlineWithoutAnActiveScope) {

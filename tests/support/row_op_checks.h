@@ -1,0 +1,76 @@
+// What the GPU tests of the row ops (adaln_layernorm, gated_residual,
+// residual_adaln) share: seeded random CUDA inputs, NaN-filled outputs for
+// the every-element-written checks, the [B, T, D] shapes, and the two
+// comparisons against a float64 reference with tolerances by the result's
+// dtype. A test says `using namespace perftrain::testing::row_ops;`.
+#pragma once
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/randn.h>
+#include <c10/core/Device.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+namespace perftrain::testing::row_ops {
+
+inline const c10::Device kCuda(c10::DeviceType::CUDA, 0);
+
+inline at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+// Random on the CPU (seeded), then moved: N(mean, std) in `dtype`.
+inline at::Tensor rnd(at::IntArrayRef sizes, at::Generator& g, at::ScalarType dtype, double std = 1.0,
+                      double mean = 0.0) {
+  return (at::randn(sizes, g) * std + mean).to(kCuda).to(dtype);
+}
+
+inline at::Tensor nan_like(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::full(sizes, std::numeric_limits<double>::quiet_NaN(), at::TensorOptions(kCuda).dtype(dtype));
+}
+
+inline bool reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+// Elementwise: |got - ref| <= tol + tol * |ref| everywhere; a NaN fails.
+// Tolerance per dtype of `got`: bf16/fp16 2e-2 (one rounding of an O(1)
+// value is <= 2^-8 relative, plus the rounding of an input the op rounds
+// first); fp32 1e-4 (row reductions of up to a few thousand terms); `tol` > 0
+// overrides.
+inline void expect_close(const at::Tensor& got, const at::Tensor& ref, const std::string& what, double tol = 0) {
+  ASSERT_TRUE(got.defined()) << what << ": undefined";
+  ASSERT_EQ(got.sizes(), ref.sizes()) << what;
+  if (tol <= 0) tol = reduced(got.scalar_type()) ? 2e-2 : 1e-4;
+  const at::Tensor g = got.to(at::kDouble), r = ref.to(at::kDouble);
+  EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
+  const at::Tensor bad = ((g - r).abs() > r.abs() * tol + tol).logical_or(g.isnan());
+  const int64_t n_bad = bad.sum().item<int64_t>();
+  EXPECT_EQ(n_bad, 0) << what << ": " << n_bad << " of " << g.numel()
+                      << " elements out of tolerance; max |got - ref| = " << (g - r).abs().max().item<double>();
+}
+
+// Per-sample column sums over T rows: ||got - ref|| / ||ref|| below 1e-2 when
+// got is bf16/fp16 (its own rounding dominates), 1e-5 when fp32; `tol` > 0
+// overrides.
+inline void expect_rel_l2(const at::Tensor& got, const at::Tensor& ref, const std::string& what, double tol = 0) {
+  ASSERT_TRUE(got.defined()) << what << ": undefined";
+  ASSERT_EQ(got.sizes(), ref.sizes()) << what;
+  if (tol <= 0) tol = reduced(got.scalar_type()) ? 1e-2 : 1e-5;
+  const at::Tensor g = got.to(at::kDouble), r = ref.to(at::kDouble);
+  EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
+  const double rel = (g - r).norm().item<double>() / r.norm().item<double>();
+  EXPECT_LT(rel, tol) << what << ": relative L2 error " << rel;  // NaN fails too
+}
+
+// x's [B, T, D].
+struct Shape {
+  int64_t b, t, d;
+};
+
+inline std::string name(const Shape& s) {
+  return "[" + std::to_string(s.b) + "," + std::to_string(s.t) + "," + std::to_string(s.d) + "]";
+}
+
+}  // namespace perftrain::testing::row_ops
