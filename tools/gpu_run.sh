@@ -91,6 +91,7 @@ train_run() {  # name, extra flags...
 # A setting of SETS as bench flags and as a file-name tag: "speed.a=x,speed.b=y" -> --set ... / "a-x_b-y".
 set_flags() { [ "$1" = default ] || for kv in ${1//,/ }; do printf -- '--set\n%s\n' "$kv"; done; }
 set_tag() { [ "$1" = default ] || echo "-$(echo "$1" | sed 's/speed\.//g' | tr '=,/' '-_-')"; }
+set_label() { [ "$1" = default ] || echo " [$1]"; }
 
 bench_case() {  # "DiT-S/2:32,256", setting (default or a SETS entry), extra flags...
   local model=${1%%:*} batches=${1##*:} setting=$2 tag t0 sets; shift 2
@@ -103,7 +104,7 @@ bench_case() {  # "DiT-S/2:32,256", setting (default or a SETS entry), extra fla
   tail -30 "$OUT/bench-$tag.log"
   cp "$RUNS/bench-$tag/bench.json" "$OUT/bench-$tag.json" 2>/dev/null
   cp "$RUNS/bench-$tag/bench.md" "$OUT/bench-$tag.md" 2>/dev/null
-  row "bench $model b$batches $setting" "rc $rc, $(( $(date +%s) - t0 )) s; $(awk '$2 == "all" { printf "b%s all %s ms; ", $1, $3 }' "$OUT/bench-$tag.log")"
+  row "bench $model b$batches$(set_label "$setting")" "rc $rc, $(( $(date +%s) - t0 )) s; $(awk '$2 == "all" { printf "b%s all %s ms; ", $1, $3 }' "$OUT/bench-$tag.log")"
 }
 
 ncu_run() {  # name, command...: Nsight Compute on the launches of NCU_KERNEL in the command
@@ -152,7 +153,7 @@ case "$MODE" in
         mapfile -t sets < <(set_flags "$s")
         $BIN bench --model "$model" --batch "$batches" --variants "$pv" --steps 10 --warmup 4 --profile "$pv" \
           --out "$RUNS/profile-$tag" "${sets[@]}" ${BENCH_ARGS:-} > "$OUT/profile-$tag.log" 2>&1
-        row "profile $model b$batches $s ($pv)" "rc $?"
+        row "profile $model b$batches$(set_label "$s") ($pv)" "rc $?"
         for f in "$RUNS/profile-$tag"/profile-*.md; do cp "$f" "$OUT/$tag-$(basename "$f")" 2>/dev/null; done
         # Uncaptured variants: each kernel charged to the operation that launched it.
         [ "$pv" != all ] && [ "$pv" != graph ] && for f in "$RUNS/profile-$tag"/trace-*.json; do
