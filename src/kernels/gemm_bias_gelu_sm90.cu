@@ -191,6 +191,23 @@ __device__ __forceinline__ void run_producer(const CUtensorMap* tma_a, const CUt
   }
 }
 
+// The start both kernels share: thread 0 sets up the ring's barriers (a
+// stage released by `empty_arrivals` consumer warps) and the two extra ones;
+// then the producer warpgroup runs the producer and returns false, and the
+// consumer warpgroups take the registers it gave up and return true.
+template <int Stages, int TileN>
+__device__ __forceinline__ bool start_pipeline(const CUtensorMap* tma_a, const CUtensorMap* tma_w, const SmemParts& p,
+                                               int empty_arrivals, int m, int n, int k) {
+  if (threadIdx.x == 0) init_ring_barriers(p.full, p.empty, Stages, empty_arrivals, p.extra);
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    run_producer<Stages, TileN>(tma_a, tma_w, p, (m / kBM) * (n / TileN), n / TileN, k / kBK);
+    return false;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  return true;
+}
+
 // Where a consumer thread's pair (jj, h) of a 64 x 64 epilogue chunk goes in
 // a 128-byte-swizzled buffer: 16-byte unit jj of row r at unit jj ^ (r % 8),
 // as TMA's swizzle reads it back (the 32 lanes of a warp then hit 32
@@ -231,27 +248,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   const SmemParts p = carve_smem<PingLayout>(smem_raw);
+  // A stage is read by one warpgroup here: its four warps release it.
+  if (!start_pipeline<kPingStages, kPingBN>(&tma_a, &tma_w, p, 4, m, n, k)) return;
   // handoff[c]: the other warpgroup has passed the full barriers of its
   // latest tile. A warpgroup waits on it before its next tile's main loop:
   // its stages' full barriers are then at most one phase ahead of what it
   // waits for, as parity waits need (without it, warpgroup 2 would wait on
   // tile 1's phases while the barriers are still in tile 0's and pass).
   uint64_t* const handoff = p.extra;
-  const int wg = threadIdx.x / 128;
   const int tiles_n = n / kPingBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
-
-  // A stage is read by one warpgroup here: its four warps release it.
-  if (threadIdx.x == 0) init_ring_barriers(p.full, p.empty, kPingStages, 4, handoff);
-  __syncthreads();
-
-  if (wg == 0) {
-    run_producer<kPingStages, kPingBN>(&tma_a, &tma_w, p, tiles, tiles_n, kblocks);
-    return;
-  }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  const int c = wg - 1;
+  const int c = threadIdx.x / 128 - 1;
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
   // Rows 0-63 and 64-127 of the tile. Not cleared: each tile's first product
   // takes scale_d = 0 (d = A B^T). Clearing them would put non-wgmma writes
@@ -348,22 +355,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   const SmemParts p = carve_smem<DGeluLayout>(smem_raw);
+  // A stage is read by both warpgroups: their eight warps release it.
+  if (!start_pipeline<kDGeluStages, kBN>(&tma_a, &tma_w, p, 8, m, n, k)) return;
   uint64_t* const preloaded = p.extra;  // per consumer warpgroup: its buffers hold the tile's pre
-  const int wg = threadIdx.x / 128;
   const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
-
-  // A stage is read by both warpgroups: their eight warps release it.
-  if (threadIdx.x == 0) init_ring_barriers(p.full, p.empty, kDGeluStages, 8, preloaded);
-  __syncthreads();
-
-  if (wg == 0) {
-    run_producer<kDGeluStages, kBN>(&tma_a, &tma_w, p, tiles, tiles_n, kblocks);
-    return;
-  }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  const int c = wg - 1;  // this warpgroup's 64 rows of each tile
+  const int c = threadIdx.x / 128 - 1;  // this warpgroup's 64 rows of each tile
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
   float d[128];  // not cleared: see the fc1 kernel
   int it = 0;    // k-steps consumed, over all tiles

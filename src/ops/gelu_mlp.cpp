@@ -194,18 +194,19 @@ at::Tensor apply_gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::T
 
 std::atomic<DGeluPath> g_dgelu_path{DGeluPath::kAuto};
 std::atomic<GeluBackwardForm> g_gelu_backward_form{GeluBackwardForm::kAuto};
+
+// A choice's kAuto takes the shape rule; a forced one is `yes` or not.
+template <typename Choice>
+bool decide(Choice choice, Choice yes, bool auto_rule) {
+  return choice == Choice::kAuto ? auto_rule : choice == yes;
+}
 }  // namespace
 
 DGeluPath gelu_mlp_dgelu_path() { return g_dgelu_path.load(); }
 void set_gelu_mlp_dgelu_path(DGeluPath path) { g_dgelu_path.store(path); }
 
 bool gelu_mlp_dgelu_in_epilogue(int64_t rows, int64_t hidden) {
-  switch (gelu_mlp_dgelu_path()) {
-    case DGeluPath::kEpilogue: return true;
-    case DGeluPath::kSplit: return false;
-    case DGeluPath::kAuto: break;
-  }
-  return rows * hidden > kSplitDGeluMaxElements;
+  return decide(gelu_mlp_dgelu_path(), DGeluPath::kEpilogue, rows * hidden > kSplitDGeluMaxElements);
 }
 
 GeluBackwardForm gelu_mlp_gelu_backward_form() { return g_gelu_backward_form.load(); }
@@ -214,12 +215,7 @@ void set_gelu_mlp_gelu_backward_form(GeluBackwardForm form) { g_gelu_backward_fo
 // With the second stream ATen's pass is faster (its bias sum runs beside the
 // critical path); on one stream the fused pass is.
 bool gelu_mlp_fused_gelu_backward(int64_t rows, int64_t width) {
-  switch (gelu_mlp_gelu_backward_form()) {
-    case GeluBackwardForm::kAten: return false;
-    case GeluBackwardForm::kFused: return true;
-    case GeluBackwardForm::kAuto: break;
-  }
-  return !weight_grad_overlap_for(rows, width);
+  return decide(gelu_mlp_gelu_backward_form(), GeluBackwardForm::kFused, !weight_grad_overlap_for(rows, width));
 }
 
 at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
