@@ -242,9 +242,14 @@ TEST(GeluMlp, CpuFunctionBothGeluBackwardFormsMatchFloat64) {
     expect_close(torch::autograd::grad({y}, {b1}, {in.dy})[0], float64_oracle(in)[3], 2e-5, 2e-5,
                  "db1 without dW1" + what);
   }
-  set_gelu_mlp_gelu_backward_form(before);
+  set_gelu_mlp_gelu_backward_form(GeluBackwardForm::kFused);
+  EXPECT_TRUE(gelu_mlp_fused_gelu_backward(32 * 256, 384)) << "forced fused";
+  set_gelu_mlp_gelu_backward_form(GeluBackwardForm::kAten);
+  EXPECT_FALSE(gelu_mlp_fused_gelu_backward(256 * 256, 384)) << "forced ATen";
+  set_gelu_mlp_gelu_backward_form(GeluBackwardForm::kAuto);
   EXPECT_FALSE(gelu_mlp_fused_gelu_backward(32 * 256, 384)) << "DiT-S/2 b32: ATen's, beside the second stream";
   EXPECT_TRUE(gelu_mlp_fused_gelu_backward(256 * 256, 384)) << "DiT-S/2 b256: the fused pass";
+  set_gelu_mlp_gelu_backward_form(before);
 }
 
 // The DGELU epilogue only on products above the measured size (DiT-S/2
