@@ -18,9 +18,9 @@
 # Nsight Compute: NCU_KERNEL (a kernel-name regex), NCU_SKIP and NCU_COUNT (launches skipped and profiled),
 #   NCU_ARGS (default "--set full"); the report goes to ncu-<name>.txt.
 # Options: COMMIT=<sha> (pass it: git on the device machine may name an older commit), BENCH_CASES="DiT-S/2:32,256
-#   DiT-B/2:256", BENCH_ARGS (more bench flags), TESTS=all (every test, not only gpu ones), TEST_REGEX, RUN_TESTS=1
-#   (the gpu tests in the other modes too), BUILD_TARGETS (ninja targets instead of everything, e.g.
-#   "tests/test_ops_gpu" with TEST_REGEX=ops.: a faster build).
+#   DiT-B/2:256", BENCH_ARGS (more bench flags; profile takes PROFILE_VARIANT, not --variants), TESTS=all (every
+#   test, not only gpu ones), TEST_REGEX, RUN_TESTS=1 (the gpu tests in the other modes too), BUILD_TARGETS (ninja
+#   targets instead of everything, e.g. "tests/test_ops_gpu" with TEST_REGEX=ops.: a faster build).
 # Output: summary.md, gpu.txt, tests.log, bench-<case>[-<setting>].{json,md}, curve.txt,
 #   <case>[-<setting>]-profile-b<batch>-<variant>.md, lab-<program>.log, ncu-*.txt; the rest in logs.tgz.
 # shellcheck disable=SC2086,SC2206  # the *_ARGS, BUILD_TARGETS and CURVE_ARGS lists split on purpose
@@ -122,10 +122,12 @@ case "$MODE" in
     bench_case "DiT-S/2:32,256" default --steps 20 --warmup 5
     train_run fast --steps 300 --set log.sample_every=0 --set log.checkpoint_every=0
     ;;
-  bench)  # the four target cases against torch; a setting times the `all` variant alone
+  bench)  # the four target cases against torch; a setting times the `all` variant alone (or BENCH_ARGS' --variants)
+    only_all=(--variants all)
+    [[ " ${BENCH_ARGS:-} " == *" --variants "* ]] && only_all=()
     for c in ${BENCH_CASES:-DiT-S/2:32,256 DiT-B/2:256 DiT-XL/2:256}; do
       bench_case "$c" default --against-torch
-      for s in ${SETS:-}; do bench_case "$c" "$s" --variants all; done
+      for s in ${SETS:-}; do bench_case "$c" "$s" "${only_all[@]}"; done
     done
     ;;
   curve)  # FP32_SEEDS: the eager fp32 references (the first shares the fast run's seed 0); FP32_REFS_DIR: reuse them
