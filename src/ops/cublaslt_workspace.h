@@ -23,8 +23,9 @@ constexpr size_t kSideCublasLtWorkspaceBytes = size_t(8) << 20;
 
 // Handle (ATen's, per thread and device), the workspace of the current
 // device and stream (allocated on first use and kept for the life of the
-// process) and the current stream. The first call on a device must not be inside a CUDA
-// graph capture (an eager warm-up step does it): it throws RuntimeError there.
+// process) and the current stream. The first call on a device must not be
+// inside a CUDA graph capture (an eager warm-up step does it): it throws
+// RuntimeError there.
 kernels::GemmContext cublaslt_context();
 
 // bf16 / fp16 / fp32; anything else throws UsageError naming `what`.
@@ -50,6 +51,7 @@ inline bool cublaslt_path(const at::Tensor& a, const at::Tensor& b) {
 // (+ ATen epilogue ops) because cuBLASLt refused the fused form. 0 on the
 // DiT shapes is expected; tests and the benchmark report it.
 int64_t gemm_fallback_count();
+// Counts one more (for the ops that fall back).
 void note_gemm_fallback();
 
 // How many of cuBLASLt's candidate algorithms each product configuration
