@@ -158,7 +158,8 @@ void set_key(TrainConfig& cfg, const std::string& section, const std::string& ke
   for (const Key& k : keys(cfg)) {
     if (section == k.section && key == k.key) {
       if (!assign(k.target, value))
-        throw UsageError(origin + ": " + full + " must be " + type_name(k.target));
+        throw UsageError(origin + ": " + full + " must be " + type_name(k.target) +
+                         (k.choices.empty() ? "" : " (" + one_of(k.choices) + ")"));
       return;
     }
   }

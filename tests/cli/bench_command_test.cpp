@@ -132,7 +132,7 @@ TEST(CliBench, SetOverridesTheSpeedConfigAndTheReportSaysSo) {
   EXPECT_EQ(j["rows"][0]["recompute"], true);
   EXPECT_FALSE(j["environment"].contains("switches")) << j["environment"].dump(2);
   const auto md = perftrain::testing::read_raw(tmp.file("s/bench.md"));
-  EXPECT_TRUE(contains(md, "attention = \"cudnn\"")) << md;
+  EXPECT_TRUE(contains(md, "attention = 'cudnn'")) << md;
 }
 
 TEST(CliBench, BadOptionsExitTwo) {

@@ -83,9 +83,9 @@ TEST(Trainer, LossFallsAndTheRunDirectoryIsComplete) {
   EXPECT_FALSE(s.peak_memory_gib.has_value()) << "no allocator statistics on the CPU";
   const std::string report = perftrain::testing::read_raw(dir + "/report.md");
   EXPECT_NE(report.find("| peak memory | n/a |"), std::string::npos) << report;
-  EXPECT_NE(report.find("attention = \"own\", weight_grad_stream = \"auto\", gemm_tune = 8"), std::string::npos)
+  EXPECT_NE(report.find("attention = 'own', weight_grad_stream = 'auto', gemm_tune = 8"), std::string::npos)
       << report;
-  EXPECT_NE(perftrain::testing::read_raw(dir + "/config.toml").find("weight_grad_stream = \"auto\""),
+  EXPECT_NE(perftrain::testing::read_raw(dir + "/config.toml").find("weight_grad_stream = 'auto'"),
             std::string::npos);
   EXPECT_EQ(s.last_samples, dir + "/samples/step_00000150.png");
   EXPECT_GT(perftrain::testing::read_raw(s.last_samples).size(), 8u);

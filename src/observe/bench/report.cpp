@@ -45,11 +45,15 @@ std::string cell(std::string s) {
   return out;
 }
 
-// The [speed] values as JSON: TOML's booleans, numbers and plain strings read
-// as JSON too; anything else stays the TOML text.
+// The [speed] values as JSON: a TOML literal string ('own') without its
+// quotes; booleans, numbers and basic strings read as JSON too; anything
+// else stays the TOML text.
 Json speed_json(const std::vector<std::pair<std::string, std::string>>& speed) {
   Json j = Json::object();
-  for (const auto& [key, value] : speed) j[key] = Json::accept(value) ? Json::parse(value) : Json(value);
+  for (const auto& [key, v] : speed) {
+    if (v.size() >= 2 && v.front() == '\'' && v.back() == '\'') j[key] = v.substr(1, v.size() - 2);
+    else j[key] = Json::accept(v) ? Json::parse(v) : Json(v);
+  }
   return j;
 }
 
