@@ -59,11 +59,11 @@ std::string version_text() {
     const std::string release = driver_release();
     o << "GPU: " << perftrain::compat::device_description(at::Device(at::kCUDA, 0)) << "; driver "
       << (release.empty() ? "" : release + " ") << "(CUDA " << cuda_version_text(driver) << "), CUDA runtime "
-      << cuda_version_text(runtime) << "\n";
+      << cuda_version_text(runtime);
   } else {
-    o << "GPU: none visible\n";
+    o << "GPU: none visible";
   }
-  return o.str();
+  return o.str();  // CLI11 ends the line
 }
 
 }  // namespace

@@ -54,7 +54,8 @@ void add_models_command(CLI::App& app) {
   cmd->add_option("--image-size", o->image_size, "input height = width")->check(CLI::PositiveNumber);
   cmd->add_option("--in-channels", o->in_channels, "input channels")->check(CLI::PositiveNumber);
   cmd->add_option("--num-classes", o->num_classes, "classes")->check(CLI::PositiveNumber);
-  cmd->add_option("--learn-sigma", o->learn_sigma, "learned variance (doubles output channels)");
+  cmd->add_option("--learn-sigma", o->learn_sigma, "learned variance (doubles output channels)")
+      ->default_str(o->learn_sigma ? "true" : "false");
   cmd->add_flag("--json", o->json, "print JSON");
   cmd->callback([o] { list_models(*o); });
 }

@@ -61,13 +61,32 @@ struct Defaults {
       if (const auto* s = v.as_string()) return s->get().empty() ? std::string("\"\"") : s->get();
       if (const auto* b = v.as_boolean()) return std::string(b->get() ? "on" : "off");
       std::ostringstream o;
-      o << v;
+      o.precision(15);  // 0.0002, not its binary expansion
+      if (const auto* f = v.as_floating_point()) o << f->get();
+      else o << v;
       return o.str();
     };
     const std::string g = one(gpu), c = one(cpu);
     return g == c ? g : g + " (GPU), " + c + " (CPU)";
   }
 };
+
+// Checks that a value reads as an integer or a number ("--steps: abc is not
+// an integer"); no description, so --help shows the bare type name.
+CLI::Validator number(bool integer) {
+  return CLI::Validator(
+      [integer](std::string& v) -> std::string {
+        size_t used = 0;
+        try {
+          if (integer) std::stoll(v, &used);
+          else std::stod(v, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        return used == v.size() && !v.empty() ? "" : v + " is not " + (integer ? "an integer" : "a number");
+      },
+      "");
+}
 
 std::string quoted(const std::string& s) {
   std::ostringstream o;
@@ -121,8 +140,8 @@ void add_train_options(CLI::App* cmd, const std::shared_ptr<TrainArgs>& a) {
           },
           s.help);
       opt->default_str(defaults.text(key))->group(group.heading);
-      if (defaults.gpu.at_path(key).is_integer()) opt->type_name("INT")->check(CLI::TypeValidator<int64_t>());
-      else if (!is_text) opt->type_name("FLOAT")->check(CLI::Number);
+      if (defaults.gpu.at_path(key).is_integer()) opt->type_name("INT")->check(number(true));
+      else if (!is_text) opt->type_name("FLOAT")->check(number(false));
     }
   }
   // Speed shortcuts: on | off for one or two [speed] keys, flags for the others.

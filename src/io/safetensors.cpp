@@ -81,15 +81,18 @@ void reject_torch_pickle(const std::string& path, const uint8_t* b, size_t size)
   const bool zip = size >= 4 && b[0] == 'P' && b[1] == 'K' && b[2] == 3 && b[3] == 4;
   const bool pickle = size >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5;
   if (!zip && !pickle) return;
-  std::string out = path;
-  for (const char* ext : {".pt", ".pth", ".bin", ".ckpt", ".pkl"}) {
+  // The converted file's name: model.pt -> model.safetensors, and beside a
+  // misnamed x.safetensors, x.converted.safetensors.
+  std::string out = path, suffix = ".safetensors";
+  for (const char* ext : {".pt", ".pth", ".bin", ".ckpt", ".pkl", ".safetensors"}) {
     const size_t n = std::strlen(ext);
     if (out.size() > n && out.compare(out.size() - n, n, ext) == 0) {
       out.erase(out.size() - n);
+      if (ext == std::string(".safetensors")) suffix = ".converted.safetensors";
       break;
     }
   }
-  out += ".safetensors";
+  out += suffix;
   throw UsageError(path + ": a PyTorch " + (zip ? "checkpoint (torch.save's zip format)" : "pickle") +
                    ", not safetensors; convert it with: python -c \"import torch; from safetensors.torch import "
                    "save_file; sd = torch.load('" + path + "', map_location='cpu'); save_file({k: v.contiguous() "

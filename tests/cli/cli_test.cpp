@@ -2,12 +2,20 @@
 // error), one-line messages that name the problem, no stack dumps.
 #include <gtest/gtest.h>
 
+#include <ATen/ops/arange.h>
+#include <ATen/ops/randn.h>
+
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 
+#include "compat/compat.h"
 #include "io/safetensors.h"
+#include "train/config.h"
 #include "support/test_support.h"
 
 namespace {
@@ -25,6 +33,18 @@ void expect_error(const std::string& args, int code, const std::string& expect) 
   EXPECT_NE(r.output.find(expect), std::string::npos) << args << "\n" << r.output;
   EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << "stack dump: " << r.output;
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+}
+
+// The value of the first "key = value" line of a TOML text, quotes removed.
+std::string toml_value(const std::string& toml, const std::string& key) {
+  std::istringstream lines(toml);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(key + " = ", 0) != 0) continue;
+    std::string v = line.substr(key.size() + 3);
+    if (v.size() >= 2 && (v[0] == '"' || v[0] == '\'') && v.back() == v[0]) v = v.substr(1, v.size() - 2);
+    return v;
+  }
+  return "(no " + key + ")";
 }
 
 const std::string kTiny =
@@ -55,18 +75,99 @@ TEST(Cli, BadUsageExitsTwoWithAClearMessage) {
   expect_error("train --config " + tmp.file("bad.toml") + runs, 2, "train.steps must be an integer");
 }
 
-// A switch that refuses a misspelt value stops the command before it writes
-// anything (it is otherwise first read inside the first step).
-TEST(Cli, BadSwitchValueExitsTwoBeforeWritingARun) {
+// A [speed] key with a misspelt value stops the command before it writes
+// anything, naming the key and the values it takes.
+TEST(Cli, BadSpeedKeyValueExitsTwoBeforeWritingARun) {
   TempDir tmp;
-  const std::string train = std::string(PERFTRAIN_BINARY) + " train --runs-dir " + tmp.path() + kTiny;
-  for (const std::string& env : {std::string("PERFTRAIN_ATTN_BWD=cuDNN"), std::string("PERFTRAIN_ATTN_FWD=yes"),
-                                 std::string("PERFTRAIN_FC1_SCHEDULE=coop")}) {
-    const auto r = perftrain::testing::run_shell(env + " " + train);
-    EXPECT_EQ(r.code, 2) << env << "\n" << r.output;
-    EXPECT_NE(r.output.find(env.substr(0, env.find('='))), std::string::npos) << r.output;
-    EXPECT_TRUE(std::filesystem::is_empty(tmp.path())) << env << ": a run was started";
+  const std::string train = "train --runs-dir " + tmp.path() + kTiny;
+  expect_error(train + " --set speed.attention=fast", 2, "speed.attention");
+  expect_error(train + " --set speed.attention=fast", 2, "cudnn");
+  expect_error(train + " --set speed.weight_grad_stream=yes", 2, "speed.weight_grad_stream");
+  expect_error(train + " --set speed.gemm_tune=65", 2, "speed.gemm_tune");
+  expect_error(train + " --set speed.bogus=1", 2, "unknown key speed.bogus");
+  expect_error("config --set speed.attention=fast", 2, "speed.attention");
+  EXPECT_TRUE(std::filesystem::is_empty(tmp.path())) << "a run was started";
+}
+
+TEST(Cli, VersionNamesCommitTorchAndCuda) {
+  const auto r = run("--version");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(^perftrain \d+\.\d+\.\d+ \(commit ([0-9a-f]{7,}|unknown)\)\n)")))
+      << r.output;
+  EXPECT_NE(r.output.find("torch " + perftrain::compat::torch_version()), std::string::npos) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(kernels built with CUDA \d+\.\d+)"))) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(\nGPU: )"))) << r.output;
+}
+
+// `config` and `train --dry-run` print the resolved config, which reads back
+// as a --config file to the same config, and start nothing.
+TEST(Cli, ConfigAndDryRunPrintTheResolvedConfigAndWriteNothing) {
+  TempDir tmp;
+  const std::string args = " --runs-dir " + tmp.path() + kTiny + " --steps 7 --set speed.attention=cudnn";
+  const auto r = run("config" + args);
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* want : {"[model]", "[train]", "[speed]"})
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  EXPECT_EQ(toml_value(r.output, "steps"), "7") << r.output;
+  EXPECT_EQ(toml_value(r.output, "depth"), "1") << r.output;
+  EXPECT_EQ(toml_value(r.output, "attention"), "cudnn") << r.output;
+  const auto dry = run("train --dry-run" + args);
+  ASSERT_EQ(dry.code, 0) << dry.output;
+  EXPECT_EQ(dry.output, r.output);
+  EXPECT_TRUE(std::filesystem::is_empty(tmp.path())) << "a run was started";
+
+  TempDir other;
+  perftrain::testing::write_raw(other.file("c.toml"), r.output);
+  const auto again = run("config --config " + other.file("c.toml"));
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_EQ(again.output, r.output);
+  expect_error("config --set train.steps=0", 2, "train.steps must be positive");
+}
+
+// Every option that takes a value shows its default in --help ("--steps
+// INT=4000 (GPU), 500 (CPU)"), except those that have none.
+TEST(Cli, HelpShowsTheDefaults) {
+  const std::set<std::string> no_default = {"--config", "--resume", "--set", "--ckpt", "--help", "--version"};
+  const std::regex option(R"(^\s+(?:-\w, )?(--[\w-]+)\s+([A-Z]+)(\S*))");
+  for (const std::string cmd : {"", "train", "config", "sample", "models"}) {
+    const auto r = run(cmd + " --help");
+    ASSERT_EQ(r.code, 0) << r.output;
+    std::istringstream lines(r.output);
+    int with_value = 0;
+    for (std::string line; std::getline(lines, line);) {
+      std::smatch m;
+      if (!std::regex_search(line, m, option) || no_default.count(m[1])) continue;
+      ++with_value;
+      EXPECT_NE(m[3].str().find('='), std::string::npos) << cmd << ": " << line;
+    }
+    if (!cmd.empty()) EXPECT_GT(with_value, 3) << r.output;
   }
+  const auto train = perftrain::train::default_config(true), cpu = perftrain::train::default_config(false);
+  const auto r = run("train --help");
+  EXPECT_NE(r.output.find("--steps INT=" + std::to_string(train.optim.steps) + " (GPU), " +
+                          std::to_string(cpu.optim.steps) + " (CPU)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("--graph TEXT:{on,off}=on"), std::string::npos) << r.output;
+  EXPECT_NE(run("sample --help").output.find("--per-class INT:POSITIVE=8"), std::string::npos);
+}
+
+// The bytes torch.save starts its zip file with (a local file header).
+const std::string kTorchZip("PK\x03\x04\x00\x00\x08\x08\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+                            "\x00\x00\x00\x00\x00\x00\x10\x00\x12\x00" "archive/data.pklFB", 48);
+
+TEST(Cli, TorchCheckpointGivenAsWeightsSaysHowToConvert) {
+  TempDir tmp;
+  perftrain::testing::write_raw(tmp.file("model.pt"), kTorchZip + std::string(100, '\0'));
+  expect_error("sample --ckpt " + tmp.file("model.pt"), 2, "model.pt: a PyTorch checkpoint");
+  expect_error("sample --ckpt " + tmp.file("model.pt"), 2, "safetensors.torch import save_file");
+  // A run whose weights were replaced: --resume says the same.
+  tmp.mkdir("r");
+  tmp.mkdir("r/ckpt");
+  tmp.mkdir("r/ckpt/step_00000001");
+  perftrain::testing::write_raw(tmp.file("r/ckpt/step_00000001/model.safetensors"), kTorchZip + std::string(100, '\0'));
+  perftrain::testing::write_raw(tmp.file("r/ckpt/step_00000001/trainer_state.safetensors"), "");
+  expect_error("train --resume " + tmp.file("r/ckpt/step_00000001"), 2, "a PyTorch checkpoint");
 }
 
 TEST(Cli, CorruptFilesExitOneNamingTheFile) {
@@ -93,6 +194,31 @@ TEST(Cli, TrainsSamplesAndResumesOnTheCpu) {
   r = run("sample --ckpt " + tmp.path() + "/r --out " + tmp.file("grid.png") + " --per-class 2 --steps 2");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(perftrain::testing::read_raw(tmp.file("grid.png")).substr(1, 3), "PNG");
+}
+
+// A relative --data-path is stored absolute, so a run resumes from any
+// directory.
+TEST(Cli, DataPathIsStoredAbsoluteAndResumeWorksFromElsewhere) {
+  TempDir tmp;
+  tmp.mkdir("work");
+  tmp.mkdir("work/shards");
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  perftrain::io::save_safetensors(tmp.file("work/shards/s.safetensors"),
+                                  {{"latents", at::randn({8, 1, 32, 32}, opts)},
+                                   {"labels", at::arange(8, opts.dtype(at::kLong)).remainder(2)}});
+  auto r = perftrain::testing::run_shell("cd " + tmp.file("work") + " && " + PERFTRAIN_BINARY +
+                                         " config --data latents --data-path ./shards");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(toml_value(r.output, "path"), tmp.file("work/shards")) << r.output;
+
+  r = perftrain::testing::run_shell("cd " + tmp.file("work") + " && " + PERFTRAIN_BINARY +
+                                    " train --data latents --data-path shards --steps 2 --batch-size 4 --run-name r"
+                                    " --runs-dir ../runs" + kTiny);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(toml_value(perftrain::testing::read_raw(tmp.file("runs/r/config.toml")), "path"), tmp.file("work/shards"));
+  r = run("train --resume " + tmp.file("runs/r") + " --steps 3");  // from the test's directory
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("done: steps 3-3"), std::string::npos) << r.output;
 }
 
 }  // namespace

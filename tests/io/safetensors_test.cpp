@@ -182,6 +182,9 @@ TEST(Safetensors, TorchPickleFilesAreNamedWithTheWayToConvert) {
   EXPECT_NE(error_of<UsageError>([&] { SafetensorsFile::open(dir.file("model.pt")); })
                 .find("'" + dir.file("model.safetensors") + "'"),
             std::string::npos);
+  EXPECT_NE(error_of<UsageError>([&] { SafetensorsFile::open(dir.file("dump.safetensors")); })
+                .find("'" + dir.file("dump.converted.safetensors") + "'"),
+            std::string::npos);
 }
 
 // A header length whose low bytes read 0x80 0x02 (640) or "PK\3\4" is a
