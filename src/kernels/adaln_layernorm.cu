@@ -12,6 +12,8 @@ namespace perftrain::kernels {
 namespace {
 
 using detail::from_float;
+using detail::layernorm_grad_dx;
+using detail::layernorm_grad_terms;
 using detail::layernorm_row_stats;
 using detail::load_vec;
 using detail::row_sum;
@@ -110,11 +112,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           xh[i][j] = (xh[i][j] - mu) * rs;
-          g[i][j] = d[j] * scale1[i][j];
-          acc_dyxh[i][j] += d[j] * xh[i][j];
-          acc_dy[i][j] += d[j];
-          s[0] += g[i][j];
-          s[1] += g[i][j] * xh[i][j];
+          layernorm_grad_terms(d[j], scale1[i][j], xh[i][j], g[i][j], acc_dyxh[i][j], acc_dy[i][j], s);
         }
       }
     }
@@ -126,7 +124,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       if (c < nvec) {
         float out[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out[j] = rs * (g[i][j] - mg - xh[i][j] * mgx);
+        for (int j = 0; j < VEC; ++j) out[j] = layernorm_grad_dx(g[i][j], xh[i][j], rs, mg, mgx);
         store_vec<TX, VEC>(dx + off + int64_t(c) * VEC, out);
       }
     }
@@ -152,14 +150,10 @@ __global__ void adaln_reduce_partials_kernel(const float* __restrict__ partials,
   const int b = blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
-  const float* p = partials + int64_t(b) * tiles * cols + c;
-  float s0 = 0.f, s1 = 0.f;
-  for (int t = 0; t < tiles; ++t) {
-    s0 += p[int64_t(t) * cols];
-    s1 += p[plane + int64_t(t) * cols];
-  }
-  dscale[int64_t(b) * cols + c] = from_float<TM>(s0);
-  dshift[int64_t(b) * cols + c] = from_float<TM>(s1);
+  float s[2];
+  detail::sum_tiles<2>(partials + int64_t(b) * tiles * cols + c, plane, tiles, cols, s);
+  dscale[int64_t(b) * cols + c] = from_float<TM>(s[0]);
+  dshift[int64_t(b) * cols + c] = from_float<TM>(s[1]);
 }
 
 }  // namespace

@@ -118,19 +118,15 @@ __global__ void gated_reduce_partials_kernel(const float* __restrict__ partials,
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   const float* p = partials + int64_t(b) * tiles * cols + c;
-  float s = 0.f, s1 = 0.f;
-  if (plane == 0) {
-    for (int t = 0; t < tiles; ++t) s += p[int64_t(t) * cols];
-  } else {
-    for (int t = 0; t < tiles; ++t) {
-      s += p[int64_t(t) * cols];
-      s1 += p[plane + int64_t(t) * cols];
-    }
-  }
-  if (bias != nullptr) s = fmaf(bias[c], s1, s);
-  dgate[int64_t(b) * cols + c] = from_float<TG>(s);
+  float s[2] = {0.f, 0.f};
+  if (plane == 0)
+    detail::sum_tiles<1>(p, plane, tiles, cols, s);
+  else
+    detail::sum_tiles<2>(p, plane, tiles, cols, s);
+  if (bias != nullptr) s[0] = fmaf(bias[c], s[1], s[0]);
+  dgate[int64_t(b) * cols + c] = from_float<TG>(s[0]);
   if (dbias_per_sample != nullptr)
-    dbias_per_sample[int64_t(b) * cols + c] = to_float(gate[int64_t(b) * gate_stride + c]) * s1;
+    dbias_per_sample[int64_t(b) * cols + c] = to_float(gate[int64_t(b) * gate_stride + c]) * s[1];
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
-// The LayerNorm statistics of one row held in registers, shared by the row
-// kernels that normalise (adaln_layernorm, residual_adaln): one function, so
-// that both take the mean and rstd in the same order and give the same bits
-// for the same row.
+// The LayerNorm arithmetic of one row held in registers, shared by the row
+// kernels that normalise (adaln_layernorm, residual_adaln): the statistics
+// forward and the per-element terms of the gradient backward, in one place,
+// so that both kernels sum them in the same fixed order.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -55,6 +55,26 @@ __device__ __forceinline__ RowStats layernorm_row_stats(const float (&v)[ITEMS][
     if (rstd_out != nullptr) rstd_out[row] = rstd;
   }
   return {mean, rstd};
+}
+
+// One element's share of the LayerNorm backward of its row, with dy the
+// gradient of the normalised output, scale1 = 1 + scale its modulation and
+// xhat = (x - mean) * rstd: g = dy * scale1 (kept for dx), the column sums of
+// dy * xhat (-> dscale) and dy (-> dshift), and the row sums of g and
+// g * xhat, whose means dx needs.
+__device__ __forceinline__ void layernorm_grad_terms(float dy, float scale1, float xhat, float& g, float& sum_dy_xhat,
+                                                     float& sum_dy, float (&row)[2]) {
+  g = dy * scale1;
+  sum_dy_xhat += dy * xhat;
+  sum_dy += dy;
+  row[0] += g;
+  row[1] += g * xhat;
+}
+
+// The element's dx once the row's means of g and g * xhat are known:
+// rstd * (g - mean(g) - xhat * mean(g * xhat)).
+__device__ __forceinline__ float layernorm_grad_dx(float g, float xhat, float rstd, float mean_g, float mean_gx) {
+  return rstd * (g - mean_g - xhat * mean_gx);
 }
 
 }  // namespace perftrain::kernels::detail

@@ -12,6 +12,8 @@ namespace perftrain::kernels {
 namespace {
 
 using detail::from_float;
+using detail::layernorm_grad_dx;
+using detail::layernorm_grad_terms;
 using detail::layernorm_row_stats;
 using detail::load_raw;
 using detail::load_vec;
@@ -225,11 +227,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           if constexpr (!XHAT) xh[i][j] = (xh[i][j] - mu) * rs;
-          g[i][j] = d[j] * (1.f + a[j]);
-          acc_dscale[i][j] += d[j] * xh[i][j];
-          acc_dshift[i][j] += d[j];
-          s[0] += g[i][j];
-          s[1] += g[i][j] * xh[i][j];
+          layernorm_grad_terms(d[j], 1.f + a[j], xh[i][j], g[i][j], acc_dscale[i][j], acc_dshift[i][j], s);
         }
       }
     }
@@ -244,7 +242,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
         load_vec<TM, VEC>(gt + c * VEC, gv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          e[i][j] += rs * (g[i][j] - mg - xh[i][j] * mgx);  // dx1
+          e[i][j] += layernorm_grad_dx(g[i][j], xh[i][j], rs, mg, mgx);  // dx1
           acc_dgate[i][j] += e[i][j] * yv[i][j];
           if constexpr (SUM_DX1) acc_dx1[i][j] += e[i][j];
           yv[i][j] = e[i][j] * gv[j];  // dy
@@ -284,27 +282,17 @@ __global__ void residual_adaln_reduce_partials_kernel(const float* __restrict__ 
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   const float* p = partials + int64_t(b) * tiles * cols + c;
-  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-  if (sum_dx1) {
-    for (int t = 0; t < tiles; ++t) {
-      s0 += p[int64_t(t) * cols];
-      s1 += p[plane + int64_t(t) * cols];
-      s2 += p[2 * plane + int64_t(t) * cols];
-      s3 += p[3 * plane + int64_t(t) * cols];
-    }
-  } else {
-    for (int t = 0; t < tiles; ++t) {
-      s0 += p[int64_t(t) * cols];
-      s1 += p[plane + int64_t(t) * cols];
-      s2 += p[2 * plane + int64_t(t) * cols];
-    }
-  }
-  if (bias != nullptr) s0 = fmaf(bias[c], s3, s0);
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+  if (sum_dx1)
+    detail::sum_tiles<4>(p, plane, tiles, cols, s);
+  else
+    detail::sum_tiles<3>(p, plane, tiles, cols, s);
+  if (bias != nullptr) s[0] = fmaf(bias[c], s[3], s[0]);
   if (dbias_per_sample != nullptr)
-    dbias_per_sample[int64_t(b) * cols + c] = to_float(gate[int64_t(b) * gate_stride + c]) * s3;
-  dgate[int64_t(b) * cols + c] = from_float<TM>(s0);
-  dscale[int64_t(b) * cols + c] = from_float<TM>(s1);
-  dshift[int64_t(b) * cols + c] = from_float<TM>(s2);
+    dbias_per_sample[int64_t(b) * cols + c] = to_float(gate[int64_t(b) * gate_stride + c]) * s[3];
+  dgate[int64_t(b) * cols + c] = from_float<TM>(s[0]);
+  dscale[int64_t(b) * cols + c] = from_float<TM>(s[1]);
+  dshift[int64_t(b) * cols + c] = from_float<TM>(s[2]);
 }
 
 }  // namespace

@@ -134,6 +134,22 @@ __device__ __forceinline__ void row_sum(float (&v)[K], float* smem /* [32 * K] *
   }
 }
 
+// ---- the per-sample column sums' second pass ----
+
+// s[k] (k < K) = the sum over `tiles` row tiles, in tile order, of plane k's
+// partial sums of one column: p points at (sample b, tile 0, column c) of
+// plane 0 in fp32 partials [planes][batch][tiles][cols], planes `plane`
+// floats apart. The fixed order makes the reduce kernels deterministic.
+template <int K>
+__device__ __forceinline__ void sum_tiles(const float* p, int64_t plane, int tiles, int cols, float* s) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) s[k] = 0.f;
+  for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) s[k] += p[k * plane + int64_t(t) * cols];
+  }
+}
+
 // ---- explicit instantiation over the storage types ----
 
 // M(A, B, C) for every combination of the three storage types (27 in all):
