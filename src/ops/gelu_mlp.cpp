@@ -184,12 +184,10 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
   }
 };
 
-// b2 travels as an optional (autograd functions take no undefined tensors);
-// the activation is kept unless the call says otherwise.
 at::Tensor apply_gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                          const at::Tensor& b2, std::optional<bool> keep_activation) {
+                          const at::Tensor& b2, bool keep_activation) {
   return GeluMlpFunction::apply(x, w1, b1, w2, b2.defined() ? std::optional<at::Tensor>(b2) : std::nullopt,
-                                keep_activation.value_or(true));
+                                keep_activation);
 }
 
 std::atomic<DGeluPath> g_dgelu_path{DGeluPath::kAuto};
@@ -225,7 +223,7 @@ at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const a
 }
 
 at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                    const at::Tensor& b2, std::optional<bool> keep_activation) {
+                    const at::Tensor& b2, bool keep_activation) {
   check_args(x, w1, b1, w2, b2);
   if (!x.is_cuda()) return gelu_mlp_reference(x, w1, b1, w2, b2).to(x.scalar_type());
   return apply_gelu_mlp(x, w1, b1, w2, b2, keep_activation);
@@ -233,7 +231,7 @@ at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor&
 
 namespace detail {
 at::Tensor gelu_mlp_function(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                             const at::Tensor& b2, std::optional<bool> keep_activation) {
+                             const at::Tensor& b2, bool keep_activation) {
   check_args(x, w1, b1, w2, b2);
   return apply_gelu_mlp(x, w1, b1, w2, b2, keep_activation);
 }

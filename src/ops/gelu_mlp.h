@@ -11,8 +11,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <optional>
-
 #include "ops/cublaslt_workspace.h"  // gemm_fallback_count()
 
 namespace perftrain::ops {
@@ -27,13 +25,13 @@ namespace perftrain::ops {
 // The fused GELU path needs H % 8 == 0 (cuBLASLt's aux leading dimension);
 // other widths, and any epilogue cuBLASLt refuses, run through ATen and are
 // counted by gemm_fallback_count(). CPU: gelu_mlp_reference.
-// keep_activation (nullopt: true): whether the activation is kept for fc2's
-// weight gradient, or only the pre-activation, computing the activation
-// again in backward: one [M, H] tensor less per MLP held from forward to
-// backward, for one elementwise pass in backward. The model sets it from
-// the [speed] key gelu_recompute.
+// keep_activation: whether the activation is kept for fc2's weight gradient,
+// or only the pre-activation, computing the activation again in backward:
+// one [M, H] tensor less per MLP held from forward to backward, for one
+// elementwise pass in backward. The DiT block passes !gelu_recompute (the
+// [speed] key).
 at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                    const at::Tensor& b2, std::optional<bool> keep_activation = std::nullopt);
+                    const at::Tensor& b2, bool keep_activation = true);
 
 // Where the backward makes pre's gradient (dy w2) * gelu_tanh'(pre): in the
 // DGELU epilogue of that product, or with a plain product and then GELU's
@@ -72,7 +70,7 @@ at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const a
 namespace detail {
 // The autograd function on any device (CPU: its ATen fallbacks), for tests.
 at::Tensor gelu_mlp_function(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                             const at::Tensor& b2, std::optional<bool> keep_activation = std::nullopt);
+                             const at::Tensor& b2, bool keep_activation = true);
 }  // namespace detail
 
 }  // namespace perftrain::ops

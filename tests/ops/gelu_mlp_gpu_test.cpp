@@ -14,7 +14,6 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,9 +27,9 @@ namespace {
 
 using namespace gpu_products;
 
-// keep_activation: gelu_mlp's (nullopt: keep it).
+// keep_activation: gelu_mlp's.
 void check_gelu_mlp(at::ScalarType dt, int64_t m, int64_t c, int64_t h, bool dit, uint64_t seed,
-                    std::optional<bool> keep_activation = std::nullopt) {
+                    bool keep_activation = true) {
   at::Generator g = cuda_gen(seed);
   const std::string name = case_name("gelu_mlp", dt, m, c, h);
   const at::Tensor x = rnd({m, c}, g, dt, 1.0, 0.2).requires_grad_(true);

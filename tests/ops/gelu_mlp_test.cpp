@@ -279,7 +279,7 @@ TEST(GeluMlp, BadInputsRaiseUsageError) {
   };
   for (auto op_or_function : {&gelu_mlp, &detail::gelu_mlp_function}) {
     auto f = [op_or_function](const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                              const at::Tensor& b2) { return op_or_function(x, w1, b1, w2, b2, std::nullopt); };
+                              const at::Tensor& b2) { return op_or_function(x, w1, b1, w2, b2, true); };
     contains(error_of<UsageError>([&] { f(at::randn({4, 36}), in.w1, in.b1, in.w2, in.b2); }), "K=36");
     contains(error_of<UsageError>([&] { f(at::randn({}), in.w1, in.b1, in.w2, in.b2); }), "0-d");
     contains(error_of<UsageError>([&] { f(at::randint(0, 3, {4, 37}, gen(1)), in.w1, in.b1, in.w2, in.b2); }),
