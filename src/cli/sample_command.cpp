@@ -6,8 +6,8 @@
 #include "base/error.h"
 #include "base/fs.h"
 #include "cli/command.h"
-#include "models/dit.h"
 #include "compat/compat.h"
+#include "models/dit.h"
 #include "train/checkpoint.h"
 #include "train/sampling.h"
 
