@@ -24,7 +24,7 @@
 //             finishes dgate = sum dout*y + bias * sum dout and dbias_per_sample = gate * sum dout, so
 //             the row loop never reads the bias. Deterministic, no atomics.
 // With and without a bias are separate instantiations of both row kernels, so the path without
-// one has exactly its old code (no bias load, no second sum, the same registers).
+// one carries no bias load, no second sum and no registers for them.
 // Everything is shape-determined (grid, scratch size), so it captures in CUDA graphs.
 #pragma once
 

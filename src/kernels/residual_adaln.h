@@ -39,6 +39,8 @@
 //             (detail::wave_row_tiles).
 // With and without a bias are separate instantiations of both row kernels, so the path without
 // one carries no bias load, no fourth sum and no registers for them.
+// The LayerNorm's row statistics and gradient terms are kernels/layernorm_stats.cuh's, shared with
+// adaln_layernorm.
 // Everything is shape-determined (grid, scratch size), so it captures in CUDA graphs.
 #pragma once
 
