@@ -21,16 +21,8 @@ namespace {
 constexpr const char* kOp = "adaln_layernorm";
 
 void check_args(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, at::ScalarType out_dtype) {
-  detail::check_defined(kOp, {&x, &shift, &scale}, "x, shift and scale");
-  detail::check_tokens(kOp, x);
-  detail::check_sample_rows(kOp, x, shift, "shift");
-  detail::check_sample_rows(kOp, x, scale, "scale");
-  check_kernel_dtype(kOp, x.scalar_type(), "x");
-  check_kernel_dtype(kOp, shift.scalar_type(), "shift");
-  check_kernel_dtype(kOp, scale.scalar_type(), "scale");
+  detail::check_row_op_args(kOp, x, {}, {{"shift", shift}, {"scale", scale}}, kernels::kAdaLNMaxCols);
   check_kernel_dtype(kOp, out_dtype, "out_dtype");
-  detail::check_device_of_x(kOp, x, {{"shift", &shift}, {"scale", &scale}});
-  detail::check_row_kernel_sizes(kOp, x, kernels::kAdaLNMaxCols);
 }
 
 struct AdaLNLayerNormFunction : public torch::autograd::Function<AdaLNLayerNormFunction> {

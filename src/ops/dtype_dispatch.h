@@ -80,53 +80,48 @@ inline at::Tensor rows_dense(const at::Tensor& t) { return t.stride(1) == 1 ? t 
 
 namespace detail {
 
-// The argument checks of the row ops; each throws UsageError naming `op`.
+// A named argument, for the checks below.
+struct NamedTensor {
+  const char* name;
+  const at::Tensor& t;
+};
 
-// Every tensor is defined: "<op>: <names> must all be defined tensors".
-inline void check_defined(const char* op, std::initializer_list<const at::Tensor*> ts, const char* names) {
-  for (const at::Tensor* t : ts)
-    if (!t->defined()) throw UsageError(std::string(op) + ": " + names + " must all be defined tensors");
-}
-
-// x is [B, T, D] with D >= 1.
-inline void check_tokens(const char* op, const at::Tensor& x) {
-  if (x.dim() != 3) throw UsageError(std::string(op) + ": x must be [B, T, D], got shape " + shape(x));
-  if (x.size(2) < 1) throw UsageError(std::string(op) + ": x must have D >= 1 features, got shape " + shape(x));
-}
-
-// y (called `name`) has x's shape.
-inline void check_shape_of_x(const char* op, const at::Tensor& x, const at::Tensor& y, const char* name) {
-  if (y.sizes() != x.sizes())
-    throw UsageError(std::string(op) + ": " + name + " must have x's shape " + shape(x) + ", got " + shape(y));
-}
-
-// t (called `name`) is one row per sample of x [B, T, D]: [B, D].
-inline void check_sample_rows(const char* op, const at::Tensor& x, const at::Tensor& t, const char* name) {
+// The argument checks every row op makes, each failure a UsageError naming
+// `op` and the argument: x [B, T, D] with D >= 1; each of `like_x` (y) of
+// x's shape; each of `per_sample` (gate, shift, scale) one row per sample,
+// [B, D]; all of them defined, of a kernel dtype and on x's device; and on
+// CUDA, what the row kernels take: D up to max_cols, at most 65535 samples
+// (a grid dimension) and rows indexed in 32 bits.
+inline void check_row_op_args(const char* op, const at::Tensor& x, std::initializer_list<NamedTensor> like_x,
+                              std::initializer_list<NamedTensor> per_sample, int64_t max_cols) {
+  const std::string o(op);
+  if (!x.defined()) throw UsageError(o + ": x must be a defined tensor");
+  for (const auto& list : {like_x, per_sample})
+    for (const NamedTensor& a : list)
+      if (!a.t.defined()) throw UsageError(o + ": " + a.name + " must be a defined tensor");
+  if (x.dim() != 3) throw UsageError(o + ": x must be [B, T, D], got shape " + shape(x));
   const int64_t b = x.size(0), d = x.size(2);
-  if (t.dim() != 2 || t.size(0) != b || t.size(1) != d)
-    throw UsageError(std::string(op) + ": " + name + " must be [" + std::to_string(b) + ", " + std::to_string(d) +
-                     "] (x is " + shape(x) + "), got " + shape(t));
-}
-
-// Each named tensor is on x's device.
-inline void check_device_of_x(const char* op, const at::Tensor& x,
-                              std::initializer_list<std::pair<const char*, const at::Tensor*>> named) {
-  for (const auto& [name, t] : named)
-    if (t->device() != x.device())
-      throw UsageError(std::string(op) + ": x is on " + x.device().str() + " but " + name + " is on " +
-                       t->device().str());
-}
-
-// On CUDA, what the row kernels take: D up to max_cols, at most 65535
-// samples (a grid dimension) and rows indexed in 32 bits.
-inline void check_row_kernel_sizes(const char* op, const at::Tensor& x, int64_t max_cols) {
+  if (d < 1) throw UsageError(o + ": x must have D >= 1 features, got shape " + shape(x));
+  for (const NamedTensor& a : like_x)
+    if (a.t.sizes() != x.sizes())
+      throw UsageError(o + ": " + a.name + " must have x's shape " + shape(x) + ", got " + shape(a.t));
+  for (const NamedTensor& a : per_sample)
+    if (a.t.dim() != 2 || a.t.size(0) != b || a.t.size(1) != d)
+      throw UsageError(o + ": " + a.name + " must be [" + std::to_string(b) + ", " + std::to_string(d) +
+                       "] (x is " + shape(x) + "), got " + shape(a.t));
+  check_kernel_dtype(op, x.scalar_type(), "x");
+  for (const auto& list : {like_x, per_sample})
+    for (const NamedTensor& a : list) {
+      check_kernel_dtype(op, a.t.scalar_type(), a.name);
+      if (a.t.device() != x.device())
+        throw UsageError(o + ": x is on " + x.device().str() + " but " + a.name + " is on " + a.t.device().str());
+    }
   if (!x.is_cuda()) return;
-  const int64_t d = x.size(2);
   if (d > max_cols)
-    throw UsageError(std::string(op) + ": D=" + std::to_string(d) + " is wider than the CUDA kernel takes (" +
+    throw UsageError(o + ": D=" + std::to_string(d) + " is wider than the CUDA kernel takes (" +
                      std::to_string(max_cols) + ")");
-  if (x.size(0) > 65535 || x.size(0) * x.size(1) > INT32_MAX)
-    throw UsageError(std::string(op) + ": x " + shape(x) + " has too many rows for the CUDA kernel");
+  if (b > 65535 || b * x.size(1) > INT32_MAX)
+    throw UsageError(o + ": x " + shape(x) + " has too many rows for the CUDA kernel");
 }
 
 }  // namespace detail

@@ -27,15 +27,7 @@ namespace {
 constexpr const char* kOp = "gated_residual";
 
 void check_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y) {
-  detail::check_defined(kOp, {&x, &gate, &y}, "x, gate and y");
-  detail::check_tokens(kOp, x);
-  detail::check_shape_of_x(kOp, x, y, "y");
-  detail::check_sample_rows(kOp, x, gate, "gate");
-  check_kernel_dtype(kOp, x.scalar_type(), "x");
-  check_kernel_dtype(kOp, gate.scalar_type(), "gate");
-  check_kernel_dtype(kOp, y.scalar_type(), "y");
-  detail::check_device_of_x(kOp, x, {{"gate", &gate}, {"y", &y}});
-  detail::check_row_kernel_sizes(kOp, x, kernels::kGatedResidualMaxCols);
+  detail::check_row_op_args(kOp, x, {{"y", y}}, {{"gate", gate}}, kernels::kGatedResidualMaxCols);
 }
 
 std::optional<at::Tensor> optional_bias(const at::Tensor& bias) {

@@ -30,20 +30,9 @@ constexpr const char* kOp = "residual_adaln";
 
 void check_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y, const at::Tensor& shift,
                 const at::Tensor& scale, at::ScalarType out_dtype) {
-  detail::check_defined(kOp, {&x, &gate, &y, &shift, &scale}, "x, gate, y, shift and scale");
-  detail::check_tokens(kOp, x);
-  detail::check_shape_of_x(kOp, x, y, "y");
-  detail::check_sample_rows(kOp, x, gate, "gate");
-  detail::check_sample_rows(kOp, x, shift, "shift");
-  detail::check_sample_rows(kOp, x, scale, "scale");
-  check_kernel_dtype(kOp, x.scalar_type(), "x");
-  check_kernel_dtype(kOp, gate.scalar_type(), "gate");
-  check_kernel_dtype(kOp, y.scalar_type(), "y");
-  check_kernel_dtype(kOp, shift.scalar_type(), "shift");
-  check_kernel_dtype(kOp, scale.scalar_type(), "scale");
+  detail::check_row_op_args(kOp, x, {{"y", y}}, {{"gate", gate}, {"shift", shift}, {"scale", scale}},
+                            kernels::kResidualAdaLNMaxCols);
   check_kernel_dtype(kOp, out_dtype, "out_dtype");
-  detail::check_device_of_x(kOp, x, {{"gate", &gate}, {"y", &y}, {"shift", &shift}, {"scale", &scale}});
-  detail::check_row_kernel_sizes(kOp, x, kernels::kResidualAdaLNMaxCols);
 }
 
 // The bias travels as an optional: autograd functions take no undefined
