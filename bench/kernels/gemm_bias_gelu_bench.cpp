@@ -6,8 +6,7 @@
 // of 10 back-to-back calls after 10 warm-up ones (cuBLASLt's first call also
 // times its candidate algorithms), CUDA events, fresh random inputs. Also the
 // largest difference between our pre/act and cuBLASLt's (theirs take a bf16
-// bias, ours the fp32 one). Then the backward's product through GELU the
-// same way: ours, cuBLASLt's DGELU, its plain product.
+// bias, ours the fp32 one).
 //   bench_gemm_bias_gelu [m n k]...     (default: DiT-S/2, B/2, XL/2 at b256)
 // Build: cmake --build build --target bench_gemm_bias_gelu (binary in
 // build/bench/kernels/). On the GPU machine: tools/gpu_run.sh MODE=lab
@@ -101,28 +100,6 @@ int main(int argc, char** argv) {
     const double dact = (act.to(at::kFloat) - act_lt.to(at::kFloat)).abs().max().item<double>();
     std::printf("| %lld | %lld | %lld | %s | %s | %s | %.3g | %.3g |\n", (long long)m, (long long)n, (long long)k,
                 cell(ours).c_str(), cell(lt_gelu).c_str(), cell(lt_bias).c_str(), dpre, dact);
-  }
-
-  // The backward's product: dpre = (dy w2) * gelu'(pre), dy [m, k], w2 [k, n].
-  std::printf("\n| m | n | k | ours (w2 transposed inside) ms (TFLOP/s) | cuBLASLt DGELU ms (TFLOP/s) | "
-              "cuBLASLt plain ms (TFLOP/s) | max |dpre diff| |\n|---|---|---|---|---|---|---|\n");
-  for (const auto& s : shapes) {
-    const int64_t m = s[0], n = s[1], k = s[2];
-    const auto bf = opts.dtype(at::kBFloat16);
-    const at::Tensor dy = at::randn({m, k}, opts).to(at::kBFloat16);
-    const at::Tensor w2 = (at::randn({k, n}, opts) / std::sqrt(double(k))).to(at::kBFloat16);
-    const at::Tensor pre = (at::randn({m, n}, opts) * 1.5).to(at::kBFloat16);
-    const at::Tensor dpre = at::empty({m, n}, bf), dpre_lt = at::empty({m, n}, bf), plain = at::empty({m, n}, bf);
-    const double ours = median_ms([&] { return perftrain::ops::try_gemm_dgelu_sm90(dy, w2, pre, dpre); });
-    const double lt_dgelu = median_ms([&] {
-      return perftrain::ops::try_gemm_lt(dy, false, w2, false, dpre_lt, GemmEpilogue::kDGelu, at::Tensor(), pre);
-    });
-    const double lt_plain =
-        median_ms([&] { return perftrain::ops::try_gemm_lt(dy, false, w2, false, plain, GemmEpilogue::kDefault); });
-    const auto cell = [flop = 2.0 * m * n * k](double ms) { return ms_and_tflops(ms, flop); };
-    const double diff = (dpre.to(at::kFloat) - dpre_lt.to(at::kFloat)).abs().max().item<double>();
-    std::printf("| %lld | %lld | %lld | %s | %s | %s | %.3g |\n", (long long)m, (long long)n, (long long)k,
-                cell(ours).c_str(), cell(lt_dgelu).c_str(), cell(lt_plain).c_str(), diff);
   }
   return 0;
 }

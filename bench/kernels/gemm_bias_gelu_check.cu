@@ -1,22 +1,21 @@
-// Our fc1 product and its backward form (kernels::gemm_bias_gelu_sm90 and
-// gemm_dgelu_sm90) against float64, torch-free. Random bf16 inputs (outputs
-// poisoned with NaN first); sampled rows of pre = A W^T + bias,
-// act = gelu_tanh(pre) and dpre = (dy W^T) * gelu_tanh'(pre) against a
-// float64 CPU reference, with a digest of fc1's output bytes (two builds of
-// the kernel that agree to the bit print the same digest). Then the time per
-// call at DiT's fc1 shapes at b256 (CUDA events over windows of back-to-back
-// calls, median window).
+// Our fc1 product (kernels::gemm_bias_gelu_sm90) against float64,
+// torch-free. Random bf16 inputs (outputs poisoned with NaN first); sampled
+// rows of pre = A W^T + bias and act = gelu_tanh(pre) against a float64 CPU
+// reference, with a digest of the output bytes (two builds of the kernel
+// that agree to the bit print the same digest). Then the time per call at
+// DiT's fc1 shapes at b256 (CUDA events over windows of back-to-back calls,
+// median window).
 //   gemm_bias_gelu_check checks          the float64 checks only: the ctest
 //                                        kernels.gemm_bias_gelu_float64 (label
 //                                        gpu; exit 77, skipped, without an sm_90 GPU)
 //   gemm_bias_gelu_check time            the timings only
-//   gemm_bias_gelu_check fc1|dgelu M N K one shape timed (e.g. under Nsight Compute)
+//   gemm_bias_gelu_check fc1 M N K       one shape timed (e.g. under Nsight Compute)
 //   gemm_bias_gelu_check                 checks, then timings
 // Build: cmake --build build --target gemm_bias_gelu_check (binary in
 // build/bench/kernels/). On the GPU machine: tools/gpu_run.sh MODE=lab
 // LAB=gemm_bias_gelu_check [LAB_ARGS="fc1 65536 3072 768" NCU=1
 // NCU_KERNEL=gemm_sm90 NCU_SKIP=3]. bench_gemm_bias_gelu (gemm_bias_gelu_bench.cpp)
-// compares the same products with cuBLASLt's.
+// compares the same product with cuBLASLt's.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -116,77 +115,19 @@ static int run(int64_t m, int64_t n, int64_t k, bool check) {
   return ok ? 0 : 1;
 }
 
-static double gelu_grad(double x) {
-  const double k0 = 0.7978845608028654, k1 = 0.044715, t = std::tanh(k0 * (x + k1 * x * x * x));
-  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k0 * (1 + 3 * k1 * x * x);
-}
-
-// The backward's form (the same return): dpre = (dy w^T) * gelu'(pre), w [n, k] (fc2's weight transposed).
-static int run_dgelu(int64_t m, int64_t n, int64_t k, bool check) {
-  std::mt19937 rng(4321);
-  std::normal_distribution<float> nd;
-  std::vector<bf16> dy(m * k), w(n * k), pre(m * n);
-  for (auto& v : dy) v = __float2bfloat16(nd(rng));
-  for (auto& v : w) v = __float2bfloat16(nd(rng) / std::sqrt(float(k)));
-  for (auto& v : pre) v = __float2bfloat16(1.5f * nd(rng));
-  bf16 *d_dy, *d_w, *d_pre, *d_out;
-  CHECK(cudaMalloc(&d_dy, dy.size() * 2));
-  CHECK(cudaMalloc(&d_w, w.size() * 2));
-  CHECK(cudaMalloc(&d_pre, pre.size() * 2));
-  CHECK(cudaMalloc(&d_out, m * n * 2));
-  CHECK(cudaMemcpy(d_dy, dy.data(), dy.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(d_w, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(d_pre, pre.data(), pre.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemset(d_out, 0xff, m * n * 2));
-  perftrain::kernels::gemm_dgelu_sm90(d_dy, d_w, d_pre, d_out, m, n, k, nullptr);
-  CHECK(cudaDeviceSynchronize());
-  bool ok = true;
-  if (check) {
-    std::vector<bf16> out(m * n);
-    CHECK(cudaMemcpy(out.data(), d_out, m * n * 2, cudaMemcpyDeviceToHost));
-    int64_t nan = 0, bad = 0;
-    double worst = 0;
-    for (int64_t i = 0; i < m * n; ++i)
-      if (std::isnan(__bfloat162float(out[i]))) ++nan;
-    for (int64_t r = 0; r < m; r += std::max<int64_t>(1, m / 97)) {
-      for (int64_t c = 0; c < n; ++c) {
-        double acc = 0;
-        for (int64_t q = 0; q < k; ++q) acc += double(__bfloat162float(dy[r * k + q])) * __bfloat162float(w[c * k + q]);
-        const double ref = acc * gelu_grad(__bfloat162float(pre[r * n + c]));
-        const double e = std::fabs(__bfloat162float(out[r * n + c]) - ref) / (std::fabs(ref) + 2e-2);
-        worst = std::max(worst, e);
-        if (e > 1.0 / 32) ++bad;
-      }
-    }
-    std::printf("dgelu check m=%lld n=%lld k=%lld: NaN left %lld, worst rel err %.3g, bad %lld -> %s\n",
-                (long long)m, (long long)n, (long long)k, (long long)nan, worst, (long long)bad,
-                nan == 0 && bad == 0 ? "PASS" : "FAIL");
-    ok = nan == 0 && bad == 0;
-  } else if (time_launches("dgelu", m, n, k, [&] {
-               perftrain::kernels::gemm_dgelu_sm90(d_dy, d_w, d_pre, d_out, m, n, k, nullptr);
-             }) != 0) {
-    return 1;
-  }
-  cudaFree(d_dy);
-  cudaFree(d_w);
-  cudaFree(d_pre);
-  cudaFree(d_out);
-  return ok ? 0 : 1;
-}
-
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (argc == 5) {
     const int64_t m = std::atoll(argv[2]), n = std::atoll(argv[3]), k = std::atoll(argv[4]);
-    if ((mode != "fc1" && mode != "dgelu") || !perftrain::kernels::gemm_bias_gelu_sm90_supported(m, n, k)) {
-      std::printf("usage: %s [checks|time|fc1 M N K|dgelu M N K] (M %% 128, N %% 256, K %% 64 == 0)\n", argv[0]);
+    if (mode != "fc1" || !perftrain::kernels::gemm_bias_gelu_sm90_supported(m, n, k)) {
+      std::printf("usage: %s [checks|time|fc1 M N K] (M %% 128, N %% 256, K %% 64 == 0)\n", argv[0]);
       return 2;
     }
     if (skip_without_sm90("gemm_bias_gelu_check")) return kSkipCode;
-    return mode == "dgelu" ? run_dgelu(m, n, k, false) : run(m, n, k, false);
+    return run(m, n, k, false);
   }
   if (argc > 2 || (mode != "" && mode != "checks" && mode != "time")) {
-    std::printf("usage: %s [checks|time|fc1 M N K|dgelu M N K] (M %% 128, N %% 256, K %% 64 == 0)\n", argv[0]);
+    std::printf("usage: %s [checks|time|fc1 M N K] (M %% 128, N %% 256, K %% 64 == 0)\n", argv[0]);
     return 2;
   }
   if (skip_without_sm90("gemm_bias_gelu_check")) return kSkipCode;
@@ -198,14 +139,9 @@ int main(int argc, char** argv) {
     // Many tiles per CTA, and fewer k-steps a tile than ring stages (ping-pong's hand-off between its warpgroups).
     rc |= run(8192, 2048, 768, true);
     rc |= run(4096, 1024, 128, true);
-    rc |= run_dgelu(256, 512, 384, true);
-    rc |= run_dgelu(1024, 3072, 768, true);
-    rc |= run_dgelu(512, 4608, 1152, true);
   }
   if (mode == "checks") return rc;
   for (const auto& s : {std::array<int64_t, 3>{65536, 1536, 384}, {65536, 3072, 768}, {65536, 4608, 1152}})
     rc |= run(s[0], s[1], s[2], false);  // DiT-S/2, B/2, XL/2 at b256
-  for (const auto& s : {std::array<int64_t, 3>{65536, 1536, 384}, {65536, 3072, 768}, {65536, 4608, 1152}})
-    rc |= run_dgelu(s[0], s[1], s[2], false);
   return rc;
 }

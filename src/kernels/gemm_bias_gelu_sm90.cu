@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -19,7 +18,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kBM = 128, kBN = 256, kBK = 64;  // tile rows, DGELU's tile columns; 64 bf16 of K = one 128-byte row
+constexpr int kBM = 128, kBN = 128, kBK = 64;  // tile rows and columns; 64 bf16 of K = one 128-byte row
+constexpr int kNMultiple = 256;                 // the host takes N in multiples of this (the tested shapes)
 constexpr int kThreads = 384;                   // producer warpgroup + two consumer warpgroups
 constexpr uint32_t kATileBytes = kBM * kBK * 2;
 // The epilogue writes through shared memory: each consumer warpgroup has
@@ -28,30 +28,21 @@ constexpr uint32_t kATileBytes = kBM * kBK * 2;
 constexpr int kChunkCols = 64;
 constexpr uint32_t kChunkBytes = 64 * kChunkCols * 2;
 
-// Shared memory: the ring of Stages (A tiles and W tiles of TileN rows),
-// each consumer warpgroup's Buffers, then the barriers (full and empty per
+// The ring's depth, and the 64 x 64 epilogue buffers of each consumer warpgroup.
+constexpr int kStages = 4, kBuffers = 4;
+static_assert((kBuffers & (kBuffers - 1)) == 0, "buffers taken in turn by a mask");
+
+// Shared memory: the ring of kStages (A tiles and W tiles of kBN rows),
+// each consumer warpgroup's kBuffers, then the barriers (full and empty per
 // stage, two for the kernel's own use); 1024 bytes of slack to align the start.
-template <int Stages, int Buffers, int TileN = kBN>
 struct SmemLayout {
-  static constexpr int kStages = Stages;
-  static constexpr uint32_t kRing = Stages * (kATileBytes + uint32_t(TileN) * kBK * 2);
-  static constexpr uint32_t kStaging = 2 * Buffers * kChunkBytes;
-  static constexpr size_t kTotal = kRing + kStaging + (2 * Stages + 2) * sizeof(uint64_t) + 1024;
+  static constexpr uint32_t kRing = kStages * (kATileBytes + uint32_t(kBN) * kBK * 2);
+  static constexpr uint32_t kStaging = 2 * kBuffers * kChunkBytes;
+  static constexpr size_t kTotal = kRing + kStaging + (2 * kStages + 2) * sizeof(uint64_t) + 1024;
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
 };
 
 using namespace sm90;  // the instruction helpers (kernels/sm90.cuh)
-
-// d (64 x 256 per warpgroup, fp32) = A (64 x 16) B^T (16 x 256) + (scale_d ? d : 0).
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16), PERFTRAIN_SM90_ACC16(32), PERFTRAIN_SM90_ACC16(48),
-        PERFTRAIN_SM90_ACC16(64), PERFTRAIN_SM90_ACC16(80), PERFTRAIN_SM90_ACC16(96), PERFTRAIN_SM90_ACC16(112)
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
 
 // d (64 x 128 per call, fp32) = A (64 x 16) B^T (16 x 128) + (scale_d ? d : 0).
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -74,13 +65,6 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.f + tanh_approx(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
-// GELU's derivative in the same tanh form, as cuBLASLt's DGELU epilogue.
-__device__ __forceinline__ float gelu_tanh_grad(float x) {
-  const float k0 = 0.7978845608028654f, k1 = 0.044715f;
-  const float t = tanh_approx(k0 * (x + k1 * x * x * x));
-  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * k0 * (1.f + 3.f * k1 * x * x);
-}
-
 __device__ __forceinline__ float2 bias_pair(const float* b) { return __ldg(reinterpret_cast<const float2*>(b)); }
 __device__ __forceinline__ float2 bias_pair(const bf16* b) {
   return __bfloat1622float2(__ldg(reinterpret_cast<const __nv_bfloat162*>(b)));
@@ -91,13 +75,13 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float v0, float v1) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// The epilogues. In the layout of wgmma m64nNk16 a consumer thread holds rows
+// The epilogue. In the layout of wgmma m64nNk16 a consumer thread holds rows
 // `row` and row + 8 (h = 0, 1), columns col + 8j and the next, in d[4j + 2h]
-// and d[4j + 2h + 1]. The kernels walk the 64-column chunks jc of a tile
+// and d[4j + 2h + 1]. The kernel walks the 64-column chunks jc of a tile
 // (j = 8 jc + jj).
 //
-// fc1's: output 0 pre = acc + b, output 1 act = gelu_tanh(acc + b); load()
-// fetches a chunk's bias pairs into registers (a Chunk) for value().
+// Output 0 pre = acc + b, output 1 act = gelu_tanh(acc + b); load() fetches
+// a chunk's bias pairs into registers (a Chunk) for value().
 template <typename TB>
 struct BiasGeluEpilogue {
   static constexpr int kOutputs = 2;
@@ -118,18 +102,6 @@ struct BiasGeluEpilogue {
   }
 };
 
-// DGELU's: dpre = acc * gelu_tanh'(pre), where pre's pair is read from the
-// buffer the result then overwrites. The kernel preloads pre by TMA while
-// the products run (its 64 x 256 tile per warpgroup, in 128-byte rows the
-// TMA reads at full width, where loads from registers would fetch 4 bytes a
-// thread).
-struct DGeluEpilogue {
-  __device__ __forceinline__ uint32_t value(uint32_t pre_pair, float v0, float v1) const {
-    const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pre_pair));
-    return pack_bf16x2(v0 * gelu_tanh_grad(p.x), v1 * gelu_tanh_grad(p.y));
-  }
-};
-
 // The ring's barriers (full: the producer's arrive plus the TMA bytes;
 // empty: one arrive per consumer warp that read the stage) and two more
 // single-arrive barriers for the kernel's own use; thread 0 only, before
@@ -145,63 +117,60 @@ __device__ __forceinline__ void init_ring_barriers(uint64_t* full, uint64_t* emp
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
-// The dynamic shared memory of a kernel with this Layout, carved: the ring's
-// A and W stages, the epilogue buffers, and the barriers (full and empty per
-// stage, then two more for the kernel's own use).
+// The dynamic shared memory, carved as SmemLayout says: the ring's A and W
+// stages, the epilogue buffers, and the barriers (full and empty per stage,
+// then two more for the kernel's own use).
 struct SmemParts {
   bf16 *sa, *sw;
   unsigned char* staging;
   uint64_t *full, *empty, *extra;
 };
 
-template <typename Layout>
 __device__ __forceinline__ SmemParts carve_smem(unsigned char* smem_raw) {
   // The 128-byte swizzle repeats every 1024 bytes: tiles start on a multiple.
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   SmemParts p;
   p.sa = reinterpret_cast<bf16*>(smem);
-  p.sw = reinterpret_cast<bf16*>(smem + Layout::kStages * kATileBytes);
-  p.staging = smem + Layout::kRing;
-  p.full = reinterpret_cast<uint64_t*>(smem + Layout::kRing + Layout::kStaging);
-  p.empty = p.full + Layout::kStages;
-  p.extra = p.empty + Layout::kStages;
+  p.sw = reinterpret_cast<bf16*>(smem + kStages * kATileBytes);
+  p.staging = smem + SmemLayout::kRing;
+  p.full = reinterpret_cast<uint64_t*>(smem + SmemLayout::kRing + SmemLayout::kStaging);
+  p.empty = p.full + kStages;
+  p.extra = p.empty + kStages;
   return p;
 }
 
 // The producer warpgroup: it gives up registers to the consumers, and one
 // thread, for each of the CTA's tiles (blockIdx.x, + gridDim.x, ...), loads
-// its k-steps' A (128 rows) and W (TileN rows) boxes into the ring, each
+// its k-steps' A (128 rows) and W (128 rows) boxes into the ring, each
 // stage once its last readers have released it.
-template <int Stages, int TileN>
 __device__ __forceinline__ void run_producer(const CUtensorMap* tma_a, const CUtensorMap* tma_w, const SmemParts& p,
                                              int tiles, int tiles_n, int kblocks) {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
   if (threadIdx.x != 0) return;
   int it = 0;  // k-steps issued, over all tiles
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int n0 = (tile % tiles_n) * TileN, m0 = (tile / tiles_n) * kBM;
+    const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
     for (int kb = 0; kb < kblocks; ++kb, ++it) {
-      const int s = it % Stages;
-      mbar_wait(&p.empty[s], ((it / Stages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
-      mbar_arrive_expect_tx(&p.full[s], kATileBytes + TileN * kBK * 2);
+      const int s = it % kStages;
+      mbar_wait(&p.empty[s], ((it / kStages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+      mbar_arrive_expect_tx(&p.full[s], kATileBytes + kBN * kBK * 2);
       tma_load_2d(p.sa + s * kBM * kBK, tma_a, &p.full[s], kb * kBK, m0);
-      tma_load_2d(p.sw + s * TileN * kBK, tma_w, &p.full[s], kb * kBK, n0);
+      tma_load_2d(p.sw + s * kBN * kBK, tma_w, &p.full[s], kb * kBK, n0);
     }
   }
 }
 
-// The start both kernels share: thread 0 sets up the ring's barriers (a
-// stage released by `empty_arrivals` consumer warps) and the two extra ones;
-// then the producer warpgroup runs the producer and returns false, and the
-// consumer warpgroups take the registers it gave up and return true.
-template <int Stages, int TileN>
+// The kernel's start: thread 0 sets up the ring's barriers (a stage is read
+// by one consumer warpgroup: its four warps release it) and the two extra
+// ones; then the producer warpgroup runs the producer and returns false, and
+// the consumer warpgroups take the registers it gave up and return true.
 __device__ __forceinline__ bool start_pipeline(const CUtensorMap* tma_a, const CUtensorMap* tma_w, const SmemParts& p,
-                                               int empty_arrivals, int m, int n, int k) {
-  if (threadIdx.x == 0) init_ring_barriers(p.full, p.empty, Stages, empty_arrivals, p.extra);
+                                               int m, int n, int k) {
+  if (threadIdx.x == 0) init_ring_barriers(p.full, p.empty, kStages, 4, p.extra);
   __syncthreads();
   if (threadIdx.x < 128) {
-    run_producer<Stages, TileN>(tma_a, tma_w, p, (m / kBM) * (n / TileN), n / TileN, k / kBK);
+    run_producer(tma_a, tma_w, p, (m / kBM) * (n / kBN), n / kBN, k / kBK);
     return false;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
@@ -227,7 +196,7 @@ __device__ __forceinline__ void store_chunk(const CUtensorMap* map, unsigned cha
   if (store_thread) tma_store_2d(map, staging + (buf - smem_u32(staging)), c0, c1);
 }
 
-// fc1, pre and act = bias and GELU on A W^T, in "ping-pong": each consumer
+// pre and act = bias and GELU on A W^T, in "ping-pong": each consumer
 // warpgroup owns whole 128 x 128 tiles (the CTA's tiles 0, 2, 4, ... go to
 // warpgroup 1, and 1, 3, 5, ... to 2), so while one writes its tile's
 // epilogue the other's products keep the tensor cores busy. One ring of
@@ -235,11 +204,6 @@ __device__ __forceinline__ void store_chunk(const CUtensorMap* map, unsigned cha
 // i - 1's, so the two warpgroups' main loops follow each other.
 // Persistent: each CTA takes tiles blockIdx.x, + gridDim.x, ... (consecutive
 // tiles run along N, so the CTAs at work share A's rows; W fits in L2).
-constexpr int kPingBN = 128;                      // tile columns
-constexpr int kPingStages = 4, kPingBuffers = 4;  // ring depth; 64 x 64 buffers per warpgroup
-static_assert((kPingBuffers & (kPingBuffers - 1)) == 0, "buffers taken in turn by a mask");
-using PingLayout = SmemLayout<kPingStages, kPingBuffers, kPingBN>;
-
 template <typename Epilogue>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_pingpong_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
@@ -247,16 +211,15 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const Epilogue epilogue, int m, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
-  const SmemParts p = carve_smem<PingLayout>(smem_raw);
-  // A stage is read by one warpgroup here: its four warps release it.
-  if (!start_pipeline<kPingStages, kPingBN>(&tma_a, &tma_w, p, 4, m, n, k)) return;
+  const SmemParts p = carve_smem(smem_raw);
+  if (!start_pipeline(&tma_a, &tma_w, p, m, n, k)) return;
   // handoff[c]: the other warpgroup has passed the full barriers of its
   // latest tile. A warpgroup waits on it before its next tile's main loop:
   // its stages' full barriers are then at most one phase ahead of what it
   // waits for, as parity waits need (without it, warpgroup 2 would wait on
   // tile 1's phases while the barriers are still in tile 0's and pass).
   uint64_t* const handoff = p.extra;
-  const int tiles_n = n / kPingBN, tiles = (m / kBM) * tiles_n;
+  const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
   const int c = threadIdx.x / 128 - 1;
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
@@ -267,19 +230,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   float d0[64], d1[64];
   int chunk = 0;
   const bool store_thread = threadIdx.x % 128 == 0;
-  const uint32_t my_staging = smem_u32(p.staging) + c * kPingBuffers * kChunkBytes;
+  const uint32_t my_staging = smem_u32(p.staging) + c * kBuffers * kChunkBytes;
   // This warpgroup's tiles: the CTA's i-th tile for i = c, c + 2, ...
   int i = c;
   for (int tile = blockIdx.x + c * gridDim.x; tile < tiles; tile += 2 * gridDim.x, i += 2) {
-    const int n0 = (tile % tiles_n) * kPingBN, m0 = (tile / tiles_n) * kBM;
+    const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
     if (i > 0) mbar_wait(&handoff[c], ((i - 1) / 2) & 1);  // the CTA's tile i - 1 has passed its waits
     int it = i * kblocks;  // this tile's first stage in the ring's order
     for (int kb = 0; kb < kblocks; ++kb, ++it) {
-      const int s = it % kPingStages;
-      mbar_wait(&p.full[s], (it / kPingStages) & 1);
+      const int s = it % kStages;
+      mbar_wait(&p.full[s], (it / kStages) & 1);
       const uint64_t da = smem_desc(p.sa + s * kBM * kBK);
       const uint64_t da_low = smem_desc(p.sa + s * kBM * kBK + 64 * kBK);
-      const uint64_t dw = smem_desc(p.sw + s * kPingBN * kBK);
+      const uint64_t dw = smem_desc(p.sw + s * kBN * kBK);
       fence_accumulators(d0);
       fence_accumulators(d1);
       wgmma_fence();
@@ -293,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<1>();
         fence_accumulators(d0);
         fence_accumulators(d1);
-        if (lane == 0) mbar_arrive(&p.empty[(it - 1) % kPingStages]);
+        if (lane == 0) mbar_arrive(&p.empty[(it - 1) % kStages]);
       }
     }
     if (store_thread) mbar_arrive(&handoff[1 - c]);  // this thread has passed every full barrier of tile i
@@ -302,21 +265,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_accumulators(d0);
     fence_accumulators(d1);
-    if (lane == 0) mbar_arrive(&p.empty[(it - 1) % kPingStages]);  // the tile's last stage
+    if (lane == 0) mbar_arrive(&p.empty[(it - 1) % kStages]);  // the tile's last stage
     // Chunks: output o, row half hh (d0, d1), 64-column chunk jc (j = 8 jc + jj of the 16);
     // the buffers in turn, a chunk's bias loads out while the one before is written.
 #pragma unroll
     for (int o = 0; o < Epilogue::kOutputs; ++o) {
 #pragma unroll
-      for (int jc = 0; jc < kPingBN / kChunkCols; ++jc) {
+      for (int jc = 0; jc < kBN / kChunkCols; ++jc) {
         const typename Epilogue::Chunk loaded = next;
-        if (o + 1 < Epilogue::kOutputs || jc + 1 < kPingBN / kChunkCols)
-          next = epilogue.load(col, (jc + 1) % (kPingBN / kChunkCols));
+        if (o + 1 < Epilogue::kOutputs || jc + 1 < kBN / kChunkCols)
+          next = epilogue.load(col, (jc + 1) % (kBN / kChunkCols));
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh, ++chunk) {
           const float(&d)[64] = hh == 0 ? d0 : d1;
-          const uint32_t buf = my_staging + (chunk & (kPingBuffers - 1)) * kChunkBytes;
-          if (store_thread) tma_store_wait_read<kPingBuffers - 1>();  // this buffer's previous store has read it
+          const uint32_t buf = my_staging + (chunk & (kBuffers - 1)) * kChunkBytes;
+          if (store_thread) tma_store_wait_read<kBuffers - 1>();  // this buffer's previous store has read it
           warpgroup_barrier(1 + c);
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
@@ -338,88 +301,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// DGELU, dpre = (A W^T) * gelu_tanh'(pre), "cooperative": both consumer
-// warpgroups on one 128 x 256 tile, 64 rows each; three stages, and four
-// buffers per warpgroup, which a TMA load fills with the tile's pre during
-// the main loop and the epilogue overwrites with dpre in place. Persistent
-// as fc1's; the ring's stage and phase run on across tiles, so the producer
-// loads the next tile's first stages while the consumers write this one's
-// epilogue.
-constexpr int kDGeluStages = 3, kDGeluBuffers = kBN / kChunkCols;
-using DGeluLayout = SmemLayout<kDGeluStages, kDGeluBuffers>;
-
-__global__ void __launch_bounds__(kThreads, 1)
-    gemm_dgelu_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
-                      const __grid_constant__ CUtensorMap tma_dpre, const __grid_constant__ CUtensorMap tma_pre,
-                      const DGeluEpilogue epilogue, int m, int n, int k) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ unsigned char smem_raw[];
-  const SmemParts p = carve_smem<DGeluLayout>(smem_raw);
-  // A stage is read by both warpgroups: their eight warps release it.
-  if (!start_pipeline<kDGeluStages, kBN>(&tma_a, &tma_w, p, 8, m, n, k)) return;
-  uint64_t* const preloaded = p.extra;  // per consumer warpgroup: its buffers hold the tile's pre
-  const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
-  const int kblocks = k / kBK;
-  const int c = threadIdx.x / 128 - 1;  // this warpgroup's 64 rows of each tile
-  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
-  float d[128];  // not cleared: see the fc1 kernel
-  int it = 0;    // k-steps consumed, over all tiles
-  int tiles_done = 0;
-  const bool store_thread = threadIdx.x % 128 == 0;  // issues this warpgroup's TMA stores and preloads
-  const uint32_t my_staging = smem_u32(p.staging) + c * kDGeluBuffers * kChunkBytes;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
-    for (int kb = 0; kb < kblocks; ++kb, ++it) {
-      const int s = it % kDGeluStages;
-      mbar_wait(&p.full[s], (it / kDGeluStages) & 1);
-      const uint64_t da = smem_desc(p.sa + s * kBM * kBK + c * 64 * kBK);
-      const uint64_t dw = smem_desc(p.sw + s * kBN * kBK);
-      fence_accumulators(d);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk)
-        wgmma_m64n256k16(d, da + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
-      wgmma_commit();
-      if (kb == 0 && store_thread) {  // once the last tile's stores have read the buffers
-        tma_store_wait_read<0>();
-        mbar_arrive_expect_tx(&preloaded[c], kDGeluBuffers * kChunkBytes);
-        for (int jc = 0; jc < kDGeluBuffers; ++jc)
-          tma_load_2d(p.staging + (my_staging - smem_u32(p.staging)) + jc * kChunkBytes, &tma_pre, &preloaded[c],
-                      n0 + kChunkCols * jc, m0 + c * 64);
-      }
-      if (kb > 0) {  // the previous step's products are done: its stage may be refilled
-        wgmma_wait<1>();
-        fence_accumulators(d);
-        if (lane == 0) mbar_arrive(&p.empty[(it - 1) % kDGeluStages]);
-      }
-    }
-    wgmma_wait<0>();
-    fence_accumulators(d);
-    if (lane == 0) mbar_arrive(&p.empty[(it - 1) % kDGeluStages]);  // the tile's last stage
-    mbar_wait(&preloaded[c], tiles_done & 1);
-    // Each 64-column chunk in its own buffer, pre's values replaced in place.
-#pragma unroll
-    for (int jc = 0; jc < kDGeluBuffers; ++jc) {
-      const uint32_t buf = my_staging + jc * kChunkBytes;
-#pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int q = 4 * (8 * jc + jj) + 2 * h;
-          const uint32_t at = swizzled_pair(buf, warp, lane, jj, h);
-          st_shared_u32(at, epilogue.value(ld_shared_u32(at), d[q], d[q + 1]));
-        }
-      }
-      store_chunk(&tma_dpre, p.staging, buf, 1 + c, store_thread, n0 + kChunkCols * jc, m0 + c * 64);
-    }
-    ++tiles_done;
-  }
-  if (store_thread) tma_store_wait_read<0>();  // shared memory must outlive the stores' reads
-#else
-  __trap();  // built for an architecture without wgmma: the host refuses to launch first
-#endif
-}
-
 // A [rows, cols] bf16 row-major matrix in boxes of box_rows x 64 columns
 // (128 bytes: the swizzle's row), for loads into the ring or stores from the
 // epilogue's buffers.
@@ -428,65 +309,40 @@ CUtensorMap tensor_map(const bf16* base, int64_t rows, int64_t cols, int box_row
   return bf16_tensor_map(base, rows, cols, box_rows, "gemm_bias_gelu_sm90");
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k) {
-  // The tile index is an int: (m / 128) * (n / 256) must fit.
-  return m > 0 && n > 0 && k > 0 && m % kBM == 0 && n % kBN == 0 && k % kBK == 0 && m <= INT32_MAX &&
+  // The tile index is an int: (m / 128) * (n / 128) must fit.
+  return m > 0 && n > 0 && k > 0 && m % kBM == 0 && n % kNMultiple == 0 && k % kBK == 0 && m <= INT32_MAX &&
          n <= INT32_MAX && k <= INT32_MAX && (m / kBM) * (n / kBN) <= INT32_MAX;
 }
 
-namespace {
-
-// Checks the shape, the pointers and the GPU, then launches `kernel` (tiles
-// of 128 x tile_n, smem bytes of dynamic shared memory) with one CTA per SM,
-// each looping over tiles. out1: the second output, or the preloaded input;
-// matrices: the [m, n] pointers that must be aligned.
-template <typename Kernel, typename Epilogue>
-void launch_gemm_sm90(const char* what, Kernel kernel, size_t smem, int tile_n, const bf16* a, const bf16* w,
-                      const Epilogue& epilogue, bf16* out0, bf16* out1, std::initializer_list<const void*> matrices,
-                      int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
-  if (!gemm_bias_gelu_sm90_supported(m, n, k))
-    throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " n=" +
-                                std::to_string(n) + " k=" + std::to_string(k) + " (needs m % 128, n % 256, k % 64 == 0)");
-  bool aligned = aligned16(a) && aligned16(w);
-  for (const void* p : matrices) aligned = aligned && p != nullptr && aligned16(p);
-  if (!aligned) throw std::invalid_argument(std::string(what) + ": a, w and the [m, n] matrices must be 16-byte aligned");
-  int device = 0, major = 0, minor = 0, sms = 0;
-  PERFTRAIN_CUDA_CHECK(cudaGetDevice(&device));
-  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9 || minor != 0) throw std::invalid_argument(std::string(what) + ": needs an sm_90 GPU");
-  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, tile_n);
-  const CUtensorMap map_out0 = tensor_map(out0, m, n, 64), map_out1 = tensor_map(out1, m, n, 64);
-  // One flag per kernel instantiation (this function is instantiated once per kernel type and epilogue).
-  static std::atomic<uint64_t> attribute_set_on{0};
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(smem), device, attribute_set_on);
-  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t tiles = (m / kBM) * (n / tile_n);
-  const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
-  kernel<<<grid, kThreads, smem, stream>>>(map_a, map_w, map_out0, map_out1, epilogue, int(m), int(n), int(k));
-  PERFTRAIN_LAUNCH_CHECK();
-}
-
-}  // namespace
-
+// Checks the bias, the shape, the pointers and the GPU, then launches the
+// kernel with one CTA per SM, each looping over tiles.
 template <typename TB>
 void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre, bf16* act, int64_t m, int64_t n,
                          int64_t k, cudaStream_t stream) {
   static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "bias: float or bf16");
+  const char* const what = "gemm_bias_gelu_sm90";
   if (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % (2 * sizeof(TB)) != 0)
-    throw std::invalid_argument("gemm_bias_gelu_sm90: bias must be given, aligned to two elements");
-  launch_gemm_sm90("gemm_bias_gelu_sm90", gemm_sm90_pingpong_kernel<BiasGeluEpilogue<TB>>, PingLayout::kTotal,
-                   kPingBN, a, w, BiasGeluEpilogue<TB>{bias}, pre, act, {pre, act}, m, n, k, stream);
-}
-
-void gemm_dgelu_sm90(const bf16* a, const bf16* w, const bf16* pre, bf16* dpre, int64_t m, int64_t n, int64_t k,
-                     cudaStream_t stream) {
-  launch_gemm_sm90("gemm_dgelu_sm90", gemm_dgelu_kernel, DGeluLayout::kTotal, kBN, a, w, DGeluEpilogue{}, dpre,
-                   const_cast<bf16*>(pre), {pre, dpre}, m, n, k, stream);
+    throw std::invalid_argument(std::string(what) + ": bias must be given, aligned to two elements");
+  if (!gemm_bias_gelu_sm90_supported(m, n, k))
+    throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " n=" +
+                                std::to_string(n) + " k=" + std::to_string(k) + " (needs m % 128, n % 256, k % 64 == 0)");
+  check_tma_pointers(what, {a, w, pre, act});
+  const int device = sm90_device(what);
+  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, kBN);
+  const CUtensorMap map_pre = tensor_map(pre, m, n, 64), map_act = tensor_map(act, m, n, 64);
+  const auto kernel = gemm_sm90_pingpong_kernel<BiasGeluEpilogue<TB>>;
+  static std::atomic<uint64_t> attribute_set_on{0};  // one flag per bias type (one kernel each)
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(SmemLayout::kTotal), device, attribute_set_on);
+  int sms = 0;
+  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t tiles = (m / kBM) * (n / kBN);
+  const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
+  kernel<<<grid, kThreads, SmemLayout::kTotal, stream>>>(map_a, map_w, map_pre, map_act, BiasGeluEpilogue<TB>{bias},
+                                                         int(m), int(n), int(k));
+  PERFTRAIN_LAUNCH_CHECK();
 }
 
 template void gemm_bias_gelu_sm90<float>(const bf16*, const bf16*, const float*, bf16*, bf16*, int64_t, int64_t,

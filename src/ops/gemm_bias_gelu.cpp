@@ -39,22 +39,4 @@ bool try_gemm_bias_gelu_sm90(const at::Tensor& x, const at::Tensor& w, const at:
   return true;
 }
 
-bool try_gemm_dgelu_sm90(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, const at::Tensor& dpre) {
-  if (!dense_bf16(dy) || w2.dim() != 2 || w2.scalar_type() != at::kBFloat16 || !dense_bf16(pre) ||
-      !dense_bf16(dpre))
-    return false;
-  const int64_t m = dy.size(0), k = dy.size(1), n = w2.size(1);
-  if (w2.size(0) != k || pre.sizes() != at::IntArrayRef{m, n} || dpre.sizes() != pre.sizes() ||
-      !kernels::gemm_bias_gelu_sm90_supported(m, n, k) || !compat::current_device_is_sm90())
-    return false;
-  // The kernel reads W as [n, k] rows of k: fc2's weight transposed, a copy
-  // small next to the product.
-  const at::Tensor w = w2.t().contiguous();
-  kernels::gemm_dgelu_sm90(static_cast<const __nv_bfloat16*>(dy.data_ptr()),
-                           static_cast<const __nv_bfloat16*>(w.data_ptr()),
-                           static_cast<const __nv_bfloat16*>(pre.data_ptr()),
-                           static_cast<__nv_bfloat16*>(dpre.data_ptr()), m, n, k, at::cuda::getCurrentCUDAStream());
-  return true;
-}
-
 }  // namespace perftrain::ops

@@ -1,9 +1,8 @@
-// Our own Hopper products for the MLP's GELU (kernels/gemm_bias_gelu_sm90)
-// against float64 on fresh random inputs, into NaN-poisoned outputs: fc1's
-// pre = A W^T + b within bf16 rounding and act = gelu_tanh(pre) within bf16
-// and tanh.approx, fp32 and bf16 biases; the backward's dpre = (dy w2) *
-// gelu_tanh'(pre); DiT's shapes (K = 384, 768, 1152) and the smallest tiles;
-// every element written; the ops wrappers decline what the kernel does not
+// Our own Hopper fc1 product (kernels/gemm_bias_gelu_sm90) against float64
+// on fresh random inputs, into NaN-poisoned outputs: pre = A W^T + b within
+// bf16 rounding and act = gelu_tanh(pre) within bf16 and tanh.approx, fp32
+// and bf16 biases; DiT's shapes (K = 384, 768, 1152) and the smallest tiles;
+// every element written; the ops wrapper declines what the kernel does not
 // take. Skips without an sm_90 GPU.
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -82,34 +81,6 @@ TEST(GemmBiasGeluGpu, MatchesFloat64OnPoisonedOutputs) {
   }
 }
 
-// GELU's derivative in its tanh form, in float64.
-at::Tensor gelu_tanh_grad(const at::Tensor& x) {
-  const double k0 = 0.7978845608028654, k1 = 0.044715;
-  const at::Tensor t = ((x + x * x * x * k1) * k0).tanh();
-  return (t + 1) * 0.5 + x * 0.5 * (1 - t * t) * k0 * (x * x * (3 * k1) + 1);
-}
-
-TEST(GemmBiasGeluGpu, DGeluMatchesFloat64OnPoisonedOutputs) {
-  if (!on_sm90()) GTEST_SKIP() << "no sm_90 GPU";
-  const c10::cuda::CUDAGuard guard(kCuda);
-  at::Generator g = at::cuda::detail::createCUDAGenerator(0);
-  g.set_current_seed(91);
-  const auto opts = at::TensorOptions().device(kCuda);
-  for (const Shape s : {Shape{128, 256, 64}, Shape{384, 1536, 384}, Shape{1024, 3072, 768}, Shape{256, 4608, 1152}}) {
-    const std::string where = name(s) + ": ";
-    // dy [m, k] and fc2's weight [k, n] as the MLP's backward has them; pre of order 1.
-    const at::Tensor dy = at::randn({s.m, s.k}, g, opts).to(at::kBFloat16);
-    const at::Tensor w2 = (at::randn({s.k, s.n}, g, opts) / std::sqrt(double(s.k))).to(at::kBFloat16);
-    const at::Tensor pre = at::randn({s.m, s.n}, g, opts).mul(1.5).to(at::kBFloat16);
-    const at::Tensor dpre = nan_bf16(s.m, s.n);
-    ASSERT_TRUE(try_gemm_dgelu_sm90(dy, w2, pre, dpre)) << where << "the wrapper declined";
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << where;
-    const at::Tensor ref = at::matmul(dy.to(at::kDouble), w2.to(at::kDouble)) * gelu_tanh_grad(pre.to(at::kDouble));
-    // bf16 rounding of dpre, tanh.approx inside the derivative.
-    expect_close(dpre, ref, 1.0 / 64, 5e-3, where + "dpre");
-  }
-}
-
 TEST(GemmBiasGeluGpu, WrapperDeclinesWhatTheKernelDoesNotTake) {
   if (!on_sm90()) GTEST_SKIP() << "no sm_90 GPU";
   const c10::cuda::CUDAGuard guard(kCuda);
@@ -123,14 +94,8 @@ TEST(GemmBiasGeluGpu, WrapperDeclinesWhatTheKernelDoesNotTake) {
       << "n % 256";
   EXPECT_FALSE(try_gemm_bias_gelu_sm90(a.to(at::kHalf), w.to(at::kHalf), b, pre, act)) << "fp16 inputs";
   EXPECT_FALSE(try_gemm_bias_gelu_sm90(a, w, b, pre.t(), act)) << "a transposed output";
-  EXPECT_TRUE(pre.isnan().all().item<bool>()) << "a declined call launched something";
-  // The backward's form: dy [128, 64], fc2's weight [64, n].
-  const at::Tensor w2 = at::randn({64, 256}, bf);
-  EXPECT_FALSE(try_gemm_dgelu_sm90(a, w2.narrow(1, 0, 128), pre.narrow(1, 0, 128).contiguous(),
-                                   act.narrow(1, 0, 128).contiguous()))
-      << "dgelu n % 256";
-  EXPECT_FALSE(try_gemm_dgelu_sm90(a, w2.t(), pre, act)) << "dgelu with w2 the wrong way round";
-  EXPECT_TRUE(act.isnan().all().item<bool>()) << "a declined dgelu launched something";
+  EXPECT_TRUE(pre.isnan().all().item<bool>() && act.isnan().all().item<bool>())
+      << "a declined call launched something";
 }
 
 }  // namespace
