@@ -213,7 +213,7 @@ void set_gelu_mlp_gelu_backward_form(GeluBackwardForm form) { g_gelu_backward_fo
 // With the second stream ATen's pass is faster (its bias sum runs beside the
 // critical path); on one stream the fused pass is.
 bool gelu_mlp_fused_gelu_backward(int64_t rows, int64_t width) {
-  return decide(gelu_mlp_gelu_backward_form(), GeluBackwardForm::kFused, !weight_grad_overlap_for(rows, width));
+  return decide(gelu_mlp_gelu_backward_form(), GeluBackwardForm::kFused, !weight_grad_stream_size_rule(rows, width));
 }
 
 at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,

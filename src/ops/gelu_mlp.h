@@ -53,7 +53,7 @@ bool gelu_mlp_dgelu_in_epilogue(int64_t rows, int64_t hidden);
 // summed afterwards, beside the critical path when the weight-gradient
 // stream is on) or the fused pass of ops/gelu_backward (the bias gradient
 // from the same pass). kAuto: ATen's for the shapes whose weight gradients
-// run on the second stream (weight_grad_overlap_for of rows and model width),
+// run on the second stream (weight_grad_stream_size_rule of rows and model width),
 // where it measured faster, the fused pass otherwise; by shape, so that one
 // stream and two give the same bits. The setter is for tests.
 enum class GeluBackwardForm { kAuto, kAten, kFused };

@@ -79,6 +79,10 @@ bool weight_grad_overlap_for(int64_t rows, int64_t hidden) {
     case WeightGradStreamMode::kOff: return false;
     case WeightGradStreamMode::kAuto: break;
   }
+  return weight_grad_stream_size_rule(rows, hidden);
+}
+
+bool weight_grad_stream_size_rule(int64_t rows, int64_t hidden) {
   return rows * hidden <= kWeightGradStreamMaxElements;
 }
 

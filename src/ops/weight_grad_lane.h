@@ -49,6 +49,10 @@ constexpr int kWeightGradLag = 2;
 // rows fill the GPU sooner (B/2 at half the rows gains as S/2 does).
 constexpr int64_t kWeightGradStreamMaxElements = int64_t(32768) * 384;
 bool weight_grad_overlap_for(int64_t rows, int64_t hidden);
+// The size rule alone (rows x hidden <= kWeightGradStreamMaxElements),
+// whatever the mode: for choices that must not change with the mode, so that
+// one stream and two give the same bits (gelu_mlp's GELU-backward form).
+bool weight_grad_stream_size_rule(int64_t rows, int64_t hidden);
 
 // The rule weight_grad_overlap_for applies (the [speed] key
 // weight_grad_stream): by size (kAuto, the default), at every size, never.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ops/stacked_linear.h"
+#include "ops/gelu_mlp.h"
 #include "ops/weight_grad_lane.h"
 #include "support/tensor_checks.h"
 
@@ -33,8 +34,13 @@ TEST(WeightGradLane, OpensForSmallProductsOnly) {
 TEST(WeightGradLane, ModeOnAndOffOverrideTheSizeRule) {
   set_weight_grad_stream_mode(WeightGradStreamMode::kOn);
   EXPECT_TRUE(weight_grad_overlap_for(256 * 256, 1152));
+  EXPECT_FALSE(weight_grad_stream_size_rule(256 * 256, 1152)) << "the size rule ignores the mode";
   set_weight_grad_stream_mode(WeightGradStreamMode::kOff);
   EXPECT_FALSE(weight_grad_overlap_for(32 * 256, 384));
+  EXPECT_TRUE(weight_grad_stream_size_rule(32 * 256, 384)) << "the size rule ignores the mode";
+  // gelu_mlp's GELU-backward form follows the size rule, not the mode, so
+  // that one stream and two give the same bits.
+  EXPECT_EQ(gelu_mlp_fused_gelu_backward(32 * 256, 384), false);
   set_weight_grad_stream_mode(WeightGradStreamMode::kAuto);
   EXPECT_TRUE(weight_grad_overlap_for(32 * 256, 384));
 }
