@@ -49,7 +49,7 @@ targets="${BUILD_TARGETS:-}"
 if [[ "$MODE" != lab || "$LAB" != *.py ]]; then
   t0=$(date +%s)
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERFTRAIN_PYTHON="$PY" \
-    -DPERFTRAIN_CARRY_DIR="$PWD/.carry" > "$OUT/build.log" 2>&1 &&
+    -DPERFTRAIN_CARRY_DIR="$PWD/.carry" -DPERFTRAIN_BUILD_COMMIT="$PERFTRAIN_COMMIT" > "$OUT/build.log" 2>&1 &&
     ninja -C build-gpu -j "$JOBS" $targets >> "$OUT/build.log" 2>&1
   build_rc=$?
   row build "rc $build_rc, $(( $(date +%s) - t0 )) s"
