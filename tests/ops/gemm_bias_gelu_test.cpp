@@ -16,6 +16,7 @@ TEST(GemmBiasGelu, SupportedShapesAreWholeTiles) {
   EXPECT_TRUE(gemm_bias_gelu_sm90_supported(65536, 4608, 1152));  // DiT-XL/2 b256
   EXPECT_TRUE(gemm_bias_gelu_sm90_supported(8192, 1536, 384));    // DiT-S/2 b32
   EXPECT_FALSE(gemm_bias_gelu_sm90_supported(100, 256, 64));
+  EXPECT_FALSE(gemm_bias_gelu_sm90_supported(128, 384, 64));  // N a multiple of the 128-wide tile but not of 256
   EXPECT_FALSE(gemm_bias_gelu_sm90_supported(128, 300, 64));
   EXPECT_FALSE(gemm_bias_gelu_sm90_supported(128, 256, 72));
   EXPECT_FALSE(gemm_bias_gelu_sm90_supported(0, 256, 64));

@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "ops/stacked_linear.h"
 #include "ops/gelu_mlp.h"
+#include "ops/stacked_linear.h"
 #include "ops/weight_grad_lane.h"
 #include "support/tensor_checks.h"
 
