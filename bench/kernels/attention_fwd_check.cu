@@ -156,22 +156,7 @@ static int time_shape(int batch, int heads, int dim) {
 }
 
 int main(int argc, char** argv) {
-  const std::string mode = argc > 1 ? argv[1] : "";
-  if (argc > 2 || (mode != "" && mode != "checks" && mode != "time")) {
-    std::printf("usage: %s [checks|time]\n", argv[0]);
-    return 2;
-  }
-  if (skip_without_sm90("attention_fwd_check")) return kSkipCode;
-  int rc = 0;
-  if (mode != "time")
-    for (const int dim : {64, 72}) {
-      rc |= check(1, 1, dim);
-      rc |= check(2, 3, dim);
-      rc |= check(2, 150, dim);  // 300 heads: more than one per CTA, both buffers in turn
-    }
-  if (mode == "checks") return rc;
-  rc |= time_shape(256, 12, 64);  // DiT-B/2 b256
-  rc |= time_shape(256, 6, 64);   // DiT-S/2 b256
-  rc |= time_shape(256, 16, 72);  // DiT-XL/2 b256
-  return rc;
+  // (2, 150): 300 heads, more than one per CTA, both buffers in turn.
+  static const int shapes[3][2] = {{1, 1}, {2, 3}, {2, 150}};
+  return run_attention_checks(argc, argv, "attention_fwd_check", shapes, check, time_shape);
 }

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 // The exit code of a check that could not run here (SKIP_RETURN_CODE in CMake).
@@ -30,6 +31,29 @@ inline bool skip_without_sm90(const char* program) {
     return true;
   }
   return false;
+}
+
+// The attention checks' main: `program [checks|time]`. The float64 checks
+// (check(batch, heads, dim) for each of `shapes` at head dims 64 and 72),
+// then, unless "checks", time_shape(batch, heads, dim) at the DiT shapes.
+template <class Check, class Time>
+int run_attention_checks(int argc, char** argv, const char* program, const int (&shapes)[3][2], Check check,
+                         Time time_shape) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (argc > 2 || (mode != "" && mode != "checks" && mode != "time")) {
+    std::printf("usage: %s [checks|time]\n", argv[0]);
+    return 2;
+  }
+  if (skip_without_sm90(program)) return kSkipCode;
+  int rc = 0;
+  if (mode != "time")
+    for (const int dim : {64, 72})
+      for (const auto& s : shapes) rc |= check(s[0], s[1], dim);
+  if (mode == "checks") return rc;
+  rc |= time_shape(256, 12, 64);  // DiT-B/2 b256
+  rc |= time_shape(256, 6, 64);   // DiT-S/2 b256
+  rc |= time_shape(256, 16, 72);  // DiT-XL/2 b256
+  return rc;
 }
 
 #define CHECK(x)                                          \
