@@ -134,7 +134,7 @@ __device__ __forceinline__ void row_sum(float (&v)[K], float* smem /* [32 * K] *
   }
 }
 
-// ---- the per-sample column sums' second pass ----
+// ---- the per-sample column sums' reduction over row tiles ----
 
 // s[k] (k < K) = the sum over `tiles` row tiles, in tile order, of plane k's
 // partial sums of one column: p points at (sample b, tile 0, column c) of
