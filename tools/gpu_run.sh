@@ -13,6 +13,8 @@
 #                 Nsight Compute on the `all` variant's kernels matching NCU_KERNEL (NCU_SKIP default 30)
 #   MODE=lab      LAB=<program> of bench/kernels (its README) built alone and run with LAB_ARGS; SANITIZE=1 under
 #                 compute-sanitizer's memcheck, NCU=1 under Nsight Compute
+#   MODE=script   SCRIPT=<file> run by bash after the build, with BIN, FMNIST, RUNS, OUT and PY exported (a checked-in
+#                 or carried list of commands: e.g. the measurements an issue asks for); its output in script.log
 # Settings: SETS="speed.attention=cudnn speed.gemm_tune=0" adds one bench or profile run per setting, by
 #   --set (a comma joins keys into one setting: "speed.recompute=true,speed.gemm_tune=0").
 # Nsight Compute: NCU_KERNEL (a kernel-name regex), NCU_SKIP and NCU_COUNT (launches skipped and profiled),
@@ -29,7 +31,8 @@ cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 MODE="${MODE:-check}"
-case "$MODE" in check | bench | curve | profile | lab) ;; *) echo "unknown MODE=$MODE (check, bench, curve, profile, lab)"; exit 2 ;; esac
+case "$MODE" in check | bench | curve | profile | lab | script) ;; *) echo "unknown MODE=$MODE (check, bench, curve, profile, lab, script)"; exit 2 ;; esac
+[ "$MODE" = script ] && [ ! -f "${SCRIPT:-}" ] && { echo "MODE=script needs SCRIPT=<file>"; exit 2; }
 [ "$MODE" = lab ] && [ -z "${LAB:-}" ] && { echo "MODE=lab needs LAB=<program> (bench/kernels/README.md)"; exit 2; }
 JOBS="$(nproc)"
 SUMMARY="$OUT/summary.md"
@@ -167,6 +170,14 @@ case "$MODE" in
       done
     done
     ;;
+  script)  # a list of commands after the build
+    export BIN FMNIST RUNS OUT PY
+    t0=$(date +%s)
+    timeout "${SCRIPT_TIMEOUT:-540}" bash "$SCRIPT" > "$OUT/script.log" 2>&1
+    rc=$?
+    tail -60 "$OUT/script.log"
+    row "script $SCRIPT" "rc $rc, $(( $(date +%s) - t0 )) s"
+    ;;
   lab)  # one program of bench/kernels
     name=${LAB%.py}
     if [[ "$LAB" == *.py ]]; then cmd=("$PY" "bench/kernels/$LAB"); else cmd=("./build-gpu/bench/kernels/$LAB"); fi
@@ -182,7 +193,7 @@ esac
 
 # Only a few files come back from the device machine: all but the summary, the bench reports, the kernel
 # profiles, the lab's and Nsight Compute's output and the curve verdict travel in one tarball.
-keep='^(summary\.md|gpu\.txt|tests\.log|curve\.txt|logs\.tgz|bench-.*\.(json|md)|.*-profile-b.*\.md|lab-.*\.log|ncu-.*\.txt)$'
+keep='^(summary\.md|gpu\.txt|tests\.log|script\.log|curve\.txt|logs\.tgz|bench-.*\.(json|md)|.*-profile-b.*\.md|lab-.*\.log|ncu-.*\.txt)$'
 rest=()
 for f in "$OUT"/*; do [[ "$(basename "$f")" =~ $keep ]] || rest+=("$(basename "$f")"); done
 [ ${#rest[@]} -gt 0 ] && tar czf "$OUT/logs.tgz" -C "$OUT" --remove-files "${rest[@]}" 2>/dev/null
