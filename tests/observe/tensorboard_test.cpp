@@ -1,0 +1,319 @@
+// The TensorBoard event writer read back by a reader written here: TFRecord
+// framing with both CRCs computed bit by bit (not through base/crc32c), and a
+// protobuf decoder for Event, Summary.Value, HistogramProto and Image.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/fs.h"
+#include "io/png.h"
+#include "observe/tensorboard/event_writer.h"
+#include "support/test_support.h"
+
+namespace tb = perftrain::observe::tensorboard;
+using perftrain::testing::TempDir;
+
+namespace {
+
+uint32_t crc32c_bitwise(const std::string& s) {
+  uint32_t crc = 0xffffffffu;
+  for (unsigned char c : s) {
+    crc ^= c;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82f63b78u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+uint32_t masked(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A protobuf message as field number -> raw values (varints as numbers,
+// fixed64/fixed32 and length-delimited as bytes).
+struct Field {
+  int wire = 0;
+  uint64_t varint = 0;
+  std::string bytes;
+};
+using Message = std::multimap<int, Field>;
+
+uint64_t get_varint(const std::string& s, size_t& i) {
+  uint64_t v = 0;
+  for (int shift = 0;; shift += 7) {
+    if (i >= s.size()) throw std::runtime_error("varint runs past the end");
+    const auto b = static_cast<unsigned char>(s[i++]);
+    v |= uint64_t(b & 0x7f) << shift;
+    if (!(b & 0x80)) return v;
+  }
+}
+
+Message decode(const std::string& s) {
+  Message m;
+  size_t i = 0;
+  while (i < s.size()) {
+    const uint64_t key = get_varint(s, i);
+    Field f;
+    f.wire = int(key & 7);
+    const size_t n = f.wire == 1 ? 8 : f.wire == 5 ? 4 : 0;
+    if (f.wire == 0) {
+      f.varint = get_varint(s, i);
+    } else if (f.wire == 2) {
+      const uint64_t len = get_varint(s, i);
+      if (i + len > s.size()) throw std::runtime_error("field runs past the end");
+      f.bytes = s.substr(i, len);
+      i += len;
+    } else if (n) {
+      if (i + n > s.size()) throw std::runtime_error("fixed field runs past the end");
+      f.bytes = s.substr(i, n);
+      i += n;
+    } else {
+      throw std::runtime_error("unexpected wire type " + std::to_string(f.wire));
+    }
+    m.emplace(int(key >> 3), f);
+  }
+  return m;
+}
+
+const Field& one(const Message& m, int field) {
+  EXPECT_EQ(m.count(field), 1u) << "field " << field;
+  auto it = m.find(field);
+  if (it == m.end()) throw std::runtime_error("missing field " + std::to_string(field));
+  return it->second;
+}
+double as_double(const Field& f) {
+  EXPECT_EQ(f.wire, 1);
+  double d;
+  std::memcpy(&d, f.bytes.data(), 8);
+  return d;
+}
+float as_float(const Field& f) {
+  EXPECT_EQ(f.wire, 5);
+  float x;
+  std::memcpy(&x, f.bytes.data(), 4);
+  return x;
+}
+std::vector<double> as_doubles(const Field& f) {
+  EXPECT_EQ(f.wire, 2);
+  EXPECT_EQ(f.bytes.size() % 8, 0u);
+  std::vector<double> v(f.bytes.size() / 8);
+  std::memcpy(v.data(), f.bytes.data(), f.bytes.size());
+  return v;
+}
+
+// Splits a file's bytes into records; "" or the first framing/CRC fault.
+std::string split_records(const std::string& s, std::vector<std::string>& out) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const std::string at = "record " + std::to_string(out.size()) + ": ";
+    if (i + 12 > s.size()) return at + "truncated header";
+    uint64_t len;
+    uint32_t len_crc, data_crc;
+    std::memcpy(&len, s.data() + i, 8);
+    std::memcpy(&len_crc, s.data() + i + 8, 4);
+    if (len_crc != masked(crc32c_bitwise(s.substr(i, 8)))) return at + "length CRC";
+    if (i + 12 + len + 4 > s.size()) return at + "truncated data";
+    const std::string data = s.substr(i + 12, len);
+    std::memcpy(&data_crc, s.data() + i + 12 + len, 4);
+    if (data_crc != masked(crc32c_bitwise(data))) return at + "data CRC";
+    out.push_back(data);
+    i += 12 + len + 4;
+  }
+  return "";
+}
+
+std::vector<std::string> read_records(const std::string& path) {
+  std::vector<std::string> out;
+  const std::string fault = split_records(read_all(path), out);
+  if (!fault.empty()) throw std::runtime_error(path + ": " + fault);
+  return out;
+}
+
+struct Event {
+  double wall_time = 0;
+  int64_t step = 0;
+  std::string file_version;
+  std::string tag;
+  Message value;  // the one Summary.Value
+};
+
+std::vector<Event> read_events(const std::string& path) {
+  std::vector<Event> out;
+  for (const std::string& rec : read_records(path)) {
+    const Message m = decode(rec);
+    Event e;
+    e.wall_time = as_double(one(m, 1));
+    if (m.count(2)) e.step = int64_t(one(m, 2).varint);
+    if (m.count(3)) e.file_version = one(m, 3).bytes;
+    if (m.count(5)) {
+      const Message summary = decode(one(m, 5).bytes);
+      e.value = decode(one(summary, 1).bytes);
+      e.tag = one(e.value, 1).bytes;
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+std::string only_event_file(const std::string& dir) {
+  const auto names = perftrain::fs::list_directory(dir);
+  EXPECT_EQ(names.size(), 1u);
+  return dir + "/" + names.at(0);
+}
+
+}  // namespace
+
+TEST(TensorBoardEvents, FileNameAndFirstRecordNameTheFormat) {
+  TempDir dir;
+  { tb::EventWriter w(dir.file("tb")); }
+  const std::string path = only_event_file(dir.file("tb"));
+  EXPECT_NE(path.find("/events.out.tfevents."), std::string::npos) << path;
+  EXPECT_NE(path.find("." + std::to_string(getpid())), std::string::npos) << path;
+  const auto events = read_events(path);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].file_version, "brain.Event:2");
+  EXPECT_GT(events[0].wall_time, 1.6e9);
+}
+
+TEST(TensorBoardEvents, TwoWritersInOneSecondGetTwoFiles) {
+  TempDir dir;
+  tb::EventWriter a(dir.path()), b(dir.path());
+  EXPECT_NE(a.path(), b.path());
+}
+
+TEST(TensorBoardEvents, ScalarsHistogramsAndImagesReadBack) {
+  TempDir dir;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> normal(0.3, 2.0);
+  std::vector<std::pair<int64_t, double>> scalars;
+  for (int i = 0; i < 5; ++i) scalars.emplace_back(int64_t(1000) * i + (rng() % 1000) + 3'000'000'000LL, normal(rng));
+  std::vector<double> values(1000);
+  for (double& v : values) v = normal(rng);
+  const tb::Histogram h = tb::histogram_of(values, 17);
+  // A PNG of random pixels, through the PNG encoder the trainer's grids use.
+  const int W = 13, H = 7;
+  std::vector<uint8_t> pixels(W * H * 3);
+  for (auto& p : pixels) p = uint8_t(rng());
+  perftrain::io::save_png(dir.file("img.png"), pixels.data(), W, H, 3);
+  const std::string png = read_all(dir.file("img.png"));
+
+  std::string path;
+  {
+    tb::EventWriter w(dir.file("tb"));
+    path = w.path();
+    for (const auto& [step, v] : scalars) w.add_scalar("train/loss", step, v);
+    w.add_histogram("weights/blocks.0.w", 42, h);
+    w.add_png_file("samples", 43, dir.file("img.png"));
+    w.add_histogram("skipped", 44, tb::Histogram{});  // num = 0: not written
+    w.flush();
+  }
+  const auto events = read_events(path);
+  ASSERT_EQ(events.size(), 1 + scalars.size() + 2);
+  for (size_t i = 0; i < scalars.size(); ++i) {
+    const Event& e = events[1 + i];
+    EXPECT_EQ(e.tag, "train/loss");
+    EXPECT_EQ(e.step, scalars[i].first);
+    EXPECT_EQ(as_float(one(e.value, 2)), float(scalars[i].second));
+  }
+  const Event& he = events[1 + scalars.size()];
+  EXPECT_EQ(he.tag, "weights/blocks.0.w");
+  EXPECT_EQ(he.step, 42);
+  const Message histo = decode(one(he.value, 5).bytes);
+  const double mn = *std::min_element(values.begin(), values.end());
+  const double mx = *std::max_element(values.begin(), values.end());
+  double sum = 0, sumsq = 0;
+  for (double v : values) sum += v, sumsq += v * v;
+  EXPECT_EQ(as_double(one(histo, 1)), mn);
+  EXPECT_EQ(as_double(one(histo, 2)), mx);
+  EXPECT_EQ(as_double(one(histo, 3)), 1000.0);
+  EXPECT_NEAR(as_double(one(histo, 4)), sum, 1e-9 * sumsq);
+  EXPECT_NEAR(as_double(one(histo, 5)), sumsq, 1e-9 * sumsq);
+  const auto limits = as_doubles(one(histo, 6));
+  const auto counts = as_doubles(one(histo, 7));
+  ASSERT_EQ(limits.size(), 17u);
+  ASSERT_EQ(counts.size(), 17u);
+  EXPECT_EQ(limits.back(), mx);
+  // Every value counted once, in the bucket whose limits enclose it.
+  std::vector<double> direct(17, 0);
+  for (double v : values) {
+    size_t b = std::lower_bound(limits.begin(), limits.end(), v) - limits.begin();
+    ASSERT_LT(b, limits.size());
+    direct[b] += 1;
+  }
+  double total = 0;
+  for (size_t b = 0; b < 17; ++b) {
+    total += counts[b];
+    // A value on a limit may fall either side of it in floating point.
+    EXPECT_NEAR(counts[b], direct[b], 1.0) << "bucket " << b;
+  }
+  EXPECT_EQ(total, 1000.0);
+
+  const Event& ie = events[2 + scalars.size()];
+  EXPECT_EQ(ie.tag, "samples");
+  EXPECT_EQ(ie.step, 43);
+  const Message image = decode(one(ie.value, 4).bytes);
+  EXPECT_EQ(one(image, 1).varint, uint64_t(H));
+  EXPECT_EQ(one(image, 2).varint, uint64_t(W));
+  EXPECT_EQ(one(image, 3).varint, 3u);
+  EXPECT_EQ(one(image, 4).bytes, png);
+}
+
+TEST(TensorBoardEvents, ACorruptedByteFailsItsCrc) {
+  TempDir dir;
+  std::string path;
+  {
+    tb::EventWriter w(dir.path());
+    path = w.path();
+    w.add_scalar("x", 1, 2.5);
+  }
+  const std::string good = read_all(path);
+  std::vector<std::string> recs;
+  ASSERT_EQ(split_records(good, recs), "");
+  ASSERT_EQ(recs.size(), 2u);
+  const size_t second = 12 + recs[0].size() + 4;
+  std::string bad = good;
+  bad[bad.size() - 5] ^= 0x01;  // the last data byte
+  recs.clear();
+  EXPECT_EQ(split_records(bad, recs), "record 1: data CRC");
+  // A flipped bit in the second record's length.
+  bad = good;
+  bad[second] ^= 0x01;
+  recs.clear();
+  EXPECT_EQ(split_records(bad, recs), "record 1: length CRC");
+}
+
+TEST(TensorBoardEvents, DeviceHistogramsMatchTheHostOnes) {
+  at::manual_seed(11);
+  const std::vector<at::Tensor> ts = {at::randn({33, 5}) * 3 + 1, at::rand({257}), at::full({4}, 0.25),
+                                      at::randn({6}).to(at::kDouble)};
+  const auto got = tb::histograms_of(ts, 10);
+  ASSERT_EQ(got.size(), ts.size());
+  for (size_t k = 0; k < ts.size(); ++k) {
+    at::Tensor c = ts[k].to(at::kDouble).contiguous();
+    std::vector<double> v(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+    const tb::Histogram want = tb::histogram_of(v, 10);
+    EXPECT_EQ(got[k].num, want.num) << k;
+    EXPECT_NEAR(got[k].min, want.min, 1e-6) << k;
+    EXPECT_NEAR(got[k].max, want.max, 1e-6) << k;
+    EXPECT_NEAR(got[k].sum, want.sum, 1e-4 * (1 + want.sum_squares)) << k;
+    EXPECT_NEAR(got[k].sum_squares, want.sum_squares, 1e-5 * want.sum_squares) << k;
+    ASSERT_EQ(got[k].bucket.size(), want.bucket.size()) << k;
+    double total = 0;
+    for (size_t b = 0; b < want.bucket.size(); ++b) {
+      EXPECT_NEAR(got[k].bucket[b], want.bucket[b], 1.0) << k << " bucket " << b;  // edge rounding
+      EXPECT_NEAR(got[k].bucket_limit[b], want.bucket_limit[b], 1e-5) << k << " bucket " << b;
+      total += got[k].bucket[b];
+    }
+    EXPECT_EQ(total, want.num) << k;
+  }
+  EXPECT_EQ(got[2].bucket.size(), 1u);  // a constant tensor: one bucket
+  const auto bad = tb::histograms_of({at::tensor({1.0f, NAN})}, 10);
+  EXPECT_EQ(bad[0].num, 0);
+}
