@@ -211,4 +211,9 @@ std::string write_plot(const std::string& svg_path, const std::string& svg) {
   return "";
 }
 
+std::string write_loss_curve(const std::string& metrics_jsonl_path, const std::string& svg_path) {
+  return write_plot(svg_path, line_plot_svg("training loss", "step", "loss (mean over each log window)",
+                                            loss_series_from_metrics(metrics_jsonl_path)));
+}
+
 }  // namespace perftrain::observe::plot

@@ -38,4 +38,8 @@ std::string gradient_flow_svg(const std::vector<LayerGrad>& layers, const std::s
 // the same path with ".png" for ".svg". Returns the PNG's path or "".
 std::string write_plot(const std::string& svg_path, const std::string& svg);
 
+// The loss curve of metrics.jsonl written by write_plot; returns the PNG's
+// path or "".
+std::string write_loss_curve(const std::string& metrics_jsonl_path, const std::string& svg_path);
+
 }  // namespace perftrain::observe::plot

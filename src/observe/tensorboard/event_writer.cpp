@@ -241,4 +241,13 @@ void EventWriter::flush() {
   if (std::fflush(file_) != 0) throw RuntimeError("cannot write " + path_ + ": " + std::strerror(errno));
 }
 
+void add_histograms(EventWriter& writer, const std::string& prefix, int64_t step,
+                    const std::vector<std::pair<std::string, at::Tensor>>& named, int buckets) {
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(named.size());
+  for (const auto& [name, t] : named) tensors.push_back(t);
+  const auto hists = histograms_of(tensors, buckets);
+  for (size_t i = 0; i < named.size(); ++i) writer.add_histogram(prefix + "/" + named[i].first, step, hists[i]);
+}
+
 }  // namespace perftrain::observe::tensorboard

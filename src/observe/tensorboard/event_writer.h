@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace perftrain::observe::tensorboard {
@@ -62,5 +63,9 @@ class EventWriter {
   std::string path_;
   std::FILE* file_ = nullptr;
 };
+
+// A histogram per tensor, tagged prefix + "/" + name (one read-back for all).
+void add_histograms(EventWriter& writer, const std::string& prefix, int64_t step,
+                    const std::vector<std::pair<std::string, at::Tensor>>& named, int buckets = 30);
 
 }  // namespace perftrain::observe::tensorboard
