@@ -1,0 +1,89 @@
+// Gradient health of one monitored training step, as plain host values: per
+// parameter and per module (a DiT block, an embedder, the final layer) the
+// gradient's norm, mean and max |g|, share of zeros, NaN/Inf count, and the
+// update/weight ratio ||dw|| / ||w|| of that step's optimizer update. The
+// train layer fills it (train/grad_monitor.h: computed on the device inside
+// the step, read back asynchronously); TensorBoard, the plots, metrics.jsonl
+// and the detectors below read it. No torch types here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace perftrain::observe {
+
+struct GradStats {
+  int64_t numel = 0;        // elements of the gradient(s)
+  double norm = 0;          // L2 norm of the gradient
+  double mean_abs = 0;      // mean |g|
+  double max_abs = 0;       // max |g|
+  double zero_share = 0;    // share of elements exactly 0, in [0, 1]
+  int64_t nonfinite = 0;    // NaN and Inf elements
+  double weight_norm = 0;   // ||w|| before the update
+  double update_norm = 0;   // ||dw||, the update's size (0 when the step was skipped)
+  double update_ratio() const { return weight_norm > 0 ? update_norm / weight_norm : 0; }
+  bool finite() const { return nonfinite == 0; }
+};
+
+struct NamedGradStats {
+  std::string name;  // "blocks.3.attn.qkv.weight" (parameter) or "blocks.3" (module)
+  GradStats stats;
+};
+
+struct GradHealthSample {
+  int64_t step = 0;                     // the training step it was taken at
+  GradStats global;                     // all parameters together
+  std::vector<NamedGradStats> params;   // in the model's parameter order
+  std::vector<NamedGradStats> modules;  // in order of first parameter
+};
+
+// The module a parameter belongs to for the per-module view: its first name
+// component, with the index for a list ("blocks.3.mlp.fc1.weight" ->
+// "blocks.3", "x_embedder.proj.bias" -> "x_embedder", "pos_embed" ->
+// "pos_embed").
+std::string module_of_parameter(const std::string& param_name);
+
+// Sums per-parameter statistics into one: norms as root of summed squares,
+// means and shares weighted by numel, maxima as max, counts as sums.
+GradStats combine(const std::vector<const GradStats*>& parts);
+
+// The per-module and global entries from sample.params (fills modules and global).
+void summarize_modules(GradHealthSample& sample);
+
+// Thresholds of the detectors ([health] config keys).
+struct HealthThresholds {
+  double vanish_norm = 1e-7;   // a module's gradient norm under this ...
+  int64_t patience = 3;        // ... for this many monitored steps in a row: vanishing (and all-zero: dead)
+  double explode_factor = 10;  // global norm above this times the running median: exploding
+  int64_t median_window = 20;  // monitored steps in the running median
+  int64_t median_min = 5;      // samples needed before the exploding check starts
+};
+
+struct HealthWarning {
+  int64_t step = 0;
+  std::string kind;    // vanishing | exploding | dead | nonfinite
+  std::string module;  // "" for the global (exploding)
+  std::string message; // one line for the log
+};
+
+// Feeds on monitored samples in step order and says what turned unhealthy.
+// A condition is warned once when it starts (again after it cleared).
+class HealthDetectors {
+ public:
+  explicit HealthDetectors(HealthThresholds t = {}) : t_(t) {}
+  std::vector<HealthWarning> observe(const GradHealthSample& sample);
+  // Every warning so far (for the run report).
+  const std::vector<HealthWarning>& warnings() const { return all_; }
+
+ private:
+  HealthThresholds t_;
+  std::vector<std::string> names_;
+  std::vector<int64_t> low_run_, zero_run_;  // consecutive low / all-zero samples per module
+  std::vector<bool> nonfinite_;
+  std::vector<double> recent_norms_;
+  bool exploding_ = false;
+  std::vector<HealthWarning> all_;
+};
+
+}  // namespace perftrain::observe
