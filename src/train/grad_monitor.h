@@ -1,0 +1,79 @@
+// Gradient monitoring inside the training step (observe/grad_health.h has
+// what it produces). On a monitored step the step runner calls
+// before_update() after backward and after_update() after the optimizer: a
+// fixed sequence of device ops (multi-tensor norms, per-tensor zero and
+// NaN/Inf counts, a copy of the weights for the update's size) that writes
+// one float32 [parameters, kStatColumns] tensor allocated up front, so the
+// same calls run eagerly and inside a captured CUDA graph. Outside the step,
+// queue_readback() copies that tensor to pinned host memory on the current
+// stream and records an event; take_ready() hands back the samples whose copy
+// has finished, so monitoring never waits on the device.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "observe/grad_health.h"
+
+namespace perftrain::train {
+
+// Columns of the device statistics tensor.
+enum GradStatColumn : int64_t {
+  kStatNorm = 0,       // ||g||_2
+  kStatAbsSum = 1,     // sum |g|
+  kStatMaxAbs = 2,     // max |g|
+  kStatNonzero = 3,    // elements != 0 (an undefined gradient: none)
+  kStatNonfinite = 4,  // NaN and Inf elements
+  kStatWeightNorm = 5, // ||w|| before the update
+  kStatUpdateNorm = 6, // ||w_after - w_before||
+  kStatColumns = 7,
+};
+
+// The statistics of grads (one per parameter, each may be undefined: all
+// zero then) as [n, kStatColumns] float32 on their device, with the weight
+// and update columns 0. No host sync.
+at::Tensor grad_stat_rows(const std::vector<at::Tensor>& grads);
+
+// The host sample of a [n, kStatColumns] tensor (any device; one copy).
+observe::GradHealthSample sample_from_rows(int64_t step, const std::vector<std::string>& names,
+                                           const std::vector<int64_t>& numels, const at::Tensor& rows);
+
+class GradMonitor {
+ public:
+  // params: the model's trainable parameters, in the optimizer's order.
+  explicit GradMonitor(std::vector<std::pair<std::string, at::Tensor>> params);
+  ~GradMonitor();
+  GradMonitor(const GradMonitor&) = delete;
+  GradMonitor& operator=(const GradMonitor&) = delete;
+
+  // Inside the step: before the update (reads every p.grad(), keeps a copy
+  // of the weights) and after it (the update's norms). No host sync.
+  // grad_scale (0-d, optional): the factor the gradients carry (fp16's loss
+  // scale), divided out of the statistics.
+  void before_update(const at::Tensor& grad_scale = {});
+  void after_update();
+
+  // Outside the step: copies the statistics to pinned host memory on the
+  // current stream (asynchronous on CUDA) for training step `step`.
+  void queue_readback(int64_t step);
+  // The queued samples whose copy has finished, oldest first; wait: all of
+  // them, waiting for the device where needed.
+  std::vector<observe::GradHealthSample> take_ready(bool wait = false);
+
+  const at::Tensor& device_rows() const { return rows_; }
+
+ private:
+  struct Pending;
+  std::vector<std::pair<std::string, at::Tensor>> params_;
+  std::vector<std::string> names_;
+  std::vector<int64_t> numels_;
+  at::Tensor rows_;                   // [n, kStatColumns] on the parameters' device
+  std::vector<at::Tensor> snapshot_;  // weights before the update (between the two calls)
+  std::vector<std::unique_ptr<Pending>> pending_;
+};
+
+}  // namespace perftrain::train
