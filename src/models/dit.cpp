@@ -44,14 +44,17 @@ DiTBlock::DiTBlock(const DiTConfig& cfg, at::Generator& gen)
   register_module("adaLN_modulation", &adaLN_modulation);
 }
 
-at::Tensor DiTBlock::forward(const at::Tensor& x, const at::Tensor& c) const {
-  auto mod = adaLN_modulation.forward(c).chunk(6, 1);  // 6 x [B, D]
-  const auto &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
-  const auto &shift_mlp = mod[3], &scale_mlp = mod[4], &gate_mlp = mod[5];
-  auto h = attn.forward(nn::modulate(nn::layer_norm_no_affine(x), shift_msa, scale_msa));
-  auto x1 = x + gate_msa.unsqueeze(1) * h;  // [B, T, D]
-  h = mlp.forward(nn::modulate(nn::layer_norm_no_affine(x1), shift_mlp, scale_mlp));
-  return x1 + gate_mlp.unsqueeze(1) * h;  // [B, T, D]
+at::Tensor DiTBlock::forward(const at::Tensor& x_in, const at::Tensor& c_in) const {
+  return hooked({x_in, c_in}, [this](at::TensorList in) {
+    const at::Tensor &x = in[0], &c = in[1];
+    auto mod = adaLN_modulation.forward(c).chunk(6, 1);  // 6 x [B, D]
+    const auto &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
+    const auto &shift_mlp = mod[3], &scale_mlp = mod[4], &gate_mlp = mod[5];
+    auto h = attn.forward(nn::modulate(nn::layer_norm_no_affine(x), shift_msa, scale_msa));
+    auto x1 = x + gate_msa.unsqueeze(1) * h;  // [B, T, D]
+    h = mlp.forward(nn::modulate(nn::layer_norm_no_affine(x1), shift_mlp, scale_mlp));
+    return x1 + gate_mlp.unsqueeze(1) * h;  // [B, T, D]
+  });
 }
 
 std::vector<at::Tensor> DiTBlock::modulation(const at::Tensor& c, at::ScalarType act) const {
@@ -81,11 +84,15 @@ at::Tensor DiTBlock::mlp_half(const at::Tensor& h2, bool keep_activation) const 
   return ops::gelu_mlp(h2, mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, at::Tensor(), keep_activation);  // [B, T, D]
 }
 
-at::Tensor DiTBlock::forward_fused(const at::Tensor& x, const at::Tensor& c, bool keep_activation) const {
-  const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
-  const auto mod = modulation(c, act);  // 6 x [B, D]
-  auto [x1, h2] = attention_half(x, ops::adaln_layernorm(x, mod[0], mod[1], act), mod, act);
-  return ops::gated_residual(x1, mod[5], mlp_half(h2, keep_activation), mlp.fc2.bias);  // [B, T, D]
+at::Tensor DiTBlock::forward_fused(const at::Tensor& x_in, const at::Tensor& c_in, bool keep_activation) const {
+  // The block's hooks fire; its children's do not (their forwards are not called).
+  return hooked({x_in, c_in}, [this, keep_activation](at::TensorList in) {
+    const at::Tensor &x = in[0], &c = in[1];
+    const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
+    const auto mod = modulation(c, act);  // 6 x [B, D]
+    auto [x1, h2] = attention_half(x, ops::adaln_layernorm(x, mod[0], mod[1], act), mod, act);
+    return ops::gated_residual(x1, mod[5], mlp_half(h2, keep_activation), mlp.fc2.bias);  // [B, T, D]
+  });
 }
 
 FinalLayer::FinalLayer(const DiTConfig& cfg, at::Generator& gen)
@@ -98,8 +105,10 @@ FinalLayer::FinalLayer(const DiTConfig& cfg, at::Generator& gen)
 }
 
 at::Tensor FinalLayer::forward(const at::Tensor& x, const at::Tensor& c) const {
-  auto mod = adaLN_modulation.forward(c).chunk(2, 1);  // shift, scale: [B, D]
-  return linear.forward(nn::modulate(nn::layer_norm_no_affine(x), mod[0], mod[1]));
+  return hooked({x, c}, [this](at::TensorList in) {
+    auto mod = adaLN_modulation.forward(in[1]).chunk(2, 1);  // shift, scale: [B, D]
+    return linear.forward(nn::modulate(nn::layer_norm_no_affine(in[0]), mod[0], mod[1]));
+  });
 }
 
 std::vector<at::Tensor> FinalLayer::modulation_of_silu(const at::Tensor& silu_c) const {
@@ -110,8 +119,10 @@ std::vector<at::Tensor> FinalLayer::modulation_of_silu(const at::Tensor& silu_c)
 at::Tensor FinalLayer::product(const at::Tensor& h) const { return ops::linear(h, linear.weight, linear.bias); }
 
 at::Tensor FinalLayer::forward_fused(const at::Tensor& x, const at::Tensor& silu_c, at::ScalarType act) const {
-  const auto mod = modulation_of_silu(silu_c);
-  return product(ops::adaln_layernorm(x, mod[0], mod[1], act));
+  return hooked({x, silu_c}, [this, act](at::TensorList in) {
+    const auto mod = modulation_of_silu(in[1]);
+    return product(ops::adaln_layernorm(in[0], mod[0], mod[1], act));
+  });
 }
 
 static at::Generator seeded(uint64_t seed, const at::Device& device = at::kCPU) {
@@ -143,19 +154,22 @@ DiT::DiT(const DiTConfig& cfg, at::Generator gen)
   register_module("final_layer", &final_layer);
 }
 
-at::Tensor DiT::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y,
+at::Tensor DiT::forward(const at::Tensor& x_in, const at::Tensor& t_in, const at::Tensor& y_in,
                         const DiTExecution& exec) const {
-  auto c = t_embedder.forward(t) + y_embedder.forward(y);  // [B, D]
-  if (!exec.fused_kernels) {
-    at::Tensor h = x_embedder.forward(x) + pos_embed;  // [B, T, D]
+  return hooked({x_in, t_in, y_in}, [this, exec](at::TensorList in) {
+    const at::Tensor &x = in[0], &t = in[1], &y = in[2];
+    auto c = t_embedder.forward(t) + y_embedder.forward(y);  // [B, D]
+    if (!exec.fused_kernels) {
+      at::Tensor h = x_embedder.forward(x) + pos_embed;  // [B, T, D]
+      for (size_t i = 0; i < blocks.size(); ++i) h = run_block(i, h, c, exec);
+      return unpatchify(final_layer.forward(h, c));  // [B, out, H, W]
+    }
+    const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
+    at::Tensor h = ops::position_add(x_embedder.forward_as_product(x, act), pos_embed);  // contiguous [B, T, D]
+    if (!exec.recompute && blocks.size() > 0) return unpatchify(run_blocks_chained(h, c, act, !exec.gelu_recompute));
     for (size_t i = 0; i < blocks.size(); ++i) h = run_block(i, h, c, exec);
-    return unpatchify(final_layer.forward(h, c));  // [B, out, H, W]
-  }
-  const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
-  at::Tensor h = ops::position_add(x_embedder.forward_as_product(x, act), pos_embed);  // contiguous [B, T, D]
-  if (!exec.recompute && blocks.size() > 0) return unpatchify(run_blocks_chained(h, c, act, !exec.gelu_recompute));
-  for (size_t i = 0; i < blocks.size(); ++i) h = run_block(i, h, c, exec);
-  return unpatchify(final_layer.forward_fused(h, at::silu(c).to(act), act));
+    return unpatchify(final_layer.forward_fused(h, at::silu(c).to(act), act));
+  });
 }
 
 at::Tensor DiT::run_block(size_t i, const at::Tensor& h, const at::Tensor& c, const DiTExecution& exec) const {

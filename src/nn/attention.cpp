@@ -11,7 +11,9 @@ SelfAttention::SelfAttention(int64_t hidden, int64_t heads, at::Generator& gen)
 }
 
 at::Tensor SelfAttention::forward(const at::Tensor& x) const {
-  return proj.forward(ops::self_attention(qkv.forward(x), heads_));  // [B, N, C]
+  return hooked({x}, [this](at::TensorList in) {
+    return proj.forward(ops::self_attention(qkv.forward(in[0]), heads_));  // [B, N, C]
+  });
 }
 
 }  // namespace perftrain::nn

@@ -26,18 +26,23 @@ PatchEmbed::PatchEmbed(int64_t in_channels, int64_t hidden, int64_t patch, at::G
 }
 
 at::Tensor PatchEmbed::forward(const at::Tensor& x) const {
-  auto y = at::conv2d(x, weight, bias, {patch_, patch_});  // [B, hidden, H/p, W/p]
-  return y.flatten(2).transpose(1, 2);                     // [B, T, hidden]
+  return hooked({x}, [this](at::TensorList in) {
+    auto y = at::conv2d(in[0], weight, bias, {patch_, patch_});  // [B, hidden, H/p, W/p]
+    return y.flatten(2).transpose(1, 2);                         // [B, T, hidden]
+  });
 }
 
 at::Tensor PatchEmbed::forward_as_product(const at::Tensor& x, at::ScalarType act) const {
-  const int64_t B = x.size(0), C = x.size(1), p = patch_, gh = x.size(2) / p, gw = x.size(3) / p;
-  // [B, C, gh, p, gw, p] -> [B, gh, gw, C, p, p]: each token's patch in the
-  // weight's (c, i, j) order, cast and made contiguous in one copy.
-  at::Tensor patches = at::empty({B, gh, gw, C, p, p}, x.options().dtype(act));
-  patches.copy_(x.reshape({B, C, gh, p, gw, p}).permute({0, 2, 4, 1, 3, 5}));
-  patches = patches.view({B, gh * gw, C * p * p});
-  return ops::linear(patches, weight.view({weight.size(0), C * p * p}), bias);  // [B, T, hidden]
+  return hooked({x}, [this, act](at::TensorList in) {
+    const at::Tensor& x = in[0];
+    const int64_t B = x.size(0), C = x.size(1), p = patch_, gh = x.size(2) / p, gw = x.size(3) / p;
+    // [B, C, gh, p, gw, p] -> [B, gh, gw, C, p, p]: each token's patch in the
+    // weight's (c, i, j) order, cast and made contiguous in one copy.
+    at::Tensor patches = at::empty({B, gh, gw, C, p, p}, x.options().dtype(act));
+    patches.copy_(x.reshape({B, C, gh, p, gw, p}).permute({0, 2, 4, 1, 3, 5}));
+    patches = patches.view({B, gh * gw, C * p * p});
+    return ops::linear(patches, weight.view({weight.size(0), C * p * p}), bias);  // [B, T, hidden]
+  });
 }
 
 TimestepEmbedder::Mlp::Mlp(int64_t hidden, at::Generator& gen)
@@ -62,8 +67,10 @@ at::Tensor timestep_frequencies(const at::Tensor& t, int64_t dim) {
 }
 
 at::Tensor TimestepEmbedder::forward(const at::Tensor& t) const {
-  auto h = mlp_.l0.forward(timestep_frequencies(t, kFrequencies));
-  return mlp_.l2.forward(at::silu(h));
+  return hooked({t}, [this](at::TensorList in) {
+    auto h = mlp_.l0.forward(timestep_frequencies(in[0], kFrequencies));
+    return mlp_.l2.forward(at::silu(h));
+  });
 }
 
 LabelEmbedder::LabelEmbedder(int64_t num_classes, int64_t hidden, bool with_null_class,
@@ -74,7 +81,7 @@ LabelEmbedder::LabelEmbedder(int64_t num_classes, int64_t hidden, bool with_null
 }
 
 at::Tensor LabelEmbedder::forward(const at::Tensor& y) const {
-  return at::embedding(embedding_table, y);
+  return hooked({y}, [this](at::TensorList in) { return at::embedding(embedding_table, in[0]); });
 }
 
 at::Tensor sincos_pos_embed_2d(int64_t dim, int64_t grid) {

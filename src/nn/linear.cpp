@@ -19,13 +19,17 @@ Linear::Linear(int64_t in_features, int64_t out_features, at::Generator& gen, bo
   }
 }
 
-at::Tensor Linear::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+at::Tensor Linear::forward(const at::Tensor& x) const {
+  return hooked({x}, [this](at::TensorList in) { return at::linear(in[0], weight, bias); });
+}
 
 SiLULinear::SiLULinear(int64_t in_features, int64_t out_features, at::Generator& gen)
     : linear_(in_features, out_features, gen) {
   register_module("1", &linear_);
 }
 
-at::Tensor SiLULinear::forward(const at::Tensor& x) const { return linear_.forward(at::silu(x)); }
+at::Tensor SiLULinear::forward(const at::Tensor& x) const {
+  return hooked({x}, [this](at::TensorList in) { return linear_.forward(at::silu(in[0])); });
+}
 
 }  // namespace perftrain::nn
