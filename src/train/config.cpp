@@ -67,6 +67,8 @@ std::vector<Key> keys(TrainConfig& c) {
       {"log", "keep_checkpoints", &c.log.keep_checkpoints},
       {"log", "sample_per_class", &c.log.sample_per_class},
       {"log", "sample_classes", &c.log.sample_classes},
+      {"log", "tensorboard", &c.log.tensorboard},
+      {"log", "histogram_every", &c.log.histogram_every},
       {"run", "dir", &c.run.dir},
       {"run", "name", &c.run.name},
       {"speed", "graph", &c.speed.graph},
@@ -334,6 +336,7 @@ void TrainConfig::validate() const {
   require(log.every > 0, "log.every must be positive");
   require(log.sample_every >= 0 && log.checkpoint_every >= 0, "log.sample_every/checkpoint_every must be >= 0");
   require(log.keep_checkpoints >= 1, "log.keep_checkpoints must be at least 1");
+  require(log.histogram_every >= 0, "log.histogram_every must be >= 0 (0: only at the end)");
   require(log.sample_per_class > 0 && log.sample_classes > 0, "log.sample_per_class/sample_classes must be positive");
   require(!run.dir.empty(), "run.dir must not be empty");
   require(run.name.find('/') == std::string::npos, "run.name must not contain '/'");

@@ -67,6 +67,8 @@ struct LogConfig {
   int64_t keep_checkpoints = 3;
   int64_t sample_per_class = 8;
   int64_t sample_classes = 10;  // the first N classes, one row each
+  bool tensorboard = true;          // TensorBoard event files in tb/ of the run directory
+  int64_t histogram_every = 1000;   // steps between weight histograms in them (0: only at the end)
 };
 
 struct RunConfig {

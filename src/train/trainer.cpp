@@ -13,6 +13,8 @@
 #include "io/atomic_file.h"
 #include "models/dit.h"
 #include "compat/compat.h"
+#include "observe/plot/svg_plot.h"
+#include "observe/tensorboard/event_writer.h"
 #include "ops/cublaslt_workspace.h"
 #include "train/checkpoint.h"
 #include "train/progress.h"
@@ -125,6 +127,10 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   if (state.step >= cfg.optim.steps)
     throw UsageError("the run is already at step " + std::to_string(state.step) +
                      "; raise train.steps to continue it");
+  // TensorBoard: the values each log window already read back, weight
+  // histograms every log.histogram_every steps, the sample grids.
+  std::unique_ptr<observe::tensorboard::EventWriter> events;
+  if (cfg.log.tensorboard) events = std::make_unique<observe::tensorboard::EventWriter>(run.file("tb"));
 
   log << "perftrain: " << cfg.model.name << " (" << model.parameter_count(true) << " trainable parameters) on "
       << compat::device_description(device) << ", " << precision
@@ -151,15 +157,24 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   double wait_at_window_start = 0;
   compat::reset_peak_memory(device);
 
+  auto plots = [&]() {  // loss.svg (and .png with a converter) in the run directory
+    try {
+      observe::plot::write_loss_curve(run.file("metrics.jsonl"), run.file("loss.svg"));
+    } catch (const std::exception& e) {
+      log << "warning: no loss plot: " << e.what() << "\n";
+    }
+  };
   auto save = [&]() {
     summary.last_checkpoint = save_checkpoint(run.ckpt_dir(), cfg, state, model, ema, runner.optimizer_state(), gen,
                                               cfg.log.keep_checkpoints);
+    plots();
   };
   auto samples = [&]() {
     char name[64];
     std::snprintf(name, sizeof name, "/step_%08lld.png", static_cast<long long>(state.step));
     summary.last_samples = run.samples_dir() + name;
     write_sample_grid(summary.last_samples, ema, cfg, sample_opts, device);
+    if (events) events->add_png_file("samples", state.step, summary.last_samples);
   };
 
   std::string graph_status;
@@ -211,6 +226,11 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       }
       if (device.is_cuda()) rec["peak_memory_gib"] = compat::peak_memory_bytes(device) / double(1 << 30);
       run.log_metrics(rec);
+      if (events) {
+        for (auto it = rec.begin(); it != rec.end(); ++it)
+          if (it.key() != "step" && it.value().is_number()) events->add_scalar("train/" + it.key(), step, it.value());
+        events->flush();
+      }
       progress.report(step, w.loss, img_per_s, steps_per_s);
       window_start = Clock::now();
       wait_at_window_start = loader.wait_seconds();
@@ -219,6 +239,10 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     const auto pause_start = Clock::now();
     if (last || (cfg.log.sample_every > 0 && step % cfg.log.sample_every == 0)) samples();
     if (last || (cfg.log.checkpoint_every > 0 && step % cfg.log.checkpoint_every == 0)) save();
+    if (events && (last || (cfg.log.histogram_every > 0 && step % cfg.log.histogram_every == 0))) {
+      observe::tensorboard::add_histograms(*events, "weights", step, model.named_parameters());
+      events->flush();
+    }
     const auto paused = Clock::now() - pause_start;  // keep samples and checkpoints out of the speed
     window_start += paused;
     loop_start += paused;
