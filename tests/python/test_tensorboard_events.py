@@ -1,0 +1,129 @@
+"""A short CPU `perftrain train` read back by TensorBoard's own reader.
+
+EventAccumulator (tensorboard in .venv, nothing held back: size_guidance 0)
+must return every scalar of metrics.jsonl with its value, a weight histogram
+per parameter at each histogram step that matches the checkpoint's weights,
+and each sample grid as the PNG the run wrote. The run's loss.svg must be
+well-formed XML with one point per metrics line.
+
+Run:  .venv/bin/python tests/python/test_tensorboard_events.py [path/to/perftrain]
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+import numpy as np
+from safetensors.numpy import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BINARY = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "perftrain")
+TINY = ["--device", "cpu", "--data", "synthetic", "--set", "data.synthetic_size=64", "--batch-size", "4",
+        "--set", "model.depth=2", "--set", "model.hidden=32", "--set", "model.heads=2", "--set", "model.patch=8",
+        "--set", "log.sample_per_class=2", "--set", "diffusion.sample_steps=1", "--set", "log.sample_classes=3"]
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def train(runs, name, *extra):
+    cmd = [BINARY, "train", "--runs-dir", runs, "--run-name", name] + TINY + list(extra)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert r.returncode == 0, r.stdout
+    return os.path.join(runs, name)
+
+
+def accumulator(tb_dir):
+    acc = EventAccumulator(tb_dir, size_guidance={"scalars": 0, "histograms": 0, "images": 0, "tensors": 0,
+                                                  "compressedHistograms": 0, "audio": 0})
+    acc.Reload()
+    return acc
+
+
+def close(a, b, rel):
+    return abs(a - b) <= rel * max(1.0, abs(b))
+
+
+def test_scalars_histograms_images_and_plot():
+    with tempfile.TemporaryDirectory() as runs:
+        run = train(runs, "r", "--steps", "6", "--set", "log.every=2", "--set", "log.histogram_every=3",
+                    "--set", "log.sample_every=3")
+        files = os.listdir(os.path.join(run, "tb"))
+        assert len(files) == 1 and files[0].startswith("events.out.tfevents."), files
+        acc = accumulator(os.path.join(run, "tb"))
+        tags = acc.Tags()
+
+        # Scalars: every numeric field of every metrics line, at its step.
+        lines = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))]
+        assert [l["step"] for l in lines] == [2, 4, 6]
+        written = set()
+        for line in lines:
+            for key, value in line.items():
+                if key == "step" or not isinstance(value, (int, float)):
+                    continue
+                written.add("train/" + key)
+                events = [e for e in acc.Scalars("train/" + key) if e.step == line["step"]]
+                assert len(events) == 1, (key, line["step"])
+                assert close(events[0].value, float(np.float32(value)), 1e-6), (key, events[0].value, value)
+        assert {"train/loss", "train/lr", "train/images_per_s"} <= written
+        assert set(tags["scalars"]) == written, set(tags["scalars"]) ^ written
+
+        # Histograms: one per parameter at steps 3 and 6; step 6's are the checkpoint's weights.
+        weights = load_file(os.path.join(run, "ckpt", "step_00000006", "model.safetensors"))
+        del weights["pos_embed"]  # a fixed buffer, not a parameter
+        assert set(tags["histograms"]) == {"weights/" + n for n in weights}, tags["histograms"]
+        for name, w in weights.items():
+            hs = acc.Histograms("weights/" + name)
+            assert [h.step for h in hs] == [3, 6], (name, [h.step for h in hs])
+            h = hs[1].histogram_value
+            v = w.astype(np.float64).ravel()
+            assert h.num == v.size, name
+            assert close(h.min, v.min(), 1e-6) and close(h.max, v.max(), 1e-6), name
+            assert close(h.sum, v.sum(), 1e-4 * (1 + np.square(v).sum())), (name, h.sum, v.sum())
+            assert close(h.sum_squares, np.square(v).sum(), 1e-5), name
+            assert len(h.bucket) == len(h.bucket_limit) and sum(h.bucket) == v.size, name
+            if v.max() > v.min():
+                want, _ = np.histogram(v, bins=len(h.bucket), range=(v.min(), v.max()))
+                assert np.abs(np.array(h.bucket) - want).max() <= 1, (name, h.bucket, want)  # edge rounding
+                assert close(h.bucket_limit[-1], v.max(), 1e-6), name
+
+        # Images: the sample grids of steps 3 and 6, byte for byte.
+        assert tags["images"] == ["samples"]
+        images = acc.Images("samples")
+        assert [i.step for i in images] == [3, 6]
+        for im in images:
+            png = open(os.path.join(run, "samples", "step_%08d.png" % im.step), "rb").read()
+            assert im.encoded_image_string == png
+            assert (im.width, im.height) == (int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big"))
+
+        # The loss curve: well-formed SVG, one polyline point per metrics line.
+        root = ET.parse(os.path.join(run, "loss.svg")).getroot()
+        assert root.tag == SVG + "svg"
+        lines_ = [p for p in root.iter(SVG + "polyline") if p.get("class") == "series"]
+        assert len(lines_) == 1
+        assert len(lines_[0].get("points").split()) == len(lines)
+
+
+def test_tensorboard_off_writes_no_events():
+    with tempfile.TemporaryDirectory() as runs:
+        run = train(runs, "r", "--steps", "2", "--set", "log.tensorboard=false")
+        assert not os.path.exists(os.path.join(run, "tb"))
+
+
+def test_resumed_run_adds_a_file_tensorboard_reads_as_one_run():
+    with tempfile.TemporaryDirectory() as runs:
+        run = train(runs, "r", "--steps", "4", "--set", "log.every=2")
+        r = subprocess.run([BINARY, "train", "--resume", run, "--steps", "6"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        assert r.returncode == 0, r.stdout
+        assert len(os.listdir(os.path.join(run, "tb"))) == 2
+        acc = accumulator(os.path.join(run, "tb"))
+        assert [e.step for e in acc.Scalars("train/loss")] == [2, 4, 6]
+
+
+if __name__ == "__main__":
+    for name, fn in sorted(globals().items()):
+        if name.startswith("test_") and callable(fn):
+            fn()
+            print("ok", name)
