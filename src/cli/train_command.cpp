@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 
@@ -14,6 +15,7 @@
 #include "cli/train_options.h"
 #include "compat/compat.h"
 #include "train/checkpoint.h"
+#include "train/signals.h"
 #include "train/trainer.h"
 
 namespace perftrain::cli {
@@ -104,13 +106,21 @@ std::string absolute(const std::string& path) {
   return rel.empty() || rel == "." ? std::string(cwd) : fs::join(cwd, rel);
 }
 
-void run(const TrainArgs& a) {
+void run(const TrainArgs& a, bool save_on_signal) {
   const auto start = std::chrono::steady_clock::now();
   train::TrainOptions opts;
   opts.resume = a.resume;
   opts.process_start = start;
   opts.interactive = isatty(STDOUT_FILENO);
+  opts.save_on_signal = save_on_signal;
   auto s = train::run_training(resolve_config(a), opts, std::cout);
+  if (s.stop_signal != 0) {  // exit as the signal asked, 128 + its number, once everything is written
+    std::cout.flush();
+    std::cerr << "perftrain: stopped by " << train::stop_signal_name(s.stop_signal) << " after step " << s.last_step
+              << ": checkpoint " << s.last_checkpoint << ", report " << s.run_dir
+              << "/report.md (continue with --resume " << s.run_dir << ")\n";
+    std::exit(128 + s.stop_signal);
+  }
   std::cout << "done: steps " << s.first_step << "-" << s.last_step << ", loss " << s.first_loss << " -> "
             << s.final_loss << ", " << s.steps_per_s << " steps/s\n"
             << "samples: " << s.last_samples << "\ncheckpoint: " << s.last_checkpoint
@@ -196,9 +206,16 @@ void add_train_command(CLI::App& app) {
   auto dry_run = std::make_shared<bool>(false);
   cmd->add_flag("--dry-run", *dry_run, "print the resolved config (TOML) and stop: nothing runs or is written")
       ->group(cmd->get_option("--config")->get_group());
-  cmd->callback([a, dry_run] {
+  auto save_on_signal = std::make_shared<std::string>("on");
+  cmd->add_option("--save-on-signal", *save_on_signal,
+                  "on | off: a first SIGINT/SIGTERM finishes the step, saves a checkpoint and the report, and exits "
+                  "130/143 (a second exits at once); off: the signals end the process at once")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str()
+      ->group(cmd->get_option("--config")->get_group());
+  cmd->callback([a, dry_run, save_on_signal] {
     if (*dry_run) std::cout << resolve_config(*a).to_toml();
-    else run(*a);
+    else run(*a, *save_on_signal == "on");
   });
 }
 

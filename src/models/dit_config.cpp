@@ -49,14 +49,32 @@ DiTConfig dit_config(const std::string& name) {
 void DiTConfig::validate() const {
   auto fail = [&](const std::string& what) { throw UsageError("model " + name + ": " + what); };
   if (depth <= 0 || hidden <= 0 || heads <= 0 || patch <= 0) fail("depth, hidden, heads and patch must be positive");
+  // Upper bounds far beyond any model that fits a GPU, so that sizes and
+  // parameter counts stay exact in int64 (the memory estimate refuses the
+  // ones that do not fit).
+  auto at_most = [&](const char* key, int64_t v, int64_t max) {
+    if (v > max) fail(std::string("model.") + key + " " + std::to_string(v) + " is above " + std::to_string(max));
+  };
+  at_most("depth", depth, 1024);
+  at_most("hidden", hidden, 65536);
+  at_most("image_size", image_size, 65536);
+  at_most("in_channels", in_channels, 4096);
+  at_most("num_classes", num_classes, int64_t(1) << 24);
   if (hidden % heads != 0) fail("hidden " + std::to_string(hidden) + " is not divisible by heads " + std::to_string(heads));
   if (hidden % 4 != 0) fail("hidden must be a multiple of 4 for the 2-D sin-cos positional embedding");
   if (image_size <= 0 || image_size % patch != 0)
     fail("patch " + std::to_string(patch) + " does not divide image_size " + std::to_string(image_size));
   if (in_channels <= 0) fail("in_channels must be positive");
   if (num_classes <= 0) fail("num_classes must be positive");
-  if (class_dropout < 0 || class_dropout >= 1) fail("class_dropout must be in [0, 1)");
-  if (mlp_ratio <= 0) fail("mlp_ratio must be positive");
+  if (!(class_dropout >= 0 && class_dropout < 1))  // NaN too
+    fail("model.class_dropout " + std::to_string(class_dropout) + " must be in [0, 1)");
+  // Before mlp_hidden(): casting inf to an integer is undefined; a width of 0
+  // divides by zero in the initialisation.
+  if (!(mlp_ratio > 0 && mlp_ratio <= 64))
+    fail("model.mlp_ratio " + std::to_string(mlp_ratio) + " must be a number in (0, 64]");
+  if (mlp_hidden() < 1)
+    fail("model.mlp_ratio " + std::to_string(mlp_ratio) + " gives an MLP width of " + std::to_string(mlp_hidden()) +
+         " (hidden " + std::to_string(hidden) + " x mlp_ratio must be at least 1)");
 }
 
 int64_t DiTConfig::parameter_count(bool trainable_only) const {

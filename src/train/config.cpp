@@ -2,6 +2,8 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -101,6 +103,9 @@ std::string check_rule(const Key& k) {
   if (auto* const* i = std::get_if<int64_t*>(&k.target); i && (**i < k.min || **i > k.max))
     return full + " " + std::to_string(**i) + " (expected an integer from " + std::to_string(k.min) + " to " +
            std::to_string(k.max) + ")";
+  // Every number is finite: inf and nan pass comparisons like lr > 0.
+  if (auto* const* d = std::get_if<double*>(&k.target); d && !std::isfinite(**d))
+    return full + " " + (std::isnan(**d) ? "nan" : **d > 0 ? "inf" : "-inf") + " (expected a finite number)";
   return "";
 }
 
@@ -338,6 +343,13 @@ void TrainConfig::validate() const {
   require(log.keep_checkpoints >= 1, "log.keep_checkpoints must be at least 1");
   require(log.histogram_every >= 0, "log.histogram_every must be >= 0 (0: only at the end)");
   require(log.sample_per_class > 0 && log.sample_classes > 0, "log.sample_per_class/sample_classes must be positive");
+  // Bounds on what is allocated from these at once (the batch's own bound is
+  // the memory estimate, train/memory_estimate.h).
+  require(data.prefetch <= 64, "data.prefetch must be at most 64 (batches held ahead)");
+  require(d.sample_steps <= 100000, "diffusion.sample_steps must be at most 100000");
+  require(log.sample_per_class <= 1024 && log.sample_classes <= 65536 &&
+              log.sample_per_class * std::min(log.sample_classes, model.num_classes) <= 65536,
+          "log.sample_per_class x log.sample_classes must be at most 65536 images in a sample grid");
   require(!run.dir.empty(), "run.dir must not be empty");
   require(run.name.find('/') == std::string::npos, "run.name must not contain '/'");
 }

@@ -5,6 +5,7 @@
 #include "io/atomic_file.h"
 #include "compat/compat.h"
 #include "train/progress.h"
+#include "train/signals.h"
 
 namespace perftrain::train {
 namespace {
@@ -46,7 +47,8 @@ void write_report(const std::string& path, const TrainConfig& cfg, const TrainSu
     << "| step | " << s.step_mode << " |\n"
     << "| speed settings | " << speed_settings(cfg) << " |\n"
     << "| torch | " << compat::torch_version() << " |\n"
-    << "| steps | " << s.first_step << " to " << s.last_step << ", batch " << cfg.optim.batch_size << " |\n"
+    << "| steps | " << s.first_step << " to " << s.last_step << ", batch " << cfg.optim.batch_size
+    << (s.stop_signal != 0 ? std::string(", stopped by ") + stop_signal_name(s.stop_signal) : std::string()) << " |\n"
     << "| loss | " << s.first_loss << " (first window) to " << s.final_loss << " (last window) |\n"
     << "| speed | " << s.steps_per_s << " steps/s, " << s.steps_per_s * cfg.optim.batch_size << " images/s |\n"
     << "| first step | " << s.first_step_s << " s after start |\n"

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <ctime>
 #include <memory>
+#include <optional>
 
 #include "base/error.h"
 #include "base/fs.h"
@@ -20,7 +21,9 @@
 #include "train/progress.h"
 #include "train/report.h"
 #include "train/run_directory.h"
+#include "train/memory_estimate.h"
 #include "train/sampling.h"
+#include "train/signals.h"
 #include "train/speed.h"
 #include "train/step_runner.h"
 
@@ -90,6 +93,12 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     throw UsageError("train.precision = " + cfg.optim.precision + " needs a CUDA device; use fp32 (or auto) on the CPU");
   const std::string precision =
       cfg.optim.precision == "auto" ? (device.is_cuda() ? "bf16" : "fp32") : cfg.optim.precision;
+  // Before anything is allocated or created: a batch that cannot fit is a
+  // usage error that says what would fit.
+  check_memory_fits(cfg, device.is_cuda(), precision, memory_available_for_training(device.is_cuda()));
+  // From here a first SIGINT/SIGTERM stops the run after its current step.
+  std::optional<StopSignals> stop_signals;
+  if (opts.save_on_signal) stop_signals.emplace();
 
   auto dataset = open_dataset(cfg);
   check_dataset_fits(*dataset, cfg);
@@ -184,6 +193,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     runner.step(loader.next());
     state.step = step;
     state.position = loader.position();
+    const int stop = stop_signals ? stop_signals->received() : 0;  // then this step is the last
     if (runner.graph_status() != graph_status) {  // say once how the step runs, and when that changes
       graph_status = runner.graph_status();
       if (graph_status != "eager: warming up") log << "step: " << graph_status << "\n";
@@ -197,7 +207,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       log << "first step done " << summary.first_step_s << " s after start\n";
       if (!runner.weight_grad_note().empty()) log << runner.weight_grad_note() << "\n";
     }
-    if (step > summary.first_step && (step % cfg.log.every == 0 || step == cfg.optim.steps)) {
+    if (step > summary.first_step && (step % cfg.log.every == 0 || step == cfg.optim.steps || stop)) {
       const WindowStats w = runner.take_window();  // the one host sync per window
       if (!std::isfinite(w.loss))
         throw RuntimeError("loss became " + std::to_string(w.loss) + " in the steps up to " + std::to_string(step) +
@@ -237,8 +247,10 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     }
     const bool last = step == cfg.optim.steps;
     const auto pause_start = Clock::now();
-    if (last || (cfg.log.sample_every > 0 && step % cfg.log.sample_every == 0)) samples();
-    if (last || (cfg.log.checkpoint_every > 0 && step % cfg.log.checkpoint_every == 0)) save();
+    // Stopped by a signal: a checkpoint and the report, no samples (a
+    // preemption's grace period is short).
+    if (!stop && (last || (cfg.log.sample_every > 0 && step % cfg.log.sample_every == 0))) samples();
+    if (last || stop || (cfg.log.checkpoint_every > 0 && step % cfg.log.checkpoint_every == 0)) save();
     if (events && (last || (cfg.log.histogram_every > 0 && step % cfg.log.histogram_every == 0))) {
       observe::tensorboard::add_histograms(*events, "weights", step, model.named_parameters());
       events->flush();
@@ -246,6 +258,10 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     const auto paused = Clock::now() - pause_start;  // keep samples and checkpoints out of the speed
     window_start += paused;
     loop_start += paused;
+    if (stop) {
+      summary.stop_signal = stop;
+      break;
+    }
   }
   progress.finish();
   compat::synchronize(device);

@@ -18,6 +18,10 @@ struct TrainOptions {
   std::string resume;  // run dir, ckpt dir or step dir; empty: fresh run
   std::chrono::steady_clock::time_point process_start = std::chrono::steady_clock::now();
   bool interactive = false;  // redraw the progress line in place
+  // A first SIGINT/SIGTERM ends the run after its current step with a
+  // checkpoint and the report (summary.stop_signal says which); a second
+  // exits at once (train/signals.h). false: the signals keep their defaults.
+  bool save_on_signal = true;
 };
 
 struct TrainSummary {
@@ -31,6 +35,7 @@ struct TrainSummary {
   double first_step_s = 0;   // process start to the end of the first step
   std::optional<double> peak_memory_gib;  // CUDA only
   std::string step_mode;     // how the step ran: "captured at step 4" (CUDA graph) or "eager: <why>"
+  int stop_signal = 0;       // SIGINT / SIGTERM that stopped the run before train.steps; 0: it ran to the end
 };
 
 TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opts, std::ostream& log);

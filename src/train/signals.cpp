@@ -1,0 +1,57 @@
+#include "train/signals.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <csignal>
+
+namespace perftrain::train {
+namespace {
+
+volatile std::sig_atomic_t g_received = 0;
+struct sigaction g_previous_int, g_previous_term;
+
+// Async-signal-safe only: a flag, write(2) and _exit(2).
+extern "C" void on_stop_signal(int sig) {
+  if (g_received != 0) {
+    static const char again[] = "\nperftrain: second signal: exiting now\n";
+    (void)!::write(STDERR_FILENO, again, sizeof again - 1);
+    ::_exit(128 + sig);
+  }
+  g_received = sig;
+  static const char first[] =
+      "\nperftrain: finishing this step, then saving a checkpoint and the report (signal again to exit now)\n";
+  (void)!::write(STDERR_FILENO, first, sizeof first - 1);
+}
+
+}  // namespace
+
+StopSignals::StopSignals() {
+  g_received = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &sa, &g_previous_int);
+  ::sigaction(SIGTERM, &sa, &g_previous_term);
+}
+
+StopSignals::~StopSignals() {
+  ::sigaction(SIGINT, &g_previous_int, nullptr);
+  ::sigaction(SIGTERM, &g_previous_term, nullptr);
+}
+
+int StopSignals::received() const { return g_received; }
+
+const char* stop_signal_name(int sig) {
+  switch (sig) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    default:
+      return "a signal";
+  }
+}
+
+}  // namespace perftrain::train
