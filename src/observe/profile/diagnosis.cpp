@@ -1,0 +1,223 @@
+#include "observe/profile/diagnosis.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace perftrain::observe::profile {
+namespace {
+
+std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 0, double e = 0) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, f, a, b, c, d, e);
+  return buf;
+}
+
+double share(double ms, const StepAnalysis& a) { return a.step_ms > 0 ? ms / a.step_ms : 0; }
+
+double phase_ms(const StepAnalysis& a, const std::string& p) {
+  for (const auto& x : a.busy_by_phase)
+    if (x.phase == p) return x.ms;
+  return 0;
+}
+
+}  // namespace
+
+std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
+  std::vector<Finding> out;
+  if (a.step_ms <= 0) return out;
+
+  // Launch-bound: the GPU waits for the host between kernels (a quarter of
+  // the step or more) and the kernels are short or many.
+  const double idle = share(a.idle_other_ms, a);
+  if (idle >= 0.25 && (a.median_kernel_us < 25 || a.kernels_per_step >= 500 || a.launch_cpu_ms >= 0.7 * a.gpu_busy_ms)) {
+    Finding x{"launch-bound", "launch-bound: the GPU is idle between kernels for " + fmt("%.0f%%", 100 * idle) +
+                                  " of the step", "", "", idle};
+    x.evidence = fmt("GPU idle between kernels %.3f ms of %.3f ms per step; %.0f kernels per step, median %.1f us; "
+                     "%.3f ms/step of CPU time in launch calls against %.3f ms of GPU work",
+                     a.idle_other_ms, a.step_ms, a.kernels_per_step, a.median_kernel_us, a.launch_cpu_ms) +
+                 fmt(" (%.3f ms)", a.gpu_busy_ms);
+    if (!a.captured)
+      x.advice = "capture the step in one CUDA graph (speed.graph=true, which needs speed.fused_optimizer=true): "
+                 "one launch per step instead of " + fmt("%.0f", a.kernels_per_step) +
+                 (f.fused_kernels ? "" : "; fuse the blocks' small kernels (speed.fused_kernels=true)") +
+                 "; a larger batch makes each kernel longer";
+    else
+      x.advice = "the step is already one graph launch: the gaps are between the graph's own kernels; a larger "
+                 "batch, or fewer and larger kernels (fusion), fill them";
+    out.push_back(x);
+  }
+
+  // Data-bound: the GPU idles while the host waits for the next batch.
+  const double data = std::max(share(a.idle_data_ms, a), share(a.data_wait_ms, a));
+  if (data >= 0.10) {
+    Finding x{"data-bound", "data-bound: the step waits for the loader " + fmt("%.0f%%", 100 * data) + " of the time",
+              fmt("host time waiting for a batch %.3f ms/step; GPU idle meanwhile %.3f ms/step of %.3f ms",
+                  a.data_wait_ms, a.idle_data_ms, a.step_ms),
+              "", data};
+    x.advice = "prepare batches ahead (data.prefetch, now " + std::to_string(f.prefetch) +
+               "; more loader threads), keep batches in pinned memory for asynchronous copies, and train on "
+               "pre-extracted latents (data.source=latents) instead of decoding or encoding on the fly";
+    out.push_back(x);
+  }
+
+  // Memory-bound elementwise work: non-matrix, non-attention kernels take a
+  // third or more of the GPU's busy time.
+  const double busy = std::max(a.gpu_busy_ms, 1e-9);
+  const double elem = a.elementwise_ms / busy;
+  if (elem >= 0.35) {
+    Finding x{"elementwise", "memory-bound elementwise work: " + fmt("%.0f%%", 100 * elem) +
+                                 " of GPU time is outside matrix products and attention",
+              fmt("%.3f ms/step in norms, activations, residuals, casts and reductions against %.3f ms of matrix "
+                  "products and %.3f ms of attention; these kernels are limited by memory bandwidth (bytes read and "
+                  "written once each), not by arithmetic",
+                  a.elementwise_ms, a.matrix_ms, a.attention_ms),
+              "", elem * share(a.gpu_busy_ms, a)};
+    x.advice = f.fused_kernels ? "fuse further: fold the remaining elementwise ops into matrix-product epilogues or "
+                                 "into the fused norm/residual kernels (docs/design.md, adding a fused op)"
+                               : "turn on the fused kernels (speed.fused_kernels=true): LayerNorm, modulation, gate "
+                                 "and residual in one pass, GELU and bias in the products' epilogues";
+    out.push_back(x);
+  }
+
+  // Matrix-bound: matrix products and attention fill the step.
+  const double mat = (a.matrix_ms + a.attention_ms) / busy;
+  const double idle_all = share(a.idle_data_ms + a.idle_other_ms, a);
+  if (mat >= 0.6 && idle_all < 0.15) {
+    Finding x{"matrix-bound", "matrix-bound: " + fmt("%.0f%%", 100 * mat) +
+                                  " of GPU time is matrix products and attention, the GPU idle " +
+                                  fmt("%.0f%%", 100 * idle_all),
+              "", "", mat * share(a.gpu_busy_ms, a)};
+    x.evidence = fmt("matrix products %.3f ms, attention %.3f ms per step of %.3f ms", a.matrix_ms, a.attention_ms,
+                     a.step_ms);
+    if (f.train_flops_per_step > 0) {
+      const double step_tf = f.train_flops_per_step / (a.step_ms * 1e-3) / 1e12;
+      const double mat_tf = f.train_flops_per_step / ((a.matrix_ms + a.attention_ms) * 1e-3) / 1e12;
+      x.evidence += fmt("; the step achieves %.0f TFLOP/s, %.0f TFLOP/s while in matrix and attention kernels",
+                        step_tf, mat_tf);
+      if (f.peak_tflops)
+        x.evidence += fmt(" (%.0f%% and %.0f%% of the %.0f TFLOP/s bf16 peak measured in this run)",
+                          100 * step_tf / *f.peak_tflops, 100 * mat_tf / *f.peak_tflops, *f.peak_tflops);
+    }
+    x.advice = "the step is where it should be: what is left is the matrix units' rate; less work (fewer tokens, "
+               "smaller patches only where the quality allows), better tiles for the shapes that run below the "
+               "peak (the op table's slowest products), or a lower precision";
+    out.push_back(x);
+  }
+
+  // Power-capped: most samples at the power limit.
+  if (f.gpu.count > 0 && f.gpu.at_power_limit && *f.gpu.at_power_limit >= 0.5) {
+    Finding x{"power-capped", "power-capped: the GPU ran at its power limit in " +
+                                  fmt("%.0f%%", 100 * *f.gpu.at_power_limit) + " of the samples",
+              "GPU " + bench::describe(f.gpu), "", 0.5};
+    if (f.gpu.sm_clock_mhz_median && f.gpu.sm_clock_max_mhz) {
+      const double c = *f.gpu.sm_clock_mhz_median, m = *f.gpu.sm_clock_max_mhz;
+      x.evidence += fmt("; the cap allows a %.0f MHz SM clock, %.0f%% of the %.0f MHz maximum", c, 100 * c / m, m);
+      if (f.peak_tflops && f.peak_clock_mhz && *f.peak_clock_mhz > 0)
+        x.evidence += fmt("; the %.0f TFLOP/s peak was measured at %.0f MHz, so about %.0f TFLOP/s at the step's clock",
+                          *f.peak_tflops, *f.peak_clock_mhz, *f.peak_tflops * c / *f.peak_clock_mhz);
+    }
+    x.advice = "the limit is electrical, not the code: compare runs at equal clocks (perftrain bench --cooldown), "
+               "count achieved FLOP/s against the capped clock's peak, and cut work that draws power without "
+               "progress (recomputation, fp32 products)";
+    out.push_back(x);
+  }
+
+  // Alignment: tensor cores want product dimensions that are multiples of 8
+  // (16 bytes of bf16); our attention kernels want head dims of 64.
+  std::string bad;
+  for (const auto& [name, d] : f.matrix_dims)
+    if (d % 8 != 0) bad += (bad.empty() ? "" : ", ") + name + " = " + std::to_string(d);
+  std::string heads;
+  for (const auto& [name, d] : f.head_dims)
+    if (d % 64 != 0) heads += (heads.empty() ? "" : ", ") + name + " = " + std::to_string(d);
+  if (!bad.empty() || !heads.empty()) {
+    Finding x{"alignment", "product dimensions off the tensor cores' grain", "", "", 0.02};
+    if (!bad.empty()) x.evidence = "not multiples of 8: " + bad;
+    if (!heads.empty()) x.evidence += std::string(x.evidence.empty() ? "" : "; ") + "not multiples of 64: " + heads;
+    x.advice = "pad or choose sizes that are multiples of 8 (64 for head dims and the hidden width): "
+               "a ragged edge runs in a slower tile or a padded copy";
+    out.push_back(x);
+  }
+
+  // Host syncs inside the step: the host waits for the GPU, then the GPU for the host.
+  if (!a.syncs.empty() && a.syncs_per_step > 0) {
+    Finding x{"host-syncs", fmt("host syncs inside the step: %.1f per step", a.syncs_per_step), "", "",
+              std::min(1.0, 0.05 * a.syncs_per_step)};
+    for (size_t i = 0; i < a.syncs.size() && i < 5; ++i) {
+      const auto& s = a.syncs[i];
+      x.evidence += (i ? "; " : "") + std::to_string(s.count) + " x " + s.call + (s.op.empty() ? "" : " in " + s.op) +
+                    " (" + s.phase + ")";
+    }
+    x.advice = a.syncs_per_step >= 1
+                   ? "remove reads of device values from the step (.item(), .cpu(), printing a loss): keep them on the "
+                     "device and read once per log window; the device optimizer (speed.fused_optimizer) has none"
+                   : "fewer than one per step: the once-per-window loss read-back; fine unless the window is short";
+    if (a.syncs_per_step < 1) x.weight = 0.01;
+    out.push_back(x);
+  }
+
+  // fp32 matrix work in a mixed-precision run.
+  if (f.precision != "fp32" && (a.fp32_matrix_ms >= 0.05 * std::max(a.matrix_ms, 1e-9) || a.fp32_matrix_ops > 0) &&
+      (a.fp32_matrix_ms > 0 || a.fp32_matrix_ops > 0)) {
+    Finding x{"fp32-matmul", "fp32 where " + f.precision + " was meant", "", "", share(a.fp32_matrix_ms, a)};
+    x.evidence = fmt("%.3f ms/step in fp32/TF32 matrix kernels (%.0f%% of matrix time)", a.fp32_matrix_ms,
+                     100 * a.fp32_matrix_ms / std::max(a.matrix_ms, 1e-9));
+    if (a.fp32_matrix_ops > 0) x.evidence += "; " + std::to_string(a.fp32_matrix_ops) + " matrix ops on float inputs";
+    x.advice = "run that part under autocast, or cast its weights: the op table grouped by op (--group-by op, with "
+               "--record-shapes) names the products with float inputs";
+    out.push_back(x);
+  }
+
+  // Allocator churn: device allocations inside steady steps.
+  if (a.device_mallocs + a.device_frees > 0 || f.alloc_retries > 0) {
+    Finding x{"allocator-churn", "allocator churn: the caching allocator goes to the driver inside the steps", "", "",
+              0.05};
+    x.evidence = std::to_string(a.device_mallocs) + " cudaMalloc and " + std::to_string(a.device_frees) +
+                 " cudaFree calls in the window";
+    if (f.alloc_retries > 0)
+      x.evidence += "; " + std::to_string(f.alloc_retries) + " allocation retries (cache flushed to fit)";
+    x.advice = "keep shapes fixed from step to step, do not empty the cache inside the loop, leave memory headroom "
+               "(a smaller batch, speed.gelu_recompute), or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True";
+    out.push_back(x);
+  }
+
+  // Recompute: backward beyond the usual twice the forward.
+  const double fwd = phase_ms(a, "forward"), bwd = phase_ms(a, "backward");
+  if ((f.recompute || f.gelu_recompute) && fwd > 0 && bwd > 2 * fwd) {
+    const double cost = bwd - 2 * fwd;
+    Finding x{"recompute", fmt("recomputation costs about %.3f ms per step (%.0f%%)", cost, 100 * share(cost, a)),
+              fmt("backward %.3f ms against forward %.3f ms (without recompute backward is about twice forward)", bwd,
+                  fwd),
+              "", share(cost, a)};
+    if (f.peak_reserved_gib && f.memory_total_gib)
+      x.evidence += fmt("; peak reserved %.1f GiB of %.1f GiB", *f.peak_reserved_gib, *f.memory_total_gib);
+    x.advice = std::string("turn ") + (f.recompute ? "speed.recompute" : "speed.gelu_recompute") +
+               " off if the memory allows it; it trades this time for activation memory";
+    out.push_back(x);
+  }
+
+  if (a.captured) {
+    Finding x{"captured", "each step is one CUDA graph launch", "",
+              "profile an eager window of the same step (--profile-uncaptured) for the split by phase", 0};
+    x.evidence = std::to_string(a.graph_launches) + " graph launches in " + std::to_string(a.steps) +
+                 " steps; the kernels inside are replayed by the GPU alone, so they are not split into forward, "
+                 "backward and optimizer";
+    out.push_back(x);
+  }
+
+  std::stable_sort(out.begin(), out.end(), [](const Finding& x, const Finding& y) { return x.weight > y.weight; });
+  return out;
+}
+
+std::string format_findings(const std::vector<Finding>& findings) {
+  if (findings.empty()) return "Nothing stands out: no rule fired.\n";
+  std::ostringstream s;
+  int i = 0;
+  for (const auto& f : findings)
+    s << ++i << ". **" << f.id << "**: " << f.title << "\n   - evidence: " << f.evidence << "\n   - try: " << f.advice
+      << "\n";
+  return s.str();
+}
+
+}  // namespace perftrain::observe::profile

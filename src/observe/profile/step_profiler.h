@@ -1,0 +1,81 @@
+// The step-window profiler: drives libtorch's Kineto profiler over the steps
+// a Schedule (observe/profile/schedule.h) picks, and writes one
+// Chrome/Perfetto trace per window (profile/<tag>window-<n>.json, or .json.gz),
+// which chrome://tracing, ui.perfetto.dev and TensorBoard's profiler open.
+// Each recorded step is wrapped in a "ProfilerStep#<n>" range, as
+// torch.profiler's step() does; the trace carries a top-level "perftrain"
+// object (what ran, and whether each step was one CUDA graph launch).
+//
+//   StepProfiler p(opts);
+//   for (int64_t i = 0; ...; ++i) { p.begin_step(i); <step>; p.end_step(i); }
+//   p.finish();
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "observe/profile/schedule.h"
+
+namespace at {
+struct RecordFunction;
+}
+
+namespace perftrain::observe::profile {
+
+struct ProfilerOptions {
+  Schedule schedule;
+  std::string dir;            // where the traces go (created)
+  std::string tag;            // file name prefix, e.g. "uncaptured-"
+  bool cuda = false;          // CUDA activity (kernels, copies) besides the CPU's
+  bool record_shapes = false; // input shapes and dtypes of each op
+  bool profile_memory = false;  // allocator events ([memory]: totals allocated and reserved)
+  bool with_stack = false;    // call stacks of ops (Python/TorchScript frames; none in a C++ run)
+  bool gzip = false;          // write .json.gz
+  std::function<void()> sync;  // waits for the device; called before a window starts and ends
+  std::map<std::string, std::string> metadata;  // into the trace's "perftrain" object
+};
+
+class StepProfiler {
+ public:
+  explicit StepProfiler(ProfilerOptions opts);
+  ~StepProfiler();  // a window in progress is saved
+  StepProfiler(const StepProfiler&) = delete;
+  StepProfiler& operator=(const StepProfiler&) = delete;
+
+  void begin_step(int64_t step);
+  void end_step(int64_t step);
+  void finish();
+
+  bool recording() const { return machine_.recording(); }
+  // No later step can record (all repeat cycles done).
+  bool done_after(int64_t step) const { return machine_.done_after(step); }
+  // Traces written so far, in order.
+  const std::vector<std::string>& traces() const { return traces_; }
+  // Called after each window's trace is written (path, window index from 0).
+  std::function<void(const std::string&, int)> on_saved;
+  // Metadata for the windows that follow (e.g. once the step is captured).
+  void set_metadata(const std::string& key, const std::string& value) { opts_.metadata[key] = value; }
+
+ private:
+  void apply(const std::vector<Op>& ops, int64_t step);
+  void close_step_range();
+
+  ProfilerOptions opts_;
+  ScheduleMachine machine_;
+  bool prepared_ = false, enabled_ = false;
+  int64_t first_step_ = -1;
+  std::unique_ptr<at::RecordFunction> step_range_;
+  std::vector<std::string> traces_;
+};
+
+// Writes text into the trace at `path` after its opening brace as
+// "perftrain": {...metadata}, optionally gzipping it to path + ".gz" (the
+// plain file is then removed). Returns the final path. Exposed for tests.
+std::string finish_trace_file(const std::string& path, const std::map<std::string, std::string>& metadata,
+                              bool gzip);
+
+}  // namespace perftrain::observe::profile

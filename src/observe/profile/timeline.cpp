@@ -1,0 +1,559 @@
+#include "observe/profile/timeline.h"
+
+#include <nlohmann/json.hpp>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "base/error.h"
+#include "observe/profile/kernel_breakdown.h"
+
+namespace perftrain::observe::profile {
+namespace {
+
+using nlohmann::json;
+
+bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+bool has(const std::string& s, const char* what) { return s.find(what) != std::string::npos; }
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+int64_t id_of(const json& v) {
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number()) return static_cast<int64_t>(v.get<double>());
+  if (v.is_string()) return static_cast<int64_t>(std::hash<std::string>{}(v.get<std::string>()) >> 1);
+  return 0;
+}
+
+double num(const json& v, double fallback = 0) {
+  if (v.is_number()) return v.get<double>();
+  if (v.is_string()) {
+    try {
+      return std::stod(v.get<std::string>());
+    } catch (const std::exception&) {
+    }
+  }
+  return fallback;
+}
+
+EventKind kind_of(const std::string& cat, const std::string& name) {
+  if (cat == "cpu_op") return EventKind::kCpuOp;
+  if (cat == "user_annotation") return EventKind::kScope;
+  if (cat == "cuda_runtime" || cat == "cuda_driver") return EventKind::kRuntime;
+  if (cat == "kernel") return EventKind::kKernel;
+  if (cat == "gpu_memcpy") return EventKind::kMemcpy;
+  if (cat == "gpu_memset") return EventKind::kMemset;
+  if (name == "[memory]") return EventKind::kMemory;
+  return EventKind::kOther;
+}
+
+bool is_gpu(const Event& e) {
+  return e.kind == EventKind::kKernel || e.kind == EventKind::kMemcpy || e.kind == EventKind::kMemset;
+}
+
+bool is_launch_call(const std::string& n) {
+  static const std::set<std::string> calls = {
+      "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchCooperativeKernel",
+      "cudaMemcpyAsync",  "cudaMemsetAsync",     "cudaGraphLaunch", "cuGraphLaunch",   "cudaMemcpy2DAsync"};
+  return calls.count(n) > 0;
+}
+
+bool is_sync_call(const std::string& n) {
+  static const std::set<std::string> calls = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                                              "cudaMemcpy",            "cuStreamSynchronize",   "cuCtxSynchronize",
+                                              "cuEventSynchronize",    "cudaMemcpy2D"};
+  return calls.count(n) > 0;
+}
+
+bool is_fp32_matrix_kernel(const std::string& raw) {
+  const std::string n = lower(raw);
+  return has(n, "sgemm") || has(n, "tf32") || has(n, "s1688") || has(n, "s16816") || has(n, "nvjet_sss") ||
+         has(n, "nvjet_tst");
+}
+
+bool is_matrix_op(const std::string& n) {
+  static const std::set<std::string> ops = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
+                                            "aten::linear", "aten::_addmm_activation"};
+  return ops.count(n) > 0;
+}
+
+// Per host thread, each event's innermost enclosing event (index) or -1.
+std::vector<int> nest_host_events(const Timeline& t) {
+  std::vector<int> parent(t.events.size(), -1);
+  std::map<int64_t, std::vector<int>> by_thread;
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    const auto k = t.events[i].kind;
+    if (k == EventKind::kCpuOp || k == EventKind::kScope || k == EventKind::kRuntime)
+      by_thread[t.events[i].tid].push_back(static_cast<int>(i));
+  }
+  for (auto& [tid, idx] : by_thread) {
+    std::sort(idx.begin(), idx.end(), [&](int a, int b) {
+      const Event &x = t.events[a], &y = t.events[b];
+      return x.ts != y.ts ? x.ts < y.ts : x.dur > y.dur;  // the outer one first
+    });
+    std::vector<int> stack;
+    for (int i : idx) {
+      const Event& e = t.events[i];
+      // The top contains e when it ends no earlier (trace times are rounded to ns).
+      while (!stack.empty() && t.events[stack.back()].end() < e.end() - 1e-3) stack.pop_back();
+      if (!stack.empty()) parent[i] = stack.back();
+      stack.push_back(i);
+    }
+  }
+  return parent;
+}
+
+struct Interval {
+  double start, end;
+  std::string phase;
+};
+
+// The phase scopes of all threads, to look a time up in (the innermost wins).
+class PhaseIndex {
+ public:
+  explicit PhaseIndex(const Timeline& t) {
+    for (const auto& e : t.events) {
+      if (e.kind != EventKind::kScope) continue;
+      const std::string p = phase_of_scope(e.name);
+      if (!p.empty()) iv_.push_back({e.ts, e.end(), p});
+    }
+    std::sort(iv_.begin(), iv_.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
+  }
+  // "" outside every phase scope.
+  std::string at(double ts) const {
+    const Interval* best = nullptr;
+    auto it = std::upper_bound(iv_.begin(), iv_.end(), ts, [](double v, const Interval& i) { return v < i.start; });
+    for (auto j = it; j != iv_.begin();) {
+      --j;
+      if (j->end >= ts && (best == nullptr || j->end - j->start < best->end - best->start)) best = &*j;
+    }
+    return best ? best->phase : "";
+  }
+
+ private:
+  std::vector<Interval> iv_;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Total length of [a, b] covered by the sorted, disjoint intervals.
+double overlap(double a, double b, const std::vector<std::pair<double, double>>& iv) {
+  double s = 0;
+  for (const auto& [x, y] : iv) {
+    const double lo = std::max(a, x), hi = std::min(b, y);
+    if (hi > lo) s += hi - lo;
+  }
+  return s;
+}
+
+std::string read_file_maybe_gz(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");  // reads plain files too
+  if (f == nullptr) throw RuntimeError("cannot open trace " + path);
+  std::string out;
+  char buf[1 << 16];
+  int n = 0;
+  while ((n = gzread(f, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  const bool bad = n < 0;
+  gzclose(f);
+  if (bad) throw RuntimeError("cannot read trace " + path + " (corrupt gzip?)");
+  return out;
+}
+
+std::string launch_phase(const Event& gpu, const std::unordered_map<int64_t, int>& launch_of, const Timeline& t,
+                         const PhaseIndex& phases) {
+  auto it = gpu.correlation >= 0 ? launch_of.find(gpu.correlation) : launch_of.end();
+  const double ts = it != launch_of.end() ? t.events[it->second].ts : gpu.ts;
+  return phases.at(ts);
+}
+
+}  // namespace
+
+Timeline parse_trace(const std::string& text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    throw RuntimeError(origin + " is not JSON: " + e.what());
+  }
+  const json* events = nullptr;
+  if (j.is_object() && j.contains("traceEvents")) events = &j["traceEvents"];
+  else if (j.is_array()) events = &j;
+  if (events == nullptr || !events->is_array()) throw RuntimeError(origin + " has no traceEvents");
+  Timeline t;
+  t.events.reserve(events->size());
+  for (const auto& e : *events) {
+    if (!e.is_object()) continue;
+    const std::string ph = e.value("ph", "");
+    if (ph != "X" && ph != "i" && ph != "I") continue;
+    Event ev;
+    ev.name = e.value("name", "");
+    ev.kind = kind_of(e.value("cat", ""), ev.name);
+    if (ev.kind == EventKind::kOther) continue;
+    ev.ts = num(e.value("ts", json(0)));
+    ev.dur = num(e.value("dur", json(0)));
+    ev.tid = e.contains("tid") ? id_of(e["tid"]) : 0;
+    if (e.contains("args") && e["args"].is_object()) {
+      const json& a = e["args"];
+      if (a.contains("correlation")) ev.correlation = id_of(a["correlation"]);
+      if (a.contains("bytes")) ev.bytes = num(a["bytes"]);
+      if (a.contains("Total Allocated")) ev.total_allocated = num(a["Total Allocated"], -1);
+      if (a.contains("Total Reserved")) ev.total_reserved = num(a["Total Reserved"], -1);
+      if (a.contains("Input type") && a["Input type"].is_array()) {
+        for (const auto& s : a["Input type"]) {
+          if (!s.is_string() || s.get<std::string>().empty()) continue;
+          if (!ev.input_types.empty()) ev.input_types += ", ";
+          ev.input_types += s.get<std::string>();
+        }
+      }
+    }
+    t.events.push_back(std::move(ev));
+  }
+  return t;
+}
+
+Timeline load_trace(const std::string& path) { return parse_trace(read_file_maybe_gz(path), path); }
+
+std::string phase_of_scope(const std::string& n) {
+  if (!starts_with(n, "perftrain::")) return "";
+  const std::string s = n.substr(11);
+  if (s == "data_wait") return "data wait";
+  if (s == "h2d") return "host-to-device copy";
+  if (s == "forward" || starts_with(s, "block ") || s == "final_layer") return "forward";
+  if (s == "loss") return "loss";
+  if (s == "backward") return "backward";
+  if (s == "clip") return "clipping";
+  if (s == "optimizer") return "optimizer";
+  if (s == "ema") return "EMA";
+  if (s == "graph_replay") return "captured step (one graph launch)";
+  if (s == "checkpoint") return "checkpoint";
+  if (s == "sampling") return "sampling";
+  if (s == "log_window") return "log window (loss read-back)";
+  if (s == "step") return "step (other)";
+  return "";
+}
+
+const std::vector<std::string>& phase_order() {
+  static const std::vector<std::string> order = {
+      "data wait", "host-to-device copy", "captured step (one graph launch)", "forward", "loss", "backward",
+      "clipping", "optimizer", "EMA", "log window (loss read-back)", "checkpoint", "sampling", "step (other)",
+      "outside the step scopes"};
+  return order;
+}
+
+StepAnalysis analyze(const Timeline& t) {
+  StepAnalysis a;
+  const PhaseIndex phases(t);
+  // The window: the ProfilerStep scopes (one per step), to the last GPU activity.
+  std::vector<std::pair<double, double>> steps;
+  for (const auto& e : t.events)
+    if (e.kind == EventKind::kScope && starts_with(e.name, "ProfilerStep#")) steps.push_back({e.ts, e.end()});
+  std::sort(steps.begin(), steps.end());
+  double w0 = 0, w1 = 0;
+  bool any = false;
+  auto extend = [&](double s, double e) {
+    if (!any) w0 = s, w1 = e, any = true;
+    w0 = std::min(w0, s), w1 = std::max(w1, e);
+  };
+  for (const auto& [s, e] : steps) extend(s, e);
+  a.steps = std::max<int>(1, static_cast<int>(steps.size()));
+  if (steps.empty())
+    for (const auto& e : t.events)
+      if (e.kind != EventKind::kMemory) extend(e.ts, e.end());
+  std::vector<const Event*> gpu;
+  for (const auto& e : t.events)
+    if (is_gpu(e) && e.end() > w0 && (steps.empty() || e.ts >= w0)) gpu.push_back(&e);
+  for (const Event* g : gpu) w1 = std::max(w1, g->end());
+  a.window_ms = (w1 - w0) / 1e3;
+  a.step_ms = a.window_ms / a.steps;
+  const double per = 1.0 / a.steps / 1e3;  // us in the window -> ms per step
+  auto in_window = [&](double ts) { return ts >= w0 && ts <= w1; };
+  auto in_steps = [&](double ts) {
+    if (steps.empty()) return in_window(ts);
+    for (const auto& [s, e] : steps)
+      if (ts >= s && ts <= e) return true;
+    return false;
+  };
+
+  std::unordered_map<int64_t, int> launch_of;  // correlation -> runtime event
+  std::vector<std::pair<double, double>> data_wait;
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    const Event& e = t.events[i];
+    if (e.kind == EventKind::kRuntime && e.correlation >= 0) launch_of[e.correlation] = static_cast<int>(i);
+    if (e.kind == EventKind::kScope && e.name == "perftrain::data_wait" && in_window(e.ts)) {
+      data_wait.push_back({e.ts, e.end()});
+      a.data_wait_ms += e.dur * per;
+    }
+    if (e.kind == EventKind::kRuntime && in_window(e.ts)) {
+      if (is_launch_call(e.name)) a.launch_cpu_ms += e.dur * per;
+      if (e.name == "cudaGraphLaunch" || e.name == "cuGraphLaunch") ++a.graph_launches;
+      if (e.name == "cudaMalloc" || e.name == "cuMemAlloc_v2" || e.name == "cuMemCreate") ++a.device_mallocs;
+      if (e.name == "cudaFree" || e.name == "cuMemFree_v2" || e.name == "cuMemRelease") ++a.device_frees;
+    }
+  }
+  a.captured = a.graph_launches > 0;
+  std::sort(data_wait.begin(), data_wait.end());
+
+  // GPU busy time: each moment once, to the activity that started first.
+  std::sort(gpu.begin(), gpu.end(), [](const Event* x, const Event* y) { return x->ts < y->ts; });
+  std::map<std::string, double> by_phase, by_kind;
+  std::vector<double> kernel_us;
+  double covered = w0, idle = 0, idle_data = 0;
+  for (const Event* g : gpu) {
+    if (g->ts > covered) {
+      idle += g->ts - covered;
+      idle_data += overlap(covered, g->ts, data_wait);
+    }
+    const double from = std::max(g->ts, covered), to = std::min(g->end(), w1);
+    const std::string kind = g->kind == EventKind::kKernel ? kernel_kind(g->name) : "copies and memsets";
+    if (to > from) {
+      std::string p = launch_phase(*g, launch_of, t, phases);
+      if (p.empty()) p = "outside the step scopes";
+      by_phase[p] += to - from;
+      by_kind[kind] += to - from;
+      if (g->kind == EventKind::kKernel && kind == "matrix products" && is_fp32_matrix_kernel(g->name))
+        a.fp32_matrix_ms += (to - from) * per;
+    }
+    covered = std::max(covered, g->end());
+    if (g->kind == EventKind::kKernel) kernel_us.push_back(g->dur);
+    if (g->kind == EventKind::kMemcpy) {
+      const std::string n = lower(g->name);
+      if (has(n, "htod")) a.h2d_bytes += g->bytes / a.steps;
+      if (has(n, "dtoh")) a.d2h_bytes += g->bytes / a.steps;
+    }
+  }
+  if (w1 > covered) {
+    idle += w1 - covered;
+    idle_data += overlap(covered, w1, data_wait);
+  }
+  for (const auto& p : phase_order())
+    if (by_phase.count(p)) a.busy_by_phase.push_back({p, by_phase[p] * per});
+  for (const auto& [k, v] : by_kind) {
+    a.busy_by_kind.push_back({k, v * per});
+    if (k == "matrix products") a.matrix_ms = v * per;
+    else if (k == "attention") a.attention_ms = v * per;
+    else if (k == "copies and memsets") a.copy_ms = v * per;
+    else a.elementwise_ms += v * per;
+  }
+  std::sort(a.busy_by_kind.begin(), a.busy_by_kind.end(),
+            [](const PhaseTime& x, const PhaseTime& y) { return x.ms > y.ms; });
+  for (const auto& p : a.busy_by_phase) a.gpu_busy_ms += p.ms;
+  a.idle_data_ms = idle_data * per;
+  a.idle_other_ms = (idle - idle_data) * per;
+  a.kernels_per_step = static_cast<double>(kernel_us.size()) / a.steps;
+  a.median_kernel_us = median(kernel_us);
+
+  // Host syncs inside the steps, with the op around them.
+  const std::vector<int> parent = nest_host_events(t);
+  std::map<std::tuple<std::string, std::string, std::string>, int64_t> syncs;
+  int64_t n_syncs = 0;
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    const Event& e = t.events[i];
+    if (e.kind == EventKind::kCpuOp && is_matrix_op(e.name) && in_window(e.ts) && starts_with(e.input_types, "float"))
+      ++a.fp32_matrix_ops;
+    if (e.kind != EventKind::kRuntime || !is_sync_call(e.name) || !in_steps(e.ts)) continue;
+    std::string op;
+    for (int p = parent[i]; p >= 0; p = parent[p])
+      if (t.events[p].kind == EventKind::kCpuOp) {
+        op = t.events[p].name;
+        break;
+      }
+    std::string ph = phases.at(e.ts);
+    syncs[{e.name, op, ph.empty() ? "outside the step scopes" : ph}] += 1;
+    ++n_syncs;
+  }
+  for (const auto& [k, n] : syncs) a.syncs.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), n});
+  std::sort(a.syncs.begin(), a.syncs.end(), [](const SyncFinding& x, const SyncFinding& y) { return x.count > y.count; });
+  a.syncs_per_step = static_cast<double>(n_syncs) / a.steps;
+
+  // Peak memory per phase, from the allocator's [memory] events.
+  std::map<std::string, PhaseMemory> mem;
+  for (const auto& e : t.events) {
+    if (e.kind != EventKind::kMemory || e.total_allocated < 0 || !in_window(e.ts)) continue;
+    std::string p = phases.at(e.ts);
+    if (p.empty()) p = "outside the step scopes";
+    auto& m = mem[p];
+    m.phase = p;
+    m.peak_allocated_gib = std::max(m.peak_allocated_gib, e.total_allocated / (1ull << 30));
+    m.peak_reserved_gib = std::max(m.peak_reserved_gib, std::max(0.0, e.total_reserved) / (1ull << 30));
+  }
+  for (const auto& p : phase_order())
+    if (mem.count(p)) a.memory.push_back(mem[p]);
+  return a;
+}
+
+GroupBy parse_group_by(const std::string& s) {
+  if (s == "kernel") return GroupBy::kKernel;
+  if (s == "op") return GroupBy::kOp;
+  if (s == "scope") return GroupBy::kScope;
+  throw UsageError("--group-by must be kernel, op or scope (got '" + s + "')");
+}
+
+const char* to_string(GroupBy g) {
+  switch (g) {
+    case GroupBy::kKernel: return "kernel";
+    case GroupBy::kOp: return "op";
+    case GroupBy::kScope: return "scope";
+  }
+  return "?";
+}
+
+std::vector<OpRow> op_table(const Timeline& t, GroupBy by, size_t top) {
+  const StepAnalysis a = analyze(t);
+  const double per = 1.0 / a.steps / 1e3;
+  std::map<std::string, OpRow> rows;
+  auto row = [&](const std::string& name) -> OpRow& {
+    OpRow& r = rows[name];
+    r.name = name;
+    return r;
+  };
+  std::unordered_map<int64_t, int> launch_of;
+  for (size_t i = 0; i < t.events.size(); ++i)
+    if (t.events[i].kind == EventKind::kRuntime && t.events[i].correlation >= 0)
+      launch_of[t.events[i].correlation] = static_cast<int>(i);
+
+  if (by == GroupBy::kKernel) {
+    for (const auto& e : t.events) {
+      if (!is_gpu(e)) continue;
+      OpRow& r = row(e.name.substr(0, 160));
+      r.self_cuda_ms += e.dur * per, r.total_cuda_ms += e.dur * per, r.calls += 1.0 / a.steps;
+      auto it = e.correlation >= 0 ? launch_of.find(e.correlation) : launch_of.end();
+      if (it != launch_of.end()) r.self_cpu_ms += t.events[it->second].dur * per;  // the launch call
+      r.total_cpu_ms = r.self_cpu_ms;
+    }
+  } else {
+    const std::vector<int> parent = nest_host_events(t);
+    const EventKind want = by == GroupBy::kOp ? EventKind::kCpuOp : EventKind::kScope;
+    auto counts = [&](const Event& e) {
+      return e.kind == want && (by == GroupBy::kOp || starts_with(e.name, "perftrain::"));
+    };
+    // CPU times: total = duration; self = minus the children of the same kind.
+    std::vector<double> child_time(t.events.size(), 0);
+    for (size_t i = 0; i < t.events.size(); ++i) {
+      if (!counts(t.events[i])) continue;
+      for (int p = parent[i]; p >= 0; p = parent[p])
+        if (counts(t.events[p])) {
+          child_time[p] += t.events[i].dur;
+          break;
+        }
+    }
+    for (size_t i = 0; i < t.events.size(); ++i) {
+      const Event& e = t.events[i];
+      if (!counts(e)) continue;
+      OpRow& r = row(e.name);
+      r.calls += 1.0 / a.steps;
+      r.total_cpu_ms += e.dur * per;
+      r.self_cpu_ms += std::max(0.0, e.dur - child_time[i]) * per;
+    }
+    // CUDA times: the launch's enclosing events of that kind; the innermost is self.
+    for (const auto& g : t.events) {
+      if (!is_gpu(g) || g.correlation < 0) continue;
+      auto it = launch_of.find(g.correlation);
+      if (it == launch_of.end()) continue;
+      bool first = true;
+      std::set<std::string> seen;  // a recursive name counts once in total
+      for (int p = parent[it->second]; p >= 0; p = parent[p]) {
+        if (!counts(t.events[p])) continue;
+        OpRow& r = row(t.events[p].name);
+        if (first) r.self_cuda_ms += g.dur * per;
+        first = false;
+        if (seen.insert(t.events[p].name).second) r.total_cuda_ms += g.dur * per;
+      }
+    }
+  }
+  std::vector<OpRow> out;
+  for (auto& [k, r] : rows) {
+    r.share = a.step_ms > 0 ? r.total_cuda_ms / a.step_ms : 0;
+    out.push_back(r);
+  }
+  std::sort(out.begin(), out.end(), [](const OpRow& x, const OpRow& y) {
+    return x.total_cuda_ms != y.total_cuda_ms ? x.total_cuda_ms > y.total_cuda_ms : x.total_cpu_ms > y.total_cpu_ms;
+  });
+  if (top > 0 && out.size() > top) out.resize(top);
+  return out;
+}
+
+std::string format_op_table(const std::vector<OpRow>& rows, GroupBy by) {
+  std::ostringstream s;
+  char buf[512];
+  s << "| " << to_string(by)
+    << " | self CUDA ms | total CUDA ms | self CPU ms | total CPU ms | calls | share of step |\n"
+       "|---|---|---|---|---|---|---|\n";
+  for (const auto& r : rows) {
+    std::string name = r.name.size() > 100 ? r.name.substr(0, 97) + "..." : r.name;
+    for (char& c : name)
+      if (c == '|') c = '/';
+    std::snprintf(buf, sizeof buf, "| `%s` | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f%% |\n", name.c_str(),
+                  r.self_cuda_ms, r.total_cuda_ms, r.self_cpu_ms, r.total_cpu_ms, r.calls, 100 * r.share);
+    s << buf;
+  }
+  s << "\n(per step; CUDA time of an " << (by == GroupBy::kKernel ? "kernel is its own" : "entry is the kernels it launched")
+    << "; a captured step's kernels belong to its one graph launch)\n";
+  return s.str();
+}
+
+std::string format_breakdown(const StepAnalysis& a, double measured) {
+  std::ostringstream s;
+  char buf[256];
+  auto line = [&](const std::string& what, double ms) {
+    std::snprintf(buf, sizeof buf, "| %s | %.3f | %.1f%% |\n", what.c_str(), ms, a.step_ms > 0 ? 100 * ms / a.step_ms : 0);
+    s << buf;
+  };
+  std::snprintf(buf, sizeof buf, "Step: %.3f ms (window of %d steps, %.3f ms)%s\n\n", a.step_ms, a.steps, a.window_ms,
+                a.captured ? "; each step is one CUDA graph launch, so its kernels are not split by phase "
+                             "(--profile-uncaptured profiles the same step eagerly)"
+                           : "");
+  s << buf;
+  s << "| part of the step | ms/step | share |\n|---|---|---|\n";
+  for (const auto& p : a.busy_by_phase) line("GPU busy: " + p.phase, p.ms);
+  line("GPU idle: waiting for data", a.idle_data_ms);
+  line("GPU idle: between kernels (launch and host gaps)", a.idle_other_ms);
+  std::snprintf(buf, sizeof buf, "| **sum** | **%.3f** | |\n",
+                a.gpu_busy_ms + a.idle_data_ms + a.idle_other_ms);
+  s << buf;
+  if (measured > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "\nMeasured step time: %.3f ms; the breakdown sums to %.3f ms (%+.1f%%).\n", measured, a.step_ms,
+                  100 * (a.step_ms - measured) / measured);
+    s << buf;
+  }
+  s << "\n| GPU time by kind | ms/step | share of busy |\n|---|---|---|\n";
+  for (const auto& k : a.busy_by_kind) {
+    std::snprintf(buf, sizeof buf, "| %s | %.3f | %.1f%% |\n", k.phase.c_str(), k.ms,
+                  a.gpu_busy_ms > 0 ? 100 * k.ms / a.gpu_busy_ms : 0);
+    s << buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                "\nKernels per step: %.0f (median %.1f us); CPU time in launch calls %.3f ms/step against GPU busy "
+                "%.3f ms/step; host data wait %.3f ms/step; host syncs in the step %.1f/step; cudaMalloc %lld, "
+                "cudaFree %lld in the window; copies %.1f MB host-to-device, %.3f MB device-to-host per step.\n",
+                a.kernels_per_step, a.median_kernel_us, a.launch_cpu_ms, a.gpu_busy_ms, a.data_wait_ms,
+                a.syncs_per_step, static_cast<long long>(a.device_mallocs), static_cast<long long>(a.device_frees),
+                a.h2d_bytes / 1e6, a.d2h_bytes / 1e6);
+  s << buf;
+  if (!a.memory.empty()) {
+    s << "\n| phase | peak allocated GiB | peak reserved GiB |\n|---|---|---|\n";
+    for (const auto& m : a.memory) {
+      std::snprintf(buf, sizeof buf, "| %s | %.2f | %.2f |\n", m.phase.c_str(), m.peak_allocated_gib,
+                    m.peak_reserved_gib);
+      s << buf;
+    }
+  }
+  return s.str();
+}
+
+}  // namespace perftrain::observe::profile
