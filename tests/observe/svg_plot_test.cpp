@@ -136,3 +136,37 @@ TEST(SvgPlot, WritePlotWritesTheSvgAndAPngOnlyWithAConverter) {
     EXPECT_EQ(std::string(sig + 1, 3), "PNG");
   }
 }
+
+TEST(SvgPlot, GradientFlowOfAHealthSampleHasOneBarPairPerModule) {
+  perftrain::observe::GradHealthSample s;
+  s.step = 40;
+  std::mt19937 rng(9);
+  const std::vector<std::string> names = {"x_embedder.proj.weight", "t_embedder.mlp.0.weight", "blocks.0.attn.qkv.weight",
+                                          "blocks.0.mlp.fc2.weight", "blocks.1.attn.qkv.weight", "blocks.2.mlp.fc1.bias",
+                                          "final_layer.linear.weight"};
+  for (const auto& name : names) {
+    perftrain::observe::GradStats g;
+    g.numel = 10 + rng() % 100;
+    g.mean_abs = 1e-5 * (1 + rng() % 100);
+    g.max_abs = g.mean_abs * (2 + rng() % 10);
+    s.params.push_back({name, g});
+  }
+  s.params[4].stats.nonfinite = 1;
+  perftrain::observe::summarize_modules(s);
+  const auto layers = plot::gradient_flow_layers(s);
+  ASSERT_EQ(layers.size(), 6u);
+  EXPECT_EQ(layers[2].name, "blocks.0");
+  // blocks.0: numel-weighted mean and the max of its two parameters.
+  const auto& a = s.params[2].stats;
+  const auto& b = s.params[3].stats;
+  EXPECT_NEAR(layers[2].mean_abs, (a.mean_abs * a.numel + b.mean_abs * b.numel) / (a.numel + b.numel), 1e-15);
+  EXPECT_EQ(layers[2].max_abs, std::max(a.max_abs, b.max_abs));
+  EXPECT_TRUE(std::isnan(layers[3].max_abs)) << "blocks.1 has a NaN gradient";
+  TempDir dir;
+  plot::write_gradient_flow(s, dir.file("gradient_flow.svg"));
+  std::ifstream in(dir.file("gradient_flow.svg"));
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(count(svg, "class=\"mean\""), 6u);
+  EXPECT_EQ(count(svg, "class=\"max\""), 6u);
+  EXPECT_NE(svg.find("gradient flow at step 40"), std::string::npos);
+}

@@ -13,7 +13,9 @@
 
 #include "base/fs.h"
 #include "io/png.h"
+#include "observe/grad_health.h"
 #include "observe/tensorboard/event_writer.h"
+#include "observe/tensorboard/health_events.h"
 #include "support/test_support.h"
 
 namespace tb = perftrain::observe::tensorboard;
@@ -316,4 +318,48 @@ TEST(TensorBoardEvents, DeviceHistogramsMatchTheHostOnes) {
   EXPECT_EQ(got[2].bucket.size(), 1u);  // a constant tensor: one bucket
   const auto bad = tb::histograms_of({at::tensor({1.0f, NAN})}, 10);
   EXPECT_EQ(bad[0].num, 0);
+}
+
+TEST(TensorBoardEvents, GradHealthSampleAsScalars) {
+  std::mt19937_64 rng(21);
+  std::uniform_real_distribution<double> u(1e-4, 2.0);
+  perftrain::observe::GradHealthSample s;
+  s.step = 250;
+  for (const char* name : {"x_embedder.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.mlp.fc1.bias",
+                           "blocks.1.attn.qkv.weight", "final_layer.linear.weight"}) {
+    perftrain::observe::GradStats g;
+    g.numel = 100 + rng() % 1000;
+    g.norm = u(rng), g.mean_abs = u(rng) / 10, g.max_abs = u(rng) * 3, g.zero_share = u(rng) / 4;
+    g.weight_norm = u(rng) * 10, g.update_norm = u(rng) / 100;
+    s.params.push_back({name, g});
+  }
+  s.params[2].stats.nonfinite = 3;
+  perftrain::observe::summarize_modules(s);
+  ASSERT_EQ(s.modules.size(), 4u);
+
+  TempDir dir;
+  std::string path;
+  {
+    tb::EventWriter w(dir.path());
+    path = w.path();
+    tb::add_grad_health(w, s);
+  }
+  std::map<std::string, float> got;
+  for (const Event& e : read_events(path)) {
+    if (e.tag.empty()) continue;
+    EXPECT_EQ(e.step, 250);
+    EXPECT_EQ(got.count(e.tag), 0u) << e.tag;
+    got[e.tag] = as_float(one(e.value, 2));
+  }
+  EXPECT_EQ(got.at("grad/global_norm"), float(s.global.norm));
+  EXPECT_EQ(got.at("grad/global_update_ratio"), float(s.global.update_ratio()));
+  EXPECT_EQ(got.at("grad/nonfinite"), 3.0f);
+  for (const auto& m : s.modules) {
+    EXPECT_EQ(got.at("grad_norm/" + m.name), float(m.stats.norm)) << m.name;
+    EXPECT_EQ(got.at("grad_max/" + m.name), float(m.stats.max_abs)) << m.name;
+    EXPECT_EQ(got.at("grad_zero_share/" + m.name), float(m.stats.zero_share)) << m.name;
+    EXPECT_EQ(got.at("update_ratio/" + m.name), float(m.stats.update_ratio())) << m.name;
+    EXPECT_EQ(got.count("grad_nonfinite/" + m.name), m.name == "blocks.0" ? 1u : 0u) << m.name;
+  }
+  EXPECT_EQ(got.size(), 3 + 4 * s.modules.size() + 1);
 }

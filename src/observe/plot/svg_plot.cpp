@@ -211,6 +211,20 @@ std::string write_plot(const std::string& svg_path, const std::string& svg) {
   return "";
 }
 
+std::vector<LayerGrad> gradient_flow_layers(const GradHealthSample& sample) {
+  std::vector<LayerGrad> out;
+  for (const NamedGradStats& m : sample.modules) {
+    const bool bad = !m.stats.finite();
+    out.push_back({m.name, bad ? NAN : m.stats.mean_abs, bad ? NAN : m.stats.max_abs});
+  }
+  return out;
+}
+
+std::string write_gradient_flow(const GradHealthSample& sample, const std::string& svg_path) {
+  return write_plot(svg_path, gradient_flow_svg(gradient_flow_layers(sample),
+                                                "gradient flow at step " + std::to_string(sample.step)));
+}
+
 std::string write_loss_curve(const std::string& metrics_jsonl_path, const std::string& svg_path) {
   return write_plot(svg_path, line_plot_svg("training loss", "step", "loss (mean over each log window)",
                                             loss_series_from_metrics(metrics_jsonl_path)));

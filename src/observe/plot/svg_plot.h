@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "observe/grad_health.h"
+
 namespace perftrain::observe::plot {
 
 struct Series {
@@ -33,6 +35,13 @@ struct LayerGrad {
 // max |grad| (class "max") and a narrow one of mean |grad| (class "mean"),
 // log y axis; a layer with a non-finite value gets a red bar to the top.
 std::string gradient_flow_svg(const std::vector<LayerGrad>& layers, const std::string& title);
+
+// The layers of a gradient-health sample for the plot: its modules (a DiT
+// block, an embedder, the final layer) in model order.
+std::vector<LayerGrad> gradient_flow_layers(const GradHealthSample& sample);
+// The gradient-flow plot of a sample written by write_plot, titled with its
+// step; returns the PNG's path or "".
+std::string write_gradient_flow(const GradHealthSample& sample, const std::string& svg_path);
 
 // Writes `svg` to svg_path atomically and, when a converter is present,
 // the same path with ".png" for ".svg". Returns the PNG's path or "".

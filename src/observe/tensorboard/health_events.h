@@ -1,0 +1,17 @@
+// A gradient-health sample (observe/grad_health.h) as TensorBoard scalars,
+// at the sample's step: the global gradient norm, and per module (a DiT
+// block, an embedder, the final layer) its gradient norm, max |g|, share of
+// zeros and update/weight ratio; NaN/Inf counts where there are any.
+#pragma once
+
+#include "observe/grad_health.h"
+#include "observe/tensorboard/event_writer.h"
+
+namespace perftrain::observe::tensorboard {
+
+// Tags: grad/global_norm, grad/global_update_ratio, grad/nonfinite (when > 0);
+// grad_norm/<module>, grad_max/<module>, grad_zero_share/<module>,
+// update_ratio/<module>, grad_nonfinite/<module> (when > 0).
+void add_grad_health(EventWriter& writer, const GradHealthSample& sample);
+
+}  // namespace perftrain::observe::tensorboard
