@@ -121,6 +121,9 @@ prepare_kernel(const double* __restrict__ partials, int count, AdamWScalars* __r
       }
       s->good_steps = good;
     }
+  } else if (h.skip_nonfinite && found_inf) {
+    s->skipped += 1.f;
+    skip = true;
   }
   s->skip = skip ? 1.f : 0.f;
   if (skip) return;  // lr, step and the derived scalars stay as they were

@@ -77,6 +77,7 @@ struct AdamWHyper {
   int64_t growth_interval;
   bool ema_warmup;
   bool dynamic_loss_scale;
+  bool skip_nonfinite;  // without the dynamic scale: an inf/NaN norm skips the update (skipped += 1)
 };
 
 // Blocks for a table of `chunks` chunks on the current device (a few per SM;

@@ -122,8 +122,9 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<a
   if (!scalars_.defined() || scalars_.scalar_type() != at::kFloat || scalars_.numel() != adamw_scalar_slots() ||
       !scalars_.is_contiguous() || scalars_.device() != device)
     throw UsageError("multi_tensor_adamw: scalars must be make_adamw_scalars() on " + device.str());
-  if (!opts_.grad_norm && (opts_.grad_clip > 0 || opts_.dynamic_loss_scale))
-    throw UsageError("multi_tensor_adamw: clipping and the dynamic loss scale need the gradient norm (grad_norm)");
+  if (!opts_.grad_norm && (opts_.grad_clip > 0 || opts_.dynamic_loss_scale || opts_.skip_nonfinite))
+    throw UsageError(
+        "multi_tensor_adamw: clipping, the dynamic loss scale and skip_nonfinite need the gradient norm (grad_norm)");
   if (!device.is_cuda()) return;
 
   c10::cuda::CUDAGuard guard(device);
@@ -133,6 +134,7 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<a
   h.weight_decay = opts_.weight_decay, h.grad_clip = opts_.grad_clip, h.ema_decay = opts_.ema_decay;
   h.warmup_steps = opts_.warmup_steps, h.growth_interval = opts_.growth_interval;
   h.ema_warmup = opts_.ema_warmup, h.dynamic_loss_scale = opts_.dynamic_loss_scale;
+  h.skip_nonfinite = opts_.skip_nonfinite;
   int64_t chunks = 0;
   for (size_t i = 0; i < n; ++i) {
     const int64_t numel = params_[i].numel();
@@ -249,6 +251,9 @@ void multi_tensor_adamw_reference(const std::vector<at::Tensor>& params, const s
     } else {
       s[kSlotGoodSteps] += 1;
     }
+  } else if (o.skip_nonfinite && !std::isfinite(static_cast<float>(norm))) {
+    s[kSlotSkipped] += 1;
+    skip = true;
   }
   if (!skip) {
     const double step = s[kSlotStep] + 1.0;

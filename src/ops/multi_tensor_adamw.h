@@ -37,6 +37,10 @@ struct MultiTensorAdamWOptions {
   // which need it (the constructor throws UsageError otherwise). For a step
   // that must match one without a norm (the benchmark against torch's AdamW).
   bool grad_norm = true;
+  // Without the dynamic loss scale: a step whose gradient norm is inf/NaN
+  // changes nothing but the skipped count (the weights never take a NaN).
+  // Needs grad_norm.
+  bool skip_nonfinite = false;
 };
 
 // Slots of the scalars tensor (the order of kernels::AdamWScalars).

@@ -81,6 +81,13 @@ std::vector<Key> keys(TrainConfig& c) {
       {"speed", "attention", &c.speed.attention, {"own", "cudnn"}},
       {"speed", "weight_grad_stream", &c.speed.weight_grad_stream, {"auto", "on", "off"}},
       {"speed", "gemm_tune", &c.speed.gemm_tune, {}, 0, 64},
+      {"health", "monitor_every", &c.health.monitor_every, {}, 0, 1000000000},
+      {"health", "nan_policy", &c.health.nan_policy, {"stop", "skip"}},
+      {"health", "anomaly_mode", &c.health.anomaly_mode},
+      {"health", "vanish_norm", &c.health.vanish_norm},
+      {"health", "patience", &c.health.patience, {}, 1, 1000000},
+      {"health", "explode_factor", &c.health.explode_factor},
+      {"health", "median_window", &c.health.median_window, {}, 1, 100000},
   };
 }
 
@@ -350,6 +357,8 @@ void TrainConfig::validate() const {
   require(log.sample_per_class <= 1024 && log.sample_classes <= 65536 &&
               log.sample_per_class * std::min(log.sample_classes, model.num_classes) <= 65536,
           "log.sample_per_class x log.sample_classes must be at most 65536 images in a sample grid");
+  require(health.vanish_norm >= 0, "health.vanish_norm must be >= 0");
+  require(health.explode_factor > 1, "health.explode_factor must be > 1 (a spike is this many times the median)");
   require(!run.dir.empty(), "run.dir must not be empty");
   require(run.name.find('/') == std::string::npos, "run.name must not contain '/'");
 }

@@ -71,6 +71,18 @@ struct LogConfig {
   int64_t histogram_every = 1000;   // steps between weight histograms in them (0: only at the end)
 };
 
+// Training health (docs/guide/health.md): gradient monitoring inside the
+// step, the detectors' thresholds, and what a non-finite loss or gradient does.
+struct HealthConfig {
+  int64_t monitor_every = 50;       // steps between gradient statistics (0: off, nothing added to the step)
+  std::string nan_policy = "stop";  // stop: name the first non-finite module and exit | skip: skip the update, go on
+  bool anomaly_mode = false;        // libtorch's anomaly mode in the eager re-run that locates a NaN
+  double vanish_norm = 1e-7;        // a module's gradient norm under this for `patience` monitored steps: vanishing
+  int64_t patience = 3;             // monitored steps in a row for vanishing and dead (all-zero) layers
+  double explode_factor = 10;       // global gradient norm above this times its running median: exploding
+  int64_t median_window = 20;       // monitored steps in that running median
+};
+
 struct RunConfig {
   std::string dir = "runs";
   std::string name;  // empty: <model>-<dataset>-<date>
@@ -84,6 +96,7 @@ struct TrainConfig {
   LogConfig log;
   RunConfig run;
   SpeedConfig speed;
+  HealthConfig health;
 
   // Throws UsageError naming the key when a value cannot work.
   void validate() const;
