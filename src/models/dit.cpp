@@ -9,6 +9,8 @@
 
 #include <future>
 
+#include "base/error.h"
+
 #include "nn/modulation.h"
 #include "ops/adaln_layernorm.h"
 #include "compat/compat.h"
@@ -143,6 +145,7 @@ DiT::DiT(const DiTConfig& cfg, at::Generator gen)
       t_embedder(cfg.hidden, gen),
       y_embedder(cfg.num_classes, cfg.hidden, cfg.class_dropout > 0, gen),
       final_layer(cfg, gen) {
+  if (cfg.single_stream()) throw UsageError("model " + cfg.name + " is single-stream (models::SingleStreamDiT), not a DiT");
   pos_embed = nn::sincos_pos_embed_2d(cfg.hidden, cfg.image_size / cfg.patch).unsqueeze(0).to(gen.device());
   for (int64_t i = 0; i < cfg.depth; ++i) blocks.add(std::make_unique<DiTBlock>(cfg, gen));
   // Registration order is the reference's state_dict order.

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/diffusion_model.h"
 #include "models/dit_config.h"
 #include "nn/attention.h"
 #include "nn/embeddings.h"
@@ -17,19 +18,7 @@
 
 namespace perftrain::models {
 
-// How DiT::forward runs its blocks, chosen by the caller (the step runner,
-// from the [speed] config); the default is the plain eager path.
-struct DiTExecution {
-  // Through the fused ops (src/ops) rather than the plain ATen modules.
-  bool fused_kernels = false;
-  // Each block's activations recomputed in backward instead of kept: less
-  // memory, one more block forward per step.
-  bool recompute = false;
-  // Fused blocks: keep only each MLP's pre-activation and compute GELU again
-  // in backward (gelu_mlp's keep_activation false): one [B*T, 4D] tensor
-  // less per block held for backward, one elementwise pass more.
-  bool gelu_recompute = false;
-};
+// DiTExecution (how forward runs its blocks): models/diffusion_model.h.
 
 class DiTBlock : public nn::Module {
  public:
@@ -70,7 +59,7 @@ class FinalLayer : public nn::Module {
   nn::SiLULinear adaLN_modulation;  // c -> shift, scale
 };
 
-class DiT : public nn::Module {
+class DiT : public DiffusionModel {
  public:
   // Builds on the CPU in float32 with the reference initialisation drawn from
   // a generator seeded with `seed`.
@@ -82,7 +71,13 @@ class DiT : public nn::Module {
   // run as `exec` says.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y,
                      const DiTExecution& exec = {}) const;
-  const DiTConfig& config() const { return cfg_; }
+  // The same with y = cond.labels (DiffusionModel's forward).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const Condition& cond,
+                     const DiTExecution& exec = {}) const override {
+    return forward(x, t, cond.labels, exec);
+  }
+  const DiTConfig& config() const override { return cfg_; }
+  bool has_fused_path() const override { return true; }
 
  private:
   DiT(const DiTConfig& cfg, at::Generator gen);

@@ -17,8 +17,46 @@ constexpr Size kSizes[] = {
     {"XL", 28, 1152, 16}, {"L", 24, 1024, 16}, {"B", 12, 768, 12}, {"S", 12, 384, 6}, {"T", 6, 192, 3},
 };
 constexpr int64_t kPatches[] = {2, 4, 8};
+// Single-stream: DiT's sizes (head dim 64, 72 at XL), patch 1 and 2.
+constexpr int64_t kSingleStreamPatches[] = {2, 1};
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 }  // namespace
+
+std::vector<std::string> single_stream_model_names() {
+  std::vector<std::string> names;
+  for (const Size& s : kSizes)
+    for (int64_t p : kSingleStreamPatches) names.push_back(std::string("SS-") + s.letter + "/" + std::to_string(p));
+  return names;
+}
+
+DiTConfig model_config(const std::string& name) {
+  if (name.rfind("SS-", 0) != 0) return dit_config(name);
+  for (const Size& s : kSizes) {
+    for (int64_t p : kSingleStreamPatches) {
+      if (name == std::string("SS-") + s.letter + "/" + std::to_string(p)) {
+        DiTConfig c;
+        c.name = name;
+        c.family = "single-stream";
+        c.depth = s.depth;
+        c.hidden = s.hidden;
+        c.heads = s.heads;
+        c.patch = p;
+        return c;
+      }
+    }
+  }
+  std::ostringstream known;
+  for (const auto& n : single_stream_model_names()) known << " " << n;
+  throw UsageError("unknown model '" + name + "'; known single-stream models:" + known.str() +
+                   " (and the DiT-* models)");
+}
+
+int64_t DiTConfig::mlp_hidden() const {
+  if (!single_stream()) return static_cast<int64_t>(hidden * mlp_ratio);
+  return round_up(static_cast<int64_t>(hidden * mlp_ratio * 2.0 / 3.0 + 0.5), 64);
+}
 
 std::vector<std::string> dit_model_names() {
   std::vector<std::string> names;
@@ -61,7 +99,14 @@ void DiTConfig::validate() const {
   at_most("in_channels", in_channels, 4096);
   at_most("num_classes", num_classes, int64_t(1) << 24);
   if (hidden % heads != 0) fail("hidden " + std::to_string(hidden) + " is not divisible by heads " + std::to_string(heads));
-  if (hidden % 4 != 0) fail("hidden must be a multiple of 4 for the 2-D sin-cos positional embedding");
+  if (family != "dit" && family != "single-stream") fail("family '" + family + "' (expected dit or single-stream)");
+  if (!single_stream() && hidden % 4 != 0) fail("hidden must be a multiple of 4 for the 2-D sin-cos positional embedding");
+  if (single_stream()) {
+    const int64_t head_dim = hidden / heads;
+    if (head_dim % 2 != 0 || head_dim < 8) fail("head dim (hidden / heads) must be even and at least 8 for rotary embedding");
+    if (cond_tokens < 1) fail("cond_tokens must be at least 1");
+    if (cond_dim < 0) fail("cond_dim must be >= 0 (0: class labels)");
+  }
   if (image_size <= 0 || image_size % patch != 0)
     fail("patch " + std::to_string(patch) + " does not divide image_size " + std::to_string(image_size));
   if (in_channels <= 0) fail("in_channels must be positive");
@@ -79,6 +124,12 @@ void DiTConfig::validate() const {
 
 int64_t DiTConfig::parameter_count(bool trainable_only) const {
   const int64_t D = hidden, M = mlp_hidden(), P = patch * patch;
+  if (single_stream()) {  // linears without bias; RMSNorm weights; no fixed tensors
+    const int64_t hd = D / heads;
+    const int64_t block = 4 * D + 2 * hd + 4 * D * D + 3 * D * M + 4 * D * D;
+    const int64_t cond = cond_dim > 0 ? cond_dim + cond_dim * D : (num_classes + (class_dropout > 0)) * cond_tokens * D;
+    return P * in_channels * D + 256 * D + D * D + cond + depth * block + D * D + D * P * out_channels();
+  }
   auto linear = [](int64_t in, int64_t out) { return in * out + out; };
   const int64_t block = linear(D, 3 * D) + linear(D, D) + linear(D, M) + linear(M, D) + linear(D, 6 * D);
   const int64_t n = linear(P * in_channels, D)                  // x_embedder (conv as a linear)
@@ -90,6 +141,13 @@ int64_t DiTConfig::parameter_count(bool trainable_only) const {
 }
 
 double DiTConfig::forward_flops_per_sample() const {
+  if (single_stream()) {
+    const double T = static_cast<double>(sequence_tokens()), I = static_cast<double>(tokens()), D = hidden,
+                 M = mlp_hidden(), P = static_cast<double>(patch * patch);
+    const double per_block = 2 * T * D * (4 * D + 3 * M) + 2 * 2 * T * T * D + 2 * D * 4 * D;
+    const double embed = 2 * I * P * in_channels * D + 2 * (256 * D + D * D) + 2.0 * cond_tokens * cond_dim * D;
+    return depth * per_block + embed + 2 * I * D * P * out_channels() + 2 * D * D;
+  }
   // 2 FLOPs per multiply-add. Per block: qkv, proj, fc1, fc2, adaLN linear,
   // and attention (QK^T and PV); plus patch embedding, final layer, t-MLP.
   const double T = static_cast<double>(tokens()), D = hidden, M = mlp_hidden();

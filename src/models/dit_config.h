@@ -21,10 +21,26 @@ struct DiTConfig {
   int64_t num_classes = 1000;
   double class_dropout = 0.1;  // > 0 adds the null class used for guidance
   bool learn_sigma = true;     // output 2C channels: noise and variance
+  // Which model the fields build: "dit" (models::DiT) or "single-stream"
+  // (models::SingleStreamDiT, docs/guide/architectures.md). The single-stream
+  // fields below are ignored by DiT.
+  std::string family = "dit";
+  // Single-stream: condition tokens in the sequence. Class labels
+  // (cond_dim 0): cond_tokens learned tokens per class. Features (cond_dim
+  // Dc > 0): at most cond_tokens tokens of Dc channels per sample, a length
+  // per sample masking the rest.
+  int64_t cond_tokens = 1;
+  int64_t cond_dim = 0;
 
   int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
   int64_t tokens() const { return (image_size / patch) * (image_size / patch); }
-  int64_t mlp_hidden() const { return static_cast<int64_t>(hidden * mlp_ratio); }
+  // DiT: hidden * mlp_ratio. Single-stream SwiGLU: 2/3 of that (the GELU
+  // MLP's parameters at the same ratio; 8/3 * hidden at 4), rounded up to a
+  // multiple of 64.
+  int64_t mlp_hidden() const;
+  bool single_stream() const { return family == "single-stream"; }
+  // Single-stream: condition plus image tokens in the one sequence.
+  int64_t sequence_tokens() const { return single_stream() ? cond_tokens + tokens() : tokens(); }
   // Throws UsageError naming the field when a value cannot work.
   void validate() const;
   // Parameters of the model this config builds (closed form), including the
@@ -33,6 +49,12 @@ struct DiTConfig {
   // Matrix-product and attention FLOPs of one forward pass for one sample.
   double forward_flops_per_sample() const;
 };
+
+// The single-stream names ("SS-S/2", ...), known to model_config().
+std::vector<std::string> single_stream_model_names();
+// A named model of either family (the name implies model.family). Throws
+// UsageError listing the known names.
+DiTConfig model_config(const std::string& name);
 
 // The names known to dit_config(), in registry order.
 std::vector<std::string> dit_model_names();

@@ -45,15 +45,15 @@ at::Tensor PatchEmbed::forward_as_product(const at::Tensor& x, at::ScalarType ac
   });
 }
 
-TimestepEmbedder::Mlp::Mlp(int64_t hidden, at::Generator& gen)
-    : l0(kFrequencies, hidden, gen), l2(hidden, hidden, gen) {
+TimestepEmbedder::Mlp::Mlp(int64_t hidden, at::Generator& gen, bool bias)
+    : l0(kFrequencies, hidden, gen, bias), l2(hidden, hidden, gen, bias) {
   normal_(l0.weight, 0.02, gen);
   normal_(l2.weight, 0.02, gen);
   register_module("0", &l0);
   register_module("2", &l2);
 }
 
-TimestepEmbedder::TimestepEmbedder(int64_t hidden, at::Generator& gen) : mlp_(hidden, gen) {
+TimestepEmbedder::TimestepEmbedder(int64_t hidden, at::Generator& gen, bool bias) : mlp_(hidden, gen, bias) {
   register_module("mlp", &mlp_);
 }
 

@@ -38,13 +38,14 @@ class PatchEmbed : public Module {
 class TimestepEmbedder : public Module {
  public:
   static constexpr int64_t kFrequencies = 256;
-  TimestepEmbedder(int64_t hidden, at::Generator& gen);
+  // bias false: both linears without bias (the single-stream model's).
+  TimestepEmbedder(int64_t hidden, at::Generator& gen, bool bias = true);
   at::Tensor forward(const at::Tensor& t) const;  // [B] float -> [B, hidden]
 
  private:
   class Mlp : public Module {  // Sequential(Linear, SiLU, Linear)
    public:
-    Mlp(int64_t hidden, at::Generator& gen);
+    Mlp(int64_t hidden, at::Generator& gen, bool bias);
     Linear l0, l2;
   };
   Mlp mlp_;

@@ -23,8 +23,8 @@ at::Tensor Linear::forward(const at::Tensor& x) const {
   return hooked({x}, [this](at::TensorList in) { return at::linear(in[0], weight, bias); });
 }
 
-SiLULinear::SiLULinear(int64_t in_features, int64_t out_features, at::Generator& gen)
-    : linear_(in_features, out_features, gen) {
+SiLULinear::SiLULinear(int64_t in_features, int64_t out_features, at::Generator& gen, bool bias)
+    : linear_(in_features, out_features, gen, bias) {
   register_module("1", &linear_);
 }
 

@@ -23,7 +23,7 @@ class Linear : public Module {
 // the linear is child "1" ("adaLN_modulation.1.weight").
 class SiLULinear : public Module {
  public:
-  SiLULinear(int64_t in_features, int64_t out_features, at::Generator& gen);
+  SiLULinear(int64_t in_features, int64_t out_features, at::Generator& gen, bool bias = true);
   at::Tensor forward(const at::Tensor& x) const;
   Linear& linear() { return linear_; }
   const Linear& linear() const { return linear_; }

@@ -1,0 +1,63 @@
+// What the trainer, the step runner, checkpoints and sampling need of a
+// model, whichever family it is (models::DiT, models::SingleStreamDiT): a
+// forward of the noisy input, the time and the condition, run as the caller
+// says, and its config; its tensors come from nn::Module.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+
+#include "models/dit_config.h"
+#include "nn/module.h"
+
+namespace perftrain::models {
+
+// How forward runs its blocks, chosen by the caller (the step runner, from
+// the [speed] config); the default is the plain eager path.
+struct DiTExecution {
+  // Through the fused ops (src/ops) rather than the plain ATen modules
+  // (a model without a fused path ignores it: has_fused_path()).
+  bool fused_kernels = false;
+  // Each block's activations recomputed in backward instead of kept: less
+  // memory, one more block forward per step.
+  bool recompute = false;
+  // Fused blocks: keep only each MLP's pre-activation and compute GELU again
+  // in backward (gelu_mlp's keep_activation false): one [B*T, 4D] tensor
+  // less per block held for backward, one elementwise pass more.
+  bool gelu_recompute = false;
+};
+
+// The condition of a batch. labels: [B] int64 class labels (the null class
+// num_classes means "unconditional"). features / lengths: [B, Tc, Dc] float
+// condition features and [B] int64 valid tokens per sample (a model with
+// cond_dim > 0; length 0 is the null condition); undefined otherwise.
+struct Condition {
+  at::Tensor labels;
+  at::Tensor features;
+  at::Tensor lengths;
+};
+
+class DiffusionModel : public nn::Module {
+ public:
+  // x [B, C, H, W], t [B] float (timestep units) -> [B, out, H, W].
+  virtual at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const Condition& cond,
+                             const DiTExecution& exec = {}) const = 0;
+  virtual const DiTConfig& config() const = 0;
+  // Whether exec.fused_kernels changes anything (DiT's fused ops).
+  virtual bool has_fused_path() const { return false; }
+};
+
+// The model cfg.family names, built as build_model builds a DiT: on
+// `device`, drawn from that device's generator seeded with `seed`,
+// trainable tensors requiring gradients.
+std::unique_ptr<DiffusionModel> build_diffusion_model(const DiTConfig& cfg, uint64_t seed, const at::Device& device);
+// On the CPU in float32 (e.g. to load weights into).
+std::unique_ptr<DiffusionModel> make_diffusion_model(const DiTConfig& cfg, uint64_t seed);
+
+struct DiffusionModelAndEma {
+  std::unique_ptr<DiffusionModel> model, ema;  // the same initial weights; the EMA takes no gradients
+};
+DiffusionModelAndEma build_diffusion_model_and_ema(const DiTConfig& cfg, uint64_t seed, const at::Device& device);
+
+}  // namespace perftrain::models

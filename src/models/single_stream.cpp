@@ -1,0 +1,194 @@
+#include "models/single_stream.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Generator.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/tanh.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
+
+#include <array>
+#include <optional>
+#include <vector>
+
+#include "base/error.h"
+#include "nn/rotary.h"
+#include "ops/recompute.h"
+
+namespace perftrain::models {
+namespace {
+
+void zero_weight(at::Tensor& w) {
+  at::NoGradGuard no_grad;
+  w.zero_();
+}
+
+at::Generator seeded(uint64_t seed, const at::Device& device = at::kCPU) {
+  if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Generator gen = at::globalContext().defaultGenerator(device).clone();
+  gen.set_current_seed(seed);
+  return gen;
+}
+
+}  // namespace
+
+SingleStreamAttention::SingleStreamAttention(int64_t hidden, int64_t heads, at::Generator& gen)
+    : qkv(hidden, 3 * hidden, gen, false),
+      q_norm(hidden / heads, gen),
+      k_norm(hidden / heads, gen),
+      proj(hidden, hidden, gen, false),
+      heads_(heads) {
+  register_module("qkv", &qkv);
+  register_module("q_norm", &q_norm);
+  register_module("k_norm", &k_norm);
+  register_module("proj", &proj);
+}
+
+at::Tensor SingleStreamAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                          const at::Tensor& mask) const {
+  const int64_t B = x.size(0), T = x.size(1), D = x.size(2), hd = D / heads_;
+  const auto parts = qkv.forward(x).view({B, T, 3, heads_, hd}).permute({2, 0, 3, 1, 4}).unbind(0);  // [B, H, T, hd]
+  const at::Tensor q = nn::apply_rope(q_norm.forward(parts[0]), cos, sin);
+  const at::Tensor k = nn::apply_rope(k_norm.forward(parts[1]), cos, sin);
+  const std::optional<at::Tensor> m = mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
+  const at::Tensor o = at::scaled_dot_product_attention(q, k, parts[2], m);  // [B, H, T, hd]
+  return proj.forward(o.transpose(1, 2).reshape({B, T, D}));
+}
+
+SingleStreamBlock::SingleStreamBlock(const DiTConfig& cfg, at::Generator& gen)
+    : attn_norm(cfg.hidden, gen),
+      attn(cfg.hidden, cfg.heads, gen),
+      attn_post_norm(cfg.hidden, gen),
+      ffn_norm(cfg.hidden, gen),
+      ffn(cfg.hidden, cfg.mlp_hidden(), gen),
+      ffn_post_norm(cfg.hidden, gen),
+      adaLN_modulation(cfg.hidden, 4 * cfg.hidden, gen, false) {
+  zero_weight(adaLN_modulation.weight);
+  register_module("attn_norm", &attn_norm);
+  register_module("attn", &attn);
+  register_module("attn_post_norm", &attn_post_norm);
+  register_module("ffn_norm", &ffn_norm);
+  register_module("ffn", &ffn);
+  register_module("ffn_post_norm", &ffn_post_norm);
+  register_module("adaLN_modulation", &adaLN_modulation);
+}
+
+at::Tensor SingleStreamBlock::forward(const at::Tensor& x, const at::Tensor& silu_c, const at::Tensor& cos,
+                                      const at::Tensor& sin, const at::Tensor& mask) const {
+  const auto mod = adaLN_modulation.forward(silu_c).chunk(4, 1);  // scale, gate (attention); scale, gate (FFN)
+  at::Tensor h = attn_norm.forward(x) * (1 + mod[0].unsqueeze(1));
+  const at::Tensor x1 = x + at::tanh(mod[1]).unsqueeze(1) * attn_post_norm.forward(attn.forward(h, cos, sin, mask));
+  h = ffn_norm.forward(x1) * (1 + mod[2].unsqueeze(1));
+  return x1 + at::tanh(mod[3]).unsqueeze(1) * ffn_post_norm.forward(ffn.forward(h));
+}
+
+SingleStreamFinalLayer::SingleStreamFinalLayer(const DiTConfig& cfg, at::Generator& gen)
+    : adaLN_modulation(cfg.hidden, cfg.hidden, gen, false),
+      linear(cfg.hidden, cfg.patch * cfg.patch * cfg.out_channels(), gen, false) {
+  zero_weight(adaLN_modulation.weight);
+  zero_weight(linear.weight);
+  register_module("adaLN_modulation", &adaLN_modulation);
+  register_module("linear", &linear);
+}
+
+at::Tensor SingleStreamFinalLayer::forward(const at::Tensor& x, const at::Tensor& silu_c) const {
+  const at::Tensor scale = adaLN_modulation.forward(silu_c).unsqueeze(1);
+  return linear.forward(nn::rms_norm(x, at::Tensor()) * (1 + scale));
+}
+
+ConditionEmbedder::ConditionEmbedder(int64_t cond_dim, int64_t hidden, at::Generator& gen)
+    : norm(cond_dim, gen), linear(cond_dim, hidden, gen, false) {
+  register_module("norm", &norm);
+  register_module("linear", &linear);
+}
+
+at::Tensor ConditionEmbedder::forward(const at::Tensor& features) const {
+  return linear.forward(norm.forward(features));
+}
+
+SingleStreamDiT::SingleStreamDiT(const DiTConfig& cfg, uint64_t seed)
+    : SingleStreamDiT((cfg.validate(), cfg), seeded(seed)) {}
+
+SingleStreamDiT::SingleStreamDiT(const DiTConfig& cfg, uint64_t seed, const at::Device& device)
+    : SingleStreamDiT((cfg.validate(), cfg), seeded(seed, device)) {}
+
+SingleStreamDiT::SingleStreamDiT(const DiTConfig& cfg, at::Generator gen)
+    : cfg_(cfg),
+      x_embedder(cfg.in_channels * cfg.patch * cfg.patch, cfg.hidden, gen, false),
+      t_embedder(cfg.hidden, gen, /*bias=*/false),
+      final_layer(cfg, gen) {
+  if (!cfg.single_stream()) throw UsageError("model " + cfg.name + ": family '" + cfg.family + "' is not single-stream");
+  if (cfg.cond_dim > 0)
+    cond_embedder = std::make_unique<ConditionEmbedder>(cfg.cond_dim, cfg.hidden, gen);
+  else
+    y_embedder = std::make_unique<nn::LabelEmbedder>(cfg.num_classes, cfg.cond_tokens * cfg.hidden,
+                                                     cfg.class_dropout > 0, gen);
+  for (int64_t i = 0; i < cfg.depth; ++i) blocks.add(std::make_unique<SingleStreamBlock>(cfg, gen));
+  register_module("x_embedder", &x_embedder);
+  register_module("t_embedder", &t_embedder);
+  if (y_embedder) register_module("y_embedder", y_embedder.get());
+  if (cond_embedder) register_module("cond_embedder", cond_embedder.get());
+  register_module("blocks", &blocks);
+  register_module("final_layer", &final_layer);
+
+  std::vector<std::array<int64_t, 3>> positions;
+  const int64_t Tc = cfg.cond_tokens, g = cfg.image_size / cfg.patch;
+  for (int64_t i = 0; i < Tc; ++i) positions.push_back({i, 0, 0});
+  for (int64_t r = 0; r < g; ++r)
+    for (int64_t c = 0; c < g; ++c) positions.push_back({Tc, r, c});
+  std::tie(rope_cos, rope_sin) = nn::rope_tables(positions, cfg.hidden / cfg.heads);
+  rope_cos = rope_cos.to(gen.device());
+  rope_sin = rope_sin.to(gen.device());
+}
+
+std::pair<at::Tensor, at::Tensor> SingleStreamDiT::condition_tokens(const Condition& cond, int64_t batch) const {
+  const int64_t Tc = cfg_.cond_tokens, D = cfg_.hidden;
+  if (y_embedder) {
+    if (!cond.labels.defined()) throw RuntimeError("model " + cfg_.name + " is class-conditional: no labels given");
+    return {y_embedder->forward(cond.labels).view({batch, Tc, D}), at::Tensor()};
+  }
+  const at::Tensor& f = cond.features;
+  if (!f.defined() || f.dim() != 3 || f.size(0) != batch || f.size(1) != Tc || f.size(2) != cfg_.cond_dim)
+    throw RuntimeError("model " + cfg_.name + " takes condition features [" + std::to_string(batch) + ", " +
+                       std::to_string(Tc) + ", " + std::to_string(cfg_.cond_dim) + "]" +
+                       (f.defined() ? ", given " + c10::str(f.sizes()) : ", given none"));
+  if (!cond.lengths.defined()) return {cond_embedder->forward(f), at::Tensor()};
+  // Keys: condition token j counts when j < length; image tokens always.
+  const at::Tensor idx = at::arange(Tc + cfg_.tokens(), cond.lengths.options().dtype(at::kLong));
+  const at::Tensor lengths = cond.lengths.to(at::kLong).unsqueeze(1);
+  const at::Tensor valid = (idx.unsqueeze(0) < lengths) | (idx >= Tc).unsqueeze(0);  // [B, Tc + T]
+  // Padding zeroed, so that whatever the data held there (even NaN) cannot
+  // reach the masked-out keys' zero weights.
+  const at::Tensor features = at::where(valid.narrow(1, 0, Tc).unsqueeze(2), f, at::zeros_like(f));
+  return {cond_embedder->forward(features), valid.view({batch, 1, 1, Tc + cfg_.tokens()})};
+}
+
+at::Tensor SingleStreamDiT::forward(const at::Tensor& x, const at::Tensor& t, const Condition& cond,
+                                    const DiTExecution& exec) const {
+  const int64_t B = x.size(0), C = x.size(1), p = cfg_.patch, g = cfg_.image_size / p, Tc = cfg_.cond_tokens;
+  const at::Tensor silu_c = at::silu(t_embedder.forward(t));  // [B, D]
+  const at::Tensor patches = x.reshape({B, C, g, p, g, p}).permute({0, 2, 4, 1, 3, 5}).reshape({B, g * g, C * p * p});
+  const at::Tensor img = x_embedder.forward(patches);  // [B, T, D]
+  auto [ctok, mask] = condition_tokens(cond, B);
+  at::Tensor h = at::cat({ctok.to(img.scalar_type()), img}, 1);  // [B, Tc + T, D]
+  const at::Tensor cos = rope_cos.to(x.device()), sin = rope_sin.to(x.device());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const SingleStreamBlock& block = blocks[i];
+    // With recompute, backward calls fn again after forward has returned:
+    // everything it reads is captured by value.
+    auto fn = [&block, cos, sin, mask = mask](const at::Tensor& xx, const at::Tensor& c) {
+      return block.forward(xx, c, cos, sin, mask);
+    };
+    h = exec.recompute ? ops::recompute(fn, h, silu_c) : fn(h, silu_c);
+  }
+  const at::Tensor out = final_layer.forward(h.narrow(1, Tc, g * g), silu_c);  // [B, T, p*p*out]
+  const int64_t c = cfg_.out_channels();
+  return out.reshape({B, g, g, p, p, c}).permute({0, 5, 1, 3, 2, 4}).reshape({B, c, g * p, g * p});
+}
+
+}  // namespace perftrain::models
