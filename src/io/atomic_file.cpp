@@ -92,13 +92,36 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
   f = nullptr;
   if (rc != 0) fail("close: " + errno_text());
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename: " + errno_text());
-  // Best effort: some filesystems refuse fsync on a directory; the file is
-  // complete either way.
-  const int dfd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  sync_directory(parent_dir(path));
+}
+
+void sync_directory(const std::string& dir) {
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+bool is_atomic_temp_name(const std::string& name) {
+  // "." + base + ".tmp." + three dot-separated numbers
+  if (name.size() < 2 || name[0] != '.') return false;
+  const size_t tmp = name.rfind(".tmp.");
+  if (tmp == std::string::npos || tmp == 0) return false;
+  int numbers = 0;
+  bool digit = false;
+  for (size_t i = tmp + 5; i <= name.size(); ++i) {
+    if (i == name.size() || name[i] == '.') {
+      if (!digit) return false;
+      ++numbers;
+      digit = false;
+    } else if (name[i] >= '0' && name[i] <= '9') {
+      digit = true;
+    } else {
+      return false;
+    }
+  }
+  return numbers == 3;
 }
 
 void write_text_atomic(const std::string& path, const std::string& text) {

@@ -20,6 +20,16 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
 
 void write_text_atomic(const std::string& path, const std::string& text);
 
+// fsyncs a directory, so that the entries just created, renamed or removed in
+// it survive a power loss. Best effort: some filesystems refuse fsync on a
+// directory, and the entries are complete either way.
+void sync_directory(const std::string& dir);
+
+// Whether a file name is one of write_file_atomic's temporary files
+// (".<name>.tmp.<pid>.<n>.<attempt>"): what an interrupted write leaves, for
+// cleaning up by whoever owns the directory.
+bool is_atomic_temp_name(const std::string& name);
+
 // fwrite that throws RuntimeError naming `path` on a short write.
 void write_bytes(std::FILE* f, const void* data, size_t size, const std::string& path);
 

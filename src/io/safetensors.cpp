@@ -1,5 +1,6 @@
 #include "io/safetensors.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/from_blob.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/crc32c.h"
 #include "base/error.h"
 #include "io/atomic_file.h"
 
@@ -137,6 +139,21 @@ bool as_count(const nlohmann::ordered_json& v, int64_t* out) {
   return false;
 }
 
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+// The CRC32C of each buffer, computed in parallel (checkpoints hold gigabytes).
+std::vector<uint32_t> crcs_of(const std::vector<std::pair<const void*, size_t>>& buffers) {
+  std::vector<uint32_t> out(buffers.size(), 0);
+  at::parallel_for(0, static_cast<int64_t>(buffers.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = base::crc32c(buffers[i].first, buffers[i].second);
+  });
+  return out;
+}
+
 }  // namespace
 
 std::string safetensors_dtype_name(at::ScalarType type) {
@@ -241,6 +258,46 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   return file;
 }
 
+size_t SafetensorsFile::verify_checksums() const {
+  const auto it = metadata_.find(kChecksumKey);
+  if (it == metadata_.end()) return 0;
+  nlohmann::json record;
+  try {
+    record = nlohmann::json::parse(it->second);
+  } catch (const nlohmann::json::parse_error&) {
+    corrupt(path_, std::string("the checksum record (__metadata__ ") + kChecksumKey + ") does not parse");
+  }
+  if (!record.is_object()) corrupt(path_, std::string("the checksum record (") + kChecksumKey + ") is not an object");
+  std::vector<std::pair<const void*, size_t>> buffers;
+  std::vector<uint32_t> expected;
+  for (const auto& [name, e] : entries_) {
+    const auto r = record.find(name);
+    uint32_t want = 0;
+    if (r == record.end() || !r->is_string() || r->get<std::string>().size() != 8 ||
+        std::sscanf(r->get<std::string>().c_str(), "%8x", &want) != 1) {
+      throw RuntimeError(path_ + ": tensor '" + name + "' has no valid CRC32C in the checksum record (" +
+                         kChecksumKey + "); the file's header is corrupt");
+    }
+    expected.push_back(want);
+    buffers.emplace_back(mapping_->bytes() + data_start_ + e.begin, static_cast<size_t>(e.end - e.begin));
+  }
+  if (record.size() != entries_.size()) {
+    for (const auto& [name, v] : record.items()) {
+      if (!contains(name))
+        throw RuntimeError(path_ + ": the checksum record names tensor '" + name +
+                           "', which the file does not hold; the file's header is corrupt");
+    }
+  }
+  const std::vector<uint32_t> got = crcs_of(buffers);
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (got[i] != expected[i])
+      throw RuntimeError(path_ + ": tensor '" + entries_[i].first + "' is corrupt: its data's CRC32C is " +
+                         hex32(got[i]) + " but the file records " + hex32(expected[i]) +
+                         " (the file changed after it was written)");
+  }
+  return entries_.size();
+}
+
 std::vector<std::string> SafetensorsFile::names() const {
   std::vector<std::string> out;
   out.reserve(entries_.size());
@@ -271,16 +328,14 @@ at::Tensor SafetensorsFile::get(const std::string& name) const {
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata, SaveOptions options) {
   // Validate and bring everything to contiguous CPU memory before touching disk.
   std::vector<at::Tensor> cpu;
   std::set<std::string> seen;
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) meta[k] = v;
-    header["__metadata__"] = meta;
-  }
+  if (options.checksums && metadata.count(kChecksumKey))
+    throw UsageError("cannot write " + path + ": metadata key " + kChecksumKey + " is reserved for the checksums");
+  if (!metadata.empty() || options.checksums) header["__metadata__"] = nlohmann::ordered_json::object();
   int64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     if (name == "__metadata__" || !seen.insert(name).second) {
@@ -297,6 +352,19 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     header[name] = {{"dtype", dtype}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
     cpu.push_back(std::move(t));
+  }
+  if (!metadata.empty() || options.checksums) {
+    nlohmann::ordered_json& meta = header["__metadata__"];
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    if (options.checksums) {
+      // Computed from the very bytes that are written next (the CPU copies).
+      std::vector<std::pair<const void*, size_t>> buffers;
+      for (const auto& t : cpu) buffers.emplace_back(t.data_ptr(), t.nbytes());
+      const std::vector<uint32_t> crc = crcs_of(buffers);
+      nlohmann::ordered_json record = nlohmann::ordered_json::object();
+      for (size_t i = 0; i < cpu.size(); ++i) record[tensors[i].first] = hex32(crc[i]);
+      meta[kChecksumKey] = record.dump();
+    }
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned

@@ -6,6 +6,11 @@
 // tensor is a zero-copy view that keeps the mapping alive; writing goes to a
 // temporary file that is fsync'ed and renamed, so a crash never leaves a
 // half-written file under the final name.
+// Integrity: a writer may record the CRC32C of each tensor's bytes in the
+// metadata under kChecksumKey, as one string (metadata values are strings, so
+// PyTorch's safetensors and facebookresearch/DiT still load the file):
+//   "perftrain.crc32c": "{\"name\":\"1a2b3c4d\",...}"
+// Files from other tools carry none and load as before.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,6 +24,8 @@
 namespace perftrain::io {
 
 struct Mapping;  // the memory-mapped file
+
+inline constexpr const char* kChecksumKey = "perftrain.crc32c";
 
 class SafetensorsFile {
  public:
@@ -35,6 +42,14 @@ class SafetensorsFile {
   // Throws RuntimeError naming the file and tensor when the name is absent.
   at::Tensor get(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // Whether the file records per-tensor CRC32Cs (kChecksumKey).
+  bool has_checksums() const { return metadata_.count(kChecksumKey) != 0; }
+  // Reads every tensor's bytes and compares their CRC32C with the record;
+  // throws RuntimeError naming the file and the first corrupt tensor in data
+  // order (or a record that does not match the tensors). Returns the number of
+  // tensors checked; 0 and no reading for a file without checksums.
+  size_t verify_checksums() const;
 
  private:
   struct Entry {
@@ -55,9 +70,13 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // (<torch name>)", for messages that speak the file format's language.
 std::string safetensors_dtype_name(at::ScalarType type);
 
+struct SaveOptions {
+  bool checksums = false;  // record each tensor's CRC32C (kChecksumKey)
+};
+
 // Writes tensors (any device; copied to CPU, made contiguous) atomically.
 // Supported dtypes: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {}, SaveOptions options = {});
 
 }  // namespace perftrain::io

@@ -360,7 +360,9 @@ void TrainConfig::validate() const {
   require(health.vanish_norm >= 0, "health.vanish_norm must be >= 0");
   require(health.explode_factor > 1, "health.explode_factor must be > 1 (a spike is this many times the median)");
   require(!run.dir.empty(), "run.dir must not be empty");
-  require(run.name.find('/') == std::string::npos, "run.name must not contain '/'");
+  require(run.name.find('/') == std::string::npos && run.name != "." && run.name != "..",
+          "run.name (--run-name) must be one directory name under run.dir: no '/', not '.' or '..' "
+          "(empty: <model>-<data>-<date>)");
 }
 
 std::string TrainConfig::to_toml() const {

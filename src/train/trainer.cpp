@@ -113,8 +113,11 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     if (cfg.run.name.empty()) cfg.run.name = default_run_name(cfg);
     run_path = cfg.run.dir + "/" + cfg.run.name;
   }
-  RunDirectory run(run_path, !resume_dir.empty());
-  io::write_text_atomic(run.file("config.toml"), cfg.to_toml());
+  // Under the run's lock from here on; config.toml and metrics.jsonl are only
+  // written once the checkpoint has loaded (run.start), so that a failed
+  // resume leaves the run as it was.
+  RunDirectory run(run_path, !resume_dir.empty(), log);
+  if (!resume_dir.empty()) resume_dir = resolve_checkpoint_dir(opts.resume);  // latest, read under the lock
 
   auto built = models::build_model_and_ema(cfg.model, cfg.optim.seed, device);
   models::DiT& model = *built.model;
@@ -147,6 +150,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
                                  (cfg.speed.recompute ? ", recompute" : "") +
                                  (cfg.speed.gelu_recompute ? ", GELU recomputed in backward" : "") +
                                  (cfg.speed.attention == "cudnn" ? ", cuDNN attention" : "") +
+  run.start(cfg.to_toml(), resume_dir.empty() ? -1 : state.step);
                                  (runner.weight_grad_stream() ? ", weight gradients on a second stream" : "")
                            : std::string())
       << "\n"
@@ -187,6 +191,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   };
 
   std::string graph_status;
+    run.keep();
   bool tuning_logged = false;
   while (state.step < cfg.optim.steps) {
     const int64_t step = state.step + 1;
