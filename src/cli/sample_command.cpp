@@ -36,7 +36,7 @@ void run(const SampleArgs& a) {
   if (a.device == "cuda" && !compat::cuda_available()) throw UsageError("--device cuda but no CUDA GPU is visible");
   const at::Device device = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
 
-  cfg.model.validate();
+  cfg.validate();  // every value of the metadata, as a resume checks it
   models::DiT model(cfg.model, 0);
   train::load_weights(path, model);
   model.transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
@@ -69,7 +69,7 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--steps", a->steps, "sampler steps")->check(CLI::PositiveNumber)->default_str("the run's");
   cmd->add_option("--cfg-scale", a->cfg_scale, "guidance scale")->check(CLI::NonNegativeNumber)->default_str("the run's");
   cmd->add_option("--seed", a->seed, "noise seed");
-  cmd->add_option("--device", a->device, "auto | cpu | cuda");
+  cmd->add_option("--device", a->device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->callback([a] { run(*a); });
 }
 

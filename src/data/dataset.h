@@ -40,7 +40,8 @@ std::unique_ptr<Dataset> open_fashion_mnist(const std::string& dir, bool train =
 
 // Pre-extracted latents: one .safetensors file or a directory of them, each
 // holding "latents" [N, C, H, W] (F32, F16 or BF16) and "labels" [N] (any
-// integer type); memory-mapped, not loaded.
+// integer type); read per sample with pread, not loaded (a NaN or inf in a sample
+// is a data error naming the file and the sample).
 std::unique_ptr<Dataset> open_latent_shards(const std::string& path);
 
 // Deterministic random latents (for benchmarks and tests): sample i depends

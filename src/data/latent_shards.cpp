@@ -1,6 +1,9 @@
 // Latents extracted ahead of training (e.g. by a VAE), stored as safetensors
-// shards. The latents stay memory-mapped (the page cache holds what fits);
-// only the labels are copied, to check them once at open.
+// shards. Each batch reads its samples with pread (data::SampleReader; the
+// page cache holds what fits), not through the mapping, so that a shard
+// truncated under a running trainer is a RuntimeError, not SIGBUS, and a NaN
+// or inf in a sample is a data error naming the file and the sample. Only the
+// labels are copied, to check them once at open.
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -14,6 +17,7 @@
 
 #include "base/error.h"
 #include "data/dataset.h"
+#include "data/sample_reader.h"
 #include "io/safetensors.h"
 
 namespace perftrain::data {
@@ -24,6 +28,7 @@ struct Shard {
   at::Tensor latents;  // view of the mapping, [n, C, H, W]
   std::vector<int64_t> labels;
   int64_t start = 0;  // index of its first sample in the dataset
+  SampleReader latents_in{}, cond_in{};  // what the batches read (cond_in: when there are cond features)
 };
 
 std::string shape_text(at::IntArrayRef sizes) { return c10::str(sizes); }
@@ -122,6 +127,7 @@ class LatentShards final : public Dataset {
                              std::to_string(*n));
         }
       }
+      s.latents_in = SampleReader::open(s.file, "latents");
       size_ += s.latents.size(0);
       shards_.push_back(std::move(s));
     }
@@ -139,32 +145,15 @@ class LatentShards final : public Dataset {
 
  protected:
   int64_t read(int64_t i, float* out) const override {
-    const int64_t numel = shape_[0] * shape_[1] * shape_[2];
     // The last shard that starts at or before i.
     const auto it = std::upper_bound(shards_.begin(), shards_.end(), i,
                                      [](int64_t v, const Shard& s) { return v < s.start; }) - 1;
     const int64_t j = i - it->start;
-    const void* src = static_cast<const char*>(it->latents.data_ptr()) + j * numel * it->latents.element_size();
-    switch (it->latents.scalar_type()) {
-      case at::kFloat:
-        std::memcpy(out, src, numel * sizeof(float));
-        break;
-      case at::kHalf:
-        convert(static_cast<const c10::Half*>(src), numel, out);
-        break;
-      default:
-        convert(static_cast<const c10::BFloat16*>(src), numel, out);
-        break;
-    }
+    it->latents_in.read(j, out);
     return it->labels[j];
   }
 
  private:
-  template <typename T>
-  static void convert(const T* src, int64_t n, float* out) {
-    for (int64_t e = 0; e < n; ++e) out[e] = static_cast<float>(src[e]);
-  }
-
   std::string path_;
   std::vector<Shard> shards_;
   std::array<int64_t, 3> shape_{};
