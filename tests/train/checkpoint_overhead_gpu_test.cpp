@@ -84,7 +84,7 @@ TEST(CheckpointOverheadGpu, DISABLED_DiTXL2SaveWithAndWithoutChecksums) {
   // The checksums alone, over CPU copies of the same bytes.
   double crc = 0;
   volatile uint32_t sink = 0;
-  for (const auto* set : {&weights, &ema, &moments}) {
+  for (const io::NamedTensors* set : std::initializer_list<const io::NamedTensors*>{&weights, &ema, &moments}) {
     for (const auto& [n, t] : *set) {
       const at::Tensor c = t.to(at::kCPU);
       crc += seconds([&] { sink = sink ^ base::crc32c(c.data_ptr(), c.nbytes()); });
