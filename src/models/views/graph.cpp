@@ -1,0 +1,597 @@
+#include "models/views/graph.h"
+
+#include <ATen/SequenceNumber.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/dynamo/compiled_autograd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "base/error.h"
+
+namespace perftrain::models::views {
+namespace {
+
+using torch::autograd::Node;
+
+struct TreeNode {
+  const nn::Module* module;
+  std::string name;
+  int parent;
+  std::vector<int> children;
+  bool ran = false;
+  int display_depth = 0;  // modules that ran above it (lists that never run do not count)
+  // Roll-up: which group this node heads or belongs to (-1: none), its index in it.
+  int group = -1;
+  int member = 0;
+};
+
+struct Group {
+  std::string label;  // "blocks.0..27"
+  std::string range;  // "0..27"
+  int count;
+};
+
+struct Call {
+  int node;
+  int enclosing = -1;  // the call that was running when this one began
+  uint64_t seq_begin = 0, seq_end = 0;
+  std::vector<at::Tensor> inputs;
+  at::Tensor output;
+};
+
+std::string dot_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"') out += '\\';  // labels keep their \n line breaks
+    out += c;
+  }
+  return out;
+}
+
+std::string shape_text(at::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string count_text(int64_t n) {
+  char buf[32];
+  if (n >= 1000000) std::snprintf(buf, sizeof buf, "%.2f M", n / 1e6);
+  else if (n >= 1000) std::snprintf(buf, sizeof buf, "%.1f k", n / 1e3);
+  else std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
+  return buf;
+}
+
+bool is_index(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// The model's tree, the roll-up groups and the calls of one forward.
+class Recording {
+ public:
+  Recording(const nn::Module& model, const std::function<at::Tensor()>& forward, bool roll_up) {
+    walk(model, "", -1);
+    if (roll_up) find_groups();
+    std::vector<size_t> open;
+    auto pre = model.add_forward_pre_hook([&](const std::string& name, const nn::Module&, at::TensorList in) {
+      Call c;
+      c.node = index.at(name);
+      c.seq_begin = at::sequence_number::peek();
+      c.inputs.assign(in.begin(), in.end());
+      c.enclosing = open.empty() ? -1 : static_cast<int>(open.back());
+      open.push_back(calls.size());
+      calls.push_back(std::move(c));
+    });
+    auto post = model.add_forward_hook([&](const std::string&, const nn::Module&, at::TensorList, at::TensorList out) {
+      Call& c = calls[open.back()];
+      open.pop_back();
+      c.seq_end = at::sequence_number::peek();
+      if (!out.empty()) c.output = out[0];
+    });
+    result = forward();
+    for (const Call& c : calls) nodes[c.node].ran = true;
+    set_display_depth(0, 0);
+  }
+
+  // The name as drawn: each rolled member replaced by its group's label.
+  std::string display_name(int i) const {
+    std::vector<int> chain;
+    for (int k = i; k >= 0; k = nodes[k].parent) chain.push_back(k);
+    std::string name;
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      const TreeNode& n = nodes[*it];
+      if (n.parent < 0) continue;
+      const std::string leaf = n.name.substr(n.name.rfind('.') == std::string::npos ? 0 : n.name.rfind('.') + 1);
+      const std::string part = n.group >= 0 ? groups[n.group].range : leaf;
+      name += (name.empty() ? "" : ".") + part;
+    }
+    return name;
+  }
+  // Whether the node is (inside) a rolled member other than the first.
+  bool hidden(int i) const {
+    for (int k = i; k >= 0; k = nodes[k].parent) {
+      if (nodes[k].group >= 0 && nodes[k].member > 0) return true;
+    }
+    return false;
+  }
+  // The outermost rolled group above (or at) i with its member index, or (-1, 0).
+  std::pair<int, int> outer_group(int i) const {
+    std::pair<int, int> g{-1, 0};
+    for (int k = i; k >= 0; k = nodes[k].parent) {
+      if (nodes[k].group >= 0) g = {nodes[k].group, nodes[k].member};
+    }
+    return g;
+  }
+  // The ancestor (or self) drawn at the given depth for a node deeper than it.
+  int at_depth(int i, int depth) const {
+    while (nodes[i].parent >= 0 && (!nodes[i].ran || nodes[i].display_depth > depth)) i = nodes[i].parent;
+    return i;
+  }
+  std::vector<int> ran_children(int i) const {
+    std::vector<int> out;
+    for (int c : nodes[i].children) {
+      if (nodes[c].ran) out.push_back(c);
+      else for (int g : ran_children(c)) out.push_back(g);
+    }
+    return out;
+  }
+  std::string label_of(int i) const {
+    const TreeNode& n = nodes[i];
+    std::string label = n.parent < 0 ? n.module->type_name() : display_name(i) + " (" + n.module->type_name() + ")";
+    if (n.group >= 0) label += " x" + std::to_string(groups[n.group].count);
+    return label;
+  }
+
+  std::vector<TreeNode> nodes;
+  std::vector<Group> groups;
+  std::map<std::string, int> index;
+  std::vector<Call> calls;
+  at::Tensor result;
+
+ private:
+  void walk(const nn::Module& m, const std::string& name, int parent) {
+    const int i = static_cast<int>(nodes.size());
+    nodes.push_back({&m, name, parent, {}});
+    index[name] = i;
+    if (parent >= 0) nodes[parent].children.push_back(i);
+    for (const auto& [child_name, child] : m.named_children())
+      walk(*child, name.empty() ? child_name : name + "." + child_name, i);
+  }
+  std::string signature(int i) const {
+    std::string s = nodes[i].module->type_name() + "(";
+    for (const auto& [n, t, trainable] : nodes[i].module->own_tensors())
+      s += n + (t.defined() ? shape_text(t.sizes()) : "-") + ";";
+    for (int c : nodes[i].children) s += nodes[c].name.substr(nodes[c].name.rfind('.') + 1) + ":" + signature(c) + ";";
+    return s + ")";
+  }
+  void find_groups() {
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const auto& ch = nodes[i].children;
+      size_t a = 0;
+      while (a < ch.size()) {
+        const std::string leaf_a = nodes[ch[a]].name.substr(nodes[ch[a]].name.rfind('.') + 1);
+        size_t b = a + 1;
+        if (is_index(leaf_a)) {
+          const std::string sig = signature(ch[a]);
+          while (b < ch.size() && is_index(nodes[ch[b]].name.substr(nodes[ch[b]].name.rfind('.') + 1)) &&
+                 signature(ch[b]) == sig)
+            ++b;
+        }
+        if (b - a >= 2) {
+          const std::string& first = nodes[ch[a]].name;
+          const std::string last = nodes[ch[b - 1]].name.substr(nodes[ch[b - 1]].name.rfind('.') + 1);
+          groups.push_back({first + ".." + last, leaf_a + ".." + last, static_cast<int>(b - a)});
+          for (size_t k = a; k < b; ++k) {
+            nodes[ch[k]].group = static_cast<int>(groups.size()) - 1;
+            nodes[ch[k]].member = static_cast<int>(k - a);
+          }
+        }
+        a = b;
+      }
+    }
+  }
+  void set_display_depth(int i, int depth) {
+    nodes[i].display_depth = depth;
+    for (int c : nodes[i].children) set_display_depth(c, nodes[i].ran ? depth + 1 : depth);
+  }
+};
+
+std::string graph_header(const GraphOptions& o) {
+  std::string s = "digraph G {\n  graph [rankdir=TB, fontname=\"Helvetica\", fontsize=11, compound=true";
+  if (!o.title.empty()) s += ", label=\"" + dot_escape(o.title) + "\", labelloc=t";
+  return s + "];\n  node [fontname=\"Helvetica\", fontsize=10];\n  edge [fontname=\"Helvetica\", fontsize=9];\n";
+}
+
+// The tensors a backward node saved, through the node's compiled-autograd
+// description of itself (what torch.compile's backward reads); nodes that
+// cannot describe themselves give nullopt.
+std::optional<std::vector<at::Tensor>> saved_tensors(const std::shared_ptr<Node>& fn) {
+  try {
+    torch::dynamo::autograd::AutogradCompilerCall compiler(torch::dynamo::autograd::SizeInput::STATIC);
+    torch::dynamo::autograd::NodeCall call(0, fn);
+    torch::dynamo::autograd::CompiledNodeArgs args(compiler, call);
+    fn->compiled_args(args);
+    return compiler.tensor_args.inputs;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::string module_graph_dot(const nn::Module& model, const std::function<at::Tensor()>& forward,
+                             const GraphOptions& o) {
+  Recording r(model, forward, o.roll_up);
+  const int depth = std::max(o.depth, 1);
+  // Units: drawn leaves (node index) and container outputs (-2 - node index);
+  // the model's inputs are -1000 - k.
+  auto is_leaf = [&](int i) {
+    const TreeNode& n = r.nodes[i];
+    return n.ran && n.parent >= 0 && (n.display_depth == depth || r.ran_children(i).empty());
+  };
+  auto is_container = [&](int i) {
+    const TreeNode& n = r.nodes[i];
+    return n.ran && (n.parent < 0 || (n.display_depth < depth && !r.ran_children(i).empty()));
+  };
+  std::unordered_map<const Node*, int> by_fn;
+  std::unordered_map<const c10::TensorImpl*, int> by_impl;
+  auto unit_of_call = [&](const Call& c) { return is_leaf(c.node) ? c.node : -2 - c.node; };
+  // Containers first, then leaves: an output that a container returns from a
+  // child belongs to the child.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const Call& c : r.calls) {
+      if (!(pass == 0 ? is_container(c.node) : is_leaf(c.node)) || !c.output.defined()) continue;
+      by_impl[c.output.unsafeGetTensorImpl()] = unit_of_call(c);
+      if (c.output.grad_fn()) by_fn[c.output.grad_fn().get()] = unit_of_call(c);
+    }
+  }
+  const Call* root_call = nullptr;
+  for (const Call& c : r.calls) {
+    if (c.node == 0) root_call = &c;
+  }
+  if (root_call == nullptr) throw RuntimeError("module graph: the model's forward did not run through its hooks");
+  for (size_t k = 0; k < root_call->inputs.size(); ++k) {
+    if (root_call->inputs[k].defined()) by_impl[root_call->inputs[k].unsafeGetTensorImpl()] = -1000 - static_cast<int>(k);
+  }
+  // Container outputs that are their own (not a child's) get a node.
+  std::set<int> own_output;
+  for (const Call& c : r.calls) {
+    if (is_container(c.node) && c.output.defined() && by_impl.at(c.output.unsafeGetTensorImpl()) == -2 - c.node)
+      own_output.insert(c.node);
+  }
+
+  // Producers of each unit's inputs, crossing the plain ops between modules.
+  struct EdgeInfo {
+    bool loop = false;
+  };
+  std::map<std::pair<std::string, std::string>, EdgeInfo> edges;
+  auto key_of = [&](int unit) -> std::string {
+    if (unit <= -1000) return "in" + std::to_string(-1000 - unit);
+    if (unit <= -2) return "out:" + r.display_name(-2 - unit);
+    return "m:" + r.display_name(unit);
+  };
+  auto node_of = [&](int unit) { return unit <= -1000 ? -1 : (unit <= -2 ? -2 - unit : unit); };
+  auto add_producers = [&](int consumer, const std::vector<at::Tensor>& starts, const Node* self,
+                           const std::vector<at::Tensor>* fallback) {
+    std::vector<int> found;
+    std::unordered_set<const Node*> seen;
+    std::vector<const Node*> todo;
+    for (const at::Tensor& t : starts) {
+      if (!t.defined()) continue;
+      auto it = by_impl.find(t.unsafeGetTensorImpl());
+      if (it != by_impl.end() && it->second != consumer) {
+        found.push_back(it->second);
+        continue;
+      }
+      if (t.grad_fn()) todo.push_back(t.grad_fn().get());
+    }
+    // Inputs made from nothing a module produced (t_embedder.mlp.0's sinusoid
+    // of t): drawn from what feeds the enclosing module instead.
+    auto search = [&] {
+    while (!todo.empty() && seen.size() < 100000) {
+      const Node* n = todo.back();
+      todo.pop_back();
+      if (!seen.insert(n).second) continue;
+      auto it = by_fn.find(n);
+      if (n != self && it != by_fn.end() && it->second != consumer) {
+        found.push_back(it->second);
+        continue;
+      }
+      for (const auto& e : n->next_edges()) {
+        if (e.function) todo.push_back(e.function.get());
+      }
+    }
+    };
+    search();
+    if (found.empty() && fallback != nullptr) {
+      for (const at::Tensor& t : *fallback) {
+        if (!t.defined()) continue;
+        auto it = by_impl.find(t.unsafeGetTensorImpl());
+        if (it != by_impl.end()) found.push_back(it->second);
+        else if (t.grad_fn()) todo.push_back(t.grad_fn().get());
+      }
+      search();
+    }
+    for (int p : found) {
+      const int pn = node_of(p), cn = node_of(consumer);
+      if (pn >= 0 && r.hidden(pn) && cn >= 0 && r.hidden(cn)) continue;  // drawn once, from the first member
+      EdgeInfo& e = edges[{key_of(p), key_of(consumer)}];
+      // Between two members of one rolled group: the edge into the next block.
+      if (pn >= 0 && cn >= 0) {
+        const auto gp = r.outer_group(pn), gc = r.outer_group(cn);
+        if (gp.first >= 0 && gp.first == gc.first && gp.second != gc.second) e.loop = true;
+      }
+    }
+  };
+  for (size_t k = 0; k < r.calls.size(); ++k) {
+    const Call& c = r.calls[k];
+    const std::vector<at::Tensor>* outer = c.enclosing >= 0 ? &r.calls[c.enclosing].inputs : nullptr;
+    if (is_leaf(c.node)) add_producers(c.node, c.inputs, nullptr, outer);
+    else if (own_output.count(c.node))
+      add_producers(-2 - c.node, {c.output}, c.output.grad_fn() ? c.output.grad_fn().get() : nullptr, nullptr);
+  }
+
+  // Drawing: clusters for containers, boxes for leaves, the model's inputs and output.
+  std::ostringstream o_;
+  o_ << graph_header(o);
+  std::map<std::string, std::string> ids;
+  auto id = [&](const std::string& key) {
+    auto it = ids.find(key);
+    if (it != ids.end()) return it->second;
+    return ids[key] = "n" + std::to_string(ids.size());
+  };
+  std::set<int> shapes_done;
+  auto first_call = [&](int node) -> const Call* {
+    for (const Call& c : r.calls) {
+      if (c.node == node) return &c;
+    }
+    return nullptr;
+  };
+  auto calls_of = [&](int node) {
+    int n = 0;
+    for (const Call& c : r.calls) n += c.node == node;
+    return n;
+  };
+  std::function<void(int, const std::string&)> emit = [&](int i, const std::string& indent) {
+    const TreeNode& n = r.nodes[i];
+    if (r.hidden(i)) return;
+    if (is_leaf(i)) {
+      const Call* c = first_call(i);
+      std::string label = r.label_of(i);
+      if (c && c->output.defined()) label += "\\n" + shape_text(c->output.sizes());
+      const int64_t params = n.module->parameter_count();
+      if (params > 0) label += "\\nparams " + count_text(params);
+      const int k = calls_of(i);
+      if (k > 1) label += "\\ncalled " + std::to_string(k) + "x";
+      o_ << indent << id("m:" + r.display_name(i)) << " [shape=box, style=\"rounded,filled\", fillcolor=\"#dde8f5\", label=\""
+         << dot_escape(label) << "\"];\n";
+      return;
+    }
+    const bool container = is_container(i);
+    std::string inner = indent;
+    if (container && n.parent >= 0) {
+      o_ << indent << "subgraph cluster_" << i << " {\n"
+         << indent << "  label=\"" << dot_escape(r.label_of(i)) << "\"; style=rounded; color=\"#8899aa\";\n";
+      inner += "  ";
+    }
+    if (container && own_output.count(i)) {
+      const Call* c = first_call(i);
+      std::string label = n.parent < 0 ? "output" : "output of " + r.display_name(i);
+      if (c && c->output.defined()) label += "\\n" + shape_text(c->output.sizes());
+      o_ << inner << id("out:" + r.display_name(i)) << " [shape=ellipse, style=filled, fillcolor=\"#f3f3f3\", label=\""
+         << dot_escape(label) << "\"];\n";
+    }
+    for (int ch : n.children) emit(ch, inner);
+    if (container && n.parent >= 0) o_ << indent << "}\n";
+  };
+  for (size_t k = 0; k < root_call->inputs.size(); ++k) {
+    const at::Tensor& t = root_call->inputs[k];
+    if (!t.defined()) continue;
+    o_ << "  " << id("in" + std::to_string(k)) << " [shape=note, label=\"input " << k << "\\n" << shape_text(t.sizes())
+       << " " << dot_escape(std::string(c10::toString(t.scalar_type()))) << "\"];\n";
+  }
+  emit(0, "  ");
+  for (const auto& [e, info] : edges) {
+    o_ << "  " << id(e.first) << " -> " << id(e.second);
+    if (info.loop) o_ << " [style=dashed, label=\"next block\"]";
+    o_ << ";\n";
+  }
+  o_ << "}\n";
+  return o_.str();
+}
+
+std::string autograd_graph_dot(const nn::Module& model, const std::function<at::Tensor()>& forward,
+                               const GraphOptions& o) {
+  Recording r(model, forward, o.roll_up);
+  const at::Tensor& loss = r.result;
+  if (!loss.defined() || !loss.grad_fn())
+    throw RuntimeError("autograd graph: the loss has no grad_fn (do the parameters require grad?)");
+  std::unordered_map<const c10::TensorImpl*, std::string> param_names;
+  for (const auto& [name, t] : model.state()) {
+    if (t.defined()) param_names[t.unsafeGetTensorImpl()] = name;
+  }
+  // Every backward node reachable from the loss.
+  std::vector<std::shared_ptr<Node>> order;
+  std::unordered_set<const Node*> seen;
+  std::vector<std::shared_ptr<Node>> todo{loss.grad_fn()};
+  while (!todo.empty()) {
+    auto n = todo.back();
+    todo.pop_back();
+    if (!seen.insert(n.get()).second) continue;
+    order.push_back(n);
+    for (const auto& e : n->next_edges()) {
+      if (e.function) todo.push_back(e.function);
+    }
+  }
+  // The module that made each node: the deepest call whose sequence range
+  // holds its number; a parameter's accumulator belongs to its module.
+  auto owner_of = [&](const Node* n) -> int {
+    if (auto* acc = dynamic_cast<const torch::autograd::AccumulateGrad*>(n)) {
+      auto it = param_names.find(acc->variable.unsafeGetTensorImpl());
+      if (it == param_names.end()) return 0;
+      std::string prefix = it->second;
+      while (true) {
+        const size_t dot = prefix.rfind('.');
+        if (dot == std::string::npos) return 0;
+        prefix = prefix.substr(0, dot);
+        auto m = r.index.find(prefix);
+        if (m != r.index.end()) return m->second;
+      }
+    }
+    const uint64_t seq = n->sequence_nr();
+    int best = 0;
+    size_t best_depth = 0;
+    for (const Call& c : r.calls) {
+      if (seq < c.seq_begin || seq >= c.seq_end) continue;
+      size_t d = 0;
+      for (int k = c.node; k > 0; k = r.nodes[k].parent) ++d;
+      if (d >= best_depth) {
+        best = c.node;
+        best_depth = d;
+      }
+    }
+    return best;
+  };
+  // What each node is drawn as: itself ("a<k>"), its module's box when the
+  // module is deeper than depth ("m:<name>"), or its group's box when it
+  // belongs to a rolled member after the first ("g:<group>").
+  std::unordered_map<const Node*, std::string> unit;
+  std::unordered_map<const Node*, int> owner;
+  std::map<std::string, int> box_nodes;       // box key -> nodes folded into it
+  std::map<int, std::vector<std::string>> in_module;  // tree node -> units drawn inside it
+  std::set<std::string> placed;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Node* n = order[k].get();
+    int m = owner_of(n);
+    owner[n] = m;
+    std::string key;
+    const auto g = r.outer_group(m);
+    if (r.hidden(m)) {
+      key = "g:" + std::to_string(g.first);
+      m = -1;  // drawn beside the group's first member
+    } else if (r.nodes[m].display_depth > o.depth) {
+      m = r.at_depth(m, o.depth);
+      key = "m:" + r.display_name(m);
+    } else {
+      key = "a" + std::to_string(k);
+    }
+    unit[n] = key;
+    ++box_nodes[key];
+    if (placed.insert(key).second) in_module[m].push_back(key);
+  }
+  std::ostringstream out;
+  out << graph_header(o);
+  std::map<std::string, std::string> labels;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Node* n = order[k].get();
+    const std::string& key = unit[n];
+    if (key[0] != 'a') continue;
+    std::string label = n->name(), style = "shape=box, style=filled, fillcolor=\"#f3f3f3\"";
+    if (auto* acc = dynamic_cast<const torch::autograd::AccumulateGrad*>(n)) {
+      auto it = param_names.find(acc->variable.unsafeGetTensorImpl());
+      label = (it != param_names.end() ? it->second : std::string("(tensor)")) + "\\n" + shape_text(acc->variable.sizes());
+      style = "shape=box, style=filled, fillcolor=\"#cfe3c8\"";
+    } else if (o.saved) {
+      auto saved = saved_tensors(order[k]);
+      if (!saved) label += "\\n(saved: not listed)";
+      else {
+        for (const at::Tensor& t : *saved) {
+          if (t.defined()) label += "\\nsaved " + shape_text(t.sizes());
+        }
+      }
+    }
+    labels[key] = "[" + style + ", label=\"" + dot_escape(label) + "\"]";
+  }
+  for (const auto& [key, count] : box_nodes) {
+    if (key[0] == 'm') {
+      const int m = r.index.at(key.substr(2)) ;
+      labels[key] = "[shape=box3d, style=filled, fillcolor=\"#dde8f5\", label=\"" +
+                    dot_escape(r.label_of(m) + "\\n" + std::to_string(count) + " backward nodes") + "\"]";
+    } else if (key[0] == 'g') {
+      const Group& gr = r.groups[std::stoi(key.substr(2))];
+      const std::string first = gr.label.substr(0, gr.label.find(".."));  // "blocks.0"
+      labels[key] = "[shape=box3d, style=filled, fillcolor=\"#fbe7c6\", label=\"" +
+                    dot_escape(std::to_string(gr.count - 1) + " more like " + first + " (" + gr.label +
+                               " x" + std::to_string(gr.count) + ")\\n" + std::to_string(count) +
+                               " backward nodes, not drawn") + "\"]";
+    }
+  }
+  // Clusters along the module tree, around the units each module owns.
+  std::map<int, bool> has_content;
+  std::function<bool(int)> content = [&](int i) {
+    bool any = in_module.count(i) > 0;
+    for (int c : r.nodes[i].children) any = content(c) || any;
+    return has_content[i] = any;
+  };
+  content(0);
+  std::map<std::string, std::string> ids;
+  auto id = [&](const std::string& key) {
+    auto it = ids.find(key);
+    if (it != ids.end()) return it->second;
+    return ids[key] = "n" + std::to_string(ids.size());
+  };
+  std::function<void(int, const std::string&)> emit = [&](int i, const std::string& indent) {
+    if (!has_content[i]) return;
+    const TreeNode& n = r.nodes[i];
+    const bool cluster = n.parent >= 0 && n.ran;
+    std::string inner = indent;
+    if (cluster) {
+
+      out << indent << "subgraph cluster_" << i << " {\n"
+          << indent << "  label=\"" << dot_escape(r.label_of(i)) << "\"; style=rounded; color=\"#8899aa\";\n";
+      inner += "  ";
+    }
+    for (const std::string& key : in_module[i]) out << inner << id(key) << " " << labels[key] << ";\n";
+    for (int c : n.children) emit(c, inner);
+    if (cluster) out << indent << "}\n";
+  };
+  emit(0, "  ");
+  for (const std::string& key : in_module[-1]) out << "  " << id(key) << " " << labels[key] << ";\n";
+  std::set<std::pair<std::string, std::string>> edges;
+  for (const auto& n : order) {
+    for (const auto& e : n->next_edges()) {
+      if (!e.function) continue;
+      const std::string& a = unit[n.get()];
+      const std::string& b = unit[e.function.get()];
+      if (a != b) edges.insert({a, b});
+    }
+  }
+  for (const auto& [a, b] : edges) out << "  " << id(a) << " -> " << id(b) << ";\n";
+  out << "  " << id("loss") << " [shape=ellipse, label=\"loss " << shape_text(loss.sizes()) << "\"];\n"
+      << "  " << id("loss") << " -> " << id(unit[loss.grad_fn().get()]) << ";\n";
+  out << "}\n";
+  return out.str();
+}
+
+bool have_graphviz() { return std::system("command -v dot >/dev/null 2>&1") == 0; }
+
+void write_graph(const std::string& dot_text, const std::string& path, const std::string& format) {
+  if (format == "dot") {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) throw RuntimeError("cannot write " + path);
+    const bool ok = std::fwrite(dot_text.data(), 1, dot_text.size(), f) == dot_text.size();
+    if (std::fclose(f) != 0 || !ok) throw RuntimeError("cannot write " + path);
+    return;
+  }
+  if (format != "svg" && format != "png") throw UsageError("--format: '" + format + "' is not one of dot, svg, png");
+  if (!have_graphviz())
+    throw RuntimeError("--format " + format + " needs Graphviz's dot (apt-get install graphviz); --format dot writes the DOT text");
+  std::string quoted = "'";
+  for (char c : path) quoted += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  const std::string cmd = "dot -T" + format + " -o " + quoted;
+  FILE* p = popen(cmd.c_str(), "w");
+  if (!p) throw RuntimeError("cannot run " + cmd);
+  std::fwrite(dot_text.data(), 1, dot_text.size(), p);
+  const int rc = pclose(p);
+  if (rc != 0) throw RuntimeError("dot failed (exit status " + std::to_string(rc) + ") writing " + path);
+}
+
+}  // namespace perftrain::models::views
