@@ -316,7 +316,15 @@ StepAnalysis analyze(const Timeline& t) {
   for (const Event* g : gpu) {
     if (g->ts > covered) {
       idle += g->ts - covered;
-      idle_data += overlap(covered, g->ts, data_wait);
+      // Idle for want of data: the host was waiting for a batch, and the work
+      // that ends the gap was launched only after that wait (not a gap
+      // between kernels queued long before).
+      auto launch = g->correlation >= 0 ? launch_of.find(g->correlation) : launch_of.end();
+      const double launched = launch != launch_of.end() ? t.events[launch->second].ts : g->ts;
+      std::vector<std::pair<double, double>> waits;
+      for (const auto& w : data_wait)
+        if (w.second <= launched + 1e-3) waits.push_back(w);
+      idle_data += overlap(covered, g->ts, waits);
     }
     const double from = std::max(g->ts, covered), to = std::min(g->end(), w1);
     const std::string kind = g->kind == EventKind::kKernel ? kernel_kind(g->name) : "copies and memsets";
