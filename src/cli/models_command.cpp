@@ -21,8 +21,12 @@ void list_models(const ModelsOptions& o) {
   if (!o.json)
     std::printf("%-10s %6s %7s %6s %6s %7s %14s %16s\n", "model", "depth", "hidden", "heads", "patch", "tokens",
                 "parameters", "GFLOP/img/step");
-  for (const auto& name : models::dit_model_names()) {
-    auto c = models::dit_config(name);
+  // DiT, then the single-stream family (one class token; its tokens column
+  // counts the condition token with the image's).
+  std::vector<std::string> names = models::dit_model_names();
+  for (const auto& n : models::single_stream_model_names()) names.push_back(n);
+  for (const auto& name : names) {
+    auto c = models::model_config(name);
     c.image_size = o.image_size;
     c.in_channels = o.in_channels;
     c.num_classes = o.num_classes;
@@ -32,16 +36,18 @@ void list_models(const ModelsOptions& o) {
     if (o.json) {
       all[name] = {{"params", c.parameter_count()}, {"trainable", c.parameter_count(true)},
                    {"depth", c.depth}, {"hidden", c.hidden}, {"heads", c.heads}, {"patch", c.patch},
-                   {"tokens", c.tokens()}, {"train_gflop_per_image", gflop}};
+                   {"tokens", c.sequence_tokens()}, {"family", c.family}, {"mlp_hidden", c.mlp_hidden()},
+                   {"train_gflop_per_image", gflop}};
     } else {
       std::printf("%-10s %6lld %7lld %6lld %6lld %7lld %14lld %16.1f\n", name.c_str(), (long long)c.depth,
-                  (long long)c.hidden, (long long)c.heads, (long long)c.patch, (long long)c.tokens(),
+                  (long long)c.hidden, (long long)c.heads, (long long)c.patch, (long long)c.sequence_tokens(),
                   (long long)c.parameter_count(), gflop);
     }
   }
   if (o.json) std::cout << all.dump(2) << "\n";
   else
-    std::printf("\nfor %lldx%lldx%lld inputs, %lld classes, learn_sigma %s; parameters include the fixed pos_embed\n",
+    std::printf("\nfor %lldx%lldx%lld inputs, %lld classes, learn_sigma %s; parameters include DiT's fixed pos_embed;\n"
+                "SS-*: single-stream (docs/guide/architectures.md), one class token in its tokens\n",
                 (long long)o.in_channels, (long long)o.image_size, (long long)o.image_size,
                 (long long)o.num_classes, o.learn_sigma ? "on" : "off");
 }

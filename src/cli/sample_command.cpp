@@ -7,7 +7,7 @@
 #include "base/fs.h"
 #include "cli/command.h"
 #include "compat/compat.h"
-#include "models/dit.h"
+#include "models/diffusion_model.h"
 #include "train/checkpoint.h"
 #include "train/sampling.h"
 
@@ -37,7 +37,8 @@ void run(const SampleArgs& a) {
   const at::Device device = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
 
   cfg.validate();  // every value of the metadata, as a resume checks it
-  models::DiT model(cfg.model, 0);
+  const auto built = models::make_diffusion_model(cfg.model, 0);
+  models::DiffusionModel& model = *built;
   train::load_weights(path, model);
   model.transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
 
@@ -48,7 +49,8 @@ void run(const SampleArgs& a) {
   o.cfg_scale = a.cfg_scale >= 0 ? a.cfg_scale : cfg.diffusion.cfg_scale;
   o.seed = a.seed;
   o.bf16 = cuda && cfg.optim.precision != "fp32";
-  if (o.cfg_scale != 1.0 && cfg.model.class_dropout <= 0)
+  if (cfg.model.single_stream() && cfg.model.cond_dim > 0) o.cfg_scale = 1.0;  // features: null condition, no guidance
+  else if (o.cfg_scale != 1.0 && cfg.model.class_dropout <= 0)
     throw UsageError("this model was trained without a null class; use --cfg-scale 1");
   train::write_sample_grid(a.out, model, cfg, o, device);
   std::cout << "wrote " << a.out << ": " << std::min(o.classes, cfg.model.num_classes) << " classes x "

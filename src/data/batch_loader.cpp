@@ -101,6 +101,12 @@ void BatchLoader::produce() {
       batch.x = at::empty({batch_size_, shape[0], shape[1], shape[2]}, options.dtype(at::kFloat));
       batch.y = at::empty({batch_size_}, options.dtype(at::kLong));
       dataset_.gather(indices.data(), batch_size_, batch.x.data_ptr<float>(), batch.y.data_ptr<int64_t>());
+      if (const auto cs = dataset_.cond_shape(); cs[0] > 0) {
+        batch.cond = at::empty({batch_size_, cs[0], cs[1]}, options.dtype(at::kFloat));
+        batch.cond_len = at::empty({batch_size_}, options.dtype(at::kLong));
+        dataset_.gather_cond(indices.data(), batch_size_, batch.cond.data_ptr<float>(),
+                             batch.cond_len.data_ptr<int64_t>());
+      }
 
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait(lock, [&] { return stop_ || static_cast<int>(queue_.size()) < depth_; });

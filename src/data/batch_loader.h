@@ -22,6 +22,9 @@ namespace perftrain::data {
 struct Batch {
   at::Tensor x;  // float32 [B, C, H, W], CPU (pinned when asked)
   at::Tensor y;  // int64 [B], CPU (pinned when asked)
+  // Condition features float32 [B, Tc, Dc] and valid lengths int64 [B],
+  // when the dataset has them (Dataset::cond_shape); undefined otherwise.
+  at::Tensor cond, cond_len;
 };
 
 struct LoaderPosition {

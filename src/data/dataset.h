@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 namespace perftrain::data {
@@ -21,6 +22,14 @@ class Dataset {
   // [0, size())), then read. Must be safe to call from a background thread.
   virtual void gather(const int64_t* indices, int64_t n, float* x_out, int64_t* y_out) const;
   virtual std::string describe() const = 0;  // one line, for logs and reports
+  // Per-sample condition features (e.g. text-encoder outputs): {Tc, Dc},
+  // or {0, 0} for a dataset without them.
+  virtual std::array<int64_t, 2> cond_shape() const { return {0, 0}; }
+  // Features of samples indices[0..n) as float32 into cond_out (n*Tc*Dc)
+  // and their valid token counts (in [0, Tc]) into len_out. Thread-safe.
+  virtual void gather_cond(const int64_t* indices, int64_t n, float* cond_out, int64_t* len_out) const {
+    throw std::logic_error(describe() + " has no condition features");
+  }
 
  protected:
   // Sample i (already checked) as C*H*W float32 values into out; its label.
@@ -41,12 +50,20 @@ std::unique_ptr<Dataset> open_fashion_mnist(const std::string& dir, bool train =
 // Pre-extracted latents: one .safetensors file or a directory of them, each
 // holding "latents" [N, C, H, W] (F32, F16 or BF16) and "labels" [N] (any
 // integer type); read per sample with pread, not loaded (a NaN or inf in a sample
-// is a data error naming the file and the sample).
+// is a data error naming the file and the sample). Optionally, in every shard or in
+// none, condition features "cond" [N, Tc, Dc] (F32, F16 or BF16) with
+// "cond_len" [N] (integers in [0, Tc]: the valid tokens, the rest padding).
 std::unique_ptr<Dataset> open_latent_shards(const std::string& path);
 
 // Deterministic random latents (for benchmarks and tests): sample i depends
 // only on (seed, i).
 std::unique_ptr<Dataset> make_synthetic(int64_t size, std::array<int64_t, 3> shape,
                                         int64_t num_classes, uint64_t seed);
+
+// base with deterministic condition features [Tc, Dc] per sample: a fixed
+// random token sequence per class (so the features carry the label), a
+// length per sample in [1, Tc] and random values in the padding.
+std::unique_ptr<Dataset> with_synthetic_cond(std::unique_ptr<Dataset> base, int64_t cond_tokens, int64_t cond_dim,
+                                             uint64_t seed);
 
 }  // namespace perftrain::data

@@ -27,6 +27,8 @@ struct Shard {
   io::SafetensorsFile file;
   at::Tensor latents;  // view of the mapping, [n, C, H, W]
   std::vector<int64_t> labels;
+  at::Tensor cond;                // view of the mapping, [n, Tc, Dc], or undefined
+  std::vector<int64_t> cond_len;  // valid condition tokens per sample
   int64_t start = 0;  // index of its first sample in the dataset
   SampleReader latents_in{}, cond_in{};  // what the batches read (cond_in: when there are cond features)
 };
@@ -79,7 +81,7 @@ class LatentShards final : public Dataset {
     std::optional<int64_t> declared;
     int64_t max_label = -1;
     for (const std::string& p : shard_paths(path)) {
-      Shard s{io::SafetensorsFile::open(p), {}, {}, size_};
+      Shard s{io::SafetensorsFile::open(p), {}, {}, {}, {}, size_};
       for (const char* name : {"latents", "labels"}) {
         if (!s.file.contains(name)) throw RuntimeError(p + ": no tensor named '" + std::string(name) + "'");
       }
@@ -127,12 +129,28 @@ class LatentShards final : public Dataset {
                              std::to_string(*n));
         }
       }
+      read_cond(s, p);
       s.latents_in = SampleReader::open(s.file, "latents");
       size_ += s.latents.size(0);
       shards_.push_back(std::move(s));
     }
     if (size_ == 0) throw RuntimeError("latent shards: " + path + " holds no samples");
     num_classes_ = declared ? *declared : max_label + 1;
+  }
+
+  std::array<int64_t, 2> cond_shape() const override { return cond_shape_; }
+
+  void gather_cond(const int64_t* indices, int64_t n, float* cond_out, int64_t* len_out) const override {
+    if (cond_shape_[0] == 0) throw RuntimeError(describe() + ": the shards hold no 'cond' features");
+    const int64_t numel = cond_shape_[0] * cond_shape_[1];
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t i = indices[k];
+      if (i < 0 || i >= size_) throw RuntimeError(describe() + ": sample index " + std::to_string(i) + " out of range");
+      const auto it = shard_of(i);
+      const int64_t j = i - it->start;
+      len_out[k] = it->cond_len[j];
+      it->cond_in.read(j, cond_out + k * numel);
+    }
   }
 
   int64_t size() const override { return size_; }
@@ -145,18 +163,60 @@ class LatentShards final : public Dataset {
 
  protected:
   int64_t read(int64_t i, float* out) const override {
-    // The last shard that starts at or before i.
-    const auto it = std::upper_bound(shards_.begin(), shards_.end(), i,
-                                     [](int64_t v, const Shard& s) { return v < s.start; }) - 1;
+    const auto it = shard_of(i);
     const int64_t j = i - it->start;
     it->latents_in.read(j, out);
     return it->labels[j];
   }
 
  private:
+  // The last shard that starts at or before i.
+  std::vector<Shard>::const_iterator shard_of(int64_t i) const {
+    return std::upper_bound(shards_.begin(), shards_.end(), i, [](int64_t v, const Shard& s) { return v < s.start; }) -
+           1;
+  }
+
+  // The optional "cond" / "cond_len" pair: in every shard or in none, of
+  // one [Tc, Dc], lengths in [0, Tc].
+  void read_cond(Shard& s, const std::string& p) {
+    const bool has = s.file.contains("cond"), has_len = s.file.contains("cond_len");
+    if (has != has_len) throw RuntimeError(p + ": 'cond' and 'cond_len' come together; found only one");
+    const bool first = shards_.empty();
+    if (!first && has != (cond_shape_[0] > 0))
+      throw RuntimeError(p + (has ? ": has" : ": has no") + " condition features ('cond') but " +
+                         shards_[0].file.path() + (has ? " has none" : " has them"));
+    if (!has) return;
+    s.cond = s.file.get("cond");
+    const at::Tensor len = s.file.get("cond_len");
+    const auto dt = s.cond.scalar_type();
+    if (s.cond.dim() != 3 || (dt != at::kFloat && dt != at::kHalf && dt != at::kBFloat16) ||
+        s.cond.size(0) != s.latents.size(0) || s.cond.size(1) < 1 || s.cond.size(2) < 1)
+      throw RuntimeError(p + ": 'cond' must be [N, Tc, Dc] of F32, F16 or BF16 with N = " +
+                         std::to_string(s.latents.size(0)) + ", found " + io::safetensors_dtype_name(dt) + " " +
+                         shape_text(s.cond.sizes()));
+    if (len.dim() != 1 || len.size(0) != s.latents.size(0) ||
+        !at::isIntegralType(len.scalar_type(), /*includeBool=*/false))
+      throw RuntimeError(p + ": 'cond_len' must be [" + std::to_string(s.latents.size(0)) +
+                         "] of an integer type, found " + io::safetensors_dtype_name(len.scalar_type()) + " " +
+                         shape_text(len.sizes()));
+    const std::array<int64_t, 2> shape{s.cond.size(1), s.cond.size(2)};
+    if (!first && shape != cond_shape_)
+      throw RuntimeError(p + ": 'cond' of " + shape_text(shape) + " per sample, but " + shards_[0].file.path() +
+                         " has " + shape_text(cond_shape_));
+    cond_shape_ = shape;
+    const at::Tensor l64 = len.to(at::kLong).contiguous();
+    s.cond_len.assign(l64.data_ptr<int64_t>(), l64.data_ptr<int64_t>() + l64.numel());
+    for (size_t i = 0; i < s.cond_len.size(); ++i)
+      if (s.cond_len[i] < 0 || s.cond_len[i] > shape[0])
+        throw RuntimeError(p + ": cond_len " + std::to_string(s.cond_len[i]) + " of sample " + std::to_string(i) +
+                           " is outside [0, " + std::to_string(shape[0]) + "]");
+    s.cond_in = SampleReader::open(s.file, "cond");
+  }
+
   std::string path_;
   std::vector<Shard> shards_;
   std::array<int64_t, 3> shape_{};
+  std::array<int64_t, 2> cond_shape_{0, 0};
   int64_t size_ = 0;
   int64_t num_classes_ = 0;
 };

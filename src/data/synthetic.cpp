@@ -83,7 +83,62 @@ class Synthetic final : public Dataset {
   uint64_t seed_;
 };
 
+// Uniform in [-sqrt(3), sqrt(3)) (mean 0, variance 1) from a hash.
+float unit_uniform(uint64_t h) { return static_cast<float>((static_cast<double>(h >> 11) * 0x1p-53 * 2 - 1) * 1.7320508075688772); }
+
+class SyntheticCond final : public Dataset {
+ public:
+  SyntheticCond(std::unique_ptr<Dataset> base, int64_t tokens, int64_t dim, uint64_t seed)
+      : base_(std::move(base)), tokens_(tokens), dim_(dim), seed_(seed) {}
+
+  int64_t size() const override { return base_->size(); }
+  std::array<int64_t, 3> sample_shape() const override { return base_->sample_shape(); }
+  int64_t num_classes() const override { return base_->num_classes(); }
+  std::string describe() const override {
+    return base_->describe() + ", synthetic condition features " + std::to_string(tokens_) + "x" + std::to_string(dim_);
+  }
+  void gather(const int64_t* indices, int64_t n, float* x_out, int64_t* y_out) const override {
+    base_->gather(indices, n, x_out, y_out);
+  }
+  std::array<int64_t, 2> cond_shape() const override { return {tokens_, dim_}; }
+  void gather_cond(const int64_t* indices, int64_t n, float* cond_out, int64_t* len_out) const override {
+    std::vector<float> x(static_cast<size_t>(sample_numel()));
+    for (int64_t s = 0; s < n; ++s) {
+      int64_t label = 0;
+      base_->gather(indices + s, 1, x.data(), &label);
+      const uint64_t sample_key = mix(seed_ ^ mix(static_cast<uint64_t>(indices[s]) + 0x51ED270B27AB2FAFull));
+      len_out[s] = 1 + static_cast<int64_t>(sample_key % static_cast<uint64_t>(tokens_));
+      const uint64_t class_key = mix(seed_ ^ mix(static_cast<uint64_t>(label) + 0x2545F4914F6CDD1Dull));
+      float* out = cond_out + s * tokens_ * dim_;
+      for (int64_t e = 0; e < tokens_ * dim_; ++e) {
+        const bool padding = e / dim_ >= len_out[s];  // random there: the model must not read it
+        out[e] = unit_uniform(mix((padding ? sample_key : class_key) + static_cast<uint64_t>(e)));
+      }
+    }
+  }
+
+ protected:
+  int64_t read(int64_t, float*) const override { throw std::logic_error("SyntheticCond::read"); }
+
+ private:
+  int64_t sample_numel() const {
+    const auto s = base_->sample_shape();
+    return s[0] * s[1] * s[2];
+  }
+  std::unique_ptr<Dataset> base_;
+  int64_t tokens_, dim_;
+  uint64_t seed_;
+};
+
 }  // namespace
+
+std::unique_ptr<Dataset> with_synthetic_cond(std::unique_ptr<Dataset> base, int64_t cond_tokens, int64_t cond_dim,
+                                             uint64_t seed) {
+  if (cond_tokens < 1 || cond_dim < 1)
+    throw UsageError("synthetic condition features: tokens and dim must be >= 1, got " + std::to_string(cond_tokens) +
+                     "x" + std::to_string(cond_dim));
+  return std::make_unique<SyntheticCond>(std::move(base), cond_tokens, cond_dim, seed);
+}
 
 std::unique_ptr<Dataset> make_synthetic(int64_t size, std::array<int64_t, 3> shape, int64_t num_classes,
                                         uint64_t seed) {

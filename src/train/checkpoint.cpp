@@ -74,8 +74,8 @@ bool is_interrupted_step_dir(const std::string& ckpt_root, const std::string& na
 }
 
 std::string save_checkpoint(const std::string& ckpt_root, const TrainConfig& cfg,
-                            const TrainerState& state, const models::DiT& model,
-                            const models::DiT& ema, const io::NamedTensors& optimizer_state,
+                            const TrainerState& state, const models::DiffusionModel& model,
+                            const models::DiffusionModel& ema, const io::NamedTensors& optimizer_state,
                             at::Generator gen, int64_t keep) {
   const std::string name = step_dir_name(state.step);
   const std::string dir = fs::join(ckpt_root, name);
@@ -180,7 +180,7 @@ TrainConfig config_from_weights(const std::string& path) {
   return cfg;
 }
 
-TrainerState load_checkpoint(const std::string& step_dir, models::DiT& model, models::DiT& ema,
+TrainerState load_checkpoint(const std::string& step_dir, models::DiffusionModel& model, models::DiffusionModel& ema,
                              const std::function<void(const io::NamedTensors&)>& load_optimizer,
                              at::Generator& gen) {
   const std::string& dir = step_dir;

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "data/batch_loader.h"
-#include "models/dit.h"
+#include "models/diffusion_model.h"
 #include "io/safetensors.h"
 #include "train/config.h"
 
@@ -38,8 +38,8 @@ struct TrainerState {
 // Writes ckpt_root/step_<step>/ and points ckpt_root/latest at it; removes
 // the oldest step directories beyond `keep`. Returns the step directory.
 std::string save_checkpoint(const std::string& ckpt_root, const TrainConfig& cfg,
-                            const TrainerState& state, const models::DiT& model,
-                            const models::DiT& ema, const io::NamedTensors& optimizer_state,
+                            const TrainerState& state, const models::DiffusionModel& model,
+                            const models::DiffusionModel& ema, const io::NamedTensors& optimizer_state,
                             at::Generator gen, int64_t keep);
 
 // Whether ckpt_root/name is something an interrupted save or prune left: a
@@ -55,7 +55,7 @@ std::string resolve_checkpoint_dir(const std::string& path);
 
 // Restores everything save_checkpoint wrote into already-built objects; the
 // optimizer's tensors are handed to load_optimizer.
-TrainerState load_checkpoint(const std::string& step_dir, models::DiT& model, models::DiT& ema,
+TrainerState load_checkpoint(const std::string& step_dir, models::DiffusionModel& model, models::DiffusionModel& ema,
                              const std::function<void(const io::NamedTensors&)>& load_optimizer,
                              at::Generator& gen);
 

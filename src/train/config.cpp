@@ -31,6 +31,7 @@ std::vector<Key> keys(TrainConfig& c) {
   auto& m = c.model;
   return {
       {"model", "name", &m.name},
+      {"model", "family", &m.family, {"dit", "single-stream"}},
       {"model", "depth", &m.depth},
       {"model", "hidden", &m.hidden},
       {"model", "heads", &m.heads},
@@ -41,6 +42,8 @@ std::vector<Key> keys(TrainConfig& c) {
       {"model", "num_classes", &m.num_classes},
       {"model", "class_dropout", &m.class_dropout},
       {"model", "learn_sigma", &m.learn_sigma},
+      {"model", "cond_tokens", &m.cond_tokens, {}, 1, 4096},
+      {"model", "cond_dim", &m.cond_dim, {}, 0, 65536},
       {"data", "source", &c.data.source, {"fashion-mnist", "latents", "synthetic"}},
       {"data", "path", &c.data.path},
       {"data", "synthetic_size", &c.data.synthetic_size},
@@ -161,8 +164,9 @@ void set_key(TrainConfig& cfg, const std::string& section, const std::string& ke
   // Naming a model sets its architecture; explicit depth/hidden/... may follow.
   if (full == "model.name") {
     if (!value.is_string()) throw UsageError(origin + ": model.name must be a string");
-    auto arch = models::dit_config(value.as_string()->get());
+    auto arch = models::model_config(value.as_string()->get());
     cfg.model.name = arch.name;
+    cfg.model.family = arch.family;
     cfg.model.depth = arch.depth;
     cfg.model.hidden = arch.hidden;
     cfg.model.heads = arch.heads;
@@ -343,6 +347,8 @@ void TrainConfig::validate() const {
           "model.learn_sigma needs diffusion.objective = \"ddpm\" (flow has no variance to learn)");
   require(d.sample_steps > 0, "diffusion.sample_steps must be positive");
   require(d.cfg_scale >= 0, "diffusion.cfg_scale must be >= 0");
+  require(model.cond_dim == 0 || data.source != "fashion-mnist",
+          "model.cond_dim > 0 (condition features) needs data.source = \"latents\" with cond tensors, or \"synthetic\"");
   require(d.cfg_scale == 1.0 || model.class_dropout > 0,
           "diffusion.cfg_scale != 1 needs model.class_dropout > 0 (guidance needs the null class)");
   require(log.every > 0, "log.every must be positive");

@@ -3,6 +3,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
@@ -15,7 +16,7 @@
 
 namespace perftrain::train {
 
-at::Tensor sample_images(const models::DiT& model, const TrainConfig& cfg, const SampleOptions& opts,
+at::Tensor sample_images(const models::DiffusionModel& model, const TrainConfig& cfg, const SampleOptions& opts,
                          const at::Device& device) {
   at::NoGradGuard no_grad;
   const auto& m = cfg.model;
@@ -29,11 +30,17 @@ at::Tensor sample_images(const models::DiT& model, const TrainConfig& cfg, const
                .to(device);
 
   const bool bf16 = opts.bf16 && device.is_cuda();
+  const bool features = m.single_stream() && m.cond_dim > 0;
   diffusion::ModelFn fn = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& lab) {
     compat::AutocastGuard autocast(device.type(), at::kBFloat16, bf16);
-    return model.forward(x, t, lab).to(at::kFloat);
+    models::Condition cond{lab, {}, {}};
+    if (features) {
+      cond.features = at::zeros({x.size(0), m.cond_tokens, m.cond_dim}, x.options().dtype(at::kFloat));
+      cond.lengths = at::zeros({x.size(0)}, x.options().dtype(at::kLong));
+    }
+    return model.forward(x, t, cond).to(at::kFloat);
   };
-  if (opts.cfg_scale != 1.0 && m.class_dropout > 0)
+  if (opts.cfg_scale != 1.0 && m.class_dropout > 0 && !features)
     fn = diffusion::classifier_free_guidance(fn, m.num_classes, opts.cfg_scale);
 
   if (cfg.diffusion.objective == "flow") {
@@ -45,7 +52,7 @@ at::Tensor sample_images(const models::DiT& model, const TrainConfig& cfg, const
   return ddpm.ddim_sample(fn, noise, y, static_cast<int>(opts.steps));
 }
 
-void write_sample_grid(const std::string& path, const models::DiT& model, const TrainConfig& cfg,
+void write_sample_grid(const std::string& path, const models::DiffusionModel& model, const TrainConfig& cfg,
                        const SampleOptions& opts, const at::Device& device) {
   auto images = sample_images(model, cfg, opts, device).cpu();
   const int64_t c = images.size(1);

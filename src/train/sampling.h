@@ -1,5 +1,7 @@
 // Class-conditional sample grids from a model: one row per class, DDIM for
-// DDPM models and Euler for flow models, with classifier-free guidance.
+// DDPM models and Euler for flow models, with classifier-free guidance. A
+// model conditioned on features (cond_dim > 0) samples under the null
+// condition (length 0), without guidance: rows are then just more samples.
 // The noise comes from its own seeded generator, so grids made at different
 // steps of a run start from the same noise and can be compared.
 #pragma once
@@ -8,7 +10,7 @@
 
 #include <string>
 
-#include "models/dit.h"
+#include "models/diffusion_model.h"
 #include "train/config.h"
 
 namespace perftrain::train {
@@ -23,10 +25,10 @@ struct SampleOptions {
 };
 
 // Returns [classes*per_class, C, H, W] float32 samples in model space.
-at::Tensor sample_images(const models::DiT& model, const TrainConfig& cfg, const SampleOptions& opts,
+at::Tensor sample_images(const models::DiffusionModel& model, const TrainConfig& cfg, const SampleOptions& opts,
                          const at::Device& device);
 // Samples and writes a PNG grid; latents with C != 1 or 3 show channels 0..2.
-void write_sample_grid(const std::string& path, const models::DiT& model, const TrainConfig& cfg,
+void write_sample_grid(const std::string& path, const models::DiffusionModel& model, const TrainConfig& cfg,
                        const SampleOptions& opts, const at::Device& device);
 
 }  // namespace perftrain::train

@@ -9,6 +9,7 @@
 #include <ATen/ops/rand.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <optional>
@@ -31,7 +32,7 @@
 namespace perftrain::train {
 
 struct StepRunner::Impl {
-  models::DiT& model;
+  models::DiffusionModel& model;
   TrainConfig cfg;
   StepOptions opts;
   at::Device device;
@@ -69,20 +70,25 @@ struct StepRunner::Impl {
   std::optional<c10::cuda::CUDAStream> copy_stream, capture_stream;
   at::cuda::CUDAEvent staged_ready, staged_consumed;
   at::Tensor x_static, y_static, x_stage, y_stage;
+  // Condition features and lengths (a model with cond_dim > 0): the same way.
+  at::Tensor cond_static, len_static, cond_stage, len_stage;
 
-  Impl(models::DiT& m, const TrainConfig& c, const StepOptions& o, at::Device d, at::Generator g)
+  Impl(models::DiffusionModel& m, const TrainConfig& c, const StepOptions& o, at::Device d, at::Generator g)
       : model(m), cfg(c), opts(o), device(d), gen(std::move(g)) {}
 
-  diffusion::LossTerms objective(const at::Tensor& x0, const at::Tensor& y_in) {
-    at::Tensor y = y_in;
+  diffusion::LossTerms objective(const at::Tensor& x0, const at::Tensor& y_in, const at::Tensor& cond,
+                                 const at::Tensor& cond_len_in) {
+    at::Tensor y = y_in, cond_len = cond_len_in;
     if (cfg.model.class_dropout > 0) {  // label dropout: train the null class for guidance
       auto drop = at::rand({y.size(0)}, gen, at::TensorOptions().device(device).dtype(at::kFloat)) <
                   cfg.model.class_dropout;
       y = at::where(drop, cfg.model.num_classes, y);
+      // Condition features: the null condition is length 0 (all masked).
+      if (cond_len.defined()) cond_len = at::where(drop, at::zeros_like(cond_len), cond_len);
     }
     diffusion::ModelFn forward = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& yy) {
       compat::AutocastGuard guard(device.type(), autocast.value_or(at::kBFloat16), autocast.has_value());
-      return model.forward(x, t, yy, execution);
+      return model.forward(x, t, models::Condition{yy, cond, cond_len}, execution);
     };
     return flow ? flow->training_loss(forward, x0, y, gen)
                 : ddpm.training_loss(forward, x0, y, gen, cfg.model.learn_sigma);
@@ -91,9 +97,10 @@ struct StepRunner::Impl {
   // One step: objective, backward, optimizer, EMA, loss accumulation. The
   // body is the same eager and captured; nothing in it syncs with the host
   // when the device optimizer is used.
-  void body(const at::Tensor& x, const at::Tensor& y) {
+  void body(const at::Tensor& x, const at::Tensor& y, const at::Tensor& cond = {},
+            const at::Tensor& cond_len = {}) {
     const ops::ComputeWeightsScope weights(&compute_weights);
-    diffusion::LossTerms terms = objective(x, y);
+    diffusion::LossTerms terms = objective(x, y, cond, cond_len);
     at::Tensor loss = terms.loss;
     if (device_optimizer) {
       if (cfg.optim.precision == "fp16") loss = loss * device_optimizer->loss_scale();
@@ -132,7 +139,8 @@ struct StepRunner::Impl {
   }
 
   bool fits_static(const data::Batch& b) const {
-    return x_static.defined() && b.x.sizes() == x_static.sizes() && b.y.sizes() == y_static.sizes();
+    return x_static.defined() && b.x.sizes() == x_static.sizes() && b.y.sizes() == y_static.sizes() &&
+           b.cond.defined() == cond_static.defined() && (!b.cond.defined() || b.cond.sizes() == cond_static.sizes());
   }
 
   // Puts the batch into the static buffers, ordered on the current stream.
@@ -142,11 +150,19 @@ struct StepRunner::Impl {
       y_static = at::empty(b.y.sizes(), b.y.options().device(device).pinned_memory(false));
       x_stage = at::empty_like(x_static);
       y_stage = at::empty_like(y_static);
+      if (b.cond.defined()) {
+        cond_static = at::empty(b.cond.sizes(), b.cond.options().device(device).pinned_memory(false));
+        len_static = at::empty(b.cond_len.sizes(), b.cond_len.options().device(device).pinned_memory(false));
+        cond_stage = at::empty_like(cond_static);
+        len_stage = at::empty_like(len_static);
+      }
     }
+    const bool has_cond = b.cond.defined();
     auto main = at::cuda::getCurrentCUDAStream();
     if (b.x.is_cuda()) {
       x_static.copy_(b.x, /*non_blocking=*/true);
       y_static.copy_(b.y, /*non_blocking=*/true);
+      if (has_cond) cond_static.copy_(b.cond, true), len_static.copy_(b.cond_len, true);
       return;
     }
     {
@@ -154,11 +170,13 @@ struct StepRunner::Impl {
       staged_consumed.block(*copy_stream);  // the previous batch has left the staging buffers
       x_stage.copy_(b.x, /*non_blocking=*/true);
       y_stage.copy_(b.y, /*non_blocking=*/true);
+      if (has_cond) cond_stage.copy_(b.cond, true), len_stage.copy_(b.cond_len, true);
       staged_ready.record(*copy_stream);
     }
     staged_ready.block(main);
     x_static.copy_(x_stage, /*non_blocking=*/true);
     y_static.copy_(y_stage, /*non_blocking=*/true);
+    if (has_cond) cond_static.copy_(cond_stage, true), len_static.copy_(len_stage, true);
     staged_consumed.record(main);
   }
 
@@ -194,7 +212,7 @@ struct StepRunner::Impl {
         g->register_generator_state(gen);
         g->capture_begin();
         try {
-          body(x_static, y_static);
+          body(x_static, y_static, cond_static, len_static);
         } catch (...) {
           try {
             g->capture_end();
@@ -215,8 +233,8 @@ struct StepRunner::Impl {
   }
 };
 
-StepRunner::StepRunner(models::DiT& model, models::DiT* ema, const TrainConfig& cfg, const StepOptions& opts,
-                       at::Device device, at::Generator gen)
+StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* ema, const TrainConfig& cfg,
+                       const StepOptions& opts, at::Device device, at::Generator gen)
     : impl_(std::make_unique<Impl>(model, cfg, opts, device, std::move(gen))) {
   Impl& s = *impl_;
   const bool cuda = device.is_cuda();
@@ -233,6 +251,7 @@ StepRunner::StepRunner(models::DiT& model, models::DiT* ema, const TrainConfig& 
     at::globalContext().setBenchmarkCuDNN(true);
   }
   s.execution = dit_execution(speed, cuda);
+  if (!model.has_fused_path()) s.execution.fused_kernels = s.execution.gelu_recompute = false;
   s.weight_grad_stream = s.execution.fused_kernels && !speed.recompute &&
                          ops::weight_grad_overlap_for(cfg.optim.batch_size * cfg.model.tokens(), cfg.model.hidden);
 
@@ -250,7 +269,7 @@ StepRunner::StepRunner(models::DiT& model, models::DiT* ema, const TrainConfig& 
     o.grad_norm = opts.grad_norm || o.grad_clip > 0 || o.dynamic_loss_scale;
     // bf16 copies of the weights, rewritten by each update, for the fused ops
     // to multiply with (instead of a cast per product).
-    o.bf16_shadows = opts.precision == "bf16" && speed.fused_kernels;
+    o.bf16_shadows = opts.precision == "bf16" && s.execution.fused_kernels;
     s.device_optimizer = std::make_unique<DeviceOptimizer>(model.named_parameters(), s.ema_params, o);
     s.compute_weights = s.device_optimizer->compute_weights();
   } else {
@@ -296,20 +315,21 @@ void StepRunner::step(const data::Batch& batch) {
   // The parameters may have been loaded since the copies were made (resume);
   // from here on every update rewrites them.
   if (steps_done_ == 0 && s.device_optimizer) s.device_optimizer->refresh_shadows();
+  auto on_device = [&](const at::Tensor& t) { return t.defined() ? t.to(s.device, true) : t; };
   if (!s.device.is_cuda()) {
-    s.body(batch.x.to(s.device), batch.y.to(s.device));
+    s.body(batch.x.to(s.device), batch.y.to(s.device), on_device(batch.cond), on_device(batch.cond_len));
   } else if (!s.graph_wanted) {
     s.stage(batch);
-    s.body(s.x_static, s.y_static);
+    s.body(s.x_static, s.y_static, s.cond_static, s.len_static);
   } else if (s.graph && s.fits_static(batch)) {
     s.stage(batch);
     s.graph->replay();
   } else if (s.graph) {  // a batch of another shape: the graph cannot take it
-    s.body(batch.x.to(s.device, true), batch.y.to(s.device, true));
+    s.body(on_device(batch.x), on_device(batch.y), on_device(batch.cond), on_device(batch.cond_len));
   } else {
     s.stage(batch);
     if (steps_done_ < opts_warmup()) {
-      s.on_capture_stream([&] { s.body(s.x_static, s.y_static); });
+      s.on_capture_stream([&] { s.body(s.x_static, s.y_static, s.cond_static, s.len_static); });
     } else {
       const std::string error = s.capture();
       if (error.empty()) {
@@ -318,7 +338,7 @@ void StepRunner::step(const data::Batch& batch) {
       } else {
         graph_status_ = "eager: capture failed: " + error;
         s.graph_wanted = false;
-        s.body(s.x_static, s.y_static);
+        s.body(s.x_static, s.y_static, s.cond_static, s.len_static);
       }
     }
   }

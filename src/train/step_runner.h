@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "data/batch_loader.h"
-#include "models/dit.h"
+#include "models/diffusion_model.h"
 #include "train/config.h"
 
 namespace perftrain::train {
@@ -56,13 +56,15 @@ class StepRunner {
   // the training generator (timesteps, noise, label dropout). cfg gives the
   // objective, the optimizer hyper-parameters, the batch size and the step's
   // speed settings (cfg.speed; the model runs dit_execution(cfg.speed)).
-  StepRunner(models::DiT& model, models::DiT* ema, const TrainConfig& cfg, const StepOptions& opts,
-             at::Device device, at::Generator gen);
+  // A model without a fused path (has_fused_path) runs its generic path.
+  StepRunner(models::DiffusionModel& model, models::DiffusionModel* ema, const TrainConfig& cfg,
+             const StepOptions& opts, at::Device device, at::Generator gen);
   ~StepRunner();
   StepRunner(const StepRunner&) = delete;
   StepRunner& operator=(const StepRunner&) = delete;
 
   // Queues one step on batch.x [B, C, H, W] float32 / batch.y [B] int64
+  // (and batch.cond / cond_len for a model with condition features)
   // (CPU, pinned for an asynchronous copy, or already on the device).
   // No host sync, except the one-off capture after the warm-up steps.
   void step(const data::Batch& batch);

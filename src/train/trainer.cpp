@@ -12,7 +12,7 @@
 #include "base/fs.h"
 #include "data/batch_loader.h"
 #include "io/atomic_file.h"
-#include "models/dit.h"
+#include "models/diffusion_model.h"
 #include "compat/compat.h"
 #include "observe/plot/svg_plot.h"
 #include "observe/tensorboard/event_writer.h"
@@ -43,6 +43,11 @@ std::unique_ptr<data::Dataset> open_dataset(const TrainConfig& cfg) {
   const auto& d = cfg.data;
   if (d.source == "fashion-mnist") return data::open_fashion_mnist(d.path, /*train=*/true);
   if (d.source == "latents") return data::open_latent_shards(d.path);
+  if (cfg.model.single_stream() && cfg.model.cond_dim > 0)  // synthetic features for the synthetic latents
+    return data::with_synthetic_cond(
+        data::make_synthetic(d.synthetic_size, {cfg.model.in_channels, cfg.model.image_size, cfg.model.image_size},
+                             cfg.model.num_classes, cfg.optim.seed + 12345),
+        cfg.model.cond_tokens, cfg.model.cond_dim, cfg.optim.seed + 54321);
   return data::make_synthetic(d.synthetic_size,
                               {cfg.model.in_channels, cfg.model.image_size, cfg.model.image_size},
                               cfg.model.num_classes, cfg.optim.seed + 12345);
@@ -59,6 +64,12 @@ void check_dataset_fits(const data::Dataset& ds, const TrainConfig& cfg) {
   if (ds.num_classes() > m.num_classes)
     throw UsageError("dataset has labels up to " + std::to_string(ds.num_classes() - 1) +
                      " but model.num_classes = " + std::to_string(m.num_classes));
+  const auto c = ds.cond_shape();
+  const bool wants = m.single_stream() && m.cond_dim > 0;
+  if (wants && (c[0] != m.cond_tokens || c[1] != m.cond_dim))
+    throw UsageError("model " + m.name + " takes condition features " + std::to_string(m.cond_tokens) + "x" +
+                     std::to_string(m.cond_dim) + " (model.cond_tokens x model.cond_dim) but dataset " +
+                     ds.describe() + (c[0] == 0 ? " has none" : " has " + std::to_string(c[0]) + "x" + std::to_string(c[1])));
 }
 
 std::string default_run_name(const TrainConfig& cfg) {
@@ -119,9 +130,9 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   RunDirectory run(run_path, !resume_dir.empty(), log);
   if (!resume_dir.empty()) resume_dir = resolve_checkpoint_dir(opts.resume);  // latest, read under the lock
 
-  auto built = models::build_model_and_ema(cfg.model, cfg.optim.seed, device);
-  models::DiT& model = *built.model;
-  models::DiT& ema = *built.ema;
+  auto built = models::build_diffusion_model_and_ema(cfg.model, cfg.optim.seed, device);
+  models::DiffusionModel& model = *built.model;
+  models::DiffusionModel& ema = *built.ema;
 
   at::Generator gen = at::globalContext().defaultGenerator(device).clone();
   gen.set_current_seed(cfg.optim.seed);
