@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -59,8 +60,9 @@ TEST(RunDirectory, RemovesWhatInterruptedSavesLeftAndNothingElse) {
   EXPECT_EQ(fs::list_directory(run + "/samples"), std::vector<std::string>{"step_00000001.png"});
   EXPECT_EQ(fs::list_directory(run), (std::vector<std::string>{"ckpt", "config.toml", "lock", "notes.tmp.txt",
                                                                "samples"}));
-  EXPECT_NE(log.str().find("removed 6 leftovers of interrupted saves"), std::string::npos) << log.str();
-  EXPECT_EQ(std::count(log.str().begin(), log.str().end(), '\n'), 1) << log.str();
+  const std::string said = log.str();
+  EXPECT_NE(said.find("removed 6 leftovers of interrupted saves"), std::string::npos) << said;
+  EXPECT_EQ(std::count(said.begin(), said.end(), '\n'), 1) << said;
   EXPECT_EQ(read_raw(run + "/config.toml"), "keep");  // nothing of the run is written before start()
 }
 
