@@ -15,5 +15,6 @@ void add_sample_command(CLI::App& app);
 void add_models_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_verify_command(CLI::App& app);
+void add_profile_command(CLI::App& app);
 
 }  // namespace perftrain::cli

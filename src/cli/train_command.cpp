@@ -14,6 +14,7 @@
 #include "cli/command.h"
 #include "cli/train_options.h"
 #include "compat/compat.h"
+#include "observe/profile/schedule.h"
 #include "train/checkpoint.h"
 #include "train/signals.h"
 #include "train/trainer.h"
@@ -106,13 +107,14 @@ std::string absolute(const std::string& path) {
   return rel.empty() || rel == "." ? std::string(cwd) : fs::join(cwd, rel);
 }
 
-void run(const TrainArgs& a, bool save_on_signal) {
+void run(const TrainArgs& a, bool save_on_signal, const std::string& profile) {
   const auto start = std::chrono::steady_clock::now();
   train::TrainOptions opts;
   opts.resume = a.resume;
   opts.process_start = start;
   opts.interactive = isatty(STDOUT_FILENO);
   opts.save_on_signal = save_on_signal;
+  opts.profile = profile;
   auto s = train::run_training(resolve_config(a), opts, std::cout);
   if (s.stop_signal != 0) {  // exit as the signal asked, 128 + its number, once everything is written
     std::cout.flush();
@@ -213,9 +215,16 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str()
       ->group(cmd->get_option("--config")->get_group());
-  cmd->callback([a, dry_run, save_on_signal] {
+  auto profile = std::make_shared<std::string>();
+  cmd->add_option("--profile", *profile,
+                  "profile windows of this run with a torch.profiler.schedule, e.g. wait=1,warmup=1,active=2,repeat=1 "
+                  "(keys skip_first, wait, warmup, active, repeat): traces, breakdown and diagnosis in <run>/profile/ "
+                  "(docs/guide/profiling.md)")
+      ->group(cmd->get_option("--config")->get_group());
+  cmd->callback([a, dry_run, save_on_signal, profile] {
+    if (!profile->empty()) observe::profile::parse_schedule(*profile, "--profile");  // before anything runs
     if (*dry_run) std::cout << resolve_config(*a).to_toml();
-    else run(*a, *save_on_signal == "on");
+    else run(*a, *save_on_signal == "on", *profile);
   });
 }
 

@@ -10,6 +10,7 @@
 #include <future>
 
 #include "base/error.h"
+#include "base/scope.h"
 
 #include "nn/modulation.h"
 #include "ops/adaln_layernorm.h"
@@ -176,6 +177,7 @@ at::Tensor DiT::forward(const at::Tensor& x_in, const at::Tensor& t_in, const at
 }
 
 at::Tensor DiT::run_block(size_t i, const at::Tensor& h, const at::Tensor& c, const DiTExecution& exec) const {
+  PERFTRAIN_SCOPE_INDEXED("block", i);  // a range in profiler traces (base/scope.h)
   const DiTBlock& block = blocks[i];
   // With recompute, backward calls fn again on autograd's thread after this
   // forward has returned: everything it reads is captured by value here.
@@ -206,6 +208,7 @@ at::Tensor DiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& c, at
   at::Tensor x = x0;
   at::Tensor h = ops::adaln_layernorm(x, mod(0, 0), mod(0, 1), act);
   for (size_t i = 0; i < blocks.size(); ++i) {
+    PERFTRAIN_SCOPE_INDEXED("block", i);
     auto [x1, h2] = blocks[i].attention_half(x, h, {mod(i, 0), mod(i, 1), mod(i, 2), mod(i, 3), mod(i, 4)}, act);
     at::Tensor m = blocks[i].mlp_half(h2, keep_activation);
     const at::Tensor& fc2_bias = blocks[i].mlp.fc2.bias;

@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "base/error.h"
+#include "base/scope.h"
 #include "diffusion/ddpm.h"
 #include "diffusion/flow.h"
 #include "diffusion/objective.h"
@@ -79,6 +80,9 @@ struct StepRunner::Impl {
   diffusion::LossTerms objective(const at::Tensor& x0, const at::Tensor& y_in, const at::Tensor& cond,
                                  const at::Tensor& cond_len_in) {
     at::Tensor y = y_in, cond_len = cond_len_in;
+    // Scopes (base/scope.h) name a step's phases in profiler traces; "loss"
+    // holds the label dropout, noise draws and loss terms around the forward.
+    PERFTRAIN_SCOPE("loss");
     if (cfg.model.class_dropout > 0) {  // label dropout: train the null class for guidance
       auto drop = at::rand({y.size(0)}, gen, at::TensorOptions().device(device).dtype(at::kFloat)) <
                   cfg.model.class_dropout;
@@ -87,6 +91,7 @@ struct StepRunner::Impl {
       if (cond_len.defined()) cond_len = at::where(drop, at::zeros_like(cond_len), cond_len);
     }
     diffusion::ModelFn forward = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& yy) {
+      PERFTRAIN_SCOPE("forward");
       compat::AutocastGuard guard(device.type(), autocast.value_or(at::kBFloat16), autocast.has_value());
       return model.forward(x, t, models::Condition{yy, cond, cond_len}, execution);
     };
@@ -108,17 +113,32 @@ struct StepRunner::Impl {
       {
         // Weight gradients on a second stream beside the input gradients,
         // joined before the optimizer reads them (ops/weight_grad_lane.h).
+        PERFTRAIN_SCOPE("backward");
         const ops::WeightGradOverlap overlap(weight_grad_stream, device);
         loss.backward();
       }
-      device_optimizer->step();
+      {
+        PERFTRAIN_SCOPE("optimizer");  // clipping, AdamW and the EMA in one pass
+        device_optimizer->step();
+      }
     } else {
-      loss.backward();
+      {
+        PERFTRAIN_SCOPE("backward");
+        loss.backward();
+      }
       ++updates;
-      if (cfg.optim.grad_clip > 0) host_grad_norm = clip_grad_norm_(params, cfg.optim.grad_clip);
-      adamw->step(lr_at(updates, cfg.optim.lr, cfg.optim.warmup_steps));
-      if (!ema_params.empty())
+      if (cfg.optim.grad_clip > 0) {
+        PERFTRAIN_SCOPE("clip");
+        host_grad_norm = clip_grad_norm_(params, cfg.optim.grad_clip);
+      }
+      {
+        PERFTRAIN_SCOPE("optimizer");
+        adamw->step(lr_at(updates, cfg.optim.lr, cfg.optim.warmup_steps));
+      }
+      if (!ema_params.empty()) {
+        PERFTRAIN_SCOPE("ema");
         ema_update_(ema_params, params, ema_decay_at(updates - 1, cfg.optim.ema_decay, cfg.optim.ema_warmup));
+      }
     }
     at::NoGradGuard no_grad;
     loss_sum.add_(terms.loss.detach());
@@ -145,6 +165,7 @@ struct StepRunner::Impl {
 
   // Puts the batch into the static buffers, ordered on the current stream.
   void stage(const data::Batch& b) {
+    PERFTRAIN_SCOPE("h2d");
     if (!x_static.defined()) {
       x_static = at::empty(b.x.sizes(), b.x.options().device(device).pinned_memory(false));
       y_static = at::empty(b.y.sizes(), b.y.options().device(device).pinned_memory(false));
@@ -308,6 +329,7 @@ bool StepRunner::weight_grad_stream() const { return impl_->weight_grad_stream; 
 const std::string& StepRunner::weight_grad_note() const { return impl_->weight_grad_note; }
 
 void StepRunner::step(const data::Batch& batch) {
+  PERFTRAIN_SCOPE("step");
   Impl& s = *impl_;
   // The first step runs the products on cuBLASLt's first picks; the eager
   // warm-up steps after it tune them (before the capture).
@@ -323,7 +345,10 @@ void StepRunner::step(const data::Batch& batch) {
     s.body(s.x_static, s.y_static, s.cond_static, s.len_static);
   } else if (s.graph && s.fits_static(batch)) {
     s.stage(batch);
-    s.graph->replay();
+    {
+      PERFTRAIN_SCOPE("graph_replay");
+      s.graph->replay();
+    }
   } else if (s.graph) {  // a batch of another shape: the graph cannot take it
     s.body(on_device(batch.x), on_device(batch.y), on_device(batch.cond), on_device(batch.cond_len));
   } else {
@@ -334,7 +359,10 @@ void StepRunner::step(const data::Batch& batch) {
       const std::string error = s.capture();
       if (error.empty()) {
         graph_status_ = "captured at step " + std::to_string(steps_done_ + 1);
-        s.graph->replay();
+        {
+          PERFTRAIN_SCOPE("graph_replay");
+          s.graph->replay();
+        }
       } else {
         graph_status_ = "eager: capture failed: " + error;
         s.graph_wanted = false;

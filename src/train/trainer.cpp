@@ -26,6 +26,8 @@
 #include "train/signals.h"
 #include "train/speed.h"
 #include "train/step_runner.h"
+#include "base/scope.h"
+#include "train/run_profiler.h"
 
 namespace perftrain::train {
 namespace {
@@ -189,11 +191,13 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     }
   };
   auto save = [&]() {
+    PERFTRAIN_SCOPE("checkpoint");
     summary.last_checkpoint = save_checkpoint(run.ckpt_dir(), cfg, state, model, ema, runner.optimizer_state(), gen,
                                               cfg.log.keep_checkpoints);
     plots();
   };
   auto samples = [&]() {
+    PERFTRAIN_SCOPE("sampling");
     char name[64];
     std::snprintf(name, sizeof name, "/step_%08lld.png", static_cast<long long>(state.step));
     summary.last_samples = run.samples_dir() + name;
@@ -201,12 +205,22 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     if (events) events->add_png_file("samples", state.step, summary.last_samples);
   };
 
+  // --profile: windows of this run under the profiler (train/run_profiler.h).
+  std::unique_ptr<RunProfiler> profiler;
+  if (!opts.profile.empty())
+    profiler = std::make_unique<RunProfiler>(opts.profile, cfg, precision, device, run.path(), runner, log);
   std::string graph_status;
     run.keep();
   bool tuning_logged = false;
   while (state.step < cfg.optim.steps) {
     const int64_t step = state.step + 1;
-    runner.step(loader.next());
+    if (profiler) profiler->begin_step(step - summary.first_step);
+    data::Batch batch;
+    {
+      PERFTRAIN_SCOPE("data_wait");
+      batch = loader.next();
+    }
+    runner.step(batch);
     state.step = step;
     state.position = loader.position();
     const int stop = stop_signals ? stop_signals->received() : 0;  // then this step is the last
@@ -224,6 +238,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       if (!runner.weight_grad_note().empty()) log << runner.weight_grad_note() << "\n";
     }
     if (step > summary.first_step && (step % cfg.log.every == 0 || step == cfg.optim.steps || stop)) {
+      PERFTRAIN_SCOPE("log_window");
       const WindowStats w = runner.take_window();  // the one host sync per window
       if (!std::isfinite(w.loss))
         throw RuntimeError("loss became " + std::to_string(w.loss) + " in the steps up to " + std::to_string(step) +
@@ -271,6 +286,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       observe::tensorboard::add_histograms(*events, "weights", step, model.named_parameters());
       events->flush();
     }
+    if (profiler) profiler->end_step(step - summary.first_step);  // a window's trace is written here
     const auto paused = Clock::now() - pause_start;  // keep samples and checkpoints out of the speed
     window_start += paused;
     loop_start += paused;
@@ -280,6 +296,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     }
   }
   progress.finish();
+  if (profiler) profiler->finish();
   compat::synchronize(device);
   summary.last_step = state.step;
   const double loop_s = seconds_since(loop_start);

@@ -22,6 +22,9 @@ struct TrainOptions {
   // checkpoint and the report (summary.stop_signal says which); a second
   // exits at once (train/signals.h). false: the signals keep their defaults.
   bool save_on_signal = true;
+  // --profile: a profiler schedule ("wait=1,warmup=1,active=2,repeat=1",
+  // observe/profile/schedule.h) over this run's steps; empty: none.
+  std::string profile;
 };
 
 struct TrainSummary {
