@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "base/fs.h"
 #include "cli/command.h"
+#include "cli/integer_option.h"
 #include "compat/compat.h"
 #include "models/diffusion_model.h"
 #include "train/checkpoint.h"
@@ -49,6 +50,8 @@ void run(const SampleArgs& a) {
   o.cfg_scale = a.cfg_scale >= 0 ? a.cfg_scale : cfg.diffusion.cfg_scale;
   o.seed = a.seed;
   o.bf16 = cuda && cfg.optim.precision != "fp32";
+  if (std::min(o.classes, cfg.model.num_classes) * o.per_class > 65536)
+    throw UsageError("--classes x --per-class must be at most 65536 images in a grid");
   if (cfg.model.single_stream() && cfg.model.cond_dim > 0) o.cfg_scale = 1.0;  // features: null condition, no guidance
   else if (o.cfg_scale != 1.0 && cfg.model.class_dropout <= 0)
     throw UsageError("this model was trained without a null class; use --cfg-scale 1");
@@ -66,11 +69,11 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--ckpt", a->ckpt, "weights .safetensors, or a run / ckpt / step directory")->required();
   cmd->add_option("--out", a->out, "PNG file to write");
   cmd->add_option("--weights", a->weights, "ema | model (for a directory)");
-  cmd->add_option("--classes", a->classes, "the first N classes, one row each")->check(CLI::PositiveNumber);
-  cmd->add_option("--per-class", a->per_class, "samples per class")->check(CLI::PositiveNumber);
-  cmd->add_option("--steps", a->steps, "sampler steps")->check(CLI::PositiveNumber)->default_str("the run's");
+  cmd->add_option("--classes", a->classes, "the first N classes, one row each")->check(integer_in(1, 65536));
+  cmd->add_option("--per-class", a->per_class, "samples per class")->check(integer_in(1, 1024));
+  cmd->add_option("--steps", a->steps, "sampler steps")->check(integer_in(1, 100000))->default_str("the run's");
   cmd->add_option("--cfg-scale", a->cfg_scale, "guidance scale")->check(CLI::NonNegativeNumber)->default_str("the run's");
-  cmd->add_option("--seed", a->seed, "noise seed");
+  cmd->add_option("--seed", a->seed, "noise seed")->check(integer_in(0, INT64_MAX));
   cmd->add_option("--device", a->device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->callback([a] { run(*a); });
 }

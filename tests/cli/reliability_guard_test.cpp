@@ -21,6 +21,8 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "base/fs.h"
 #include "io/safetensors.h"
@@ -263,6 +265,28 @@ TEST(ReliabilityGuard, BadValuesInCheckpointMetadataAreUsageErrors) {
     EXPECT_EQ(read_raw(run_dir + "/config.toml"), config_before) << what;
     EXPECT_FALSE(fs::exists(tmp.file("s.png"))) << what;
   }
+}
+
+// sample's integer flags: a value beyond the type is refused, not clamped
+// (CLI11 clamps it), nothing is written.
+TEST(ReliabilityGuard, SampleFlagsOutOfRangeAreUsageErrors) {
+  TempDir tmp;
+  const Result made = run("train --runs-dir " + tmp.path() + " --run-name R" + kTiny + kSynthetic + " --steps 1");
+  ASSERT_EQ(made.code, 0) << made.output;
+  const std::string sample = "sample --device cpu --ckpt " + tmp.file("R") + " --steps 1 --out " + tmp.file("g.png");
+  const std::vector<std::pair<std::string, std::string>> bad = {{"--classes", "99999999999999999999"},
+                                                                 {"--seed", "99999999999999999999"},
+                                                                 {"--seed", "-1"},
+                                                                 {"--per-class", "99999999999"},
+                                                                 {"--device", "tpu"}};
+  for (const auto& [flag, value] : bad) {
+    const Result r = run(sample + " " + flag + " " + value);
+    EXPECT_EQ(r.code, 2) << flag << " " << value << "\n" << r.output;
+    EXPECT_NE(r.output.find(flag), std::string::npos) << r.output;
+  }
+  EXPECT_FALSE(fs::exists(tmp.file("g.png")));
+  const Result ok = run(sample + " --classes 2 --per-class 1 --seed 9223372036854775807");
+  EXPECT_EQ(ok.code, 0) << ok.output;
 }
 
 // A latent shard: [n, 2, 8, 8] float32 (kTiny's input), labels below 3.
