@@ -279,7 +279,7 @@ void run(const ProfileArgs& a) {
       o.group_by = group_by;
       o.top = static_cast<size_t>(a.top);
       o.measured_step_ms = p.measured_ms;
-      o.title = "Window " + t.substr(t.find_last_of('/') + 1) + " (`" + t + "`)";
+      o.title = t.substr(t.find_last_of('/') + 1) + " (`" + t + "`)";
       md << op::report_trace(t, facts, o).markdown << "\n";
     }
   }

@@ -30,7 +30,8 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
   // Launch-bound: the GPU waits for the host between kernels (a quarter of
   // the step or more) and the kernels are short or many.
   const double idle = share(a.idle_other_ms, a);
-  if (idle >= 0.25 && (a.median_kernel_us < 25 || a.kernels_per_step >= 500 || a.launch_cpu_ms >= 0.7 * a.gpu_busy_ms)) {
+  if (!a.cpu_only && a.kernels_per_step > 0 && idle >= 0.25 &&
+      (a.median_kernel_us < 25 || a.kernels_per_step >= 500 || a.launch_cpu_ms >= 0.7 * a.gpu_busy_ms)) {
     Finding x{"launch-bound", "launch-bound: the GPU is idle between kernels for " + fmt("%.0f%%", 100 * idle) +
                                   " of the step", "", "", idle};
     x.evidence = fmt("GPU idle between kernels %.3f ms of %.3f ms per step; %.0f kernels per step, median %.1f us; "
@@ -65,7 +66,7 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
   // third or more of the GPU's busy time.
   const double busy = std::max(a.gpu_busy_ms, 1e-9);
   const double elem = a.elementwise_ms / busy;
-  if (elem >= 0.35) {
+  if (!a.cpu_only && elem >= 0.35) {
     Finding x{"elementwise", "memory-bound elementwise work: " + fmt("%.0f%%", 100 * elem) +
                                  " of GPU time is outside matrix products and attention",
               fmt("%.3f ms/step in norms, activations, residuals, casts and reductions against %.3f ms of matrix "
@@ -83,7 +84,7 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
   // Matrix-bound: matrix products and attention fill the step.
   const double mat = (a.matrix_ms + a.attention_ms) / busy;
   const double idle_all = share(a.idle_data_ms + a.idle_other_ms, a);
-  if (mat >= 0.6 && idle_all < 0.15) {
+  if (!a.cpu_only && mat >= 0.6 && idle_all < 0.15) {
     Finding x{"matrix-bound", "matrix-bound: " + fmt("%.0f%%", 100 * mat) +
                                   " of GPU time is matrix products and attention, the GPU idle " +
                                   fmt("%.0f%%", 100 * idle_all),
@@ -158,7 +159,8 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
   }
 
   // fp32 matrix work in a mixed-precision run.
-  if (f.precision != "fp32" && (a.fp32_matrix_ms >= 0.05 * std::max(a.matrix_ms, 1e-9) || a.fp32_matrix_ops > 0) &&
+  if (!a.cpu_only && f.precision != "fp32" &&
+      (a.fp32_matrix_ms >= 0.05 * std::max(a.matrix_ms, 1e-9) || a.fp32_matrix_ops > 0) &&
       (a.fp32_matrix_ms > 0 || a.fp32_matrix_ops > 0)) {
     Finding x{"fp32-matmul", "fp32 where " + f.precision + " was meant", "", "", share(a.fp32_matrix_ms, a)};
     x.evidence = fmt("%.3f ms/step in fp32/TF32 matrix kernels (%.0f%% of matrix time)", a.fp32_matrix_ms,

@@ -348,6 +348,20 @@ StepAnalysis analyze(const Timeline& t) {
     idle += w1 - covered;
     idle_data += overlap(covered, w1, data_wait);
   }
+  a.cpu_only = gpu.empty();
+  if (a.cpu_only) {  // no device activity (a CPU run): the window split by the host's innermost phase
+    std::vector<double> cuts = {w0, w1};
+    for (const auto& e : t.events)
+      if (e.kind == EventKind::kScope && !phase_of_scope(e.name).empty())
+        for (double c : {e.ts, e.end()})
+          if (c > w0 && c < w1) cuts.push_back(c);
+    std::sort(cuts.begin(), cuts.end());
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      std::string p = phases.at(0.5 * (cuts[i] + cuts[i + 1]));
+      by_phase[p.empty() ? "outside the step scopes" : p] += cuts[i + 1] - cuts[i];
+    }
+    idle = idle_data = 0;
+  }
   for (const auto& p : phase_order())
     if (by_phase.count(p)) a.busy_by_phase.push_back({p, by_phase[p] * per});
   for (const auto& [k, v] : by_kind) {
@@ -359,7 +373,7 @@ StepAnalysis analyze(const Timeline& t) {
   }
   std::sort(a.busy_by_kind.begin(), a.busy_by_kind.end(),
             [](const PhaseTime& x, const PhaseTime& y) { return x.ms > y.ms; });
-  for (const auto& p : a.busy_by_phase) a.gpu_busy_ms += p.ms;
+  for (const auto& p : a.busy_by_phase) a.gpu_busy_ms += p.ms;  // (host busy when cpu_only)
   a.idle_data_ms = idle_data * per;
   a.idle_other_ms = (idle - idle_data) * per;
   a.kernels_per_step = static_cast<double>(kernel_us.size()) / a.steps;
@@ -521,15 +535,18 @@ std::string format_breakdown(const StepAnalysis& a, double measured) {
     std::snprintf(buf, sizeof buf, "| %s | %.3f | %.1f%% |\n", what.c_str(), ms, a.step_ms > 0 ? 100 * ms / a.step_ms : 0);
     s << buf;
   };
+  if (a.cpu_only) s << "No device activity in this trace: the step is split by the host's innermost phase.\n\n";
   std::snprintf(buf, sizeof buf, "Step: %.3f ms (window of %d steps, %.3f ms)%s\n\n", a.step_ms, a.steps, a.window_ms,
                 a.captured ? "; each step is one CUDA graph launch, so its kernels are not split by phase "
                              "(--profile-uncaptured profiles the same step eagerly)"
                            : "");
   s << buf;
   s << "| part of the step | ms/step | share |\n|---|---|---|\n";
-  for (const auto& p : a.busy_by_phase) line("GPU busy: " + p.phase, p.ms);
-  line("GPU idle: waiting for data", a.idle_data_ms);
-  line("GPU idle: between kernels (launch and host gaps)", a.idle_other_ms);
+  for (const auto& p : a.busy_by_phase) line((a.cpu_only ? "host: " : "GPU busy: ") + p.phase, p.ms);
+  if (!a.cpu_only) {
+    line("GPU idle: waiting for data", a.idle_data_ms);
+    line("GPU idle: between kernels (launch and host gaps)", a.idle_other_ms);
+  }
   std::snprintf(buf, sizeof buf, "| **sum** | **%.3f** | |\n",
                 a.gpu_busy_ms + a.idle_data_ms + a.idle_other_ms);
   s << buf;

@@ -78,6 +78,7 @@ struct StepAnalysis {
   double window_ms = 0;      // from the first step's start to the last GPU activity or step end
   double step_ms = 0;        // window_ms / steps
   bool captured = false;     // the steps launched CUDA graphs (cudaGraphLaunch)
+  bool cpu_only = false;     // no GPU activity: busy_by_phase is host time by phase, no idle parts
   int64_t graph_launches = 0;
 
   // The breakdown, per step; busy_by_phase + idle_data_ms + idle_other_ms == step_ms.

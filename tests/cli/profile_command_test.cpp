@@ -1,0 +1,113 @@
+// perftrain profile and train --profile on the CPU, as a user runs them: the
+// schedule's window becomes a trace (valid JSON with traceEvents and our
+// metadata) holding the step's scopes nested as they ran; profile.md and the
+// per-window report say where the time went; bad options exit 2 naming them.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "base/fs.h"
+#include "support/test_support.h"
+
+namespace {
+
+using perftrain::testing::TempDir;
+using perftrain::testing::run_shell;
+
+perftrain::testing::CommandResult run(const std::string& args) {
+  return run_shell(std::string(PERFTRAIN_BINARY) + " " + args);
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+const std::string kTinyModel =
+    " --device cpu --set model.depth=2 --set model.hidden=32 --set model.heads=2 --set model.patch=8";
+
+// The names of the events in a trace, and whether `inner` lies inside `outer` on one thread.
+struct Trace {
+  nlohmann::json j;
+  explicit Trace(const std::string& path) : j(nlohmann::json::parse(perftrain::testing::read_raw(path))) {}
+  bool has(const std::string& name) const {
+    for (const auto& e : j["traceEvents"])
+      if (e.value("name", "") == name) return true;
+    return false;
+  }
+  bool nested(const std::string& inner, const std::string& outer) const {
+    for (const auto& i : j["traceEvents"]) {
+      if (i.value("name", "") != inner) continue;
+      for (const auto& o : j["traceEvents"]) {
+        if (o.value("name", "") != outer || o["tid"] != i["tid"]) continue;
+        const double is = i["ts"].get<double>(), ie = is + i["dur"].get<double>();
+        const double os = o["ts"].get<double>(), oe = os + o["dur"].get<double>();
+        if (os <= is && ie <= oe) return true;
+      }
+    }
+    return false;
+  }
+};
+
+TEST(CliProfile, ProfilesAStepOnTheCpu) {
+  TempDir tmp;
+  const std::string out = tmp.file("p");
+  const auto r = run("profile" + kTinyModel + " --model DiT-T/4 --batch 2 --variant eager-fp32 --timed-steps 2"
+                     " --schedule wait=1,warmup=1,active=2 --group-by scope --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "### Where the step's time goes")) << r.output;
+  EXPECT_TRUE(contains(r.output, "host: forward")) << r.output;
+  EXPECT_TRUE(contains(r.output, "### Diagnosis")) << r.output;
+  EXPECT_TRUE(contains(r.output, "`perftrain::backward`")) << r.output;  // the op table by scope
+  const std::string md = perftrain::testing::read_raw(out + "/profile.md");
+  EXPECT_TRUE(contains(md, "Measured without the profiler"));
+  const Trace t(out + "/window-0.json");
+  ASSERT_TRUE(t.j["traceEvents"].is_array());
+  EXPECT_EQ(t.j["perftrain"]["captured"], "false");
+  EXPECT_EQ(t.j["perftrain"]["steps"], "2-3");
+  EXPECT_TRUE(t.has("ProfilerStep#2") && t.has("ProfilerStep#3") && !t.has("ProfilerStep#1"));
+  EXPECT_TRUE(t.nested("perftrain::block 1", "perftrain::forward"));
+  EXPECT_TRUE(t.nested("perftrain::forward", "perftrain::loss"));
+  EXPECT_TRUE(t.nested("perftrain::loss", "perftrain::step"));
+  EXPECT_TRUE(t.nested("perftrain::backward", "perftrain::step"));
+  EXPECT_TRUE(t.nested("perftrain::optimizer", "perftrain::step"));
+  EXPECT_TRUE(t.nested("perftrain::ema", "perftrain::step"));
+  EXPECT_TRUE(t.nested("perftrain::data_wait", "ProfilerStep#2"));
+  // a second run into the same directory is refused
+  const auto again = run("profile" + kTinyModel + " --model DiT-T/4 --batch 2 --variant eager-fp32 --out " + out);
+  EXPECT_EQ(again.code, 2) << again.output;
+}
+
+TEST(CliProfile, BadOptionsExit2NamingThem) {
+  TempDir tmp;
+  auto r = run("profile --device cpu --schedule active=0 --out " + tmp.file("a"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.output, "--schedule: active must be at least 1")) << r.output;
+  r = run("profile --device cpu --group-by kernels --out " + tmp.file("b"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.output, "--group-by must be kernel, op or scope")) << r.output;
+  r = run("profile --device cpu --variant fastest --out " + tmp.file("c"));
+  EXPECT_EQ(r.code, 2);
+  r = run("train --device cpu --profile sleep=3 --runs-dir " + tmp.path());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.output, "--profile: unknown key 'sleep'")) << r.output;
+  EXPECT_FALSE(perftrain::fs::exists(tmp.file("a")));
+}
+
+TEST(CliProfile, TrainProfilesWindowsOfARealRun) {
+  TempDir tmp;
+  const auto r = run("train --data synthetic --steps 5 --batch-size 2 --run-name r --runs-dir " + tmp.path() +
+                     kTinyModel + " --set log.sample_per_class=1 --set diffusion.sample_steps=1"
+                     " --set log.sample_classes=2 --set log.every=2 --profile skip_first=1,warmup=1,active=2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "profile: window 0:")) << r.output;
+  const std::string dir = tmp.file("r/profile");
+  const Trace t(dir + "/window-0.json");
+  EXPECT_TRUE(t.has("ProfilerStep#2") && t.has("ProfilerStep#3"));
+  EXPECT_TRUE(t.nested("perftrain::data_wait", "ProfilerStep#2"));
+  EXPECT_TRUE(t.nested("perftrain::backward", "perftrain::step"));
+  EXPECT_TRUE(t.has("perftrain::log_window"));  // step 4 (index 3) ends a log window
+  const std::string md = perftrain::testing::read_raw(dir + "/window-0.md");
+  EXPECT_TRUE(contains(md, "### Diagnosis")) << md;
+  EXPECT_TRUE(contains(md, "host: backward")) << md;
+}
+
+}  // namespace
