@@ -103,6 +103,12 @@ std::string NonFiniteSite::message() const {
   return o.str();
 }
 
+std::string first_nonfinite_tensor(const nn::Module& module) {
+  for (const auto& [name, t] : module.state())
+    if (!all_finite(t)) return name;
+  return "";
+}
+
 NonFiniteSite locate_nonfinite(const nn::Module& model, const std::function<at::Tensor()>& loss_fn,
                                bool anomaly_mode) {
   NonFiniteSite site;
@@ -117,6 +123,36 @@ NonFiniteSite locate_nonfinite(const nn::Module& model, const std::function<at::
   }
   std::unique_ptr<torch::autograd::DetectAnomalyGuard> anomaly;
   if (anomaly_mode) anomaly = std::make_unique<torch::autograd::DetectAnomalyGuard>();
+
+  // Backward: gradients of each module's outputs, then of its inputs, and of
+  // each parameter, in the order autograd computes them. The module hook
+  // goes on before the forward, which places the tensor hooks it needs.
+  std::map<std::string, bool> grad_out_finite;  // module -> all gradients of its outputs finite so far
+  std::map<std::string, std::vector<TensorSummary>> grad_outs;
+  auto consider = [&](const std::string& module, const std::string& type, const std::string& what,
+                      const at::Tensor& grad) {
+    if (site.found || all_finite(grad)) return;
+    auto it = grad_out_finite.find(module);
+    if (it != grad_out_finite.end() && !it->second) return;  // inherited from its output's gradient
+    site.found = true;
+    site.phase = "backward";
+    site.module = module;
+    site.type = type;
+    site.detail = what + " non-finite while the gradients of its outputs were finite";
+    site.inputs = grad_outs[module];
+    site.outputs = {summarize_tensor(grad)};
+  };
+  nn::HookHandle bwd = model.add_backward_hook(
+      [&](const std::string& name, const nn::Module& m, nn::GradOf which, size_t index, const at::Tensor& grad) {
+        if (which == nn::GradOf::kOutput) {
+          const bool ok = all_finite(grad);
+          auto [it, fresh] = grad_out_finite.emplace(name, ok);
+          if (!fresh) it->second = it->second && ok;
+          grad_outs[name].push_back(summarize_tensor(grad));
+          return;
+        }
+        consider(name, m.type_name(), "the gradient of input " + std::to_string(index), grad);
+      });
 
   // Forward: hooks fire as each module returns, innermost first.
   NonFiniteSite first_any;  // the first non-finite output at all, when no module made one from finite inputs
@@ -149,41 +185,19 @@ NonFiniteSite locate_nonfinite(const nn::Module& model, const std::function<at::
   }
   if (!loss.requires_grad()) return site;
 
-  // Backward: gradients of each module's outputs, then of its inputs, and of
-  // each parameter, in the order autograd computes them.
-  std::map<std::string, bool> grad_out_finite;  // module -> all gradients of its outputs finite so far
-  std::map<std::string, std::vector<TensorSummary>> grad_outs;
-  auto consider = [&](const std::string& module, const std::string& type, const std::string& what,
-                      const at::Tensor& grad) {
-    if (site.found || all_finite(grad)) return;
-    auto it = grad_out_finite.find(module);
-    if (it != grad_out_finite.end() && !it->second) return;  // inherited from its output's gradient
-    site.found = true;
-    site.phase = "backward";
-    site.module = module;
-    site.type = type;
-    site.detail = what + " non-finite while the gradients of its outputs were finite";
-    site.inputs = grad_outs[module];
-    site.outputs = {summarize_tensor(grad)};
-  };
   {
-    nn::HookHandle bwd = model.add_backward_hook(
-        [&](const std::string& name, const nn::Module& m, nn::GradOf which, size_t index, const at::Tensor& grad) {
-          if (which == nn::GradOf::kOutput) {
-            const bool ok = all_finite(grad);
-            auto [it, fresh] = grad_out_finite.emplace(name, ok);
-            if (!fresh) it->second = it->second && ok;
-            grad_outs[name].push_back(summarize_tensor(grad));
-            return;
-          }
-          consider(name, m.type_name(), "the gradient of input " + std::to_string(index), grad);
-        });
+    double largest = -1;  // the largest |gradient| element, for a norm that overflows from finite parts
+    std::string largest_name;
     std::vector<std::pair<at::Tensor, unsigned>> param_hooks;
     for (const auto& [name, p] : params) {
       if (!p.requires_grad()) continue;
       const std::string pname = name;
       param_hooks.emplace_back(p, p.register_hook([&, pname](const at::Tensor& grad) {
                                  consider(owner_of(pname), "", "the gradient of parameter " + pname, grad);
+                                 if (!site.found && grad.numel() > 0) {
+                                   const double m = grad.detach().abs().max().item<double>();
+                                   if (m > largest) largest = m, largest_name = pname;
+                                 }
                                }));
     }
     try {
@@ -192,6 +206,12 @@ NonFiniteSite locate_nonfinite(const nn::Module& model, const std::function<at::
       if (!site.found) site.detail = "backward threw: " + compat::error_message(e);
     }
     for (auto& [p, h] : param_hooks) p.remove_hook(h);
+    if (!site.found && site.detail.empty() && largest >= 0) {
+      std::ostringstream o;
+      o << "every module's output and gradient was finite; the largest |gradient| is " << largest << " in "
+        << largest_name << " (a norm of such gradients can overflow float32, whose largest value is 3.4e38)";
+      site.detail = o.str();
+    }
   }
   at::NoGradGuard no_grad;
   for (const auto& [name, p] : params) p.mutable_grad() = at::Tensor();

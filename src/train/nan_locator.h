@@ -47,4 +47,8 @@ struct NonFiniteSite {
 NonFiniteSite locate_nonfinite(const nn::Module& model, const std::function<at::Tensor()>& loss_fn,
                                bool anomaly_mode = false);
 
+// The name of the first tensor of `module`'s state holding a NaN/Inf, or ""
+// (one host sync per tensor): a checkpoint is never written from such weights.
+std::string first_nonfinite_tensor(const nn::Module& module);
+
 }  // namespace perftrain::train

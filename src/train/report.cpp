@@ -1,5 +1,6 @@
 #include "train/report.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "io/atomic_file.h"
@@ -23,6 +24,25 @@ std::string gib(const std::optional<double>& v) {
   std::ostringstream o;
   o << *v << " GiB";
   return o.str();
+}
+
+// The training-health section: how gradients were monitored, the
+// detectors' warnings, non-finite steps and where the first one came from.
+std::string health_section(const TrainSummary& s) {
+  std::ostringstream r;
+  r << "\n## Training health\n\n"
+    << "- gradient monitoring: " << (s.health_monitor.empty() ? "off" : s.health_monitor) << "\n"
+    << "- non-finite steps (update skipped): " << s.nonfinite_steps << "\n";
+  if (!s.nonfinite_site.empty()) r << "- first non-finite value: " << s.nonfinite_site << "\n";
+  if (s.health_warnings.empty()) {
+    r << "- warnings: none\n";
+  } else {
+    r << "- warnings (" << s.health_warnings.size() << "):\n";
+    const size_t shown = std::min<size_t>(s.health_warnings.size(), 50);
+    for (size_t i = 0; i < shown; ++i) r << "  - " << s.health_warnings[i] << "\n";
+    if (shown < s.health_warnings.size()) r << "  - ... and " << s.health_warnings.size() - shown << " more in metrics.jsonl\n";
+  }
+  return r.str();
 }
 
 }  // namespace
@@ -55,7 +75,8 @@ void write_report(const std::string& path, const TrainConfig& cfg, const TrainSu
     << "| peak memory | " << gib(s.peak_memory_gib) << " |\n"
     << "| last checkpoint | " << s.last_checkpoint << " |\n"
     << "| last samples | " << s.last_samples << " |\n\n"
-    << "Metrics per logging window are in metrics.jsonl; the resolved config is config.toml.\n";
+    << "Metrics per logging window are in metrics.jsonl; the resolved config is config.toml.\n"
+    << health_section(s);
   io::write_text_atomic(path, r.str());
 }
 

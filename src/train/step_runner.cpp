@@ -6,12 +6,19 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/logical_and.h>
+#include <ATen/ops/logical_not.h>
+#include <ATen/ops/logical_or.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cmath>
+#include <deque>
+#include <limits>
 #include <optional>
 
 #include "base/error.h"
@@ -27,6 +34,7 @@
 #include "train/device_optimizer.h"
 #include "train/ema.h"
 #include "train/grad_clip.h"
+#include "train/grad_monitor.h"
 #include "train/lr_schedule.h"
 #include "train/speed.h"
 
@@ -62,6 +70,54 @@ struct StepRunner::Impl {
   bool weight_grad_stream = false;
   bool weight_uses_checked = false;
   std::string weight_grad_note;
+
+  // Training health (docs/guide/health.md). The gradient statistics of every
+  // health.monitor_every-th step are computed inside that step; with the
+  // graph, by a second captured graph of the same step plus the monitor
+  // (sharing the first one's memory pool), so the other steps replay
+  // exactly what runs without monitoring.
+  std::unique_ptr<GradMonitor> monitor;
+  bool monitoring = false;  // this body() monitors
+  std::unique_ptr<at::cuda::CUDAGraph> monitored_graph;
+  std::string monitor_note;  // why monitored steps are not captured
+  // The non-finite guard: a step whose loss or gradient norm is inf/NaN
+  // skips its update (the device optimizer's skip_nonfinite; the host path
+  // checks on the host) and stays out of the window's means. health: float32
+  // [3] on the device: steps run, the first non-finite one (-1: none),
+  // non-finite steps in the window. nan_policy stop: every step after a
+  // non-finite one is skipped too, so the weights stay those it saw.
+  bool guard = false, halt_after_bad = false;
+  at::Tensor health, last_bad;
+  struct Recent {
+    int64_t step;
+    data::Batch batch;
+    at::Tensor gen_state;
+  };
+  std::deque<Recent> recent;  // the last batches, for the eager re-run
+  size_t recent_max = 0;
+
+  // 1, or NaN when the loss is non-finite or (stop) an earlier step was: the
+  // loss is multiplied by it, so such a step's gradient norm is NaN.
+  at::Tensor nonfinite_gate(const at::Tensor& loss) {
+    at::NoGradGuard no_grad;
+    at::Tensor ok = at::isfinite(loss.detach());
+    if (halt_after_bad) ok = at::logical_and(ok, health.select(0, 1) < 0);
+    return at::where(ok, 1.0, std::numeric_limits<double>::quiet_NaN()).to(loss.scalar_type());
+  }
+
+  void record_step(const at::Tensor& loss, const at::Tensor& grad_norm) {
+    at::NoGradGuard no_grad;
+    at::Tensor bad = at::logical_not(at::isfinite(loss.detach()));
+    // fp16: an inf/NaN gradient alone is the loss scale's overflow, which the scale handles.
+    if (grad_norm.defined() && cfg.optim.precision != "fp16")
+      bad = at::logical_or(bad, at::logical_not(at::isfinite(grad_norm.to(device))));
+    if (halt_after_bad) bad = at::logical_or(bad, health.select(0, 1) >= 0);
+    at::Tensor steps = health.select(0, 0), first = health.select(0, 1), count = health.select(0, 2);
+    steps.add_(1);
+    first.copy_(at::where(at::logical_and(bad, first < 0), steps, first));
+    count.add_(bad.to(at::kFloat));
+    last_bad = bad;
+  }
 
   // The whole-step graph and its static inputs. The batch goes pinned host ->
   // staging (side stream, overlapping the previous replay) -> static (a
@@ -107,6 +163,7 @@ struct StepRunner::Impl {
     const ops::ComputeWeightsScope weights(&compute_weights);
     diffusion::LossTerms terms = objective(x, y, cond, cond_len);
     at::Tensor loss = terms.loss;
+    if (guard) loss = loss * nonfinite_gate(terms.loss);
     if (device_optimizer) {
       if (cfg.optim.precision == "fp16") loss = loss * device_optimizer->loss_scale();
       if (weight_grad_stream && !weight_uses_checked) check_weight_uses(loss);
@@ -117,33 +174,54 @@ struct StepRunner::Impl {
         const ops::WeightGradOverlap overlap(weight_grad_stream, device);
         loss.backward();
       }
+      if (monitoring)
+        monitor->before_update(cfg.optim.precision == "fp16" ? device_optimizer->loss_scale() : at::Tensor());
       {
         PERFTRAIN_SCOPE("optimizer");  // clipping, AdamW and the EMA in one pass
         device_optimizer->step();
       }
+      if (monitoring) monitor->after_update();
+      if (guard) record_step(terms.loss, device_optimizer->grad_norm());
     } else {
       {
         PERFTRAIN_SCOPE("backward");
         loss.backward();
       }
-      ++updates;
+      if (monitoring) monitor->before_update();
+      at::Tensor norm;
       if (cfg.optim.grad_clip > 0) {
         PERFTRAIN_SCOPE("clip");
-        host_grad_norm = clip_grad_norm_(params, cfg.optim.grad_clip);
+        norm = host_grad_norm = clip_grad_norm_(params, cfg.optim.grad_clip);
+      } else if (guard) norm = global_grad_norm(params);
+      // The host optimizer's guard reads the norm on the host (a sync per
+      // step on this path; the device optimizer's does not).
+      const bool skip = guard && !(std::isfinite(terms.loss.item<double>()) && std::isfinite(norm.item<double>()));
+      if (guard) record_step(terms.loss, norm);
+      if (skip) {
+        for (auto& p : params) p.mutable_grad() = at::Tensor();
+      } else {
+        ++updates;
+        {
+          PERFTRAIN_SCOPE("optimizer");
+          adamw->step(lr_at(updates, cfg.optim.lr, cfg.optim.warmup_steps));
+        }
+        if (!ema_params.empty()) {
+          PERFTRAIN_SCOPE("ema");
+          ema_update_(ema_params, params, ema_decay_at(updates - 1, cfg.optim.ema_decay, cfg.optim.ema_warmup));
+        }
       }
-      {
-        PERFTRAIN_SCOPE("optimizer");
-        adamw->step(lr_at(updates, cfg.optim.lr, cfg.optim.warmup_steps));
-      }
-      if (!ema_params.empty()) {
-        PERFTRAIN_SCOPE("ema");
-        ema_update_(ema_params, params, ema_decay_at(updates - 1, cfg.optim.ema_decay, cfg.optim.ema_warmup));
-      }
+      if (monitoring) monitor->after_update();
     }
     at::NoGradGuard no_grad;
-    loss_sum.add_(terms.loss.detach());
-    mse_sum.add_(terms.mse);
-    if (terms.vb.defined()) vb_sum.add_(terms.vb);
+    if (guard) {  // a non-finite step stays out of the window's means
+      loss_sum.add_(at::where(last_bad, 0.0, terms.loss.detach()));
+      mse_sum.add_(at::where(last_bad, 0.0, terms.mse));
+      if (terms.vb.defined()) vb_sum.add_(at::where(last_bad, 0.0, terms.vb));
+    } else {
+      loss_sum.add_(terms.loss.detach());
+      mse_sum.add_(terms.mse);
+      if (terms.vb.defined()) vb_sum.add_(terms.vb);
+    }
   }
 
   // The side stream needs each weight used once per step (ops/weight_grad_lane.h);
@@ -219,8 +297,10 @@ struct StepRunner::Impl {
 
   // Captures body() on the static buffers. Returns "" or why it failed; a
   // failed capture leaves the model as it was (a capture runs nothing).
-  std::string capture() {
+  std::string capture(bool monitored = false) {
     std::string error;
+    const bool was_monitoring = monitoring;
+    monitoring = monitored;
     // The warm-up's cached blocks would otherwise sit beside the graph's own
     // pool: hand them back so that a large model's capture fits (DiT-XL/2
     // b256 ran out of memory capturing with 83 GiB cached but unused).
@@ -231,7 +311,8 @@ struct StepRunner::Impl {
       auto g = std::make_unique<at::cuda::CUDAGraph>();
       try {
         g->register_generator_state(gen);
-        g->capture_begin();
+        if (monitored) g->capture_begin(graph->pool());  // the two graphs never run at once
+        else g->capture_begin();
         try {
           body(x_static, y_static, cond_static, len_static);
         } catch (...) {
@@ -242,15 +323,29 @@ struct StepRunner::Impl {
           throw;
         }
         g->capture_end();
-        graph = std::move(g);
+        (monitored ? monitored_graph : graph) = std::move(g);
       } catch (const std::exception& e) {
         error = compat::error_message(e);
       }
       compat::set_autocast_cache_enabled(true);
     });
+    monitoring = was_monitoring;
     if (!error.empty())
       for (auto& p : params) p.mutable_grad() = at::Tensor();
     return error;
+  }
+
+  // Replays the step's graph: the monitored one on a monitored step
+  // (captured on first use; when that capture fails, the plain one, and
+  // monitor_note says so).
+  void replay() {
+    PERFTRAIN_SCOPE("graph_replay");
+    if (monitoring && !monitored_graph && monitor_note.empty()) {
+      const std::string error = capture(true);
+      if (!error.empty()) monitor_note = "gradient monitoring off: its graph failed to capture: " + error;
+    }
+    if (monitoring && monitored_graph) monitored_graph->replay();
+    else graph->replay();
   }
 };
 
@@ -288,6 +383,7 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
     o.ema_decay = cfg.optim.ema_decay, o.ema_warmup = cfg.optim.ema_warmup;
     o.dynamic_loss_scale = opts.precision == "fp16";
     o.grad_norm = opts.grad_norm || o.grad_clip > 0 || o.dynamic_loss_scale;
+    o.skip_nonfinite = opts.grad_norm && !o.dynamic_loss_scale;  // the non-finite guard
     // bf16 copies of the weights, rewritten by each update, for the fused ops
     // to multiply with (instead of a cast per product).
     o.bf16_shadows = opts.precision == "bf16" && s.execution.fused_kernels;
@@ -307,6 +403,12 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
   }
   const auto f32 = at::TensorOptions().device(device).dtype(at::kFloat);
   s.loss_sum = at::zeros({}, f32), s.mse_sum = at::zeros({}, f32), s.vb_sum = at::zeros({}, f32);
+  s.guard = opts.grad_norm;
+  s.halt_after_bad = cfg.health.nan_policy == "stop";
+  s.health = at::zeros({3}, f32);
+  s.health.select(0, 1).fill_(-1);
+  s.recent_max = s.guard ? static_cast<size_t>(std::max<int64_t>(cfg.log.every, 1)) + 1 : 0;
+  if (cfg.health.monitor_every > 0) s.monitor = std::make_unique<GradMonitor>(model.named_parameters());
 
   if (!cuda) graph_status_ = "eager: CPU device";
   else if (!speed.graph) graph_status_ = "eager: graph off (speed.graph / --graph off)";
@@ -337,6 +439,12 @@ void StepRunner::step(const data::Batch& batch) {
   // The parameters may have been loaded since the copies were made (resume);
   // from here on every update rewrites them.
   if (steps_done_ == 0 && s.device_optimizer) s.device_optimizer->refresh_shadows();
+  const int64_t this_step = steps_done_ + 1;
+  s.monitoring = s.monitor && this_step % s.cfg.health.monitor_every == 0;
+  if (s.recent_max > 0) {  // the batch and where the generator stood, for an eager re-run
+    s.recent.push_back({this_step, batch, s.gen.get_state()});
+    if (s.recent.size() > s.recent_max) s.recent.pop_front();
+  }
   auto on_device = [&](const at::Tensor& t) { return t.defined() ? t.to(s.device, true) : t; };
   if (!s.device.is_cuda()) {
     s.body(batch.x.to(s.device), batch.y.to(s.device), on_device(batch.cond), on_device(batch.cond_len));
@@ -345,10 +453,7 @@ void StepRunner::step(const data::Batch& batch) {
     s.body(s.x_static, s.y_static, s.cond_static, s.len_static);
   } else if (s.graph && s.fits_static(batch)) {
     s.stage(batch);
-    {
-      PERFTRAIN_SCOPE("graph_replay");
-      s.graph->replay();
-    }
+    s.replay();
   } else if (s.graph) {  // a batch of another shape: the graph cannot take it
     s.body(on_device(batch.x), on_device(batch.y), on_device(batch.cond), on_device(batch.cond_len));
   } else {
@@ -359,10 +464,7 @@ void StepRunner::step(const data::Batch& batch) {
       const std::string error = s.capture();
       if (error.empty()) {
         graph_status_ = "captured at step " + std::to_string(steps_done_ + 1);
-        {
-          PERFTRAIN_SCOPE("graph_replay");
-          s.graph->replay();
-        }
+        s.replay();
       } else {
         graph_status_ = "eager: capture failed: " + error;
         s.graph_wanted = false;
@@ -370,6 +472,8 @@ void StepRunner::step(const data::Batch& batch) {
       }
     }
   }
+  if (s.monitoring && (s.monitored_graph || !s.graph)) s.monitor->queue_readback(this_step);
+  s.monitoring = false;
   ++s.window;
   ++steps_done_;
 }
@@ -380,10 +484,21 @@ WindowStats StepRunner::take_window() {
   Impl& s = *impl_;
   WindowStats w;
   w.steps = s.window;
-  if (s.window > 0) {
-    w.loss = s.loss_sum.item<double>() / s.window;  // the one host sync
-    w.mse = s.mse_sum.item<double>() / s.window;
-    w.vb = s.vb_sum.item<double>() / s.window;
+  int64_t finite_steps = s.window;
+  if (s.guard) {
+    const at::Tensor h = s.health.to(at::kCPU);  // the one host sync
+    w.first_nonfinite_step = static_cast<int64_t>(h[1].item<float>());
+    w.nonfinite_steps = static_cast<int64_t>(h[2].item<float>());
+    finite_steps -= w.nonfinite_steps;
+    s.health.select(0, 2).zero_();
+    if (s.cfg.health.nan_policy == "skip") s.health.select(0, 1).fill_(-1);
+  }
+  if (finite_steps > 0) {
+    w.loss = s.loss_sum.item<double>() / finite_steps;  // the one host sync without the guard
+    w.mse = s.mse_sum.item<double>() / finite_steps;
+    w.vb = s.vb_sum.item<double>() / finite_steps;
+  } else if (s.window > 0) {
+    w.loss = w.mse = w.vb = std::numeric_limits<double>::quiet_NaN();
   }
   if (s.device_optimizer) {
     if (s.device_optimizer->options().grad_norm) w.grad_norm = s.device_optimizer->grad_norm().item<double>();
@@ -409,5 +524,44 @@ void StepRunner::load_optimizer_state(const std::vector<std::pair<std::string, a
 }
 
 void StepRunner::set_updates_taken(int64_t n) { impl_->updates = n; }
+
+std::vector<observe::GradHealthSample> StepRunner::take_grad_health(bool wait) {
+  return impl_->monitor ? impl_->monitor->take_ready(wait) : std::vector<observe::GradHealthSample>{};
+}
+
+const std::string& StepRunner::monitor_note() const { return impl_->monitor_note; }
+
+NonFiniteSite StepRunner::locate_nonfinite(int64_t step) {
+  Impl& s = *impl_;
+  NonFiniteSite none;
+  const Impl::Recent* r = nullptr;
+  for (const auto& e : s.recent)
+    if (e.step == step) r = &e;
+  if (r == nullptr) {
+    none.detail = "the batch of step " + std::to_string(step) + " is no longer kept";
+    return none;
+  }
+  compat::synchronize(s.device);
+  // The same objective on the same batch and random draws, eagerly through
+  // the plain modules (whose forwards fire the hooks), no optimizer step;
+  // the training generator and execution plan are put back afterwards.
+  struct Restore {
+    Impl& s;
+    at::Generator gen;
+    models::DiTExecution execution;
+    ~Restore() { s.gen = gen, s.execution = execution; }
+  } restore{s, s.gen, s.execution};
+  at::Generator replay_gen = s.gen.clone();
+  replay_gen.set_state(r->gen_state);
+  s.gen = replay_gen;
+  s.execution = models::DiTExecution{};
+  auto on_device = [&](const at::Tensor& t) { return t.defined() ? t.to(s.device) : t; };
+  const data::Batch& b = r->batch;
+  NonFiniteSite site = train::locate_nonfinite(
+      s.model,
+      [&] { return s.objective(on_device(b.x), on_device(b.y), on_device(b.cond), on_device(b.cond_len)).loss; },
+      s.cfg.health.anomaly_mode);
+  return site;
+}
 
 }  // namespace perftrain::train

@@ -24,7 +24,9 @@
 
 #include "data/batch_loader.h"
 #include "models/diffusion_model.h"
+#include "observe/grad_health.h"
 #include "train/config.h"
+#include "train/nan_locator.h"
 
 namespace perftrain::train {
 
@@ -47,6 +49,12 @@ struct WindowStats {
   double lr = 0;                     // of the last step
   double loss_scale = 1;             // fp16 only
   int64_t skipped_steps = 0;         // fp16 steps skipped for inf/NaN gradients, in total
+  // The non-finite guard (health.nan_policy; off in the bench, whose step
+  // has no gradient norm): steps of the window whose loss or gradient norm
+  // was inf/NaN, their update skipped and left out of the means above, and
+  // the first of them (runner step, 1 = this runner's first; -1: none).
+  int64_t nonfinite_steps = 0;
+  int64_t first_nonfinite_step = -1;
 };
 
 class StepRunner {
@@ -82,6 +90,20 @@ class StepRunner {
   // uses a weight twice, and the note says so: "" otherwise).
   bool weight_grad_stream() const;
   const std::string& weight_grad_note() const;
+
+  // Gradient health (health.monitor_every > 0; train/grad_monitor.h): the
+  // statistics of the monitored steps whose copy to the host has finished
+  // (wait: all of them), step = runner step. A note when monitored steps
+  // could not be captured ("" otherwise).
+  std::vector<observe::GradHealthSample> take_grad_health(bool wait = false);
+  const std::string& monitor_note() const;
+  // Re-runs the batch of runner step `step` (one of the last log.every + 1)
+  // eagerly on the plain modules, from the generator state that step began
+  // with and the current weights (with nan_policy stop, those the step saw:
+  // every update after it was skipped), checking every module's output and
+  // every gradient (train/nan_locator.h). found = false, with the reason in
+  // detail, when that batch is no longer kept or nothing went non-finite.
+  NonFiniteSite locate_nonfinite(int64_t step);
 
   // Optimizer state for checkpoints, named as AdamW::state() names it.
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;

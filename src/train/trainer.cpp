@@ -16,6 +16,7 @@
 #include "compat/compat.h"
 #include "observe/plot/svg_plot.h"
 #include "observe/tensorboard/event_writer.h"
+#include "observe/tensorboard/health_events.h"
 #include "ops/cublaslt_workspace.h"
 #include "train/checkpoint.h"
 #include "train/progress.h"
@@ -28,6 +29,8 @@
 #include "train/step_runner.h"
 #include "base/scope.h"
 #include "train/run_profiler.h"
+#include "observe/grad_health.h"
+#include "train/nan_locator.h"
 
 namespace perftrain::train {
 namespace {
@@ -152,10 +155,12 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   if (state.step >= cfg.optim.steps)
     throw UsageError("the run is already at step " + std::to_string(state.step) +
                      "; raise train.steps to continue it");
+  run.start(cfg.to_toml(), resume_dir.empty() ? -1 : state.step);
   // TensorBoard: the values each log window already read back, weight
   // histograms every log.histogram_every steps, the sample grids.
   std::unique_ptr<observe::tensorboard::EventWriter> events;
   if (cfg.log.tensorboard) events = std::make_unique<observe::tensorboard::EventWriter>(run.file("tb"));
+  std::optional<observe::GradHealthSample> flow_sample;  // the latest monitored step, for gradient_flow.svg
 
   log << "perftrain: " << cfg.model.name << " (" << model.parameter_count(true) << " trainable parameters) on "
       << compat::device_description(device) << ", " << precision
@@ -163,7 +168,6 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
                                  (cfg.speed.recompute ? ", recompute" : "") +
                                  (cfg.speed.gelu_recompute ? ", GELU recomputed in backward" : "") +
                                  (cfg.speed.attention == "cudnn" ? ", cuDNN attention" : "") +
-  run.start(cfg.to_toml(), resume_dir.empty() ? -1 : state.step);
                                  (runner.weight_grad_stream() ? ", weight gradients on a second stream" : "")
                            : std::string())
       << "\n"
@@ -183,17 +187,30 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   double wait_at_window_start = 0;
   compat::reset_peak_memory(device);
 
-  auto plots = [&]() {  // loss.svg (and .png with a converter) in the run directory
+  auto plots = [&]() {  // loss.svg, gradient_flow.svg (and .png with a converter) in the run directory
     try {
       observe::plot::write_loss_curve(run.file("metrics.jsonl"), run.file("loss.svg"));
+      if (flow_sample) observe::plot::write_gradient_flow(*flow_sample, run.file("gradient_flow.svg"));
     } catch (const std::exception& e) {
-      log << "warning: no loss plot: " << e.what() << "\n";
+      log << "warning: no plot: " << e.what() << "\n";
     }
   };
   auto save = [&]() {
     PERFTRAIN_SCOPE("checkpoint");
+    // Never a checkpoint from non-finite weights (the guard keeps them
+    // finite; this is the last line of defence).
+    for (const nn::Module* m : {static_cast<const nn::Module*>(&model), static_cast<const nn::Module*>(&ema)}) {
+      const std::string bad = first_nonfinite_tensor(*m);
+      if (bad.empty()) continue;
+      const std::string msg = "no checkpoint at step " + std::to_string(state.step) + ": " +
+                              (m == &model ? "" : "EMA ") + bad + " holds NaN/Inf";
+      log << "warning: " << msg << "\n";
+      summary.health_warnings.push_back(msg);
+      return;
+    }
     summary.last_checkpoint = save_checkpoint(run.ckpt_dir(), cfg, state, model, ema, runner.optimizer_state(), gen,
                                               cfg.log.keep_checkpoints);
+    run.keep();
     plots();
   };
   auto samples = [&]() {
@@ -210,8 +227,23 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   if (!opts.profile.empty())
     profiler = std::make_unique<RunProfiler>(opts.profile, cfg, precision, device, run.path(), runner, log);
   std::string graph_status;
-    run.keep();
   bool tuning_logged = false;
+  // Training health (docs/guide/health.md): the detectors over the monitored
+  // steps' gradient statistics; the eager re-run that names where a
+  // non-finite value came from (every time with nan_policy stop, which then
+  // ends the run; the first few times with skip).
+  observe::HealthThresholds thresholds;
+  thresholds.vanish_norm = cfg.health.vanish_norm;
+  thresholds.patience = cfg.health.patience;
+  thresholds.explode_factor = cfg.health.explode_factor;
+  thresholds.median_window = cfg.health.median_window;
+  thresholds.median_min = std::min<int64_t>(5, cfg.health.median_window);
+  observe::HealthDetectors detectors(thresholds);
+  summary.health_monitor = cfg.health.monitor_every > 0
+                               ? "gradient statistics every " + std::to_string(cfg.health.monitor_every) + " steps"
+                               : "off (health.monitor_every = 0)";
+  bool monitor_noted = false;
+  int64_t locates = 0;
   while (state.step < cfg.optim.steps) {
     const int64_t step = state.step + 1;
     if (profiler) profiler->begin_step(step - summary.first_step);
@@ -228,6 +260,11 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       graph_status = runner.graph_status();
       if (graph_status != "eager: warming up") log << "step: " << graph_status << "\n";
     }
+    if (!monitor_noted && !runner.monitor_note().empty()) {
+      monitor_noted = true;
+      log << runner.monitor_note() << "\n";
+      summary.health_monitor += "; " + runner.monitor_note();
+    }
 
     if (step == summary.first_step) {
       runner.take_window();  // the first step is timed apart (one sync)
@@ -240,7 +277,50 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     if (step > summary.first_step && (step % cfg.log.every == 0 || step == cfg.optim.steps || stop)) {
       PERFTRAIN_SCOPE("log_window");
       const WindowStats w = runner.take_window();  // the one host sync per window
-      if (!std::isfinite(w.loss))
+      const int64_t runner_offset = step - runner.steps_done();  // runner step + this = run step (resumed runs)
+      std::vector<std::string> warnings_now;
+      if (w.nonfinite_steps > 0) {
+        const int64_t first_bad = w.first_nonfinite_step + runner_offset;
+        std::string msg = "step " + std::to_string(first_bad) + ": non-finite loss or gradients; " +
+                          std::to_string(w.nonfinite_steps) + " step(s) up to step " + std::to_string(step) +
+                          " skipped their update";
+        if (w.first_nonfinite_step > 0 && (cfg.health.nan_policy == "stop" || locates < 3)) {
+          ++locates;
+          const NonFiniteSite site = runner.locate_nonfinite(w.first_nonfinite_step);
+          summary.nonfinite_site = "step " + std::to_string(first_bad) + ": " + site.message();
+          msg += "\n" + site.message();
+        }
+        summary.nonfinite_steps += w.nonfinite_steps;
+        log << "warning: " << msg << "\n";
+        warnings_now.push_back(msg);
+        summary.health_warnings.push_back(msg);
+        if (cfg.health.nan_policy == "stop") {
+          run.log_metrics({{"step", step},
+                           {"nonfinite_steps", w.nonfinite_steps},
+                           {"first_nonfinite_step", first_bad},
+                           {"health_warnings", warnings_now}});
+          progress.finish();
+          summary.last_step = step;
+          summary.step_mode = runner.graph_status();
+          write_report(run.file("report.md"), cfg, summary, compat::device_description(device), precision,
+                       model.parameter_count(true), dataset->describe());
+          throw RuntimeError(msg + "\nstopped (health.nan_policy = stop): lower train.lr or set train.grad_clip; "
+                                   "health.nan_policy = skip skips such steps and goes on");
+        }
+      }
+      // The window's monitored steps (their copies finished: take_window synced).
+      std::optional<observe::GradHealthSample> grad_health;
+      for (auto& sample : runner.take_grad_health()) {
+        sample.step += runner_offset;
+        if (events) observe::tensorboard::add_grad_health(*events, sample);
+        for (const auto& h : detectors.observe(sample)) {
+          log << "warning: " << h.message << "\n";
+          warnings_now.push_back(h.message);
+          summary.health_warnings.push_back(h.message);
+        }
+        grad_health = std::move(sample);
+      }
+      if (!std::isfinite(w.loss) && w.nonfinite_steps == 0)
         throw RuntimeError("loss became " + std::to_string(w.loss) + " in the steps up to " + std::to_string(step) +
                            "; lower train.lr or set train.grad_clip");
       const double secs = seconds_since(window_start);
@@ -261,6 +341,20 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
                             {"epoch", state.position.epoch}};
       if (cfg.model.learn_sigma) rec["vb"] = w.vb;
       if (w.grad_norm >= 0) rec["grad_norm"] = w.grad_norm;
+      if (grad_health) {  // compact: the global values, then per module
+        auto stats = [](const observe::GradStats& g) {
+          return nlohmann::json{{"norm", g.norm},          {"mean_abs", g.mean_abs},
+                                {"max_abs", g.max_abs},    {"zero_share", g.zero_share},
+                                {"nonfinite", g.nonfinite}, {"update_ratio", g.update_ratio()}};
+        };
+        rec["grad"] = stats(grad_health->global);
+        rec["grad"]["step"] = grad_health->step;
+        nlohmann::json modules = nlohmann::json::object();
+        for (const auto& m : grad_health->modules) modules[m.name] = stats(m.stats);
+        rec["grad_modules"] = modules;
+      }
+      if (w.nonfinite_steps > 0) rec["nonfinite_steps"] = w.nonfinite_steps;
+      if (!warnings_now.empty()) rec["health_warnings"] = warnings_now;
       if (precision == "fp16") {
         rec["loss_scale"] = w.loss_scale;
         rec["skipped_steps"] = w.skipped_steps;
@@ -272,6 +366,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
           if (it.key() != "step" && it.value().is_number()) events->add_scalar("train/" + it.key(), step, it.value());
         events->flush();
       }
+      if (grad_health) flow_sample = grad_health;
       progress.report(step, w.loss, img_per_s, steps_per_s);
       window_start = Clock::now();
       wait_at_window_start = loader.wait_seconds();

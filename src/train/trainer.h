@@ -9,6 +9,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "train/config.h"
 
@@ -39,6 +40,13 @@ struct TrainSummary {
   std::optional<double> peak_memory_gib;  // CUDA only
   std::string step_mode;     // how the step ran: "captured at step 4" (CUDA graph) or "eager: <why>"
   int stop_signal = 0;       // SIGINT / SIGTERM that stopped the run before train.steps; 0: it ran to the end
+  // Training health (docs/guide/health.md): how gradients were monitored,
+  // the detectors' warnings, steps skipped for a non-finite loss or gradient
+  // and where the first one came from.
+  std::string health_monitor;
+  std::vector<std::string> health_warnings;
+  int64_t nonfinite_steps = 0;
+  std::string nonfinite_site;
 };
 
 TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opts, std::ostream& log);

@@ -1,0 +1,471 @@
+// Training health on the CPU: gradient statistics against a direct
+// computation, the detectors on planted vanishing / exploding / dead layers,
+// the NaN locator on a NaN planted in module k (forward and backward), the
+// step runner's guard (skip and stop policies) and a diverging run stopped
+// with the module named and no checkpoint from non-finite weights.
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/sqrt.h>
+#include <ATen/ops/zeros.h>
+
+#include <cmath>
+#include <iostream>
+#include <limits>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/fs.h"
+#include "io/safetensors.h"
+#include "models/dit.h"
+#include "nn/module.h"
+#include "observe/grad_health.h"
+#include "support/test_support.h"
+#include "train/grad_monitor.h"
+#include "train/nan_locator.h"
+#include "train/step_runner.h"
+#include "train/trainer.h"
+
+namespace perftrain::train {
+namespace {
+
+using observe::GradHealthSample;
+using observe::GradStats;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Random gradients with planted zeros, NaNs and Infs, and one all-zero.
+std::vector<at::Tensor> planted_grads() {
+  std::vector<at::Tensor> g = {at::randn({7, 5}), at::randn({33}), at::randn({4, 4, 3}), at::zeros({6})};
+  g[0].view(-1).index_fill_(0, at::randint(35, {9}, at::kLong), 0.0);
+  g[1][3] = kNaN;
+  g[1][8] = kInf;
+  g[2][1][2][0] = -kInf;
+  g[2][0][0][0] = 0.0;
+  return g;
+}
+
+TEST(GradHealth, StatisticsMatchADirectComputation) {
+  at::manual_seed(11);
+  const auto grads = planted_grads();
+  const at::Tensor rows = grad_stat_rows(grads);
+  ASSERT_EQ(rows.size(0), 4);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor g = grads[i].to(at::kDouble);
+    const at::Tensor fin = at::isfinite(g);
+    const double nonfinite = static_cast<double>(g.numel() - fin.sum().item<int64_t>());
+    EXPECT_EQ(rows[i][kStatNonfinite].item<double>(), nonfinite) << i;
+    EXPECT_EQ(rows[i][kStatNonzero].item<double>(), static_cast<double>((g != 0).sum().item<int64_t>())) << i;
+    if (nonfinite == 0) {
+      EXPECT_NEAR(rows[i][kStatNorm].item<double>(), g.norm().item<double>(), 1e-5) << i;
+      EXPECT_NEAR(rows[i][kStatAbsSum].item<double>(), g.abs().sum().item<double>(), 1e-4) << i;
+      EXPECT_NEAR(rows[i][kStatMaxAbs].item<double>(), g.abs().max().item<double>(), 1e-6) << i;
+    } else {
+      EXPECT_FALSE(std::isfinite(rows[i][kStatNorm].item<double>())) << i;
+    }
+  }
+  // Host sample: shares, means and the per-module sums.
+  const std::vector<std::string> names = {"blocks.0.attn.weight", "blocks.0.attn.bias", "blocks.1.mlp.weight",
+                                          "final_layer.bias"};
+  std::vector<int64_t> numels;
+  for (const auto& g : grads) numels.push_back(g.numel());
+  const GradHealthSample s = sample_from_rows(9, names, numels, rows);
+  EXPECT_EQ(s.step, 9);
+  const at::Tensor g0 = grads[0].to(at::kDouble);
+  EXPECT_NEAR(s.params[0].stats.zero_share, (g0 == 0).sum().item<double>() / 35.0, 1e-12);
+  EXPECT_NEAR(s.params[0].stats.mean_abs, g0.abs().mean().item<double>(), 1e-6);
+  EXPECT_EQ(s.params[3].stats.zero_share, 1.0);
+  ASSERT_EQ(s.modules.size(), 3u);
+  EXPECT_EQ(s.modules[0].name, "blocks.0");
+  EXPECT_EQ(s.modules[1].name, "blocks.1");
+  EXPECT_EQ(s.modules[2].name, "final_layer");
+  EXPECT_EQ(s.modules[0].stats.numel, 35 + 33);
+  EXPECT_EQ(s.modules[0].stats.nonfinite, 2);
+  EXPECT_EQ(s.modules[1].stats.nonfinite, 1);
+  EXPECT_EQ(s.global.nonfinite, 3);
+  EXPECT_EQ(s.global.numel, 35 + 33 + 48 + 6);
+}
+
+TEST(GradHealth, ModuleAndGlobalNormsAreThoseOfTheConcatenation) {
+  at::manual_seed(12);
+  std::vector<at::Tensor> g = {at::randn({10, 3}), at::randn({3}), at::randn({5, 5})};
+  const at::Tensor rows = grad_stat_rows(g);
+  const GradHealthSample s = sample_from_rows(1, {"x_embedder.proj.weight", "x_embedder.proj.bias", "pos"},
+                                              {30, 3, 25}, rows);
+  const at::Tensor first = at::cat({g[0].view(-1), g[1]}).to(at::kDouble);
+  ASSERT_EQ(s.modules.size(), 2u);
+  EXPECT_EQ(s.modules[0].name, "x_embedder");
+  EXPECT_NEAR(s.modules[0].stats.norm, first.norm().item<double>(), 1e-5);
+  EXPECT_NEAR(s.modules[0].stats.mean_abs, first.abs().mean().item<double>(), 1e-6);
+  EXPECT_NEAR(s.modules[0].stats.max_abs, first.abs().max().item<double>(), 1e-6);
+  const at::Tensor all = at::cat({first, g[2].view(-1).to(at::kDouble)});
+  EXPECT_NEAR(s.global.norm, all.norm().item<double>(), 1e-5);
+}
+
+TEST(GradHealth, ModuleOfParameter) {
+  EXPECT_EQ(observe::module_of_parameter("blocks.12.mlp.fc1.weight"), "blocks.12");
+  EXPECT_EQ(observe::module_of_parameter("t_embedder.mlp.0.weight"), "t_embedder");
+  EXPECT_EQ(observe::module_of_parameter("final_layer.linear.bias"), "final_layer");
+  EXPECT_EQ(observe::module_of_parameter("pos_embed"), "pos_embed");
+}
+
+// The monitor's update columns: ||w|| before and ||w_after - w_before||.
+TEST(GradHealth, MonitorMeasuresTheUpdate) {
+  at::manual_seed(13);
+  at::Tensor a = at::randn({6, 4}).requires_grad_(true), b = at::randn({4}).requires_grad_(true);
+  a.mutable_grad() = at::randn({6, 4});
+  b.mutable_grad() = at::randn({4});
+  GradMonitor m({{"blocks.0.a", a}, {"blocks.0.b", b}});
+  const at::Tensor a0 = a.detach().clone(), b0 = b.detach().clone();
+  m.before_update();
+  const at::Tensor da = at::randn({6, 4}) * 1e-2, db = at::randn({4}) * 1e-3;
+  {
+    at::NoGradGuard no_grad;
+    a.add_(da);
+    b.add_(db);
+  }
+  m.after_update();
+  m.queue_readback(50);
+  const auto samples = m.take_ready(true);
+  ASSERT_EQ(samples.size(), 1u);
+  const auto& s = samples[0];
+  EXPECT_EQ(s.step, 50);
+  EXPECT_NEAR(s.params[0].stats.weight_norm, a0.norm().item<double>(), 1e-5);
+  EXPECT_NEAR(s.params[0].stats.update_norm, da.norm().item<double>(), 1e-6);
+  EXPECT_NEAR(s.params[1].stats.update_ratio(), db.norm().item<double>() / b0.norm().item<double>(), 1e-5);
+  EXPECT_NEAR(s.params[0].stats.norm, a.grad().norm().item<double>(), 1e-5);
+  const double whole = std::sqrt(da.pow(2).sum().item<double>() + db.pow(2).sum().item<double>()) /
+                       std::sqrt(a0.pow(2).sum().item<double>() + b0.pow(2).sum().item<double>());
+  EXPECT_NEAR(s.global.update_ratio(), whole, 1e-5);
+  EXPECT_TRUE(m.take_ready(true).empty());
+}
+
+// Healthy random samples of three modules, with one module's norm overridable.
+GradHealthSample healthy(int64_t step, double scale = 1.0) {
+  GradHealthSample s;
+  s.step = step;
+  for (const char* name : {"x_embedder.w", "blocks.0.w", "final_layer.w"}) {
+    GradStats g;
+    g.numel = 100;
+    g.norm = scale * (0.5 + at::rand({1}).item<double>());
+    g.mean_abs = g.norm / 10;
+    g.max_abs = g.norm / 2;
+    g.zero_share = 0.01;
+    s.params.push_back({name, g});
+  }
+  observe::summarize_modules(s);
+  return s;
+}
+
+std::vector<observe::HealthWarning> feed(observe::HealthDetectors& d, GradHealthSample s) {
+  observe::summarize_modules(s);
+  return d.observe(s);
+}
+
+TEST(HealthDetectors, QuietOnHealthyGradients) {
+  at::manual_seed(14);
+  observe::HealthDetectors d;
+  for (int i = 1; i <= 40; ++i) EXPECT_TRUE(d.observe(healthy(50 * i)).empty()) << i;
+}
+
+TEST(HealthDetectors, VanishingAfterPatienceLowSamples) {
+  at::manual_seed(15);
+  observe::HealthThresholds t;
+  t.vanish_norm = 1e-6;
+  t.patience = 3;
+  observe::HealthDetectors d(t);
+  for (int i = 1; i <= 5; ++i) EXPECT_TRUE(d.observe(healthy(i)).empty());
+  for (int i = 6; i <= 10; ++i) {
+    GradHealthSample s = healthy(i);
+    s.params[1].stats.norm = 1e-9;  // blocks.0
+    const auto w = feed(d, s);
+    if (i == 8) {
+      ASSERT_EQ(w.size(), 1u) << i;
+      EXPECT_EQ(w[0].kind, "vanishing");
+      EXPECT_EQ(w[0].module, "blocks.0");
+      EXPECT_EQ(w[0].step, 8);
+    } else {
+      EXPECT_TRUE(w.empty()) << i;  // once, when it starts
+    }
+  }
+}
+
+TEST(HealthDetectors, ExplodingAgainstTheRunningMedian) {
+  at::manual_seed(16);
+  observe::HealthDetectors d;  // factor 10, at least 5 samples
+  EXPECT_TRUE(d.observe(healthy(1, 1000)).empty()) << "no median yet";
+  for (int i = 2; i <= 8; ++i) EXPECT_TRUE(d.observe(healthy(i)).empty());
+  const auto w = d.observe(healthy(9, 100));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].kind, "exploding");
+  EXPECT_EQ(w[0].step, 9);
+  EXPECT_TRUE(d.observe(healthy(10)).empty());
+  EXPECT_EQ(d.warnings().size(), 1u);
+}
+
+TEST(HealthDetectors, DeadLayerAndNonFinite) {
+  at::manual_seed(17);
+  observe::HealthThresholds t;
+  t.patience = 2;
+  observe::HealthDetectors d(t);
+  GradHealthSample s = healthy(1);
+  s.params[2].stats.zero_share = 1.0;  // final_layer: all zero
+  s.params[2].stats.norm = s.params[2].stats.mean_abs = s.params[2].stats.max_abs = 0;
+  EXPECT_TRUE(feed(d, s).empty());
+  s.step = 2;
+  auto w = feed(d, s);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].kind, "dead");
+  EXPECT_EQ(w[0].module, "final_layer");
+  GradHealthSample n = healthy(3);
+  n.params[0].stats.nonfinite = 4;
+  w = feed(d, n);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].kind, "nonfinite");
+  EXPECT_EQ(w[0].module, "x_embedder");
+}
+
+// A small module tree for the backward cases: each layer adds
+// scale * sqrt(w) to its input (w = 1: finite everywhere) ...
+class Layer : public nn::Module {
+ public:
+  explicit Layer(int kind) : kind_(kind) {
+    w = at::ones({3});
+    register_parameter("w", &w);
+  }
+  at::Tensor forward(const at::Tensor& x) const {
+    return hooked({x}, [this](at::TensorList in) {
+      if (kind_ == 1) return in[0] + 0 * at::sqrt(w);  // w = 0: finite forward, NaN gradient of w
+      if (kind_ == 2) return in[0] + at::sqrt(in[0] - in[0].detach());  // finite forward, inf input gradient
+      return in[0] * w + 1;
+    });
+  }
+  at::Tensor w;
+
+ private:
+  int kind_;
+};
+
+class Net : public nn::Module {
+ public:
+  Net(int k, int kind) {
+    for (int i = 0; i < 4; ++i) layers.add(std::make_unique<Layer>(i == k ? kind : 0));
+    register_module("layers", &layers);
+  }
+  at::Tensor forward(const at::Tensor& x) const {
+    return hooked({x}, [this](at::TensorList in) {
+      at::Tensor h = in[0];
+      for (size_t i = 0; i < layers.size(); ++i) h = layers[i].forward(h);
+      return h;
+    });
+  }
+  nn::ModuleList<Layer> layers;
+};
+
+TEST(NanLocator, BackwardNaNOfAParameterIsTracedToItsModule) {
+  for (int k = 0; k < 4; ++k) {
+    Net net(k, 1);
+    {
+      at::NoGradGuard no_grad;
+      net.layers[k].w.zero_();
+    }
+    for (auto& [n, p] : net.named_parameters()) p.requires_grad_(true);
+    const at::Tensor x = at::randn({5, 3});
+    const NonFiniteSite site = locate_nonfinite(net, [&] { return net.forward(x).pow(2).mean(); });
+    ASSERT_TRUE(site.found) << k;
+    EXPECT_EQ(site.phase, "backward") << site.message();
+    EXPECT_EQ(site.module, "layers." + std::to_string(k)) << site.message();
+    EXPECT_NE(site.detail.find("layers." + std::to_string(k) + ".w"), std::string::npos) << site.detail;
+    for (auto& [n, p] : net.named_parameters()) EXPECT_FALSE(p.grad().defined()) << "no gradient left behind";
+  }
+}
+
+TEST(NanLocator, BackwardInfOfAnInputGradientIsTracedToItsModule) {
+  for (int k = 1; k < 4; ++k) {
+    Net net(k, 2);
+    for (auto& [n, p] : net.named_parameters()) p.requires_grad_(true);
+    const at::Tensor x = at::randn({5, 3}).requires_grad_(true);
+    const NonFiniteSite site = locate_nonfinite(net, [&] { return net.forward(x).pow(2).mean(); });
+    ASSERT_TRUE(site.found) << k;
+    EXPECT_EQ(site.phase, "backward");
+    EXPECT_EQ(site.module, "layers." + std::to_string(k)) << site.message();
+  }
+}
+
+TrainConfig tiny_dit() {
+  TrainConfig c = default_config(false);
+  for (const char* o : {"model.depth=4", "model.hidden=32", "model.heads=2", "model.patch=2", "model.image_size=4",
+                        "model.in_channels=1", "model.num_classes=3", "train.batch_size=8", "train.lr=1e-2",
+                        "train.device=cpu", "train.precision=fp32"})
+    apply_override(c, o);
+  return c;
+}
+
+TEST(NanLocator, ForwardInfInBlockKIsTracedToThatBlock) {
+  const TrainConfig c = tiny_dit();
+  for (int k = 0; k < 4; ++k) {
+    models::DiT model(c.model, 3);
+    const std::string planted = "blocks." + std::to_string(k) + ".mlp.fc1";
+    for (auto& [name, p] : model.named_parameters())
+      if (name == planted + ".weight") {
+        at::NoGradGuard no_grad;
+        p[0][0] = kInf;
+      }
+    const at::Tensor x = at::randn({2, 1, 4, 4}), t = at::rand({2}) * 1000, y = at::randint(3, {2}, at::kLong);
+    // Weights are checked first: an inf weight is named as such.
+    NonFiniteSite site = locate_nonfinite(model, [&] { return model.forward(x, t, y).pow(2).mean(); });
+    ASSERT_TRUE(site.found);
+    EXPECT_EQ(site.phase, "weights");
+    EXPECT_EQ(site.module, planted + ".weight");
+    // An activation that overflows: a huge finite weight.
+    for (auto& [name, p] : model.named_parameters())
+      if (name == planted + ".weight") {
+        at::NoGradGuard no_grad;
+        p[0][0] = 3e38;
+        p[0][1] = 3e38;
+      }
+    site = locate_nonfinite(model, [&] { return model.forward(x, t, y).pow(2).mean(); });
+    ASSERT_TRUE(site.found) << k;
+    EXPECT_EQ(site.phase, "forward") << site.message();
+    EXPECT_EQ(site.module, planted) << site.message();
+    EXPECT_EQ(site.type, "Linear");
+    ASSERT_FALSE(site.inputs.empty());
+    EXPECT_EQ(site.inputs[0].nan + site.inputs[0].inf, 0);
+    ASSERT_FALSE(site.outputs.empty());
+    EXPECT_GT(site.outputs[0].nan + site.outputs[0].inf, 0);
+  }
+}
+
+TEST(NanLocator, NothingFoundOnAHealthyModel) {
+  const TrainConfig c = tiny_dit();
+  models::DiT model(c.model, 3);
+  const at::Tensor x = at::randn({2, 1, 4, 4}), t = at::rand({2}) * 1000, y = at::randint(3, {2}, at::kLong);
+  const NonFiniteSite site = locate_nonfinite(model, [&] { return model.forward(x, t, y).pow(2).mean(); });
+  EXPECT_FALSE(site.found) << site.message();
+  EXPECT_EQ(first_nonfinite_tensor(model), "");
+}
+
+std::vector<at::Tensor> copies(const models::DiT& m) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+bool same(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!a[i].equal(b[i])) return false;
+  return true;
+}
+
+// A NaN in the data at step 3: skip skips that update and goes on; stop
+// also skips every later one (the weights stay those step 3 saw).
+TEST(StepRunnerGuard, SkipAndStopPolicies) {
+  for (const std::string policy : {"skip", "stop"}) {
+    TrainConfig c = tiny_dit();
+    apply_override(c, "health.nan_policy=" + policy);
+    apply_override(c, "health.monitor_every=2");
+    auto built = models::build_model_and_ema(c.model, 1, at::Device(at::kCPU));
+    StepOptions o;
+    o.precision = "fp32";
+    StepRunner r(*built.model, built.ema.get(), c, o, at::Device(at::kCPU), at::make_generator<at::CPUGeneratorImpl>(5));
+    data::Batch good{at::randn({8, 1, 4, 4}), at::randint(3, {8}, at::kLong)};
+    data::Batch bad{good.x.clone(), good.y};
+    bad.x[2][0][1][1] = kNaN;
+    r.step(good);
+    r.step(good);
+    const auto before = copies(*built.model);
+    r.step(bad);
+    EXPECT_TRUE(same(before, copies(*built.model))) << policy << ": step 3's update was skipped";
+    r.step(good);
+    r.step(good);
+    const WindowStats w = r.take_window();
+    EXPECT_EQ(w.first_nonfinite_step, 3) << policy;
+    EXPECT_TRUE(std::isfinite(w.loss)) << policy;
+    if (policy == "skip") {
+      EXPECT_EQ(w.nonfinite_steps, 1);
+      EXPECT_FALSE(same(before, copies(*built.model))) << "steps 4 and 5 trained";
+    } else {
+      EXPECT_EQ(w.nonfinite_steps, 3);
+      EXPECT_TRUE(same(before, copies(*built.model))) << "stop: nothing trained after step 3";
+    }
+    EXPECT_EQ(first_nonfinite_tensor(*built.model), "");
+    // The eager re-run of step 3's batch: the NaN is in the input itself.
+    const NonFiniteSite site = r.locate_nonfinite(3);
+    ASSERT_TRUE(site.found) << site.message();
+    EXPECT_EQ(site.phase, "forward");
+    EXPECT_EQ(r.locate_nonfinite(1).found, false);
+    // Monitored steps 2 and 4 (step 3's NaN gradient was skipped, not monitored).
+    const auto health = r.take_grad_health(true);
+    ASSERT_EQ(health.size(), 2u);
+    EXPECT_EQ(health[0].step, 2);
+    EXPECT_EQ(health[1].step, 4);
+    EXPECT_GT(health[0].global.norm, 0);
+    EXPECT_GT(health[0].global.update_ratio(), 0);
+    EXPECT_EQ(health[0].global.nonfinite, 0);
+  }
+}
+
+TrainConfig diverging(const std::string& runs, const std::string& policy) {
+  TrainConfig c = tiny_dit();
+  for (const char* o : {"data.source=synthetic", "data.synthetic_size=32", "train.lr=1e20", "train.warmup_steps=0",
+                        "log.every=1", "log.checkpoint_every=1", "log.sample_every=0", "diffusion.sample_steps=2",
+                        "log.sample_per_class=1", "health.monitor_every=1", "log.tensorboard=false"})
+    apply_override(c, o);
+  apply_override(c, "health.nan_policy=" + policy);
+  c.optim.steps = 6;
+  c.run.dir = runs;
+  c.run.name = policy;
+  return c;
+}
+
+TEST(TrainerHealth, DivergingRunStopsNamingTheModuleAndWritesNoBadCheckpoint) {
+  perftrain::testing::TempDir tmp;
+  std::ostringstream log;
+  const std::string msg =
+      perftrain::testing::error_of<RuntimeError>([&] { run_training(diverging(tmp.path(), "stop"), {}, log); });
+  EXPECT_NE(msg.find("non-finite"), std::string::npos) << msg;
+  // Named: the first module whose output overflowed (or, where every module's
+  // output stayed finite, the loss).
+  EXPECT_TRUE(msg.find("first non-finite forward: ") != std::string::npos ||
+              msg.find("the loss is not") != std::string::npos)
+      << msg;
+  std::cout << msg << "\n";
+  EXPECT_NE(msg.find("health.nan_policy"), std::string::npos) << msg;
+  const std::string report = perftrain::testing::read_raw(tmp.path() + "/stop/report.md");
+  EXPECT_NE(report.find("## Training health"), std::string::npos);
+  EXPECT_NE(report.find("first non-finite value"), std::string::npos) << report;
+  // Every checkpoint written holds finite weights.
+  int checked = 0;
+  for (const auto& step : fs::list_directory(tmp.path() + "/stop/ckpt")) {
+    const std::string f = tmp.path() + "/stop/ckpt/" + step + "/model.safetensors";
+    if (!fs::exists(f)) continue;
+    auto file = io::SafetensorsFile::open(f);
+    for (const auto& n : file.names()) EXPECT_TRUE(at::isfinite(file.get(n)).all().item<bool>()) << step << " " << n;
+    ++checked;
+  }
+  EXPECT_GE(checked, 1);
+}
+
+TEST(TrainerHealth, SkipPolicyGoesOn) {
+  perftrain::testing::TempDir tmp;
+  std::ostringstream log;
+  const TrainSummary s = run_training(diverging(tmp.path(), "skip"), {}, log);
+  EXPECT_EQ(s.last_step, 6);
+  EXPECT_GT(s.nonfinite_steps, 0) << log.str();
+  EXPECT_FALSE(s.nonfinite_site.empty());
+  const std::string metrics = perftrain::testing::read_raw(tmp.path() + "/skip/metrics.jsonl");
+  EXPECT_NE(metrics.find("\"nonfinite_steps\""), std::string::npos);
+  EXPECT_NE(metrics.find("\"grad_modules\""), std::string::npos);
+  EXPECT_NE(metrics.find("\"blocks.3\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace perftrain::train
