@@ -3,8 +3,9 @@
 EventAccumulator (tensorboard in .venv, nothing held back: size_guidance 0)
 must return every scalar of metrics.jsonl with its value, a weight histogram
 per parameter at each histogram step that matches the checkpoint's weights,
-and each sample grid as the PNG the run wrote. The run's loss.svg must be
-well-formed XML with one point per metrics line.
+the gradient-health scalars the metrics lines record, and each sample grid
+as the PNG the run wrote. The run's loss.svg and gradient_flow.svg must be
+well-formed XML with one point per metrics line and one bar pair per module.
 
 Run:  .venv/bin/python tests/python/test_tensorboard_events.py [path/to/perftrain]
 """
@@ -48,7 +49,7 @@ def close(a, b, rel):
 def test_scalars_histograms_images_and_plot():
     with tempfile.TemporaryDirectory() as runs:
         run = train(runs, "r", "--steps", "6", "--set", "log.every=2", "--set", "log.histogram_every=3",
-                    "--set", "log.sample_every=3")
+                    "--set", "log.sample_every=3", "--set", "health.monitor_every=2")
         files = os.listdir(os.path.join(run, "tb"))
         assert len(files) == 1 and files[0].startswith("events.out.tfevents."), files
         acc = accumulator(os.path.join(run, "tb"))
@@ -67,7 +68,24 @@ def test_scalars_histograms_images_and_plot():
                 assert len(events) == 1, (key, line["step"])
                 assert close(events[0].value, float(np.float32(value)), 1e-6), (key, events[0].value, value)
         assert {"train/loss", "train/lr", "train/images_per_s"} <= written
-        assert set(tags["scalars"]) == written, set(tags["scalars"]) ^ written
+        train_tags = {t for t in tags["scalars"] if t.startswith("train/")}
+        assert train_tags == written, train_tags ^ written
+
+        # Gradient health (health.monitor_every): the monitored step's global and per-module values,
+        # as the metrics line records them.
+        monitored = [l for l in lines if "grad" in l]
+        assert monitored, "no gradient-health sample in metrics.jsonl"
+        modules = list(monitored[-1]["grad_modules"])
+        for line in monitored:
+            g, at = line["grad"], line["grad"]["step"]
+            want = {"grad/global_norm": g["norm"], "grad/global_update_ratio": g["update_ratio"]}
+            for m, st in line["grad_modules"].items():
+                want.update({"grad_norm/" + m: st["norm"], "grad_max/" + m: st["max_abs"],
+                             "grad_zero_share/" + m: st["zero_share"], "update_ratio/" + m: st["update_ratio"]})
+            for tag, value in want.items():
+                got = [e.value for e in acc.Scalars(tag) if e.step == at]
+                assert len(got) == 1 and close(got[0], float(np.float32(value)), 1e-6), (tag, at, got, value)
+        assert {"grad_norm/" + m for m in modules} <= set(tags["scalars"])
 
         # Histograms: one per parameter at steps 3 and 6; step 6's are the checkpoint's weights.
         weights = load_file(os.path.join(run, "ckpt", "step_00000006", "model.safetensors"))
@@ -103,6 +121,14 @@ def test_scalars_histograms_images_and_plot():
         lines_ = [p for p in root.iter(SVG + "polyline") if p.get("class") == "series"]
         assert len(lines_) == 1
         assert len(lines_[0].get("points").split()) == len(lines)
+
+        # The gradient-flow plot of the last monitored step: one mean and one max bar per module.
+        root = ET.parse(os.path.join(run, "gradient_flow.svg")).getroot()
+        rects = list(root.iter(SVG + "rect"))
+        assert len([r for r in rects if r.get("class") == "mean"]) == len(modules)
+        assert len([r for r in rects if r.get("class") == "max"]) == len(modules)
+        labels = [t.text for t in root.iter(SVG + "text")]
+        assert all(m in labels for m in modules), (modules, labels)
 
 
 def test_tensorboard_off_writes_no_events():
