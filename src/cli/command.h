@@ -16,5 +16,7 @@ void add_models_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_verify_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
+void add_summary_command(CLI::App& app);
+void add_graph_command(CLI::App& app);
 
 }  // namespace perftrain::cli

@@ -81,6 +81,8 @@ int main(int argc, char** argv) {
   perftrain::cli::add_bench_command(app);
   perftrain::cli::add_verify_command(app);
   perftrain::cli::add_profile_command(app);
+  perftrain::cli::add_summary_command(app);
+  perftrain::cli::add_graph_command(app);
   // CLI11 says only "a subcommand is required" for a mistyped command: name it
   // and list the real ones.
   if (argc > 1 && argv[1][0] != '-') {

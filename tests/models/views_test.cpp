@@ -191,6 +191,13 @@ TEST(ModelGraph, AutogradGraphNamesParametersAndRollsUpTheBlocks) {
   EXPECT_NE(dot_all.find("blocks.3 (DiTBlock)"), std::string::npos) << dot_all;
   EXPECT_NE(dot_all.find("backward nodes"), std::string::npos);
   expect_renders(dot_all);
+  GraphOptions rolled_shallow;
+  rolled_shallow.depth = 1;
+  const std::string dot1 = autograd_graph_dot(*v.model, [&] { return v.loss(); }, rolled_shallow);
+  EXPECT_NE(dot1.find("blocks.0..3 (DiTBlock) x4\\n"), std::string::npos) << dot1;
+  EXPECT_NE(dot1.find("3 more like blocks.0"), std::string::npos);
+  EXPECT_EQ(dot1.find("qkv"), std::string::npos) << "depth 1 folds the blocks' insides";
+  expect_renders(dot1);
 }
 
 }  // namespace

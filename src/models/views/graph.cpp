@@ -465,6 +465,7 @@ std::string autograd_graph_dot(const nn::Module& model, const std::function<at::
   std::unordered_map<const Node*, std::string> unit;
   std::unordered_map<const Node*, int> owner;
   std::map<std::string, int> box_nodes;       // box key -> nodes folded into it
+  std::map<std::string, int> box_module;      // "m:" box key -> its tree node
   std::map<int, std::vector<std::string>> in_module;  // tree node -> units drawn inside it
   std::set<std::string> placed;
   for (size_t k = 0; k < order.size(); ++k) {
@@ -479,6 +480,7 @@ std::string autograd_graph_dot(const nn::Module& model, const std::function<at::
     } else if (r.nodes[m].display_depth > o.depth) {
       m = r.at_depth(m, o.depth);
       key = "m:" + r.display_name(m);
+      box_module[key] = m;
     } else {
       key = "a" + std::to_string(k);
     }
@@ -511,7 +513,7 @@ std::string autograd_graph_dot(const nn::Module& model, const std::function<at::
   }
   for (const auto& [key, count] : box_nodes) {
     if (key[0] == 'm') {
-      const int m = r.index.at(key.substr(2)) ;
+      const int m = box_module.at(key);
       labels[key] = "[shape=box3d, style=filled, fillcolor=\"#dde8f5\", label=\"" +
                     dot_escape(r.label_of(m) + "\\n" + std::to_string(count) + " backward nodes") + "\"]";
     } else if (key[0] == 'g') {

@@ -77,7 +77,7 @@ void register_meta_kernels() {
 
 }  // namespace
 
-at::Tensor ViewModel::forward() const { return model->forward(x, t, y); }
+at::Tensor ViewModel::forward() const { return model->forward(x, t, cond); }
 
 at::Tensor ViewModel::loss() const {
   const at::Tensor out = forward();
@@ -89,13 +89,17 @@ ViewModel meta_model(const DiTConfig& cfg, int64_t batch) {
   if (batch < 1) throw UsageError("--batch: must be at least 1, got " + std::to_string(batch));
   register_meta_kernels();
   ViewModel v;
-  v.model = std::make_unique<DiT>(cfg, /*seed=*/0);
+  v.model = make_diffusion_model(cfg, /*seed=*/0);
   // transform() also marks the trainable tensors as requiring gradients.
   v.model->transform([](const std::string&, const at::Tensor& t) { return t.to(at::kMeta); });
   const auto meta = at::TensorOptions().device(at::kMeta);
   v.x = at::empty({batch, cfg.in_channels, cfg.image_size, cfg.image_size}, meta.dtype(at::kFloat));
   v.t = at::empty({batch}, meta.dtype(at::kFloat));
-  v.y = at::empty({batch}, meta.dtype(at::kLong));
+  v.cond.labels = at::empty({batch}, meta.dtype(at::kLong));
+  if (cfg.single_stream() && cfg.cond_dim > 0) {
+    v.cond.features = at::empty({batch, cfg.cond_tokens, cfg.cond_dim}, meta.dtype(at::kFloat));
+    v.cond.lengths = at::empty({batch}, meta.dtype(at::kLong));
+  }
   return v;
 }
 

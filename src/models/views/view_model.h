@@ -1,4 +1,5 @@
-// The model that perftrain summary and graph look at: a DiT built from its
+// The model that perftrain summary and graph look at: a DiT (either family)
+// built from its
 // config and moved to the meta device (shapes without storage), with a batch
 // of meta inputs, so one forward of DiT-XL/2 at batch 256 runs in well under
 // a second and allocates nothing. Drawing the initial weights on the CPU
@@ -9,13 +10,14 @@
 
 #include <memory>
 
-#include "models/dit.h"
+#include "models/diffusion_model.h"
 
 namespace perftrain::models::views {
 
 struct ViewModel {
-  std::unique_ptr<DiT> model;
-  at::Tensor x, t, y;  // [B, C, H, W] float, [B] float, [B] int64 (meta)
+  std::unique_ptr<DiffusionModel> model;
+  at::Tensor x, t;  // [B, C, H, W] float, [B] float (meta)
+  Condition cond;   // labels [B] int64; features [B, Tc, Dc] and lengths [B] when the model takes them
   // The eager forward (every module's hooks fire) -> [B, out, H, W].
   at::Tensor forward() const;
   // A training loss of that forward: the mean squared error against a

@@ -1,0 +1,104 @@
+// perftrain summary and perftrain graph as a user runs them: every format,
+// numbers that agree with `perftrain models`, DOT that Graphviz renders,
+// usage errors that name the flag.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <string>
+
+#include "models/dit_config.h"
+#include "support/test_support.h"
+
+namespace {
+
+using perftrain::testing::TempDir;
+using Result = perftrain::testing::CommandResult;
+
+Result run(const std::string& args) { return perftrain::testing::run_shell(std::string(PERFTRAIN_BINARY) + " " + args); }
+
+bool have_dot() { return std::system("command -v dot >/dev/null 2>&1") == 0; }
+
+TEST(CliViews, SummaryInEveryFormat) {
+  const int64_t params = perftrain::models::dit_config("DiT-S/4").parameter_count();
+  auto r = run("summary DiT-S/4 --batch 3 --depth 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("Total params: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("├─blocks (ModuleList<DiTBlock>)"), std::string::npos);
+  EXPECT_NE(r.output.find("[3, 8, 32, 32]"), std::string::npos) << "the model's output shape at batch 3";
+  EXPECT_NE(r.output.find("Training memory estimate"), std::string::npos);
+
+  r = run("summary DiT-S/4 --batch 3 --format json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["total_params"].get<int64_t>(), params);
+  EXPECT_GT(j["training_memory_bytes"]["total"].get<double>(), j["training_memory_bytes"]["parameters"].get<double>());
+  int64_t depth1 = 0;
+  for (const auto& row : j["rows"]) depth1 += row["depth"].get<int>() == 1 ? row["params"].get<int64_t>() : 0;
+  EXPECT_EQ(depth1 + 64 * 384, params) << "children's parameters plus the fixed pos_embed add up to the total";
+
+  r = run("summary DiT-S/4 --format csv --depth 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("name,type,depth,output_shape,", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find("\nfinal_layer,FinalLayer,1,"), std::string::npos) << r.output;
+
+  TempDir tmp;
+  r = run("summary DiT-S/4 --format md --depth 1 -o " + tmp.file("s.md"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string md = perftrain::testing::read_raw(tmp.file("s.md"));
+  EXPECT_NE(md.find("| `final_layer` | FinalLayer |"), std::string::npos) << md;
+  EXPECT_NE(md.find("training memory estimate"), std::string::npos);
+}
+
+TEST(CliViews, SummaryOfAConfigFileWithOverrides) {
+  TempDir tmp;
+  perftrain::testing::write_raw(tmp.file("c.toml"), "[model]\nname = \"DiT-S/4\"\ndepth = 3\n[train]\nbatch_size = 5\n");
+  auto r = run("summary --config " + tmp.file("c.toml") + " --set model.image_size=16 --format json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_NE(j["title"].get<std::string>().find("batch 5, input [5, 1, 16, 16]"), std::string::npos) << j["title"];
+  int blocks = 0;
+  for (const auto& row : j["rows"]) blocks += row["type"] == "DiTBlock";
+  EXPECT_EQ(blocks, 3);
+}
+
+TEST(CliViews, GraphsAsDotSvgAndPng) {
+  TempDir tmp;
+  for (const std::string kind : {"modules", "autograd"}) {
+    auto r = run("graph DiT-S/4 --kind " + kind + (kind == "autograd" ? " --saved" : ""));
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(r.output.rfind("digraph G {", 0), 0u) << r.output.substr(0, 200);
+    EXPECT_NE(r.output.find("blocks.0..11"), std::string::npos);
+    r = run("graph DiT-S/4 --kind " + kind + " --depth 1 -o " + tmp.file(kind + ".dot"));
+    ASSERT_EQ(r.code, 0) << r.output;
+    if (have_dot()) {
+      for (const std::string fmt : {"svg", "png"}) {
+        const std::string out = tmp.file(kind + "." + fmt);
+        r = run("graph DiT-S/4 --kind " + kind + " -o " + out);
+        ASSERT_EQ(r.code, 0) << r.output;
+        const std::string bytes = perftrain::testing::read_raw(out);
+        EXPECT_NE(bytes.find(fmt == "svg" ? "<svg" : "PNG"), std::string::npos) << out;
+      }
+      // The DOT file written with -o renders too.
+      r = perftrain::testing::run_shell("dot -Tsvg " + tmp.file(kind + ".dot") + " -o " + tmp.file(kind + "-dot.svg"));
+      EXPECT_EQ(r.code, 0) << r.output;
+    }
+  }
+}
+
+TEST(CliViews, UsageErrorsNameTheFlag) {
+  auto r = run("summary DiT-S/4 --format xml");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--format"), std::string::npos) << r.output;
+  r = run("summary DiT-Q/2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("DiT-XL/2"), std::string::npos) << "lists the known models: " << r.output;
+  r = run("graph DiT-S/4 --kind weights");
+  EXPECT_EQ(r.code, 2) << r.output;
+  r = run("graph DiT-S/4 --format svg");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("-o"), std::string::npos) << r.output;
+}
+
+}  // namespace
