@@ -530,7 +530,7 @@ std::string format_op_table(const std::vector<OpRow>& rows, GroupBy by) {
 
 std::string format_breakdown(const StepAnalysis& a, double measured) {
   std::ostringstream s;
-  char buf[256];
+  char buf[1024];
   auto line = [&](const std::string& what, double ms) {
     std::snprintf(buf, sizeof buf, "| %s | %.3f | %.1f%% |\n", what.c_str(), ms, a.step_ms > 0 ? 100 * ms / a.step_ms : 0);
     s << buf;
@@ -555,6 +555,11 @@ std::string format_breakdown(const StepAnalysis& a, double measured) {
                   "\nMeasured step time: %.3f ms; the breakdown sums to %.3f ms (%+.1f%%).\n", measured, a.step_ms,
                   100 * (a.step_ms - measured) / measured);
     s << buf;
+  }
+  if (a.cpu_only) {
+    std::snprintf(buf, sizeof buf, "\nHost data wait %.3f ms/step.\n", a.data_wait_ms);
+    s << buf;
+    return s.str();
   }
   s << "\n| GPU time by kind | ms/step | share of busy |\n|---|---|---|\n";
   for (const auto& k : a.busy_by_kind) {
