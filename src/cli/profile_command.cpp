@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <thread>
@@ -183,7 +184,16 @@ Pass run_pass(const ProfileArgs& a, const train::TrainConfig& cfg, models::Diffu
                                                       "split by phase (perftrain profile --profile-uncaptured)"
                                                     : "false"}};
   op::StepProfiler profiler(po);
-  if (a.memory_snapshot) op::start_memory_history(a.with_stack);
+  std::string snapshot_error;
+  auto guarded = [&](const std::function<void()>& f) {  // a snapshot that fails costs the snapshot, not the profile
+    if (!snapshot_error.empty()) return;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      snapshot_error = compat::error_message(e);
+    }
+  };
+  if (a.memory_snapshot) guarded([&] { op::start_memory_history(a.with_stack); });
   ob::GpuSampler sampler(ob::nvidia_smi_id(device));
   const int64_t limit = 10000;
   for (int64_t i = 0; i < limit; ++i) {
@@ -197,8 +207,11 @@ Pass run_pass(const ProfileArgs& a, const train::TrainConfig& cfg, models::Diffu
   p.traces = profiler.traces();
   if (a.memory_snapshot) {
     const std::string path = fs::join(out, tag + "memory_snapshot.pickle");
-    if (op::save_memory_snapshot(path)) p.traces.push_back(path);
-    op::stop_memory_history();
+    guarded([&] {
+      if (op::save_memory_snapshot(path)) p.traces.push_back(path);
+    });
+    guarded([&] { op::stop_memory_history(); });
+    if (!snapshot_error.empty()) std::cerr << "perftrain profile: no memory snapshot: " << snapshot_error << "\n";
   }
   p.memory = op::allocator_stats(device.is_cuda() ? device.index() : 0);
   runner.take_window();
