@@ -28,6 +28,7 @@
 #include "nn/module.h"
 #include "observe/grad_health.h"
 #include "support/test_support.h"
+#include "train/device_optimizer.h"
 #include "train/grad_monitor.h"
 #include "train/nan_locator.h"
 #include "train/step_runner.h"
@@ -146,6 +147,33 @@ TEST(GradHealth, MonitorMeasuresTheUpdate) {
                        std::sqrt(a0.pow(2).sum().item<double>() + b0.pow(2).sum().item<double>());
   EXPECT_NEAR(s.global.update_ratio(), whole, 1e-5);
   EXPECT_TRUE(m.take_ready(true).empty());
+}
+
+// The device optimizer's skip_nonfinite (here its CPU reference; the CUDA
+// kernel in health_gpu_test through the step runner): an inf/NaN gradient
+// changes no weight, moment, EMA or step count; the next finite one updates.
+TEST(DeviceOptimizerGuard, SkipNonfiniteSkipsTheWholeUpdate) {
+  at::manual_seed(18);
+  at::Tensor a = at::randn({4, 3}).requires_grad_(true), b = at::randn({5}).requires_grad_(true);
+  std::vector<at::Tensor> ema = {a.detach().clone(), b.detach().clone()};
+  DeviceOptimizerOptions o;
+  o.lr = 1e-2, o.ema_decay = 0.5, o.ema_warmup = false, o.skip_nonfinite = true;
+  DeviceOptimizer opt({{"a", a}, {"b", b}}, ema, o);
+  const at::Tensor a0 = a.detach().clone(), e0 = ema[0].clone();
+  a.mutable_grad() = at::randn({4, 3});
+  b.mutable_grad() = at::randn({5});
+  b.mutable_grad()[2] = kNaN;
+  opt.step();
+  EXPECT_TRUE(a.detach().equal(a0));
+  EXPECT_TRUE(ema[0].equal(e0));
+  EXPECT_EQ(opt.skipped().item<float>(), 1.f);
+  EXPECT_EQ(opt.steps_taken().item<float>(), 0.f);
+  a.mutable_grad() = at::randn({4, 3});
+  b.mutable_grad() = at::randn({5});
+  opt.step();
+  EXPECT_FALSE(a.detach().equal(a0));
+  EXPECT_EQ(opt.steps_taken().item<float>(), 1.f);
+  EXPECT_EQ(opt.skipped().item<float>(), 1.f);
 }
 
 // Healthy random samples of three modules, with one module's norm overridable.
