@@ -1,7 +1,8 @@
 # The TensorBoard checks on the GPU machine (tools/gpu_run.sh MODE=script SCRIPT=this file; BIN, FMNIST,
 # RUNS, OUT and PY come from there):
 #  1. a short DiT-S/2 run on Fashion-MNIST whose tb/ events TensorBoard's EventAccumulator reads back:
-#     every metrics.jsonl scalar, a weight histogram per parameter at steps 200/400/600, the grids of 300/600;
+#     every metrics.jsonl scalar, a weight histogram per parameter at steps 200/400/600, the grids of 300/600,
+#     per-module gradient norms (health.monitor_every = 50) and gradient_flow.svg;
 #  2. the writer's cost per step: DiT-S/2 b256, 1000 steps, log.tensorboard on and off, twice each in
 #     alternation; images/s of the windows after step 200 side by side.
 # Needs the tensorboard package in $PY; without it, PYTHONPATH=.carry/pylib (tensorboard, google/protobuf,
@@ -15,6 +16,7 @@ fi
 $BIN train --data-path "$FMNIST" --runs-dir "$RUNS" --run-name tb-read --steps 600 --set log.every=50 \
   --set log.histogram_every=200 --set log.sample_every=300 > "$OUT/train-tb-read.log" 2>&1 || { tail "$OUT/train-tb-read.log"; echo "FAIL: run"; }
 cp -r "$RUNS/tb-read/tb" "$OUT/tb-read-events" 2>/dev/null
+cp "$RUNS/tb-read/"*.svg "$OUT/" 2>/dev/null
 "$PY" - "$RUNS/tb-read" <<'PYEOF'
 import json, os, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -37,7 +39,11 @@ print("scalar tags", len(tags["scalars"]), "metrics lines", len(lines), "mismatc
 print("histogram tags", len(hist_steps), "steps", sorted(set(map(tuple, hist_steps.values()))))
 peak = [e.value for e in acc.Scalars("train/peak_memory_gib")][-1:] if "train/peak_memory_gib" in tags["scalars"] else "none"
 print("images at", img_steps, "peak memory scalar", peak)
-ok = not bad and len(lines) >= 11 and hist_steps and all(s == [200, 400, 600] for s in hist_steps.values()) and img_steps == [300, 600]
+grad_tags = [t for t in tags["scalars"] if t.startswith("grad_norm/")]
+flow = os.path.exists(os.path.join(run, "gradient_flow.svg"))
+print("per-module gradient-norm tags", len(grad_tags), "points each", len(acc.Scalars(grad_tags[0])) if grad_tags else 0,
+      "gradient_flow.svg", flow)
+ok = grad_tags and flow and not bad and len(lines) >= 11 and hist_steps and all(s == [200, 400, 600] for s in hist_steps.values()) and img_steps == [300, 600]
 print("TENSORBOARD READBACK", "PASS" if ok else "FAIL")
 PYEOF
 
