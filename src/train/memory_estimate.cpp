@@ -16,6 +16,9 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // CUDA context, cuBLAS/cuDNN handles and workspaces outside the caching
 // allocator's count (about 0.6 GiB measured on an H200), with room to spare.
 constexpr double kCudaReserveBytes = 1.0 * kGiB;
+// The program itself on the CPU: libtorch's code and runtime (about 0.3 GiB
+// of resident memory before the model).
+constexpr double kCpuReserveBytes = 0.5 * kGiB;
 
 // Bytes autograd keeps per sample for one DiT block, by path. T tokens, D
 // width, M MLP width, H heads; e the activations' element size.
@@ -36,11 +39,14 @@ double fused_block_bytes(const BlockShape& s, double e, bool keep_act) {
 
 // The plain blocks (DiTBlock::forward, ATen autograd; the CPU, or
 // speed.fused_kernels off): fp32 x, both LayerNorm outputs and x1 (r = 4
-// bytes); in the activation dtype a the products' inputs, qkv, the attention
-// output and its copy, both gated branches, pre and act of the MLP.
+// bytes); in the activation dtype a, 15 [T, D] tensors: the three products'
+// inputs, qkv and its per-head copies, the attention output and its
+// transposed copy, both gated branches, and what the attention's backward
+// keeps besides (the count measured against the peak resident memory of CPU
+// runs of DiT-S/2 and S/4); pre and act of the MLP.
 double plain_block_bytes(const BlockShape& s, double a) {
   constexpr double r = 4;
-  return r * 4 * s.T * s.D + a * (9 * s.T * s.D + 2 * s.T * s.M) + 4 * 4 * s.T + 4 * s.H * s.T;
+  return r * 4 * s.T * s.D + a * (15 * s.T * s.D + 2 * s.T * s.M) + 4 * 4 * s.T + 4 * s.H * s.T;
 }
 
 std::string resolved_precision(const std::string& precision, bool cuda) {
@@ -151,7 +157,7 @@ double memory_available_for_training(bool cuda) {
   }
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return INFINITY;
-  return static_cast<double>(pages) * static_cast<double>(page);
+  return std::max(0.0, static_cast<double>(pages) * static_cast<double>(page) - kCpuReserveBytes);
 }
 
 void check_memory_fits(const TrainConfig& cfg, bool cuda, const std::string& precision, double available_bytes) {

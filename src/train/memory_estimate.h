@@ -49,7 +49,7 @@ int64_t largest_batch_that_fits(const MemoryEstimate& estimate, double available
 
 // Bytes a run may use: on CUDA the device's free memory less a reserve for
 // the CUDA context and library workspaces that the caching allocator does
-// not count; on the CPU the physical memory.
+// not count; on the CPU the physical memory less the program's own.
 double memory_available_for_training(bool cuda);
 
 // Throws UsageError naming train.batch_size, the estimate with its breakdown,

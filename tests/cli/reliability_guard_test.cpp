@@ -8,6 +8,7 @@
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +28,8 @@
 #include "base/fs.h"
 #include "io/safetensors.h"
 #include "support/test_support.h"
+#include "train/config.h"
+#include "train/memory_estimate.h"
 
 namespace {
 
@@ -218,6 +221,36 @@ TEST(ReliabilityGuard, BadValuesAreUsageErrorsNamingTheKeyBeforeAnythingIsCreate
   const Result fits = run("train --runs-dir " + runs.path() + " --run-name ok --device cpu" + kTinyModel + kSynthetic +
                           " --steps 1 --batch-size " + std::to_string(std::min<int64_t>(std::stoll(m[1]), 64)));
   EXPECT_EQ(fits.code, 0) << fits.output;
+}
+
+// The peak resident memory (KiB) of a finished child.
+long max_rss_kib(const std::string& args, const std::string& log) {
+  auto p = spawn(args, log);
+  int status = 0;
+  struct rusage usage {};
+  ::wait4(p.pid, &status, 0, &usage);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_raw(log);
+  return usage.ru_maxrss;
+}
+
+// The estimate's per-sample bytes on the CPU's plain path against the peak
+// resident memory of real runs at two batches (the difference leaves out the
+// program itself): within 15%.
+TEST(ReliabilityGuard, MemoryEstimateMatchesCpuRunsPerSample) {
+  TempDir tmp;
+  const std::string common = " --device cpu --model DiT-S/4 --set model.depth=4 --data synthetic --steps 1"
+                             " --set log.sample_every=0"
+                             " --set log.sample_classes=1 --set log.sample_per_class=1 --set diffusion.sample_steps=1"
+                             " --runs-dir " + tmp.path();
+  const long small = max_rss_kib("train" + common + " --run-name a --batch-size 8", tmp.file("a.log"));
+  const long large = max_rss_kib("train" + common + " --run-name b --batch-size 40", tmp.file("b.log"));
+  const double measured = (large - small) * 1024.0 / 32;
+  auto cfg = perftrain::train::default_config(false);
+  perftrain::train::apply_override(cfg, "model.name=\"DiT-S/4\"");
+  cfg.model.depth = 4;
+  const double estimated = perftrain::train::estimate_training_memory(cfg, false, "auto").per_sample_bytes;
+  EXPECT_NEAR(estimated, measured, 0.15 * measured) << "per sample: estimated " << estimated << " B, measured "
+                                                    << measured << " B (peak RSS " << small << " / " << large << " KiB)";
 }
 
 // Replaces `key = ...` in the perftrain config of a weights file's metadata.
