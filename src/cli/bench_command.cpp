@@ -109,6 +109,7 @@ train::TrainConfig bench_config(const BenchArgs& a, bool cuda) {
   cfg.optim.seed = a.seed;
   cfg.speed.recompute = a.recompute;
   cfg.speed.gelu_recompute = a.gelu_recompute;
+  cfg.health.monitor_every = 0;  // timed without gradient monitoring unless --set health.monitor_every=N
   for (const auto& o : a.overrides) train::apply_override(cfg, o);
   cfg.validate();
   return cfg;
