@@ -1,0 +1,105 @@
+// The step-window profiler on a GPU: the trace holds the CUDA kernels, each
+// charged to the scope that launched it; a CUDA graph replay is one captured
+// step whose kernels belong to its launch; the host syncs of .item() are found
+// inside the step. Skips without a GPU.
+#include <gtest/gtest.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/randn.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "base/scope.h"
+#include "compat/compat.h"
+#include "observe/profile/step_profiler.h"
+#include "observe/profile/timeline.h"
+#include "support/test_support.h"
+
+namespace {
+
+using namespace perftrain::observe::profile;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!perftrain::compat::cuda_available()) GTEST_SKIP() << "no CUDA device"
+
+double phase(const StepAnalysis& a, const std::string& p) {
+  for (const auto& x : a.busy_by_phase)
+    if (x.phase == p) return x.ms;
+  return 0;
+}
+
+ProfilerOptions options(const std::string& dir) {
+  ProfilerOptions o;
+  o.schedule = Schedule{0, 0, 1, 2, 1};
+  o.dir = dir;
+  o.cuda = true;
+  o.sync = [] { perftrain::compat::synchronize(at::Device(at::kCUDA, 0)); };
+  return o;
+}
+
+TEST(ProfileGpu, KernelsLandInTheirScopes) {
+  SKIP_WITHOUT_GPU();
+  perftrain::testing::TempDir tmp;
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor a = at::randn({2048, 2048}, opts), b = at::randn({2048, 2048}, opts);
+  StepProfiler p(options(tmp.path()));
+  for (int64_t i = 0; i < 3; ++i) {
+    p.begin_step(i);
+    {
+      PERFTRAIN_SCOPE("forward");
+      for (int k = 0; k < 4; ++k) (void)at::mm(a, b);
+    }
+    {
+      PERFTRAIN_SCOPE("loss");
+      (void)at::mm(a, b).sum().item<float>();  // a host sync inside the step
+    }
+    p.end_step(i);
+  }
+  p.finish();
+  ASSERT_EQ(p.traces().size(), 1u);
+  const StepAnalysis s = analyze(load_trace(p.traces()[0]));
+  EXPECT_EQ(s.steps, 2);
+  EXPECT_FALSE(s.cpu_only);
+  EXPECT_GE(s.kernels_per_step, 5);
+  EXPECT_GT(phase(s, "forward"), 2 * phase(s, "loss"));  // four products against one (and a sum)
+  EXPECT_GT(s.matrix_ms, 0.5 * s.gpu_busy_ms);
+  EXPECT_NEAR(s.gpu_busy_ms + s.idle_data_ms + s.idle_other_ms, s.step_ms, 1e-9);
+  ASSERT_FALSE(s.syncs.empty());
+  EXPECT_EQ(s.syncs[0].phase, "loss");
+}
+
+TEST(ProfileGpu, AGraphReplayIsOneCapturedStep) {
+  SKIP_WITHOUT_GPU();
+  perftrain::testing::TempDir tmp;
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor a = at::randn({1024, 1024}, opts), b = at::randn({1024, 1024}, opts);
+  at::Tensor c = at::empty({1024, 1024}, opts);
+  auto stream = c10::cuda::getStreamFromPool();
+  at::cuda::CUDAGraph g;
+  {
+    c10::cuda::CUDAStreamGuard guard(stream);
+    (void)at::mm_out(c, a, b);  // warm-up on the side stream
+    stream.synchronize();
+    g.capture_begin();
+    for (int k = 0; k < 3; ++k) at::mm_out(c, a, b);
+    g.capture_end();
+  }
+  StepProfiler p(options(tmp.path()));
+  for (int64_t i = 0; i < 3; ++i) {
+    p.begin_step(i);
+    {
+      PERFTRAIN_SCOPE("graph_replay");
+      g.replay();
+    }
+    p.end_step(i);
+  }
+  p.finish();
+  const StepAnalysis s = analyze(load_trace(p.traces().at(0)));
+  EXPECT_TRUE(s.captured);
+  EXPECT_EQ(s.graph_launches, 2);
+  EXPECT_GE(s.kernels_per_step, 3);
+  EXPECT_GT(phase(s, "captured step (one graph launch)"), 0.9 * s.gpu_busy_ms);
+}
+
+}  // namespace
