@@ -43,6 +43,39 @@ using observe::GradStats;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+TEST(HealthConfig, KeysAreValidatedNamingTheKey) {
+  TrainConfig c = default_config(false);
+  EXPECT_EQ(c.health.monitor_every, 50);
+  EXPECT_EQ(c.health.nan_policy, "stop");
+  std::string msg = perftrain::testing::error_of<UsageError>([&] {
+    TrainConfig d = c;
+    apply_override(d, "health.nan_policy=ignore");
+    d.validate();
+  });
+  EXPECT_NE(msg.find("health.nan_policy"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("skip"), std::string::npos) << msg;
+  msg = perftrain::testing::error_of<UsageError>([&] {
+    TrainConfig d = c;
+    apply_override(d, "health.monitor_every=-1");
+    d.validate();
+  });
+  EXPECT_NE(msg.find("health.monitor_every"), std::string::npos) << msg;
+  msg = perftrain::testing::error_of<UsageError>([&] {
+    TrainConfig d = c;
+    apply_override(d, "health.explode_factor=0.5");
+    d.validate();
+  });
+  EXPECT_NE(msg.find("health.explode_factor"), std::string::npos) << msg;
+  TrainConfig d = c;
+  apply_override(d, "health.monitor_every=0");
+  apply_override(d, "health.anomaly_mode=true");
+  d.validate();
+  TrainConfig back = default_config(false);
+  apply_toml(back, d.to_toml(), "config.toml");
+  EXPECT_EQ(back.health.monitor_every, 0);
+  EXPECT_TRUE(back.health.anomaly_mode);
+}
+
 // Random gradients with planted zeros, NaNs and Infs, and one all-zero.
 std::vector<at::Tensor> planted_grads() {
   std::vector<at::Tensor> g = {at::randn({7, 5}), at::randn({33}), at::randn({4, 4, 3}), at::zeros({6})};
