@@ -182,12 +182,16 @@ TEST(ReliabilityStore, ASecondTrainerOnTheSameRunExitsTwoNamingTheHolder) {
 }
 
 // kill -9 at random moments of a run that checkpoints every step (and prunes
-// every step): after each, every step directory is complete or absent, the
-// metrics are whole lines, and the next --resume continues.
+// every step), every other one as soon as a save has begun: after each, every
+// step directory is complete or absent, the metrics are whole lines, and the
+// next --resume continues.
 TEST(ReliabilityStore, KillNineDuringSavesLeavesCompleteCheckpoints) {
   TempDir tmp;
   const std::string run_dir = tmp.path() + "/K";
-  const std::string more = " --set log.checkpoint_every=1 --set log.keep_checkpoints=2";
+  // A wider model (about 0.5M parameters, 7 MB a checkpoint), so that saves
+  // take a while.
+  const std::string more = " --set model.hidden=128 --set model.depth=2 --set log.checkpoint_every=1"
+                           " --set log.keep_checkpoints=2";
   const Result start = run(train_args(tmp, "K", 2, more));
   ASSERT_EQ(start.code, 0) << start.output;
   std::mt19937 rng(std::random_device{}());
@@ -204,7 +208,20 @@ TEST(ReliabilityStore, KillNineDuringSavesLeavesCompleteCheckpoints) {
       ASSERT_TRUE(wait_until([&] { return latest_step(run_dir) > before || !still_running(p.pid); }, 120))
           << "resume " << i << " made no checkpoint";
       ASSERT_TRUE(still_running(p.pid)) << "resume " << i << " stopped: " << read_raw(p.out);
-      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300000));
+      if (i % 2 == 0) {
+        // Inside a save: as soon as a step directory is being written.
+        auto saving = [&] {
+          for (const auto& name : fs::list_directory(run_dir + "/ckpt"))
+            if (name.rfind(".step_", 0) == 0) return true;
+          return false;
+        };
+        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (!saving() && std::chrono::steady_clock::now() < end)
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300000));
+      }
       ++kills;
     }
     ::kill(p.pid, SIGKILL);
