@@ -27,7 +27,9 @@ using perftrain::testing::TempDir;
 using perftrain::testing::write_raw;
 using Result = perftrain::testing::CommandResult;
 
-Result run(const std::string& args) { return perftrain::testing::run_shell(std::string(PERFTRAIN_BINARY) + " " + args); }
+Result run(const std::string& args) {
+  return perftrain::testing::run_shell(std::string(PERFTRAIN_BINARY) + " " + args);
+}
 
 // A tiny DiT on synthetic data on the CPU: each step takes milliseconds, so
 // the time goes into starting the program and into checkpoints.
