@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "compat/compat.h"
+#include "models/dit.h"
 #include "ops/weight_grad_lane.h"
 #include "support/tensor_checks.h"
 #include "train/step_runner.h"

@@ -8,6 +8,7 @@
 #include <ATen/ops/randn.h>
 
 #include "base/error.h"
+#include "models/dit.h"
 #include "support/test_support.h"
 #include "train/step_runner.h"
 

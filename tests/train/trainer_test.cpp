@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "models/dit.h"
 #include "base/fs.h"
 #include "io/safetensors.h"
 #include "support/test_support.h"
