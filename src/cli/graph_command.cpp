@@ -36,10 +36,7 @@ void run_graph(const ViewArgs& v, const GraphArgs& a) {
   models::views::GraphOptions o;
   o.saved = a.saved;
   o.roll_up = !a.all_blocks;
-  // Default depth: every module in the module graph; in the autograd graph,
-  // down to the blocks' children (attention, MLP), the nodes of deeper ones
-  // folded into them.
-  o.depth = a.depth >= 0 ? a.depth : (a.kind == "modules" ? 1 << 20 : 3);
+  if (a.depth >= 0) o.depth = a.depth;  // default: every module
   o.title = cfg.model.name + " " + (a.kind == "modules" ? "module graph" : "autograd graph (backward of an MSE loss)") +
             ", batch " + std::to_string(batch);
   const std::string dot = a.kind == "modules"
@@ -59,7 +56,7 @@ void add_graph_command(CLI::App& app) {
   cmd->add_option("-k,--kind", a->kind, "modules: modules and the data flow between them; autograd: backward nodes")
       ->check(CLI::IsMember({"modules", "autograd"}));
   cmd->add_option("-d,--depth", a->depth,
-                  "module nesting drawn; deeper modules become one box (default: all for modules, 3 for autograd)")
+                  "module nesting drawn: a module at this depth is one box (default: every module)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--saved", a->saved, "autograd: list the tensors each backward node saved");
   cmd->add_flag("--all-blocks", a->all_blocks, "draw every repeated block instead of the first with a count");

@@ -471,13 +471,16 @@ std::string autograd_graph_dot(const nn::Module& model, const std::function<at::
   for (size_t k = 0; k < order.size(); ++k) {
     const Node* n = order[k].get();
     int m = owner_of(n);
+    // A parameter of a module that never runs itself (the patch conv's
+    // "proj") belongs to the nearest one that does.
+    while (r.nodes[m].parent >= 0 && !r.nodes[m].ran) m = r.nodes[m].parent;
     owner[n] = m;
     std::string key;
     const auto g = r.outer_group(m);
     if (r.hidden(m)) {
       key = "g:" + std::to_string(g.first);
       m = -1;  // drawn beside the group's first member
-    } else if (r.nodes[m].display_depth > o.depth) {
+    } else if (r.nodes[m].display_depth >= o.depth) {  // a module at the depth is one box
       m = r.at_depth(m, o.depth);
       key = "m:" + r.display_name(m);
       box_module[key] = m;
@@ -542,7 +545,9 @@ std::string autograd_graph_dot(const nn::Module& model, const std::function<at::
   std::function<void(int, const std::string&)> emit = [&](int i, const std::string& indent) {
     if (!has_content[i]) return;
     const TreeNode& n = r.nodes[i];
-    const bool cluster = n.parent >= 0 && n.ran;
+    bool boxed = false;  // drawn as one box: no cluster around it
+    for (const auto& [key, m] : box_module) boxed = boxed || m == i;
+    const bool cluster = n.parent >= 0 && n.ran && !boxed;
     std::string inner = indent;
     if (cluster) {
 

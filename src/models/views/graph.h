@@ -8,8 +8,9 @@
 //   autograd graph: the backward nodes from the loss (grad_fn, next_edges),
 //                   the parameters as leaves named by their state_dict names,
 //                   each node placed in the cluster of the module whose
-//                   forward created it (by autograd sequence number);
-//                   modules deeper than `depth` drawn as one box each.
+//                   forward created it (by autograd sequence number); each
+//                   module at `depth` drawn as one box holding the nodes of
+//                   its subtree.
 // Both roll up repeated blocks: consecutive children of a list with the same
 // structure ("blocks.0".."blocks.27") are drawn once, labelled
 // "blocks.0..27 x28" (module graph: the edge into the next block dashed;
@@ -26,7 +27,7 @@
 namespace perftrain::models::views {
 
 struct GraphOptions {
-  int depth = 1 << 20;  // module nesting shown; deeper modules become one box
+  int depth = 1 << 20;  // module nesting shown (module graph: deeper modules fold into their ancestor's box)
   bool saved = false;   // autograd graph: list the tensors each node saved for backward
   bool roll_up = true;  // draw repeated blocks once
   std::string title;
