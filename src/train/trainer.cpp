@@ -164,7 +164,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
 
   log << "perftrain: " << cfg.model.name << " (" << model.parameter_count(true) << " trainable parameters) on "
       << compat::device_description(device) << ", " << precision
-      << (device.is_cuda() ? std::string(cfg.speed.fused_kernels ? ", fused kernels" : ", unfused") +
+      << (device.is_cuda() ? std::string(cfg.speed.fused_kernels && model.has_fused_path() ? ", fused kernels" : ", unfused") +
                                  (cfg.speed.recompute ? ", recompute" : "") +
                                  (cfg.speed.gelu_recompute ? ", GELU recomputed in backward" : "") +
                                  (cfg.speed.attention == "cudnn" ? ", cuDNN attention" : "") +
