@@ -3,11 +3,18 @@
 #include <ATen/SequenceNumber.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
+// Compiled autograd's node description: the only way C++ can list what a
+// node saved; internal to torch (present in 2.11), so --saved degrades to
+// "not listed" where the header is gone.
+#if __has_include(<torch/csrc/dynamo/compiled_autograd.h>)
 #include <torch/csrc/dynamo/compiled_autograd.h>
+#define PERFTRAIN_HAVE_COMPILED_AUTOGRAD 1
+#endif
 
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -213,6 +220,9 @@ std::string graph_header(const GraphOptions& o) {
 // description of itself (what torch.compile's backward reads); nodes that
 // cannot describe themselves give nullopt.
 std::optional<std::vector<at::Tensor>> saved_tensors(const std::shared_ptr<Node>& fn) {
+#ifndef PERFTRAIN_HAVE_COMPILED_AUTOGRAD
+  return std::nullopt;
+#else
   try {
     torch::dynamo::autograd::AutogradCompilerCall compiler(torch::dynamo::autograd::SizeInput::STATIC);
     torch::dynamo::autograd::NodeCall call(0, fn);
@@ -222,6 +232,7 @@ std::optional<std::vector<at::Tensor>> saved_tensors(const std::shared_ptr<Node>
   } catch (const std::exception&) {
     return std::nullopt;
   }
+#endif
 }
 
 }  // namespace
