@@ -220,6 +220,7 @@ void add_train_command(CLI::App& app) {
                   "profile windows of this run with a torch.profiler.schedule, e.g. wait=1,warmup=1,active=2,repeat=1 "
                   "(keys skip_first, wait, warmup, active, repeat): traces, breakdown and diagnosis in <run>/profile/ "
                   "(docs/guide/profiling.md)")
+      ->default_str("\"\"")
       ->group(cmd->get_option("--config")->get_group());
   cmd->callback([a, dry_run, save_on_signal, profile] {
     if (!profile->empty()) observe::profile::parse_schedule(*profile, "--profile");  // before anything runs
