@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -50,19 +51,29 @@ const std::string kTinyModel =
 const std::string kTiny = " --device cpu --batch-size 8" + kTinyModel;
 const std::string kSynthetic = " --data synthetic --set data.synthetic_size=40";
 
+// A perftrain process in the background; killed if a test leaves it running.
 struct Background {
   pid_t pid = -1;
   std::string out;
+  Background(pid_t p, std::string o) : pid(p), out(std::move(o)) {}
+  Background(const Background&) = delete;
+  Background& operator=(const Background&) = delete;
+  ~Background() {
+    if (pid > 0 && ::waitpid(pid, nullptr, WNOHANG) == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
 };
 
-Background spawn(const std::string& args, const std::string& out) {
+std::unique_ptr<Background> spawn(const std::string& args, const std::string& out) {
   const std::string cmd = "exec " + std::string(PERFTRAIN_BINARY) + " " + args + " >'" + out + "' 2>&1";
-  Background b{::fork(), out};
-  if (b.pid == 0) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  return b;
+  return std::make_unique<Background>(pid, out);
 }
 
 // The exit code, or 128 + the signal that ended it; -1 after timeout_s (the
@@ -87,11 +98,13 @@ int lines_in(const std::string& path) {
 }
 
 // Waits until the run has logged `lines` metrics lines (with log.every = 1, a
-// line per step after the first): the loop is running.
-bool wait_for_metrics(const std::string& run_dir, int lines, double timeout_s = 240) {
+// line per step after the first): the loop is running. False when the
+// process ended first or the time ran out.
+bool wait_for_metrics(const Background& p, const std::string& run_dir, int lines, double timeout_s = 240) {
   const auto end = Clock::now() + std::chrono::duration<double>(timeout_s);
   while (Clock::now() < end) {
     if (lines_in(run_dir + "/metrics.jsonl") >= lines) return true;
+    if (::kill(p.pid, 0) != 0 || ::waitpid(p.pid, nullptr, WNOHANG) != 0) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
@@ -111,9 +124,9 @@ void expect_graceful_stop(int sig, int want_code, const char* name) {
   const std::string run_dir = tmp.file("R");
   auto p = spawn("train --runs-dir " + tmp.path() + " --run-name R" + kTiny + kSynthetic + " --steps 1000000",
                  tmp.file("out.log"));
-  ASSERT_TRUE(wait_for_metrics(run_dir, 3)) << read_raw(tmp.file("out.log"));
-  ::kill(p.pid, sig);
-  const int code = wait_exit(p.pid, 120);
+  ASSERT_TRUE(wait_for_metrics(*p, run_dir, 3)) << read_raw(tmp.file("out.log"));
+  ::kill(p->pid, sig);
+  const int code = wait_exit(p->pid, 120);
   const std::string out = read_raw(tmp.file("out.log"));
   ASSERT_EQ(code, want_code) << out;
   std::smatch m;
@@ -153,13 +166,13 @@ TEST(ReliabilityGuard, SecondSignalExitsAtOnce) {
                  " --set model.heads=6 --set model.patch=2 --set log.every=1 --set log.sample_every=0"
                  " --steps 1000000",
                  tmp.file("out.log"));
-  ASSERT_TRUE(wait_for_metrics(run_dir, 1, 400)) << read_raw(tmp.file("out.log"));
+  ASSERT_TRUE(wait_for_metrics(*p, run_dir, 1, 400)) << read_raw(tmp.file("out.log"));
   const std::string before = read_raw(run_dir + "/metrics.jsonl");
-  ::kill(p.pid, SIGTERM);
+  ::kill(p->pid, SIGTERM);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const auto second = Clock::now();
-  ::kill(p.pid, SIGINT);
-  const int code = wait_exit(p.pid, 60);
+  ::kill(p->pid, SIGINT);
+  const int code = wait_exit(p->pid, 60);
   const double took = std::chrono::duration<double>(Clock::now() - second).count();
   const std::string out = read_raw(tmp.file("out.log"));
   EXPECT_EQ(code, 130) << out;
@@ -177,9 +190,9 @@ TEST(ReliabilityGuard, SaveOnSignalOffLeavesTheDefault) {
   auto p = spawn("train --runs-dir " + tmp.path() + " --run-name R --save-on-signal off" + kTiny + kSynthetic +
                      " --steps 1000000",
                  tmp.file("out.log"));
-  ASSERT_TRUE(wait_for_metrics(run_dir, 2)) << read_raw(tmp.file("out.log"));
-  ::kill(p.pid, SIGTERM);
-  EXPECT_EQ(wait_exit(p.pid, 60), 128 + SIGTERM);  // killed by the signal itself
+  ASSERT_TRUE(wait_for_metrics(*p, run_dir, 2)) << read_raw(tmp.file("out.log"));
+  ::kill(p->pid, SIGTERM);
+  EXPECT_EQ(wait_exit(p->pid, 60), 128 + SIGTERM);  // killed by the signal itself
   EXPECT_FALSE(fs::exists(run_dir + "/ckpt/latest"));
   EXPECT_FALSE(fs::exists(run_dir + "/report.md"));
 }
@@ -228,7 +241,7 @@ long max_rss_kib(const std::string& args, const std::string& log) {
   auto p = spawn(args, log);
   int status = 0;
   struct rusage usage {};
-  ::wait4(p.pid, &status, 0, &usage);
+  ::wait4(p->pid, &status, 0, &usage);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_raw(log);
   return usage.ru_maxrss;
 }
@@ -352,11 +365,11 @@ TEST(ReliabilityGuard, ShardTruncatedWhileTrainingIsARuntimeErrorNotSigbus) {
   auto p = spawn("train --runs-dir " + tmp.path() + " --run-name R" + kTiny + " --data latents --data-path " + shard +
                      " --steps 1000000",
                  tmp.file("out.log"));
-  ASSERT_TRUE(wait_for_metrics(tmp.file("R"), 2)) << read_raw(tmp.file("out.log"));
+  ASSERT_TRUE(wait_for_metrics(*p, tmp.file("R"), 2)) << read_raw(tmp.file("out.log"));
   struct stat st {};
   ASSERT_EQ(::stat(shard.c_str(), &st), 0);
   ASSERT_EQ(::truncate(shard.c_str(), st.st_size / 4), 0);
-  const int code = wait_exit(p.pid, 120);
+  const int code = wait_exit(p->pid, 120);
   const std::string out = read_raw(tmp.file("out.log"));
   EXPECT_EQ(code, 1) << "exit " << code << " (SIGBUS is 135)\n" << out;
   EXPECT_NE(out.find(shard + ": cannot read sample"), std::string::npos) << out;
