@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/version.h>
@@ -98,6 +99,17 @@ std::string error_message(const std::exception& e) {
     return nl == std::string::npos ? m : m.substr(0, nl);
   }
   return e.what();
+}
+
+void renew_generator_state(at::Generator& gen) {
+  if (!gen.defined() || !gen.device().is_cuda()) return;
+  auto* impl = at::check_generator<at::CUDAGeneratorImpl>(gen);
+  const uint64_t seed = impl->current_seed();
+  const uint64_t offset = impl->philox_offset_per_thread();
+  auto fresh = c10::make_intrusive<at::CUDAGeneratorImpl>(impl->device().index());
+  fresh->set_current_seed(seed);
+  fresh->set_philox_offset_per_thread(offset);
+  impl->graphsafe_set_state(fresh);
 }
 
 }  // namespace perftrain::compat

@@ -4,6 +4,7 @@
 // another 2.x release looks here first.
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include <optional>
@@ -39,6 +40,15 @@ void set_autocast_cache_enabled(bool enabled);
 // Returns cached blocks of the CUDA caching allocator to the driver (between
 // benchmark variants, so each starts from the same state).
 void empty_cuda_cache();
+
+// After a CUDA graph capture that failed (an op the capture refused), the
+// generator registered with it stays marked as capturing: libtorch ends its
+// capture only in a successful capture_end, and every later replay or eager
+// random op then throws "Offset increment outside graph capture". This gives
+// the generator a fresh state at the same seed and offset; graphs captured
+// before it keep the old state, so they must be captured again. No-op for a
+// CPU generator.
+void renew_generator_state(at::Generator& gen);
 
 // One AdamW step over all tensors in a single fused launch per dtype/device
 // group (ATen's _fused_adamw_, which has CPU and CUDA kernels). state_steps

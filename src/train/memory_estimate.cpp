@@ -43,10 +43,13 @@ double fused_block_bytes(const BlockShape& s, double e, bool keep_act) {
 // inputs, qkv and its per-head copies, the attention output and its
 // transposed copy, both gated branches, and what the attention's backward
 // keeps besides (the count measured against the peak resident memory of CPU
-// runs of DiT-S/2 and S/4); pre and act of the MLP.
-double plain_block_bytes(const BlockShape& s, double a) {
+// runs of DiT-S/2 and S/4); pre and act of the MLP. On CUDA, SDPA's fused
+// kernels keep only the output and its log-sum-exp: 10 [T, D] tensors there
+// (measured against the allocator peak of DiT-S/2 b128 on the H200).
+double plain_block_bytes(const BlockShape& s, double a, bool cuda) {
   constexpr double r = 4;
-  return r * 4 * s.T * s.D + a * (15 * s.T * s.D + 2 * s.T * s.M) + 4 * 4 * s.T + 4 * s.H * s.T;
+  const double kept = cuda ? 10 : 15;
+  return r * 4 * s.T * s.D + a * (kept * s.T * s.D + 2 * s.T * s.M) + 4 * 4 * s.T + 4 * s.H * s.T;
 }
 
 std::string resolved_precision(const std::string& precision, bool cuda) {
@@ -107,7 +110,7 @@ MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const
     // Per-block recompute keeps each block's fp32 input; in backward one
     // block's activations live again (with its own first LayerNorm's input).
     const double block = fused ? fused_block_bytes(s, e, !sp.gelu_recompute) + 4 * s.T * s.D
-                               : plain_block_bytes(s, half ? 2.0 : 4.0);
+                               : plain_block_bytes(s, half ? 2.0 : 4.0, cuda);
     per_block = sp.recompute ? 4 * s.T * s.D : block;
     extra = (sp.recompute ? block : 0) + 4 * pixels + 3 * 4 * s.T * s.D;  // + the final layer's LayerNorm and product
   }

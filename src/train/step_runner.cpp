@@ -330,8 +330,10 @@ struct StepRunner::Impl {
       compat::set_autocast_cache_enabled(true);
     });
     monitoring = was_monitoring;
-    if (!error.empty())
+    if (!error.empty()) {
       for (auto& p : params) p.mutable_grad() = at::Tensor();
+      compat::renew_generator_state(gen);  // the failed capture left it marked as capturing
+    }
     return error;
   }
 
@@ -342,7 +344,16 @@ struct StepRunner::Impl {
     PERFTRAIN_SCOPE("graph_replay");
     if (monitoring && !monitored_graph && monitor_note.empty()) {
       const std::string error = capture(true);
-      if (!error.empty()) monitor_note = "gradient monitoring off: its graph failed to capture: " + error;
+      if (!error.empty()) {
+        monitor_note = "gradient monitoring off: its graph failed to capture: " + error;
+        // The plain graph holds the generator state the failed capture spoilt
+        // (and gradients it no longer sees): capture it again.
+        graph.reset();
+        const std::string again = capture(false);
+        if (!again.empty())
+          throw RuntimeError("the step's CUDA graph could not be captured again after " + monitor_note + ": " + again +
+                             "; set health.monitor_every = 0 or speed.graph = false");
+      }
     }
     if (monitoring && monitored_graph) monitored_graph->replay();
     else graph->replay();
