@@ -1,7 +1,5 @@
 #include "models/diffusion_model.h"
 
-#include <future>
-
 #include "models/dit.h"
 #include "models/single_stream.h"
 
@@ -20,24 +18,8 @@ std::unique_ptr<DiffusionModel> build_diffusion_model(const DiTConfig& cfg, uint
 }
 
 DiffusionModelAndEma build_diffusion_model_and_ema(const DiTConfig& cfg, uint64_t seed, const at::Device& device) {
-  DiffusionModelAndEma out;
-  if (!cfg.single_stream()) {
-    auto built = build_model_and_ema(cfg, seed, device);
-    out.model = std::move(built.model);
-    out.ema = std::move(built.ema);
-    return out;
-  }
-  auto build = [&cfg, seed, device] { return build_diffusion_model(cfg, seed, device); };
-  if (device.is_cpu()) {  // the CPU's draws are slow for large models: two threads
-    auto ema = std::async(std::launch::async, build);
-    out.model = build();
-    out.ema = ema.get();
-  } else {
-    out.model = build();
-    out.ema = build();
-  }
-  for (auto& p : out.ema->parameters()) p.set_requires_grad(false);
-  return out;
+  return build_with_ema<DiffusionModelAndEma>([&cfg, seed, device] { return build_diffusion_model(cfg, seed, device); },
+                                              device);
 }
 
 }  // namespace perftrain::models

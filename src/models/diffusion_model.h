@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <future>
 #include <memory>
 
 #include "models/dit_config.h"
@@ -59,5 +60,23 @@ struct DiffusionModelAndEma {
   std::unique_ptr<DiffusionModel> model, ema;  // the same initial weights; the EMA takes no gradients
 };
 DiffusionModelAndEma build_diffusion_model_and_ema(const DiTConfig& cfg, uint64_t seed, const at::Device& device);
+
+// A model and its EMA from one builder (the same seed, so the same weights):
+// on the CPU two threads, since its draws are slow for large models; the
+// EMA's parameters take no gradients.
+template <class Pair, class Build>
+Pair build_with_ema(const Build& build, const at::Device& device) {
+  Pair out;
+  if (device.is_cpu()) {
+    auto ema = std::async(std::launch::async, build);
+    out.model = build();
+    out.ema = ema.get();
+  } else {
+    out.model = build();
+    out.ema = build();
+  }
+  for (auto& p : out.ema->parameters()) p.set_requires_grad(false);
+  return out;
+}
 
 }  // namespace perftrain::models

@@ -7,7 +7,6 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/silu.h>
 
-#include <future>
 
 #include "base/error.h"
 #include "base/scope.h"
@@ -238,18 +237,7 @@ std::unique_ptr<DiT> build_model(const DiTConfig& cfg, uint64_t seed, const at::
 }
 
 ModelAndEma build_model_and_ema(const DiTConfig& cfg, uint64_t seed, const at::Device& device) {
-  auto build = [&cfg, seed, device] { return build_model(cfg, seed, device); };
-  ModelAndEma out;
-  if (device.is_cpu()) {  // the CPU's draws are slow for large models: two threads
-    auto ema = std::async(std::launch::async, build);
-    out.model = build();
-    out.ema = ema.get();
-  } else {
-    out.model = build();
-    out.ema = build();
-  }
-  for (auto& p : out.ema->parameters()) p.set_requires_grad(false);
-  return out;
+  return build_with_ema<ModelAndEma>([&cfg, seed, device] { return build_model(cfg, seed, device); }, device);
 }
 
 }  // namespace perftrain::models
