@@ -18,6 +18,7 @@
 #include "base/error.h"
 #include "base/fs.h"
 #include "cli/command.h"
+#include "cli/out_dir.h"
 #include "data/dataset.h"
 #include "models/dit.h"
 #include "observe/bench/environment.h"
@@ -73,16 +74,6 @@ std::vector<int64_t> parse_batches(const std::string& list) {
   }
   if (out.empty()) throw UsageError("--batch is empty");
   return out;
-}
-
-std::string default_out_dir(const std::string& model) {
-  std::string m = model;
-  for (char& c : m)
-    if (c == '/') c = '-';
-  char stamp[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
-  return "runs/bench-" + m + "-" + stamp;
 }
 
 // The anchors' benchmark config: DiT as in facebookresearch/DiT with
@@ -327,7 +318,7 @@ void run(BenchArgs a) {
   const train::TrainConfig base = bench_config(a, cuda);
   train::apply_speed_settings(base.speed);
 
-  const std::string out = a.out.empty() ? default_out_dir(a.model) : a.out;
+  const std::string out = a.out.empty() ? default_out_dir("bench", a.model) : a.out;
   a.profile_dir = out;
   if (fs::exists(fs::join(out, "bench.json")))
     throw UsageError(out + " already holds a bench.json; choose another --out");

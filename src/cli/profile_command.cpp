@@ -18,6 +18,7 @@
 #include "base/fs.h"
 #include "base/scope.h"
 #include "cli/command.h"
+#include "cli/out_dir.h"
 #include "compat/compat.h"
 #include "data/batch_loader.h"
 #include "data/dataset.h"
@@ -82,16 +83,6 @@ class SlowDataset : public data::Dataset {
   std::unique_ptr<data::Dataset> base_;
   double ms_;
 };
-
-std::string default_out_dir(const std::string& model) {
-  std::string m = model;
-  for (char& c : m)
-    if (c == '/') c = '-';
-  char stamp[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
-  return "runs/profile-" + m + "-" + stamp;
-}
 
 // The bench's step (the anchors' DiT settings) with the variant, then
 // --graph / --fused, then --set.
@@ -229,7 +220,7 @@ void run(const ProfileArgs& a) {
   ob::Variant v;
   const train::TrainConfig cfg = profile_config(a, cuda, v);
   train::apply_speed_settings(cfg.speed);
-  const std::string out = a.out.empty() ? default_out_dir(a.model) : a.out;
+  const std::string out = a.out.empty() ? default_out_dir("profile", a.model) : a.out;
   if (fs::exists(fs::join(out, "profile.md"))) throw UsageError(out + " already holds a profile.md; choose another --out");
   fs::create_directories(out);
 
