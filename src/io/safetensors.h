@@ -9,7 +9,7 @@
 // Integrity: a writer may record the CRC32C of each tensor's bytes in the
 // metadata under kChecksumKey, as one string (metadata values are strings, so
 // PyTorch's safetensors and facebookresearch/DiT still load the file):
-//   "perftrain.crc32c": "{\"name\":\"1a2b3c4d\",...}"
+//   "perftrain.crc32c": a JSON object from tensor name to its CRC32C as 8 hex digits
 // Files from other tools carry none and load as before.
 #pragma once
 
