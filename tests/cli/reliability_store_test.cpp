@@ -151,36 +151,36 @@ bool wait_until(const std::function<bool()>& done, double seconds) {
 }
 
 TEST(ReliabilityStore, ASecondTrainerOnTheSameRunExitsTwoNamingTheHolder) {
-  // The first run must still be running when the second ones try: if it
-  // finished first, try again with a longer one.
-  for (int64_t steps = 30; steps <= 1920; steps *= 4) {
-    TempDir tmp;
-    const std::string run_dir = tmp.path() + "/R";
-    auto first = spawn(train_args(tmp, "R", steps, " --set log.checkpoint_every=10"), tmp.file("first.log"));
-    ASSERT_TRUE(wait_until([&] { return fs::exists(run_dir + "/ckpt/latest") || !still_running(first.pid); }, 120));
-    const Result second = run(train_args(tmp, "R", steps));
-    const Result resume = run("train --resume " + run_dir);
-    const bool overlapped = still_running(first.pid);
-    const int code = wait_for(first.pid);
-    ASSERT_EQ(code, 0) << read_raw(first.out);
-    if (!overlapped) continue;
-    for (const Result* r : {&second, &resume}) {
-      EXPECT_EQ(r->code, 2) << r->output;
-      EXPECT_NE(r->output.find("pid " + std::to_string(first.pid)), std::string::npos) << r->output;
-      EXPECT_NE(r->output.find(host_name()), std::string::npos) << r->output;
-      EXPECT_EQ(std::count(r->output.begin(), r->output.end(), '\n'), 1) << "one line: " << r->output;
-    }
-    // The first run is whole: its last checkpoint, every line of its metrics.
-    EXPECT_EQ(latest_step(run_dir), steps);
-    expect_checkpoints_complete(run_dir, "after two trainers");
-    const auto m = metric_steps(run_dir);
-    expect_strictly_increasing(m, "after two trainers");
-    EXPECT_EQ(m.size(), static_cast<size_t>(steps - 1));  // every step but the first (timed apart)
-    const Result v = run("verify " + run_dir);
-    EXPECT_EQ(v.code, 0) << v.output;
-    return;
+  // The first run has far more steps than it can take while the others try,
+  // so it holds the run for the whole test (a run that finished while the
+  // second ones started would let a resume in); SIGTERM then ends it with a
+  // checkpoint at its last step.
+  TempDir tmp;
+  const std::string run_dir = tmp.path() + "/R";
+  auto first = spawn(train_args(tmp, "R", 1000000, " --set log.checkpoint_every=10"), tmp.file("first.log"));
+  ASSERT_TRUE(wait_until([&] { return fs::exists(run_dir + "/ckpt/latest") || !still_running(first.pid); }, 120));
+  ASSERT_TRUE(still_running(first.pid)) << read_raw(first.out);
+  const Result second = run(train_args(tmp, "R", 30));
+  const Result resume = run("train --resume " + run_dir);
+  ASSERT_TRUE(still_running(first.pid)) << read_raw(first.out);
+  ::kill(first.pid, SIGTERM);
+  const int code = wait_for(first.pid);
+  ASSERT_EQ(code, 128 + SIGTERM) << read_raw(first.out);
+  for (const Result* r : {&second, &resume}) {
+    EXPECT_EQ(r->code, 2) << r->output;
+    EXPECT_NE(r->output.find("pid " + std::to_string(first.pid)), std::string::npos) << r->output;
+    EXPECT_NE(r->output.find(host_name()), std::string::npos) << r->output;
+    EXPECT_EQ(std::count(r->output.begin(), r->output.end(), '\n'), 1) << "one line: " << r->output;
   }
-  FAIL() << "the first trainer always finished before the second started";
+  // The first run is whole: its last checkpoint, every line of its metrics.
+  const auto m = metric_steps(run_dir);
+  ASSERT_FALSE(m.empty());
+  EXPECT_EQ(latest_step(run_dir), m.back());
+  expect_checkpoints_complete(run_dir, "after two trainers");
+  expect_strictly_increasing(m, "after two trainers");
+  EXPECT_EQ(m.size(), static_cast<size_t>(m.back() - 1));  // every step but the first (timed apart)
+  const Result v = run("verify " + run_dir);
+  EXPECT_EQ(v.code, 0) << v.output;
 }
 
 // kill -9 at random moments of a run that checkpoints every step (and prunes
