@@ -1,0 +1,30 @@
+// SwiGLU's gating as one autograd function: from the packed output of ONE
+// product against the concatenated weights [gate.weight; up.weight] ([2F, D]),
+//   gate_up [..., 2F] (gate = the first F columns, up = the last F)
+//   -> silu(gate) * up [..., F]
+// in one pass over gate_up (fp32 math, one rounding to the output), where the
+// unfused form reads the two halves as strided views and writes silu(gate) in
+// between. Its backward makes d(gate_up) [..., 2F] in one pass from the
+// incoming gradient and the saved gate_up (kernels/swiglu.h):
+//   d(gate) = dout * up * silu'(gate),  d(up) = dout * silu(gate).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace perftrain::ops {
+
+// gate_up [..., 2F] (F >= 1, any F, any number of rows; a strided gate_up is
+// copied dense first) float32/bfloat16/float16 -> silu(gate) * up [..., F] in
+// gate_up's dtype (fp32 math). Grad: gate_up [..., 2F] in its dtype. The
+// model makes gate_up with ONE product against the concatenated weights
+// [gate.weight; up.weight] ([2F, D]). CUDA: the fused kernels; CPU:
+// swiglu_reference. An odd last dimension, a 0-d tensor or another dtype
+// throws UsageError.
+at::Tensor swiglu(const at::Tensor& gate_up);
+
+// The plain-ATen reference: at::silu(gate) * up on the two narrow() halves,
+// computed in fp32 (fp64 when gate_up is fp64, which it also takes) and cast
+// to gate_up's dtype; autograd through it is the reference backward.
+at::Tensor swiglu_reference(const at::Tensor& gate_up);
+
+}  // namespace perftrain::ops
