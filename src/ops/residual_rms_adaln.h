@@ -1,0 +1,55 @@
+// The single-stream DiT's sandwich post-norm, tanh-gated residual and the
+// pre-norm that opens the next branch, as one autograd function with two
+// outputs:
+//   yn = rms(y) * post_weight
+//   x1 = x + tanh(gate)[:, None, :] * yn                     (x's dtype: the residual stream)
+//   h  = rms(x1) * pre_weight * (1 + scale[:, None, :])       (out_dtype: the next product's operand)
+// with rms(v) = v * rsqrt(mean_D(v^2) + eps) in fp32: exactly rms_adaln of y
+// (weight post_weight, no scale), the gated residual, then rms_adaln of x1,
+// in one pass over the rows forward and one backward
+// (kernels/residual_rms_adaln.h). x1 is normalised as stored (rounded to x's
+// dtype); the gradient reaching x1 from later layers is added to the norm's
+// own inside the backward kernel instead of by autograd. The weight gradients
+// (per-sample fp32 column sums, summed over the batch) go through
+// ops::run_weight_grads.
+//
+// What the CUDA op keeps for the backward: y as given (in h's kernel type)
+// and its per-row rstd; for x1's norm the per-row rstd and either x1 or, when
+// out_dtype is 16-bit and x is wider (fp32 residual stream, bf16 operands),
+// the normalised rows x1 * rstd in out_dtype: half an fp32 x1's memory, and x1
+// itself is then not held by this op (the next residual reads it, but keeps
+// nothing of it). The gradient then uses that xhat rounded to bf16 (relative
+// 2^-9), like the bf16 operands every other gradient here is made from.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+
+namespace perftrain::ops {
+
+// x, y [B, T, D] float32/bfloat16/float16 (any mix); gate [B, D] and scale
+// [B, D] float32/bfloat16/float16 (strided views such as chunks of one [B, kD]
+// tensor are fine; the last dimension must be contiguous, else they are
+// copied); scale may be undefined (= 0); post_weight, pre_weight [D]
+// float32/bfloat16/float16/float64 or undefined (= ones; read through
+// ops::compute_weight as float32). Returns {x1 [B, T, D] in x's dtype,
+// h [B, T, D] in out_dtype}; either may be left unused. Gradients: x, gate,
+// y, post_weight, pre_weight, scale, each in its own dtype. CUDA: fused
+// kernels (D up to 8192); fastest when gate and scale share a dtype and y has
+// out_dtype (otherwise they go through float32 copies). CPU:
+// residual_rms_adaln_reference. Bad shapes, dtypes or devices throw UsageError.
+std::pair<at::Tensor, at::Tensor> residual_rms_adaln(const at::Tensor& x, const at::Tensor& gate,
+                                                     const at::Tensor& y, const at::Tensor& post_weight,
+                                                     const at::Tensor& pre_weight, const at::Tensor& scale,
+                                                     at::ScalarType out_dtype, double eps = 1e-6);
+
+// The plain-ATen reference (fp32 math, fp64 when any input is fp64): yn and
+// x1 as above, x1 rounded to x's dtype, then rms_adaln_reference(x1,
+// pre_weight, scale, out_dtype, eps); autograd through ATen gives its backward.
+std::pair<at::Tensor, at::Tensor> residual_rms_adaln_reference(const at::Tensor& x, const at::Tensor& gate,
+                                                               const at::Tensor& y, const at::Tensor& post_weight,
+                                                               const at::Tensor& pre_weight, const at::Tensor& scale,
+                                                               at::ScalarType out_dtype, double eps = 1e-6);
+
+}  // namespace perftrain::ops

@@ -1,0 +1,47 @@
+// RMSNorm (statistics in fp32, a learned weight per column) fused with the
+// adaLN scale of the single-stream DiT blocks (no shift), as one autograd
+// function:
+//   h = rms(x) * weight * (1 + scale[:, None, :]),  rms(v) = v * rsqrt(mean_D(v^2) + eps)
+// written straight in the dtype of the product that consumes it. The backward
+// sums the scale's gradient over tokens and the weight's over all rows
+// deterministically (kernels/rms_adaln.h); the weight gradient goes through
+// ops::run_weight_grads.
+//
+// What the CUDA op keeps for the backward: the per-row rstd (fp32) and either
+// x itself or, when out_dtype is 16-bit and x is wider (an fp32 residual stream
+// normalised into a bf16 operand), the normalised rows xhat = x * rstd in
+// out_dtype: half of an fp32 x's memory, and x (which no other backward needs)
+// may then be freed. The gradient then uses xhat rounded to bf16 (relative
+// 2^-9), like the bf16 operands every other gradient here is made from.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace perftrain::ops {
+
+// x [B, T, D] float32/bfloat16/float16; weight [D] float32/bfloat16/float16/
+// float64 or undefined (= ones; read through ops::compute_weight as float32);
+// scale [B, D] float32/bfloat16/float16 (strided views such as a chunk of one
+// [B, kD] tensor are fine; the last dimension must be contiguous, else it is
+// copied) or undefined (= 0). Returns [B, T, D] in out_dtype
+// (float32/bfloat16/float16). Gradients: x's, weight's and scale's in their
+// own dtypes. CUDA: fused kernels (D up to 8192). CPU: rms_adaln_reference.
+// Bad shapes, dtypes or devices throw UsageError.
+at::Tensor rms_adaln(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                     at::ScalarType out_dtype, double eps = 1e-6);
+
+// The plain-ATen reference: computed in fp32 (fp64 when any input is fp64),
+// the result cast to out_dtype; autograd through ATen gives its backward.
+at::Tensor rms_adaln_reference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                               at::ScalarType out_dtype, double eps = 1e-6);
+
+namespace detail {
+
+// The check the RMS ops make on a norm weight: undefined, or [D] (D =
+// x.size(-1)) of a floating dtype on x's device; UsageError naming `op` and
+// `what` otherwise.
+void check_norm_weight(const char* op, const at::Tensor& x, const at::Tensor& weight, const char* what);
+
+}  // namespace detail
+
+}  // namespace perftrain::ops
