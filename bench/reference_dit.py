@@ -293,9 +293,10 @@ class DDPMLinear:
         return self.sqrt_acp[t].view(-1, 1, 1, 1) * x0 + self.sqrt_1m_acp[t].view(-1, 1, 1, 1) * noise
 
 
-def train_step(model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=False, ema=None):
+def train_step(model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=False, ema=None, cond=()):
     """One step: sample t and noise, forward, MSE against the noise, backward, AdamW, zero_grad;
-    with ema = (ema_params, params, decay) also the EMA update, one foreach lerp."""
+    with ema = (ema_params, params, decay) also the EMA update, one foreach lerp. cond: more model
+    inputs after y (the single-stream model's condition features and lengths)."""
     if mark_cudagraph_step:
         torch.compiler.cudagraph_mark_step_begin()
     t = torch.randint(0, ddpm.num_timesteps, (x0.shape[0],), device=x0.device)  # [B]
@@ -303,7 +304,7 @@ def train_step(model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=False, em
     x_t = ddpm.q_sample(x0, t, noise)                                           # [B,C,H,W]
     amp = torch.autocast(x0.device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
     with amp:
-        out = model(x_t, t, y)                                  # [B,Cout,H,W]
+        out = model(x_t, t, y, *cond)                           # [B,Cout,H,W]
     loss = F.mse_loss(out[:, :x0.shape[1]].float(), noise)      # the eps part (sigma, if learnt, ignored)
     loss.backward()
     opt.step()
@@ -315,7 +316,11 @@ def train_step(model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=False, em
     return loss
 
 
-def run_bench(cfg, args):
+def run_bench(args, name, build, make_inputs, train_flops_per_image):
+    """The timing protocol both references share: build() the model (on the CPU, moved to the device), AdamW
+    (fused on a GPU), the --ema copy, the --mode's torch.compile; one fixed synthetic batch
+    make_inputs(dev) -> (x0, y, cond) (cond: more model inputs, see train_step); --warmup untimed then --steps
+    timed steps (CUDA events on a GPU); the first step timed from the start of the process."""
     t_start = process_start_time()
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = dev.type == "cuda"
@@ -324,7 +329,7 @@ def run_bench(cfg, args):
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(args.seed)
 
-    model = build_model(cfg).to(dev).train()
+    model = build().to(dev).train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0, **({"fused": True} if cuda else {}))
     ema = ([p.detach().clone() for p in params], params, args.ema) if args.ema > 0 else None
@@ -336,9 +341,8 @@ def run_bench(cfg, args):
     amp_dtype = None if args.mode == "eager-fp32" else torch.bfloat16
 
     ddpm = DDPMLinear(device=dev)
-    B, C, S = args.batch, cfg["in_channels"], cfg["input_size"]
-    x0 = torch.randn(B, C, S, S, device=dev)                    # synthetic latents, fixed
-    y = torch.randint(0, cfg["num_classes"], (B,), device=dev)  # synthetic labels, fixed
+    B = args.batch
+    x0, y, cond = make_inputs(dev)  # synthetic, fixed
 
     def now_ms():
         return time.perf_counter() * 1e3
@@ -351,7 +355,7 @@ def run_bench(cfg, args):
         else:
             c0 = now_ms()
         train_step(step_model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=args.mode == "reduce-overhead",
-                   ema=ema)
+                   ema=ema, cond=cond)
         if cuda:
             ev1.record()
         if i == 0:
@@ -366,10 +370,9 @@ def run_bench(cfg, args):
 
     q = np.percentile(times, [10, 90]) if times else [float("nan")] * 2
     ms = statistics.median(times) if times else float("nan")
-    flops = 3 * forward_flops_per_image(cfg["depth"], cfg["hidden_size"], cfg["patch_size"],
-                                        cfg["input_size"], C, model.out_channels, cfg["mlp_ratio"]) * B
+    flops = train_flops_per_image * B
     return {
-        "model": cfg["name"], "batch": B, "mode": args.mode,
+        "model": name, "batch": B, "mode": args.mode,
         "ms_median": round(ms, 4), "ms_p10": round(float(q[0]), 4), "ms_p90": round(float(q[1]), 4),
         "images_per_s": round(B / (ms / 1e3), 2),
         "tflops": round(flops / (ms / 1e3) / 1e12, 3),
@@ -378,6 +381,37 @@ def run_bench(cfg, args):
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
     }
+
+
+def check_bench_args(args):
+    if args.batch < 1 or args.steps < 1 or args.warmup < 0:
+        fail("--batch and --steps must be >= 1, --warmup >= 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda: no CUDA device is available")
+
+
+def print_bench(r, args):
+    if args.json:
+        print(json.dumps(r))
+    else:
+        print(f"{r['model']} batch {r['batch']} {r['mode']} on {r['device']} (torch {r['torch']})")
+        print(f"  step {r['ms_median']:.2f} ms median (p10 {r['ms_p10']:.2f}, p90 {r['ms_p90']:.2f}), "
+              f"{r['images_per_s']:.1f} img/s, {r['tflops']:.1f} TFLOP/s")
+        print(f"  peak memory {r['peak_gib']} GiB, first step {r['first_step_s']:.2f} s after process start")
+
+
+def add_bench_args(s):
+    """The bench subcommand's own flags (both references)."""
+    s.add_argument("--batch", type=int, required=True)
+    s.add_argument("--mode", choices=MODES, default="eager-bf16")
+    s.add_argument("--steps", type=int, default=30)
+    s.add_argument("--warmup", type=int, default=6)
+    s.add_argument("--ema", type=float, default=0.0,
+                   help="> 0: an EMA of the weights with this decay, updated after every step (timed)")
+    s.add_argument("--objective", choices=["ddpm"], default="ddpm")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda if available")
+    s.add_argument("--json", action="store_true")
 
 
 # ----------------------------------------------------------------------------
@@ -505,18 +539,18 @@ def cmd_init(args):
 
 def cmd_bench(args):
     cfg = resolve_config(args, learn_sigma_default=False)
-    if args.batch < 1 or args.steps < 1 or args.warmup < 0:
-        fail("--batch and --steps must be >= 1, --warmup >= 0")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        fail("--device cuda: no CUDA device is available")
-    r = run_bench(cfg, args)
-    if args.json:
-        print(json.dumps(r))
-    else:
-        print(f"{r['model']} batch {r['batch']} {r['mode']} on {r['device']} (torch {r['torch']})")
-        print(f"  step {r['ms_median']:.2f} ms median (p10 {r['ms_p10']:.2f}, p90 {r['ms_p90']:.2f}), "
-              f"{r['images_per_s']:.1f} img/s, {r['tflops']:.1f} TFLOP/s")
-        print(f"  peak memory {r['peak_gib']} GiB, first step {r['first_step_s']:.2f} s after process start")
+    check_bench_args(args)
+    B, C, S = args.batch, cfg["in_channels"], cfg["input_size"]
+
+    def inputs(dev):
+        x0 = torch.randn(B, C, S, S, device=dev)                    # latents
+        y = torch.randint(0, cfg["num_classes"], (B,), device=dev)  # labels
+        return x0, y, ()
+
+    cout = 2 * C if cfg["learn_sigma"] else C
+    flops = 3 * forward_flops_per_image(cfg["depth"], cfg["hidden_size"], cfg["patch_size"], S, C, cout,
+                                        cfg["mlp_ratio"])
+    print_bench(run_bench(args, cfg["name"], lambda: build_model(cfg), inputs, flops), args)
 
 
 def make_parser():
@@ -553,16 +587,7 @@ def make_parser():
                    help="add N(0, perturb^2) noise to every trainable tensor (0 = exact DiT init)")
     s.set_defaults(func=cmd_init)
     s = sub.add_parser("bench", parents=[common], help="time one DDPM training step")
-    s.add_argument("--batch", type=int, required=True)
-    s.add_argument("--mode", choices=MODES, default="eager-bf16")
-    s.add_argument("--steps", type=int, default=30)
-    s.add_argument("--warmup", type=int, default=6)
-    s.add_argument("--ema", type=float, default=0.0,
-                   help="> 0: an EMA of the weights with this decay, updated after every step (timed)")
-    s.add_argument("--objective", choices=["ddpm"], default="ddpm")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda if available")
-    s.add_argument("--json", action="store_true")
+    add_bench_args(s)
     s.set_defaults(func=cmd_bench)
     return p
 

@@ -16,6 +16,10 @@ class (plus a null class), or features [B, Tc, Dc] with a length per sample
       out, grad.x and grad.<parameter> (fp32, no TF32)
   reference_single_stream.py params [--all] [--json] [model flags]
       parameter counts (and names/shapes for one config)
+  reference_single_stream.py bench --batch B [--mode M] [--json] [model flags]
+      one DDPM training step timed exactly as reference_dit.py bench does (same modes, bf16 autocast over
+      fp32 weights, fused AdamW, --ema), on synthetic latents and labels, with --cond-dim > 0 synthetic
+      features [B, Tc, Dc] and lengths in [1, Tc] (the rest masked)
 """
 import argparse
 import json
@@ -26,6 +30,9 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reference_dit as rd  # noqa: E402 -- the bench's timing protocol, shared with the DiT reference
 
 SIZES = {"XL": (28, 1152, 16), "L": (24, 1024, 16), "B": (12, 768, 12), "S": (12, 384, 6), "T": (6, 192, 3)}
 CONFIGS = {f"SS-{s}/{p}": dict(depth=d, hidden=h, heads=n, patch=p)
@@ -236,6 +243,63 @@ class SingleStreamDiT(nn.Module):
         return out.reshape(B, g, g, p, p, c).permute(0, 5, 1, 3, 2, 4).reshape(B, c, g * p, g * p)
 
 
+class ConditionDropout(nn.Module):
+    """The training forward: with probability p a sample's condition becomes the null one (the null class;
+    with features length 0, every condition token masked), drawn each call, as perftrain's step runner does."""
+
+    def __init__(self, model, num_classes, p):
+        super().__init__()
+        self.model, self.num_classes, self.p = model, num_classes, p
+
+    def forward(self, x, t, y, cond=None, cond_len=None):
+        drop = torch.rand(x.shape[0], device=x.device) < self.p
+        if cond is None:
+            y = torch.where(drop, self.num_classes, y)
+        else:
+            if cond_len is None:
+                cond_len = torch.full((x.shape[0],), cond.shape[1], dtype=torch.long, device=x.device)
+            cond_len = torch.where(drop, torch.zeros_like(cond_len), cond_len)
+        return self.model(x, t, y, cond, cond_len)
+
+
+def forward_flops_per_sample(cfg):
+    """Forward FLOPs (2 per multiply-add) of the products and attention for one sample, as perftrain's
+    DiTConfig::forward_flops_per_sample counts them: per block qkv, proj, SwiGLU (3 products), attention over
+    Tc + image tokens, adaLN; the embeddings, the t-MLP and the final layer."""
+    D, P, C = cfg["hidden"], cfg["patch"] ** 2, cfg["in_channels"]
+    I = (cfg["image_size"] // cfg["patch"]) ** 2
+    T, M = cfg["cond_tokens"] + I, swiglu_hidden(D)
+    cout = 2 * C if cfg["learn_sigma"] else C
+    per_block = 2 * T * D * (4 * D + 3 * M) + 2 * 2 * T * T * D + 2 * D * 4 * D
+    embed = 2 * I * P * C * D + 2 * (256 * D + D * D) + 2 * cfg["cond_tokens"] * cfg["cond_dim"] * D
+    return cfg["depth"] * per_block + embed + 2 * I * D * P * cout + 2 * D * D
+
+
+def cmd_bench(args):
+    rd.check_bench_args(args)
+    cfg = resolve_config(args)
+    B, C, S, Tc, Dc = args.batch, cfg["in_channels"], cfg["image_size"], cfg["cond_tokens"], cfg["cond_dim"]
+
+    def inputs(dev):
+        x0 = torch.randn(B, C, S, S, device=dev)                    # latents
+        y = torch.randint(0, cfg["num_classes"], (B,), device=dev)  # labels (class tokens; unused with features)
+        if Dc == 0:
+            return x0, y, ()
+        cond = torch.randn(B, Tc, Dc, device=dev)                   # features
+        cond_len = torch.randint(1, Tc + 1, (B,), device=dev)       # valid tokens; the rest masked
+        return x0, y, (cond, cond_len)
+
+    def build():
+        try:
+            model = SingleStreamDiT(**cfg)
+        except (ValueError, AssertionError) as e:
+            fail(f"bad model config {args.model} {cfg}: {e}")
+        return ConditionDropout(model, cfg["num_classes"], cfg["class_dropout"]) if cfg["class_dropout"] > 0 else model
+
+    flops = 3 * forward_flops_per_sample(cfg)
+    rd.print_bench(rd.run_bench(args, args.model, build, inputs, flops), args)
+
+
 def fail(msg):
     print(f"reference_single_stream.py: {msg}", file=sys.stderr)
     sys.exit(2)
@@ -311,7 +375,8 @@ def make_parser():
     g.add_argument("--in-channels", type=int, default=4)
     g.add_argument("--num-classes", type=int, default=1000)
     g.add_argument("--class-dropout", type=float, default=0.1)
-    g.add_argument("--learn-sigma", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--learn-sigma", action=argparse.BooleanOptionalAction, default=None,
+                   help="output 2*in_channels (default: on, off for bench)")
     g.add_argument("--cond-tokens", type=int, default=1, help="class tokens, or the feature length Tc")
     g.add_argument("--cond-dim", type=int, default=0, help="feature width Dc (0: class labels)")
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -325,11 +390,16 @@ def make_parser():
     s.add_argument("--all", action="store_true")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_params)
+    s = sub.add_parser("bench", parents=[common], help="time one DDPM training step (reference_dit.py's protocol)")
+    rd.add_bench_args(s)
+    s.set_defaults(fn=cmd_bench)
     return p
 
 
 def main(argv=None):
     args = make_parser().parse_args(argv)
+    if args.learn_sigma is None:  # on, but off for bench (as in reference_dit.py)
+        args.learn_sigma = args.fn is not cmd_bench
     args.fn(args)
 
 
