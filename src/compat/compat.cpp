@@ -101,6 +101,12 @@ std::string error_message(const std::exception& e) {
   return e.what();
 }
 
+void isolate_thread_from_graph_captures() {
+  if (!cuda_available()) return;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;  // per thread, kept for its life
+  C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+}
+
 void renew_generator_state(at::Generator& gen) {
   if (!gen.defined() || !gen.device().is_cuda()) return;
   auto* impl = at::check_generator<at::CUDAGeneratorImpl>(gen);

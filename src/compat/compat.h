@@ -50,6 +50,16 @@ void empty_cuda_cache();
 // CPU generator.
 void renew_generator_state(at::Generator& gen);
 
+// A CUDA graph is captured in global mode: while one thread captures, a
+// "potentially unsafe" CUDA call from any other thread (cudaEventQuery among
+// them) invalidates that capture. The caching pinned-memory allocator queries
+// the events of freed pinned blocks on every allocation, so a thread that
+// allocates pinned memory while another captures (the batch loader) breaks
+// the capture. Called on such a thread, this switches it to thread-local
+// mode: captures on other threads no longer constrain it (and it captures
+// nothing itself). No-op without CUDA.
+void isolate_thread_from_graph_captures();
+
 // One AdamW step over all tensors in a single fused launch per dtype/device
 // group (ATen's _fused_adamw_, which has CPU and CUDA kernels). state_steps
 // are float32 scalars already incremented for this step.

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "base/error.h"
+#include "compat/compat.h"
 
 namespace perftrain::data {
 namespace {
@@ -75,6 +76,9 @@ BatchLoader::~BatchLoader() {
 
 void BatchLoader::produce() {
   try {
+    // Pinned allocations query CUDA events, which would invalidate a graph
+    // the training thread is capturing meanwhile (compat.h).
+    if (pin_memory_) compat::isolate_thread_from_graph_captures();
     const int64_t n = dataset_.size();
     const auto shape = dataset_.sample_shape();
     LoaderPosition pos = produced_pos_;
