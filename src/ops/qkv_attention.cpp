@@ -3,6 +3,7 @@
 #include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention_backward.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -39,15 +40,16 @@ std::array<at::Tensor, 3> split_heads(const at::Tensor& qkv, int64_t heads) {
 
 // cuDNN's forward on the packed qkv: saves what its backward needs in ctx
 // (after `first_saved`, tensors the caller saves first) and returns the
-// output as [B, T, D] (a view: cuDNN writes it token-major).
+// output as [B, T, D] (a view: cuDNN writes it token-major). bias: the
+// additive key bias [B, 1, 1, T] of key_bias(), or undefined.
 at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
-                         std::vector<at::Tensor> first_saved) {
+                         std::vector<at::Tensor> first_saved, const at::Tensor& bias = at::Tensor()) {
   auto [q, k, v] = split_heads(qkv, heads);
-  auto r = at::_scaled_dot_product_cudnn_attention(q, k, v, /*attn_bias=*/std::nullopt,
-                                                   /*compute_log_sumexp=*/true);
+  auto r = at::_scaled_dot_product_cudnn_attention(
+      q, k, v, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, /*compute_log_sumexp=*/true);
   const at::Tensor& out = std::get<0>(r);  // [B, H, T, Dh], token-major in memory
   first_saved.insert(first_saved.end(), {qkv, out, std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r),
-                                         std::get<7>(r)});
+                                         std::get<7>(r), bias});
   ctx->save_for_backward(first_saved);
   ctx->saved_data["heads"] = heads;
   ctx->saved_data["max_q"] = std::get<4>(r).expect_int();
@@ -61,14 +63,14 @@ at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t he
 std::array<at::Tensor, 3> cudnn_backward(AutogradContext* ctx, const variable_list& s, size_t at,
                                          const at::Tensor& grad_out) {
   const at::Tensor &qkv = s[at], &out = s[at + 1], &lse = s[at + 2], &cum_q = s[at + 3], &cum_k = s[at + 4],
-                   &seed = s[at + 5], &offset = s[at + 6];
+                   &seed = s[at + 5], &offset = s[at + 6], &bias = s[at + 7];
   const int64_t heads = ctx->saved_data["heads"].toInt();
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
   auto [q, k, v] = split_heads(qkv, heads);
   // The output gradient in the output's own layout (cuDNN wants them alike).
   at::Tensor dout = grad_out.contiguous().view({B, T, heads, D / heads}).transpose(1, 2);
   auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
-      dout, q, k, v, out, lse, seed, offset, /*attn_bias=*/at::Tensor(), cum_q, cum_k,
+      dout, q, k, v, out, lse, seed, offset, bias, cum_q, cum_k,
       ctx->saved_data["max_q"].toInt(), ctx->saved_data["max_k"].toInt(), /*dropout_p=*/0.0,
       /*is_causal=*/false);
   return {dq, dk, dv};
@@ -81,9 +83,11 @@ at::Tensor pack_dqkv(const std::array<at::Tensor, 3>& d, int64_t B, int64_t T, i
   return dqkv.view({B, T, 3 * D});
 }
 
+// bias: undefined, or key_bias()'s [B, 1, 1, T] (no gradient).
 struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads) {
-    return cudnn_forward(ctx, qkv, heads, {});
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
+                            const std::optional<at::Tensor>& bias) {
+    return cudnn_forward(ctx, qkv, heads, {}, bias.value_or(at::Tensor()));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -91,9 +95,35 @@ struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
     const at::Tensor& qkv = s[0];
     const int64_t heads = ctx->saved_data["heads"].toInt();
     const auto d = cudnn_backward(ctx, s, 0, grads[0]);
-    return {pack_dqkv(d, qkv.size(0), qkv.size(1), heads, qkv.size(2) / 3), at::Tensor()};
+    return {pack_dqkv(d, qkv.size(0), qkv.size(1), heads, qkv.size(2) / 3), at::Tensor(), at::Tensor()};
   }
 };
+
+// A bool key mask [B, T] or [B, 1, 1, T] on `device` as [B, 1, 1, T] (UsageError otherwise).
+at::Tensor key_mask_4d(const at::Tensor& mask, int64_t batch, int64_t tokens, const at::Device& device) {
+  const bool shape_ok = (mask.dim() == 2 && mask.size(0) == batch && mask.size(1) == tokens) ||
+                        (mask.dim() == 4 && mask.size(0) == batch && mask.size(1) == 1 && mask.size(2) == 1 &&
+                         mask.size(3) == tokens);
+  if (mask.scalar_type() != at::kBool || !shape_ok || mask.device() != device)
+    throw UsageError("qkv_attention: key_mask must be bool [" + std::to_string(batch) + ", " +
+                     std::to_string(tokens) + "] or [" + std::to_string(batch) + ", 1, 1, " +
+                     std::to_string(tokens) + "] on qkv's device, given " +
+                     std::string(c10::toString(mask.scalar_type())) + " " + c10::str(mask.sizes()) + " on " +
+                     mask.device().str());
+  return mask.reshape({batch, 1, 1, tokens});
+}
+
+// The additive bias cuDNN reads: 0 where attended, -65504 elsewhere (finite:
+// exp underflows to exactly 0 in fp32 as long as a row has one attended key,
+// and cuDNN mishandles -inf; ATen's SDPA gives cuDNN the same value). Rows
+// padded to 8 elements so that each sample's row starts 16-byte aligned
+// whatever T is; [B, 1, 1, T] over that storage.
+at::Tensor key_bias(const at::Tensor& mask4, at::ScalarType dtype) {
+  const int64_t B = mask4.size(0), T = mask4.size(3), padded = (T + 7) / 8 * 8;
+  at::Tensor bias = at::zeros({B, padded}, mask4.options().dtype(dtype)).narrow(1, 0, T);
+  bias.masked_fill_(mask4.view({B, T}).logical_not(), -65504.0);
+  return bias.view({B, 1, 1, T});
+}
 
 // The key bias's gradient is exactly zero, so it is written as zeros instead
 // of summed from dk (a [B*T, D] read, a third of the bias gradients' bytes).
@@ -200,18 +230,19 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
   }
 };
 
-std::atomic<bool> cudnn_refused{false};
+// Unmasked and masked attention are refused (and fall back) separately.
+std::atomic<bool> cudnn_refused{false}, cudnn_masked_refused{false};
 
-bool cudnn_eligible(const at::Tensor& t) {
+bool cudnn_eligible(const at::Tensor& t, bool masked = false) {
   const bool half = t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
-  return t.is_cuda() && half && !cudnn_refused.load();
+  return t.is_cuda() && half && !(masked ? cudnn_masked_refused : cudnn_refused).load();
 }
 
 // Once, before any capture (the first step runs eagerly): say so and use SDPA from now on.
-void note_refusal(const at::Tensor& qkv, const std::exception& e) {
-  cudnn_refused.store(true);
-  std::cerr << "perftrain: cuDNN attention refused " << qkv.sizes() << " (" << compat::error_message(e)
-            << "); using at::scaled_dot_product_attention\n";
+void note_refusal(const at::Tensor& qkv, const std::exception& e, bool masked = false) {
+  (masked ? cudnn_masked_refused : cudnn_refused).store(true);
+  std::cerr << "perftrain: cuDNN attention refused " << qkv.sizes() << (masked ? " with a key mask" : "") << " ("
+            << compat::error_message(e) << "); using at::scaled_dot_product_attention\n";
 }
 
 void check_heads(const char* op, int64_t d, int64_t heads) {
@@ -222,15 +253,23 @@ void check_heads(const char* op, int64_t d, int64_t heads) {
 
 }  // namespace
 
-at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads) {
-  if (!cudnn_eligible(qkv) || !qkv.is_contiguous()) return self_attention(qkv, heads);
+at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_mask) {
+  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) throw UsageError("qkv_attention: qkv must be [B, T, 3D]");
+  check_heads("qkv_attention", qkv.size(2) / 3, heads);
+  const at::Tensor mask = key_mask.defined() ? key_mask_4d(key_mask, qkv.size(0), qkv.size(1), qkv.device()) : at::Tensor();
+  const bool masked = mask.defined();
+  if (!cudnn_eligible(qkv, masked) || !qkv.is_contiguous()) return self_attention(qkv, heads, mask);
   try {
-    return CudnnAttention::apply(qkv, heads);
+    const std::optional<at::Tensor> bias =
+        masked ? std::optional<at::Tensor>(key_bias(mask, qkv.scalar_type())) : std::nullopt;
+    return CudnnAttention::apply(qkv, heads, bias);
   } catch (const std::exception& e) {
-    note_refusal(qkv, e);
-    return self_attention(qkv, heads);
+    note_refusal(qkv, e, masked);
+    return self_attention(qkv, heads, mask);
   }
 }
+
+bool cudnn_attention_refused() { return cudnn_refused.load() || cudnn_masked_refused.load(); }
 
 at::Tensor projected_attention(const at::Tensor& h, const at::Tensor& qkv_weight, const at::Tensor& qkv_bias,
                                int64_t heads) {

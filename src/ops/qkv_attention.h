@@ -24,7 +24,17 @@ namespace perftrain::ops {
 // CUDA bf16/fp16: cuDNN attention; otherwise (CPU, fp32, or cuDNN refusing
 // the shape once) self_attention(), ATen's SDPA under autograd. (Our
 // whole-head kernels run inside projected_attention only.)
-at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads);
+// key_mask: undefined, or a bool "attend" mask on the keys, [B, T] or
+// [B, 1, 1, T] (true: the key is attended); every query must have at least
+// one key to attend. cuDNN takes it as an additive bias in qkv's dtype
+// (0 or -65504: a finite value, as ATen's SDPA gives cuDNN) in its forward
+// and backward; masked keys get zero weight and zero k and v gradients.
+// The mask takes no gradient and lives on qkv's device.
+at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_mask = at::Tensor());
+
+// Whether cuDNN refused a shape in this process (unmasked or masked), after
+// which qkv_attention runs ATen's SDPA for that kind (tests check it did not).
+bool cudnn_attention_refused();
 
 // qkv_attention(linear(h, qkv_weight, qkv_bias), heads) as one autograd
 // function: h [B, T, D] in the compute dtype, qkv_weight [3D, D] and

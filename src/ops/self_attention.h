@@ -9,7 +9,8 @@ namespace perftrain::ops {
 
 // qkv [B, T, 3*D] laid out as (3, heads, D/heads) in the last dim, as DiT's
 // qkv Linear produces it -> [B, T, D]. The backward of the q/k/v split is one
-// stack (unbind), not three zero-filled scatters (select).
-at::Tensor self_attention(const at::Tensor& qkv, int64_t heads);
+// stack (unbind), not three zero-filled scatters (select). key_mask: a bool
+// [B, 1, 1, T] "attend" mask on the keys (true: attended), or undefined.
+at::Tensor self_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_mask = at::Tensor());
 
 }  // namespace perftrain::ops
