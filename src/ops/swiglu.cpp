@@ -1,14 +1,24 @@
 #include "ops/swiglu.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/silu.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/error.h"
+#include "kernels/swiglu.h"
 #include "ops/dtype_dispatch.h"
 
 namespace perftrain::ops {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
 
 namespace {
 
@@ -28,6 +38,43 @@ void check_gate_up(const at::Tensor& gate_up, bool allow_double) {
   check_kernel_dtype(kOp, gate_up.scalar_type(), "gate_up");
 }
 
+// Forward keeps gate_up (dense) and nothing else: the backward reads it and
+// the incoming gradient, and writes d(gate_up) in one pass.
+struct SwigluFunction : public torch::autograd::Function<SwigluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up_in) {
+    const c10::cuda::CUDAGuard guard(gate_up_in.device());
+    const at::Tensor gate_up = gate_up_in.contiguous();
+    const int64_t f = gate_up.size(-1) / 2;
+    const int64_t rows = gate_up.numel() / (2 * f);
+    std::vector<int64_t> sizes(gate_up.sizes().begin(), gate_up.sizes().end());
+    sizes.back() = f;
+    at::Tensor out = at::empty(sizes, gate_up.options());
+    with_kernel_type(kOp, gate_up.scalar_type(), [&](auto tp) {
+      using T = kernel_type<decltype(tp)>;
+      kernels::swiglu_forward<T>(kernel_ptr<const T>(gate_up), kernel_ptr<T>(out), rows, int(f),
+                                 at::cuda::getCurrentCUDAStream());
+    });
+    ctx->save_for_backward({gate_up});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor gate_up = ctx->get_saved_variables()[0];
+    if (!grads[0].defined()) return {at::Tensor()};
+    const c10::cuda::CUDAGuard guard(gate_up.device());
+    const at::Tensor dout = grads[0].to(gate_up.scalar_type()).contiguous();
+    const int64_t f = gate_up.size(-1) / 2;
+    const int64_t rows = gate_up.numel() / (2 * f);
+    at::Tensor dgate_up = at::empty(gate_up.sizes(), gate_up.options());
+    with_kernel_type(kOp, gate_up.scalar_type(), [&](auto tp) {
+      using T = kernel_type<decltype(tp)>;
+      kernels::swiglu_backward<T>(kernel_ptr<const T>(dout), kernel_ptr<const T>(gate_up), kernel_ptr<T>(dgate_up),
+                                  rows, int(f), at::cuda::getCurrentCUDAStream());
+    });
+    return {dgate_up};
+  }
+};
+
 }  // namespace
 
 at::Tensor swiglu_reference(const at::Tensor& gate_up) {
@@ -40,8 +87,11 @@ at::Tensor swiglu_reference(const at::Tensor& gate_up) {
 
 at::Tensor swiglu(const at::Tensor& gate_up) {
   check_gate_up(gate_up, /*allow_double=*/false);
-  // CUDA: kernel pending; the reference meanwhile (same values, unfused).
-  return swiglu_reference(gate_up);
+  if (!gate_up.is_cuda()) return swiglu_reference(gate_up);
+  if (gate_up.size(-1) / 2 > kernels::kSwigluMaxCols)
+    throw UsageError(std::string(kOp) + ": F=" + std::to_string(gate_up.size(-1) / 2) +
+                     " is wider than the CUDA kernels take (" + std::to_string(kernels::kSwigluMaxCols) + ")");
+  return SwigluFunction::apply(gate_up);
 }
 
 }  // namespace perftrain::ops

@@ -1,0 +1,230 @@
+// On a GPU: swiglu's kernels against the reference computed in float64 on the
+// same (upcast) stored inputs, forward and backward, at bf16, fp16 and fp32:
+// the DiT MLP widths (F = 1024, 1536, 3072), 8/3-of-hidden widths (2048, 2752),
+// odd F (1001, 3, 1), one row, 3-d inputs, more rows than one grid covers;
+// each access width of the kernels (8, 4, 2, 1 elements) on NaN-poisoned
+// outputs; bit-identical reruns; saturating gates (|g| ~ 100: exp overflows)
+// give finite results; forward + backward captured in a CUDA graph. Every
+// failure prints the largest error. Skips without a GPU.
+#include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "compat/compat.h"
+#include "kernels/swiglu.h"
+#include "ops/dtype_dispatch.h"
+#include "ops/swiglu.h"
+#include "support/graph_checks.h"
+#include "support/row_op_checks.h"
+
+namespace perftrain::ops {
+namespace {
+
+using namespace perftrain::testing::row_ops;
+
+const std::vector<at::ScalarType> kDtypes = {at::kBFloat16, at::kHalf, at::kFloat};
+
+std::string name(at::IntArrayRef s, at::ScalarType dt) {
+  std::ostringstream o;
+  o << c10::toString(dt) << " gate_up " << s << " ";
+  return o.str();
+}
+
+std::vector<int64_t> half_last(at::IntArrayRef s) {
+  std::vector<int64_t> o(s.begin(), s.end());
+  o.back() /= 2;
+  return o;
+}
+
+// Tolerances against float64, elementwise |got - ref| <= tol + tol * |ref|:
+// bf16/fp16 2e-2 (one rounding of the result, <= 2^-9 relative, plus
+// nothing else: the inputs are the stored values); fp32 1e-5 (expf and a
+// few roundings, ~1e-6 relative).
+double tolerance(at::ScalarType dt) { return dt == at::kFloat ? 1e-5 : 2e-2; }
+
+// The float64 reference on gate_up's stored values: out, d(gate_up).
+std::pair<at::Tensor, at::Tensor> reference64(const at::Tensor& gate_up, const at::Tensor& dout) {
+  const at::Tensor gu64 = gate_up.detach().to(at::kDouble).requires_grad_(true);
+  const at::Tensor out64 = swiglu_reference(gu64);
+  const at::Tensor d64 = torch::autograd::grad({out64}, {gu64}, {dout.detach().to(at::kDouble)})[0];
+  return {out64.detach(), d64};
+}
+
+// The op's out and d(gate_up) for this gate_up and incoming gradient.
+std::pair<at::Tensor, at::Tensor> run_op(const at::Tensor& gate_up, const at::Tensor& dout) {
+  const at::Tensor leaf = gate_up.detach().requires_grad_(true);
+  const at::Tensor out = swiglu(leaf);
+  const at::Tensor d = torch::autograd::grad({out}, {leaf}, {dout})[0];
+  return {out.detach(), d};
+}
+
+void check_against_float64(const at::Tensor& gate_up, const at::Tensor& dout, const std::string& where) {
+  const auto [out, d] = run_op(gate_up, dout);
+  ASSERT_EQ(out.scalar_type(), gate_up.scalar_type()) << where;
+  ASSERT_EQ(d.scalar_type(), gate_up.scalar_type()) << where;
+  ASSERT_EQ(out.sizes(), at::IntArrayRef(half_last(gate_up.sizes()))) << where;
+  ASSERT_EQ(d.sizes(), gate_up.sizes()) << where;
+  const auto [out64, d64] = reference64(gate_up, dout);
+  const double tol = tolerance(gate_up.scalar_type());
+  expect_close(out, out64, where + "out", tol);
+  const int64_t f = gate_up.size(-1) / 2;
+  expect_close(d.narrow(-1, 0, f), d64.narrow(-1, 0, f), where + "d(gate)", tol);
+  expect_close(d.narrow(-1, f, f), d64.narrow(-1, f, f), where + "d(up)", tol);
+  // Rerun: the same bits.
+  const auto [out2, d2] = run_op(gate_up, dout);
+  EXPECT_TRUE(at::equal(out, out2)) << where << "forward rerun not bit-identical";
+  EXPECT_TRUE(at::equal(d, d2)) << where << "backward rerun not bit-identical";
+}
+
+TEST(SwigluGpu, MatchesFloat64Reference) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  const std::vector<std::vector<int64_t>> shapes = {
+      {256, 2 * 1024}, {1, 2 * 1024}, {300, 2 * 1536}, {128, 2 * 3072}, {64, 2 * 2048}, {33, 2 * 2752},
+      {37, 2 * 1001},  {1, 2 * 1001}, {5, 2 * 3},      {7, 2 * 1},      {2, 256, 2 * 1024}, {3, 17, 2 * 1001}};
+  uint64_t seed = 100;
+  for (const at::ScalarType dt : kDtypes)
+    for (const auto& s : shapes) {
+      at::Generator g = gen(seed++);
+      const at::Tensor gu = rnd(s, g, dt, 2.0);
+      const at::Tensor dout = rnd(half_last(s), g, dt);
+      check_against_float64(gu, dout, name(s, dt));
+    }
+}
+
+// DiT-sized calls (B*T = 8192 rows; F = 3072, 8/3 of 1152) and more rows than
+// one grid covers (at F = 3 a block holds 64 rows and the grid at most 65536
+// blocks, so the blocks stride over the rest): bf16, the training dtype.
+TEST(SwigluGpu, LargeRowCounts) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 300;
+  for (const std::vector<int64_t> s : {std::vector<int64_t>{8192, 2 * 3072}, std::vector<int64_t>{4194381, 2 * 3}}) {
+    at::Generator g = gen(seed++);
+    const at::Tensor gu = rnd(s, g, at::kBFloat16, 2.0);
+    const at::Tensor dout = rnd(half_last(s), g, at::kBFloat16);
+    check_against_float64(gu, dout, name(s, at::kBFloat16));
+  }
+}
+
+// The kernels called directly for every access width, into NaN-filled
+// outputs (an element they forget fails as NaN): widths by F and by the
+// pointers' alignment (gate_up, out and dout start `offset` elements into
+// their buffers), each checked against float64.
+TEST(SwigluGpu, KernelsWriteEveryElementAtEachVectorWidth) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  const c10::cuda::CUDAGuard guard(kCuda);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  struct Case {
+    int64_t rows, f, offset;
+  };
+  const std::vector<Case> cases = {{65, 1024, 0}, {65, 1024, 1}, {65, 1024, 2}, {65, 1024, 4}, {19, 1028, 0},
+                                   {19, 1030, 0}, {19, 1001, 0}, {3, 8, 0},     {3, 4, 0},     {3, 2, 0}};
+  uint64_t seed = 500;
+  for (const at::ScalarType dt : kDtypes) {
+    std::set<int> widths;
+    for (const Case& c : cases) {
+      const std::string where = name({c.rows, 2 * c.f}, dt) + "offset " + std::to_string(c.offset) + " ";
+      at::Generator g = gen(seed++);
+      const at::Tensor gu_buf = rnd({c.rows * 2 * c.f + c.offset}, g, dt, 2.0);
+      const at::Tensor dout_buf = rnd({c.rows * c.f + c.offset}, g, dt);
+      at::Tensor out_buf = nan_like({c.rows * c.f + c.offset}, dt);
+      at::Tensor d_buf = nan_like({c.rows * 2 * c.f + c.offset}, dt);
+      const at::Tensor gu = gu_buf.narrow(0, c.offset, c.rows * 2 * c.f).view({c.rows, 2 * c.f});
+      const at::Tensor dout = dout_buf.narrow(0, c.offset, c.rows * c.f).view({c.rows, c.f});
+      at::Tensor out = out_buf.narrow(0, c.offset, c.rows * c.f).view({c.rows, c.f});
+      at::Tensor d = d_buf.narrow(0, c.offset, c.rows * 2 * c.f).view({c.rows, 2 * c.f});
+      with_kernel_type("test", dt, [&](auto tp) {
+        using T = kernel_type<decltype(tp)>;
+        const int w = kernels::swiglu_vector_width<T>(int(c.f), gu.data_ptr(), out.data_ptr(), nullptr);
+        EXPECT_EQ(w, kernels::swiglu_vector_width<T>(int(c.f), dout.data_ptr(), gu.data_ptr(), d.data_ptr()))
+            << where;
+        widths.insert(w);
+        kernels::swiglu_forward<T>(kernel_ptr<const T>(gu), kernel_ptr<T>(out), c.rows, int(c.f), stream);
+        kernels::swiglu_backward<T>(kernel_ptr<const T>(dout), kernel_ptr<const T>(gu), kernel_ptr<T>(d), c.rows,
+                                    int(c.f), stream);
+      });
+      const auto [out64, d64] = reference64(gu, dout);
+      const double tol = tolerance(dt);
+      expect_close(out, out64, where + "kernel out", tol);
+      expect_close(d, d64, where + "kernel d(gate_up)", tol);
+      // Nothing outside the views was written.
+      if (c.offset > 0) {
+        EXPECT_TRUE(out_buf.narrow(0, 0, c.offset).isnan().all().item<bool>()) << where;
+        EXPECT_TRUE(d_buf.narrow(0, 0, c.offset).isnan().all().item<bool>()) << where;
+      }
+      // The op on the same (possibly misaligned) views: the same values.
+      check_against_float64(gu, dout, where + "op ");
+    }
+    EXPECT_EQ(widths, (std::set<int>{1, 2, 4, 8})) << c10::toString(dt) << ": not every access width was taken";
+  }
+}
+
+// Gates around and beyond exp's overflow (|g| up to 100, in every dtype):
+// s = sigmoid(g) becomes exactly 0 or 1, and out and d(gate_up) stay finite
+// and match float64.
+TEST(SwigluGpu, SaturatingGatesGiveFiniteResults) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 700;
+  const int64_t rows = 64, f = 1024;
+  for (const at::ScalarType dt : kDtypes)
+    for (const int64_t odd : {0, 1}) {  // the vector path and the scalar one
+      const int64_t ff = f + odd;
+      at::Generator g = gen(seed++);
+      at::Tensor gate = rnd({rows, ff}, g, at::kFloat, 100.0);
+      // Exact extremes too: +-100, +-88.7 (fp32 exp's overflow), +-90.
+      const at::Tensor edge = at::tensor({100.0, -100.0, 88.72, -88.72, 90.0, -90.0, 87.0, -87.0},
+                                         at::TensorOptions().dtype(at::kFloat).device(kCuda));
+      gate.narrow(0, 0, 1).narrow(1, 0, 8).copy_(edge.view({1, 8}));
+      const at::Tensor up = rnd({rows, ff}, g, at::kFloat, 2.0);
+      const at::Tensor gu = at::cat({gate, up}, 1).to(dt);
+      const at::Tensor dout = rnd({rows, ff}, g, dt);
+      const std::string where = name(gu.sizes(), dt) + "saturating ";
+      const auto [out, d] = run_op(gu, dout);
+      EXPECT_TRUE(at::isfinite(out).all().item<bool>()) << where << "non-finite out";
+      EXPECT_TRUE(at::isfinite(d).all().item<bool>()) << where << "non-finite d(gate_up)";
+      check_against_float64(gu, dout, where);
+    }
+}
+
+// Forward and backward (behind an ATen op on each side) captured in one CUDA
+// graph and replayed: no host sync, no data-dependent allocation, and the
+// replays give the eager results bit for bit.
+TEST(SwigluGpu, ForwardAndBackwardCaptureInCudaGraph) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  for (const at::ScalarType dt : kDtypes)
+    for (const int64_t f : {1024, 1001}) {
+      at::Generator g = gen(900 + f);
+      const at::Tensor gu0 = rnd({4, 64, 2 * f}, g, dt, 2.0).requires_grad_(true);
+      const at::Tensor dout = rnd({4, 64, f}, g, dt);
+      auto step = [&] {
+        const at::Tensor out = swiglu(gu0 * 1.5) * 2;
+        const at::Tensor d = torch::autograd::grad({out}, {gu0}, {dout})[0];
+        return std::vector<at::Tensor>{out.detach(), d};
+      };
+      perftrain::testing::expect_graph_replays_match_eager(step, name(gu0.sizes(), dt));
+    }
+}
+
+// Bad inputs on the GPU: fp64 (the reference only) and an odd last dimension.
+TEST(SwigluGpu, BadInputsRaiseUsageError) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  EXPECT_THROW(swiglu(at::randn({4, 8}).to(kCuda).to(at::kDouble)), UsageError);
+  EXPECT_THROW(swiglu(at::randn({4, 7}).to(kCuda)), UsageError);
+  EXPECT_THROW(swiglu(at::randn({4, 8}).to(kCuda).to(at::kInt)), UsageError);
+}
+
+}  // namespace
+}  // namespace perftrain::ops
