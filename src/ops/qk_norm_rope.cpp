@@ -1,22 +1,35 @@
 #include "ops/qk_norm_rope.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/rsqrt.h>
 #include <ATen/ops/stack.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "base/error.h"
+#include "kernels/qk_norm_rope.h"
+#include "ops/column_sums.h"
+#include "ops/compute_weights.h"
 #include "ops/dtype_dispatch.h"
+#include "ops/weight_grad_lane.h"
 
 namespace perftrain::ops {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
 
 namespace {
 
 constexpr const char* kOp = "qk_norm_rope";
 
-// The widest head the CUDA kernels take (kernels/qk_norm_rope.h).
-constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kMaxHeadDim = kernels::kQkNormRopeMaxHeadDim;
 
 bool is_float_dtype(at::ScalarType t, bool allow_f64) { return is_kernel_dtype(t) || (allow_f64 && t == at::kDouble); }
 
@@ -68,6 +81,102 @@ void check_args(const at::Tensor& qkv, int64_t heads, const at::Tensor& q_weight
   if (qkv.numel() > INT32_MAX) throw UsageError(o + ": qkv " + shape(qkv) + " is too large for the CUDA kernel");
 }
 
+
+// t dense, its data aligned to two elements (the kernels move pairs in one
+// word): itself when it already is, else a copy.
+at::Tensor pair_dense(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  const auto addr = reinterpret_cast<uintptr_t>(c.data_ptr());
+  return addr % (2 * c.element_size()) == 0 ? c : c.clone();
+}
+
+// A weight as the kernels read it: dense fp32 (the master itself when it is
+// one), or undefined.
+at::Tensor kernel_weight(const std::optional<at::Tensor>& w) {
+  return w.has_value() ? compute_weight(*w, at::kFloat) : at::Tensor();
+}
+
+// The weights travel as optionals: autograd functions take no undefined
+// tensors, and an absent optional is an input edge that needs no gradient.
+// Tensor inputs, by edge: qkv 0, cos 1, sin 2, q_weight 3, k_weight 4.
+struct QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv_in, const at::Tensor& cos_in,
+                            const at::Tensor& sin_in, int64_t heads, double eps,
+                            const std::optional<at::Tensor>& q_weight, const std::optional<at::Tensor>& k_weight) {
+    const c10::cuda::CUDAGuard guard(qkv_in.device());
+    const int rows = int(qkv_in.size(0) * qkv_in.size(1)), tokens = int(qkv_in.size(1));
+    const int hd = int(qkv_in.size(2) / 3 / heads);
+    const at::Tensor qkv = pair_dense(qkv_in);
+    const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
+    const at::Tensor qw = kernel_weight(q_weight), kw = kernel_weight(k_weight);
+    at::Tensor out = at::empty(qkv.sizes(), qkv.options());
+    at::Tensor rstd = at::empty({qkv.size(0), qkv.size(1), 2, heads}, qkv.options().dtype(at::kFloat));
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    with_kernel_type(kOp, qkv.scalar_type(), [&](auto tp) {
+      using T = kernel_type<decltype(tp)>;
+      kernels::qk_norm_rope_forward<T>(kernel_ptr<const T>(qkv), kernel_ptr<const float>(qw),
+                                       kernel_ptr<const float>(kw), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                                       kernel_ptr<T>(out), rstd.data_ptr<float>(), rows, tokens, int(heads), hd,
+                                       float(eps), stream);
+    });
+    // The input, not the output: see the header.
+    ctx->save_for_backward({qkv, rstd, qw, kw, cos, sin});
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["q_dtype"] = q_weight.has_value() ? int64_t(q_weight->scalar_type()) : int64_t(-1);
+    ctx->saved_data["k_dtype"] = k_weight.has_value() ? int64_t(k_weight->scalar_type()) : int64_t(-1);
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list result(7);  // qkv, cos, sin, heads, eps, q_weight, k_weight
+    const at::Tensor& dout_in = grads[0];
+    if (!dout_in.defined()) return result;
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &qkv = saved[0], &rstd = saved[1], &qw = saved[2], &kw = saved[3], &cos = saved[4],
+                     &sin = saved[5];
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    const int64_t q_dtype = ctx->saved_data["q_dtype"].toInt(), k_dtype = ctx->saved_data["k_dtype"].toInt();
+    const bool want_qkv = ctx->needs_input_grad(0);
+    const bool want_q = q_dtype >= 0 && ctx->needs_input_grad(3), want_k = k_dtype >= 0 && ctx->needs_input_grad(4);
+    if (!want_qkv && !want_q && !want_k) return result;
+    const c10::cuda::CUDAGuard guard(qkv.device());
+    const int rows = int(qkv.size(0) * qkv.size(1)), tokens = int(qkv.size(1));
+    const int hd = int(qkv.size(2) / 3 / heads);
+    const at::Tensor dout = pair_dense(dout_in.to(qkv.scalar_type()));
+    at::Tensor dqkv = at::empty_like(qkv);
+    const int tiles = kernels::qk_norm_rope_backward_tiles(
+        rows, int(heads), at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+    // Shape-determined scratch from the caching allocator: fine under graph capture.
+    at::Tensor partials =
+        want_q || want_k
+            ? at::empty({2, tiles, hd}, qkv.options().dtype(at::kFloat))
+            : at::Tensor();
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    with_kernel_type(kOp, qkv.scalar_type(), [&](auto tp) {
+      using T = kernel_type<decltype(tp)>;
+      kernels::qk_norm_rope_backward<T>(kernel_ptr<const T>(dout), kernel_ptr<const T>(qkv), rstd.data_ptr<float>(),
+                                        kernel_ptr<const float>(qw), kernel_ptr<const float>(kw),
+                                        cos.data_ptr<float>(), sin.data_ptr<float>(), kernel_ptr<T>(dqkv),
+                                        kernel_ptr<float>(partials), rows, tokens, int(heads), hd, tiles, stream);
+    });
+    if (want_q || want_k) {  // for the optimizer only: beside the rest of the backward (ops/weight_grad_lane.h)
+      const at::TensorOptions f = partials.options();
+      at::Tensor dq = want_q ? at::empty({hd}, f.dtype(static_cast<at::ScalarType>(q_dtype))) : at::Tensor();
+      at::Tensor dk = want_k ? at::empty({hd}, f.dtype(static_cast<at::ScalarType>(k_dtype))) : at::Tensor();
+      run_weight_grads(
+          [partials, dq, dk] {
+            if (dq.defined()) batch_sums_into(partials.select(0, 0), dq);
+            if (dk.defined()) batch_sums_into(partials.select(0, 1), dk);
+          },
+          {partials});
+      result[5] = dq;
+      result[6] = dk;
+    }
+    if (want_qkv) result[0] = dqkv;
+    return result;
+  }
+};
+
 }  // namespace
 
 at::Tensor qk_norm_rope_reference(const at::Tensor& qkv, int64_t heads, const at::Tensor& q_weight,
@@ -95,8 +204,9 @@ at::Tensor qk_norm_rope_reference(const at::Tensor& qkv, int64_t heads, const at
 at::Tensor qk_norm_rope(const at::Tensor& qkv, int64_t heads, const at::Tensor& q_weight, const at::Tensor& k_weight,
                         const at::Tensor& cos, const at::Tensor& sin, double eps) {
   check_args(qkv, heads, q_weight, k_weight, cos, sin, eps, /*allow_f64=*/false);
-  // CUDA: kernel pending (the reference runs there until the fused kernels land).
-  return qk_norm_rope_reference(qkv, heads, q_weight, k_weight, cos, sin, eps);
+  if (!qkv.is_cuda() || qkv.numel() == 0) return qk_norm_rope_reference(qkv, heads, q_weight, k_weight, cos, sin, eps);
+  auto opt = [](const at::Tensor& w) { return w.defined() ? std::optional<at::Tensor>(w) : std::nullopt; };
+  return QkNormRopeFunction::apply(qkv, cos, sin, heads, eps, opt(q_weight), opt(k_weight));
 }
 
 }  // namespace perftrain::ops

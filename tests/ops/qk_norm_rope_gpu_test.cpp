@@ -1,0 +1,269 @@
+// On a GPU: qk_norm_rope against its reference computed in float64 on the
+// same (upcast) inputs, forward and backward (qkv, q_weight, k_weight), at
+// head dims 32/64/72/96/128/256, token counts 288, 257 and 1, in bf16, fp16
+// and fp32 storage, with and without weights; every element written (outputs
+// and scratch pre-filled with NaN through the kernel launches), bit-identical
+// reruns, a misaligned view, and capture of forward + backward in a CUDA
+// graph. Skips without a GPU. Every failure prints the case and the largest
+// error.
+#include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/sum.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "compat/compat.h"
+#include "kernels/qk_norm_rope.h"
+#include "ops/qk_norm_rope.h"
+#include "support/graph_checks.h"
+#include "support/row_op_checks.h"
+
+namespace perftrain::ops {
+namespace {
+
+using namespace perftrain::testing::row_ops;
+
+struct Case {
+  int64_t b, t, heads, hd;
+};
+const std::vector<Case> kCases = {{2, 288, 3, 64}, {1, 257, 2, 72}, {2, 288, 2, 96}, {1, 257, 2, 128},
+                                  {3, 1, 4, 72},   {2, 5, 2, 32},   {1, 33, 1, 256}, {4, 288, 16, 72}};
+
+std::string name(const Case& c, at::ScalarType dt) {
+  return "B=" + std::to_string(c.b) + " T=" + std::to_string(c.t) + " H=" + std::to_string(c.heads) +
+         " hd=" + std::to_string(c.hd) + " " + c10::toString(dt) + " ";
+}
+
+// cos, sin [T, hd/2] fp32 on the GPU, of random angles in [-3pi, 3pi].
+std::pair<at::Tensor, at::Tensor> tables(int64_t t, int64_t hd, at::Generator& g) {
+  const at::Tensor a = (at::rand({t, hd / 2}, g, at::kDouble) * 2 - 1) * 3 * M_PI;
+  return {a.cos().to(at::kFloat).to(kCuda), a.sin().to(at::kFloat).to(kCuda)};
+}
+
+// Tolerances, by the result's dtype (row_op_checks.h): out and dqkv
+// elementwise, bf16/fp16 2e-2 (one rounding of an O(1) value), fp32 1e-4 (a
+// norm over <= 256 terms); the weight gradients (fp32 parameters: sums over
+// B*T*H heads of fp32 products) relative L2 5e-5 (sqrt(4600) * 6e-8 * a margin
+// of ~10), bf16 parameters 1e-2.
+constexpr double kWeightGradTolFp32 = 5e-5;
+
+TEST(QkNormRopeGpu, MatchesFloat64Reference) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 2000;
+  for (const Case& c : kCases) {
+    for (const auto dt : {at::kBFloat16, at::kFloat, at::kHalf}) {
+      for (const bool weights : {true, false}) {
+        const std::string where = name(c, dt) + (weights ? "weights " : "no weights ");
+        at::Generator g = gen(seed++);
+        const int64_t d = c.heads * c.hd;
+        const at::Tensor qkv = rnd({c.b, c.t, 3 * d}, g, dt, 1.5, 0.1);
+        const at::Tensor qw = rnd({c.hd}, g, at::kFloat, 0.5, 1.0), kw = rnd({c.hd}, g, at::kFloat, 0.5, 1.0);
+        const auto [cos, sin] = tables(c.t, c.hd, g);
+        const at::Tensor dout = rnd({c.b, c.t, 3 * d}, g, dt);
+
+        auto run = [&] {
+          const at::Tensor x = qkv.detach().requires_grad_(true);
+          const at::Tensor wq = weights ? qw.detach().requires_grad_(true) : at::Tensor();
+          const at::Tensor wk = weights ? kw.detach().requires_grad_(true) : at::Tensor();
+          const at::Tensor out = qk_norm_rope(x, c.heads, wq, wk, cos, sin);
+          std::vector<at::Tensor> inputs = {x};
+          if (weights) inputs.insert(inputs.end(), {wq, wk});
+          std::vector<at::Tensor> res = {out.detach()};
+          for (const at::Tensor& gr : torch::autograd::grad({out}, inputs, {dout})) res.push_back(gr);
+          return res;
+        };
+        const auto got = run();
+        ASSERT_EQ(got[0].scalar_type(), dt) << where;
+        ASSERT_EQ(got[1].scalar_type(), dt) << where;
+
+        const at::Tensor x64 = qkv.to(at::kDouble).requires_grad_(true);
+        const at::Tensor q64 = weights ? qw.to(at::kDouble).requires_grad_(true) : at::Tensor();
+        const at::Tensor k64 = weights ? kw.to(at::kDouble).requires_grad_(true) : at::Tensor();
+        const at::Tensor out64 =
+            qk_norm_rope_reference(x64, c.heads, q64, k64, cos.to(at::kDouble), sin.to(at::kDouble));
+        std::vector<at::Tensor> inputs64 = {x64};
+        if (weights) inputs64.insert(inputs64.end(), {q64, k64});
+        const auto ref = torch::autograd::grad({out64}, inputs64, {dout.to(at::kDouble)});
+
+        expect_close(got[0], out64, where + "out");
+        expect_close(got[1], ref[0], where + "dqkv");
+        // v is copied, and its gradient passes through, bit for bit.
+        EXPECT_TRUE(at::equal(got[0].narrow(2, 2 * d, d), qkv.narrow(2, 2 * d, d))) << where << "out v";
+        EXPECT_TRUE(at::equal(got[1].narrow(2, 2 * d, d), dout.narrow(2, 2 * d, d))) << where << "dqkv v";
+        if (weights) {
+          ASSERT_EQ(got[2].scalar_type(), at::kFloat) << where;
+          expect_rel_l2(got[2], ref[1], where + "dq_weight", kWeightGradTolFp32);
+          expect_rel_l2(got[3], ref[2], where + "dk_weight", kWeightGradTolFp32);
+        }
+
+        const auto again = run();
+        for (size_t i = 0; i < got.size(); ++i)
+          EXPECT_TRUE(at::equal(got[i], again[i])) << where << "rerun not bit-identical, output " << i;
+      }
+    }
+  }
+}
+
+// Weights in bf16 (gradients in bf16), only one weight, and only the weights'
+// gradients wanted; against float64.
+TEST(QkNormRopeGpu, WeightDtypesAndPartialGradients) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = gen(2500);
+  const Case c{2, 257, 3, 72};
+  const int64_t d = c.heads * c.hd;
+  const at::Tensor qkv = rnd({c.b, c.t, 3 * d}, g, at::kBFloat16);
+  const at::Tensor qw = rnd({c.hd}, g, at::kBFloat16, 0.5, 1.0), kw = rnd({c.hd}, g, at::kFloat, 0.5, 1.0);
+  const auto [cos, sin] = tables(c.t, c.hd, g);
+  const at::Tensor dout = rnd({c.b, c.t, 3 * d}, g, at::kBFloat16);
+  const at::Tensor c64 = cos.to(at::kDouble), s64 = sin.to(at::kDouble);
+  {  // bf16 q weight, fp32 k weight, weight gradients only
+    const at::Tensor wq = qw.detach().requires_grad_(true), wk = kw.detach().requires_grad_(true);
+    const auto gr = torch::autograd::grad({qk_norm_rope(qkv, c.heads, wq, wk, cos, sin)}, {wq, wk}, {dout});
+    ASSERT_EQ(gr[0].scalar_type(), at::kBFloat16);
+    ASSERT_EQ(gr[1].scalar_type(), at::kFloat);
+    const at::Tensor q64 = qw.to(at::kDouble).requires_grad_(true), k64 = kw.to(at::kDouble).requires_grad_(true);
+    const auto ref = torch::autograd::grad({qk_norm_rope_reference(qkv.to(at::kDouble), c.heads, q64, k64, c64, s64)},
+                                           {q64, k64}, {dout.to(at::kDouble)});
+    expect_rel_l2(gr[0], ref[0], "bf16 dq_weight");
+    expect_rel_l2(gr[1], ref[1], "fp32 dk_weight (weights only)", kWeightGradTolFp32);
+  }
+  {  // only a k weight: q normalised without one
+    const at::Tensor x = qkv.detach().requires_grad_(true), wk = kw.detach().requires_grad_(true);
+    const at::Tensor out = qk_norm_rope(x, c.heads, at::Tensor(), wk, cos, sin);
+    const auto gr = torch::autograd::grad({out}, {x, wk}, {dout});
+    const at::Tensor x64 = qkv.to(at::kDouble).requires_grad_(true), k64 = kw.to(at::kDouble).requires_grad_(true);
+    const at::Tensor out64 = qk_norm_rope_reference(x64, c.heads, at::Tensor(), k64, c64, s64);
+    const auto ref = torch::autograd::grad({out64}, {x64, k64}, {dout.to(at::kDouble)});
+    expect_close(out, out64, "k weight only: out");
+    expect_close(gr[0], ref[0], "k weight only: dqkv");
+    expect_rel_l2(gr[1], ref[1], "k weight only: dk_weight", kWeightGradTolFp32);
+  }
+}
+
+// The kernels write every element of out, rstd, dqkv and the partials: all
+// start as NaN; the results must equal the op's (checked against float64
+// above) bit for bit, and the partials summed must give its weight gradients.
+TEST(QkNormRopeGpu, KernelsWriteEveryOutputElement) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  const c10::cuda::CUDAGuard guard(kCuda);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  using bf16 = __nv_bfloat16;
+  uint64_t seed = 3000;
+  for (const Case& c : {Case{1, 257, 2, 72}, Case{3, 1, 4, 64}, Case{2, 288, 3, 96}, Case{1, 7, 1, 128}}) {
+    const std::string where = name(c, at::kBFloat16);
+    at::Generator g = gen(seed++);
+    const int64_t d = c.heads * c.hd;
+    const int rows = int(c.b * c.t), heads = int(c.heads), hd = int(c.hd), tokens = int(c.t);
+    const at::Tensor qkv = rnd({c.b, c.t, 3 * d}, g, at::kBFloat16);
+    const at::Tensor qw = rnd({c.hd}, g, at::kFloat, 0.5, 1.0), kw = rnd({c.hd}, g, at::kFloat, 0.5, 1.0);
+    const auto [cos, sin] = tables(c.t, c.hd, g);
+    const at::Tensor dout = rnd({c.b, c.t, 3 * d}, g, at::kBFloat16);
+
+    at::Tensor out = nan_like({c.b, c.t, 3 * d}, at::kBFloat16), rstd = nan_like({c.b, c.t, 2, c.heads}, at::kFloat);
+    kernels::qk_norm_rope_forward<bf16>(static_cast<const bf16*>(qkv.data_ptr()), qw.data_ptr<float>(),
+                                        kw.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                                        static_cast<bf16*>(out.data_ptr()), rstd.data_ptr<float>(), rows, tokens,
+                                        heads, hd, 1e-6f, stream);
+    const at::Tensor x = qkv.detach().requires_grad_(true);
+    const at::Tensor wq = qw.detach().requires_grad_(true), wk = kw.detach().requires_grad_(true);
+    const at::Tensor op_out = qk_norm_rope(x, c.heads, wq, wk, cos, sin);
+    EXPECT_TRUE(at::equal(out, op_out)) << where << "forward";
+    EXPECT_FALSE(rstd.isnan().any().item<bool>()) << where << "rstd";
+    // rstd: of each head of q and k, against float64.
+    const at::Tensor heads64 = qkv.to(at::kDouble).view({c.b, c.t, 3, c.heads, c.hd}).narrow(2, 0, 2);
+    expect_close(rstd, (heads64.pow(2).mean(-1) + 1e-6).rsqrt(), where + "rstd", 1e-5);
+
+    const int tiles = kernels::qk_norm_rope_backward_tiles(rows, heads, sms);
+    at::Tensor dqkv = nan_like({c.b, c.t, 3 * d}, at::kBFloat16);
+    at::Tensor partials = nan_like({kernels::qk_norm_rope_backward_partials(tiles, hd)}, at::kFloat);
+    kernels::qk_norm_rope_backward<bf16>(static_cast<const bf16*>(dout.data_ptr()),
+                                         static_cast<const bf16*>(qkv.data_ptr()), rstd.data_ptr<float>(),
+                                         qw.data_ptr<float>(), kw.data_ptr<float>(), cos.data_ptr<float>(),
+                                         sin.data_ptr<float>(), static_cast<bf16*>(dqkv.data_ptr()),
+                                         partials.data_ptr<float>(), rows, tokens, heads, hd, tiles, stream);
+    const auto gr = torch::autograd::grad({op_out}, {x, wq, wk}, {dout});
+    EXPECT_TRUE(at::equal(dqkv, gr[0])) << where << "dqkv";
+    EXPECT_FALSE(partials.isnan().any().item<bool>()) << where << "partials";
+    const at::Tensor p = partials.view({2, tiles, hd});
+    expect_close(at::sum(p.select(0, 0), {0}), gr[1], where + "partials q", 1e-5);
+    expect_close(at::sum(p.select(0, 1), {0}), gr[2], where + "partials k", 1e-5);
+
+    // Without weight partials (no weight gradient wanted): dqkv the same bits.
+    at::Tensor dqkv2 = nan_like({c.b, c.t, 3 * d}, at::kBFloat16);
+    kernels::qk_norm_rope_backward<bf16>(static_cast<const bf16*>(dout.data_ptr()),
+                                         static_cast<const bf16*>(qkv.data_ptr()), rstd.data_ptr<float>(),
+                                         qw.data_ptr<float>(), kw.data_ptr<float>(), cos.data_ptr<float>(),
+                                         sin.data_ptr<float>(), static_cast<bf16*>(dqkv2.data_ptr()), nullptr, rows,
+                                         tokens, heads, hd, tiles, stream);
+    EXPECT_TRUE(at::equal(dqkv2, dqkv)) << where << "dqkv without weight partials";
+  }
+}
+
+// A view whose data is not aligned to two elements (copied inside the op)
+// and a non-contiguous incoming gradient give the contiguous results.
+TEST(QkNormRopeGpu, MisalignedViewAndStridedGradient) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = gen(3500);
+  const int64_t b = 2, t = 33, heads = 2, hd = 64, d = heads * hd;
+  const at::Tensor wide = rnd({b, t, 3 * d + 1}, g, at::kBFloat16);
+  const at::Tensor view = wide.narrow(2, 1, 3 * d);
+  const at::Tensor w = rnd({hd}, g, at::kFloat, 0.5, 1.0);
+  const auto [cos, sin] = tables(t, hd, g);
+  const at::Tensor dout = rnd({b, t, 3 * d}, g, at::kBFloat16);
+  const at::Tensor dout_t = dout.transpose(0, 1).contiguous().transpose(0, 1);  // same values, other strides
+  auto run = [&](const at::Tensor& in, const at::Tensor& go) {
+    const at::Tensor x = in.detach().requires_grad_(true);
+    const at::Tensor out = qk_norm_rope(x, heads, w, w, cos, sin);
+    return std::make_pair(out.detach(), torch::autograd::grad({out}, {x}, {go})[0]);
+  };
+  const auto a = run(view, dout_t), ref = run(view.contiguous(), dout);
+  EXPECT_TRUE(at::equal(a.first, ref.first)) << "out";
+  EXPECT_TRUE(at::equal(a.second, ref.second)) << "dqkv";
+}
+
+// Bad inputs that only exist on a GPU: tables on the CPU, a head too wide.
+TEST(QkNormRopeGpu, GpuOnlyBadInputsRaiseUsageError) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = gen(3600);
+  const at::Tensor qkv = rnd({1, 4, 3 * 16}, g, at::kBFloat16);
+  const auto [cos, sin] = tables(4, 8, g);
+  EXPECT_THROW(qk_norm_rope(qkv, 2, at::Tensor(), at::Tensor(), cos.cpu(), sin), UsageError);
+  EXPECT_THROW(qk_norm_rope(qkv, 2, at::randn({8}), at::Tensor(), cos, sin), UsageError);  // weight on the CPU
+  const at::Tensor wide = rnd({1, 2, 3 * 258}, g, at::kBFloat16);
+  const auto [c2, s2] = tables(2, 258, g);
+  EXPECT_THROW(qk_norm_rope(wide, 1, at::Tensor(), at::Tensor(), c2, s2), UsageError);
+}
+
+// Forward and backward (with weight gradients) captured in one CUDA graph
+// and replayed: fails loudly on a host sync or a data-dependent allocation,
+// and the replay reproduces the eager results bit for bit.
+TEST(QkNormRopeGpu, ForwardAndBackwardCaptureInCudaGraph) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = gen(4000);
+  const int64_t b = 2, t = 257, heads = 4, hd = 72, d = heads * hd;
+  const at::Tensor qkv = rnd({b, t, 3 * d}, g, at::kBFloat16).requires_grad_(true);
+  const at::Tensor qw = rnd({hd}, g, at::kFloat, 0.5, 1.0).requires_grad_(true);
+  const at::Tensor kw = rnd({hd}, g, at::kFloat, 0.5, 1.0).requires_grad_(true);
+  const auto [cos, sin] = tables(t, hd, g);
+  const at::Tensor dout = rnd({b, t, 3 * d}, g, at::kBFloat16);
+  auto step = [&] {
+    const at::Tensor out = qk_norm_rope(qkv * 2, heads, qw, kw, cos, sin);
+    std::vector<at::Tensor> result = {out.detach()};
+    const auto grads = torch::autograd::grad({out}, {qkv, qw, kw}, {dout});
+    result.insert(result.end(), grads.begin(), grads.end());
+    return result;
+  };
+  perftrain::testing::expect_graph_replays_match_eager(step, "qk_norm_rope ");
+}
+
+}  // namespace
+}  // namespace perftrain::ops
