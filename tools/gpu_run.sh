@@ -4,7 +4,8 @@
 # call's carry list), does what MODE says, writes into $OUT (default ./gpu-out) and prints a table last.
 #   MODE=check    gpu tests (the kernels' float64 checks among them), a quick bench of DiT-S/2 b32,b256 and a
 #                 300-step training run
-#   MODE=bench    perftrain bench --against-torch on BENCH_CASES (default: the four target cases)
+#   MODE=bench    perftrain bench --against-torch on BENCH_CASES (default: the four target cases), or on the
+#                 named list BENCH_SET (below)
 #   MODE=curve    500 steps of DiT-S/2 on Fashion-MNIST, the fast path against eager fp32 runs of FP32_SEEDS
 #                 (default "0 1 2"); FP32_REFS_DIR=docs/perf/curve-<commit> reuses stored fp32 runs when the
 #                 eager fp32 code has not changed; CURVE_ARGS: more train flags for every run
@@ -19,6 +20,14 @@
 #   --set (a comma joins keys into one setting: "speed.recompute=true,speed.gemm_tune=0").
 # Nsight Compute: NCU_KERNEL (a kernel-name regex), NCU_SKIP and NCU_COUNT (launches skipped and profiled),
 #   NCU_ARGS (default "--set full"); the report goes to ncu-<name>.txt.
+# Cases: MODEL:BATCHES[:LATENT[:COND_TOKENS[:COND_DIM]]]: --image-size LATENT; a single-stream model's
+#   model.cond_tokens (class tokens) and model.cond_dim (features with synthetic lengths), e.g. SS-B/2:64:64:128:1024.
+# BENCH_SET (bench and profile; instead of BENCH_CASES; in bench BENCH_ARGS defaults to "--variants all
+#   --torch-modes compile,reduce-overhead"), the issue's 512 px and single-stream targets; each set about 6-8
+#   minutes on an H200 plus the build (most of it torch.compile's first steps, 1-2 minutes per mode and case):
+#   ss-256   SS-B/2 b256, SS-XL/2 b128: 32x32x4 latents (256 image tokens) + 32 features of 1024 channels
+#   ss-1024  SS-B/2 b64, SS-XL/2 b32: 64x64x4 latents (1024 image tokens) + 128 features of 1024 channels
+#   dit-512  DiT-XL/2 b32, DiT-B/2 b64: 64x64x4 latents (512 px, 1024 tokens)
 # Options: COMMIT=<sha> (pass it: git on the device machine may name an older commit), BENCH_CASES="DiT-S/2:32,256
 #   DiT-B/2:256", BENCH_ARGS (more bench flags; profile takes PROFILE_VARIANT, not --variants), TESTS=all (every
 #   test, not only gpu ones), TEST_REGEX, RUN_TESTS=1 (the gpu tests in the other modes too), BUILD_TARGETS (ninja
@@ -34,6 +43,14 @@ MODE="${MODE:-check}"
 case "$MODE" in check | bench | curve | profile | lab | script) ;; *) echo "unknown MODE=$MODE (check, bench, curve, profile, lab, script)"; exit 2 ;; esac
 [ "$MODE" = script ] && [ ! -f "${SCRIPT:-}" ] && { echo "MODE=script needs SCRIPT=<file>"; exit 2; }
 [ "$MODE" = lab ] && [ -z "${LAB:-}" ] && { echo "MODE=lab needs LAB=<program> (bench/kernels/README.md)"; exit 2; }
+case "${BENCH_SET:-}" in
+  "") ;;
+  ss-256) BENCH_CASES="SS-B/2:256:32:32:1024 SS-XL/2:128:32:32:1024" ;;
+  ss-1024) BENCH_CASES="SS-B/2:64:64:128:1024 SS-XL/2:32:64:128:1024" ;;
+  dit-512) BENCH_CASES="DiT-XL/2:32:64 DiT-B/2:64:64" ;;
+  *) echo "unknown BENCH_SET=$BENCH_SET (ss-256, ss-1024, dit-512)"; exit 2 ;;
+esac
+[ -n "${BENCH_SET:-}" ] && [ "$MODE" = bench ] && BENCH_ARGS="${BENCH_ARGS---variants all --torch-modes compile,reduce-overhead}"
 JOBS="$(nproc)"
 SUMMARY="$OUT/summary.md"
 : > "$SUMMARY"
@@ -91,23 +108,38 @@ train_run() {  # name, extra flags...
   row "train $name" "rc $rc, $(( $(date +%s) - t0 )) s; $(grep -E 'first step done' "$OUT/train-$name.log"); $(grep -E '^step: ' "$OUT/train-$name.log" | head -1); $(grep -E '^\| speed ' "$RUNS/$name/report.md" 2>/dev/null | cut -d'|' -f3)"
 }
 
+# A case MODEL:BATCHES[:LATENT[:COND_TOKENS[:COND_DIM]]] into model, batches, case_flags and a file-name tag.
+parse_case() {
+  local latent tc dc
+  IFS=: read -r model batches latent tc dc <<< "$1"
+  case_flags=()
+  tag=$(echo "$model-$batches" | tr '/,' '-_')
+  [ -n "$latent" ] && case_flags+=(--image-size "$latent") && tag+="-l$latent"
+  [ -n "$tc" ] && case_flags+=(--set "model.cond_tokens=$tc") && tag+="-c$tc"
+  [ -n "$dc" ] && case_flags+=(--set "model.cond_dim=$dc") && tag+="x$dc"
+  return 0
+}
+
 # A setting of SETS as bench flags and as a file-name tag: "speed.a=x,speed.b=y" -> --set ... / "a-x_b-y".
 set_flags() { [ "$1" = default ] || for kv in ${1//,/ }; do printf -- '--set\n%s\n' "$kv"; done; }
 set_tag() { [ "$1" = default ] || echo "-$(echo "$1" | sed 's/speed\.//g' | tr '=,/' '-_-')"; }
 set_label() { [ "$1" = default ] || echo " [$1]"; }
 
-bench_case() {  # "DiT-S/2:32,256", setting (default or a SETS entry), extra flags...
-  local model=${1%%:*} batches=${1##*:} setting=$2 tag t0 sets; shift 2
-  tag=$(echo "$model-$batches" | tr '/,' '-_')$(set_tag "$setting")
+bench_case() {  # "DiT-S/2:32,256" (a case), setting (default or a SETS entry), extra flags...
+  local model batches setting=$2 tag t0 sets case_flags label
+  parse_case "$1"
+  label="$model b$batches${1#"$model:$batches"}"
+  shift 2
+  tag+=$(set_tag "$setting")
   t0=$(date +%s)
   mapfile -t sets < <(set_flags "$setting")
-  $BIN bench --model "$model" --batch "$batches" --out "$RUNS/bench-$tag" "${sets[@]}" "$@" ${BENCH_ARGS:-} \
-    > "$OUT/bench-$tag.log" 2>&1
+  $BIN bench --model "$model" --batch "$batches" --out "$RUNS/bench-$tag" "${case_flags[@]}" "${sets[@]}" "$@" \
+    ${BENCH_ARGS:-} > "$OUT/bench-$tag.log" 2>&1
   local rc=$?
   tail -30 "$OUT/bench-$tag.log"
   cp "$RUNS/bench-$tag/bench.json" "$OUT/bench-$tag.json" 2>/dev/null
   cp "$RUNS/bench-$tag/bench.md" "$OUT/bench-$tag.md" 2>/dev/null
-  row "bench $model b$batches$(set_label "$setting")" "rc $rc, $(( $(date +%s) - t0 )) s; $(awk '$2 == "all" { printf "b%s all %s ms; ", $1, $3 }' "$OUT/bench-$tag.log")"
+  row "bench $label$(set_label "$setting")" "rc $rc, $(( $(date +%s) - t0 )) s; $(awk '$2 == "all" { printf "b%s all %s ms; ", $1, $3 }' "$OUT/bench-$tag.log")$(grep -E '^\S.* batch [0-9]+: .*speedup' "$OUT/bench-$tag.log" | sed -E 's/.*batch ([0-9]+):.*best torch ([a-z0-9-]+) ([0-9.]+) ms.*speedup ([0-9.]+x).*/b\1 vs torch \2 \3 ms: \4; /' | tr -d '\n')"
 }
 
 ncu_run() {  # name, command...: Nsight Compute on the launches of NCU_KERNEL in the command
@@ -152,12 +184,12 @@ case "$MODE" in
   profile)  # where the time goes, kernel by kernel, per case and setting
     pv=${PROFILE_VARIANT:-all}
     for c in ${BENCH_CASES:-DiT-S/2:32,256 DiT-B/2:256 DiT-XL/2:256}; do
-      model=${c%%:*} batches=${c##*:}
       for s in default ${SETS:-}; do
-        tag=$(echo "$model-$batches" | tr '/,' '-_')$(set_tag "$s")
+        parse_case "$c"
+        tag+=$(set_tag "$s")
         mapfile -t sets < <(set_flags "$s")
         $BIN bench --model "$model" --batch "$batches" --variants "$pv" --steps 10 --warmup 4 --profile "$pv" \
-          --out "$RUNS/profile-$tag" "${sets[@]}" ${BENCH_ARGS:-} > "$OUT/profile-$tag.log" 2>&1
+          --out "$RUNS/profile-$tag" "${case_flags[@]}" "${sets[@]}" ${BENCH_ARGS:-} > "$OUT/profile-$tag.log" 2>&1
         row "profile $model b$batches$(set_label "$s") ($pv)" "rc $?"
         for f in "$RUNS/profile-$tag"/profile-*.md; do cp "$f" "$OUT/$tag-$(basename "$f")" 2>/dev/null; done
         # Uncaptured variants: each kernel charged to the operation that launched it.
@@ -166,7 +198,7 @@ case "$MODE" in
         done
         # NCU=1: NCU_SKIP launches (default 30: the eager warm-up steps) of the `all` variant, then NCU_COUNT.
         [ "${NCU:-0}" = 1 ] && NCU_SKIP=${NCU_SKIP:-30} ncu_run "$tag" $BIN bench --model "$model" \
-          --batch "$batches" --variants all --steps 2 --warmup 4 --out "$RUNS/ncu-$tag" "${sets[@]}"
+          --batch "$batches" --variants all --steps 2 --warmup 4 --out "$RUNS/ncu-$tag" "${case_flags[@]}" "${sets[@]}"
       done
     done
     ;;

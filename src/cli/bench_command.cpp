@@ -1,6 +1,7 @@
 // perftrain bench: training-step variants side by side in this one process
 // (each optimisation on and off), optionally against the same step in plain
-// PyTorch (bench/reference_dit.py in subprocesses), with medians, confidence
+// PyTorch (bench/reference_dit.py, or reference_single_stream.py for the
+// single-stream family, in subprocesses), with medians, confidence
 // intervals, MFU against the bf16 matrix peak measured here, peak memory and
 // time to first step. Writes bench.json and bench.md into the run directory.
 #include <ATen/Context.h>
@@ -20,7 +21,7 @@
 #include "cli/command.h"
 #include "cli/out_dir.h"
 #include "data/dataset.h"
-#include "models/dit.h"
+#include "models/diffusion_model.h"
 #include "observe/bench/environment.h"
 #include "observe/bench/matmul_peak.h"
 #include "observe/bench/report.h"
@@ -80,11 +81,12 @@ std::vector<int64_t> parse_batches(const std::string& list) {
 // learn_sigma off, label dropout 0.1, DDPM eps-MSE, AdamW (lr 1e-4, no weight
 // decay, no clipping, no LR warm-up); with --ema also an EMA at 0.9999. Then
 // --recompute / --gelu-recompute and the --set overrides (e.g.
-// speed.attention=cudnn); each variant sets graph, fused_kernels and
-// fused_optimizer itself.
+// speed.attention=cudnn, or a single-stream model's model.cond_tokens and
+// model.cond_dim); each variant sets graph, fused_kernels and
+// fused_optimizer itself. Either family (--model DiT-* or SS-*).
 train::TrainConfig bench_config(const BenchArgs& a, bool cuda) {
   train::TrainConfig cfg;
-  cfg.model = models::dit_config(a.model);  // UsageError listing the known names
+  cfg.model = models::model_config(a.model);  // UsageError listing the known names
   cfg.model.image_size = a.image_size;
   cfg.model.in_channels = a.in_channels;
   cfg.model.num_classes = a.num_classes;
@@ -118,11 +120,15 @@ train::TrainConfig variant_config(const train::TrainConfig& base, const ob::Vari
 }
 
 // kPoolBatches synthetic batches of `batch`, in pinned memory on a GPU
-// machine so the runner's copies are asynchronous as in training.
+// machine so the runner's copies are asynchronous as in training. A model
+// with condition features (model.cond_dim > 0) gets synthetic ones, as
+// train's synthetic data: lengths in [1, cond_tokens], the rest masked.
 std::vector<data::Batch> make_pool(const train::TrainConfig& cfg, int64_t batch, bool cuda) {
   const auto& m = cfg.model;
   auto ds = data::make_synthetic(kPoolBatches * batch, {m.in_channels, m.image_size, m.image_size}, m.num_classes,
                                  cfg.optim.seed + 12345);
+  const bool features = m.single_stream() && m.cond_dim > 0;
+  if (features) ds = data::with_synthetic_cond(std::move(ds), m.cond_tokens, m.cond_dim, cfg.optim.seed + 54321);
   std::vector<data::Batch> pool;
   for (int64_t k = 0; k < kPoolBatches; ++k) {
     data::Batch b;
@@ -131,6 +137,11 @@ std::vector<data::Batch> make_pool(const train::TrainConfig& cfg, int64_t batch,
     std::vector<int64_t> idx(batch);
     for (int64_t i = 0; i < batch; ++i) idx[i] = k * batch + i;
     ds->gather(idx.data(), batch, b.x.data_ptr<float>(), b.y.data_ptr<int64_t>());
+    if (features) {
+      b.cond = at::empty({batch, m.cond_tokens, m.cond_dim}, at::TensorOptions().pinned_memory(cuda));
+      b.cond_len = at::empty({batch}, at::TensorOptions().dtype(at::kLong).pinned_memory(cuda));
+      ds->gather_cond(idx.data(), batch, b.cond.data_ptr<float>(), b.cond_len.data_ptr<int64_t>());
+    }
     pool.push_back(b);
   }
   return pool;
@@ -171,12 +182,12 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (1ull << 30); };
   if (cuda) row.held_gib_before = gib(compat::allocated_bytes(device));
   const auto t0 = Clock::now();
-  models::ModelAndEma built;
+  models::DiffusionModelAndEma built;
   if (a.ema)
-    built = models::build_model_and_ema(cfg.model, cfg.optim.seed, device);
+    built = models::build_diffusion_model_and_ema(cfg.model, cfg.optim.seed, device);
   else
-    built.model = models::build_model(cfg.model, cfg.optim.seed, device);
-  models::DiT& model = *built.model;
+    built.model = models::build_diffusion_model(cfg.model, cfg.optim.seed, device);
+  models::DiffusionModel& model = *built.model;
   compat::synchronize(device);
   row.build_s = std::chrono::duration<double>(Clock::now() - t0).count();
   at::Generator gen = at::globalContext().defaultGenerator(device).clone();
@@ -329,6 +340,17 @@ void run(BenchArgs a) {
   report.environment = ob::collect_environment(device, source_dir);
   auto& s = report.settings;
   s.model = base.model.name;
+  s.family = base.model.family;
+  if (base.model.single_stream()) {
+    s.cond_tokens = base.model.cond_tokens, s.cond_dim = base.model.cond_dim;
+    s.condition = s.cond_dim > 0 ? "features " + std::to_string(s.cond_tokens) + "x" + std::to_string(s.cond_dim) +
+                                       ", synthetic lengths in [1, " + std::to_string(s.cond_tokens) +
+                                       "] (the rest masked as keys)"
+                                 : std::to_string(s.cond_tokens) + " learned tokens per class";
+  } else {
+    s.condition = "class label (adaLN)";
+  }
+  s.image_tokens = base.model.tokens(), s.sequence_tokens = base.model.sequence_tokens();
   s.depth = base.model.depth, s.hidden = base.model.hidden, s.heads = base.model.heads, s.patch = base.model.patch;
   s.image_size = base.model.image_size, s.in_channels = base.model.in_channels;
   s.num_classes = base.model.num_classes;
@@ -356,7 +378,8 @@ void run(BenchArgs a) {
   if (a.against_torch) s.torch_python = ob::reference_python(source_dir);
 
   std::cout << "perftrain bench: " << s.model << " (" << s.parameters << " trainable parameters, "
-            << ob::format_number(s.train_flops_per_image / 1e9, 2) << " GFLOP per image per step) on "
+            << ob::format_number(s.train_flops_per_image / 1e9, 2) << " GFLOP per image per step; "
+            << s.image_tokens << " image tokens, condition: " << s.condition << ") on "
             << report.environment.device << ", torch " << report.environment.torch << ", commit "
             << report.environment.commit << "\n";
   report.matmul_peak = ob::measure_matmul_peak(device);
@@ -387,11 +410,13 @@ void run(BenchArgs a) {
   report_gemm_tuning(report);
 
   if (a.against_torch) {
-    const std::string script = ob::reference_script(source_dir);
+    const std::string script = ob::reference_script(source_dir, base.model.family);
     for (int64_t b : batches) {
       for (const auto& mode : torch_modes) {
         ob::TorchBenchRequest r;
         r.model = base.model.name;
+        r.family = base.model.family;
+        r.cond_tokens = base.model.cond_tokens, r.cond_dim = base.model.cond_dim;
         r.depth = base.model.depth, r.hidden = base.model.hidden, r.heads = base.model.heads;
         r.patch = base.model.patch;
         r.image_size = base.model.image_size, r.in_channels = base.model.in_channels;
@@ -424,7 +449,9 @@ void run(BenchArgs a) {
 void add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "time training-step variants side by side (and against plain PyTorch)");
   auto a = std::make_shared<BenchArgs>();
-  cmd->add_option("--model", a->model, "model name (perftrain models lists them)");
+  cmd->add_option("--model", a->model,
+                  "model name (perftrain models lists them); SS-* models take their condition from --set "
+                  "model.cond_tokens=N [--set model.cond_dim=D: features, synthetic lengths]");
   cmd->add_option("--batch", a->batches, "batch sizes, comma-separated (default 32,256)");
   cmd->add_option("--variants", a->variants,
                   "eager-fp32, eager-bf16, fused, graph, all, comma-separated (default: all five on a GPU, "
@@ -434,7 +461,9 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--repeats", a->repeats, "timed windows per variant (run-to-run spread)")
       ->check(CLI::PositiveNumber);
-  cmd->add_flag("--against-torch", a->against_torch, "also time bench/reference_dit.py (plain PyTorch)");
+  cmd->add_flag("--against-torch", a->against_torch,
+                "also time bench/reference_dit.py or, for SS-* models, bench/reference_single_stream.py (plain "
+                "PyTorch)");
   cmd->add_option("--torch-modes", a->torch_modes,
                   "eager-fp32, eager-bf16, compile, reduce-overhead (default: eager-bf16,compile,reduce-overhead "
                   "on a GPU, eager-fp32 on the CPU)");

@@ -135,6 +135,57 @@ TEST(CliBench, SetOverridesTheSpeedConfigAndTheReportSaysSo) {
   EXPECT_TRUE(contains(md, "attention = 'cudnn'")) << md;
 }
 
+// A single-stream model through the model family: class tokens, and
+// synthetic condition features with lengths (keys masked); the report
+// records the family and the condition shape, and the PyTorch side runs
+// bench/reference_single_stream.py with that shape.
+TEST(CliBench, SingleStreamWithConditionTokensOnTheCpu) {
+  TempDir tmp;
+  const std::string tiny = "bench --device cpu --model SS-T/2 --batch 2 --steps 2 --warmup 1 --variants eager-fp32"
+                           " --image-size 8 --set model.depth=1 --set model.hidden=32 --set model.heads=2";
+  auto r = run(tiny + " --set model.cond_tokens=3 --out " + tmp.file("tokens"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "3 learned tokens per class")) << r.output;
+  auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("tokens/bench.json")));
+  EXPECT_EQ(j["config"]["family"], "single-stream");
+  EXPECT_EQ(j["config"]["cond_tokens"], 3);
+  EXPECT_EQ(j["config"]["cond_dim"], 0);
+  EXPECT_EQ(j["config"]["image_tokens"], 16);
+  EXPECT_EQ(j["config"]["sequence_tokens"], 19);
+  EXPECT_TRUE(j["rows"][0]["error"].is_null()) << j["rows"][0].dump(2);
+  EXPECT_TRUE(std::isfinite(j["rows"][0]["loss"].get<double>()));
+
+  const bool python = perftrain::testing::run_command(std::string(PERFTRAIN_PYTHON) +
+                                                      " -c 'import torch' >/dev/null 2>&1") == 0;
+  r = run_shell("PERFTRAIN_PYTHON=" + std::string(PERFTRAIN_PYTHON) + " PERFTRAIN_SOURCE_DIR=" +
+                std::string(PERFTRAIN_SOURCE_DIR) + " " + std::string(PERFTRAIN_BINARY) + " " + tiny +
+                " --set model.cond_tokens=4 --set model.cond_dim=6 --ema" +
+                (python ? " --against-torch --torch-modes eager-fp32" : "") + " --out " + tmp.file("features"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("features/bench.json")));
+  const auto& c = j["config"];
+  EXPECT_EQ(c["model"], "SS-T/2");
+  EXPECT_EQ(c["family"], "single-stream");
+  EXPECT_EQ(c["depth"], 1);
+  EXPECT_EQ(c["cond_tokens"], 4);
+  EXPECT_EQ(c["cond_dim"], 6);
+  EXPECT_EQ(c["sequence_tokens"], 20);
+  EXPECT_TRUE(contains(c["condition"].get<std::string>(), "features 4x6")) << c.dump(2);
+  EXPECT_TRUE(std::isfinite(j["rows"][0]["loss"].get<double>())) << j["rows"][0].dump(2);
+  const auto md = perftrain::testing::read_raw(tmp.file("features/bench.md"));
+  EXPECT_TRUE(contains(md, "| tokens | 16 image, 20 in the sequence; condition: features 4x6")) << md;
+  if (!python) GTEST_SKIP() << "no Python with torch at " << PERFTRAIN_PYTHON << ": the torch side not run";
+  ASSERT_EQ(j["torch"].size(), 1u);
+  const auto& t = j["torch"][0];
+  EXPECT_TRUE(t["error"].is_null()) << t.dump(2) << "\n" << perftrain::testing::read_raw(t["log"].get<std::string>());
+  EXPECT_GT(t["ms"].get<double>(), 0.0);
+  const auto log = perftrain::testing::read_raw(t["log"].get<std::string>());
+  EXPECT_TRUE(contains(log, "reference_single_stream.py' bench --model 'SS-T/2' --depth 1 --hidden 32 --heads 2"))
+      << log;
+  EXPECT_TRUE(contains(log, "--cond-tokens 4 --cond-dim 6")) << log;
+  EXPECT_TRUE(contains(j["method"].get<std::string>(), "reference_single_stream.py bench")) << j["method"];
+}
+
 TEST(CliBench, BadOptionsExitTwo) {
   TempDir tmp;
   const std::string out = " --out " + tmp.file("x");

@@ -48,6 +48,25 @@ TEST(BenchTorchReference, CommandLine) {
   EXPECT_TRUE(contains(cmd, "--depth 6 --hidden 192 --heads 3 --patch 4")) << cmd;
 }
 
+// A single-stream model: its own script, the explicit architecture (a
+// --set model.depth=... must reach the reference) and the condition shape.
+TEST(BenchTorchReference, SingleStreamCommandLine) {
+  auto r = request("SS-B/2", 12, 768, 12, 2);
+  r.family = "single-stream";
+  r.cond_tokens = 128;
+  r.cond_dim = 1024;
+  r.image_size = 64;
+  const auto cmd = torch_bench_command("python3", "/src/bench/reference_single_stream.py", r);
+  EXPECT_EQ(cmd.rfind("'python3' '/src/bench/reference_single_stream.py' bench --model 'SS-B/2' ", 0), 0u) << cmd;
+  for (const char* part : {"--depth 12 --hidden 768 --heads 12 --patch 2", " --cond-tokens 128", " --cond-dim 1024",
+                           " --image-size 64", " --no-learn-sigma", " --batch 32", " --mode 'reduce-overhead'"})
+    EXPECT_TRUE(contains(cmd, part)) << part << " missing in " << cmd;
+  EXPECT_EQ(reference_script("/src", "single-stream"), "/src/bench/reference_single_stream.py");
+  EXPECT_EQ(reference_script("/src", "dit"), "/src/bench/reference_dit.py");
+  // A DiT request says nothing of condition tokens.
+  EXPECT_FALSE(contains(torch_bench_command("python3", "r.py", request("DiT-S/2", 12, 384, 6, 2)), "--cond"));
+}
+
 TEST(BenchTorchReference, ModesAreChecked) {
   EXPECT_EQ(parse_torch_modes("compile, eager-bf16,compile"), (std::vector<std::string>{"compile", "eager-bf16"}));
   auto msg = perftrain::testing::error_of<perftrain::UsageError>([] { parse_torch_modes("eager-bf16,max-autotune"); });
@@ -146,6 +165,31 @@ TEST(BenchTorchReference, TheRealScriptAcceptsOurCommandOnTheCpu) {
   EXPECT_GT(*row.ms, 0.0);
   EXPECT_GE(*row.tflops, 0.0);  // rounded to 3 decimals by the script: 0 for so small a model
   EXPECT_FALSE(row.peak_gib.has_value());
+  EXPECT_GT(*row.first_step_s, 0.0);
+}
+
+TEST(BenchTorchReference, TheRealSingleStreamScriptAcceptsOurCommandOnTheCpu) {
+  if (perftrain::testing::run_command(std::string(PERFTRAIN_PYTHON) + " -c 'import torch' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no Python with torch at " << PERFTRAIN_PYTHON;
+  TempDir tmp;
+  auto r = request("SS-T/2", 1, 32, 2, 2);
+  r.family = "single-stream";
+  r.image_size = 8;
+  r.cond_tokens = 3;
+  r.cond_dim = 5;
+  r.batch = 2;
+  r.steps = 2;
+  r.warmup = 1;
+  r.mode = "eager-fp32";
+  r.device = "cpu";
+  r.ema_decay = 0.99;
+  const auto row = run_torch_bench(PERFTRAIN_PYTHON,
+                                   std::string(PERFTRAIN_SOURCE_DIR) + "/bench/reference_single_stream.py", r,
+                                   tmp.file("torch.log"));
+  ASSERT_TRUE(row.ok()) << row.error << "\n" << perftrain::testing::read_raw(tmp.file("torch.log"));
+  EXPECT_EQ(row.model, "SS-T/2");
+  EXPECT_EQ(row.device, "cpu");
+  EXPECT_GT(*row.ms, 0.0);
   EXPECT_GT(*row.first_step_s, 0.0);
 }
 

@@ -112,13 +112,15 @@ std::string method_text(const BenchReport& r) {
        "Data: "
     << s.data_pool
     << " distinct synthetic batches in pinned memory, reused round-robin (no data loading is timed). The step: "
-       "DDPM eps-MSE, label dropout "
-    << s.class_dropout << ", " << s.optimizer << ".";
+       "DDPM eps-MSE, "
+    << (s.cond_dim > 0 ? "condition dropout (to length 0) " : "label dropout ") << s.class_dropout << ", " << s.optimizer << ".";
   if (s.cooldown_s > 0)
     m << " Each variant" << (s.against_torch ? " and each PyTorch run" : "") << " started after "
       << format_number(s.cooldown_s, 1) << " s with the GPU idle.";
   if (s.against_torch)
-    m << " PyTorch rows: bench/reference_dit.py bench in its own process per mode (same model, batch, objective "
+    m << " PyTorch rows: bench/"
+      << (s.family == "single-stream" ? "reference_single_stream.py" : "reference_dit.py")
+      << " bench in its own process per mode (same model, batch, objective "
          "and optimizer step; AdamW fused, bf16 autocast), its median of "
       << s.steps << " steps after " << s.warmup
       << " warm-up by CUDA events; its first_step_s counts from its process start (Python, torch import and "
@@ -245,6 +247,7 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
   for (const auto& [k, v] : environment_fields(r.environment)) env[k] = v;
   const auto& s = r.settings;
   Json config = {{"model", s.model},
+                           {"family", s.family},
                            {"depth", s.depth},
                            {"hidden", s.hidden},
                            {"heads", s.heads},
@@ -252,6 +255,11 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
                            {"image_size", s.image_size},
                            {"in_channels", s.in_channels},
                            {"num_classes", s.num_classes},
+                           {"cond_tokens", s.cond_tokens},
+                           {"cond_dim", s.cond_dim},
+                           {"condition", s.condition},
+                           {"image_tokens", s.image_tokens},
+                           {"sequence_tokens", s.sequence_tokens},
                            {"learn_sigma", s.learn_sigma},
                            {"class_dropout", s.class_dropout},
                            {"objective", s.objective},
@@ -350,6 +358,8 @@ std::string to_markdown(const BenchReport& r) {
     << ", patch " << s.patch << "), " << s.parameters << " trainable parameters |\n"
     << "| input | " << s.in_channels << "x" << s.image_size << "x" << s.image_size << ", " << s.num_classes
     << " classes, learn_sigma " << (s.learn_sigma ? "on" : "off") << " |\n"
+    << "| tokens | " << s.image_tokens << " image, " << s.sequence_tokens << " in the sequence; condition: "
+    << cell(s.condition) << " |\n"
     << "| objective | " << s.objective << ", class dropout " << s.class_dropout << " |\n"
     << "| FLOPs | " << format_number(s.train_flops_per_image / 1e9, 2) << " GFLOP per image per training step |\n"
     << "| batches | " << join(s.batches) << " |\n"

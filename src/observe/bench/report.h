@@ -19,8 +19,15 @@ namespace perftrain::observe::bench {
 // What was benchmarked and how (the "config" of bench.json).
 struct BenchSettings {
   std::string model;
+  std::string family = "dit";  // dit | single-stream
   int64_t depth = 0, hidden = 0, heads = 0, patch = 0;
   int64_t image_size = 32, in_channels = 4, num_classes = 1000;
+  // The condition: DiT a class label through adaLN (cond_tokens and cond_dim
+  // 0); single-stream cond_tokens class tokens (cond_dim 0) or features of
+  // cond_dim channels; condition says which in words.
+  int64_t cond_tokens = 0, cond_dim = 0;
+  std::string condition;
+  int64_t image_tokens = 0, sequence_tokens = 0;  // per sample: image, and all through the blocks
   bool learn_sigma = false;
   double class_dropout = 0.1;
   std::string objective = "ddpm";

@@ -62,12 +62,19 @@ std::string reference_python(const std::string& source_dir) {
   return "python3";
 }
 
-std::string reference_script(const std::string& source_dir) { return fs::join(source_dir, "bench/reference_dit.py"); }
+std::string reference_script(const std::string& source_dir, const std::string& family) {
+  return fs::join(source_dir, family == "single-stream" ? "bench/reference_single_stream.py" : "bench/reference_dit.py");
+}
 
 std::string torch_bench_command(const std::string& python, const std::string& script, const TorchBenchRequest& r) {
   std::ostringstream c;
   c << shell_quote(python) << " " << shell_quote(script) << " bench --model ";
-  if (in_reference_registry(r.model)) {
+  if (r.family == "single-stream") {
+    // Its registry holds our SS-* names; the name is kept, the architecture explicit.
+    c << shell_quote(r.model) << " --depth " << r.depth << " --hidden " << r.hidden
+      << " --heads " << r.heads << " --patch " << r.patch << " --cond-tokens " << r.cond_tokens << " --cond-dim "
+      << r.cond_dim;
+  } else if (in_reference_registry(r.model)) {
     c << shell_quote(r.model);
   } else {
     c << "DiT-S/2 --depth " << r.depth << " --hidden " << r.hidden << " --heads " << r.heads << " --patch "

@@ -1,4 +1,5 @@
-// The same training step in plain PyTorch (bench/reference_dit.py bench), run
+// The same training step in plain PyTorch (bench/reference_dit.py bench, or
+// bench/reference_single_stream.py bench for the single-stream family), run
 // as a subprocess per (batch, mode) so that each mode starts from a fresh
 // process as in the anchors, and so that torch.compile's caches, threads and
 // memory never touch the process that measures perftrain.
@@ -13,7 +14,11 @@ namespace perftrain::observe::bench {
 
 struct TorchBenchRequest {
   std::string model;  // a registry name of ours, e.g. "DiT-S/2"
+  std::string family = "dit";  // dit | single-stream (models::DiTConfig::family)
   int64_t depth = 0, hidden = 0, heads = 0, patch = 0;  // its architecture
+  // Single-stream: condition tokens (class tokens, or features of cond_dim
+  // channels with synthetic lengths in [1, cond_tokens]).
+  int64_t cond_tokens = 1, cond_dim = 0;
   int64_t image_size = 32, in_channels = 4, num_classes = 1000;
   double class_dropout = 0.1;
   int64_t batch = 0, steps = 30, warmup = 6;
@@ -30,11 +35,15 @@ std::vector<std::string> parse_torch_modes(const std::string& list);
 // Python to run it with: env PERFTRAIN_PYTHON, else <source_dir>/.venv/bin/python
 // when it exists, else "python3".
 std::string reference_python(const std::string& source_dir);
-std::string reference_script(const std::string& source_dir);  // <source_dir>/bench/reference_dit.py
+// <source_dir>/bench/reference_dit.py, or reference_single_stream.py for
+// family "single-stream".
+std::string reference_script(const std::string& source_dir, const std::string& family = "dit");
 
 // The command line (shell words quoted). DiT-S/B/L/XL names go as they are;
 // any other model (DiT-T) goes as a registry name with explicit --depth /
-// --hidden / --heads / --patch, which the reference accepts.
+// --hidden / --heads / --patch, which the reference accepts. A single-stream
+// model always goes with its explicit architecture (so a --set
+// model.depth=... reaches the reference) and --cond-tokens / --cond-dim.
 std::string torch_bench_command(const std::string& python, const std::string& script, const TorchBenchRequest& r);
 
 // Parses the reference's `--json` output (the last line of stdout that is a
