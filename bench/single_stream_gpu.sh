@@ -4,7 +4,7 @@
 # which exports BIN, FMNIST, RUNS, OUT and PY. About 3 minutes on an H200:
 #  1. SS-S/2 on Fashion-MNIST with class tokens, 600 flow steps: loss falls, step captured, a sample grid;
 #  2. SS-S/2 on latent shards with per-sample condition features (written here by Python, masked lengths), 300 steps;
-#  3. step time of SS-B/2 at 256 and 1024 image tokens through the generic path (perftrain bench takes DiT only).
+#  3. step time of SS-B/2 at 256 and 1024 image tokens through the generic path in training (perftrain bench times it against torch: tools/gpu_run.sh MODE=bench BENCH_SET=ss-256 or ss-1024).
 set -uo pipefail
 mkdir -p "$OUT/ss"
 common=(--set log.every=50 --set log.checkpoint_every=0 --set diffusion.objective=flow --set model.learn_sigma=false
