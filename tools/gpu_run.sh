@@ -139,6 +139,7 @@ bench_case() {  # "DiT-S/2:32,256" (a case), setting (default or a SETS entry), 
   tail -30 "$OUT/bench-$tag.log"
   cp "$RUNS/bench-$tag/bench.json" "$OUT/bench-$tag.json" 2>/dev/null
   cp "$RUNS/bench-$tag/bench.md" "$OUT/bench-$tag.md" 2>/dev/null
+  for f in "$RUNS/bench-$tag"/torch-*.log; do [ -f "$f" ] && cp "$f" "$OUT/bench-$tag-$(basename "$f")"; done  # to logs.tgz
   row "bench $label$(set_label "$setting")" "rc $rc, $(( $(date +%s) - t0 )) s; $(awk '$2 == "all" { printf "b%s all %s ms; ", $1, $3 }' "$OUT/bench-$tag.log")$(grep -E '^\S.* batch [0-9]+: .*speedup' "$OUT/bench-$tag.log" | sed -E 's/.*batch ([0-9]+):.*best torch ([a-z0-9-]+) ([0-9.]+) ms.*speedup ([0-9.]+x).*/b\1 vs torch \2 \3 ms: \4; /' | tr -d '\n')"
 }
 
