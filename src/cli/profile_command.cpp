@@ -118,6 +118,7 @@ train::TrainConfig profile_config(const ProfileArgs& a, bool cuda, ob::Variant& 
 
 struct Pass {
   std::vector<std::string> traces;
+  std::vector<op::MeasuredStep> timings;  // per window trace (traces[i], before the memory snapshot)
   double measured_ms = 0;
   std::string step_mode;
   ob::GpuSamples gpu;
@@ -162,6 +163,7 @@ Pass run_pass(const ProfileArgs& a, const train::TrainConfig& cfg, models::Diffu
   po.dir = out;
   po.tag = tag;
   po.cuda = device.is_cuda();
+  po.cuda_device = device.is_cuda() ? device.index() : 0;
   po.record_shapes = a.record_shapes;
   po.profile_memory = a.profile_memory;
   po.with_stack = a.with_stack;
@@ -196,6 +198,15 @@ Pass run_pass(const ProfileArgs& a, const train::TrainConfig& cfg, models::Diffu
   profiler.finish();
   p.gpu = sampler.stop();
   p.traces = profiler.traces();
+  for (size_t w = 0; w < p.traces.size(); ++w) {
+    // The unprofiled step: the timed steps just before (more of them than the
+    // schedule's wait steps, the same step function).
+    op::MeasuredStep m = profiler.window_timing(static_cast<int>(w));
+    m.unprofiled_ms = p.measured_ms;
+    m.unprofiled_steps = static_cast<int>(a.timed_steps);
+    m.unprofiled_what = "timed just before the profiler started";
+    p.timings.push_back(m);
+  }
   if (a.memory_snapshot) {
     const std::string path = fs::join(out, tag + "memory_snapshot.pickle");
     guarded([&] {
@@ -274,7 +285,8 @@ void run(const ProfileArgs& a) {
     md << "Measured without the profiler: " << ob::format_number(p.measured_ms, 3) << " ms per step (median of "
        << a.timed_steps << ", data wait included). GPU while profiled: " << ob::describe(p.gpu) << ". Allocator: "
        << op::describe(p.memory) << ".\n\n";
-    for (const auto& t : p.traces) {
+    for (size_t w = 0; w < p.traces.size(); ++w) {
+      const std::string& t = p.traces[w];
       if (t.find(".pickle") != std::string::npos) {
         md << "Memory snapshot (open at pytorch.org/memory_viz): `" << t << "`\n\n";
         continue;
@@ -282,7 +294,7 @@ void run(const ProfileArgs& a) {
       op::WindowReportOptions o;
       o.group_by = group_by;
       o.top = static_cast<size_t>(a.top);
-      o.measured_step_ms = p.measured_ms;
+      facts.measured = w < p.timings.size() ? p.timings[w] : op::MeasuredStep{};
       o.title = t.substr(t.find_last_of('/') + 1) + " (`" + t + "`)";
       md << op::report_trace(t, facts, o).markdown << "\n";
     }

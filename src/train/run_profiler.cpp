@@ -40,6 +40,7 @@ RunProfiler::RunProfiler(const std::string& schedule, const TrainConfig& cfg, co
   o.schedule = op::parse_schedule(schedule, "--profile");
   o.dir = fs::join(run_dir, "profile");
   o.cuda = device.is_cuda();
+  o.cuda_device = device.is_cuda() ? device.index() : 0;
   o.profile_memory = true;
   o.sync = [device] { compat::synchronize(device); };
   o.metadata["model"] = cfg.model.name;
@@ -67,6 +68,7 @@ void RunProfiler::finish() { profiler_->finish(); }
 
 void RunProfiler::saved(const std::string& trace, int window) {
   op::RunFacts facts = facts_;
+  facts.measured = profiler_->window_timing(window);  // profiled steps, and the unprofiled ones just before
   if (sampler_) facts.gpu = sampler_->stop();
   sampler_.reset();
   const auto mem = op::allocator_stats(device_.is_cuda() ? device_.index() : 0);

@@ -59,6 +59,22 @@ TEST(CliProfile, ProfilesAStepOnTheCpu) {
   EXPECT_TRUE(contains(r.output, "`perftrain::backward`")) << r.output;  // the op table by scope
   const std::string md = perftrain::testing::read_raw(out + "/profile.md");
   EXPECT_TRUE(contains(md, "Measured without the profiler"));
+  // The breakdown against the profiled step, and the profiler's overhead
+  // against the steps timed before it (the host clock on the CPU).
+  EXPECT_TRUE(contains(r.output, "measured around the 2 profiled steps (host clock)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "| unattributed: the measured profiled step less the trace's window |")) << r.output;
+  EXPECT_TRUE(contains(r.output, "Breakdown against the profiled step: the trace's parts sum to ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "Profiler overhead: profiled step ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "ATen ops x ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "unprofiled: median of 2 steps timed just before the profiler started")) << r.output;
+  {  // the sum row is the profiled step the overhead line names
+    auto after = [&](const std::string& label) {
+      const size_t at = r.output.find(label);
+      return at == std::string::npos ? -1.0 : std::stod(r.output.substr(at + label.size()));
+    };
+    EXPECT_GT(after("| **sum** | **"), 0);
+    EXPECT_NEAR(after("| **sum** | **"), after("Profiler overhead: profiled step "), 1e-3) << r.output;
+  }
   const Trace t(out + "/window-0.json");
   ASSERT_TRUE(t.j["traceEvents"].is_array());
   EXPECT_EQ(t.j["perftrain"]["captured"], "false");
@@ -108,6 +124,12 @@ TEST(CliProfile, TrainProfilesWindowsOfARealRun) {
   const std::string md = perftrain::testing::read_raw(dir + "/window-0.md");
   EXPECT_TRUE(contains(md, "### Diagnosis")) << md;
   EXPECT_TRUE(contains(md, "host: backward")) << md;
+  // The profiled steps timed around themselves, the skipped step before the
+  // window's warm-up as the unprofiled one.
+  EXPECT_TRUE(contains(md, "measured around the 2 profiled steps")) << md;
+  EXPECT_TRUE(contains(md, "| unattributed:")) << md;
+  EXPECT_TRUE(contains(md, "Profiler overhead: profiled step ")) << md;
+  EXPECT_TRUE(contains(md, "unprofiled: median of 1 step just before the window's warm-up")) << md;
 }
 
 }  // namespace

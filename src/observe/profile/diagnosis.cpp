@@ -28,16 +28,29 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
   if (a.step_ms <= 0) return out;
 
   // Launch-bound: the GPU waits for the host between kernels (a quarter of
-  // the step or more) and the kernels are short or many.
-  const double idle = share(a.idle_other_ms, a);
+  // the step or more) and the kernels are short or many. The profiler's own
+  // cost (CUPTI's records per kernel, the recording of each op) shows up as
+  // idle time between kernels: where the unprofiled step was timed, it is
+  // taken out and the share is of the unprofiled step.
+  const StepAccounting acc = account(a, f.measured);
+  const bool corrected = acc.has_profiled && acc.has_unprofiled;
+  const double idle = acc.idle_without_profiler_share;
   if (!a.cpu_only && a.kernels_per_step > 0 && idle >= 0.25 &&
       (a.median_kernel_us < 25 || a.kernels_per_step >= 500 || a.launch_cpu_ms >= 0.7 * a.gpu_busy_ms)) {
     Finding x{"launch-bound", "launch-bound: the GPU is idle between kernels for " + fmt("%.0f%%", 100 * idle) +
-                                  " of the step", "", "", idle};
-    x.evidence = fmt("GPU idle between kernels %.3f ms of %.3f ms per step; %.0f kernels per step, median %.1f us; "
-                     "%.3f ms/step of CPU time in launch calls against %.3f ms of GPU work",
-                     a.idle_other_ms, a.step_ms, a.kernels_per_step, a.median_kernel_us, a.launch_cpu_ms) +
-                 fmt(" (%.3f ms)", a.gpu_busy_ms);
+                                  " of the step" + (corrected ? " (without the profiler's cost)" : ""),
+              "", "", idle};
+    if (corrected)
+      x.evidence = fmt("GPU idle between kernels about %.3f ms of the unprofiled %.3f ms step (%.3f ms in the trace, "
+                       "less the profiler's %.3f ms per step); ",
+                       acc.idle_without_profiler_ms, acc.unprofiled_ms, a.idle_other_ms, acc.overhead_ms);
+    else
+      x.evidence = fmt("GPU idle between kernels %.3f ms of %.3f ms per step (the profiler's own cost included: the "
+                       "unprofiled step was not timed); ",
+                       a.idle_other_ms, a.step_ms);
+    x.evidence += fmt("%.0f kernels per step, median %.1f us; %.3f ms/step of CPU time in launch calls against "
+                      "%.3f ms of GPU work",
+                      a.kernels_per_step, a.median_kernel_us, a.launch_cpu_ms, a.gpu_busy_ms);
     if (!a.captured)
       x.advice = "capture the step in one CUDA graph (speed.graph=true, which needs speed.fused_optimizer=true): "
                  "one launch per step instead of " + fmt("%.0f", a.kernels_per_step) +
@@ -83,7 +96,8 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
 
   // Matrix-bound: matrix products and attention fill the step.
   const double mat = (a.matrix_ms + a.attention_ms) / busy;
-  const double idle_all = share(a.idle_data_ms + a.idle_other_ms, a);
+  const double idle_all = corrected ? (a.idle_data_ms + acc.idle_without_profiler_ms) / acc.unprofiled_ms
+                                    : share(a.idle_data_ms + a.idle_other_ms, a);
   if (!a.cpu_only && mat >= 0.6 && idle_all < 0.15) {
     Finding x{"matrix-bound", "matrix-bound: " + fmt("%.0f%%", 100 * mat) +
                                   " of GPU time is matrix products and attention, the GPU idle " +

@@ -4,7 +4,9 @@
 // the run knows about itself (RunFacts), so tests feed them synthetic ones.
 //
 // Rules (thresholds next to each in diagnosis.cpp):
-//   launch-bound      GPU idle between kernels, many short kernels, launch CPU time
+//   launch-bound      GPU idle between kernels (less the profiler's own cost
+//                     where the unprofiled step was timed), many short
+//                     kernels, launch CPU time
 //   data-bound        GPU idle while the host waited for the loader
 //   elementwise       memory-bound non-matrix kernels' share of GPU time
 //   matrix-bound      matrix products and attention fill the step; achieved
@@ -42,6 +44,9 @@ struct RunFacts {
   std::vector<std::pair<std::string, int64_t>> head_dims;    // "head dim" -> 64
   std::optional<double> memory_total_gib, peak_reserved_gib;
   int64_t alloc_retries = 0;  // caching allocator retries (a full cache freed and retried)
+  // The profiled and the unprofiled step, timed outside the trace: the rules
+  // that read GPU idle time take the profiler's own cost out of it.
+  MeasuredStep measured;
 };
 
 struct Finding {

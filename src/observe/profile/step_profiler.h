@@ -6,6 +6,12 @@
 // torch.profiler's step() does; the trace carries a top-level "perftrain"
 // object (what ran, and whether each step was one CUDA graph launch).
 //
+// It also times the steps outside the trace (CUDA events on the device's
+// current stream around each step, the host clock without CUDA): each
+// window's profiled steps, and up to kUnprofiledSteps steps just before the
+// window's warm-up that ran without the profiler; window_timing(n) has them
+// once window n is saved.
+//
 //   StepProfiler p(opts);
 //   for (int64_t i = 0; ...; ++i) { p.begin_step(i); <step>; p.end_step(i); }
 //   p.finish();
@@ -19,6 +25,7 @@
 #include <vector>
 
 #include "observe/profile/schedule.h"
+#include "observe/profile/timeline.h"
 
 namespace at {
 struct RecordFunction;
@@ -30,7 +37,8 @@ struct ProfilerOptions {
   Schedule schedule;
   std::string dir;            // where the traces go (created)
   std::string tag;            // file name prefix, e.g. "uncaptured-"
-  bool cuda = false;          // CUDA activity (kernels, copies) besides the CPU's
+  bool cuda = false;          // CUDA activity (kernels, copies) besides the CPU's; steps timed by CUDA events
+  int cuda_device = 0;        // the device whose current stream the timing events go on
   bool record_shapes = false; // input shapes and dtypes of each op
   bool profile_memory = false;  // allocator events ([memory]: totals allocated and reserved)
   bool with_stack = false;    // call stacks of ops (Python/TorchScript frames; none in a C++ run)
@@ -59,8 +67,15 @@ class StepProfiler {
   std::function<void(const std::string&, int)> on_saved;
   // Metadata for the windows that follow (e.g. once the step is captured).
   void set_metadata(const std::string& key, const std::string& value) { opts_.metadata[key] = value; }
+  // Window n's steps timed outside the trace (profiled, and unprofiled just
+  // before it: unprofiled_steps 0 when none ran). RuntimeError for a window
+  // not saved.
+  const MeasuredStep& window_timing(int window) const;
+
+  static constexpr int kUnprofiledSteps = 8;
 
  private:
+  struct Clock;
   void apply(const std::vector<Op>& ops, int64_t step);
   void close_step_range();
 
@@ -70,6 +85,8 @@ class StepProfiler {
   int64_t first_step_ = -1;
   std::unique_ptr<at::RecordFunction> step_range_;
   std::vector<std::string> traces_;
+  std::unique_ptr<Clock> clock_;
+  std::vector<MeasuredStep> timings_;  // per saved window
 };
 
 // Writes text into the trace at `path` after its opening brace as

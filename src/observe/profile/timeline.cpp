@@ -383,8 +383,10 @@ StepAnalysis analyze(const Timeline& t) {
   const std::vector<int> parent = nest_host_events(t);
   std::map<std::tuple<std::string, std::string, std::string>, int64_t> syncs;
   int64_t n_syncs = 0;
+  int64_t n_ops = 0;
   for (size_t i = 0; i < t.events.size(); ++i) {
     const Event& e = t.events[i];
+    if (e.kind == EventKind::kCpuOp && in_steps(e.ts)) ++n_ops;
     if (e.kind == EventKind::kCpuOp && is_matrix_op(e.name) && in_window(e.ts) && starts_with(e.input_types, "float"))
       ++a.fp32_matrix_ops;
     if (e.kind != EventKind::kRuntime || !is_sync_call(e.name) || !in_steps(e.ts)) continue;
@@ -401,6 +403,7 @@ StepAnalysis analyze(const Timeline& t) {
   for (const auto& [k, n] : syncs) a.syncs.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), n});
   std::sort(a.syncs.begin(), a.syncs.end(), [](const SyncFinding& x, const SyncFinding& y) { return x.count > y.count; });
   a.syncs_per_step = static_cast<double>(n_syncs) / a.steps;
+  a.ops_per_step = static_cast<double>(n_ops) / a.steps;
 
   // Peak memory per phase, from the allocator's [memory] events.
   std::map<std::string, PhaseMemory> mem;
@@ -528,33 +531,107 @@ std::string format_op_table(const std::vector<OpRow>& rows, GroupBy by) {
   return s.str();
 }
 
-std::string format_breakdown(const StepAnalysis& a, double measured) {
+StepAccounting account(const StepAnalysis& a, const MeasuredStep& m) {
+  StepAccounting c;
+  c.trace_ms = a.step_ms;
+  c.idle_ms = a.cpu_only ? 0 : a.idle_other_ms;
+  c.items = a.cpu_only || a.kernels_per_step <= 0 ? "ATen ops" : "kernels";
+  c.items_per_step = c.items == "kernels" ? a.kernels_per_step : a.ops_per_step;
+  c.has_profiled = m.profiled_ms > 0;
+  c.has_unprofiled = m.unprofiled_ms > 0;
+  if (c.has_profiled) {
+    c.profiled_ms = m.profiled_ms;
+    c.unattributed_ms = m.profiled_ms - a.step_ms;
+    c.difference = (a.step_ms - m.profiled_ms) / m.profiled_ms;
+    c.within_5pct = std::abs(c.difference) <= 0.05;
+  }
+  if (c.has_unprofiled) c.unprofiled_ms = m.unprofiled_ms;
+  if (c.has_profiled && c.has_unprofiled) {
+    c.overhead_ms = m.profiled_ms - m.unprofiled_ms;
+    c.overhead_share = c.overhead_ms / m.unprofiled_ms;
+    if (c.items_per_step > 0) c.cost_per_item_us = 1e3 * c.overhead_ms / c.items_per_step;
+    c.idle_without_profiler_ms = std::max(0.0, c.idle_ms - std::max(0.0, c.overhead_ms));
+    c.idle_without_profiler_share = c.idle_without_profiler_ms / m.unprofiled_ms;
+  } else {
+    c.idle_without_profiler_ms = c.idle_ms;
+    c.idle_without_profiler_share = a.step_ms > 0 ? c.idle_ms / a.step_ms : 0;
+  }
+  return c;
+}
+
+double idle_share_without_profiler(const StepAnalysis& a, const MeasuredStep& m) {
+  return account(a, m).idle_without_profiler_share;
+}
+
+std::string format_breakdown(const StepAnalysis& a, const MeasuredStep& m) {
   std::ostringstream s;
   char buf[1024];
+  const StepAccounting c = account(a, m);
+  const double total = c.has_profiled ? c.profiled_ms : a.step_ms;  // the shares' denominator
   auto line = [&](const std::string& what, double ms) {
-    std::snprintf(buf, sizeof buf, "| %s | %.3f | %.1f%% |\n", what.c_str(), ms, a.step_ms > 0 ? 100 * ms / a.step_ms : 0);
+    std::snprintf(buf, sizeof buf, "| %s | %.3f | %.1f%% |\n", what.c_str(), ms, total > 0 ? 100 * ms / total : 0);
     s << buf;
   };
   if (a.cpu_only) s << "No device activity in this trace: the step is split by the host's innermost phase.\n\n";
-  std::snprintf(buf, sizeof buf, "Step: %.3f ms (window of %d steps, %.3f ms)%s\n\n", a.step_ms, a.steps, a.window_ms,
-                a.captured ? "; each step is one CUDA graph launch, so its kernels are not split by phase "
-                             "(--profile-uncaptured profiles the same step eagerly)"
-                           : "");
+  std::snprintf(buf, sizeof buf, "Step: %.3f ms in the trace (window of %d steps, %.3f ms)", a.step_ms, a.steps,
+                a.window_ms);
   s << buf;
-  s << "| part of the step | ms/step | share |\n|---|---|---|\n";
+  if (c.has_profiled) {
+    std::snprintf(buf, sizeof buf, "; %.3f ms measured around the %d profiled steps (%s)", c.profiled_ms,
+                  m.profiled_steps, a.cpu_only ? "host clock" : "CUDA events");
+    s << buf;
+  }
+  if (a.captured)
+    s << "; each step is one CUDA graph launch, so its kernels are not split by phase (--profile-uncaptured "
+         "profiles the same step eagerly)";
+  s << "\n\n| part of the step | ms/step | share |\n|---|---|---|\n";
   for (const auto& p : a.busy_by_phase) line((a.cpu_only ? "host: " : "GPU busy: ") + p.phase, p.ms);
   if (!a.cpu_only) {
     line("GPU idle: waiting for data", a.idle_data_ms);
-    line("GPU idle: between kernels (launch and host gaps)", a.idle_other_ms);
+    line("GPU idle: between kernels (launch and host gaps; the profiler's cost included)", a.idle_other_ms);
   }
+  if (c.has_profiled) line("unattributed: the measured profiled step less the trace's window", c.unattributed_ms);
   std::snprintf(buf, sizeof buf, "| **sum** | **%.3f** | |\n",
-                a.gpu_busy_ms + a.idle_data_ms + a.idle_other_ms);
+                a.gpu_busy_ms + a.idle_data_ms + a.idle_other_ms + (c.has_profiled ? c.unattributed_ms : 0));
   s << buf;
-  if (measured > 0) {
+  s << "\n";
+  if (c.has_profiled) {
     std::snprintf(buf, sizeof buf,
-                  "\nMeasured step time: %.3f ms; the breakdown sums to %.3f ms (%+.1f%%).\n", measured, a.step_ms,
-                  100 * (a.step_ms - measured) / measured);
+                  "Breakdown against the profiled step: the trace's parts sum to %.3f ms, the profiled step measured "
+                  "%.3f ms: %+.3f ms (%+.1f%%), %s.\n",
+                  c.trace_ms, c.profiled_ms, c.trace_ms - c.profiled_ms, 100 * c.difference,
+                  c.within_5pct ? "within 5%" : "NOT within 5%");
     s << buf;
+  } else {
+    s << "Breakdown against the profiled step: not measured (no timed profiled steps).\n";
+  }
+  if (c.has_profiled && c.has_unprofiled) {
+    std::snprintf(buf, sizeof buf,
+                  "Profiler overhead: profiled step %.3f ms vs unprofiled %.3f ms (%+.1f%%, about %.0f %s x %.2f us)",
+                  c.profiled_ms, c.unprofiled_ms, 100 * c.overhead_share, c.items_per_step, c.items.c_str(),
+                  c.cost_per_item_us);
+    s << buf;
+    if (m.unprofiled_steps > 0) {
+      std::snprintf(buf, sizeof buf, "; unprofiled: median of %d step%s%s%s", m.unprofiled_steps,
+                    m.unprofiled_steps == 1 ? "" : "s", m.unprofiled_what.empty() ? "" : " ",
+                    m.unprofiled_what.c_str());
+      s << buf;
+    }
+    s << ".\n";
+    if (!a.cpu_only) {
+      std::snprintf(buf, sizeof buf,
+                    "GPU idle between kernels without the profiler's cost: about %.3f ms/step (%.1f%% of the "
+                    "unprofiled step; %.3f ms in the trace).\n",
+                    c.idle_without_profiler_ms, 100 * c.idle_without_profiler_share, c.idle_ms);
+      s << buf;
+    }
+  } else if (c.has_unprofiled) {
+    std::snprintf(buf, sizeof buf, "Profiler overhead: unknown (unprofiled %.3f ms; the profiled steps were not timed).\n",
+                  c.unprofiled_ms);
+    s << buf;
+  } else {
+    s << "Profiler overhead: unknown (no steps ran without the profiler just before the window: give the schedule "
+         "wait or skip_first steps); GPU idle between kernels includes the profiler's own cost.\n";
   }
   if (a.cpu_only) {
     std::snprintf(buf, sizeof buf, "\nHost data wait %.3f ms/step.\n", a.data_wait_ms);
@@ -577,9 +654,9 @@ std::string format_breakdown(const StepAnalysis& a, double measured) {
   s << buf;
   if (!a.memory.empty()) {
     s << "\n| phase | peak allocated GiB | peak reserved GiB |\n|---|---|---|\n";
-    for (const auto& m : a.memory) {
-      std::snprintf(buf, sizeof buf, "| %s | %.2f | %.2f |\n", m.phase.c_str(), m.peak_allocated_gib,
-                    m.peak_reserved_gib);
+    for (const auto& pm : a.memory) {
+      std::snprintf(buf, sizeof buf, "| %s | %.2f | %.2f |\n", pm.phase.c_str(), pm.peak_allocated_gib,
+                    pm.peak_reserved_gib);
       s << buf;
     }
   }

@@ -93,6 +93,7 @@ struct StepAnalysis {
   int64_t fp32_matrix_ops = 0;  // aten matrix ops on float inputs (only with shapes recorded)
 
   double kernels_per_step = 0;
+  double ops_per_step = 0;        // ATen ops (cpu_op events) in the steps
   double median_kernel_us = 0;
   double launch_cpu_ms = 0;       // host time in launch calls per step
   double h2d_bytes = 0, d2h_bytes = 0;  // per step
@@ -125,7 +126,48 @@ struct OpRow {
 std::vector<OpRow> op_table(const Timeline& t, GroupBy by, size_t top = 0);
 std::string format_op_table(const std::vector<OpRow>& rows, GroupBy by);
 
-// The breakdown as a Markdown table, with the measured step time when known.
-std::string format_breakdown(const StepAnalysis& a, double measured_step_ms = 0);
+// The step as measured outside the trace, in the same process and run: CUDA
+// events around each profiled step (the host clock on the CPU), and the same
+// step function timed just before the window without the profiler.
+struct MeasuredStep {
+  double profiled_ms = 0;    // per step: from the first profiled step's start to the last one's end; 0: unknown
+  int profiled_steps = 0;
+  double unprofiled_ms = 0;  // per step, the median; 0: unknown
+  int unprofiled_steps = 0;
+  std::string unprofiled_what;  // how they were taken, for the report ("timed before the profiler started")
+};
+
+// The breakdown against the measured step. The trace's parts sum to
+// a.step_ms; what the measured profiled step holds beyond that is
+// `unattributed` (negative when the trace's window is the longer), so the
+// parts plus it are the profiled step exactly. What the profiled step takes
+// beyond the unprofiled one is the profiler's own cost; it lands in the
+// trace as GPU idle between kernels (CUPTI's records, the ops' recording),
+// so that idle time less the overhead is the idle time of the step as it
+// runs without the profiler.
+struct StepAccounting {
+  bool has_profiled = false, has_unprofiled = false;
+  double trace_ms = 0;                 // the breakdown's parts
+  double profiled_ms = 0, unattributed_ms = 0;
+  double difference = 0;               // (trace - profiled) / profiled
+  bool within_5pct = false;
+  double unprofiled_ms = 0;
+  double overhead_ms = 0, overhead_share = 0;  // profiled - unprofiled; over unprofiled
+  double items_per_step = 0;           // kernels (ATen ops on the CPU) per step
+  std::string items = "kernels";
+  double cost_per_item_us = 0;         // overhead / items
+  double idle_ms = 0;                  // GPU idle between kernels in the trace
+  double idle_without_profiler_ms = 0; // idle_ms less the overhead (not below 0)
+  double idle_without_profiler_share = 0;  // over the unprofiled step
+};
+StepAccounting account(const StepAnalysis& a, const MeasuredStep& m);
+
+// GPU idle between kernels as a share of the step, without the profiler's
+// cost where the overhead is known (the trace's share otherwise).
+double idle_share_without_profiler(const StepAnalysis& a, const MeasuredStep& m);
+
+// The breakdown as a Markdown table; with the measured step, its
+// "unattributed" row, the 5% check and the profiler overhead line.
+std::string format_breakdown(const StepAnalysis& a, const MeasuredStep& m = {});
 
 }  // namespace perftrain::observe::profile

@@ -10,7 +10,7 @@ WindowReport report_window(const Timeline& t, const RunFacts& facts, const Windo
   r.findings = diagnose(r.analysis, facts);
   std::ostringstream s;
   if (!o.title.empty()) s << "## " << o.title << "\n\n";
-  s << "### Where the step's time goes\n\n" << format_breakdown(r.analysis, o.measured_step_ms);
+  s << "### Where the step's time goes\n\n" << format_breakdown(r.analysis, facts.measured);
   s << "\n### Top " << o.top << " by " << to_string(o.group_by) << "\n\n"
     << format_op_table(op_table(t, o.group_by, o.top), o.group_by);
   s << "\n### Diagnosis\n\n" << format_findings(r.findings);

@@ -1,6 +1,8 @@
 // One profiled window in words: its breakdown, the top of the op table and the
 // diagnosis, as Markdown (what `perftrain profile` prints and writes into
 // profile.md, and `perftrain train --profile` writes beside each trace).
+// The breakdown is checked against facts.measured (the profiled and the
+// unprofiled step timed outside the trace).
 #pragma once
 
 #include <string>
@@ -13,7 +15,6 @@ namespace perftrain::observe::profile {
 struct WindowReportOptions {
   GroupBy group_by = GroupBy::kKernel;
   size_t top = 15;
-  double measured_step_ms = 0;  // the same step timed without the profiler; 0: unknown
   std::string title;
 };
 
