@@ -2,7 +2,8 @@
 // gradients agree with at::silu(gate) * up on narrow() views of a leaf and
 // with the closed-form derivative (odd F, 1-d to 4-d inputs, no rows);
 // reduced dtypes compute in fp32 and keep their dtype, fp64 stays fp64 in
-// the reference; strided inputs; bad inputs raise UsageError.
+// the reference; strided inputs; bad inputs raise UsageError; the kernels'
+// host-side access-width rule and size checks.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>
@@ -13,11 +14,16 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cuda_bf16.h>
+
+#include <cstdint>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
+#include "kernels/swiglu.h"
 #include "ops/swiglu.h"
 #include "support/tensor_checks.h"
 #include "support/test_support.h"
@@ -164,6 +170,41 @@ TEST(Swiglu, BadInputsRaiseUsageError) {
   // fp64 is for the reference (the float64 comparisons of the GPU tests), not the op.
   EXPECT_NE(error_of<UsageError>([&] { swiglu(at::randn({4, 8}).to(at::kDouble)); }).find("gate_up must be float32"),
             std::string::npos);
+}
+
+// The kernels' host-side rules (no GPU needed): the access width is the
+// widest of 8, 4, 2, 1 elements that divides F and keeps every pointer
+// aligned to one access (at most 16 bytes); bad sizes throw before launching.
+TEST(Swiglu, KernelVectorWidthAndSizeChecks) {
+  using kernels::swiglu_vector_width;
+  alignas(16) static unsigned char buf[64];
+  const void* a16 = buf;
+  for (const int f : {1024, 3072, 2752, 8}) {
+    EXPECT_EQ(swiglu_vector_width<__nv_bfloat16>(f, a16, a16, nullptr), 8) << f;
+    EXPECT_EQ(swiglu_vector_width<float>(f, a16, a16, a16), 8) << f;
+  }
+  EXPECT_EQ(swiglu_vector_width<__nv_bfloat16>(1028, a16, a16, a16), 4);
+  EXPECT_EQ(swiglu_vector_width<__nv_bfloat16>(1030, a16, a16, a16), 2);
+  EXPECT_EQ(swiglu_vector_width<__nv_bfloat16>(1001, a16, a16, a16), 1);
+  EXPECT_EQ(swiglu_vector_width<float>(1028, a16, a16, a16), 4);
+  // Alignment: bf16 8 elements need 16 bytes, 4 need 8, 2 need 4; fp32 8 and 4 need 16, 2 need 8.
+  EXPECT_EQ(swiglu_vector_width<__nv_bfloat16>(1024, a16, buf + 8, nullptr), 4);
+  EXPECT_EQ(swiglu_vector_width<__nv_bfloat16>(1024, buf + 4, a16, nullptr), 2);
+  EXPECT_EQ(swiglu_vector_width<__nv_bfloat16>(1024, a16, a16, buf + 2), 1);
+  EXPECT_EQ(swiglu_vector_width<float>(1024, a16, buf + 8, nullptr), 2);
+  EXPECT_EQ(swiglu_vector_width<float>(1024, buf + 4, a16, nullptr), 1);
+  EXPECT_EQ(swiglu_vector_width<float>(1024, a16, a16, buf + 16), 8);
+
+  using bf16 = __nv_bfloat16;
+  const bf16* in = reinterpret_cast<const bf16*>(buf);
+  bf16* out = reinterpret_cast<bf16*>(buf + 32);
+  EXPECT_THROW(kernels::swiglu_forward<bf16>(in, out, 1, 0, nullptr), std::invalid_argument);
+  EXPECT_THROW(kernels::swiglu_forward<bf16>(in, out, -1, 4, nullptr), std::invalid_argument);
+  EXPECT_THROW(kernels::swiglu_forward<bf16>(in, out, 1, kernels::kSwigluMaxCols + 1, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(kernels::swiglu_backward<bf16>(in, in, out, 1, 0, nullptr), std::invalid_argument);
+  EXPECT_THROW(kernels::swiglu_backward<bf16>(in, nullptr, out, 2, 4, nullptr), std::invalid_argument);
+  kernels::swiglu_forward<bf16>(in, out, 0, 4, nullptr);  // no rows: nothing to launch
 }
 
 }  // namespace
