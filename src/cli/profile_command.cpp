@@ -53,7 +53,7 @@ struct ProfileArgs {
   int64_t image_size = 32, in_channels = 4, num_classes = 1000;
   uint64_t seed = 0;
   bool uncaptured = false, record_shapes = false, profile_memory = false, with_stack = false, gzip = false;
-  bool memory_snapshot = false;
+  bool memory_snapshot = false, scopes_only = false;
   double slow_data_ms = 0;
   std::vector<std::string> overrides;
 };
@@ -168,11 +168,13 @@ Pass run_pass(const ProfileArgs& a, const train::TrainConfig& cfg, models::Diffu
   po.profile_memory = a.profile_memory;
   po.with_stack = a.with_stack;
   po.gzip = a.gzip;
+  po.scopes_only = a.scopes_only;
   po.sync = [device] { compat::synchronize(device); };
   po.metadata = {{"model", cfg.model.name},
                  {"batch", std::to_string(cfg.optim.batch_size)},
                  {"precision", cfg.optim.precision},
                  {"step_mode", p.step_mode},
+                 {"ops_recorded", a.scopes_only ? "false: perftrain scopes only (--profile-scopes-only)" : "true"},
                  {"captured", runner.graph_active() ? "true: each step is one CUDA graph launch; its kernels are not "
                                                       "split by phase (perftrain profile --profile-uncaptured)"
                                                     : "false"}};
@@ -258,7 +260,8 @@ void run(const ProfileArgs& a) {
      << "; [speed] ";
   for (const auto& [k, val] : train::config_fields(cfg, "speed")) md << k << " = " << val << ", ";
   md << "data.prefetch = " << cfg.data.prefetch << "\n- data: " << ds->describe() << "\n- schedule: "
-     << op::to_string(op::parse_schedule(a.schedule)) << "\n";
+     << op::to_string(op::parse_schedule(a.schedule))
+     << (a.scopes_only ? "; --profile-scopes-only: the perftrain scopes are recorded, not each ATen op" : "") << "\n";
   if (cuda)
     md << "- bf16 matmul peak measured in this run: "
        << (peak.tflops ? ob::format_number(peak.tflops, 1) + " TFLOP/s" : peak.note)
@@ -331,6 +334,9 @@ void add_profile_command(CLI::App& app) {
   cmd->add_flag("--profile-memory", a->profile_memory, "record allocator events: peak memory per phase");
   cmd->add_flag("--with-stack", a->with_stack, "record call stacks (and C++ stacks in the memory snapshot)");
   cmd->add_flag("--gzip", a->gzip, "write the traces as .json.gz");
+  cmd->add_flag("--profile-scopes-only", a->scopes_only,
+                "record the perftrain scopes, not each ATen op (and no per-op CUPTI correlation): less profiler "
+                "cost in eager steps; --group-by op is then empty");
   cmd->add_flag("--memory-snapshot", a->memory_snapshot,
                 "record allocations during the profiled steps and write memory_snapshot.pickle "
                 "(pytorch.org/memory_viz opens it)");

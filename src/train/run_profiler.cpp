@@ -34,7 +34,8 @@ op::RunFacts run_facts(const TrainConfig& cfg, const std::string& precision) {
 }
 
 RunProfiler::RunProfiler(const std::string& schedule, const TrainConfig& cfg, const std::string& precision,
-                         at::Device device, const std::string& run_dir, const StepRunner& runner, std::ostream& log)
+                         at::Device device, const std::string& run_dir, const StepRunner& runner, std::ostream& log,
+                         bool scopes_only)
     : runner_(runner), log_(log), device_(device), facts_(run_facts(cfg, precision)) {
   op::ProfilerOptions o;
   o.schedule = op::parse_schedule(schedule, "--profile");
@@ -42,10 +43,12 @@ RunProfiler::RunProfiler(const std::string& schedule, const TrainConfig& cfg, co
   o.cuda = device.is_cuda();
   o.cuda_device = device.is_cuda() ? device.index() : 0;
   o.profile_memory = true;
+  o.scopes_only = scopes_only;
   o.sync = [device] { compat::synchronize(device); };
   o.metadata["model"] = cfg.model.name;
   o.metadata["batch"] = std::to_string(cfg.optim.batch_size);
   o.metadata["precision"] = precision;
+  o.metadata["ops_recorded"] = scopes_only ? "false: perftrain scopes only (--profile-scopes-only)" : "true";
   profiler_ = std::make_unique<op::StepProfiler>(o);
   profiler_->on_saved = [this](const std::string& trace, int window) { saved(trace, window); };
   log_ << "profile: schedule " << op::to_string(o.schedule) << " (steps counted from this run's first), traces in "

@@ -32,8 +32,9 @@ observe::profile::RunFacts run_facts(const TrainConfig& cfg, const std::string& 
 class RunProfiler {
  public:
   // schedule: "wait=1,warmup=1,active=2,repeat=1" (UsageError naming --profile).
+  // scopes_only: --profile-scopes-only (observe::profile::ProfilerOptions::scopes_only).
   RunProfiler(const std::string& schedule, const TrainConfig& cfg, const std::string& precision, at::Device device,
-              const std::string& run_dir, const StepRunner& runner, std::ostream& log);
+              const std::string& run_dir, const StepRunner& runner, std::ostream& log, bool scopes_only = false);
   ~RunProfiler();
   // index: the step's number in this run, counted from 0.
   void begin_step(int64_t index);

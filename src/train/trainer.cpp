@@ -225,7 +225,8 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   // --profile: windows of this run under the profiler (train/run_profiler.h).
   std::unique_ptr<RunProfiler> profiler;
   if (!opts.profile.empty())
-    profiler = std::make_unique<RunProfiler>(opts.profile, cfg, precision, device, run.path(), runner, log);
+    profiler = std::make_unique<RunProfiler>(opts.profile, cfg, precision, device, run.path(), runner, log,
+                                             opts.profile_scopes_only);
   std::string graph_status;
   bool tuning_logged = false;
   // Training health (docs/guide/health.md): the detectors over the monitored

@@ -26,6 +26,7 @@ struct TrainOptions {
   // --profile: a profiler schedule ("wait=1,warmup=1,active=2,repeat=1",
   // observe/profile/schedule.h) over this run's steps; empty: none.
   std::string profile;
+  bool profile_scopes_only = false;  // --profile-scopes-only: the perftrain scopes, not each ATen op
 };
 
 struct TrainSummary {

@@ -92,6 +92,35 @@ TEST(CliProfile, ProfilesAStepOnTheCpu) {
   EXPECT_EQ(again.code, 2) << again.output;
 }
 
+// --profile-scopes-only: the perftrain scopes in the trace, no ATen ops; the
+// report still splits the step by phase and says what it measured.
+TEST(CliProfile, ScopesOnlyForProfileAndTrain) {
+  TempDir tmp;
+  auto ops_in = [](const std::string& path) {
+    int n = 0;
+    for (const auto& e : Trace(path).j["traceEvents"]) n += e.value("cat", "") == "cpu_op";
+    return n;
+  };
+  const std::string out = tmp.file("p");
+  auto r = run("profile" + kTinyModel + " --model DiT-T/4 --batch 2 --variant eager-fp32 --timed-steps 2"
+               " --schedule wait=1,warmup=1,active=2 --profile-scopes-only --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "--profile-scopes-only: the perftrain scopes are recorded")) << r.output;
+  EXPECT_TRUE(contains(r.output, "host: backward")) << r.output;
+  EXPECT_TRUE(contains(r.output, "Profiler overhead: profiled step ")) << r.output;
+  const Trace t(out + "/window-0.json");
+  EXPECT_EQ(t.j["perftrain"]["ops_recorded"], "false: perftrain scopes only (--profile-scopes-only)");
+  EXPECT_TRUE(t.nested("perftrain::backward", "perftrain::step"));
+  EXPECT_EQ(ops_in(out + "/window-0.json"), 0);
+  r = run("train --data synthetic --steps 4 --batch-size 2 --run-name r --runs-dir " + tmp.path() + kTinyModel +
+          " --set log.sample_per_class=1 --set diffusion.sample_steps=1 --set log.sample_classes=2"
+          " --profile skip_first=1,warmup=1,active=1 --profile-scopes-only");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string trace = tmp.file("r/profile/window-0.json");
+  EXPECT_TRUE(Trace(trace).has("perftrain::backward"));
+  EXPECT_EQ(ops_in(trace), 0);
+}
+
 TEST(CliProfile, BadOptionsExit2NamingThem) {
   TempDir tmp;
   auto r = run("profile --device cpu --schedule active=0 --out " + tmp.file("a"));

@@ -131,6 +131,38 @@ TEST(ProfileTrace, GzipAndRepeatedWindows) {
   EXPECT_EQ(analyze(load_trace(p.traces()[0])).steps, 1);
 }
 
+// --profile-scopes-only: the perftrain scopes and the steps, not the ATen ops.
+TEST(ProfileTrace, ScopesOnlyRecordsTheScopesNotTheOps) {
+  perftrain::testing::TempDir tmp;
+  for (const bool only : {false, true}) {
+    ProfilerOptions o;
+    o.schedule = Schedule{0, 0, 1, 2, 1};
+    o.dir = tmp.file(only ? "only" : "all");
+    o.scopes_only = only;
+    StepProfiler p(o);
+    for (int64_t i = 0; i < 3; ++i) {
+      p.begin_step(i);
+      work(i);
+      p.end_step(i);
+    }
+    p.finish();
+    ASSERT_EQ(p.traces().size(), 1u);
+    const auto j = nlohmann::json::parse(perftrain::testing::read_raw(p.traces()[0]));
+    int ops = 0;
+    for (const auto& e : j["traceEvents"]) ops += e.value("cat", "") == "cpu_op";
+    const auto& ev = j["traceEvents"];
+    EXPECT_NE(find_event(ev, "perftrain::block 1"), nullptr) << only;
+    EXPECT_NE(find_event(ev, "ProfilerStep#2"), nullptr) << only;
+    EXPECT_EQ(find_event(ev, "aten::matmul") != nullptr, !only);
+    if (only) EXPECT_EQ(ops, 0);
+    else EXPECT_GT(ops, 4);
+    const StepAnalysis a = analyze(load_trace(p.traces()[0]));
+    EXPECT_EQ(a.steps, 2);
+    EXPECT_GT(a.busy_by_phase.size(), 0u);  // the host time still split by phase
+    EXPECT_EQ(op_table(load_trace(p.traces()[0]), GroupBy::kOp).empty(), only);
+  }
+}
+
 TEST(ProfileTrace, ScopesWithoutAProfilerDoNothing) {
   for (int64_t i = 0; i < 3; ++i) work(i);  // no profiler: no error, nothing recorded
   SUCCEED();

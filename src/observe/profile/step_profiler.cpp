@@ -13,6 +13,7 @@
 #include <deque>
 #include <fstream>
 #include <sstream>
+#include <unordered_set>
 
 #include "base/error.h"
 #include "base/fs.h"
@@ -25,6 +26,7 @@ namespace prof = torch::profiler::impl;
 
 prof::ProfilerConfig make_config(const ProfilerOptions& o) {
   prof::ExperimentalConfig experimental;
+  experimental.disable_external_correlation = o.scopes_only;
   return prof::ProfilerConfig(prof::ProfilerState::KINETO, o.record_shapes, o.profile_memory, o.with_stack,
                               /*with_flops=*/false, /*with_modules=*/false, experimental);
 }
@@ -33,6 +35,13 @@ std::set<prof::ActivityType> activities(const ProfilerOptions& o) {
   std::set<prof::ActivityType> a = {prof::ActivityType::CPU};
   if (o.cuda) a.insert(prof::ActivityType::CUDA);
   return a;
+}
+
+// The RecordFunction scopes the profiler records: all (empty), or the user
+// scopes only (the perftrain scopes and ProfilerStep).
+std::unordered_set<at::RecordScope> scopes(const ProfilerOptions& o) {
+  if (o.scopes_only) return {at::RecordScope::USER_SCOPE};
+  return {};
 }
 
 std::string read_all(const std::string& path) {
@@ -215,7 +224,7 @@ void StepProfiler::apply(const std::vector<Op>& ops, int64_t step) {
         if (!prepared_) torch::autograd::profiler::prepareProfiler(make_config(opts_), activities(opts_));
         if (opts_.sync) opts_.sync();  // the window starts from an idle device
         clock_->before_window_ms = clock_->take_unprofiled();
-        torch::autograd::profiler::enableProfiler(make_config(opts_), activities(opts_));
+        torch::autograd::profiler::enableProfiler(make_config(opts_), activities(opts_), scopes(opts_));
         enabled_ = true;
         first_step_ = step;
         break;
@@ -224,7 +233,7 @@ void StepProfiler::apply(const std::vector<Op>& ops, int64_t step) {
         close_step_range();
         if (!enabled_ && !prepared_) break;
         if (!enabled_) {  // a warm-up without a window: start and stop to release the profiler
-          torch::autograd::profiler::enableProfiler(make_config(opts_), activities(opts_));
+          torch::autograd::profiler::enableProfiler(make_config(opts_), activities(opts_), scopes(opts_));
         }
         if (opts_.sync) opts_.sync();  // the window's GPU work is complete in its trace
         auto result = torch::autograd::profiler::disableProfiler();

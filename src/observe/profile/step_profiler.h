@@ -43,6 +43,15 @@ struct ProfilerOptions {
   bool profile_memory = false;  // allocator events ([memory]: totals allocated and reserved)
   bool with_stack = false;    // call stacks of ops (Python/TorchScript frames; none in a C++ run)
   bool gzip = false;          // write .json.gz
+  // Record the perftrain scopes and ProfilerStep ranges (RecordFunction user
+  // scopes) but not each ATen op, and push no CUPTI external correlation per
+  // op (ExperimentalConfig::disable_external_correlation): less of the
+  // profiler's cost per op in eager steps. The kernels are still charged to
+  // the scope that launched them; the op table by op is empty and host syncs
+  // lose the op around them. It does not lower CUPTI's cost per kernel, which
+  // libtorch's API has no switch for (Kineto records each kernel of a graph
+  // replay, not the launch as one activity).
+  bool scopes_only = false;
   std::function<void()> sync;  // waits for the device; called before a window starts and ends
   std::map<std::string, std::string> metadata;  // into the trace's "perftrain" object
 };
