@@ -49,15 +49,18 @@ SingleStreamAttention::SingleStreamAttention(int64_t hidden, int64_t heads, at::
   register_module("proj", &proj);
 }
 
-at::Tensor SingleStreamAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+at::Tensor SingleStreamAttention::forward(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin,
                                           const at::Tensor& mask) const {
-  const int64_t B = x.size(0), T = x.size(1), D = x.size(2), hd = D / heads_;
-  const auto parts = qkv.forward(x).view({B, T, 3, heads_, hd}).permute({2, 0, 3, 1, 4}).unbind(0);  // [B, H, T, hd]
-  const at::Tensor q = nn::apply_rope(q_norm.forward(parts[0]), cos, sin);
-  const at::Tensor k = nn::apply_rope(k_norm.forward(parts[1]), cos, sin);
-  const std::optional<at::Tensor> m = mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
-  const at::Tensor o = at::scaled_dot_product_attention(q, k, parts[2], m);  // [B, H, T, hd]
-  return proj.forward(o.transpose(1, 2).reshape({B, T, D}));
+  return hooked({x_in}, [&](at::TensorList in) {  // the hook point (nn/module.h): x is the input it watches
+    const at::Tensor& x = in[0];
+    const int64_t B = x.size(0), T = x.size(1), D = x.size(2), hd = D / heads_;
+    const auto parts = qkv.forward(x).view({B, T, 3, heads_, hd}).permute({2, 0, 3, 1, 4}).unbind(0);  // [B, H, T, hd]
+    const at::Tensor q = nn::apply_rope(q_norm.forward(parts[0]), cos, sin);
+    const at::Tensor k = nn::apply_rope(k_norm.forward(parts[1]), cos, sin);
+    const std::optional<at::Tensor> m = mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
+    const at::Tensor o = at::scaled_dot_product_attention(q, k, parts[2], m);  // [B, H, T, hd]
+    return proj.forward(o.transpose(1, 2).reshape({B, T, D}));
+  });
 }
 
 SingleStreamBlock::SingleStreamBlock(const DiTConfig& cfg, at::Generator& gen)
@@ -78,13 +81,16 @@ SingleStreamBlock::SingleStreamBlock(const DiTConfig& cfg, at::Generator& gen)
   register_module("adaLN_modulation", &adaLN_modulation);
 }
 
-at::Tensor SingleStreamBlock::forward(const at::Tensor& x, const at::Tensor& silu_c, const at::Tensor& cos,
+at::Tensor SingleStreamBlock::forward(const at::Tensor& x_in, const at::Tensor& silu_c_in, const at::Tensor& cos,
                                       const at::Tensor& sin, const at::Tensor& mask) const {
-  const auto mod = adaLN_modulation.forward(silu_c).chunk(4, 1);  // scale, gate (attention); scale, gate (FFN)
-  at::Tensor h = attn_norm.forward(x) * (1 + mod[0].unsqueeze(1));
-  const at::Tensor x1 = x + at::tanh(mod[1]).unsqueeze(1) * attn_post_norm.forward(attn.forward(h, cos, sin, mask));
-  h = ffn_norm.forward(x1) * (1 + mod[2].unsqueeze(1));
-  return x1 + at::tanh(mod[3]).unsqueeze(1) * ffn_post_norm.forward(ffn.forward(h));
+  return hooked({x_in, silu_c_in}, [&](at::TensorList in) {
+    const at::Tensor &x = in[0], &silu_c = in[1];
+    const auto mod = adaLN_modulation.forward(silu_c).chunk(4, 1);  // scale, gate (attention); scale, gate (FFN)
+    at::Tensor h = attn_norm.forward(x) * (1 + mod[0].unsqueeze(1));
+    const at::Tensor x1 = x + at::tanh(mod[1]).unsqueeze(1) * attn_post_norm.forward(attn.forward(h, cos, sin, mask));
+    h = ffn_norm.forward(x1) * (1 + mod[2].unsqueeze(1));
+    return x1 + at::tanh(mod[3]).unsqueeze(1) * ffn_post_norm.forward(ffn.forward(h));
+  });
 }
 
 SingleStreamFinalLayer::SingleStreamFinalLayer(const DiTConfig& cfg, at::Generator& gen)
@@ -97,8 +103,10 @@ SingleStreamFinalLayer::SingleStreamFinalLayer(const DiTConfig& cfg, at::Generat
 }
 
 at::Tensor SingleStreamFinalLayer::forward(const at::Tensor& x, const at::Tensor& silu_c) const {
-  const at::Tensor scale = adaLN_modulation.forward(silu_c).unsqueeze(1);
-  return linear.forward(nn::rms_norm(x, at::Tensor()) * (1 + scale));
+  return hooked({x, silu_c}, [this](at::TensorList in) {
+    const at::Tensor scale = adaLN_modulation.forward(in[1]).unsqueeze(1);
+    return linear.forward(nn::rms_norm(in[0], at::Tensor()) * (1 + scale));
+  });
 }
 
 ConditionEmbedder::ConditionEmbedder(int64_t cond_dim, int64_t hidden, at::Generator& gen)
@@ -108,7 +116,7 @@ ConditionEmbedder::ConditionEmbedder(int64_t cond_dim, int64_t hidden, at::Gener
 }
 
 at::Tensor ConditionEmbedder::forward(const at::Tensor& features) const {
-  return linear.forward(norm.forward(features));
+  return hooked({features}, [this](at::TensorList in) { return linear.forward(norm.forward(in[0])); });
 }
 
 SingleStreamDiT::SingleStreamDiT(const DiTConfig& cfg, uint64_t seed)
@@ -170,6 +178,11 @@ std::pair<at::Tensor, at::Tensor> SingleStreamDiT::condition_tokens(const Condit
 
 at::Tensor SingleStreamDiT::forward(const at::Tensor& x, const at::Tensor& t, const Condition& cond,
                                     const DiTExecution& exec) const {
+  return hooked({x, t}, [&](at::TensorList in) { return forward_body(in[0], in[1], cond, exec); });
+}
+
+at::Tensor SingleStreamDiT::forward_body(const at::Tensor& x, const at::Tensor& t, const Condition& cond,
+                                         const DiTExecution& exec) const {
   const int64_t B = x.size(0), C = x.size(1), p = cfg_.patch, g = cfg_.image_size / p, Tc = cfg_.cond_tokens;
   const at::Tensor silu_c = at::silu(t_embedder.forward(t));  // [B, D]
   const at::Tensor patches = x.reshape({B, C, g, p, g, p}).permute({0, 2, 4, 1, 3, 5}).reshape({B, g * g, C * p * p});

@@ -86,6 +86,9 @@ class SingleStreamDiT : public DiffusionModel {
 
  private:
   SingleStreamDiT(const DiTConfig& cfg, at::Generator gen);
+  // forward() without the model's own hooks (forward() runs it through them).
+  at::Tensor forward_body(const at::Tensor& x, const at::Tensor& t, const Condition& cond,
+                          const DiTExecution& exec) const;
   // [B, Tc, D] condition tokens, and the key mask [B, 1, 1, Tc + T] (undefined: none).
   std::pair<at::Tensor, at::Tensor> condition_tokens(const Condition& cond, int64_t batch) const;
 

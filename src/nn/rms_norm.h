@@ -15,7 +15,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps = 
 class RMSNorm : public Module {
  public:
   RMSNorm(int64_t dim, at::Generator& gen, bool affine = true, double eps = 1e-6);
-  at::Tensor forward(const at::Tensor& x) const { return rms_norm(x, weight, eps_); }
+  at::Tensor forward(const at::Tensor& x) const {
+    return hooked({x}, [this](at::TensorList in) { return rms_norm(in[0], weight, eps_); });
+  }
 
   at::Tensor weight;  // [dim] or undefined
 

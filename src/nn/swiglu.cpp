@@ -13,7 +13,9 @@ SwiGLU::SwiGLU(int64_t dim, int64_t hidden, at::Generator& gen)
 }
 
 at::Tensor SwiGLU::forward(const at::Tensor& x) const {
-  return down.forward(at::silu(gate.forward(x)) * up.forward(x));
+  return hooked({x}, [this](at::TensorList in) {
+    return down.forward(at::silu(gate.forward(in[0])) * up.forward(in[0]));
+  });
 }
 
 }  // namespace perftrain::nn

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -49,6 +50,25 @@ TEST(CliViews, SummaryInEveryFormat) {
   const std::string md = perftrain::testing::read_raw(tmp.file("s.md"));
   EXPECT_NE(md.find("| `final_layer` | FinalLayer |"), std::string::npos) << md;
   EXPECT_NE(md.find("training memory estimate"), std::string::npos);
+}
+
+// A single-stream model's modules fire their hooks too: every block and its
+// attention, norms and SwiGLU have an output shape, and the attention's
+// mult-adds hold its two [T, T] products (T = 1 class token + 256 patches).
+TEST(CliViews, SummaryOfASingleStreamModelShowsItsHierarchy) {
+  auto r = run("summary SS-S/2 --batch 2 --depth 3 --format csv");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* row :
+       {"\nblocks.0,SingleStreamBlock,2,2x257x384,1,", "\nblocks.11,SingleStreamBlock,2,2x257x384,1,",
+        "\nblocks.0.attn_norm,RMSNorm,3,2x257x384,1,", "\nblocks.0.ffn,SwiGLU,3,2x257x384,1,",
+        "\nblocks.0.ffn_post_norm,RMSNorm,3,2x257x384,1,", "\nfinal_layer,SingleStreamFinalLayer,1,2x256x32,1,"})
+    EXPECT_NE(r.output.find(row), std::string::npos) << row << "\n" << r.output;
+  const double B = 2, T = 257, D = 384;
+  const double attn = B * T * D * 3 * D + B * T * D * D + 2 * B * T * T * D;  // qkv, proj, the two attention products
+  char want[128];
+  std::snprintf(want, sizeof want, "\nblocks.0.attn,SingleStreamAttention,3,2x257x384,1,589952,589952,0,yes,%.0f\n",
+                attn);
+  EXPECT_NE(r.output.find(want), std::string::npos) << want << r.output;
 }
 
 TEST(CliViews, SummaryOfAConfigFileWithOverrides) {

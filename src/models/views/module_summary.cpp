@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "base/error.h"
+#include "models/single_stream.h"
 #include "nn/attention.h"
 
 namespace perftrain::models::views {
@@ -122,7 +123,9 @@ ModuleSummary summarize_module(const nn::Module& model, const std::function<void
           CallRecord& r = calls[name];
           if (r.calls++ == 0 && !out.empty() && out[0].defined()) r.output_shape = out[0].sizes().vec();
           if (!out.empty() && out[0].defined()) r.output_elements += static_cast<double>(out[0].numel());
-          if (dynamic_cast<const nn::SelfAttention*>(&m) && !in.empty() && in[0].dim() == 3) {
+          const bool attention = dynamic_cast<const nn::SelfAttention*>(&m) != nullptr ||
+                                 dynamic_cast<const models::SingleStreamAttention*>(&m) != nullptr;
+          if (attention && !in.empty() && in[0].dim() == 3) {
             // softmax(q k^T) v: two [T, T] x [T, D/heads] products per head.
             const double B = in[0].size(0), T = in[0].size(1), D = in[0].size(2);
             r.attention_mult_adds += 2 * B * T * T * D;
