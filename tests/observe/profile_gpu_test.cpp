@@ -10,6 +10,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstdio>
+
 #include "base/scope.h"
 #include "compat/compat.h"
 #include "observe/profile/step_profiler.h"
@@ -100,6 +102,65 @@ TEST(ProfileGpu, AGraphReplayIsOneCapturedStep) {
   EXPECT_EQ(s.graph_launches, 2);
   EXPECT_GE(s.kernels_per_step, 3);
   EXPECT_GT(phase(s, "captured step (one graph launch)"), 0.9 * s.gpu_busy_ms);
+}
+
+// The breakdown against the profiled step timed by CUDA events, and the
+// overhead against the unprofiled steps before the window: an eager step of
+// many short kernels (launch-bound) and the same kernels as one graph replay.
+// The done-when check of the profiling issue: within 5% of the profiled step.
+TEST(ProfileGpu, BreakdownAddsUpToTheProfiledStepAndTheOverheadIsMeasured) {
+  SKIP_WITHOUT_GPU();
+  perftrain::testing::TempDir tmp;
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  at::Tensor x = at::randn({4096}, opts);
+  auto many_small = [&] {
+    for (int k = 0; k < 600; ++k) x.mul_(0.999).add_(0.001);  // 1200 kernels of a few us
+  };
+  auto stream = c10::cuda::getStreamFromPool();
+  at::cuda::CUDAGraph g;
+  {
+    c10::cuda::CUDAStreamGuard guard(stream);
+    many_small();
+    stream.synchronize();
+    g.capture_begin();
+    many_small();
+    g.capture_end();
+  }
+  perftrain::compat::synchronize(at::Device(at::kCUDA, 0));
+  for (const bool captured : {false, true}) {
+    ProfilerOptions o = options(tmp.file(captured ? "captured" : "eager"));
+    o.schedule = Schedule{0, /*wait=*/4, /*warmup=*/1, /*active=*/3, 1};
+    StepProfiler p(o);
+    for (int64_t i = 0; i < 8; ++i) {
+      p.begin_step(i);
+      {
+        PERFTRAIN_SCOPE(captured ? "graph_replay" : "forward");
+        if (captured) g.replay();
+        else many_small();
+      }
+      p.end_step(i);
+    }
+    p.finish();
+    ASSERT_EQ(p.traces().size(), 1u);
+    const MeasuredStep& m = p.window_timing(0);
+    const StepAnalysis a = analyze(load_trace(p.traces()[0]));
+    const StepAccounting c = account(a, m);
+    std::printf("%s: trace %.3f ms, profiled %.3f ms (%d steps), unprofiled %.3f ms (%d steps): difference %+.1f%%, "
+                "overhead %+.1f%% (%.0f kernels x %.2f us), idle in the trace %.3f ms, without the profiler %.3f ms\n",
+                captured ? "captured" : "eager", a.step_ms, m.profiled_ms, m.profiled_steps, m.unprofiled_ms,
+                m.unprofiled_steps, 100 * c.difference, 100 * c.overhead_share, c.items_per_step, c.cost_per_item_us,
+                c.idle_ms, c.idle_without_profiler_ms);
+    EXPECT_EQ(m.profiled_steps, 3);
+    EXPECT_EQ(m.unprofiled_steps, 4);
+    EXPECT_GT(m.unprofiled_ms, 0);
+    EXPECT_EQ(a.captured, captured);
+    EXPECT_GE(a.kernels_per_step, 1200);
+    EXPECT_TRUE(c.within_5pct) << "the trace's step " << a.step_ms << " ms against the profiled " << m.profiled_ms;
+    EXPECT_NEAR(a.gpu_busy_ms + a.idle_data_ms + a.idle_other_ms + c.unattributed_ms, m.profiled_ms, 1e-9);
+    const std::string text = format_breakdown(a, m);
+    EXPECT_NE(text.find("Profiler overhead: profiled step"), std::string::npos) << text;
+    EXPECT_NE(text.find("(CUDA events)"), std::string::npos) << text;
+  }
 }
 
 }  // namespace
