@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -55,20 +56,55 @@ GradStats combine(const std::vector<const GradStats*>& parts) {
   return out;
 }
 
+const std::vector<double>& grad_histogram_limits() {
+  static const std::vector<double> limits = [] {
+    constexpr int kPerSign = 57;  // 10^(-12 + k/4), k = 0..56: 1e-12 .. 1e2
+    std::vector<double> l;
+    for (int k = kPerSign - 1; k >= 0; --k) l.push_back(-std::pow(10.0, -12.0 + k / 4.0));
+    for (int k = 0; k < kPerSign; ++k) l.push_back(std::pow(10.0, -12.0 + k / 4.0));
+    l.push_back(std::numeric_limits<double>::max());
+    return l;
+  }();
+  return limits;
+}
+
 void summarize_modules(GradHealthSample& s) {
   std::vector<std::string> order;
   std::map<std::string, std::vector<const GradStats*>> groups;
+  std::map<std::string, std::vector<const GradHistogram*>> hist_groups;
   std::vector<const GradStats*> all;
-  for (const auto& p : s.params) {
+  const bool hists = s.param_histograms.size() == s.params.size() && !s.params.empty();
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const auto& p = s.params[i];
     const std::string m = module_of_parameter(p.name);
     auto& g = groups[m];
     if (g.empty()) order.push_back(m);
     g.push_back(&p.stats);
     all.push_back(&p.stats);
+    if (hists) hist_groups[m].push_back(&s.param_histograms[i].hist);
   }
   s.modules.clear();
   for (const auto& m : order) s.modules.push_back({m, combine(groups[m])});
   s.global = combine(all);
+  s.module_histograms.clear();
+  if (!hists) return;
+  for (const auto& m : order) {
+    GradHistogram h;
+    bool any = false;
+    for (const GradHistogram* p : hist_groups[m]) {
+      if (h.counts.size() < p->counts.size()) h.counts.resize(p->counts.size(), 0.0);
+      for (size_t b = 0; b < p->counts.size(); ++b) h.counts[b] += p->counts[b];
+      h.finite = h.finite && p->finite;
+      if (p->num <= 0) continue;
+      h.min = any ? std::min(h.min, p->min) : p->min;
+      h.max = any ? std::max(h.max, p->max) : p->max;
+      any = true;
+      h.num += p->num;
+      h.sum += p->sum;
+      h.sum_squares += p->sum_squares;
+    }
+    s.module_histograms.push_back({m, std::move(h)});
+  }
 }
 
 std::vector<HealthWarning> HealthDetectors::observe(const GradHealthSample& s) {

@@ -31,12 +31,38 @@ struct NamedGradStats {
   GradStats stats;
 };
 
+// A gradient histogram over the fixed buckets of grad_histogram_limits():
+// counts of the finite elements, with their min, max, sum and sum of squares.
+// finite = false: the gradient held NaN/Inf (its min, max and sum are not
+// numbers; TensorBoard gets no histogram then).
+struct GradHistogram {
+  double num = 0, min = 0, max = 0, sum = 0, sum_squares = 0;
+  bool finite = true;
+  std::vector<double> counts;  // one per limit
+};
+
+struct NamedGradHistogram {
+  std::string name;
+  GradHistogram hist;
+};
+
 struct GradHealthSample {
   int64_t step = 0;                     // the training step it was taken at
   GradStats global;                     // all parameters together
   std::vector<NamedGradStats> params;   // in the model's parameter order
   std::vector<NamedGradStats> modules;  // in order of first parameter
+  // Gradient histograms (health.grad_histograms), per parameter and per
+  // module in the orders above; empty when the step took none.
+  std::vector<NamedGradHistogram> param_histograms, module_histograms;
 };
+
+// The gradient histograms' bucket edges, fixed so that the device fills the
+// counts without looking at the data and histograms add up across parameters
+// and steps: bucket i holds the values in (limits[i-1], limits[i]] (the first
+// from -inf; the last limit is the largest double). Over |g| four buckets a
+// decade from 1e-12 to 1e2, mirrored for negative values, and one bucket
+// (-1e-12, 1e-12] around zero: 115 buckets.
+const std::vector<double>& grad_histogram_limits();
 
 // The module a parameter belongs to for the per-module view: its first name
 // component, with the index for a list ("blocks.3.mlp.fc1.weight" ->
@@ -48,7 +74,9 @@ std::string module_of_parameter(const std::string& param_name);
 // means and shares weighted by numel, maxima as max, counts as sums.
 GradStats combine(const std::vector<const GradStats*>& parts);
 
-// The per-module and global entries from sample.params (fills modules and global).
+// The per-module and global entries from sample.params (fills modules and
+// global), and module_histograms from param_histograms (counts, sums and
+// numbers summed, min of mins, max of maxima).
 void summarize_modules(GradHealthSample& sample);
 
 // Thresholds of the detectors ([health] config keys).

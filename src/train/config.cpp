@@ -85,6 +85,7 @@ std::vector<Key> keys(TrainConfig& c) {
       {"speed", "weight_grad_stream", &c.speed.weight_grad_stream, {"auto", "on", "off"}},
       {"speed", "gemm_tune", &c.speed.gemm_tune, {}, 0, 64},
       {"health", "monitor_every", &c.health.monitor_every, {}, 0, 1000000000},
+      {"health", "grad_histograms", &c.health.grad_histograms},
       {"health", "nan_policy", &c.health.nan_policy, {"stop", "skip"}},
       {"health", "anomaly_mode", &c.health.anomaly_mode},
       {"health", "vanish_norm", &c.health.vanish_norm},

@@ -75,6 +75,7 @@ struct LogConfig {
 // step, the detectors' thresholds, and what a non-finite loss or gradient does.
 struct HealthConfig {
   int64_t monitor_every = 50;       // steps between gradient statistics (0: off, nothing added to the step)
+  bool grad_histograms = true;      // monitored steps also take gradient histograms (TensorBoard grad/<module>)
   std::string nan_policy = "stop";  // stop: name the first non-finite module and exit | skip: skip the update, go on
   bool anomaly_mode = false;        // libtorch's anomaly mode in the eager re-run that locates a NaN
   double vanish_norm = 1e-7;        // a module's gradient norm under this for `patience` monitored steps: vanishing

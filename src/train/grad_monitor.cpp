@@ -1,16 +1,20 @@
 #include "train/grad_monitor.h"
 
+#include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/_foreach_sub.h>
+#include <ATen/ops/bucketize.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/count_nonzero.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/logical_not.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/sum.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 
 #include <limits>
@@ -25,10 +29,12 @@ at::Tensor grad_stat_rows(const std::vector<at::Tensor>& grads) {
   at::TensorOptions opts;
   for (const auto& g : grads)
     if (g.defined()) opts = g.options();
-  // An undefined gradient counts as an empty one: norms 0, no nonzero element.
+  // An undefined or empty gradient counts as one zero: norms 0, no nonzero
+  // element (not as an empty tensor: the max norm of one has no value, and
+  // _foreach_norm's CPU path throws on it).
   std::vector<at::Tensor> g;
   g.reserve(grads.size());
-  for (const auto& t : grads) g.push_back(t.defined() ? t : at::empty({0}, opts));
+  for (const auto& t : grads) g.push_back(t.defined() && t.numel() > 0 ? t : at::zeros({1}, opts));
   const auto f32 = [](const std::vector<at::Tensor>& v) { return at::stack(v).to(at::kFloat); };
   std::vector<at::Tensor> nonzero, nonfinite;
   for (const auto& t : g) {
@@ -42,8 +48,39 @@ at::Tensor grad_stat_rows(const std::vector<at::Tensor>& grads) {
                    1);
 }
 
+at::Tensor grad_histogram_boundaries(const at::TensorOptions& options) {
+  const std::vector<double>& limits = observe::grad_histogram_limits();
+  std::vector<float> b(limits.begin(), limits.end() - 1);
+  return at::tensor(b, at::TensorOptions().dtype(at::kFloat)).to(options.device());
+}
+
+at::Tensor grad_histogram_rows(const std::vector<at::Tensor>& grads, const at::Tensor& boundaries) {
+  at::NoGradGuard no_grad;
+  const int64_t buckets = boundaries.numel() + 1;
+  const at::TensorOptions opts = boundaries.options().dtype(at::kFloat);
+  if (grads.empty()) return at::zeros({0, kHistLead + buckets}, opts);
+  std::vector<at::Tensor> rows;
+  rows.reserve(grads.size());
+  for (const auto& g_in : grads) {
+    if (!g_in.defined() || g_in.numel() == 0) {
+      rows.push_back(at::zeros({kHistLead + buckets}, opts));
+      continue;
+    }
+    const at::Tensor g = g_in.detach().reshape({-1}).to(at::kFloat);
+    // Bucket i: boundaries[i-1] < g <= boundaries[i]. Each element adds its
+    // finiteness (1 or 0) to its bucket, so only finite ones are counted.
+    // (scatter_add_, not histc: CUDA's histc asks the driver for free memory
+    // on the host, which a graph capture may refuse.)
+    const at::Tensor index = at::bucketize(g, boundaries, /*out_int32=*/false, /*right=*/false);
+    const at::Tensor counts = at::zeros({buckets}, opts).scatter_add_(0, index, at::isfinite(g).to(at::kFloat));
+    rows.push_back(at::cat({at::stack({g.min(), g.max(), g.sum()}), counts}));
+  }
+  return at::stack(rows);
+}
+
 observe::GradHealthSample sample_from_rows(int64_t step, const std::vector<std::string>& names,
-                                           const std::vector<int64_t>& numels, const at::Tensor& rows) {
+                                           const std::vector<int64_t>& numels, const at::Tensor& rows,
+                                           const at::Tensor& hist_rows) {
   const at::Tensor r = rows.to(at::kCPU, at::kDouble).contiguous();
   if (r.dim() != 2 || r.size(0) != static_cast<int64_t>(names.size()) || r.size(1) != kStatColumns ||
       numels.size() != names.size())
@@ -65,17 +102,42 @@ observe::GradHealthSample sample_from_rows(int64_t step, const std::vector<std::
     g.update_norm = a[i][kStatUpdateNorm];
     s.params.push_back({names[i], g});
   }
+  if (hist_rows.defined()) {
+    const at::Tensor h = hist_rows.to(at::kCPU, at::kDouble).contiguous();
+    const int64_t buckets = static_cast<int64_t>(observe::grad_histogram_limits().size());
+    if (h.dim() != 2 || h.size(0) != r.size(0) || h.size(1) != kHistLead + buckets)
+      throw RuntimeError("gradient histograms: a [" + std::to_string(h.size(0)) + ", " + std::to_string(h.size(1)) +
+                         "] tensor for " + std::to_string(names.size()) + " parameters and " +
+                         std::to_string(buckets) + " buckets");
+    const auto b = h.accessor<double, 2>();
+    for (size_t i = 0; i < names.size(); ++i) {
+      observe::GradHistogram g;
+      const observe::GradStats& st = s.params[i].stats;
+      g.finite = st.nonfinite == 0;
+      g.counts.resize(static_cast<size_t>(buckets));
+      for (int64_t k = 0; k < buckets; ++k) {
+        g.counts[static_cast<size_t>(k)] = b[i][kHistLead + k];
+        g.num += b[i][kHistLead + k];
+      }
+      if (g.num > 0) {
+        g.min = b[i][0], g.max = b[i][1], g.sum = b[i][2];
+        g.sum_squares = st.norm * st.norm;
+      }
+      s.param_histograms.push_back({names[i], std::move(g)});
+    }
+  }
   observe::summarize_modules(s);
   return s;
 }
 
 struct GradMonitor::Pending {
   int64_t step = 0;
-  at::Tensor host;
+  at::Tensor host, hist_host;  // hist_host: histograms only
   std::unique_ptr<at::cuda::CUDAEvent> done;  // CUDA only
 };
 
-GradMonitor::GradMonitor(std::vector<std::pair<std::string, at::Tensor>> params) : params_(std::move(params)) {
+GradMonitor::GradMonitor(std::vector<std::pair<std::string, at::Tensor>> params, bool histograms)
+    : params_(std::move(params)) {
   at::TensorOptions opts = at::TensorOptions().dtype(at::kFloat);
   for (const auto& [name, p] : params_) {
     names_.push_back(name);
@@ -83,6 +145,10 @@ GradMonitor::GradMonitor(std::vector<std::pair<std::string, at::Tensor>> params)
     opts = opts.device(p.device());
   }
   rows_ = at::zeros({static_cast<int64_t>(params_.size()), kStatColumns}, opts);
+  if (histograms) {
+    boundaries_ = grad_histogram_boundaries(opts);
+    hist_rows_ = at::zeros({static_cast<int64_t>(params_.size()), kHistLead + boundaries_.numel() + 1}, opts);
+  }
 }
 
 GradMonitor::~GradMonitor() = default;
@@ -96,6 +162,11 @@ void GradMonitor::before_update(const at::Tensor& grad_scale) {
   }
   rows_.copy_(grad_stat_rows(grads));
   if (grad_scale.defined()) rows_.narrow(1, kStatNorm, kStatMaxAbs + 1).div_(grad_scale);
+  if (hist_rows_.defined() && !grads.empty()) {
+    // fp16: the gradients carry the loss scale, so the edges do too.
+    hist_rows_.copy_(grad_histogram_rows(grads, grad_scale.defined() ? boundaries_ * grad_scale : boundaries_));
+    if (grad_scale.defined()) hist_rows_.narrow(1, 0, kHistLead).div_(grad_scale);
+  }
   if (weights.empty()) return;
   rows_.select(1, kStatWeightNorm).copy_(at::stack(at::_foreach_norm(weights, 2)).to(at::kFloat));
   snapshot_ = at::_foreach_mul(weights, 1.0);  // one multi-tensor copy
@@ -115,12 +186,18 @@ void GradMonitor::queue_readback(int64_t step) {
   auto p = std::make_unique<Pending>();
   p->step = step;
   if (rows_.is_cuda()) {
-    p->host = at::empty(rows_.sizes(), rows_.options().device(at::kCPU).pinned_memory(true));
+    const auto pinned = rows_.options().device(at::kCPU).pinned_memory(true);
+    p->host = at::empty(rows_.sizes(), pinned);
     p->host.copy_(rows_, /*non_blocking=*/true);
+    if (hist_rows_.defined()) {
+      p->hist_host = at::empty(hist_rows_.sizes(), pinned);
+      p->hist_host.copy_(hist_rows_, /*non_blocking=*/true);
+    }
     p->done = std::make_unique<at::cuda::CUDAEvent>();
     p->done->record();
   } else {
     p->host = rows_.clone();
+    if (hist_rows_.defined()) p->hist_host = hist_rows_.clone();
   }
   pending_.push_back(std::move(p));
 }
@@ -134,7 +211,7 @@ std::vector<observe::GradHealthSample> GradMonitor::take_ready(bool wait) {
       if (!wait && !p.done->query()) break;
       p.done->synchronize();
     }
-    out.push_back(sample_from_rows(p.step, names_, numels_, p.host));
+    out.push_back(sample_from_rows(p.step, names_, numels_, p.host, p.hist_host));
   }
   pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(i));
   return out;

@@ -38,14 +38,29 @@ enum GradStatColumn : int64_t {
 // and update columns 0. No host sync.
 at::Tensor grad_stat_rows(const std::vector<at::Tensor>& grads);
 
-// The host sample of a [n, kStatColumns] tensor (any device; one copy).
+// Gradient histograms: per gradient a row [min, max, sum, counts...] with
+// one count per bucket of observe::grad_histogram_limits(), the counts of its
+// finite elements, as [n, kHistLead + buckets] float32 on the gradients'
+// device. `boundaries`: the limits but the last (float32, on that device).
+// Fixed buckets (at::bucketize, then scatter_add_ into the counts), so
+// nothing is sized from the data and there is no host sync. An undefined or
+// empty gradient gives a row of zeros.
+constexpr int64_t kHistLead = 3;  // min, max, sum
+at::Tensor grad_histogram_rows(const std::vector<at::Tensor>& grads, const at::Tensor& boundaries);
+// observe::grad_histogram_limits() but the last, as float32 on `options`' device.
+at::Tensor grad_histogram_boundaries(const at::TensorOptions& options);
+
+// The host sample of a [n, kStatColumns] tensor (any device; one copy), with
+// the histograms of a [n, kHistLead + buckets] tensor when one is given.
 observe::GradHealthSample sample_from_rows(int64_t step, const std::vector<std::string>& names,
-                                           const std::vector<int64_t>& numels, const at::Tensor& rows);
+                                           const std::vector<int64_t>& numels, const at::Tensor& rows,
+                                           const at::Tensor& hist_rows = {});
 
 class GradMonitor {
  public:
-  // params: the model's trainable parameters, in the optimizer's order.
-  explicit GradMonitor(std::vector<std::pair<std::string, at::Tensor>> params);
+  // params: the model's trainable parameters, in the optimizer's order;
+  // histograms: before_update() also fills the gradient histograms.
+  explicit GradMonitor(std::vector<std::pair<std::string, at::Tensor>> params, bool histograms = false);
   ~GradMonitor();
   GradMonitor(const GradMonitor&) = delete;
   GradMonitor& operator=(const GradMonitor&) = delete;
@@ -65,6 +80,7 @@ class GradMonitor {
   std::vector<observe::GradHealthSample> take_ready(bool wait = false);
 
   const at::Tensor& device_rows() const { return rows_; }
+  const at::Tensor& device_histograms() const { return hist_rows_; }  // undefined without histograms
 
  private:
   struct Pending;
@@ -72,6 +88,7 @@ class GradMonitor {
   std::vector<std::string> names_;
   std::vector<int64_t> numels_;
   at::Tensor rows_;                   // [n, kStatColumns] on the parameters' device
+  at::Tensor hist_rows_, boundaries_; // [n, kHistLead + buckets] and the bucket edges (histograms only)
   std::vector<at::Tensor> snapshot_;  // weights before the update (between the two calls)
   std::vector<std::unique_ptr<Pending>> pending_;
 };

@@ -419,7 +419,8 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
   s.health = at::zeros({3}, f32);
   s.health.select(0, 1).fill_(-1);
   s.recent_max = s.guard ? static_cast<size_t>(std::max<int64_t>(cfg.log.every, 1)) + 1 : 0;
-  if (cfg.health.monitor_every > 0) s.monitor = std::make_unique<GradMonitor>(model.named_parameters());
+  if (cfg.health.monitor_every > 0)
+    s.monitor = std::make_unique<GradMonitor>(model.named_parameters(), cfg.health.grad_histograms);
 
   if (!cuda) graph_status_ = "eager: CPU device";
   else if (!speed.graph) graph_status_ = "eager: graph off (speed.graph / --graph off)";

@@ -244,6 +244,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
                                ? "gradient statistics every " + std::to_string(cfg.health.monitor_every) + " steps"
                                : "off (health.monitor_every = 0)";
   bool monitor_noted = false;
+  int64_t grad_histograms_at = 0;  // the multiple of log.histogram_every whose gradient histograms were written
   int64_t locates = 0;
   while (state.step < cfg.optim.steps) {
     const int64_t step = state.step + 1;
@@ -314,6 +315,13 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       for (auto& sample : runner.take_grad_health()) {
         sample.step += runner_offset;
         if (events) observe::tensorboard::add_grad_health(*events, sample);
+        // Gradient histograms next to the weight ones: the first monitored
+        // step at or after each multiple of log.histogram_every.
+        if (events && cfg.log.histogram_every > 0 &&
+            sample.step / cfg.log.histogram_every * cfg.log.histogram_every > grad_histograms_at) {
+          observe::tensorboard::add_grad_histograms(*events, sample);
+          grad_histograms_at = sample.step / cfg.log.histogram_every * cfg.log.histogram_every;
+        }
         for (const auto& h : detectors.observe(sample)) {
           log << "warning: " << h.message << "\n";
           warnings_now.push_back(h.message);
@@ -380,6 +388,9 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     if (last || stop || (cfg.log.checkpoint_every > 0 && step % cfg.log.checkpoint_every == 0)) save();
     if (events && (last || (cfg.log.histogram_every > 0 && step % cfg.log.histogram_every == 0))) {
       observe::tensorboard::add_histograms(*events, "weights", step, model.named_parameters());
+      // log.histogram_every = 0: the last monitored step's gradient histograms, at the end.
+      if (last && cfg.log.histogram_every == 0 && flow_sample)
+        observe::tensorboard::add_grad_histograms(*events, *flow_sample);
       events->flush();
     }
     if (profiler) profiler->end_step(step - summary.first_step);  // a window's trace is written here

@@ -3,7 +3,8 @@
 EventAccumulator (tensorboard in .venv, nothing held back: size_guidance 0)
 must return every scalar of metrics.jsonl with its value, a weight histogram
 per parameter at each histogram step that matches the checkpoint's weights,
-the gradient-health scalars the metrics lines record, and each sample grid
+the gradient-health scalars the metrics lines record, a gradient histogram per
+module at the histogram steps that agrees with them, and each sample grid
 as the PNG the run wrote. The run's loss.svg and gradient_flow.svg must be
 well-formed XML with one point per metrics line and one bar pair per module.
 
@@ -40,6 +41,18 @@ def accumulator(tb_dir):
                                                   "compressedHistograms": 0, "audio": 0})
     acc.Reload()
     return acc
+
+
+# The gradient histograms' bucket limits (observe::grad_histogram_limits): four a decade over |g| in
+# [1e-12, 1e2], both signs, the last the largest double.
+LIMITS = ([-10.0 ** (-12 + k / 4) for k in range(56, -1, -1)] + [10.0 ** (-12 + k / 4) for k in range(57)]
+          + [sys.float_info.max])
+
+
+def module_of(name):
+    """observe::module_of_parameter: the first name component, with the index of a list."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 and parts[1].isdigit() else parts[0]
 
 
 def close(a, b, rel):
@@ -90,7 +103,8 @@ def test_scalars_histograms_images_and_plot():
         # Histograms: one per parameter at steps 3 and 6; step 6's are the checkpoint's weights.
         weights = load_file(os.path.join(run, "ckpt", "step_00000006", "model.safetensors"))
         del weights["pos_embed"]  # a fixed buffer, not a parameter
-        assert set(tags["histograms"]) == {"weights/" + n for n in weights}, tags["histograms"]
+        assert {t for t in tags["histograms"] if t.startswith("weights/")} == {"weights/" + n for n in weights}, \
+            tags["histograms"]
         for name, w in weights.items():
             hs = acc.Histograms("weights/" + name)
             assert [h.step for h in hs] == [3, 6], (name, [h.step for h in hs])
@@ -105,6 +119,32 @@ def test_scalars_histograms_images_and_plot():
                 want, _ = np.histogram(v, bins=len(h.bucket), range=(v.min(), v.max()))
                 assert np.abs(np.array(h.bucket) - want).max() <= 1, (name, h.bucket, want)  # edge rounding
                 assert close(h.bucket_limit[-1], v.max(), 1e-6), name
+
+        # Gradient histograms (health.grad_histograms): one per module at the first monitored step at or
+        # after each multiple of log.histogram_every (steps 4 and 6), over the fixed buckets, every
+        # element of the module's gradients counted once, agreeing with that step's statistics.
+        numel = {}
+        for n, w in weights.items():
+            numel[module_of(n)] = numel.get(module_of(n), 0) + w.size
+        assert {t for t in tags["histograms"] if t.startswith("grad/")} == {"grad/" + m for m in numel}, \
+            tags["histograms"]
+        assert set(tags["histograms"]) <= {"grad/" + m for m in numel} | {"weights/" + n for n in weights}
+        by_step = {l["grad"]["step"]: l for l in monitored}
+        for m in numel:
+            hs = acc.Histograms("grad/" + m)
+            assert [h.step for h in hs] == [4, 6], (m, [h.step for h in hs])
+            for h in hs:
+                st, hv = by_step[h.step]["grad_modules"][m], h.histogram_value
+                assert hv.num == numel[m] and sum(hv.bucket) == numel[m], (m, h.step, hv.num, sum(hv.bucket))
+                assert close(np.sqrt(hv.sum_squares), st["norm"], 1e-5), (m, hv.sum_squares, st["norm"])
+                assert close(max(-hv.min, hv.max), st["max_abs"], 1e-6), (m, hv.min, hv.max, st["max_abs"])
+                lim = list(hv.bucket_limit)
+                first = min(range(len(LIMITS)), key=lambda i: abs(LIMITS[i] - lim[0]))
+                assert all(close(a, b, 1e-12) for a, b in zip(lim, LIMITS[first:first + len(lim)])), (m, lim)
+                assert len(lim) == len(hv.bucket) and hv.bucket[0] > 0 and hv.bucket[-1] > 0, (m, hv.bucket)
+                f32 = np.float32
+                assert f32(hv.min) <= f32(lim[0]) and (first == 0 or f32(hv.min) > f32(LIMITS[first - 1])), m
+                assert f32(hv.max) <= f32(lim[-1]) and (len(lim) == 1 or f32(hv.max) > f32(lim[-2])), m
 
         # Images: the sample grids of steps 3 and 6, byte for byte.
         assert tags["images"] == ["samples"]

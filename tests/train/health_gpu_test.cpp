@@ -12,7 +12,9 @@
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -108,6 +110,29 @@ TEST(HealthGpu, CapturedMonitoringMatchesEager) {
       }
       EXPECT_GT(a.global.norm, 0);
       EXPECT_GT(a.global.update_ratio(), 0);
+      // Gradient histograms (health.grad_histograms, on by default) from the
+      // captured graph: every element counted once, and the buckets those of
+      // the eager step up to the elements the two steps' last-bit differences
+      // move across an edge.
+      ASSERT_EQ(a.param_histograms.size(), a.params.size()) << precision;
+      ASSERT_EQ(b.param_histograms.size(), b.params.size());
+      double moved_max = 0;
+      for (size_t i = 0; i < a.params.size(); ++i) {
+        const auto& x = a.param_histograms[i].hist;
+        const auto& y = b.param_histograms[i].hist;
+        const std::string what = std::string(precision) + " step " + std::to_string(a.step) + " " + a.params[i].name;
+        EXPECT_EQ(x.num, static_cast<double>(a.params[i].stats.numel)) << what;
+        EXPECT_EQ(y.num, static_cast<double>(b.params[i].stats.numel)) << what;
+        ASSERT_EQ(x.counts.size(), y.counts.size());
+        double moved = 0;
+        for (size_t k = 0; k < x.counts.size(); ++k) moved += std::abs(x.counts[k] - y.counts[k]);
+        moved_max = std::max(moved_max, moved / std::max(x.num, 1.0));
+        EXPECT_LE(moved, 0.02 * x.num + 2) << what;
+        EXPECT_LT(rel_diff(x.max, y.max), 1e-3) << what;
+        EXPECT_LT(rel_diff(x.min, y.min), 1e-3) << what;
+      }
+      std::cout << precision << " step " << a.step << ": histograms of captured and eager gradients differ in at most "
+                << moved_max * 100 << "% of a parameter's elements\n";
     }
   }
 }

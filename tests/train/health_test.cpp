@@ -10,6 +10,7 @@
 #include <ATen/ops/abs.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/isfinite.h>
+#include <ATen/ops/pow.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
@@ -25,6 +26,8 @@
 #include "base/fs.h"
 #include "io/safetensors.h"
 #include "models/dit.h"
+#include "models/dit_config.h"
+#include "models/single_stream.h"
 #include "nn/module.h"
 #include "observe/grad_health.h"
 #include "support/test_support.h"
@@ -180,6 +183,133 @@ TEST(GradHealth, MonitorMeasuresTheUpdate) {
                        std::sqrt(a0.pow(2).sum().item<double>() + b0.pow(2).sum().item<double>());
   EXPECT_NEAR(s.global.update_ratio(), whole, 1e-5);
   EXPECT_TRUE(m.take_ready(true).empty());
+}
+
+// A direct histogram over grad_histogram_limits(), in double: an element x
+// of a float32 gradient goes to the first bucket whose limit (as the float32
+// the device compares with) is >= x; non-finite elements are left out.
+std::vector<double> direct_histogram(const at::Tensor& g) {
+  const std::vector<double>& limits = observe::grad_histogram_limits();
+  std::vector<double> edges;
+  for (size_t i = 0; i + 1 < limits.size(); ++i) edges.push_back(static_cast<float>(limits[i]));
+  std::vector<double> counts(limits.size(), 0.0);
+  const at::Tensor v = g.reshape({-1}).to(at::kDouble).contiguous();
+  const double* p = v.data_ptr<double>();
+  for (int64_t i = 0; i < v.numel(); ++i) {
+    if (!std::isfinite(p[i])) continue;
+    size_t b = 0;
+    while (b < edges.size() && edges[b] < p[i]) ++b;
+    counts[b] += 1;
+  }
+  return counts;
+}
+
+// Gradients over many decades of both signs, with exact zeros, a NaN and an
+// Inf, and an undefined gradient.
+std::vector<at::Tensor> wide_grads() {
+  at::Tensor a = at::randn({40, 30}) * at::pow(10.0, at::rand({40, 30}) * 17 - 14);
+  a.view(-1).slice(0, 0, 50).zero_();
+  at::Tensor b = at::randn({64}) * 1e-3;
+  b[3] = kNaN;
+  b[7] = kInf;
+  at::Tensor c = at::randn({7, 9}) * 300;  // beyond the last edges
+  return {a, b, at::Tensor(), c};
+}
+
+TEST(GradHistograms, LimitsAreSymmetricWithAZeroBucket) {
+  const auto& l = observe::grad_histogram_limits();
+  ASSERT_EQ(l.size(), 115u);
+  EXPECT_EQ(l.back(), std::numeric_limits<double>::max());
+  for (size_t i = 0; i + 1 < l.size(); ++i) EXPECT_LT(l[i], l[i + 1]) << i;
+  for (size_t i = 0; i < 57; ++i) EXPECT_DOUBLE_EQ(l[i], -l[113 - i]) << i;
+  EXPECT_DOUBLE_EQ(l[56], -1e-12);
+  EXPECT_DOUBLE_EQ(l[57], 1e-12);
+  EXPECT_DOUBLE_EQ(l[113], 1e2);
+}
+
+TEST(GradHistograms, CountsEqualADirectHistogramOfTheGradients) {
+  at::manual_seed(21);
+  const auto grads = wide_grads();
+  const at::Tensor rows = grad_histogram_rows(grads, grad_histogram_boundaries(at::TensorOptions()));
+  ASSERT_EQ(rows.size(0), 4);
+  ASSERT_EQ(rows.size(1), kHistLead + 115);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor counts = rows[i].slice(0, kHistLead).to(at::kDouble).contiguous();
+    if (!grads[i].defined()) {
+      EXPECT_EQ(counts.sum().item<double>(), 0.0);
+      continue;
+    }
+    const std::vector<double> want = direct_histogram(grads[i]);
+    int nonempty = 0;
+    for (size_t k = 0; k < want.size(); ++k) {
+      EXPECT_EQ(counts[k].item<double>(), want[k]) << "gradient " << i << " bucket " << k;
+      nonempty += want[k] > 0;
+    }
+    EXPECT_GT(nonempty, i == 0 ? 40 : 3) << i;  // the test covers many buckets
+    const at::Tensor g = grads[i].to(at::kDouble);
+    if (at::isfinite(g).all().item<bool>()) {
+      EXPECT_NEAR(rows[i][0].item<double>(), g.min().item<double>(), 1e-6 * g.abs().max().item<double>()) << i;
+      EXPECT_NEAR(rows[i][1].item<double>(), g.max().item<double>(), 1e-6 * g.abs().max().item<double>()) << i;
+      EXPECT_NEAR(rows[i][2].item<double>(), g.sum().item<double>(), 1e-5 * g.abs().sum().item<double>()) << i;
+    }
+  }
+  EXPECT_EQ(rows[1].slice(0, kHistLead).sum().item<double>(), 62.0);  // the NaN and the Inf are not counted
+  EXPECT_GT(rows[0][kHistLead + 57].item<double>(), 49.0);           // the zeros sit in the zero bucket
+}
+
+// Through the monitor: per parameter and per module (the sum of its
+// parameters' histograms), read back with the statistics.
+TEST(GradHistograms, MonitorReadsThemBackPerParameterAndModule) {
+  at::manual_seed(22);
+  const auto grads = wide_grads();
+  const std::vector<std::string> names = {"blocks.0.attn.weight", "blocks.0.attn.bias", "blocks.0.mlp.weight",
+                                          "final_layer.weight"};
+  const std::vector<std::vector<int64_t>> shapes = {{40, 30}, {64}, {5}, {7, 9}};
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (size_t i = 0; i < names.size(); ++i) {
+    at::Tensor p = at::randn(shapes[i]).requires_grad_(true);
+    if (grads[i].defined()) p.mutable_grad() = grads[i].clone();
+    params.push_back({names[i], p});
+  }
+  GradMonitor m(params, /*histograms=*/true);
+  m.before_update();
+  m.after_update();
+  m.queue_readback(7);
+  const auto samples = m.take_ready(true);
+  ASSERT_EQ(samples.size(), 1u);
+  const GradHealthSample& s = samples[0];
+  ASSERT_EQ(s.param_histograms.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const auto& h = s.param_histograms[i].hist;
+    EXPECT_EQ(s.param_histograms[i].name, names[i]);
+    const std::vector<double> want = grads[i].defined() ? direct_histogram(grads[i]) : std::vector<double>(115, 0.0);
+    EXPECT_EQ(h.counts, want) << names[i];
+    EXPECT_EQ(h.finite, i != 1) << names[i];
+  }
+  EXPECT_EQ(s.params[2].stats.norm, 0.0);  // no gradient: counted as zeros
+  EXPECT_EQ(s.params[2].stats.max_abs, 0.0);
+  EXPECT_EQ(s.params[2].stats.zero_share, 1.0);
+  ASSERT_EQ(s.module_histograms.size(), 2u);
+  EXPECT_EQ(s.module_histograms[0].name, "blocks.0");
+  std::vector<double> block(115, 0.0);
+  for (size_t i = 0; i < 3; ++i)
+    for (size_t k = 0; k < 115; ++k) block[k] += s.param_histograms[i].hist.counts[k];
+  EXPECT_EQ(s.module_histograms[0].hist.counts, block);
+  EXPECT_EQ(s.module_histograms[0].hist.num, 1200.0 + 62.0);
+  EXPECT_FALSE(s.module_histograms[0].hist.finite);  // the NaN of blocks.0.attn.bias
+  const auto& f = s.module_histograms[1].hist;
+  const at::Tensor c = grads[3].to(at::kDouble);
+  EXPECT_TRUE(f.finite);
+  EXPECT_EQ(f.num, 63.0);
+  EXPECT_NEAR(f.min, c.min().item<double>(), 1e-3);
+  EXPECT_NEAR(f.max, c.max().item<double>(), 1e-3);
+  EXPECT_NEAR(f.sum_squares, c.pow(2).sum().item<double>(), 1e-5 * c.pow(2).sum().item<double>());
+  // Without histograms the sample has none.
+  GradMonitor plain(params);
+  plain.before_update();
+  plain.after_update();
+  plain.queue_readback(8);
+  EXPECT_TRUE(plain.take_ready(true)[0].module_histograms.empty());
 }
 
 // The device optimizer's skip_nonfinite (here its CPU reference; the CUDA
@@ -402,6 +532,81 @@ TEST(NanLocator, ForwardInfInBlockKIsTracedToThatBlock) {
     EXPECT_EQ(site.inputs[0].nan + site.inputs[0].inf, 0);
     ASSERT_FALSE(site.outputs.empty());
     EXPECT_GT(site.outputs[0].nan + site.outputs[0].inf, 0);
+  }
+}
+
+// The single-stream family through the same hook point: its blocks,
+// attention, norms and SwiGLU fire on the plain path the locator re-runs.
+struct SingleStreamCase {
+  std::unique_ptr<models::SingleStreamDiT> model;
+  at::Tensor x, t;
+  models::Condition cond;
+  at::Tensor loss() const { return model->forward(x, t, cond).pow(2).mean(); }
+};
+
+SingleStreamCase single_stream_case(uint64_t seed) {
+  models::DiTConfig c = models::model_config("SS-S/2");
+  c.depth = 4, c.hidden = 32, c.heads = 2, c.patch = 2, c.image_size = 4, c.in_channels = 1, c.num_classes = 3;
+  c.cond_tokens = 2;
+  SingleStreamCase s;
+  s.model = std::make_unique<models::SingleStreamDiT>(c, seed);
+  // Every weight perturbed: the zero-initialised adaLN and final layers
+  // would make most gradients exactly zero.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
+  s.model->transform(
+      [&](const std::string&, const at::Tensor& w) { return w + 0.1 * at::randn(w.sizes(), gen, at::kFloat); });
+  s.x = at::randn({2, 1, 4, 4}, gen);
+  s.t = at::rand({2}, gen) * 1000;
+  s.cond.labels = at::randint(3, {2}, gen, at::kLong);
+  return s;
+}
+
+TEST(NanLocator, SingleStreamForwardOverflowInBlockKIsTracedToThatModule) {
+  for (int k = 0; k < 4; ++k) {
+    SingleStreamCase s = single_stream_case(30);
+    const std::string planted = "blocks." + std::to_string(k) + ".ffn.gate";
+    for (auto& [name, p] : s.model->named_parameters())
+      if (name == planted + ".weight") {
+        at::NoGradGuard no_grad;
+        p[0].fill_(3e38);  // gate unit 0 overflows on every token
+      }
+    const NonFiniteSite site = locate_nonfinite(*s.model, [&] { return s.loss(); });
+    ASSERT_TRUE(site.found) << k;
+    EXPECT_EQ(site.phase, "forward") << site.message();
+    EXPECT_EQ(site.module, planted) << site.message();
+    EXPECT_EQ(site.type, "Linear");
+    ASSERT_FALSE(site.inputs.empty());
+    EXPECT_EQ(site.inputs[0].nan + site.inputs[0].inf, 0);
+    EXPECT_GT(site.outputs[0].nan + site.outputs[0].inf, 0);
+  }
+}
+
+// A NaN put into the gradient inside block k (on the input of its SwiGLU,
+// after that module's own hook saw it finite): the first module whose input
+// gradients are non-finite while its output's were finite is block k.
+TEST(NanLocator, SingleStreamBackwardNaNInBlockKIsTracedToThatBlock) {
+  for (int k = 0; k < 4; ++k) {
+    SingleStreamCase s = single_stream_case(31);
+    const std::string ffn = "blocks." + std::to_string(k) + ".ffn";
+    auto plant = s.model->add_forward_hook(
+        [&](const std::string& name, const nn::Module&, at::TensorList in, at::TensorList) {
+          if (name != ffn || !at::GradMode::is_enabled() || !in[0].requires_grad()) return;
+          in[0].register_hook([](const at::Tensor& g) { return g * std::numeric_limits<float>::quiet_NaN(); });
+        });
+    // Before the plant the same run is finite throughout.
+    plant.remove();
+    NonFiniteSite site = locate_nonfinite(*s.model, [&] { return s.loss(); });
+    EXPECT_FALSE(site.found) << site.message();
+    plant = s.model->add_forward_hook(
+        [&](const std::string& name, const nn::Module&, at::TensorList in, at::TensorList) {
+          if (name != ffn || !at::GradMode::is_enabled() || !in[0].requires_grad()) return;
+          in[0].register_hook([](const at::Tensor& g) { return g * std::numeric_limits<float>::quiet_NaN(); });
+        });
+    site = locate_nonfinite(*s.model, [&] { return s.loss(); });
+    ASSERT_TRUE(site.found) << k;
+    EXPECT_EQ(site.phase, "backward") << site.message();
+    EXPECT_EQ(site.module, "blocks." + std::to_string(k)) << site.message();
+    EXPECT_EQ(site.type, "SingleStreamBlock") << site.message();
   }
 }
 

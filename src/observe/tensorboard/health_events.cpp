@@ -1,5 +1,7 @@
 #include "observe/tensorboard/health_events.h"
 
+#include <cstddef>
+
 namespace perftrain::observe::tensorboard {
 
 void add_grad_health(EventWriter& writer, const GradHealthSample& sample) {
@@ -13,6 +15,25 @@ void add_grad_health(EventWriter& writer, const GradHealthSample& sample) {
     writer.add_scalar("grad_zero_share/" + m.name, step, m.stats.zero_share);
     writer.add_scalar("update_ratio/" + m.name, step, m.stats.update_ratio());
     if (m.stats.nonfinite > 0) writer.add_scalar("grad_nonfinite/" + m.name, step, double(m.stats.nonfinite));
+  }
+}
+
+void add_grad_histograms(EventWriter& writer, const GradHealthSample& sample) {
+  const std::vector<double>& limits = grad_histogram_limits();
+  for (const NamedGradHistogram& m : sample.module_histograms) {
+    const GradHistogram& g = m.hist;
+    if (!g.finite || g.num <= 0 || g.counts.size() != limits.size()) continue;
+    size_t first = 0, last = g.counts.size();
+    while (first < last && g.counts[first] == 0) ++first;
+    while (last > first && g.counts[last - 1] == 0) --last;
+    if (first == last) continue;
+    Histogram h;
+    h.min = g.min, h.max = g.max, h.num = g.num, h.sum = g.sum, h.sum_squares = g.sum_squares;
+    h.bucket_limit.assign(limits.begin() + static_cast<std::ptrdiff_t>(first),
+                          limits.begin() + static_cast<std::ptrdiff_t>(last));
+    h.bucket.assign(g.counts.begin() + static_cast<std::ptrdiff_t>(first),
+                    g.counts.begin() + static_cast<std::ptrdiff_t>(last));
+    writer.add_histogram("grad/" + m.name, sample.step, h);
   }
 }
 

@@ -14,4 +14,10 @@ namespace perftrain::observe::tensorboard {
 // update_ratio/<module>, grad_nonfinite/<module> (when > 0).
 void add_grad_health(EventWriter& writer, const GradHealthSample& sample);
 
+// The sample's per-module gradient histograms (when it has them) as
+// histograms grad/<module>, over observe::grad_histogram_limits() with the
+// empty buckets at either end left out; a module whose gradient held NaN/Inf
+// or has no element gets none.
+void add_grad_histograms(EventWriter& writer, const GradHealthSample& sample);
+
 }  // namespace perftrain::observe::tensorboard
