@@ -13,6 +13,14 @@
 // attention keys, so shapes stay static. Zero-initialised adaLN and final
 // linear: every block starts as the identity and the model at output 0.
 // Names and math match bench/reference_single_stream.py.
+//
+// The fused path (DiTExecution::fused_kernels, run_blocks_chained): the same
+// function through src/ops: all modulations in one product, rms_adaln to open
+// block 0, and each half-block's post-norm + gated residual + the next
+// pre-norm as one residual_rms_adaln; qkv product, qk_norm_rope,
+// qkv_attention (cuDNN, the key mask as its bias); SwiGLU as one product
+// against [gate; up], swiglu, down. Residual stream in fp32, products in the
+// autocast dtype (docs/design.md, "A single-stream block, line by line").
 #pragma once
 
 #include <memory>
@@ -32,6 +40,11 @@ class SingleStreamAttention : public nn::Module {
   // attend) or undefined.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& mask) const;
+  // The same through the fused ops, without the projection: h [B, T, D] in
+  // the compute dtype -> the attention output [B, T, D] (proj's input).
+  at::Tensor attention_fused(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
+                             const at::Tensor& mask) const;
+  int64_t heads() const { return heads_; }
 
   nn::Linear qkv;
   nn::RMSNorm q_norm, k_norm;  // over the head dimension
@@ -47,6 +60,16 @@ class SingleStreamBlock : public nn::Module {
   // x [B, T, D]; silu_c [B, D] (silu of the timestep embedding).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& silu_c, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& mask) const;
+  // Pieces of the fused path. The attention branch from its modulated norm h
+  // (compute dtype) to proj's output; the FFN branch from h2 to down's
+  // output (gate and up as one product).
+  at::Tensor attention_branch(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
+                              const at::Tensor& mask) const;
+  at::Tensor ffn_branch(const at::Tensor& h2) const;
+  // The whole block through the fused ops on its own (the recompute path):
+  // x [B, T, D] residual stream, silu_c [B, D] in the compute dtype `act`.
+  at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& silu_c, const at::Tensor& cos,
+                           const at::Tensor& sin, const at::Tensor& mask, at::ScalarType act) const;
 
   nn::RMSNorm attn_norm;
   SingleStreamAttention attn;
@@ -83,6 +106,7 @@ class SingleStreamDiT : public DiffusionModel {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const Condition& cond,
                      const DiTExecution& exec = {}) const override;
   const DiTConfig& config() const override { return cfg_; }
+  bool has_fused_path() const override { return true; }
 
  private:
   SingleStreamDiT(const DiTConfig& cfg, at::Generator gen);
@@ -91,6 +115,13 @@ class SingleStreamDiT : public DiffusionModel {
                           const DiTExecution& exec) const;
   // [B, Tc, D] condition tokens, and the key mask [B, 1, 1, Tc + T] (undefined: none).
   std::pair<at::Tensor, at::Tensor> condition_tokens(const Condition& cond, int64_t batch) const;
+  // The fused path from the patches and the condition tokens: -> [B, T, p*p*out].
+  at::Tensor forward_fused(const at::Tensor& patches, const at::Tensor& ctok, const at::Tensor& mask,
+                           const at::Tensor& silu_c, const DiTExecution& exec) const;
+  // All blocks and the final layer chained (each residual fused with the
+  // next pre-norm): x0 [B, Tc + T, D] fp32 -> [B, Tc + T, p*p*out].
+  at::Tensor run_blocks_chained(const at::Tensor& x0, const at::Tensor& silu_c, const at::Tensor& cos,
+                                const at::Tensor& sin, const at::Tensor& mask, at::ScalarType act) const;
 
   DiTConfig cfg_;
   nn::Linear x_embedder;  // patches [B, T, C*p*p] (c, i, j order) -> D
