@@ -162,6 +162,10 @@ TEST(ProfileAccounting, OverheadPerKernelAndIdleWithoutIt) {
   // A profiled step faster than the unprofiled one (noise): nothing is taken out.
   m.unprofiled_ms = m.profiled_ms * 1.02;
   EXPECT_NEAR(account(a, m).idle_without_profiler_ms, idle, 1e-12);
+  EXPECT_FALSE(contains(format_breakdown(a, m), "The unprofiled steps were the slower"));
+  // Much faster (the unprofiled steps held a warm-up or a capture): said so.
+  m.unprofiled_ms = m.profiled_ms * 3;
+  EXPECT_TRUE(contains(format_breakdown(a, m), "The unprofiled steps were the slower")) << format_breakdown(a, m);
 }
 
 RunFacts facts_with(const MeasuredStep& m) {

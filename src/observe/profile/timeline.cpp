@@ -618,6 +618,9 @@ std::string format_breakdown(const StepAnalysis& a, const MeasuredStep& m) {
       s << buf;
     }
     s << ".\n";
+    if (c.overhead_share < -0.05)
+      s << "The unprofiled steps were the slower: they likely held a warm-up, a capture or a checkpoint (give the "
+           "schedule skip_first steps past them); nothing is taken out of the idle time.\n";
     if (!a.cpu_only) {
       std::snprintf(buf, sizeof buf,
                     "GPU idle between kernels without the profiler's cost: about %.3f ms/step (%.1f%% of the "
