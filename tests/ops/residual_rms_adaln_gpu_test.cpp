@@ -267,6 +267,49 @@ TEST(ResidualRmsAdaLNGpu, KernelsWriteEveryOutputElement) {
   }
 }
 
+// Inputs whose dtypes the kernels do not take as they are: gate bf16 with
+// scale fp32 (both go through fp32 copies), y bf16 into an fp32 h (y and h
+// through fp32), a float64 post-norm weight and a bf16 pre-norm weight (read as
+// fp32 copies; gradients back in their own dtypes); against float64, both
+// outputs used. Tolerances as in MatchesFloat64Reference for a kept-x1 fp32
+// residual stream; the bf16 results (dgate, dy, dpre_weight) by theirs.
+TEST(ResidualRmsAdaLNGpu, MixedDtypes) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 7000;
+  for (const Shape& s : {Shape{1, 1, 37}, Shape{2, 77, 72}, Shape{2, 256, 1152}}) {
+    const std::string where = name(s) + ": ";
+    at::Generator g = gen(seed++);
+    const at::Tensor x = rnd({s.b, s.t, s.d}, g, at::kFloat, 2.0, 0.3), y = rnd({s.b, s.t, s.d}, g, at::kBFloat16, 3.0);
+    const at::Tensor gate = rnd({s.b, s.d}, g, at::kBFloat16, 0.7), scale = rnd({s.b, s.d}, g, at::kFloat, 0.5);
+    const at::Tensor pw = rnd({s.d}, g, at::kDouble, 0.3, 1.0), qw = rnd({s.d}, g, at::kBFloat16, 0.3, 1.0);
+    const at::Tensor dx1 = rnd({s.b, s.t, s.d}, g, at::kFloat), dh = rnd({s.b, s.t, s.d}, g, at::kFloat);
+    auto grads = [&](bool reference) {
+      std::vector<at::Tensor> in = {x, gate, y, pw, qw, scale};
+      for (at::Tensor& t : in) t = (reference ? t.to(at::kDouble) : t).detach().requires_grad_(true);
+      const auto [x1, h] =
+          reference ? residual_rms_adaln_reference(in[0], in[1], in[2], in[3], in[4], in[5], at::kDouble)
+                    : residual_rms_adaln(in[0], in[1], in[2], in[3], in[4], in[5], at::kFloat);
+      auto gr = torch::autograd::grad({x1, h}, in, {reference ? dx1.to(at::kDouble) : dx1,
+                                                     reference ? dh.to(at::kDouble) : dh});
+      gr.insert(gr.begin(), {x1.detach(), h.detach()});
+      return gr;
+    };
+    const auto got = grads(false), ref = grads(true);
+    EXPECT_EQ(got[1].scalar_type(), at::kFloat) << where << "h dtype";
+    const char* names[] = {"x1", "h", "dx", "dgate", "dy", "dpost_weight", "dpre_weight", "dscale"};
+    const at::ScalarType dtypes[] = {at::kFloat, at::kFloat, at::kFloat, at::kBFloat16,
+                                     at::kBFloat16, at::kDouble, at::kBFloat16, at::kFloat};
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(got[i].defined()) << where << names[i];
+      EXPECT_EQ(got[i].scalar_type(), dtypes[i]) << where << names[i] << " dtype";
+      if (i < 3 || i == 4)
+        expect_close(got[i], ref[i], where + names[i]);
+      else
+        expect_rel_l2(got[i], ref[i], where + names[i]);
+    }
+  }
+}
+
 // Bad inputs that only exist on a GPU: tensors on different devices.
 TEST(ResidualRmsAdaLNGpu, MixedDevicesRaiseUsageError) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";

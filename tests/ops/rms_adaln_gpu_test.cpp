@@ -191,6 +191,40 @@ TEST(RmsAdaLNGpu, KernelsWriteEveryOutputElement) {
   }
 }
 
+// A float64 weight (read as an fp32 copy; its gradient back in float64) and
+// x bf16 with fp32 scale into an fp32 h; against float64.
+TEST(RmsAdaLNGpu, MixedDtypes) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 7000;
+  for (const Shape& s : {Shape{1, 1, 37}, Shape{2, 77, 72}, Shape{2, 256, 1152}}) {
+    const std::string where = name(s) + ": ";
+    at::Generator g = gen(seed++);
+    const at::Tensor x = rnd({s.b, s.t, s.d}, g, at::kBFloat16, 2.0, 0.3);
+    const at::Tensor w = rnd({s.d}, g, at::kDouble, 0.3, 1.0), scale = rnd({s.b, s.d}, g, at::kFloat, 0.5);
+    const at::Tensor dh = rnd({s.b, s.t, s.d}, g, at::kFloat);
+    auto grads = [&](bool reference) {
+      std::vector<at::Tensor> in = {x, w, scale};
+      for (at::Tensor& t : in) t = (reference ? t.to(at::kDouble) : t).detach().requires_grad_(true);
+      const at::Tensor h = reference ? rms_adaln_reference(in[0], in[1], in[2], at::kDouble)
+                                     : rms_adaln(in[0], in[1], in[2], at::kFloat);
+      auto gr = torch::autograd::grad({h}, in, {reference ? dh.to(at::kDouble) : dh});
+      gr.insert(gr.begin(), h.detach());
+      return gr;
+    };
+    const auto got = grads(false), ref = grads(true);
+    const char* names[] = {"h", "dx", "dweight", "dscale"};
+    const at::ScalarType dtypes[] = {at::kFloat, at::kBFloat16, at::kDouble, at::kFloat};
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(got[i].defined()) << where << names[i];
+      EXPECT_EQ(got[i].scalar_type(), dtypes[i]) << where << names[i] << " dtype";
+      if (i < 2)
+        expect_close(got[i], ref[i], where + names[i]);
+      else
+        expect_rel_l2(got[i], ref[i], where + names[i]);
+    }
+  }
+}
+
 // Bad inputs that only exist on a GPU: tensors on different devices.
 TEST(RmsAdaLNGpu, MixedDevicesRaiseUsageError) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
