@@ -41,10 +41,11 @@ struct Result {
 Result run(SingleStreamDiT& m, const at::Device& device, bool bf16, const at::Tensor& x, const at::Tensor& t,
            const Condition& cond, const at::Tensor& gout, const DiTExecution& exec = {}) {
   Result r;
-  const at::Tensor xl = x.to(device).set_requires_grad(true);
+  // Fresh leaves (x.to(kCPU) would be x itself).
+  const at::Tensor xl = x.to(device).detach().clone().set_requires_grad(true);
   Condition c;
   if (cond.labels.defined()) c.labels = cond.labels.to(device);
-  if (cond.features.defined()) c.features = cond.features.to(device).set_requires_grad(true);
+  if (cond.features.defined()) c.features = cond.features.to(device).detach().clone().set_requires_grad(true);
   if (cond.lengths.defined()) c.lengths = cond.lengths.to(device);
   at::Tensor out;
   {
