@@ -631,6 +631,49 @@ bool same(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
   return true;
 }
 
+// A single-stream model through the step runner: per-module statistics and
+// gradient histograms of its blocks, and the eager re-run of a NaN step
+// names the module that made the first non-finite value.
+TEST(StepRunnerGuard, SingleStreamModelIsMonitoredAndLocated) {
+  TrainConfig c = default_config(false);
+  for (const char* o : {"model.name=SS-S/2", "model.depth=4", "model.hidden=32", "model.heads=2", "model.patch=2",
+                        "model.image_size=4", "model.in_channels=1", "model.num_classes=3", "model.cond_tokens=2",
+                        "train.batch_size=8", "train.device=cpu", "train.precision=fp32", "health.monitor_every=2",
+                        "health.nan_policy=skip"})
+    apply_override(c, o);
+  ASSERT_TRUE(c.model.single_stream());
+  auto built = models::build_diffusion_model_and_ema(c.model, 1, at::Device(at::kCPU));
+  StepOptions o;
+  o.precision = "fp32";
+  StepRunner r(*built.model, built.ema.get(), c, o, at::Device(at::kCPU), at::make_generator<at::CPUGeneratorImpl>(5));
+  data::Batch good{at::randn({8, 1, 4, 4}), at::randint(3, {8}, at::kLong)};
+  data::Batch bad{good.x.clone(), good.y};
+  bad.x[2][0][1][1] = kNaN;
+  r.step(good);
+  r.step(good);
+  r.step(bad);
+  r.step(good);
+  const WindowStats w = r.take_window();
+  EXPECT_EQ(w.first_nonfinite_step, 3);
+  const NonFiniteSite site = r.locate_nonfinite(3);
+  ASSERT_TRUE(site.found) << site.message();
+  EXPECT_EQ(site.phase, "forward") << site.message();
+  EXPECT_EQ(site.module, "x_embedder") << "the patch embedding reads the NaN pixel first: " << site.message();
+  const auto health = r.take_grad_health(true);
+  ASSERT_EQ(health.size(), 2u);
+  std::vector<std::string> modules;
+  for (const auto& m : health[1].modules) modules.push_back(m.name);
+  EXPECT_EQ(modules, (std::vector<std::string>{"x_embedder", "t_embedder", "y_embedder", "blocks.0", "blocks.1",
+                                               "blocks.2", "blocks.3", "final_layer"}));
+  ASSERT_EQ(health[1].module_histograms.size(), modules.size());
+  for (size_t i = 0; i < modules.size(); ++i) {
+    EXPECT_EQ(health[1].module_histograms[i].hist.num, static_cast<double>(health[1].modules[i].stats.numel))
+        << modules[i];
+    EXPECT_GT(health[1].modules[i].stats.numel, 0) << modules[i];
+  }
+  EXPECT_GT(health[1].modules[3].stats.norm, 0);  // blocks.0 trains
+}
+
 // A NaN in the data at step 3: skip skips that update and goes on; stop
 // also skips every later one (the weights stay those step 3 saw).
 TEST(StepRunnerGuard, SkipAndStopPolicies) {
