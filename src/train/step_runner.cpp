@@ -332,7 +332,11 @@ struct StepRunner::Impl {
     monitoring = was_monitoring;
     if (!error.empty()) {
       for (auto& p : params) p.mutable_grad() = at::Tensor();
-      compat::renew_generator_state(gen);  // the failed capture left it marked as capturing
+      // The failed capture left the generators registered with it marked as
+      // capturing: ours, and the device's default one (every capture registers it).
+      compat::renew_generator_state(gen);
+      at::Generator device_default = at::globalContext().defaultGenerator(device);
+      compat::renew_generator_state(device_default);
     }
     return error;
   }
