@@ -97,8 +97,10 @@ at::Tensor kernel_weight(const std::optional<at::Tensor>& w) {
 }
 
 // The weights travel as optionals: autograd functions take no undefined
-// tensors, and an absent optional is an input edge that needs no gradient.
-// Tensor inputs, by edge: qkv 0, cos 1, sin 2, q_weight 3, k_weight 4.
+// tensors. An absent optional is no input edge at all (libtorch's
+// ExtractVariables skips it), so the edges are qkv 0, cos 1, sin 2, then
+// q_weight 3 when present, then k_weight (3 without a q weight, else 4);
+// backward's result stays indexed by forward argument.
 struct QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv_in, const at::Tensor& cos_in,
                             const at::Tensor& sin_in, int64_t heads, double eps,
@@ -137,7 +139,8 @@ struct QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction>
     const int64_t heads = ctx->saved_data["heads"].toInt();
     const int64_t q_dtype = ctx->saved_data["q_dtype"].toInt(), k_dtype = ctx->saved_data["k_dtype"].toInt();
     const bool want_qkv = ctx->needs_input_grad(0);
-    const bool want_q = q_dtype >= 0 && ctx->needs_input_grad(3), want_k = k_dtype >= 0 && ctx->needs_input_grad(4);
+    const bool want_q = q_dtype >= 0 && ctx->needs_input_grad(3);
+    const bool want_k = k_dtype >= 0 && ctx->needs_input_grad(q_dtype >= 0 ? 4 : 3);
     if (!want_qkv && !want_q && !want_k) return result;
     const c10::cuda::CUDAGuard guard(qkv.device());
     const int rows = int(qkv.size(0) * qkv.size(1)), tokens = int(qkv.size(1));
