@@ -383,8 +383,10 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
   }
   s.execution = dit_execution(speed, cuda);
   if (!model.has_fused_path()) s.execution.fused_kernels = s.execution.gelu_recompute = false;
+  // The products' rows: every token of the sequence (a single-stream model's condition tokens too).
   s.weight_grad_stream = s.execution.fused_kernels && !speed.recompute &&
-                         ops::weight_grad_overlap_for(cfg.optim.batch_size * cfg.model.tokens(), cfg.model.hidden);
+                         ops::weight_grad_overlap_for(cfg.optim.batch_size * cfg.model.sequence_tokens(),
+                                                      cfg.model.hidden);
 
   s.params = model.parameters();
   if (ema != nullptr) s.ema_params = ema->parameters();
