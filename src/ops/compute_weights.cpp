@@ -10,19 +10,24 @@ thread_local const ComputeWeights* g_current = nullptr;
 }  // namespace
 
 ComputeWeights::ComputeWeights(const std::vector<std::pair<at::Tensor, at::Tensor>>& pairs) {
+  auto copies = std::make_shared<Map>();
   for (const auto& [master, copy] : pairs) {
     if (!master.defined() || !copy.defined()) continue;
     if (master.sizes() != copy.sizes())
       throw UsageError("ComputeWeights: a copy must have its master's sizes");
-    copies_[master.unsafeGetTensorImpl()] = {master, copy};
+    (*copies)[master.unsafeGetTensorImpl()] = {master, copy};
   }
+  copies_ = std::move(copies);
 }
 
 at::Tensor ComputeWeights::find(const at::Tensor& master, at::ScalarType dtype) const {
-  auto it = copies_.find(master.unsafeGetTensorImpl());
-  if (it == copies_.end() || it->second.second.scalar_type() != dtype) return at::Tensor();
+  if (!copies_) return at::Tensor();
+  auto it = copies_->find(master.unsafeGetTensorImpl());
+  if (it == copies_->end() || it->second.second.scalar_type() != dtype) return at::Tensor();
   return it->second.second;
 }
+
+const ComputeWeights* current_compute_weights() { return g_current; }
 
 ComputeWeightsScope::ComputeWeightsScope(const ComputeWeights* weights) : previous_(g_current) {
   g_current = weights;

@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -27,10 +28,11 @@ class ComputeWeights {
   explicit ComputeWeights(const std::vector<std::pair<at::Tensor, at::Tensor>>& pairs);
   // The copy of `master` in `dtype`, or an undefined tensor.
   at::Tensor find(const at::Tensor& master, at::ScalarType dtype) const;
-  size_t size() const { return copies_.size(); }
+  size_t size() const { return copies_ ? copies_->size() : 0; }
 
  private:
-  std::unordered_map<const void*, std::pair<at::Tensor, at::Tensor>> copies_;  // impl -> (master, copy)
+  using Map = std::unordered_map<const void*, std::pair<at::Tensor, at::Tensor>>;  // impl -> (master, copy)
+  std::shared_ptr<const Map> copies_;  // shared: a copy of the set (ops::recompute keeps one) costs nothing
 };
 
 // Makes `weights` the copies compute_weight() finds on this thread while the
@@ -45,6 +47,11 @@ class ComputeWeightsScope {
  private:
   const ComputeWeights* previous_;
 };
+
+// The set of copies the innermost scope on this thread makes visible, or
+// null (none, or a null scope). ops::recompute keeps it for the backward,
+// which runs on autograd's thread, outside the step's scope.
+const ComputeWeights* current_compute_weights();
 
 // `t` in `dtype`, contiguous: itself when it already is, the scope's copy
 // when there is one (for a contiguous view of a whole parameter, the same

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "compat/compat.h"
+#include "ops/compute_weights.h"
 
 namespace perftrain::ops {
 namespace {
@@ -14,12 +15,14 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// What backward needs besides tensors: the block and the autocast state the
-// forward ran under (backward runs on the autograd thread, without it).
+// What backward needs besides tensors: the block, the autocast state the
+// forward ran under and the weight copies it read (backward runs on the
+// autograd thread, without either: the re-run would cast every weight again).
 struct RecomputeState : torch::CustomClassHolder {
   BlockFn fn;
   at::DeviceType device = at::kCPU;
   std::optional<at::ScalarType> autocast;
+  std::optional<ComputeWeights> weights;  // none: the forward ran outside any scope
 };
 
 struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
@@ -28,6 +31,7 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
     state->fn = fn;
     state->device = x.device().type();
     state->autocast = compat::autocast_dtype(state->device);
+    if (const ComputeWeights* w = current_compute_weights()) state->weights = *w;
     ctx->saved_data["state"] = at::IValue::make_capsule(state);
     ctx->save_for_backward({x, c});
     return fn(x, c);  // grad mode is off inside Function::forward: nothing is kept
@@ -42,6 +46,7 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
       at::AutoGradMode grad_on(true);
       compat::AutocastGuard autocast(state->device, state->autocast.value_or(at::kBFloat16),
                                      state->autocast.has_value());
+      const ComputeWeightsScope weights(state->weights ? &*state->weights : nullptr);
       at::Tensor y = state->fn(x, c);
       torch::autograd::backward({y}, {grads[0]});  // weights' gradients accumulate here
     }

@@ -1,7 +1,7 @@
 // Activation recompute (gradient checkpointing) for one block: the forward
 // runs without keeping its intermediates; backward runs the block's forward
-// again with grad enabled, under the autocast state the forward had, and
-// back-propagates through it. Costs one more forward of the block per step and
+// again with grad enabled, under the autocast state and the weight copies
+// (ops/compute_weights.h) the forward had, and back-propagates through it. Costs one more forward of the block per step and
 // saves all of its activations but the input: for DiT, ~10x less activation
 // memory per block.
 #pragma once

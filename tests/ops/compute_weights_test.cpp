@@ -2,13 +2,17 @@
 // ComputeWeightsScope on the same thread and only for its own dtype; outside,
 // or for other tensors, the weight is cast as before; scopes nest and a null
 // scope hides the outer one; a whole-parameter view reads the copy's view.
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/matmul.h>
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 
 #include <thread>
+#include <vector>
 
 #include "base/error.h"
 #include "ops/compute_weights.h"
+#include "ops/recompute.h"
 #include "support/tensor_checks.h"
 
 namespace perftrain::ops {
@@ -58,6 +62,45 @@ TEST(ComputeWeights, AWholeViewOfAParameterReadsItsCopy) {
   const at::Tensor part = w.view({6, 8}).narrow(0, 1, 3);
   EXPECT_TRUE(compute_weight(part, at::kBFloat16).equal(part.detach().to(at::kBFloat16)));
   EXPECT_THROW(ComputeWeights({{w, at::randn({5, 6}, gen, at::kFloat)}}), UsageError);
+}
+
+// ops::recompute's backward runs the block again on autograd's thread (for
+// CUDA tensors), where the step's scope is not: it re-installs the copies the
+// forward read, so the re-run reads the same weights (not a cast of each).
+// Here the backward runs on another thread, as autograd's does, and the
+// "copy" is deliberately 2 w, so which one each run read shows in the values.
+TEST(ComputeWeights, RecomputeReRunsTheBlockWithTheForwardsCopies) {
+  auto gen = perftrain::testing::seeded_cpu_generator(6);
+  const at::Tensor w = at::randn({4, 3}, gen, at::kFloat);
+  const at::Tensor copy = (w * 2).to(at::kBFloat16);
+  const ComputeWeights weights({{w, copy}});
+  for (const bool scoped : {true, false}) {
+    std::vector<bool> read_copy;  // per call of the block: forward, then the re-run
+    const BlockFn fn = [&](const at::Tensor& x, const at::Tensor& c) {
+      const at::Tensor wc = compute_weight(w, at::kBFloat16);
+      read_copy.push_back(wc.is_same(copy));
+      return at::matmul(x, wc.to(at::kFloat).t()) + c;
+    };
+    const at::Tensor x = at::randn({5, 3}, gen, at::kFloat).set_requires_grad(true);
+    const at::Tensor c = at::randn({5, 4}, gen, at::kFloat).set_requires_grad(true);
+    const at::Tensor gout = at::randn({5, 4}, gen, at::kFloat);
+    at::Tensor y;
+    {
+      const ComputeWeightsScope scope(scoped ? &weights : nullptr);
+      y = recompute(fn, x, c);
+    }
+    // The backward on a thread with the other scope state than the forward's.
+    std::thread([&] {
+      const ComputeWeightsScope other(scoped ? nullptr : &weights);
+      y.backward(gout);
+    }).join();
+    ASSERT_EQ(read_copy.size(), 2u);
+    EXPECT_EQ(read_copy[0], scoped);
+    EXPECT_EQ(read_copy[1], scoped) << "the re-run read other weights than the forward";
+    const at::Tensor used = scoped ? copy.to(at::kFloat) : w.to(at::kBFloat16).to(at::kFloat);
+    EXPECT_TRUE(at::allclose(x.grad(), at::matmul(gout, used), 1e-5, 1e-5)) << (scoped ? "scoped" : "unscoped");
+    EXPECT_TRUE(at::allclose(c.grad(), gout));
+  }
 }
 
 }  // namespace
