@@ -5,7 +5,8 @@
 // batch sums of rms_adaln, residual_rms_adaln and qk_norm_rope all run there.
 // A gradient read before the side stream wrote it, or a weight used twice,
 // would show as a difference here. Eager and captured, class tokens and
-// masked condition features. Prints the largest differences. Skips without a GPU.
+// masked condition features. And the bf16 step under recompute against the
+// chained one. Prints the largest differences. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -44,14 +45,14 @@ TrainConfig tiny(int64_t cond_dim, bool graph) {
   return c;
 }
 
-struct Run {
+struct TrainRun {
   std::vector<double> losses;
   std::vector<std::pair<std::string, at::Tensor>> weights;
   bool two_streams = false;
   std::string note, graph_status;
 };
 
-Run train(const TrainConfig& c, ops::WeightGradStreamMode mode, int steps) {
+TrainRun train(const TrainConfig& c, ops::WeightGradStreamMode mode, int steps) {
   ops::set_weight_grad_stream_mode(mode);
   const at::Device cuda(at::kCUDA, 0);
   auto m = models::build_diffusion_model_and_ema(c.model, 11, cuda);
@@ -66,7 +67,7 @@ Run train(const TrainConfig& c, ops::WeightGradStreamMode mode, int steps) {
   gen.set_current_seed(9);
   StepRunner r(*m.model, m.ema.get(), c, StepOptions{}, cuda, gen);
   auto data_gen = at::make_generator<at::CPUGeneratorImpl>(17);
-  Run out;
+  TrainRun out;
   for (int i = 0; i < steps; ++i) {
     data::Batch b;
     const int64_t B = c.optim.batch_size;
@@ -90,8 +91,8 @@ Run train(const TrainConfig& c, ops::WeightGradStreamMode mode, int steps) {
 void expect_same_with_two_streams(int64_t cond_dim, bool graph) {
   const TrainConfig c = tiny(cond_dim, graph);
   const int steps = 8;
-  const Run one = train(c, ops::WeightGradStreamMode::kOff, steps);
-  const Run two = train(c, ops::WeightGradStreamMode::kOn, steps);
+  const TrainRun one = train(c, ops::WeightGradStreamMode::kOff, steps);
+  const TrainRun two = train(c, ops::WeightGradStreamMode::kOn, steps);
   const std::string what = std::string(cond_dim > 0 ? "masked features" : "class tokens") + (graph ? ", captured" : ", eager");
   EXPECT_FALSE(one.two_streams) << what;
   EXPECT_TRUE(two.two_streams) << what << ": " << two.note;
@@ -127,6 +128,36 @@ TEST(SingleStreamStreamGpu, TwoStreamsGiveTheOneStreamStepWithMaskedFeatures) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   expect_same_with_two_streams(24, false);
   expect_same_with_two_streams(24, true);
+}
+
+// bf16 with the optimizer's weight copies: the fused step under recompute
+// (block by block, each re-run in backward on autograd's thread with the
+// forward's copies) trains like the chained step, captured.
+TEST(SingleStreamStreamGpu, RecomputeStepTrainsLikeTheChainedStep) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  for (const int64_t cond_dim : {int64_t(0), int64_t(24)}) {
+    TrainConfig c = tiny(cond_dim, true);
+    const int steps = 8;
+    const TrainRun chained = train(c, ops::WeightGradStreamMode::kOff, steps);
+    c.speed.recompute = true;
+    const TrainRun recompute = train(c, ops::WeightGradStreamMode::kOff, steps);
+    EXPECT_EQ(recompute.graph_status.rfind("captured", 0), 0u) << recompute.graph_status;
+    double worst_loss = 0, worst = 0;
+    std::string worst_name;
+    for (int i = 0; i < steps; ++i) {
+      ASSERT_TRUE(std::isfinite(recompute.losses[i])) << "step " << i + 1;
+      worst_loss = std::max(worst_loss, std::abs(recompute.losses[i] - chained.losses[i]) / std::abs(chained.losses[i]));
+    }
+    for (size_t i = 0; i < chained.weights.size(); ++i) {
+      const double e = perftrain::testing::rel_l2(recompute.weights[i].second, chained.weights[i].second);
+      EXPECT_LT(e, 2e-2) << "cond_dim " << cond_dim << ": " << chained.weights[i].first;
+      if (e > worst) worst = e, worst_name = chained.weights[i].first;
+    }
+    // The same function through other op compositions in bf16: rounding apart.
+    EXPECT_LT(worst_loss, 2e-2) << "cond_dim " << cond_dim;
+    std::cout << "recompute vs chained, cond_dim " << cond_dim << ": loss rel diff " << worst_loss
+              << ", worst weight " << worst_name << " rel " << worst << "\n";
+  }
 }
 
 }  // namespace
