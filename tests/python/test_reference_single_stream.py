@@ -91,7 +91,8 @@ def test_bench_cpu_with_features_and_with_class_tokens():
         assert set(r) == keys, set(r) ^ keys
         assert r["model"] == "SS-T/2" and r["batch"] == 3 and r["mode"] == "eager-fp32", r
         assert r["device"] == "cpu" and r["peak_gib"] is None
-        assert r["ms_median"] > 0 and r["images_per_s"] > 0 and r["tflops"] > 0 and r["first_step_s"] > 0, r
+        # tflops is rounded to 3 decimals: a tiny model on a loaded CPU may show 0.0.
+        assert r["ms_median"] > 0 and r["images_per_s"] > 0 and r["tflops"] >= 0 and r["first_step_s"] > 0, r
 
 
 def test_bench_flops_match_the_products_counted():
