@@ -117,12 +117,14 @@ at::Tensor key_mask_4d(const at::Tensor& mask, int64_t batch, int64_t tokens, co
 // exp underflows to exactly 0 in fp32 as long as a row has one attended key,
 // and cuDNN mishandles -inf; ATen's SDPA gives cuDNN the same value). Rows
 // padded to 8 elements so that each sample's row starts 16-byte aligned
-// whatever T is; [B, 1, 1, T] over that storage.
+// whatever T is: [B, 1, 1, T] over [B, 1, 1, padded], so every stride but the
+// last is a multiple of 8 elements (cuDNN gets the strides as they are, those
+// of the size-1 dimensions too; a view of [B, T] would give them stride T).
 at::Tensor key_bias(const at::Tensor& mask4, at::ScalarType dtype) {
   const int64_t B = mask4.size(0), T = mask4.size(3), padded = (T + 7) / 8 * 8;
-  at::Tensor bias = at::zeros({B, padded}, mask4.options().dtype(dtype)).narrow(1, 0, T);
-  bias.masked_fill_(mask4.view({B, T}).logical_not(), -65504.0);
-  return bias.view({B, 1, 1, T});
+  at::Tensor bias = at::zeros({B, 1, 1, padded}, mask4.options().dtype(dtype)).narrow(3, 0, T);
+  bias.masked_fill_(mask4.logical_not(), -65504.0);
+  return bias;
 }
 
 // The key bias's gradient is exactly zero, so it is written as zeros instead
