@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,17 @@ TEST(QkNormRopeGpu, WeightDtypesAndPartialGradients) {
     expect_close(gr[0], ref[0], "k weight only: dqkv");
     expect_rel_l2(gr[1], ref[1], "k weight only: dk_weight", kWeightGradTolFp32);
   }
+  {  // only a q weight: k normalised without one (the k weight's input edge is absent)
+    const at::Tensor x = qkv.detach().requires_grad_(true), wq = kw.detach().requires_grad_(true);
+    const at::Tensor out = qk_norm_rope(x, c.heads, wq, at::Tensor(), cos, sin);
+    const auto gr = torch::autograd::grad({out}, {x, wq}, {dout});
+    const at::Tensor x64 = qkv.to(at::kDouble).requires_grad_(true), q64 = kw.to(at::kDouble).requires_grad_(true);
+    const at::Tensor out64 = qk_norm_rope_reference(x64, c.heads, q64, at::Tensor(), c64, s64);
+    const auto ref = torch::autograd::grad({out64}, {x64, q64}, {dout.to(at::kDouble)});
+    expect_close(out, out64, "q weight only: out");
+    expect_close(gr[0], ref[0], "q weight only: dqkv");
+    expect_rel_l2(gr[1], ref[1], "q weight only: dq_weight", kWeightGradTolFp32);
+  }
 }
 
 // The kernels write every element of out, rstd, dqkv and the partials: all
@@ -208,8 +220,9 @@ TEST(QkNormRopeGpu, KernelsWriteEveryOutputElement) {
   }
 }
 
-// A view whose data is not aligned to two elements (copied inside the op)
-// and a non-contiguous incoming gradient give the contiguous results.
+// A strided view, a contiguous one whose data is not aligned to two elements
+// (both copied inside the op) and a non-contiguous incoming gradient give the
+// contiguous results.
 TEST(QkNormRopeGpu, MisalignedViewAndStridedGradient) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   at::Generator g = gen(3500);
@@ -228,6 +241,16 @@ TEST(QkNormRopeGpu, MisalignedViewAndStridedGradient) {
   const auto a = run(view, dout_t), ref = run(view.contiguous(), dout);
   EXPECT_TRUE(at::equal(a.first, ref.first)) << "out";
   EXPECT_TRUE(at::equal(a.second, ref.second)) << "dqkv";
+  // Contiguous but one element off a pair boundary (so .contiguous() alone
+  // would keep it: the op must copy it to an aligned one, not throw).
+  const at::Tensor flat = rnd({b * t * 3 * d + 1}, g, at::kBFloat16);
+  flat.narrow(0, 1, b * t * 3 * d).view({b, t, 3 * d}).copy_(view);
+  const at::Tensor odd = flat.narrow(0, 1, b * t * 3 * d).view({b, t, 3 * d});
+  ASSERT_TRUE(odd.is_contiguous());
+  ASSERT_NE(reinterpret_cast<uintptr_t>(odd.data_ptr()) % 4, 0u);
+  const auto o = run(odd, dout);
+  EXPECT_TRUE(at::equal(o.first, ref.first)) << "out (odd offset)";
+  EXPECT_TRUE(at::equal(o.second, ref.second)) << "dqkv (odd offset)";
 }
 
 // Bad inputs that only exist on a GPU: tables on the CPU, a head too wide.
