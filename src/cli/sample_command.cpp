@@ -38,10 +38,12 @@ void run(const SampleArgs& a) {
   const at::Device device = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
 
   cfg.validate();  // every value of the metadata, as a resume checks it
-  const auto built = models::make_diffusion_model(cfg.model, 0);
+  // Built on the device (its fixed tables too: a single-stream model's rotary
+  // tables, which are not weights, would otherwise stay on the CPU and be
+  // copied to the GPU on every model call), then the weights copied in.
+  const auto built = models::build_diffusion_model(cfg.model, 0, device);
   models::DiffusionModel& model = *built;
   train::load_weights(path, model);
-  model.transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
 
   train::SampleOptions o;
   o.classes = a.classes;
