@@ -10,6 +10,8 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/full_like.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/randn.h>
@@ -227,7 +229,7 @@ TEST(QkvAttentionGpu, CudnnKeyMaskMatchesFp32Reference) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   auto g = cuda_gen(31);
   for (const Shape s : {Shape{3, 67, 128, 2}, Shape{2, 259, 384, 6}, Shape{4, 35, 384, 4}, Shape{2, 131, 256, 2},
-                        Shape{2, 288, 1152, 16}}) {
+                        Shape{2, 288, 1152, 16}, Shape{2, 320, 384, 6}}) {
     const int64_t B = s.batch, T = s.tokens, D = s.dim;
     const at::Tensor qkv = rnd({B, T, 3 * D}, g).to(at::kBFloat16);
     // Sample b attends to its first len_b keys and the last half (the image tokens).
@@ -257,6 +259,52 @@ TEST(QkvAttentionGpu, CudnnKeyMaskMatchesFp32Reference) {
           << what << " masked keys' dk, dv";
     // Unmasked cuDNN on the same values still differs (the mask was applied).
     EXPECT_GT(rel_l2(qkv_attention(qkv, s.heads), out), 1e-2) << what;
+  }
+}
+
+// A known cuDNN fault to watch for (PyTorch issue 196678, reported from 2.11
+// on H100/H200): with an attn_bias, T % 128 == 64 and a query row whose
+// logsumexp is below -88.7, the backward's padded key tile overflows and dq
+// turns NaN. Every logit here is about -127 (q's first channel 1, k's first
+// channel -127 sqrt(hd)), which softmax ignores (shift-invariant), so the
+// gradients must be finite, and out, dk and dv match fp32 SDPA (dq is not
+// compared: its first channel is a sum of dS against that huge constant,
+// zero in exact arithmetic and bf16 rounding noise of dS times 1e3 in any
+// bf16 kernel). QK-norm keeps the models' logits within about
+// sqrt(hd) * |w_q| |w_k| of 0, far from this; a failure here says the masked
+// cuDNN backward must not take such rows, not that the models hit it.
+TEST(QkvAttentionGpu, CudnnKeyMaskBackwardFiniteAtVeryNegativeLogsumexp) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  auto g = cuda_gen(37);
+  for (const Shape s : {Shape{1, 320, 64, 1}, Shape{2, 192, 128, 2}, Shape{1, 256, 64, 1}}) {
+    const int64_t B = s.batch, T = s.tokens, D = s.dim, hd = D / s.heads;
+    at::Tensor qkv = rnd({B, T, 3, s.heads, hd}, g, 0.1);
+    qkv.select(2, 0).select(-1, 0).fill_(1.0);
+    qkv.select(2, 1).select(-1, 0).fill_(-127.0 * std::sqrt(double(hd)));
+    qkv.select(2, 2).normal_(0.0, 1.0, g);
+    qkv = qkv.view({B, T, 3 * D}).to(at::kBFloat16);
+    const at::Tensor mask = at::ones({B, T}, at::TensorOptions().device(kCuda).dtype(at::kBool));
+    mask.narrow(1, 0, T / 4).fill_(false);  // some keys masked, every query keeps 3/4 of them
+    const at::Tensor gout = rnd({B, T, D}, g);
+    const auto fwd_bwd = [&](const at::Tensor& x) {
+      const at::Tensor leaf = x.detach().requires_grad_(true);
+      const at::Tensor out = qkv_attention(leaf, s.heads, mask);
+      const at::Tensor d = torch::autograd::grad({(out.to(at::kFloat) * gout).sum()}, {leaf})[0];
+      return std::pair<at::Tensor, at::Tensor>{out.detach(), d};
+    };
+    const auto [out, dqkv] = fwd_bwd(qkv);
+    const auto [ref, dref] = fwd_bwd(qkv.to(at::kFloat));
+    const std::string what = describe(s);
+    EXPECT_FALSE(cudnn_attention_refused()) << what;
+    const int64_t bad_q = (~at::isfinite(dqkv.narrow(2, 0, D))).sum().item<int64_t>();
+    const int64_t bad_kv = (~at::isfinite(dqkv.narrow(2, D, 2 * D))).sum().item<int64_t>();
+    const double e_out = rel_l2(out, ref), e_kv = rel_l2(dqkv.narrow(2, D, 2 * D), dref.narrow(2, D, 2 * D));
+    std::cout << what << " (logits ~ -127): non-finite dq " << bad_q << ", dk/dv " << bad_kv << "; rel L2 out "
+              << e_out << ", dk/dv " << e_kv << "\n";
+    EXPECT_EQ(bad_q, 0) << what << " non-finite dq (T % 128 = " << T % 128 << ")";
+    EXPECT_EQ(bad_kv, 0) << what << " non-finite dk, dv";
+    EXPECT_LT(e_out, 1e-2) << what << " out";
+    EXPECT_LT(e_kv, 2e-2) << what << " dk, dv";
   }
 }
 
