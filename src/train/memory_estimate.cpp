@@ -52,6 +52,42 @@ double plain_block_bytes(const BlockShape& s, double a, bool cuda) {
   return r * 4 * s.T * s.D + a * (kept * s.T * s.D + 2 * s.T * s.M) + 4 * 4 * s.T + 4 * s.H * s.T;
 }
 
+// The single-stream blocks (models/single_stream.cpp): S tokens (condition
+// and image), D width, F the SwiGLU width, H heads; e the activations'
+// element size.
+struct SsShape {
+  double S, D, F, H;
+};
+
+// The fused chained blocks (SingleStreamDiT::run_blocks_chained), from the
+// ops' save lists: the qkv product's input h [S,D]; qk_norm_rope's input qkv
+// [S,3D] and its rstd [S,2H] fp32; cuDNN attention's packed qkv [S,3D], its
+// output [S,D] (which the projection reads in place) and lse [H,S] fp32, and
+// the key bias [S] when masked; each of the two residual_rms_adaln its y
+// [S,D], its x-hat [S,D] (x1 itself, fp32, when the operands are fp32: e
+// bytes either way) and two rstd [S] fp32; the [gate; up] product's input h2
+// [S,D]; swiglu's gate_up [S,2F]; down's input [S,F].
+double ss_fused_block_bytes(const SsShape& s, double e, bool masked) {
+  return e * s.S * (13 * s.D + 3 * s.F) + 4 * s.S * (3 * s.H + 4) + (masked ? e * s.S : 0);
+}
+
+// The plain blocks (SingleStreamBlock::forward, ATen autograd). Each RMSNorm
+// keeps its input as fp32, the normalised rows and their product with the
+// weight; the branch inputs h and h2, qkv [S,3D] (v is a view of it), q and k
+// through their norms and the rotary (its fp32 input and output), SDPA's
+// output and its transposed copy, the SwiGLU's gate, silu(gate), up and their
+// product [S,F] each. fp32: the norms' fp32 inputs are the tensors themselves,
+// 25 [S,D] tensors in all; 16-bit: 8 fp32 [S,D] (norm and rotary inputs) and
+// 21 in the activation dtype. Plus the fp32 rstd rows and SDPA's lse. On the
+// CPU the peak resident memory grows by 5 [S,D] tensors a block more, as
+// DiT's (15 for 10): what the allocator keeps of the forward's temporaries
+// (SS-S/2 runs at 4 blocks measured 16.7-18.1 MB a sample against 17.6
+// estimated; it varies with how many malloc arenas the threads made).
+double ss_plain_block_bytes(const SsShape& s, double a, bool cuda) {
+  const double wide = a == 4 ? 4 * (cuda ? 25 : 30) * s.S * s.D : 4 * 8 * s.S * s.D + a * 21 * s.S * s.D;
+  return wide + a * 4 * s.S * s.F + 4 * s.S * (4 + 3 * s.H);
+}
+
 std::string resolved_precision(const std::string& precision, bool cuda) {
   if (precision == "auto") return cuda ? "bf16" : "fp32";
   return precision;
@@ -86,7 +122,7 @@ MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const
                      static_cast<double>(m.hidden), std::floor(static_cast<double>(m.hidden) * m.mlp_ratio),
                      static_cast<double>(m.heads)};
   const double L = static_cast<double>(m.depth);
-  const double pos_embed = 4 * s.T * s.D;  // fixed buffer, in the model and in the EMA
+  double fixed_tables = 4 * s.T * s.D;  // DiT's pos_embed (single-stream: its rotary tables), model and EMA each
   const double pixels = static_cast<double>(m.in_channels) * m.image_size * m.image_size;  // C*H*W of one sample
   const double out_pixels = static_cast<double>(m.out_channels()) * m.image_size * m.image_size;
 
@@ -98,10 +134,51 @@ MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const
   // weights made per product (autocast's cache, or compute_weight's cast)
   // and held by autograd until backward: the same bytes.
   const bool shadows = device_optimizer && precision == "bf16" && sp.fused_kernels;
-  const double weight_copies = (shadows || half) ? 2 * P : 0;
+  double weight_copies = (shadows || half) ? 2 * P : 0;
 
   double per_block = 0, extra = 0;
-  if (fused && !sp.recompute) {
+  // Backward's working set beyond what is kept: one block's gradients in
+  // flight (the residual stream's fp32 gradient twice, dpre [T,M]).
+  double working = 2 * 4 * s.T * s.D + e * s.T * s.M;
+  // The loader's batches ahead (host memory: counted on the CPU) or the
+  // step's static and staging buffers (device memory: counted on CUDA).
+  const double batch_copies = cuda ? 2 : static_cast<double>(cfg.data.prefetch) + 1;
+  double batches = 4 * pixels * batch_copies;
+  if (m.single_stream()) {
+    // Its own formulas: S = condition + image tokens, the SwiGLU width, no
+    // position table but the rotary tables ([S, hd/2] cos and sin, fp32).
+    const SsShape ss{static_cast<double>(m.sequence_tokens()), s.D, static_cast<double>(m.mlp_hidden()), s.H};
+    const double hd = s.D / s.H, Tc = static_cast<double>(m.cond_tokens), Dc = static_cast<double>(m.cond_dim);
+    const bool masked = m.cond_dim > 0;  // features come with lengths: the key mask
+    fixed_tables = 4 * ss.S * hd;
+    // Modulations of all blocks and silu(c) [(4L + 2) D]; the condition
+    // embedder's fp32 features, norm and weighted norm, and the product's
+    // 16-bit input (features only; labels keep their indices).
+    const double cond = e * (4 * L + 2) * s.D + (masked ? Tc * Dc * (3 * 4 + e) : 0);
+    if (fused && !sp.recompute) {
+      per_block = ss_fused_block_bytes(ss, e, masked);
+      // The patches' product input, block 0's rms_adaln x-hat and rstd, the final product's input.
+      extra = e * pixels + 2 * e * ss.S * ss.D + 4 * ss.S + cond;
+    } else if (fused) {
+      // Each block's fp32 input kept; in backward one block lives again with
+      // its opening rms_adaln's x-hat and its last residual's (unused) one;
+      // then the final rms_adaln's x-hat and the product's input.
+      per_block = 4 * ss.S * ss.D;
+      extra = ss_fused_block_bytes(ss, e, masked) + 4 * e * ss.S * ss.D + e * pixels + cond;
+    } else {
+      const double a = half ? 2.0 : 4.0;
+      const double block = ss_plain_block_bytes(ss, a, cuda);
+      per_block = sp.recompute ? a * ss.S * ss.D : block;
+      // The patches, the final layer's norm and product on the image tokens.
+      extra = (sp.recompute ? block : 0) + 4 * pixels + 3 * 4 * s.T * s.D + cond;
+    }
+    working = 2 * 4 * ss.S * ss.D + e * ss.S * 3 * ss.F;  // dgate_up [S,2F] and d(swiglu) [S,F]
+    if (masked) batches += (4 * Tc * Dc + 8) * batch_copies;  // the features and the length
+    // Without the bf16 copies the fused path concatenates the stacked
+    // weights (all adaLN, each [gate; up]) on every step and keeps them for
+    // backward; in 16-bit that replaces the casts already counted.
+    if (fused && !shadows && !half) weight_copies += 4 * L * (4 * s.D * s.D + 2 * ss.F * s.D);
+  } else if (fused && !sp.recompute) {
     per_block = fused_block_bytes(s, e, !sp.gelu_recompute);
     // Patch-embedding input, the first adaLN LayerNorm's fp32 input, the
     // final product's input.
@@ -117,26 +194,20 @@ MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const
   // The objective's per-sample tensors (noise, x_t, target, prediction, loss terms).
   extra += 8 * 4 * out_pixels;
   const double activations = L * per_block + extra;
-  // Backward's working set beyond what is kept: one block's gradients in
-  // flight (the residual stream's fp32 gradient twice, dpre [T,M]).
-  const double working = 2 * 4 * s.T * s.D + e * s.T * s.M;
-  // The loader's batches ahead (host memory: counted on the CPU) or the
-  // step's static and staging buffers (device memory: counted on CUDA).
-  const double batches = 4 * pixels * (cuda ? 2 : static_cast<double>(cfg.data.prefetch) + 1);
   const double workspaces = cuda ? 40.0 * 1024 * 1024 : 0;  // cuBLASLt: 32 MiB main stream, 8 MiB side
 
   MemoryEstimate est;
   est.batch_size = cfg.optim.batch_size;
   const double B = static_cast<double>(cfg.optim.batch_size);
-  est.parts = {{"parameters", 4 * P + pos_embed},
+  est.parts = {{"parameters", 4 * P + fixed_tables},
                {"gradients", 4 * P},
                {"optimizer moments", 8 * P},
-               {"EMA model", 4 * P + pos_embed},
-               {shadows ? "bf16 weight copies" : "16-bit weight casts", weight_copies},
+               {"EMA model", 4 * P + fixed_tables},
+               {shadows ? "bf16 weight copies" : half ? "16-bit weight casts" : "stacked weight copies", weight_copies},
                {"activations", activations * B},
                {"backward working set", working * B + workspaces},
                {"batches", batches * B}};
-  est.fixed_bytes = 4 * P + pos_embed + 4 * P + 8 * P + 4 * P + pos_embed + weight_copies + workspaces;
+  est.fixed_bytes = 4 * P + fixed_tables + 4 * P + 8 * P + 4 * P + fixed_tables + weight_copies + workspaces;
   est.per_sample_bytes = activations + working + batches;
   return est;
 }

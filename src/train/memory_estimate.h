@@ -2,10 +2,11 @@
 // nothing allocated): the parameters, their gradients, the optimizer's state
 // (AdamW moments, the EMA model, the bf16 weight copies the fused path keeps),
 // the activations autograd saves for backward (by path: the fused chained
-// blocks, per-block recompute, or the plain ATen blocks) and the backward's
-// working set. It counts what the step runner and the device optimizer
-// really create (train/step_runner.cpp, train/device_optimizer.cpp, the ops'
-// save_for_backward lists). Measured against the caching allocator's peak on
+// blocks, per-block recompute, or the plain ATen blocks; DiT and the
+// single-stream family each by its own formulas, the latter over condition
+// plus image tokens) and the backward's working set. It counts what the step
+// runner and the device optimizer really create (train/step_runner.cpp,
+// train/device_optimizer.cpp, the ops' save_for_backward lists). Measured against the caching allocator's peak on
 // an H200 (tests/train/memory_estimate_gpu_test.cpp); the estimate aims at
 // the peak within about 10%.
 //
@@ -26,8 +27,9 @@ namespace perftrain::train {
 
 struct MemoryEstimate {
   // (what, bytes), in a fixed order: "parameters", "gradients", "optimizer
-  // moments", "EMA model", "bf16 weight copies", "activations", "backward
-  // working set". Parts that do not exist for the config are 0.
+  // moments", "EMA model", "bf16 weight copies" ("16-bit weight casts" in
+  // fp16, "stacked weight copies" in fp32), "activations", "backward working
+  // set", "batches". Parts that do not exist for the config are 0.
   std::vector<std::pair<std::string, double>> parts;
   double fixed_bytes = 0;       // independent of the batch size
   double per_sample_bytes = 0;  // grows with each sample of the batch

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "base/error.h"
+#include "models/diffusion_model.h"
 #include "train/config.h"
 #include "train/memory_estimate.h"
 #include "support/test_support.h"
@@ -122,6 +123,59 @@ TEST(MemoryEstimate, FitCheckSuggestsRecomputeOrTheLargestBatch) {
   msg = testing::error_of<UsageError>([&] { check_memory_fits(c, false, "auto", 64.0 * kGiB); });
   EXPECT_NE(msg.find("this machine has 64.00 GiB of memory"), std::string::npos) << msg;
   EXPECT_NE(msg.find("PiB"), std::string::npos) << msg;
+}
+
+// The single-stream family has its own parameters (SwiGLU width, no biases,
+// QK-norm weights, the condition embedder) and a sequence of condition plus
+// image tokens: the estimate's parameters are the built model's, and its
+// activations follow S = cond_tokens + image tokens and the SwiGLU width.
+TEST(MemoryEstimate, SingleStreamParametersAreTheModelsOwn) {
+  for (const int64_t cond_dim : {int64_t(0), int64_t(48)}) {
+    TrainConfig c = gpu_config("SS-S/2", 32);
+    c.model.cond_tokens = 7, c.model.cond_dim = cond_dim;
+    const auto model = models::make_diffusion_model(c.model, 1);
+    double numel = 0;
+    for (const auto& [name, t] : model->named_parameters()) numel += static_cast<double>(t.numel());
+    const MemoryEstimate e = estimate_training_memory(c, true, "bf16");
+    // The rotary tables (cos and sin [S, hd/2] fp32) are no parameters but live beside them.
+    const double S = static_cast<double>(c.model.tokens() + c.model.cond_tokens), hd = c.model.hidden / c.model.heads;
+    EXPECT_EQ(part(e, "parameters"), 4 * numel + 4 * S * hd) << "cond_dim " << cond_dim;
+    EXPECT_EQ(part(e, "gradients"), 4 * numel);
+    EXPECT_EQ(part(e, "bf16 weight copies"), 2 * numel);
+  }
+}
+
+TEST(MemoryEstimate, SingleStreamActivationsFollowItsSequenceAndPaths) {
+  TrainConfig c = gpu_config("SS-B/2", 64);
+  const auto act = [&](const TrainConfig& k, bool cuda, const std::string& precision) {
+    return part(estimate_training_memory(k, cuda, precision), "activations");
+  };
+  const double base = act(c, true, "bf16");
+  // More condition tokens: a longer sequence through every block.
+  TrainConfig longer = c;
+  longer.model.cond_tokens = c.model.cond_tokens + 64;
+  EXPECT_GT(act(longer, true, "bf16"), base * (1 + 0.9 * 64.0 / c.model.sequence_tokens()));
+  // The same sizes as a DiT: its own formulas, not DiT's.
+  TrainConfig dit = gpu_config("DiT-B/2", 64);
+  EXPECT_NE(act(dit, true, "bf16"), base);
+  // Recompute keeps much less; the plain path more than the fused one.
+  TrainConfig r = c;
+  r.speed.recompute = true;
+  EXPECT_LT(act(r, true, "bf16"), 0.3 * base);
+  TrainConfig plain = c;
+  plain.speed.fused_kernels = false;
+  EXPECT_GT(act(plain, true, "bf16"), base);
+  // Condition features: the key mask and the embedder's inputs on top.
+  TrainConfig features = c;
+  features.model.cond_dim = 64;
+  EXPECT_GT(act(features, true, "bf16"), base);
+  // fp32 on the fused path: the stacked weights are concatenated every step.
+  const MemoryEstimate f32 = estimate_training_memory(c, true, "fp32");
+  const double L = c.model.depth, D = c.model.hidden, F = c.model.mlp_hidden();
+  EXPECT_EQ(part(f32, "stacked weight copies"), 4 * L * (4 * D * D + 2 * F * D));
+  double sum = 0;
+  for (const auto& [what, bytes] : f32.parts) sum += bytes;
+  EXPECT_NEAR(sum, f32.total_bytes(), 1e-6 * sum);
 }
 
 }  // namespace
