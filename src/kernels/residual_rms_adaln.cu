@@ -316,9 +316,10 @@ void residual_rms_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, 
                                  int batch, int tokens, int cols, int tiles_per_sample, cudaStream_t stream) {
   detail::check_sizes("residual_rms_adaln_backward", batch, tokens, cols, kResidualRmsAdaLNMaxCols);
   if (batch == 0) return;
-  if (dh != nullptr && xhat == nullptr && x1 == nullptr)
+  // With no tokens nothing is read (an op's empty dh, x1 or xhat has no data pointer): the sums are zero.
+  if (tokens > 0 && dh != nullptr && xhat == nullptr && x1 == nullptr)
     throw std::invalid_argument("residual_rms_adaln_backward: needs xhat or x1");
-  if (dh == nullptr && (dscale != nullptr || dpre_weight_per_sample != nullptr))
+  if (tokens > 0 && dh == nullptr && (dscale != nullptr || dpre_weight_per_sample != nullptr))
     throw std::invalid_argument("residual_rms_adaln_backward: dscale and dpre_weight need dh");
   if (dscale != nullptr && scale == nullptr)
     throw std::invalid_argument("residual_rms_adaln_backward: dscale needs scale");

@@ -225,7 +225,8 @@ void rms_adaln_backward(const TY* dh, const TX* x, const TY* xhat, const float* 
                         float* partials, int batch, int tokens, int cols, int tiles_per_sample, cudaStream_t stream) {
   detail::check_sizes("rms_adaln_backward", batch, tokens, cols, kRmsAdaLNMaxCols);
   if (batch == 0) return;
-  if (xhat == nullptr && x == nullptr) throw std::invalid_argument("rms_adaln_backward: needs xhat or x");
+  // With no tokens nothing is read (an op's empty x or xhat has no data pointer): the sums are zero.
+  if (tokens > 0 && xhat == nullptr && x == nullptr) throw std::invalid_argument("rms_adaln_backward: needs xhat or x");
   if (dscale != nullptr && scale == nullptr) throw std::invalid_argument("rms_adaln_backward: dscale needs scale");
   detail::check_tiles("rms_adaln_backward", tiles_per_sample, tokens);
   const int rows_per_tile = (tokens + tiles_per_sample - 1) / tiles_per_sample;
