@@ -9,6 +9,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/sum.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -16,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -308,6 +310,80 @@ TEST(ResidualRmsAdaLNGpu, MixedDtypes) {
         expect_rel_l2(got[i], ref[i], where + names[i]);
     }
   }
+}
+
+// Views the kernels must not read with 16-byte vectors although D % 8 == 0:
+// x, y and both weights one element off a 16-byte boundary (contiguous, so
+// the op passes them as they are), gate and scale with the row stride 4D + 1;
+// and transposed (non-contiguous) x and y, which the op copies. The training
+// dtypes (xhat kept) and all fp32, both outputs used; against float64.
+TEST(ResidualRmsAdaLNGpu, MisalignedAndStridedViews) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 8000;
+  for (const Case& c : {kCases[0], kCases[1]}) {
+    for (const Shape& s : {Shape{2, 77, 72}, Shape{2, 9, 2048}}) {
+      for (const bool transposed : {false, true}) {
+        const std::string where = name(c) + " " + name(s) + (transposed ? " transposed x, y: " : " misaligned: ");
+        const int64_t n = s.b * s.t * s.d;
+        at::Generator g = gen(seed++);
+        auto big = [&](at::ScalarType t, double std, double mean) {
+          return transposed ? rnd({s.b, s.d, s.t}, g, t, std, mean) : rnd({n + 1}, g, t, std, mean);
+        };
+        const at::Tensor xs = big(c.x, 2.0, 0.3), ys = big(c.y, 3.0, 0.0);
+        const at::Tensor pws = rnd({s.d + 1}, g, c.w, 0.3, 1.0), qws = rnd({s.d + 1}, g, c.w, 0.3, 1.0);
+        const at::Tensor ms = rnd({s.b, 4 * s.d + 1}, g, c.mod, 0.6);
+        const at::Tensor dx1 = rnd({s.b, s.t, s.d}, g, c.x), dh = rnd({s.b, s.t, s.d}, g, c.out);
+        auto grads = [&](bool reference) {
+          std::vector<at::Tensor> in = {xs, ys, pws, qws, ms};
+          for (at::Tensor& t : in) t = (reference ? t.to(at::kDouble) : t).detach().requires_grad_(true);
+          auto act = [&](const at::Tensor& t) {
+            return transposed ? t.transpose(1, 2) : t.narrow(0, 1, n).view({s.b, s.t, s.d});
+          };
+          const at::Tensor x = act(in[0]), y = act(in[1]);
+          const at::Tensor pw = in[2].narrow(0, 1, s.d), qw = in[3].narrow(0, 1, s.d);
+          const at::Tensor gate = in[4].narrow(1, s.d + 1, s.d), scale = in[4].narrow(1, 2 * s.d + 1, s.d);
+          if (!reference && !transposed) EXPECT_NE(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16, 0u) << where;
+          const auto [x1, h] = reference ? residual_rms_adaln_reference(x, gate, y, pw, qw, scale, at::kDouble)
+                                         : residual_rms_adaln(x, gate, y, pw, qw, scale, c.out);
+          auto gr = torch::autograd::grad({x1, h}, in, {reference ? dx1.to(at::kDouble) : dx1,
+                                                        reference ? dh.to(at::kDouble) : dh});
+          for (int i : {0, 1}) gr[i] = transposed ? gr[i] : gr[i].narrow(0, 1, n).view({s.b, s.t, s.d});
+          for (int i : {2, 3}) gr[i] = gr[i].narrow(0, 1, s.d);
+          const at::Tensor dmod = gr[4];
+          gr[4] = dmod.narrow(1, s.d + 1, s.d);  // dgate
+          gr.push_back(dmod.narrow(1, 2 * s.d + 1, s.d));  // dscale
+          gr.insert(gr.begin(), {x1.detach(), h.detach()});
+          return gr;
+        };
+        const auto got = grads(false), ref = grads(true);
+        const bool loose = keeps_xhat(c);
+        const char* names[] = {"x1", "h", "dx", "dy", "dpost_weight", "dpre_weight", "dgate", "dscale"};
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (i < 4)
+            expect_close(got[i], ref[i], where + names[i], loose && i >= 2 ? 2e-2 : 0);
+          else
+            expect_rel_l2(got[i], ref[i], where + names[i], loose ? 1e-2 : 0);
+        }
+      }
+    }
+  }
+}
+
+// No tokens: empty dh, x1 and xhat have no data pointer; the backward must
+// not take that for "h unused" or a missing input, and the per-sample and
+// weight gradients are zero.
+TEST(ResidualRmsAdaLNGpu, ZeroTokens) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = gen(8500);
+  std::vector<at::Tensor> in = {rnd({2, 0, 64}, g, at::kFloat),     rnd({2, 64}, g, at::kBFloat16, 0.7),
+                                rnd({2, 0, 64}, g, at::kBFloat16),  rnd({64}, g, at::kFloat, 0.3, 1.0),
+                                rnd({64}, g, at::kFloat, 0.3, 1.0), rnd({2, 64}, g, at::kBFloat16, 0.5)};
+  for (at::Tensor& t : in) t.requires_grad_(true);
+  const auto [x1, h] = residual_rms_adaln(in[0], in[1], in[2], in[3], in[4], in[5], at::kBFloat16);
+  ASSERT_EQ(x1.numel() + h.numel(), 0);
+  const auto gr = torch::autograd::grad({x1, h}, in, {at::ones_like(x1), at::ones_like(h)});
+  EXPECT_EQ(gr[0].numel() + gr[2].numel(), 0);
+  for (int i : {1, 3, 4, 5}) EXPECT_EQ(gr[i].abs().max().item<double>(), 0.0) << "gradient " << i;
 }
 
 // Bad inputs that only exist on a GPU: tensors on different devices.

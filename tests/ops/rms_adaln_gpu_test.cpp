@@ -8,6 +8,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/sum.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -15,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -223,6 +225,63 @@ TEST(RmsAdaLNGpu, MixedDtypes) {
         expect_rel_l2(got[i], ref[i], where + names[i]);
     }
   }
+}
+
+// Views the kernels must not read with 16-byte vectors although D % 8 == 0:
+// x, the weight and the scale one element off a 16-byte boundary (contiguous,
+// so the op passes them as they are; the scale's row stride 3D + 1), and a
+// transposed (non-contiguous) x the op copies. The training dtypes (fp32 x and
+// weight, bf16 scale and h: xhat kept) and all fp32; against float64.
+TEST(RmsAdaLNGpu, MisalignedAndStridedViews) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 8000;
+  for (const Case& c : {kCases[0], kCases[1]}) {
+    for (const Shape& s : {Shape{2, 77, 72}, Shape{2, 9, 2048}}) {
+      for (const bool transposed : {false, true}) {
+        const std::string where = name(c) + " " + name(s) + (transposed ? " transposed x: " : " misaligned x: ");
+        const int64_t n = s.b * s.t * s.d;
+        at::Generator g = gen(seed++);
+        const at::Tensor xs = transposed ? rnd({s.b, s.d, s.t}, g, c.x, 2.0, 0.3) : rnd({n + 1}, g, c.x, 2.0, 0.3);
+        const at::Tensor ws = rnd({s.d + 1}, g, c.w, 0.3, 1.0), ms = rnd({s.b, 3 * s.d + 1}, g, c.mod, 0.5);
+        const at::Tensor dh = rnd({s.b, s.t, s.d}, g, c.out);
+        auto grads = [&](bool reference) {
+          std::vector<at::Tensor> in = {xs, ws, ms};
+          for (at::Tensor& t : in) t = (reference ? t.to(at::kDouble) : t).detach().requires_grad_(true);
+          const at::Tensor x = transposed ? in[0].transpose(1, 2) : in[0].narrow(0, 1, n).view({s.b, s.t, s.d});
+          const at::Tensor w = in[1].narrow(0, 1, s.d), scale = in[2].narrow(1, s.d + 1, s.d);
+          if (!reference && !transposed) EXPECT_NE(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16, 0u) << where;
+          const at::Tensor h = reference ? rms_adaln_reference(x, w, scale, at::kDouble) : rms_adaln(x, w, scale, c.out);
+          auto gr = torch::autograd::grad({h}, in, {reference ? dh.to(at::kDouble) : dh});
+          gr[0] = transposed ? gr[0] : gr[0].narrow(0, 1, n);
+          gr[1] = gr[1].narrow(0, 1, s.d);
+          gr[2] = gr[2].narrow(1, s.d + 1, s.d);
+          gr.insert(gr.begin(), h.detach());
+          return gr;
+        };
+        const auto got = grads(false), ref = grads(true);
+        expect_close(got[0], ref[0], where + "h");
+        expect_close(got[1], ref[1], where + "dx", keeps_xhat(c) ? 2e-2 : 0);
+        expect_rel_l2(got[2], ref[2], where + "dweight", keeps_xhat(c) ? 1e-2 : 0);
+        expect_rel_l2(got[3], ref[3], where + "dscale", keeps_xhat(c) ? 1e-2 : 0);
+      }
+    }
+  }
+}
+
+// No tokens: empty x and xhat have no data pointer; the backward must not
+// take that for a missing input, and the weight's and scale's gradients are zero.
+TEST(RmsAdaLNGpu, ZeroTokens) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = gen(8500);
+  std::vector<at::Tensor> in = {rnd({2, 0, 64}, g, at::kFloat), rnd({64}, g, at::kFloat, 0.3, 1.0),
+                                rnd({2, 64}, g, at::kBFloat16, 0.5)};
+  for (at::Tensor& t : in) t.requires_grad_(true);
+  const at::Tensor h = rms_adaln(in[0], in[1], in[2], at::kBFloat16);
+  ASSERT_EQ(h.numel(), 0);
+  const auto gr = torch::autograd::grad({h}, in, {at::ones_like(h)});
+  EXPECT_EQ(gr[0].numel(), 0);
+  EXPECT_EQ(gr[1].abs().max().item<double>(), 0.0) << "dweight";
+  EXPECT_EQ(gr[2].abs().max().item<double>(), 0.0) << "dscale";
 }
 
 // Bad inputs that only exist on a GPU: tensors on different devices.
