@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs row kernels' real CUDA source on the CPU (README.md): rewrites src/kernels/<name>.cu for the
+# host (launches -> emu::launch, four storage-type sets instead of 27), builds it with emu.cpp and a
+# check program, and runs the check. Usage: tools/kernel_emu/run.sh [check.cpp] [kernel names...]
+#   default: rms_adaln_check.cpp rms_adaln residual_rms_adaln
+# ASAN=1 adds AddressSanitizer (UBSan's alignment check is always on). Work in build/kernel_emu/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CHECK="${1:-rms_adaln_check.cpp}"
+shift || true
+NAMES=("$@")
+[ ${#NAMES[@]} -eq 0 ] && NAMES=(rms_adaln residual_rms_adaln)
+WORK=build/kernel_emu
+mkdir -p "$WORK"
+CUDA_INC="${CUDA_HOME:-/usr/local/cuda}/include"
+SAN="-fsanitize=undefined,alignment -fno-sanitize-recover=alignment"
+[ "${ASAN:-0}" = 1 ] && SAN="-fsanitize=address,undefined,alignment -fno-sanitize-recover=alignment"
+FLAGS="-std=c++17 -O1 -g $SAN -Isrc -I$CUDA_INC -include tools/kernel_emu/shim.h -w"
+objs=()
+for n in "${NAMES[@]}"; do
+  python3 - "src/kernels/$n.cu" "$WORK/${n}_emu.cpp" <<'PY'
+import re, sys
+s = open(sys.argv[1]).read()
+s = s.replace("PERFTRAIN_LAUNCH_CHECK();", ";")
+s, k = re.subn(r"([A-Za-z_]\w*(?:<[^<>]*>)?)<<<([^,]+),\s*([^,]+),\s*0,\s*stream>>>\(", r"emu::launch(\1, \2, \3, ", s)
+if k == 0 or "<<<" in s:
+    sys.exit(f"{sys.argv[1]}: launches not of the form kernel<<<grid, block, 0, stream>>>(...)")
+sets = "(float, __nv_bfloat16, __nv_bfloat16) M(float, float, float) M(__nv_bfloat16, __nv_bfloat16, __nv_bfloat16) M(float, __half, __half)"
+s = re.sub(r"PERFTRAIN_FOR_STORAGE_TYPES3\((\w+)\)", lambda m: m.group(1) + sets.replace("M(", m.group(1) + "("), s)
+open(sys.argv[2], "w").write(s)
+PY
+  objs+=("$WORK/${n}_emu.o")
+done
+srcs=(tools/kernel_emu/emu.cpp "tools/kernel_emu/$CHECK")
+for n in "${NAMES[@]}"; do srcs+=("$WORK/${n}_emu.cpp"); done
+pids=()
+for f in "${srcs[@]}"; do
+  o="$WORK/$(basename "${f%.cpp}").o"
+  g++ $FLAGS -c "$f" -o "$o" & pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+g++ $SAN "$WORK"/emu.o "$WORK/$(basename "${CHECK%.cpp}").o" "${objs[@]}" -o "$WORK/check" -lpthread
+"$WORK/check"

@@ -1,0 +1,44 @@
+// Host emulation of the CUDA environment the row kernels use (README.md): each CUDA
+// thread of a block is a fiber (emu.cpp), the block's fibers run one at a time and
+// switch at __syncthreads and at each warp shuffle, which are real barriers (a divergent
+// __syncthreads or a full-mask shuffle some lanes miss aborts with a message). Blocks run
+// one after another, so `__shared__` (static here) is each block's own while it runs.
+#pragma once
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <algorithm>
+#include <functional>
+
+namespace emu {
+struct Tls { uint3 tid, bid; dim3 bdim, gdim; int lin; };
+extern thread_local Tls tls;
+void sync_block();
+float shfl_xor(float v, int o);
+void run_grid(dim3 grid, dim3 block, const std::function<void()>& body);
+}  // namespace emu
+
+#define threadIdx (emu::tls.tid)
+#define blockIdx (emu::tls.bid)
+#define blockDim (emu::tls.bdim)
+#define gridDim (emu::tls.gdim)
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+inline void __syncthreads() { emu::sync_block(); }
+inline float __shfl_xor_sync(unsigned, float v, int o) { return emu::shfl_xor(v, o); }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+using std::min;
+using std::max;
+namespace emu {
+template <typename K, typename... A>
+void launch(K k, dim3 grid, dim3 block, A... args) {
+  run_grid(grid, block, [&] { k(args...); });
+}
+}  // namespace emu
