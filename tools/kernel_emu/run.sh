@@ -4,6 +4,7 @@
 # check program, and runs the check. Usage: tools/kernel_emu/run.sh [check.cpp] [kernel names...]
 #   default: rms_adaln_check.cpp rms_adaln residual_rms_adaln
 # ASAN=1 adds AddressSanitizer (UBSan's alignment check is always on). Work in build/kernel_emu/.
+# EMU_SED='sed script' edits the emulated copies only (to show that a check fails on an injected bug).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CHECK="${1:-rms_adaln_check.cpp}"
@@ -29,6 +30,11 @@ sets = "(float, __nv_bfloat16, __nv_bfloat16) M(float, float, float) M(__nv_bflo
 s = re.sub(r"PERFTRAIN_FOR_STORAGE_TYPES3\((\w+)\)", lambda m: m.group(1) + sets.replace("M(", m.group(1) + "("), s)
 open(sys.argv[2], "w").write(s)
 PY
+  if [ -n "${EMU_SED:-}" ]; then
+    cp "$WORK/${n}_emu.cpp" "$WORK/${n}_emu.orig"
+    sed -i -e "$EMU_SED" "$WORK/${n}_emu.cpp"
+    cmp -s "$WORK/${n}_emu.cpp" "$WORK/${n}_emu.orig" && echo "EMU_SED changed nothing in $n" >&2
+  fi
   objs+=("$WORK/${n}_emu.o")
 done
 srcs=(tools/kernel_emu/emu.cpp "tools/kernel_emu/$CHECK")
@@ -39,5 +45,6 @@ for f in "${srcs[@]}"; do
   g++ $FLAGS -c "$f" -o "$o" & pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
-g++ $SAN "$WORK"/emu.o "$WORK/$(basename "${CHECK%.cpp}").o" "${objs[@]}" -o "$WORK/check" -lpthread
-"$WORK/check"
+BIN="$WORK/$(basename "${CHECK%.cpp}")"
+g++ $SAN "$WORK"/emu.o "$BIN.o" "${objs[@]}" -o "$BIN" -lpthread
+"$BIN" ${EMU_ARGS:-}  # EMU_ARGS: arguments for the check program
