@@ -11,10 +11,12 @@
 namespace perftrain::kernels {
 namespace {
 
+using detail::fill;
 using detail::from_float;
 using detail::load_vec;
 using detail::rms_grad_dx;
 using detail::rms_grad_terms;
+using detail::rms_modulate_store;
 using detail::rms_row_rstd;
 using detail::row_sum;
 using detail::store_vec;
@@ -38,12 +40,6 @@ static_assert(kMaxThreads * 8 * 2 >= kResidualRmsAdaLNMaxCols && kMaxThreads * 1
 
 int threads_per_row(int nvec, int items) {
   return detail::row_threads(nvec, items, kMaxThreads, "residual_rms_adaln");
-}
-
-template <int VEC>
-__device__ __forceinline__ void fill(float (&f)[VEC], float v) {
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) f[j] = v;
 }
 
 // The value as stored in T: the norm must see x1 exactly as the residual stream keeps it.
@@ -93,22 +89,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const float r1 = rms_row_rstd(v, nvec, cols, eps, smem, row, rstd_out);
 
   const TM* sc = scale != nullptr ? scale + int64_t(b) * scale_stride : nullptr;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int c = threadIdx.x + i * blockDim.x;
-    if (c < nvec) {
-      float w[VEC], a[VEC], out[VEC];
-      if (pre_weight != nullptr) load_vec<float, VEC>(pre_weight + c * VEC, w); else fill(w, 1.f);
-      if (sc != nullptr) load_vec<TM, VEC>(sc + c * VEC, a); else fill(a, 0.f);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        v[i][j] *= r1;  // x1hat
-        out[j] = v[i][j] * w[j] * (1.f + a[j]);
-      }
-      store_vec<TA, VEC>(h + off + int64_t(c) * VEC, out);
-      if (xhat_out != nullptr) store_vec<TA, VEC>(xhat_out + off + int64_t(c) * VEC, v[i]);
-    }
-  }
+  rms_modulate_store(v, nvec, r1, pre_weight, sc, h + off, xhat_out != nullptr ? xhat_out + off : nullptr);
 }
 
 // Block (tile, b): rows b*tokens + [tile*rows_per_tile, ...) of one sample.

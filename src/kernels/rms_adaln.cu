@@ -11,10 +11,12 @@
 namespace perftrain::kernels {
 namespace {
 
+using detail::fill;
 using detail::from_float;
 using detail::load_vec;
 using detail::rms_grad_dx;
 using detail::rms_grad_terms;
+using detail::rms_modulate_store;
 using detail::rms_row_rstd;
 using detail::row_sum;
 using detail::store_vec;
@@ -35,12 +37,6 @@ static_assert(kMaxThreads * 8 * kBwdItems8 >= kRmsAdaLNMaxCols && kMaxThreads * 
               "the registers must cover the widest row");
 
 int threads_per_row(int nvec, int items) { return detail::row_threads(nvec, items, kMaxThreads, "rms_adaln"); }
-
-template <int VEC>
-__device__ __forceinline__ void fill(float (&f)[VEC], float v) {
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) f[j] = v;
-}
 
 // One row per warp (blockDim.y rows a block) or one row per block.
 template <typename TX, typename TM, typename TY, int VEC, int ITEMS>
@@ -64,22 +60,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const float rstd = rms_row_rstd(v, nvec, cols, eps, smem, row, rstd_out);
 
   const TM* sc = scale != nullptr ? scale + int64_t(b) * scale_stride : nullptr;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int c = threadIdx.x + i * blockDim.x;
-    if (c < nvec) {
-      float w[VEC], a[VEC], out[VEC];
-      if (weight != nullptr) load_vec<float, VEC>(weight + c * VEC, w); else fill(w, 1.f);
-      if (sc != nullptr) load_vec<TM, VEC>(sc + c * VEC, a); else fill(a, 0.f);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        v[i][j] *= rstd;  // xhat
-        out[j] = v[i][j] * w[j] * (1.f + a[j]);
-      }
-      store_vec<TY, VEC>(h + off + int64_t(c) * VEC, out);
-      if (xhat_out != nullptr) store_vec<TY, VEC>(xhat_out + off + int64_t(c) * VEC, v[i]);
-    }
-  }
+  rms_modulate_store(v, nvec, rstd, weight, sc, h + off, xhat_out != nullptr ? xhat_out + off : nullptr);
 }
 
 // Block (tile, b): rows b*tokens + [tile*rows_per_tile, ...) of one sample.

@@ -53,4 +53,36 @@ __device__ __forceinline__ float rms_grad_dx(float g, float xhat, float rstd, fl
   return rstd * (g - xhat * mean_gx);
 }
 
+template <int VEC>
+__device__ __forceinline__ void fill(float (&f)[VEC], float v) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) f[j] = v;
+}
+
+// The forward's last step for the thread's vectors of one row (as in
+// rms_row_rstd): v becomes xhat = v * rstd, and out = xhat * weight *
+// (1 + scale) is stored at h_row, xhat at xhat_row where that is not null.
+// weight (float) and scale (the row's sample) may be null: ones, zeros.
+template <typename TM, typename TY, int ITEMS, int VEC>
+__device__ __forceinline__ void rms_modulate_store(float (&v)[ITEMS][VEC], int nvec, float rstd,
+                                                   const float* __restrict__ weight, const TM* __restrict__ scale,
+                                                   TY* __restrict__ h_row, TY* __restrict__ xhat_row) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < nvec) {
+      float w[VEC], a[VEC], out[VEC];
+      if (weight != nullptr) load_vec<float, VEC>(weight + c * VEC, w); else fill(w, 1.f);
+      if (scale != nullptr) load_vec<TM, VEC>(scale + c * VEC, a); else fill(a, 0.f);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        v[i][j] *= rstd;
+        out[j] = v[i][j] * w[j] * (1.f + a[j]);
+      }
+      store_vec<TY, VEC>(h_row + int64_t(c) * VEC, out);
+      if (xhat_row != nullptr) store_vec<TY, VEC>(xhat_row + int64_t(c) * VEC, v[i]);
+    }
+  }
+}
+
 }  // namespace perftrain::kernels::detail
