@@ -23,24 +23,25 @@ void trampoline() {
   st[cur] = DONE;
   // returning goes to uc_link = sched
 }
-// All threads blocked: release a complete barrier (or report a broken one).
+// All threads blocked: release the warps whose shuffle is complete (warps are independent, so
+// others may wait at __syncthreads meanwhile); else a complete __syncthreads; else report.
 bool release() {
   bool any_block = false, any_done = false, any_warp = false;
   for (int t = 0; t < nthreads; ++t) { any_block |= st[t] == WBLOCK; any_done |= st[t] == DONE; any_warp |= st[t] == WWARP; }
   if (!any_block && !any_warp) return false;  // all done
-  if (any_block && any_warp) fail("deadlock: threads at __syncthreads while others wait in a warp shuffle");
-  if (any_block) {
-    if (any_done) fail("__syncthreads reached by part of the block only (others exited)");
-    for (int t = 0; t < nthreads; ++t) st[t] = RUN;
+  if (any_warp) {
+    for (int w = 0; w * 32 < nthreads; ++w) {
+      int waiting = 0, done = 0, block = 0, lanes = std::min(nthreads, w * 32 + 32) - w * 32;
+      for (int t = w * 32; t < w * 32 + lanes; ++t) { waiting += st[t] == WWARP; done += st[t] == DONE; block += st[t] == WBLOCK; }
+      if (waiting && done) fail("warp shuffle with full mask while some lanes exited");
+      if (waiting && block) fail("warp shuffle with full mask while some lanes of the warp wait at __syncthreads");
+      if (waiting && (waiting != 32)) fail("warp shuffle in a partial warp");
+      if (waiting) for (int t = w * 32; t < w * 32 + 32; ++t) st[t] = RUN;
+    }
     return true;
   }
-  for (int w = 0; w * 32 < nthreads; ++w) {
-    int waiting = 0, done = 0, lanes = std::min(nthreads, w * 32 + 32) - w * 32;
-    for (int t = w * 32; t < w * 32 + lanes; ++t) { waiting += st[t] == WWARP; done += st[t] == DONE; }
-    if (waiting && done) fail("warp shuffle with full mask while some lanes exited");
-    if (waiting && (waiting != 32)) fail("warp shuffle in a partial warp");
-    if (waiting) for (int t = w * 32; t < w * 32 + 32; ++t) st[t] = RUN;
-  }
+  if (any_done) fail("__syncthreads reached by part of the block only (others exited)");
+  for (int t = 0; t < nthreads; ++t) st[t] = RUN;
   return true;
 }
 }  // namespace

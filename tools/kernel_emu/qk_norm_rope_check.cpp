@@ -1,0 +1,233 @@
+// qk_norm_rope kernels (their real source, tools/kernel_emu) against a float64 reference
+// written from the math: for each (row, head) of q and of k, RMSNorm over the head's hd
+// values times the weight, then pairs (2k, 2k+1) rotated by cos/sin[t, k] (t = row % T);
+// v copied. Backward: the inverse rotation of the incoming gradient, then RMSNorm's
+// backward; the weight gradients as the kernel's fp32 partials [2][tiles][hd] summed over
+// tiles (what the op's reduce does). Head dims 32..256 (1 to 4 pairs a lane), T = 1, 5,
+// 257, 288, several B and H, fp32/bf16/fp16 storage, with and without weights, with and
+// without weight gradients, the op's tile count and odd ones (empty tiles), pointers on
+// a pair boundary but not a 16-byte one. Outputs start NaN, NaN before and past every
+// buffer (a read there poisons a result, a write there is reported). Exit 1 on failure.
+#include "shim.h"
+#include "kernels/qk_norm_rope.h"
+#include <random>
+#include <string>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+using bf16 = __nv_bfloat16;
+using f16 = __half;
+namespace k = perftrain::kernels;
+static double tod(double v) { return v; }
+static double tod(float v) { return v; }
+static double tod(bf16 v) { return __bfloat162float(v); }
+static double tod(f16 v) { return __half2float(v); }
+template <typename T> T fromd(double v);
+template <> float fromd<float>(double v) { return float(v); }
+template <> bf16 fromd<bf16>(double v) { return __float2bfloat16_rn(float(v)); }
+template <> f16 fromd<f16>(double v) { return __float2half_rn(float(v)); }
+template <typename T> const char* tn() { return std::is_same<T, float>::value ? "f32" : std::is_same<T, bf16>::value ? "bf16" : "f16"; }
+
+static std::mt19937_64 rng(11);
+constexpr size_t kPad = 64;
+static int fails = 0, checks = 0;
+static const double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// n elements at element offset `off` from a 64-byte boundary; NaN before and kPad after.
+template <typename T> struct Buf {
+  std::vector<T> v; size_t off, n; T* base;
+  Buf(size_t n_, size_t off_ = 0) : v(n_ + off_ + kPad + 64 / sizeof(T)), off(off_), n(n_) {
+    for (auto& e : v) e = fromd<T>(kNaN);
+    base = v.data() + (64 / sizeof(T)) - (reinterpret_cast<uintptr_t>(v.data()) % 64) / sizeof(T);
+  }
+  T* p() { return base + off; }
+  const T& operator[](size_t i) const { return base[off + i]; }
+  bool pads_nan() const {
+    for (size_t i = 0; i < off; ++i) if (!std::isnan(tod(base[i]))) return false;
+    for (size_t i = off + n; i < off + n + kPad; ++i) if (!std::isnan(tod(base[i]))) return false;
+    return true;
+  }
+};
+template <typename T> void fill(Buf<T>& b, double std, double mean = 0) {
+  std::normal_distribution<double> d(mean, std);
+  for (size_t i = 0; i < b.n; ++i) b.p()[i] = fromd<T>(d(rng));
+}
+
+// |got - ref| <= tol * (1 + |ref|), every element finite.
+template <typename G>
+void close(const std::string& where, const char* what, const G& got, const std::vector<double>& ref, double tol) {
+  ++checks;
+  double maxe = 0; size_t bad = 0, nan = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double g = tod(got[i]);
+    if (!std::isfinite(g)) { ++nan; continue; }
+    const double e = std::fabs(g - ref[i]);
+    maxe = std::max(maxe, e);
+    if (e > tol * (1 + std::fabs(ref[i]))) ++bad;
+  }
+  if (bad || nan) { ++fails; printf("FAIL %s %s: %zu bad, %zu non-finite of %zu, max err %g\n", where.c_str(), what, bad, nan, ref.size(), maxe); }
+}
+static void expect(bool ok, const std::string& where, const char* what) {
+  ++checks;
+  if (!ok) { ++fails; printf("FAIL %s: %s\n", where.c_str(), what); }
+}
+
+// off: element offset of qkv/out/dout/dqkv (a multiple of 2: the kernels' rule).
+// tiles_mode: 0 = the op's count (132 SMs), 1 = 7 (or fewer if fewer items), 2 = one per item.
+template <typename T>
+void test(int B, int Tn, int H, int hd, bool with_w, bool want_dw, int tiles_mode, size_t off) {
+  const std::string where = std::string("qk_norm_rope ") + tn<T>() + " B=" + std::to_string(B) + " T=" + std::to_string(Tn) +
+      " H=" + std::to_string(H) + " hd=" + std::to_string(hd) + " w" + std::to_string(with_w) + " dw" + std::to_string(want_dw) +
+      " tiles" + std::to_string(tiles_mode) + " off" + std::to_string(off);
+  const int rows = B * Tn, half = hd / 2;
+  const int64_t D = int64_t(H) * hd, W = 3 * D;
+  const size_t N = size_t(rows) * W;
+  const double eps = 1e-6;
+  Buf<T> qkv(N, off), out(N, off), dout(N, off), dqkv(N, off);
+  fill(qkv, 1.7, 0.2);
+  fill(dout, 1.0);
+  Buf<float> qw(hd), kw(hd), cs(size_t(Tn) * half), sn(size_t(Tn) * half), rstd(size_t(rows) * 2 * H);
+  fill(qw, 0.3, 1.0);
+  fill(kw, 0.3, 0.9);
+  for (int t = 0; t < Tn; ++t)
+    for (int j = 0; j < half; ++j) {  // rope angles t * 10000^(-j / half), plus a random phase
+      const double a = t * std::pow(10000.0, -double(j) / half) + std::uniform_real_distribution<double>(0, 6.3)(rng);
+      cs.p()[t * half + j] = float(std::cos(a));
+      sn.p()[t * half + j] = float(std::sin(a));
+    }
+  const float* qwp = with_w ? qw.p() : nullptr;
+  const float* kwp = with_w ? kw.p() : nullptr;
+  k::qk_norm_rope_forward<T>(qkv.p(), qwp, kwp, cs.p(), sn.p(), out.p(), rstd.p(), rows, Tn, H, hd, float(eps), nullptr);
+
+  // float64 reference
+  std::vector<double> rout(N), rr(size_t(rows) * 2 * H), rdx(N), rdw(2 * size_t(hd), 0.0);
+  auto wt = [&](int part, int j) { return with_w ? double((part == 0 ? qw : kw)[j]) : 1.0; };
+  for (int r = 0; r < rows; ++r) {
+    const int t = r % Tn;
+    for (int h = 0; h < H; ++h) {
+      for (int part = 0; part < 2; ++part) {
+        const size_t b0 = size_t(r) * W + part * D + size_t(h) * hd;
+        double ss = 0;
+        for (int j = 0; j < hd; ++j) ss += tod(qkv[b0 + j]) * tod(qkv[b0 + j]);
+        const double rs = 1 / std::sqrt(ss / hd + eps);
+        rr[size_t(r) * 2 * H + part * H + h] = rs;
+        std::vector<double> xh(hd), gy(hd), dxh(hd);
+        for (int kk = 0; kk < half; ++kk) {
+          const double c = cs[t * half + kk], s = sn[t * half + kk];
+          const double y0 = tod(qkv[b0 + 2 * kk]) * rs * wt(part, 2 * kk), y1 = tod(qkv[b0 + 2 * kk + 1]) * rs * wt(part, 2 * kk + 1);
+          rout[b0 + 2 * kk] = y0 * c - y1 * s;
+          rout[b0 + 2 * kk + 1] = y0 * s + y1 * c;
+          // backward: out = R y, so gy = R^T g
+          const double g0 = tod(dout[b0 + 2 * kk]), g1 = tod(dout[b0 + 2 * kk + 1]);
+          gy[2 * kk] = c * g0 + s * g1;
+          gy[2 * kk + 1] = -s * g0 + c * g1;
+        }
+        // RMSNorm backward with the kernel's own stored rstd (the forward's fp32 value)
+        const double rk = rstd[size_t(r) * 2 * H + part * H + h];
+        double m = 0;
+        for (int j = 0; j < hd; ++j) { xh[j] = tod(qkv[b0 + j]) * rk; dxh[j] = gy[j] * wt(part, j); m += dxh[j] * xh[j]; }
+        m /= hd;
+        for (int j = 0; j < hd; ++j) {
+          rdx[b0 + j] = rk * (dxh[j] - xh[j] * m);
+          rdw[size_t(part) * hd + j] += gy[j] * xh[j];
+        }
+      }
+      for (int j = 0; j < hd; ++j) {
+        const size_t i = size_t(r) * W + 2 * D + size_t(h) * hd + j;
+        rout[i] = tod(qkv[i]);
+        rdx[i] = tod(dout[i]);
+      }
+    }
+  }
+  const bool lo = sizeof(T) == 2;
+  close(where, "out", out, rout, lo ? 1e-2 : 2e-6);
+  close(where, "rstd", rstd, rr, 2e-6);
+  expect(out.pads_nan(), where, "write outside out");
+  expect(rstd.pads_nan(), where, "write outside rstd");
+  {  // v must be the very bits of the input
+    bool same = true;
+    for (int r = 0; r < rows; ++r)
+      for (int64_t j = 2 * D; j < W; ++j) same = same && !memcmp(&out[size_t(r) * W + j], &qkv[size_t(r) * W + j], sizeof(T));
+    expect(same, where, "v not copied bit for bit");
+  }
+
+  const int64_t items = int64_t(rows) * H;
+  int tiles = k::qk_norm_rope_backward_tiles(rows, H, 132);
+  if (tiles_mode == 1) tiles = int(std::min<int64_t>(7, std::max<int64_t>(items, 1)));
+  if (tiles_mode == 2) tiles = int(std::max<int64_t>(items, 1));
+  Buf<float> parts(want_dw ? size_t(k::qk_norm_rope_backward_partials(tiles, hd)) : 1);
+  k::qk_norm_rope_backward<T>(dout.p(), qkv.p(), rstd.p(), qwp, kwp, cs.p(), sn.p(), dqkv.p(), want_dw ? parts.p() : nullptr,
+                              rows, Tn, H, hd, tiles, nullptr);
+  close(where, "dqkv", dqkv, rdx, lo ? 1e-2 : 1e-5);
+  expect(dqkv.pads_nan(), where, "write outside dqkv");
+  {
+    bool same = true;
+    for (int r = 0; r < rows; ++r)
+      for (int64_t j = 2 * D; j < W; ++j) same = same && !memcmp(&dqkv[size_t(r) * W + j], &dout[size_t(r) * W + j], sizeof(T));
+    expect(same, where, "dv not dout's bits");
+  }
+  if (want_dw) {
+    expect(parts.pads_nan(), where, "write outside the partials");
+    // the reduce: sum over tiles in tile order, fp32 (as the op's batch_sums_into)
+    std::vector<float> dw(2 * size_t(hd), 0.f);
+    for (int p = 0; p < 2; ++p)
+      for (int t = 0; t < tiles; ++t)
+        for (int j = 0; j < hd; ++j) dw[size_t(p) * hd + j] += parts[(size_t(p) * tiles + t) * hd + j];
+    // error scale of a sum of items terms: the sum of their sizes
+    double scale = 0;
+    for (double v : rdw) scale = std::max(scale, std::fabs(v));
+    std::vector<double> rel(rdw.size());
+    for (size_t i = 0; i < rdw.size(); ++i) rel[i] = rdw[i] / std::max(scale, 1.0);
+    std::vector<double> got(rdw.size());
+    for (size_t i = 0; i < rdw.size(); ++i) got[i] = dw[i] / std::max(scale, 1.0);
+    close(where, "dweight (partials summed)", got, rel, 1e-5);
+  }
+}
+
+int main(int argc, char** argv) {
+  struct S { int b, t, h; };
+  // Shapes per T: (B, H); rows * H from 1 to ~1700 items.
+  const std::vector<S> shapes = {{1, 1, 1}, {3, 1, 5}, {2, 5, 3}, {1, 5, 16}, {1, 257, 2}, {2, 257, 3}, {1, 288, 3}, {2, 288, 1}};
+  const int hds[] = {32, 64, 72, 96, 128};
+  int n = 0;
+  for (auto s : shapes) {
+    for (int hd : hds) {
+      const bool big = int64_t(s.b) * s.t * s.h > 300;
+      test<bf16>(s.b, s.t, s.h, hd, true, true, 0, 0);
+      test<float>(s.b, s.t, s.h, hd, true, true, 0, 2);
+      test<bf16>(s.b, s.t, s.h, hd, n % 2 == 0, n % 3 != 0, 1, 2);  // pair-aligned, not 16-byte
+      test<float>(s.b, s.t, s.h, hd, false, true, 1, 0);
+      if (!big) {
+        test<f16>(s.b, s.t, s.h, hd, true, true, 2, 4);
+        test<bf16>(s.b, s.t, s.h, hd, true, false, 2, 0);
+      }
+      ++n;
+    }
+    printf("B=%d T=%d H=%d done, %d failures\n", s.b, s.t, s.h, fails); fflush(stdout);
+  }
+  // the widest heads: 3 and 4 pairs a lane, and an hd that is not a multiple of 64
+  for (int hd : {2, 34, 130, 192, 200, 256}) {
+    test<bf16>(2, 5, 3, hd, true, true, 0, 0);
+    test<float>(1, 257, 2, hd, true, true, 1, 2);
+  }
+  // no rows: the backward writes zero partials
+  {
+    Buf<bf16> x(8), y(8);
+    Buf<float> r(8), c(16), s(16), parts(size_t(k::qk_norm_rope_backward_partials(1, 32)));
+    fill(c, 1.0); fill(s, 1.0);
+    k::qk_norm_rope_forward<bf16>(x.p(), nullptr, nullptr, c.p(), s.p(), y.p(), r.p(), 0, 1, 1, 32, 1e-6f, nullptr);
+    expect(k::qk_norm_rope_backward_tiles(0, 4, 132) == 1, "rows=0", "tiles != 1");
+    k::qk_norm_rope_backward<bf16>(x.p(), x.p(), r.p(), nullptr, nullptr, c.p(), s.p(), y.p(), parts.p(), 0, 1, 1, 32, 1, nullptr);
+    bool zero = true;
+    for (size_t i = 0; i < parts.n; ++i) zero = zero && parts[i] == 0.f;
+    expect(zero && parts.pads_nan(), "rows=0", "partials not zero");
+    int thrown = 0;
+    try { k::qk_norm_rope_forward<bf16>(x.p() + 1, nullptr, nullptr, c.p(), s.p(), y.p(), r.p(), 1, 1, 1, 2, 1e-6f, nullptr); } catch (const std::invalid_argument&) { ++thrown; }
+    try { k::qk_norm_rope_forward<bf16>(x.p(), nullptr, nullptr, c.p(), s.p(), y.p(), r.p(), 1, 1, 1, 3, 1e-6f, nullptr); } catch (const std::invalid_argument&) { ++thrown; }
+    try { k::qk_norm_rope_backward<bf16>(x.p(), x.p(), r.p(), nullptr, nullptr, c.p(), s.p(), y.p(), nullptr, 1, 1, 1, 2, 2, nullptr); } catch (const std::invalid_argument&) { ++thrown; }
+    expect(thrown == 3, "bad arguments", "not all thrown");
+  }
+  printf("%d checks, %d failures\n", checks, fails);
+  return fails != 0;
+}
