@@ -80,9 +80,9 @@ double ss_fused_block_bytes(const SsShape& s, double e, bool masked) {
 // 25 [S,D] tensors in all; 16-bit: 8 fp32 [S,D] (norm and rotary inputs) and
 // 21 in the activation dtype. Plus the fp32 rstd rows and SDPA's lse. On the
 // CPU the peak resident memory grows by 5 [S,D] tensors a block more, as
-// DiT's (15 for 10): what the allocator keeps of the forward's temporaries
-// (SS-S/2 runs at 4 blocks measured 16.7-18.1 MB a sample against 17.6
-// estimated; it varies with how many malloc arenas the threads made).
+// DiT's (15 for 10): what glibc's dynamic mmap threshold keeps of the
+// forward's temporaries (the live tensors alone, measured with a fixed
+// threshold, are 20% under this estimate).
 double ss_plain_block_bytes(const SsShape& s, double a, bool cuda) {
   const double wide = a == 4 ? 4 * (cuda ? 25 : 30) * s.S * s.D : 4 * 8 * s.S * s.D + a * 21 * s.S * s.D;
   return wide + a * 4 * s.S * s.F + 4 * s.S * (4 + 3 * s.H);

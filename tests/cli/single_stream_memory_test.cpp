@@ -2,7 +2,8 @@
 // CPU's plain path against the peak resident memory of real runs at two
 // batches (the difference leaves out the program itself), as
 // ReliabilityGuard.MemoryEstimateMatchesCpuRunsPerSample does for DiT: with
-// class tokens, and with masked synthetic condition features. Within 15%.
+// class tokens, and with masked synthetic condition features: the live
+// tensors' peak, up to the allocator allowance above it.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -21,7 +22,10 @@ using perftrain::testing::TempDir;
 
 // The peak resident memory (KiB) of `perftrain args`, which must succeed.
 long max_rss_kib(const std::string& args, const std::string& log) {
-  const std::string cmd = "exec " + std::string(PERFTRAIN_BINARY) + " " + args + " >'" + log + "' 2>&1";
+  // A fixed mmap threshold: glibc then returns every large freed block at
+  // once, so the peak is the live tensors' and the same in every run (with its
+  // dynamic threshold the same run measured 14.6 to 20.9 MB a sample).
+  const std::string cmd = "exec env MALLOC_MMAP_THRESHOLD_=65536 " + std::string(PERFTRAIN_BINARY) + " " + args + " >'" + log + "' 2>&1";
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
@@ -52,8 +56,13 @@ void expect_estimate_matches(int64_t cond_tokens, int64_t cond_dim) {
   std::printf("SS-S/2 depth 4, %lld condition tokens%s: per sample estimated %.0f B, measured %.0f B (%+.1f%%)\n",
               static_cast<long long>(cond_tokens), cond_dim > 0 ? " (features)" : " (class)", estimated, measured,
               100 * (estimated - measured) / measured);
-  EXPECT_NEAR(estimated, measured, 0.15 * measured) << "per sample: estimated " << estimated << " B, measured "
-                                                    << measured << " B (peak RSS " << small << " / " << large << " KiB)";
+  // The estimate counts what the default allocator keeps of the forward's
+  // temporaries on top of the live tensors measured here (+5 [S, D] a block):
+  // it may exceed them by that, never fall short.
+  EXPECT_GE(estimated, 0.95 * measured) << "per sample: estimated " << estimated << " B, measured " << measured
+                                        << " B (peak RSS " << small << " / " << large << " KiB)";
+  EXPECT_LE(estimated, 1.30 * measured) << "per sample: estimated " << estimated << " B, measured " << measured
+                                        << " B (peak RSS " << small << " / " << large << " KiB)";
 }
 
 TEST(SingleStreamMemory, EstimateMatchesCpuRunsPerSampleWithClassTokens) { expect_estimate_matches(1, 0); }
