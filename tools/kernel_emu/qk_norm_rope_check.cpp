@@ -3,13 +3,15 @@
 // values times the weight, then pairs (2k, 2k+1) rotated by cos/sin[t, k] (t = row % T);
 // v copied. Backward: the inverse rotation of the incoming gradient, then RMSNorm's
 // backward; the weight gradients as the kernel's fp32 partials [2][tiles][hd] summed over
-// tiles (what the op's reduce does). Head dims 32..256 (1 to 4 pairs a lane), T = 1, 5,
+// tiles, plainly and by the op's reduce (column_sums_reduce, also emulated: run.sh
+// qk_norm_rope_check.cpp qk_norm_rope column_sums). Head dims 32..256 (1 to 4 pairs a lane), T = 1, 5,
 // 257, 288, several B and H, fp32/bf16/fp16 storage, with and without weights, with and
 // without weight gradients, the op's tile count and odd ones (empty tiles), pointers on
 // a pair boundary but not a 16-byte one. Outputs start NaN, NaN before and past every
 // buffer (a read there poisons a result, a write there is reported). Exit 1 on failure.
 #include "shim.h"
 #include "kernels/qk_norm_rope.h"
+#include "kernels/column_sums.h"
 #include <random>
 #include <string>
 #include <cstring>
@@ -169,19 +171,29 @@ void test(int B, int Tn, int H, int hd, bool with_w, bool want_dw, int tiles_mod
   }
   if (want_dw) {
     expect(parts.pads_nan(), where, "write outside the partials");
-    // the reduce: sum over tiles in tile order, fp32 (as the op's batch_sums_into)
-    std::vector<float> dw(2 * size_t(hd), 0.f);
+    // the reduce as the op does it (ops::batch_sums_into: kernels::column_sums_reduce on each
+    // plane), and a plain fp32 sum over tiles in tile order
+    Buf<float> red_q(hd), red_k(hd);
+    float* oq[1] = {red_q.p()};
+    float* ok[1] = {red_k.p()};
+    k::column_sums_reduce(parts.p(), oq, 1, tiles, hd, nullptr);
+    k::column_sums_reduce(parts.p() + size_t(tiles) * hd, ok, 1, tiles, hd, nullptr);
+    expect(red_q.pads_nan() && red_k.pads_nan(), where, "write outside the reduced weight gradients");
+    std::vector<float> dw(2 * size_t(hd), 0.f), dwk(2 * size_t(hd));
     for (int p = 0; p < 2; ++p)
       for (int t = 0; t < tiles; ++t)
         for (int j = 0; j < hd; ++j) dw[size_t(p) * hd + j] += parts[(size_t(p) * tiles + t) * hd + j];
+    for (int j = 0; j < hd; ++j) { dwk[j] = red_q[j]; dwk[hd + j] = red_k[j]; }
     // error scale of a sum of items terms: the sum of their sizes
     double scale = 0;
     for (double v : rdw) scale = std::max(scale, std::fabs(v));
     std::vector<double> rel(rdw.size());
     for (size_t i = 0; i < rdw.size(); ++i) rel[i] = rdw[i] / std::max(scale, 1.0);
-    std::vector<double> got(rdw.size());
+    std::vector<double> got(rdw.size()), gotk(rdw.size());
     for (size_t i = 0; i < rdw.size(); ++i) got[i] = dw[i] / std::max(scale, 1.0);
-    close(where, "dweight (partials summed)", got, rel, 1e-5);
+    for (size_t i = 0; i < rdw.size(); ++i) gotk[i] = dwk[i] / std::max(scale, 1.0);
+    close(where, "dweight (partials summed over tiles)", got, rel, 1e-5);
+    close(where, "dweight (column_sums_reduce)", gotk, rel, 1e-5);
   }
 }
 
