@@ -11,9 +11,10 @@ CHECK="${1:-rms_adaln_check.cpp}"
 shift || true
 NAMES=("$@")
 [ ${#NAMES[@]} -eq 0 ] && NAMES=(rms_adaln residual_rms_adaln)
-WORK=build/kernel_emu
+WORK="${EMU_WORK:-build/kernel_emu}"  # EMU_WORK: another folder (ctest gives each check its own)
 mkdir -p "$WORK"
 CUDA_INC="${CUDA_HOME:-/usr/local/cuda}/include"
+[ -f "$CUDA_INC/cuda_bf16.h" ] || { echo "no CUDA headers in $CUDA_INC: skipped"; exit 77; }
 SAN="-fsanitize=undefined,alignment -fno-sanitize-recover=alignment"
 [ "${ASAN:-0}" = 1 ] && SAN="-fsanitize=address,undefined,alignment -fno-sanitize-recover=alignment"
 FLAGS="-std=c++17 -O1 -g $SAN -Isrc -I$CUDA_INC -include tools/kernel_emu/shim.h -w"
