@@ -261,6 +261,11 @@ at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor&
   const at::Tensor mask = key_mask.defined() ? key_mask_4d(key_mask, qkv.size(0), qkv.size(1), qkv.device()) : at::Tensor();
   const bool masked = mask.defined();
   if (!cudnn_eligible(qkv, masked) || !qkv.is_contiguous()) return self_attention(qkv, heads, mask);
+  // cuDNN's masked backward turns dq NaN at T % 128 == 64 when a query's
+  // logsumexp is below about -88.7 (PyTorch issue 196678; reproduced on the
+  // H200 by QkvAttentionGpu.CudnnKeyMaskBackwardFiniteAtVeryNegativeLogsumexp):
+  // those token counts take ATen's SDPA (its memory-efficient kernel).
+  if (masked && qkv.size(1) % 128 == 64) return self_attention(qkv, heads, mask);
   try {
     const std::optional<at::Tensor> bias =
         masked ? std::optional<at::Tensor>(key_bias(mask, qkv.scalar_type())) : std::nullopt;

@@ -1,7 +1,12 @@
 #include "ops/self_attention.h"
 
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/unbind.h>
+#include <ATen/ops/zeros.h>
+
+#include <limits>
 
 #include <optional>
 
@@ -11,6 +16,22 @@ at::Tensor self_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
   auto qkv_heads = at::unbind(qkv.view({B, T, 3, heads, D / heads}).permute({2, 0, 3, 1, 4}), 0);  // 3 x [B,H,T,Dh]
   const std::optional<at::Tensor> mask = key_mask.defined() ? std::optional<at::Tensor>(key_mask) : std::nullopt;
+  // A key mask on CUDA bf16/fp16: the memory-efficient kernel by name. ATen's
+  // SDPA picks cuDNN for a masked bf16 call in 2.11, whose backward turns dq
+  // NaN at T % 128 == 64 (PyTorch issue 196678), and qkv_attention sends
+  // exactly those token counts here. The bias is ATen's own conversion of a
+  // bool mask (0 or -inf); the kernel reads it through its strides, so the
+  // [B, 1, 1, T] mask is expanded, not copied (rows T elements apart: T % 16 == 0).
+  const bool half = qkv.scalar_type() == at::kBFloat16 || qkv.scalar_type() == at::kHalf;
+  if (mask && qkv.is_cuda() && half && key_mask.dim() == 4 && T % 16 == 0) {
+    const int64_t H = heads;
+    const at::Tensor bias = at::zeros(key_mask.sizes(), qkv.options())
+                                .masked_fill(key_mask.logical_not(), -std::numeric_limits<float>::infinity())
+                                .expand({B, H, T, T});
+    const bool lse = at::GradMode::is_enabled() && qkv.requires_grad();
+    auto res = at::_scaled_dot_product_efficient_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], bias, lse);
+    return std::get<0>(res).transpose(1, 2).reshape({B, T, D});
+  }
   auto out = at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], mask);  // [B, H, T, Dh]
   return out.transpose(1, 2).reshape({B, T, D});
 }
