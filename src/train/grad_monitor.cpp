@@ -6,46 +6,27 @@
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/_foreach_sub.h>
-#include <ATen/ops/bucketize.h>
-#include <ATen/ops/cat.h>
-#include <ATen/ops/count_nonzero.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/isfinite.h>
-#include <ATen/ops/logical_not.h>
 #include <ATen/ops/stack.h>
-#include <ATen/ops/sum.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 
-#include <limits>
-
 #include "base/error.h"
+#include "ops/grad_stats.h"
 
 namespace perftrain::train {
 
+static_assert(kStatNorm == 0 && kStatAbsSum == 1 && kStatMaxAbs == 2 && kStatNonzero == 3 && kStatNonfinite == 4 &&
+                  kStatWeightNorm == ops::kGradStatColumns && kHistLead == ops::kGradHistLead,
+              "the statistics columns start with ops::grad_stats_into's");
+
 at::Tensor grad_stat_rows(const std::vector<at::Tensor>& grads) {
-  at::NoGradGuard no_grad;
-  if (grads.empty()) return at::zeros({0, kStatColumns}, at::kFloat);
-  at::TensorOptions opts;
+  at::TensorOptions opts = at::TensorOptions().dtype(at::kFloat);
   for (const auto& g : grads)
-    if (g.defined()) opts = g.options();
-  // An undefined or empty gradient counts as one zero: norms 0, no nonzero
-  // element (not as an empty tensor: the max norm of one has no value, and
-  // _foreach_norm's CPU path throws on it).
-  std::vector<at::Tensor> g;
-  g.reserve(grads.size());
-  for (const auto& t : grads) g.push_back(t.defined() && t.numel() > 0 ? t : at::zeros({1}, opts));
-  const auto f32 = [](const std::vector<at::Tensor>& v) { return at::stack(v).to(at::kFloat); };
-  std::vector<at::Tensor> nonzero, nonfinite;
-  for (const auto& t : g) {
-    nonzero.push_back(at::count_nonzero(t));
-    nonfinite.push_back(at::sum(at::logical_not(at::isfinite(t)), at::kFloat));
-  }
-  const at::Tensor zero = at::zeros({static_cast<int64_t>(g.size())}, opts.dtype(at::kFloat));
-  return at::stack({f32(at::_foreach_norm(g, 2)), f32(at::_foreach_norm(g, 1)),
-                    f32(at::_foreach_norm(g, std::numeric_limits<double>::infinity())), f32(nonzero), f32(nonfinite),
-                    zero, zero},
-                   1);
+    if (g.defined()) opts = opts.device(g.device());
+  const at::Tensor rows = at::zeros({static_cast<int64_t>(grads.size()), kStatColumns}, opts);
+  ops::grad_stats_into(grads, rows, {}, {});
+  return rows;
 }
 
 at::Tensor grad_histogram_boundaries(const at::TensorOptions& options) {
@@ -55,27 +36,11 @@ at::Tensor grad_histogram_boundaries(const at::TensorOptions& options) {
 }
 
 at::Tensor grad_histogram_rows(const std::vector<at::Tensor>& grads, const at::Tensor& boundaries) {
-  at::NoGradGuard no_grad;
-  const int64_t buckets = boundaries.numel() + 1;
   const at::TensorOptions opts = boundaries.options().dtype(at::kFloat);
-  if (grads.empty()) return at::zeros({0, kHistLead + buckets}, opts);
-  std::vector<at::Tensor> rows;
-  rows.reserve(grads.size());
-  for (const auto& g_in : grads) {
-    if (!g_in.defined() || g_in.numel() == 0) {
-      rows.push_back(at::zeros({kHistLead + buckets}, opts));
-      continue;
-    }
-    const at::Tensor g = g_in.detach().reshape({-1}).to(at::kFloat);
-    // Bucket i: boundaries[i-1] < g <= boundaries[i]. Each element adds its
-    // finiteness (1 or 0) to its bucket, so only finite ones are counted.
-    // (scatter_add_, not histc: CUDA's histc asks the driver for free memory
-    // on the host, which a graph capture may refuse.)
-    const at::Tensor index = at::bucketize(g, boundaries, /*out_int32=*/false, /*right=*/false);
-    const at::Tensor counts = at::zeros({buckets}, opts).scatter_add_(0, index, at::isfinite(g).to(at::kFloat));
-    rows.push_back(at::cat({at::stack({g.min(), g.max(), g.sum()}), counts}));
-  }
-  return at::stack(rows);
+  const auto n = static_cast<int64_t>(grads.size());
+  const at::Tensor rows = at::zeros({n, kHistLead + boundaries.numel() + 1}, opts);
+  ops::grad_stats_into(grads, at::empty({n, kStatColumns}, opts), rows, boundaries);
+  return rows;
 }
 
 observe::GradHealthSample sample_from_rows(int64_t step, const std::vector<std::string>& names,
@@ -160,13 +125,11 @@ void GradMonitor::before_update(const at::Tensor& grad_scale) {
     grads.push_back(p.grad());
     weights.push_back(p);
   }
-  rows_.copy_(grad_stat_rows(grads));
-  if (grad_scale.defined()) rows_.narrow(1, kStatNorm, kStatMaxAbs + 1).div_(grad_scale);
-  if (hist_rows_.defined() && !grads.empty()) {
-    // fp16: the gradients carry the loss scale, so the edges do too.
-    hist_rows_.copy_(grad_histogram_rows(grads, grad_scale.defined() ? boundaries_ * grad_scale : boundaries_));
-    if (grad_scale.defined()) hist_rows_.narrow(1, 0, kHistLead).div_(grad_scale);
-  }
+  // One fused pass over every gradient on CUDA (ops/grad_stats.h): the
+  // statistics columns and the histograms; fp16's loss scale divided out,
+  // the edges compared times it.
+  ops::grad_stats_into(grads, rows_, hist_rows_, boundaries_, grad_scale);
+  rows_.select(1, kStatUpdateNorm).zero_();  // after_update() writes it
   if (weights.empty()) return;
   rows_.select(1, kStatWeightNorm).copy_(at::stack(at::_foreach_norm(weights, 2)).to(at::kFloat));
   snapshot_ = at::_foreach_mul(weights, 1.0);  // one multi-tensor copy

@@ -1,8 +1,9 @@
 // Gradient monitoring inside the training step (observe/grad_health.h has
 // what it produces). On a monitored step the step runner calls
 // before_update() after backward and after_update() after the optimizer: a
-// fixed sequence of device ops (multi-tensor norms, per-tensor zero and
-// NaN/Inf counts, a copy of the weights for the update's size) that writes
+// fixed sequence of device ops (the gradient statistics and histograms in
+// one fused pass, ops/grad_stats.h; the weights' norms and a copy of them
+// for the update's size) that writes
 // one float32 [parameters, kStatColumns] tensor allocated up front, so the
 // same calls run eagerly and inside a captured CUDA graph. Outside the step,
 // queue_readback() copies that tensor to pinned host memory on the current
@@ -35,16 +36,17 @@ enum GradStatColumn : int64_t {
 
 // The statistics of grads (one per parameter, each may be undefined: all
 // zero then) as [n, kStatColumns] float32 on their device, with the weight
-// and update columns 0. No host sync.
+// and update columns 0 (ops::grad_stats_into: one fused pass on CUDA). No
+// host sync.
 at::Tensor grad_stat_rows(const std::vector<at::Tensor>& grads);
 
 // Gradient histograms: per gradient a row [min, max, sum, counts...] with
 // one count per bucket of observe::grad_histogram_limits(), the counts of its
 // finite elements, as [n, kHistLead + buckets] float32 on the gradients'
 // device. `boundaries`: the limits but the last (float32, on that device).
-// Fixed buckets (at::bucketize, then scatter_add_ into the counts), so
-// nothing is sized from the data and there is no host sync. An undefined or
-// empty gradient gives a row of zeros.
+// Fixed buckets (ops::grad_stats_into: at::bucketize's rule), so nothing is
+// sized from the data and there is no host sync. An undefined or empty
+// gradient gives a row of zeros.
 constexpr int64_t kHistLead = 3;  // min, max, sum
 at::Tensor grad_histogram_rows(const std::vector<at::Tensor>& grads, const at::Tensor& boundaries);
 // observe::grad_histogram_limits() but the last, as float32 on `options`' device.
