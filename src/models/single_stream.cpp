@@ -73,11 +73,11 @@ at::Tensor SingleStreamAttention::forward(const at::Tensor& x_in, const at::Tens
 }
 
 at::Tensor SingleStreamAttention::attention_fused(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
-                                                  const at::Tensor& mask) const {
+                                                  const at::Tensor& mask, const at::Tensor& key_bias) const {
   // The packed qkv [B, T, 3D] normalised and rotated in one pass, and the
   // attention reading q, k, v from it in place.
   const at::Tensor packed = ops::qk_norm_rope(ops::linear(h, qkv.weight), heads_, q_norm.weight, k_norm.weight, cos, sin);
-  return ops::qkv_attention(packed, heads_, mask);  // [B, T, D]
+  return ops::qkv_attention(packed, heads_, mask, key_bias);  // [B, T, D]
 }
 
 SingleStreamBlock::SingleStreamBlock(const DiTConfig& cfg, at::Generator& gen)
@@ -111,8 +111,8 @@ at::Tensor SingleStreamBlock::forward(const at::Tensor& x_in, const at::Tensor& 
 }
 
 at::Tensor SingleStreamBlock::attention_branch(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
-                                               const at::Tensor& mask) const {
-  return ops::linear(attn.attention_fused(h, cos, sin, mask), attn.proj.weight);
+                                               const at::Tensor& mask, const at::Tensor& key_bias) const {
+  return ops::linear(attn.attention_fused(h, cos, sin, mask, key_bias), attn.proj.weight);
 }
 
 at::Tensor SingleStreamBlock::ffn_branch(const at::Tensor& h2) const {
@@ -125,11 +125,12 @@ at::Tensor SingleStreamBlock::ffn_branch(const at::Tensor& h2) const {
 }
 
 at::Tensor SingleStreamBlock::forward_fused(const at::Tensor& x, const at::Tensor& silu_c, const at::Tensor& cos,
-                                            const at::Tensor& sin, const at::Tensor& mask, at::ScalarType act) const {
+                                            const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& key_bias,
+                                            at::ScalarType act) const {
   const auto mod = ops::linear(silu_c, adaLN_modulation.weight).chunk(4, 1);  // scale, gate (attention); (FFN)
   const at::Tensor h = ops::rms_adaln(x, attn_norm.weight, mod[0], act);
-  auto [x1, h2] = ops::residual_rms_adaln(x, mod[1], attention_branch(h, cos, sin, mask), attn_post_norm.weight,
-                                          ffn_norm.weight, mod[2], act);
+  auto [x1, h2] = ops::residual_rms_adaln(x, mod[1], attention_branch(h, cos, sin, mask, key_bias),
+                                          attn_post_norm.weight, ffn_norm.weight, mod[2], act);
   // No next pre-norm here: its h is left unused.
   return ops::residual_rms_adaln(x1, mod[3], ffn_branch(h2), ffn_post_norm.weight, at::Tensor(), at::Tensor(), act)
       .first;
@@ -260,16 +261,18 @@ at::Tensor SingleStreamDiT::forward_fused(const at::Tensor& patches, const at::T
   const at::Tensor x0 = at::cat({ctok.to(at::kFloat), img.to(at::kFloat)}, 1);  // [B, Tc + T, D]
   const at::Tensor silu_c = silu_c_in.to(act);
   const at::Tensor cos = rope_cos.to(patches.device()), sin = rope_sin.to(patches.device());
+  // The key mask as the attention's additive bias, made once for all blocks.
+  const at::Tensor key_bias = mask.defined() ? ops::attention_key_bias(mask, act) : at::Tensor();
   if (!exec.recompute && blocks.size() > 0)
-    return run_blocks_chained(x0, silu_c, cos, sin, mask, act).narrow(1, Tc, T);
+    return run_blocks_chained(x0, silu_c, cos, sin, mask, key_bias, act).narrow(1, Tc, T);
   // Block by block (under recompute: each block's activations made again in
   // backward), then the final layer, on all tokens as in the chained path.
   at::Tensor x = x0;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const SingleStreamBlock& block = blocks[i];
     // backward may call fn again after this forward returned: captures by value.
-    auto fn = [&block, cos, sin, mask, act](const at::Tensor& xx, const at::Tensor& c) {
-      return block.forward_fused(xx, c, cos, sin, mask, act);
+    auto fn = [&block, cos, sin, mask, key_bias, act](const at::Tensor& xx, const at::Tensor& c) {
+      return block.forward_fused(xx, c, cos, sin, mask, key_bias, act);
     };
     x = exec.recompute ? ops::recompute(fn, x, silu_c) : fn(x, silu_c);
   }
@@ -284,7 +287,7 @@ at::Tensor SingleStreamDiT::forward_fused(const at::Tensor& patches, const at::T
 // gradients meet inside one kernel (as DiT::run_blocks_chained).
 at::Tensor SingleStreamDiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& silu_c, const at::Tensor& cos,
                                                const at::Tensor& sin, const at::Tensor& mask,
-                                               at::ScalarType act) const {
+                                               const at::Tensor& key_bias, at::ScalarType act) const {
   // All blocks' modulations from silu(c) in one product (no biases), split
   // once into 4 [B, D] vectors per block. The blocks' [4D, D] bf16 weight
   // copies lie back to back (the device optimizer groups copies by shape), so
@@ -301,7 +304,7 @@ at::Tensor SingleStreamDiT::run_blocks_chained(const at::Tensor& x0, const at::T
   at::Tensor h = ops::rms_adaln(x, blocks[0].attn_norm.weight, mod(0, 0), act);
   for (size_t i = 0; i < n; ++i) {
     const SingleStreamBlock& b = blocks[i];
-    auto [x1, h2] = ops::residual_rms_adaln(x, mod(i, 1), b.attention_branch(h, cos, sin, mask),
+    auto [x1, h2] = ops::residual_rms_adaln(x, mod(i, 1), b.attention_branch(h, cos, sin, mask, key_bias),
                                             b.attn_post_norm.weight, b.ffn_norm.weight, mod(i, 2), act);
     const at::Tensor f = b.ffn_branch(h2);
     if (i + 1 == n) {

@@ -42,8 +42,10 @@ class SingleStreamAttention : public nn::Module {
                      const at::Tensor& mask) const;
   // The same through the fused ops, without the projection: h [B, T, D] in
   // the compute dtype -> the attention output [B, T, D] (proj's input).
+  // key_bias: ops::attention_key_bias(mask, h's dtype), made once per
+  // forward for all blocks, or undefined (each call makes its own).
   at::Tensor attention_fused(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
-                             const at::Tensor& mask) const;
+                             const at::Tensor& mask, const at::Tensor& key_bias = at::Tensor()) const;
   int64_t heads() const { return heads_; }
 
   nn::Linear qkv;
@@ -64,12 +66,13 @@ class SingleStreamBlock : public nn::Module {
   // (compute dtype) to proj's output; the FFN branch from h2 to down's
   // output (gate and up as one product).
   at::Tensor attention_branch(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
-                              const at::Tensor& mask) const;
+                              const at::Tensor& mask, const at::Tensor& key_bias = at::Tensor()) const;
   at::Tensor ffn_branch(const at::Tensor& h2) const;
   // The whole block through the fused ops on its own (the recompute path):
   // x [B, T, D] residual stream, silu_c [B, D] in the compute dtype `act`.
   at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& silu_c, const at::Tensor& cos,
-                           const at::Tensor& sin, const at::Tensor& mask, at::ScalarType act) const;
+                           const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& key_bias,
+                           at::ScalarType act) const;
 
   nn::RMSNorm attn_norm;
   SingleStreamAttention attn;
@@ -121,7 +124,8 @@ class SingleStreamDiT : public DiffusionModel {
   // All blocks and the final layer chained (each residual fused with the
   // next pre-norm): x0 [B, Tc + T, D] fp32 -> [B, Tc + T, p*p*out].
   at::Tensor run_blocks_chained(const at::Tensor& x0, const at::Tensor& silu_c, const at::Tensor& cos,
-                                const at::Tensor& sin, const at::Tensor& mask, at::ScalarType act) const;
+                                const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& key_bias,
+                                at::ScalarType act) const;
 
   DiTConfig cfg_;
   nn::Linear x_embedder;  // patches [B, T, C*p*p] (c, i, j order) -> D

@@ -30,7 +30,18 @@ namespace perftrain::ops {
 // (0 or -65504: a finite value, as ATen's SDPA gives cuDNN) in its forward
 // and backward; masked keys get zero weight and zero k and v gradients.
 // The mask takes no gradient and lives on qkv's device.
-at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_mask = at::Tensor());
+// key_bias: undefined (made from key_mask in each call that runs cuDNN), or
+// attention_key_bias(key_mask, qkv's dtype) made once by the caller and
+// passed to many calls on the same mask (a model's blocks): the same values
+// without the three launches that make it. Given without key_mask, or of the
+// wrong shape, dtype or device: UsageError.
+at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_mask = at::Tensor(),
+                         const at::Tensor& key_bias = at::Tensor());
+
+// The additive key bias qkv_attention gives cuDNN for a bool key mask [B, T]
+// or [B, 1, 1, T]: [B, 1, 1, T] in dtype, 0 where attended and -65504
+// elsewhere (no gradient). UsageError for a mask qkv_attention would refuse.
+at::Tensor attention_key_bias(const at::Tensor& key_mask, at::ScalarType dtype);
 
 // Whether cuDNN refused a shape in this process (unmasked or masked), after
 // which qkv_attention runs ATen's SDPA for that kind (tests check it did not).

@@ -152,5 +152,15 @@ TEST(SingleStreamGpuModel, MaskedFeaturesHeadDim96MatchCpu) {
       {"masked features, 25 image + 6 condition tokens, head dim 96", small(192, 2, 2, 10, 6, 16), {6, 1, 4, 0}});
 }
 
+// The benchmark's block shape (SS-B/2 with 32 condition tokens: 256 image +
+// 32 condition = 288 tokens, 768 wide, 12 heads of 64), three blocks: the key
+// bias made once per forward for all blocks and the packed cuDNN gradient
+// (cat of dq, dk, dv) at the width the timings are taken at.
+TEST(SingleStreamGpuModel, MaskedFeaturesBenchShapeMatchesCpu) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  expect_matches_cpu({"masked features, 256 image + 32 condition tokens, 768 wide, head dim 64",
+                      small(768, 12, 2, 32, 32, 48), {32, 7, 0, 19}});
+}
+
 }  // namespace
 }  // namespace perftrain::models

@@ -6,6 +6,10 @@
 // unfused linear + qkv_attention; and the accumulating product (D += A B) it
 // relies on. Skips without a GPU.
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_backward.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/ops/arange.h>
@@ -259,6 +263,71 @@ TEST(QkvAttentionGpu, CudnnKeyMaskMatchesFp32Reference) {
           << what << " masked keys' dk, dv";
     // Unmasked cuDNN on the same values still differs (the mask was applied).
     EXPECT_GT(rel_l2(qkv_attention(qkv, s.heads), out), 1e-2) << what;
+  }
+}
+
+// What the single-stream blocks rely on beyond the values above: the key
+// bias made once (ops::attention_key_bias, passed to every block) gives the
+// same output as the bias each call makes, and the same gradients; and the
+// packed gradient (dq, dk, dv cat into [B, T, 3D]) is cuDNN's own backward on
+// the same tensors, packed by hand. The forward is deterministic: equal bits.
+// cuDNN's dq may be accumulated in a run-dependent order, so the gradients
+// are compared at 2e-3 (1 bf16 ulp is 4e-3 relative); the printed maxima say
+// whether they were bit-identical. Shapes: odd ones, and the SS-B/2 block (288
+// tokens, 768 wide, 12 heads).
+TEST(QkvAttentionGpu, CudnnKeyBiasOnceAndPackedGradientMatchCudnn) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  auto g = cuda_gen(41);
+  for (const Shape s : {Shape{3, 67, 128, 2}, Shape{2, 288, 768, 12}, Shape{2, 131, 384, 6}}) {
+    const int64_t B = s.batch, T = s.tokens, D = s.dim, H = s.heads, hd = D / H;
+    const at::Tensor qkv = rnd({B, T, 3 * D}, g).to(at::kBFloat16);
+    const at::Tensor len = at::randint(1, T / 2 + 1, {B, 1}, g, at::TensorOptions().device(kCuda).dtype(at::kLong));
+    const at::Tensor idx = at::arange(T, at::TensorOptions().device(kCuda).dtype(at::kLong)).unsqueeze(0);
+    const at::Tensor mask = (idx < len) | (idx >= T / 2);  // [B, T]
+    const at::Tensor gout = rnd({B, T, D}, g).to(at::kBFloat16);
+    const at::Tensor bias = attention_key_bias(mask, at::kBFloat16);
+    const auto fwd_bwd = [&](const at::Tensor& b) {
+      const at::Tensor leaf = qkv.detach().requires_grad_(true);
+      const at::Tensor out = qkv_attention(leaf, H, mask, b);
+      const at::Tensor d = torch::autograd::grad({out}, {leaf}, {gout})[0];
+      return std::pair<at::Tensor, at::Tensor>{out.detach(), d};
+    };
+    const auto [out, dqkv] = fwd_bwd(at::Tensor());
+    const auto [out_once, dqkv_once] = fwd_bwd(bias);
+    // cuDNN's forward and backward called directly on the packed views, the
+    // gradients packed by hand.
+    const at::Tensor v5 = qkv.view({B, T, 3, H, hd});
+    const at::Tensor q = v5.select(2, 0).transpose(1, 2), k = v5.select(2, 1).transpose(1, 2),
+                     v = v5.select(2, 2).transpose(1, 2);
+    const auto r = at::_scaled_dot_product_cudnn_attention(q, k, v, bias, /*compute_log_sumexp=*/true);
+    const at::Tensor& o = std::get<0>(r);
+    const at::Tensor dout = gout.view({B, T, H, hd}).transpose(1, 2);
+    const auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
+        dout, q, k, v, o, std::get<1>(r), std::get<6>(r), std::get<7>(r), bias, std::get<2>(r), std::get<3>(r),
+        std::get<4>(r).expect_int(), std::get<5>(r).expect_int(), 0.0, false);
+    at::Tensor hand = at::empty({B, T, 3, H, hd}, qkv.options());
+    hand.select(2, 0).copy_(dq.transpose(1, 2));
+    hand.select(2, 1).copy_(dk.transpose(1, 2));
+    hand.select(2, 2).copy_(dv.transpose(1, 2));
+    hand = hand.view({B, T, 3 * D});
+    const std::string what = describe(s);
+    auto max_diff = [](const at::Tensor& a, const at::Tensor& b) {
+      return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<float>();
+    };
+    std::cout << what << ": max |out - out with the bias made once| " << max_diff(out, out_once)
+              << ", |out - cuDNN's| " << max_diff(out, o.transpose(1, 2).reshape({B, T, D}))
+              << "; max |dqkv - dqkv with the bias made once| " << max_diff(dqkv, dqkv_once)
+              << ", |dqkv - cuDNN's packed by hand| q " << max_diff(dqkv.narrow(2, 0, D), hand.narrow(2, 0, D))
+              << " k " << max_diff(dqkv.narrow(2, D, D), hand.narrow(2, D, D)) << " v "
+              << max_diff(dqkv.narrow(2, 2 * D, D), hand.narrow(2, 2 * D, D)) << " (of max "
+              << hand.abs().max().item<float>() << ")\n";
+    EXPECT_FALSE(cudnn_attention_refused()) << what;
+    EXPECT_TRUE(at::equal(out, out_once)) << what;
+    EXPECT_TRUE(at::equal(out, o.transpose(1, 2).reshape({B, T, D}))) << what;
+    EXPECT_LT(rel_l2(dqkv_once, dqkv), 2e-3) << what << " dqkv, bias made once";
+    for (int64_t i = 0; i < 3; ++i)
+      EXPECT_LT(rel_l2(dqkv.narrow(2, i * D, D), hand.narrow(2, i * D, D)), 2e-3)
+          << what << " d" << "qkv"[i] << " against cuDNN's packed by hand";
   }
 }
 

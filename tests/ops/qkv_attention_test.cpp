@@ -2,12 +2,14 @@
 // output and the packed qkv gradient against softmax attention written out
 // in float64 with the masked keys' logits at -inf, on odd token counts; the
 // two mask shapes agree; what lies in masked keys changes nothing; bad masks
-// are refused.
+// are refused; the key bias made once equals the mask's.
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/randint.h>
@@ -91,6 +93,34 @@ TEST(QkvAttention, RefusesBadMasks) {
   EXPECT_THROW(qkv_attention(qkv, 2, at::ones({2, 7})), UsageError);             // not bool
   EXPECT_THROW(qkv_attention(qkv, 2, at::ones({2, 7, 7}, at::kBool)), UsageError);  // a query dim
   EXPECT_THROW(qkv_attention(qkv, 3, at::ones({2, 7}, at::kBool)), UsageError);  // 4 channels in 3 heads
+}
+
+// The bias made once (for a model's blocks): 0 where attended, -65504
+// elsewhere, [B, 1, 1, T] in the dtype asked with rows 8-element aligned (as
+// cuDNN needs); passed with its mask it changes nothing; without the mask,
+// or not shaped like one, it is refused.
+TEST(QkvAttention, KeyBiasMadeOnceMatchesTheMask) {
+  auto g = seeded_cpu_generator(13);
+  const int64_t B = 3, T = 13, heads = 2, D = 16;
+  const at::Tensor mask = random_mask(B, T, 2, g);
+  for (const at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor bias = attention_key_bias(mask, dt);
+    ASSERT_EQ(bias.sizes(), (at::IntArrayRef{B, 1, 1, T}));
+    EXPECT_EQ(bias.scalar_type(), dt);
+    EXPECT_EQ(bias.stride(3), 1);
+    EXPECT_EQ(bias.stride(0) % 8, 0);
+    const at::Tensor want = at::where(mask, at::zeros({B, T}), at::full({B, T}, -65504.0)).to(dt);
+    EXPECT_TRUE(at::equal(bias.view({B, T}), want)) << c10::toString(dt);
+    EXPECT_TRUE(at::equal(attention_key_bias(mask.view({B, 1, 1, T}), dt), bias));
+  }
+  const at::Tensor qkv = at::randn({B, T, 3 * D}, g);
+  const at::Tensor bias = attention_key_bias(mask, at::kFloat);
+  EXPECT_TRUE(at::equal(qkv_attention(qkv, heads, mask, bias), qkv_attention(qkv, heads, mask)));
+  EXPECT_THROW(qkv_attention(qkv, heads, at::Tensor(), bias), UsageError);                           // no mask
+  EXPECT_THROW(qkv_attention(qkv, heads, mask, attention_key_bias(mask, at::kBFloat16)), UsageError);  // dtype
+  EXPECT_THROW(qkv_attention(qkv, heads, mask, at::zeros({B, 1, 1, T})), UsageError);  // unaligned rows (T = 13)
+  EXPECT_THROW(qkv_attention(qkv, heads, mask, at::zeros({B, T})), UsageError);        // shape
+  EXPECT_THROW(attention_key_bias(at::ones({B, T}), at::kFloat), UsageError);          // not bool
 }
 
 }  // namespace
