@@ -30,10 +30,13 @@ void run_grid(dim3 grid, dim3 block, const std::function<void()>& body);
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __grid_constant__
 #define __shared__ static
 inline void __syncthreads() { emu::sync_block(); }
 inline float __shfl_xor_sync(unsigned, float v, int o) { return emu::shfl_xor(v, o); }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+// Fibers switch only at barriers, so a plain read-modify-write is atomic here.
+inline unsigned atomicAdd(unsigned* p, unsigned v) { const unsigned old = *p; *p = old + v; return old; }
 using std::min;
 using std::max;
 namespace emu {
