@@ -190,6 +190,250 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- the vector path: V consecutive elements a lane, 2^lanes_log2 lanes a head ----
+
+using detail::load_raw;
+using detail::RawVec;
+
+// N fp32 values (N even) from p, in 16-byte words when N is a multiple of 4
+// (p then 16-byte aligned), else 8-byte ones.
+template <int N>
+__device__ __forceinline__ void load_f32(const float* __restrict__ p, float (&f)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 w = reinterpret_cast<const float4*>(p)[i];
+      f[4 * i] = w.x, f[4 * i + 1] = w.y, f[4 * i + 2] = w.z, f[4 * i + 3] = w.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float2 w = reinterpret_cast<const float2*>(p)[i];
+      f[2 * i] = w.x, f[2 * i + 1] = w.y;
+    }
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_raw(T* p, const RawVec<T, V>& r) {
+  constexpr int C = RawVec<T, V>::kChunk;
+  using Word = typename RawVec<T, V>::Word;
+#pragma unroll
+  for (int i = 0; i < V / C; ++i) *reinterpret_cast<Word*>(p + i * C) = r.w[i];
+}
+
+// Two sums over the aligned group of `lanes` lanes (a power of two <= 32), by
+// butterfly: every lane of the group gets the same bits. Every lane of the
+// warp must call it.
+__device__ __forceinline__ void group_sum2(float& a, float& b, int lanes) {
+  for (int o = lanes >> 1; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+}
+
+// A lane's V weights from column j0 (ones when w is null): from L1, per item,
+// rather than held in registers across the loop.
+template <int V>
+__device__ __forceinline__ void load_weights(const float* __restrict__ w, int j0, float (&wv)[V]) {
+  if (w) {
+    load_f32<V>(w + j0, wv);
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) wv[e] = 1.f;
+  }
+}
+
+// x (V elements of a head, from column j0 = j * V) -> rope(x * r * w), as norm_rope.
+template <int V>
+__device__ __forceinline__ void rope_vec(float (&x)[V], float r, const float* __restrict__ w, const float (&c)[V / 2],
+                                         const float (&s)[V / 2], int j0) {
+  float wv[V];
+  load_weights<V>(w, j0, wv);
+#pragma unroll
+  for (int e = 0; e < V / 2; ++e) {
+    const float y0 = x[2 * e] * r * wv[2 * e], y1 = x[2 * e + 1] * r * wv[2 * e + 1];
+    x[2 * e] = y0 * c[e] - y1 * s[e];
+    x[2 * e + 1] = y0 * s[e] + y1 * c[e];
+  }
+}
+
+// Forward, vector path: warp w of the grid takes the 32 >> lanes_log2 items
+// from w << (5 - lanes_log2) on, one per group of 2^lanes_log2 lanes; lane j
+// of a group owns columns [j V, j V + V) of its head (idle when j V >= hd).
+// The warp stays whole up to its last shuffle.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    qk_norm_rope_forward_vec_kernel(const T* __restrict__ qkv, const float* __restrict__ qw,
+                                    const float* __restrict__ kw, const float* __restrict__ cos,
+                                    const float* __restrict__ sin, T* __restrict__ out, float* __restrict__ rstd,
+                                    int64_t items, int tokens, int heads, int hd, int lanes_log2, float eps) {
+  const int lane = threadIdx.x & 31, lanes = 1 << lanes_log2, j = lane & (lanes - 1);
+  const int64_t item =
+      ((int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5)) << (5 - lanes_log2)) + (lane >> lanes_log2);
+  const bool active = item < items && j * V < hd;
+  const int64_t d = int64_t(heads) * hd;
+  int64_t row = 0, base = 0;
+  int h = 0;
+  float q[V], k[V];
+  RawVec<T, V> v;
+  if (active) {  // 32-bit division: check_shape keeps rows * 3D, so items, below 2^31
+    const int r = int(item) / heads;
+    row = r;
+    h = int(item) - r * heads;
+    base = row * 3 * d + int64_t(h) * hd + j * V;
+    load_vec<T, V>(qkv + base, q);
+    load_vec<T, V>(qkv + base + d, k);
+    load_raw<T, V>(qkv + base + 2 * d, v);
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) q[e] = k[e] = 0.f;
+  }
+  float sq = 0.f, sk = 0.f;
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    sq += q[e] * q[e];
+    sk += k[e] * k[e];
+  }
+  group_sum2(sq, sk, lanes);
+  if (!active) return;
+  const float rq = rsqrtf(sq / float(hd) + eps), rk = rsqrtf(sk / float(hd) + eps);
+  const int t = int(row) % tokens, half = hd >> 1;
+  float c[V / 2], s[V / 2];
+  load_f32<V / 2>(cos + int64_t(t) * half + j * (V / 2), c);
+  load_f32<V / 2>(sin + int64_t(t) * half + j * (V / 2), s);
+  rope_vec<V>(q, rq, qw, c, s, j * V);
+  rope_vec<V>(k, rk, kw, c, s, j * V);
+  store_vec<T, V>(out + base, q);
+  store_vec<T, V>(out + base + d, k);
+  store_raw<T, V>(out + base + 2 * d, v);
+  if (j == 0) {
+    rstd[row * 2 * heads + h] = rq;
+    rstd[row * 2 * heads + heads + h] = rk;
+  }
+}
+
+// One head's backward on a lane's V columns (from j0), in place on g, as
+// norm_rope_backward: g -> dxh. Returns the lane's part of sum(dxh * xh); the
+// caller sums it over the group and calls rope_backward_finish, which forms
+// xh = x * r again (the same bits) rather than keeping it in registers.
+template <int V, bool kWeights>
+__device__ __forceinline__ float rope_backward_vec(float (&g)[V], const float (&x)[V], float r,
+                                                   const float* __restrict__ w, int j0, const float (&c)[V / 2],
+                                                   const float (&s)[V / 2], float (&acc)[V]) {
+  float wv[V];
+  load_weights<V>(w, j0, wv);
+  float dot = 0.f;
+#pragma unroll
+  for (int e = 0; e < V / 2; ++e) {
+    const float xh0 = x[2 * e] * r, xh1 = x[2 * e + 1] * r;
+    const float gy0 = g[2 * e] * c[e] + g[2 * e + 1] * s[e], gy1 = g[2 * e + 1] * c[e] - g[2 * e] * s[e];
+    if (kWeights) {
+      acc[2 * e] += gy0 * xh0;
+      acc[2 * e + 1] += gy1 * xh1;
+    }
+    g[2 * e] = gy0 * wv[2 * e];  // dxh
+    g[2 * e + 1] = gy1 * wv[2 * e + 1];
+    dot += g[2 * e] * xh0 + g[2 * e + 1] * xh1;
+  }
+  return dot;
+}
+
+template <int V>
+__device__ __forceinline__ void rope_backward_finish(float (&g)[V], const float (&x)[V], float r, float m) {
+#pragma unroll
+  for (int e = 0; e < V; ++e) g[e] = r * (g[e] - (x[e] * r) * m);
+}
+
+// Backward, vector path. Block = tile as in the pair kernel: items [tile *
+// per_tile, min(+per_tile, items)); each round the block's warps take
+// 8 << (5 - lanes_log2) consecutive items (warp w the w-th run of 32 >>
+// lanes_log2, a group each). A lane keeps its columns' weight-gradient sums
+// across the tile; at the end the groups of a warp are added by butterfly,
+// then the warps in warp order (fixed order: deterministic). At least 3 blocks
+// an SM: at V = 8 with weight sums it fits 80 registers without spilling (97
+// unbounded: 2 blocks).
+template <typename T, int V, bool kWeights>
+__global__ void __launch_bounds__(kThreads, 3)
+    qk_norm_rope_backward_vec_kernel(const T* __restrict__ dout, const T* __restrict__ qkv,
+                                     const float* __restrict__ rstd, const float* __restrict__ qw,
+                                     const float* __restrict__ kw, const float* __restrict__ cos,
+                                     const float* __restrict__ sin, T* __restrict__ dqkv,
+                                     float* __restrict__ partials, int64_t items, int64_t per_tile, int tokens,
+                                     int heads, int hd, int lanes_log2) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lanes = 1 << lanes_log2, j = lane & (lanes - 1);
+  const int groups = 32 >> lanes_log2, half = hd >> 1;
+  const bool cols = j * V < hd;
+  const int64_t d = int64_t(heads) * hd;
+  const int64_t i0 = int64_t(blockIdx.x) * per_tile, i1 = min(i0 + per_tile, items);
+  float aq[V], ak[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) aq[e] = ak[e] = 0.f;
+  // The loop bound is the warp's first item: the same for its 32 lanes.
+  for (int64_t first = i0 + int64_t(warp) * groups; first < i1; first += int64_t(kWarps) * groups) {
+    const int64_t item = first + (lane >> lanes_log2);
+    const bool active = cols && item < i1;
+    int64_t row = 0, base = 0;
+    int h = 0;
+    float gq[V], gk[V], xq[V], xk[V];
+    RawVec<T, V> gv;
+    float rq = 0.f, rk = 0.f, dq = 0.f, dk = 0.f;
+    if (active) {  // 32-bit division, as in the forward
+      const int r = int(item) / heads;
+      row = r;
+      h = int(item) - r * heads;
+      base = row * 3 * d + int64_t(h) * hd + j * V;
+      load_vec<T, V>(dout + base, gq);
+      load_vec<T, V>(dout + base + d, gk);
+      load_raw<T, V>(dout + base + 2 * d, gv);
+      load_vec<T, V>(qkv + base, xq);
+      load_vec<T, V>(qkv + base + d, xk);
+      rq = rstd[row * 2 * heads + h];
+      rk = rstd[row * 2 * heads + heads + h];
+      const int t = int(row) % tokens;
+      float c[V / 2], s[V / 2];
+      load_f32<V / 2>(cos + int64_t(t) * half + j * (V / 2), c);
+      load_f32<V / 2>(sin + int64_t(t) * half + j * (V / 2), s);
+      dq = rope_backward_vec<V, kWeights>(gq, xq, rq, qw, j * V, c, s, aq);
+      dk = rope_backward_vec<V, kWeights>(gk, xk, rk, kw, j * V, c, s, ak);
+    }
+    group_sum2(dq, dk, lanes);
+    if (active) {
+      rope_backward_finish<V>(gq, xq, rq, dq / float(hd));
+      rope_backward_finish<V>(gk, xk, rk, dk / float(hd));
+      store_vec<T, V>(dqkv + base, gq);
+      store_vec<T, V>(dqkv + base + d, gk);
+      store_raw<T, V>(dqkv + base + 2 * d, gv);
+    }
+  }
+  if constexpr (kWeights) {
+    // The warp's groups hold the same columns: add them (lanes j, j + lanes, ...).
+    for (int o = lanes; o < 32; o <<= 1) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        aq[e] += __shfl_xor_sync(0xffffffffu, aq[e], o);
+        ak[e] += __shfl_xor_sync(0xffffffffu, ak[e], o);
+      }
+    }
+    __shared__ float sums[2][kWarps][kQkNormRopeMaxHeadDim];
+    if (lane < lanes && cols) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        sums[0][warp][j * V + e] = aq[e];
+        sums[1][warp][j * V + e] = ak[e];
+      }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < 2 * hd; c += kThreads) {
+      const int plane = c / hd, col = c - plane * hd;
+      float acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) acc += sums[plane][w][col];
+      partials[(int64_t(plane) * gridDim.x + blockIdx.x) * hd + col] = acc;
+    }
+  }
+}
+
 template <typename T>
 bool pair_aligned(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (2 * sizeof(T)) == 0;
@@ -206,17 +450,50 @@ void check_shape(const char* what, int rows, int tokens, int heads, int head_dim
 // Pairs per lane for a head dim: 1 up to 64, 2 up to 128, ... 4 up to 256.
 int pairs_per_lane(int head_dim) { return (head_dim / 2 + 31) / 32; }
 
+uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+// log2 of the lanes a head takes on the vector path: the power of two >= hd / V.
+int lanes_log2_for(int head_dim, int v) {
+  int l = 0;
+  while ((1 << l) * v < head_dim) ++l;
+  return l;
+}
+
 }  // namespace
+
+int qk_norm_rope_vector_elems(int head_dim, int elem_bytes, uintptr_t data_addrs, uintptr_t table_addrs) {
+  if (head_dim < 4 || head_dim > kQkNormRopeMaxHeadDim || table_addrs % 16 != 0) return 0;
+  for (const int v : {8, 4}) {
+    const uintptr_t word = uintptr_t(std::min(16, v * elem_bytes));
+    if (head_dim % v == 0 && head_dim / v <= 32 && data_addrs % word == 0) return v;
+  }
+  return 0;
+}
 
 template <typename T>
 void qk_norm_rope_forward(const T* qkv, const float* q_weight, const float* k_weight, const float* cos,
                           const float* sin, T* out, float* rstd, int rows, int tokens, int heads, int head_dim,
-                          float eps, cudaStream_t stream) {
+                          float eps, cudaStream_t stream, bool vector) {
   check_shape("qk_norm_rope_forward", rows, tokens, heads, head_dim);
   if (!pair_aligned(qkv) || !pair_aligned(out))
     throw std::invalid_argument("qk_norm_rope_forward: qkv and out must be aligned to two elements");
   const int64_t items = int64_t(rows) * heads;
   if (items == 0) return;
+  const int v = vector ? qk_norm_rope_vector_elems(head_dim, int(sizeof(T)), addr(qkv) | addr(out),
+                                                   addr(q_weight) | addr(k_weight) | addr(cos) | addr(sin))
+                       : 0;
+  if (v != 0) {
+    const int ll = lanes_log2_for(head_dim, v);
+    const int64_t per_block = int64_t(kWarps) << (5 - ll);
+    const dim3 vgrid(unsigned((items + per_block - 1) / per_block));
+    auto launch_vec = [&](auto kernel) {
+      kernel<<<vgrid, kThreads, 0, stream>>>(qkv, q_weight, k_weight, cos, sin, out, rstd, items, tokens, heads,
+                                             head_dim, ll, eps);
+      PERFTRAIN_LAUNCH_CHECK();
+    };
+    if (v == 8) return launch_vec(qk_norm_rope_forward_vec_kernel<T, 8>);
+    return launch_vec(qk_norm_rope_forward_vec_kernel<T, 4>);
+  }
   const dim3 grid(unsigned((items + kWarps - 1) / kWarps));
   auto launch = [&](auto kernel) {
     kernel<<<grid, kThreads, 0, stream>>>(qkv, q_weight, k_weight, cos, sin, out, rstd, items, tokens, heads,
@@ -243,7 +520,7 @@ template <typename T>
 void qk_norm_rope_backward(const T* dout, const T* qkv, const float* rstd, const float* q_weight,
                            const float* k_weight, const float* cos, const float* sin, T* dqkv,
                            float* weight_partials, int rows, int tokens, int heads, int head_dim, int tiles,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, bool vector) {
   check_shape("qk_norm_rope_backward", rows, tokens, heads, head_dim);
   if (!pair_aligned(dout) || !pair_aligned(qkv) || !pair_aligned(dqkv))
     throw std::invalid_argument("qk_norm_rope_backward: dout, qkv and dqkv must be aligned to two elements");
@@ -252,12 +529,29 @@ void qk_norm_rope_backward(const T* dout, const T* qkv, const float* rstd, const
     throw std::invalid_argument("qk_norm_rope_backward: tiles=" + std::to_string(tiles) + " for " +
                                 std::to_string(items) + " (row, head) items");
   const int64_t per_tile = std::max<int64_t>(1, (items + tiles - 1) / tiles);
+  const bool weights = weight_partials != nullptr;
+  const int v = vector ? qk_norm_rope_vector_elems(head_dim, int(sizeof(T)), addr(dout) | addr(qkv) | addr(dqkv),
+                                                   addr(q_weight) | addr(k_weight) | addr(cos) | addr(sin))
+                       : 0;
+  if (v != 0) {
+    const int ll = lanes_log2_for(head_dim, v);
+    auto launch_vec = [&](auto kernel) {
+      kernel<<<tiles, kThreads, 0, stream>>>(dout, qkv, rstd, q_weight, k_weight, cos, sin, dqkv, weight_partials,
+                                             items, per_tile, tokens, heads, head_dim, ll);
+      PERFTRAIN_LAUNCH_CHECK();
+    };
+    switch (v * 2 + (weights ? 1 : 0)) {
+      case 16: return launch_vec(qk_norm_rope_backward_vec_kernel<T, 8, false>);
+      case 17: return launch_vec(qk_norm_rope_backward_vec_kernel<T, 8, true>);
+      case 8: return launch_vec(qk_norm_rope_backward_vec_kernel<T, 4, false>);
+      default: return launch_vec(qk_norm_rope_backward_vec_kernel<T, 4, true>);
+    }
+  }
   auto launch = [&](auto kernel) {
     kernel<<<tiles, kThreads, 0, stream>>>(dout, qkv, rstd, q_weight, k_weight, cos, sin, dqkv, weight_partials,
                                            items, per_tile, tokens, heads, head_dim);
     PERFTRAIN_LAUNCH_CHECK();
   };
-  const bool weights = weight_partials != nullptr;
   switch (pairs_per_lane(head_dim) * 2 + (weights ? 1 : 0)) {
     case 2: return launch(qk_norm_rope_backward_kernel<T, 1, false>);
     case 3: return launch(qk_norm_rope_backward_kernel<T, 1, true>);
@@ -272,10 +566,10 @@ void qk_norm_rope_backward(const T* dout, const T* qkv, const float* rstd, const
 
 #define PERFTRAIN_QK_NORM_ROPE_INSTANTIATE(T)                                                                     \
   template void qk_norm_rope_forward<T>(const T*, const float*, const float*, const float*, const float*, T*,     \
-                                        float*, int, int, int, int, float, cudaStream_t);                          \
+                                        float*, int, int, int, int, float, cudaStream_t, bool);                    \
   template void qk_norm_rope_backward<T>(const T*, const T*, const float*, const float*, const float*,            \
                                          const float*, const float*, T*, float*, int, int, int, int, int,          \
-                                         cudaStream_t);
+                                         cudaStream_t, bool);
 PERFTRAIN_QK_NORM_ROPE_INSTANTIATE(float)
 PERFTRAIN_QK_NORM_ROPE_INSTANTIATE(__nv_bfloat16)
 PERFTRAIN_QK_NORM_ROPE_INSTANTIATE(__half)

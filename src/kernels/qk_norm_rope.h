@@ -15,21 +15,30 @@
 // Bytes per row (s = sizeof(T)): forward reads 3D*s + hd*4 (cos/sin, from L2),
 // writes 3D*s + 8H; backward reads 3D*s (g) + 2D*s (x) + 8H, writes 3D*s.
 // About 10 FLOPs per q/k element each way: streaming, so the shape is about
-// moving each byte once.
+// keeping enough bytes in flight to move each byte once at full bandwidth.
 //
-// Shape: one warp per (row, head): q, k and v of the head are loaded at once
-// (pairs, one 4- or 8-byte word per lane per pair, so that a lane holds the
-// two elements it rotates), the sum of squares is a butterfly over the warp
-// (every lane gets the same bits), no shared memory and no block-wide sync.
-// Lanes own pairs k = lane + 32 i, i < ceil(hd / 64) (a template: 1..4, hd up
-// to 256). Blocks of 8 warps; the forward takes one (row, head) per warp, the
-// backward a fixed run of them per block (its tile) so that each lane keeps
-// its pairs' weight-gradient sums in registers across the run, and writes one
-// fp32 partial row per tile after adding its 8 warps in order:
-// partials [2][tiles][hd] (q weight, k weight), which the caller sums over
-// tiles in a fixed order (ops::batch_sums_into). Deterministic, no atomics;
-// grid and scratch follow from the shape and the SM count, so it captures in
-// CUDA graphs.
+// Vector path (the usual one): a lane owns V consecutive elements of a head
+// (V = 8: 16-byte words in 16-bit storage; V = 4 where hd is not a multiple
+// of 8), so q, k and v are three V-element loads a lane, the pairs it rotates
+// are inside its own vector and its cos/sin are one or two float4/float2
+// reads. A head takes 2^n >= hd / V lanes (hd 64: 8 lanes, 4 heads a warp; hd
+// 72: 16 lanes of which 9 work), the sums of squares are butterflies over the
+// group (every lane of it gets the same bits), no shared memory in the
+// forward. It needs hd % 4 == 0 (and hd / 4 <= 32 for V = 4), the data
+// pointers aligned to min(16, V*s) bytes and the fp32 tables/weights to 16;
+// otherwise (and with vector = false) the pair kernel below runs: one warp per
+// (row, head), lanes own pairs k = lane + 32 i, i < ceil(hd / 64), one 4- or
+// 8-byte word a lane a tensor. Both use fp32 math in the same order per
+// element; the sum of squares is added in a different tree, so the two paths
+// may differ in the last bits.
+//
+// The backward takes a fixed run of (row, head) items per block (its tile),
+// so that each lane keeps its columns' weight-gradient sums in registers
+// across the run, and writes one fp32 partial row per tile after adding its
+// groups (butterfly) and then its 8 warps in order: partials [2][tiles][hd]
+// (q weight, k weight), which the caller sums over tiles in a fixed order
+// (ops::batch_sums_into). Deterministic, no atomics; grid and scratch follow
+// from the shape and the SM count, so it captures in CUDA graphs.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -52,7 +61,7 @@ constexpr int kQkNormRopeMaxHeadDim = 256;
 template <typename T>
 void qk_norm_rope_forward(const T* qkv, const float* q_weight, const float* k_weight, const float* cos,
                           const float* sin, T* out, float* rstd, int rows, int tokens, int heads, int head_dim,
-                          float eps, cudaStream_t stream);
+                          float eps, cudaStream_t stream, bool vector = true);
 
 // Tiles (blocks) of the backward: about 8 blocks per SM, at least one (row,
 // head) per warp; shape and SM count only, as it fixes the summation order.
@@ -70,6 +79,13 @@ template <typename T>
 void qk_norm_rope_backward(const T* dout, const T* qkv, const float* rstd, const float* q_weight,
                            const float* k_weight, const float* cos, const float* sin, T* dqkv,
                            float* weight_partials, int rows, int tokens, int heads, int head_dim, int tiles,
-                           cudaStream_t stream);
+                           cudaStream_t stream, bool vector = true);
+
+// The elements a lane moves at once on the vector path for this head dim,
+// storage size and addresses (8 or 4), or 0 where the pair kernel runs.
+// data_addrs: the T pointers' addresses OR-ed together; table_addrs: those of
+// the weights (null counts as aligned), cos and sin. vector = false above
+// forces the pair kernel (benchmarks, tests).
+int qk_norm_rope_vector_elems(int head_dim, int elem_bytes, uintptr_t data_addrs, uintptr_t table_addrs);
 
 }  // namespace perftrain::kernels

@@ -7,7 +7,10 @@
 // qk_norm_rope_check.cpp qk_norm_rope column_sums). Head dims 32..256 (1 to 4 pairs a lane), T = 1, 5,
 // 257, 288, several B and H, fp32/bf16/fp16 storage, with and without weights, with and
 // without weight gradients, the op's tile count and odd ones (empty tiles), pointers on
-// a pair boundary but not a 16-byte one. Outputs start NaN, NaN before and past every
+// a pair boundary but not a 16-byte one; every even hd 2..256 on odd row counts, on the
+// vector path (8 or 4 elements a lane) where shape and alignment allow it and on the pair
+// kernel (forced, or by a misaligned pointer or table), checking which path was taken.
+// Outputs start NaN, NaN before and past every
 // buffer (a read there poisons a result, a write there is reported). Exit 1 on failure.
 #include "shim.h"
 #include "kernels/qk_norm_rope.h"
@@ -34,6 +37,7 @@ template <typename T> const char* tn() { return std::is_same<T, float>::value ? 
 static std::mt19937_64 rng(11);
 constexpr size_t kPad = 64;
 static int fails = 0, checks = 0;
+static int path_runs[9] = {};  // by the vector path's elements a lane (0: the pair kernel)
 static const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // n elements at element offset `off` from a 64-byte boundary; NaN before and kPad after.
@@ -77,11 +81,15 @@ static void expect(bool ok, const std::string& where, const char* what) {
 
 // off: element offset of qkv/out/dout/dqkv (a multiple of 2: the kernels' rule).
 // tiles_mode: 0 = the op's count (132 SMs), 1 = 7 (or fewer if fewer items), 2 = one per item.
+// vec: let the kernels take the vector path where they can (else the pair kernel);
+// tab_off: float offset of the weights and tables (not 16-byte aligned: the pair kernel).
 template <typename T>
-void test(int B, int Tn, int H, int hd, bool with_w, bool want_dw, int tiles_mode, size_t off) {
+void test(int B, int Tn, int H, int hd, bool with_w, bool want_dw, int tiles_mode, size_t off, bool vec = true,
+          size_t tab_off = 0) {
   const std::string where = std::string("qk_norm_rope ") + tn<T>() + " B=" + std::to_string(B) + " T=" + std::to_string(Tn) +
       " H=" + std::to_string(H) + " hd=" + std::to_string(hd) + " w" + std::to_string(with_w) + " dw" + std::to_string(want_dw) +
-      " tiles" + std::to_string(tiles_mode) + " off" + std::to_string(off);
+      " tiles" + std::to_string(tiles_mode) + " off" + std::to_string(off) + " vec" + std::to_string(vec) +
+      " taboff" + std::to_string(tab_off);
   const int rows = B * Tn, half = hd / 2;
   const int64_t D = int64_t(H) * hd, W = 3 * D;
   const size_t N = size_t(rows) * W;
@@ -89,7 +97,8 @@ void test(int B, int Tn, int H, int hd, bool with_w, bool want_dw, int tiles_mod
   Buf<T> qkv(N, off), out(N, off), dout(N, off), dqkv(N, off);
   fill(qkv, 1.7, 0.2);
   fill(dout, 1.0);
-  Buf<float> qw(hd), kw(hd), cs(size_t(Tn) * half), sn(size_t(Tn) * half), rstd(size_t(rows) * 2 * H);
+  Buf<float> qw(hd, tab_off), kw(hd, tab_off), cs(size_t(Tn) * half, tab_off), sn(size_t(Tn) * half, tab_off),
+      rstd(size_t(rows) * 2 * H);
   fill(qw, 0.3, 1.0);
   fill(kw, 0.3, 0.9);
   for (int t = 0; t < Tn; ++t)
@@ -100,7 +109,19 @@ void test(int B, int Tn, int H, int hd, bool with_w, bool want_dw, int tiles_mod
     }
   const float* qwp = with_w ? qw.p() : nullptr;
   const float* kwp = with_w ? kw.p() : nullptr;
-  k::qk_norm_rope_forward<T>(qkv.p(), qwp, kwp, cs.p(), sn.p(), out.p(), rstd.p(), rows, Tn, H, hd, float(eps), nullptr);
+  {  // the path the kernels take (the same rule for the backward's pointers, which share the offset)
+    auto a = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+    const int v = vec ? k::qk_norm_rope_vector_elems(hd, int(sizeof(T)), a(qkv.p()) | a(out.p()) | a(dout.p()) | a(dqkv.p()),
+                                                     a(qwp) | a(kwp) | a(cs.p()) | a(sn.p()))
+                      : 0;
+    const int expect_v = !vec || tab_off % 4 != 0 ? 0
+                         : hd % 8 == 0 && (off * sizeof(T)) % std::min<size_t>(16, 8 * sizeof(T)) == 0 ? 8
+                         : hd % 4 == 0 && hd <= 128 && (off * sizeof(T)) % std::min<size_t>(16, 4 * sizeof(T)) == 0 ? 4
+                                                                                                               : 0;
+    expect(v == expect_v, where, "unexpected kernel path");
+    ++path_runs[v];
+  }
+  k::qk_norm_rope_forward<T>(qkv.p(), qwp, kwp, cs.p(), sn.p(), out.p(), rstd.p(), rows, Tn, H, hd, float(eps), nullptr, vec);
 
   // float64 reference
   std::vector<double> rout(N), rr(size_t(rows) * 2 * H), rdx(N), rdw(2 * size_t(hd), 0.0);
@@ -160,7 +181,7 @@ void test(int B, int Tn, int H, int hd, bool with_w, bool want_dw, int tiles_mod
   if (tiles_mode == 2) tiles = int(std::max<int64_t>(items, 1));
   Buf<float> parts(want_dw ? size_t(k::qk_norm_rope_backward_partials(tiles, hd)) : 1);
   k::qk_norm_rope_backward<T>(dout.p(), qkv.p(), rstd.p(), qwp, kwp, cs.p(), sn.p(), dqkv.p(), want_dw ? parts.p() : nullptr,
-                              rows, Tn, H, hd, tiles, nullptr);
+                              rows, Tn, H, hd, tiles, nullptr, vec);
   close(where, "dqkv", dqkv, rdx, lo ? 1e-2 : 1e-5);
   expect(dqkv.pads_nan(), where, "write outside dqkv");
   {
@@ -223,6 +244,21 @@ int main(int argc, char** argv) {
     test<bf16>(2, 5, 3, hd, true, true, 0, 0);
     test<float>(1, 257, 2, hd, true, true, 1, 2);
   }
+  // every even head dim, odd row counts (B*T = 5, 7): each path the shape and offset allow
+  // (8 or 4 elements a lane, or pairs), and the pair kernel forced; hd 4 (one lane a
+  // head), 72 (16 lanes, 9 working), 132 (the pair kernel: 33 words of 4)
+  for (int hd = 2; hd <= 256; hd += 2) {
+    test<bf16>(1, 5, 3, hd, true, true, 1, 0);
+    test<bf16>(1, 7, 2, hd, hd % 4 == 0, hd % 3 != 0, 0, 4);  // 8 bytes: V = 4 at most
+    test<float>(1, 5, 3, hd, hd % 8 != 0, true, 1, 4, hd % 16 == 0);
+    if (hd % 8 == 0 || hd <= 16) test<f16>(1, 5, 2, hd, true, hd % 16 == 0, 2, 0, true, hd % 32 == 0 ? 1 : 0);
+  }
+  printf("every even hd done, %d failures\n", fails); fflush(stdout);
+  // the SS shape's head count and its neighbours, the vector path against the pair one's grid
+  for (int hd : {64, 72, 96, 128})
+    for (bool vec : {true, false}) test<bf16>(1, 37, 12, hd, true, true, 0, 0, vec);
+  printf("paths: vector 8 x%d, vector 4 x%d, pairs x%d\n", path_runs[8], path_runs[4], path_runs[0]);
+  expect(path_runs[8] > 0 && path_runs[4] > 0 && path_runs[0] > 0, "paths", "a path never ran");
   // no rows: the backward writes zero partials
   {
     Buf<bf16> x(8), y(8);
