@@ -3,9 +3,9 @@
 // head dims 32/64/72/96/128/256, token counts 288, 257 and 1, in bf16, fp16
 // and fp32 storage, with and without weights; every element written (outputs
 // and scratch pre-filled with NaN through the kernel launches), bit-identical
-// reruns, a misaligned view, and capture of forward + backward in a CUDA
-// graph. Skips without a GPU. Every failure prints the case and the largest
-// error.
+// reruns, a misaligned view, the kernels' vector path and pair kernel on
+// offsets that pick each, and capture of forward + backward in a CUDA graph.
+// Skips without a GPU. Every failure prints the case and the largest error.
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/equal.h>
@@ -15,7 +15,9 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -217,6 +219,102 @@ TEST(QkNormRopeGpu, KernelsWriteEveryOutputElement) {
                                          sin.data_ptr<float>(), static_cast<bf16*>(dqkv2.data_ptr()), nullptr, rows,
                                          tokens, heads, hd, tiles, stream);
     EXPECT_TRUE(at::equal(dqkv2, dqkv)) << where << "dqkv without weight partials";
+  }
+}
+
+// The kernels' vector path (8 or 4 elements a lane) and the pair kernel, called
+// directly on the model family's head dims (and 36: V = 4 by shape; 130: pairs
+// by shape), odd row counts, and data offsets that pick each path (0: V = 8 by
+// alignment; 8 bytes: V = 4; 4 bytes: pairs). Each result against float64 (out,
+// rstd, dqkv, the weight partials summed over tiles), every element written
+// (NaN-prefilled), and vector = false (the pair kernel) on the same inputs
+// within one rounding of the vector path. Prints the path and max errors.
+template <typename T>
+void vector_and_pair_paths(const Case& c, at::ScalarType dt, int64_t off, uint64_t seed) {
+  const c10::cuda::CUDAGuard guard(kCuda);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const std::string where = name(c, dt) + "offset " + std::to_string(off) + " ";
+  at::Generator g = gen(seed);
+  const int64_t d = c.heads * c.hd, n = c.b * c.t * 3 * d;
+  const int rows = int(c.b * c.t), heads = int(c.heads), hd = int(c.hd), tokens = int(c.t);
+  // [b, t, 3d] views `off` elements into a NaN-filled buffer (the allocator's base is 256-byte aligned)
+  auto at_offset = [&](const at::Tensor& fill) {
+    at::Tensor buf = nan_like({n + off + 16}, dt);
+    at::Tensor v = buf.narrow(0, off, n).view({c.b, c.t, 3 * d});
+    if (fill.defined()) v.copy_(fill);
+    return v;
+  };
+  const at::Tensor qkv = at_offset(rnd({c.b, c.t, 3 * d}, g, dt, 1.5, 0.1));
+  const at::Tensor dout = at_offset(rnd({c.b, c.t, 3 * d}, g, dt));
+  const at::Tensor qw = rnd({c.hd}, g, at::kFloat, 0.5, 1.0), kw = rnd({c.hd}, g, at::kFloat, 0.5, 1.0);
+  const auto [cos, sin] = tables(c.t, c.hd, g);
+  auto p = [](const at::Tensor& t) { return static_cast<T*>(t.data_ptr()); };
+  auto a = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); };
+  const int tiles = kernels::qk_norm_rope_backward_tiles(rows, heads, sms);
+
+  // float64 reference: out, dqkv, the weight gradients, rstd
+  const at::Tensor x64 = qkv.to(at::kDouble).requires_grad_(true);
+  const at::Tensor q64 = qw.to(at::kDouble).requires_grad_(true), k64 = kw.to(at::kDouble).requires_grad_(true);
+  const at::Tensor out64 = qk_norm_rope_reference(x64, c.heads, q64, k64, cos.to(at::kDouble), sin.to(at::kDouble));
+  const auto ref = torch::autograd::grad({out64}, {x64, q64, k64}, {dout.to(at::kDouble)});
+  const at::Tensor heads64 = qkv.to(at::kDouble).view({c.b, c.t, 3, c.heads, c.hd}).narrow(2, 0, 2);
+  const at::Tensor rstd64 = (heads64.pow(2).mean(-1) + 1e-6).rsqrt();
+
+  std::vector<at::Tensor> results[2];
+  for (const bool vector : {true, false}) {
+    at::Tensor out = at_offset(at::Tensor()), dqkv = at_offset(at::Tensor());
+    const int v = vector ? kernels::qk_norm_rope_vector_elems(hd, int(sizeof(T)), a(qkv) | a(out) | a(dout) | a(dqkv),
+                                                              a(qw) | a(kw) | a(cos) | a(sin))
+                         : 0;
+    const std::string w = where + (vector ? "vector path (V = " + std::to_string(v) + ") " : "pair kernel ");
+    std::printf("%s\n", w.c_str());
+    const int want = !vector                                                        ? 0
+                     : hd % 8 == 0 && (off * sizeof(T)) % std::min<size_t>(16, 8 * sizeof(T)) == 0 ? 8
+                     : hd % 4 == 0 && hd <= 128 && (off * sizeof(T)) % std::min<size_t>(16, 4 * sizeof(T)) == 0
+                         ? 4
+                         : 0;
+    EXPECT_EQ(v, want) << w << "path";
+    at::Tensor rstd = nan_like({c.b, c.t, 2, c.heads}, at::kFloat);
+    at::Tensor partials = nan_like({kernels::qk_norm_rope_backward_partials(tiles, hd)}, at::kFloat);
+    kernels::qk_norm_rope_forward<T>(p(qkv), qw.data_ptr<float>(), kw.data_ptr<float>(), cos.data_ptr<float>(),
+                                     sin.data_ptr<float>(), p(out), rstd.data_ptr<float>(), rows, tokens, heads, hd,
+                                     1e-6f, stream, vector);
+    kernels::qk_norm_rope_backward<T>(p(dout), p(qkv), rstd.data_ptr<float>(), qw.data_ptr<float>(),
+                                      kw.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p(dqkv),
+                                      partials.data_ptr<float>(), rows, tokens, heads, hd, tiles, stream, vector);
+    expect_close(out, out64, w + "out");
+    expect_close(rstd, rstd64, w + "rstd", 1e-5);
+    expect_close(dqkv, ref[0], w + "dqkv");
+    EXPECT_TRUE(at::equal(out.narrow(2, 2 * d, d), qkv.narrow(2, 2 * d, d))) << w << "out v";
+    EXPECT_TRUE(at::equal(dqkv.narrow(2, 2 * d, d), dout.narrow(2, 2 * d, d))) << w << "dqkv v";
+    EXPECT_FALSE(partials.isnan().any().item<bool>()) << w << "partials";
+    const at::Tensor pt = partials.view({2, tiles, hd});
+    expect_rel_l2(at::sum(pt.select(0, 0), {0}), ref[1], w + "dq_weight", kWeightGradTolFp32);
+    expect_rel_l2(at::sum(pt.select(0, 1), {0}), ref[2], w + "dk_weight", kWeightGradTolFp32);
+    std::printf("  max |out - f64| %.3g, max |dqkv - f64| %.3g\n",
+                (out.to(at::kDouble) - out64).abs().max().item<double>(),
+                (dqkv.to(at::kDouble) - ref[0]).abs().max().item<double>());
+    results[vector ? 0 : 1] = {out, dqkv, rstd};
+  }
+  // The two paths: the same math, sums of squares in another order (rstd a few fp32 ulps apart).
+  expect_close(results[0][0], results[1][0], where + "vector vs pair out");
+  expect_close(results[0][1], results[1][1], where + "vector vs pair dqkv");
+  expect_close(results[0][2], results[1][2], where + "vector vs pair rstd", 1e-6);
+}
+
+TEST(QkNormRopeGpu, VectorPathAndPairKernel) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 3200;
+  for (const Case& c : {Case{1, 37, 12, 64}, Case{1, 288, 12, 64}, Case{3, 257, 2, 72}, Case{1, 289, 3, 96},
+                        Case{1, 33, 5, 128}, Case{1, 37, 3, 36}, Case{1, 9, 2, 130}}) {
+    for (const int64_t off : {0, 4, 2}) {  // bf16: 0, 8, 4 bytes
+      vector_and_pair_paths<__nv_bfloat16>(c, at::kBFloat16, off, seed++);
+      if (HasFatalFailure()) return;
+    }
+    vector_and_pair_paths<__half>(c, at::kHalf, 0, seed++);
+    vector_and_pair_paths<float>(c, at::kFloat, 0, seed++);  // 16-byte words, two a lane
+    vector_and_pair_paths<float>(c, at::kFloat, 2, seed++);  // 8 bytes: pairs
   }
 }
 
