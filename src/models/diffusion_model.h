@@ -25,7 +25,9 @@ struct DiTExecution {
   bool recompute = false;
   // Fused blocks: keep only each MLP's pre-activation and compute GELU again
   // in backward (gelu_mlp's keep_activation false): one [B*T, 4D] tensor
-  // less per block held for backward, one elementwise pass more.
+  // less per block held for backward, one elementwise pass more. The
+  // single-stream blocks likewise keep only SwiGLU's gate_up
+  // (ops::swiglu_linear): one [B*S, F] tensor less per block.
   bool gelu_recompute = false;
 };
 

@@ -115,24 +115,26 @@ at::Tensor SingleStreamBlock::attention_branch(const at::Tensor& h, const at::Te
   return ops::linear(attn.attention_fused(h, cos, sin, mask, key_bias), attn.proj.weight);
 }
 
-at::Tensor SingleStreamBlock::ffn_branch(const at::Tensor& h2) const {
+at::Tensor SingleStreamBlock::ffn_branch(const at::Tensor& h2, bool keep_activation) const {
   // gate and up in one product: their compute-dtype weights stacked [2F, D]
   // (a view where the bf16 copies of gate and up lie back to back, as the
   // device optimizer places them; else a copy), and each weight gets its row
   // block of the gradient.
   const at::Tensor gate_up = ops::stacked_linear(h2, {ffn.gate.weight, ffn.up.weight});  // [B, T, 2F]
-  return ops::linear(ops::swiglu(gate_up), ffn.down.weight);
+  return keep_activation ? ops::linear(ops::swiglu(gate_up), ffn.down.weight)
+                         : ops::swiglu_linear(gate_up, ffn.down.weight);
 }
 
 at::Tensor SingleStreamBlock::forward_fused(const at::Tensor& x, const at::Tensor& silu_c, const at::Tensor& cos,
                                             const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& key_bias,
-                                            at::ScalarType act) const {
+                                            at::ScalarType act, bool keep_activation) const {
   const auto mod = ops::linear(silu_c, adaLN_modulation.weight).chunk(4, 1);  // scale, gate (attention); (FFN)
   const at::Tensor h = ops::rms_adaln(x, attn_norm.weight, mod[0], act);
   auto [x1, h2] = ops::residual_rms_adaln(x, mod[1], attention_branch(h, cos, sin, mask, key_bias),
                                           attn_post_norm.weight, ffn_norm.weight, mod[2], act);
   // No next pre-norm here: its h is left unused.
-  return ops::residual_rms_adaln(x1, mod[3], ffn_branch(h2), ffn_post_norm.weight, at::Tensor(), at::Tensor(), act)
+  return ops::residual_rms_adaln(x1, mod[3], ffn_branch(h2, keep_activation), ffn_post_norm.weight, at::Tensor(),
+                                 at::Tensor(), act)
       .first;
 }
 
@@ -264,15 +266,16 @@ at::Tensor SingleStreamDiT::forward_fused(const at::Tensor& patches, const at::T
   // The key mask as the attention's additive bias, made once for all blocks.
   const at::Tensor key_bias = mask.defined() ? ops::attention_key_bias(mask, act) : at::Tensor();
   if (!exec.recompute && blocks.size() > 0)
-    return run_blocks_chained(x0, silu_c, cos, sin, mask, key_bias, act).narrow(1, Tc, T);
+    return run_blocks_chained(x0, silu_c, cos, sin, mask, key_bias, act, !exec.gelu_recompute).narrow(1, Tc, T);
   // Block by block (under recompute: each block's activations made again in
   // backward), then the final layer, on all tokens as in the chained path.
   at::Tensor x = x0;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const SingleStreamBlock& block = blocks[i];
     // backward may call fn again after this forward returned: captures by value.
-    auto fn = [&block, cos, sin, mask, key_bias, act](const at::Tensor& xx, const at::Tensor& c) {
-      return block.forward_fused(xx, c, cos, sin, mask, key_bias, act);
+    auto fn = [&block, cos, sin, mask, key_bias, act, keep = !exec.gelu_recompute](const at::Tensor& xx,
+                                                                                   const at::Tensor& c) {
+      return block.forward_fused(xx, c, cos, sin, mask, key_bias, act, keep);
     };
     x = exec.recompute ? ops::recompute(fn, x, silu_c) : fn(x, silu_c);
   }
@@ -287,7 +290,8 @@ at::Tensor SingleStreamDiT::forward_fused(const at::Tensor& patches, const at::T
 // gradients meet inside one kernel (as DiT::run_blocks_chained).
 at::Tensor SingleStreamDiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& silu_c, const at::Tensor& cos,
                                                const at::Tensor& sin, const at::Tensor& mask,
-                                               const at::Tensor& key_bias, at::ScalarType act) const {
+                                               const at::Tensor& key_bias, at::ScalarType act,
+                                               bool keep_activation) const {
   // All blocks' modulations from silu(c) in one product (no biases), split
   // once into 4 [B, D] vectors per block. The blocks' [4D, D] bf16 weight
   // copies lie back to back (the device optimizer groups copies by shape), so
@@ -306,7 +310,7 @@ at::Tensor SingleStreamDiT::run_blocks_chained(const at::Tensor& x0, const at::T
     const SingleStreamBlock& b = blocks[i];
     auto [x1, h2] = ops::residual_rms_adaln(x, mod(i, 1), b.attention_branch(h, cos, sin, mask, key_bias),
                                             b.attn_post_norm.weight, b.ffn_norm.weight, mod(i, 2), act);
-    const at::Tensor f = b.ffn_branch(h2);
+    const at::Tensor f = b.ffn_branch(h2, keep_activation);
     if (i + 1 == n) {
       // The final layer's norm (no weight) and scale; the residual stream
       // itself is not needed after it. The product runs on all tokens (its

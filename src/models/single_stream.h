@@ -64,15 +64,16 @@ class SingleStreamBlock : public nn::Module {
                      const at::Tensor& mask) const;
   // Pieces of the fused path. The attention branch from its modulated norm h
   // (compute dtype) to proj's output; the FFN branch from h2 to down's
-  // output (gate and up as one product).
+  // output (gate and up as one product; keep_activation false: swiglu's
+  // output not kept for backward, ops::swiglu_linear).
   at::Tensor attention_branch(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
                               const at::Tensor& mask, const at::Tensor& key_bias = at::Tensor()) const;
-  at::Tensor ffn_branch(const at::Tensor& h2) const;
+  at::Tensor ffn_branch(const at::Tensor& h2, bool keep_activation = true) const;
   // The whole block through the fused ops on its own (the recompute path):
   // x [B, T, D] residual stream, silu_c [B, D] in the compute dtype `act`.
   at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& silu_c, const at::Tensor& cos,
                            const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& key_bias,
-                           at::ScalarType act) const;
+                           at::ScalarType act, bool keep_activation = true) const;
 
   nn::RMSNorm attn_norm;
   SingleStreamAttention attn;
@@ -125,7 +126,7 @@ class SingleStreamDiT : public DiffusionModel {
   // next pre-norm): x0 [B, Tc + T, D] fp32 -> [B, Tc + T, p*p*out].
   at::Tensor run_blocks_chained(const at::Tensor& x0, const at::Tensor& silu_c, const at::Tensor& cos,
                                 const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& key_bias,
-                                at::ScalarType act) const;
+                                at::ScalarType act, bool keep_activation) const;
 
   DiTConfig cfg_;
   nn::Linear x_embedder;  // patches [B, T, C*p*p] (c, i, j order) -> D

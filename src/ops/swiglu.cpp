@@ -13,7 +13,10 @@
 
 #include "base/error.h"
 #include "kernels/swiglu.h"
+#include "ops/compute_weights.h"
 #include "ops/dtype_dispatch.h"
+#include "ops/linear.h"
+#include "ops/weight_grad_lane.h"
 
 namespace perftrain::ops {
 
@@ -75,6 +78,64 @@ struct SwigluFunction : public torch::autograd::Function<SwigluFunction> {
   }
 };
 
+// swiglu's forward kernel: gate_up [rows, 2F] dense -> [rows, F].
+at::Tensor swiglu_activation(const at::Tensor& gate_up, int64_t rows, int64_t f) {
+  at::Tensor out = at::empty({rows, f}, gate_up.options());
+  with_kernel_type(kOp, gate_up.scalar_type(), [&](auto tp) {
+    using T = kernel_type<decltype(tp)>;
+    kernels::swiglu_forward<T>(kernel_ptr<const T>(gate_up), kernel_ptr<T>(out), rows, int(f),
+                               at::cuda::getCurrentCUDAStream());
+  });
+  return out;
+}
+
+// down(swiglu(gate_up)) keeping gate_up and the weight only: the activation
+// lives in forward just long enough for the product, and again in backward
+// just long enough for the weight gradient.
+struct SwigluLinearFunction : public torch::autograd::Function<SwigluLinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up_in, const at::Tensor& weight) {
+    const c10::cuda::CUDAGuard guard(gate_up_in.device());
+    const at::Tensor gate_up = gate_up_in.contiguous();
+    const int64_t f = gate_up.size(-1) / 2, rows = gate_up.numel() / (2 * f), n = weight.size(0);
+    const at::Tensor w = compute_weight(weight, gate_up.scalar_type());  // the optimizer's bf16 copy, or a cast
+    std::vector<int64_t> sizes(gate_up.sizes().begin(), gate_up.sizes().end());
+    sizes.back() = n;
+    at::Tensor y = at::empty(sizes, gate_up.options());
+    detail::linear_forward_product(swiglu_activation(gate_up, rows, f), w, at::Tensor(), y.view({rows, n}));
+    ctx->save_for_backward({gate_up, w});
+    ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &gate_up = saved[0], &w = saved[1];
+    const c10::cuda::CUDAGuard guard(gate_up.device());
+    const int64_t f = gate_up.size(-1) / 2, rows = gate_up.numel() / (2 * f), n = w.size(0);
+    const at::Tensor dy = grads[0].to(gate_up.scalar_type()).contiguous().view({rows, n});
+    at::Tensor dw, dgate_up;
+    if (ctx->needs_input_grad(1)) {
+      // As linear's backward: the weight gradient first, beside the input
+      // gradient when the step runs two streams (ops/weight_grad_lane.h).
+      const at::Tensor act = swiglu_activation(gate_up, rows, f);
+      dw = at::empty({n, f}, dy.options().dtype(static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt())));
+      run_weight_grads([&] { detail::linear_weight_grad_into(dy, act, dw, at::Tensor()); }, {dy, act});
+    }
+    if (ctx->needs_input_grad(0)) {
+      at::Tensor dact = at::empty({rows, f}, dy.options());
+      detail::linear_input_grad(dy, w, dact);
+      dgate_up = at::empty(gate_up.sizes(), gate_up.options());
+      with_kernel_type(kOp, gate_up.scalar_type(), [&](auto tp) {
+        using T = kernel_type<decltype(tp)>;
+        kernels::swiglu_backward<T>(kernel_ptr<const T>(dact), kernel_ptr<const T>(gate_up),
+                                    kernel_ptr<T>(dgate_up), rows, int(f), at::cuda::getCurrentCUDAStream());
+      });
+    }
+    return {dgate_up, dw};
+  }
+};
+
 }  // namespace
 
 at::Tensor swiglu_reference(const at::Tensor& gate_up) {
@@ -92,6 +153,18 @@ at::Tensor swiglu(const at::Tensor& gate_up) {
     throw UsageError(std::string(kOp) + ": F=" + std::to_string(gate_up.size(-1) / 2) +
                      " is wider than the CUDA kernels take (" + std::to_string(kernels::kSwigluMaxCols) + ")");
   return SwigluFunction::apply(gate_up);
+}
+
+at::Tensor swiglu_linear(const at::Tensor& gate_up, const at::Tensor& down_weight) {
+  check_gate_up(gate_up, /*allow_double=*/false);
+  const int64_t f = gate_up.size(-1) / 2;
+  detail::check_linear_params("swiglu_linear down", f, gate_up.scalar_type(), gate_up.device(), down_weight,
+                              at::Tensor());
+  if (!gate_up.is_cuda()) return ops::linear(swiglu(gate_up), down_weight);
+  if (f > kernels::kSwigluMaxCols)
+    throw UsageError(std::string(kOp) + ": F=" + std::to_string(f) + " is wider than the CUDA kernels take (" +
+                     std::to_string(kernels::kSwigluMaxCols) + ")");
+  return SwigluLinearFunction::apply(gate_up, down_weight);
 }
 
 }  // namespace perftrain::ops

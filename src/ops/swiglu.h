@@ -22,6 +22,16 @@ namespace perftrain::ops {
 // throws UsageError.
 at::Tensor swiglu(const at::Tensor& gate_up);
 
+// linear(swiglu(gate_up), down_weight) without keeping swiglu's output
+// [..., F] from forward to backward (the single-stream FFN under
+// speed.gelu_recompute): forward keeps gate_up and the product's weight; the
+// backward makes the activation again with the same kernel for down_weight's
+// gradient, so that every value equals the composition's (bit for bit on
+// CUDA). One [..., F] tensor less held per FFN for one pass over gate_up in
+// backward. down_weight [N, F] as ops::linear takes it (no bias). CPU: the
+// composition of the references. Bad shapes or dtypes throw UsageError.
+at::Tensor swiglu_linear(const at::Tensor& gate_up, const at::Tensor& down_weight);
+
 // The plain-ATen reference: at::silu(gate) * up on the two narrow() halves,
 // computed in fp32 (fp64 when gate_up is fp64, which it also takes) and cast
 // to gate_up's dtype; autograd through it is the reference backward.

@@ -66,9 +66,10 @@ struct SsShape {
 // the key bias [S] when masked; each of the two residual_rms_adaln its y
 // [S,D], its x-hat [S,D] (x1 itself, fp32, when the operands are fp32: e
 // bytes either way) and two rstd [S] fp32; the [gate; up] product's input h2
-// [S,D]; swiglu's gate_up [S,2F]; down's input [S,F].
-double ss_fused_block_bytes(const SsShape& s, double e, bool masked) {
-  return e * s.S * (13 * s.D + 3 * s.F) + 4 * s.S * (3 * s.H + 4) + (masked ? e * s.S : 0);
+// [S,D]; swiglu's gate_up [S,2F]; down's input [S,F] unless the activation
+// is made again in backward (speed.gelu_recompute: ops::swiglu_linear).
+double ss_fused_block_bytes(const SsShape& s, double e, bool masked, bool keep_act) {
+  return e * s.S * (13 * s.D + (keep_act ? 3 : 2) * s.F) + 4 * s.S * (3 * s.H + 4) + (masked ? e * s.S : 0);
 }
 
 // The plain blocks (SingleStreamBlock::forward, ATen autograd). Each RMSNorm
@@ -156,7 +157,7 @@ MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const
     // 16-bit input (features only; labels keep their indices).
     const double cond = e * (4 * L + 2) * s.D + (masked ? Tc * Dc * (3 * 4 + e) : 0);
     if (fused && !sp.recompute) {
-      per_block = ss_fused_block_bytes(ss, e, masked);
+      per_block = ss_fused_block_bytes(ss, e, masked, !sp.gelu_recompute);
       // The patches' product input, block 0's rms_adaln x-hat and rstd, the final product's input.
       extra = e * pixels + 2 * e * ss.S * ss.D + 4 * ss.S + cond;
     } else if (fused) {
@@ -164,7 +165,7 @@ MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const
       // its opening rms_adaln's x-hat and its last residual's (unused) one;
       // then the final rms_adaln's x-hat and the product's input.
       per_block = 4 * ss.S * ss.D;
-      extra = ss_fused_block_bytes(ss, e, masked) + 4 * e * ss.S * ss.D + e * pixels + cond;
+      extra = ss_fused_block_bytes(ss, e, masked, !sp.gelu_recompute) + 4 * e * ss.S * ss.D + e * pixels + cond;
     } else {
       const double a = half ? 2.0 : 4.0;
       const double block = ss_plain_block_bytes(ss, a, cuda);

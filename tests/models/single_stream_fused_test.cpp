@@ -4,7 +4,7 @@
 // recompute) on the CPU, where each op runs its fp32 reference: the same
 // output and every gradient (input, condition features, all parameters) as
 // the plain path on random weights, with class tokens and masked features,
-// odd token counts, recompute on and off.
+// odd token counts, recompute on and off, gelu_recompute on.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/rand.h>
@@ -77,10 +77,11 @@ void expect_fused_matches_plain(const DiTConfig& cfg, uint64_t seed, std::vector
   ASSERT_TRUE(model.has_fused_path());
   const Result plain = run(model, x, t, cond, gout, {});
   const auto names = model.named_parameters();
-  for (const bool recompute : {false, true}) {
+  for (const int variant : {0, 1, 2}) {  // recompute off, on; gelu_recompute (SwiGLU made again in backward)
+    const bool recompute = variant == 1;
     DiTExecution exec;
-    exec.fused_kernels = true, exec.recompute = recompute;
-    const std::string what = std::string("recompute ") + (recompute ? "on" : "off");
+    exec.fused_kernels = true, exec.recompute = recompute, exec.gelu_recompute = variant == 2;
+    const std::string what = variant == 2 ? "gelu_recompute on" : std::string("recompute ") + (recompute ? "on" : "off");
     const Result fused = run(model, x, t, cond, gout, exec);
     ASSERT_EQ(fused.out.sizes(), plain.out.sizes()) << what;
     // The same math in fp32, summed in other orders.

@@ -1,9 +1,10 @@
 // On the GPU: the single-stream DiT's fused path (chained blocks through
 // rms_adaln, residual_rms_adaln, qk_norm_rope, cuDNN attention with the key
-// mask as its bias, stacked_linear, swiglu; block by block under recompute)
-// and its plain path, in fp32 and under bf16 autocast, against the plain
-// model on the CPU in fp32 on the same random weights: output and every
-// gradient, with class tokens and masked features, odd token counts.
+// mask as its bias, stacked_linear, swiglu; block by block under recompute;
+// swiglu_linear under gelu_recompute) and its plain path, in fp32 and under
+// bf16 autocast, against the plain model on the CPU in fp32 on the same
+// random weights: output and every gradient, with class tokens and masked
+// features, odd token counts and the benchmark's block shape.
 // Prints each case's largest error. Skips without a GPU.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -103,14 +104,15 @@ void expect_matches_cpu(const Case& k) {
   const auto names = cpu.named_parameters();
 
   struct Variant {
-    bool fused, bf16, recompute;
+    bool fused, bf16, recompute, swiglu_again = false;  // swiglu_again: speed.gelu_recompute
   };
   for (const Variant v : {Variant{false, false, false}, Variant{true, false, false}, Variant{true, false, true},
-                          Variant{false, true, false}, Variant{true, true, false}, Variant{true, true, true}}) {
+                          Variant{false, true, false}, Variant{true, true, false}, Variant{true, true, true},
+                          Variant{true, true, false, true}, Variant{true, false, true, true}}) {
     DiTExecution exec;
-    exec.fused_kernels = v.fused, exec.recompute = v.recompute;
+    exec.fused_kernels = v.fused, exec.recompute = v.recompute, exec.gelu_recompute = v.swiglu_again;
     const std::string what = k.name + (v.fused ? ", fused" : ", plain") + (v.bf16 ? ", bf16" : ", fp32") +
-                             (v.recompute ? ", recompute" : "");
+                             (v.recompute ? ", recompute" : "") + (v.swiglu_again ? ", SwiGLU again" : "");
     at::globalContext().setAllowTF32CuBLAS(false);  // the plain fp32 path exact; ops::linear's fp32 is TF32 anyway
     const Result got = run(gpu, cuda, v.bf16, x, t, cond, gout, exec);
     at::globalContext().setAllowTF32CuBLAS(true);

@@ -8,6 +8,8 @@
 // failure prints the largest error. Skips without a GPU.
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/ops/randn.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/isfinite.h>
@@ -27,6 +29,7 @@
 #include "compat/compat.h"
 #include "kernels/swiglu.h"
 #include "ops/dtype_dispatch.h"
+#include "ops/linear.h"
 #include "ops/swiglu.h"
 #include "support/graph_checks.h"
 #include "support/row_op_checks.h"
@@ -219,6 +222,44 @@ TEST(SwigluGpu, ForwardAndBackwardCaptureInCudaGraph) {
 }
 
 // Bad inputs on the GPU: fp64 (the reference only) and an odd last dimension.
+// swiglu_linear (the activation not kept, made again in backward) against
+// the composition linear(swiglu(.)) on the same inputs: the same kernels and
+// products in the same order, so the output, d(gate_up) and the weight
+// gradient are bit-identical; bf16 and fp32, the SS-B/2 width (F = 2048 into
+// 768) and odd sizes, with the fp32 master weight as the leaf. Prints the
+// largest differences on failure.
+TEST(SwigluGpu, SwigluLinearEqualsTheCompositionBitForBit) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = at::cuda::detail::createCUDAGenerator(0);
+  g.set_current_seed(17);
+  const at::TensorOptions cuda = at::TensorOptions().device(at::kCUDA, 0);
+  struct Shape {
+    int64_t rows, f, n;
+  };
+  for (const at::ScalarType dt : {at::kBFloat16, at::kFloat}) {
+    for (const Shape sh : {Shape{4 * 288, 2048, 768}, Shape{37, 1001, 24}, Shape{1, 64, 8}}) {
+      const at::Tensor gate_up = at::randn({sh.rows, 2 * sh.f}, g, cuda).to(dt);
+      const at::Tensor w = at::randn({sh.n, sh.f}, g, cuda) * 0.05;
+      const at::Tensor gout = at::randn({sh.rows, sh.n}, g, cuda).to(dt);
+      const auto run = [&](bool fused) {
+        const at::Tensor x = gate_up.clone().requires_grad_(true), wl = w.clone().requires_grad_(true);
+        const at::Tensor y = fused ? swiglu_linear(x, wl) : ops::linear(swiglu(x), wl);
+        const auto d = torch::autograd::grad({y}, {x, wl}, {gout});
+        return std::vector<at::Tensor>{y.detach(), d[0], d[1]};
+      };
+      const auto got = run(true), want = run(false);
+      const char* what[] = {"output", "d(gate_up)", "d(weight)"};
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i].scalar_type(), want[i].scalar_type()) << what[i];
+        EXPECT_TRUE(at::equal(got[i], want[i]))
+            << c10::toString(dt) << " rows " << sh.rows << " F " << sh.f << " N " << sh.n << ": " << what[i]
+            << " differs by up to " << (got[i].to(at::kFloat) - want[i].to(at::kFloat)).abs().max().item<float>()
+            << " (of " << want[i].abs().max().item<float>() << ")";
+      }
+    }
+  }
+}
+
 TEST(SwigluGpu, BadInputsRaiseUsageError) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   EXPECT_THROW(swiglu(at::randn({4, 8}).to(kCuda).to(at::kDouble)), UsageError);

@@ -24,6 +24,7 @@
 
 #include "base/error.h"
 #include "kernels/swiglu.h"
+#include "ops/linear.h"
 #include "ops/swiglu.h"
 #include "support/tensor_checks.h"
 #include "support/test_support.h"
@@ -170,6 +171,23 @@ TEST(Swiglu, BadInputsRaiseUsageError) {
   // fp64 is for the reference (the float64 comparisons of the GPU tests), not the op.
   EXPECT_NE(error_of<UsageError>([&] { swiglu(at::randn({4, 8}).to(at::kDouble)); }).find("gate_up must be float32"),
             std::string::npos);
+}
+
+// swiglu_linear on the CPU is the composition linear(swiglu(.)), values and
+// gradients; a weight that does not take F inputs is refused.
+TEST(Swiglu, CpuSwigluLinearIsTheComposition) {
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor gate_up = at::randn({2, 5, 22}, g), w = at::randn({6, 11}, g), gout = at::randn({2, 5, 6}, g);
+  const auto run = [&](bool fused) {
+    const at::Tensor x = gate_up.clone().requires_grad_(true), wl = w.clone().requires_grad_(true);
+    const at::Tensor y = fused ? swiglu_linear(x, wl) : ops::linear(swiglu(x), wl);
+    const auto d = torch::autograd::grad({y}, {x, wl}, {gout});
+    return std::vector<at::Tensor>{y.detach(), d[0], d[1]};
+  };
+  const auto got = run(true), want = run(false);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << "output/gradient " << i;
+  EXPECT_THROW(swiglu_linear(gate_up, at::randn({6, 22}, g)), UsageError);
+  EXPECT_THROW(swiglu_linear(at::randn({2, 5, 21}, g), w), UsageError);
 }
 
 // The kernels' host-side rules (no GPU needed): the access width is the

@@ -165,6 +165,12 @@ TEST(MemoryEstimate, SingleStreamActivationsFollowItsSequenceAndPaths) {
   TrainConfig plain = c;
   plain.speed.fused_kernels = false;
   EXPECT_GT(act(plain, true, "bf16"), base);
+  // SwiGLU's activation made again in backward: one bf16 [S, F] tensor less
+  // per block and sample.
+  TrainConfig swiglu = c;
+  swiglu.speed.gelu_recompute = true;
+  const double S = c.model.sequence_tokens(), F1 = c.model.mlp_hidden();
+  EXPECT_NEAR(base - act(swiglu, true, "bf16"), c.model.depth * 2 * S * F1 * c.optim.batch_size, 1e-6 * base);
   // Condition features: the key mask and the embedder's inputs on top.
   TrainConfig features = c;
   features.model.cond_dim = 64;

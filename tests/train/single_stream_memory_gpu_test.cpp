@@ -3,7 +3,8 @@
 // model, EMA, device optimizer, warm-up, the captured graph, a checkpoint at
 // the end): SS-S/2 and SS-B/2 on 4x32x32 latents (256 image tokens) with 32
 // class tokens, and with 32 tokens of masked synthetic condition features;
-// the fused chained step, per-block recompute and the plain ATen blocks.
+// the fused chained step (also with SwiGLU made again in backward), per-block
+// recompute and the plain ATen blocks.
 // Expected within 12% of the peak, as DiT's (memory_estimate_gpu_test.cpp).
 // Prints each case's estimate, peak and breakdown.
 #include <gtest/gtest.h>
@@ -35,6 +36,7 @@ TEST(SingleStreamMemoryGpu, WithinTwelvePercentOfTheStepPeak) {
                         {"SS-B/2", 64, 0, ""},
                         {"SS-B/2", 64, 64, ""},
                         {"SS-B/2", 128, 0, "speed.recompute=true"},
+                        {"SS-B/2", 64, 64, "speed.gelu_recompute=true"},
                         {"SS-S/2", 128, 64, "speed.fused_kernels=false"}};
   int failures = 0;
   for (const Case& k : cases) {
