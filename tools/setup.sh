@@ -12,7 +12,7 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     build-essential cmake ninja-build python3 python3-venv python3-pip \
-    libgtest-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libstb-dev zlib1g-dev \
+    libgtest-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libstb-dev zlib1g-dev libgloo-dev \
     dataset-fashion-mnist graphviz >/dev/null
 fi
 

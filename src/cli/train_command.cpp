@@ -12,8 +12,10 @@
 #include "base/error.h"
 #include "base/fs.h"
 #include "cli/command.h"
+#include "cli/launcher.h"
 #include "cli/train_options.h"
 #include "compat/compat.h"
+#include "dist/launch_env.h"
 #include "observe/profile/schedule.h"
 #include "train/checkpoint.h"
 #include "train/signals.h"
@@ -116,7 +118,14 @@ void run(const TrainArgs& a, bool save_on_signal, const std::string& profile, bo
   opts.save_on_signal = save_on_signal;
   opts.profile = profile;
   opts.profile_scopes_only = profile_scopes_only;
-  auto s = train::run_training(resolve_config(a), opts, std::cout);
+  // Data parallel: rank 0 speaks for the run; the others print only errors.
+  const bool rank0 = dist::launch_env().rank == 0;
+  std::ostream quiet(nullptr);
+  auto s = train::run_training(resolve_config(a), opts, rank0 ? std::cout : quiet);
+  if (!rank0) {
+    if (s.stop_signal != 0) std::exit(128 + s.stop_signal);
+    return;
+  }
   if (s.stop_signal != 0) {  // exit as the signal asked, 128 + its number, once everything is written
     std::cout.flush();
     std::cerr << "perftrain: stopped by " << train::stop_signal_name(s.stop_signal) << " after step " << s.last_step
@@ -227,8 +236,28 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--profile-scopes-only", *profile_scopes_only,
                 "with --profile: record the perftrain scopes, not each ATen op (less profiler cost in eager steps)")
       ->group(cmd->get_option("--config")->get_group());
-  cmd->callback([a, dry_run, save_on_signal, profile, profile_scopes_only] {
+  auto nproc = std::make_shared<int>(0);
+  cmd->add_option("--nproc-per-node", *nproc,
+                  "start this many processes on this host as one data-parallel run (one per GPU; "
+                  "train.batch_size is the global batch; docs/guide/multi-gpu.md); 0: this process alone")
+      ->check(CLI::Range(0, 1024).description(""))
+      ->default_str("0")
+      ->group(cmd->get_option("--config")->get_group());
+  cmd->callback([a, dry_run, save_on_signal, profile, profile_scopes_only, nproc] {
     if (!profile->empty()) observe::profile::parse_schedule(*profile, "--profile");  // before anything runs
+    if (*nproc > 0 && !*dry_run) {
+      if (dist::launch_env().from_env)
+        throw UsageError("--nproc-per-node starts the ranks itself: leave it out under torchrun or Slurm "
+                         "(RANK, WORLD_SIZE, ... are set)");
+      const train::TrainConfig cfg = resolve_config(*a);  // a usage error once, before any rank starts
+      if (cfg.optim.batch_size % *nproc != 0)
+        throw UsageError("train.batch_size = " + std::to_string(cfg.optim.batch_size) +
+                         " is the global batch and must divide by --nproc-per-node " + std::to_string(*nproc));
+      if (*nproc > 1) {
+        std::cout.flush();
+        std::exit(launch_ranks(*nproc, arguments_without_nproc()));
+      }
+    }
     if (*dry_run) std::cout << resolve_config(*a).to_toml();
     else run(*a, *save_on_signal == "on", *profile, *profile_scopes_only);
   });

@@ -46,12 +46,15 @@ std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) 
 }
 
 BatchLoader::BatchLoader(const Dataset& dataset, int64_t batch_size, uint64_t seed,
-                         LoaderPosition start, bool pin_memory, int depth)
-    : dataset_(dataset), batch_size_(batch_size), seed_(seed), depth_(depth) {
+                         LoaderPosition start, bool pin_memory, int depth, LoaderShard shard)
+    : dataset_(dataset), batch_size_(batch_size), shard_(shard), seed_(seed), depth_(depth) {
   const int64_t n = dataset.size();
   if (n < 1) throw UsageError("cannot load batches: dataset " + dataset.describe() + " is empty");
   if (batch_size < 1) throw UsageError("batch size must be >= 1, got " + std::to_string(batch_size));
   if (depth < 1) throw UsageError("loader depth must be >= 1, got " + std::to_string(depth));
+  if (shard.count < 1 || shard.index < 0 || shard.index >= shard.count || batch_size % shard.count != 0)
+    throw UsageError("batch size " + std::to_string(batch_size) + " cannot be split into " +
+                     std::to_string(shard.count) + " equal shards (shard " + std::to_string(shard.index) + ")");
   if (start.epoch < 0 || start.index < 0 || start.index > n) {
     throw UsageError("loader position (epoch " + std::to_string(start.epoch) + ", index " +
                      std::to_string(start.index) + ") is outside a dataset of " + std::to_string(n) +
@@ -101,15 +104,17 @@ void BatchLoader::produce() {
         pos = {pos.epoch + 1, 0};
         perm = epoch_permutation(n, seed_, pos.epoch);
       }
+      // This process's slice of the global batch.
+      const int64_t b = batch_size_ / shard_.count;
+      const int64_t* mine = indices.data() + shard_.index * b;
       Batch batch;
-      batch.x = at::empty({batch_size_, shape[0], shape[1], shape[2]}, options.dtype(at::kFloat));
-      batch.y = at::empty({batch_size_}, options.dtype(at::kLong));
-      dataset_.gather(indices.data(), batch_size_, batch.x.data_ptr<float>(), batch.y.data_ptr<int64_t>());
+      batch.x = at::empty({b, shape[0], shape[1], shape[2]}, options.dtype(at::kFloat));
+      batch.y = at::empty({b}, options.dtype(at::kLong));
+      dataset_.gather(mine, b, batch.x.data_ptr<float>(), batch.y.data_ptr<int64_t>());
       if (const auto cs = dataset_.cond_shape(); cs[0] > 0) {
-        batch.cond = at::empty({batch_size_, cs[0], cs[1]}, options.dtype(at::kFloat));
-        batch.cond_len = at::empty({batch_size_}, options.dtype(at::kLong));
-        dataset_.gather_cond(indices.data(), batch_size_, batch.cond.data_ptr<float>(),
-                             batch.cond_len.data_ptr<int64_t>());
+        batch.cond = at::empty({b, cs[0], cs[1]}, options.dtype(at::kFloat));
+        batch.cond_len = at::empty({b}, options.dtype(at::kLong));
+        dataset_.gather_cond(mine, b, batch.cond.data_ptr<float>(), batch.cond_len.data_ptr<int64_t>());
       }
 
       std::unique_lock<std::mutex> lock(mutex_);

@@ -32,14 +32,25 @@ struct LoaderPosition {
   int64_t index = 0;  // next sample within the epoch's permutation
 };
 
+// Data parallel: which slice of every batch this process reads. The order
+// and the position stay those of the whole (global) batch, so that every
+// world size walks the same stream; rank `index` of `count` gets samples
+// [index * B / count, (index + 1) * B / count) of each batch of B.
+struct LoaderShard {
+  int64_t index = 0;
+  int64_t count = 1;
+};
+
 class BatchLoader {
  public:
   // depth: batches prepared ahead. pin_memory: allocate batches in page-locked
   // memory so that a copy to the GPU can be asynchronous (plain memory where
   // there is no CUDA). start (e, size) means (e + 1, 0). Throws UsageError on
   // an empty dataset, batch_size or depth < 1, or a position outside it.
+  // batch_size is the global batch; a shard whose count does not divide it
+  // is a UsageError too. Batches hold batch_size / shard.count samples.
   BatchLoader(const Dataset& dataset, int64_t batch_size, uint64_t seed,
-              LoaderPosition start = {}, bool pin_memory = false, int depth = 3);
+              LoaderPosition start = {}, bool pin_memory = false, int depth = 3, LoaderShard shard = {});
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -58,6 +69,7 @@ class BatchLoader {
 
   const Dataset& dataset_;
   int64_t batch_size_;
+  LoaderShard shard_;
   uint64_t seed_;
   bool pin_memory_ = false;  // asked for and CUDA present
   int depth_;

@@ -92,6 +92,8 @@ std::vector<Key> keys(TrainConfig& c) {
       {"health", "patience", &c.health.patience, {}, 1, 1000000},
       {"health", "explode_factor", &c.health.explode_factor},
       {"health", "median_window", &c.health.median_window, {}, 1, 100000},
+      {"dist", "timeout_s", &c.dist.timeout_s},
+      {"dist", "bucket_mb", &c.dist.bucket_mb},
   };
 }
 
@@ -366,6 +368,8 @@ void TrainConfig::validate() const {
           "log.sample_per_class x log.sample_classes must be at most 65536 images in a sample grid");
   require(health.vanish_norm >= 0, "health.vanish_norm must be >= 0");
   require(health.explode_factor > 1, "health.explode_factor must be > 1 (a spike is this many times the median)");
+  require(dist.timeout_s > 0 && dist.timeout_s <= 86400, "dist.timeout_s must be in (0, 86400] seconds");
+  require(dist.bucket_mb > 0 && dist.bucket_mb <= 4096, "dist.bucket_mb must be in (0, 4096]");
   require(!run.dir.empty(), "run.dir must not be empty");
   require(run.name.find('/') == std::string::npos && run.name != "." && run.name != "..",
           "run.name (--run-name) must be one directory name under run.dir: no '/', not '.' or '..' "

@@ -84,6 +84,13 @@ struct HealthConfig {
   int64_t median_window = 20;       // monitored steps in that running median
 };
 
+// Data parallel over processes (docs/guide/multi-gpu.md): how long a rank
+// waits for the others, and how gradients are bucketed for the all-reduce.
+struct DistConfig {
+  double timeout_s = 300;  // connecting to the master, and each collective; a dead rank is an error after this
+  double bucket_mb = 25;   // gradients all-reduced together in flat buckets of this size
+};
+
 struct RunConfig {
   std::string dir = "runs";
   std::string name;  // empty: <model>-<dataset>-<date>
@@ -98,6 +105,7 @@ struct TrainConfig {
   RunConfig run;
   SpeedConfig speed;
   HealthConfig health;
+  DistConfig dist;
 
   // Throws UsageError naming the key when a value cannot work.
   void validate() const;

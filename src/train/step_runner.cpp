@@ -11,6 +11,7 @@
 #include <ATen/ops/logical_not.h>
 #include <ATen/ops/logical_or.h>
 #include <ATen/ops/rand.h>
+#include <ATen/ops/randn.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
@@ -31,6 +32,7 @@
 #include "ops/cublaslt_workspace.h"
 #include "ops/weight_grad_lane.h"
 #include "train/adamw.h"
+#include "dist/group.h"
 #include "train/device_optimizer.h"
 #include "train/ema.h"
 #include "train/grad_clip.h"
@@ -140,8 +142,11 @@ struct StepRunner::Impl {
     // holds the label dropout, noise draws and loss terms around the forward.
     PERFTRAIN_SCOPE("loss");
     if (cfg.model.class_dropout > 0) {  // label dropout: train the null class for guidance
-      auto drop = at::rand({y.size(0)}, gen, at::TensorOptions().device(device).dtype(at::kFloat)) <
-                  cfg.model.class_dropout;
+      // (data parallel: drawn for the global batch, this rank's rows kept)
+      const int64_t rows = opts.group != nullptr ? shard_rows(y.size(0)) : y.size(0);
+      at::Tensor u = at::rand({rows}, gen, at::TensorOptions().device(device).dtype(at::kFloat));
+      if (opts.group != nullptr) u = my_rows(u, y.size(0));
+      auto drop = u < cfg.model.class_dropout;
       y = at::where(drop, cfg.model.num_classes, y);
       // Condition features: the null condition is length 0 (all masked).
       if (cond_len.defined()) cond_len = at::where(drop, at::zeros_like(cond_len), cond_len);
@@ -151,8 +156,41 @@ struct StepRunner::Impl {
       compat::AutocastGuard guard(device.type(), autocast.value_or(at::kBFloat16), autocast.has_value());
       return model.forward(x, t, models::Condition{yy, cond, cond_len}, execution);
     };
+    if (opts.group != nullptr) return sharded_loss(forward, x0, y);
     return flow ? flow->training_loss(forward, x0, y, gen)
                 : ddpm.training_loss(forward, x0, y, gen, cfg.model.learn_sigma);
+  }
+
+  // Data parallel: this rank's rows of the draws the whole global batch
+  // would take, in training_loss's order (timesteps, then noise), so that N
+  // ranks train as one process does.
+  int64_t shard_rows(int64_t b) const { return b * opts.group->world_size(); }
+  at::Tensor my_rows(const at::Tensor& global, int64_t b) const {
+    return global.narrow(0, b * opts.group->rank(), b);
+  }
+  diffusion::LossTerms sharded_loss(const diffusion::ModelFn& forward, const at::Tensor& x0, const at::Tensor& y) {
+    const int64_t b = x0.size(0), B = shard_rows(b);
+    std::vector<int64_t> shape = x0.sizes().vec();
+    shape[0] = B;
+    if (flow) {
+      const at::Tensor t = my_rows(flow->sample_time(B, gen, x0.options()), b);
+      const at::Tensor noise = my_rows(at::randn(shape, gen, x0.options().dtype(at::kFloat)), b);
+      return flow->training_loss_at(forward, x0, y, t, noise);
+    }
+    const at::Tensor t = my_rows(ddpm.sample_timesteps(B, gen, x0.device()), b);
+    const at::Tensor noise = my_rows(at::randn(shape, gen, x0.options().dtype(at::kFloat)), b);
+    return ddpm.training_loss_at(forward, x0, y, t, noise, cfg.model.learn_sigma);
+  }
+
+  // Data parallel: every rank's gradients replaced by their mean, before
+  // the gradient norm, clipping and the update see them.
+  void average_gradients() {
+    if (opts.group == nullptr) return;
+    PERFTRAIN_SCOPE("allreduce");
+    std::vector<at::Tensor> grads;
+    for (const auto& p : params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    opts.group->allreduce_mean(grads);
   }
 
   // One step: objective, backward, optimizer, EMA, loss accumulation. The
@@ -174,6 +212,7 @@ struct StepRunner::Impl {
         const ops::WeightGradOverlap overlap(weight_grad_stream, device);
         loss.backward();
       }
+      average_gradients();
       if (monitoring)
         monitor->before_update(cfg.optim.precision == "fp16" ? device_optimizer->loss_scale() : at::Tensor());
       {
@@ -187,6 +226,7 @@ struct StepRunner::Impl {
         PERFTRAIN_SCOPE("backward");
         loss.backward();
       }
+      average_gradients();
       if (monitoring) monitor->before_update();
       at::Tensor norm;
       if (cfg.optim.grad_clip > 0) {
@@ -431,6 +471,7 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
   if (!cuda) graph_status_ = "eager: CPU device";
   else if (!speed.graph) graph_status_ = "eager: graph off (speed.graph / --graph off)";
   else if (!speed.fused_optimizer) graph_status_ = "eager: the graph needs the device optimizer (speed.fused_optimizer)";
+  else if (opts.group != nullptr) graph_status_ = "eager: multi-process data parallel is not captured in a graph yet";
   else {
     s.graph_wanted = true;
     graph_status_ = "eager: warming up";

@@ -28,6 +28,10 @@
 #include "train/config.h"
 #include "train/nan_locator.h"
 
+namespace perftrain::dist {
+class Group;
+}
+
 namespace perftrain::train {
 
 // What a step runner needs beyond the config. The step's shape (graph,
@@ -39,6 +43,12 @@ struct StepOptions {
   // The gradient norm each step, for the log, also without clipping; false:
   // only where clipping or the fp16 loss scale needs it (the bench again).
   bool grad_norm = true;
+  // Data parallel (docs/guide/multi-gpu.md): each batch is this rank's slice
+  // of the global batch; the timesteps, noise and label dropout are drawn for
+  // the global batch (the same generator state on every rank) and sliced, and
+  // the gradients are averaged over the ranks between backward and the
+  // optimizer. Not captured in a CUDA graph yet. null: one process.
+  dist::Group* group = nullptr;
 };
 
 // Loss terms summed on the device since the last take_window().

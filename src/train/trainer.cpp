@@ -11,6 +11,8 @@
 #include "base/error.h"
 #include "base/fs.h"
 #include "data/batch_loader.h"
+#include "dist/group.h"
+#include "dist/launch_env.h"
 #include "io/atomic_file.h"
 #include "models/diffusion_model.h"
 #include "compat/compat.h"
@@ -104,17 +106,36 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   TrainConfig cfg = cfg_in;
   cfg.validate();
   apply_speed_settings(cfg.speed);
-  const at::Device device = resolve_device(cfg.optim.device);
+  // Data parallel (docs/guide/multi-gpu.md): torchrun's variables say which
+  // rank this is; train.batch_size is the global batch.
+  const dist::LaunchEnv launch = dist::launch_env();
+  if (launch.distributed() && cfg.optim.batch_size % launch.world_size != 0)
+    throw UsageError("train.batch_size = " + std::to_string(cfg.optim.batch_size) +
+                     " is the global batch and must divide by WORLD_SIZE = " + std::to_string(launch.world_size));
+  const bool writer = launch.rank == 0;  // rank 0 alone writes the run directory
+  const at::Device device = [&] {
+    const at::Device d = resolve_device(cfg.optim.device);
+    return d.is_cuda() && launch.distributed() ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(launch.local_rank))
+                                               : d;
+  }();
   if ((cfg.optim.precision == "bf16" || cfg.optim.precision == "fp16") && !device.is_cuda())
     throw UsageError("train.precision = " + cfg.optim.precision + " needs a CUDA device; use fp32 (or auto) on the CPU");
   const std::string precision =
       cfg.optim.precision == "auto" ? (device.is_cuda() ? "bf16" : "fp32") : cfg.optim.precision;
   // Before anything is allocated or created: a batch that cannot fit is a
   // usage error that says what would fit.
-  check_memory_fits(cfg, device.is_cuda(), precision, memory_available_for_training(device.is_cuda()));
+  {
+    TrainConfig per_rank = cfg;  // what one process holds
+    per_rank.optim.batch_size /= launch.world_size;
+    check_memory_fits(per_rank, device.is_cuda(), precision, memory_available_for_training(device.is_cuda()));
+  }
   // From here a first SIGINT/SIGTERM stops the run after its current step.
   std::optional<StopSignals> stop_signals;
   if (opts.save_on_signal) stop_signals.emplace();
+
+  std::unique_ptr<dist::Group> group;
+  if (launch.distributed())
+    group = std::make_unique<dist::Group>(launch, device, dist::GroupOptions{cfg.dist.timeout_s, cfg.dist.bucket_mb});
 
   auto dataset = open_dataset(cfg);
   check_dataset_fits(*dataset, cfg);
@@ -132,8 +153,13 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   // Under the run's lock from here on; config.toml and metrics.jsonl are only
   // written once the checkpoint has loaded (run.start), so that a failed
   // resume leaves the run as it was.
-  RunDirectory run(run_path, !resume_dir.empty(), log);
+  // Data parallel: rank 0 alone holds it; the others read the checkpoint
+  // once rank 0 has taken the lock and cleared interrupted saves.
+  std::optional<RunDirectory> run;
+  if (writer) run.emplace(run_path, !resume_dir.empty(), log);
+  if (group) group->barrier();
   if (!resume_dir.empty()) resume_dir = resolve_checkpoint_dir(opts.resume);  // latest, read under the lock
+  if (run) run_path = run->path();
 
   auto built = models::build_diffusion_model_and_ema(cfg.model, cfg.optim.seed, device);
   models::DiffusionModel& model = *built.model;
@@ -143,6 +169,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   gen.set_current_seed(cfg.optim.seed);
   StepOptions step_opts;
   step_opts.precision = precision;
+  step_opts.group = group.get();
   StepRunner runner(model, &ema, cfg, step_opts, device, gen);
 
   TrainerState state;
@@ -155,11 +182,21 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   if (state.step >= cfg.optim.steps)
     throw UsageError("the run is already at step " + std::to_string(state.step) +
                      "; raise train.steps to continue it");
-  run.start(cfg.to_toml(), resume_dir.empty() ? -1 : state.step);
+  if (group) {
+    // Every rank from the same checkpoint, and rank 0's weights everywhere.
+    if (group->allreduce_max(static_cast<double>(state.step)) != -group->allreduce_max(-static_cast<double>(state.step)))
+      throw RuntimeError(launch.describe() + ": the ranks resumed from different checkpoints (this one at step " +
+                         std::to_string(state.step) + ")");
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> weights = model.parameters();
+    for (const auto& p : ema.parameters()) weights.push_back(p);
+    group->broadcast(weights, 0);
+  }
+  if (run) run->start(cfg.to_toml(), resume_dir.empty() ? -1 : state.step);
   // TensorBoard: the values each log window already read back, weight
   // histograms every log.histogram_every steps, the sample grids.
   std::unique_ptr<observe::tensorboard::EventWriter> events;
-  if (cfg.log.tensorboard) events = std::make_unique<observe::tensorboard::EventWriter>(run.file("tb"));
+  if (cfg.log.tensorboard && run) events = std::make_unique<observe::tensorboard::EventWriter>(run->file("tb"));
   std::optional<observe::GradHealthSample> flow_sample;  // the latest monitored step, for gradient_flow.svg
 
   log << "perftrain: " << cfg.model.name << " (" << model.parameter_count(true) << " trainable parameters) on "
@@ -172,16 +209,22 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
                            : std::string())
       << "\n"
       << "data: " << dataset->describe() << "\n"
-      << "run: " << run.path() << "\n";
+      << "run: " << run_path << "\n";
+  if (group)
+    log << "data parallel: " << launch.world_size << " processes (master " << launch.master_addr << ":"
+        << launch.master_port << "), global batch " << cfg.optim.batch_size << " = " << launch.world_size << " x "
+        << cfg.optim.batch_size / launch.world_size << "; rank 0 writes the run directory"
+        << (device.is_cuda() ? "; the step is not captured in a CUDA graph yet" : "") << "\n";
 
   data::BatchLoader loader(*dataset, cfg.optim.batch_size, cfg.optim.seed, state.position,
-                           device.is_cuda(), static_cast<int>(cfg.data.prefetch));
+                           device.is_cuda(), static_cast<int>(cfg.data.prefetch),
+                           data::LoaderShard{launch.rank, launch.world_size});
   Progress progress(log, cfg.optim.steps, opts.interactive);
   SampleOptions sample_opts{cfg.log.sample_classes, cfg.log.sample_per_class, cfg.diffusion.sample_steps,
                             cfg.diffusion.cfg_scale, cfg.optim.seed, precision != "fp32"};
 
   TrainSummary summary;
-  summary.run_dir = run.path();
+  summary.run_dir = run_path;
   summary.first_step = state.step + 1;
   Clock::time_point window_start = Clock::now(), loop_start = Clock::now();
   double wait_at_window_start = 0;
@@ -189,13 +232,14 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
 
   auto plots = [&]() {  // loss.svg, gradient_flow.svg (and .png with a converter) in the run directory
     try {
-      observe::plot::write_loss_curve(run.file("metrics.jsonl"), run.file("loss.svg"));
-      if (flow_sample) observe::plot::write_gradient_flow(*flow_sample, run.file("gradient_flow.svg"));
+      observe::plot::write_loss_curve(run->file("metrics.jsonl"), run->file("loss.svg"));
+      if (flow_sample) observe::plot::write_gradient_flow(*flow_sample, run->file("gradient_flow.svg"));
     } catch (const std::exception& e) {
       log << "warning: no plot: " << e.what() << "\n";
     }
   };
   auto save = [&]() {
+    if (!run) return;  // data parallel: rank 0 saves
     PERFTRAIN_SCOPE("checkpoint");
     // Never a checkpoint from non-finite weights (the guard keeps them
     // finite; this is the last line of defence).
@@ -208,24 +252,25 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       summary.health_warnings.push_back(msg);
       return;
     }
-    summary.last_checkpoint = save_checkpoint(run.ckpt_dir(), cfg, state, model, ema, runner.optimizer_state(), gen,
+    summary.last_checkpoint = save_checkpoint(run->ckpt_dir(), cfg, state, model, ema, runner.optimizer_state(), gen,
                                               cfg.log.keep_checkpoints);
-    run.keep();
+    run->keep();
     plots();
   };
   auto samples = [&]() {
+    if (!run) return;  // data parallel: rank 0 samples
     PERFTRAIN_SCOPE("sampling");
     char name[64];
     std::snprintf(name, sizeof name, "/step_%08lld.png", static_cast<long long>(state.step));
-    summary.last_samples = run.samples_dir() + name;
+    summary.last_samples = run->samples_dir() + name;
     write_sample_grid(summary.last_samples, ema, cfg, sample_opts, device);
     if (events) events->add_png_file("samples", state.step, summary.last_samples);
   };
 
   // --profile: windows of this run under the profiler (train/run_profiler.h).
   std::unique_ptr<RunProfiler> profiler;
-  if (!opts.profile.empty())
-    profiler = std::make_unique<RunProfiler>(opts.profile, cfg, precision, device, run.path(), runner, log,
+  if (!opts.profile.empty() && run)  // data parallel: rank 0's steps
+    profiler = std::make_unique<RunProfiler>(opts.profile, cfg, precision, device, run->path(), runner, log,
                                              opts.profile_scopes_only);
   std::string graph_status;
   bool tuning_logged = false;
@@ -257,7 +302,9 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     runner.step(batch);
     state.step = step;
     state.position = loader.position();
-    const int stop = stop_signals ? stop_signals->received() : 0;  // then this step is the last
+    int stop = stop_signals ? stop_signals->received() : 0;  // then this step is the last
+    // Data parallel: a signal on any rank stops every rank after this step.
+    if (group) stop = static_cast<int>(group->allreduce_max(stop));
     if (runner.graph_status() != graph_status) {  // say once how the step runs, and when that changes
       graph_status = runner.graph_status();
       if (graph_status != "eager: warming up") log << "step: " << graph_status << "\n";
@@ -278,7 +325,11 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     }
     if (step > summary.first_step && (step % cfg.log.every == 0 || step == cfg.optim.steps || stop)) {
       PERFTRAIN_SCOPE("log_window");
-      const WindowStats w = runner.take_window();  // the one host sync per window
+      WindowStats w = runner.take_window();  // the one host sync per window
+      if (group) {  // the ranks' means (each rank's loss is over its slice)
+        const auto sums = group->allreduce_sum({w.loss, w.mse, w.vb});
+        w.loss = sums[0] / launch.world_size, w.mse = sums[1] / launch.world_size, w.vb = sums[2] / launch.world_size;
+      }
       const int64_t runner_offset = step - runner.steps_done();  // runner step + this = run step (resumed runs)
       std::vector<std::string> warnings_now;
       if (w.nonfinite_steps > 0) {
@@ -297,15 +348,16 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
         warnings_now.push_back(msg);
         summary.health_warnings.push_back(msg);
         if (cfg.health.nan_policy == "stop") {
-          run.log_metrics({{"step", step},
+          if (run) run->log_metrics({{"step", step},
                            {"nonfinite_steps", w.nonfinite_steps},
                            {"first_nonfinite_step", first_bad},
                            {"health_warnings", warnings_now}});
           progress.finish();
           summary.last_step = step;
           summary.step_mode = runner.graph_status();
-          write_report(run.file("report.md"), cfg, summary, compat::device_description(device), precision,
-                       model.parameter_count(true), dataset->describe());
+          if (run)
+            write_report(run->file("report.md"), cfg, summary, compat::device_description(device), precision,
+                         model.parameter_count(true), dataset->describe());
           throw RuntimeError(msg + "\nstopped (health.nan_policy = stop): lower train.lr or set train.grad_clip; "
                                    "health.nan_policy = skip skips such steps and goes on");
         }
@@ -369,7 +421,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
         rec["skipped_steps"] = w.skipped_steps;
       }
       if (device.is_cuda()) rec["peak_memory_gib"] = compat::peak_memory_bytes(device) / double(1 << 30);
-      run.log_metrics(rec);
+      if (run) run->log_metrics(rec);
       if (events) {
         for (auto it = rec.begin(); it != rec.end(); ++it)
           if (it.key() != "step" && it.value().is_number()) events->add_scalar("train/" + it.key(), step, it.value());
@@ -410,8 +462,10 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   summary.steps_per_s = summary.last_step > summary.first_step ? (summary.last_step - summary.first_step) / loop_s : 0;
   if (device.is_cuda()) summary.peak_memory_gib = compat::peak_memory_bytes(device) / double(1 << 30);
   summary.step_mode = runner.graph_status();
-  write_report(run.file("report.md"), cfg, summary, compat::device_description(device), precision,
-               model.parameter_count(true), dataset->describe());
+  if (run)
+    write_report(run->file("report.md"), cfg, summary, compat::device_description(device), precision,
+                 model.parameter_count(true), dataset->describe());
+  if (group) group->barrier();  // rank 0's last checkpoint is written when any rank returns
   return summary;
 }
 

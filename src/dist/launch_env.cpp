@@ -1,0 +1,60 @@
+#include "dist/launch_env.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <vector>
+
+#include "base/error.h"
+
+namespace perftrain::dist {
+namespace {
+
+long parse_int(const char* name, const char* text, long lo, long hi, const std::string& range) {
+  errno = 0;
+  char* end = nullptr;
+  const long v = std::strtol(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi)
+    throw UsageError(std::string(name) + "='" + text + "' must be an integer " + range);
+  return v;
+}
+
+}  // namespace
+
+std::string LaunchEnv::describe() const {
+  return "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " (master " + master_addr + ":" +
+         std::to_string(master_port) + ")";
+}
+
+LaunchEnv launch_env_from(const std::function<const char*(const char*)>& getenv) {
+  static const char* const names[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  std::vector<std::string> set, unset;
+  for (const char* n : names) (getenv(n) != nullptr ? set : unset).push_back(n);
+  LaunchEnv env;
+  if (set.empty()) return env;
+  if (!unset.empty()) {
+    std::string have, missing;
+    for (const auto& n : set) have += (have.empty() ? "" : ", ") + n;
+    for (const auto& n : unset) missing += (missing.empty() ? "" : ", ") + n;
+    throw UsageError(missing + " not set although " + have +
+                     " are: a multi-process launch sets all of RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and "
+                     "MASTER_PORT (torchrun does), a single process none");
+  }
+  env.from_env = true;
+  env.world_size = static_cast<int>(parse_int("WORLD_SIZE", getenv("WORLD_SIZE"), 1, 1 << 20, ">= 1"));
+  const std::string in_world = "in [0, WORLD_SIZE) = [0, " + std::to_string(env.world_size) + ")";
+  env.rank = static_cast<int>(parse_int("RANK", getenv("RANK"), 0, env.world_size - 1, in_world));
+  env.local_rank = static_cast<int>(parse_int("LOCAL_RANK", getenv("LOCAL_RANK"), 0, env.world_size - 1, in_world));
+  if (env.local_rank > env.rank)
+    throw UsageError("LOCAL_RANK=" + std::to_string(env.local_rank) + " must not exceed RANK=" +
+                     std::to_string(env.rank) + " (a host's processes are numbered within the global ranks)");
+  env.master_port = static_cast<int>(parse_int("MASTER_PORT", getenv("MASTER_PORT"), 1, 65535, "in 1..65535"));
+  env.master_addr = getenv("MASTER_ADDR");
+  if (env.master_addr.empty()) throw UsageError("MASTER_ADDR is empty: the host name or address of rank 0");
+  return env;
+}
+
+LaunchEnv launch_env() {
+  return launch_env_from([](const char* n) { return static_cast<const char*>(std::getenv(n)); });
+}
+
+}  // namespace perftrain::dist
