@@ -111,6 +111,19 @@ TEST(DataParallel, TwoAndThreeRanksTrainAsOneProcess) {
   EXPECT_EQ(losses(tmp.file("three")).size(), 5u);  // steps 2..6 (the first step is timed apart)
 }
 
+// The DDPM objective with the learned variance (the CPU default is flow):
+// its timesteps, noise and VLB term through the same global draws.
+TEST(DataParallel, DdpmTwoRanksTrainAsOneProcess) {
+  TempDir tmp;
+  const std::string common =
+      " --runs-dir " + tmp.path() + kTiny + " --steps 5 --objective ddpm --set model.learn_sigma=true";
+  auto r1 = run("train --run-name one" + common);
+  ASSERT_EQ(r1.code, 0) << r1.output;
+  auto r2 = run("train --nproc-per-node 2 --run-name two" + common);
+  ASSERT_EQ(r2.code, 0) << r2.output;
+  expect_same_training(tmp.file("one"), tmp.file("two"), "ddpm, 2 ranks vs 1");
+}
+
 TEST(DataParallel, ResumeWithAnotherWorldSize) {
   TempDir tmp;
   const std::string common = " --runs-dir " + tmp.path() + kTiny;
