@@ -91,9 +91,14 @@ Group::~Group() {
 
 namespace {
 
-void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const LaunchEnv& env, double timeout_s, const char* what) {
+// A CUDA tensor's work (NCCL) is waited for on the stream, not the host: a
+// wait with a timeout would block the host until the GPU finished; NCCL's own
+// watchdog holds the group's timeout there.
+void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const LaunchEnv& env, double timeout_s, const char* what,
+              bool on_stream = false) {
   try {
-    work->wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+    if (on_stream) work->wait();
+    else work->wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   } catch (const std::exception& e) {
     throw RuntimeError(env.describe() + ": " + what +
                        " failed: another rank exited or did not answer within dist.timeout_s = " +
@@ -127,7 +132,7 @@ void Group::allreduce_mean(const std::vector<at::Tensor>& tensors) {
     ao.reduceOp = c10d::ReduceOp::SUM;
     auto& pg = first.is_cuda() ? impl_->nccl : impl_->gloo;
     if (!pg) throw RuntimeError(env_.describe() + ": all-reduce of a CUDA tensor in a group made for the CPU");
-    wait_for(pg->allreduce(flat, ao), env_, opts_.timeout_s, "all-reduce");
+    wait_for(pg->allreduce(flat, ao), env_, opts_.timeout_s, "all-reduce", first.is_cuda());
     flat[0].div_(env_.world_size);
     int64_t offset = 0;
     for (const auto& t : bucket) {
@@ -144,7 +149,7 @@ void Group::broadcast(const std::vector<at::Tensor>& tensors, int root) {
     bo.rootRank = root;
     auto& pg = t.is_cuda() ? impl_->nccl : impl_->gloo;
     if (!pg) throw RuntimeError(env_.describe() + ": broadcast of a CUDA tensor in a group made for the CPU");
-    wait_for(pg->broadcast(one, bo), env_, opts_.timeout_s, "broadcast");
+    wait_for(pg->broadcast(one, bo), env_, opts_.timeout_s, "broadcast", t.is_cuda());
     if (!one[0].is_same(t)) t.copy_(one[0]);
   }
 }
