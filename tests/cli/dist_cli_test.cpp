@@ -237,23 +237,30 @@ TEST(DataParallel, SignalStopsEveryRankAtOneStep) {
   EXPECT_EQ(more.code, 0) << more.output;
 }
 
-TEST(DataParallel, KilledRankFailsTheRunNamingIt) {
+// kill -9 of one rank (1, or 0 which hosts the store): the launcher names it,
+// the survivor fails on its own naming itself and the master; nothing hangs.
+void expect_killed_rank_fails_the_run(int victim_rank) {
   TempDir tmp;
   Launcher l;
   spawn(l, "train --nproc-per-node 2 --runs-dir " + tmp.path() + " --run-name R" + kTiny + " --steps 1000000",
         tmp.file("out.log"));
   ASSERT_TRUE(wait_for_steps(l.pid, tmp.file("R"), 3)) << read_raw(tmp.file("out.log"));
-  const pid_t victim = rank_pid(l.pid, 1);
+  const pid_t victim = rank_pid(l.pid, victim_rank);
   ASSERT_GT(victim, 0);
   ::kill(victim, SIGKILL);
   const int code = wait_exit(l.pid, 90);  // dist.timeout_s = 30 bounds every wait
   const std::string out = read_raw(tmp.file("out.log"));
   EXPECT_NE(code, -1) << "the run hung\n" << out;
   EXPECT_NE(code, 0) << out;
-  EXPECT_NE(out.find("rank 1 of 2 was killed by signal 9"), std::string::npos) << out;
-  // Rank 0 failed on its own, naming itself and the master.
-  EXPECT_TRUE(std::regex_search(out, std::regex("rank 0 of 2 \\(master 127\\.0\\.0\\.1:\\d+\\)"))) << out;
+  EXPECT_NE(out.find("rank " + std::to_string(victim_rank) + " of 2 was killed by signal 9"), std::string::npos) << out;
+  const int survivor = 1 - victim_rank;
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("rank " + std::to_string(survivor) + " of 2 \\(master 127\\.0\\.0\\.1:\\d+\\)")))
+      << out;
 }
+
+TEST(DataParallel, KilledRankFailsTheRunNamingIt) { expect_killed_rank_fails_the_run(1); }
+TEST(DataParallel, KilledStoreHostFailsTheRunNamingIt) { expect_killed_rank_fails_the_run(0); }
 
 TEST(DataParallel, BadLaunchValuesAreUsageErrors) {
   TempDir tmp;
