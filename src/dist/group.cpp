@@ -4,7 +4,9 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#ifdef PERFTRAIN_HAVE_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef PERFTRAIN_HAVE_NCCL
 #include <c10/cuda/CUDAFunctions.h>
@@ -41,6 +43,11 @@ std::string seconds_text(double s) {
 
 Group::Group(const LaunchEnv& env, c10::Device device, const GroupOptions& opts)
     : env_(env), opts_(opts), impl_(std::make_unique<Impl>()) {
+#ifndef PERFTRAIN_HAVE_GLOO
+  throw UsageError(
+      "this perftrain was built without Gloo's headers (CMake found no gloo/allreduce.h), so a multi-process run "
+      "cannot start; install libgloo-dev (tools/setup.sh) or carry them (tools/fill_carry.sh) and rebuild");
+#endif
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(opts.timeout_s * 1000));
   try {
     c10d::TCPStoreOptions so;
@@ -57,6 +64,7 @@ Group::Group(const LaunchEnv& env, c10::Device device, const GroupOptions& opts)
                                       : std::string("cannot reach the master")) +
                        " within dist.timeout_s = " + seconds_text(opts.timeout_s) + " s: " + compat::error_message(e));
   }
+#ifdef PERFTRAIN_HAVE_GLOO
   try {
     auto o = c10d::ProcessGroupGloo::Options::create();
     o->timeout = timeout;
@@ -68,6 +76,7 @@ Group::Group(const LaunchEnv& env, c10::Device device, const GroupOptions& opts)
     throw RuntimeError(env.describe() + ": cannot connect the Gloo group within dist.timeout_s = " +
                        seconds_text(opts.timeout_s) + " s: " + compat::error_message(e));
   }
+#endif
   if (device.is_cuda()) {
 #ifdef PERFTRAIN_HAVE_NCCL
     c10::cuda::set_device(device.index());
