@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/chunk_table.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/vector_io.cuh"
 
@@ -29,17 +30,6 @@ static_assert(kCounts + kGradHistBuckets == kGradPartialColumns, "partial row la
 // inf norm: once a NaN is in, it stays.
 __device__ __forceinline__ float max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
 __device__ __forceinline__ float min_nan(float a, float b) { return (a < b || a != a) ? a : b; }
-
-// The tensor holding chunk c: the first t with chunk_end[t] > c.
-__device__ __forceinline__ int tensor_of(const GradStatsTable& table, int c) {
-  int lo = 0, hi = table.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (table.chunk_end[mid] > c) hi = mid;
-    else lo = mid + 1;
-  }
-  return lo;
-}
 
 // One thread's running statistics over its elements of a chunk.
 struct Acc {
@@ -105,7 +95,7 @@ grad_stats_partials_kernel(const __grid_constant__ GradStatsTable table, const G
   __shared__ float edges[kGradHistEdges];
   __shared__ float warp_part[kWarps][8];
   const int c = blockIdx.x;
-  const int tensor = tensor_of(table, c);
+  const int tensor = detail::tensor_of_chunk(table, c);
   const GradStatsTensor& t = table.t[tensor];
   const int first = tensor == 0 ? 0 : table.chunk_end[tensor - 1];
   const int64_t start = static_cast<int64_t>(c - first) * kGradStatsChunk;

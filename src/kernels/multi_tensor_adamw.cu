@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/chunk_table.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/device_info.h"
 
@@ -15,17 +16,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 4;
 
-// The tensor holding chunk c: the first t with chunk_end[t] > c.
-__device__ __forceinline__ int tensor_of(const AdamWTable& table, int c) {
-  int lo = 0, hi = table.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (table.chunk_end[mid] > c) hi = mid;
-    else lo = mid + 1;
-  }
-  return lo;
-}
-
 struct Chunk {
   int tensor;
   int64_t start;  // first element
@@ -34,7 +24,7 @@ struct Chunk {
 
 __device__ __forceinline__ Chunk chunk_at(const AdamWTable& table, int c) {
   Chunk k;
-  k.tensor = tensor_of(table, c);
+  k.tensor = detail::tensor_of_chunk(table, c);
   const int first = k.tensor == 0 ? 0 : table.chunk_end[k.tensor - 1];
   k.start = static_cast<int64_t>(c - first) * kAdamWChunk;
   const int64_t left = table.t[k.tensor].n - k.start;
