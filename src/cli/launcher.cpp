@@ -1,9 +1,7 @@
 #include "cli/launcher.h"
 
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +16,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "dist/launch_env.h"
 
 namespace perftrain::cli {
 namespace {
@@ -26,19 +25,6 @@ volatile std::sig_atomic_t g_signal = 0, g_signals = 0;
 extern "C" void on_signal(int sig) {
   g_signal = sig;
   g_signals = g_signals + 1;
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  if (fd >= 0) ::close(fd);
-  if (!ok) throw RuntimeError(std::string("--nproc-per-node: no free port on 127.0.0.1: ") + std::strerror(errno));
-  return ntohs(a.sin_port);
 }
 
 std::string self_exe() {
@@ -81,7 +67,7 @@ std::vector<std::string> arguments_without_nproc() {
 
 int launch_ranks(int nproc, const std::vector<std::string>& args) {
   const std::string exe = self_exe();
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(dist::free_loopback_port("--nproc-per-node"));
   struct sigaction sa {}, old_int, old_term;
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);

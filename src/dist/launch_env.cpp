@@ -1,6 +1,11 @@
 #include "dist/launch_env.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <vector>
 
@@ -55,6 +60,20 @@ LaunchEnv launch_env_from(const std::function<const char*(const char*)>& getenv)
 
 LaunchEnv launch_env() {
   return launch_env_from([](const char* n) { return static_cast<const char*>(std::getenv(n)); });
+}
+
+int free_loopback_port(const std::string& who) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (!ok) throw RuntimeError(who + ": no free port on 127.0.0.1: " + std::strerror(err));
+  return ntohs(a.sin_port);
 }
 
 }  // namespace perftrain::dist

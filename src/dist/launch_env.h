@@ -29,4 +29,9 @@ struct LaunchEnv {
 LaunchEnv launch_env_from(const std::function<const char*(const char*)>& getenv);
 LaunchEnv launch_env();  // from the process environment
 
+// A TCP port on 127.0.0.1 free at the time of asking (bound to port 0 and
+// released), for a one-host group's MASTER_PORT. RuntimeError naming `who` if
+// none can be had.
+int free_loopback_port(const std::string& who);
+
 }  // namespace perftrain::dist

@@ -6,8 +6,6 @@
 #include <ATen/Context.h>
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,26 +13,15 @@
 
 #include "compat/compat.h"
 #include "dist/group.h"
+#include "dist/launch_env.h"
 
 namespace {
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    throw std::runtime_error("no free port");
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 TEST(DistGpu, NcclOneRankAllReduceAndBroadcast) {
   if (!perftrain::compat::cuda_available()) GTEST_SKIP() << "no CUDA GPU";
   perftrain::dist::LaunchEnv env;
-  env.world_size = 1, env.master_addr = "127.0.0.1", env.master_port = free_port(), env.from_env = true;
+  env.world_size = 1, env.master_addr = "127.0.0.1", env.from_env = true;
+  env.master_port = perftrain::dist::free_loopback_port("test");
   perftrain::dist::GroupOptions o;
   o.timeout_s = 60;
   o.bucket_mb = 0.001;  // ~1 KB: several buckets

@@ -7,8 +7,6 @@
 #include <ATen/ops/zeros_like.h>
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -136,20 +134,6 @@ TEST(DistWorker, Collectives) {
   group.barrier();
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    throw std::runtime_error("no free port");
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 std::string self_exe() {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -159,7 +143,7 @@ std::string self_exe() {
 // world ranks of DistWorker.Collectives, each under a hard timeout; their
 // outputs and exit codes.
 void run_ranks(int world) {
-  const int port = free_port();
+  const int port = perftrain::dist::free_loopback_port("test");
   std::string cmd;
   for (int r = 0; r < world; ++r)
     cmd += "(DIST_TEST_WORKER=1 RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
@@ -180,7 +164,7 @@ TEST(DistProcesses, ThreeRanks) { run_ranks(3); }
 TEST(DistProcesses, UnreachableMaster) {
   LaunchEnv env;
   env.rank = 1, env.local_rank = 1, env.world_size = 2, env.master_addr = "127.0.0.1";
-  env.master_port = free_port();
+  env.master_port = perftrain::dist::free_loopback_port("test");
   env.from_env = true;
   perftrain::dist::GroupOptions o;
   o.timeout_s = 2;
