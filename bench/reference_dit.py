@@ -12,7 +12,9 @@ Subcommands (model flags are shared: --model, --depth/--hidden/--heads/--patch,
   check  --weights W --inputs I --out O
                                fp32 CPU forward+backward, for the C++ cross-check
   init   --out W [--seed S]    write the reference-initialised state_dict
-  bench  --batch B [--mode M]  one DDPM training step, timed as in docs/anchors
+  bench  --batch B [--mode M]  one DDPM training step, timed as in docs/anchors; with --ddp one rank of
+                               a DistributedDataParallel run started by
+                               python -m torch.distributed.run --nproc-per-node N (--batch per rank)
 """
 import time
 
@@ -316,32 +318,60 @@ def train_step(model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=False, em
     return loss
 
 
+def ddp_setup(args):
+    """--ddp: this process is one rank of a run started by torch.distributed.run (LOCAL_RANK, RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT set): the process group (NCCL on CUDA, Gloo on the CPU) and this
+    rank's device. Returns (device, rank, world_size)."""
+    import datetime
+    import torch.distributed as dist
+    if "LOCAL_RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        fail("--ddp runs as one rank of python -m torch.distributed.run --nproc-per-node N reference_dit.py "
+             "bench ... (LOCAL_RANK and WORLD_SIZE are not set)")
+    cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
+    local = int(os.environ["LOCAL_RANK"])
+    if cuda:
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.ddp_timeout))
+    return (torch.device("cuda", local) if cuda else torch.device("cpu")), dist.get_rank(), dist.get_world_size()
+
+
 def run_bench(args, name, build, make_inputs, train_flops_per_image):
     """The timing protocol both references share: build() the model (on the CPU, moved to the device), AdamW
     (fused on a GPU), the --ema copy, the --mode's torch.compile; one fixed synthetic batch
     make_inputs(dev) -> (x0, y, cond) (cond: more model inputs, see train_step); --warmup untimed then --steps
-    timed steps (CUDA events on a GPU); the first step timed from the start of the process."""
+    timed steps (CUDA events on a GPU); the first step timed from the start of the process.
+    --ddp: the model wrapped in DistributedDataParallel (torch.compile then compiles the wrapped model, as
+    DDP users do), --batch images per rank, each rank its own batch; rank 0 alone returns the result
+    (its own step times, and every rank's median), the others None."""
     t_start = process_start_time()
-    dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    ddp = getattr(args, "ddp", False)
+    if ddp:
+        dev, rank, world = ddp_setup(args)
+    else:
+        dev, rank, world = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")), 0, 1
     cuda = dev.type == "cuda"
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = True
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
 
     model = build().to(dev).train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0, **({"fused": True} if cuda else {}))
     ema = ([p.detach().clone() for p in params], params, args.ema) if args.ema > 0 else None
     step_model = model
+    if ddp:
+        from torch.nn.parallel import DistributedDataParallel
+        step_model = DistributedDataParallel(model, device_ids=[dev.index] if cuda else None)
     if args.mode == "compile":
-        step_model = torch.compile(model)
+        step_model = torch.compile(step_model)
     elif args.mode == "reduce-overhead":
-        step_model = torch.compile(model, mode="reduce-overhead")
+        step_model = torch.compile(step_model, mode="reduce-overhead")
     amp_dtype = None if args.mode == "eager-fp32" else torch.bfloat16
 
     ddpm = DDPMLinear(device=dev)
     B = args.batch
+    torch.manual_seed(args.seed + rank)  # each rank its own data
     x0, y, cond = make_inputs(dev)  # synthetic, fixed
 
     def now_ms():
@@ -370,16 +400,30 @@ def run_bench(args, name, build, make_inputs, train_flops_per_image):
 
     q = np.percentile(times, [10, 90]) if times else [float("nan")] * 2
     ms = statistics.median(times) if times else float("nan")
+    rank_ms = [ms]
+    if ddp:
+        import torch.distributed as dist
+        rank_ms = [None] * world
+        dist.all_gather_object(rank_ms, ms)
+        dist.barrier()
+        dist.destroy_process_group()
+        if rank != 0:
+            return None
     flops = train_flops_per_image * B
     return {
         "model": name, "batch": B, "mode": args.mode,
         "ms_median": round(ms, 4), "ms_p10": round(float(q[0]), 4), "ms_p90": round(float(q[1]), 4),
         "images_per_s": round(B / (ms / 1e3), 2),
         "tflops": round(flops / (ms / 1e3) / 1e12, 3),
-        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None,
+        "peak_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 3) if cuda else None,
         "first_step_s": round(first_step_s, 3),
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
+        # DDP: ms_median and images_per_s are rank 0's (per GPU); the total counts every rank's images at the
+        # slowest rank's median.
+        "world_size": world,
+        "rank_ms_median": [round(x, 4) for x in rank_ms],
+        "images_per_s_total": round(world * B / (max(rank_ms) / 1e3), 2),
     }
 
 
@@ -391,6 +435,8 @@ def check_bench_args(args):
 
 
 def print_bench(r, args):
+    if r is None:  # a DDP rank other than 0
+        return
     if args.json:
         print(json.dumps(r))
     else:
@@ -412,6 +458,10 @@ def add_bench_args(s):
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda if available")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--ddp", action="store_true",
+                   help="one rank of DistributedDataParallel, under python -m torch.distributed.run "
+                        "--nproc-per-node N (NCCL on CUDA, Gloo on the CPU); --batch per rank; rank 0 prints")
+    s.add_argument("--ddp-timeout", type=float, default=300, help="seconds for --ddp's collectives")
 
 
 # ----------------------------------------------------------------------------
@@ -574,6 +624,10 @@ def make_parser():
     s = sub.add_parser("params", parents=[common], help="parameter counts and state_dict names/shapes")
     s.add_argument("--all", action="store_true", help="all registry configs")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--ddp", action="store_true",
+                   help="one rank of DistributedDataParallel, under python -m torch.distributed.run "
+                        "--nproc-per-node N (NCCL on CUDA, Gloo on the CPU); --batch per rank; rank 0 prints")
+    s.add_argument("--ddp-timeout", type=float, default=300, help="seconds for --ddp's collectives")
     s.set_defaults(func=cmd_params)
     s = sub.add_parser("check", parents=[common], help="fp32 forward+backward for the C++ cross-check")
     s.add_argument("--weights", required=True, help="safetensors state_dict")

@@ -243,11 +243,36 @@ def test_bench_cpu():
                      "--mode", "eager-fp32", "--device", "cpu", "--json"]).strip()
     r = json.loads(line)
     keys = {"model", "batch", "mode", "ms_median", "ms_p10", "ms_p90", "images_per_s", "tflops",
-            "peak_gib", "first_step_s", "torch", "device"}
+            "peak_gib", "first_step_s", "torch", "device",
+            "world_size", "rank_ms_median", "images_per_s_total"}
     assert set(r) == keys, set(r) ^ keys
     assert r["model"] == "DiT-S/2" and r["batch"] == 2 and r["mode"] == "eager-fp32"
     assert r["device"] == "cpu" and r["peak_gib"] is None
     assert r["ms_median"] > 0 and r["images_per_s"] > 0 and r["tflops"] > 0 and r["first_step_s"] > 0
+
+
+def test_bench_ddp_cpu():
+    """--ddp under torch.distributed.run: 2 ranks over Gloo on the CPU, one JSON line (rank 0's) with both
+    ranks' medians; without the launcher's variables a usage error, not a traceback."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
+           SCRIPT, "bench"] + TINY_FLAGS + ["--batch", "3", "--steps", "2", "--warmup", "1", "--mode", "eager-fp32",
+                                            "--device", "cpu", "--ddp", "--ddp-timeout", "60", "--json"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
+    assert len(lines) == 1, r.stdout
+    j = json.loads(lines[0])
+    assert j["world_size"] == 2 and j["batch"] == 3 and j["mode"] == "eager-fp32" and j["device"] == "cpu"
+    assert len(j["rank_ms_median"]) == 2 and all(x > 0 for x in j["rank_ms_median"])
+    assert j["rank_ms_median"][0] == j["ms_median"]
+    assert math.isclose(j["images_per_s_total"], 2 * 3 / (max(j["rank_ms_median"]) / 1e3), rel_tol=1e-3)
+    assert j["images_per_s"] == round(3 / (j["ms_median"] / 1e3), 2)
+
+    r = subprocess.run([sys.executable, SCRIPT, "bench", "--batch", "2", "--device", "cpu", "--ddp"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "torch.distributed.run" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_bench_step_learns():
