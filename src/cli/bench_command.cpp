@@ -32,6 +32,7 @@
 #include "observe/bench/torch_reference.h"
 #include "observe/bench/variants.h"
 #include "compat/compat.h"
+#include "ops/attention_paths.h"
 #include "ops/cublaslt_workspace.h"
 #include "train/config.h"
 #include "train/speed.h"
@@ -193,6 +194,7 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   at::Generator gen = at::globalContext().defaultGenerator(device).clone();
   gen.set_current_seed(cfg.optim.seed);
   train::StepRunner runner(model, built.ema.get(), cfg, so, device, gen);
+  ops::reset_attention_paths();
 
   size_t next = 0;
   auto step = [&] { runner.step(pool[next++ % pool.size()]); };
@@ -236,6 +238,7 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   const auto w = runner.take_window();  // one host sync, after the timing
   row.loss = w.loss;
   row.graph_status = runner.graph_status();
+  row.attention = ops::attention_paths_used();
   row.weight_grad_stream = runner.weight_grad_stream();
   if (cuda) row.peak_gib = std::max(*row.peak_gib_warmup, gib(compat::peak_memory_bytes(device)));
   ob::fill_rates(row, 3 * cfg.model.forward_flops_per_sample() * static_cast<double>(row.batch), peak);

@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "compat/compat.h"
 #include "ops/attention_head_bwd.h"
+#include "ops/attention_paths.h"
 #include "ops/attention_head_fwd.h"
 #include "ops/column_sums.h"
 #include "ops/compute_weights.h"
@@ -49,6 +50,7 @@ at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t he
   auto r = at::_scaled_dot_product_cudnn_attention(
       q, k, v, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, /*compute_log_sumexp=*/true);
   const at::Tensor& out = std::get<0>(r);  // [B, H, T, Dh], token-major in memory
+  note_attention_path(AttentionPath::Cudnn, qkv.size(1), q.size(3), bias.defined(), qkv.scalar_type());
   first_saved.insert(first_saved.end(), {qkv, out, std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r),
                                          std::get<7>(r), bias});
   ctx->save_for_backward(first_saved);
@@ -166,6 +168,7 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     auto [out, lse] = try_attention_head_fwd(qkv, heads);
     ctx->saved_data["own_fwd"] = out.defined();
     if (!out.defined()) return cudnn_forward(ctx, qkv, heads, {h2, w});
+    note_attention_path(AttentionPath::Own, T, D / heads, false, qkv.scalar_type());
     ctx->save_for_backward({h2, w, qkv, out, lse});
     ctx->saved_data["heads"] = heads;
     return out.transpose(1, 2).reshape({B, T, D});

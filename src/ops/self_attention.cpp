@@ -10,6 +10,8 @@
 
 #include <optional>
 
+#include "ops/attention_paths.h"
+
 namespace perftrain::ops {
 
 at::Tensor self_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_mask) {
@@ -30,9 +32,11 @@ at::Tensor self_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor
                                 .expand({B, H, T, T});
     const bool lse = at::GradMode::is_enabled() && qkv.requires_grad();
     auto res = at::_scaled_dot_product_efficient_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], bias, lse);
+    note_attention_path(AttentionPath::Efficient, T, D / heads, true, qkv.scalar_type());
     return std::get<0>(res).transpose(1, 2).reshape({B, T, D});
   }
   auto out = at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], mask);  // [B, H, T, Dh]
+  note_attention_path(AttentionPath::Sdpa, T, D / heads, mask.has_value(), qkv.scalar_type());
   return out.transpose(1, 2).reshape({B, T, D});
 }
 

@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <iostream>
@@ -33,6 +34,7 @@
 #include "compat/compat.h"
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
+#include "ops/attention_paths.h"
 #include "ops/cublaslt_workspace.h"
 #include "ops/linear.h"
 #include "ops/qkv_attention.h"
@@ -377,6 +379,35 @@ TEST(QkvAttentionGpu, CudnnKeyMaskBackwardFiniteAtVeryNegativeLogsumexp) {
     EXPECT_LT(e_out, 1e-2) << what << " out";
     EXPECT_LT(e_kv, 2e-2) << what << " dk, dv";
   }
+}
+
+// The kernel each shape takes, as the bench report lists it: ours at 256
+// tokens (projected, sm_90), cuDNN for masked 288, the memory-efficient
+// kernel for masked 192 (T % 128 == 64, cuDNN's NaN).
+TEST(QkvAttentionGpu, NotesTheKernelEachShapeTook) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = cuda_gen(77);
+  const auto bf = at::TensorOptions().device(kCuda).dtype(at::kBFloat16);
+  reset_attention_paths();
+  const at::Tensor h = rnd({2, 256, 384}, g).to(at::kBFloat16);
+  const at::Tensor w = rnd({3 * 384, 384}, g, 0.05), b = rnd({3 * 384}, g, 0.05);
+  (void)projected_attention(h, w, b, 6);
+  for (int64_t T : {288, 192}) {
+    const at::Tensor qkv = rnd({2, T, 3 * 384}, g).to(bf.dtype());
+    at::Tensor mask = at::ones({2, T}, bf.dtype(at::kBool));
+    mask.narrow(1, T - 20, 20).fill_(false);
+    (void)qkv_attention(qkv, 6, mask);
+  }
+  const std::vector<std::string> lines = attention_paths_used();
+  for (const auto& l : lines) std::cout << "[attention] " << l << "\n";
+  const bool sm90 = at::cuda::getCurrentDeviceProperties()->major == 9;
+  const std::vector<std::string> want = {
+      sm90 ? "ours (whole-head forward and backward): 256 tokens, head dim 64, BFloat16"
+           : "cuDNN fused: 256 tokens, head dim 64, BFloat16",
+      "cuDNN fused: 288 tokens, head dim 64, key mask, BFloat16",
+      "memory-efficient (ATen, by name): 192 tokens, head dim 64, key mask, BFloat16"};
+  ASSERT_EQ(lines.size(), want.size());
+  for (const auto& line : want) EXPECT_NE(std::find(lines.begin(), lines.end(), line), lines.end()) << line;
 }
 
 }  // namespace

@@ -24,9 +24,9 @@ std::string pad(const std::string& s, size_t width, bool left = false) {
   return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
 }
 
-std::string join(const std::vector<std::string>& v) {
+std::string join(const std::vector<std::string>& v, const std::string& sep = ",") {
   std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
+  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
   return out;
 }
 
@@ -190,6 +190,7 @@ nlohmann::ordered_json to_json(const BenchRow& r) {
                       {"build_s", opt(r.build_s)},
                       {"loss", opt(r.loss)},
                       {"graph_status", r.graph_status},
+                      {"attention", r.attention},
                       {"gpu_during_timing",
                        {{"samples", r.gpu.count},
                         {"sm_clock_mhz_median", opt(r.gpu.sm_clock_mhz_median)},
@@ -389,6 +390,15 @@ std::string to_markdown(const BenchReport& r) {
       << (x.torch ? " (from process start) | " : " | ")
       << (x.speedup ? format_number(x.speedup, 2) + "x" : std::string(x.torch ? "" : "n/a")) << " | " << cell(x.note)
       << " |\n";
+  }
+
+  bool attention = false;
+  for (const auto& x : r.rows) attention |= !x.attention.empty();
+  if (attention) {
+    m << "\n## Attention kernels\n\nWhat each shape's attention ran, as noted by the ops on their first call "
+         "(the backward runs the family of its forward).\n\n| batch | variant | kernel: shape |\n|---:|---|---|\n";
+    for (const auto& x : r.rows)
+      if (!x.attention.empty()) m << "| " << x.batch << " | " << x.variant << " | " << cell(join(x.attention, "; ")) << " |\n";
   }
 
   bool sampled = false;

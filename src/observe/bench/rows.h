@@ -35,6 +35,9 @@ struct BenchRow {
   std::optional<double> build_s;  // of first_step_s: model and EMA built and on the device
   std::optional<double> speedup_vs_best_torch;  // best torch ms / this row's ms
   std::string graph_status;
+  // The attention kernel each shape took (ops/attention_paths.h), one line per
+  // (kernel, tokens, head dim, mask, dtype): the per-shape choice, as it ran.
+  std::vector<std::string> attention;
   GpuSamples gpu;     // SM clock, power and temperature during the timed steps
   std::string error;  // empty: the row ran
   bool ok() const { return error.empty(); }
