@@ -151,6 +151,22 @@ void Group::allreduce_mean(const std::vector<at::Tensor>& tensors) {
   }
 }
 
+std::function<void()> Group::start_allreduce_sum(const at::Tensor& flat) {
+  std::vector<at::Tensor> one{flat};
+  c10d::AllreduceOptions ao;
+  ao.reduceOp = c10d::ReduceOp::SUM;
+  auto& pg = flat.is_cuda() ? impl_->nccl : impl_->gloo;
+  if (!pg) throw RuntimeError(env_.describe() + ": all-reduce of a CUDA tensor in a group made for the CPU");
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = pg->allreduce(one, ao);
+  } catch (const std::exception& e) {
+    throw RuntimeError(env_.describe() + ": all-reduce failed to start: " + compat::error_message(e));
+  }
+  const bool on_stream = flat.is_cuda();
+  return [work, on_stream, this] { wait_for(work, env_, opts_.timeout_s, "all-reduce", on_stream); };
+}
+
 void Group::broadcast(const std::vector<at::Tensor>& tensors, int root) {
   for (const auto& t : tensors) {
     std::vector<at::Tensor> one{t.is_contiguous() ? t : t.contiguous()};

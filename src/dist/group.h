@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +41,13 @@ class Group {
   // Each tensor replaced, in place, by its mean over the ranks; tensors of one
   // dtype and device travel together in flat buckets of bucket_mb.
   void allreduce_mean(const std::vector<at::Tensor>& tensors);
+  // Starts the sum over the ranks of one contiguous tensor, in place, and
+  // returns what finishes it: for a CUDA tensor (NCCL) the collective is
+  // ordered after the current stream's work and the finisher makes the
+  // current stream wait for it (the host never waits; capturable); for a host
+  // tensor (Gloo) it runs in Gloo's threads and the finisher waits on the host.
+  // Every rank must start the same sums in the same order.
+  std::function<void()> start_allreduce_sum(const at::Tensor& flat);
   // Each tensor replaced, in place, by root's.
   void broadcast(const std::vector<at::Tensor>& tensors, int root = 0);
   void barrier();
