@@ -4,7 +4,11 @@
 // single-stream family, in subprocesses), with medians, confidence
 // intervals, MFU against the bf16 matrix peak measured here, peak memory and
 // time to first step. Writes bench.json and bench.md into the run directory.
+// Data parallel (--nproc-per-node N, or one rank of torchrun's group): the
+// trainer's multi-process step per rank, each (batch, variant) beside the
+// same one timed by rank 0 alone; against torch's DistributedDataParallel.
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <CLI/CLI.hpp>
 
@@ -13,14 +17,19 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <thread>
 
 #include "base/error.h"
 #include "base/fs.h"
 #include "cli/command.h"
+#include "cli/launcher.h"
 #include "cli/out_dir.h"
 #include "data/dataset.h"
+#include "dist/group.h"
+#include "dist/launch_env.h"
 #include "models/diffusion_model.h"
 #include "observe/bench/environment.h"
 #include "observe/bench/matmul_peak.h"
@@ -56,6 +65,7 @@ struct BenchArgs {
   std::string profile;      // variant to profile after its timing ("" none)
   std::string profile_dir;  // where its breakdown goes (the run directory)
   std::vector<std::string> overrides;  // --set section.key=value, over the bench's config
+  int nproc = 0;                       // --nproc-per-node: start this many ranks here (0: this process)
 };
 
 constexpr int64_t kPoolBatches = 8;  // distinct batches, reused round-robin
@@ -167,9 +177,11 @@ void fill_timing(ob::BenchRow& row, const std::vector<double>& all_ms) {
 // from the start of the build; warm-up; `repeats` windows of `steps` timed
 // steps. Everything it allocated is freed when it returns.
 void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainConfig& cfg,
-                     const std::vector<data::Batch>& pool, at::Device device, std::optional<double> peak) {
+                     const std::vector<data::Batch>& pool, at::Device device, std::optional<double> peak,
+                     dist::Group* group) {
   train::StepOptions so;
   so.precision = cfg.optim.precision;
+  so.group = group;  // data parallel: the trainer's step over the ranks
   // The step torch's reference times: no gradient norm (it does not clip),
   // an EMA only where both sides keep one (then it is built here too, and
   // counts in the peak memory).
@@ -225,7 +237,7 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
   row.gpu = sampler.stop();
   row.step_ms = all_ms;
   fill_timing(row, all_ms);
-  if (a.profile == row.variant && device.is_cuda()) {  // where the time goes, kernel by kernel
+  if (a.profile == row.variant && device.is_cuda() && group == nullptr) {  // where the time goes, kernel by kernel
     const int n = 5;
     const std::string name = "b" + std::to_string(row.batch) + "-" + row.variant;
     auto b = observe::profile_kernels([&] { for (int i = 0; i < n; ++i) step(); }, n,
@@ -246,12 +258,18 @@ void measure_variant(ob::BenchRow& row, const BenchArgs& a, const train::TrainCo
     row.error = "the loss is not finite (" + std::to_string(w.loss) + "): timings kept in step_ms";
 }
 
+// group: data parallel, the pool's batch per rank (the runner's config holds
+// the global batch, as the trainer's).
 ob::BenchRow run_variant(const BenchArgs& a, const train::TrainConfig& base, const ob::Variant& v,
-                         const std::vector<data::Batch>& pool, at::Device device, std::optional<double> peak) {
-  const train::TrainConfig cfg = variant_config(base, v, pool.front().x.size(0));
+                         const std::vector<data::Batch>& pool, at::Device device, std::optional<double> peak,
+                         dist::Group* group = nullptr) {
+  const int64_t per_rank = pool.front().x.size(0);
+  const train::TrainConfig cfg = variant_config(base, v, per_rank * (group ? group->world_size() : 1));
   ob::BenchRow row;
   row.model = cfg.model.name;
-  row.batch = cfg.optim.batch_size;
+  row.batch = per_rank;
+  row.data_parallel = group != nullptr;
+  row.world_size = group ? group->world_size() : 1;
   row.variant = v.name;
   row.precision = cfg.optim.precision;
   row.fused_kernels = cfg.speed.fused_kernels;
@@ -262,7 +280,7 @@ ob::BenchRow run_variant(const BenchArgs& a, const train::TrainConfig& base, con
   row.steps = a.steps;
   row.repeats = a.repeats;
   try {
-    measure_variant(row, a, cfg, pool, device, peak);
+    measure_variant(row, a, cfg, pool, device, peak, group);
   } catch (const std::exception& e) {  // out of memory, an unsupported switch: a row, and on
     row.error = compat::error_message(e);
   }
@@ -295,8 +313,8 @@ void report_gemm_tuning(ob::BenchReport& report) {
   std::cout.flush();
 }
 
-void print_row(const ob::BenchRow& r) {
-  std::cout << "  batch " << r.batch << " " << r.variant << ": ";
+void print_row(const ob::BenchRow& r, const std::string& label = "") {
+  std::cout << "  batch " << r.batch << " " << r.variant << label << ": ";
   if (!r.ok() && !r.ms) std::cout << "error: " << r.error << "\n";
   else
     std::cout << ob::format_number(r.ms, 2) << " ms (p10 " << ob::format_number(r.ms_p10, 2) << ", p90 "
@@ -317,7 +335,16 @@ void run(BenchArgs a) {
     throw UsageError("--device must be auto, cpu or cuda (got '" + a.device + "')");
   if (a.device == "cuda" && !compat::cuda_available()) throw UsageError("--device cuda but no CUDA GPU is visible");
   const bool cuda = a.device == "cuda" || (a.device == "auto" && compat::cuda_available());
-  const at::Device device = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  // Data parallel: this process is a rank when torchrun's variables are set
+  // (by torchrun, Slurm, or this command's --nproc-per-node in the parent).
+  const dist::LaunchEnv launch = dist::launch_env();
+  if (a.nproc > 0 && launch.from_env)
+    throw UsageError("--nproc-per-node starts the ranks itself: leave it out under torchrun or Slurm "
+                     "(RANK, WORLD_SIZE, ... are set)");
+  const bool dp = launch.from_env;
+  const bool lead = launch.rank == 0;  // prints, measures the one-process rows and writes the report
+  const at::Device device =
+      cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dp ? launch.local_rank : 0)) : at::Device(at::kCPU);
 
   const auto batches = parse_batches(a.batches);
   const auto variants =
@@ -334,13 +361,30 @@ void run(BenchArgs a) {
 
   const std::string out = a.out.empty() ? default_out_dir("bench", a.model) : a.out;
   a.profile_dir = out;
-  if (fs::exists(fs::join(out, "bench.json")))
+  if (lead && fs::exists(fs::join(out, "bench.json")))
     throw UsageError(out + " already holds a bench.json; choose another --out");
-  fs::create_directories(out);
+  if (a.nproc > 0) {  // the parent: start the ranks (checked above: usage errors once, before any starts)
+    auto args = arguments_without_nproc();
+    if (a.out.empty()) args.insert(args.end(), {"--out", out});  // one folder for every rank
+    std::cout.flush();
+    std::exit(launch_ranks(a.nproc, args));
+  }
+  const int64_t local_world = [&] {
+    const char* v = std::getenv("LOCAL_WORLD_SIZE");  // torchrun's, and the launcher's
+    return v != nullptr && std::atoi(v) > 0 ? static_cast<int64_t>(std::atoi(v)) : launch.world_size;
+  }();
+  // On the CPU the ranks share the cores: each its share, the one-process rows too.
+  if (dp && !cuda)
+    at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency() / local_world)));
+  std::unique_ptr<dist::Group> group;
+  if (dp)
+    group = std::make_unique<dist::Group>(launch, device,
+                                          dist::GroupOptions{base.dist.timeout_s, base.dist.bucket_mb});
+  if (lead) fs::create_directories(out);
 
   const std::string source_dir = ob::find_source_dir();
   ob::BenchReport report;
-  report.environment = ob::collect_environment(device, source_dir);
+  if (lead) report.environment = ob::collect_environment(device, source_dir);
   auto& s = report.settings;
   s.model = base.model.name;
   s.family = base.model.family;
@@ -379,19 +423,26 @@ void run(BenchArgs a) {
   s.against_torch = a.against_torch;
   s.torch_modes = torch_modes;
   if (a.against_torch) s.torch_python = ob::reference_python(source_dir);
+  if (dp) s.world_size = launch.world_size, s.dist_backend = cuda ? "nccl" : "gloo";
 
-  std::cout << "perftrain bench: " << s.model << " (" << s.parameters << " trainable parameters, "
-            << ob::format_number(s.train_flops_per_image / 1e9, 2) << " GFLOP per image per step; "
-            << s.image_tokens << " image tokens, condition: " << s.condition << ") on "
-            << report.environment.device << ", torch " << report.environment.torch << ", commit "
-            << report.environment.commit << "\n";
-  report.matmul_peak = ob::measure_matmul_peak(device);
-  std::cout << "bf16 matmul peak: "
-            << (report.matmul_peak.tflops ? ob::format_number(report.matmul_peak.tflops, 1) + " TFLOP/s (" +
-                                                report.matmul_peak.note + ")"
-                                          : report.matmul_peak.note)
-            << "\n";
-  std::cout.flush();
+  if (lead) {
+    std::cout << "perftrain bench: " << s.model << " (" << s.parameters << " trainable parameters, "
+              << ob::format_number(s.train_flops_per_image / 1e9, 2) << " GFLOP per image per step; "
+              << s.image_tokens << " image tokens, condition: " << s.condition << ") on "
+              << report.environment.device << ", torch " << report.environment.torch << ", commit "
+              << report.environment.commit << "\n";
+    if (dp)
+      std::cout << "data parallel: " << launch.world_size << (launch.world_size == 1 ? " rank" : " ranks")
+                << " over " << s.dist_backend << " (master " << launch.master_addr << ":" << launch.master_port
+                << "), batch per rank; each (batch, variant) first by rank 0 alone\n";
+    report.matmul_peak = ob::measure_matmul_peak(device);
+    std::cout << "bf16 matmul peak: "
+              << (report.matmul_peak.tflops ? ob::format_number(report.matmul_peak.tflops, 1) + " TFLOP/s (" +
+                                                  report.matmul_peak.note + ")"
+                                            : report.matmul_peak.note)
+              << "\n";
+    std::cout.flush();
+  }
 
   // Every timed window starts from a GPU at rest: a power-bound step runs
   // at a higher clock on a cooler GPU, so back to back the later runs
@@ -404,11 +455,43 @@ void run(BenchArgs a) {
   for (int64_t b : batches) {
     const auto pool = make_pool(base, b, cuda);
     for (const auto& v : variants) {
+      if (!dp) {
+        cool_down();
+        report.rows.push_back(run_variant(a, base, v, pool, device, report.matmul_peak.tflops));
+        print_row(report.rows.back());
+        continue;
+      }
+      // Rank 0 alone first (the others wait, their GPUs idle), then all ranks.
+      if (lead) {
+        cool_down();
+        report.single_process.push_back(run_variant(a, base, v, pool, device, report.matmul_peak.tflops));
+        print_row(report.single_process.back(), ", 1 process");
+      }
+      group->barrier();
       cool_down();
-      report.rows.push_back(run_variant(a, base, v, pool, device, report.matmul_peak.tflops));
-      print_row(report.rows.back());
+      ob::BenchRow row = run_variant(a, base, v, pool, device, report.matmul_peak.tflops, group.get());
+      std::vector<double> mine(static_cast<size_t>(launch.world_size), 0.0);
+      mine[static_cast<size_t>(launch.rank)] = row.ms ? *row.ms : -1.0;
+      row.rank_ms = group->allreduce_sum(mine);  // every rank's median (-1: none)
+      if (!lead) continue;
+      const double slowest = *std::max_element(row.rank_ms.begin(), row.rank_ms.end());
+      if (row.ms && std::all_of(row.rank_ms.begin(), row.rank_ms.end(), [](double x) { return x > 0; }))
+        row.images_per_s_total = static_cast<double>(launch.world_size * row.batch) / (slowest / 1e3);
+      const ob::BenchRow& one = report.single_process.back();
+      if (row.ms && one.ok() && one.ms) {
+        row.scaling_efficiency = *one.ms / *row.ms;
+        row.exposed_comm_ms = *row.ms - *one.ms;
+      }
+      report.rows.push_back(row);
+      print_row(row, ", " + std::to_string(launch.world_size) + (launch.world_size == 1 ? " rank" : " ranks"));
+      std::cout << "    " << ob::data_parallel_line(report, row) << "\n" << std::flush;
     }
   }
+  if (group) {  // the ranks are done; rank 0 goes on alone (the torch reference needs every GPU)
+    group->barrier();
+    group.reset();
+  }
+  if (!lead) return;
 
   report_gemm_tuning(report);
 
@@ -428,7 +511,16 @@ void run(BenchArgs a) {
         r.batch = b, r.steps = a.steps, r.warmup = a.warmup, r.mode = mode;
         r.ema_decay = a.ema ? base.optim.ema_decay : 0.0;
         r.device = cuda ? "cuda" : "cpu";
+        r.nproc = dp ? launch.world_size : 0;  // DistributedDataParallel over as many processes
         cool_down();
+        if (dp && local_world != launch.world_size) {  // several hosts: the reference runs on this one only
+          ob::TorchRow row;
+          row.model = r.model, row.batch = b, row.mode = mode, row.world_size = launch.world_size;
+          row.error = "the DDP reference runs on one host; WORLD_SIZE " + std::to_string(launch.world_size) +
+                      " spans several (LOCAL_WORLD_SIZE " + std::to_string(local_world) + ")";
+          report.torch.push_back(row);
+          continue;
+        }
         std::cout << "  torch batch " << b << " " << mode << " ..." << std::flush;
         auto row = ob::run_torch_bench(s.torch_python, script, r,
                                        fs::join(out, "torch-b" + std::to_string(b) + "-" + mode + ".log"));
@@ -495,6 +587,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--profile", a->profile,
                   "after timing this variant (e.g. all), record 5 steps with the PyTorch profiler: kernel time by "
                   "kind and the top kernels (profile-b<batch>-<variant>.md) and a Chrome trace");
+  cmd->add_option("--nproc-per-node", a->nproc,
+                  "data parallel: start this many ranks on this host (one per GPU) and time the trainer's "
+                  "multi-process step, batch per rank, beside each variant run by one process alone; with "
+                  "--against-torch the reference under DistributedDataParallel (docs/guide/multi-gpu.md). "
+                  "Under torchrun leave it out: each process is a rank")
+      ->check(CLI::Range(1, 1024));
   cmd->callback([a] { run(*a); });
 }
 

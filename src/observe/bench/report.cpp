@@ -75,15 +75,29 @@ struct TextRow {
   std::string error;   // empty: it ran (torch's with where its log is)
 };
 
-// Ours, then torch's.
+// A row's name in the tables: its variant, and with data parallel how
+// many processes ran it ("all, 2 ranks"; the baseline "all, 1 process").
+std::string row_name(const BenchRow& x, bool data_parallel) {
+  if (!data_parallel) return x.variant;
+  if (!x.data_parallel) return x.variant + ", 1 process";
+  return x.variant + ", " + std::to_string(x.world_size) + (x.world_size == 1 ? " rank" : " ranks");
+}
+
+// Ours (data parallel: the one-process baselines first), then torch's.
 std::vector<TextRow> text_rows(const BenchReport& r) {
   std::vector<TextRow> out;
-  for (const auto& x : r.rows)
-    out.push_back({x.batch, x.variant, x.ms, x.ms_p10, x.ms_p90, x.ms_ci_low, x.ms_ci_high, x.ms_min, x.images_per_s,
+  const bool dp = r.settings.world_size > 0;
+  std::vector<const BenchRow*> ours;
+  for (const auto& x : r.single_process) ours.push_back(&x);
+  for (const auto& x : r.rows) ours.push_back(&x);
+  for (const BenchRow* p : ours) {
+    const BenchRow& x = *p;
+    out.push_back({x.batch, row_name(x, dp), x.ms, x.ms_p10, x.ms_p90, x.ms_ci_low, x.ms_ci_high, x.ms_min, x.images_per_s,
                    x.tflops, x.mfu, x.peak_gib, x.first_step_s, x.speedup_vs_best_torch, false, execution_note(x),
                    x.error});
+  }
   for (const auto& t : r.torch)
-    out.push_back({t.batch, "torch " + t.mode, t.ms, t.ms_p10, t.ms_p90, {}, {}, {}, t.images_per_s, t.tflops, t.mfu,
+    out.push_back({t.batch, "torch " + t.mode + (t.world_size > 1 ? " DDP x" + std::to_string(t.world_size) : ""), t.ms, t.ms_p10, t.ms_p90, {}, {}, {}, t.images_per_s, t.tflops, t.mfu,
                    t.peak_gib, t.first_step_s, {}, true, "torch " + t.torch_version,
                    t.ok() ? "" : t.error + " (log: " + t.log_path + ")"});
   return out;
@@ -125,6 +139,26 @@ std::string method_text(const BenchReport& r) {
       << s.steps << " steps after " << s.warmup
       << " warm-up by CUDA events; its first_step_s counts from its process start (Python, torch import and "
          "compilation included).";
+  if (s.world_size > 0) {
+    m << " Data parallel: " << s.world_size << (s.world_size == 1 ? " rank" : " ranks")
+      << " (one process per " << (s.device == "cuda" ? "GPU" : "CPU process")
+      << "), the trainer's step (the step runner with the group: each rank draws its rows of the global batch's "
+         "timesteps and noise, gradients averaged over the ranks by all-reduce over "
+      << s.dist_backend
+      << " before the update), batch per rank; the rows' times, img/s and TFLOP/s are rank 0's, per "
+      << (s.device == "cuda" ? "GPU" : "process")
+      << ", rank_ms every rank's median, and the total img/s is world size x batch at the slowest rank's median. "
+         "Before each multi-process row rank 0 times the same variant and batch alone, without the group "
+         "(single_process; the other ranks wait), so both are timed in the same invocation. Scaling efficiency = "
+         "the one-process ms / the multi-process ms (total img/s over world size x one process's img/s); exposed "
+         "communication = the multi-process ms - the one-process ms: the time the ranks' step takes beyond "
+         "compute, i.e. the all-reduce not hidden behind backward plus whatever else differs between the two "
+         "steps (the rows' graph column says whether each was captured in a CUDA graph).";
+    if (s.against_torch)
+      m << " PyTorch rows under python -m torch.distributed.run --nproc-per-node " << s.world_size
+        << ": DistributedDataParallel (" << (s.device == "cuda" ? "NCCL" : "Gloo")
+        << "; torch.compile over the wrapped model), batch per rank, rank 0's times.";
+  }
   return m.str();
 }
 
@@ -191,6 +225,12 @@ nlohmann::ordered_json to_json(const BenchRow& r) {
                       {"loss", opt(r.loss)},
                       {"graph_status", r.graph_status},
                       {"attention", r.attention},
+                      {"data_parallel", r.data_parallel},
+                      {"world_size", r.world_size},
+                      {"rank_ms", r.rank_ms},
+                      {"images_per_s_total", opt(r.images_per_s_total)},
+                      {"scaling_efficiency", opt(r.scaling_efficiency)},
+                      {"exposed_comm_ms", opt(r.exposed_comm_ms)},
                       {"gpu_during_timing",
                        {{"samples", r.gpu.count},
                         {"sm_clock_mhz_median", opt(r.gpu.sm_clock_mhz_median)},
@@ -221,6 +261,8 @@ nlohmann::ordered_json to_json(const TorchRow& r) {
           {"torch", r.torch_version},
           {"device", r.device},
           {"log", r.log_path},
+          {"world_size", r.world_size},
+          {"images_per_s_total", opt(r.images_per_s_total)},
           {"error", r.ok() ? Json(nullptr) : Json(r.error)}};
 }
 
@@ -279,9 +321,14 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
                            {"cooldown_s", s.cooldown_s},
                            {"against_torch", s.against_torch},
                            {"torch_modes", s.torch_modes},
-                           {"torch_python", s.torch_python}};
+                           {"torch_python", s.torch_python},
+                           {"world_size", s.world_size},
+                           {"data_parallel", s.world_size > 0},
+                           {"dist_backend", s.dist_backend.empty() ? Json(nullptr) : Json(s.dist_backend)}};
   Json rows = Json::array(), torch = Json::array(), summary = Json::array();
   for (const auto& x : r.rows) rows.push_back(to_json(x));
+  Json single = Json::array();
+  for (const auto& x : r.single_process) single.push_back(to_json(x));
   for (const auto& x : r.torch) torch.push_back(to_json(x));
   for (const auto& x : r.summary) summary.push_back(to_json(x));
   Json tuning = Json::array();
@@ -303,6 +350,7 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
           {"config", config},
           {"method", method_text(r)},
           {"rows", rows},
+          {"single_process", single},
           {"torch", torch},
           {"summary", summary},
           {"gemm_tuning", tuning}};
@@ -325,6 +373,36 @@ std::string format_summary_line(const SummaryRow& s) {
   return o.str();
 }
 
+namespace {
+
+// The one-process row of the same batch and variant (null: none ran).
+const BenchRow* alone(const BenchReport& r, const BenchRow& x) {
+  for (const auto& y : r.single_process)
+    if (y.batch == x.batch && y.variant == x.variant && y.ok() && y.ms) return &y;
+  return nullptr;
+}
+
+std::string rank_ms_text(const std::vector<double>& v) {
+  std::string out;
+  for (double x : v) out += (out.empty() ? "" : ", ") + (x >= 0 ? format_number(x, 2) : std::string("n/a"));
+  return out;
+}
+
+}  // namespace
+
+std::string data_parallel_line(const BenchReport& r, const BenchRow& x) {
+  std::ostringstream o;
+  o << x.model << " batch " << x.batch << " per rank, " << x.variant << ", " << x.world_size
+    << (x.world_size == 1 ? " rank: " : " ranks: ");
+  if (!x.ok() || !x.ms) return o.str() + "error: " + x.error;
+  const BenchRow* one = alone(r, x);
+  o << format_number(x.ms, 2) << " ms (alone " << (one ? format_number(one->ms, 2) + " ms" : std::string("n/a"))
+    << "), " << format_number(x.images_per_s, 1) << " img/s per " << (r.settings.device == "cuda" ? "GPU" : "rank")
+    << ", " << format_number(x.images_per_s_total, 1) << " img/s total, scaling efficiency "
+    << percent(x.scaling_efficiency) << ", exposed communication " << format_number(x.exposed_comm_ms, 2) << " ms";
+  return o.str();
+}
+
 std::string format_table(const BenchReport& r) {
   std::ostringstream o;
   o << pad("batch", 6) << "  " << pad("variant", 22, true) << pad("ms", 10) << pad("p10-p90", 18) << pad("img/s", 11)
@@ -339,6 +417,10 @@ std::string format_table(const BenchReport& r) {
       << pad(format_number(x.images_per_s, 1), 11) << pad(format_rate(x.tflops), 9) << pad(percent(x.mfu), 8)
       << pad(format_number(x.peak_gib, 2), 10) << pad(format_number(x.first_step_s, 2), 12) << "  "
       << (x.torch ? "(first step from process start)" : x.note) << "\n";
+  }
+  if (r.settings.world_size > 0) {
+    o << "\n";
+    for (const auto& x : r.rows) o << data_parallel_line(r, x) << "\n";
   }
   if (!r.summary.empty()) o << "\n";
   for (const auto& s : r.summary) o << format_summary_line(s) << "\n";
@@ -399,6 +481,27 @@ std::string to_markdown(const BenchReport& r) {
          "(the backward runs the family of its forward).\n\n| batch | variant | kernel: shape |\n|---:|---|---|\n";
     for (const auto& x : r.rows)
       if (!x.attention.empty()) m << "| " << x.batch << " | " << x.variant << " | " << cell(join(x.attention, "; ")) << " |\n";
+  }
+
+  if (s.world_size > 0) {
+    m << "\n## Data parallel\n\n" << s.world_size << (s.world_size == 1 ? " rank" : " ranks") << " over "
+      << s.dist_backend << ", batch per rank; each row against the same variant and batch timed by rank 0 alone "
+      << "just before it (Method). Exposed communication = ms - ms alone.\n\n"
+      << "| batch per rank | variant | ranks | ms | ms alone | img/s per " << (s.device == "cuda" ? "GPU" : "rank")
+      << " | img/s total | scaling efficiency | exposed comm ms | each rank's median ms | graph |\n"
+      << "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
+    for (const auto& x : r.rows) {
+      m << "| " << x.batch << " | " << x.variant << " | " << x.world_size << " | ";
+      if (!x.ok() || !x.ms) {
+        m << "error: " << cell(x.error) << " | | | | | | | |\n";
+        continue;
+      }
+      const BenchRow* one = alone(r, x);
+      m << format_number(x.ms, 2) << " | " << (one ? format_number(one->ms, 2) : std::string("n/a")) << " | "
+        << format_number(x.images_per_s, 1) << " | " << format_number(x.images_per_s_total, 1) << " | "
+        << percent(x.scaling_efficiency) << " | " << format_number(x.exposed_comm_ms, 2) << " | "
+        << rank_ms_text(x.rank_ms) << " | " << cell(execution_note(x)) << " |\n";
+    }
   }
 
   bool sampled = false;

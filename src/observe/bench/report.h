@@ -48,6 +48,10 @@ struct BenchSettings {
   bool against_torch = false;
   std::vector<std::string> torch_modes;
   std::string torch_python;  // the interpreter used for them
+  // Data parallel: the ranks' group (0: one process, no group) and its
+  // backend for the gradients (nccl | gloo).
+  int64_t world_size = 0;
+  std::string dist_backend;
 };
 
 // One matrix-product shape whose cuBLASLt algorithm was chosen by timing
@@ -63,6 +67,9 @@ struct BenchReport {
   MatmulPeak matmul_peak;
   BenchSettings settings;
   std::vector<BenchRow> rows;
+  // Data parallel: the same (batch, variant)s run by rank 0 alone, without
+  // the group, just before each multi-process row (the scaling baseline).
+  std::vector<BenchRow> single_process;
   std::vector<TorchRow> torch;
   std::vector<SummaryRow> summary;
   std::vector<GemmTuning> gemm_tuning;  // every shape timed, in the order tuned
@@ -72,10 +79,15 @@ nlohmann::ordered_json to_json(const BenchRow& r);
 nlohmann::ordered_json to_json(const TorchRow& r);
 nlohmann::ordered_json to_json(const SummaryRow& r);
 // In this key order: {"environment", "matmul_peak_tflops", "matmul_peak", "config", "method",
-//  "rows", "torch", "summary", "gemm_tuning"}
+//  "rows", "single_process", "torch", "summary", "gemm_tuning"}
 nlohmann::ordered_json to_json(const BenchReport& report);
 
-// One line per row (ours, then torch), then one summary line per batch.
+// Data parallel: "DiT-S/2 batch 256 per rank, all, 2 ranks: 101.20 ms (alone
+// 98.10 ms), 2529.6 img/s per GPU, 5059.3 img/s total, scaling efficiency
+// 96.9%, exposed communication 3.10 ms".
+std::string data_parallel_line(const BenchReport& report, const BenchRow& row);
+// One line per row (ours, then torch), data parallel a line per
+// multi-process row, then one summary line per batch.
 std::string format_table(const BenchReport& report);
 // "DiT-S/2 batch 256: all 30.10 ms ... vs torch reduce-overhead 35.30 ms: 1.17x faster"
 std::string format_summary_line(const SummaryRow& s);

@@ -39,6 +39,17 @@ struct BenchRow {
   // (kernel, tokens, head dim, mask, dtype): the per-shape choice, as it ran.
   std::vector<std::string> attention;
   GpuSamples gpu;     // SM clock, power and temperature during the timed steps
+  // Data parallel (bench --nproc-per-node N, or under torchrun): the step
+  // of a rank among world_size, batch per rank. The ms statistics above and
+  // images_per_s / tflops / mfu are rank 0's, per GPU; rank_ms every rank's
+  // median; images_per_s_total world_size x batch at the slowest rank's
+  // median. Against the same variant and batch timed in one process alone:
+  // scaling_efficiency = its ms / this ms, exposed_comm_ms = this ms - its
+  // ms (what the multi-process step costs beyond compute).
+  bool data_parallel = false;
+  int64_t world_size = 1;
+  std::vector<double> rank_ms;
+  std::optional<double> images_per_s_total, scaling_efficiency, exposed_comm_ms;
   std::string error;  // empty: the row ran
   bool ok() const { return error.empty(); }
 };
@@ -49,6 +60,10 @@ struct TorchRow {
   std::string mode;  // eager-fp32 | eager-bf16 | compile | reduce-overhead
   std::optional<double> ms, ms_p10, ms_p90, images_per_s, tflops, mfu, peak_gib, first_step_s;
   std::string torch_version, device, log_path;
+  // DistributedDataParallel over world_size ranks (the rates rank 0's, per
+  // GPU; images_per_s_total all ranks' at the slowest rank's median).
+  int64_t world_size = 1;
+  std::optional<double> images_per_s_total;
   std::string error;
   bool ok() const { return error.empty(); }
 };

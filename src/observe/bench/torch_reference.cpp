@@ -68,7 +68,14 @@ std::string reference_script(const std::string& source_dir, const std::string& f
 
 std::string torch_bench_command(const std::string& python, const std::string& script, const TorchBenchRequest& r) {
   std::ostringstream c;
-  c << shell_quote(python) << " " << shell_quote(script) << " bench --model ";
+  if (r.nproc > 0)
+    c << "env -u RANK -u LOCAL_RANK -u WORLD_SIZE -u LOCAL_WORLD_SIZE -u GROUP_RANK -u ROLE_RANK -u MASTER_ADDR "
+         "-u MASTER_PORT -u TORCHELASTIC_RUN_ID "
+      << shell_quote(python) << " -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node " << r.nproc
+      << " ";
+  else
+    c << shell_quote(python) << " ";
+  c << shell_quote(script) << " bench --model ";
   if (r.family == "single-stream") {
     // Its registry holds our SS-* names; the name is kept, the architecture explicit.
     c << shell_quote(r.model) << " --depth " << r.depth << " --hidden " << r.hidden
@@ -85,6 +92,7 @@ std::string torch_bench_command(const std::string& python, const std::string& sc
     << shell_quote(r.mode) << " --steps " << r.steps << " --warmup " << r.warmup << " --device "
     << shell_quote(r.device) << " --json";
   if (r.ema_decay > 0) c << " --ema " << r.ema_decay;
+  if (r.nproc > 0) c << " --ddp";
   return c.str();
 }
 
@@ -126,6 +134,8 @@ TorchRow parse_torch_bench_output(const std::string& stdout_text, const TorchBen
   row.tflops = number(j, "tflops");
   row.peak_gib = number(j, "peak_gib");  // null on the CPU
   row.first_step_s = number(j, "first_step_s");
+  if (auto w = number(j, "world_size")) row.world_size = static_cast<int64_t>(*w);
+  row.images_per_s_total = number(j, "images_per_s_total");
   if (!row.ms) row.error = "its JSON result has no ms_median";
   return row;
 }
@@ -145,6 +155,7 @@ TorchRow run_torch_bench(const std::string& python, const std::string& script, c
     row.model = r.model;
     row.batch = r.batch;
     row.mode = r.mode;
+    row.world_size = std::max<int64_t>(1, r.nproc);
     std::ifstream log(log_path);
     std::stringstream all;
     all << log.rdbuf();

@@ -25,6 +25,9 @@ struct TorchBenchRequest {
   std::string mode = "eager-bf16";
   double ema_decay = 0;  // > 0: an EMA update after each optimizer step (--ema)
   std::string device = "cuda";  // cuda | cpu
+  // > 0: DistributedDataParallel over this many processes on this host,
+  // started by python -m torch.distributed.run (--batch per rank).
+  int64_t nproc = 0;
 };
 
 // The reference's --mode choices.
@@ -39,7 +42,10 @@ std::string reference_python(const std::string& source_dir);
 // family "single-stream".
 std::string reference_script(const std::string& source_dir, const std::string& family = "dit");
 
-// The command line (shell words quoted). DiT-S/B/L/XL names go as they are;
+// The command line (shell words quoted). With nproc: python -m
+// torch.distributed.run --standalone --nproc-per-node N <script> bench ...
+// --ddp, without this process's own launch variables (RANK, MASTER_PORT,
+// ...: under torchrun they name perftrain's group, not the reference's). DiT-S/B/L/XL names go as they are;
 // any other model (DiT-T) goes as a registry name with explicit --depth /
 // --hidden / --heads / --patch, which the reference accepts. A single-stream
 // model always goes with its explicit architecture (so a --set
