@@ -121,6 +121,15 @@ WeightGradOverlap::~WeightGradOverlap() {
   l.side.reset();
 }
 
+void current_stream_waits_for_weight_grads() {
+  Lane& l = lane();
+  std::lock_guard<std::mutex> lock(l.mutex);
+  if (!l.active) return;
+  at::cuda::CUDAEvent so_far;
+  so_far.record(*l.side);
+  so_far.block(at::cuda::getCurrentCUDAStream(l.side->device_index()));
+}
+
 void run_weight_grads(const std::function<void()>& work, std::vector<at::Tensor> reads) {
   Lane& l = lane();
   std::unique_lock<std::mutex> lock(l.mutex);

@@ -82,6 +82,12 @@ class WeightGradOverlap {
 // them. Called from autograd's threads.
 void run_weight_grads(const std::function<void()>& work, std::vector<at::Tensor> reads);
 
+// The current stream waits for all the work handed to the side stream so far,
+// the scope staying open: for a reader of some gradients before the join
+// (data parallel's buckets, sent while backward goes on). Nothing without an
+// active scope.
+void current_stream_waits_for_weight_grads();
+
 // Whether the calling thread is running work on the side stream now (the
 // cuBLASLt context then hands out the side stream's own workspace).
 bool on_weight_grad_stream();

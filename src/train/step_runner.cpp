@@ -32,6 +32,7 @@
 #include "ops/cublaslt_workspace.h"
 #include "ops/weight_grad_lane.h"
 #include "train/adamw.h"
+#include "dist/grad_buckets.h"
 #include "dist/group.h"
 #include "train/device_optimizer.h"
 #include "train/ema.h"
@@ -51,6 +52,8 @@ struct StepRunner::Impl {
   std::optional<at::ScalarType> autocast;  // bf16 / fp16, or fp32 without autocast
   models::DiTExecution execution;          // how the model's blocks run
   std::vector<at::Tensor> params, ema_params;
+  // Data parallel: the gradients' buckets, all-reduced as backward fills them.
+  std::unique_ptr<dist::GradBuckets> buckets;
 
   // The optimizer: on the device (capturable), or ATen's AdamW with a host LR.
   std::unique_ptr<DeviceOptimizer> device_optimizer;
@@ -183,14 +186,16 @@ struct StepRunner::Impl {
   }
 
   // Data parallel: every rank's gradients replaced by their mean, before
-  // the gradient norm, clipping and the update see them.
+  // the gradient norm, clipping and the update see them. The buckets leave
+  // during backward as their gradients arrive (dist/grad_buckets.h); the
+  // end of backward sends the rest and joins.
+  void begin_averaging() {
+    if (buckets) buckets->begin();
+  }
   void average_gradients() {
-    if (opts.group == nullptr) return;
+    if (!buckets) return;
     PERFTRAIN_SCOPE("allreduce");
-    std::vector<at::Tensor> grads;
-    for (const auto& p : params)
-      if (p.grad().defined()) grads.push_back(p.grad());
-    opts.group->allreduce_mean(grads);
+    buckets->finish();
   }
 
   // One step: objective, backward, optimizer, EMA, loss accumulation. The
@@ -210,6 +215,7 @@ struct StepRunner::Impl {
         // joined before the optimizer reads them (ops/weight_grad_lane.h).
         PERFTRAIN_SCOPE("backward");
         const ops::WeightGradOverlap overlap(weight_grad_stream, device);
+        begin_averaging();
         loss.backward();
       }
       average_gradients();
@@ -224,6 +230,7 @@ struct StepRunner::Impl {
     } else {
       {
         PERFTRAIN_SCOPE("backward");
+        begin_averaging();
         loss.backward();
       }
       average_gradients();
@@ -351,8 +358,11 @@ struct StepRunner::Impl {
       auto g = std::make_unique<at::cuda::CUDAGraph>();
       try {
         g->register_generator_state(gen);
-        if (monitored) g->capture_begin(graph->pool());  // the two graphs never run at once
-        else g->capture_begin();
+        // Data parallel: NCCL's watchdog thread queries its events during
+        // the capture, which the global mode would forbid.
+        const auto mode = opts.group != nullptr ? cudaStreamCaptureModeThreadLocal : cudaStreamCaptureModeGlobal;
+        if (monitored) g->capture_begin(graph->pool(), mode);  // the two graphs never run at once
+        else g->capture_begin({0, 0}, mode);
         try {
           body(x_static, y_static, cond_static, len_static);
         } catch (...) {
@@ -430,6 +440,13 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
 
   s.params = model.parameters();
   if (ema != nullptr) s.ema_params = ema->parameters();
+  if (opts.group != nullptr) {
+    dist::GradBucketOptions bo;
+    bo.bucket_mb = cfg.dist.bucket_mb;
+    // A bucket's weight gradients may still be written on their own stream.
+    bo.before_send = [] { ops::current_stream_waits_for_weight_grads(); };
+    s.buckets = std::make_unique<dist::GradBuckets>(*opts.group, s.params, bo);
+  }
   if (cuda && speed.fused_optimizer) {
     DeviceOptimizerOptions o;
     o.lr = cfg.optim.lr;
@@ -471,7 +488,6 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
   if (!cuda) graph_status_ = "eager: CPU device";
   else if (!speed.graph) graph_status_ = "eager: graph off (speed.graph / --graph off)";
   else if (!speed.fused_optimizer) graph_status_ = "eager: the graph needs the device optimizer (speed.fused_optimizer)";
-  else if (opts.group != nullptr) graph_status_ = "eager: multi-process data parallel is not captured in a graph yet";
   else {
     s.graph_wanted = true;
     graph_status_ = "eager: warming up";

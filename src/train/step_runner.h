@@ -47,7 +47,8 @@ struct StepOptions {
   // of the global batch; the timesteps, noise and label dropout are drawn for
   // the global batch (the same generator state on every rank) and sliced, and
   // the gradients are averaged over the ranks between backward and the
-  // optimizer. Not captured in a CUDA graph yet. null: one process.
+  // optimizer, in buckets sent during backward (dist/grad_buckets.h); on
+  // CUDA (NCCL) inside the captured step too. null: one process.
   dist::Group* group = nullptr;
 };
 
