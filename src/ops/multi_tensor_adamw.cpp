@@ -33,6 +33,8 @@ static_assert(offsetof(AdamWScalars, lr) == kSlotLr * sizeof(float));
 static_assert(offsetof(AdamWScalars, skipped) == kSlotSkipped * sizeof(float));
 static_assert(offsetof(AdamWScalars, step) == kSlotStep * sizeof(float));
 static_assert(offsetof(AdamWScalars, good_steps) == kSlotGoodSteps * sizeof(float));
+static_assert(offsetof(AdamWScalars, skip) == kSlotSkip * sizeof(float));
+static_assert(offsetof(AdamWScalars, ema_weight) == kSlotEmaWeight * sizeof(float));
 
 std::string label(const std::vector<std::string>& names, size_t i) {
   return i < names.size() ? "parameter '" + names[i] + "'" : "parameter " + std::to_string(i);
@@ -78,6 +80,7 @@ struct MultiTensorAdamW::Plan {
     int partials_offset = 0;
   };
   std::vector<Group> groups;
+  std::vector<Group> norm_groups;  // norm_only_: summed into the norm, never updated
   at::Tensor partials;  // float64 [sum of grids]
   int partials_count = 0;
   kernels::AdamWHyper hyper{};
@@ -86,12 +89,13 @@ struct MultiTensorAdamW::Plan {
 MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> exp_avgs,
                                    std::vector<at::Tensor> exp_avg_sqs, std::vector<at::Tensor> emas,
                                    at::Tensor scalars, MultiTensorAdamWOptions opts, std::vector<std::string> names,
-                                   std::vector<at::Tensor> shadows)
+                                   std::vector<at::Tensor> shadows, std::vector<at::Tensor> norm_only)
     : params_(std::move(params)),
       exp_avgs_(std::move(exp_avgs)),
       exp_avg_sqs_(std::move(exp_avg_sqs)),
       emas_(std::move(emas)),
       shadows_(std::move(shadows)),
+      norm_only_(std::move(norm_only)),
       scalars_(std::move(scalars)),
       opts_(opts),
       names_(std::move(names)) {
@@ -119,6 +123,12 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<a
       throw UsageError("multi_tensor_adamw: the shadow of " + label(names_, i) +
                        " must be a contiguous bfloat16 tensor of its sizes on its device");
   }
+  for (size_t i = 0; i < norm_only_.size(); ++i) {
+    const at::Tensor& t = norm_only_[i];
+    if (!t.defined() || t.scalar_type() != at::kFloat || !t.is_contiguous() || t.device() != device)
+      throw UsageError("multi_tensor_adamw: norm-only tensor " + std::to_string(i) +
+                       " must be a contiguous float32 tensor on " + device.str());
+  }
   if (!scalars_.defined() || scalars_.scalar_type() != at::kFloat || scalars_.numel() != adamw_scalar_slots() ||
       !scalars_.is_contiguous() || scalars_.device() != device)
     throw UsageError("multi_tensor_adamw: scalars must be make_adamw_scalars() on " + device.str());
@@ -135,29 +145,35 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<a
   h.warmup_steps = opts_.warmup_steps, h.growth_interval = opts_.growth_interval;
   h.ema_warmup = opts_.ema_warmup, h.dynamic_loss_scale = opts_.dynamic_loss_scale;
   h.skip_nonfinite = opts_.skip_nonfinite;
-  int64_t chunks = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t numel = params_[i].numel();
-    if (numel == 0) continue;
-    if (plan_->groups.empty() || plan_->groups.back().table.count == kernels::kAdamWMaxTensors) {
-      plan_->groups.emplace_back();
-      plan_->groups.back().table.count = 0;
-      chunks = 0;
+  auto make_groups = [](const std::vector<at::Tensor>& tensors, std::vector<Plan::Group>& groups) {
+    int64_t chunks = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const int64_t numel = tensors[i].numel();
+      if (numel == 0) continue;
+      if (groups.empty() || groups.back().table.count == kernels::kAdamWMaxTensors) {
+        groups.emplace_back();
+        groups.back().table.count = 0;
+        chunks = 0;
+      }
+      auto& g = groups.back();
+      chunks += (numel + kernels::kAdamWChunk - 1) / kernels::kAdamWChunk;
+      if (chunks > std::numeric_limits<int>::max())
+        throw UsageError("multi_tensor_adamw: more than 2^31 chunks of parameters in one table");
+      g.table.chunk_end[g.table.count] = static_cast<int>(chunks);
+      g.table.t[g.table.count] = kernels::AdamWTensor{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, numel};
+      g.table.chunks = static_cast<int>(chunks);
+      g.index.push_back(i);
+      ++g.table.count;
     }
-    auto& g = plan_->groups.back();
-    chunks += (numel + kernels::kAdamWChunk - 1) / kernels::kAdamWChunk;
-    if (chunks > std::numeric_limits<int>::max())
-      throw UsageError("multi_tensor_adamw: more than 2^31 chunks of parameters in one table");
-    g.table.chunk_end[g.table.count] = static_cast<int>(chunks);
-    g.table.t[g.table.count] = kernels::AdamWTensor{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, numel};
-    g.table.chunks = static_cast<int>(chunks);
-    g.index.push_back(i);
-    ++g.table.count;
-  }
-  for (auto& g : plan_->groups) {
-    g.grid = kernels::adamw_grid(g.table.chunks);
-    g.partials_offset = plan_->partials_count;
-    plan_->partials_count += g.grid;
+  };
+  make_groups(params_, plan_->groups);
+  make_groups(norm_only_, plan_->norm_groups);
+  for (auto* groups : {&plan_->groups, &plan_->norm_groups}) {
+    for (auto& g : *groups) {
+      g.grid = kernels::adamw_grid(g.table.chunks);
+      g.partials_offset = plan_->partials_count;
+      plan_->partials_count += g.grid;
+    }
   }
   plan_->partials = at::empty({std::max(1, plan_->partials_count)},
                               at::TensorOptions().dtype(at::kDouble).device(device));
@@ -171,14 +187,19 @@ int MultiTensorAdamW::launches_per_step() const {
   return (opts_.grad_norm ? 2 * groups : groups) + 1;
 }
 
-void MultiTensorAdamW::step(const std::vector<at::Tensor>& grads) {
+void MultiTensorAdamW::step(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& norm_grads) {
   if (grads.size() != params_.size())
     throw UsageError("multi_tensor_adamw: " + std::to_string(grads.size()) + " gradients for " +
                      std::to_string(params_.size()) + " parameters");
+  if (norm_grads.size() != norm_only_.size())
+    throw UsageError("multi_tensor_adamw: " + std::to_string(norm_grads.size()) + " norm-only gradients for " +
+                     std::to_string(norm_only_.size()) + " norm-only tensors");
+  for (size_t i = 0; i < norm_grads.size(); ++i)
+    if (norm_grads[i].defined()) check_like(norm_grads[i], norm_only_[i], "norm-only gradient", {}, i);
   if (!plan_) {
     for (size_t i = 0; i < grads.size(); ++i)
       if (grads[i].defined()) check_like(grads[i], params_[i], "gradient", names_, i);
-    multi_tensor_adamw_reference(params_, grads, exp_avgs_, exp_avg_sqs_, emas_, scalars_, opts_);
+    multi_tensor_adamw_reference(params_, grads, exp_avgs_, exp_avg_sqs_, emas_, scalars_, opts_, norm_grads);
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < shadows_.size(); ++i)
       if (shadows_[i].defined()) shadows_[i].copy_(params_[i]);
@@ -203,13 +224,18 @@ void MultiTensorAdamW::step(const std::vector<at::Tensor>& grads) {
       if (shadowed) shadows_[i].unsafeGetTensorImpl()->bump_version();
     }
   }
+  for (auto& g : plan_->norm_groups)
+    for (int j = 0; j < g.table.count; ++j) {
+      const at::Tensor& grad = norm_grads[g.index[j]];
+      g.table.t[j].g = grad.defined() ? grad.data_ptr<float>() : nullptr;
+    }
   c10::cuda::CUDAGuard guard(scalars_.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream(scalars_.device().index()).stream();
   double* partials = plan_->partials.data_ptr<double>();
   auto* scalars = reinterpret_cast<kernels::AdamWScalars*>(scalars_.data_ptr<float>());
   if (opts_.grad_norm) {
-    for (const auto& g : plan_->groups)
-      kernels::adamw_sum_squares(g.table, partials + g.partials_offset, g.grid, stream);
+    for (const auto* groups : {&plan_->groups, &plan_->norm_groups})
+      for (const auto& g : *groups) kernels::adamw_sum_squares(g.table, partials + g.partials_offset, g.grid, stream);
   }
   // Without the norm no partial sums are read (count -1): the kernel writes NaN.
   kernels::adamw_prepare(partials, opts_.grad_norm ? plan_->partials_count : -1, scalars, plan_->hyper, stream);
@@ -219,7 +245,8 @@ void MultiTensorAdamW::step(const std::vector<at::Tensor>& grads) {
 void multi_tensor_adamw_reference(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                                   const std::vector<at::Tensor>& exp_avgs,
                                   const std::vector<at::Tensor>& exp_avg_sqs, const std::vector<at::Tensor>& emas,
-                                  const at::Tensor& scalars, const MultiTensorAdamWOptions& o) {
+                                  const at::Tensor& scalars, const MultiTensorAdamWOptions& o,
+                                  const std::vector<at::Tensor>& norm_grads) {
   at::NoGradGuard no_grad;
   at::Tensor host = scalars.to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true);
   float* s = host.data_ptr<float>();
@@ -233,9 +260,12 @@ void multi_tensor_adamw_reference(const std::vector<at::Tensor>& params, const s
   }
 
   const float scale = s[kSlotLossScale];
-  const double raw = !o.grad_norm ? std::nan("")
-                     : g.empty()   ? 0.0
-                                   : at::stack(at::_foreach_norm(g, 2)).norm(2).item<double>();
+  std::vector<at::Tensor> counted = g;  // the norm's gradients: the updated ones, then the norm-only ones
+  for (const auto& t : norm_grads)
+    if (t.defined()) counted.push_back(t);
+  const double raw = !o.grad_norm    ? std::nan("")
+                     : counted.empty() ? 0.0
+                                       : at::stack(at::_foreach_norm(counted, 2)).norm(2).item<double>();
   const double norm = raw / scale;
   s[kSlotGradNorm] = static_cast<float>(norm);
   bool skip = false;
@@ -255,6 +285,7 @@ void multi_tensor_adamw_reference(const std::vector<at::Tensor>& params, const s
     s[kSlotSkipped] += 1;
     skip = true;
   }
+  s[kSlotSkip] = skip ? 1.f : 0.f;
   if (!skip) {
     const double step = s[kSlotStep] + 1.0;
     s[kSlotStep] = static_cast<float>(step);
@@ -268,6 +299,7 @@ void multi_tensor_adamw_reference(const std::vector<at::Tensor>& params, const s
     const double coef = static_cast<float>(clip / scale);
     const double u = step - 1;
     const double d = o.ema_warmup ? std::min(o.ema_decay, (1 + u) / (10 + u)) : o.ema_decay;
+    s[kSlotEmaWeight] = static_cast<float>(1 - d);
     // The scalars rounded to float as the kernel sees them.
     const double step_size = static_cast<float>(lr / (1 - std::pow(o.beta1, step)));
     const double bc2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(o.beta2, step)));

@@ -51,6 +51,8 @@ enum AdamWSlot : int64_t {
   kSlotSkipped = 3,    // steps skipped for inf/NaN, in total
   kSlotStep = 4,       // updates taken (AdamW's step counter)
   kSlotGoodSteps = 5,  // finite steps since the loss scale last changed
+  kSlotSkip = 6,       // 1: the last step was skipped (inf/NaN)
+  kSlotEmaWeight = 11,  // 1 - EMA decay of the last update (the lerp weight)
 };
 
 // A fresh scalars tensor: float32 [adamw_scalar_slots()] on `device`, step 0.
@@ -69,10 +71,13 @@ class MultiTensorAdamW {
   // contiguous tensors of the parameters' sizes that every step rewrites as
   // params[i].to(bfloat16) where the parameter changed (the caller fills
   // them once at the start; they stay in step from then on).
+  // norm_only (optional): float32 contiguous tensors on the device whose
+  // gradients count in the gradient norm but are not updated here (ZeRO-1:
+  // the parameters another rank owns; train/sharded_optimizer.h).
   MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> exp_avgs,
                    std::vector<at::Tensor> exp_avg_sqs, std::vector<at::Tensor> emas, at::Tensor scalars,
                    MultiTensorAdamWOptions opts, std::vector<std::string> names = {},
-                   std::vector<at::Tensor> shadows = {});
+                   std::vector<at::Tensor> shadows = {}, std::vector<at::Tensor> norm_only = {});
   ~MultiTensorAdamW();
   MultiTensorAdamW(const MultiTensorAdamW&) = delete;
   MultiTensorAdamW& operator=(const MultiTensorAdamW&) = delete;
@@ -80,7 +85,9 @@ class MultiTensorAdamW {
   // One step with grads[i] the gradient of params[i] (undefined: that
   // parameter and its moments stay as they are, its EMA still follows it).
   // CUDA: three launch groups on the current stream. CPU: the reference.
-  void step(const std::vector<at::Tensor>& grads);
+  // norm_grads: the gradients of the norm_only tensors, in their order
+  // (undefined: not counted).
+  void step(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& norm_grads = {});
 
   const MultiTensorAdamWOptions& options() const { return opts_; }
   // Kernel launches per step (2 per table + 1), for the profile breakdown.
@@ -88,7 +95,7 @@ class MultiTensorAdamW {
 
  private:
   struct Plan;
-  std::vector<at::Tensor> params_, exp_avgs_, exp_avg_sqs_, emas_, shadows_;
+  std::vector<at::Tensor> params_, exp_avgs_, exp_avg_sqs_, emas_, shadows_, norm_only_;
   at::Tensor scalars_;
   MultiTensorAdamWOptions opts_;
   std::vector<std::string> names_;
@@ -96,10 +103,12 @@ class MultiTensorAdamW {
 };
 
 // The plain-ATen fp32 reference of one step, same arguments and semantics
-// (host syncs: it reads and writes `scalars` through the host).
+// (host syncs: it reads and writes `scalars` through the host). norm_grads
+// count in the norm only (as MultiTensorAdamW::step's).
 void multi_tensor_adamw_reference(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                                   const std::vector<at::Tensor>& exp_avgs,
                                   const std::vector<at::Tensor>& exp_avg_sqs, const std::vector<at::Tensor>& emas,
-                                  const at::Tensor& scalars, const MultiTensorAdamWOptions& opts);
+                                  const at::Tensor& scalars, const MultiTensorAdamWOptions& opts,
+                                  const std::vector<at::Tensor>& norm_grads = {});
 
 }  // namespace perftrain::ops

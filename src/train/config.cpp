@@ -94,6 +94,7 @@ std::vector<Key> keys(TrainConfig& c) {
       {"health", "median_window", &c.health.median_window, {}, 1, 100000},
       {"dist", "timeout_s", &c.dist.timeout_s},
       {"dist", "bucket_mb", &c.dist.bucket_mb},
+      {"dist", "shard_optimizer", &c.dist.shard_optimizer},
   };
 }
 

@@ -89,6 +89,10 @@ struct HealthConfig {
 struct DistConfig {
   double timeout_s = 300;  // connecting to the master, and each collective; a dead rank is an error after this
   double bucket_mb = 25;   // gradients all-reduced together in flat buckets of this size
+  // ZeRO-1: each rank keeps the AdamW moments of the parameters it owns only
+  // (whole tensors, balanced by size) and sends its updated weights to the
+  // others after each step (train/sharded_optimizer.h).
+  bool shard_optimizer = false;
 };
 
 struct RunConfig {

@@ -62,23 +62,42 @@ std::vector<at::Tensor> grouped_copies(const std::vector<at::Tensor>& params, at
 }  // namespace
 
 DeviceOptimizer::DeviceOptimizer(std::vector<std::pair<std::string, at::Tensor>> named_params,
-                                 std::vector<at::Tensor> ema_params, DeviceOptimizerOptions opts)
-    : params_(std::move(named_params)), ema_(std::move(ema_params)), opts_(opts) {
+                                 std::vector<at::Tensor> ema_params, DeviceOptimizerOptions opts,
+                                 std::vector<bool> owned)
+    : params_(std::move(named_params)), owned_(std::move(owned)), ema_(std::move(ema_params)), opts_(opts) {
   check_options(opts_);
   if (!ema_.empty() && ema_.size() != params_.size())
     throw UsageError("optimizer: " + std::to_string(params_.size()) + " parameters but " +
                      std::to_string(ema_.size()) + " EMA parameters");
+  if (owned_.empty()) owned_.assign(params_.size(), true);
+  if (owned_.size() != params_.size())
+    throw UsageError("optimizer: " + std::to_string(params_.size()) + " parameters but " +
+                     std::to_string(owned_.size()) + " ownership flags");
   std::vector<at::Tensor> p;
-  std::vector<std::string> names;
-  for (const auto& [name, t] : params_) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& [name, t] = params_[i];
     if (!t.defined()) throw UsageError("optimizer: parameter '" + name + "' is undefined");
     p.push_back(t);
-    names.push_back(name);
-    exp_avg_.push_back(at::zeros_like(t, at::MemoryFormat::Contiguous));
-    exp_avg_sq_.push_back(at::zeros_like(t, at::MemoryFormat::Contiguous));
+    exp_avg_.push_back(owned_[i] ? at::zeros_like(t, at::MemoryFormat::Contiguous) : at::Tensor());
+    exp_avg_sq_.push_back(owned_[i] ? at::zeros_like(t, at::MemoryFormat::Contiguous) : at::Tensor());
   }
   if (opts_.bf16_shadows) shadows_ = grouped_copies(p, at::kBFloat16);
   refresh_shadows();
+  // The kernel's table: the owned parameters; the others' gradients count in the norm.
+  std::vector<at::Tensor> op_p, op_m, op_v, op_ema, op_shadows, norm_only;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!owned_[i]) {
+      norm_only.push_back(p[i]);
+      continue;
+    }
+    op_p.push_back(p[i]);
+    op_m.push_back(exp_avg_[i]);
+    op_v.push_back(exp_avg_sq_[i]);
+    if (!ema_.empty()) op_ema.push_back(ema_[i]);
+    if (!shadows_.empty()) op_shadows.push_back(shadows_[i]);
+    names.push_back(params_[i].first);
+  }
   const at::Device device = p.empty() ? at::Device(at::kCPU) : p[0].device();
   scalars_ = ops::make_adamw_scalars(device, opts_.dynamic_loss_scale ? opts_.initial_loss_scale : 1.0);
   loss_scale_ = scalars_.select(0, ops::kSlotLossScale);
@@ -88,9 +107,9 @@ DeviceOptimizer::DeviceOptimizer(std::vector<std::pair<std::string, at::Tensor>>
   step_ = scalars_.select(0, ops::kSlotStep);
   good_steps_ = scalars_.select(0, ops::kSlotGoodSteps);
 
-  op_ = std::make_unique<ops::MultiTensorAdamW>(std::move(p), exp_avg_, exp_avg_sq_, ema_, scalars_,
-                                                static_cast<const ops::MultiTensorAdamWOptions&>(opts_),
-                                                std::move(names), shadows_);
+  op_ = std::make_unique<ops::MultiTensorAdamW>(std::move(op_p), std::move(op_m), std::move(op_v), std::move(op_ema),
+                                                scalars_, static_cast<const ops::MultiTensorAdamWOptions&>(opts_),
+                                                std::move(names), std::move(op_shadows), std::move(norm_only));
 }
 
 ops::ComputeWeights DeviceOptimizer::compute_weights() const {
@@ -107,16 +126,32 @@ void DeviceOptimizer::refresh_shadows() {
 DeviceOptimizer::~DeviceOptimizer() = default;
 
 void DeviceOptimizer::step() {
-  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> grads, norm_grads;
   grads.reserve(params_.size());
-  for (const auto& [name, p] : params_) grads.push_back(p.grad());
-  op_->step(grads);
+  for (size_t i = 0; i < params_.size(); ++i) (owned_[i] ? grads : norm_grads).push_back(params_[i].second.grad());
+  op_->step(grads, norm_grads);
   for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();  // set_to_none
+}
+
+void DeviceOptimizer::follow_others() {
+  at::NoGradGuard no_grad;
+  at::Tensor weight;  // the step's lerp weight, 0 when it was skipped
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (owned_[i]) continue;
+    const at::Tensor& p = params_[i].second;
+    if (!ema_.empty()) {
+      if (!weight.defined())
+        weight = scalars_.select(0, ops::kSlotEmaWeight).mul(scalars_.select(0, ops::kSlotSkip).neg().add(1));
+      ema_[i].lerp_(p, weight);
+    }
+    if (!shadows_.empty()) shadows_[i].copy_(p);
+  }
 }
 
 std::vector<std::pair<std::string, at::Tensor>> DeviceOptimizer::state() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (!owned_[i]) continue;
     out.emplace_back("exp_avg." + params_[i].first, exp_avg_[i]);
     out.emplace_back("exp_avg_sq." + params_[i].first, exp_avg_sq_[i]);
     out.emplace_back("step." + params_[i].first, step_);
@@ -136,6 +171,7 @@ void DeviceOptimizer::load_state(const std::vector<std::pair<std::string, at::Te
   };
   // Check everything before changing anything.
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (!owned_[i]) continue;
     find("exp_avg." + params_[i].first, exp_avg_[i]);
     find("exp_avg_sq." + params_[i].first, exp_avg_sq_[i]);
     find("step." + params_[i].first, step_);
@@ -143,7 +179,9 @@ void DeviceOptimizer::load_state(const std::vector<std::pair<std::string, at::Te
   auto scale = byname.find("loss_scale");
   if (scale != byname.end() && scale->second.numel() != 1)
     throw RuntimeError("optimizer state 'loss_scale' has the wrong shape");
+  if (!params_.empty()) find("step." + params_[0].first, step_);
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (!owned_[i]) continue;
     exp_avg_[i].copy_(find("exp_avg." + params_[i].first, exp_avg_[i]));
     exp_avg_sq_[i].copy_(find("exp_avg_sq." + params_[i].first, exp_avg_sq_[i]));
   }

@@ -42,8 +42,12 @@ class DeviceOptimizer {
  public:
   // named_params: float32, contiguous, one device; ema_params: the EMA model's
   // parameters in the same order and shapes (empty: no EMA).
+  // owned (ZeRO-1, train/sharded_optimizer.h; empty: all): the parameters
+  // this optimizer updates and keeps moments for. The others' gradients
+  // count in the norm only; after their owners' weights have arrived,
+  // follow_others() brings their EMA and bf16 copies along.
   DeviceOptimizer(std::vector<std::pair<std::string, at::Tensor>> named_params, std::vector<at::Tensor> ema_params,
-                  DeviceOptimizerOptions opts);
+                  DeviceOptimizerOptions opts, std::vector<bool> owned = {});
   ~DeviceOptimizer();
   DeviceOptimizer(const DeviceOptimizer&) = delete;
   DeviceOptimizer& operator=(const DeviceOptimizer&) = delete;
@@ -53,6 +57,11 @@ class DeviceOptimizer {
   // With dynamic_loss_scale a step whose gradients hold inf/NaN changes
   // nothing but the scale (halved) and skipped().
   void step();
+  // ZeRO-1, after step() and after the parameters this optimizer does not
+  // own were overwritten with their owners' updated values: their EMA takes
+  // the same update (the lerp weight of the step, 0 for a skipped step) and
+  // their bf16 copies are rewritten. No host sync (captures).
+  void follow_others();
 
   const at::Tensor& loss_scale() const { return loss_scale_; }  // float32 0-d (1 without dynamic scaling)
   const at::Tensor& grad_norm() const { return grad_norm_; }    // unscaled, before clipping, of the last step
@@ -69,7 +78,8 @@ class DeviceOptimizer {
   void refresh_shadows();
 
   // "exp_avg.<name>", "exp_avg_sq.<name>", "step.<name>" for each parameter
-  // (as AdamW::state()), then "loss_scale". Live tensors, not copies.
+  // (as AdamW::state()), then "loss_scale". Live tensors, not copies. With
+  // `owned`: the owned parameters' only; load_state reads only those too.
   std::vector<std::pair<std::string, at::Tensor>> state() const;
   // Restores from state() or AdamW::state(): throws RuntimeError naming a
   // missing or mis-shaped tensor. "loss_scale" is optional (used only with
@@ -78,6 +88,7 @@ class DeviceOptimizer {
 
  private:
   std::vector<std::pair<std::string, at::Tensor>> params_;
+  std::vector<bool> owned_;  // per parameter; exp_avg_/exp_avg_sq_ are undefined where false
   std::vector<at::Tensor> ema_, exp_avg_, exp_avg_sq_, shadows_;
   DeviceOptimizerOptions opts_;
   at::Tensor scalars_;  // ops::make_adamw_scalars; the members below are 0-d views of its slots

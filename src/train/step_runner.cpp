@@ -39,6 +39,7 @@
 #include "train/grad_clip.h"
 #include "train/grad_monitor.h"
 #include "train/lr_schedule.h"
+#include "train/sharded_optimizer.h"
 #include "train/speed.h"
 
 namespace perftrain::train {
@@ -59,6 +60,9 @@ struct StepRunner::Impl {
   std::unique_ptr<DeviceOptimizer> device_optimizer;
   ops::ComputeWeights compute_weights;  // its bf16 parameter copies, read by the fused ops
   std::unique_ptr<AdamW> adamw;
+  // ZeRO-1 (dist.shard_optimizer): the optimizer updates this rank's
+  // parameters only, then the owners' weights go to every rank.
+  std::unique_ptr<OptimizerShards> shards;
   int64_t updates = 0;  // host path: updates taken, for the LR and EMA schedules
   at::Tensor host_grad_norm;
 
@@ -225,6 +229,11 @@ struct StepRunner::Impl {
         PERFTRAIN_SCOPE("optimizer");  // clipping, AdamW and the EMA in one pass
         device_optimizer->step();
       }
+      if (shards) {
+        PERFTRAIN_SCOPE("weight_broadcast");
+        shards->broadcast_weights();
+        device_optimizer->follow_others();  // the EMA and bf16 copies of the others' parameters
+      }
       if (monitoring) monitor->after_update();
       if (guard) record_step(terms.loss, device_optimizer->grad_norm());
     } else {
@@ -251,6 +260,11 @@ struct StepRunner::Impl {
         {
           PERFTRAIN_SCOPE("optimizer");
           adamw->step(lr_at(updates, cfg.optim.lr, cfg.optim.warmup_steps));
+        }
+        if (shards) {
+          PERFTRAIN_SCOPE("weight_broadcast");
+          for (auto& p : params) p.mutable_grad() = at::Tensor();  // the others' (AdamW cleared its own)
+          shards->broadcast_weights();
         }
         if (!ema_params.empty()) {
           PERFTRAIN_SCOPE("ema");
@@ -440,6 +454,8 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
 
   s.params = model.parameters();
   if (ema != nullptr) s.ema_params = ema->parameters();
+  if (cfg.dist.shard_optimizer && opts.group != nullptr)
+    s.shards = std::make_unique<OptimizerShards>(*opts.group, model.named_parameters(), cfg.dist.bucket_mb);
   if (opts.group != nullptr) {
     dist::GradBucketOptions bo;
     bo.bucket_mb = cfg.dist.bucket_mb;
@@ -461,10 +477,11 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
     // bf16 copies of the weights, rewritten by each update, for the fused ops
     // to multiply with (instead of a cast per product).
     o.bf16_shadows = opts.precision == "bf16" && s.execution.fused_kernels;
-    s.device_optimizer = std::make_unique<DeviceOptimizer>(model.named_parameters(), s.ema_params, o);
+    s.device_optimizer = std::make_unique<DeviceOptimizer>(model.named_parameters(), s.ema_params, o,
+                                                           s.shards ? s.shards->owned() : std::vector<bool>{});
     s.compute_weights = s.device_optimizer->compute_weights();
   } else {
-    s.adamw = std::make_unique<AdamW>(model.named_parameters(),
+    s.adamw = std::make_unique<AdamW>(s.shards ? s.shards->owned_params() : model.named_parameters(),
                                       AdamWOptions{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps,
                                                    cfg.optim.weight_decay});
   }
@@ -590,7 +607,14 @@ WindowStats StepRunner::take_window() {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> StepRunner::optimizer_state() const {
-  return impl_->device_optimizer ? impl_->device_optimizer->state() : impl_->adamw->state();
+  auto local = impl_->device_optimizer ? impl_->device_optimizer->state() : impl_->adamw->state();
+  return impl_->shards ? impl_->shards->full_state(local) : local;
+}
+
+std::string StepRunner::optimizer_sharding() const {
+  if (!impl_->shards) return "";
+  return impl_->shards->describe(
+      state_bytes(impl_->device_optimizer ? impl_->device_optimizer->state() : impl_->adamw->state()));
 }
 
 void StepRunner::load_optimizer_state(const std::vector<std::pair<std::string, at::Tensor>>& state) {

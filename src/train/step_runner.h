@@ -117,8 +117,13 @@ class StepRunner {
   NonFiniteSite locate_nonfinite(int64_t step);
 
   // Optimizer state for checkpoints, named as AdamW::state() names it.
+  // With dist.shard_optimizer a collective (every rank calls it): the whole
+  // state gathered on rank 0 (host copies), empty on the other ranks; loading
+  // takes each rank's own parameters' part of a whole state.
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
   void load_optimizer_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
+  // dist.shard_optimizer: "optimizer state sharded over N ranks: ... here of ..."; "" when not sharded.
+  std::string optimizer_sharding() const;
   // Updates taken (steps minus fp16 skips), for the EMA warm-up on resume.
   void set_updates_taken(int64_t n);
 

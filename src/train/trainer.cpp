@@ -215,6 +215,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
         << launch.master_port << "), global batch " << cfg.optim.batch_size << " = " << launch.world_size << " x "
         << cfg.optim.batch_size / launch.world_size << "; rank 0 writes the run directory"
         << (device.is_cuda() ? "; the step is not captured in a CUDA graph yet" : "") << "\n";
+  if (!runner.optimizer_sharding().empty()) log << runner.optimizer_sharding() << "\n";
 
   data::BatchLoader loader(*dataset, cfg.optim.batch_size, cfg.optim.seed, state.position,
                            device.is_cuda(), static_cast<int>(cfg.data.prefetch),
@@ -239,6 +240,8 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
     }
   };
   auto save = [&]() {
+    // dist.shard_optimizer: gathering the state is a collective (the whole state on rank 0).
+    const io::NamedTensors optimizer_state = runner.optimizer_state();
     if (!run) return;  // data parallel: rank 0 saves
     PERFTRAIN_SCOPE("checkpoint");
     // Never a checkpoint from non-finite weights (the guard keeps them
@@ -252,7 +255,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       summary.health_warnings.push_back(msg);
       return;
     }
-    summary.last_checkpoint = save_checkpoint(run->ckpt_dir(), cfg, state, model, ema, runner.optimizer_state(), gen,
+    summary.last_checkpoint = save_checkpoint(run->ckpt_dir(), cfg, state, model, ema, optimizer_state, gen,
                                               cfg.log.keep_checkpoints);
     run->keep();
     plots();
