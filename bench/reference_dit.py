@@ -405,8 +405,7 @@ def run_bench(args, name, build, make_inputs, train_flops_per_image):
         import torch.distributed as dist
         rank_ms = [None] * world
         dist.all_gather_object(rank_ms, ms)
-        dist.barrier()
-        dist.destroy_process_group()
+        dist.barrier()  # print_bench ends the process (os._exit): no rank leaves while another still reads
         if rank != 0:
             return None
     flops = train_flops_per_image * B
@@ -435,8 +434,19 @@ def check_bench_args(args):
 
 
 def print_bench(r, args):
-    if r is None:  # a DDP rank other than 0
-        return
+    if getattr(args, "ddp", False):
+        # A DDP rank ends here without the interpreter's teardown: Gloo's threads, torn down at exit while the
+        # other rank is still closing its connections, abort the process now and then ("terminate called
+        # without an active exception") after a successful run.
+        if r is not None:
+            print_result(r, args)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    print_result(r, args)
+
+
+def print_result(r, args):
     if args.json:
         print(json.dumps(r))
     else:
