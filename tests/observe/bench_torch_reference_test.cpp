@@ -48,6 +48,34 @@ TEST(BenchTorchReference, CommandLine) {
   EXPECT_TRUE(contains(cmd, "--depth 6 --hidden 192 --heads 3 --patch 4")) << cmd;
 }
 
+// DistributedDataParallel: torch.distributed.run starts the ranks, without
+// the launch variables of a perftrain rank that runs it; its JSON's world
+// size and total img/s are read.
+TEST(BenchTorchReference, DdpCommandLineAndResult) {
+  auto r = request("DiT-XL/2", 28, 1152, 16, 2);
+  r.nproc = 2;
+  const auto cmd = torch_bench_command("/venv/bin/python", "/src/bench/reference_dit.py", r);
+  EXPECT_EQ(cmd.rfind("env -u RANK -u LOCAL_RANK -u WORLD_SIZE ", 0), 0u) << cmd;
+  for (const char* part : {" -u MASTER_ADDR", " -u MASTER_PORT",
+                           " '/venv/bin/python' -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2 "
+                           "'/src/bench/reference_dit.py' bench --model 'DiT-XL/2' ",
+                           " --batch 32"})
+    EXPECT_TRUE(contains(cmd, part)) << part << " missing in " << cmd;
+  EXPECT_EQ(cmd.substr(cmd.size() - 6), " --ddp") << cmd;
+  EXPECT_FALSE(contains(torch_bench_command("python3", "r.py", request("DiT-S/2", 12, 384, 6, 2)), "ddp"));
+
+  const auto row = parse_torch_bench_output(
+      "{\"ms_median\": 400.5, \"images_per_s\": 639.2, \"world_size\": 2, \"rank_ms_median\": [400.5, 401.0], "
+      "\"images_per_s_total\": 1276.9}",
+      r);
+  ASSERT_TRUE(row.ok()) << row.error;
+  EXPECT_EQ(row.world_size, 2);
+  EXPECT_DOUBLE_EQ(*row.images_per_s_total, 1276.9);
+  const auto one = parse_torch_bench_output("{\"ms_median\": 4.0}", r);  // an older script: one process
+  EXPECT_EQ(one.world_size, 1);
+  EXPECT_FALSE(one.images_per_s_total.has_value());
+}
+
 // A single-stream model: its own script, the explicit architecture (a
 // --set model.depth=... must reach the reference) and the condition shape.
 TEST(BenchTorchReference, SingleStreamCommandLine) {
