@@ -16,6 +16,9 @@
 #                 compute-sanitizer's memcheck, NCU=1 under Nsight Compute
 #   MODE=script   SCRIPT=<file> run by bash after the build, with BIN, FMNIST, RUNS, OUT and PY exported (a checked-in
 #                 or carried list of commands: e.g. the measurements an issue asks for); its output in script.log
+# Data parallel: BENCH_NPROC=N (bench and check) runs every bench case with --nproc-per-node N: the trainer's
+#   N-rank step on GPUs 0..N-1 beside each variant run by one process, with --against-torch DDP under
+#   torch.distributed.run (docs/guide/multi-gpu.md, Benchmark); on one GPU only N=1 (a one-rank NCCL group).
 # Settings: SETS="speed.attention=cudnn speed.gemm_tune=0" adds one bench or profile run per setting, by
 #   --set (a comma joins keys into one setting: "speed.recompute=true,speed.gemm_tune=0").
 # Nsight Compute: NCU_KERNEL (a kernel-name regex), NCU_SKIP and NCU_COUNT (launches skipped and profiled),
@@ -114,6 +117,7 @@ parse_case() {
   IFS=: read -r model batches latent tc dc <<< "$1"
   case_flags=()
   tag=$(echo "$model-$batches" | tr '/,' '-_')
+  [ -n "${BENCH_NPROC:-}" ] && tag+="-np$BENCH_NPROC"
   [ -n "$latent" ] && case_flags+=(--image-size "$latent") && tag+="-l$latent"
   [ -n "$tc" ] && case_flags+=(--set "model.cond_tokens=$tc") && tag+="-c$tc"
   [ -n "$dc" ] && case_flags+=(--set "model.cond_dim=$dc") && tag+="x$dc"
@@ -134,13 +138,13 @@ bench_case() {  # "DiT-S/2:32,256" (a case), setting (default or a SETS entry), 
   t0=$(date +%s)
   mapfile -t sets < <(set_flags "$setting")
   $BIN bench --model "$model" --batch "$batches" --out "$RUNS/bench-$tag" "${case_flags[@]}" "${sets[@]}" "$@" \
-    ${BENCH_ARGS:-} > "$OUT/bench-$tag.log" 2>&1
+    ${BENCH_NPROC:+--nproc-per-node "$BENCH_NPROC"} ${BENCH_ARGS:-} > "$OUT/bench-$tag.log" 2>&1
   local rc=$?
   tail -30 "$OUT/bench-$tag.log"
   cp "$RUNS/bench-$tag/bench.json" "$OUT/bench-$tag.json" 2>/dev/null
   cp "$RUNS/bench-$tag/bench.md" "$OUT/bench-$tag.md" 2>/dev/null
   for f in "$RUNS/bench-$tag"/torch-*.log; do [ -f "$f" ] && cp "$f" "$OUT/bench-$tag-$(basename "$f")"; done  # to logs.tgz
-  row "bench $label$(set_label "$setting")" "rc $rc, $(( $(date +%s) - t0 )) s; $(awk '$2 == "all" { printf "b%s all %s ms; ", $1, $3 }' "$OUT/bench-$tag.log")$(grep -E '^\S.* batch [0-9]+: .*speedup' "$OUT/bench-$tag.log" | sed -E 's/.*batch ([0-9]+):.*best torch ([a-z0-9-]+) ([0-9.]+) ms.*speedup ([0-9.]+x).*/b\1 vs torch \2 \3 ms: \4; /' | tr -d '\n')"
+  row "bench $label$(set_label "$setting")${BENCH_NPROC:+ x$BENCH_NPROC ranks}" "rc $rc, $(( $(date +%s) - t0 )) s; $(awk '$2 == "all" { printf "b%s all %s ms; ", $1, $3 }' "$OUT/bench-$tag.log")$(grep -E '^\S.* ranks?: .*scaling efficiency' "$OUT/bench-$tag.log" | sed -E 's/.*batch ([0-9]+) per rank, ([a-z0-9-]+), .*: ([0-9.]+) ms \(alone ([0-9.n/a]+).*img\/s per GPU, ([0-9.]+) img\/s total, scaling efficiency ([0-9.n/a%]+), exposed communication ([0-9.n/a]+) ms/b\1 \2 \3 ms (alone \4), \5 img\/s total, eff \6, exposed \7 ms; /' | tr -d '\n')$(grep -E '^\S.* batch [0-9]+: .*speedup' "$OUT/bench-$tag.log" | sed -E 's/.*batch ([0-9]+):.*best torch ([a-z0-9-]+) ([0-9.]+) ms.*speedup ([0-9.]+x).*/b\1 vs torch \2 \3 ms: \4; /' | tr -d '\n')"
 }
 
 ncu_run() {  # name, command...: Nsight Compute on the launches of NCU_KERNEL in the command
