@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 
 #include "base/error.h"
@@ -94,6 +95,15 @@ void GradBuckets::begin() {
   trace_.clear();
   std::fill(fired_.begin(), fired_.end(), 0);
   for (auto& b : buckets_) b->arrived = 0, b->sent = false, b->finisher = nullptr;
+}
+
+std::string GradBuckets::describe() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  char mb[32];
+  std::snprintf(mb, sizeof mb, "%g", opts_.bucket_mb);
+  std::string line = "gradients all-reduced in " + std::to_string(buckets_.size()) + " bucket" +
+                     (buckets_.size() == 1 ? "" : "s") + " of at most " + mb + " MB (dist.bucket_mb), ";
+  return line + (overlap_ ? "each sent as soon as backward has filled it" : note_);
 }
 
 std::vector<int64_t> GradBuckets::trace() const {
@@ -200,7 +210,7 @@ void GradBuckets::finish() {
     }
     if (twice < params_.size()) {
       overlap_ = false;
-      note_ = "gradients all-reduced after backward: parameter " + std::to_string(twice) +
+      note_ = "all sent after backward: parameter " + std::to_string(twice) +
               " gets its gradient more than once per backward";
     }
   }

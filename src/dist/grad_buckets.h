@@ -65,6 +65,9 @@ class GradBuckets {
   // unless a gradient arrived twice; note() says why not).
   bool overlapping() const { return overlap_ && backwards_ > 1; }
   const std::string& note() const { return note_; }
+  // One line for the log: how many buckets, and whether they leave during
+  // backward (or note()).
+  std::string describe() const;
   // The last backward, in order: a parameter's gradient arriving (its index
   // i >= 0) and a bucket sent (-(k + 1) for bucket k), finish() included.
   std::vector<int64_t> trace() const;

@@ -521,6 +521,9 @@ bool StepRunner::graph_active() const { return impl_->graph != nullptr; }
 
 bool StepRunner::weight_grad_stream() const { return impl_->weight_grad_stream; }
 const std::string& StepRunner::weight_grad_note() const { return impl_->weight_grad_note; }
+std::string StepRunner::data_parallel_note() const {
+  return impl_->buckets ? impl_->buckets->describe() : std::string();
+}
 
 void StepRunner::step(const data::Batch& batch) {
   PERFTRAIN_SCOPE("step");

@@ -101,6 +101,8 @@ class StepRunner {
   // uses a weight twice, and the note says so: "" otherwise).
   bool weight_grad_stream() const;
   const std::string& weight_grad_note() const;
+  // Data parallel: how the gradients are all-reduced (dist::GradBuckets::describe()); "" in one process.
+  std::string data_parallel_note() const;
 
   // Gradient health (health.monitor_every > 0; train/grad_monitor.h): the
   // statistics of the monitored steps whose copy to the host has finished

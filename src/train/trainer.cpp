@@ -326,6 +326,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
       log << "first step done " << summary.first_step_s << " s after start\n";
       if (!runner.weight_grad_note().empty()) log << runner.weight_grad_note() << "\n";
     }
+    if (group && step == summary.first_step + 1) log << runner.data_parallel_note() << "\n";  // after the observing step
     if (step > summary.first_step && (step % cfg.log.every == 0 || step == cfg.optim.steps || stop)) {
       PERFTRAIN_SCOPE("log_window");
       WindowStats w = runner.take_window();  // the one host sync per window

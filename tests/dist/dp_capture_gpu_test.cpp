@@ -59,7 +59,7 @@ train::TrainConfig tiny() {
 struct Trained {
   std::vector<double> losses;
   std::vector<at::Tensor> weights;
-  std::string graph_status;
+  std::string graph_status, data_parallel_note;
   bool weight_grad_stream = false;
 };
 
@@ -87,6 +87,7 @@ Trained train_steps(const train::TrainConfig& c, const std::vector<data::Batch>&
     t.losses.push_back(r.take_window().loss);
   }
   t.graph_status = r.graph_status();
+  t.data_parallel_note = r.data_parallel_note();
   t.weight_grad_stream = r.weight_grad_stream();
   for (auto& p : model.parameters()) t.weights.push_back(p.detach().clone());
   for (auto& p : ema.parameters()) t.weights.push_back(p.detach().clone());
@@ -113,6 +114,9 @@ TEST(DistGpu, OneRankGroupStepIsCapturedAndTrainsLikeNoGroup) {
     const Trained grouped = train_steps(c, data, group.get());
     std::printf("%s: without group: %s; with group: %s; weight-grad stream %d\n", mode.c_str(),
                 alone.graph_status.c_str(), grouped.graph_status.c_str(), grouped.weight_grad_stream ? 1 : 0);
+    std::printf("%s: %s\n", mode.c_str(), grouped.data_parallel_note.c_str());
+    EXPECT_NE(grouped.data_parallel_note.find("each sent as soon as backward has filled it"), std::string::npos)
+        << grouped.data_parallel_note;
     if (graph) {
       EXPECT_EQ(grouped.graph_status.rfind("captured at step", 0), 0u) << grouped.graph_status;
     } else {
