@@ -4,13 +4,13 @@
 // 3 ranks against one unsharded optimizer; and the step runner with sharding
 // on, through a real NCCL group of one rank (the only group one GPU allows:
 // degenerate, but the broadcast, the state gather and the log line run),
-// trains as the unsharded runner does. Skips without a GPU.
-#include <gtest/gtest.h>
-
+// trains as the unsharded runner does, eager and captured in the step's CUDA
+// graph. Skips without a GPU.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <map>
@@ -44,18 +44,17 @@ TrainConfig tiny() {
                         "model.in_channels=4", "model.num_classes=5", "train.batch_size=8", "train.lr=1e-3",
                         "train.grad_clip=0.5", "train.warmup_steps=2", "train.weight_decay=0.01"})
     apply_override(c, o);
-  c.speed.graph = false;  // the data-parallel step is eager (both sides the same)
   return c;
 }
 
-struct Run {
+struct TrainedRun {
   std::vector<double> losses;
   std::vector<at::Tensor> weights;  // model then EMA
   std::vector<std::pair<std::string, at::Tensor>> state;
-  std::string sharding;
+  std::string sharding, graph_status;
 };
 
-Run train(const TrainConfig& c, dist::Group& group, const std::vector<data::Batch>& data) {
+TrainedRun train(const TrainConfig& c, dist::Group& group, const std::vector<data::Batch>& data) {
   const at::Device cuda(at::kCUDA, 0);
   models::DiT model(c.model, 7), ema(c.model, 7);
   model.transform([&](const std::string&, const at::Tensor& t) { return t.to(cuda); });
@@ -73,7 +72,7 @@ Run train(const TrainConfig& c, dist::Group& group, const std::vector<data::Batc
   StepOptions o;
   o.group = &group;
   StepRunner r(model, &ema, c, o, cuda, gen);
-  Run out;
+  TrainedRun out;
   for (const auto& b : data) {
     r.step(b);
     out.losses.push_back(r.take_window().loss);
@@ -82,6 +81,7 @@ Run train(const TrainConfig& c, dist::Group& group, const std::vector<data::Batc
   for (auto& p : ema.parameters()) out.weights.push_back(p.detach().cpu());
   for (auto& [k, t] : r.optimizer_state()) out.state.emplace_back(k, t.cpu());
   out.sharding = r.optimizer_sharding();
+  out.graph_status = r.graph_status();
   return out;
 }
 
@@ -103,30 +103,40 @@ TEST(Zero1Gpu, NcclOneRankShardedRunnerTrainsAsUnsharded) {
     b.y = at::randint(5, {8}, at::kLong);
     data.push_back(b);
   }
-  const Run plain = train(c, group, data);
-  c.dist.shard_optimizer = true;
-  const Run sharded = train(c, group, data);
-  std::printf("sharding line: %s\n", sharded.sharding.c_str());
-  EXPECT_TRUE(plain.sharding.empty());
-  EXPECT_NE(sharded.sharding.find("optimizer state sharded over 1 ranks"), std::string::npos) << sharded.sharding;
-  double loss_diff = 0, weight_diff = 0, state_diff = 0;
-  ASSERT_EQ(plain.losses.size(), sharded.losses.size());
-  for (size_t i = 0; i < plain.losses.size(); ++i)
-    loss_diff = std::max(loss_diff, std::abs(plain.losses[i] - sharded.losses[i]));
-  for (size_t i = 0; i < plain.weights.size(); ++i)
-    weight_diff = std::max(weight_diff, plain.weights[i].sub(sharded.weights[i]).abs().max().item<double>());
-  std::map<std::string, at::Tensor> ps(plain.state.begin(), plain.state.end());
-  ASSERT_EQ(plain.state.size(), sharded.state.size());
-  for (const auto& [k, t] : sharded.state) {
-    ASSERT_TRUE(ps.count(k)) << k;
-    state_diff = std::max(state_diff, t.sub(ps[k]).abs().max().item<double>());
+  for (const bool graph : {false, true}) {
+    c.speed.graph = graph;
+    c.dist.shard_optimizer = false;
+    const TrainedRun plain = train(c, group, data);
+    c.dist.shard_optimizer = true;
+    const TrainedRun sharded = train(c, group, data);
+    std::printf("%s: sharding line: %s\nstep: %s (unsharded: %s)\n", graph ? "graph" : "eager",
+                sharded.sharding.c_str(), sharded.graph_status.c_str(), plain.graph_status.c_str());
+    if (graph) {
+      EXPECT_EQ(sharded.graph_status.rfind("captured", 0), 0u) << sharded.graph_status;
+      EXPECT_EQ(plain.graph_status.rfind("captured", 0), 0u) << plain.graph_status;
+    }
+    EXPECT_TRUE(plain.sharding.empty());
+    EXPECT_NE(sharded.sharding.find("optimizer state sharded over 1 ranks"), std::string::npos) << sharded.sharding;
+    double loss_diff = 0, weight_diff = 0, state_diff = 0;
+    ASSERT_EQ(plain.losses.size(), sharded.losses.size());
+    for (size_t i = 0; i < plain.losses.size(); ++i)
+      loss_diff = std::max(loss_diff, std::abs(plain.losses[i] - sharded.losses[i]));
+    for (size_t i = 0; i < plain.weights.size(); ++i)
+      weight_diff = std::max(weight_diff, plain.weights[i].sub(sharded.weights[i]).abs().max().item<double>());
+    std::map<std::string, at::Tensor> ps(plain.state.begin(), plain.state.end());
+    ASSERT_EQ(plain.state.size(), sharded.state.size());
+    for (const auto& [k, t] : sharded.state) {
+      ASSERT_TRUE(ps.count(k)) << k;
+      state_diff = std::max(state_diff, t.sub(ps[k]).abs().max().item<double>());
+    }
+    std::printf(
+        "%s: NCCL one rank, sharded vs unsharded after %zu steps: max |loss diff| %.3g, weights+EMA %.3g, "
+        "optimizer state %.3g\n",
+        graph ? "graph" : "eager", data.size(), loss_diff, weight_diff, state_diff);
+    EXPECT_LT(loss_diff, 1e-5) << graph;
+    EXPECT_LT(weight_diff, 1e-5) << graph;
+    EXPECT_LT(state_diff, 1e-5) << graph;
   }
-  std::printf("NCCL one rank, sharded vs unsharded after %zu steps: max |loss diff| %.3g, weights+EMA %.3g, "
-              "optimizer state %.3g\n",
-              data.size(), loss_diff, weight_diff, state_diff);
-  EXPECT_LT(loss_diff, 1e-5);
-  EXPECT_LT(weight_diff, 1e-5);
-  EXPECT_LT(state_diff, 1e-5);
 }
 
 }  // namespace
