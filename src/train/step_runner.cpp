@@ -372,11 +372,8 @@ struct StepRunner::Impl {
       auto g = std::make_unique<at::cuda::CUDAGraph>();
       try {
         g->register_generator_state(gen);
-        // Data parallel: NCCL's watchdog thread queries its events during
-        // the capture, which the global mode would forbid.
-        const auto mode = opts.group != nullptr ? cudaStreamCaptureModeThreadLocal : cudaStreamCaptureModeGlobal;
-        if (monitored) g->capture_begin(graph->pool(), mode);  // the two graphs never run at once
-        else g->capture_begin({0, 0}, mode);
+        if (monitored) g->capture_begin(graph->pool());  // the two graphs never run at once
+        else g->capture_begin();
         try {
           body(x_static, y_static, cond_static, len_static);
         } catch (...) {

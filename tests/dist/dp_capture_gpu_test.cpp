@@ -183,7 +183,7 @@ TEST(DistGpu, CapturedBucketsReplayLikeEager) {
       buckets.finish();
     }
     clear();
-    graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    graph.capture_begin();  // the global mode, as the step runner's
     buckets.begin();
     loss_of(x_static).backward();
     buckets.finish();
