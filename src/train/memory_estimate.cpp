@@ -114,7 +114,8 @@ std::string MemoryEstimate::breakdown() const {
   return out;
 }
 
-MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const std::string& precision_in) {
+MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const std::string& precision_in,
+                                        int optimizer_shards) {
   const auto& m = cfg.model;
   const auto& sp = cfg.speed;
   const std::string precision = resolved_precision(precision_in, cuda);
@@ -197,18 +198,20 @@ MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const
   const double activations = L * per_block + extra;
   const double workspaces = cuda ? 40.0 * 1024 * 1024 : 0;  // cuBLASLt: 32 MiB main stream, 8 MiB side
 
+  // ZeRO-1 (train/sharded_optimizer.h): whole tensors per rank, so about 1/N.
+  const double moments = 8 * P / std::max(1, optimizer_shards);
   MemoryEstimate est;
   est.batch_size = cfg.optim.batch_size;
   const double B = static_cast<double>(cfg.optim.batch_size);
   est.parts = {{"parameters", 4 * P + fixed_tables},
                {"gradients", 4 * P},
-               {"optimizer moments", 8 * P},
+               {"optimizer moments", moments},
                {"EMA model", 4 * P + fixed_tables},
                {shadows ? "bf16 weight copies" : half ? "16-bit weight casts" : "stacked weight copies", weight_copies},
                {"activations", activations * B},
                {"backward working set", working * B + workspaces},
                {"batches", batches * B}};
-  est.fixed_bytes = 4 * P + fixed_tables + 4 * P + 8 * P + 4 * P + fixed_tables + weight_copies + workspaces;
+  est.fixed_bytes = 4 * P + fixed_tables + 4 * P + moments + 4 * P + fixed_tables + weight_copies + workspaces;
   est.per_sample_bytes = activations + working + batches;
   return est;
 }
@@ -235,8 +238,9 @@ double memory_available_for_training(bool cuda) {
   return std::max(0.0, static_cast<double>(pages) * static_cast<double>(page) - kCpuReserveBytes);
 }
 
-void check_memory_fits(const TrainConfig& cfg, bool cuda, const std::string& precision, double available_bytes) {
-  const MemoryEstimate est = estimate_training_memory(cfg, cuda, precision);
+void check_memory_fits(const TrainConfig& cfg, bool cuda, const std::string& precision, double available_bytes,
+                       int optimizer_shards) {
+  const MemoryEstimate est = estimate_training_memory(cfg, cuda, precision, optimizer_shards);
   if (est.total_bytes() <= available_bytes) return;
   const std::string where = cuda ? "the GPU has " + bytes_text(available_bytes) + " free for it"
                                  : "this machine has " + bytes_text(available_bytes) + " of memory";
@@ -244,7 +248,7 @@ void check_memory_fits(const TrainConfig& cfg, bool cuda, const std::string& pre
   if (!cfg.speed.recompute) {
     TrainConfig with = cfg;
     with.speed.recompute = true;
-    const MemoryEstimate r = estimate_training_memory(with, cuda, precision);
+    const MemoryEstimate r = estimate_training_memory(with, cuda, precision, optimizer_shards);
     if (r.total_bytes() <= available_bytes)
       suggestion = "speed.recompute=true (--recompute) fits it (about " + bytes_text(r.total_bytes()) + "); ";
   }

@@ -43,7 +43,10 @@ struct MemoryEstimate {
 // The step of cfg on a CUDA device (cuda) or the CPU. precision is
 // train.precision ("auto" resolves to bf16 on CUDA, fp32 on the CPU). In
 // doubles, so an absurd batch gives an absurd number rather than an overflow.
-MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const std::string& precision);
+// optimizer_shards: the ranks the AdamW moments are spread over
+// (dist.shard_optimizer: WORLD_SIZE; 1 otherwise).
+MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const std::string& precision,
+                                        int optimizer_shards = 1);
 
 // The largest batch whose estimate fits in available_bytes (0 when not even
 // one sample does).
@@ -57,7 +60,8 @@ double memory_available_for_training(bool cuda);
 // Throws UsageError naming train.batch_size, the estimate with its breakdown,
 // the memory available and a suggestion that fits (speed.recompute = true,
 // or the largest batch that fits) when the estimate exceeds available_bytes.
-void check_memory_fits(const TrainConfig& cfg, bool cuda, const std::string& precision, double available_bytes);
+void check_memory_fits(const TrainConfig& cfg, bool cuda, const std::string& precision, double available_bytes,
+                       int optimizer_shards = 1);
 
 // "1.50 GiB" (or MiB, TiB, PiB).
 std::string bytes_text(double bytes);

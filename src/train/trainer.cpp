@@ -127,7 +127,8 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   {
     TrainConfig per_rank = cfg;  // what one process holds
     per_rank.optim.batch_size /= launch.world_size;
-    check_memory_fits(per_rank, device.is_cuda(), precision, memory_available_for_training(device.is_cuda()));
+    check_memory_fits(per_rank, device.is_cuda(), precision, memory_available_for_training(device.is_cuda()),
+                      cfg.dist.shard_optimizer ? launch.world_size : 1);
   }
   // From here a first SIGINT/SIGTERM stops the run after its current step.
   std::optional<StopSignals> stop_signals;

@@ -7,6 +7,10 @@
 #include <algorithm>
 #include <numeric>
 
+#include "base/error.h"
+#include "support/test_support.h"
+#include "train/config.h"
+#include "train/memory_estimate.h"
 #include "train/sharded_optimizer_sim.h"
 
 namespace perftrain::train {
@@ -45,6 +49,30 @@ TEST(ShardedDeviceOptimizer, RanksTogetherEqualOneOptimizerCpu) {
     // Each rank holds a share of the moments: fewer state tensors than the whole.
     EXPECT_LT(r.state_tensors_sharded, r.state_tensors_whole) << world;
   }
+}
+
+// The memory check counts 1/N of the moments per rank, so a model whose
+// whole state does not fit may start sharded.
+TEST(ShardedMemoryEstimate, MomentsSplitOverTheRanks) {
+  TrainConfig c = default_config(true);
+  apply_override(c, "model.name=\"DiT-XL/2\"");
+  c.model.image_size = 32, c.model.in_channels = 4, c.model.num_classes = 1000, c.optim.batch_size = 8;
+  const double P = static_cast<double>(c.model.parameter_count(true));
+  const MemoryEstimate one = estimate_training_memory(c, true, "bf16");
+  const MemoryEstimate four = estimate_training_memory(c, true, "bf16", 4);
+  auto moments = [](const MemoryEstimate& e) {
+    for (const auto& [what, bytes] : e.parts)
+      if (what == "optimizer moments") return bytes;
+    return -1.0;
+  };
+  EXPECT_EQ(moments(one), 8 * P);
+  EXPECT_EQ(moments(four), 2 * P);
+  EXPECT_EQ(one.fixed_bytes - four.fixed_bytes, 6 * P);
+  const double between = four.total_bytes() + 3 * P;  // fits sharded, not whole
+  check_memory_fits(c, true, "bf16", between, 4);
+  const std::string msg =
+      perftrain::testing::error_of<UsageError>([&] { check_memory_fits(c, true, "bf16", between, 1); });
+  EXPECT_NE(msg.find("train.batch_size"), std::string::npos) << msg;
 }
 
 }  // namespace
