@@ -591,8 +591,9 @@ void add_bench_command(CLI::App& app) {
                   "data parallel: start this many ranks on this host (one per GPU) and time the trainer's "
                   "multi-process step, batch per rank, beside each variant run by one process alone; with "
                   "--against-torch the reference under DistributedDataParallel (docs/guide/multi-gpu.md). "
-                  "Under torchrun leave it out: each process is a rank")
-      ->check(CLI::Range(1, 1024));
+                  "Under torchrun leave it out: each process is a rank; 0: this process alone")
+      ->check(CLI::Range(0, 1024).description(""))
+      ->default_str("0");
   cmd->callback([a] { run(*a); });
 }
 
