@@ -444,10 +444,12 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
   }
   s.execution = dit_execution(speed, cuda);
   if (!model.has_fused_path()) s.execution.fused_kernels = s.execution.gelu_recompute = false;
-  // The products' rows: every token of the sequence (a single-stream model's condition tokens too).
+  // The products' rows: every token of this process's samples (a
+  // single-stream model's condition tokens too; batch_size is the global
+  // batch, of which each data-parallel rank holds 1/N).
+  const int64_t rows_per_rank = cfg.optim.batch_size / (opts.group != nullptr ? opts.group->world_size() : 1);
   s.weight_grad_stream = s.execution.fused_kernels && !speed.recompute &&
-                         ops::weight_grad_overlap_for(cfg.optim.batch_size * cfg.model.sequence_tokens(),
-                                                      cfg.model.hidden);
+                         ops::weight_grad_overlap_for(rows_per_rank * cfg.model.sequence_tokens(), cfg.model.hidden);
 
   s.params = model.parameters();
   if (ema != nullptr) s.ema_params = ema->parameters();
