@@ -25,6 +25,7 @@
 
 #include "base/fs.h"
 #include "io/safetensors.h"
+#include "cli/dist_runs.h"
 #include "support/test_support.h"
 
 namespace {
@@ -41,26 +42,9 @@ const std::string kTiny =
     " --set log.sample_every=0 --set log.every=1 --set log.sample_per_class=1 --set log.sample_classes=2"
     " --set diffusion.sample_steps=1 --set log.tensorboard=false --set dist.timeout_s=30 --set log.checkpoint_every=0";
 
-perftrain::testing::CommandResult run(const std::string& args) {
-  return perftrain::testing::run_shell("timeout -k 5 120 " + std::string(PERFTRAIN_BINARY) + " " + args);
-}
-
-std::vector<double> losses(const std::string& run_dir) {
-  std::ifstream f(run_dir + "/metrics.jsonl");
-  std::vector<double> out;
-  std::string line;
-  while (std::getline(f, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
-  }
-  return out;
-}
-
-std::string latest(const std::string& run_dir) {
-  std::string name = read_raw(run_dir + "/ckpt/latest");
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  return run_dir + "/ckpt/" + name;
-}
+using perftrain::testing::dist_runs::latest;
+using perftrain::testing::dist_runs::losses;
+using perftrain::testing::dist_runs::run;
 
 // The largest |a - b| over every tensor of two checkpoints' file.
 double max_weight_diff(const std::string& a_dir, const std::string& b_dir, const char* file) {

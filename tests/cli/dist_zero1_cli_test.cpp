@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "cli/dist_runs.h"
 #include "support/test_support.h"
 
 namespace {
@@ -33,26 +34,9 @@ const std::string kTiny =
     " --set diffusion.sample_steps=1 --set log.tensorboard=false --set dist.timeout_s=30 --set log.checkpoint_every=0";
 const std::string kShard = " --set dist.shard_optimizer=true";
 
-perftrain::testing::CommandResult run(const std::string& args) {
-  return perftrain::testing::run_shell("timeout -k 5 120 " + std::string(PERFTRAIN_BINARY) + " " + args);
-}
-
-std::vector<double> losses(const std::string& run_dir) {
-  std::ifstream f(run_dir + "/metrics.jsonl");
-  std::vector<double> out;
-  std::string line;
-  while (std::getline(f, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
-  }
-  return out;
-}
-
-std::string latest(const std::string& run_dir) {
-  std::string name = read_raw(run_dir + "/ckpt/latest");
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  return run_dir + "/ckpt/" + name;
-}
+using perftrain::testing::dist_runs::latest;
+using perftrain::testing::dist_runs::losses;
+using perftrain::testing::dist_runs::run;
 
 // The largest |a - b| over the floating tensors of two checkpoints' file, which must hold the same names.
 double max_diff(const std::string& a_dir, const std::string& b_dir, const char* file) {
