@@ -214,8 +214,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainOptions& opts, s
   if (group)
     log << "data parallel: " << launch.world_size << " processes (master " << launch.master_addr << ":"
         << launch.master_port << "), global batch " << cfg.optim.batch_size << " = " << launch.world_size << " x "
-        << cfg.optim.batch_size / launch.world_size << "; rank 0 writes the run directory"
-        << (device.is_cuda() ? "; the step is not captured in a CUDA graph yet" : "") << "\n";
+        << cfg.optim.batch_size / launch.world_size << "; rank 0 writes the run directory\n";
   if (!runner.optimizer_sharding().empty()) log << runner.optimizer_sharding() << "\n";
 
   data::BatchLoader loader(*dataset, cfg.optim.batch_size, cfg.optim.seed, state.position,
