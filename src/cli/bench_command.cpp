@@ -369,10 +369,7 @@ void run(BenchArgs a) {
     std::cout.flush();
     std::exit(launch_ranks(a.nproc, args));
   }
-  const int64_t local_world = [&] {
-    const char* v = std::getenv("LOCAL_WORLD_SIZE");  // torchrun's, and the launcher's
-    return v != nullptr && std::atoi(v) > 0 ? static_cast<int64_t>(std::atoi(v)) : launch.world_size;
-  }();
+  const int64_t local_world = launch.local_world_size;
   // On the CPU the ranks share the cores: each its share, the one-process rows too.
   if (dp && !cuda)
     at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency() / local_world)));

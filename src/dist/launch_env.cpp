@@ -52,6 +52,12 @@ LaunchEnv launch_env_from(const std::function<const char*(const char*)>& getenv)
   if (env.local_rank > env.rank)
     throw UsageError("LOCAL_RANK=" + std::to_string(env.local_rank) + " must not exceed RANK=" +
                      std::to_string(env.rank) + " (a host's processes are numbered within the global ranks)");
+  const char* local_world = getenv("LOCAL_WORLD_SIZE");
+  env.local_world_size =
+      local_world == nullptr
+          ? env.world_size
+          : static_cast<int>(parse_int("LOCAL_WORLD_SIZE", local_world, 1, env.world_size,
+                                       "in [1, WORLD_SIZE] = [1, " + std::to_string(env.world_size) + "]"));
   env.master_port = static_cast<int>(parse_int("MASTER_PORT", getenv("MASTER_PORT"), 1, 65535, "in 1..65535"));
   env.master_addr = getenv("MASTER_ADDR");
   if (env.master_addr.empty()) throw UsageError("MASTER_ADDR is empty: the host name or address of rank 0");

@@ -13,6 +13,9 @@ struct LaunchEnv {
   int rank = 0;
   int local_rank = 0;  // the GPU index on this host
   int world_size = 1;
+  // Processes on this host: LOCAL_WORLD_SIZE where set (torchrun and
+  // perftrain's launcher set it), else world_size.
+  int local_world_size = 1;
   std::string master_addr;
   int master_port = 0;
   bool from_env = false;  // the variables were set (also with WORLD_SIZE=1)
@@ -22,7 +25,8 @@ struct LaunchEnv {
   std::string describe() const;
 };
 
-// Reads the five variables through getenv (a function for the tests).
+// Reads the five variables through getenv (a function for the tests), and
+// LOCAL_WORLD_SIZE, optional, in [1, WORLD_SIZE].
 // UsageError naming the variable when some are set and others not, a value
 // is not an integer in range (RANK and LOCAL_RANK in [0, WORLD_SIZE),
 // LOCAL_RANK <= RANK, MASTER_PORT in 1..65535) or MASTER_ADDR is empty.

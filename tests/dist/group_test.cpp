@@ -54,6 +54,10 @@ TEST(LaunchEnv, ReadsAllFive) {
   EXPECT_EQ(e.master_addr, "node7");
   EXPECT_EQ(e.master_port, 29500);
   EXPECT_EQ(e.describe(), "rank 2 of 4 (master node7:29500)");
+  EXPECT_EQ(e.local_world_size, 4);  // LOCAL_WORLD_SIZE unset: one host
+  auto vars = good();
+  vars["LOCAL_WORLD_SIZE"] = "2";
+  EXPECT_EQ(env_of(vars).local_world_size, 2);
 }
 
 TEST(LaunchEnv, BadValuesNameTheVariable) {
@@ -75,6 +79,9 @@ TEST(LaunchEnv, BadValuesNameTheVariable) {
       {"MASTER_PORT", "65536", "MASTER_PORT='65536' must be an integer in 1..65535"},
       {"MASTER_PORT", "0", "MASTER_PORT='0'"},
       {"MASTER_ADDR", "", "MASTER_ADDR is empty"},
+      {"LOCAL_WORLD_SIZE", "5", "LOCAL_WORLD_SIZE='5' must be an integer in [1, WORLD_SIZE] = [1, 4]"},
+      {"LOCAL_WORLD_SIZE", "0", "LOCAL_WORLD_SIZE='0'"},
+      {"LOCAL_WORLD_SIZE", "2x", "LOCAL_WORLD_SIZE='2x'"},
   };
   for (const auto& c : cases) {
     auto vars = good();
