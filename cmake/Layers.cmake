@@ -55,7 +55,9 @@ function(perftrain_tests layer)
       endif()
       add_executable(${exe} ${_${kind}})
       target_link_libraries(${exe} PRIVATE ${ARGN} perftrain_test_support GTest::gtest_main)
-      gtest_discover_tests(${exe} DISCOVERY_MODE PRE_TEST
+      # Listing the tests loads libtorch: from a cold disk on a 2-core machine
+      # that took longer than the 5 s default, so the first ctest failed.
+      gtest_discover_tests(${exe} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 600
         TEST_PREFIX "${layer}." PROPERTIES LABELS ${kind}
         WORKING_DIRECTORY "${CMAKE_SOURCE_DIR}")
     endif()
