@@ -15,26 +15,20 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-using detail::check_heads;
-using detail::cudnn_backward;
-using detail::cudnn_eligible;
-using detail::cudnn_forward;
-using detail::note_refusal;
-using detail::pack_dqkv;
 
 // bias: undefined, or key_bias()'s [B, 1, 1, T] (no gradient).
 struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                             const std::optional<at::Tensor>& bias) {
-    return cudnn_forward(ctx, qkv, heads, {}, bias.value_or(at::Tensor()));
+    return detail::cudnn_forward(ctx, qkv, heads, {}, bias.value_or(at::Tensor()));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
     const at::Tensor& qkv = s[0];
     const int64_t heads = ctx->saved_data["heads"].toInt();
-    const auto d = cudnn_backward(ctx, s, 0, grads[0]);
-    return {pack_dqkv(d, qkv.size(0), qkv.size(1), heads, qkv.size(2) / 3), at::Tensor(), at::Tensor()};
+    const auto d = detail::cudnn_backward(ctx, s, 0, grads[0]);
+    return {detail::pack_dqkv(d, qkv.size(0), qkv.size(1), heads, qkv.size(2) / 3), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -78,7 +72,7 @@ at::Tensor attention_key_bias(const at::Tensor& key_mask, at::ScalarType dtype) 
 at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_mask,
                          const at::Tensor& key_bias_in) {
   if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) throw UsageError("qkv_attention: qkv must be [B, T, 3D]");
-  check_heads("qkv_attention", qkv.size(2) / 3, heads);
+  detail::check_heads("qkv_attention", qkv.size(2) / 3, heads);
   const at::Tensor mask = key_mask.defined() ? key_mask_4d(key_mask, qkv.size(0), qkv.size(1), qkv.device()) : at::Tensor();
   const bool masked = mask.defined();
   if (key_bias_in.defined()) {
@@ -95,7 +89,7 @@ at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor&
                        std::string(c10::toString(key_bias_in.scalar_type())) + " " + c10::str(key_bias_in.sizes()) +
                        (masked ? "" : " without a key_mask"));
   }
-  if (!cudnn_eligible(qkv, masked) || !qkv.is_contiguous()) return self_attention(qkv, heads, mask);
+  if (!detail::cudnn_eligible(qkv, masked) || !qkv.is_contiguous()) return self_attention(qkv, heads, mask);
   // cuDNN's masked backward turns dq NaN at T % 128 == 64 when a query's
   // logsumexp is below about -88.7 (PyTorch issue 196678; reproduced on the
   // H200 by QkvAttentionGpu.CudnnKeyMaskBackwardFiniteAtVeryNegativeLogsumexp):
@@ -107,7 +101,7 @@ at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor&
                : std::nullopt;
     return CudnnAttention::apply(qkv, heads, bias);
   } catch (const std::exception& e) {
-    note_refusal(qkv, e, masked);
+    detail::note_refusal(qkv, e, masked);
     return self_attention(qkv, heads, mask);
   }
 }
