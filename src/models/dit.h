@@ -4,11 +4,13 @@
 // c = t_embed(t) + y_embed(y) -> final adaLN layer -> unpatchify.
 // The model knows nothing of how it is run: precision (autocast), capture,
 // label dropout and the execution plan (DiTExecution) come from outside.
+// This file is the plain forward, the reference's code in ATen; with
+// DiTExecution::fused_kernels the model hands its modules to the fused
+// schedule (models/fused/dit_fused.h, built from the block pieces of
+// models/fused/dit_block.h).
 #pragma once
 
 #include <memory>
-#include <utility>
-#include <vector>
 
 #include "models/diffusion_model.h"
 #include "models/dit_config.h"
@@ -23,22 +25,11 @@ namespace perftrain::models {
 class DiTBlock : public nn::Module {
  public:
   DiTBlock(const DiTConfig& cfg, at::Generator& gen);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& c) const;  // x [B,T,D], c [B,D]
-  // The same function through the fused ops (src/ops): adaLN LayerNorm,
-  // cuBLASLt products with bias/GELU epilogues, gated residuals. Matrix
-  // operands in the autocast dtype (or x's dtype without autocast).
-  // keep_activation: gelu_mlp's (false: GELU again in backward).
-  at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& c, bool keep_activation = true) const;
-  // Pieces of forward_fused, so the model can chain blocks: the six
-  // modulation vectors; the attention half from x and its modulated norm h
-  // -> (x1, the MLP's modulated norm of x1); the MLP of that norm, without
-  // fc2's bias (the gated residual that follows adds it).
-  std::vector<at::Tensor> modulation(const at::Tensor& c, at::ScalarType act) const;
-  // The same from silu(c) already in the compute dtype (shared by the blocks).
-  std::vector<at::Tensor> modulation_of_silu(const at::Tensor& silu_c) const;
-  std::pair<at::Tensor, at::Tensor> attention_half(const at::Tensor& x, const at::Tensor& h,
-                                                   const std::vector<at::Tensor>& mod, at::ScalarType act) const;
-  at::Tensor mlp_half(const at::Tensor& h2, bool keep_activation = true) const;
+  // x [B, T, D], c [B, D] -> [B, T, D]. With exec.fused_kernels the same
+  // function through the fused schedule (models/fused/dit_block.h:
+  // fused::dit_block); this block's hooks fire either way, its children's
+  // only on the plain path.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& c, const DiTExecution& exec = {}) const;
 
   nn::SelfAttention attn;
   nn::Mlp mlp;
@@ -48,12 +39,9 @@ class DiTBlock : public nn::Module {
 class FinalLayer : public nn::Module {
  public:
   FinalLayer(const DiTConfig& cfg, at::Generator& gen);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& c) const;  // -> [B, T, p*p*out]
-  // The same through the fused ops, from silu(c) in the compute dtype: the
-  // shift and scale; the product on the modulated norm h; both together.
-  std::vector<at::Tensor> modulation_of_silu(const at::Tensor& silu_c) const;
-  at::Tensor product(const at::Tensor& h) const;
-  at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& silu_c, at::ScalarType act) const;
+  // x [B, T, D], c [B, D] -> [B, T, p*p*out]; with exec.fused_kernels through
+  // the fused ops (models/fused/dit_fused.h: fused::dit_final_layer).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& c, const DiTExecution& exec = {}) const;
 
   nn::Linear linear;
   nn::SiLULinear adaLN_modulation;  // c -> shift, scale
@@ -79,16 +67,21 @@ class DiT : public DiffusionModel {
   const DiTConfig& config() const override { return cfg_; }
   bool has_fused_path() const override { return true; }
 
+  // The blocks in turn as exec says, each in a "block i" profiler range
+  // (base/scope.h) and, with exec.recompute, under ops::recompute (its
+  // activations made again in backward): h [B, T, D] -> [B, T, D]. h by
+  // value: each block's input is let go once the next one has it.
+  at::Tensor run_blocks(at::Tensor h, const at::Tensor& c, const DiTExecution& exec) const;
+
  private:
   DiT(const DiTConfig& cfg, at::Generator gen);
   at::Tensor unpatchify(const at::Tensor& x) const;  // [B, T, p*p*c] -> [B, c, H, W]
 
-  at::Tensor run_block(size_t i, const at::Tensor& h, const at::Tensor& c, const DiTExecution& exec) const;
-  // The fused blocks and the final layer, chained: -> [B, T, p*p*out].
-  at::Tensor run_blocks_chained(const at::Tensor& h, const at::Tensor& c, at::ScalarType act,
-                                bool keep_activation) const;
-
   DiTConfig cfg_;
+
+ public:
+  // The modules, public as the reference's attributes are: the fused
+  // schedule (models/fused/dit_fused.h) reads them.
   at::Tensor pos_embed;  // [1, T, D], fixed (not trainable) but in the state_dict
   nn::PatchEmbed x_embedder;
   nn::TimestepEmbedder t_embedder;

@@ -18,16 +18,9 @@
 #include <vector>
 
 #include "base/error.h"
-#include "compat/compat.h"
+#include "models/fused/single_stream_fused.h"
 #include "nn/rotary.h"
-#include "ops/linear.h"
-#include "ops/qk_norm_rope.h"
-#include "ops/qkv_attention.h"
 #include "ops/recompute.h"
-#include "ops/residual_rms_adaln.h"
-#include "ops/rms_adaln.h"
-#include "ops/stacked_linear.h"
-#include "ops/swiglu.h"
 
 namespace perftrain::models {
 namespace {
@@ -72,14 +65,6 @@ at::Tensor SingleStreamAttention::forward(const at::Tensor& x_in, const at::Tens
   });
 }
 
-at::Tensor SingleStreamAttention::attention_fused(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
-                                                  const at::Tensor& mask, const at::Tensor& key_bias) const {
-  // The packed qkv [B, T, 3D] normalised and rotated in one pass, and the
-  // attention reading q, k, v from it in place.
-  const at::Tensor packed = ops::qk_norm_rope(ops::linear(h, qkv.weight), heads_, q_norm.weight, k_norm.weight, cos, sin);
-  return ops::qkv_attention(packed, heads_, mask, key_bias);  // [B, T, D]
-}
-
 SingleStreamBlock::SingleStreamBlock(const DiTConfig& cfg, at::Generator& gen)
     : attn_norm(cfg.hidden, gen),
       attn(cfg.hidden, cfg.heads, gen),
@@ -108,34 +93,6 @@ at::Tensor SingleStreamBlock::forward(const at::Tensor& x_in, const at::Tensor& 
     h = ffn_norm.forward(x1) * (1 + mod[2].unsqueeze(1));
     return x1 + at::tanh(mod[3]).unsqueeze(1) * ffn_post_norm.forward(ffn.forward(h));
   });
-}
-
-at::Tensor SingleStreamBlock::attention_branch(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
-                                               const at::Tensor& mask, const at::Tensor& key_bias) const {
-  return ops::linear(attn.attention_fused(h, cos, sin, mask, key_bias), attn.proj.weight);
-}
-
-at::Tensor SingleStreamBlock::ffn_branch(const at::Tensor& h2, bool keep_activation) const {
-  // gate and up in one product: their compute-dtype weights stacked [2F, D]
-  // (a view where the bf16 copies of gate and up lie back to back, as the
-  // device optimizer places them; else a copy), and each weight gets its row
-  // block of the gradient.
-  const at::Tensor gate_up = ops::stacked_linear(h2, {ffn.gate.weight, ffn.up.weight});  // [B, T, 2F]
-  return keep_activation ? ops::linear(ops::swiglu(gate_up), ffn.down.weight)
-                         : ops::swiglu_linear(gate_up, ffn.down.weight);
-}
-
-at::Tensor SingleStreamBlock::forward_fused(const at::Tensor& x, const at::Tensor& silu_c, const at::Tensor& cos,
-                                            const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& key_bias,
-                                            at::ScalarType act, bool keep_activation) const {
-  const auto mod = ops::linear(silu_c, adaLN_modulation.weight).chunk(4, 1);  // scale, gate (attention); (FFN)
-  const at::Tensor h = ops::rms_adaln(x, attn_norm.weight, mod[0], act);
-  auto [x1, h2] = ops::residual_rms_adaln(x, mod[1], attention_branch(h, cos, sin, mask, key_bias),
-                                          attn_post_norm.weight, ffn_norm.weight, mod[2], act);
-  // No next pre-norm here: its h is left unused.
-  return ops::residual_rms_adaln(x1, mod[3], ffn_branch(h2, keep_activation), ffn_post_norm.weight, at::Tensor(),
-                                 at::Tensor(), act)
-      .first;
 }
 
 SingleStreamFinalLayer::SingleStreamFinalLayer(const DiTConfig& cfg, at::Generator& gen)
@@ -234,7 +191,7 @@ at::Tensor SingleStreamDiT::forward_body(const at::Tensor& x, const at::Tensor& 
   auto [ctok, mask] = condition_tokens(cond, B);
   at::Tensor out;  // [B, T, p*p*out]
   if (exec.fused_kernels) {
-    out = forward_fused(patches, ctok, mask, silu_c, exec);
+    out = fused::single_stream_forward(*this, patches, ctok, mask, silu_c, exec);
   } else {
     const at::Tensor img = x_embedder.forward(patches);  // [B, T, D]
     at::Tensor h = at::cat({ctok.to(img.scalar_type()), img}, 1);  // [B, Tc + T, D]
@@ -252,77 +209,6 @@ at::Tensor SingleStreamDiT::forward_body(const at::Tensor& x, const at::Tensor& 
   }
   const int64_t c = cfg_.out_channels();
   return out.reshape({B, g, g, p, p, c}).permute({0, 5, 1, 3, 2, 4}).reshape({B, c, g * p, g * p});
-}
-
-at::Tensor SingleStreamDiT::forward_fused(const at::Tensor& patches, const at::Tensor& ctok, const at::Tensor& mask,
-                                          const at::Tensor& silu_c_in, const DiTExecution& exec) const {
-  const int64_t Tc = cfg_.cond_tokens, T = cfg_.tokens();
-  const at::ScalarType act = compat::autocast_dtype(patches.device().type()).value_or(patches.scalar_type());
-  // The residual stream in fp32 whatever the compute dtype (as DiT's).
-  const at::Tensor img = ops::linear(patches.to(act), x_embedder.weight);  // [B, T, D]
-  const at::Tensor x0 = at::cat({ctok.to(at::kFloat), img.to(at::kFloat)}, 1);  // [B, Tc + T, D]
-  const at::Tensor silu_c = silu_c_in.to(act);
-  const at::Tensor cos = rope_cos.to(patches.device()), sin = rope_sin.to(patches.device());
-  // The key mask as the attention's additive bias, made once for all blocks.
-  const at::Tensor key_bias = mask.defined() ? ops::attention_key_bias(mask, act) : at::Tensor();
-  if (!exec.recompute && blocks.size() > 0)
-    return run_blocks_chained(x0, silu_c, cos, sin, mask, key_bias, act, !exec.gelu_recompute).narrow(1, Tc, T);
-  // Block by block (under recompute: each block's activations made again in
-  // backward), then the final layer, on all tokens as in the chained path.
-  at::Tensor x = x0;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const SingleStreamBlock& block = blocks[i];
-    // backward may call fn again after this forward returned: captures by value.
-    auto fn = [&block, cos, sin, mask, key_bias, act, keep = !exec.gelu_recompute](const at::Tensor& xx,
-                                                                                   const at::Tensor& c) {
-      return block.forward_fused(xx, c, cos, sin, mask, key_bias, act, keep);
-    };
-    x = exec.recompute ? ops::recompute(fn, x, silu_c) : fn(x, silu_c);
-  }
-  const at::Tensor scale = ops::linear(silu_c, final_layer.adaLN_modulation.weight);  // [B, D]
-  const at::Tensor h = ops::rms_adaln(x, at::Tensor(), scale, act);
-  return ops::linear(h, final_layer.linear.weight).narrow(1, Tc, T);
-}
-
-// Each half-block's post-norm, gated residual and the pre-norm that opens the
-// next half as one residual_rms_adaln (the last one's with the final layer's
-// norm), so the residual stream is written once per half-block and its two
-// gradients meet inside one kernel (as DiT::run_blocks_chained).
-at::Tensor SingleStreamDiT::run_blocks_chained(const at::Tensor& x0, const at::Tensor& silu_c, const at::Tensor& cos,
-                                               const at::Tensor& sin, const at::Tensor& mask,
-                                               const at::Tensor& key_bias, at::ScalarType act,
-                                               bool keep_activation) const {
-  // All blocks' modulations from silu(c) in one product (no biases), split
-  // once into 4 [B, D] vectors per block. The blocks' [4D, D] bf16 weight
-  // copies lie back to back (the device optimizer groups copies by shape), so
-  // the stacked weight is a view; the final layer's [D, D] lies elsewhere and
-  // gets its own small product rather than a copy of all the others.
-  std::vector<at::Tensor> weights;
-  for (size_t i = 0; i < blocks.size(); ++i) weights.push_back(blocks[i].adaLN_modulation.weight);
-  const size_t n = blocks.size();
-  const std::vector<at::Tensor> mods = ops::stacked_linear(silu_c, weights).chunk(int64_t(4 * n), 1);
-  // Block i: scale, gate (attention); scale, gate (FFN).
-  auto mod = [&mods](size_t block, size_t j) -> const at::Tensor& { return mods[4 * block + j]; };
-  const at::Tensor final_scale = ops::linear(silu_c, final_layer.adaLN_modulation.weight);  // [B, D]
-  at::Tensor x = x0;
-  at::Tensor h = ops::rms_adaln(x, blocks[0].attn_norm.weight, mod(0, 0), act);
-  for (size_t i = 0; i < n; ++i) {
-    const SingleStreamBlock& b = blocks[i];
-    auto [x1, h2] = ops::residual_rms_adaln(x, mod(i, 1), b.attention_branch(h, cos, sin, mask, key_bias),
-                                            b.attn_post_norm.weight, b.ffn_norm.weight, mod(i, 2), act);
-    const at::Tensor f = b.ffn_branch(h2, keep_activation);
-    if (i + 1 == n) {
-      // The final layer's norm (no weight) and scale; the residual stream
-      // itself is not needed after it. The product runs on all tokens (its
-      // output is p*p*out narrow) and the caller keeps the image tokens.
-      const at::Tensor hf =
-          ops::residual_rms_adaln(x1, mod(i, 3), f, b.ffn_post_norm.weight, at::Tensor(), final_scale, act).second;
-      return ops::linear(hf, final_layer.linear.weight);
-    }
-    std::tie(x, h) = ops::residual_rms_adaln(x1, mod(i, 3), f, b.ffn_post_norm.weight,
-                                             blocks[i + 1].attn_norm.weight, mod(i + 1, 0), act);
-  }
-  return x;  // not reached: n > 0
 }
 
 }  // namespace perftrain::models

@@ -14,13 +14,11 @@
 // linear: every block starts as the identity and the model at output 0.
 // Names and math match bench/reference_single_stream.py.
 //
-// The fused path (DiTExecution::fused_kernels, run_blocks_chained): the same
-// function through src/ops: all modulations in one product, rms_adaln to open
-// block 0, and each half-block's post-norm + gated residual + the next
-// pre-norm as one residual_rms_adaln; qkv product, qk_norm_rope,
-// qkv_attention (cuDNN, the key mask as its bias); SwiGLU as one product
-// against [gate; up], swiglu, down. Residual stream in fp32, products in the
-// autocast dtype (docs/design.md, "A single-stream block, line by line").
+// This file is the plain forward (the reference's code in ATen); with
+// DiTExecution::fused_kernels the model hands its modules to the fused
+// schedule (models/fused/single_stream_fused.h, built from the block pieces
+// of models/fused/single_stream_block.h; docs/design.md, "A single-stream
+// block, line by line").
 #pragma once
 
 #include <memory>
@@ -40,12 +38,6 @@ class SingleStreamAttention : public nn::Module {
   // attend) or undefined.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& mask) const;
-  // The same through the fused ops, without the projection: h [B, T, D] in
-  // the compute dtype -> the attention output [B, T, D] (proj's input).
-  // key_bias: ops::attention_key_bias(mask, h's dtype), made once per
-  // forward for all blocks, or undefined (each call makes its own).
-  at::Tensor attention_fused(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
-                             const at::Tensor& mask, const at::Tensor& key_bias = at::Tensor()) const;
   int64_t heads() const { return heads_; }
 
   nn::Linear qkv;
@@ -62,18 +54,6 @@ class SingleStreamBlock : public nn::Module {
   // x [B, T, D]; silu_c [B, D] (silu of the timestep embedding).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& silu_c, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& mask) const;
-  // Pieces of the fused path. The attention branch from its modulated norm h
-  // (compute dtype) to proj's output; the FFN branch from h2 to down's
-  // output (gate and up as one product; keep_activation false: swiglu's
-  // output not kept for backward, ops::swiglu_linear).
-  at::Tensor attention_branch(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
-                              const at::Tensor& mask, const at::Tensor& key_bias = at::Tensor()) const;
-  at::Tensor ffn_branch(const at::Tensor& h2, bool keep_activation = true) const;
-  // The whole block through the fused ops on its own (the recompute path):
-  // x [B, T, D] residual stream, silu_c [B, D] in the compute dtype `act`.
-  at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& silu_c, const at::Tensor& cos,
-                           const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& key_bias,
-                           at::ScalarType act, bool keep_activation = true) const;
 
   nn::RMSNorm attn_norm;
   SingleStreamAttention attn;
@@ -119,16 +99,12 @@ class SingleStreamDiT : public DiffusionModel {
                           const DiTExecution& exec) const;
   // [B, Tc, D] condition tokens, and the key mask [B, 1, 1, Tc + T] (undefined: none).
   std::pair<at::Tensor, at::Tensor> condition_tokens(const Condition& cond, int64_t batch) const;
-  // The fused path from the patches and the condition tokens: -> [B, T, p*p*out].
-  at::Tensor forward_fused(const at::Tensor& patches, const at::Tensor& ctok, const at::Tensor& mask,
-                           const at::Tensor& silu_c, const DiTExecution& exec) const;
-  // All blocks and the final layer chained (each residual fused with the
-  // next pre-norm): x0 [B, Tc + T, D] fp32 -> [B, Tc + T, p*p*out].
-  at::Tensor run_blocks_chained(const at::Tensor& x0, const at::Tensor& silu_c, const at::Tensor& cos,
-                                const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& key_bias,
-                                at::ScalarType act, bool keep_activation) const;
 
   DiTConfig cfg_;
+
+ public:
+  // The modules, public as DiT's are: the fused schedule
+  // (models/fused/single_stream_fused.h) reads them.
   nn::Linear x_embedder;  // patches [B, T, C*p*p] (c, i, j order) -> D
   nn::TimestepEmbedder t_embedder;
   std::unique_ptr<nn::LabelEmbedder> y_embedder;      // class labels: [classes (+1), Tc*D]

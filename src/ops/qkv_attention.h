@@ -1,19 +1,12 @@
-// Multi-head self-attention on a packed qkv projection [B, T, 3D], as autograd
-// functions that read q, k and v straight from the packed tensor and write
-// the output and the gradients in the token-major layouts the matrix products
-// read, so that nothing is stacked or permuted in between (through three
-// views and at::scaled_dot_product_attention, autograd would stack dq, dk, dv
-// and permute them back: two copies that cost more than the attention).
-//
-// projected_attention owns the qkv projection too. The attention itself is
-// our whole-head kernels where they apply (ops/attention_head_fwd and
-// ops/attention_head_bwd: bf16 on sm_90, 256 tokens, head dim 64 or 72; the
-// [speed] key attention = "own"), cuDNN's fused attention otherwise, and
-// ATen's SDPA where cuDNN does not run (CPU, fp32, a shape it refuses). The
-// backward feeds the packed gradient, or cuDNN's dq, dk, dv in place, straight
-// to the projection's products (dW row block i = dQKV_i^T h, dh = sum_i
-// dQKV_i W_i accumulated in place), so the gradients are never copied into
-// another layout.
+// Multi-head self-attention on a packed qkv projection [B, T, 3D], as an
+// autograd function that reads q, k and v straight from the packed tensor and
+// writes the output and the packed gradient in the token-major layouts the
+// matrix products read, so that nothing is stacked or permuted in between
+// (through three views and at::scaled_dot_product_attention, autograd would
+// stack dq, dk, dv and permute them back: two copies that cost more than the
+// attention). cuDNN's fused attention (ops/cudnn_attention.h, shared with
+// ops/projected_attention.h, the qkv projection and attention as one op),
+// and ATen's SDPA where cuDNN does not run (CPU, fp32, a shape it refuses).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -46,20 +39,5 @@ at::Tensor attention_key_bias(const at::Tensor& key_mask, at::ScalarType dtype);
 // Whether cuDNN refused a shape in this process (unmasked or masked), after
 // which qkv_attention runs ATen's SDPA for that kind (tests check it did not).
 bool cudnn_attention_refused();
-
-// qkv_attention(linear(h, qkv_weight, qkv_bias), heads) as one autograd
-// function: h [B, T, D] in the compute dtype, qkv_weight [3D, D] and
-// qkv_bias [3D] (may be undefined) as for ops::linear. Gradients as linear's.
-// Falls back to exactly that composition where qkv_attention would not use
-// cuDNN. On the fused paths (ours and cuDNN's) the key block of qkv_bias's
-// gradient is exactly zero (softmax is shift-invariant per query; the
-// composition gives rounding noise there). Bad shapes or dtypes throw
-// UsageError.
-at::Tensor projected_attention(const at::Tensor& h, const at::Tensor& qkv_weight, const at::Tensor& qkv_bias,
-                               int64_t heads);
-
-// The fp32 reference: linear_reference, then softmax attention in ATen math.
-at::Tensor projected_attention_reference(const at::Tensor& h, const at::Tensor& qkv_weight,
-                                         const at::Tensor& qkv_bias, int64_t heads);
 
 }  // namespace perftrain::ops

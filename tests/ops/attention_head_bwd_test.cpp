@@ -1,6 +1,6 @@
 // ops/attention_head_bwd on the CPU: the switch, and that the op steps aside
 // (returns nothing, so cuDNN's backward runs) where its kernel does not
-// apply. The kernel itself is checked on the GPU (qkv_attention_gpu_test.cpp).
+// apply. The kernel itself is checked on the GPU (projected_attention_gpu_test.cpp).
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 

@@ -20,7 +20,7 @@
 #include "compat/compat.h"
 #include "ops/gelu_mlp.h"
 #include "ops/linear.h"
-#include "ops/qkv_attention.h"
+#include "ops/projected_attention.h"
 #include "ops/weight_grad_lane.h"
 
 namespace perftrain::ops {

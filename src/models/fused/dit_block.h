@@ -1,0 +1,86 @@
+// A DiT block's fused schedule, in pieces: the same function as
+// DiTBlock::forward through the ops of src/ops (adaLN LayerNorm, the qkv
+// projection with attention, cuBLASLt products with bias and GELU epilogues,
+// gated residuals fused with the norm that follows them; docs/design.md, "A
+// DiT block, line by line"). Each piece takes the block whose weights it
+// reads and nothing of the model around it, so a schedule may run one block
+// many times (a looped family lists the same block again in a DiTBlockSeq).
+// Nothing here fires a module's hooks (DiTBlock::forward does, around
+// dit_block). The residual stream is fp32; matrix operands are in the compute
+// dtype `act`.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "models/dit.h"
+
+namespace perftrain::models::fused {
+
+// A block's six adaLN modulation vectors [B, D] (the reference's chunk(6)).
+struct DiTModulation {
+  at::Tensor shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp;
+};
+
+// A gated residual not yet added: x + gate * (y + bias), bias undefined for
+// none. A half-block ends in one; it is added alone (ops::gated_residual) or
+// together with the modulated norm that opens the next half-block
+// (add_with_norm).
+struct GatedResidual {
+  at::Tensor x, gate, y, bias;
+};
+
+// Blocks in the order a schedule runs them; the same block may come again.
+using DiTBlockSeq = std::vector<const DiTBlock*>;
+
+// One block's modulation from silu(c) in the compute dtype: its Linear
+// through ops::linear (the optimizer's bf16 weight copy, the bias in the
+// product's epilogue).
+DiTModulation dit_modulation(const DiTBlock& block, const at::Tensor& silu_c);
+
+// Every block's modulation from silu(c) in one product (ops::stacked_linear,
+// the weights read in place where their bf16 copies lie back to back),
+// split once; backward joins their gradients in one cat.
+std::vector<DiTModulation> dit_modulations(const DiTBlockSeq& blocks, const at::Tensor& silu_c);
+
+// r's residual and the modulated LayerNorm of its result in one pass
+// (ops::residual_adaln): -> (x + gate * (y + bias), modulate(norm(that),
+// shift, scale) in act). The bias is added there, and its gradient comes from
+// that kernel's column sums rather than a reduction over y's gradient.
+std::pair<at::Tensor, at::Tensor> add_with_norm(const GatedResidual& r, const at::Tensor& shift,
+                                                const at::Tensor& scale, at::ScalarType act);
+
+// The attention half from the residual stream x and its modulated norm h:
+// projected_attention, proj without its bias, and the residual added with
+// the MLP's modulated norm -> (x1, h2).
+std::pair<at::Tensor, at::Tensor> dit_attention_half(const DiTBlock& block, const at::Tensor& x, const at::Tensor& h,
+                                                     const DiTModulation& mod, at::ScalarType act);
+
+// The MLP of h2 without fc2's bias (the residual after it adds it):
+// gelu_mlp; keep_activation false: GELU again in backward.
+at::Tensor dit_mlp_half(const DiTBlock& block, const at::Tensor& h2, bool keep_activation);
+
+// The whole block on its own (x [B, T, D] fp32, c [B, D] -> [B, T, D]): its
+// own modulation, adaln_layernorm to open it, the two halves, the MLP
+// residual added alone (ops::gated_residual). act: autocast's dtype, else
+// x's; exec.gelu_recompute as dit_mlp_half's keep_activation false.
+at::Tensor dit_block(const DiTBlock& block, const at::Tensor& x, const at::Tensor& c, const DiTExecution& exec);
+
+// What closes a chain: receives the last block's MLP residual, not added.
+using CloseChain = std::function<at::Tensor(const GatedResidual&)>;
+
+// Blocks chained (non-empty; mods[i] is blocks[i]'s): block 0 opened with
+// adaln_layernorm, each block's MLP residual added together with the next
+// block's first modulated norm (add_with_norm), so the residual stream is
+// written once per half-block and its two gradients meet inside one kernel.
+// The last block's residual goes to `close` (e.g. added with the final
+// layer's norm), called while the last block's tensors are still held, as
+// one loop would hold them; returns what close returns. Each block runs in a
+// "block i" profiler range (base/scope.h).
+at::Tensor dit_blocks_chained(const DiTBlockSeq& blocks, const std::vector<DiTModulation>& mods, const at::Tensor& x0,
+                              at::ScalarType act, bool keep_activation, const CloseChain& close);
+
+}  // namespace perftrain::models::fused

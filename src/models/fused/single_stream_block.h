@@ -1,0 +1,102 @@
+// A single-stream block's fused schedule, in pieces: the same function as
+// SingleStreamBlock::forward through the ops of src/ops (RMSNorm + adaLN
+// scale, the post-norm + tanh-gated residual + next pre-norm in one pass,
+// QK-norm + RoPE on the packed qkv, cuDNN's attention with the key mask as
+// its bias, SwiGLU against [gate; up] in one product; docs/design.md, "A
+// single-stream block, line by line"). Each piece takes the block whose
+// weights it reads, so a schedule may run one block many times (a looped
+// family lists the same block again in a SingleStreamBlockSeq). No module's
+// hooks fire here. The residual stream is fp32; matrix operands are in the
+// compute dtype.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "models/single_stream.h"
+
+namespace perftrain::models::fused {
+
+// A block's four adaLN vectors [B, D]: scale, gate (attention); scale, gate (FFN).
+struct SingleStreamModulation {
+  at::Tensor attn_scale, attn_gate, ffn_scale, ffn_gate;
+};
+
+// What every block of one forward reads besides its weights and x.
+struct SingleStreamContext {
+  at::Tensor cos, sin;   // the rotary tables [S, head_dim/2]
+  at::Tensor mask;       // the key mask [B, 1, 1, S], or undefined
+  at::Tensor key_bias;   // ops::attention_key_bias(mask, act), made once for all blocks, or undefined
+  at::ScalarType act;    // the compute dtype
+  bool keep_activation;  // SwiGLU's output kept for backward (false: ops::swiglu_linear)
+};
+
+// A residual not yet added: x + tanh(gate) * rms_norm(y) * post_weight. A
+// half-block ends in one; it is added alone or together with the pre-norm
+// that opens the next half-block (add_with_rms_norm).
+struct PostNormResidual {
+  at::Tensor x, gate, y, post_weight;
+};
+
+// Blocks in the order a schedule runs them; the same block may come again.
+using SingleStreamBlockSeq = std::vector<const SingleStreamBlock*>;
+
+// One block's modulation from silu(c) in the compute dtype (ops::linear, no bias).
+SingleStreamModulation single_stream_modulation(const SingleStreamBlock& block, const at::Tensor& silu_c);
+
+// Every block's modulation from silu(c) in one product (ops::stacked_linear,
+// no biases), split once. The blocks' [4D, D] bf16 weight copies lie back to
+// back (the device optimizer groups copies by shape), so the stacked weight
+// is a view.
+std::vector<SingleStreamModulation> single_stream_modulations(const SingleStreamBlockSeq& blocks,
+                                                              const at::Tensor& silu_c);
+
+// r's residual and the pre-norm after it (pre_weight and (1 + scale); both
+// undefined: none, its h left unused) in one pass (ops::residual_rms_adaln)
+// -> (the residual stream, the next half-block's input h in act).
+std::pair<at::Tensor, at::Tensor> add_with_rms_norm(const PostNormResidual& r, const at::Tensor& pre_weight,
+                                                    const at::Tensor& scale, at::ScalarType act);
+
+// The attention from its modulated norm h (compute dtype) without the
+// projection: the qkv product, normalised and rotated in one pass over the
+// packed [B, S, 3D] (ops::qk_norm_rope), and qkv_attention reading q, k, v
+// from it in place -> [B, S, D] (proj's input).
+at::Tensor single_stream_attention(const SingleStreamAttention& attn, const at::Tensor& h,
+                                   const SingleStreamContext& ctx);
+
+// The attention half from the residual stream x and its modulated norm h:
+// the attention and its projection, its residual added with the FFN's
+// pre-norm -> (x1, h2).
+std::pair<at::Tensor, at::Tensor> single_stream_attention_half(const SingleStreamBlock& block, const at::Tensor& x,
+                                                               const at::Tensor& h, const SingleStreamModulation& mod,
+                                                               const SingleStreamContext& ctx);
+
+// The FFN branch from h2 to down's output: gate and up as one product
+// against their stacked weights, swiglu, down (keep_activation false:
+// swiglu's output not kept for backward, ops::swiglu_linear).
+at::Tensor single_stream_ffn_branch(const SingleStreamBlock& block, const at::Tensor& h2, bool keep_activation);
+
+// The whole block on its own (the recompute path): x [B, S, D] residual
+// stream, silu_c [B, D] in ctx.act -> [B, S, D]; its own modulation, rms_adaln
+// to open it, its last residual added without a next pre-norm.
+at::Tensor single_stream_block(const SingleStreamBlock& block, const at::Tensor& x, const at::Tensor& silu_c,
+                               const SingleStreamContext& ctx);
+
+// What closes a chain: receives the last block's FFN residual, not added.
+using CloseSingleStreamChain = std::function<at::Tensor(const PostNormResidual&)>;
+
+// Blocks chained (non-empty; mods[i] is blocks[i]'s): block 0 opened with
+// rms_adaln, each half-block's post-norm, gated residual and the pre-norm
+// that opens the next half as one residual_rms_adaln, so the residual stream
+// is written once per half-block and its two gradients meet inside one
+// kernel. The last block's FFN residual goes to `close` (e.g. added with the
+// final layer's norm), called while the last block's tensors are still held,
+// as one loop would hold them; returns what close returns.
+at::Tensor single_stream_blocks_chained(const SingleStreamBlockSeq& blocks,
+                                        const std::vector<SingleStreamModulation>& mods, const at::Tensor& x0,
+                                        const SingleStreamContext& ctx, const CloseSingleStreamChain& close);
+
+}  // namespace perftrain::models::fused

@@ -1,0 +1,107 @@
+#include "ops/cudnn_attention.h"
+
+#include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_backward.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+
+#include <atomic>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "base/error.h"
+#include "compat/compat.h"
+#include "ops/attention_paths.h"
+
+namespace perftrain::ops::detail {
+namespace {
+
+// Unmasked and masked attention are refused (and fall back) separately.
+std::atomic<bool> unmasked_refused{false}, masked_refused{false};
+
+}  // namespace
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::array<at::Tensor, 3> split_heads(const at::Tensor& qkv, int64_t heads) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
+  auto v5 = qkv.view({B, T, 3, heads, D / heads});
+  return {v5.select(2, 0).transpose(1, 2), v5.select(2, 1).transpose(1, 2), v5.select(2, 2).transpose(1, 2)};
+}
+
+at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
+                         std::vector<at::Tensor> first_saved, const at::Tensor& bias) {
+  auto [q, k, v] = split_heads(qkv, heads);
+  auto r = at::_scaled_dot_product_cudnn_attention(
+      q, k, v, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, /*compute_log_sumexp=*/true);
+  const at::Tensor& out = std::get<0>(r);  // [B, H, T, Dh], token-major in memory
+  note_attention_path(AttentionPath::Cudnn, qkv.size(1), q.size(3), bias.defined(), qkv.scalar_type());
+  first_saved.insert(first_saved.end(), {qkv, out, std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r),
+                                         std::get<7>(r), bias});
+  ctx->save_for_backward(first_saved);
+  ctx->saved_data["heads"] = heads;
+  ctx->saved_data["max_q"] = std::get<4>(r).expect_int();
+  ctx->saved_data["max_k"] = std::get<5>(r).expect_int();
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
+  return out.transpose(1, 2).reshape({B, T, D});
+}
+
+std::array<at::Tensor, 3> cudnn_backward(AutogradContext* ctx, const variable_list& s, size_t at,
+                                         const at::Tensor& grad_out) {
+  const at::Tensor &qkv = s[at], &out = s[at + 1], &lse = s[at + 2], &cum_q = s[at + 3], &cum_k = s[at + 4],
+                   &seed = s[at + 5], &offset = s[at + 6], &bias = s[at + 7];
+  const int64_t heads = ctx->saved_data["heads"].toInt();
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
+  auto [q, k, v] = split_heads(qkv, heads);
+  // The output gradient in the output's own layout (cuDNN wants them alike).
+  at::Tensor dout = grad_out.contiguous().view({B, T, heads, D / heads}).transpose(1, 2);
+  auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
+      dout, q, k, v, out, lse, seed, offset, bias, cum_q, cum_k,
+      ctx->saved_data["max_q"].toInt(), ctx->saved_data["max_k"].toInt(), /*dropout_p=*/0.0,
+      /*is_causal=*/false);
+  return {dq, dk, dv};
+}
+
+// dq, dk, dv [B, H, T, Dh] -> the packed [B, T, 3D] gradient of qkv. When
+// each is token-major in memory ([B, T, D], as cuDNN writes them for the
+// packed q, k, v views), one cat of three [B*T, 1, D] views into [B*T, 3, D]:
+// one launch of ATen's batched cat kernel, which moves 16-byte vectors when D
+// is a multiple of 8, instead of three strided element-wise copies of 2-byte
+// elements (about 1.8 TB/s each on the H200). The same values either way.
+// Otherwise (another layout) those copies.
+at::Tensor pack_dqkv(const std::array<at::Tensor, 3>& d, int64_t B, int64_t T, int64_t heads, int64_t D) {
+  std::vector<at::Tensor> rows;
+  for (int64_t i = 0; i < 3; ++i) {
+    const at::Tensor tm = d[i].transpose(1, 2);  // [B, T, H, Dh]
+    if (!tm.is_contiguous()) break;
+    rows.push_back(tm.view({B * T, 1, D}));
+  }
+  if (rows.size() == 3) return at::cat(rows, 1).view({B, T, 3 * D});
+  at::Tensor dqkv = at::empty({B, T, 3, heads, D / heads}, d[0].options());
+  for (int64_t i = 0; i < 3; ++i) dqkv.select(2, i).copy_(d[i].transpose(1, 2));
+  return dqkv.view({B, T, 3 * D});
+}
+
+bool cudnn_refused(bool masked) { return (masked ? masked_refused : unmasked_refused).load(); }
+
+bool cudnn_eligible(const at::Tensor& t, bool masked) {
+  const bool half = t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+  return t.is_cuda() && half && !cudnn_refused(masked);
+}
+
+void note_refusal(const at::Tensor& qkv, const std::exception& e, bool masked) {
+  (masked ? masked_refused : unmasked_refused).store(true);
+  std::cerr << "perftrain: cuDNN attention refused " << qkv.sizes() << (masked ? " with a key mask" : "") << " ("
+            << compat::error_message(e) << "); using at::scaled_dot_product_attention\n";
+}
+
+void check_heads(const char* op, int64_t d, int64_t heads) {
+  if (heads <= 0 || d % heads != 0)
+    throw UsageError(std::string(op) + ": " + std::to_string(d) + " channels do not split into " +
+                     std::to_string(heads) + " heads");
+}
+
+}  // namespace perftrain::ops::detail

@@ -1,0 +1,49 @@
+// What qkv_attention (ops/qkv_attention.h) and projected_attention
+// (ops/projected_attention.h) share, internal to src/ops: cuDNN's fused
+// attention on a packed qkv [B, T, 3D] as pieces of an autograd function
+// (q, k and v read in place as views, the output and the gradients left in
+// the token-major layouts the matrix products read), and when cuDNN may run:
+// its refusals, noted once per process and kind (unmasked, masked).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <array>
+#include <exception>
+#include <vector>
+
+namespace perftrain::ops::detail {
+
+// [B, T, 3D] -> q, k, v as [B, H, T, Dh] views (no copy).
+std::array<at::Tensor, 3> split_heads(const at::Tensor& qkv, int64_t heads);
+
+// cuDNN's forward on the packed qkv: saves what its backward needs in ctx
+// (after `first_saved`, tensors the caller saves first) and returns the
+// output as [B, T, D] (a view: cuDNN writes it token-major). bias: the
+// additive key bias [B, 1, 1, T] of attention_key_bias, or undefined.
+at::Tensor cudnn_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
+                         std::vector<at::Tensor> first_saved, const at::Tensor& bias = at::Tensor());
+
+// cuDNN's backward from what cudnn_forward saved (starting at index `at`):
+// dq, dk, dv as [B, H, T, Dh] in the layout of q (token-major).
+std::array<at::Tensor, 3> cudnn_backward(torch::autograd::AutogradContext* ctx,
+                                         const torch::autograd::variable_list& saved, size_t at,
+                                         const at::Tensor& grad_out);
+
+// dq, dk, dv [B, H, T, Dh] -> the packed [B, T, 3D] gradient of qkv.
+at::Tensor pack_dqkv(const std::array<at::Tensor, 3>& d, int64_t B, int64_t T, int64_t heads, int64_t D);
+
+// Whether cuDNN may run on t: CUDA, bf16 or fp16, and that kind (masked or
+// not) not refused in this process.
+bool cudnn_eligible(const at::Tensor& t, bool masked = false);
+// Whether cuDNN refused that kind in this process.
+bool cudnn_refused(bool masked);
+// Once, before any capture (the first step runs eagerly): says so on stderr
+// and marks that kind refused, so that ATen's SDPA runs from now on.
+void note_refusal(const at::Tensor& qkv, const std::exception& e, bool masked = false);
+
+// UsageError naming `op` unless d channels split into heads > 0 heads.
+void check_heads(const char* op, int64_t d, int64_t heads);
+
+}  // namespace perftrain::ops::detail
