@@ -248,7 +248,7 @@ struct StepRunner::Impl {
       if (cfg.optim.grad_clip > 0) {
         PERFTRAIN_SCOPE("clip");
         norm = host_grad_norm = clip_grad_norm_(params, cfg.optim.grad_clip);
-      } else if (guard) norm = global_grad_norm(params);
+      } else if (guard) norm = host_grad_norm = global_grad_norm(params);  // for the log too
       // The host optimizer's guard reads the norm on the host (a sync per
       // step on this path; the device optimizer's does not).
       const bool skip = guard && !(std::isfinite(terms.loss.item<double>()) && std::isfinite(norm.item<double>()));

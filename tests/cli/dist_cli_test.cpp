@@ -1,11 +1,13 @@
 // Data parallel on the CPU over Gloo, as a user runs it (real processes:
 // perftrain train --nproc-per-node N, and torchrun's variables set by hand):
 // 2 and 3 ranks train the same model as one process with the same global
-// batch; a 2-rank run resumed with 3 ranks ends where an uninterrupted run
-// does; a signal stops every rank at one step with one checkpoint; a killed
-// rank makes the run fail naming it instead of hanging; bad launch variables
-// are usage errors naming the variable. Every process runs under a hard
-// timeout and the launcher picks a free port, so nothing can hang or collide.
+// batch, and the report says how many ranks ran; a 2-rank run resumed with
+// 3 ranks ends where an uninterrupted run does, its report listing both
+// segments; a signal stops every rank at one step with one checkpoint; a
+// killed rank makes the run fail naming it instead of hanging; bad launch
+// variables are usage errors naming the variable. Every process runs under a
+// hard timeout and the launcher picks a free port, so nothing can hang or
+// collide.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -93,6 +95,12 @@ TEST(DataParallel, TwoAndThreeRanksTrainAsOneProcess) {
   expect_same_training(tmp.file("one"), tmp.file("three"), "3 ranks vs 1");
   // Rank 0 alone wrote the run directory: one checkpoint per save, one metrics line per step.
   EXPECT_EQ(losses(tmp.file("three")).size(), 5u);  // steps 2..6 (the first step is timed apart)
+  // The report says how many ranks ran and the global batch.
+  const std::string report = read_raw(tmp.file("two/report.md"));
+  EXPECT_NE(report.find("| ranks | 2 processes (data parallel), global batch 6 = 2 x 3 per rank |"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(read_raw(tmp.file("one/report.md")).find("| ranks | 1 process, batch 6 |"), std::string::npos);
 }
 
 // The DDPM objective with the learned variance (the CPU default is flow):
@@ -125,6 +133,18 @@ TEST(DataParallel, ResumeWithAnotherWorldSize) {
   EXPECT_LT(w, 2e-6);
   EXPECT_LT(e, 2e-6);
   EXPECT_NE(latest(tmp.file("split")).find("step_00000006"), std::string::npos);
+  // The report: the whole run, one row per segment with its ranks and global batch.
+  const std::string report = read_raw(tmp.file("split/report.md"));
+  EXPECT_NE(report.find("| steps | 1 to 6, batch 6; 6 steps in 2 segments (below) |"), std::string::npos) << report;
+  EXPECT_NE(report.find("| ranks | 3 processes (data parallel), global batch 6 = 3 x 2 per rank |"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("| 1 to 3 | 2 processes (data parallel), global batch 6 = 2 x 3 per rank |"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("| 4 to 6 | 3 processes (data parallel), global batch 6 = 3 x 2 per rank |"),
+            std::string::npos)
+      << report;
 }
 
 // The launcher in the background, its output in a file.

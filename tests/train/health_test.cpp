@@ -18,6 +18,7 @@
 #include <ATen/ops/zeros.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <iostream>
 #include <limits>
 #include <sstream>
@@ -751,6 +752,13 @@ TEST(TrainerHealth, DivergingRunStopsNamingTheModuleAndWritesNoBadCheckpoint) {
   const std::string report = perftrain::testing::read_raw(tmp.path() + "/stop/report.md");
   EXPECT_NE(report.find("## Training health"), std::string::npos);
   EXPECT_NE(report.find("first non-finite value"), std::string::npos) << report;
+  // The stop's metrics line carries grad_norm too: null, the step's norm was NaN.
+  const std::string metrics = perftrain::testing::read_raw(tmp.path() + "/stop/metrics.jsonl");
+  const auto last_line = metrics.substr(metrics.rfind('\n', metrics.size() - 2) + 1);
+  const auto stop_line = nlohmann::json::parse(last_line);
+  ASSERT_TRUE(stop_line.contains("nonfinite_steps")) << last_line;
+  ASSERT_TRUE(stop_line.contains("grad_norm")) << last_line;
+  EXPECT_TRUE(stop_line["grad_norm"].is_null()) << last_line;
   // Every checkpoint written holds finite weights.
   int checked = 0;
   for (const auto& step : fs::list_directory(tmp.path() + "/stop/ckpt")) {
@@ -774,6 +782,16 @@ TEST(TrainerHealth, SkipPolicyGoesOn) {
   EXPECT_NE(metrics.find("\"nonfinite_steps\""), std::string::npos);
   EXPECT_NE(metrics.find("\"grad_modules\""), std::string::npos);
   EXPECT_NE(metrics.find("\"blocks.3\""), std::string::npos);
+  // Every line carries the last step's gradient norm (the host optimizer
+  // without clipping here): a number, or null where that step's was NaN/Inf.
+  std::istringstream lines(metrics);
+  int with_norm = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const auto rec = nlohmann::json::parse(line);
+    EXPECT_TRUE(rec.contains("grad_norm") && (rec["grad_norm"].is_number() || rec["grad_norm"].is_null())) << line;
+    with_norm += rec.contains("grad_norm");
+  }
+  EXPECT_EQ(with_norm, 5);  // steps 2..6 (the first step is timed apart)
 }
 
 }  // namespace

@@ -8,7 +8,7 @@ void add_grad_health(EventWriter& writer, const GradHealthSample& sample) {
   const int64_t step = sample.step;
   writer.add_scalar("grad/global_norm", step, sample.global.norm);
   writer.add_scalar("grad/global_update_ratio", step, sample.global.update_ratio());
-  if (sample.global.nonfinite > 0) writer.add_scalar("grad/nonfinite", step, double(sample.global.nonfinite));
+  writer.add_scalar("grad/nonfinite", step, double(sample.global.nonfinite));
   for (const NamedGradStats& m : sample.modules) {
     writer.add_scalar("grad_norm/" + m.name, step, m.stats.norm);
     writer.add_scalar("grad_max/" + m.name, step, m.stats.max_abs);

@@ -1,7 +1,8 @@
 // A gradient-health sample (observe/grad_health.h) as TensorBoard scalars,
 // at the sample's step: the global gradient norm, and per module (a DiT
 // block, an embedder, the final layer) its gradient norm, max |g|, share of
-// zeros and update/weight ratio; NaN/Inf counts where there are any.
+// zeros and update/weight ratio; the global NaN/Inf count always, a
+// module's where it has any.
 #pragma once
 
 #include "observe/grad_health.h"
@@ -9,7 +10,7 @@
 
 namespace perftrain::observe::tensorboard {
 
-// Tags: grad/global_norm, grad/global_update_ratio, grad/nonfinite (when > 0);
+// Tags: grad/global_norm, grad/global_update_ratio, grad/nonfinite (0 too);
 // grad_norm/<module>, grad_max/<module>, grad_zero_share/<module>,
 // update_ratio/<module>, grad_nonfinite/<module> (when > 0).
 void add_grad_health(EventWriter& writer, const GradHealthSample& sample);
