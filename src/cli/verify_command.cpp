@@ -20,11 +20,16 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }
 
 // The step directories of a ckpt directory (hidden leftovers of interrupted
-// saves are not checkpoints: the next trainer removes them).
+// saves are not checkpoints: the next trainer removes them). Directories of
+// other step_* names are not this program's: named, and left to be verified
+// by their own path.
 std::vector<std::string> step_dirs(const std::string& ckpt) {
   std::vector<std::string> out;
-  for (const auto& name : fs::list_directory(ckpt))
-    if (name.rfind("step_", 0) == 0 && fs::is_directory(fs::join(ckpt, name))) out.push_back(fs::join(ckpt, name));
+  for (const auto& name : fs::list_directory(ckpt)) {
+    if (name.rfind("step_", 0) != 0 || !fs::is_directory(fs::join(ckpt, name))) continue;
+    if (train::is_step_dir_name(name)) out.push_back(fs::join(ckpt, name));
+    else std::cout << "skipped  " << fs::join(ckpt, name) << ": not a step directory name perftrain writes\n";
+  }
   return out;
 }
 

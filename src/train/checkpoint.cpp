@@ -183,17 +183,17 @@ std::string latest_checkpoint_dir(const std::string& ckpt_root) {
 }
 
 std::string resolve_checkpoint_dir(const std::string& path) {
-  // A step directory: any checkpoint file in it, or its name.
+  // A step directory: its trainer state (the other files are named when they
+  // are loaded), else any checkpoint file in it, or its name.
+  if (fs::exists(fs::join(path, "trainer_state.safetensors"))) return path;
   std::string base = path;
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   bool step_dir = is_step_dir_name(base.substr(base.rfind('/') == std::string::npos ? 0 : base.rfind('/') + 1));
   for (const auto& f : checkpoint_files()) step_dir = step_dir || fs::exists(fs::join(path, f));
-  if (step_dir && fs::is_directory(path)) {
-    const auto missing = missing_checkpoint_files(path);
-    if (missing.empty()) return path;
-    throw UsageError("no checkpoint at " + path + ": the step directory has no " + listed(missing) +
+  if (step_dir && fs::is_directory(path))
+    throw UsageError("no checkpoint at " + path + ": the step directory has no " +
+                     listed(missing_checkpoint_files(path)) +
                      " (a checkpoint is model.safetensors, ema.safetensors and trainer_state.safetensors)");
-  }
   for (const std::string& root : {fs::join(path, "ckpt"), path})
     if (fs::exists(fs::join(root, "latest"))) return latest_checkpoint_dir(root);
   throw UsageError("no checkpoint at " + path +
