@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
+#include <tuple>
 
 #include "base/error.h"
 #include "base/fs.h"
@@ -109,6 +110,16 @@ std::string absolute(const std::string& path) {
   return rel.empty() || rel == "." ? std::string(cwd) : fs::join(cwd, rel);
 }
 
+// A resume continues in the run's own directory: a run.name or run.dir other
+// than the checkpoint's would only rewrite what the run records.
+void check_run_place_kept(const train::TrainConfig& cfg, const train::TrainConfig& own, const std::string& resume) {
+  for (const auto& [flag, mine, theirs] : {std::tuple{"--run-name (run.name)", cfg.run.name, own.run.name},
+                                           std::tuple{"--runs-dir (run.dir)", cfg.run.dir, own.run.dir}})
+    if (mine != theirs)
+      throw UsageError(std::string(flag) + " '" + mine + "' cannot go with --resume " + resume +
+                       ": a resumed run keeps its own ('" + theirs + "'); leave it out, or start a new run");
+}
+
 void run(const TrainArgs& a, bool save_on_signal, const std::string& profile, bool profile_scopes_only) {
   const auto start = std::chrono::steady_clock::now();
   train::TrainOptions opts;
@@ -147,7 +158,14 @@ void add_train_options(CLI::App* cmd, const std::shared_ptr<TrainArgs>& a) {
   cmd->add_option("--config", a->config_file, "TOML config file (e.g. one `perftrain config` printed)")
       ->check(CLI::ExistingFile)
       ->group(config);
-  cmd->add_option("--resume", a->resume, "continue a run: its directory, or a ckpt/step_* directory")->group(config);
+  cmd->add_option_function<std::string>(
+         "--resume",
+         [a](const std::string& v) {
+           a->resume = v;
+           a->resume_given = true;
+         },
+         "continue a run: its directory, or a ckpt/step_* directory")
+      ->group(config);
   cmd->add_option("--set", a->overrides, "override a config key: section.key=value (repeatable)")->group(config);
   cmd->add_option("overrides", a->overrides, "more section.key=value overrides")->group(config);
   for (const ShortcutGroup& group : kShortcutGroups) {
@@ -193,11 +211,13 @@ void add_train_options(CLI::App* cmd, const std::shared_ptr<TrainArgs>& a) {
 }
 
 train::TrainConfig resolve_config(const TrainArgs& a) {
-  train::TrainConfig cfg;
+  train::TrainConfig cfg, own;  // own: the resumed run's, before the flags
+  if (a.resume_given && a.resume.empty())
+    throw UsageError("--resume is empty: give a run directory or a ckpt/step_* directory to continue");
   if (!a.resume.empty()) {
     // A resumed run keeps the config it was started with; flags may change it
     // (most often train.steps, to train longer).
-    cfg = train::config_from_weights(train::resolve_checkpoint_dir(a.resume) + "/model.safetensors");
+    cfg = own = train::config_from_weights(train::resolve_checkpoint_dir(a.resume) + "/model.safetensors");
   } else {
     const bool cuda = a.device == "cuda" || (a.device != "cpu" && compat::cuda_available());
     cfg = train::default_config(cuda);
@@ -205,6 +225,7 @@ train::TrainConfig resolve_config(const TrainArgs& a) {
   if (!a.config_file.empty()) train::apply_toml_file(cfg, a.config_file);
   for (const auto& o : a.shortcuts) train::apply_override(cfg, o);
   for (const auto& o : a.overrides) train::apply_override(cfg, o);
+  if (!a.resume.empty()) check_run_place_kept(cfg, own, a.resume);
   if (cfg.data.source != "synthetic") cfg.data.path = absolute(cfg.data.path);
   cfg.validate();
   return cfg;
@@ -220,8 +241,8 @@ void add_train_command(CLI::App& app) {
       ->group(cmd->get_option("--config")->get_group());
   auto save_on_signal = std::make_shared<std::string>("on");
   cmd->add_option("--save-on-signal", *save_on_signal,
-                  "on | off: a first SIGINT/SIGTERM finishes the step, saves a checkpoint and the report, and exits "
-                  "130/143 (a second exits at once); off: the signals end the process at once")
+                  "on | off: a first SIGINT/SIGTERM/SIGHUP finishes the step, saves a checkpoint and the report, and "
+                  "exits 130/143/129 (a second exits at once); off: the signals end the process at once")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str()
       ->group(cmd->get_option("--config")->get_group());

@@ -18,6 +18,7 @@ namespace perftrain::cli {
 
 struct TrainArgs {
   std::string config_file, resume;
+  bool resume_given = false;           // --resume was passed (an empty path is an error, not a fresh run)
   std::vector<std::string> overrides;  // --set and positional section.key=value
   std::vector<std::string> shortcuts;  // the shortcut flags as section.key=value, applied before overrides
   std::string device;                  // --device also picks the defaults (GPU or CPU)
@@ -28,7 +29,9 @@ void add_train_options(CLI::App* cmd, const std::shared_ptr<TrainArgs>& a);
 
 // The config the options describe, validated (UsageError naming the key). A
 // relative data.path is made absolute against the current directory, so that
-// the run's config.toml and checkpoints work from anywhere (--resume too).
+// the run's config.toml and checkpoints work from anywhere (--resume too). An
+// empty --resume, and --resume with a run.name or run.dir other than the
+// run's own, are UsageErrors.
 train::TrainConfig resolve_config(const TrainArgs& a);
 
 }  // namespace perftrain::cli

@@ -73,16 +73,33 @@ std::string known_dtypes() {
   throw RuntimeError(path + ": not a valid safetensors file: " + what);
 }
 
-// torch.save writes a zip archive ("PK\x03\x04"), its legacy format and
-// pickle.dump a pickle (protocol 2 and up start with 0x80, then the protocol).
-// A safetensors header always starts with '{' at byte 8, so a file that has
-// one is never taken for a pickle, whatever its header length's bytes.
-// Names what the file is and the Python line that converts it.
+// torch.save's two formats: a zip archive ("PK\x03\x04") whose first entry
+// is data.pkl (as "<archive>/data.pkl"), and the legacy one, a pickle of
+// protocol 2 that opens with its magic number as a LONG1. A safetensors
+// header always starts with '{' at byte 8, so a file that has one is never
+// taken for either, whatever its header length's bytes.
+std::string torch_format_of(const uint8_t* b, size_t size) {
+  if (size > 8 && b[8] == '{') return "";
+  static const uint8_t kLegacy[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+  if (size >= sizeof kLegacy && std::memcmp(b, kLegacy, sizeof kLegacy) == 0) return "legacy";
+  if (size < 30 || b[0] != 'P' || b[1] != 'K' || b[2] != 3 || b[3] != 4) return "";
+  const size_t name_len = b[26] | (b[27] << 8);
+  if (30 + name_len > size) return "";
+  const std::string name(reinterpret_cast<const char*>(b) + 30, name_len);
+  const std::string tail = "data.pkl";
+  const bool data_pkl = name == tail || (name.size() > tail.size() && name.compare(name.size() - tail.size() - 1,
+                                                                                    tail.size() + 1, "/" + tail) == 0);
+  return data_pkl ? "zip" : "";
+}
+
+// A torch.save file, or another pickle (pickle.dump: protocol 2 and up start
+// with 0x80, then the protocol): names what the file is and the Python line
+// that converts it.
 void reject_torch_pickle(const std::string& path, const uint8_t* b, size_t size) {
-  if (size > 8 && b[8] == '{') return;
-  const bool zip = size >= 4 && b[0] == 'P' && b[1] == 'K' && b[2] == 3 && b[3] == 4;
-  const bool pickle = size >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5;
-  if (!zip && !pickle) return;
+  const std::string torch = torch_format_of(b, size);
+  const bool pickle = torch.empty() && !(size > 8 && b[8] == '{') && size >= 2 && b[0] == 0x80 && b[1] >= 2 &&
+                      b[1] <= 5;
+  if (torch.empty() && !pickle) return;
   // The converted file's name: model.pt -> model.safetensors, and beside a
   // misnamed x.safetensors, x.converted.safetensors.
   std::string out = path, suffix = ".safetensors";
@@ -95,7 +112,7 @@ void reject_torch_pickle(const std::string& path, const uint8_t* b, size_t size)
     }
   }
   out += suffix;
-  throw UsageError(path + ": a PyTorch " + (zip ? "checkpoint (torch.save's zip format)" : "pickle") +
+  throw UsageError(path + ": a PyTorch " + (torch == "zip" ? "checkpoint (torch.save's zip format)" : "pickle") +
                    ", not safetensors; convert it with: python -c \"import torch; from safetensors.torch import "
                    "save_file; sd = torch.load('" + path + "', map_location='cpu'); save_file({k: v.contiguous() "
                    "for k, v in sd.items()}, '" + out + "')\" (for a dict of state_dicts take one, e.g. sd['ema'])");
@@ -154,7 +171,32 @@ std::vector<uint32_t> crcs_of(const std::vector<std::pair<const void*, size_t>>&
   return out;
 }
 
+// What the header checksum covers, as canonical text: the metadata (but the
+// checksum itself) and each tensor's dtype and shape, keys sorted.
+struct HeaderTensor {
+  std::string name;
+  const char* dtype;
+  std::vector<int64_t> shape;
+};
+uint32_t header_crc(const std::map<std::string, std::string>& metadata, const std::vector<HeaderTensor>& tensors) {
+  nlohmann::json meta = nlohmann::json::object(), described = nlohmann::json::object();
+  for (const auto& [k, v] : metadata)
+    if (k != kHeaderChecksumKey) meta[k] = v;
+  for (const auto& t : tensors) described[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}};
+  const std::string text = nlohmann::json{{"metadata", meta}, {"tensors", described}}.dump();
+  return base::crc32c(text.data(), text.size());
+}
+
 }  // namespace
+
+std::string torch_save_format(const std::string& path) {
+  uint8_t buf[4096];
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  const ssize_t n = ::pread(fd, buf, sizeof buf, 0);
+  ::close(fd);
+  return n > 0 ? torch_format_of(buf, static_cast<size_t>(n)) : "";
+}
 
 std::string safetensors_dtype_name(at::ScalarType type) {
   const char* name = dtype_name(type);
@@ -258,7 +300,21 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   return file;
 }
 
+void SafetensorsFile::verify_header_checksum() const {
+  const auto it = metadata_.find(kHeaderChecksumKey);
+  if (it == metadata_.end()) return;
+  std::vector<HeaderTensor> tensors;
+  for (const auto& [name, e] : entries_) tensors.push_back({name, dtype_name(e.dtype), e.shape});
+  const uint32_t got = header_crc(metadata_, tensors);
+  uint32_t want = 0;
+  if (it->second.size() != 8 || std::sscanf(it->second.c_str(), "%8x", &want) != 1 || got != want)
+    throw RuntimeError(path_ + ": the header is corrupt: the CRC32C of its metadata, tensor names, dtypes and shapes "
+                       "is " + hex32(got) + " but the file records '" + it->second +
+                       "' (the file changed after it was written)");
+}
+
 size_t SafetensorsFile::verify_checksums() const {
+  verify_header_checksum();
   const auto it = metadata_.find(kChecksumKey);
   if (it == metadata_.end()) return 0;
   nlohmann::json record;
@@ -333,8 +389,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   std::vector<at::Tensor> cpu;
   std::set<std::string> seen;
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (options.checksums && metadata.count(kChecksumKey))
-    throw UsageError("cannot write " + path + ": metadata key " + kChecksumKey + " is reserved for the checksums");
+  if (options.checksums && (metadata.count(kChecksumKey) || metadata.count(kHeaderChecksumKey)))
+    throw UsageError("cannot write " + path + ": metadata keys " + kChecksumKey + "* are reserved for the checksums");
   if (!metadata.empty() || options.checksums) header["__metadata__"] = nlohmann::ordered_json::object();
   int64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
@@ -364,6 +420,12 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
       nlohmann::ordered_json record = nlohmann::ordered_json::object();
       for (size_t i = 0; i < cpu.size(); ++i) record[tensors[i].first] = hex32(crc[i]);
       meta[kChecksumKey] = record.dump();
+      std::map<std::string, std::string> all = metadata;
+      all[kChecksumKey] = record.dump();
+      std::vector<HeaderTensor> described;
+      for (size_t i = 0; i < cpu.size(); ++i)
+        described.push_back({tensors[i].first, dtype_name(cpu[i].scalar_type()), cpu[i].sizes().vec()});
+      meta[kHeaderChecksumKey] = hex32(header_crc(all, described));
     }
   }
   std::string json = header.dump();

@@ -10,7 +10,13 @@
 // metadata under kChecksumKey, as one string (metadata values are strings, so
 // PyTorch's safetensors and facebookresearch/DiT still load the file):
 //   "perftrain.crc32c": a JSON object from tensor name to its CRC32C as 8 hex digits
-// Files from other tools carry none and load as before.
+//   "perftrain.crc32c.header": the CRC32C of what the header says: every other
+//       metadata key and value, and each tensor's name, dtype and shape (the
+//       data offsets are covered by the tensors' CRC32Cs: data moved no
+//       longer matches), in a canonical form, so that a tool that rewrites
+//       the file keeping its metadata does not break it
+// Files from other tools carry neither and load as before; files from before
+// the header checksum carry only the first.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,6 +32,7 @@ namespace perftrain::io {
 struct Mapping;  // the memory-mapped file
 
 inline constexpr const char* kChecksumKey = "perftrain.crc32c";
+inline constexpr const char* kHeaderChecksumKey = "perftrain.crc32c.header";
 
 class SafetensorsFile {
  public:
@@ -45,10 +52,17 @@ class SafetensorsFile {
 
   // Whether the file records per-tensor CRC32Cs (kChecksumKey).
   bool has_checksums() const { return metadata_.count(kChecksumKey) != 0; }
-  // Reads every tensor's bytes and compares their CRC32C with the record;
-  // throws RuntimeError naming the file and the first corrupt tensor in data
-  // order (or a record that does not match the tensors). Returns the number of
-  // tensors checked; 0 and no reading for a file without checksums.
+  // Whether the file records its header's CRC32C (kHeaderChecksumKey).
+  bool has_header_checksum() const { return metadata_.count(kHeaderChecksumKey) != 0; }
+  // Checks the header against its recorded CRC32C (no tensor data is read);
+  // throws RuntimeError naming the file when it differs. Nothing for a file
+  // without one.
+  void verify_header_checksum() const;
+  // The header's checksum, then every tensor's bytes against the record;
+  // throws RuntimeError naming the file and the corrupt header or the first
+  // corrupt tensor in data order (or a record that does not match the
+  // tensors). Returns the number of tensors checked; 0 and no reading of the
+  // data for a file without tensor checksums.
   size_t verify_checksums() const;
 
  private:
@@ -66,12 +80,16 @@ class SafetensorsFile {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// "zip" or "legacy" for a file torch.save wrote (its zip format, whose first
+// entry is data.pkl, or its legacy pickle format), else "" (unreadable too).
+std::string torch_save_format(const std::string& path);
+
 // The safetensors name of a dtype ("F32", "BF16", ...), or "unsupported
 // (<torch name>)", for messages that speak the file format's language.
 std::string safetensors_dtype_name(at::ScalarType type);
 
 struct SaveOptions {
-  bool checksums = false;  // record each tensor's CRC32C (kChecksumKey)
+  bool checksums = false;  // record each tensor's CRC32C and the header's (kChecksumKey, kHeaderChecksumKey)
 };
 
 // Writes tensors (any device; copied to CPU, made contiguous) atomically.

@@ -3,6 +3,7 @@
 #include <ATen/core/grad_mode.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "base/fs.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "train/run_lock.h"
 
 namespace perftrain::train {
 namespace {
@@ -48,13 +50,22 @@ void remove_step_dir(const std::string& root, const std::string& name) {
   fs::remove_tree(old);
 }
 
-// Keeps the newest `keep` step directories, the one just written among them.
+// Keeps the newest `keep` complete step directories, the one just written
+// among them; any other directory is not this program's to remove.
 void prune(const std::string& root, int64_t keep, const std::string& current) {
   std::vector<std::string> others;
   for (const auto& name : fs::list_directory(root))
-    if (name != current && name.rfind("step_", 0) == 0 && fs::is_directory(fs::join(root, name)))
+    if (name != current && is_step_dir_name(name) && fs::is_directory(fs::join(root, name)) &&
+        missing_checkpoint_files(fs::join(root, name)).empty())
       others.push_back(name);
   for (size_t i = 0; i + static_cast<size_t>(keep) < others.size() + 1; ++i) remove_step_dir(root, others[i]);
+}
+
+bool all_digits(const std::string& s, size_t from, size_t to) {
+  if (from >= to || to > s.size()) return false;
+  for (size_t i = from; i < to; ++i)
+    if (s[i] < '0' || s[i] > '9') return false;
+  return true;
 }
 
 }  // namespace
@@ -65,12 +76,24 @@ const std::vector<std::string>& checkpoint_files() {
   return files;
 }
 
-bool is_interrupted_step_dir(const std::string& ckpt_root, const std::string& name) {
-  if (name.rfind(".step_", 0) == 0) return true;
-  if (name.rfind("step_", 0) != 0 || !fs::is_directory(fs::join(ckpt_root, name))) return false;
+bool is_step_dir_name(const std::string& name) {
+  return name.rfind("step_", 0) == 0 && name.size() >= 13 && all_digits(name, 5, name.size());
+}
+
+bool is_step_temp_name(const std::string& name) {
+  // ".step_<digits>.tmp.<digits>" or ".step_<digits>.old.<digits>"
+  if (name.rfind(".step_", 0) != 0) return false;
+  const size_t dot = name.find('.', 6);
+  if (dot == std::string::npos || !all_digits(name, 6, dot)) return false;
+  const std::string kind = name.substr(dot, 5);
+  return (kind == ".tmp." || kind == ".old.") && all_digits(name, dot + 5, name.size());
+}
+
+std::vector<std::string> missing_checkpoint_files(const std::string& dir) {
+  std::vector<std::string> missing;
   for (const auto& f : checkpoint_files())
-    if (!fs::is_regular_file(fs::join(fs::join(ckpt_root, name), f))) return true;
-  return false;
+    if (!fs::is_regular_file(fs::join(dir, f))) missing.push_back(f);
+  return missing;
 }
 
 std::string save_checkpoint(const std::string& ckpt_root, const TrainConfig& cfg,
@@ -80,6 +103,7 @@ std::string save_checkpoint(const std::string& ckpt_root, const TrainConfig& cfg
   const std::string name = step_dir_name(state.step);
   const std::string dir = fs::join(ckpt_root, name);
   const std::string tmp = fs::join(ckpt_root, "." + name + ".tmp." + std::to_string(::getpid()));
+  check_run_lock(fs::parent_path(ckpt_root));
   fs::remove_tree(tmp);
   fs::create_directories(tmp);
   const io::SaveOptions checksums{/*checksums=*/true};
@@ -105,6 +129,7 @@ std::string save_checkpoint(const std::string& ckpt_root, const TrainConfig& cfg
                         {"rng.device", gen.device().str()}},
                        checksums);
   // Each file was fsynced and renamed inside tmp, and tmp fsynced with it.
+  check_run_lock(fs::parent_path(ckpt_root));  // the save took a while: still this run's trainer?
   if (fs::exists(dir)) {
     // The same step again (a resume from an older checkpoint): swap the two
     // directories in one step where the filesystem can, so that `latest`
@@ -124,19 +149,53 @@ std::string save_checkpoint(const std::string& ckpt_root, const TrainConfig& cfg
   return dir;
 }
 
+namespace {
+
+// "a, b and c"
+std::string listed(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
+  return out;
+}
+
+}  // namespace
+
+std::string latest_checkpoint_dir(const std::string& ckpt_root) {
+  const std::string latest = fs::join(ckpt_root, "latest");
+  std::ifstream in(latest);
+  std::string name, rest;
+  in >> name >> rest;
+  // Only a step directory of this ckpt directory: never a path, so that an
+  // edited or copied `latest` cannot lead a resume into another run.
+  if (!is_step_dir_name(name) || !rest.empty())
+    throw RuntimeError(latest + " names '" + name + (rest.empty() ? "" : " " + rest) +
+                       "', which is not a step directory of this run (step_<8 digits> in " + ckpt_root +
+                       "); resume from a step directory instead: --resume " + ckpt_root + "/step_<N>");
+  const std::string dir = fs::join(ckpt_root, name);
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw RuntimeError(latest + " names " + name + ", which is " +
+                       (fs::exists(dir) ? "not a directory of this run" : "absent"));
+  const auto missing = missing_checkpoint_files(dir);
+  if (!missing.empty()) throw RuntimeError(latest + " names " + name + ", which has no " + listed(missing));
+  return dir;
+}
+
 std::string resolve_checkpoint_dir(const std::string& path) {
+  // A step directory: its trainer state (the other files are named when they
+  // are loaded), else any checkpoint file in it, or its name.
   if (fs::exists(fs::join(path, "trainer_state.safetensors"))) return path;
-  for (const std::string& root : {fs::join(path, "ckpt"), path}) {
-    if (fs::exists(fs::join(root, "latest"))) {
-      std::ifstream in(fs::join(root, "latest"));
-      std::string name;
-      in >> name;
-      const std::string dir = fs::join(root, name);
-      for (const auto& f : checkpoint_files())
-        if (!fs::exists(fs::join(dir, f))) throw RuntimeError(root + "/latest names " + name + ", which has no " + f);
-      return dir;
-    }
-  }
+  std::string base = path;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  bool step_dir = is_step_dir_name(base.substr(base.rfind('/') == std::string::npos ? 0 : base.rfind('/') + 1));
+  for (const auto& f : checkpoint_files()) step_dir = step_dir || fs::exists(fs::join(path, f));
+  if (step_dir && fs::is_directory(path))
+    throw UsageError("no checkpoint at " + path + ": the step directory has no " +
+                     listed(missing_checkpoint_files(path)) +
+                     " (a checkpoint is model.safetensors, ema.safetensors and trainer_state.safetensors)");
+  for (const std::string& root : {fs::join(path, "ckpt"), path})
+    if (fs::exists(fs::join(root, "latest"))) return latest_checkpoint_dir(root);
   throw UsageError("no checkpoint at " + path +
                    " (expected a run directory with ckpt/latest, or a step_* directory)");
 }
@@ -156,6 +215,12 @@ void load_weights_from(const io::SafetensorsFile& file, nn::Module& module) {
     if (t.sizes() != current.sizes())
       throw RuntimeError(path + ": tensor '" + name + "' has shape " + shape_str(t.sizes()) +
                          " but the model expects " + shape_str(current.sizes()));
+    // copy_ would cast an integer or bool tensor into a float weight silently.
+    if (at::isFloatingType(t.scalar_type()) != at::isFloatingType(current.scalar_type()))
+      throw RuntimeError(path + ": tensor '" + name + "' has dtype " + io::safetensors_dtype_name(t.scalar_type()) +
+                         " but the model's is " + io::safetensors_dtype_name(current.scalar_type()) +
+                         (at::isFloatingType(current.scalar_type()) ? " (a weight takes F16, BF16, F32 or F64)"
+                                                                    : ""));
     current.copy_(t);
   }
   for (const auto& name : file.names())
@@ -172,6 +237,7 @@ void load_weights(const std::string& path, nn::Module& module) {
 
 TrainConfig config_from_weights(const std::string& path) {
   auto file = io::SafetensorsFile::open(path);
+  file.verify_header_checksum();  // the config is in the header
   auto it = file.metadata().find("perftrain.config");
   if (it == file.metadata().end())
     throw UsageError(path + " has no perftrain config in its metadata; pass --config with the model settings");

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "base/error.h"
 
@@ -224,6 +226,53 @@ int64_t largest_batch_that_fits(const MemoryEstimate& est, double available_byte
   return b > 9.0e18 ? INT64_MAX : static_cast<int64_t>(b);
 }
 
+namespace {
+
+// A byte count from a cgroup file: a number, or infinity for "max", a
+// missing file or anything else.
+double cgroup_bytes(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text.find_first_not_of("0123456789") != std::string::npos) return INFINITY;
+  return std::stod(text);
+}
+
+// limit - usage of each of `cgroup`'s directories under `mount`, up to the mount itself.
+double least_room(const std::string& mount, std::string cgroup, const char* limit_file, const char* usage_file) {
+  double room = INFINITY;
+  while (true) {
+    const std::string dir = mount + (cgroup == "/" ? "" : cgroup);
+    const double limit = cgroup_bytes(dir + "/" + limit_file);
+    if (std::isfinite(limit)) {
+      const double usage = cgroup_bytes(dir + "/" + usage_file);
+      room = std::min(room, std::max(0.0, limit - (std::isfinite(usage) ? usage : 0.0)));
+    }
+    if (cgroup.empty() || cgroup == "/") return room;
+    const size_t slash = cgroup.rfind('/');
+    cgroup = slash == 0 || slash == std::string::npos ? "/" : cgroup.substr(0, slash);
+  }
+}
+
+}  // namespace
+
+double cgroup_memory_available(const std::string& cgroup_root, const std::string& proc_cgroup) {
+  double room = INFINITY;
+  std::istringstream lines(proc_cgroup);
+  for (std::string line; std::getline(lines, line);) {
+    // "<id>:<controllers>:<path>"; v2 is "0::<path>", v1's memory line names "memory".
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",", path = line.substr(b + 1);
+    if (path.empty() || path[0] != '/') continue;
+    if (controllers == ",,")
+      room = std::min(room, least_room(cgroup_root, path, "memory.max", "memory.current"));
+    else if (controllers.find(",memory,") != std::string::npos)
+      room = std::min(room, least_room(cgroup_root + "/memory", path, "memory.limit_in_bytes",
+                                       "memory.usage_in_bytes"));
+  }
+  return room;
+}
+
 double memory_available_for_training(bool cuda) {
   if (cuda) {
     size_t free = 0, total = 0;
@@ -233,9 +282,14 @@ double memory_available_for_training(bool cuda) {
     }
     return std::max(0.0, static_cast<double>(free) - kCudaReserveBytes);
   }
+  std::ifstream self("/proc/self/cgroup");
+  std::stringstream proc_cgroup;
+  proc_cgroup << self.rdbuf();
+  const double cgroup = cgroup_memory_available("/sys/fs/cgroup", proc_cgroup.str());
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return INFINITY;
-  return std::max(0.0, static_cast<double>(pages) * static_cast<double>(page) - kCpuReserveBytes);
+  if (pages <= 0 || page <= 0) return cgroup;
+  // The cgroup's usage counts this program already: no reserve against it.
+  return std::min(cgroup, std::max(0.0, static_cast<double>(pages) * static_cast<double>(page) - kCpuReserveBytes));
 }
 
 void check_memory_fits(const TrainConfig& cfg, bool cuda, const std::string& precision, double available_bytes,
@@ -243,7 +297,8 @@ void check_memory_fits(const TrainConfig& cfg, bool cuda, const std::string& pre
   const MemoryEstimate est = estimate_training_memory(cfg, cuda, precision, optimizer_shards);
   if (est.total_bytes() <= available_bytes) return;
   const std::string where = cuda ? "the GPU has " + bytes_text(available_bytes) + " free for it"
-                                 : "this machine has " + bytes_text(available_bytes) + " of memory";
+                                 : "this machine has " + bytes_text(available_bytes) +
+                                       " of memory for it (physical memory, or what its cgroup's limit leaves)";
   std::string suggestion;
   if (!cfg.speed.recompute) {
     TrainConfig with = cfg;

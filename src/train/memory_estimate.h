@@ -12,8 +12,9 @@
 //
 // run_training uses it to refuse, before anything is allocated, a batch that
 // cannot fit: on CUDA against the device's free memory, on the CPU against
-// the machine's physical memory (sysconf), with the largest batch that fits
-// and whether speed.recompute would.
+// the machine's physical memory (sysconf) or what the process's memory
+// cgroup still allows (containers, Slurm), whichever is less, with the
+// largest batch that fits and whether speed.recompute would.
 #pragma once
 
 #include <cstdint>
@@ -54,8 +55,17 @@ int64_t largest_batch_that_fits(const MemoryEstimate& estimate, double available
 
 // Bytes a run may use: on CUDA the device's free memory less a reserve for
 // the CUDA context and library workspaces that the caching allocator does
-// not count; on the CPU the physical memory less the program's own.
+// not count; on the CPU the physical memory less the program's own, or
+// cgroup_memory_available("/sys/fs/cgroup", /proc/self/cgroup) if less.
 double memory_available_for_training(bool cuda);
+
+// Bytes the memory cgroup of a process still lets it use: the least
+// limit - usage over its cgroup and the cgroups above it, cgroup v2
+// (memory.max, memory.current) or v1 (memory.limit_in_bytes,
+// memory.usage_in_bytes under <root>/memory); infinity where no limit is set
+// or none can be read. cgroup_root: where the hierarchy is mounted;
+// proc_cgroup: the text of /proc/<pid>/cgroup ("0::/user.slice/..." lines).
+double cgroup_memory_available(const std::string& cgroup_root, const std::string& proc_cgroup);
 
 // Throws UsageError naming train.batch_size, the estimate with its breakdown,
 // the memory available and a suggestion that fits (speed.recompute = true,

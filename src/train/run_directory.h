@@ -1,8 +1,10 @@
 // The run directory (docs/design.md): runs/<name>/ with config.toml,
 // metrics.jsonl, ckpt/, samples/, report.md and the lock file (run_lock.h).
 // What it promises: one trainer at a time; a failed resume changes none of
-// the run's files; a fresh run that fails before its first checkpoint leaves
-// no directory behind; metrics.jsonl holds whole lines with increasing steps.
+// the run's files; a fresh run that fails during set-up (before its first
+// metrics line) leaves no directory behind, and one that stops later keeps
+// everything it wrote; metrics.jsonl holds whole lines with increasing steps;
+// the clean-up removes only this program's own temporary names.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -11,6 +13,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "train/run_lock.h"
 
@@ -21,10 +24,12 @@ class RunDirectory {
   // Opens the directory (a fresh run creates it) and takes its lock; a
   // directory that already holds checkpoints is only reused when resuming
   // (UsageError otherwise, so a run is never clobbered). Under the lock,
-  // removes what interrupted saves left (one line on `log`). Writes no file of
-  // the run: that waits for start().
+  // removes what interrupted saves left (one line on `log`) and names on
+  // `log` what looks wrong but is not its own (a "warning:" line each).
+  // Writes no file of the run: that waits for start().
   RunDirectory(const std::string& path, bool resuming, std::ostream& log);
-  // A directory this process created and kept no checkpoint in is removed.
+  // A directory this process created is removed if it never got past set-up:
+  // no checkpoint kept and no metrics line written (and the lock still its own).
   ~RunDirectory();
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;
@@ -47,14 +52,23 @@ class RunDirectory {
  private:
   std::string path_;
   std::unique_ptr<RunLock> lock_;
-  bool created_ = false, keep_ = false;
+  bool created_ = false, keep_ = false, logged_ = false;
   int metrics_fd_ = -1;
 };
 
-// Names in a run directory that interrupted saves leave: write_file_atomic's
-// temporary files, and in ckpt/ the step directories being written or removed
-// (and incomplete step directories from older versions). Removes them and
-// returns their paths relative to the run directory. Call only under the lock.
-std::vector<std::string> remove_interrupted_saves(const std::string& run_dir);
+// What the clean-up of a run directory did, paths relative to it.
+struct Cleanup {
+  std::vector<std::string> removed;  // leftovers of interrupted saves
+  std::vector<std::string> warnings;  // "ckpt/step_1: ..." what looks wrong, left as it is
+};
+
+// Removes what interrupted saves leave, and only that: write_file_atomic's
+// temporary files (in the run directory, ckpt/ and samples/), and in ckpt/
+// save_checkpoint's temporary step directories (checkpoint.h). Anything
+// else in ckpt/ that looks like a checkpoint but is not a complete one of
+// this program's names (a step_* directory missing files, a user's
+// step_60_best/, another hidden .step_* name) stays and gets a warning. Call
+// only under the lock.
+Cleanup clean_interrupted_saves(const std::string& run_dir);
 
 }  // namespace perftrain::train

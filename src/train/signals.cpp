@@ -9,7 +9,9 @@ namespace perftrain::train {
 namespace {
 
 volatile std::sig_atomic_t g_received = 0;
-struct sigaction g_previous_int, g_previous_term;
+// The signals that stop a run, and the handlers they had before.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+struct sigaction g_previous[3];
 
 // Async-signal-safe only: a flag, write(2) and _exit(2).
 extern "C" void on_stop_signal(int sig) {
@@ -32,13 +34,11 @@ StopSignals::StopSignals() {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  ::sigaction(SIGINT, &sa, &g_previous_int);
-  ::sigaction(SIGTERM, &sa, &g_previous_term);
+  for (int i = 0; i < 3; ++i) ::sigaction(kStopSignals[i], &sa, &g_previous[i]);
 }
 
 StopSignals::~StopSignals() {
-  ::sigaction(SIGINT, &g_previous_int, nullptr);
-  ::sigaction(SIGTERM, &g_previous_term, nullptr);
+  for (int i = 0; i < 3; ++i) ::sigaction(kStopSignals[i], &g_previous[i], nullptr);
 }
 
 int StopSignals::received() const { return g_received; }
@@ -49,6 +49,8 @@ const char* stop_signal_name(int sig) {
       return "SIGINT";
     case SIGTERM:
       return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
     default:
       return "a signal";
   }

@@ -1,13 +1,18 @@
 // The run directory under faults, with the program as a user runs it (real
-// processes, real files): one trainer per run, kill -9 during saves, metrics
-// across a resume, a failed resume, a flipped bit, files from other tools,
-// and --run-name.
+// processes, real files): one trainer per run (a symbolic link or a removed
+// lock file included), kill -9 during saves, metrics across a resume, a
+// failed resume, the clean-up leaving what is not its own, `latest` naming
+// another run, a flipped bit, an edited header, integer weights, files from
+// other tools (torch.save's too), --run-name and --resume, a run that
+// diverges before its first checkpoint.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -341,7 +346,7 @@ import sys
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 with safe_open(sys.argv[1], "pt") as f:
-    meta = {k: v for k, v in f.metadata().items() if k != "perftrain.crc32c"}
+    meta = {k: v for k, v in f.metadata().items() if not k.startswith("perftrain.crc32c")}
 save_file(load_file(sys.argv[1]), sys.argv[2], metadata=meta)
 )");
   const std::string plain = tmp.file("plain.safetensors");
@@ -366,12 +371,306 @@ TEST(ReliabilityStore, RunNameIsOneDirectoryNameAndAFailedFreshRunLeavesNoDirect
   }
   EXPECT_FALSE(fs::exists(runs)) << "a bad --run-name created something";
   EXPECT_EQ(tmp.entries(), std::vector<std::string>{});
-  // A run that fails before its first checkpoint (the loss blows up) leaves
-  // no run directory behind.
+  // A run that fails before its first checkpoint (the loss blows up) keeps
+  // what it wrote, and says why it stopped: the metrics line, the report.
   const Result blow = run("train --runs-dir " + runs + " --run-name X" + kTiny +
                           " --steps 50 --lr 1e30 --set train.grad_clip=0 --set train.warmup_steps=0");
-  EXPECT_NE(blow.code, 0) << blow.output;
-  EXPECT_FALSE(fs::exists(runs + "/X")) << blow.output;
+  EXPECT_EQ(blow.code, 1) << blow.output;
+  ASSERT_TRUE(fs::is_directory(runs + "/X")) << blow.output;
+  EXPECT_FALSE(fs::exists(runs + "/X/ckpt/latest"));
+  const std::string metrics = read_raw(runs + "/X/metrics.jsonl");
+  ASSERT_FALSE(metrics.empty()) << blow.output;
+  const auto last = nlohmann::json::parse(metrics.substr(metrics.rfind('\n', metrics.size() - 2) + 1));
+  EXPECT_TRUE(last.contains("first_nonfinite_step")) << metrics;
+  EXPECT_NE(read_raw(runs + "/X/report.md").find("non-finite"), std::string::npos);
+  EXPECT_TRUE(fs::is_regular_file(runs + "/X/config.toml"));
+}
+
+// The clean-up at a resume removes only the saves' own temporaries: a step
+// directory without its trainer state, a user's step_60_best/ and a stray
+// step_1/README stay (one warning line each), and pruning passes them by.
+TEST(ReliabilityStore, ResumeLeavesDirectoriesItDidNotWrite) {
+  TempDir tmp;
+  const std::string run_dir = tmp.path() + "/C", ckpt = run_dir + "/ckpt";
+  const Result a = run(train_args(tmp, "C", 4, " --set log.checkpoint_every=2 --set log.keep_checkpoints=1"));
+  ASSERT_EQ(a.code, 0) << a.output;
+  const std::string step4 = ckpt + "/step_00000004";
+  fs::create_directories(ckpt + "/step_00000003");
+  fs::create_directories(ckpt + "/step_60_best");
+  fs::create_directories(ckpt + "/step_1");
+  for (const char* f : {"model.safetensors", "ema.safetensors"})
+    write_raw(ckpt + "/step_00000003/" + f, read_raw(step4 + "/" + f));
+  for (const char* f : {"model.safetensors", "ema.safetensors", "trainer_state.safetensors"})
+    write_raw(ckpt + "/step_60_best/" + f, read_raw(step4 + "/" + f));
+  write_raw(ckpt + "/step_1/README", "my notes\n");
+  fs::create_directories(ckpt + "/.step_00000005.tmp.99999");  // a save that was interrupted
+  const auto before = snapshot(run_dir);
+
+  const Result r = run("train --resume " + run_dir + " --steps 8");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* w : {"C/ckpt/step_00000003: an incomplete step directory (no trainer_state.safetensors)",
+                        "C/ckpt/step_1: not a step directory name", "C/ckpt/step_60_best: not a step directory name"})
+    EXPECT_NE(r.output.find("warning: " + tmp.path() + "/" + w), std::string::npos) << w << "\n" << r.output;
+  EXPECT_NE(r.output.find("removed 1 leftover of interrupted saves in " + run_dir + ": ckpt/.step_00000005.tmp.99999"),
+            std::string::npos)
+      << r.output;
+  const auto after = snapshot(run_dir);
+  for (const auto& [path, bytes] : before)
+    if (path.rfind("ckpt/step_00000003/", 0) == 0 || path.rfind("ckpt/step_60_best/", 0) == 0 ||
+        path.rfind("ckpt/step_1/", 0) == 0)
+      EXPECT_TRUE(after.count(path) && after.at(path) == bytes) << path;
+  // Its own step directories were pruned to one, as asked.
+  EXPECT_EQ(fs::list_directory(ckpt), (std::vector<std::string>{"latest", "step_00000003", "step_00000008",
+                                                                "step_1", "step_60_best"}));
+}
+
+// ckpt/latest names only a step directory of its own run: an edited or
+// copied one that leads elsewhere (another run, an absolute path) is an
+// error for resume, sample and verify, and so is one naming a missing or
+// garbage step.
+TEST(ReliabilityStore, LatestNamingAnythingButAStepOfItsRunIsAnError) {
+  TempDir tmp;
+  for (const char* name : {"A", "B"}) {
+    const Result r = run(train_args(tmp, name, 2));
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  const std::string a = tmp.path() + "/A", b = tmp.path() + "/B";
+  const auto b_before = snapshot(b);
+  const std::string a_config = read_raw(a + "/config.toml");
+  for (const std::string& elsewhere : {std::string("../../B/ckpt/step_00000002"), b + "/ckpt/step_00000002"}) {
+    write_raw(a + "/ckpt/latest", elsewhere + "\n");
+    const Result resume = run("train --resume " + a + " --steps 4");
+    EXPECT_EQ(resume.code, 1) << elsewhere << "\n" << resume.output;
+    EXPECT_NE(resume.output.find("not a step directory of this run"), std::string::npos) << resume.output;
+    const Result sample = run("sample --device cpu --ckpt " + a + " --out " + tmp.file("s.png"));
+    EXPECT_EQ(sample.code, 1) << elsewhere << "\n" << sample.output;
+    EXPECT_NE(sample.output.find("not a step directory of this run"), std::string::npos) << sample.output;
+    EXPECT_FALSE(fs::exists(tmp.file("s.png")));
+    const Result verify = run("verify " + a);
+    EXPECT_EQ(verify.code, 1) << elsewhere << "\n" << verify.output;
+    EXPECT_NE(verify.output.find("latest names"), std::string::npos) << verify.output;
+  }
+  const auto b_after = snapshot(b);
+  EXPECT_EQ(b_after.size(), b_before.size());
+  for (const auto& [path, bytes] : b_before) EXPECT_TRUE(b_after.count(path) && b_after.at(path) == bytes) << path;
+  EXPECT_EQ(read_raw(a + "/config.toml"), a_config);
+  for (const std::string& bad : {"step_00000099", "garbage", ""}) {
+    write_raw(a + "/ckpt/latest", bad + "\n");
+    const Result verify = run("verify " + a);
+    EXPECT_EQ(verify.code, 1) << "'" << bad << "'\n" << verify.output;
+    EXPECT_NE(verify.output.find(a + "/ckpt/latest names"), std::string::npos) << verify.output;
+  }
+  write_raw(a + "/ckpt/latest", "step_00000002\n");
+  EXPECT_EQ(run("verify " + a).code, 0);
+}
+
+// A lock file that is a symbolic link is refused, its target untouched; a
+// lock file removed under a running trainer stops that trainer at its next
+// save (a second trainer may have taken the run), keeping what it wrote.
+TEST(ReliabilityStore, TheLockIsTheOpenFileNotTheName) {
+  TempDir tmp;
+  fs::create_directories(tmp.path() + "/L");
+  write_raw(tmp.file("precious"), "the user's file\n");
+  ASSERT_EQ(::symlink(tmp.file("precious").c_str(), tmp.file("L/lock").c_str()), 0);
+  const Result linked = run(train_args(tmp, "L", 2));
+  EXPECT_EQ(linked.code, 2) << linked.output;
+  EXPECT_NE(linked.output.find("is a symbolic link"), std::string::npos) << linked.output;
+  EXPECT_EQ(read_raw(tmp.file("precious")), "the user's file\n");
+  EXPECT_FALSE(fs::exists(tmp.path() + "/L/ckpt"));
+
+  const std::string run_dir = tmp.path() + "/R";
+  auto first = spawn(train_args(tmp, "R", 1000000, " --set log.checkpoint_every=5"), tmp.file("first.log"));
+  ASSERT_TRUE(wait_until([&] { return fs::exists(run_dir + "/ckpt/latest") || !still_running(first.pid); }, 120));
+  ASSERT_TRUE(still_running(first.pid)) << read_raw(first.out);
+  ASSERT_EQ(std::remove((run_dir + "/lock").c_str()), 0);
+  // It stops at its next save (five steps of milliseconds each).
+  int status = 0;
+  const bool stopped = wait_until([&] { return ::waitpid(first.pid, &status, WNOHANG) == first.pid; }, 60);
+  if (!stopped) {
+    ::kill(first.pid, SIGKILL);
+    wait_for(first.pid);
+  }
+  const std::string out = read_raw(first.out);
+  ASSERT_TRUE(stopped) << "the trainer went on without its lock file: " << out;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
+  EXPECT_NE(out.find(run_dir + "/lock was removed or replaced"), std::string::npos) << out;
+  // What it saved before stays, complete.
+  expect_checkpoints_complete(run_dir, "after the lock was removed");
+  EXPECT_FALSE(metric_steps(run_dir).empty());
+  // The run is resumable by the next trainer, which takes a lock of its own.
+  const Result resume = run("train --resume " + run_dir + " --steps " + std::to_string(latest_step(run_dir) + 2));
+  EXPECT_EQ(resume.code, 0) << resume.output;
+}
+
+// Replaces `from` by `to` (of the same length) inside a safetensors file's
+// header, in place: an edit of its metadata.
+void edit_header(const std::string& path, const std::string& from, const std::string& to) {
+  ASSERT_EQ(from.size(), to.size());
+  std::string bytes = read_raw(path);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
+  const size_t at = bytes.find(from);
+  ASSERT_NE(at, std::string::npos) << from << " not in " << path;
+  ASSERT_LT(at, 8 + n) << from << " is not in the header of " << path;
+  bytes.replace(at, from.size(), to);
+  write_raw(path, bytes);
+}
+
+// The checksums cover the header as well as the tensors: an edited step or
+// learning rate in a checkpoint's metadata is found by verify, resume and
+// sample, and the run is left as it was.
+TEST(ReliabilityStore, AnEditedStepOrLearningRateIsFoundByVerifyResumeAndSample) {
+  TempDir tmp;
+  const std::string run_dir = tmp.path() + "/H", step = run_dir + "/ckpt/step_00000004";
+  const Result a = run(train_args(tmp, "H", 4, " --lr 0.0001 --set log.checkpoint_every=2 --set log.keep_checkpoints=5"));
+  ASSERT_EQ(a.code, 0) << a.output;
+  const auto before = snapshot(run_dir);
+  struct Edit {
+    std::string file, from, to;
+  };
+  for (const Edit& e : {Edit{"trainer_state.safetensors", "\"step\":\"4\"", "\"step\":\"2\""},
+                        Edit{"model.safetensors", "lr = 0.0001", "lr = 0.0009"}}) {
+    const std::string path = step + "/" + e.file, good = read_raw(path);
+    edit_header(path, e.from, e.to);
+    const std::string named = path + ": the header is corrupt";
+    const Result v = run("verify " + run_dir);
+    EXPECT_EQ(v.code, 1) << e.to << "\n" << v.output;
+    EXPECT_NE(v.output.find(named), std::string::npos) << v.output;
+    const Result r = run("train --resume " + run_dir + " --steps 6");
+    EXPECT_EQ(r.code, 1) << e.to << "\n" << r.output;
+    EXPECT_NE(r.output.find(named), std::string::npos) << r.output;
+    const Result s = run("sample --device cpu --weights model --ckpt " + run_dir + " --out " + tmp.file("s.png"));
+    if (e.file == "model.safetensors") {
+      EXPECT_EQ(s.code, 1) << s.output;
+      EXPECT_NE(s.output.find(named), std::string::npos) << s.output;
+    }
+    write_raw(path, good);
+    fs::remove_tree(tmp.file("s.png"));
+  }
+  const auto after = snapshot(run_dir);
+  EXPECT_EQ(after.size(), before.size());
+  for (const auto& [path, bytes] : before) EXPECT_TRUE(after.count(path) && after.at(path) == bytes) << path;
+  EXPECT_EQ(run("verify " + run_dir).code, 0);
+}
+
+// A checkpoint written before the header checksum (tensor checksums only)
+// verifies, says it has no metadata checksum, and resumes.
+TEST(ReliabilityStore, ACheckpointWithoutAMetadataChecksumStillVerifiesAndResumes) {
+  TempDir tmp;
+  const std::string run_dir = tmp.path() + "/O", step = run_dir + "/ckpt/step_00000002";
+  const Result a = run(train_args(tmp, "O", 2));
+  ASSERT_EQ(a.code, 0) << a.output;
+  for (const char* f : {"model.safetensors", "ema.safetensors", "trainer_state.safetensors"}) {
+    const std::string path = step + "/" + f;
+    const auto file = perftrain::io::SafetensorsFile::open(path);
+    perftrain::io::NamedTensors tensors;
+    for (const auto& name : file.names()) tensors.emplace_back(name, file.get(name).clone());
+    auto meta = file.metadata();
+    meta.erase("perftrain.crc32c.header");
+    ASSERT_TRUE(meta.count("perftrain.crc32c"));
+    perftrain::io::save_safetensors(path + ".old", tensors, meta);
+    ASSERT_EQ(std::rename((path + ".old").c_str(), path.c_str()), 0);
+  }
+  const Result v = run("verify " + run_dir);
+  EXPECT_EQ(v.code, 0) << v.output;
+  size_t said = 0;
+  for (size_t at = v.output.find("no metadata checksum"); at != std::string::npos;
+       at = v.output.find("no metadata checksum", at + 1))
+    ++said;
+  EXPECT_EQ(said, 4u) << v.output;  // each file, and the summary
+  const Result r = run("train --resume " + run_dir + " --steps 4");
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// Integer weights in a file without checksums (no record to catch the
+// change) are refused by dtype, not cast into the float weights.
+TEST(ReliabilityStore, IntegerWeightsAreRefusedNamingTheTensorAndDtype) {
+  TempDir tmp;
+  const Result a = run(train_args(tmp, "I", 2));
+  ASSERT_EQ(a.code, 0) << a.output;
+  const auto file = perftrain::io::SafetensorsFile::open(tmp.path() + "/I/ckpt/step_00000002/ema.safetensors");
+  perftrain::io::NamedTensors tensors;
+  std::string cast;
+  for (const auto& name : file.names()) {
+    at::Tensor t = file.get(name).clone();
+    if (cast.empty() && t.dim() == 2) {
+      cast = name;
+      t = t.mul(1000).to(at::kInt);
+    }
+    tensors.emplace_back(name, t);
+  }
+  ASSERT_FALSE(cast.empty());
+  auto meta = file.metadata();
+  meta.erase("perftrain.crc32c");
+  meta.erase("perftrain.crc32c.header");
+  perftrain::io::save_safetensors(tmp.file("int.safetensors"), tensors, meta);
+  const Result s = run("sample --device cpu --ckpt " + tmp.file("int.safetensors") + " --out " + tmp.file("s.png"));
+  EXPECT_EQ(s.code, 1) << s.output;
+  EXPECT_NE(s.output.find("tensor '" + cast + "' has dtype I32 but the model's is F32"), std::string::npos) << s.output;
+  EXPECT_EQ(std::count(s.output.begin(), s.output.end(), '\n'), 1) << s.output;
+  EXPECT_FALSE(fs::exists(tmp.file("s.png")));
+}
+
+// A step directory missing its trainer state: --resume names what is missing.
+TEST(ReliabilityStore, ResumeOfAnIncompleteStepDirectoryNamesWhatIsMissing) {
+  TempDir tmp;
+  const Result a = run(train_args(tmp, "S", 2));
+  ASSERT_EQ(a.code, 0) << a.output;
+  const std::string step = tmp.path() + "/S/ckpt/step_00000002";
+  ASSERT_EQ(std::remove((step + "/trainer_state.safetensors").c_str()), 0);
+  for (const std::string& target : {step, tmp.path() + "/S"}) {
+    const Result r = run("train --resume " + target + " --steps 4");
+    EXPECT_NE(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("no trainer_state.safetensors"), std::string::npos) << target << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
+}
+
+// torch.save files (its zip and its legacy format, made by PyTorch itself)
+// are named as such by verify, with the way to convert them, not CORRUPT.
+TEST(ReliabilityStore, VerifyNamesATorchSaveFileAndHowToConvertIt) {
+  TempDir tmp;
+  const std::string script = tmp.file("save.py");
+  write_raw(script, R"(
+import sys, torch
+sd = {"w": torch.ones(3, 2), "b": torch.zeros(2)}
+torch.save(sd, sys.argv[1])
+torch.save(sd, sys.argv[2], _use_new_zipfile_serialization=False)
+)");
+  ASSERT_EQ(perftrain::testing::run_command(std::string("'") + PERFTRAIN_PYTHON + "' '" + script + "' '" +
+                                            tmp.file("zip.pt") + "' '" + tmp.file("legacy.pt") + "'"),
+            0);
+  for (const char* name : {"zip.pt", "legacy.pt"}) {
+    const Result v = run("verify " + tmp.file(name));
+    EXPECT_EQ(v.code, 2) << name << "\n" << v.output;
+    EXPECT_EQ(v.output.find("CORRUPT"), std::string::npos) << v.output;
+    EXPECT_NE(v.output.find(tmp.file(name) + ": a torch.save file"), std::string::npos) << v.output;
+    EXPECT_NE(v.output.find("not a perftrain safetensors checkpoint"), std::string::npos) << v.output;
+    EXPECT_NE(v.output.find("safetensors.torch.save_file(torch.load(p"), std::string::npos) << v.output;
+  }
+}
+
+// --resume "" is an error, not a fresh run; --resume with another
+// --run-name or --runs-dir is refused and the run's recorded name stays.
+TEST(ReliabilityStore, ResumeTakesARunAndKeepsItsName) {
+  TempDir tmp;
+  const Result empty = run("train --resume ''" + std::string(" --runs-dir ") + tmp.path() + kTiny + " --steps 2");
+  EXPECT_EQ(empty.code, 2) << empty.output;
+  EXPECT_NE(empty.output.find("--resume"), std::string::npos) << empty.output;
+  EXPECT_EQ(tmp.entries(), std::vector<std::string>{}) << empty.output;
+  const Result a = run(train_args(tmp, "N", 2));
+  ASSERT_EQ(a.code, 0) << a.output;
+  const auto before = snapshot(tmp.path() + "/N");
+  for (const std::string& flag : {std::string("--run-name other"), std::string("--runs-dir ") + tmp.file("elsewhere")}) {
+    const Result r = run("train --resume " + tmp.path() + "/N " + flag + " --steps 4");
+    EXPECT_EQ(r.code, 2) << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find("cannot go with --resume"), std::string::npos) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
+  EXPECT_EQ(tmp.entries(), std::vector<std::string>{"N"});
+  const auto after = snapshot(tmp.path() + "/N");
+  EXPECT_EQ(after.size(), before.size());
+  for (const auto& [path, bytes] : before) EXPECT_TRUE(after.count(path) && after.at(path) == bytes) << path;
 }
 
 }  // namespace

@@ -1,13 +1,17 @@
-// Per-tensor CRC32Cs in the safetensors metadata: recorded on write, checked
-// on demand, the first corrupt tensor named; files without them still load,
-// and Python's safetensors reads files with them.
+// Per-tensor CRC32Cs in the safetensors metadata, and one of the header:
+// recorded on write, checked on demand, the first corrupt tensor or the
+// corrupt header named; files without them (or from before the header's)
+// still load, and Python's safetensors reads and rewrites files with them.
 #include <ATen/ops/arange.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "base/crc32c.h"
 #include "base/error.h"
@@ -97,12 +101,64 @@ TEST(SafetensorsChecksum, AFileWithoutChecksumsStillLoads) {
   EXPECT_TRUE(file.get("a.weight").equal(tensors[0].second));
 }
 
-TEST(SafetensorsChecksum, TheChecksumKeyIsReserved) {
+TEST(SafetensorsChecksum, TheChecksumKeysAreReserved) {
   TempDir dir;
-  const std::string msg = error_of<UsageError>([&] {
-    save_safetensors(dir.file("t.safetensors"), random_tensors(), {{kChecksumKey, "x"}}, SaveOptions{true});
-  });
-  EXPECT_NE(msg.find(kChecksumKey), std::string::npos) << msg;
+  for (const char* key : {kChecksumKey, kHeaderChecksumKey}) {
+    const std::string msg = error_of<UsageError>([&] {
+      save_safetensors(dir.file("t.safetensors"), random_tensors(), {{key, "x"}}, SaveOptions{true});
+    });
+    EXPECT_NE(msg.find(kChecksumKey), std::string::npos) << msg;
+  }
+}
+
+// Replaces `from` by `to` (the same length) in a file's header, in place.
+void edit_header(const std::string& path, const std::string& from, const std::string& to) {
+  ASSERT_EQ(from.size(), to.size());
+  std::string bytes = read_raw(path);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
+  const size_t at = bytes.find(from);
+  ASSERT_LT(at, 8 + n) << from;
+  bytes.replace(at, from.size(), to);
+  write_raw(path, bytes);
+}
+
+// What the tensor CRC32Cs cannot see: a metadata value, a dtype of the same
+// size, a shape with the same count. The header's CRC32C does.
+TEST(SafetensorsChecksum, AnEditedHeaderIsFoundWithoutReadingTheData) {
+  TempDir dir;
+  const std::string path = dir.file("t.safetensors");
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"\"step\":\"7\"", "\"step\":\"1\""},
+                                 {"\"dtype\":\"F32\",\"shape\":[17,5]", "\"dtype\":\"I32\",\"shape\":[17,5]"},
+                                 {"\"shape\":[17,5]", "\"shape\":[5,17]"}}) {
+    save_safetensors(path, random_tensors(), {{"step", "7"}}, SaveOptions{true});
+    ASSERT_TRUE(SafetensorsFile::open(path).has_header_checksum());
+    SafetensorsFile::open(path).verify_header_checksum();
+    edit_header(path, from, to);
+    const auto file = SafetensorsFile::open(path);
+    for (const auto& check : std::vector<std::function<void()>>{[&] { file.verify_header_checksum(); },
+                                                                [&] { file.verify_checksums(); }}) {
+      const std::string msg = error_of<RuntimeError>(check);
+      EXPECT_NE(msg.find(path + ": the header is corrupt"), std::string::npos) << to << ": " << msg;
+    }
+  }
+}
+
+// A file from before the header checksum: tensors checked, the header not.
+TEST(SafetensorsChecksum, AFileWithoutAHeaderChecksumStillVerifies) {
+  TempDir dir;
+  const std::string path = dir.file("t.safetensors");
+  save_safetensors(path, random_tensors(), {{"step", "7"}}, SaveOptions{true});
+  const auto file = SafetensorsFile::open(path);
+  NamedTensors tensors;
+  for (const auto& name : file.names()) tensors.emplace_back(name, file.get(name).clone());
+  auto meta = file.metadata();
+  meta.erase(kHeaderChecksumKey);
+  save_safetensors(path, tensors, meta);
+  const auto old = SafetensorsFile::open(path);
+  EXPECT_TRUE(old.has_checksums());
+  EXPECT_FALSE(old.has_header_checksum());
+  EXPECT_EQ(old.verify_checksums(), tensors.size());
 }
 
 // PyTorch's safetensors (and so facebookresearch/DiT's load_state_dict) reads
@@ -126,6 +182,29 @@ assert meta["format"] == "pt", meta
 assert set(json.loads(meta["perftrain.crc32c"])) == {"ramp", "noise"}, meta
 )");
   EXPECT_EQ(run_command(std::string("'") + PERFTRAIN_PYTHON + "' '" + script + "' '" + path + "'"), 0);
+}
+
+// Python's safetensors rewriting a file with its metadata kept (it orders
+// the header its own way and may place the tensors anew): both checksums
+// still hold, since they cover what the header says, not its layout.
+TEST(SafetensorsChecksum, AFileRewrittenByPythonWithItsMetadataStillVerifies) {
+  TempDir dir;
+  const std::string path = dir.file("t.safetensors"), copy = dir.file("copy.safetensors");
+  save_safetensors(path, random_tensors(), {{"format", "pt"}, {"step", "7"}}, SaveOptions{true});
+  const std::string script = dir.file("rewrite.py");
+  write_raw(script, R"(
+import sys
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+with safe_open(sys.argv[1], "pt") as f:
+    meta = f.metadata()
+save_file(load_file(sys.argv[1]), sys.argv[2], metadata=meta)
+)");
+  ASSERT_EQ(run_command(std::string("'") + PERFTRAIN_PYTHON + "' '" + script + "' '" + path + "' '" + copy + "'"), 0);
+  ASSERT_NE(read_raw(copy), read_raw(path));  // laid out anew
+  const auto file = SafetensorsFile::open(copy);
+  ASSERT_TRUE(file.has_header_checksum());
+  EXPECT_EQ(file.verify_checksums(), 4u);
 }
 
 TEST(AtomicTempName, RecognisesOnlyWriteFileAtomicsTemporaries) {

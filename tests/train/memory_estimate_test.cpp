@@ -2,7 +2,8 @@
 // really keeps (the parameter count from the model's closed form, moments and
 // copies by path), the H200 peaks measured by `perftrain bench`
 // (docs/PERFORMANCE.md) lie within 10% of it, and the fit check refuses with
-// a suggestion that fits.
+// a suggestion that fits; on the CPU the memory cgroup's limit (containers,
+// Slurm) bounds what is available.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -182,6 +183,42 @@ TEST(MemoryEstimate, SingleStreamActivationsFollowItsSequenceAndPaths) {
   double sum = 0;
   for (const auto& [what, bytes] : f32.parts) sum += bytes;
   EXPECT_NEAR(sum, f32.total_bytes(), 1e-6 * sum);
+}
+
+// A fake cgroup v2 tree: a job's limit above the process's own cgroup
+// (Slurm's layout), and the root's files absent as on a real machine.
+TEST(MemoryEstimate, CgroupV2LimitLessUsageBoundsTheMemory) {
+  perftrain::testing::TempDir root;
+  fs::create_directories(root.file("job/step/task"));
+  perftrain::testing::write_raw(root.file("job/memory.max"), "8589934592\n");  // 8 GiB
+  perftrain::testing::write_raw(root.file("job/memory.current"), "2147483648\n");
+  perftrain::testing::write_raw(root.file("job/step/memory.max"), "max\n");
+  perftrain::testing::write_raw(root.file("job/step/memory.current"), "1073741824\n");
+  perftrain::testing::write_raw(root.file("job/step/task/memory.max"), "max\n");
+  const std::string self = "0::/job/step/task\n";
+  EXPECT_DOUBLE_EQ(cgroup_memory_available(root.path(), self), 6 * kGiB);
+  // A tighter limit lower down wins.
+  perftrain::testing::write_raw(root.file("job/step/task/memory.max"), "3221225472\n");
+  perftrain::testing::write_raw(root.file("job/step/task/memory.current"), "1073741824\n");
+  EXPECT_DOUBLE_EQ(cgroup_memory_available(root.path(), self), 2 * kGiB);
+  // No limit anywhere, or no cgroup file: nothing bounds it.
+  EXPECT_TRUE(std::isinf(cgroup_memory_available(root.path(), "0::/elsewhere\n")));
+  EXPECT_TRUE(std::isinf(cgroup_memory_available(root.file("absent"), self)));
+  EXPECT_TRUE(std::isinf(cgroup_memory_available(root.path(), "")));
+}
+
+// cgroup v1: the memory controller's own hierarchy under <root>/memory.
+TEST(MemoryEstimate, CgroupV1LimitLessUsageBoundsTheMemory) {
+  perftrain::testing::TempDir root;
+  fs::create_directories(root.file("memory/docker/abc"));
+  perftrain::testing::write_raw(root.file("memory/memory.limit_in_bytes"), "9223372036854771712\n");  // none
+  perftrain::testing::write_raw(root.file("memory/docker/abc/memory.limit_in_bytes"), "4294967296\n");
+  perftrain::testing::write_raw(root.file("memory/docker/abc/memory.usage_in_bytes"), "1073741824\n");
+  const std::string self = "12:cpu,cpuacct:/docker/abc\n11:memory:/docker/abc\n0::/\n";
+  EXPECT_DOUBLE_EQ(cgroup_memory_available(root.path(), self), 3 * kGiB);
+  // Usage past the limit leaves nothing.
+  perftrain::testing::write_raw(root.file("memory/docker/abc/memory.usage_in_bytes"), "5368709120\n");
+  EXPECT_EQ(cgroup_memory_available(root.path(), self), 0.0);
 }
 
 }  // namespace

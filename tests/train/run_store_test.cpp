@@ -1,16 +1,19 @@
-// The run directory's bookkeeping in one process: the lock, the clean-up of
-// what interrupted saves leave, metrics.jsonl across a resume, and the
-// removal of a fresh run that kept no checkpoint.
+// The run directory's bookkeeping in one process: the lock (a symbolic link
+// refused, a lock file removed under its holder found), the clean-up of what
+// interrupted saves leave (and only that), metrics.jsonl across a resume, and
+// the removal of a fresh run that never got past set-up.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "base/error.h"
 #include "base/fs.h"
 #include "support/test_support.h"
+#include "train/checkpoint.h"
 #include "train/run_directory.h"
 #include "train/run_lock.h"
 
@@ -38,17 +41,50 @@ TEST(RunLock, ASecondHolderIsRefusedNamingTheFirst) {
   RunLock again(tmp.path());  // released with the first
 }
 
+// A lock file that is a symbolic link is refused, not written through.
+TEST(RunLock, ASymbolicLinkIsRefusedAndItsTargetLeftAsItWas) {
+  TempDir tmp;
+  write_raw(tmp.file("precious"), "the user's file\n");
+  tmp.mkdir("r");
+  ASSERT_EQ(::symlink(tmp.file("precious").c_str(), tmp.file("r/lock").c_str()), 0);
+  const std::string msg = error_of<UsageError>([&] { RunLock lock(tmp.file("r")); });
+  EXPECT_NE(msg.find(tmp.file("r/lock") + " is a symbolic link"), std::string::npos) << msg;
+  EXPECT_EQ(read_raw(tmp.file("precious")), "the user's file\n");
+}
+
+// The lock is the open file: once `lock` is removed (a second trainer could
+// then take the run), the holder finds out before it saves.
+TEST(RunLock, ALockFileRemovedUnderItsHolderIsFoundBeforeASave) {
+  TempDir tmp;
+  tmp.mkdir("r");
+  RunLock lock(tmp.path() + "/r");
+  EXPECT_TRUE(lock.still_held());
+  check_run_lock(tmp.file("r"));
+  ASSERT_EQ(std::remove(tmp.file("r/lock").c_str()), 0);
+  RunLock second(tmp.file("r"));  // what the removal lets in
+  EXPECT_FALSE(lock.still_held());
+  const std::string msg = error_of<RuntimeError>([&] { lock.check_held(); });
+  EXPECT_NE(msg.find(tmp.file("r/lock") + " was removed or replaced"), std::string::npos) << msg;
+  // check_run_lock finds this process's locks by directory, whatever the spelling.
+  EXPECT_THROW(check_run_lock(tmp.path() + "/./r/"), RuntimeError);
+}
+
 TEST(RunDirectory, RemovesWhatInterruptedSavesLeftAndNothingElse) {
   TempDir tmp;
   const std::string run = tmp.file("r");
   for (const char* d : {"r/ckpt/step_00000001", "r/ckpt/step_00000009", "r/ckpt/.step_00000003.tmp.123",
-                        "r/ckpt/.step_00000002.old.77", "r/samples"})
+                        "r/ckpt/.step_00000002.old.77", "r/ckpt/step_60_best", "r/ckpt/step_1",
+                        "r/ckpt/.step_mine", "r/samples"})
     fs::create_directories(tmp.file(d));
   for (const char* f : {"model.safetensors", "ema.safetensors", "trainer_state.safetensors"}) {
     write_raw(tmp.file(std::string("r/ckpt/step_00000001/") + f), "x");
     write_raw(tmp.file(std::string("r/ckpt/.step_00000003.tmp.123/") + f), "x");
+    write_raw(tmp.file(std::string("r/ckpt/step_60_best/") + f), "x");
   }
-  write_raw(tmp.file("r/ckpt/step_00000009/model.safetensors"), "x");  // an older version's partial save
+  // A step directory without its trainer state (the user kept the weights).
+  write_raw(tmp.file("r/ckpt/step_00000009/model.safetensors"), "x");
+  write_raw(tmp.file("r/ckpt/step_00000009/ema.safetensors"), "x");
+  write_raw(tmp.file("r/ckpt/step_1/README"), "notes");
   const std::vector<std::string> leftovers = {"r/ckpt/.latest.tmp.4.0.0", "r/.config.toml.tmp.5.1.0",
                                               "r/samples/.step_00000001.png.tmp.6.0.0"};
   for (const auto& f : leftovers) write_raw(tmp.file(f), "partial");
@@ -56,14 +92,36 @@ TEST(RunDirectory, RemovesWhatInterruptedSavesLeftAndNothingElse) {
     write_raw(tmp.file(f), "keep");
   std::ostringstream log;
   RunDirectory dir(run, /*resuming=*/true, log);
-  EXPECT_EQ(fs::list_directory(run + "/ckpt"), (std::vector<std::string>{"latest", "step_00000001"}));
+  EXPECT_EQ(fs::list_directory(run + "/ckpt"), (std::vector<std::string>{".step_mine", "latest", "step_00000001",
+                                                                         "step_00000009", "step_1", "step_60_best"}));
+  EXPECT_EQ(fs::list_directory(run + "/ckpt/step_00000009"),
+            (std::vector<std::string>{"ema.safetensors", "model.safetensors"}));
+  EXPECT_EQ(read_raw(run + "/ckpt/step_1/README"), "notes");
+  EXPECT_EQ(fs::list_directory(run + "/ckpt/step_60_best").size(), 3u);
   EXPECT_EQ(fs::list_directory(run + "/samples"), std::vector<std::string>{"step_00000001.png"});
   EXPECT_EQ(fs::list_directory(run), (std::vector<std::string>{"ckpt", "config.toml", "lock", "notes.tmp.txt",
                                                                "samples"}));
   const std::string said = log.str();
-  EXPECT_NE(said.find("removed 6 leftovers of interrupted saves"), std::string::npos) << said;
-  EXPECT_EQ(std::count(said.begin(), said.end(), '\n'), 1) << said;
+  EXPECT_NE(said.find("removed 5 leftovers of interrupted saves"), std::string::npos) << said;
+  // One warning line naming each doubtful directory, and what is wrong with it.
+  for (const char* w : {"ckpt/.step_mine: a hidden name", "ckpt/step_00000009: an incomplete step directory (no "
+                        "trainer_state.safetensors)", "ckpt/step_1: not a step directory name", "ckpt/step_60_best: "
+                        "not a step directory name"})
+    EXPECT_NE(said.find("warning: " + run + "/" + w), std::string::npos) << w << "\n" << said;
+  EXPECT_EQ(std::count(said.begin(), said.end(), '\n'), 5) << said;
   EXPECT_EQ(read_raw(run + "/config.toml"), "keep");  // nothing of the run is written before start()
+}
+
+// The names of save_checkpoint's own temporaries, and nothing like them.
+TEST(RunDirectory, OnlyTheSavesOwnTemporaryNamesAreLeftovers) {
+  for (const char* name : {".step_00000003.tmp.123", ".step_00000002.old.77", ".step_123456789.tmp.1"})
+    EXPECT_TRUE(is_step_temp_name(name)) << name;
+  for (const char* name : {".step_00000003.tmp.", ".step_.tmp.1", ".step_3.tmp.1x", ".step_3.bak.1", ".step_mine",
+                           "step_00000003", ".step_00000003.tmp.1/.."})
+    EXPECT_FALSE(is_step_temp_name(name)) << name;
+  for (const char* name : {"step_00000001", "step_123456789"}) EXPECT_TRUE(is_step_dir_name(name)) << name;
+  for (const char* name : {"step_1", "step_60_best", "step_0000000x", "../step_00000001", "/abs/step_00000001"})
+    EXPECT_FALSE(is_step_dir_name(name)) << name;
 }
 
 TEST(RunDirectory, MetricsAreCutBackToTheCheckpointOnResume) {
@@ -90,6 +148,11 @@ TEST(RunDirectory, AFreshRunWithoutACheckpointLeavesNoDirectory) {
   { RunDirectory dir(tmp.file("gone"), false, log); }
   EXPECT_FALSE(fs::exists(tmp.file("gone")));
   {
+    RunDirectory dir(tmp.file("set-up"), false, log);
+    dir.start("config", -1);  // config.toml and an empty metrics.jsonl: still set-up
+  }
+  EXPECT_FALSE(fs::exists(tmp.file("set-up")));
+  {
     RunDirectory dir(tmp.file("kept"), false, log);
     dir.start("config", -1);
     dir.keep();
@@ -100,6 +163,33 @@ TEST(RunDirectory, AFreshRunWithoutACheckpointLeavesNoDirectory) {
   const std::string msg = error_of<UsageError>([&] { RunDirectory again(tmp.file("kept"), false, log); });
   EXPECT_NE(msg.find("--resume"), std::string::npos) << msg;
   EXPECT_TRUE(fs::exists(tmp.file("kept/config.toml")));
+}
+
+// A run that stops (diverges, fails) after its first metrics line keeps
+// everything it wrote, checkpoint or not.
+TEST(RunDirectory, ARunThatLoggedAMetricsLineKeepsItsDirectory) {
+  TempDir tmp;
+  std::ostringstream log;
+  {
+    RunDirectory dir(tmp.file("stopped"), false, log);
+    dir.start("config", -1);
+    dir.log_metrics({{"step", 2}, {"nonfinite_steps", 1}});
+    write_raw(dir.file("report.md"), "stopped");
+  }
+  EXPECT_EQ(read_raw(tmp.file("stopped/metrics.jsonl")), "{\"nonfinite_steps\":1,\"step\":2}\n");
+  EXPECT_EQ(read_raw(tmp.file("stopped/report.md")), "stopped");
+}
+
+// A lock removed under the run: the directory may be another trainer's now,
+// so this one removes nothing on its way out.
+TEST(RunDirectory, ARunThatLostItsLockRemovesNothing) {
+  TempDir tmp;
+  std::ostringstream log;
+  {
+    RunDirectory dir(tmp.file("r"), false, log);
+    ASSERT_EQ(std::remove(tmp.file("r/lock").c_str()), 0);
+  }
+  EXPECT_TRUE(fs::is_directory(tmp.file("r")));
 }
 
 }  // namespace
