@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "cli/command.h"
+#include "cli/option_checks.h"
 #include "cli/view_options.h"
 #include "models/views/module_summary.h"
 #include "models/views/view_model.h"
@@ -17,7 +18,9 @@
 namespace perftrain::cli {
 
 void add_view_options(CLI::App* cmd, const std::shared_ptr<ViewArgs>& a) {
-  cmd->add_option("model", a->model, "model name (perftrain models lists them); default: the config's model");
+  cmd->add_option("model,--model", a->model,
+                  "model name (perftrain models lists them), positional or --model NAME; default: the config's model")
+      ->check(known_model());
   cmd->add_option("-c,--config", a->config_file, "a training config (TOML) whose model and step to describe")
       ->check(CLI::ExistingFile);
   cmd->add_option("--set", a->overrides, "section.key=value over the config (e.g. model.image_size=64)");
@@ -82,7 +85,7 @@ void add_summary_command(CLI::App& app) {
   auto v = std::make_shared<ViewArgs>();
   auto a = std::make_shared<SummaryArgs>();
   add_view_options(cmd, v);
-  cmd->add_option("-b,--batch", v->batch, "batch size (default: the config's optim.batch_size)")
+  cmd->add_option("-b,--batch-size,--batch", v->batch, "batch size (default: the config's optim.batch_size)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("-d,--depth", a->depth, "module nesting shown (0: the model only)")->check(CLI::NonNegativeNumber);
   cmd->add_option("-f,--format", a->format, "output format")->check(CLI::IsMember({"table", "csv", "json", "md"}));
