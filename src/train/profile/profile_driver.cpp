@@ -341,6 +341,7 @@ void run_profile(const ProfilePlan& p) {
   const std::string& out = p.options.step.out;
   apply_speed_settings(cfg.speed);
   const at::Device device = p.cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  if (!p.cuda) op::quiet_cpu_trace_writer();  // before the loader's thread starts
   fs::create_directories(out);
 
   op::RunFacts facts = run_facts(cfg, cfg.optim.precision);
