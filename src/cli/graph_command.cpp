@@ -62,7 +62,7 @@ void add_graph_command(CLI::App& app) {
   cmd->add_flag("--all-blocks", a->all_blocks, "draw every repeated block instead of the first with a count");
   cmd->add_option("-f,--format", a->format, "dot, svg or png (default: from -o's extension, else dot)")
       ->check(CLI::IsMember({"dot", "svg", "png"}));
-  cmd->add_option("-b,--batch", v->batch, "batch size of the traced forward")->check(CLI::PositiveNumber);
+  cmd->add_option("-b,--batch-size,--batch", v->batch, "batch size of the traced forward")->check(CLI::PositiveNumber);
   cmd->callback([v, a] { run_graph(*v, *a); });
 }
 

@@ -136,4 +136,10 @@ int launch_ranks(int nproc, const std::vector<std::string>& args) {
   return exit_code(status[0]);
 }
 
+void refuse_nproc_under_launcher() {
+  if (dist::launch_env().from_env)
+    throw UsageError("--nproc-per-node starts the ranks itself: leave it out under torchrun or Slurm "
+                     "(RANK, WORLD_SIZE, ... are set)");
+}
+
 }  // namespace perftrain::cli

@@ -17,6 +17,10 @@ namespace perftrain::cli {
 // code, after a line on stderr naming it.
 int launch_ranks(int nproc, const std::vector<std::string>& args);
 
+// UsageError when this process is already a rank (torchrun's or Slurm's
+// variables are set): --nproc-per-node starts the ranks itself.
+void refuse_nproc_under_launcher();
+
 // This process's arguments after the program name (/proc/self/cmdline),
 // without --nproc-per-node and its value.
 std::vector<std::string> arguments_without_nproc();

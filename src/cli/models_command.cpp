@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli/command.h"
+#include "cli/option_checks.h"
 #include "models/dit_config.h"
 
 namespace perftrain::cli {
@@ -23,9 +24,7 @@ void list_models(const ModelsOptions& o) {
                 "parameters", "GFLOP/img/step");
   // DiT, then the single-stream family (one class token; its tokens column
   // counts the condition token with the image's).
-  std::vector<std::string> names = models::dit_model_names();
-  for (const auto& n : models::single_stream_model_names()) names.push_back(n);
-  for (const auto& name : names) {
+  for (const auto& name : known_model_names()) {
     auto c = models::model_config(name);
     c.image_size = o.image_size;
     c.in_channels = o.in_channels;

@@ -4,8 +4,6 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <fstream>
-#include <iostream>
 
 #include "base/error.h"
 #include "cli/command.h"
@@ -15,34 +13,6 @@
 #include "train/memory_estimate.h"
 
 namespace perftrain::cli {
-
-void add_view_options(CLI::App* cmd, const std::shared_ptr<ViewArgs>& a) {
-  cmd->add_option("model", a->model, "model name (perftrain models lists them); default: the config's model");
-  cmd->add_option("-c,--config", a->config_file, "a training config (TOML) whose model and step to describe")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--set", a->overrides, "section.key=value over the config (e.g. model.image_size=64)");
-  cmd->add_option("-o,--output", a->out, "write to this file instead of stdout");
-}
-
-train::TrainConfig resolve_view_config(const ViewArgs& a) {
-  train::TrainConfig cfg = train::default_config(/*cuda=*/true);
-  if (!a.config_file.empty()) train::apply_toml_file(cfg, a.config_file);
-  if (!a.model.empty()) cfg.model = models::model_config(a.model);
-  for (const std::string& o : a.overrides) train::apply_override(cfg, o);
-  cfg.model.validate();
-  return cfg;
-}
-
-void write_view_output(const ViewArgs& a, const std::string& text) {
-  if (a.out.empty()) {
-    std::cout << text << std::flush;
-    return;
-  }
-  std::ofstream f(a.out, std::ios::binary);
-  f << text;
-  f.close();
-  if (!f) throw RuntimeError("cannot write " + a.out);
-}
 
 namespace {
 
@@ -82,7 +52,7 @@ void add_summary_command(CLI::App& app) {
   auto v = std::make_shared<ViewArgs>();
   auto a = std::make_shared<SummaryArgs>();
   add_view_options(cmd, v);
-  cmd->add_option("-b,--batch", v->batch, "batch size (default: the config's optim.batch_size)")
+  cmd->add_option("-b,--batch-size,--batch", v->batch, "batch size (default: the config's optim.batch_size)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("-d,--depth", a->depth, "module nesting shown (0: the model only)")->check(CLI::NonNegativeNumber);
   cmd->add_option("-f,--format", a->format, "output format")->check(CLI::IsMember({"table", "csv", "json", "md"}));

@@ -150,6 +150,20 @@ void run(const TrainArgs& a, bool save_on_signal, const std::string& profile, bo
             << "\nreport: " << s.run_dir << "/report.md\n";
 }
 
+// --nproc-per-node N: checks the config once, before any rank starts; with
+// N > 1 starts the ranks and exits with their code.
+void launch_data_parallel(const TrainArgs& a, int nproc) {
+  refuse_nproc_under_launcher();
+  const train::TrainConfig cfg = resolve_config(a);  // a usage error once, before any rank starts
+  if (cfg.optim.batch_size % nproc != 0)
+    throw UsageError("train.batch_size = " + std::to_string(cfg.optim.batch_size) +
+                     " is the global batch and must divide by --nproc-per-node " + std::to_string(nproc));
+  if (nproc > 1) {
+    std::cout.flush();
+    std::exit(launch_ranks(nproc, arguments_without_nproc()));
+  }
+}
+
 }  // namespace
 
 void add_train_options(CLI::App* cmd, const std::shared_ptr<TrainArgs>& a) {
@@ -266,19 +280,7 @@ void add_train_command(CLI::App& app) {
       ->group(cmd->get_option("--config")->get_group());
   cmd->callback([a, dry_run, save_on_signal, profile, profile_scopes_only, nproc] {
     if (!profile->empty()) observe::profile::parse_schedule(*profile, "--profile");  // before anything runs
-    if (*nproc > 0 && !*dry_run) {
-      if (dist::launch_env().from_env)
-        throw UsageError("--nproc-per-node starts the ranks itself: leave it out under torchrun or Slurm "
-                         "(RANK, WORLD_SIZE, ... are set)");
-      const train::TrainConfig cfg = resolve_config(*a);  // a usage error once, before any rank starts
-      if (cfg.optim.batch_size % *nproc != 0)
-        throw UsageError("train.batch_size = " + std::to_string(cfg.optim.batch_size) +
-                         " is the global batch and must divide by --nproc-per-node " + std::to_string(*nproc));
-      if (*nproc > 1) {
-        std::cout.flush();
-        std::exit(launch_ranks(*nproc, arguments_without_nproc()));
-      }
-    }
+    if (*nproc > 0 && !*dry_run) launch_data_parallel(*a, *nproc);
     if (*dry_run) std::cout << resolve_config(*a).to_toml();
     else run(*a, *save_on_signal == "on", *profile, *profile_scopes_only);
   });

@@ -15,14 +15,14 @@ class App;
 namespace perftrain::cli {
 
 struct ViewArgs {
-  std::string model;  // positional: a model name ("DiT-XL/2"); empty: the config's
+  std::string model;  // positional or --model: a model name ("DiT-XL/2"); empty: the config's
   std::string config_file;
   std::vector<std::string> overrides;  // --set section.key=value
   int64_t batch = 0;                   // 0: the config's optim.batch_size (summary) or 2 (graph)
   std::string out;                     // -o
 };
 
-// Adds the model, --config, --set and -o options to cmd.
+// Adds the model (positional or --model), --config, --set and -o options to cmd.
 void add_view_options(CLI::App* cmd, const std::shared_ptr<ViewArgs>& a);
 
 // GPU defaults (train's on a GPU) < --config < the model name (its

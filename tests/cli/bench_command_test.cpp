@@ -6,12 +6,14 @@
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
 
+#include "models/dit_config.h"
 #include "support/test_support.h"
 
 namespace {
@@ -26,6 +28,8 @@ Result run(const std::string& args) { return run_shell(std::string(PERFTRAIN_BIN
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 const std::string kCpu = "bench --device cpu --model DiT-T/4 --batch 2 --steps 2 --warmup 1 --variants eager-fp32";
+// The same without a batch size.
+const std::string kCpuAnyBatch = "bench --device cpu --model DiT-T/4 --steps 2 --warmup 1 --variants eager-fp32";
 
 TEST(CliBench, RunsOnTheCpuAndWritesItsReport) {
   TempDir tmp;
@@ -191,8 +195,8 @@ TEST(CliBench, BadOptionsExitTwo) {
   const std::string out = " --out " + tmp.file("x");
   for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
            {"bench --device cpu --variants turbo", "known variants: eager-fp32"},
-           {"bench --device cpu --batch 32,abc", "--batch"},
-           {"bench --device cpu --batch 0", "--batch"},
+           {"bench --device cpu --batch 32,abc", "--batch-size"},
+           {"bench --device cpu --batch 0", "--batch-size"},
            {"bench --device cpu --model DiT-Q/2", "known models"},
            {"bench --device cpu --precision fp8", "--precision"},
            {"bench --device cpu --against-torch --torch-modes max-autotune", "unknown torch mode"},
@@ -208,6 +212,57 @@ TEST(CliBench, BadOptionsExitTwo) {
     EXPECT_TRUE(contains(r.output, expect)) << args << "\n" << r.output;
     EXPECT_FALSE(contains(r.output, "Exception raised from")) << r.output;
   }
+}
+
+// bench spells the batch option as every command does (--batch-size), and
+// still takes --batch: one option with two names.
+TEST(CliBench, TakesBatchSizeAndBatch) {
+  TempDir tmp;
+  const std::string& cmd = kCpuAnyBatch;
+  auto r = run(cmd + " --batch-size 3 --out " + tmp.file("a"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("a/bench.json")));
+  EXPECT_EQ(j["rows"][0]["batch"], 3);
+  r = run(cmd + " --batch 2 --out " + tmp.file("b"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("b/bench.json")));
+  EXPECT_EQ(j["rows"][0]["batch"], 2);
+}
+
+// Inputs that would reach an allocator or a loop unchecked: a batch far
+// beyond the machine's memory (by the memory estimate, before anything is
+// allocated), NaN or infinite seconds of cool-down, step counts past the
+// documented maxima; each a one-line usage error naming the option, and
+// nothing written. (timeout: a program that takes them must not hang the test.)
+TEST(CliBench, InputsBeyondTheirBoundsAreUsageErrors) {
+  TempDir tmp;
+  const std::string out = tmp.file("x");
+  for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"--batch-size 1000000000", "--batch-size 1000000000 needs about"},
+           {"--batch 2,1000000000", "the largest batch that fits is"},
+           {"--cooldown nan", "--cooldown: nan is not a finite number"},
+           {"--cooldown inf", "--cooldown: inf is not a finite number"},
+           {"--cooldown 1e9", "--cooldown: 1e9 is not a finite number from 0 to 3600"},
+           {"--steps 1000000000", "--steps: 1000000000 is not an integer from 1 to 100000"},
+           {"--repeats 100000", "--repeats"},
+       }) {
+    const std::string batch = args.find("--batch") == std::string::npos ? " --batch-size 2 " : " ";
+    auto r = run_shell("timeout 60 " + std::string(PERFTRAIN_BINARY) + " " + kCpuAnyBatch + batch + args + " --out " + out);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, expect)) << args << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << ": one line\n" << r.output;
+    EXPECT_FALSE(perftrain::fs::exists(out)) << args;
+  }
+}
+
+// An unknown model lists every family's names, from the registry.
+TEST(CliBench, UnknownModelListsEveryFamily) {
+  const auto r = run("bench --device cpu --model DiT-Q/2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  for (const auto& name : perftrain::models::dit_model_names())
+    EXPECT_TRUE(contains(r.output, " " + name)) << name << "\n" << r.output;
+  for (const auto& name : perftrain::models::single_stream_model_names())
+    EXPECT_TRUE(contains(r.output, " " + name)) << name << "\n" << r.output;
 }
 
 TEST(CliBench, AFailingTorchReferenceIsARow) {

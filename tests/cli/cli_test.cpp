@@ -221,4 +221,56 @@ TEST(Cli, DataPathIsStoredAbsoluteAndResumeWorksFromElsewhere) {
   EXPECT_NE(r.output.find("done: steps 3-3"), std::string::npos) << r.output;
 }
 
+// Weights without the config in their metadata (converted from PyTorch,
+// or written by another tool) sample with the run's config.toml given as
+// --config, which the error names; --set goes over it.
+TEST(Cli, SampleTakesConfigAndSetForWeightsWithoutMetadata) {
+  TempDir tmp;
+  auto r = run("train --data synthetic --set data.synthetic_size=16 --steps 1 --batch-size 2 --run-name r --runs-dir " +
+               tmp.path() + kTiny);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string step = tmp.file("r/ckpt/") + perftrain::testing::read_raw(tmp.file("r/ckpt/latest"));
+  const auto file = perftrain::io::SafetensorsFile::open(step.substr(0, step.find_last_not_of("\n") + 1) +
+                                                         "/ema.safetensors");
+  perftrain::io::NamedTensors tensors;
+  for (const auto& name : file.names()) tensors.emplace_back(name, file.get(name));
+  perftrain::io::save_safetensors(tmp.file("bare.safetensors"), tensors);  // no metadata
+
+  const std::string sample = "sample --ckpt " + tmp.file("bare.safetensors") + " --per-class 1 --classes 2 --steps 1";
+  expect_error(sample + " --out " + tmp.file("a.png"), 2, "pass --config");
+  r = run(sample + " --config " + tmp.file("r/config.toml") + " --set diffusion.cfg_scale=1.5 --out " +
+          tmp.file("b.png"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("guidance 1.5"), std::string::npos) << r.output;
+  EXPECT_EQ(perftrain::testing::read_raw(tmp.file("b.png")).substr(1, 3), "PNG");
+  r = run(sample + " --config " + tmp.file("r/config.toml") + " --set model.depth=3 --out " + tmp.file("c.png"));
+  EXPECT_TRUE(r.code == 1 || r.code == 2) << "weights of another shape: an error, not a crash\n" << r.output;
+  EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
+  expect_error(sample + " --config " + tmp.file("r/config.toml") + " --cfg-scale nan", 2,
+               "--cfg-scale: nan is not a finite number");
+}
+
+// The quickstart's "newest run" recipe picks the newest training run, not a
+// bench or profile directory written after it (they write under runs/ too).
+TEST(Cli, QuickstartNewestRunRecipePicksATrainingRun) {
+  const std::string guide = perftrain::testing::read_raw(std::string(PERFTRAIN_SOURCE_DIR) + "/docs/guide/quickstart.md");
+  std::string recipe;
+  std::istringstream lines(guide);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("# the newest run") != std::string::npos && line.rfind("run=", 0) == 0) recipe = line;
+  ASSERT_FALSE(recipe.empty()) << "no shell line ending in '# the newest run' in quickstart.md";
+  TempDir tmp;
+  auto r = perftrain::testing::run_shell("cd " + tmp.path() + " && " + PERFTRAIN_BINARY +
+                                         " train --data synthetic --set data.synthetic_size=16 --steps 1"
+                                         " --batch-size 2 --run-name trained" + kTiny);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = perftrain::testing::run_shell("sleep 1; cd " + tmp.path() + " && " + PERFTRAIN_BINARY +
+                                    " bench --device cpu --model DiT-T/4 --batch-size 2 --steps 1 --warmup 1"
+                                    " --variants eager-fp32");  // into runs/bench-DiT-T-4-<date>
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = perftrain::testing::run_shell("cd " + tmp.path() + " && " + recipe + " && echo \"[$run]\"");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[runs/trained]"), std::string::npos) << recipe << "\n" << r.output;
+}
+
 }  // namespace

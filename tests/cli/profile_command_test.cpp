@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "base/fs.h"
 #include "support/test_support.h"
@@ -135,6 +138,70 @@ TEST(CliProfile, BadOptionsExit2NamingThem) {
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.output, "--profile: unknown key 'sleep'")) << r.output;
   EXPECT_FALSE(perftrain::fs::exists(tmp.file("a")));
+}
+
+// On the CPU nothing asks anything of CUDA (no CUDA activity requested of
+// the profiler, no device queries: no "gpuGetDeviceCount failed" line), the
+// kernel table says it is for CUDA runs instead of being empty, and the op
+// table's shares are of CPU time (not 0.0% for every op).
+TEST(CliProfile, OnTheCpuNothingAsksForCudaAndSharesAreOfCpuTime) {
+  TempDir tmp;
+  const std::string cmd = "profile" + kTinyModel + " --model DiT-T/4 --batch-size 2 --variant eager-fp32"
+                          " --timed-steps 1 --schedule wait=0,warmup=1,active=1";
+  auto r = run(cmd + " --out " + tmp.file("k"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(contains(r.output, "gpuGetDeviceCount")) << r.output;
+  EXPECT_FALSE(contains(r.output, "CUDA initialization")) << r.output;
+  EXPECT_TRUE(contains(r.output, "the kernel table is for CUDA runs")) << r.output;
+  EXPECT_FALSE(contains(r.output, "| kernel | self CUDA ms")) << "an empty kernel table\n" << r.output;
+
+  r = run(cmd + " --group-by op --out " + tmp.file("o"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(contains(r.output, "gpuGetDeviceCount")) << r.output;
+  EXPECT_TRUE(contains(r.output, "the share is of total CPU time")) << r.output;
+  // The op table's first row (the most CPU time): a share above 0.
+  const size_t table = r.output.find("| op | self CUDA ms");
+  ASSERT_NE(table, std::string::npos) << r.output;
+  const size_t row = r.output.find("\n| `", table);
+  ASSERT_NE(row, std::string::npos) << r.output;
+  const std::string line = r.output.substr(row + 1, r.output.find('\n', row + 1) - row - 1);
+  const size_t pct = line.rfind('%');
+  const size_t bar = line.rfind('|', pct);
+  ASSERT_TRUE(pct != std::string::npos && bar != std::string::npos) << line;
+  EXPECT_GT(std::stod(line.substr(bar + 1, pct - bar - 1)), 0.0) << line;
+}
+
+// profile spells the batch option as every command does and takes --batch
+// too; the inputs that would reach an allocator or run unbounded are
+// one-line usage errors naming the option, with nothing written. (timeout:
+// a program that takes them must not hang the test.)
+TEST(CliProfile, InputsBeyondTheirBoundsAreUsageErrors) {
+  TempDir tmp;
+  const std::string out = tmp.file("x");
+  const std::string cmd = "timeout 60 " + std::string(PERFTRAIN_BINARY) + " profile" + kTinyModel +
+                          " --model DiT-T/4 --variant eager-fp32 ";
+  for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"--batch-size 1000000000", "--batch-size 1000000000 needs about"},
+           {"--batch 1000000000", "the largest batch that fits is"},
+           {"--batch 1e9", "--batch-size takes positive integers"},
+           {"--batch-size 2,4", "--batch-size takes one size"},
+           {"--batch 2 --slow-data-ms nan", "--slow-data-ms: nan is not a finite number"},
+           {"--batch 2 --slow-data-ms 1e12", "--slow-data-ms: 1e12 is not a finite number from 0 to 10000"},
+           {"--batch 2 --schedule wait=1000000000", "--schedule: wait takes an integer from 0 to 1000000"},
+           {"--batch 2 --schedule wait=100000", "perftrain profile runs at most 1000"},
+           {"--batch 2 --schedule repeat=0", "--schedule: repeat=0"},
+           {"--batch 2 --timed-steps 100000000", "--timed-steps"},
+       }) {
+    auto r = run_shell(cmd + args + " --out " + out);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, expect)) << args << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << ": one line\n" << r.output;
+    EXPECT_FALSE(perftrain::fs::exists(out)) << args;
+  }
+  // and the train --profile schedule takes the same bounds
+  auto r = run("train --device cpu --profile wait=1000000000 --runs-dir " + tmp.path());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--profile: wait takes an integer from 0 to 1000000")) << r.output;
 }
 
 TEST(CliProfile, TrainProfilesWindowsOfARealRun) {

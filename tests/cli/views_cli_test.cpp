@@ -107,6 +107,21 @@ TEST(CliViews, GraphsAsDotSvgAndPng) {
   }
 }
 
+// The model by --model as bench, profile and train take it, or positionally;
+// --batch-size as every command spells it, or -b / --batch.
+TEST(CliViews, ModelAndBatchSizeAsEveryCommandSpellsThem) {
+  const auto positional = run("summary DiT-T/4 --batch 3 --format json");
+  ASSERT_EQ(positional.code, 0) << positional.output;
+  const auto named = run("summary --model DiT-T/4 --batch-size 3 --format json");
+  ASSERT_EQ(named.code, 0) << named.output;
+  EXPECT_EQ(named.output, positional.output);
+  EXPECT_EQ(nlohmann::json::parse(named.output)["title"].get<std::string>().rfind("DiT-T/4, batch 3", 0), 0u);
+  const auto graph = run("graph --model DiT-T/4 --batch-size 2");
+  ASSERT_EQ(graph.code, 0) << graph.output;
+  EXPECT_EQ(graph.output, run("graph DiT-T/4 -b 2").output);
+  EXPECT_NE(graph.output.find("DiT-T/4 module graph"), std::string::npos) << graph.output.substr(0, 300);
+}
+
 TEST(CliViews, UsageErrorsNameTheFlag) {
   auto r = run("summary DiT-S/4 --format xml");
   EXPECT_EQ(r.code, 2) << r.output;
@@ -114,6 +129,11 @@ TEST(CliViews, UsageErrorsNameTheFlag) {
   r = run("summary DiT-Q/2");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("DiT-XL/2"), std::string::npos) << "lists the known models: " << r.output;
+  for (const auto& name : perftrain::models::single_stream_model_names())  // every family's
+    EXPECT_NE(r.output.find(" " + name), std::string::npos) << name << ": " << r.output;
+  r = run("graph --model SS-Q/2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("DiT-T/8"), std::string::npos) << r.output;
   r = run("graph DiT-S/4 --kind weights");
   EXPECT_EQ(r.code, 2) << r.output;
   r = run("graph DiT-S/4 --format svg");

@@ -186,6 +186,24 @@ std::string execution_note(const BenchRow& r) {
   return r.graph_status + (r.weight_grad_stream ? "; weight gradients on a second stream" : "");
 }
 
+std::string format_row_line(const BenchRow& r, const std::string& label) {
+  std::ostringstream o;
+  o << "  batch " << r.batch << " " << r.variant << label << ": ";
+  if (!r.ok() && !r.ms) {
+    o << "error: " << r.error << "\n";
+    return o.str();
+  }
+  o << format_number(r.ms, 2) << " ms (p10 " << format_number(r.ms_p10, 2) << ", p90 " << format_number(r.ms_p90, 2)
+    << "), " << format_rate(r.tflops) << " TFLOP/s, peak " << format_gib(r.peak_gib)
+    << (r.peak_gib_steady
+            ? " (steady " + format_gib(r.peak_gib_steady) + ", held before " + format_gib(r.held_gib_before) + ")"
+            : std::string())
+    << ", first step " << format_number(r.first_step_s, 2) << " s (build " << format_number(r.build_s, 2) << " s), "
+    << execution_note(r) << (r.gpu.count > 0 ? "; GPU " + describe(r.gpu) : "")
+    << (r.ok() ? "" : "; error: " + r.error) << "\n";
+  return o.str();
+}
+
 nlohmann::ordered_json to_json(const BenchRow& r) {
   Json j = {{"model", r.model},
                       {"batch", r.batch},

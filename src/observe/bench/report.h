@@ -101,6 +101,10 @@ std::string format_rate(const std::optional<double>& v);
 std::string format_gib(const std::optional<double>& v);  // "3.25 GiB" or "n/a"
 // How a row's step ran: its graph status, and the second stream when it was on.
 std::string execution_note(const BenchRow& r);
+// The line bench prints as a row is done: "  batch 32 all<label>: 30.10 ms
+// (p10 ..., p90 ...), ... TFLOP/s, peak ..., first step ... s (build ... s),
+// <execution note>[; GPU ...][; error: ...]\n", or its error alone.
+std::string format_row_line(const BenchRow& r, const std::string& label = "");
 
 // Writes bench.json and bench.md into dir (which exists), each atomically.
 void write_report_files(const std::string& dir, const BenchReport& report);

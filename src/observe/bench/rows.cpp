@@ -2,7 +2,24 @@
 
 #include <algorithm>
 
+#include "observe/bench/stats.h"
+
 namespace perftrain::observe::bench {
+
+void fill_timing(BenchRow& row, const std::vector<double>& all_ms) {
+  const auto s = summarize(all_ms);
+  row.ms = s.median;
+  row.ms_p10 = s.p10;
+  row.ms_p90 = s.p90;
+  row.ms_min = s.min;
+  row.ms_max = s.max;
+  row.ms_mean = s.mean;
+  row.ms_ci_low = s.ci.low;
+  row.ms_ci_high = s.ci.high;
+  row.ci_coverage = s.ci.coverage;
+  row.rel_iqr = s.rel_iqr;
+  row.run_to_run = run_to_run_spread(row.repeat_median_ms);
+}
 
 void fill_rates(BenchRow& row, double train_flops, std::optional<double> peak_tflops) {
   if (!row.ms || *row.ms <= 0) return;

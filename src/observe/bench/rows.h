@@ -80,6 +80,11 @@ struct SummaryRow {
   std::string error;  // "no variant ran" when none did
 };
 
+// Fills the step time statistics of a row (ms, its quantiles, the median's
+// interval, the spreads) from every timed step of every repeat, and
+// run_to_run from row.repeat_median_ms.
+void fill_timing(BenchRow& row, const std::vector<double>& all_ms);
+
 // Fills images_per_s, tflops and mfu of a row from its ms: train_flops is the
 // step's FLOPs (3 x forward x batch), peak_tflops the measured matrix peak.
 void fill_rates(BenchRow& row, double train_flops, std::optional<double> peak_tflops);

@@ -27,8 +27,9 @@ Schedule parse_schedule(const std::string& text, const std::string& what) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != value.size() || value.empty() || v < 0)
-      throw UsageError(what + ": " + key + " takes a non-negative integer (got '" + value + "')");
+    if (used != value.size() || value.empty() || v < 0 || v > kMaxScheduleCount)
+      throw UsageError(what + ": " + key + " takes an integer from 0 to " + std::to_string(kMaxScheduleCount) +
+                       " (got '" + value + "')");
     if (key == "skip_first") s.skip_first = v;
     else if (key == "wait") s.wait = v;
     else if (key == "warmup") s.warmup = v;
@@ -47,6 +48,11 @@ std::string to_string(const Schedule& s) {
   o << "skip_first=" << s.skip_first << ",wait=" << s.wait << ",warmup=" << s.warmup << ",active=" << s.active
     << ",repeat=" << s.repeat;
   return o.str();
+}
+
+int64_t steps_to_last_window(const Schedule& s) {
+  if (s.repeat == 0) return -1;
+  return s.skip_first + (s.wait + s.warmup + s.active) * s.repeat;  // each at most 1e6: no overflow
 }
 
 const char* to_string(Action a) {

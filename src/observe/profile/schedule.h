@@ -5,7 +5,9 @@
 // whose trace is written. repeat cycles (0: as long as the run lasts).
 //
 // "wait=1,warmup=1,active=2,repeat=1" (keys skip_first, wait, warmup,
-// active, repeat; any order; the others keep their defaults).
+// active, repeat; any order; the others keep their defaults). Each count is
+// at most kMaxScheduleCount, so that a typo cannot schedule a window past
+// any run.
 #pragma once
 
 #include <cstdint>
@@ -22,10 +24,16 @@ struct Schedule {
   int64_t repeat = 1;  // cycles; 0 = unlimited
 };
 
+constexpr int64_t kMaxScheduleCount = 1000000;
+
 // UsageError naming the key and what is allowed ("--profile: active must be
 // at least 1"). `what` is the flag or key, for the message.
 Schedule parse_schedule(const std::string& text, const std::string& what = "--profile");
 std::string to_string(const Schedule& s);
+
+// The steps until the last window is saved: skip_first + (wait + warmup +
+// active) x repeat; -1 when repeat is 0 (windows as long as the run lasts).
+int64_t steps_to_last_window(const Schedule& s);
 
 enum class Action { kNone, kWarmup, kRecord, kRecordAndSave };
 const char* to_string(Action a);

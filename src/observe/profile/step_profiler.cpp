@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -157,9 +158,16 @@ std::string finish_trace_file(const std::string& path, const std::map<std::strin
   return gz;
 }
 
+void quiet_cpu_trace_writer() {
+  // Kineto's own log threshold, read once when it starts: above its ERROR
+  // (4 in torch 2.11's Kineto); a value the user set is kept.
+  if (std::getenv("KINETO_LOG_LEVEL") == nullptr) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
+}
+
 StepProfiler::StepProfiler(ProfilerOptions opts)
     : opts_(std::move(opts)), machine_(opts_.schedule),
       clock_(std::make_unique<Clock>(opts_.cuda, opts_.cuda_device)) {
+  if (!opts_.cuda) quiet_cpu_trace_writer();
   if (!opts_.dir.empty()) fs::create_directories(opts_.dir);
 }
 

@@ -98,6 +98,15 @@ class StepProfiler {
   std::vector<MeasuredStep> timings_;  // per saved window
 };
 
+// Kineto writes every trace with the CUDA devices' properties, asking
+// cudaGetDeviceCount even in a CPU-only profile, and logs its failure where
+// no driver is loaded ("gpuGetDeviceCount failed with code 35") as an error.
+// A CPU profile wants no CUDA line: this raises Kineto's log threshold above
+// its errors (KINETO_LOG_LEVEL, which it reads when it first starts), unless
+// the user set one. StepProfiler calls it for a profiler without CUDA; a
+// driver calls it first, before other threads start (setenv).
+void quiet_cpu_trace_writer();
+
 // Writes text into the trace at `path` after its opening brace as
 // "perftrain": {...metadata}, optionally gzipping it to path + ".gz" (the
 // plain file is then removed). Returns the final path. Exposed for tests.

@@ -501,8 +501,8 @@ std::vector<OpRow> op_table(const Timeline& t, GroupBy by, size_t top) {
     }
   }
   std::vector<OpRow> out;
-  for (auto& [k, r] : rows) {
-    r.share = a.step_ms > 0 ? r.total_cuda_ms / a.step_ms : 0;
+  for (auto& [k, r] : rows) {  // on the CPU, the share of host time (no CUDA time there)
+    r.share = a.step_ms > 0 ? (a.cpu_only ? r.total_cpu_ms : r.total_cuda_ms) / a.step_ms : 0;
     out.push_back(r);
   }
   std::sort(out.begin(), out.end(), [](const OpRow& x, const OpRow& y) {
@@ -512,7 +512,7 @@ std::vector<OpRow> op_table(const Timeline& t, GroupBy by, size_t top) {
   return out;
 }
 
-std::string format_op_table(const std::vector<OpRow>& rows, GroupBy by) {
+std::string format_op_table(const std::vector<OpRow>& rows, GroupBy by, bool cpu_only) {
   std::ostringstream s;
   char buf[512];
   s << "| " << to_string(by)
@@ -525,6 +525,10 @@ std::string format_op_table(const std::vector<OpRow>& rows, GroupBy by) {
     std::snprintf(buf, sizeof buf, "| `%s` | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f%% |\n", name.c_str(),
                   r.self_cuda_ms, r.total_cuda_ms, r.self_cpu_ms, r.total_cpu_ms, r.calls, 100 * r.share);
     s << buf;
+  }
+  if (cpu_only) {
+    s << "\n(per step; no CUDA time on the CPU: the share is of total CPU time)\n";
+    return s.str();
   }
   s << "\n(per step; CUDA time of an " << (by == GroupBy::kKernel ? "kernel is its own" : "entry is the kernels it launched")
     << "; a captured step's kernels belong to its one graph launch)\n";

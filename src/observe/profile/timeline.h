@@ -116,7 +116,7 @@ struct OpRow {
   double self_cuda_ms = 0, total_cuda_ms = 0;  // per step
   double self_cpu_ms = 0, total_cpu_ms = 0;    // per step
   double calls = 0;                            // per step
-  double share = 0;                            // total CUDA time / step time
+  double share = 0;                            // total CUDA time / step time (CPU time on the CPU)
 };
 
 // Rows sorted by total CUDA time, then total CPU time; `top` rows (0: all).
@@ -124,7 +124,9 @@ struct OpRow {
 // kernels it launched itself, total = with its children's); scope: each
 // perftrain scope by its phase name and each block.
 std::vector<OpRow> op_table(const Timeline& t, GroupBy by, size_t top = 0);
-std::string format_op_table(const std::vector<OpRow>& rows, GroupBy by);
+// cpu_only: a trace without GPU activity (StepAnalysis::cpu_only), whose
+// shares are of CPU time.
+std::string format_op_table(const std::vector<OpRow>& rows, GroupBy by, bool cpu_only = false);
 
 // The step as measured outside the trace, in the same process and run: CUDA
 // events around each profiled step (the host clock on the CPU), and the same
