@@ -1,7 +1,9 @@
 // perftrain sample: a PNG grid of class-conditional samples from a checkpoint.
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <iostream>
+#include <sstream>
 
 #include "base/error.h"
 #include "base/fs.h"
@@ -10,6 +12,7 @@
 #include "compat/compat.h"
 #include "models/diffusion_model.h"
 #include "train/checkpoint.h"
+#include "train/memory_estimate.h"
 #include "train/sampling.h"
 
 namespace perftrain::cli {
@@ -21,6 +24,27 @@ struct SampleArgs {
   double cfg_scale = -1;
   uint64_t seed = 0;
 };
+
+// A CLI11 check for a floating option: a finite number >= lo. CLI11's own
+// NonNegativeNumber lets nan and inf through (every comparison with nan is
+// false) and prints its bound as a 309-digit number.
+CLI::Validator finite_option(double lo) {
+  return CLI::Validator(
+      [lo](std::string& v) -> std::string {
+        size_t used = 0;
+        double x = 0;
+        try {
+          x = std::stod(v, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == v.size() && !v.empty() && std::isfinite(x) && x >= lo) return "";
+        std::ostringstream bound;
+        bound << lo;
+        return v + " is not a finite number >= " + bound.str();
+      },
+      "");
+}
 
 // A weights file, or a run / ckpt / step directory (then its EMA weights).
 std::string weights_file(const SampleArgs& a) {
@@ -38,6 +62,7 @@ void run(const SampleArgs& a) {
   const at::Device device = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
 
   cfg.validate();  // every value of the metadata, as a resume checks it
+  train::check_model_fits(cfg.model, train::memory_available_for_training(cuda));
   // Built on the device (its fixed tables too: a single-stream model's rotary
   // tables, which are not weights, would otherwise stay on the CPU and be
   // copied to the GPU on every model call), then the weights copied in.
@@ -74,7 +99,7 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--classes", a->classes, "the first N classes, one row each")->check(integer_in(1, 65536));
   cmd->add_option("--per-class", a->per_class, "samples per class")->check(integer_in(1, 1024));
   cmd->add_option("--steps", a->steps, "sampler steps")->check(integer_in(1, 100000))->default_str("the run's");
-  cmd->add_option("--cfg-scale", a->cfg_scale, "guidance scale")->check(CLI::NonNegativeNumber)->default_str("the run's");
+  cmd->add_option("--cfg-scale", a->cfg_scale, "guidance scale")->check(finite_option(0))->default_str("the run's");
   cmd->add_option("--seed", a->seed, "noise seed")->check(integer_in(0, INT64_MAX));
   cmd->add_option("--device", a->device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->callback([a] { run(*a); });
