@@ -173,7 +173,8 @@ int main(int argc, char** argv) {
       found |= c->get_name() == argv[1];
     }
     if (!found) {
-      std::cerr << "perftrain: unknown command '" << perftrain::base::printable(argv[1]) << "'; commands: " << known << " (see perftrain --help)\n";
+      std::cerr << "perftrain: unknown command '" << perftrain::base::printable(argv[1]) << "'; commands: " << known
+                << " (see perftrain --help)\n";
       return 2;
     }
   }
@@ -189,8 +190,8 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     const std::string oom = out_of_memory_text(e);
-    std::cerr << "perftrain: error: " << perftrain::base::printable(oom.empty() ? perftrain::compat::error_message(e) : oom)
-              << "\n";
+    std::cerr << "perftrain: error: "
+              << perftrain::base::printable(oom.empty() ? perftrain::compat::error_message(e) : oom) << "\n";
     return 1;
   }
   return 0;

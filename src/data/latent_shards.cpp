@@ -40,10 +40,12 @@ std::string shape_text(at::IntArrayRef sizes) { return c10::str(sizes); }
 // some std::filesystem functions, and not all of them work.
 std::vector<std::string> shard_paths(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw UsageError("latent shards: no such file or directory: " + base::printable(path));
+  if (::stat(path.c_str(), &st) != 0)
+    throw UsageError("latent shards: no such file or directory: " + base::printable(path));
   if (!S_ISDIR(st.st_mode)) return {path};
   DIR* dir = ::opendir(path.c_str());
-  if (dir == nullptr) throw UsageError("latent shards: cannot list " + base::printable(path) + ": " + std::strerror(errno));
+  if (dir == nullptr)
+    throw UsageError("latent shards: cannot list " + base::printable(path) + ": " + std::strerror(errno));
   std::vector<std::string> out;
   const std::string suffix = ".safetensors";
   while (const dirent* e = ::readdir(dir)) {
@@ -161,7 +163,8 @@ class LatentShards final : public Dataset {
   int64_t num_classes() const override { return num_classes_; }
 
   std::string describe() const override {
-    return "latent shards (" + summary() + ", " + std::to_string(shards_.size()) + " files) from " + base::printable(path_);
+    return "latent shards (" + summary() + ", " + std::to_string(shards_.size()) + " files) from " +
+           base::printable(path_);
   }
 
  protected:

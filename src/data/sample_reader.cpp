@@ -127,8 +127,8 @@ void SampleReader::read(int64_t j, float* out) const {
   if (pread_fully(fd_->fd, dst, bytes, pos) != bytes) {
     struct stat st {};
     const int64_t now = ::fstat(fd_->fd, &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
-    throw RuntimeError(base::printable(path_) + ": cannot read sample " + std::to_string(j) + " of '" + name_ + "' (bytes " +
-                       std::to_string(pos) + " to " + std::to_string(pos + bytes) + "): the file is " +
+    throw RuntimeError(base::printable(path_) + ": cannot read sample " + std::to_string(j) + " of '" + name_ +
+                       "' (bytes " + std::to_string(pos) + " to " + std::to_string(pos + bytes) + "): the file is " +
                        std::to_string(now) + " bytes now, " + std::to_string(file_size_) +
                        " when training started; was it changed or truncated while training?");
   }
@@ -136,9 +136,9 @@ void SampleReader::read(int64_t j, float* out) const {
   else if (dtype_ == at::kBFloat16) convert(reinterpret_cast<const c10::BFloat16*>(staging.data()), numel_, out);
   const int64_t bad = first_non_finite(out, numel_);
   if (bad >= 0)
-    throw RuntimeError("data error: " + base::printable(path_) + ": sample " + std::to_string(j) + " of '" + name_ + "' holds " +
-                       (std::isnan(out[bad]) ? "NaN" : "inf") + " (element " + std::to_string(bad) + " of " +
-                       std::to_string(numel_) + "); fix or remove that shard");
+    throw RuntimeError("data error: " + base::printable(path_) + ": sample " + std::to_string(j) + " of '" + name_ +
+                       "' holds " + (std::isnan(out[bad]) ? "NaN" : "inf") + " (element " + std::to_string(bad) +
+                       " of " + std::to_string(numel_) + "); fix or remove that shard");
 }
 
 }  // namespace perftrain::data

@@ -196,7 +196,8 @@ void set_key(TrainConfig& cfg, const std::string& section, const std::string& ke
     last = k.section;
   }
   if (known.str().empty())
-    throw UsageError(origin + ": unknown section [" + base::printable(section) + "]; known sections:" + sections.str());
+    throw UsageError(origin + ": unknown section [" + base::printable(section) + "]; known sections:" +
+                     sections.str());
   throw UsageError(origin + ": unknown key " + full + "; known keys in [" + base::printable(section) + "]:" +
                    known.str());
 }
@@ -402,7 +403,7 @@ double model_weight_bytes(const models::DiTConfig& model) {
 void check_model_fits(const models::DiTConfig& model, double available_bytes) {
   const double bytes = model_weight_bytes(model);
   require(bytes <= available_bytes,
-          "model " + model.name + " (model.depth " + std::to_string(model.depth) + ", model.hidden " +
+          "model " + base::printable(model.name) + " (model.depth " + std::to_string(model.depth) + ", model.hidden " +
               std::to_string(model.hidden) + ", model.image_size " + std::to_string(model.image_size) + ", ...) has " +
               std::to_string(model.parameter_count()) + " parameters: " + bytes_text(bytes) +
               " of weights, more than the " + bytes_text(available_bytes) + " of memory available");
