@@ -9,7 +9,6 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -76,20 +75,26 @@ std::string version_text() {
   return o.str();  // CLI11 ends the line
 }
 
-// Why the current directory cannot be used ("" when it can). Relative paths
-// (run directories, --ckpt, data) and libraries that load parts of
-// themselves later (MKL's fatal "cannot load" error) need it; a directory
-// deleted under the shell fails first here, in one line.
-std::string current_directory_problem() {
-  char* cwd = ::getcwd(nullptr, 0);  // any length
-  if (cwd != nullptr) {
-    std::free(cwd);
-    return "";
+// Run from a directory deleted under the shell, the program must say so
+// before anything else: libtorch's initialisers (MKL's "cannot load
+// libtorch_cpu.so" fatal error) fail without the current directory, and
+// relative paths (run directories, --ckpt, data) need it too. So the check
+// runs from the executable's .preinit_array, before any library's
+// initialisers, with nothing but system calls: one line, exit 2.
+void check_current_directory(int, char**, char**) {
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof cwd) != nullptr || errno == ERANGE) return;  // ERANGE: it exists, deeper than 4096
+  const char* why = errno == ENOENT ? "it was deleted; cd to a directory that exists and run again"
+                    : errno == EACCES ? "permission denied"
+                                      : "getcwd failed";
+  for (const char* part : {"perftrain: cannot read the current directory: ", why, "\n"}) {
+    const ssize_t written = ::write(STDERR_FILENO, part, std::strlen(part));
+    (void)written;  // nothing more to do when stderr is gone
   }
-  const int err = errno;
-  return std::string("cannot read the current directory (") + std::strerror(err) + ")" +
-         (err == ENOENT ? ": it was deleted; cd to a directory that exists and run again" : "");
+  ::_exit(2);
 }
+__attribute__((section(".preinit_array"), used)) void (*const kCheckCurrentDirectory)(int, char**, char**) =
+    check_current_directory;
 
 // CLI11's NonNegativeNumber and PositiveNumber let nan and inf through (every
 // comparison with nan is false) and print their bounds with std::to_string:
@@ -105,8 +110,9 @@ void tighten_number_checks(CLI::App& app) {
         } catch (const CLI::OptionNotFound&) {
           break;
         }
-        const bool positive = v->get_name() == "POSITIVE";
-        if (!positive && v->get_name() != "NONNEGATIVE") continue;
+        // CLI11 gives them no name, only these descriptions.
+        const bool positive = v->get_description() == "POSITIVE";
+        if (!positive && v->get_description() != "NONNEGATIVE") continue;
         v->operation([positive](std::string& text) -> std::string {
           size_t used = 0;
           double x = 0;
@@ -144,10 +150,6 @@ std::string out_of_memory_text(const std::exception& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (const std::string why = current_directory_problem(); !why.empty()) {
-    std::cerr << "perftrain: " << why << "\n";
-    return 2;
-  }
   CLI::App app{"perftrain: fast single-GPU training of diffusion transformers"};
   app.require_subcommand(1);
   app.set_version_flag("--version", version_text, "print the version, commit, torch and CUDA versions and exit");

@@ -27,12 +27,12 @@ const std::string kBinary = PERFTRAIN_BINARY;
 
 Result run(const std::string& args) { return perftrain::testing::run_shell(kBinary + " " + args); }
 
-// A tiny DiT on synthetic data on the CPU: a run of a few steps takes seconds.
-const std::string kTiny =
-    " --device cpu --batch-size 8 --data synthetic --set data.synthetic_size=40 --set model.depth=1"
-    " --set model.hidden=32 --set model.heads=2 --set model.patch=4 --set model.image_size=8"
-    " --set model.in_channels=2 --set model.num_classes=3 --set log.sample_every=0 --set log.every=1"
-    " --set log.sample_per_class=1 --set log.sample_classes=2 --set diffusion.sample_steps=1";
+// A tiny DiT on the CPU (on synthetic data: a run of a few steps takes seconds).
+const std::string kTinyModel =
+    " --device cpu --batch-size 8 --set model.depth=1 --set model.hidden=32 --set model.heads=2 --set model.patch=4"
+    " --set model.image_size=8 --set model.in_channels=2 --set model.num_classes=3 --set log.sample_every=0"
+    " --set log.every=1 --set log.sample_per_class=1 --set log.sample_classes=2 --set diffusion.sample_steps=1";
+const std::string kTiny = kTinyModel + " --data synthetic --set data.synthetic_size=40";
 
 // One line, exit code `code`, naming `want`, every byte printable.
 void expect_one_line_error(const Result& r, int code, const std::string& want, const std::string& what) {
@@ -116,13 +116,36 @@ TEST(HostileInputs, CheckpointAskingForAnImpossibleModelIsAUsageError) {
   }
 }
 
+// The last resort: an allocation that fails although every check passed
+// (here a DiT-XL-sized model under a 5 GB address-space limit, about 1 GB
+// above what the program's libraries map) ends with one line, exit 1, not
+// torch's allocator enforce ("[enforce fail at alloc_cpu.cpp:N] ...").
+TEST(HostileInputs, AllocationFailureIsOneLine) {
+  TempDir tmp;
+  const std::string step = tiny_run(tmp);
+  for (const char* file : {"/model.safetensors", "/ema.safetensors"})
+    change_saved_config(step + file, [](perftrain::train::TrainConfig& c) {
+      c.model.depth = 28;
+      c.model.hidden = 1152;
+      c.model.heads = 16;
+    });
+  const Result r = perftrain::testing::run_shell("ulimit -v 5000000 && exec " + kBinary +
+                                                 " sample --device cpu --ckpt " + tmp.file("R") + " --out " +
+                                                 tmp.file("s.png"));
+  expect_one_line_error(r, 1, "perftrain: error: out of memory: ", "allocation failure");
+  EXPECT_EQ(r.output.find("enforce"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(tmp.file("s.png")));
+}
+
 // getcwd fails in a deleted directory; it used to surface as MKL's fatal
-// "cannot load" error. Now it is the first thing checked.
+// "cannot load libtorch_cpu.so" from libtorch's initialisers. Now it is
+// checked before them.
 TEST(HostileInputs, DeletedWorkingDirectoryIsOneLine) {
   TempDir tmp;
   tmp.mkdir("gone");
   const std::string gone = tmp.file("gone");
-  for (const std::string& args : {"train --steps 1 --run-name x" + kTiny, std::string("models")}) {
+  const std::vector<std::string> commands = {"train --steps 1 --run-name x" + kTiny, "models", "--version"};
+  for (const std::string& args : commands) {
     const Result r = perftrain::testing::run_shell("cd '" + gone + "' && rmdir '" + gone + "' && exec " + kBinary +
                                                    " " + args);
     expect_one_line_error(r, 2, "cannot read the current directory", args);
@@ -193,7 +216,7 @@ TEST(HostileInputs, ShardHeaderBytesAreEchoedEscaped) {
     std::string bytes(8, '\0');
     for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
     perftrain::testing::write_raw(tmp.file("shard.safetensors"), bytes + header + std::string(4, '\0'));
-    const Result r = run("train --runs-dir " + tmp.path() + " --run-name L --steps 1" + kTiny +
+    const Result r = run("train --runs-dir " + tmp.path() + " --run-name L --steps 1" + kTinyModel +
                          " --data latents --data-path " + tmp.file("shard.safetensors"));
     expect_one_line_error(r, 1, want, want);
     EXPECT_NE(r.output.find(tmp.file("shard.safetensors")), std::string::npos) << r.output;
