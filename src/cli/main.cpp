@@ -2,16 +2,25 @@
 // is fast or slow. Exit codes: 0 done, 1 runtime failure, 2 usage error.
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <iostream>
+#include <new>
+#include <regex>
 #include <sstream>
 
 #include "base/error.h"
+#include "base/text.h"
 #include "cli/command.h"
 #include "compat/compat.h"
+#include "train/memory_estimate.h"
 
 // Set by CMake: the project version and the commit at configure time.
 #ifndef PERFTRAIN_VERSION
@@ -66,6 +75,78 @@ std::string version_text() {
   return o.str();  // CLI11 ends the line
 }
 
+// Run from a directory deleted under the shell, the program must say so
+// before anything else: libtorch's initialisers (MKL's "cannot load
+// libtorch_cpu.so" fatal error) fail without the current directory, and
+// relative paths (run directories, --ckpt, data) need it too. So the check
+// runs from the executable's .preinit_array, before any library's
+// initialisers, with nothing but system calls: one line, exit 2.
+void check_current_directory(int, char**, char**) {
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof cwd) != nullptr || errno == ERANGE) return;  // ERANGE: it exists, deeper than 4096
+  const char* why = errno == ENOENT ? "it was deleted; cd to a directory that exists and run again"
+                    : errno == EACCES ? "permission denied"
+                                      : "getcwd failed";
+  for (const char* part : {"perftrain: cannot read the current directory: ", why, "\n"}) {
+    const ssize_t written = ::write(STDERR_FILENO, part, std::strlen(part));
+    (void)written;  // nothing more to do when stderr is gone
+  }
+  ::_exit(2);
+}
+__attribute__((section(".preinit_array"), used)) void (*const kCheckCurrentDirectory)(int, char**, char**) =
+    check_current_directory;
+
+// CLI11's NonNegativeNumber and PositiveNumber let nan and inf through (every
+// comparison with nan is false) and print their bounds with std::to_string:
+// the largest double as 309 digits, the smallest positive one as 0.000000.
+// Every command's options with them take this check instead.
+void tighten_number_checks(CLI::App& app) {
+  for (CLI::App* cmd : app.get_subcommands([](CLI::App*) { return true; })) {
+    for (CLI::Option* opt : cmd->get_options()) {
+      for (int i = 0;; ++i) {
+        CLI::Validator* v = nullptr;
+        try {
+          v = opt->get_validator(i);
+        } catch (const CLI::OptionNotFound&) {
+          break;
+        }
+        // CLI11 gives them no name, only these descriptions.
+        const bool positive = v->get_description() == "POSITIVE";
+        if (!positive && v->get_description() != "NONNEGATIVE") continue;
+        v->operation([positive](std::string& text) -> std::string {
+          size_t used = 0;
+          double x = 0;
+          try {
+            x = std::stod(text, &used);
+          } catch (const std::exception&) {
+            used = 0;
+          }
+          if (used == text.size() && !text.empty() && std::isfinite(x) && (positive ? x > 0 : x >= 0)) return "";
+          return text + " is not a finite number " + (positive ? "> 0" : ">= 0");
+        });
+      }
+    }
+  }
+}
+
+// One line for an allocation that failed, "" for other errors: std::bad_alloc,
+// torch's CUDA OutOfMemoryError ("CUDA out of memory. Tried to allocate ...")
+// and its CPU allocator's enforce ("[enforce fail at alloc_cpu.cpp:N] ...
+// DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes").
+// The checks before a run (the memory estimate, the bounds on config values)
+// should have refused the request already; this is the last resort.
+std::string out_of_memory_text(const std::exception& e) {
+  const std::string advice = "; a smaller model, batch or sample grid needs less";
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) return "out of memory (std::bad_alloc)" + advice;
+  const std::string m = perftrain::compat::error_message(e);
+  const bool cpu = m.find("DefaultCPUAllocator") != std::string::npos;
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) == nullptr && !cpu) return "";
+  std::smatch bytes;
+  if (cpu && std::regex_search(m, bytes, std::regex(R"(allocate (\d+) bytes)")))
+    return "out of memory: " + perftrain::train::bytes_text(std::stod(bytes[1])) + " could not be allocated" + advice;
+  return "out of memory: " + m + advice;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,6 +164,7 @@ int main(int argc, char** argv) {
   perftrain::cli::add_profile_command(app);
   perftrain::cli::add_summary_command(app);
   perftrain::cli::add_graph_command(app);
+  tighten_number_checks(app);
   // CLI11 says only "a subcommand is required" for a mistyped command: name it
   // and list the real ones.
   if (argc > 1 && argv[1][0] != '-') {
@@ -93,7 +175,8 @@ int main(int argc, char** argv) {
       found |= c->get_name() == argv[1];
     }
     if (!found) {
-      std::cerr << "perftrain: unknown command '" << argv[1] << "'; commands: " << known << " (see perftrain --help)\n";
+      std::cerr << "perftrain: unknown command '" << perftrain::base::printable(argv[1]) << "'; commands: " << known
+                << " (see perftrain --help)\n";
       return 2;
     }
   }
@@ -101,14 +184,16 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "perftrain: " << e.what() << " (see perftrain --help)\n";
+  } catch (const CLI::ParseError& e) {  // every message printable: it may echo a file's bytes or an option's
+    std::cerr << "perftrain: " << perftrain::base::printable(e.what()) << " (see perftrain --help)\n";
     return 2;
   } catch (const perftrain::UsageError& e) {
-    std::cerr << "perftrain: " << e.what() << "\n";
+    std::cerr << "perftrain: " << perftrain::base::printable(e.what()) << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "perftrain: error: " << perftrain::compat::error_message(e) << "\n";
+    const std::string oom = out_of_memory_text(e);
+    std::cerr << "perftrain: error: "
+              << perftrain::base::printable(oom.empty() ? perftrain::compat::error_message(e) : oom) << "\n";
     return 1;
   }
   return 0;

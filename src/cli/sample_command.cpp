@@ -14,6 +14,7 @@
 #include "io/safetensors.h"
 #include "models/diffusion_model.h"
 #include "train/checkpoint.h"
+#include "train/memory_estimate.h"
 #include "train/sampling.h"
 
 namespace perftrain::cli {
@@ -60,6 +61,7 @@ void run(const SampleArgs& a) {
   const at::Device device = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
 
   cfg.validate();  // every value of the metadata, as a resume checks it
+  train::check_model_fits(cfg.model, train::memory_available_for_training(cuda));
   // Built on the device (its fixed tables too: a single-stream model's rotary
   // tables, which are not weights, would otherwise stay on the CPU and be
   // copied to the GPU on every model call), then the weights copied in.

@@ -55,8 +55,12 @@ std::unique_ptr<Dataset> open_fashion_mnist(const std::string& dir, bool train =
 // "cond_len" [N] (integers in [0, Tc]: the valid tokens, the rest padding).
 std::unique_ptr<Dataset> open_latent_shards(const std::string& path);
 
+// The most samples a synthetic dataset has: it stores none, but a loader
+// keeps an 8-byte index per sample for each epoch's order (800 MB here).
+constexpr int64_t kMaxSyntheticSize = 100000000;
+
 // Deterministic random latents (for benchmarks and tests): sample i depends
-// only on (seed, i).
+// only on (seed, i). UsageError for a size outside [1, kMaxSyntheticSize].
 std::unique_ptr<Dataset> make_synthetic(int64_t size, std::array<int64_t, 3> shape,
                                         int64_t num_classes, uint64_t seed);
 

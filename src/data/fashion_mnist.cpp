@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "base/text.h"
 #include "data/dataset.h"
 #include "io/idx.h"
 
@@ -25,7 +26,7 @@ std::string find_idx(const std::string& dir, const std::string& stem) {
     const std::string path = dir + "/" + name;
     if (is_file(path)) return path;
   }
-  throw UsageError("Fashion-MNIST: " + dir + " has no " + stem + "[.gz]; install it with " +
+  throw UsageError("Fashion-MNIST: " + base::printable(dir) + " has no " + stem + "[.gz]; install it with " +
                    "`apt-get install dataset-fashion-mnist` (files in " + kDefaultDir +
                    ") or pass a directory holding the four idx files");
 }
@@ -38,19 +39,20 @@ class FashionMnist final : public Dataset {
     const std::string labels_path = find_idx(dir, prefix + "-labels-idx1-ubyte");
     io::IdxArray images = io::read_idx(images_path);
     io::IdxArray labels = io::read_idx(labels_path);
+    const std::string images_name = base::printable(images_path), labels_name = base::printable(labels_path);
     if (images.dims.size() != 3 || images.dims[1] != kSide || images.dims[2] != kSide) {
-      throw RuntimeError(images_path + ": expected images [N, 28, 28], found " + dims_text(images.dims));
+      throw RuntimeError(images_name + ": expected images [N, 28, 28], found " + dims_text(images.dims));
     }
     if (labels.dims.size() != 1) {
-      throw RuntimeError(labels_path + ": expected labels [N], found " + dims_text(labels.dims));
+      throw RuntimeError(labels_name + ": expected labels [N], found " + dims_text(labels.dims));
     }
     if (labels.dims[0] != images.dims[0]) {
-      throw RuntimeError("Fashion-MNIST: " + labels_path + " has " + std::to_string(labels.dims[0]) +
-                         " labels but " + images_path + " has " + std::to_string(images.dims[0]) + " images");
+      throw RuntimeError("Fashion-MNIST: " + labels_name + " has " + std::to_string(labels.dims[0]) +
+                         " labels but " + images_name + " has " + std::to_string(images.dims[0]) + " images");
     }
     for (size_t i = 0; i < labels.data.size(); ++i) {
       if (labels.data[i] >= kClasses) {
-        throw RuntimeError(labels_path + ": label " + std::to_string(labels.data[i]) + " at byte " +
+        throw RuntimeError(labels_name + ": label " + std::to_string(labels.data[i]) + " at byte " +
                            std::to_string(8 + i) + " is not in 0..9");
       }
     }
@@ -64,7 +66,8 @@ class FashionMnist final : public Dataset {
   int64_t num_classes() const override { return kClasses; }
 
   std::string describe() const override {
-    return std::string("Fashion-MNIST ") + (train_ ? "train" : "test") + " (" + summary("images") + ") from " + dir_;
+    return std::string("Fashion-MNIST ") + (train_ ? "train" : "test") + " (" + summary("images") + ") from " +
+           base::printable(dir_);
   }
 
  protected:
@@ -99,7 +102,7 @@ std::unique_ptr<Dataset> open_fashion_mnist(const std::string& dir, bool train) 
   const std::string d = dir.empty() ? kDefaultDir : dir;
   struct stat st {};
   if (::stat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    throw UsageError("Fashion-MNIST: no directory " + d + "; install it with " +
+    throw UsageError("Fashion-MNIST: no directory " + base::printable(d) + "; install it with " +
                      "`apt-get install dataset-fashion-mnist` (files in " + kDefaultDir +
                      ") or pass a directory holding the four idx files");
   }

@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "base/error.h"
+#include "base/text.h"
 #include "data/dataset.h"
 #include "data/sample_reader.h"
 #include "io/safetensors.h"
@@ -39,10 +40,12 @@ std::string shape_text(at::IntArrayRef sizes) { return c10::str(sizes); }
 // some std::filesystem functions, and not all of them work.
 std::vector<std::string> shard_paths(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw UsageError("latent shards: no such file or directory: " + path);
+  if (::stat(path.c_str(), &st) != 0)
+    throw UsageError("latent shards: no such file or directory: " + base::printable(path));
   if (!S_ISDIR(st.st_mode)) return {path};
   DIR* dir = ::opendir(path.c_str());
-  if (dir == nullptr) throw UsageError("latent shards: cannot list " + path + ": " + std::strerror(errno));
+  if (dir == nullptr)
+    throw UsageError("latent shards: cannot list " + base::printable(path) + ": " + std::strerror(errno));
   std::vector<std::string> out;
   const std::string suffix = ".safetensors";
   while (const dirent* e = ::readdir(dir)) {
@@ -54,7 +57,7 @@ std::vector<std::string> shard_paths(const std::string& path) {
     if (::stat(full.c_str(), &fst) == 0 && S_ISREG(fst.st_mode)) out.push_back(full);
   }
   ::closedir(dir);
-  if (out.empty()) throw UsageError("latent shards: no *.safetensors files in " + path);
+  if (out.empty()) throw UsageError("latent shards: no *.safetensors files in " + base::printable(path));
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -70,7 +73,8 @@ std::optional<int64_t> metadata_num_classes(const io::SafetensorsFile& f) {
     used = 0;
   }
   if (used != it->second.size() || v < 1) {
-    throw RuntimeError(f.path() + ": metadata num_classes '" + it->second + "' is not a positive integer");
+    throw RuntimeError(base::printable(f.path()) + ": metadata num_classes '" + base::printable(it->second) +
+                       "' is not a positive integer");
   }
   return v;
 }
@@ -80,8 +84,9 @@ class LatentShards final : public Dataset {
   explicit LatentShards(const std::string& path) : path_(path) {
     std::optional<int64_t> declared;
     int64_t max_label = -1;
-    for (const std::string& p : shard_paths(path)) {
-      Shard s{io::SafetensorsFile::open(p), {}, {}, {}, {}, size_};
+    for (const std::string& file_path : shard_paths(path)) {
+      const std::string p = base::printable(file_path);  // for messages
+      Shard s{io::SafetensorsFile::open(file_path), {}, {}, {}, {}, size_};
       for (const char* name : {"latents", "labels"}) {
         if (!s.file.contains(name)) throw RuntimeError(p + ": no tensor named '" + std::string(name) + "'");
       }
@@ -104,7 +109,7 @@ class LatentShards final : public Dataset {
       if (shards_.empty()) {
         shape_ = shape;
       } else if (shape != shape_) {
-        throw RuntimeError(p + ": latents of " + shape_text(shape) + " per sample, but " + shards_[0].file.path() +
+        throw RuntimeError(p + ": latents of " + shape_text(shape) + " per sample, but " + first_shard() +
                            " has " + shape_text(shape_));
       }
       const at::Tensor l64 = labels.to(at::kLong).contiguous();
@@ -134,7 +139,7 @@ class LatentShards final : public Dataset {
       size_ += s.latents.size(0);
       shards_.push_back(std::move(s));
     }
-    if (size_ == 0) throw RuntimeError("latent shards: " + path + " holds no samples");
+    if (size_ == 0) throw RuntimeError("latent shards: " + base::printable(path) + " holds no samples");
     num_classes_ = declared ? *declared : max_label + 1;
   }
 
@@ -158,7 +163,8 @@ class LatentShards final : public Dataset {
   int64_t num_classes() const override { return num_classes_; }
 
   std::string describe() const override {
-    return "latent shards (" + summary() + ", " + std::to_string(shards_.size()) + " files) from " + path_;
+    return "latent shards (" + summary() + ", " + std::to_string(shards_.size()) + " files) from " +
+           base::printable(path_);
   }
 
  protected:
@@ -170,6 +176,8 @@ class LatentShards final : public Dataset {
   }
 
  private:
+  std::string first_shard() const { return base::printable(shards_[0].file.path()); }
+
   // The last shard that starts at or before i.
   std::vector<Shard>::const_iterator shard_of(int64_t i) const {
     return std::upper_bound(shards_.begin(), shards_.end(), i, [](int64_t v, const Shard& s) { return v < s.start; }) -
@@ -184,7 +192,7 @@ class LatentShards final : public Dataset {
     const bool first = shards_.empty();
     if (!first && has != (cond_shape_[0] > 0))
       throw RuntimeError(p + (has ? ": has" : ": has no") + " condition features ('cond') but " +
-                         shards_[0].file.path() + (has ? " has none" : " has them"));
+                         first_shard() + (has ? " has none" : " has them"));
     if (!has) return;
     s.cond = s.file.get("cond");
     const at::Tensor len = s.file.get("cond_len");
@@ -201,7 +209,7 @@ class LatentShards final : public Dataset {
                          shape_text(len.sizes()));
     const std::array<int64_t, 2> shape{s.cond.size(1), s.cond.size(2)};
     if (!first && shape != cond_shape_)
-      throw RuntimeError(p + ": 'cond' of " + shape_text(shape) + " per sample, but " + shards_[0].file.path() +
+      throw RuntimeError(p + ": 'cond' of " + shape_text(shape) + " per sample, but " + first_shard() +
                          " has " + shape_text(cond_shape_));
     cond_shape_ = shape;
     const at::Tensor l64 = len.to(at::kLong).contiguous();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/text.h"
 
 namespace perftrain::data {
 namespace {
@@ -78,6 +79,7 @@ struct SampleReader::Fd {
 SampleReader SampleReader::open(const io::SafetensorsFile& file, const std::string& name) {
   SampleReader r;
   r.path_ = file.path();
+  const std::string shown = base::printable(r.path_);  // for messages
   r.name_ = name;
   const at::Tensor t = file.get(name);  // a view: dtype and shape, no bytes touched
   r.dtype_ = t.scalar_type();
@@ -87,27 +89,27 @@ SampleReader SampleReader::open(const io::SafetensorsFile& file, const std::stri
   raise_open_file_limit();
   r.fd_ = std::make_shared<Fd>();
   r.fd_->fd = ::open(r.path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (r.fd_->fd < 0) throw RuntimeError(r.path_ + ": cannot open: " + std::strerror(errno));
+  if (r.fd_->fd < 0) throw RuntimeError(shown + ": cannot open: " + std::strerror(errno));
   struct stat st {};
-  if (::fstat(r.fd_->fd, &st) != 0) throw RuntimeError(r.path_ + ": cannot stat: " + std::strerror(errno));
+  if (::fstat(r.fd_->fd, &st) != 0) throw RuntimeError(shown + ": cannot stat: " + std::strerror(errno));
   r.file_size_ = static_cast<int64_t>(st.st_size);
 
   // The tensor's offset from the header (the file was checked at open):
   // little-endian u64 header length, the JSON header, then the data.
   unsigned char len_bytes[8];
-  if (pread_fully(r.fd_->fd, len_bytes, 8, 0) != 8) throw RuntimeError(r.path_ + ": cannot read the header length");
+  if (pread_fully(r.fd_->fd, len_bytes, 8, 0) != 8) throw RuntimeError(shown + ": cannot read the header length");
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
   if (header_len > static_cast<uint64_t>(r.file_size_) - 8)
-    throw RuntimeError(r.path_ + ": the header runs past the end of the file (changed since it was opened?)");
+    throw RuntimeError(shown + ": the header runs past the end of the file (changed since it was opened?)");
   std::string header(header_len, '\0');
   if (pread_fully(r.fd_->fd, header.data(), static_cast<int64_t>(header_len), 8) != static_cast<int64_t>(header_len))
-    throw RuntimeError(r.path_ + ": cannot read the header");
+    throw RuntimeError(shown + ": cannot read the header");
   int64_t begin = -1;
   try {
     begin = nlohmann::json::parse(header).at(name).at("data_offsets").at(0).get<int64_t>();
   } catch (const nlohmann::json::exception&) {
-    throw RuntimeError(r.path_ + ": no data offsets for '" + name + "' in the header (changed since it was opened?)");
+    throw RuntimeError(shown + ": no data offsets for '" + name + "' in the header (changed since it was opened?)");
   }
   r.offset_ = static_cast<int64_t>(8 + header_len) + begin;
   return r;
@@ -125,8 +127,8 @@ void SampleReader::read(int64_t j, float* out) const {
   if (pread_fully(fd_->fd, dst, bytes, pos) != bytes) {
     struct stat st {};
     const int64_t now = ::fstat(fd_->fd, &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
-    throw RuntimeError(path_ + ": cannot read sample " + std::to_string(j) + " of '" + name_ + "' (bytes " +
-                       std::to_string(pos) + " to " + std::to_string(pos + bytes) + "): the file is " +
+    throw RuntimeError(base::printable(path_) + ": cannot read sample " + std::to_string(j) + " of '" + name_ +
+                       "' (bytes " + std::to_string(pos) + " to " + std::to_string(pos + bytes) + "): the file is " +
                        std::to_string(now) + " bytes now, " + std::to_string(file_size_) +
                        " when training started; was it changed or truncated while training?");
   }
@@ -134,9 +136,9 @@ void SampleReader::read(int64_t j, float* out) const {
   else if (dtype_ == at::kBFloat16) convert(reinterpret_cast<const c10::BFloat16*>(staging.data()), numel_, out);
   const int64_t bad = first_non_finite(out, numel_);
   if (bad >= 0)
-    throw RuntimeError("data error: " + path_ + ": sample " + std::to_string(j) + " of '" + name_ + "' holds " +
-                       (std::isnan(out[bad]) ? "NaN" : "inf") + " (element " + std::to_string(bad) + " of " +
-                       std::to_string(numel_) + "); fix or remove that shard");
+    throw RuntimeError("data error: " + base::printable(path_) + ": sample " + std::to_string(j) + " of '" + name_ +
+                       "' holds " + (std::isnan(out[bad]) ? "NaN" : "inf") + " (element " + std::to_string(bad) +
+                       " of " + std::to_string(numel_) + "); fix or remove that shard");
 }
 
 }  // namespace perftrain::data

@@ -142,7 +142,9 @@ std::unique_ptr<Dataset> with_synthetic_cond(std::unique_ptr<Dataset> base, int6
 
 std::unique_ptr<Dataset> make_synthetic(int64_t size, std::array<int64_t, 3> shape, int64_t num_classes,
                                         uint64_t seed) {
-  if (size < 1) throw UsageError("synthetic dataset: size must be >= 1, got " + std::to_string(size));
+  if (size < 1 || size > kMaxSyntheticSize)
+    throw UsageError("synthetic dataset: size must be from 1 to " + std::to_string(kMaxSyntheticSize) + ", got " +
+                     std::to_string(size));
   if (shape[0] < 1 || shape[1] < 1 || shape[2] < 1) {
     throw UsageError("synthetic dataset: sample shape must be positive, got " + std::to_string(shape[0]) + "x" +
                      std::to_string(shape[1]) + "x" + std::to_string(shape[2]));

@@ -14,10 +14,17 @@ struct IdxArray {
   std::vector<uint8_t> data;  // row-major, product(dims) bytes
 };
 
+// The most data bytes read_idx takes (4 GiB; Fashion-MNIST's training images
+// are 47 MB).
+constexpr uint64_t kIdxMaxBytes = uint64_t(1) << 32;
+
 // Throws perftrain::RuntimeError naming the file and what is wrong: missing,
 // unreadable or corrupt gzip stream, bad magic, an element type other than
-// unsigned byte, truncated (bytes expected and found), trailing bytes. Byte
-// offsets are into the decompressed stream.
+// unsigned byte, dimensions above kIdxMaxBytes, truncated (bytes expected and
+// found), trailing bytes. Byte offsets are into the decompressed stream. The
+// header is read first and nothing beyond the size it announces is
+// decompressed: a gzip bomb fails after one byte too many, not after
+// inflating all of it.
 IdxArray read_idx(const std::string& path);
 
 }  // namespace perftrain::io

@@ -16,6 +16,7 @@
 
 #include "base/crc32c.h"
 #include "base/error.h"
+#include "base/text.h"
 #include "io/atomic_file.h"
 
 namespace perftrain::io {
@@ -70,7 +71,7 @@ std::string known_dtypes() {
 }
 
 [[noreturn]] void corrupt(const std::string& path, const std::string& what) {
-  throw RuntimeError(path + ": not a valid safetensors file: " + what);
+  throw RuntimeError(base::printable(path) + ": not a valid safetensors file: " + base::printable(what));
 }
 
 // torch.save's two formats: a zip archive ("PK\x03\x04") whose first entry

@@ -12,6 +12,9 @@
 #include <variant>
 
 #include "base/error.h"
+#include "base/text.h"
+#include "data/dataset.h"
+#include "train/memory_estimate.h"
 
 namespace perftrain::train {
 namespace {
@@ -46,7 +49,7 @@ std::vector<Key> keys(TrainConfig& c) {
       {"model", "cond_dim", &m.cond_dim, {}, 0, 65536},
       {"data", "source", &c.data.source, {"fashion-mnist", "latents", "synthetic"}},
       {"data", "path", &c.data.path},
-      {"data", "synthetic_size", &c.data.synthetic_size},
+      {"data", "synthetic_size", &c.data.synthetic_size, {}, 1, data::kMaxSyntheticSize},
       {"data", "prefetch", &c.data.prefetch},
       {"train", "steps", &c.optim.steps},
       {"train", "batch_size", &c.optim.batch_size},
@@ -112,7 +115,7 @@ std::string check_rule(const Key& k) {
   if (auto* const* s = std::get_if<std::string*>(&k.target); s && !k.choices.empty()) {
     for (const char* c : k.choices)
       if (**s == c) return "";
-    return full + " '" + **s + "' (expected " + one_of(k.choices) + ")";
+    return full + " '" + base::printable(**s) + "' (expected " + one_of(k.choices) + ")";
   }
   if (auto* const* i = std::get_if<int64_t*>(&k.target); i && (**i < k.min || **i > k.max))
     return full + " " + std::to_string(**i) + " (expected an integer from " + std::to_string(k.min) + " to " +
@@ -163,8 +166,8 @@ bool assign(const Target& t, const toml::node& v) {
 }
 
 void set_key(TrainConfig& cfg, const std::string& section, const std::string& key,
-             const toml::node& value, const std::string& origin) {
-  const std::string full = section + "." + key;
+             const toml::node& value, const std::string& origin_text) {
+  const std::string full = base::printable(section + "." + key), origin = base::printable(origin_text);
   // Naming a model sets its architecture; explicit depth/hidden/... may follow.
   if (full == "model.name") {
     if (!value.is_string()) throw UsageError(origin + ": model.name must be a string");
@@ -193,8 +196,10 @@ void set_key(TrainConfig& cfg, const std::string& section, const std::string& ke
     last = k.section;
   }
   if (known.str().empty())
-    throw UsageError(origin + ": unknown section [" + section + "]; known sections:" + sections.str());
-  throw UsageError(origin + ": unknown key " + full + "; known keys in [" + section + "]:" + known.str());
+    throw UsageError(origin + ": unknown section [" + base::printable(section) + "]; known sections:" +
+                     sections.str());
+  throw UsageError(origin + ": unknown key " + full + "; known keys in [" + base::printable(section) + "]:" +
+                   known.str());
 }
 
 void require(bool ok, const std::string& what) {
@@ -269,12 +274,12 @@ void apply_toml(TrainConfig& cfg, const std::string& toml_text, const std::strin
   } catch (const toml::parse_error& e) {
     std::ostringstream where;
     where << origin << ":" << e.source().begin.line << ":" << e.source().begin.column;
-    throw UsageError(where.str() + ": " + std::string(e.description()));
+    throw UsageError(base::printable(where.str() + ": " + std::string(e.description())));
   }
   for (const auto& [section, node] : doc) {
     const std::string sec(section.str());
     const toml::table* table = node.as_table();
-    if (!table) throw UsageError(origin + ": '" + sec + "' must be a [section]");
+    if (!table) throw UsageError(base::printable(origin + ": '" + sec + "' must be a [section]"));
     // model.name first: it resets the architecture that other keys may refine.
     if (const toml::node* name = table->get("name"); name && sec == "model")
       set_key(cfg, sec, "name", *name, origin);
@@ -294,10 +299,15 @@ void apply_toml_file(TrainConfig& cfg, const std::string& path) {
 }
 
 void apply_override(TrainConfig& cfg, const std::string& assignment) {
+  const std::string origin = "override '" + assignment + "'";
   const auto eq = assignment.find('=');
   const auto dot = assignment.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq)
-    throw UsageError("override '" + assignment + "' is not of the form section.key=value");
+    throw UsageError(base::printable(origin) + " is not of the form section.key=value");
+  // One key, one value: a newline would start more TOML (another key, a
+  // [section]) that the override would set behind the user's back.
+  if (assignment.find_first_of("\r\n") != std::string::npos)
+    throw UsageError(base::printable(origin) + ": a value is one line; set each key with its own --set");
   const std::string section = assignment.substr(0, dot);
   const std::string key = assignment.substr(dot + 1, eq - dot - 1);
   const std::string value = assignment.substr(eq + 1);
@@ -307,7 +317,9 @@ void apply_override(TrainConfig& cfg, const std::string& assignment) {
   } catch (const toml::parse_error&) {
     parsed = toml::table{{"v", value}};  // a bare word: take it as a string
   }
-  set_key(cfg, section, key, *parsed.get("v"), "override '" + assignment + "'");
+  if (parsed.size() != 1 || !parsed.contains("v"))
+    throw UsageError(base::printable(origin) + ": the value must be one TOML value");
+  set_key(cfg, section, key, *parsed.get("v"), origin);
 }
 
 namespace {
@@ -330,9 +342,13 @@ void validate_speed(const SpeedConfig& speed) {
 
 void TrainConfig::validate() const {
   model.validate();
+  // (image_size / patch)^2 fits int64 once model.validate() has bounded both.
+  require(model.tokens() <= kMaxImageTokens,
+          "model.image_size " + std::to_string(model.image_size) + " at model.patch " + std::to_string(model.patch) +
+              " gives " + std::to_string(model.tokens()) + " tokens per image ((image_size / patch)^2); at most " +
+              std::to_string(kMaxImageTokens));
   check_rules(*this, "");
   const auto& o = optim;
-  require(data.synthetic_size > 0, "data.synthetic_size must be positive");
   require(data.prefetch >= 1, "data.prefetch must be at least 1");
   require(o.steps > 0, "train.steps must be positive");
   require(o.batch_size > 0, "train.batch_size must be positive (got " + std::to_string(o.batch_size) + ")");
@@ -372,9 +388,25 @@ void TrainConfig::validate() const {
   require(dist.timeout_s > 0 && dist.timeout_s <= 86400, "dist.timeout_s must be in (0, 86400] seconds");
   require(dist.bucket_mb > 0 && dist.bucket_mb <= 4096, "dist.bucket_mb must be in (0, 4096]");
   require(!run.dir.empty(), "run.dir must not be empty");
+  require(base::is_printable(run.name),
+          "run.name (--run-name) '" + base::printable(run.name) +
+              "' holds control characters or bytes that are not UTF-8; name the run with printable text");
   require(run.name.find('/') == std::string::npos && run.name != "." && run.name != "..",
           "run.name (--run-name) must be one directory name under run.dir: no '/', not '.' or '..' "
           "(empty: <model>-<data>-<date>)");
+}
+
+double model_weight_bytes(const models::DiTConfig& model) {
+  return static_cast<double>(model.parameter_count()) * sizeof(float);
+}
+
+void check_model_fits(const models::DiTConfig& model, double available_bytes) {
+  const double bytes = model_weight_bytes(model);
+  require(bytes <= available_bytes,
+          "model " + base::printable(model.name) + " (model.depth " + std::to_string(model.depth) + ", model.hidden " +
+              std::to_string(model.hidden) + ", model.image_size " + std::to_string(model.image_size) + ", ...) has " +
+              std::to_string(model.parameter_count()) + " parameters: " + bytes_text(bytes) +
+              " of weights, more than the " + bytes_text(available_bytes) + " of memory available");
 }
 
 std::string TrainConfig::to_toml() const {

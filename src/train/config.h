@@ -116,6 +116,19 @@ struct TrainConfig {
   std::string to_toml() const;
 };
 
+// The most image tokens ((image_size / patch)^2) a config may ask for: a
+// 256 x 256 grid of patches. TrainConfig::validate() refuses more, before
+// anything is built from the config.
+constexpr int64_t kMaxImageTokens = 65536;
+
+// The bytes of the fp32 weights a model of this config holds (parameters and
+// fixed tensors).
+double model_weight_bytes(const models::DiTConfig& model);
+// UsageError naming the model's size keys when its weights alone need more
+// than available_bytes (train/memory_estimate.h: memory_available_for_training):
+// what `sample` checks before building the model a checkpoint describes.
+void check_model_fits(const models::DiTConfig& model, double available_bytes);
+
 // The [speed] keys' part of TrainConfig::validate(): UsageError naming the key
 // and its allowed values.
 void validate_speed(const SpeedConfig& speed);

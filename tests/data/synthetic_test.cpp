@@ -88,6 +88,11 @@ TEST(Synthetic, BadArgumentsAreUsageErrors) {
   error_of<UsageError>([] { make_synthetic(0, {1, 2, 2}, 10, 0); });
   error_of<UsageError>([] { make_synthetic(10, {1, 0, 2}, 10, 0); });
   error_of<UsageError>([] { make_synthetic(10, {1, 2, 2}, 0, 0); });
+  // A size whose loader order would not fit in memory (was std::bad_alloc on
+  // the loader thread): refused with the bound, nothing allocated.
+  const std::string msg = error_of<UsageError>([] { make_synthetic(100000000000, {1, 2, 2}, 10, 0); });
+  EXPECT_NE(msg.find("from 1 to 100000000, got 100000000000"), std::string::npos) << msg;
+  EXPECT_EQ(make_synthetic(kMaxSyntheticSize, {1, 2, 2}, 10, 0)->size(), kMaxSyntheticSize);
 }
 
 }  // namespace

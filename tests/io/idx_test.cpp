@@ -1,7 +1,13 @@
 #include "io/idx.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zlib.h>
+
+#include <fstream>
+#include <functional>
 
 #include "base/error.h"
 #include "support/test_support.h"
@@ -111,6 +117,64 @@ TEST(Idx, CutGzipStream) {
   const std::string whole = perftrain::testing::read_raw(dir.file("a.gz"));
   write_raw(dir.file("a.gz"), whole.substr(0, whole.size() / 2));
   expect_corrupt(dir.file("a.gz"), {"gzip"});
+}
+
+// The exit code of f run in a child process whose address space may grow by
+// at most extra_bytes: 0 when f returned, 1 when it threw the RuntimeError
+// that names path, 2 for std::bad_alloc, 3 for anything else.
+int exit_code_with_memory_limit(const std::string& path, size_t extra_bytes, const std::function<void()>& f) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    size_t pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    const rlim_t limit = pages * static_cast<size_t>(::sysconf(_SC_PAGESIZE)) + extra_bytes;
+    const struct rlimit rl{limit, limit};
+    ::setrlimit(RLIMIT_AS, &rl);
+    int code = 0;
+    try {
+      f();
+    } catch (const RuntimeError& e) {
+      code = std::string(e.what()).find(path) == std::string::npos ? 3 : 1;
+    } catch (const std::bad_alloc&) {
+      code = 2;
+    } catch (...) {
+      code = 3;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A gzip bomb: a 4-byte idx array, then 512 MiB of zeros (as 512 gzip members
+// of 1 MiB each, about 1 MB on disk). With 64 MiB to spare the read fails on
+// the first byte past the announced data, where it used to inflate all of it.
+TEST(Idx, GzipBombStopsAtTheAnnouncedSize) {
+  TempDir dir;
+  write_gz(dir.file("head.gz"), idx_bytes({4}, pattern(4)));
+  write_gz(dir.file("zeros.gz"), std::string(1 << 20, '\0'));
+  std::string bomb = perftrain::testing::read_raw(dir.file("head.gz"));
+  const std::string zeros = perftrain::testing::read_raw(dir.file("zeros.gz"));
+  for (int i = 0; i < 512; ++i) bomb += zeros;
+  const std::string path = dir.file("train-images-idx3-ubyte.gz");
+  write_raw(path, bomb);
+  EXPECT_EQ(exit_code_with_memory_limit(path, size_t(64) << 20, [&] { read_idx(path); }), 1);
+  expect_corrupt(path, {"trailing garbage", "past the 4 data bytes its header announces", "from byte 12"});
+}
+
+TEST(Idx, HeaderAnnouncingMoreThanTheMaximumIsRefusedBeforeReading) {
+  TempDir dir;
+  write_gz(dir.file("a.gz"), idx_bytes({0x10000, 0x10000, 2}, pattern(16)));
+  expect_corrupt(dir.file("a.gz"), {"announce more than 4294967296 data bytes"});
+}
+
+// A corrupt file's name is echoed as printable text.
+TEST(Idx, NamesAFileWithControlCharactersPrintably) {
+  TempDir dir;
+  const std::string msg = error_of<RuntimeError>([&] { read_idx(dir.file("a\x1b[2J")); });
+  EXPECT_NE(msg.find("a\\x1b[2J: no such file"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\x1b'), std::string::npos) << msg;
 }
 
 }  // namespace

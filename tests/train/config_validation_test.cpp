@@ -87,5 +87,76 @@ TEST(ConfigValidation, IntegersBeyondInt64AreUsageErrorsNotClamped) {
   EXPECT_NE(toml_msg.find("x.toml:2"), std::string::npos) << toml_msg;
 }
 
+// Values that reached an allocator unchecked: a synthetic set whose loader
+// order would not fit in memory (std::bad_alloc on the loader thread), an image
+// of 65536^2 tokens (torch's allocator enforce on building the model).
+TEST(ConfigValidation, SizesThatWouldExhaustMemoryAreRefused) {
+  EXPECT_NE(rejected("data.synthetic_size=100000000000")
+                .find("data.synthetic_size 100000000000 (expected an integer from 1 to 100000000)"),
+            std::string::npos);
+  EXPECT_NE(rejected("data.synthetic_size=0").find("data.synthetic_size"), std::string::npos);
+  accepted("data.synthetic_size=100000000");
+  TrainConfig c = default_config(false);
+  apply_override(c, "model.image_size=65536");
+  apply_override(c, "model.patch=1");
+  const std::string msg = error_of<UsageError>([&] { c.validate(); });
+  EXPECT_NE(msg.find("model.image_size 65536 at model.patch 1 gives 4294967296 tokens"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("at most 65536"), std::string::npos) << msg;
+  apply_override(c, "model.image_size=256");
+  EXPECT_NO_THROW(c.validate());  // 256 x 256 patches: the most
+  apply_override(c, "model.image_size=258");
+  EXPECT_NE(error_of<UsageError>([&] { c.validate(); }).find("66564 tokens"), std::string::npos);
+}
+
+TEST(ConfigValidation, ModelWeightsMustFitTheMemoryGiven) {
+  TrainConfig c = default_config(false);
+  apply_override(c, "model.depth=1024");
+  apply_override(c, "model.hidden=65536");
+  apply_override(c, "model.heads=64");
+  EXPECT_NO_THROW(c.validate());  // each value within its bound ...
+  const std::string msg = error_of<UsageError>([&] { check_model_fits(c.model, 64.0 * (1 << 30)); });
+  for (const char* want : {"model.depth 1024", "model.hidden 65536", "TiB of weights", "64.00 GiB of memory available"})
+    EXPECT_NE(msg.find(want), std::string::npos) << want << " in: " << msg;
+  const TrainConfig small = default_config(false);
+  EXPECT_DOUBLE_EQ(model_weight_bytes(small.model), 4.0 * small.model.parameter_count());
+  EXPECT_NO_THROW(check_model_fits(small.model, model_weight_bytes(small.model)));
+  EXPECT_THROW(check_model_fits(small.model, model_weight_bytes(small.model) - 1), UsageError);
+}
+
+// A --set value is one TOML value: a newline would smuggle in more keys.
+TEST(ConfigValidation, OverrideIsOneValueOnOneLine) {
+  for (const char* bad : {"train.lr=1e-3\n[run]\nname = \"x\"", "train.lr=1e-3\nsteps = 7", "run.name=a\rb",
+                          "run.name=\"a\"\n"}) {
+    TrainConfig c = default_config(false);
+    const std::string msg = error_of<UsageError>([&] { apply_override(c, bad); });
+    EXPECT_NE(msg.find("a value is one line"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_EQ(c.to_toml(), default_config(false).to_toml()) << bad;  // nothing set
+  }
+  TrainConfig c = default_config(false);
+  apply_override(c, "run.name=plain words # and a comment");
+  EXPECT_EQ(c.run.name, "plain words # and a comment");  // a bare string, taken whole
+  apply_override(c, "train.lr=3e-4 # a comment");
+  EXPECT_EQ(c.optim.lr, 3e-4);
+}
+
+TEST(ConfigValidation, RunNameIsPrintableText) {
+  for (const char* bad : {"run.name=\"a\\u001b[2Jb\"", "run.name=\"tab\\there\"", "run.name=\"\\u009b\""}) {
+    const std::string msg = rejected(bad);
+    EXPECT_NE(msg.find("run.name"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("control characters"), std::string::npos) << msg;
+    for (char ch : msg) EXPECT_FALSE(static_cast<unsigned char>(ch) < 0x20) << msg;
+  }
+  accepted("run.name=\"caf\u00e9 run 2\"");
+}
+
+// Strings from a file or the command line are echoed printable in errors.
+TEST(ConfigValidation, EchoedStringsArePrintable) {
+  EXPECT_NE(rejected("train.device=\"t\\u001bpu\"").find("train.device 't\\x1bpu'"), std::string::npos);
+  TrainConfig c = default_config(false);
+  const std::string msg = error_of<UsageError>([&] { apply_toml(c, "[\"tr\\u001bain\"]\nx = 1\n", "f.toml"); });
+  EXPECT_NE(msg.find("unknown section [tr\\x1bain]"), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace perftrain::train
