@@ -1,5 +1,5 @@
-// Device helpers shared by the row kernels (adaln_layernorm, gated_residual,
-// residual_adaln): fp32 math on float / __nv_bfloat16 / __half storage,
+// Device helpers shared by the row kernels (gated_residual, the row norms of
+// row_norm.cuh, qk_norm_rope, ...): fp32 math on float / __nv_bfloat16 / __half storage,
 // vector loads and stores of up to 16 bytes, deterministic warp and row sums,
 // the explicit instantiation over the storage types, and the host-side shape
 // rules they agree on (16-byte alignment, threads per row, the tile split of
