@@ -8,33 +8,14 @@ namespace perftrain::kernels {
 namespace {
 
 using detail::Norm;
-using detail::row_norm_backward_kernel;
-using detail::row_norm_forward_kernel;
 
 constexpr const char* kName = "adaln_layernorm";
 
-// Register budget per thread: ITEMS vectors of VEC elements of the row.
-// With at most kRowMaxThreads threads per row they cover kAdaLNMaxCols.
-template <int VEC> constexpr int fwd_items() { return VEC == 8 ? 6 : 16; }  // warp covers D <= 1536 / 512
-// 5 arrays of ITEMS*VEC live in the backward; the scalar path (odd widths,
-// misaligned views) spills a few registers at 16 items, which is acceptable there.
-template <int VEC> constexpr int bwd_items() { return VEC == 8 ? 2 : 16; }
-static_assert(detail::kRowMaxThreads * 8 * bwd_items<8>() >= kAdaLNMaxCols &&
-                  detail::kRowMaxThreads * bwd_items<1>() >= kAdaLNMaxCols,
+// The register budgets are detail::layer_fwd_items / layer_bwd_items; with at most
+// kRowMaxThreads threads per row they cover kAdaLNMaxCols.
+static_assert(detail::kRowMaxThreads * 8 * detail::layer_bwd_items<8>() >= kAdaLNMaxCols &&
+                  detail::kRowMaxThreads * detail::layer_bwd_items<1>() >= kAdaLNMaxCols,
               "the backward's registers must cover the widest row");
-
-// dscale[b, c] = sum over tiles of plane 0, dshift[b, c] of plane 1, in tile order.
-template <typename TM>
-__global__ void adaln_reduce_partials_kernel(const float* __restrict__ partials, int64_t plane, int tiles, int cols,
-                                             TM* __restrict__ dscale, TM* __restrict__ dshift) {
-  const int b = blockIdx.y;
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  float s[2];
-  detail::sum_tiles<2>(partials + int64_t(b) * tiles * cols + c, plane, tiles, cols, s);
-  dscale[int64_t(b) * cols + c] = detail::from_float<TM>(s[0]);
-  dshift[int64_t(b) * cols + c] = detail::from_float<TM>(s[1]);
-}
 
 }  // namespace
 
@@ -55,9 +36,9 @@ void adaln_layernorm_forward(const TX* x, const TM* shift, int64_t shift_stride,
     PERFTRAIN_LAUNCH_CHECK();
   };
   if (vec8)
-    launch(row_norm_forward_kernel<Norm::kLayer, false, false, TX, TM, TY, 8, fwd_items<8>()>, 8, fwd_items<8>());
+    launch(detail::row_norm_forward_kernel<Norm::kLayer, false, false, TX, TM, TY, 8, detail::layer_fwd_items<8>()>, 8, detail::layer_fwd_items<8>());
   else
-    launch(row_norm_forward_kernel<Norm::kLayer, false, false, TX, TM, TY, 1, fwd_items<1>()>, 1, fwd_items<1>());
+    launch(detail::row_norm_forward_kernel<Norm::kLayer, false, false, TX, TM, TY, 1, detail::layer_fwd_items<1>()>, 1, detail::layer_fwd_items<1>());
 }
 
 int adaln_layernorm_backward_tiles(int batch, int tokens, int sm_count) {
@@ -84,15 +65,16 @@ void adaln_layernorm_backward(const TY* dy, const TX* x, const TM* scale, int64_
     PERFTRAIN_LAUNCH_CHECK();
   };
   if (vec8)
-    launch(row_norm_backward_kernel<Norm::kLayer, false, TX, TM, TY, 8, bwd_items<8>(), false, false, false>, 8,
-           bwd_items<8>());
+    launch(detail::row_norm_backward_kernel<Norm::kLayer, false, TX, TM, TY, 8, detail::layer_bwd_items<8>(), false, false, false>, 8,
+           detail::layer_bwd_items<8>());
   else
-    launch(row_norm_backward_kernel<Norm::kLayer, false, TX, TM, TY, 1, bwd_items<1>(), false, false, false>, 1,
-           bwd_items<1>());
+    launch(detail::row_norm_backward_kernel<Norm::kLayer, false, TX, TM, TY, 1, detail::layer_bwd_items<1>(), false, false, false>, 1,
+           detail::layer_bwd_items<1>());
 
   const detail::RowLaunch r = detail::reduce_columns(cols, batch);
-  adaln_reduce_partials_kernel<TM><<<r.grid, r.block, 0, stream>>>(partials, plane, tiles_per_sample, cols, dscale,
-                                                                    dshift);
+  detail::row_norm_reduce_kernel<Norm::kLayer, false, TM><<<r.grid, r.block, 0, stream>>>(
+      partials, plane, tiles_per_sample, cols, false, nullptr, nullptr, nullptr, nullptr, 0, nullptr, 0, nullptr, dshift,
+      dscale, nullptr, nullptr, nullptr);
   PERFTRAIN_LAUNCH_CHECK();
 }
 

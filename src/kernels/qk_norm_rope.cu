@@ -104,6 +104,20 @@ __device__ __forceinline__ void norm_rope_backward(float (&g)[P][2], const float
   }
 }
 
+// The block's weight-gradient sums of q and k (two planes, one row per warp, in shared
+// memory) added in warp order and stored as this block's partials [2][grid][hd]. After a
+// __syncthreads; all threads of the block take part.
+__device__ __forceinline__ void store_block_partials(const float (&sums)[2][kWarps][kQkNormRopeMaxHeadDim], int hd,
+                                                     float* __restrict__ partials) {
+  for (int j = threadIdx.x; j < 2 * hd; j += kThreads) {
+    const int plane = j / hd, col = j - plane * hd;
+    float acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) acc += sums[plane][w][col];
+    partials[(int64_t(plane) * gridDim.x + blockIdx.x) * hd + col] = acc;
+  }
+}
+
 template <typename T, int P>
 __global__ void __launch_bounds__(kThreads)
     qk_norm_rope_forward_kernel(const T* __restrict__ qkv, const float* __restrict__ qw, const float* __restrict__ kw,
@@ -180,13 +194,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();
-    for (int j = threadIdx.x; j < 2 * hd; j += kThreads) {
-      const int plane = j / hd, col = j - plane * hd;
-      float acc = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) acc += sums[plane][w][col];
-      partials[(int64_t(plane) * gridDim.x + blockIdx.x) * hd + col] = acc;
-    }
+    store_block_partials(sums, hd, partials);
   }
 }
 
@@ -424,13 +432,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       }
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < 2 * hd; c += kThreads) {
-      const int plane = c / hd, col = c - plane * hd;
-      float acc = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) acc += sums[plane][w][col];
-      partials[(int64_t(plane) * gridDim.x + blockIdx.x) * hd + col] = acc;
-    }
+    store_block_partials(sums, hd, partials);
   }
 }
 

@@ -10,54 +10,21 @@ namespace perftrain::kernels {
 namespace {
 
 using detail::Norm;
-using detail::row_norm_backward_kernel;
-using detail::row_norm_forward_kernel;
-using detail::to_float;
 
 constexpr const char* kName = "residual_adaln";
 
-// Register budget per thread: ITEMS vectors of VEC elements of the row.
-// Forward: x1 (1 array) lives across the row. Backward: the three column sums
-// live across all rows and xhat, g across one row's reduction: 5 arrays, which
-// at 2 x 8 stays inside the 128 registers a 512-thread block allows. With a
-// bias the fourth sum (6 arrays) spills at 2 x 8 in the fp32 instantiations,
-// so rows up to kNarrowBiasCols take 1 x 8 (more threads per row instead),
-// wider ones 2 x 8 (a few spilled registers).
-template <int VEC> constexpr int fwd_items() { return VEC == 8 ? 6 : 16; }  // warp covers D <= 1536 / 512
-template <int VEC> constexpr int bwd_items() { return VEC == 8 ? 2 : 16; }
+// Register budget per thread (detail::layer_fwd_items / layer_bwd_items): the backward's
+// three column sums live across all rows and xhat, g across one row's reduction: 5
+// arrays, which at 2 x 8 stays inside the 128 registers a 512-thread block allows. With a
+// bias the fourth sum (6 arrays) spills at 2 x 8 in the fp32 instantiations, so rows up
+// to kNarrowBiasCols take 1 x 8 (more threads per row instead), wider ones 2 x 8 (a few
+// spilled registers). The forward takes the fewest vectors a lane that cover the row.
 constexpr int kNarrowBiasItems = 1;  // VEC = 8
 constexpr int kNarrowBiasCols = detail::kRowMaxThreads * 8 * kNarrowBiasItems;
-static_assert(detail::kRowMaxThreads * fwd_items<1>() >= kResidualAdaLNMaxCols &&
-                  detail::kRowMaxThreads * 8 * bwd_items<8>() >= kResidualAdaLNMaxCols &&
-                  detail::kRowMaxThreads * bwd_items<1>() >= kResidualAdaLNMaxCols,
+static_assert(detail::kRowMaxThreads * detail::layer_fwd_items<1>() >= kResidualAdaLNMaxCols &&
+                  detail::kRowMaxThreads * 8 * detail::layer_bwd_items<8>() >= kResidualAdaLNMaxCols &&
+                  detail::kRowMaxThreads * detail::layer_bwd_items<1>() >= kResidualAdaLNMaxCols,
               "the registers must cover the widest row");
-
-// The per-sample column sums over tiles, in tile order: three, or four when
-// sum_dx1 (plane 3). Planes (row_norm.cuh): 0 dh * xhat (-> dscale), 1 dh (-> dshift),
-// 2 dx1 * y (-> dgate), 3 dx1. dgate = sum dx1*y + bias * sum dx1 (the bias's share of
-// sum dx1*(y + bias)); dbias_per_sample = gate * sum dx1.
-template <typename TM>
-__global__ void residual_adaln_reduce_partials_kernel(const float* __restrict__ partials, int64_t plane, int tiles,
-                                                      int cols, bool sum_dx1, const TM* __restrict__ gate,
-                                                      int64_t gate_stride, const float* __restrict__ bias,
-                                                      TM* __restrict__ dgate, TM* __restrict__ dscale,
-                                                      TM* __restrict__ dshift, float* __restrict__ dbias_per_sample) {
-  const int b = blockIdx.y;
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  const float* p = partials + int64_t(b) * tiles * cols + c;
-  float s[4] = {0.f, 0.f, 0.f, 0.f};
-  if (sum_dx1)
-    detail::sum_tiles<4>(p, plane, tiles, cols, s);
-  else
-    detail::sum_tiles<3>(p, plane, tiles, cols, s);
-  if (bias != nullptr) s[2] = fmaf(bias[c], s[3], s[2]);
-  if (dbias_per_sample != nullptr)
-    dbias_per_sample[int64_t(b) * cols + c] = to_float(gate[int64_t(b) * gate_stride + c]) * s[3];
-  dgate[int64_t(b) * cols + c] = detail::from_float<TM>(s[2]);
-  dscale[int64_t(b) * cols + c] = detail::from_float<TM>(s[0]);
-  dshift[int64_t(b) * cols + c] = detail::from_float<TM>(s[1]);
-}
 
 }  // namespace
 
@@ -85,17 +52,17 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
   auto row_kernels = [&](auto bias_tag) {
     constexpr bool B = decltype(bias_tag)::value;
     if (!vec8)
-      launch(row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 1, fwd_items<1>()>, 1, fwd_items<1>());
+      launch(detail::row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 1, detail::layer_fwd_items<1>()>, 1, detail::layer_fwd_items<1>());
     else if (cols <= 8 * 2 * 32)
-      launch(row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, 2>, 8, 2);
+      launch(detail::row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, 2>, 8, 2);
     else if (cols <= 8 * 3 * 32)
-      launch(row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, 3>, 8, 3);
+      launch(detail::row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, 3>, 8, 3);
     else if (cols <= 8 * 4 * 32)
-      launch(row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, 4>, 8, 4);
+      launch(detail::row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, 4>, 8, 4);
     else if (cols <= 8 * 5 * 32)
-      launch(row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, 5>, 8, 5);
+      launch(detail::row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, 5>, 8, 5);
     else
-      launch(row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, fwd_items<8>()>, 8, fwd_items<8>());
+      launch(detail::row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, detail::layer_fwd_items<8>()>, 8, detail::layer_fwd_items<8>());
   };
   if (bias != nullptr)
     row_kernels(std::true_type{});
@@ -105,9 +72,9 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
 
 // The backward's block size for these columns (also what the tile count assumes).
 static int backward_threads(int cols, bool vec8, bool bias_sums) {
-  if (!vec8) return detail::row_norm_threads(cols, bwd_items<1>(), kName);
+  if (!vec8) return detail::row_norm_threads(cols, detail::layer_bwd_items<1>(), kName);
   if (bias_sums && cols <= kNarrowBiasCols) return detail::row_norm_threads(cols / 8, kNarrowBiasItems, kName);
-  return detail::row_norm_threads(cols / 8, bwd_items<8>(), kName);
+  return detail::row_norm_threads(cols / 8, detail::layer_bwd_items<8>(), kName);
 }
 
 int residual_adaln_backward_tiles(int batch, int tokens, int cols, bool bias_sums, int sm_count) {
@@ -144,21 +111,21 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
   detail::with_xhat<TA>("residual_adaln_backward", xhat != nullptr, [&](auto xhat_tag) {
     constexpr bool XHAT = decltype(xhat_tag)::value;
     if (vec8 && sum_dx1 && cols <= kNarrowBiasCols)
-      launch(row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 8, kNarrowBiasItems, XHAT, true, true>);
+      launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 8, kNarrowBiasItems, XHAT, true, true>);
     else if (vec8 && sum_dx1)
-      launch(row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 8, bwd_items<8>(), XHAT, true, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 8, detail::layer_bwd_items<8>(), XHAT, true, false>);
     else if (vec8)
-      launch(row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 8, bwd_items<8>(), XHAT, false, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 8, detail::layer_bwd_items<8>(), XHAT, false, false>);
     else if (sum_dx1)
-      launch(row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 1, bwd_items<1>(), XHAT, true, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 1, detail::layer_bwd_items<1>(), XHAT, true, false>);
     else
-      launch(row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 1, bwd_items<1>(), XHAT, false, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 1, detail::layer_bwd_items<1>(), XHAT, false, false>);
   });
 
   const detail::RowLaunch r = detail::reduce_columns(cols, batch);
-  residual_adaln_reduce_partials_kernel<TM><<<r.grid, r.block, 0, stream>>>(partials, plane, tiles_per_sample, cols,
-                                                                             sum_dx1, gate, gate_stride, bias, dgate,
-                                                                             dscale, dshift, dbias_per_sample);
+  detail::row_norm_reduce_kernel<Norm::kLayer, true, TM><<<r.grid, r.block, 0, stream>>>(
+      partials, plane, tiles_per_sample, cols, sum_dx1, bias, nullptr, nullptr, gate, gate_stride, nullptr, 0, dgate,
+      dshift, dscale, dbias_per_sample, nullptr, nullptr);
   PERFTRAIN_LAUNCH_CHECK();
 }
 

@@ -8,9 +8,6 @@ namespace perftrain::kernels {
 namespace {
 
 using detail::Norm;
-using detail::row_norm_backward_kernel;
-using detail::row_norm_forward_kernel;
-using detail::to_float;
 
 constexpr const char* kName = "residual_rms_adaln";
 
@@ -23,38 +20,10 @@ constexpr const char* kName = "residual_rms_adaln";
 // (48 floats; more threads per row instead), wider ones two (96 floats, near
 // the 128 registers that 512 threads a block allow).
 constexpr int kNarrowCols = detail::kRowMaxThreads * 8;
-constexpr int kFwdItems1 = 16;
+// The forward's budget is detail::rms_forward's (16 scalar items at most).
 static_assert(detail::kRowMaxThreads * 8 * 2 >= kResidualRmsAdaLNMaxCols &&
-                  detail::kRowMaxThreads * 16 >= kResidualRmsAdaLNMaxCols &&
-                  detail::kRowMaxThreads * kFwdItems1 >= kResidualRmsAdaLNMaxCols,
+                  detail::kRowMaxThreads * 16 >= kResidualRmsAdaLNMaxCols,
               "the registers must cover the widest row");
-
-// The per-sample column sums over tiles, in tile order (Q1, Q2), and what
-// each gradient takes of them: dgate = (1 - tg^2) * post_weight * Q2,
-// dpost_weight_per_sample = tg * Q2, dscale = pre_weight * Q1,
-// dpre_weight_per_sample = (1 + scale) * Q1.
-template <typename TM>
-__global__ void residual_rms_adaln_reduce_partials_kernel(
-    const float* __restrict__ partials, int64_t plane, int tiles, int cols, const float* __restrict__ post_weight,
-    const float* __restrict__ pre_weight, const TM* __restrict__ gate, int64_t gate_stride,
-    const TM* __restrict__ scale, int64_t scale_stride, TM* __restrict__ dgate, TM* __restrict__ dscale,
-    float* __restrict__ dpost_weight_per_sample, float* __restrict__ dpre_weight_per_sample) {
-  const int b = blockIdx.y;
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  float q[2];
-  detail::sum_tiles<2>(partials + int64_t(b) * tiles * cols + c, plane, tiles, cols, q);
-  const int64_t o = int64_t(b) * cols + c;
-  const float tg = tanhf(to_float(gate[int64_t(b) * gate_stride + c]));
-  const float pw = post_weight != nullptr ? post_weight[c] : 1.f;
-  dgate[o] = detail::from_float<TM>((1.f - tg * tg) * pw * q[1]);
-  if (dpost_weight_per_sample != nullptr) dpost_weight_per_sample[o] = tg * q[1];
-  if (dscale != nullptr) dscale[o] = detail::from_float<TM>((pre_weight != nullptr ? pre_weight[c] : 1.f) * q[0]);
-  if (dpre_weight_per_sample != nullptr) {
-    const float a = scale != nullptr ? to_float(scale[int64_t(b) * scale_stride + c]) : 0.f;
-    dpre_weight_per_sample[o] = (1.f + a) * q[0];
-  }
-}
 
 // The backward's block size for these columns (also what the tile count assumes).
 int backward_threads(int cols, bool vec8) {
@@ -69,26 +38,9 @@ void residual_rms_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride
                                 const float* post_weight, const float* pre_weight, const TM* scale,
                                 int64_t scale_stride, TX* x1, TA* h, float* y_rstd, float* rstd, TA* xhat,
                                 int batch, int tokens, int cols, float eps, cudaStream_t stream) {
-  detail::check_sizes("residual_rms_adaln_forward", batch, tokens, cols, kResidualRmsAdaLNMaxCols);
-  const int rows = batch * tokens;
-  if (rows == 0) return;
-  const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && (scale == nullptr || scale_stride % 8 == 0) &&
-                    detail::all_vec8_aligned(gate, scale, x, y, post_weight, pre_weight, x1, h, xhat);
-  auto launch = [&](auto kernel, int vec, int items) {
-    const detail::RowLaunch l = detail::forward_rows(rows, cols / vec, items, kName);
-    kernel<<<l.grid, l.block, 0, stream>>>(x, gate, gate_stride, y, nullptr, post_weight, pre_weight, nullptr, 0,
-                                           scale, scale_stride, x1, h, y_rstd, nullptr, rstd, xhat, rows, tokens,
-                                           cols, eps);
-    PERFTRAIN_LAUNCH_CHECK();
-  };
-  // A warp per row up to 1536 columns (2 vectors a lane up to 512, 6 up to
-  // 1536), a block per row of 2 vectors a thread beyond.
-  if (vec8 && cols > 8 * 2 * 32 && cols <= 8 * 6 * 32)
-    launch(row_norm_forward_kernel<Norm::kRms, true, false, TX, TM, TA, 8, 6>, 8, 6);
-  else if (vec8)
-    launch(row_norm_forward_kernel<Norm::kRms, true, false, TX, TM, TA, 8, 2>, 8, 2);
-  else
-    launch(row_norm_forward_kernel<Norm::kRms, true, false, TX, TM, TA, 1, kFwdItems1>, 1, kFwdItems1);
+  detail::rms_forward<true, TX, TM, TA>("residual_rms_adaln_forward", kResidualRmsAdaLNMaxCols, x, gate, gate_stride,
+                                        y, post_weight, pre_weight, scale, scale_stride, x1, h, y_rstd, rstd, xhat,
+                                        batch, tokens, cols, eps, stream);
 }
 
 int residual_rms_adaln_backward_tiles(int batch, int tokens, int cols, int sm_count) {
@@ -130,19 +82,19 @@ void residual_rms_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, 
   detail::with_xhat<TA>("residual_rms_adaln_backward", read_xhat, [&](auto xhat_tag) {
     constexpr bool XHAT = decltype(xhat_tag)::value;
     if (vec8 && cols <= kNarrowCols)
-      launch(row_norm_backward_kernel<Norm::kRms, true, TX, TM, TA, 8, 1, XHAT, false, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kRms, true, TX, TM, TA, 8, 1, XHAT, false, false>);
     else if (vec8)
-      launch(row_norm_backward_kernel<Norm::kRms, true, TX, TM, TA, 8, 2, XHAT, false, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kRms, true, TX, TM, TA, 8, 2, XHAT, false, false>);
     else if (cols <= kNarrowCols)
-      launch(row_norm_backward_kernel<Norm::kRms, true, TX, TM, TA, 1, 8, XHAT, false, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kRms, true, TX, TM, TA, 1, 8, XHAT, false, false>);
     else
-      launch(row_norm_backward_kernel<Norm::kRms, true, TX, TM, TA, 1, 16, XHAT, false, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kRms, true, TX, TM, TA, 1, 16, XHAT, false, false>);
   });
 
   const detail::RowLaunch r = detail::reduce_columns(cols, batch);
-  residual_rms_adaln_reduce_partials_kernel<TM><<<r.grid, r.block, 0, stream>>>(
-      partials, plane, tiles_per_sample, cols, post_weight, pre_weight, gate, gate_stride, scale, scale_stride, dgate,
-      dscale, dpost_weight_per_sample, dpre_weight_per_sample);
+  detail::row_norm_reduce_kernel<Norm::kRms, true, TM><<<r.grid, r.block, 0, stream>>>(
+      partials, plane, tiles_per_sample, cols, false, nullptr, post_weight, pre_weight, gate, gate_stride, scale,
+      scale_stride, dgate, nullptr, dscale, nullptr, dpost_weight_per_sample, dpre_weight_per_sample);
   PERFTRAIN_LAUNCH_CHECK();
 }
 

@@ -8,9 +8,6 @@ namespace perftrain::kernels {
 namespace {
 
 using detail::Norm;
-using detail::row_norm_backward_kernel;
-using detail::row_norm_forward_kernel;
-using detail::to_float;
 
 constexpr const char* kName = "rms_adaln";
 
@@ -19,33 +16,13 @@ constexpr const char* kName = "rms_adaln";
 // multiplier (weight * (1 + scale), the same on every row of the block's
 // sample) live across rows, xhat and g across one row's reduction: 4 arrays,
 // 64 floats at 2 x 8 or 16 x 1.
+// The forward's budget is detail::rms_forward's (16 scalar items at most).
 constexpr int kBwdItems8 = 2;
 constexpr int kBwdItems1 = 16;
-constexpr int kFwdItems1 = 16;
 static_assert(detail::kRowMaxThreads * 8 * kBwdItems8 >= kRmsAdaLNMaxCols &&
                   detail::kRowMaxThreads * kBwdItems1 >= kRmsAdaLNMaxCols &&
-                  detail::kRowMaxThreads * kFwdItems1 >= kRmsAdaLNMaxCols,
+                  detail::kRowMaxThreads * 16 >= kRmsAdaLNMaxCols,
               "the registers must cover the widest row");
-
-// Q = the sum over tiles, in tile order; dscale = weight * Q,
-// dweight_per_sample = (1 + scale) * Q.
-template <typename TM>
-__global__ void rms_adaln_reduce_partials_kernel(const float* __restrict__ partials, int tiles, int cols,
-                                                 const float* __restrict__ weight, const TM* __restrict__ scale,
-                                                 int64_t scale_stride, TM* __restrict__ dscale,
-                                                 float* __restrict__ dweight_per_sample) {
-  const int b = blockIdx.y;
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  float q[1];
-  detail::sum_tiles<1>(partials + int64_t(b) * tiles * cols + c, 0, tiles, cols, q);
-  if (dscale != nullptr)
-    dscale[int64_t(b) * cols + c] = detail::from_float<TM>((weight != nullptr ? weight[c] : 1.f) * q[0]);
-  if (dweight_per_sample != nullptr) {
-    const float a = scale != nullptr ? to_float(scale[int64_t(b) * scale_stride + c]) : 0.f;
-    dweight_per_sample[int64_t(b) * cols + c] = (1.f + a) * q[0];
-  }
-}
 
 // The backward's block size for these columns (also what the tile count assumes).
 int backward_threads(int cols, bool vec8) {
@@ -58,27 +35,9 @@ int backward_threads(int cols, bool vec8) {
 template <typename TX, typename TM, typename TY>
 void rms_adaln_forward(const TX* x, const float* weight, const TM* scale, int64_t scale_stride, TY* h, float* rstd,
                        TY* xhat, int batch, int tokens, int cols, float eps, cudaStream_t stream) {
-  detail::check_sizes("rms_adaln_forward", batch, tokens, cols, kRmsAdaLNMaxCols);
-  const int rows = batch * tokens;
-  if (rows == 0) return;
-  const bool vec8 =
-      cols % 8 == 0 && (scale == nullptr || scale_stride % 8 == 0) && detail::all_vec8_aligned(scale, x, weight, h, xhat);
-  auto launch = [&](auto kernel, int vec, int items) {
-    const detail::RowLaunch l = detail::forward_rows(rows, cols / vec, items, kName);
-    kernel<<<l.grid, l.block, 0, stream>>>(x, nullptr, 0, nullptr, nullptr, nullptr, weight, nullptr, 0, scale,
-                                           scale_stride, nullptr, h, nullptr, nullptr, rstd, xhat, rows, tokens,
-                                           cols, eps);
-    PERFTRAIN_LAUNCH_CHECK();
-  };
-  // A warp per row up to 1536 columns (the fewest registers that cover the
-  // row: 2 vectors a lane up to 512, 6 up to 1536), a block per row of 2
-  // vectors a thread beyond.
-  if (vec8 && cols > 8 * 2 * 32 && cols <= 8 * 6 * 32)
-    launch(row_norm_forward_kernel<Norm::kRms, false, false, TX, TM, TY, 8, 6>, 8, 6);
-  else if (vec8)
-    launch(row_norm_forward_kernel<Norm::kRms, false, false, TX, TM, TY, 8, 2>, 8, 2);
-  else
-    launch(row_norm_forward_kernel<Norm::kRms, false, false, TX, TM, TY, 1, kFwdItems1>, 1, kFwdItems1);
+  detail::rms_forward<false, TX, TM, TY>("rms_adaln_forward", kRmsAdaLNMaxCols, x, nullptr, 0, nullptr, nullptr, weight,
+                                         scale, scale_stride, nullptr, h, nullptr, rstd, xhat, batch, tokens, cols,
+                                         eps, stream);
 }
 
 int rms_adaln_backward_tiles(int batch, int tokens, int cols, int sm_count) {
@@ -109,14 +68,15 @@ void rms_adaln_backward(const TY* dh, const TX* x, const TY* xhat, const float* 
   detail::with_xhat<TY>("rms_adaln_backward", xhat != nullptr, [&](auto xhat_tag) {
     constexpr bool XHAT = decltype(xhat_tag)::value;
     if (vec8)
-      launch(row_norm_backward_kernel<Norm::kRms, false, TX, TM, TY, 8, kBwdItems8, XHAT, false, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kRms, false, TX, TM, TY, 8, kBwdItems8, XHAT, false, false>);
     else
-      launch(row_norm_backward_kernel<Norm::kRms, false, TX, TM, TY, 1, kBwdItems1, XHAT, false, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kRms, false, TX, TM, TY, 1, kBwdItems1, XHAT, false, false>);
   });
   if (dscale == nullptr && dweight_per_sample == nullptr) return;
   const detail::RowLaunch r = detail::reduce_columns(cols, batch);
-  rms_adaln_reduce_partials_kernel<TM><<<r.grid, r.block, 0, stream>>>(partials, tiles_per_sample, cols, weight, scale,
-                                                                        scale_stride, dscale, dweight_per_sample);
+  detail::row_norm_reduce_kernel<Norm::kRms, false, TM><<<r.grid, r.block, 0, stream>>>(
+      partials, 0, tiles_per_sample, cols, false, nullptr, nullptr, weight, nullptr, 0, scale, scale_stride, nullptr,
+      nullptr, dscale, nullptr, nullptr, dweight_per_sample);
   PERFTRAIN_LAUNCH_CHECK();
 }
 

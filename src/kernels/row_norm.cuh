@@ -7,9 +7,9 @@
 //                   rms(y) * post_weight), and the backward carries dx1 on into dy;
 // and each op's header states its maths, bytes and launch shape. Here: the per-element
 // arithmetic of each norm kind (in one place, so every kernel sums in the same fixed
-// order), the forward row kernel, the backward row-tile kernel, and the host-side launch
-// shapes they share. The column-sum reduce kernels, which differ per op, stay in the ops'
-// .cu files, as do all launches (tools/kernel_emu rewrites them there).
+// order), the forward row kernel, the backward row-tile kernel, the column-sum reduce kernel,
+// and the host side they share: launch shapes, register budgets, the kRms ops' forward. Each
+// op's .cu keeps its argument checks, the choice of instantiation and the other launches.
 //
 // Shapes, common to all four:
 //   forward   one warp per row (4 rows a block) while a warp covers the row, a block per
@@ -26,6 +26,7 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "kernels/cuda_check.h"
 #include "kernels/vector_io.cuh"
 
 namespace perftrain::kernels::detail {
@@ -107,14 +108,16 @@ struct NormKind<Norm::kLayer> {
 
   __device__ __forceinline__ static float normalise(float v, float mean, float rstd) { return (v - mean) * rstd; }
 
-  // One element's share of the backward of out = xhat * mult + shift (mult = 1 + scale),
-  // dy the gradient of out: g = dy * mult (kept for dx), the column sums of dy * xhat and
-  // dy, and the row sums of g and g * xhat, whose means dx needs.
-  __device__ __forceinline__ static void grad_terms(float dy, float mult, float xhat, float& g, float (&col)[2],
-                                                    float (&row)[2]) {
+  // One element's (vector i, element j of the thread's) share of the backward of
+  // out = xhat * mult + shift (mult = 1 + scale), dy the gradient of out: g = dy * mult
+  // (kept for dx), the column sums of dy * xhat and dy, and the row sums of g and g * xhat,
+  // whose means dx needs.
+  template <int ITEMS, int VEC>
+  __device__ __forceinline__ static void grad_terms(float dy, float mult, float xhat, float& g,
+                                                    float (&col)[2][ITEMS][VEC], int i, int j, float (&row)[2]) {
     g = dy * mult;
-    col[0] += dy * xhat;
-    col[1] += dy;
+    col[0][i][j] += dy * xhat;
+    col[1][i][j] += dy;
     row[0] += g;
     row[1] += g * xhat;
   }
@@ -153,10 +156,11 @@ struct NormKind<Norm::kRms> {
   __device__ __forceinline__ static float normalise(float v, float /* mean */, float rstd) { return v * rstd; }
 
   // One element's share of the backward of out = xhat * mult (mult = weight * (1 + scale)).
-  __device__ __forceinline__ static void grad_terms(float dy, float mult, float xhat, float& g, float (&col)[1],
-                                                    float (&row)[1]) {
+  template <int ITEMS, int VEC>
+  __device__ __forceinline__ static void grad_terms(float dy, float mult, float xhat, float& g,
+                                                    float (&col)[1][ITEMS][VEC], int i, int j, float (&row)[1]) {
     g = dy * mult;
-    col[0] = fmaf(dy, xhat, col[0]);
+    col[0][i][j] = fmaf(dy, xhat, col[0][i][j]);
     row[0] = fmaf(g, xhat, row[0]);
   }
 
@@ -187,6 +191,23 @@ __device__ __forceinline__ void rms_modulate_store(float (&v)[ITEMS][VEC], int n
       }
       store_vec<TY, VEC>(h_row + int64_t(c) * VEC, out);
       if (xhat_row != nullptr) store_vec<TY, VEC>(xhat_row + int64_t(c) * VEC, v[i]);
+    }
+  }
+}
+
+// The norm's dv = NormKind<N>::grad_dx of the thread's vectors of one row, stored at dst_row.
+template <Norm N, typename T, int ITEMS, int VEC>
+__device__ __forceinline__ void store_grad_dx(T* __restrict__ dst_row, const float (&g)[ITEMS][VEC],
+                                              const float (&xhat)[ITEMS][VEC], float rstd,
+                                              const float (&mean)[NormKind<N>::kSums], int nvec) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < nvec) {
+      float out[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out[j] = NormKind<N>::grad_dx(g[i][j], xhat[i][j], rstd, mean);
+      store_vec<T, VEC>(dst_row + int64_t(c) * VEC, out);
     }
   }
 }
@@ -349,7 +370,7 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1)
   const TM* sc = (N == Norm::kLayer || scale != nullptr) ? scale + int64_t(b) * scale_stride : nullptr;
 
   // The column sums: the norm's S, and the branch's (kLayer: dx1 * y, dx1; kRms: dx1 * yhat).
-  float acc[ITEMS][VEC][S], acc_b[ITEMS][VEC], acc_dx1[ITEMS][VEC];
+  float acc[S][ITEMS][VEC], acc_b[1][ITEMS][VEC], acc_dx1[ITEMS][VEC];
   // The per-column multipliers held across rows: the norm's, and the kRms branch's tanh(gate) * post_weight.
   float mult[ITEMS][VEC], mult_b[ITEMS][VEC];
 #pragma unroll
@@ -358,8 +379,8 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1)
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
 #pragma unroll
-      for (int k = 0; k < S; ++k) acc[i][j][k] = 0.f;
-      acc_b[i][j] = acc_dx1[i][j] = 0.f;
+      for (int k = 0; k < S; ++k) acc[k][i][j] = 0.f;
+      acc_b[0][i][j] = acc_dx1[i][j] = 0.f;
       mult[i][j] = 1.f;
       mult_b[i][j] = 0.f;
     }
@@ -450,7 +471,7 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1)
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             if constexpr (!XHAT) xh[i][j] = K::normalise(xh[i][j], mu, rs);
-            K::grad_terms(d[j], mult[i][j], xh[i][j], g[i][j], acc[i][j], s);
+            K::grad_terms(d[j], mult[i][j], xh[i][j], g[i][j], acc, i, j, s);
           }
         }
       }
@@ -460,16 +481,7 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1)
     }
 
     if constexpr (!RESIDUAL) {
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        const int c = threadIdx.x + i * blockDim.x;
-        if (c < nvec) {
-          float out[VEC];
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) out[j] = K::grad_dx(g[i][j], xh[i][j], rs, mg);
-          store_vec<TX, VEC>(dx + off + int64_t(c) * VEC, out);
-        }
-      }
+      store_grad_dx<N>(dx + off, g, xh, rs, mg, nvec);
     } else if constexpr (N == Norm::kLayer) {
       // Phase 2: dx1, dy = dx1 * gate and the branch's column sums.
 #pragma unroll
@@ -488,7 +500,7 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1)
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             e[j] += K::grad_dx(g[i][j], xh[i][j], rs, mg);  // dx1
-            acc_b[i][j] += e[j] * yv[j];
+            acc_b[0][i][j] += e[j] * yv[j];
             if constexpr (SUM_DX1) acc_dx1[i][j] += e[j];
             yv[j] = e[j] * gv[j];  // dy
           }
@@ -514,43 +526,79 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1)
           load_vec<TY, VEC>(y + off + int64_t(c) * VEC, xh[i]);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            float col[1] = {acc_b[i][j]};
             xh[i][j] = R::normalise(xh[i][j], 0.f, ry);  // yhat
-            R::grad_terms(e[j], mult_b[i][j], xh[i][j], g[i][j], col, s2);
-            acc_b[i][j] = col[0];
+            R::grad_terms(e[j], mult_b[i][j], xh[i][j], g[i][j], acc_b, i, j, s2);
           }
         }
       }
       row_sum<1>(s2, smem);
       const float mg2[1] = {s2[0] * inv_cols};
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        const int c = threadIdx.x + i * blockDim.x;
-        if (c < nvec) {
-          float o[VEC];
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) o[j] = R::grad_dx(g[i][j], xh[i][j], ry, mg2);
-          store_vec<TY, VEC>(dy + off + int64_t(c) * VEC, o);
-        }
-      }
+      store_grad_dx<Norm::kRms>(dy + off, g, xh, ry, mg2, nvec);
     }
   }
 
   // The partial planes, stored once.
   float* p0 = partials + (int64_t(b) * tiles + tile) * cols;
 #pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int c = threadIdx.x + i * blockDim.x;
-    if (c < nvec) {
-#pragma unroll
-      for (int k = 0; k < S; ++k) {
-        float col[VEC];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) col[j] = acc[i][j][k];
-        store_vec<float, VEC>(p0 + k * plane + c * VEC, col);
-      }
-      if constexpr (RESIDUAL) store_vec<float, VEC>(p0 + S * plane + c * VEC, acc_b[i]);
-      if constexpr (SUM_DX1) store_vec<float, VEC>(p0 + (S + 1) * plane + c * VEC, acc_dx1[i]);
+  for (int k = 0; k < S; ++k) store_plane(p0 + k * plane, acc[k], nvec);
+  if constexpr (RESIDUAL) store_plane(p0 + S * plane, acc_b[0], nvec);
+  if constexpr (SUM_DX1) store_plane(p0 + (S + 1) * plane, acc_dx1, nvec);
+}
+
+// ---- the per-sample column sums ----
+
+// A thread per (column c, sample b): the planes' partial sums over tiles, in tile order,
+// and what each gradient takes of them:
+//   kLayer:           dscale = sum dh * xhat, dshift = sum dh;
+//   kLayer residual:  dgate = sum dx1 * y + bias * sum dx1 (the bias's share of
+//                     sum dx1 * (y + bias); plane 3 with sum_dx1), dbias_per_sample = gate * sum dx1;
+//   kRms:             Q = sum dh * xhat: dscale = weight * Q, dweight_per_sample = (1 + scale) * Q;
+//   kRms residual:    and Q2 = sum dx1 * yhat: dgate = (1 - tg^2) * post_weight * Q2,
+//                     dpost_weight_per_sample = tg * Q2 (tg = tanh(gate)).
+// Outputs that are null are not written (kLayer: dgate, dshift and dscale are always given).
+template <Norm N, bool RESIDUAL, typename TM>
+__global__ void row_norm_reduce_kernel(const float* __restrict__ partials, int64_t plane, int tiles, int cols,
+                                       bool sum_dx1, const float* __restrict__ bias,
+                                       const float* __restrict__ post_weight, const float* __restrict__ weight,
+                                       const TM* __restrict__ gate, int64_t gate_stride, const TM* __restrict__ scale,
+                                       int64_t scale_stride, TM* __restrict__ dgate, TM* __restrict__ dshift,
+                                       TM* __restrict__ dscale, float* __restrict__ dbias_per_sample,
+                                       float* __restrict__ dpost_weight_per_sample,
+                                       float* __restrict__ dweight_per_sample) {
+  const int b = blockIdx.y;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const float* p = partials + int64_t(b) * tiles * cols + c;
+  const int64_t o = int64_t(b) * cols + c;
+  if constexpr (N == Norm::kLayer && !RESIDUAL) {
+    float s[2];
+    sum_tiles<2>(p, plane, tiles, cols, s);
+    dscale[o] = from_float<TM>(s[0]);
+    dshift[o] = from_float<TM>(s[1]);
+  } else if constexpr (N == Norm::kLayer) {
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    if (sum_dx1)
+      sum_tiles<4>(p, plane, tiles, cols, s);
+    else
+      sum_tiles<3>(p, plane, tiles, cols, s);
+    if (bias != nullptr) s[2] = fmaf(bias[c], s[3], s[2]);
+    if (dbias_per_sample != nullptr) dbias_per_sample[o] = to_float(gate[int64_t(b) * gate_stride + c]) * s[3];
+    dgate[o] = from_float<TM>(s[2]);
+    dscale[o] = from_float<TM>(s[0]);
+    dshift[o] = from_float<TM>(s[1]);
+  } else {
+    float q[RESIDUAL ? 2 : 1];
+    sum_tiles<RESIDUAL ? 2 : 1>(p, plane, tiles, cols, q);
+    if constexpr (RESIDUAL) {
+      const float tg = tanhf(to_float(gate[int64_t(b) * gate_stride + c]));
+      const float pw = post_weight != nullptr ? post_weight[c] : 1.f;
+      dgate[o] = from_float<TM>((1.f - tg * tg) * pw * q[1]);
+      if (dpost_weight_per_sample != nullptr) dpost_weight_per_sample[o] = tg * q[1];
+    }
+    if (dscale != nullptr) dscale[o] = from_float<TM>((weight != nullptr ? weight[c] : 1.f) * q[0]);
+    if (dweight_per_sample != nullptr) {
+      const float a = scale != nullptr ? to_float(scale[int64_t(b) * scale_stride + c]) : 0.f;
+      dweight_per_sample[o] = (1.f + a) * q[0];
     }
   }
 }
@@ -560,6 +608,12 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1)
 // Threads per row: the fewest whole warps that cover nvec vectors at `items` a thread.
 inline int row_norm_threads(int nvec, int items, const char* what) {
   return row_threads(nvec, items, kRowMaxThreads, what);
+}
+
+// 16-byte vectors for every pointer given (null ones are absent arguments).
+template <typename... T>
+bool all_vec8_aligned(const T*... p) {
+  return ((p == nullptr || vec8_aligned(p)) && ...);
 }
 
 struct RowLaunch {
@@ -578,8 +632,45 @@ inline RowLaunch backward_tiles(int tiles_per_sample, int batch, int threads) {
   return {dim3(tiles_per_sample, batch), dim3(threads)};
 }
 
-// The reduce kernels': a thread per (column, sample), 256 a block.
+// The reduce kernel's: a thread per (column, sample), 256 a block.
 inline RowLaunch reduce_columns(int cols, int batch) { return {dim3((cols + 255) / 256, batch), dim3(256)}; }
+
+// The kLayer ops' register budgets (both take the same): ITEMS vectors of VEC elements a
+// thread. Forward: the row (x, or x1) lives across it; a warp covers D <= 1536 (VEC 8) or
+// 512 (VEC 1). Backward: 5 arrays of ITEMS * VEC live in the row loop (6 with the
+// residual's bias sums); the scalar path (odd widths, misaligned views) spills a few
+// registers at 16 items, which is acceptable there.
+template <int VEC> constexpr int layer_fwd_items() { return VEC == 8 ? 6 : 16; }
+template <int VEC> constexpr int layer_bwd_items() { return VEC == 8 ? 2 : 16; }
+
+// The kRms ops' forward, rms_adaln (RESIDUAL false: gate, y, post_weight, x1 and y_rstd
+// null) and residual_rms_adaln: the sizes, the vector width and the launch. Both take the
+// same register budget: a warp per row up to 1536 columns (the fewest registers that cover
+// the row: 2 vectors a lane up to 512, 6 up to 1536), a block per row of 2 vectors a thread
+// beyond, and 16 elements a thread unvectorised.
+template <bool RESIDUAL, typename TX, typename TM, typename TY>
+void rms_forward(const char* what, int max_cols, const TX* x, const TM* gate, int64_t gate_stride, const TY* y,
+                 const float* post_weight, const float* weight, const TM* scale, int64_t scale_stride, TX* x1, TY* h,
+                 float* y_rstd, float* rstd, TY* xhat, int batch, int tokens, int cols, float eps,
+                 cudaStream_t stream) {
+  check_sizes(what, batch, tokens, cols, max_cols);
+  const int rows = batch * tokens;
+  if (rows == 0) return;
+  const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && (scale == nullptr || scale_stride % 8 == 0) &&
+                    all_vec8_aligned(gate, scale, x, y, post_weight, weight, x1, h, xhat);
+  auto launch = [&](auto kernel, int vec, int items) {
+    const RowLaunch l = forward_rows(rows, cols / vec, items, what);
+    kernel<<<l.grid, l.block, 0, stream>>>(x, gate, gate_stride, y, nullptr, post_weight, weight, nullptr, 0, scale,
+                                           scale_stride, x1, h, y_rstd, nullptr, rstd, xhat, rows, tokens, cols, eps);
+    PERFTRAIN_LAUNCH_CHECK();
+  };
+  if (vec8 && cols > 8 * 2 * 32 && cols <= 8 * 6 * 32)
+    launch(row_norm_forward_kernel<Norm::kRms, RESIDUAL, false, TX, TM, TY, 8, 6>, 8, 6);
+  else if (vec8)
+    launch(row_norm_forward_kernel<Norm::kRms, RESIDUAL, false, TX, TM, TY, 8, 2>, 8, 2);
+  else
+    launch(row_norm_forward_kernel<Norm::kRms, RESIDUAL, false, TX, TM, TY, 1, 16>, 1, 16);
+}
 
 // Tiles per sample by waves (wave_row_tiles) of the blocks of `threads` that an SM holds
 // at the register budget of __launch_bounds__(512, 1): 512 / threads.
@@ -601,12 +692,6 @@ void with_xhat(const char* what, bool xhat, F&& f) {
     if (xhat) throw std::invalid_argument(std::string(what) + ": xhat is kept only in a 16-bit type");
     f(std::false_type{});
   }
-}
-
-// 16-byte vectors for every pointer given (null ones are absent arguments).
-template <typename... T>
-bool all_vec8_aligned(const T*... p) {
-  return ((p == nullptr || vec8_aligned(p)) && ...);
 }
 
 }  // namespace perftrain::kernels::detail

@@ -150,6 +150,18 @@ __device__ __forceinline__ void sum_tiles(const float* p, int64_t plane, int til
   }
 }
 
+// One plane of per-column partial sums, stored once: the thread's vectors c = x + i *
+// blockDim.x (c < nvec) of VEC sums in acc[i], at p + c * VEC (p: this block's row of the
+// plane).
+template <int ITEMS, int VEC>
+__device__ __forceinline__ void store_plane(float* p, const float (&acc)[ITEMS][VEC], int nvec) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < nvec) store_vec<float, VEC>(p + c * VEC, acc[i]);
+  }
+}
+
 // ---- explicit instantiation over the storage types ----
 
 // M(A, B, C) for every combination of the three storage types (27 in all):
