@@ -7,6 +7,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/randn.h>
 #include <c10/core/Device.h>
@@ -65,6 +66,17 @@ inline void expect_rel_l2(const at::Tensor& got, const at::Tensor& ref, const st
   EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
   const double rel = (g - r).norm().item<double>() / r.norm().item<double>();
   EXPECT_LT(rel, tol) << what << ": relative L2 error " << rel;  // NaN fails too
+}
+
+// Deterministic: a rerun's outputs are the same bits as the first run's
+// (undefined ones are skipped).
+inline void expect_same_bits(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& again,
+                             const std::string& where) {
+  ASSERT_EQ(got.size(), again.size()) << where;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!got[i].defined()) continue;
+    EXPECT_TRUE(at::equal(got[i], again[i])) << where << "output " << i << " not bit-identical";
+  }
 }
 
 // x's [B, T, D].

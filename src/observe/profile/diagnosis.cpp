@@ -21,11 +21,9 @@ double phase_ms(const StepAnalysis& a, const std::string& p) {
   return 0;
 }
 
-// What every rule reads: the step's analysis, the run's facts, and the
+// What the rules read besides the step's analysis and the run's facts: the
 // accounting against the unprofiled step.
 struct Inputs {
-  const StepAnalysis& a;
-  const RunFacts& f;
   StepAccounting acc;
   bool corrected;  // the idle time is without the profiler's cost
   double busy;     // GPU busy ms, at least 1e-9
@@ -36,9 +34,7 @@ struct Inputs {
 // cost (CUPTI's records per kernel, the recording of each op) shows up as
 // idle time between kernels: where the unprofiled step was timed, it is
 // taken out and the share is of the unprofiled step.
-void launch_bound(const Inputs& in, std::vector<Finding>& out) {
-  const StepAnalysis& a = in.a;
-  const RunFacts& f = in.f;
+void launch_bound(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   const StepAccounting& acc = in.acc;
   const bool corrected = in.corrected;
   const double idle = acc.idle_without_profiler_share;
@@ -71,9 +67,7 @@ void launch_bound(const Inputs& in, std::vector<Finding>& out) {
 }
 
 // Data-bound: the GPU idles while the host waits for the next batch.
-void data_bound(const Inputs& in, std::vector<Finding>& out) {
-  const StepAnalysis& a = in.a;
-  const RunFacts& f = in.f;
+void data_bound(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   const double data = std::max(share(a.idle_data_ms, a), share(a.data_wait_ms, a));
   if (data >= 0.10) {
     Finding x{"data-bound", "data-bound: the step waits for the loader " + fmt("%.0f%%", 100 * data) + " of the time",
@@ -89,9 +83,7 @@ void data_bound(const Inputs& in, std::vector<Finding>& out) {
 
 // Memory-bound elementwise work: non-matrix, non-attention kernels take a
 // third or more of the GPU's busy time.
-void elementwise(const Inputs& in, std::vector<Finding>& out) {
-  const StepAnalysis& a = in.a;
-  const RunFacts& f = in.f;
+void elementwise(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   const double elem = a.elementwise_ms / in.busy;
   if (!a.cpu_only && elem >= 0.35) {
     Finding x{"elementwise", "memory-bound elementwise work: " + fmt("%.0f%%", 100 * elem) +
@@ -110,9 +102,7 @@ void elementwise(const Inputs& in, std::vector<Finding>& out) {
 }
 
 // Matrix-bound: matrix products and attention fill the step.
-void matrix_bound(const Inputs& in, std::vector<Finding>& out) {
-  const StepAnalysis& a = in.a;
-  const RunFacts& f = in.f;
+void matrix_bound(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   const double mat = (a.matrix_ms + a.attention_ms) / in.busy;
   const double idle_all = in.corrected ? (a.idle_data_ms + in.acc.idle_without_profiler_ms) / in.acc.unprofiled_ms
                                        : share(a.idle_data_ms + a.idle_other_ms, a);
@@ -140,8 +130,7 @@ void matrix_bound(const Inputs& in, std::vector<Finding>& out) {
 }
 
 // Power-capped: most samples at the power limit.
-void power_capped(const Inputs& in, std::vector<Finding>& out) {
-  const RunFacts& f = in.f;
+void power_capped(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   if (f.gpu.count > 0 && f.gpu.at_power_limit && *f.gpu.at_power_limit >= 0.5) {
     Finding x{"power-capped", "power-capped: the GPU ran at its power limit in " +
                                   fmt("%.0f%%", 100 * *f.gpu.at_power_limit) + " of the samples",
@@ -162,8 +151,7 @@ void power_capped(const Inputs& in, std::vector<Finding>& out) {
 
 // Alignment: tensor cores want product dimensions that are multiples of 8
 // (16 bytes of bf16); our attention kernels want head dims of 64.
-void alignment(const Inputs& in, std::vector<Finding>& out) {
-  const RunFacts& f = in.f;
+void alignment(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   std::string bad;
   for (const auto& [name, d] : f.matrix_dims)
     if (d % 8 != 0) bad += (bad.empty() ? "" : ", ") + name + " = " + std::to_string(d);
@@ -181,8 +169,7 @@ void alignment(const Inputs& in, std::vector<Finding>& out) {
 }
 
 // Host syncs inside the step: the host waits for the GPU, then the GPU for the host.
-void host_syncs(const Inputs& in, std::vector<Finding>& out) {
-  const StepAnalysis& a = in.a;
+void host_syncs(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   if (!a.syncs.empty() && a.syncs_per_step > 0) {
     Finding x{"host-syncs", fmt("host syncs inside the step: %.1f per step", a.syncs_per_step), "", "",
               std::min(1.0, 0.05 * a.syncs_per_step)};
@@ -201,9 +188,7 @@ void host_syncs(const Inputs& in, std::vector<Finding>& out) {
 }
 
 // fp32 matrix work in a mixed-precision run.
-void fp32_matmul(const Inputs& in, std::vector<Finding>& out) {
-  const StepAnalysis& a = in.a;
-  const RunFacts& f = in.f;
+void fp32_matmul(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   if (!a.cpu_only && f.precision != "fp32" &&
       (a.fp32_matrix_ms >= 0.05 * std::max(a.matrix_ms, 1e-9) || a.fp32_matrix_ops > 0) &&
       (a.fp32_matrix_ms > 0 || a.fp32_matrix_ops > 0)) {
@@ -218,9 +203,7 @@ void fp32_matmul(const Inputs& in, std::vector<Finding>& out) {
 }
 
 // Allocator churn: device allocations inside steady steps.
-void allocator_churn(const Inputs& in, std::vector<Finding>& out) {
-  const StepAnalysis& a = in.a;
-  const RunFacts& f = in.f;
+void allocator_churn(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   if (a.device_mallocs + a.device_frees > 0 || f.alloc_retries > 0) {
     Finding x{"allocator-churn", "allocator churn: the caching allocator goes to the driver inside the steps", "", "",
               0.05};
@@ -235,9 +218,7 @@ void allocator_churn(const Inputs& in, std::vector<Finding>& out) {
 }
 
 // Recompute: backward beyond the usual twice the forward.
-void recompute(const Inputs& in, std::vector<Finding>& out) {
-  const StepAnalysis& a = in.a;
-  const RunFacts& f = in.f;
+void recompute(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   const double fwd = phase_ms(a, "forward"), bwd = phase_ms(a, "backward");
   if ((f.recompute || f.gelu_recompute) && fwd > 0 && bwd > 2 * fwd) {
     const double cost = bwd - 2 * fwd;
@@ -254,8 +235,7 @@ void recompute(const Inputs& in, std::vector<Finding>& out) {
 }
 
 // The step is one graph launch: say so, and how to see its phases.
-void captured(const Inputs& in, std::vector<Finding>& out) {
-  const StepAnalysis& a = in.a;
+void captured(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   if (a.captured) {
     Finding x{"captured", "each step is one CUDA graph launch", "",
               "profile an eager window of the same step (--profile-uncaptured) for the split by phase", 0};
@@ -272,10 +252,10 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
   std::vector<Finding> out;
   if (a.step_ms <= 0) return out;
   const StepAccounting acc = account(a, f.measured);
-  const Inputs in{a, f, acc, acc.has_profiled && acc.has_unprofiled, std::max(a.gpu_busy_ms, 1e-9)};
+  const Inputs in{acc, acc.has_profiled && acc.has_unprofiled, std::max(a.gpu_busy_ms, 1e-9)};
   for (auto rule : {launch_bound, data_bound, elementwise, matrix_bound, power_capped, alignment, host_syncs,
                     fp32_matmul, allocator_churn, recompute, captured})
-    rule(in, out);
+    rule(a, f, in, out);
   std::stable_sort(out.begin(), out.end(), [](const Finding& x, const Finding& y) { return x.weight > y.weight; });
   return out;
 }
