@@ -195,6 +195,27 @@ __device__ __forceinline__ void rms_modulate_store(float (&v)[ITEMS][VEC], int n
   }
 }
 
+// f(i, c) for each of the thread's vectors of a row: vector c = threadIdx.x +
+// i * blockDim.x, for c < nvec (i a constant once unrolled).
+template <int ITEMS, typename F>
+__device__ __forceinline__ void for_each_vector(int nvec, F&& f) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < nvec) f(i, c);
+  }
+}
+
+// The thread's vectors of one row (as the statistics take them) from src_row.
+template <typename T, int ITEMS, int VEC>
+__device__ __forceinline__ void load_row(const T* __restrict__ src_row, float (&v)[ITEMS][VEC], int nvec) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < nvec) load_vec<T, VEC>(src_row + int64_t(c) * VEC, v[i]);
+  }
+}
+
 // The norm's dv = NormKind<N>::grad_dx of the thread's vectors of one row, stored at dst_row.
 template <Norm N, typename T, int ITEMS, int VEC>
 __device__ __forceinline__ void store_grad_dx(T* __restrict__ dst_row, const float (&g)[ITEMS][VEC],
@@ -243,11 +264,7 @@ __global__ void __launch_bounds__(kRowMaxThreads, N == Norm::kLayer ? 1 : 0)
 
   float v[ITEMS][VEC];
   if constexpr (!RESIDUAL) {
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int c = threadIdx.x + i * blockDim.x;
-      if (c < nvec) load_vec<TX, VEC>(x + off + int64_t(c) * VEC, v[i]);
-    }
+    load_row(x + off, v, nvec);
   } else if constexpr (N == Norm::kLayer) {
     // x1 = x + gate * (y + bias), written out and kept (as stored) for the statistics.
     const TM* gt = gate + int64_t(b) * gate_stride;
@@ -272,26 +289,18 @@ __global__ void __launch_bounds__(kRowMaxThreads, N == Norm::kLayer ? 1 : 0)
     }
   } else {
     // y's norm first, then x1 = x + tanh(gate) * yhat * post_weight in the same registers.
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int c = threadIdx.x + i * blockDim.x;
-      if (c < nvec) load_vec<TY, VEC>(y + off + int64_t(c) * VEC, v[i]);
-    }
+    load_row(y + off, v, nvec);
     const float ry = K::stats(v, nvec, cols, eps, smem, row, nullptr, y_rstd_out).rstd;
     const TM* gt = gate + int64_t(b) * gate_stride;
+    for_each_vector<ITEMS>(nvec, [&](int i, int c) {
+      float xv[VEC], g[VEC], w[VEC];
+      load_vec<TX, VEC>(x + off + int64_t(c) * VEC, xv);
+      load_vec<TM, VEC>(gt + c * VEC, g);
+      if (post_weight != nullptr) load_vec<float, VEC>(post_weight + c * VEC, w); else fill(w, 1.f);
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int c = threadIdx.x + i * blockDim.x;
-      if (c < nvec) {
-        float xv[VEC], g[VEC], w[VEC];
-        load_vec<TX, VEC>(x + off + int64_t(c) * VEC, xv);
-        load_vec<TM, VEC>(gt + c * VEC, g);
-        if (post_weight != nullptr) load_vec<float, VEC>(post_weight + c * VEC, w); else fill(w, 1.f);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[i][j] = round_to<TX>(xv[j] + tanhf(g[j]) * (v[i][j] * ry * w[j]));
-        store_vec<TX, VEC>(x1 + off + int64_t(c) * VEC, v[i]);
-      }
-    }
+      for (int j = 0; j < VEC; ++j) v[i][j] = round_to<TX>(xv[j] + tanhf(g[j]) * (v[i][j] * ry * w[j]));
+      store_vec<TX, VEC>(x1 + off + int64_t(c) * VEC, v[i]);
+    });
   }
   const RowStats st = K::stats(v, nvec, cols, eps, smem, row, mean_out, rstd_out);
 

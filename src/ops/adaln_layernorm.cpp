@@ -16,17 +16,9 @@
 
 namespace perftrain::ops {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 namespace {
 
 constexpr const char* kOp = "adaln_layernorm";
-
-void check_args(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, at::ScalarType out_dtype) {
-  detail::check_row_op_args(kOp, x, {}, {{"shift", shift}, {"scale", scale}}, kernels::kAdaLNMaxCols);
-  check_kernel_dtype(kOp, out_dtype, "out_dtype");
-}
 
 struct AdaLNLayerNormFunction : public torch::autograd::Function<AdaLNLayerNormFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& shift_in,
@@ -97,7 +89,7 @@ at::Tensor adaln_layernorm_reference(const at::Tensor& x, const at::Tensor& shif
 
 at::Tensor adaln_layernorm(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
                            at::ScalarType out_dtype, double eps) {
-  check_args(x, shift, scale, out_dtype);
+  detail::check_row_norm_args(kOp, x, {}, {{"shift", shift}, {"scale", scale}}, {}, kernels::kAdaLNMaxCols, out_dtype);
   if (!x.is_cuda()) return adaln_layernorm_reference(x, shift, scale, out_dtype, eps);
   return AdaLNLayerNormFunction::apply(x, shift, scale, int64_t(out_dtype), eps);
 }

@@ -20,19 +20,9 @@
 
 namespace perftrain::ops {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 namespace {
 
 constexpr const char* kOp = "residual_adaln";
-
-void check_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y, const at::Tensor& shift,
-                const at::Tensor& scale, at::ScalarType out_dtype) {
-  detail::check_row_op_args(kOp, x, {{"y", y}}, {{"gate", gate}, {"shift", shift}, {"scale", scale}},
-                            kernels::kResidualAdaLNMaxCols);
-  check_kernel_dtype(kOp, out_dtype, "out_dtype");
-}
 
 // The bias travels as an optional: autograd functions take no undefined
 // tensors, but an absent optional is "no input here" (and has no gradient slot
@@ -70,13 +60,8 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
     const at::Tensor none;
     const bool kept = t.xhat.defined();
     ctx->save_for_backward({kept ? none : t.x1, t.y, gate, scale, kept ? none : t.stat, t.rstd, bias, t.xhat});
-    ctx->saved_data["act"] = int64_t(t.act);
-    detail::save_dtypes(ctx, {{"x_dtype", &t.x},
-                              {"y_dtype", &y_in},
-                              {"gate_dtype", &gate_in},
-                              {"shift_dtype", &shift_in},
-                              {"scale_dtype", &scale_in},
-                              {"bias_dtype", &bias_in}});
+    detail::save_residual_types(ctx, t, y_in, gate_in);
+    detail::save_dtypes(ctx, {{"shift_dtype", &shift_in}, {"scale_dtype", &scale_in}, {"bias_dtype", &bias_in}});
     return {t.x1, detail::as_dtype(t.h, out_dtype)};
   }
 
@@ -169,7 +154,8 @@ std::pair<at::Tensor, at::Tensor> residual_adaln_reference(const at::Tensor& x, 
 std::pair<at::Tensor, at::Tensor> residual_adaln(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
                                                  const at::Tensor& shift, const at::Tensor& scale,
                                                  at::ScalarType out_dtype, double eps, const at::Tensor& bias) {
-  check_args(x, gate, y, shift, scale, out_dtype);
+  detail::check_row_norm_args(kOp, x, {{"y", y}}, {{"gate", gate}, {"shift", shift}, {"scale", scale}}, {},
+                              kernels::kResidualAdaLNMaxCols, out_dtype);
   detail::check_residual_bias(kOp, x, bias);
   if (!x.is_cuda()) return residual_adaln_reference(x, gate, y, shift, scale, out_dtype, eps, bias);
   variable_list out = ResidualAdaLNFunction::apply(x, gate, y, shift, scale, int64_t(out_dtype), eps,

@@ -22,24 +22,9 @@
 
 namespace perftrain::ops {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 namespace {
 
 constexpr const char* kOp = "residual_rms_adaln";
-
-void check_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y, const at::Tensor& post_weight,
-                const at::Tensor& pre_weight, const at::Tensor& scale, at::ScalarType out_dtype) {
-  if (scale.defined())
-    detail::check_row_op_args(kOp, x, {{"y", y}}, {{"gate", gate}, {"scale", scale}},
-                              kernels::kResidualRmsAdaLNMaxCols);
-  else
-    detail::check_row_op_args(kOp, x, {{"y", y}}, {{"gate", gate}}, kernels::kResidualRmsAdaLNMaxCols);
-  detail::check_norm_weight(kOp, x, post_weight, "post_weight");
-  detail::check_norm_weight(kOp, x, pre_weight, "pre_weight");
-  check_kernel_dtype(kOp, out_dtype, "out_dtype");
-}
 
 // Autograd functions take no undefined tensors: the optional weights and
 // scale travel as optionals, and an absent one has no input edge, so the
@@ -82,11 +67,8 @@ struct ResidualRmsAdaLNFunction : public torch::autograd::Function<ResidualRmsAd
     const at::Tensor none;
     ctx->save_for_backward(
         {t.xhat.defined() ? none : t.x1, t.xhat, t.y, gate, scale, post_weight, pre_weight, t.stat, t.rstd});
-    ctx->saved_data["act"] = int64_t(t.act);
-    detail::save_dtypes(ctx, {{"x_dtype", &t.x},
-                              {"y_dtype", &y_in},
-                              {"gate_dtype", &gate_in},
-                              {"post_weight_dtype", &post_weight_in},
+    detail::save_residual_types(ctx, t, y_in, gate_in);
+    detail::save_dtypes(ctx, {{"post_weight_dtype", &post_weight_in},
                               {"pre_weight_dtype", &pre_weight_in},
                               {"scale_dtype", &scale_in}});
     return {t.x1, detail::as_dtype(t.h, out_dtype)};
@@ -172,7 +154,10 @@ std::pair<at::Tensor, at::Tensor> residual_rms_adaln(const at::Tensor& x, const 
                                                      const at::Tensor& y, const at::Tensor& post_weight,
                                                      const at::Tensor& pre_weight, const at::Tensor& scale,
                                                      at::ScalarType out_dtype, double eps) {
-  check_args(x, gate, y, post_weight, pre_weight, scale, out_dtype);
+  detail::check_row_norm_args(kOp, x, {{"y", y}}, {{"gate", gate}}, {{"scale", scale}},
+                              kernels::kResidualRmsAdaLNMaxCols, out_dtype);
+  detail::check_norm_weight(kOp, x, post_weight, "post_weight");
+  detail::check_norm_weight(kOp, x, pre_weight, "pre_weight");
   if (!x.is_cuda()) return residual_rms_adaln_reference(x, gate, y, post_weight, pre_weight, scale, out_dtype, eps);
   variable_list out = ResidualRmsAdaLNFunction::apply(x, gate, y, detail::optional_tensor(post_weight),
                                                       detail::optional_tensor(pre_weight),

@@ -19,21 +19,9 @@
 
 namespace perftrain::ops {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 namespace {
 
 constexpr const char* kOp = "rms_adaln";
-
-void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale, at::ScalarType out_dtype) {
-  if (scale.defined())
-    detail::check_row_op_args(kOp, x, {}, {{"scale", scale}}, kernels::kRmsAdaLNMaxCols);
-  else
-    detail::check_row_op_args(kOp, x, {}, {}, kernels::kRmsAdaLNMaxCols);
-  detail::check_norm_weight(kOp, x, weight, "weight");
-  check_kernel_dtype(kOp, out_dtype, "out_dtype");
-}
 
 // The optional weight and scale travel as optionals (detail::optional_tensor),
 // and an absent one has no input edge, so the edges of the present tensors are
@@ -123,7 +111,8 @@ at::Tensor rms_adaln_reference(const at::Tensor& x, const at::Tensor& weight, co
 
 at::Tensor rms_adaln(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                      at::ScalarType out_dtype, double eps) {
-  check_args(x, weight, scale, out_dtype);
+  detail::check_row_norm_args(kOp, x, {}, {}, {{"scale", scale}}, kernels::kRmsAdaLNMaxCols, out_dtype);
+  detail::check_norm_weight(kOp, x, weight, "weight");
   if (!x.is_cuda()) return rms_adaln_reference(x, weight, scale, out_dtype, eps);
   return RmsAdaLNFunction::apply(x, detail::optional_tensor(weight), detail::optional_tensor(scale), int64_t(out_dtype),
                                  eps);

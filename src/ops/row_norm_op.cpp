@@ -26,6 +26,16 @@ void check_norm_weight(const char* op, const at::Tensor& x, const at::Tensor& we
                      weight.device().str());
 }
 
+void check_row_norm_args(const char* op, const at::Tensor& x, const std::vector<NamedTensor>& like_x,
+                         const std::vector<NamedTensor>& rows, const std::vector<NamedTensor>& optional_rows,
+                         int64_t max_cols, at::ScalarType out_dtype) {
+  std::vector<NamedTensor> present = rows;
+  for (const NamedTensor& r : optional_rows)
+    if (r.t.defined()) present.push_back(r);
+  check_row_op_args(op, x, like_x, present, max_cols);
+  check_kernel_dtype(op, out_dtype, "out_dtype");
+}
+
 std::optional<at::Tensor> optional_tensor(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
@@ -67,6 +77,12 @@ RowNormTensors row_norm_tensors(const at::Tensor& x, const at::Tensor& y, at::Sc
 void save_dtypes(torch::autograd::AutogradContext* ctx,
                  std::initializer_list<std::pair<const char*, const at::Tensor*>> inputs) {
   for (const auto& [key, t] : inputs) ctx->saved_data[key] = t->defined() ? int64_t(t->scalar_type()) : int64_t(-1);
+}
+
+void save_residual_types(torch::autograd::AutogradContext* ctx, const RowNormTensors& t, const at::Tensor& y,
+                         const at::Tensor& gate) {
+  ctx->saved_data["act"] = int64_t(t.act);
+  save_dtypes(ctx, {{"x_dtype", &t.x}, {"y_dtype", &y}, {"gate_dtype", &gate}});
 }
 
 bool saved_present(torch::autograd::AutogradContext* ctx, const char* key) {

@@ -10,10 +10,20 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "ops/dtype_dispatch.h"
+
 #include <initializer_list>
 #include <optional>
 #include <utility>
 #include <vector>
+
+namespace perftrain::ops {
+
+// The types the row-norm ops' autograd functions take and return.
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+}  // namespace perftrain::ops
 
 namespace perftrain::ops::detail {
 
@@ -21,6 +31,13 @@ namespace perftrain::ops::detail {
 // x.size(-1)) of a floating dtype on x's device; UsageError naming `op` and
 // `what` otherwise.
 void check_norm_weight(const char* op, const at::Tensor& x, const at::Tensor& weight, const char* what);
+
+// The row-norm ops' argument checks (check_row_op_args): x, `like_x` (y),
+// the per-sample rows `rows`, and those of `optional_rows` that are defined
+// (an undefined one is an absent input); out_dtype a kernel dtype.
+void check_row_norm_args(const char* op, const at::Tensor& x, const std::vector<NamedTensor>& like_x,
+                         const std::vector<NamedTensor>& rows, const std::vector<NamedTensor>& optional_rows,
+                         int64_t max_cols, at::ScalarType out_dtype);
 
 // An autograd function takes no undefined tensor: an absent input travels as
 // nullopt (and has no input edge).
@@ -58,6 +75,9 @@ RowNormTensors row_norm_tensors(const at::Tensor& x, const at::Tensor& y, at::Sc
 // The inputs' dtypes saved for the backward, by key: -1 for an undefined one.
 void save_dtypes(torch::autograd::AutogradContext* ctx,
                  std::initializer_list<std::pair<const char*, const at::Tensor*>> inputs);
+// A residual op's: the activations' kernel type ("act") and x's, y's and gate's dtypes.
+void save_residual_types(torch::autograd::AutogradContext* ctx, const RowNormTensors& t, const at::Tensor& y,
+                         const at::Tensor& gate);
 bool saved_present(torch::autograd::AutogradContext* ctx, const char* key);
 at::ScalarType saved_dtype(torch::autograd::AutogradContext* ctx, const char* key);
 
