@@ -24,8 +24,8 @@
 //             in registers, then stores them once to fp32 partials
 //             [2][batch][tiles][cols]; a second small kernel sums the tiles in a
 //             fixed order into dscale/dshift. Deterministic, no atomics.
-// The row statistics and the gradient's per-element terms are those of
-// kernels/layernorm_stats.cuh, shared with residual_adaln.
+// Both row kernels are kernels/row_norm.cuh's templates (Norm::kLayer, no residual),
+// shared with residual_adaln, rms_adaln and residual_rms_adaln.
 // Everything is shape-determined (grid, scratch size), so it captures in CUDA graphs.
 #pragma once
 

@@ -96,14 +96,8 @@ __global__ void __launch_bounds__(kBackwardMaxThreads, 1)
     }
   }
   float* p = partials + (int64_t(b) * tiles + tile) * cols;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int c = threadIdx.x + i * blockDim.x;
-    if (c < nvec) {
-      store_vec<float, VEC>(p + c * VEC, acc[i]);
-      if constexpr (SUM_DOUT) store_vec<float, VEC>(p + plane + c * VEC, acc_d[i]);
-    }
-  }
+  detail::store_plane(p, acc, nvec);
+  if constexpr (SUM_DOUT) detail::store_plane(p + plane, acc_d, nvec);
 }
 
 // Sums over tiles, in tile order: s = sum dout*y (plane 0) and, when plane is

@@ -31,6 +31,8 @@
 
 #include <cstdint>
 
+#include "kernels/chunk_table.h"
+
 namespace perftrain::kernels {
 
 constexpr int kGradStatsChunk = 65536;     // elements per block of the first launch
@@ -52,12 +54,8 @@ struct GradStatsTensor {
   int row;
 };
 
-struct GradStatsTable {
-  int count;   // tensors in t[]
-  int chunks;  // chunk_end[count - 1]
-  int chunk_end[kGradStatsMaxTensors];  // inclusive prefix sum of ceil(n / kGradStatsChunk)
-  GradStatsTensor t[kGradStatsMaxTensors];
-};
+// Chunks of kGradStatsChunk elements: chunk_end holds the prefix sums of ceil(n / kGradStatsChunk).
+using GradStatsTable = ChunkTable<GradStatsTensor, kGradStatsMaxTensors>;
 static_assert(sizeof(GradStatsTable) <= 32000, "the table travels as a kernel parameter (32764 bytes at most)");
 
 // Where the results go: row r of the statistics at stats + r * stats_stride

@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "kernels/chunk_table.h"
+
 namespace perftrain::kernels {
 
 constexpr int kAdamWChunk = 65536;     // elements per block task
@@ -41,12 +43,8 @@ struct AdamWTensor {
   int64_t n;
 };
 
-struct AdamWTable {
-  int count;   // tensors in t[]
-  int chunks;  // chunk_end[count - 1]
-  int chunk_end[kAdamWMaxTensors];  // inclusive prefix sum of ceil(n / kAdamWChunk)
-  AdamWTensor t[kAdamWMaxTensors];
-};
+// Chunks of kAdamWChunk elements: chunk_end holds the prefix sums of ceil(n / kAdamWChunk).
+using AdamWTable = ChunkTable<AdamWTensor, kAdamWMaxTensors>;
 static_assert(sizeof(AdamWTable) <= 32000, "the table travels as a kernel parameter (32764 bytes at most)");
 
 // The step's scalars, in device memory (float32 slots, so the op layer can

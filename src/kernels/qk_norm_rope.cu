@@ -104,6 +104,20 @@ __device__ __forceinline__ void norm_rope_backward(float (&g)[P][2], const float
   }
 }
 
+// The block's weight-gradient sums of q and k (two planes, one row per warp, in shared
+// memory) added in warp order and stored as this block's partials [2][grid][hd]. After a
+// __syncthreads; all threads of the block take part.
+__device__ __forceinline__ void store_block_partials(const float (&sums)[2][kWarps][kQkNormRopeMaxHeadDim], int hd,
+                                                     float* __restrict__ partials) {
+  for (int j = threadIdx.x; j < 2 * hd; j += kThreads) {
+    const int plane = j / hd, col = j - plane * hd;
+    float acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) acc += sums[plane][w][col];
+    partials[(int64_t(plane) * gridDim.x + blockIdx.x) * hd + col] = acc;
+  }
+}
+
 template <typename T, int P>
 __global__ void __launch_bounds__(kThreads)
     qk_norm_rope_forward_kernel(const T* __restrict__ qkv, const float* __restrict__ qw, const float* __restrict__ kw,
@@ -180,13 +194,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();
-    for (int j = threadIdx.x; j < 2 * hd; j += kThreads) {
-      const int plane = j / hd, col = j - plane * hd;
-      float acc = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) acc += sums[plane][w][col];
-      partials[(int64_t(plane) * gridDim.x + blockIdx.x) * hd + col] = acc;
-    }
+    store_block_partials(sums, hd, partials);
   }
 }
 
@@ -258,6 +266,17 @@ __device__ __forceinline__ void rope_vec(float (&x)[V], float r, const float* __
   }
 }
 
+// The row and head of `item` (a (row, head) pair) and the offset of column
+// col of its head's q in qkv [rows, 3D] (k at base + d, v at base + 2d).
+// 32-bit division: check_shape keeps rows * 3D, so items, below 2^31.
+__device__ __forceinline__ void head_pos(int64_t item, int heads, int hd, int64_t d, int col, int64_t& row, int& h,
+                                         int64_t& base) {
+  const int r = int(item) / heads;
+  row = r;
+  h = int(item) - r * heads;
+  base = row * 3 * d + int64_t(h) * hd + col;
+}
+
 // Forward, vector path: warp w of the grid takes the 32 >> lanes_log2 items
 // from w << (5 - lanes_log2) on, one per group of 2^lanes_log2 lanes; lane j
 // of a group owns columns [j V, j V + V) of its head (idle when j V >= hd).
@@ -277,11 +296,8 @@ __global__ void __launch_bounds__(kThreads)
   int h = 0;
   float q[V], k[V];
   RawVec<T, V> v;
-  if (active) {  // 32-bit division: check_shape keeps rows * 3D, so items, below 2^31
-    const int r = int(item) / heads;
-    row = r;
-    h = int(item) - r * heads;
-    base = row * 3 * d + int64_t(h) * hd + j * V;
+  if (active) {
+    head_pos(item, heads, hd, d, j * V, row, h, base);
     load_vec<T, V>(qkv + base, q);
     load_vec<T, V>(qkv + base + d, k);
     load_raw<T, V>(qkv + base + 2 * d, v);
@@ -378,11 +394,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     float gq[V], gk[V], xq[V], xk[V];
     RawVec<T, V> gv;
     float rq = 0.f, rk = 0.f, dq = 0.f, dk = 0.f;
-    if (active) {  // 32-bit division, as in the forward
-      const int r = int(item) / heads;
-      row = r;
-      h = int(item) - r * heads;
-      base = row * 3 * d + int64_t(h) * hd + j * V;
+    if (active) {
+      head_pos(item, heads, hd, d, j * V, row, h, base);
       load_vec<T, V>(dout + base, gq);
       load_vec<T, V>(dout + base + d, gk);
       load_raw<T, V>(dout + base + 2 * d, gv);
@@ -424,13 +437,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       }
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < 2 * hd; c += kThreads) {
-      const int plane = c / hd, col = c - plane * hd;
-      float acc = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) acc += sums[plane][w][col];
-      partials[(int64_t(plane) * gridDim.x + blockIdx.x) * hd + col] = acc;
-    }
+    store_block_partials(sums, hd, partials);
   }
 }
 

@@ -39,8 +39,8 @@
 //             (detail::wave_row_tiles).
 // With and without a bias are separate instantiations of both row kernels, so the path without
 // one carries no bias load, no fourth sum and no registers for them.
-// The LayerNorm's row statistics and gradient terms are kernels/layernorm_stats.cuh's, shared with
-// adaln_layernorm.
+// Both row kernels are kernels/row_norm.cuh's templates (Norm::kLayer with the residual), shared
+// with adaln_layernorm, rms_adaln and residual_rms_adaln.
 // Everything is shape-determined (grid, scratch size), so it captures in CUDA graphs.
 #pragma once
 

@@ -31,7 +31,8 @@
 //             sum of g2 * yhat), phase 3 (dy). The two column sums stay in registers across
 //             rows and are stored once to fp32 partials [2][batch][tiles][cols]; a second small
 //             kernel adds the tiles in a fixed order. Deterministic, no atomics.
-// The RMS statistics and gradient terms are kernels/rms_stats.cuh's, shared with rms_adaln.
+// Both row kernels are kernels/row_norm.cuh's templates (Norm::kRms with the residual), shared
+// with rms_adaln, adaln_layernorm and residual_adaln.
 // Everything is shape-determined (grid, scratch size), so it captures in CUDA graphs.
 #pragma once
 

@@ -21,9 +21,9 @@
 //             columns on every row and keeps its column sum in registers; stored once to fp32
 //             partials [batch][tiles][cols]; a second small kernel adds the tiles in a fixed
 //             order and forms dscale and dweight_per_sample. Deterministic, no atomics.
-// The row statistic and the gradient terms are kernels/rms_stats.cuh's, shared with
-// residual_rms_adaln. Everything is shape-determined (grid, scratch size), so it captures in
-// CUDA graphs.
+// Both row kernels are kernels/row_norm.cuh's templates (Norm::kRms, no residual), shared with
+// residual_rms_adaln, adaln_layernorm and residual_adaln. Everything is shape-determined (grid,
+// scratch size), so it captures in CUDA graphs.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,5 +1,5 @@
-// Device helpers shared by the row kernels (adaln_layernorm, gated_residual,
-// residual_adaln): fp32 math on float / __nv_bfloat16 / __half storage,
+// Device helpers shared by the row kernels (gated_residual, the row norms of
+// row_norm.cuh, qk_norm_rope, ...): fp32 math on float / __nv_bfloat16 / __half storage,
 // vector loads and stores of up to 16 bytes, deterministic warp and row sums,
 // the explicit instantiation over the storage types, and the host-side shape
 // rules they agree on (16-byte alignment, threads per row, the tile split of
@@ -147,6 +147,18 @@ __device__ __forceinline__ void sum_tiles(const float* p, int64_t plane, int til
   for (int t = 0; t < tiles; ++t) {
 #pragma unroll
     for (int k = 0; k < K; ++k) s[k] += p[k * plane + int64_t(t) * cols];
+  }
+}
+
+// One plane of per-column partial sums, stored once: the thread's vectors c = x + i *
+// blockDim.x (c < nvec) of VEC sums in acc[i], at p + c * VEC (p: this block's row of the
+// plane).
+template <int ITEMS, int VEC>
+__device__ __forceinline__ void store_plane(float* p, const float (&acc)[ITEMS][VEC], int nvec) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < nvec) store_vec<float, VEC>(p + c * VEC, acc[i]);
   }
 }
 

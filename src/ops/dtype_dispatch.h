@@ -24,6 +24,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "base/error.h"
 
@@ -92,8 +93,8 @@ struct NamedTensor {
 // [B, D]; all of them defined, of a kernel dtype and on x's device; and on
 // CUDA, what the row kernels take: D up to max_cols, at most 65535 samples
 // (a grid dimension) and rows indexed in 32 bits.
-inline void check_row_op_args(const char* op, const at::Tensor& x, std::initializer_list<NamedTensor> like_x,
-                              std::initializer_list<NamedTensor> per_sample, int64_t max_cols) {
+inline void check_row_op_args(const char* op, const at::Tensor& x, const std::vector<NamedTensor>& like_x,
+                              const std::vector<NamedTensor>& per_sample, int64_t max_cols) {
   const std::string o(op);
   if (!x.defined()) throw UsageError(o + ": x must be a defined tensor");
   for (const auto& list : {like_x, per_sample})

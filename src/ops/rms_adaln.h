@@ -35,13 +35,4 @@ at::Tensor rms_adaln(const at::Tensor& x, const at::Tensor& weight, const at::Te
 at::Tensor rms_adaln_reference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                                at::ScalarType out_dtype, double eps = 1e-6);
 
-namespace detail {
-
-// The check the RMS ops make on a norm weight: undefined, or [D] (D =
-// x.size(-1)) of a floating dtype on x's device; UsageError naming `op` and
-// `what` otherwise.
-void check_norm_weight(const char* op, const at::Tensor& x, const at::Tensor& weight, const char* what);
-
-}  // namespace detail
-
 }  // namespace perftrain::ops

@@ -8,12 +8,13 @@
 #include <vector>
 
 #include "observe/bench/report.h"
+#include "support/test_support.h"
 
 namespace {
 
 using namespace perftrain::observe::bench;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using perftrain::testing::contains;
 
 BenchRow row(const std::string& variant, double ms, int64_t world) {
   BenchRow r;

@@ -12,7 +12,7 @@ namespace {
 
 using namespace perftrain::observe::bench;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using perftrain::testing::contains;
 
 BenchRow row(int64_t batch, const std::string& variant, std::optional<double> ms, const std::string& error = "") {
   BenchRow r;

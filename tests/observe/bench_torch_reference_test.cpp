@@ -28,7 +28,7 @@ TorchBenchRequest request(const std::string& model, int64_t depth, int64_t hidde
   return r;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using perftrain::testing::contains;
 
 TEST(BenchTorchReference, CommandLine) {
   auto cmd = torch_bench_command("/venv/bin/python", "/src/bench/reference_dit.py", request("DiT-S/2", 12, 384, 6, 2));

@@ -20,19 +20,16 @@
 #include "observe/profile/diagnosis.h"
 #include "observe/profile/step_profiler.h"
 #include "observe/profile/timeline.h"
+#include "support/findings.h"
 #include "support/test_support.h"
 
 namespace {
 
 using namespace perftrain::observe::profile;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using perftrain::testing::contains;
 
-std::optional<Finding> find(const std::vector<Finding>& f, const std::string& id) {
-  auto it = std::find_if(f.begin(), f.end(), [&](const Finding& x) { return x.id == id; });
-  if (it == f.end()) return std::nullopt;
-  return *it;
-}
+using perftrain::testing::find_finding;
 
 // `steps` steps of `kernels` kernels each, launched from a forward scope,
 // each kernel `len` us long (random) after a gap of `gap` us (random) on the
@@ -185,9 +182,9 @@ TEST(ProfileAccounting, LaunchBoundReadsIdleWithoutTheProfilersCost) {
   const double idle_share = a.idle_other_ms / a.step_ms;
   ASSERT_GT(idle_share, 0.25);
   ASSERT_LT(idle_share, 0.35);
-  EXPECT_TRUE(find(diagnose(a, facts_with({})), "launch-bound"));
+  EXPECT_TRUE(find_finding(diagnose(a, facts_with({})), "launch-bound"));
   {  // unknown overhead: the evidence says the idle time holds the profiler's cost
-    const auto x = find(diagnose(a, facts_with({})), "launch-bound");
+    const auto x = find_finding(diagnose(a, facts_with({})), "launch-bound");
     EXPECT_TRUE(contains(x->evidence, "the profiler's own cost included")) << x->evidence;
   }
   // Unprofiled, the kernels run back to back: the profiler made the gaps.
@@ -197,8 +194,8 @@ TEST(ProfileAccounting, LaunchBoundReadsIdleWithoutTheProfilersCost) {
   m.unprofiled_ms = a.gpu_busy_ms + 0.02 * a.idle_other_ms;
   m.unprofiled_steps = 20;
   const auto f = diagnose(a, facts_with(m));
-  EXPECT_FALSE(find(f, "launch-bound"));
-  const auto mat = find(f, "matrix-bound");  // and with the idle time gone the step is matrix-bound
+  EXPECT_FALSE(find_finding(f, "launch-bound"));
+  const auto mat = find_finding(f, "matrix-bound");  // and with the idle time gone the step is matrix-bound
   ASSERT_TRUE(mat);
   char idle_pct[32];
   std::snprintf(idle_pct, sizeof idle_pct, "the GPU idle %.0f%%", 100 * 0.02 * a.idle_other_ms / m.unprofiled_ms);
@@ -216,7 +213,7 @@ TEST(ProfileAccounting, LaunchBoundReadsIdleWithoutTheProfilersCost) {
   const double overhead = me.profiled_ms - me.unprofiled_ms;
   const double corrected = (b.idle_other_ms - overhead) / me.unprofiled_ms;
   ASSERT_GT(corrected, 0.25);
-  const auto x = find(diagnose(b, facts_with(me)), "launch-bound");
+  const auto x = find_finding(diagnose(b, facts_with(me)), "launch-bound");
   ASSERT_TRUE(x);
   char pct[64];
   std::snprintf(pct, sizeof pct, "for %.0f%% of the step (without the profiler's cost)", 100 * corrected);

@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "ops/adaln_layernorm.h"
+#include "support/row_op_checks.h"
 #include "support/tensor_checks.h"
 #include "support/test_support.h"
 
@@ -21,12 +22,7 @@ namespace perftrain::ops {
 namespace {
 
 using perftrain::testing::expect_close;
-at::Generator gen(uint64_t seed) { return perftrain::testing::seeded_cpu_generator(seed); }
-
-struct Shape {
-  int64_t b, t, d;
-};
-const std::vector<Shape> kShapes = {{1, 1, 37}, {2, 3, 200}, {3, 5, 64}, {2, 9, 1000}};
+using namespace perftrain::testing::row_ops::cpu;
 
 // The independent composition: ATen's own LayerNorm, then the modulation.
 at::Tensor composed(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps) {

@@ -107,9 +107,7 @@ TEST(QkNormRopeGpu, MatchesFloat64Reference) {
           expect_rel_l2(got[3], ref[2], where + "dk_weight", kWeightGradTolFp32);
         }
 
-        const auto again = run();
-        for (size_t i = 0; i < got.size(); ++i)
-          EXPECT_TRUE(at::equal(got[i], again[i])) << where << "rerun not bit-identical, output " << i;
+        expect_same_bits(got, run(), where);
       }
     }
   }

@@ -53,8 +53,6 @@ std::string name(const Case& c) {
          " out " + c10::toString(c.out);
 }
 
-enum class Use { kBoth, kHOnly, kX1Only };
-const char* name(Use u) { return u == Use::kBoth ? "both used" : u == Use::kHOnly ? "h only" : "x1 only"; }
 
 // Runs the op (or the float64 reference) and differentiates the used outputs.
 // Returns {x1, h, dx, dgate, dy, dshift, dscale, dbias}; unused-input gradients
@@ -72,14 +70,12 @@ std::vector<at::Tensor> run(bool reference, Use use, const at::Tensor& x, const 
   const at::Tensor bl = bias.defined() ? leaf(bias) : at::Tensor();
   const auto [x1, h] = reference ? residual_adaln_reference(xl, gate, yl, shift, scale, at::kDouble, 1e-6, bl)
                                  : residual_adaln(xl, gate, yl, shift, scale, out, 1e-6, bl);
-  std::vector<at::Tensor> outs, grads_out;
   auto as_ref = [&](const at::Tensor& t) { return reference ? t.to(at::kDouble) : t; };
-  if (use != Use::kHOnly) outs.push_back(x1), grads_out.push_back(as_ref(dx1));
-  if (use != Use::kX1Only) outs.push_back(h), grads_out.push_back(as_ref(dh));
   std::vector<at::Tensor> inputs = {xl, gate, yl, shift, scale};
   if (bl.defined()) inputs.push_back(bl);
-  const auto g = torch::autograd::grad(outs, inputs, grads_out, std::nullopt, false, /*allow_unused=*/true);
-  return {x1.detach(), h.detach(), g[0], g[1], g[2], g[3], g[4], bl.defined() ? g[5] : at::Tensor()};
+  std::vector<at::Tensor> all = outputs_and_grads(x1, h, inputs, use, as_ref(dx1), as_ref(dh));
+  if (!bl.defined()) all.push_back(at::Tensor());  // no dbias
+  return all;
 }
 
 // Whether the op keeps xhat (not x1) for this case: an fp32 residual stream
@@ -98,7 +94,7 @@ TEST(ResidualAdaLNGpu, MatchesFloat64Reference) {
   for (const Case& c : kCases) {
     const bool from_xhat = keeps_xhat(c);
     for (const Shape& s : kShapes) {
-      for (const Use use : {Use::kBoth, Use::kHOnly, Use::kX1Only}) {
+      for (const Use use : kUses) {
         for (const bool with_bias : {false, true}) {
           const std::string where = name(c) + (from_xhat ? " (xhat kept) " : " ") + name(s) + " " + name(use) +
                                     (with_bias ? " with bias: " : ": ");
@@ -140,12 +136,7 @@ TEST(ResidualAdaLNGpu, MatchesFloat64Reference) {
             EXPECT_FALSE(got[7].defined()) << where;
           }
 
-          // Deterministic: a second run gives the same bits.
-          const auto again = run(false, use, x, mod_a, y, mod_b, c.out, dx1, dh, bias);
-          for (size_t i = 0; i < got.size(); ++i) {
-            if (!got[i].defined()) continue;
-            EXPECT_TRUE(at::equal(got[i], again[i])) << where << "output " << i << " not bit-identical";
-          }
+          expect_same_bits(got, run(false, use, x, mod_a, y, mod_b, c.out, dx1, dh, bias), where);
         }
       }
     }
@@ -160,7 +151,7 @@ TEST(ResidualAdaLNGpu, BiasGradientAlone) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   uint64_t seed = 3000;
   for (const Shape& s : {Shape{1, 1, 37}, Shape{2, 256, 1152}, Shape{2, 7, 4104}}) {
-    for (const Use use : {Use::kBoth, Use::kHOnly, Use::kX1Only}) {
+    for (const Use use : kUses) {
       const std::string where = name(s) + " " + name(use) + ": ";
       at::Generator g = gen(seed++);
       const at::Tensor x = rnd({s.b, s.t, s.d}, g, at::kFloat, 2.0, 0.3), y = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
@@ -176,11 +167,9 @@ TEST(ResidualAdaLNGpu, BiasGradientAlone) {
         const auto [x1, h] = reference
                                  ? residual_adaln_reference(in[0], in[1], in[2], in[3], in[4], at::kDouble, 1e-6, in[5])
                                  : residual_adaln(in[0], in[1], in[2], in[3], in[4], at::kBFloat16, 1e-6, in[5]);
-        std::vector<at::Tensor> outs, grads_out;
         auto as_ref = [&](const at::Tensor& t) { return reference ? t.to(at::kDouble) : t; };
-        if (use != Use::kHOnly) outs.push_back(x1), grads_out.push_back(as_ref(dx1));
-        if (use != Use::kX1Only) outs.push_back(h), grads_out.push_back(as_ref(dh));
-        return torch::autograd::grad(outs, leaves, grads_out);
+        std::vector<at::Tensor> all = outputs_and_grads(x1, h, leaves, use, as_ref(dx1), as_ref(dh));
+        return std::vector<at::Tensor>(all.begin() + 2, all.end());
       };
       const auto got = grads(false, {2, 5}), ref = grads(true, {2, 5});  // y and bias, not gate
       EXPECT_EQ(got[1].scalar_type(), at::kBFloat16) << where << "dbias dtype";

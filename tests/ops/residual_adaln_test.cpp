@@ -19,6 +19,7 @@
 #include "ops/adaln_layernorm.h"
 #include "ops/gated_residual.h"
 #include "ops/residual_adaln.h"
+#include "support/row_op_checks.h"
 #include "support/tensor_checks.h"
 #include "support/test_support.h"
 
@@ -26,16 +27,7 @@ namespace perftrain::ops {
 namespace {
 
 using perftrain::testing::expect_close;
-at::Generator gen(uint64_t seed) { return perftrain::testing::seeded_cpu_generator(seed); }
-
-struct Shape {
-  int64_t b, t, d;
-};
-const std::vector<Shape> kShapes = {{1, 1, 37}, {2, 3, 200}, {3, 5, 64}, {2, 9, 1000}};
-
-std::string name(const Shape& s) {
-  return "shape [" + std::to_string(s.b) + "," + std::to_string(s.t) + "," + std::to_string(s.d) + "] ";
-}
+using namespace perftrain::testing::row_ops::cpu;
 
 // The independent composition: broadcast through expand, ATen's own LayerNorm.
 std::pair<at::Tensor, at::Tensor> composed(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
@@ -109,10 +101,9 @@ TEST(ResidualAdaLN, CpuBiasIsAddedToY) {
 // no gradient). Tolerance (fp32, D <= 1000 terms per row reduction, <= 18 per
 // column sum): atol 1e-5 + rtol 1e-5.
 TEST(ResidualAdaLN, CpuMatchesCompositionForwardAndBackward) {
-  enum Use { kBoth, kHOnly, kX1Only };
   uint64_t seed = 100;
   for (const Shape& s : kShapes) {
-    for (const Use use : {kBoth, kHOnly, kX1Only}) {
+    for (const Use use : kUses) {
       for (const bool with_bias : {false, true}) {
         at::Generator g = gen(seed++);
         const at::Tensor x0 = at::randn({s.b, s.t, s.d}, g) * 3 - 1;
@@ -129,21 +120,15 @@ TEST(ResidualAdaLN, CpuMatchesCompositionForwardAndBackward) {
           const at::Tensor bias = with_bias ? in[5] : at::Tensor();
           const auto [x1, h] = ours ? residual_adaln(in[0], in[1], in[2], in[3], in[4], at::kFloat, 1e-6, bias)
                                     : composed(in[0], in[1], in[2], in[3], in[4], 1e-6, bias);
-          std::vector<at::Tensor> outs, grads_out;
-          if (use != kHOnly) outs.push_back(x1), grads_out.push_back(dx1);
-          if (use != kX1Only) outs.push_back(h), grads_out.push_back(dh);
-          auto grads = torch::autograd::grad(outs, in, grads_out, /*retain_graph=*/std::nullopt,
-                                             /*create_graph=*/false, /*allow_unused=*/true);
-          grads.insert(grads.begin(), {x1.detach(), h.detach()});
-          return grads;
+          return outputs_and_grads(x1, h, in, use, dx1, dh);
         };
         const auto ours = run(true), ref = run(false);
-        const std::string where = name(s) + (use == kBoth ? "both used " : use == kHOnly ? "h only " : "x1 only ") +
+        const std::string where = name(s) + std::string(testing::row_ops::name(use)) + " " +
                                   (with_bias ? "with bias " : "");
         ASSERT_EQ(ours.size(), with_bias ? 8u : 7u) << where;
         const char* names[] = {"x1", "h", "dx", "dgate", "dy", "dshift", "dscale", "dbias"};
         for (size_t i = 0; i < ours.size(); ++i) {
-          if (use == kX1Only && (i == 5 || i == 6)) {
+          if (use == Use::kX1Only && (i == 5 || i == 6)) {
             EXPECT_FALSE(ours[i].defined()) << where << names[i] << ": h unused, so no gradient";
             EXPECT_FALSE(ref[i].defined()) << where << names[i];
             continue;

@@ -63,8 +63,6 @@ std::string name(const Case& c) {
          " w " + c10::toString(c.w) + " out " + c10::toString(c.out);
 }
 
-enum class Use { kBoth, kHOnly, kX1Only };
-const char* name(Use u) { return u == Use::kBoth ? "both used" : u == Use::kHOnly ? "h only" : "x1 only"; }
 
 // Whether the op keeps xhat (not x1) for this case (see ops/residual_rms_adaln.h).
 bool keeps_xhat(const Case& c) { return c.x == at::kFloat && reduced(c.out) && c.y == c.out; }
@@ -85,14 +83,12 @@ std::vector<at::Tensor> run(bool reference, Use use, const at::Tensor& x, const 
   const at::Tensor gate = ma.chunk(4, 1)[1], scale = mb.defined() ? mb.chunk(4, 1)[2] : at::Tensor();
   const auto [x1, h] = reference ? residual_rms_adaln_reference(xl, gate, yl, pl, ql, scale, at::kDouble)
                                  : residual_rms_adaln(xl, gate, yl, pl, ql, scale, out);
-  std::vector<at::Tensor> outs, grads_out;
   auto as_ref = [&](const at::Tensor& t) { return reference ? t.to(at::kDouble) : t; };
-  if (use != Use::kHOnly) outs.push_back(x1), grads_out.push_back(as_ref(dx1));
-  if (use != Use::kX1Only) outs.push_back(h), grads_out.push_back(as_ref(dh));
   std::vector<at::Tensor> inputs = {xl, yl, ma};
   for (const at::Tensor& t : {mb, pl, ql})
     if (t.defined()) inputs.push_back(t);
-  const auto g = torch::autograd::grad(outs, inputs, grads_out, std::nullopt, false, /*allow_unused=*/true);
+  const std::vector<at::Tensor> all = outputs_and_grads(x1, h, inputs, use, as_ref(dx1), as_ref(dh));
+  const at::Tensor* g = all.data() + 2;  // the gradients
   size_t k = 3;
   const at::Tensor g_mb = mb.defined() ? g[k++] : at::Tensor();
   const at::Tensor g_pw = pl.defined() ? g[k++] : at::Tensor();
@@ -114,7 +110,7 @@ TEST(ResidualRmsAdaLNGpu, MatchesFloat64Reference) {
   for (const Case& c : kCases) {
     const bool from_xhat = keeps_xhat(c);
     for (const Shape& s : kShapes) {
-      for (const Use use : {Use::kBoth, Use::kHOnly, Use::kX1Only}) {
+      for (const Use use : kUses) {
         for (const bool with_opt : {true, false}) {
           const std::string where = name(c) + (from_xhat ? " (xhat kept) " : " ") + name(s) + " " + name(use) +
                                     (with_opt ? " with weights and scale: " : " without: ");
@@ -161,12 +157,7 @@ TEST(ResidualRmsAdaLNGpu, MatchesFloat64Reference) {
             }
           }
 
-          // Deterministic: a second run gives the same bits.
-          const auto again = run(false, use, x, mod_a, y, pw, qw, mod_b, c.out, dx1, dh);
-          for (size_t i = 0; i < got.size(); ++i) {
-            if (!got[i].defined()) continue;
-            EXPECT_TRUE(at::equal(got[i], again[i])) << where << "output " << i << " not bit-identical";
-          }
+          expect_same_bits(got, run(false, use, x, mod_a, y, pw, qw, mod_b, c.out, dx1, dh), where);
         }
       }
     }

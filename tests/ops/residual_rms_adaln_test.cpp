@@ -23,6 +23,7 @@
 #include "base/error.h"
 #include "ops/residual_rms_adaln.h"
 #include "ops/rms_adaln.h"
+#include "support/row_op_checks.h"
 #include "support/tensor_checks.h"
 #include "support/test_support.h"
 
@@ -30,16 +31,7 @@ namespace perftrain::ops {
 namespace {
 
 using perftrain::testing::expect_close;
-at::Generator gen(uint64_t seed) { return perftrain::testing::seeded_cpu_generator(seed); }
-
-struct Shape {
-  int64_t b, t, d;
-};
-const std::vector<Shape> kShapes = {{1, 1, 37}, {2, 3, 200}, {3, 5, 64}, {2, 9, 1000}};
-
-std::string name(const Shape& s) {
-  return "shape [" + std::to_string(s.b) + "," + std::to_string(s.t) + "," + std::to_string(s.d) + "] ";
-}
+using namespace perftrain::testing::row_ops::cpu;
 
 std::optional<at::Tensor> opt(const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; }
 
@@ -116,10 +108,9 @@ TEST(ResidualRmsAdaLN, CpuUndefinedWeightsAndScale) {
 // none. Tolerance (fp32, D <= 1000 terms per row reduction, <= 18 rows per
 // column sum): atol 1e-5 + rtol 1e-5.
 TEST(ResidualRmsAdaLN, CpuMatchesCompositionForwardAndBackward) {
-  enum Use { kBoth, kHOnly, kX1Only };
   uint64_t seed = 100;
   for (const Shape& s : kShapes) {
-    for (const Use use : {kBoth, kHOnly, kX1Only}) {
+    for (const Use use : kUses) {
       for (const bool with_opt : {true, false}) {
         at::Generator g = gen(seed++);
         const at::Tensor x0 = at::randn({s.b, s.t, s.d}, g) * 3 - 1;
@@ -136,21 +127,15 @@ TEST(ResidualRmsAdaLN, CpuMatchesCompositionForwardAndBackward) {
                            scale = with_opt ? in[5] : at::Tensor();
           const auto [x1, h] = ours ? residual_rms_adaln(in[0], in[1], in[2], pw, qw, scale, at::kFloat)
                                     : composed(in[0], in[1], in[2], pw, qw, scale, 1e-6);
-          std::vector<at::Tensor> outs, grads_out;
-          if (use != kHOnly) outs.push_back(x1), grads_out.push_back(dx1);
-          if (use != kX1Only) outs.push_back(h), grads_out.push_back(dh);
-          auto grads = torch::autograd::grad(outs, in, grads_out, /*retain_graph=*/std::nullopt,
-                                             /*create_graph=*/false, /*allow_unused=*/true);
-          grads.insert(grads.begin(), {x1.detach(), h.detach()});
-          return grads;
+          return outputs_and_grads(x1, h, in, use, dx1, dh);
         };
         const auto ours = run(true), ref = run(false);
-        const std::string where = name(s) + (use == kBoth ? "both used " : use == kHOnly ? "h only " : "x1 only ") +
+        const std::string where = name(s) + std::string(testing::row_ops::name(use)) + " " +
                                   (with_opt ? "with weights and scale " : "without ");
         ASSERT_EQ(ours.size(), with_opt ? 8u : 5u) << where;
         const char* names[] = {"x1", "h", "dx", "dgate", "dy", "dpost_weight", "dpre_weight", "dscale"};
         for (size_t i = 0; i < ours.size(); ++i) {
-          if (use == kX1Only && (i == 6 || i == 7)) {
+          if (use == Use::kX1Only && (i == 6 || i == 7)) {
             EXPECT_FALSE(ours[i].defined() && ours[i].abs().max().item<double>() > 0) << where << names[i];
             continue;
           }

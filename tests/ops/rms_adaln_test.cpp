@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "ops/rms_adaln.h"
+#include "support/row_op_checks.h"
 #include "support/tensor_checks.h"
 #include "support/test_support.h"
 
@@ -24,16 +25,7 @@ namespace perftrain::ops {
 namespace {
 
 using perftrain::testing::expect_close;
-at::Generator gen(uint64_t seed) { return perftrain::testing::seeded_cpu_generator(seed); }
-
-struct Shape {
-  int64_t b, t, d;
-};
-const std::vector<Shape> kShapes = {{1, 1, 37}, {2, 3, 200}, {3, 5, 64}, {2, 9, 1000}};
-
-std::string name(const Shape& s) {
-  return "shape [" + std::to_string(s.b) + "," + std::to_string(s.t) + "," + std::to_string(s.d) + "] ";
-}
+using namespace perftrain::testing::row_ops::cpu;
 
 // The independent composition: ATen's RMSNorm with the weight, then the scale.
 at::Tensor composed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale, double eps) {

@@ -1,5 +1,5 @@
-// What the GPU tests of the row ops (adaln_layernorm, gated_residual,
-// residual_adaln) share: seeded random CUDA inputs, NaN-filled outputs for
+// What the tests of the row ops (adaln_layernorm, gated_residual,
+// residual_adaln, rms_adaln, residual_rms_adaln) share: seeded random CUDA inputs, NaN-filled outputs for
 // the every-element-written checks, the [B, T, D] shapes, and the two
 // comparisons against a float64 reference with tolerances by the result's
 // dtype. A test says `using namespace perftrain::testing::row_ops;`.
@@ -7,14 +7,18 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/randn.h>
 #include <c10/core/Device.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace perftrain::testing::row_ops {
 
@@ -64,6 +68,17 @@ inline void expect_rel_l2(const at::Tensor& got, const at::Tensor& ref, const st
   EXPECT_LT(rel, tol) << what << ": relative L2 error " << rel;  // NaN fails too
 }
 
+// Deterministic: a rerun's outputs are the same bits as the first run's
+// (undefined ones are skipped).
+inline void expect_same_bits(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& again,
+                             const std::string& where) {
+  ASSERT_EQ(got.size(), again.size()) << where;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!got[i].defined()) continue;
+    EXPECT_TRUE(at::equal(got[i], again[i])) << where << "output " << i << " not bit-identical";
+  }
+}
+
 // x's [B, T, D].
 struct Shape {
   int64_t b, t, d;
@@ -72,5 +87,43 @@ struct Shape {
 inline std::string name(const Shape& s) {
   return "[" + std::to_string(s.b) + "," + std::to_string(s.t) + "," + std::to_string(s.d) + "]";
 }
+
+// Which outputs of a residual op (x1, h) the loss uses.
+enum class Use { kBoth, kHOnly, kX1Only };
+inline const Use kUses[] = {Use::kBoth, Use::kHOnly, Use::kX1Only};
+inline const char* name(Use u) { return u == Use::kBoth ? "both used" : u == Use::kHOnly ? "h only" : "x1 only"; }
+
+// x1 and h (detached), then the gradients of `inputs` when the outputs that
+// `use` names receive dx1 and dh (in their dtypes); a gradient the used
+// outputs do not reach is undefined.
+inline std::vector<at::Tensor> outputs_and_grads(const at::Tensor& x1, const at::Tensor& h,
+                                                 const std::vector<at::Tensor>& inputs, Use use,
+                                                 const at::Tensor& dx1, const at::Tensor& dh) {
+  std::vector<at::Tensor> outs, grads_out;
+  if (use != Use::kHOnly) outs.push_back(x1), grads_out.push_back(dx1);
+  if (use != Use::kX1Only) outs.push_back(h), grads_out.push_back(dh);
+  std::vector<at::Tensor> all = torch::autograd::grad(outs, inputs, grads_out, /*retain_graph=*/std::nullopt,
+                                                      /*create_graph=*/false, /*allow_unused=*/true);
+  all.insert(all.begin(), {x1.detach(), h.detach()});
+  return all;
+}
+
+// The CPU tests' common ground (the ops' CPU path is their fp32 reference): a
+// test says `using namespace perftrain::testing::row_ops::cpu;`.
+namespace cpu {
+
+using row_ops::gen;
+using row_ops::kUses;
+using row_ops::outputs_and_grads;
+using row_ops::Shape;
+using row_ops::Use;
+
+// A single row, odd and even widths, several samples and tokens.
+inline const std::vector<Shape> kShapes = {{1, 1, 37}, {2, 3, 200}, {3, 5, 64}, {2, 9, 1000}};
+
+// "shape [b,t,d] ": the start of a failure message.
+inline std::string name(const Shape& s) { return "shape " + row_ops::name(s) + " "; }
+
+}  // namespace cpu
 
 }  // namespace perftrain::testing::row_ops

@@ -21,6 +21,9 @@
 
 namespace perftrain::testing {
 
+// Whether `part` occurs in s (a report, a log, an error).
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
 class TempDir {
  public:
   TempDir() {

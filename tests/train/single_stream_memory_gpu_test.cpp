@@ -11,18 +11,13 @@
 
 #include <cmath>
 #include <cstdio>
-#include <sstream>
 
 #include "compat/compat.h"
+#include "support/memory_peak.h"
 #include "support/test_support.h"
-#include "train/config.h"
-#include "train/memory_estimate.h"
-#include "train/trainer.h"
 
 namespace perftrain::train {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 TEST(SingleStreamMemoryGpu, WithinTwelvePercentOfTheStepPeak) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no CUDA GPU";
@@ -41,38 +36,18 @@ TEST(SingleStreamMemoryGpu, WithinTwelvePercentOfTheStepPeak) {
   int failures = 0;
   for (const Case& k : cases) {
     testing::TempDir tmp;
-    TrainConfig c = default_config(true);
-    apply_override(c, std::string("model.name=\"") + k.model + "\"");
-    apply_override(c, "data.source=\"synthetic\"");
-    c.model.image_size = 32;
-    c.model.in_channels = 4;
-    c.model.num_classes = 1000;
+    TrainConfig c = testing::memory_run_config(k.model, k.batch, k.speed, tmp.path());
     c.model.cond_tokens = 32;
     c.model.cond_dim = k.cond_dim;
-    c.data.synthetic_size = 1024;
-    c.optim.batch_size = k.batch;
-    c.optim.steps = 8;
-    c.log.every = 4;
-    c.log.sample_every = 0;
-    c.log.checkpoint_every = 0;
-    c.log.sample_classes = 1;
-    c.log.sample_per_class = 1;
-    c.diffusion.sample_steps = 1;
-    c.run.dir = tmp.path();
-    c.run.name = "m";
-    if (*k.speed) apply_override(c, k.speed);
-    const MemoryEstimate e = estimate_training_memory(c, true, "auto");
-    const double estimate = e.total_bytes() / kGiB;
-    std::ostringstream log;
-    const TrainSummary s = run_training(c, TrainOptions{}, log);
-    ASSERT_TRUE(s.peak_memory_gib.has_value());
-    const double peak = *s.peak_memory_gib;
+    const testing::EstimateAndPeak r = testing::estimate_and_peak(c);
+    ASSERT_TRUE(r.peak_gib.has_value());
+    const double peak = *r.peak_gib;
     std::printf("%s b%lld cond_dim %lld %s: estimate %.2f GiB, peak %.2f GiB (%+.1f%%): %s\n", k.model,
                 static_cast<long long>(k.batch), static_cast<long long>(k.cond_dim), *k.speed ? k.speed : "default",
-                estimate, peak, 100 * (estimate - peak) / peak, e.breakdown().c_str());
-    EXPECT_NEAR(estimate, peak, 0.12 * peak) << k.model << " b" << k.batch << " cond_dim " << k.cond_dim << " "
-                                             << k.speed << "\n" << log.str();
-    failures += std::abs(estimate - peak) > 0.12 * peak;
+                r.estimate_gib, peak, 100 * r.off(), r.breakdown.c_str());
+    EXPECT_NEAR(r.estimate_gib, peak, 0.12 * peak) << k.model << " b" << k.batch << " cond_dim " << k.cond_dim
+                                                   << " " << k.speed << "\n" << r.log;
+    failures += std::abs(r.estimate_gib - peak) > 0.12 * peak;
   }
   std::printf("%d of %zu cases off by more than 12%%\n", failures, sizeof(cases) / sizeof(cases[0]));
 }

@@ -5,61 +5,9 @@
 // dtypes and pure fp32/bf16/fp16, with and without weights and scale, and for the
 // residual op both outputs, h only and x1 only. Prints each failure; exit 1 if any.
 // An argument: zero tokens instead (values are zero there, so only NaN/throws count).
-#include "shim.h"
+#include "check.h"
 #include "kernels/rms_adaln.h"
 #include "kernels/residual_rms_adaln.h"
-#include <random>
-#include <string>
-#include <cstring>
-#include <limits>
-
-using bf16 = __nv_bfloat16;
-using f16 = __half;
-static double tod(float v) { return v; }
-static double tod(bf16 v) { return __bfloat162float(v); }
-static double tod(f16 v) { return __half2float(v); }
-template <typename T> T fromd(double v);
-template <> float fromd<float>(double v) { return float(v); }
-template <> bf16 fromd<bf16>(double v) { return __float2bfloat16_rn(float(v)); }
-template <> f16 fromd<f16>(double v) { return __float2half_rn(float(v)); }
-template <typename T> bool is16() { return sizeof(T) == 2; }
-template <typename T> const char* tn() { return std::is_same<T, float>::value ? "f" : std::is_same<T, bf16>::value ? "b" : "h"; }
-
-static std::mt19937_64 rng(42);
-constexpr size_t kPad = 64;  // NaN past every buffer's end: a read there poisons a result, a write there is seen
-static int fails = 0;
-template <typename T> void pad_intact(const char* what, const std::vector<T>& v) {
-  for (size_t i = v.size() - kPad; i < v.size(); ++i)
-    if (!std::isnan(tod(v[i]))) { ++fails; printf("FAIL write past the end of %s\n", what); return; }
-}
-template <typename T> std::vector<T> rnd(size_t n, double std, double mean = 0) {
-  std::normal_distribution<double> d(mean, std);
-  std::vector<T> v(n + kPad);
-  for (auto& e : v) e = fromd<T>(d(rng));
-  for (size_t i = n; i < n + kPad; ++i) v[i] = fromd<T>(std::numeric_limits<double>::quiet_NaN());
-  return v;
-}
-template <typename T> std::vector<T> nans(size_t n) { return std::vector<T>(n + kPad, fromd<T>(std::numeric_limits<double>::quiet_NaN())); }
-
-template <typename T>
-void close(const char* what, const std::string& where, const T* got, const std::vector<double>& ref, double tol) {
-  double maxe = 0; size_t bad = 0, nan = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    double g = tod(got[i]);
-    if (std::isnan(g)) { ++nan; continue; }
-    double e = std::fabs(g - ref[i]);
-    maxe = std::max(maxe, e);
-    if (e > tol + tol * std::fabs(ref[i])) ++bad;
-  }
-  if (bad || nan) { ++fails; printf("FAIL %s %s: %zu bad, %zu NaN of %zu, max err %g\n", where.c_str(), what, bad, nan, ref.size(), maxe); }
-}
-template <typename T>
-void rel_l2(const char* what, const std::string& where, const T* got, const std::vector<double>& ref, double tol) {
-  double n = 0, d = 0; size_t nan = 0;
-  for (size_t i = 0; i < ref.size(); ++i) { double g = tod(got[i]); if (std::isnan(g)) ++nan; n += (g - ref[i]) * (g - ref[i]); d += ref[i] * ref[i]; }
-  double r = std::sqrt(n / d);
-  if (nan || !(r < tol)) { ++fails; printf("FAIL %s %s: rel L2 %g, %zu NaN\n", where.c_str(), what, r, nan); }
-}
 
 // offx: element offset of x/dh/... base pointers (misalignment); offm: extra column offset of the chunk.
 template <typename TX, typename TM, typename TY>
@@ -212,6 +160,5 @@ int main(int argc, char** argv) {
       }
     }
   }
-  printf("%d failures\n", fails);
-  return fails != 0;
+  return finish();
 }

@@ -235,357 +235,440 @@ std::optional<std::vector<at::Tensor>> saved_tensors(const std::shared_ptr<Node>
 #endif
 }
 
-}  // namespace
+// DOT text being written, and the node ids it gives out: "n<k>" for each key,
+// in the order the keys are first drawn.
+class DotText {
+ protected:
+  std::string id(const std::string& key) {
+    auto it = ids_.find(key);
+    if (it != ids_.end()) return it->second;
+    return ids_[key] = "n" + std::to_string(ids_.size());
+  }
+  std::ostringstream out_;
 
-std::string module_graph_dot(const nn::Module& model, const std::function<at::Tensor()>& forward,
-                             const GraphOptions& o) {
-  Recording r(model, forward, o.roll_up);
-  const int depth = std::max(o.depth, 1);
-  // Units: drawn leaves (node index) and container outputs (-2 - node index);
-  // the model's inputs are -1000 - k.
-  auto is_leaf = [&](int i) {
-    const TreeNode& n = r.nodes[i];
-    return n.ran && n.parent >= 0 && (n.display_depth == depth || r.ran_children(i).empty());
-  };
-  auto is_container = [&](int i) {
-    const TreeNode& n = r.nodes[i];
-    return n.ran && (n.parent < 0 || (n.display_depth < depth && !r.ran_children(i).empty()));
-  };
-  std::unordered_map<const Node*, int> by_fn;
-  std::unordered_map<const c10::TensorImpl*, int> by_impl;
-  auto unit_of_call = [&](const Call& c) { return is_leaf(c.node) ? c.node : -2 - c.node; };
-  // Containers first, then leaves: an output that a container returns from a
-  // child belongs to the child.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (const Call& c : r.calls) {
-      if (!(pass == 0 ? is_container(c.node) : is_leaf(c.node)) || !c.output.defined()) continue;
-      by_impl[c.output.unsafeGetTensorImpl()] = unit_of_call(c);
-      if (c.output.grad_fn()) by_fn[c.output.grad_fn().get()] = unit_of_call(c);
+ private:
+  std::map<std::string, std::string> ids_;
+};
+
+// The module graph of one recording at a display depth. Units are what is
+// drawn: leaves (node index), container outputs (-2 - node index) and the
+// model's inputs (-1000 - k); edges run from the unit that produced each
+// unit's inputs, crossing the plain ops between modules.
+class ModuleGraph : DotText {
+ public:
+  ModuleGraph(const Recording& r, int depth) : r_(r), depth_(depth) {
+    index_outputs();
+    collect_edges();
+  }
+
+  // Clusters for containers, boxes for leaves, the model's inputs and output.
+  std::string dot(const GraphOptions& o) {
+    out_ << graph_header(o);
+    for (size_t k = 0; k < root_call_->inputs.size(); ++k) {
+      const at::Tensor& t = root_call_->inputs[k];
+      if (!t.defined()) continue;
+      out_ << "  " << id("in" + std::to_string(k)) << " [shape=note, label=\"input " << k << "\\n"
+         << shape_text(t.sizes()) << " " << dot_escape(std::string(c10::toString(t.scalar_type()))) << "\"];\n";
     }
-  }
-  const Call* root_call = nullptr;
-  for (const Call& c : r.calls) {
-    if (c.node == 0) root_call = &c;
-  }
-  if (root_call == nullptr) throw RuntimeError("module graph: the model's forward did not run through its hooks");
-  for (size_t k = 0; k < root_call->inputs.size(); ++k) {
-    if (root_call->inputs[k].defined()) by_impl[root_call->inputs[k].unsafeGetTensorImpl()] = -1000 - static_cast<int>(k);
-  }
-  // Container outputs that are their own (not a child's) get a node.
-  std::set<int> own_output;
-  for (const Call& c : r.calls) {
-    if (is_container(c.node) && c.output.defined() && by_impl.at(c.output.unsafeGetTensorImpl()) == -2 - c.node)
-      own_output.insert(c.node);
+    emit(0, "  ");
+    for (const auto& [e, info] : edges_) {
+      out_ << "  " << id(e.first) << " -> " << id(e.second);
+      if (info.loop) out_ << " [style=dashed, label=\"next block\"]";
+      out_ << ";\n";
+    }
+    out_ << "}\n";
+    return out_.str();
   }
 
-  // Producers of each unit's inputs, crossing the plain ops between modules.
+ private:
   struct EdgeInfo {
     bool loop = false;
   };
-  std::map<std::pair<std::string, std::string>, EdgeInfo> edges;
-  auto key_of = [&](int unit) -> std::string {
+
+  bool is_leaf(int i) const {
+    const TreeNode& n = r_.nodes[i];
+    return n.ran && n.parent >= 0 && (n.display_depth == depth_ || r_.ran_children(i).empty());
+  }
+  bool is_container(int i) const {
+    const TreeNode& n = r_.nodes[i];
+    return n.ran && (n.parent < 0 || (n.display_depth < depth_ && !r_.ran_children(i).empty()));
+  }
+  int unit_of_call(const Call& c) const { return is_leaf(c.node) ? c.node : -2 - c.node; }
+  std::string key_of(int unit) const {
     if (unit <= -1000) return "in" + std::to_string(-1000 - unit);
-    if (unit <= -2) return "out:" + r.display_name(-2 - unit);
-    return "m:" + r.display_name(unit);
-  };
-  auto node_of = [&](int unit) { return unit <= -1000 ? -1 : (unit <= -2 ? -2 - unit : unit); };
-  auto add_producers = [&](int consumer, const std::vector<at::Tensor>& starts, const Node* self,
-                           const std::vector<at::Tensor>* fallback) {
+    if (unit <= -2) return "out:" + r_.display_name(-2 - unit);
+    return "m:" + r_.display_name(unit);
+  }
+  static int node_of(int unit) { return unit <= -1000 ? -1 : (unit <= -2 ? -2 - unit : unit); }
+
+  // Which unit produced each output (by tensor and by grad_fn), the model's
+  // inputs, and the containers whose output is their own (not a child's).
+  void index_outputs() {
+    // Containers first, then leaves: an output that a container returns from a
+    // child belongs to the child.
+    for (int pass = 0; pass < 2; ++pass) {
+      for (const Call& c : r_.calls) {
+        if (!(pass == 0 ? is_container(c.node) : is_leaf(c.node)) || !c.output.defined()) continue;
+        by_impl_[c.output.unsafeGetTensorImpl()] = unit_of_call(c);
+        if (c.output.grad_fn()) by_fn_[c.output.grad_fn().get()] = unit_of_call(c);
+      }
+    }
+    for (const Call& c : r_.calls) {
+      if (c.node == 0) root_call_ = &c;
+    }
+    if (root_call_ == nullptr) throw RuntimeError("module graph: the model's forward did not run through its hooks");
+    for (size_t k = 0; k < root_call_->inputs.size(); ++k) {
+      if (root_call_->inputs[k].defined())
+        by_impl_[root_call_->inputs[k].unsafeGetTensorImpl()] = -1000 - static_cast<int>(k);
+    }
+    for (const Call& c : r_.calls) {
+      if (is_container(c.node) && c.output.defined() && by_impl_.at(c.output.unsafeGetTensorImpl()) == -2 - c.node)
+        own_output_.insert(c.node);
+    }
+  }
+
+  // The units that produced `starts` (walking back through the plain ops),
+  // else those that produced `fallback`.
+  std::vector<int> producers(int consumer, const std::vector<at::Tensor>& starts, const Node* self,
+                             const std::vector<at::Tensor>* fallback) const {
     std::vector<int> found;
     std::unordered_set<const Node*> seen;
     std::vector<const Node*> todo;
     for (const at::Tensor& t : starts) {
       if (!t.defined()) continue;
-      auto it = by_impl.find(t.unsafeGetTensorImpl());
-      if (it != by_impl.end() && it->second != consumer) {
+      auto it = by_impl_.find(t.unsafeGetTensorImpl());
+      if (it != by_impl_.end() && it->second != consumer) {
         found.push_back(it->second);
         continue;
       }
       if (t.grad_fn()) todo.push_back(t.grad_fn().get());
     }
-    // Inputs made from nothing a module produced (t_embedder.mlp.0's sinusoid
-    // of t): drawn from what feeds the enclosing module instead.
     auto search = [&] {
-    while (!todo.empty() && seen.size() < 100000) {
-      const Node* n = todo.back();
-      todo.pop_back();
-      if (!seen.insert(n).second) continue;
-      auto it = by_fn.find(n);
-      if (n != self && it != by_fn.end() && it->second != consumer) {
-        found.push_back(it->second);
-        continue;
+      while (!todo.empty() && seen.size() < 100000) {
+        const Node* n = todo.back();
+        todo.pop_back();
+        if (!seen.insert(n).second) continue;
+        auto it = by_fn_.find(n);
+        if (n != self && it != by_fn_.end() && it->second != consumer) {
+          found.push_back(it->second);
+          continue;
+        }
+        for (const auto& e : n->next_edges()) {
+          if (e.function) todo.push_back(e.function.get());
+        }
       }
-      for (const auto& e : n->next_edges()) {
-        if (e.function) todo.push_back(e.function.get());
-      }
-    }
     };
     search();
+    // Inputs made from nothing a module produced (t_embedder.mlp.0's sinusoid
+    // of t): drawn from what feeds the enclosing module instead.
     if (found.empty() && fallback != nullptr) {
       for (const at::Tensor& t : *fallback) {
         if (!t.defined()) continue;
-        auto it = by_impl.find(t.unsafeGetTensorImpl());
-        if (it != by_impl.end()) found.push_back(it->second);
+        auto it = by_impl_.find(t.unsafeGetTensorImpl());
+        if (it != by_impl_.end()) found.push_back(it->second);
         else if (t.grad_fn()) todo.push_back(t.grad_fn().get());
       }
       search();
     }
+    return found;
+  }
+
+  void add_edges(int consumer, const std::vector<int>& found) {
     for (int p : found) {
       const int pn = node_of(p), cn = node_of(consumer);
-      if (pn >= 0 && r.hidden(pn) && cn >= 0 && r.hidden(cn)) continue;  // drawn once, from the first member
-      EdgeInfo& e = edges[{key_of(p), key_of(consumer)}];
+      if (pn >= 0 && r_.hidden(pn) && cn >= 0 && r_.hidden(cn)) continue;  // drawn once, from the first member
+      EdgeInfo& e = edges_[{key_of(p), key_of(consumer)}];
       // Between two members of one rolled group: the edge into the next block.
       if (pn >= 0 && cn >= 0) {
-        const auto gp = r.outer_group(pn), gc = r.outer_group(cn);
+        const auto gp = r_.outer_group(pn), gc = r_.outer_group(cn);
         if (gp.first >= 0 && gp.first == gc.first && gp.second != gc.second) e.loop = true;
       }
     }
-  };
-  for (size_t k = 0; k < r.calls.size(); ++k) {
-    const Call& c = r.calls[k];
-    const std::vector<at::Tensor>* outer = c.enclosing >= 0 ? &r.calls[c.enclosing].inputs : nullptr;
-    if (is_leaf(c.node)) add_producers(c.node, c.inputs, nullptr, outer);
-    else if (own_output.count(c.node))
-      add_producers(-2 - c.node, {c.output}, c.output.grad_fn() ? c.output.grad_fn().get() : nullptr, nullptr);
   }
 
-  // Drawing: clusters for containers, boxes for leaves, the model's inputs and output.
-  std::ostringstream o_;
-  o_ << graph_header(o);
-  std::map<std::string, std::string> ids;
-  auto id = [&](const std::string& key) {
-    auto it = ids.find(key);
-    if (it != ids.end()) return it->second;
-    return ids[key] = "n" + std::to_string(ids.size());
-  };
-  std::set<int> shapes_done;
-  auto first_call = [&](int node) -> const Call* {
-    for (const Call& c : r.calls) {
+  // Producers of each unit's inputs.
+  void collect_edges() {
+    for (size_t k = 0; k < r_.calls.size(); ++k) {
+      const Call& c = r_.calls[k];
+      const std::vector<at::Tensor>* outer = c.enclosing >= 0 ? &r_.calls[c.enclosing].inputs : nullptr;
+      if (is_leaf(c.node)) {
+        add_edges(c.node, producers(c.node, c.inputs, nullptr, outer));
+      } else if (own_output_.count(c.node)) {
+        const Node* self = c.output.grad_fn() ? c.output.grad_fn().get() : nullptr;
+        add_edges(-2 - c.node, producers(-2 - c.node, {c.output}, self, nullptr));
+      }
+    }
+  }
+
+  const Call* first_call(int node) const {
+    for (const Call& c : r_.calls) {
       if (c.node == node) return &c;
     }
     return nullptr;
-  };
-  auto calls_of = [&](int node) {
+  }
+  int calls_of(int node) const {
     int n = 0;
-    for (const Call& c : r.calls) n += c.node == node;
+    for (const Call& c : r_.calls) n += c.node == node;
     return n;
-  };
-  std::function<void(int, const std::string&)> emit = [&](int i, const std::string& indent) {
-    const TreeNode& n = r.nodes[i];
-    if (r.hidden(i)) return;
-    if (is_leaf(i)) {
-      const Call* c = first_call(i);
-      std::string label = r.label_of(i);
-      if (c && c->output.defined()) label += "\\n" + shape_text(c->output.sizes());
-      const int64_t params = n.module->parameter_count();
-      if (params > 0) label += "\\nparams " + count_text(params);
-      const int k = calls_of(i);
-      if (k > 1) label += "\\ncalled " + std::to_string(k) + "x";
-      o_ << indent << id("m:" + r.display_name(i)) << " [shape=box, style=\"rounded,filled\", fillcolor=\"#dde8f5\", label=\""
-         << dot_escape(label) << "\"];\n";
-      return;
-    }
+  }
+
+  void emit_leaf(int i, const std::string& indent) {
+    const Call* c = first_call(i);
+    std::string label = r_.label_of(i);
+    if (c && c->output.defined()) label += "\\n" + shape_text(c->output.sizes());
+    const int64_t params = r_.nodes[i].module->parameter_count();
+    if (params > 0) label += "\\nparams " + count_text(params);
+    const int k = calls_of(i);
+    if (k > 1) label += "\\ncalled " + std::to_string(k) + "x";
+    out_ << indent << id("m:" + r_.display_name(i))
+       << " [shape=box, style=\"rounded,filled\", fillcolor=\"#dde8f5\", label=\"" << dot_escape(label) << "\"];\n";
+  }
+
+  void emit(int i, const std::string& indent) {
+    const TreeNode& n = r_.nodes[i];
+    if (r_.hidden(i)) return;
+    if (is_leaf(i)) return emit_leaf(i, indent);
     const bool container = is_container(i);
     std::string inner = indent;
     if (container && n.parent >= 0) {
-      o_ << indent << "subgraph cluster_" << i << " {\n"
-         << indent << "  label=\"" << dot_escape(r.label_of(i)) << "\"; style=rounded; color=\"#8899aa\";\n";
+      out_ << indent << "subgraph cluster_" << i << " {\n"
+         << indent << "  label=\"" << dot_escape(r_.label_of(i)) << "\"; style=rounded; color=\"#8899aa\";\n";
       inner += "  ";
     }
-    if (container && own_output.count(i)) {
+    if (container && own_output_.count(i)) {
       const Call* c = first_call(i);
-      std::string label = n.parent < 0 ? "output" : "output of " + r.display_name(i);
+      std::string label = n.parent < 0 ? "output" : "output of " + r_.display_name(i);
       if (c && c->output.defined()) label += "\\n" + shape_text(c->output.sizes());
-      o_ << inner << id("out:" + r.display_name(i)) << " [shape=ellipse, style=filled, fillcolor=\"#f3f3f3\", label=\""
-         << dot_escape(label) << "\"];\n";
+      out_ << inner << id("out:" + r_.display_name(i))
+         << " [shape=ellipse, style=filled, fillcolor=\"#f3f3f3\", label=\"" << dot_escape(label) << "\"];\n";
     }
     for (int ch : n.children) emit(ch, inner);
-    if (container && n.parent >= 0) o_ << indent << "}\n";
-  };
-  for (size_t k = 0; k < root_call->inputs.size(); ++k) {
-    const at::Tensor& t = root_call->inputs[k];
-    if (!t.defined()) continue;
-    o_ << "  " << id("in" + std::to_string(k)) << " [shape=note, label=\"input " << k << "\\n" << shape_text(t.sizes())
-       << " " << dot_escape(std::string(c10::toString(t.scalar_type()))) << "\"];\n";
+    if (container && n.parent >= 0) out_ << indent << "}\n";
   }
-  emit(0, "  ");
-  for (const auto& [e, info] : edges) {
-    o_ << "  " << id(e.first) << " -> " << id(e.second);
-    if (info.loop) o_ << " [style=dashed, label=\"next block\"]";
-    o_ << ";\n";
-  }
-  o_ << "}\n";
-  return o_.str();
+
+  const Recording& r_;
+  const int depth_;
+  std::unordered_map<const Node*, int> by_fn_;
+  std::unordered_map<const c10::TensorImpl*, int> by_impl_;
+  const Call* root_call_ = nullptr;
+  std::set<int> own_output_;
+  std::map<std::pair<std::string, std::string>, EdgeInfo> edges_;
+};
+
+}  // namespace
+
+std::string module_graph_dot(const nn::Module& model, const std::function<at::Tensor()>& forward,
+                             const GraphOptions& o) {
+  const Recording r(model, forward, o.roll_up);
+  return ModuleGraph(r, std::max(o.depth, 1)).dot(o);
 }
 
-std::string autograd_graph_dot(const nn::Module& model, const std::function<at::Tensor()>& forward,
-                               const GraphOptions& o) {
-  Recording r(model, forward, o.roll_up);
-  const at::Tensor& loss = r.result;
-  if (!loss.defined() || !loss.grad_fn())
-    throw RuntimeError("autograd graph: the loss has no grad_fn (do the parameters require grad?)");
-  std::unordered_map<const c10::TensorImpl*, std::string> param_names;
-  for (const auto& [name, t] : model.state()) {
-    if (t.defined()) param_names[t.unsafeGetTensorImpl()] = name;
+namespace {
+
+// The autograd graph of one recording's loss: every backward node reachable
+// from it, each drawn as itself, folded into its module's box (a module at
+// the display depth) or into its group's box (a rolled member after the
+// first), inside clusters along the module tree.
+class AutogradGraph : DotText {
+ public:
+  AutogradGraph(const nn::Module& model, const Recording& r, const GraphOptions& o) : r_(r), o_(o) {
+    const at::Tensor& loss = r_.result;
+    if (!loss.defined() || !loss.grad_fn())
+      throw RuntimeError("autograd graph: the loss has no grad_fn (do the parameters require grad?)");
+    for (const auto& [name, t] : model.state()) {
+      if (t.defined()) param_names_[t.unsafeGetTensorImpl()] = name;
+    }
+    collect_nodes();
+    place_units();
+    node_labels();
+    box_labels();
   }
+
+  std::string dot() {
+    const at::Tensor& loss = r_.result;
+    out_ << graph_header(o_);
+    content(0);
+    emit(0, "  ");
+    for (const std::string& key : in_module_[-1]) out_ << "  " << id(key) << " " << labels_[key] << ";\n";
+    std::set<std::pair<std::string, std::string>> edges;
+    for (const auto& n : order_) {
+      for (const auto& e : n->next_edges()) {
+        if (!e.function) continue;
+        const std::string& a = unit_[n.get()];
+        const std::string& b = unit_[e.function.get()];
+        if (a != b) edges.insert({a, b});
+      }
+    }
+    for (const auto& [a, b] : edges) out_ << "  " << id(a) << " -> " << id(b) << ";\n";
+    out_ << "  " << id("loss") << " [shape=ellipse, label=\"loss " << shape_text(loss.sizes()) << "\"];\n"
+         << "  " << id("loss") << " -> " << id(unit_[loss.grad_fn().get()]) << ";\n";
+    out_ << "}\n";
+    return out_.str();
+  }
+
+ private:
   // Every backward node reachable from the loss.
-  std::vector<std::shared_ptr<Node>> order;
-  std::unordered_set<const Node*> seen;
-  std::vector<std::shared_ptr<Node>> todo{loss.grad_fn()};
-  while (!todo.empty()) {
-    auto n = todo.back();
-    todo.pop_back();
-    if (!seen.insert(n.get()).second) continue;
-    order.push_back(n);
-    for (const auto& e : n->next_edges()) {
-      if (e.function) todo.push_back(e.function);
+  void collect_nodes() {
+    std::unordered_set<const Node*> seen;
+    std::vector<std::shared_ptr<Node>> todo{r_.result.grad_fn()};
+    while (!todo.empty()) {
+      auto n = todo.back();
+      todo.pop_back();
+      if (!seen.insert(n.get()).second) continue;
+      order_.push_back(n);
+      for (const auto& e : n->next_edges()) {
+        if (e.function) todo.push_back(e.function);
+      }
     }
   }
+
   // The module that made each node: the deepest call whose sequence range
   // holds its number; a parameter's accumulator belongs to its module.
-  auto owner_of = [&](const Node* n) -> int {
+  int owner_of(const Node* n) const {
     if (auto* acc = dynamic_cast<const torch::autograd::AccumulateGrad*>(n)) {
-      auto it = param_names.find(acc->variable.unsafeGetTensorImpl());
-      if (it == param_names.end()) return 0;
+      auto it = param_names_.find(acc->variable.unsafeGetTensorImpl());
+      if (it == param_names_.end()) return 0;
       std::string prefix = it->second;
       while (true) {
         const size_t dot = prefix.rfind('.');
         if (dot == std::string::npos) return 0;
         prefix = prefix.substr(0, dot);
-        auto m = r.index.find(prefix);
-        if (m != r.index.end()) return m->second;
+        auto m = r_.index.find(prefix);
+        if (m != r_.index.end()) return m->second;
       }
     }
     const uint64_t seq = n->sequence_nr();
     int best = 0;
     size_t best_depth = 0;
-    for (const Call& c : r.calls) {
+    for (const Call& c : r_.calls) {
       if (seq < c.seq_begin || seq >= c.seq_end) continue;
       size_t d = 0;
-      for (int k = c.node; k > 0; k = r.nodes[k].parent) ++d;
+      for (int k = c.node; k > 0; k = r_.nodes[k].parent) ++d;
       if (d >= best_depth) {
         best = c.node;
         best_depth = d;
       }
     }
     return best;
-  };
+  }
+
   // What each node is drawn as: itself ("a<k>"), its module's box when the
   // module is deeper than depth ("m:<name>"), or its group's box when it
   // belongs to a rolled member after the first ("g:<group>").
-  std::unordered_map<const Node*, std::string> unit;
-  std::unordered_map<const Node*, int> owner;
-  std::map<std::string, int> box_nodes;       // box key -> nodes folded into it
-  std::map<std::string, int> box_module;      // "m:" box key -> its tree node
-  std::map<int, std::vector<std::string>> in_module;  // tree node -> units drawn inside it
-  std::set<std::string> placed;
-  for (size_t k = 0; k < order.size(); ++k) {
-    const Node* n = order[k].get();
-    int m = owner_of(n);
-    // A parameter of a module that never runs itself (the patch conv's
-    // "proj") belongs to the nearest one that does.
-    while (r.nodes[m].parent >= 0 && !r.nodes[m].ran) m = r.nodes[m].parent;
-    owner[n] = m;
-    std::string key;
-    const auto g = r.outer_group(m);
-    if (r.hidden(m)) {
-      key = "g:" + std::to_string(g.first);
-      m = -1;  // drawn beside the group's first member
-    } else if (r.nodes[m].display_depth >= o.depth) {  // a module at the depth is one box
-      m = r.at_depth(m, o.depth);
-      key = "m:" + r.display_name(m);
-      box_module[key] = m;
-    } else {
-      key = "a" + std::to_string(k);
+  void place_units() {
+    std::set<std::string> placed;
+    for (size_t k = 0; k < order_.size(); ++k) {
+      const Node* n = order_[k].get();
+      int m = owner_of(n);
+      // A parameter of a module that never runs itself (the patch conv's
+      // "proj") belongs to the nearest one that does.
+      while (r_.nodes[m].parent >= 0 && !r_.nodes[m].ran) m = r_.nodes[m].parent;
+      std::string key;
+      const auto g = r_.outer_group(m);
+      if (r_.hidden(m)) {
+        key = "g:" + std::to_string(g.first);
+        m = -1;  // drawn beside the group's first member
+      } else if (r_.nodes[m].display_depth >= o_.depth) {  // a module at the depth is one box
+        m = r_.at_depth(m, o_.depth);
+        key = "m:" + r_.display_name(m);
+        box_module_[key] = m;
+      } else {
+        key = "a" + std::to_string(k);
+      }
+      unit_[n] = key;
+      ++box_nodes_[key];
+      if (placed.insert(key).second) in_module_[m].push_back(key);
     }
-    unit[n] = key;
-    ++box_nodes[key];
-    if (placed.insert(key).second) in_module[m].push_back(key);
   }
-  std::ostringstream out;
-  out << graph_header(o);
-  std::map<std::string, std::string> labels;
-  for (size_t k = 0; k < order.size(); ++k) {
-    const Node* n = order[k].get();
-    const std::string& key = unit[n];
-    if (key[0] != 'a') continue;
-    std::string label = n->name(), style = "shape=box, style=filled, fillcolor=\"#f3f3f3\"";
-    if (auto* acc = dynamic_cast<const torch::autograd::AccumulateGrad*>(n)) {
-      auto it = param_names.find(acc->variable.unsafeGetTensorImpl());
-      label = (it != param_names.end() ? it->second : std::string("(tensor)")) + "\\n" + shape_text(acc->variable.sizes());
-      style = "shape=box, style=filled, fillcolor=\"#cfe3c8\"";
-    } else if (o.saved) {
-      auto saved = saved_tensors(order[k]);
-      if (!saved) label += "\\n(saved: not listed)";
-      else {
-        for (const at::Tensor& t : *saved) {
-          if (t.defined()) label += "\\nsaved " + shape_text(t.sizes());
+
+  // The nodes drawn as themselves: their name, a parameter's name and shape,
+  // with o.saved what each saved.
+  void node_labels() {
+    for (size_t k = 0; k < order_.size(); ++k) {
+      const Node* n = order_[k].get();
+      const std::string& key = unit_[n];
+      if (key[0] != 'a') continue;
+      std::string label = n->name(), style = "shape=box, style=filled, fillcolor=\"#f3f3f3\"";
+      if (auto* acc = dynamic_cast<const torch::autograd::AccumulateGrad*>(n)) {
+        auto it = param_names_.find(acc->variable.unsafeGetTensorImpl());
+        label = (it != param_names_.end() ? it->second : std::string("(tensor)")) + "\\n" +
+                shape_text(acc->variable.sizes());
+        style = "shape=box, style=filled, fillcolor=\"#cfe3c8\"";
+      } else if (o_.saved) {
+        auto saved = saved_tensors(order_[k]);
+        if (!saved) label += "\\n(saved: not listed)";
+        else {
+          for (const at::Tensor& t : *saved) {
+            if (t.defined()) label += "\\nsaved " + shape_text(t.sizes());
+          }
         }
       }
-    }
-    labels[key] = "[" + style + ", label=\"" + dot_escape(label) + "\"]";
-  }
-  for (const auto& [key, count] : box_nodes) {
-    if (key[0] == 'm') {
-      const int m = box_module.at(key);
-      labels[key] = "[shape=box3d, style=filled, fillcolor=\"#dde8f5\", label=\"" +
-                    dot_escape(r.label_of(m) + "\\n" + std::to_string(count) + " backward nodes") + "\"]";
-    } else if (key[0] == 'g') {
-      const Group& gr = r.groups[std::stoi(key.substr(2))];
-      const std::string first = gr.label.substr(0, gr.label.find(".."));  // "blocks.0"
-      labels[key] = "[shape=box3d, style=filled, fillcolor=\"#fbe7c6\", label=\"" +
-                    dot_escape(std::to_string(gr.count - 1) + " more like " + first + " (" + gr.label +
-                               " x" + std::to_string(gr.count) + ")\\n" + std::to_string(count) +
-                               " backward nodes, not drawn") + "\"]";
+      labels_[key] = "[" + style + ", label=\"" + dot_escape(label) + "\"]";
     }
   }
+
+  // The module and group boxes: what they stand for and how many nodes.
+  void box_labels() {
+    for (const auto& [key, count] : box_nodes_) {
+      if (key[0] == 'm') {
+        const int m = box_module_.at(key);
+        labels_[key] = "[shape=box3d, style=filled, fillcolor=\"#dde8f5\", label=\"" +
+                       dot_escape(r_.label_of(m) + "\\n" + std::to_string(count) + " backward nodes") + "\"]";
+      } else if (key[0] == 'g') {
+        const Group& gr = r_.groups[std::stoi(key.substr(2))];
+        const std::string first = gr.label.substr(0, gr.label.find(".."));  // "blocks.0"
+        labels_[key] = "[shape=box3d, style=filled, fillcolor=\"#fbe7c6\", label=\"" +
+                       dot_escape(std::to_string(gr.count - 1) + " more like " + first + " (" + gr.label + " x" +
+                                  std::to_string(gr.count) + ")\\n" + std::to_string(count) +
+                                  " backward nodes, not drawn") +
+                       "\"]";
+      }
+    }
+  }
+
+  // Whether module i or one below it owns a unit.
+  bool content(int i) {
+    bool any = in_module_.count(i) > 0;
+    for (int c : r_.nodes[i].children) any = content(c) || any;
+    return has_content_[i] = any;
+  }
+
   // Clusters along the module tree, around the units each module owns.
-  std::map<int, bool> has_content;
-  std::function<bool(int)> content = [&](int i) {
-    bool any = in_module.count(i) > 0;
-    for (int c : r.nodes[i].children) any = content(c) || any;
-    return has_content[i] = any;
-  };
-  content(0);
-  std::map<std::string, std::string> ids;
-  auto id = [&](const std::string& key) {
-    auto it = ids.find(key);
-    if (it != ids.end()) return it->second;
-    return ids[key] = "n" + std::to_string(ids.size());
-  };
-  std::function<void(int, const std::string&)> emit = [&](int i, const std::string& indent) {
-    if (!has_content[i]) return;
-    const TreeNode& n = r.nodes[i];
+  void emit(int i, const std::string& indent) {
+    if (!has_content_[i]) return;
+    const TreeNode& n = r_.nodes[i];
     bool boxed = false;  // drawn as one box: no cluster around it
-    for (const auto& [key, m] : box_module) boxed = boxed || m == i;
+    for (const auto& [key, m] : box_module_) boxed = boxed || m == i;
     const bool cluster = n.parent >= 0 && n.ran && !boxed;
     std::string inner = indent;
     if (cluster) {
-
-      out << indent << "subgraph cluster_" << i << " {\n"
-          << indent << "  label=\"" << dot_escape(r.label_of(i)) << "\"; style=rounded; color=\"#8899aa\";\n";
+      out_ << indent << "subgraph cluster_" << i << " {\n"
+           << indent << "  label=\"" << dot_escape(r_.label_of(i)) << "\"; style=rounded; color=\"#8899aa\";\n";
       inner += "  ";
     }
-    for (const std::string& key : in_module[i]) out << inner << id(key) << " " << labels[key] << ";\n";
+    for (const std::string& key : in_module_[i]) out_ << inner << id(key) << " " << labels_[key] << ";\n";
     for (int c : n.children) emit(c, inner);
-    if (cluster) out << indent << "}\n";
-  };
-  emit(0, "  ");
-  for (const std::string& key : in_module[-1]) out << "  " << id(key) << " " << labels[key] << ";\n";
-  std::set<std::pair<std::string, std::string>> edges;
-  for (const auto& n : order) {
-    for (const auto& e : n->next_edges()) {
-      if (!e.function) continue;
-      const std::string& a = unit[n.get()];
-      const std::string& b = unit[e.function.get()];
-      if (a != b) edges.insert({a, b});
-    }
+    if (cluster) out_ << indent << "}\n";
   }
-  for (const auto& [a, b] : edges) out << "  " << id(a) << " -> " << id(b) << ";\n";
-  out << "  " << id("loss") << " [shape=ellipse, label=\"loss " << shape_text(loss.sizes()) << "\"];\n"
-      << "  " << id("loss") << " -> " << id(unit[loss.grad_fn().get()]) << ";\n";
-  out << "}\n";
-  return out.str();
+
+  const Recording& r_;
+  const GraphOptions& o_;
+  std::unordered_map<const c10::TensorImpl*, std::string> param_names_;
+  std::vector<std::shared_ptr<Node>> order_;
+  std::unordered_map<const Node*, std::string> unit_;
+  std::map<std::string, int> box_nodes_;               // box key -> nodes folded into it
+  std::map<std::string, int> box_module_;              // "m:" box key -> its tree node
+  std::map<int, std::vector<std::string>> in_module_;  // tree node -> units drawn inside it
+  std::map<std::string, std::string> labels_;
+  std::map<int, bool> has_content_;
+};
+
+}  // namespace
+
+std::string autograd_graph_dot(const nn::Module& model, const std::function<at::Tensor()>& forward,
+                               const GraphOptions& o) {
+  const Recording r(model, forward, o.roll_up);
+  return AutogradGraph(model, r, o).dot();
 }
 
 bool have_graphviz() { return std::system("command -v dot >/dev/null 2>&1") == 0; }

@@ -80,16 +80,23 @@ std::string params_cell(const SummaryRow& r) {
   return with_commas(r.params);
 }
 
-std::string bytes_text(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
+// v divided by `base` while it reaches it (up to the last unit), with its
+// unit: whole in the first unit, two decimals after.
+template <size_t N>
+std::string with_unit(double v, double base, const char* const (&units)[N]) {
+  size_t u = 0;
+  while (v >= base && u + 1 < N) {
+    v /= base;
     ++u;
   }
   char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f%s" : "%.2f%s", v, units[u]);
   return buf;
+}
+
+std::string bytes_text(double b) {
+  static const char* const units[] = {" B", " KiB", " MiB", " GiB", " TiB"};
+  return with_unit(b, 1024, units);
 }
 
 }  // namespace
@@ -102,15 +109,8 @@ std::string SummaryRow::trainable() const {
 }
 
 std::string si_count(double n) {
-  const char* units[] = {"", " k", " M", " G", " T", " P"};
-  int u = 0;
-  while (n >= 1000 && u < 5) {
-    n /= 1000;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f%s" : "%.2f%s", n, units[u]);
-  return buf;
+  static const char* const units[] = {"", " k", " M", " G", " T", " P"};
+  return with_unit(n, 1000, units);
 }
 
 ModuleSummary summarize_module(const nn::Module& model, const std::function<void()>& forward) {

@@ -21,19 +21,22 @@ double phase_ms(const StepAnalysis& a, const std::string& p) {
   return 0;
 }
 
-}  // namespace
+// What the rules read besides the step's analysis and the run's facts: the
+// accounting against the unprofiled step.
+struct Inputs {
+  StepAccounting acc;
+  bool corrected;  // the idle time is without the profiler's cost
+  double busy;     // GPU busy ms, at least 1e-9
+};
 
-std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
-  std::vector<Finding> out;
-  if (a.step_ms <= 0) return out;
-
-  // Launch-bound: the GPU waits for the host between kernels (a quarter of
-  // the step or more) and the kernels are short or many. The profiler's own
-  // cost (CUPTI's records per kernel, the recording of each op) shows up as
-  // idle time between kernels: where the unprofiled step was timed, it is
-  // taken out and the share is of the unprofiled step.
-  const StepAccounting acc = account(a, f.measured);
-  const bool corrected = acc.has_profiled && acc.has_unprofiled;
+// Launch-bound: the GPU waits for the host between kernels (a quarter of
+// the step or more) and the kernels are short or many. The profiler's own
+// cost (CUPTI's records per kernel, the recording of each op) shows up as
+// idle time between kernels: where the unprofiled step was timed, it is
+// taken out and the share is of the unprofiled step.
+void launch_bound(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
+  const StepAccounting& acc = in.acc;
+  const bool corrected = in.corrected;
   const double idle = acc.idle_without_profiler_share;
   if (!a.cpu_only && a.kernels_per_step > 0 && idle >= 0.25 &&
       (a.median_kernel_us < 25 || a.kernels_per_step >= 500 || a.launch_cpu_ms >= 0.7 * a.gpu_busy_ms)) {
@@ -61,8 +64,10 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
                  "batch, or fewer and larger kernels (fusion), fill them";
     out.push_back(x);
   }
+}
 
-  // Data-bound: the GPU idles while the host waits for the next batch.
+// Data-bound: the GPU idles while the host waits for the next batch.
+void data_bound(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   const double data = std::max(share(a.idle_data_ms, a), share(a.data_wait_ms, a));
   if (data >= 0.10) {
     Finding x{"data-bound", "data-bound: the step waits for the loader " + fmt("%.0f%%", 100 * data) + " of the time",
@@ -74,11 +79,12 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
                "pre-extracted latents (data.source=latents) instead of decoding or encoding on the fly";
     out.push_back(x);
   }
+}
 
-  // Memory-bound elementwise work: non-matrix, non-attention kernels take a
-  // third or more of the GPU's busy time.
-  const double busy = std::max(a.gpu_busy_ms, 1e-9);
-  const double elem = a.elementwise_ms / busy;
+// Memory-bound elementwise work: non-matrix, non-attention kernels take a
+// third or more of the GPU's busy time.
+void elementwise(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
+  const double elem = a.elementwise_ms / in.busy;
   if (!a.cpu_only && elem >= 0.35) {
     Finding x{"elementwise", "memory-bound elementwise work: " + fmt("%.0f%%", 100 * elem) +
                                  " of GPU time is outside matrix products and attention",
@@ -93,11 +99,13 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
                                  "and residual in one pass, GELU and bias in the products' epilogues";
     out.push_back(x);
   }
+}
 
-  // Matrix-bound: matrix products and attention fill the step.
-  const double mat = (a.matrix_ms + a.attention_ms) / busy;
-  const double idle_all = corrected ? (a.idle_data_ms + acc.idle_without_profiler_ms) / acc.unprofiled_ms
-                                    : share(a.idle_data_ms + a.idle_other_ms, a);
+// Matrix-bound: matrix products and attention fill the step.
+void matrix_bound(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
+  const double mat = (a.matrix_ms + a.attention_ms) / in.busy;
+  const double idle_all = in.corrected ? (a.idle_data_ms + in.acc.idle_without_profiler_ms) / in.acc.unprofiled_ms
+                                       : share(a.idle_data_ms + a.idle_other_ms, a);
   if (!a.cpu_only && mat >= 0.6 && idle_all < 0.15) {
     Finding x{"matrix-bound", "matrix-bound: " + fmt("%.0f%%", 100 * mat) +
                                   " of GPU time is matrix products and attention, the GPU idle " +
@@ -119,8 +127,10 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
                "peak (the op table's slowest products), or a lower precision";
     out.push_back(x);
   }
+}
 
-  // Power-capped: most samples at the power limit.
+// Power-capped: most samples at the power limit.
+void power_capped(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   if (f.gpu.count > 0 && f.gpu.at_power_limit && *f.gpu.at_power_limit >= 0.5) {
     Finding x{"power-capped", "power-capped: the GPU ran at its power limit in " +
                                   fmt("%.0f%%", 100 * *f.gpu.at_power_limit) + " of the samples",
@@ -137,9 +147,11 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
                "progress (recomputation, fp32 products)";
     out.push_back(x);
   }
+}
 
-  // Alignment: tensor cores want product dimensions that are multiples of 8
-  // (16 bytes of bf16); our attention kernels want head dims of 64.
+// Alignment: tensor cores want product dimensions that are multiples of 8
+// (16 bytes of bf16); our attention kernels want head dims of 64.
+void alignment(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   std::string bad;
   for (const auto& [name, d] : f.matrix_dims)
     if (d % 8 != 0) bad += (bad.empty() ? "" : ", ") + name + " = " + std::to_string(d);
@@ -154,8 +166,10 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
                "a ragged edge runs in a slower tile or a padded copy";
     out.push_back(x);
   }
+}
 
-  // Host syncs inside the step: the host waits for the GPU, then the GPU for the host.
+// Host syncs inside the step: the host waits for the GPU, then the GPU for the host.
+void host_syncs(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   if (!a.syncs.empty() && a.syncs_per_step > 0) {
     Finding x{"host-syncs", fmt("host syncs inside the step: %.1f per step", a.syncs_per_step), "", "",
               std::min(1.0, 0.05 * a.syncs_per_step)};
@@ -171,8 +185,10 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
     if (a.syncs_per_step < 1) x.weight = 0.01;
     out.push_back(x);
   }
+}
 
-  // fp32 matrix work in a mixed-precision run.
+// fp32 matrix work in a mixed-precision run.
+void fp32_matmul(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   if (!a.cpu_only && f.precision != "fp32" &&
       (a.fp32_matrix_ms >= 0.05 * std::max(a.matrix_ms, 1e-9) || a.fp32_matrix_ops > 0) &&
       (a.fp32_matrix_ms > 0 || a.fp32_matrix_ops > 0)) {
@@ -184,8 +200,10 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
                "--record-shapes) names the products with float inputs";
     out.push_back(x);
   }
+}
 
-  // Allocator churn: device allocations inside steady steps.
+// Allocator churn: device allocations inside steady steps.
+void allocator_churn(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   if (a.device_mallocs + a.device_frees > 0 || f.alloc_retries > 0) {
     Finding x{"allocator-churn", "allocator churn: the caching allocator goes to the driver inside the steps", "", "",
               0.05};
@@ -197,8 +215,10 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
                "(a smaller batch, speed.gelu_recompute), or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True";
     out.push_back(x);
   }
+}
 
-  // Recompute: backward beyond the usual twice the forward.
+// Recompute: backward beyond the usual twice the forward.
+void recompute(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   const double fwd = phase_ms(a, "forward"), bwd = phase_ms(a, "backward");
   if ((f.recompute || f.gelu_recompute) && fwd > 0 && bwd > 2 * fwd) {
     const double cost = bwd - 2 * fwd;
@@ -212,7 +232,10 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
                " off if the memory allows it; it trades this time for activation memory";
     out.push_back(x);
   }
+}
 
+// The step is one graph launch: say so, and how to see its phases.
+void captured(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   if (a.captured) {
     Finding x{"captured", "each step is one CUDA graph launch", "",
               "profile an eager window of the same step (--profile-uncaptured) for the split by phase", 0};
@@ -221,7 +244,18 @@ std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
                  "backward and optimizer";
     out.push_back(x);
   }
+}
 
+}  // namespace
+
+std::vector<Finding> diagnose(const StepAnalysis& a, const RunFacts& f) {
+  std::vector<Finding> out;
+  if (a.step_ms <= 0) return out;
+  const StepAccounting acc = account(a, f.measured);
+  const Inputs in{acc, acc.has_profiled && acc.has_unprofiled, std::max(a.gpu_busy_ms, 1e-9)};
+  for (auto rule : {launch_bound, data_bound, elementwise, matrix_bound, power_capped, alignment, host_syncs,
+                    fp32_matmul, allocator_churn, recompute, captured})
+    rule(a, f, in, out);
   std::stable_sort(out.begin(), out.end(), [](const Finding& x, const Finding& y) { return x.weight > y.weight; });
   return out;
 }

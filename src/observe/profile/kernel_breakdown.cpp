@@ -37,7 +37,10 @@ std::string kernel_kind(const std::string& raw) {
   if (has(n, "flash") || has(n, "fmha") || has(n, "attention") || has(n, "cudnn")) return "attention";
   if (has(n, "gemm") || has(n, "nvjet") || has(n, "cutlass") || has(n, "xmma") || has(n, "matmul"))
     return "matrix products";
-  if (has(n, "adaln") || has(n, "gated_residual")) return "fused norm / residual (perftrain)";
+  // Our row kernels: the row norms (kernels/row_norm.cuh), the gated residual, their reduce kernels.
+  const bool ours = has(n, "perftrain::kernels");
+  if (has(n, "adaln") || has(n, "gated_residual") || (ours && (has(n, "row_norm") || has(n, "gated_"))))
+    return "fused norm / residual (perftrain)";
   if (has(n, "layer_norm") || has(n, "reduce") || has(n, "norm")) return "other norms and reductions";
   return "other elementwise";
 }

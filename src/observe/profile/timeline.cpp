@@ -255,50 +255,61 @@ const std::vector<std::string>& phase_order() {
   return order;
 }
 
-StepAnalysis analyze(const Timeline& t) {
-  StepAnalysis a;
-  const PhaseIndex phases(t);
-  // The window: the ProfilerStep scopes (one per step), to the last GPU activity.
+namespace {
+
+// The profiled window: the ProfilerStep scopes (one per step), to the last GPU
+// activity; without step scopes, every host and GPU event.
+struct Window {
   std::vector<std::pair<double, double>> steps;
-  for (const auto& e : t.events)
-    if (e.kind == EventKind::kScope && starts_with(e.name, "ProfilerStep#")) steps.push_back({e.ts, e.end()});
-  std::sort(steps.begin(), steps.end());
   double w0 = 0, w1 = 0;
-  bool any = false;
-  auto extend = [&](double s, double e) {
-    if (!any) w0 = s, w1 = e, any = true;
-    w0 = std::min(w0, s), w1 = std::max(w1, e);
-  };
-  for (const auto& [s, e] : steps) extend(s, e);
-  a.steps = std::max<int>(1, static_cast<int>(steps.size()));
-  if (steps.empty())
-    for (const auto& e : t.events)
-      if (e.kind != EventKind::kMemory) extend(e.ts, e.end());
-  std::vector<const Event*> gpu;
-  for (const auto& e : t.events)
-    if (is_gpu(e) && e.end() > w0 && (steps.empty() || e.ts >= w0)) gpu.push_back(&e);
-  for (const Event* g : gpu) w1 = std::max(w1, g->end());
-  a.window_ms = (w1 - w0) / 1e3;
-  a.step_ms = a.window_ms / a.steps;
-  const double per = 1.0 / a.steps / 1e3;  // us in the window -> ms per step
-  auto in_window = [&](double ts) { return ts >= w0 && ts <= w1; };
-  auto in_steps = [&](double ts) {
+  std::vector<const Event*> gpu;  // the GPU activity in it
+  bool in_window(double ts) const { return ts >= w0 && ts <= w1; }
+  bool in_steps(double ts) const {
     if (steps.empty()) return in_window(ts);
     for (const auto& [s, e] : steps)
       if (ts >= s && ts <= e) return true;
     return false;
-  };
+  }
+};
 
+Window find_window(const Timeline& t) {
+  Window w;
+  for (const auto& e : t.events)
+    if (e.kind == EventKind::kScope && starts_with(e.name, "ProfilerStep#")) w.steps.push_back({e.ts, e.end()});
+  std::sort(w.steps.begin(), w.steps.end());
+  bool any = false;
+  auto extend = [&](double s, double e) {
+    if (!any) w.w0 = s, w.w1 = e, any = true;
+    w.w0 = std::min(w.w0, s), w.w1 = std::max(w.w1, e);
+  };
+  for (const auto& [s, e] : w.steps) extend(s, e);
+  if (w.steps.empty())
+    for (const auto& e : t.events)
+      if (e.kind != EventKind::kMemory) extend(e.ts, e.end());
+  for (const auto& e : t.events)
+    if (is_gpu(e) && e.end() > w.w0 && (w.steps.empty() || e.ts >= w.w0)) w.gpu.push_back(&e);
+  for (const Event* g : w.gpu) w.w1 = std::max(w.w1, g->end());
+  return w;
+}
+
+// What the host's runtime calls say: the launch calls' CPU time, graph
+// launches, device allocations and frees (into a), the runtime event of each
+// correlation id and the data waits.
+struct HostRuntime {
   std::unordered_map<int64_t, int> launch_of;  // correlation -> runtime event
   std::vector<std::pair<double, double>> data_wait;
+};
+
+HostRuntime scan_runtime(const Timeline& t, const Window& w, double per, StepAnalysis& a) {
+  HostRuntime h;
   for (size_t i = 0; i < t.events.size(); ++i) {
     const Event& e = t.events[i];
-    if (e.kind == EventKind::kRuntime && e.correlation >= 0) launch_of[e.correlation] = static_cast<int>(i);
-    if (e.kind == EventKind::kScope && e.name == "perftrain::data_wait" && in_window(e.ts)) {
-      data_wait.push_back({e.ts, e.end()});
+    if (e.kind == EventKind::kRuntime && e.correlation >= 0) h.launch_of[e.correlation] = static_cast<int>(i);
+    if (e.kind == EventKind::kScope && e.name == "perftrain::data_wait" && w.in_window(e.ts)) {
+      h.data_wait.push_back({e.ts, e.end()});
       a.data_wait_ms += e.dur * per;
     }
-    if (e.kind == EventKind::kRuntime && in_window(e.ts)) {
+    if (e.kind == EventKind::kRuntime && w.in_window(e.ts)) {
       if (is_launch_call(e.name)) a.launch_cpu_ms += e.dur * per;
       if (e.name == "cudaGraphLaunch" || e.name == "cuGraphLaunch") ++a.graph_launches;
       if (e.name == "cudaMalloc" || e.name == "cuMemAlloc_v2" || e.name == "cuMemCreate") ++a.device_mallocs;
@@ -306,33 +317,42 @@ StepAnalysis analyze(const Timeline& t) {
     }
   }
   a.captured = a.graph_launches > 0;
-  std::sort(data_wait.begin(), data_wait.end());
+  std::sort(h.data_wait.begin(), h.data_wait.end());
+  return h;
+}
 
-  // GPU busy time: each moment once, to the activity that started first.
-  std::sort(gpu.begin(), gpu.end(), [](const Event* x, const Event* y) { return x->ts < y->ts; });
+// Busy time (us in the window) by phase and by kind of work, and the idle time.
+struct BusyTime {
   std::map<std::string, double> by_phase, by_kind;
-  std::vector<double> kernel_us;
-  double covered = w0, idle = 0, idle_data = 0;
-  for (const Event* g : gpu) {
+  double idle = 0, idle_data = 0;
+};
+
+// GPU busy time: each moment once, to the activity that started first; the
+// kernels' lengths, the copies' bytes and the fp32 matrix time go into a.
+BusyTime gpu_busy(const Timeline& t, const Window& w, const PhaseIndex& phases, const HostRuntime& h, double per,
+                  StepAnalysis& a, std::vector<double>& kernel_us) {
+  BusyTime b;
+  double covered = w.w0;
+  for (const Event* g : w.gpu) {
     if (g->ts > covered) {
-      idle += g->ts - covered;
+      b.idle += g->ts - covered;
       // Idle for want of data: the host was waiting for a batch, and the work
       // that ends the gap was launched only after that wait (not a gap
       // between kernels queued long before).
-      auto launch = g->correlation >= 0 ? launch_of.find(g->correlation) : launch_of.end();
-      const double launched = launch != launch_of.end() ? t.events[launch->second].ts : g->ts;
+      auto launch = g->correlation >= 0 ? h.launch_of.find(g->correlation) : h.launch_of.end();
+      const double launched = launch != h.launch_of.end() ? t.events[launch->second].ts : g->ts;
       std::vector<std::pair<double, double>> waits;
-      for (const auto& w : data_wait)
-        if (w.second <= launched + 1e-3) waits.push_back(w);
-      idle_data += overlap(covered, g->ts, waits);
+      for (const auto& d : h.data_wait)
+        if (d.second <= launched + 1e-3) waits.push_back(d);
+      b.idle_data += overlap(covered, g->ts, waits);
     }
-    const double from = std::max(g->ts, covered), to = std::min(g->end(), w1);
+    const double from = std::max(g->ts, covered), to = std::min(g->end(), w.w1);
     const std::string kind = g->kind == EventKind::kKernel ? kernel_kind(g->name) : "copies and memsets";
     if (to > from) {
-      std::string p = launch_phase(*g, launch_of, t, phases);
+      std::string p = launch_phase(*g, h.launch_of, t, phases);
       if (p.empty()) p = "outside the step scopes";
-      by_phase[p] += to - from;
-      by_kind[kind] += to - from;
+      b.by_phase[p] += to - from;
+      b.by_kind[kind] += to - from;
       if (g->kind == EventKind::kKernel && kind == "matrix products" && is_fp32_matrix_kernel(g->name))
         a.fp32_matrix_ms += (to - from) * per;
     }
@@ -344,27 +364,37 @@ StepAnalysis analyze(const Timeline& t) {
       if (has(n, "dtoh")) a.d2h_bytes += g->bytes / a.steps;
     }
   }
-  if (w1 > covered) {
-    idle += w1 - covered;
-    idle_data += overlap(covered, w1, data_wait);
+  if (w.w1 > covered) {
+    b.idle += w.w1 - covered;
+    b.idle_data += overlap(covered, w.w1, h.data_wait);
   }
-  a.cpu_only = gpu.empty();
-  if (a.cpu_only) {  // no device activity (a CPU run): the window split by the host's innermost phase
-    std::vector<double> cuts = {w0, w1};
-    for (const auto& e : t.events)
-      if (e.kind == EventKind::kScope && !phase_of_scope(e.name).empty())
-        for (double c : {e.ts, e.end()})
-          if (c > w0 && c < w1) cuts.push_back(c);
-    std::sort(cuts.begin(), cuts.end());
-    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-      std::string p = phases.at(0.5 * (cuts[i] + cuts[i + 1]));
-      by_phase[p.empty() ? "outside the step scopes" : p] += cuts[i + 1] - cuts[i];
-    }
-    idle = idle_data = 0;
+  return b;
+}
+
+// No device activity (a CPU run): the window split by the host's innermost phase.
+BusyTime host_busy(const Timeline& t, const Window& w, const PhaseIndex& phases) {
+  BusyTime b;
+  std::vector<double> cuts = {w.w0, w.w1};
+  for (const auto& e : t.events)
+    if (e.kind == EventKind::kScope && !phase_of_scope(e.name).empty())
+      for (double c : {e.ts, e.end()})
+        if (c > w.w0 && c < w.w1) cuts.push_back(c);
+  std::sort(cuts.begin(), cuts.end());
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    std::string p = phases.at(0.5 * (cuts[i] + cuts[i + 1]));
+    b.by_phase[p.empty() ? "outside the step scopes" : p] += cuts[i + 1] - cuts[i];
   }
-  for (const auto& p : phase_order())
-    if (by_phase.count(p)) a.busy_by_phase.push_back({p, by_phase[p] * per});
-  for (const auto& [k, v] : by_kind) {
+  return b;
+}
+
+// The busy time into a, per step: by phase (in phase order), by kind (largest
+// first, and the matrix, attention, copy and elementwise totals), and idle.
+void record_busy(const BusyTime& b, double per, StepAnalysis& a) {
+  for (const auto& p : phase_order()) {
+    const auto it = b.by_phase.find(p);
+    if (it != b.by_phase.end()) a.busy_by_phase.push_back({p, it->second * per});
+  }
+  for (const auto& [k, v] : b.by_kind) {
     a.busy_by_kind.push_back({k, v * per});
     if (k == "matrix products") a.matrix_ms = v * per;
     else if (k == "attention") a.attention_ms = v * per;
@@ -374,22 +404,24 @@ StepAnalysis analyze(const Timeline& t) {
   std::sort(a.busy_by_kind.begin(), a.busy_by_kind.end(),
             [](const PhaseTime& x, const PhaseTime& y) { return x.ms > y.ms; });
   for (const auto& p : a.busy_by_phase) a.gpu_busy_ms += p.ms;  // (host busy when cpu_only)
-  a.idle_data_ms = idle_data * per;
-  a.idle_other_ms = (idle - idle_data) * per;
-  a.kernels_per_step = static_cast<double>(kernel_us.size()) / a.steps;
-  a.median_kernel_us = median(kernel_us);
+  a.idle_data_ms = b.idle_data * per;
+  a.idle_other_ms = (b.idle - b.idle_data) * per;
+}
 
-  // Host syncs inside the steps, with the op around them.
+// Host syncs inside the steps, with the op around them; the ops per step and
+// the matrix ops on float inputs.
+void find_syncs(const Timeline& t, const Window& w, const PhaseIndex& phases, StepAnalysis& a) {
   const std::vector<int> parent = nest_host_events(t);
   std::map<std::tuple<std::string, std::string, std::string>, int64_t> syncs;
   int64_t n_syncs = 0;
   int64_t n_ops = 0;
   for (size_t i = 0; i < t.events.size(); ++i) {
     const Event& e = t.events[i];
-    if (e.kind == EventKind::kCpuOp && in_steps(e.ts)) ++n_ops;
-    if (e.kind == EventKind::kCpuOp && is_matrix_op(e.name) && in_window(e.ts) && starts_with(e.input_types, "float"))
+    if (e.kind == EventKind::kCpuOp && w.in_steps(e.ts)) ++n_ops;
+    if (e.kind == EventKind::kCpuOp && is_matrix_op(e.name) && w.in_window(e.ts) &&
+        starts_with(e.input_types, "float"))
       ++a.fp32_matrix_ops;
-    if (e.kind != EventKind::kRuntime || !is_sync_call(e.name) || !in_steps(e.ts)) continue;
+    if (e.kind != EventKind::kRuntime || !is_sync_call(e.name) || !w.in_steps(e.ts)) continue;
     std::string op;
     for (int p = parent[i]; p >= 0; p = parent[p])
       if (t.events[p].kind == EventKind::kCpuOp) {
@@ -404,11 +436,13 @@ StepAnalysis analyze(const Timeline& t) {
   std::sort(a.syncs.begin(), a.syncs.end(), [](const SyncFinding& x, const SyncFinding& y) { return x.count > y.count; });
   a.syncs_per_step = static_cast<double>(n_syncs) / a.steps;
   a.ops_per_step = static_cast<double>(n_ops) / a.steps;
+}
 
-  // Peak memory per phase, from the allocator's [memory] events.
+// Peak memory per phase, from the allocator's [memory] events.
+void memory_by_phase(const Timeline& t, const Window& w, const PhaseIndex& phases, StepAnalysis& a) {
   std::map<std::string, PhaseMemory> mem;
   for (const auto& e : t.events) {
-    if (e.kind != EventKind::kMemory || e.total_allocated < 0 || !in_window(e.ts)) continue;
+    if (e.kind != EventKind::kMemory || e.total_allocated < 0 || !w.in_window(e.ts)) continue;
     std::string p = phases.at(e.ts);
     if (p.empty()) p = "outside the step scopes";
     auto& m = mem[p];
@@ -418,6 +452,27 @@ StepAnalysis analyze(const Timeline& t) {
   }
   for (const auto& p : phase_order())
     if (mem.count(p)) a.memory.push_back(mem[p]);
+}
+
+}  // namespace
+
+StepAnalysis analyze(const Timeline& t) {
+  StepAnalysis a;
+  const PhaseIndex phases(t);
+  Window w = find_window(t);
+  a.steps = std::max<int>(1, static_cast<int>(w.steps.size()));
+  a.window_ms = (w.w1 - w.w0) / 1e3;
+  a.step_ms = a.window_ms / a.steps;
+  const double per = 1.0 / a.steps / 1e3;  // us in the window -> ms per step
+  const HostRuntime host = scan_runtime(t, w, per, a);
+  std::sort(w.gpu.begin(), w.gpu.end(), [](const Event* x, const Event* y) { return x->ts < y->ts; });
+  std::vector<double> kernel_us;
+  a.cpu_only = w.gpu.empty();
+  record_busy(a.cpu_only ? host_busy(t, w, phases) : gpu_busy(t, w, phases, host, per, a, kernel_us), per, a);
+  a.kernels_per_step = static_cast<double>(kernel_us.size()) / a.steps;
+  a.median_kernel_us = median(kernel_us);
+  find_syncs(t, w, phases, a);
+  memory_by_phase(t, w, phases, a);
   return a;
 }
 

@@ -1,5 +1,5 @@
 # The profiler's own cost and the breakdown against the profiled step, on the H200, for
-# tools/gpu_run.sh MODE=script SCRIPT=docs/profile/h200_overhead.sh (BIN, RUNS, OUT, PY exported).
+# tools/gpu_run.sh MODE=script SCRIPT=tools/profile/h200_overhead.sh (BIN, RUNS, OUT, PY exported).
 # Every profile.md / window-<n>.md window prints:
 #   "Breakdown against the profiled step: ... within 5%."   the trace's parts against CUDA events around each
 #                                                            profiled step (the "done when" check)

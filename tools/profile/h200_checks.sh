@@ -1,7 +1,7 @@
 # The H200 checks of issue 24 (profiling and diagnosis), for tools/gpu_run.sh MODE=script
 # (BIN, RUNS, OUT, PY exported). Each line prints what proves it; the outputs go into $OUT/profile-*.
 set -u
-P=docs/profile
+P=tools/profile
 # 1. A DiT-S/2 step's kernels under the trainer's scopes: the captured step (one graph launch) and the same
 #    step eagerly; the eager trace's kernels sit under forward / backward / optimizer / h2d scopes.
 $BIN profile --model DiT-S/2 --batch 32 --profile-uncaptured --group-by kernel --top 12 --out $OUT/profile-s2-b32
@@ -18,7 +18,7 @@ $BIN profile --model DiT-S/2 --batch 256 --slow-data-ms 100 --set data.prefetch=
   --out $OUT/profile-s2-b256-slowdata
 grep -A3 -m1 '\*\*data-bound\*\*' $OUT/profile-s2-b256-slowdata/profile.md
 # 5. The breakdown against the profiled step (within 5%) and the profiler's overhead: every profile above
-#    (docs/profile/h200_overhead.sh looks at them closer).
+#    (tools/profile/h200_overhead.sh looks at them closer).
 grep -H '^Breakdown against the profiled step\|^Profiler overhead' $OUT/profile-*/profile.md
 # 6. train --profile: windows of a real run (traces and reports in the run's profile/).
 $BIN train --model DiT-S/2 --data synthetic --steps 40 --batch-size 64 --run-name profile-train --runs-dir $RUNS \
