@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "base/error.h"
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 
 namespace perftrain::cli {
 namespace {
@@ -67,7 +67,7 @@ std::vector<std::string> arguments_without_nproc() {
 
 int launch_ranks(int nproc, const std::vector<std::string>& args) {
   const std::string exe = self_exe();
-  const std::string port = std::to_string(dist::free_loopback_port("--nproc-per-node"));
+  const std::string port = std::to_string(distributed::free_loopback_port("--nproc-per-node"));
   struct sigaction sa {}, old_int, old_term;
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -137,7 +137,7 @@ int launch_ranks(int nproc, const std::vector<std::string>& args) {
 }
 
 void refuse_nproc_under_launcher() {
-  if (dist::launch_env().from_env)
+  if (distributed::launch_env().from_env)
     throw UsageError("--nproc-per-node starts the ranks itself: leave it out under torchrun or Slurm "
                      "(RANK, WORLD_SIZE, ... are set)");
 }

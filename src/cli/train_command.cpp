@@ -16,7 +16,7 @@
 #include "cli/launcher.h"
 #include "cli/train_options.h"
 #include "compat/compat.h"
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 #include "observe/profile/schedule.h"
 #include "train/checkpoint.h"
 #include "train/signals.h"
@@ -130,7 +130,7 @@ void run(const TrainArgs& a, bool save_on_signal, const std::string& profile, bo
   opts.profile = profile;
   opts.profile_scopes_only = profile_scopes_only;
   // Data parallel: rank 0 speaks for the run; the others print only errors.
-  const bool rank0 = dist::launch_env().rank == 0;
+  const bool rank0 = distributed::launch_env().rank == 0;
   std::ostream quiet(nullptr);
   auto s = train::run_training(resolve_config(a), opts, rank0 ? std::cout : quiet);
   if (!rank0) {

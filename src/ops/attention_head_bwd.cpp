@@ -31,8 +31,8 @@ bool kernel_applies(const at::Tensor& qkv, const at::Tensor& out, const at::Tens
 
 }  // namespace
 
-bool own_attention_backward() { return own_backward.load(std::memory_order_relaxed); }
-void set_own_attention_backward(bool on) { own_backward.store(on, std::memory_order_relaxed); }
+bool whole_head_attention_backward() { return own_backward.load(std::memory_order_relaxed); }
+void set_whole_head_attention_backward(bool on) { own_backward.store(on, std::memory_order_relaxed); }
 
 namespace detail {
 
@@ -50,7 +50,7 @@ int64_t whole_head_dim(const at::Tensor& qkv, int64_t heads) {
 
 at::Tensor try_attention_head_bwd(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
                                   const at::Tensor& grad_out, int64_t heads, bool forward_was_ours) {
-  if (!forward_was_ours && !own_attention_backward()) return at::Tensor();
+  if (!forward_was_ours && !whole_head_attention_backward()) return at::Tensor();
   if (!kernel_applies(qkv, out, lse, grad_out, heads)) {
     if (forward_was_ours)
       throw std::logic_error("attention backward: the forward was ours, but the backward kernel cannot take "

@@ -2,7 +2,7 @@
 // projected_attention, where it applies (bf16 on sm_90, 256 tokens, head dim
 // 64 or 72: DiT-S/2, B/2 and XL/2 at 256 px), instead of cuDNN's backward
 // and its side passes: about half cuDNN's time per layer on the H200. On by
-// default; set_own_attention_backward(false) (the [speed] key attention =
+// default; set_whole_head_attention_backward(false) (the [speed] key attention =
 // "cudnn") goes back to cuDNN, for the forward too.
 #pragma once
 
@@ -12,8 +12,8 @@
 
 namespace perftrain::ops {
 
-bool own_attention_backward();
-void set_own_attention_backward(bool on);  // process-wide; before the step is captured
+bool whole_head_attention_backward();
+void set_whole_head_attention_backward(bool on);  // process-wide; before the step is captured
 
 // The packed gradient of qkv [B, T, 3D] from the forward's outputs (out
 // [B, H, T, d] in token-major memory, lse [B, H, T(, 1)] fp32) and the

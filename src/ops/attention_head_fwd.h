@@ -2,7 +2,7 @@
 // projected_attention, where it applies (bf16 on sm_90, 256 tokens, head dim
 // 64 or 72) and our backward will run too (it needs cuDNN's own forward
 // state otherwise): about 0.8 of cuDNN's time per layer on the H200. On by
-// default; set_own_attention_forward(false) (the [speed] key attention =
+// default; set_whole_head_attention_forward(false) (the [speed] key attention =
 // "cudnn") goes back to cuDNN.
 #pragma once
 
@@ -13,8 +13,8 @@
 
 namespace perftrain::ops {
 
-bool own_attention_forward();
-void set_own_attention_forward(bool on);  // process-wide; before the step is captured
+bool whole_head_attention_forward();
+void set_whole_head_attention_forward(bool on);  // process-wide; before the step is captured
 
 // The attention of the packed projection qkv [B, T, 3D]: out [B, H, T, d]
 // (token-major memory, as cuDNN's) and lse [B, H, T] fp32; both undefined

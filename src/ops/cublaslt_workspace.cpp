@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "base/error.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 
 namespace perftrain::ops {
 namespace {
@@ -21,7 +21,7 @@ std::atomic<bool> g_tuning_open{true};
 std::atomic<int> g_tune_candidates{kDefaultGemmTuneCandidates};
 
 // Two workspaces per device: one for the training stream's products, one for
-// the weight-gradient stream's (ops/weight_grad_lane), which run at the same
+// the weight-gradient stream's (ops/weight_grad_stream), which run at the same
 // time. Products on one stream run in order, so one workspace per stream is
 // enough; the training stream is one at a time (eager or replayed graph).
 void* workspace_for(int device, bool side) {

@@ -14,7 +14,7 @@
 namespace perftrain::ops {
 
 // Bytes of a cuBLASLt workspace; a device has two, one for the training
-// stream and one for the weight-gradient stream (ops/weight_grad_lane.h).
+// stream and one for the weight-gradient stream (ops/weight_grad_stream.h).
 // The training stream's is 32 MiB: with less, the tuner finds slower split-K
 // products. The weight-gradient stream opens only for small steps, whose
 // weight gradients need little split-K scratch: 8 MiB.

@@ -15,7 +15,7 @@
 #include "kernels/gated_residual.h"
 #include "ops/column_sums.h"
 #include "ops/dtype_dispatch.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 
 namespace perftrain::ops {
 
@@ -100,7 +100,7 @@ struct GatedResidualFunction : public torch::autograd::Function<GatedResidualFun
                                                    partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
     });
     at::Tensor dbias;
-    if (want_bias) {  // for the optimizer only: beside the rest of the backward (ops/weight_grad_lane.h)
+    if (want_bias) {  // for the optimizer only: beside the rest of the backward (ops/weight_grad_stream.h)
       dbias = at::empty({cols}, y.options().dtype(static_cast<at::ScalarType>(bias_dtype)));
       run_weight_grads([&] { batch_sums_into(dbias_ps, dbias); }, {dbias_ps});
     }

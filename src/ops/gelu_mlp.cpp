@@ -19,7 +19,7 @@
 #include "ops/gelu_backward.h"
 #include "ops/gemm_bias_gelu.h"
 #include "ops/linear.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 
 namespace perftrain::ops {
 
@@ -150,7 +150,7 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
 
     // The weight gradients are handed off as soon as their inputs exist, each
     // before the input-gradient product it can run beside
-    // (ops/weight_grad_lane.h); their outputs are allocated here, in the
+    // (ops/weight_grad_stream.h); their outputs are allocated here, in the
     // parameters' dtypes.
     const auto out = [&](int input, std::initializer_list<int64_t> sizes, const char* dtype) {
       return ctx->needs_input_grad(input) ? at::empty(sizes, dy.options().dtype(dtype_of(ctx, dtype))) : at::Tensor();

@@ -17,7 +17,7 @@
 #include "ops/column_sums.h"
 #include "ops/compute_weights.h"
 #include "ops/dtype_dispatch.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 
 namespace perftrain::ops {
 
@@ -176,7 +176,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     const at::Tensor dy = grads[0].to(dt).contiguous().view({m, n});
 
     // The weight gradient first: beside the input gradient when the step
-    // runs them on two streams (ops/weight_grad_lane.h).
+    // runs them on two streams (ops/weight_grad_stream.h).
     at::Tensor dw, db;
     if (ctx->needs_input_grad(1)) dw = at::empty({n, k}, dy.options().dtype(w_dtype));
     if (b_dtype >= 0 && ctx->needs_input_grad(2)) db = at::empty({n}, dy.options().dtype(at::ScalarType(b_dtype)));

@@ -18,7 +18,7 @@
 #include "ops/linear.h"
 #include "ops/qkv_attention.h"
 #include "ops/self_attention.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 
 namespace perftrain::ops {
 namespace {
@@ -71,7 +71,7 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    // Our whole-head kernel where it applies (ops::own_attention_backward),
+    // Our whole-head kernel where it applies (ops::whole_head_attention_backward),
     // and always after our forward: the packed gradient directly, from the
     // forward's out (s[3]) and lse (s[4]); cuDNN's backward elsewhere.
     const at::Tensor own_dqkv =
@@ -89,7 +89,7 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
       if (in_place) blocks[i] = tm.view({m, D});
     }
     // The weight and bias gradients first, handed off to run beside dh's
-    // products (ops/weight_grad_lane.h), into outputs allocated here.
+    // products (ops/weight_grad_stream.h), into outputs allocated here.
     at::Tensor dh, dw, db;
     if (ctx->needs_input_grad(1)) dw = at::empty({3 * D, D}, w.options().dtype(w_dtype));
     if (b_dtype >= 0 && ctx->needs_input_grad(2)) db = at::empty({3 * D}, w.options().dtype(at::ScalarType(b_dtype)));

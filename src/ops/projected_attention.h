@@ -3,7 +3,7 @@
 // that the attention reads in place (ops/qkv_attention.h says why packed).
 // The attention itself is our whole-head kernels where they apply
 // (ops/attention_head_fwd and ops/attention_head_bwd: bf16 on sm_90, 256
-// tokens, head dim 64 or 72; the [speed] key attention = "own"), cuDNN's fused
+// tokens, head dim 64 or 72; the [speed] key attention = "whole_head"), cuDNN's fused
 // attention otherwise (ops/cudnn_attention.h), and qkv_attention's own path
 // where cuDNN does not run (CPU, fp32, a shape it refuses). The backward
 // feeds the packed gradient, or cuDNN's dq, dk, dv in place, straight to the

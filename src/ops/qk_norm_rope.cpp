@@ -18,7 +18,7 @@
 #include "ops/column_sums.h"
 #include "ops/compute_weights.h"
 #include "ops/dtype_dispatch.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 
 namespace perftrain::ops {
 
@@ -162,7 +162,7 @@ struct QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction>
                                         cos.data_ptr<float>(), sin.data_ptr<float>(), kernel_ptr<T>(dqkv),
                                         kernel_ptr<float>(partials), rows, tokens, int(heads), hd, tiles, stream);
     });
-    if (want_q || want_k) {  // for the optimizer only: beside the rest of the backward (ops/weight_grad_lane.h)
+    if (want_q || want_k) {  // for the optimizer only: beside the rest of the backward (ops/weight_grad_stream.h)
       const at::TensorOptions f = partials.options();
       at::Tensor dq = want_q ? at::empty({hd}, f.dtype(static_cast<at::ScalarType>(q_dtype))) : at::Tensor();
       at::Tensor dk = want_k ? at::empty({hd}, f.dtype(static_cast<at::ScalarType>(k_dtype))) : at::Tensor();

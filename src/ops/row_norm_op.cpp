@@ -8,7 +8,7 @@
 #include "base/error.h"
 #include "ops/column_sums.h"
 #include "ops/dtype_dispatch.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 
 namespace perftrain::ops::detail {
 

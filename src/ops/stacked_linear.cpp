@@ -11,7 +11,7 @@
 #include "base/error.h"
 #include "ops/compute_weights.h"
 #include "ops/linear.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 
 namespace perftrain::ops {
 

@@ -10,7 +10,7 @@
 // back to back in memory (the device optimizer lays copies of one shape out
 // that way, train/device_optimizer.h); otherwise they are concatenated on each
 // call. The weight and bias gradients are row blocks of one fp32 buffer each
-// and go to the weight-gradient stream like linear's (ops/weight_grad_lane.h).
+// and go to the weight-gradient stream like linear's (ops/weight_grad_stream.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>

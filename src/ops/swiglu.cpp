@@ -16,7 +16,7 @@
 #include "ops/compute_weights.h"
 #include "ops/dtype_dispatch.h"
 #include "ops/linear.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 
 namespace perftrain::ops {
 
@@ -117,7 +117,7 @@ struct SwigluLinearFunction : public torch::autograd::Function<SwigluLinearFunct
     at::Tensor dw, dgate_up;
     if (ctx->needs_input_grad(1)) {
       // As linear's backward: the weight gradient first, beside the input
-      // gradient when the step runs two streams (ops/weight_grad_lane.h).
+      // gradient when the step runs two streams (ops/weight_grad_stream.h).
       const at::Tensor act = swiglu_activation(gate_up, rows, f);
       dw = at::empty({n, f}, dy.options().dtype(static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt())));
       run_weight_grads([&] { detail::linear_weight_grad_into(dy, act, dw, at::Tensor()); }, {dy, act});

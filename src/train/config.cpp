@@ -84,7 +84,7 @@ std::vector<Key> keys(TrainConfig& c) {
       {"speed", "fused_optimizer", &c.speed.fused_optimizer},
       {"speed", "recompute", &c.speed.recompute},
       {"speed", "gelu_recompute", &c.speed.gelu_recompute},
-      {"speed", "attention", &c.speed.attention, {"own", "cudnn"}},
+      {"speed", "attention", &c.speed.attention, {"whole_head", "cudnn"}},
       {"speed", "weight_grad_stream", &c.speed.weight_grad_stream, {"auto", "on", "off"}},
       {"speed", "gemm_tune", &c.speed.gemm_tune, {}, 0, 64},
       {"health", "monitor_every", &c.health.monitor_every, {}, 0, 1000000000},
@@ -95,9 +95,9 @@ std::vector<Key> keys(TrainConfig& c) {
       {"health", "patience", &c.health.patience, {}, 1, 1000000},
       {"health", "explode_factor", &c.health.explode_factor},
       {"health", "median_window", &c.health.median_window, {}, 1, 100000},
-      {"dist", "timeout_s", &c.dist.timeout_s},
-      {"dist", "bucket_mb", &c.dist.bucket_mb},
-      {"dist", "shard_optimizer", &c.dist.shard_optimizer},
+      {"distributed", "timeout_s", &c.distributed.timeout_s},
+      {"distributed", "bucket_mb", &c.distributed.bucket_mb},
+      {"distributed", "shard_optimizer", &c.distributed.shard_optimizer},
   };
 }
 
@@ -195,6 +195,9 @@ void set_key(TrainConfig& cfg, const std::string& section, const std::string& ke
     if (last != k.section) sections << " [" << k.section << "]";
     last = k.section;
   }
+  if (section == "dist")  // the section's name until the data-parallel code became src/distributed/
+    throw UsageError(origin + ": the [dist] section is now [distributed] (" + full + " -> distributed." +
+                     full.substr(5) + ")");
   if (known.str().empty())
     throw UsageError(origin + ": unknown section [" + base::printable(section) + "]; known sections:" +
                      sections.str());
@@ -385,8 +388,8 @@ void TrainConfig::validate() const {
           "log.sample_per_class x log.sample_classes must be at most 65536 images in a sample grid");
   require(health.vanish_norm >= 0, "health.vanish_norm must be >= 0");
   require(health.explode_factor > 1, "health.explode_factor must be > 1 (a spike is this many times the median)");
-  require(dist.timeout_s > 0 && dist.timeout_s <= 86400, "dist.timeout_s must be in (0, 86400] seconds");
-  require(dist.bucket_mb > 0 && dist.bucket_mb <= 4096, "dist.bucket_mb must be in (0, 4096]");
+  require(distributed.timeout_s > 0 && distributed.timeout_s <= 86400, "distributed.timeout_s must be in (0, 86400] seconds");
+  require(distributed.bucket_mb > 0 && distributed.bucket_mb <= 4096, "distributed.bucket_mb must be in (0, 4096]");
   require(!run.dir.empty(), "run.dir must not be empty");
   require(base::is_printable(run.name),
           "run.name (--run-name) '" + base::printable(run.name) +

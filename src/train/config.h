@@ -48,7 +48,7 @@ struct SpeedConfig {
   bool fused_optimizer = true;  // clip + AdamW + EMA + LR on the device, no host sync
   bool recompute = false;       // recompute each block's activations in backward (less memory)
   bool gelu_recompute = false;  // keep only the MLPs' pre-activations, GELU again in backward (less memory, slower)
-  std::string attention = "own";  // own: our whole-head attention kernels where they apply | cudnn: cuDNN's fused
+  std::string attention = "whole_head";  // whole_head: our whole-head attention kernels where they apply | cudnn: cuDNN's fused
   std::string weight_grad_stream = "auto";  // weight gradients on a second stream: auto (by size) | on | off
   int64_t gemm_tune = ops::kDefaultGemmTuneCandidates;  // cuBLASLt candidates timed per product, 0..64 (0: first pick)
 };
@@ -86,7 +86,7 @@ struct HealthConfig {
 
 // Data parallel over processes (docs/guide/multi-gpu.md): how long a rank
 // waits for the others, and how gradients are bucketed for the all-reduce.
-struct DistConfig {
+struct DistributedConfig {
   double timeout_s = 300;  // connecting to the master, and each collective; a dead rank is an error after this
   double bucket_mb = 25;   // gradients all-reduced together in flat buckets of this size
   // ZeRO-1: each rank keeps the AdamW moments of the parameters it owns only
@@ -109,7 +109,7 @@ struct TrainConfig {
   RunConfig run;
   SpeedConfig speed;
   HealthConfig health;
-  DistConfig dist;
+  DistributedConfig distributed;
 
   // Throws UsageError naming the key when a value cannot work.
   void validate() const;

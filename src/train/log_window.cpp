@@ -12,7 +12,7 @@
 #include "base/scope.h"
 #include "compat/compat.h"
 #include "data/batch_loader.h"
-#include "dist/group.h"
+#include "distributed/group.h"
 #include "observe/tensorboard/event_writer.h"
 #include "observe/tensorboard/health_events.h"
 #include "ops/cublaslt_workspace.h"

@@ -45,7 +45,7 @@ struct MemoryEstimate {
 // train.precision ("auto" resolves to bf16 on CUDA, fp32 on the CPU). In
 // doubles, so an absurd batch gives an absurd number rather than an overflow.
 // optimizer_shards: the ranks the AdamW moments are spread over
-// (dist.shard_optimizer: WORLD_SIZE; 1 otherwise).
+// (distributed.shard_optimizer: WORLD_SIZE; 1 otherwise).
 MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const std::string& precision,
                                         int optimizer_shards = 1);
 

@@ -12,7 +12,7 @@
 namespace perftrain::train {
 namespace {
 
-// "graph = true, ..., attention = 'own', ...": every [speed] key as resolved.
+// "graph = true, ..., attention = 'whole_head', ...": every [speed] key as resolved.
 std::string speed_settings(const TrainConfig& cfg) {
   std::string out;
   for (const auto& [key, value] : config_fields(cfg, "speed")) out += (out.empty() ? "" : ", ") + key + " = " + value;

@@ -10,7 +10,7 @@
 #include <numeric>
 
 #include "base/error.h"
-#include "dist/group.h"
+#include "distributed/group.h"
 
 namespace perftrain::train {
 
@@ -36,7 +36,7 @@ int64_t state_bytes(const std::vector<std::pair<std::string, at::Tensor>>& state
   return b;
 }
 
-OptimizerShards::OptimizerShards(dist::Group& group, std::vector<std::pair<std::string, at::Tensor>> params,
+OptimizerShards::OptimizerShards(distributed::Group& group, std::vector<std::pair<std::string, at::Tensor>> params,
                                  double bucket_mb)
     : group_(group),
       params_(std::move(params)),

@@ -1,4 +1,4 @@
-// ZeRO-1 (dist.shard_optimizer; docs/guide/multi-gpu.md): optimizer-state
+// ZeRO-1 (distributed.shard_optimizer; docs/guide/multi-gpu.md): optimizer-state
 // sharding over the ranks of a data-parallel run.
 //
 // Each parameter tensor has one owner rank: whole tensors, assigned largest
@@ -8,7 +8,7 @@
 // (and step counters) of its own parameters only and updates only those; every
 // rank still holds the whole gradient (averaged), so the gradient norm and
 // clipping see all of it. After the update each owner broadcasts its updated
-// fp32 weights (in flat buckets of dist.bucket_mb) and every rank then holds
+// fp32 weights (in flat buckets of distributed.bucket_mb) and every rank then holds
 // the same weights. Replicated on every rank: the fp32 weights (the model's
 // parameters, which every forward reads), the bf16 copies the device
 // optimizer keeps (each rank casts the received weights: no traffic) and the
@@ -30,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-namespace perftrain::dist {
+namespace perftrain::distributed {
 class Group;
 }
 
@@ -42,8 +42,8 @@ std::vector<int> shard_owners(const std::vector<int64_t>& numels, int world_size
 class OptimizerShards {
  public:
   // params: the model's parameters in the optimizer's order; bucket_mb: the
-  // broadcast's bucket size (dist.bucket_mb).
-  OptimizerShards(dist::Group& group, std::vector<std::pair<std::string, at::Tensor>> params, double bucket_mb);
+  // broadcast's bucket size (distributed.bucket_mb).
+  OptimizerShards(distributed::Group& group, std::vector<std::pair<std::string, at::Tensor>> params, double bucket_mb);
 
   // Per parameter: whether this rank owns it (DeviceOptimizer's `owned`).
   const std::vector<bool>& owned() const { return owned_; }
@@ -67,7 +67,7 @@ class OptimizerShards {
   int64_t full_state_bytes() const;  // the unsharded AdamW moments and step counters, fp32
 
  private:
-  dist::Group& group_;
+  distributed::Group& group_;
   std::vector<std::pair<std::string, at::Tensor>> params_;
   std::vector<int> owner_;
   std::vector<bool> owned_;

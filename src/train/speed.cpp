@@ -3,15 +3,15 @@
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
 #include "ops/cublaslt_workspace.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 
 namespace perftrain::train {
 
 void apply_speed_settings(const SpeedConfig& speed) {
   validate_speed(speed);
   // Our attention backward needs our forward's saved state: both go together.
-  ops::set_own_attention_forward(speed.attention == "own");
-  ops::set_own_attention_backward(speed.attention == "own");
+  ops::set_whole_head_attention_forward(speed.attention == "whole_head");
+  ops::set_whole_head_attention_backward(speed.attention == "whole_head");
   ops::set_weight_grad_stream_mode(speed.weight_grad_stream == "on"    ? ops::WeightGradStreamMode::kOn
                                    : speed.weight_grad_stream == "off" ? ops::WeightGradStreamMode::kOff
                                                                        : ops::WeightGradStreamMode::kAuto);

@@ -30,10 +30,10 @@
 #include "compat/compat.h"
 #include "ops/compute_weights.h"
 #include "ops/cublaslt_workspace.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 #include "train/adamw.h"
-#include "dist/grad_buckets.h"
-#include "dist/group.h"
+#include "distributed/grad_buckets.h"
+#include "distributed/group.h"
 #include "train/device_optimizer.h"
 #include "train/ema.h"
 #include "train/grad_clip.h"
@@ -54,13 +54,13 @@ struct StepRunner::Impl {
   models::DiTExecution execution;          // how the model's blocks run
   std::vector<at::Tensor> params, ema_params;
   // Data parallel: the gradients' buckets, all-reduced as backward fills them.
-  std::unique_ptr<dist::GradBuckets> buckets;
+  std::unique_ptr<distributed::GradBuckets> buckets;
 
   // The optimizer: on the device (capturable), or ATen's AdamW with a host LR.
   std::unique_ptr<DeviceOptimizer> device_optimizer;
   ops::ComputeWeights compute_weights;  // its bf16 parameter copies, read by the fused ops
   std::unique_ptr<AdamW> adamw;
-  // ZeRO-1 (dist.shard_optimizer): the optimizer updates this rank's
+  // ZeRO-1 (distributed.shard_optimizer): the optimizer updates this rank's
   // parameters only, then the owners' weights go to every rank.
   std::unique_ptr<OptimizerShards> shards;
   int64_t updates = 0;  // host path: updates taken, for the LR and EMA schedules
@@ -191,7 +191,7 @@ struct StepRunner::Impl {
 
   // Data parallel: every rank's gradients replaced by their mean, before
   // the gradient norm, clipping and the update see them. The buckets leave
-  // during backward as their gradients arrive (dist/grad_buckets.h); the
+  // during backward as their gradients arrive (distributed/grad_buckets.h); the
   // end of backward sends the rest and joins.
   void begin_averaging() {
     if (buckets) buckets->begin();
@@ -216,9 +216,9 @@ struct StepRunner::Impl {
       if (weight_grad_stream && !weight_uses_checked) check_weight_uses(loss);
       {
         // Weight gradients on a second stream beside the input gradients,
-        // joined before the optimizer reads them (ops/weight_grad_lane.h).
+        // joined before the optimizer reads them (ops/weight_grad_stream.h).
         PERFTRAIN_SCOPE("backward");
-        const ops::WeightGradOverlap overlap(weight_grad_stream, device);
+        const ops::WeightGradStream overlap(weight_grad_stream, device);
         begin_averaging();
         loss.backward();
       }
@@ -285,7 +285,7 @@ struct StepRunner::Impl {
     }
   }
 
-  // The side stream needs each weight used once per step (ops/weight_grad_lane.h);
+  // The side stream needs each weight used once per step (ops/weight_grad_stream.h);
   // a model that shares weights runs its backward on one stream.
   void check_weight_uses(const at::Tensor& loss) {
     weight_uses_checked = true;
@@ -449,18 +449,18 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
   // batch, of which each data-parallel rank holds 1/N).
   const int64_t rows_per_rank = cfg.optim.batch_size / (opts.group != nullptr ? opts.group->world_size() : 1);
   s.weight_grad_stream = s.execution.fused_kernels && !speed.recompute &&
-                         ops::weight_grad_overlap_for(rows_per_rank * cfg.model.sequence_tokens(), cfg.model.hidden);
+                         ops::weight_grad_stream_for(rows_per_rank * cfg.model.sequence_tokens(), cfg.model.hidden);
 
   s.params = model.parameters();
   if (ema != nullptr) s.ema_params = ema->parameters();
-  if (cfg.dist.shard_optimizer && opts.group != nullptr)
-    s.shards = std::make_unique<OptimizerShards>(*opts.group, model.named_parameters(), cfg.dist.bucket_mb);
+  if (cfg.distributed.shard_optimizer && opts.group != nullptr)
+    s.shards = std::make_unique<OptimizerShards>(*opts.group, model.named_parameters(), cfg.distributed.bucket_mb);
   if (opts.group != nullptr) {
-    dist::GradBucketOptions bo;
-    bo.bucket_mb = cfg.dist.bucket_mb;
+    distributed::GradBucketOptions bo;
+    bo.bucket_mb = cfg.distributed.bucket_mb;
     // A bucket's weight gradients may still be written on their own stream.
     bo.before_send = [] { ops::current_stream_waits_for_weight_grads(); };
-    s.buckets = std::make_unique<dist::GradBuckets>(*opts.group, s.params, bo);
+    s.buckets = std::make_unique<distributed::GradBuckets>(*opts.group, s.params, bo);
   }
   if (cuda && speed.fused_optimizer) {
     DeviceOptimizerOptions o;

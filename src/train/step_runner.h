@@ -28,7 +28,7 @@
 #include "train/config.h"
 #include "train/nan_locator.h"
 
-namespace perftrain::dist {
+namespace perftrain::distributed {
 class Group;
 }
 
@@ -47,9 +47,9 @@ struct StepOptions {
   // of the global batch; the timesteps, noise and label dropout are drawn for
   // the global batch (the same generator state on every rank) and sliced, and
   // the gradients are averaged over the ranks between backward and the
-  // optimizer, in buckets sent during backward (dist/grad_buckets.h); on
+  // optimizer, in buckets sent during backward (distributed/grad_buckets.h); on
   // CUDA (NCCL) inside the captured step too. null: one process.
-  dist::Group* group = nullptr;
+  distributed::Group* group = nullptr;
 };
 
 // Loss terms summed on the device since the last take_window().
@@ -96,12 +96,12 @@ class StepRunner {
   const std::string& graph_status() const { return graph_status_; }
   bool graph_active() const;
   // Whether the backward runs its weight gradients on a second stream
-  // (fused kernels without recompute, and ops::weight_grad_overlap_for's rule,
+  // (fused kernels without recompute, and ops::weight_grad_stream_for's rule,
   // speed.weight_grad_stream; turned off at the first step for a model that
   // uses a weight twice, and the note says so: "" otherwise).
   bool weight_grad_stream() const;
   const std::string& weight_grad_note() const;
-  // Data parallel: how the gradients are all-reduced (dist::GradBuckets::describe()); "" in one process.
+  // Data parallel: how the gradients are all-reduced (distributed::GradBuckets::describe()); "" in one process.
   std::string data_parallel_note() const;
 
   // Gradient health (health.monitor_every > 0; train/grad_monitor.h): the
@@ -119,12 +119,12 @@ class StepRunner {
   NonFiniteSite locate_nonfinite(int64_t step);
 
   // Optimizer state for checkpoints, named as AdamW::state() names it.
-  // With dist.shard_optimizer a collective (every rank calls it): the whole
+  // With distributed.shard_optimizer a collective (every rank calls it): the whole
   // state gathered on rank 0 (host copies), empty on the other ranks; loading
   // takes each rank's own parameters' part of a whole state.
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
   void load_optimizer_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
-  // dist.shard_optimizer: "optimizer state sharded over N ranks: ... here of ..."; "" when not sharded.
+  // distributed.shard_optimizer: "optimizer state sharded over N ranks: ... here of ..."; "" when not sharded.
   std::string optimizer_sharding() const;
   // Updates taken (steps minus fp16 skips), for the EMA warm-up on resume.
   void set_updates_taken(int64_t n);

@@ -5,7 +5,7 @@
 
 #include "base/scope.h"
 #include "data/batch_loader.h"
-#include "dist/group.h"
+#include "distributed/group.h"
 #include "train/run_profiler.h"
 
 namespace perftrain::train {

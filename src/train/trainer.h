@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "data/dataset.h"
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 #include "models/diffusion_model.h"
 #include "observe/grad_health.h"
 #include "train/checkpoint.h"
@@ -27,7 +27,7 @@
 #include "train/signals.h"
 #include "train/step_runner.h"
 
-namespace perftrain::dist {
+namespace perftrain::distributed {
 class Group;
 }
 namespace perftrain::data {
@@ -162,11 +162,11 @@ class Trainer {
   TrainConfig cfg_;
   TrainOptions opts_;
   std::ostream& log_;
-  dist::LaunchEnv launch_;
+  distributed::LaunchEnv launch_;
   at::Device device_{at::kCPU};
   std::string precision_;
   std::optional<StopSignals> stop_signals_;
-  std::unique_ptr<dist::Group> group_;
+  std::unique_ptr<distributed::Group> group_;
   std::unique_ptr<data::Dataset> dataset_;
   std::string run_path_, resume_dir_;
   std::unique_ptr<RunDirectory> run_;  // rank 0's; null on the other ranks

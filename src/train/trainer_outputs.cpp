@@ -5,7 +5,7 @@
 
 #include "base/scope.h"
 #include "compat/compat.h"
-#include "dist/group.h"
+#include "distributed/group.h"
 #include "observe/plot/svg_plot.h"
 #include "observe/tensorboard/event_writer.h"
 #include "observe/tensorboard/health_events.h"
@@ -36,7 +36,7 @@ void Trainer::outputs_after_step(int64_t step, int stop) {
 // Never a checkpoint from non-finite weights (the guard keeps them finite;
 // this is the last line of defence).
 void Trainer::save() {
-  // dist.shard_optimizer: gathering the state is a collective (the whole state on rank 0).
+  // distributed.shard_optimizer: gathering the state is a collective (the whole state on rank 0).
   const io::NamedTensors optimizer_state = runner_->optimizer_state();
   if (!run_) return;  // data parallel: rank 0 saves
   PERFTRAIN_SCOPE("checkpoint");

@@ -9,7 +9,7 @@
 #include "base/fs.h"
 #include "compat/compat.h"
 #include "data/batch_loader.h"
-#include "dist/group.h"
+#include "distributed/group.h"
 #include "observe/tensorboard/event_writer.h"
 #include "train/memory_estimate.h"
 #include "train/progress.h"
@@ -90,8 +90,8 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opts, std::ostream&
   // From here a first SIGINT/SIGTERM stops the run after its current step.
   if (opts_.save_on_signal) stop_signals_.emplace();
   if (launch_.distributed())
-    group_ = std::make_unique<dist::Group>(launch_, device_,
-                                           dist::GroupOptions{cfg_.dist.timeout_s, cfg_.dist.bucket_mb});
+    group_ = std::make_unique<distributed::Group>(launch_, device_,
+                                           distributed::GroupOptions{cfg_.distributed.timeout_s, cfg_.distributed.bucket_mb});
   open_dataset();
   open_run_directory();
   build_model_and_runner();
@@ -109,7 +109,7 @@ Trainer::~Trainer() = default;
 void Trainer::check_config() {
   cfg_.validate();
   apply_speed_settings(cfg_.speed);
-  launch_ = dist::launch_env();
+  launch_ = distributed::launch_env();
   if (launch_.distributed() && cfg_.optim.batch_size % launch_.world_size != 0)
     throw UsageError("train.batch_size = " + std::to_string(cfg_.optim.batch_size) +
                      " is the global batch and must divide by WORLD_SIZE = " + std::to_string(launch_.world_size));
@@ -131,7 +131,7 @@ void Trainer::check_memory() const {
   TrainConfig per_rank = cfg_;  // what one process holds
   per_rank.optim.batch_size /= launch_.world_size;
   check_memory_fits(per_rank, device_.is_cuda(), precision_, memory_available_for_training(device_.is_cuda()),
-                    cfg_.dist.shard_optimizer ? launch_.world_size : 1);
+                    cfg_.distributed.shard_optimizer ? launch_.world_size : 1);
 }
 
 void Trainer::open_dataset() {

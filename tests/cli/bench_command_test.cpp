@@ -205,7 +205,7 @@ TEST(CliBench, BadOptionsExitTwo) {
            {"bench --device cpu --cooldown -1", "--cooldown"},
            {"bench --device cpu --set speed.attention=flash", "speed.attention 'flash' (expected own or cudnn)"},
            {"bench --device cpu --set speed.gemm_tune=99", "speed.gemm_tune 99"},
-           {"bench --device cpu --set sped.attention=own", "[speed]"},
+           {"bench --device cpu --set sped.attention=whole_head", "[speed]"},
        }) {
     auto r = run(args + out);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;

@@ -23,7 +23,7 @@ TEST(BenchDataParallelGpu, OneRankNcclGroupBesideOneProcess) {
   const auto r = perftrain::testing::run_shell(
       "timeout -k 5 300 " + std::string(PERFTRAIN_BINARY) +
       " bench --nproc-per-node 1 --device cuda --model DiT-T/4 --batch 16 --variants eager-bf16,all --steps 6"
-      " --warmup 5 --set dist.timeout_s=120 --out " + tmp.file("b"));
+      " --warmup 5 --set distributed.timeout_s=120 --out " + tmp.file("b"));
   if (r.output.find("built without NCCL") != std::string::npos) GTEST_SKIP() << "this build has no NCCL";
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("data parallel: 1 rank over nccl"), std::string::npos) << r.output;

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "base/fs.h"
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 #include "support/test_support.h"
 
 namespace {
@@ -24,7 +24,7 @@ using perftrain::testing::TempDir;
 
 const std::string kTiny =
     " bench --device cpu --model DiT-T/4 --batch 2 --steps 3 --warmup 1 --variants eager-fp32"
-    " --set dist.timeout_s=60";
+    " --set distributed.timeout_s=60";
 
 perftrain::testing::CommandResult run(const std::string& args, const std::string& env = "") {
   return perftrain::testing::run_shell(env + " timeout -k 5 240 " + std::string(PERFTRAIN_BINARY) + args);
@@ -107,7 +107,7 @@ TEST(BenchDataParallel, OneRankAndRanksStartedByTorchrunVariables) {
   expect_data_parallel_report(nlohmann::json::parse(read_raw(tmp.file("one/bench.json"))), 1);
   EXPECT_TRUE(contains(r.output, "batch 2 eager-fp32, 1 rank:")) << r.output;
 
-  const std::string port = std::to_string(perftrain::dist::free_loopback_port("test"));
+  const std::string port = std::to_string(perftrain::distributed::free_loopback_port("test"));
   const std::string vars = "LOCAL_WORLD_SIZE=2 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port;
   const std::string bin = " timeout -k 5 240 " + std::string(PERFTRAIN_BINARY) + kTiny + " --out " + tmp.file("tr");
   r = perftrain::testing::run_shell("(RANK=1 LOCAL_RANK=1 " + vars + bin + " > " + tmp.file("rank1.log") +

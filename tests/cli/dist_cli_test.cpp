@@ -42,7 +42,7 @@ const std::string kTiny =
     " --set model.depth=1 --set model.hidden=32 --set model.heads=2 --set model.patch=4 --set model.image_size=8"
     " --set model.in_channels=2 --set model.num_classes=3 --set model.class_dropout=0.3"
     " --set log.sample_every=0 --set log.every=1 --set log.sample_per_class=1 --set log.sample_classes=2"
-    " --set diffusion.sample_steps=1 --set log.tensorboard=false --set dist.timeout_s=30 --set log.checkpoint_every=0";
+    " --set diffusion.sample_steps=1 --set log.tensorboard=false --set distributed.timeout_s=30 --set log.checkpoint_every=0";
 
 using perftrain::testing::dist_runs::latest;
 using perftrain::testing::dist_runs::losses;
@@ -252,7 +252,7 @@ void expect_killed_rank_fails_the_run(int victim_rank) {
   const pid_t victim = rank_pid(l.pid, victim_rank);
   ASSERT_GT(victim, 0);
   ::kill(victim, SIGKILL);
-  const int code = wait_exit(l.pid, 90);  // dist.timeout_s = 30 bounds every wait
+  const int code = wait_exit(l.pid, 90);  // distributed.timeout_s = 30 bounds every wait
   const std::string out = read_raw(tmp.file("out.log"));
   EXPECT_NE(code, -1) << "the run hung\n" << out;
   EXPECT_NE(code, 0) << out;

@@ -1,4 +1,4 @@
-// ZeRO-1 (dist.shard_optimizer = true) on the CPU over Gloo, as a user runs
+// ZeRO-1 (distributed.shard_optimizer = true) on the CPU over Gloo, as a user runs
 // it (perftrain train --nproc-per-node N): 2 and 3 sharded ranks train as one
 // unsharded process does (losses, weights, EMA, and the whole optimizer state
 // rank 0 gathers into the checkpoint); each rank holds a share of the state
@@ -31,8 +31,8 @@ const std::string kTiny =
     " --set model.in_channels=2 --set model.num_classes=3 --set model.class_dropout=0.3"
     " --set train.grad_clip=0.05 --set train.weight_decay=0.01"
     " --set log.sample_every=0 --set log.every=1 --set log.sample_per_class=1 --set log.sample_classes=2"
-    " --set diffusion.sample_steps=1 --set log.tensorboard=false --set dist.timeout_s=30 --set log.checkpoint_every=0";
-const std::string kShard = " --set dist.shard_optimizer=true";
+    " --set diffusion.sample_steps=1 --set log.tensorboard=false --set distributed.timeout_s=30 --set log.checkpoint_every=0";
+const std::string kShard = " --set distributed.shard_optimizer=true";
 
 using perftrain::testing::dist_runs::latest;
 using perftrain::testing::dist_runs::losses;

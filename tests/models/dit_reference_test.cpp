@@ -17,7 +17,7 @@
 #include "io/safetensors.h"
 #include "support/test_support.h"
 #include "models/dit.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 
 namespace perftrain::models {
 namespace {

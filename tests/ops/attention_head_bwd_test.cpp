@@ -11,11 +11,11 @@ namespace perftrain::ops {
 namespace {
 
 TEST(AttentionHeadBwd, SwitchIsOnByDefaultAndSettable) {
-  EXPECT_TRUE(own_attention_backward());
-  set_own_attention_backward(false);
-  EXPECT_FALSE(own_attention_backward());
-  set_own_attention_backward(true);
-  EXPECT_TRUE(own_attention_backward());
+  EXPECT_TRUE(whole_head_attention_backward());
+  set_whole_head_attention_backward(false);
+  EXPECT_FALSE(whole_head_attention_backward());
+  set_whole_head_attention_backward(true);
+  EXPECT_TRUE(whole_head_attention_backward());
 }
 
 // The shapes both whole-head kernels take: bf16 CUDA [B, 256, 3D] with head

@@ -11,11 +11,11 @@ namespace perftrain::ops {
 namespace {
 
 TEST(AttentionHeadFwd, SwitchIsOnByDefaultAndSettable) {
-  EXPECT_TRUE(own_attention_forward());
-  set_own_attention_forward(false);
-  EXPECT_FALSE(own_attention_forward());
-  set_own_attention_forward(true);
-  EXPECT_TRUE(own_attention_forward());
+  EXPECT_TRUE(whole_head_attention_forward());
+  set_whole_head_attention_forward(false);
+  EXPECT_FALSE(whole_head_attention_forward());
+  set_whole_head_attention_forward(true);
+  EXPECT_TRUE(whole_head_attention_forward());
 }
 
 TEST(AttentionHeadFwd, StepsAsideOnTheCpuAndOnOtherShapes) {

@@ -75,8 +75,8 @@ TEST(ProjectedAttentionGpu, MatchesFp32ReferenceAndTheUnfusedOps) {
   const int64_t fallbacks_before = gemm_fallback_count();
   // cuDNN's attention backward on both sides, so that the fusion is compared
   // on the same dq/dk/dv (ours is compared with cuDNN's in its own test).
-  const bool was_own = own_attention_backward();
-  set_own_attention_backward(false);
+  const bool was_own = whole_head_attention_backward();
+  set_whole_head_attention_backward(false);
   // DiT-S/2's head dim 64, DiT-XL/2's 72, odd token counts, a single sample.
   for (const Shape s : {Shape{3, 17, 96, 3}, Shape{2, 256, 144, 2}, Shape{4, 64, 384, 6}, Shape{1, 33, 128, 2}}) {
     const Inputs in = random_inputs(s, g);
@@ -117,7 +117,7 @@ TEST(ProjectedAttentionGpu, MatchesFp32ReferenceAndTheUnfusedOps) {
         << what << " unfused db_k";
   }
   EXPECT_EQ(gemm_fallback_count(), fallbacks_before) << "cuBLASLt refused a product on these shapes";
-  set_own_attention_backward(was_own);
+  set_whole_head_attention_backward(was_own);
 }
 
 // The whole-head backward (ops/attention_head_bwd, sm_90 only, 256 tokens,
@@ -131,12 +131,12 @@ TEST(ProjectedAttentionGpu, OwnBackwardMatchesReferenceAndCudnn) {
     const int64_t heads = s.heads;
     const auto attention = [&](auto x, auto wt, auto bt) { return projected_attention(x, wt, bt, heads); };
     const Grads ref = reference(in, heads);
-    const bool was_own = own_attention_backward();
-    set_own_attention_backward(false);
+    const bool was_own = whole_head_attention_backward();
+    set_whole_head_attention_backward(false);
     const Grads cudnn = run(attention, in);
-    set_own_attention_backward(true);
+    set_whole_head_attention_backward(true);
     const Grads own = run(attention, in);
-    set_own_attention_backward(was_own);
+    set_whole_head_attention_backward(was_own);
     const std::string what = describe(s);
     EXPECT_LT(rel_l2(own.dh, ref.dh), 2e-2) << what << " dh";
     EXPECT_LT(rel_l2(own.dw, ref.dw), 2e-2) << what << " dW";
@@ -154,16 +154,16 @@ TEST(ProjectedAttentionGpu, OwnForwardMatchesReferenceAndCudnn) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   if (at::cuda::getCurrentDeviceProperties()->major != 9) GTEST_SKIP() << "not sm_90";
   auto g = cuda_gen(44);
-  const bool was_fwd = own_attention_forward(), was_bwd = own_attention_backward();
-  set_own_attention_backward(true);
+  const bool was_fwd = whole_head_attention_forward(), was_bwd = whole_head_attention_backward();
+  set_whole_head_attention_backward(true);
   for (const Shape s : {Shape{2, 256, 128, 2}, Shape{3, 256, 384, 6}, Shape{2, 256, 216, 3}}) {
     const Inputs in = random_inputs(s, g);
     const int64_t heads = s.heads;
     const auto attention = [&](auto x, auto wt, auto bt) { return projected_attention(x, wt, bt, heads); };
     const Grads ref = reference(in, heads);
-    set_own_attention_forward(false);
+    set_whole_head_attention_forward(false);
     const Grads cudnn = run(attention, in);
-    set_own_attention_forward(true);
+    set_whole_head_attention_forward(true);
     const Grads own = run(attention, in);
     const std::string what = describe(s);
     EXPECT_LT(rel_l2(own.out, ref.out), 1.5e-2) << what << " out";
@@ -172,8 +172,8 @@ TEST(ProjectedAttentionGpu, OwnForwardMatchesReferenceAndCudnn) {
     EXPECT_LT(rel_l2(own.dw, ref.dw), 2e-2) << what << " dW";
     EXPECT_LT(rel_l2(own.dh, cudnn.dh), 1.5e-2) << what << " dh vs cuDNN's forward";
   }
-  set_own_attention_forward(was_fwd);
-  set_own_attention_backward(was_bwd);
+  set_whole_head_attention_forward(was_fwd);
+  set_whole_head_attention_backward(was_bwd);
 }
 
 TEST(ProjectedAttentionGpu, AccumulatingProductAddsToD) {

@@ -28,7 +28,7 @@
 #include "kernels/residual_rms_adaln.h"
 #include "ops/residual_rms_adaln.h"
 #include "ops/rms_adaln.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 #include "support/graph_checks.h"
 #include "support/row_op_checks.h"
 
@@ -411,7 +411,7 @@ TEST(ResidualRmsAdaLNGpu, ForwardAndBackwardCaptureInCudaGraph) {
       std::vector<at::Tensor> grads;
       at::Tensor x3, h3;
       {
-        const WeightGradOverlap lane(overlap, kCuda);
+        const WeightGradStream lane(overlap, kCuda);
         const auto c = mod.chunk(6, 1);
         const at::Tensor h0 = rms_adaln(x, ws[0], c[0], at::kBFloat16);
         const auto [x1, h1] = residual_rms_adaln(x, c[1], h0 * 2, ws[1], ws[2], c[2], at::kBFloat16);

@@ -25,7 +25,7 @@
 #include "compat/compat.h"
 #include "kernels/rms_adaln.h"
 #include "ops/rms_adaln.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 #include "support/graph_checks.h"
 #include "support/row_op_checks.h"
 
@@ -308,7 +308,7 @@ TEST(RmsAdaLNGpu, ForwardAndBackwardCaptureInCudaGraph) {
       std::vector<at::Tensor> grads;
       at::Tensor out;
       {
-        const WeightGradOverlap lane(overlap, kCuda);
+        const WeightGradStream lane(overlap, kCuda);
         const auto c = mod.chunk(3, 1);
         const at::Tensor h1 = rms_adaln(x, w1, c[0], at::kBFloat16);
         out = rms_adaln(h1 * 2, w2, c[1], at::kBFloat16);

@@ -22,7 +22,7 @@
 #include "compat/compat.h"
 #include "ops/compute_weights.h"
 #include "ops/stacked_linear.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 #include "support/tensor_checks.h"
 
 namespace perftrain::ops {
@@ -66,7 +66,7 @@ std::pair<at::Tensor, std::vector<at::Tensor>> run(const Layers& l, const Case& 
   at::Tensor y;
   std::vector<at::Tensor> grads;
   {
-    const WeightGradOverlap overlap(second_stream, kCuda);
+    const WeightGradStream overlap(second_stream, kCuda);
     EXPECT_EQ(overlap.active(), second_stream);
     y = stacked_linear(l.x, l.w, l.b);
     std::vector<at::Tensor> inputs{l.x};

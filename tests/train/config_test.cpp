@@ -68,7 +68,7 @@ TEST(TrainConfig, UnknownKeysSectionsAndWrongTypesAreUsageErrors) {
   EXPECT_NE(msg.find("[optimizer]"), std::string::npos) << msg;
   for (const char* section : {"[model]", "[data]", "[train]", "[diffusion]", "[log]", "[run]", "[speed]"})
     EXPECT_NE(msg.find(section), std::string::npos) << "should list every section: " << msg;
-  msg = error_of<UsageError>([&] { apply_override(c, "sped.attention=own"); });
+  msg = error_of<UsageError>([&] { apply_override(c, "sped.attention=whole_head"); });
   EXPECT_NE(msg.find("[speed]"), std::string::npos) << msg;
   msg = error_of<UsageError>([&] { apply_toml(c, "[train]\nsteps = \"many\"\n", "cfg.toml"); });
   EXPECT_NE(msg.find("integer"), std::string::npos) << msg;
@@ -100,10 +100,10 @@ TEST(TrainConfig, ValidateNamesTheBadValue) {
 // through config.toml and back, and a wrong value refused by validate().
 TEST(TrainConfig, SpeedKeysRoundTripAndAreValidated) {
   const TrainConfig d = default_config(true);
-  EXPECT_EQ(d.speed.attention, "own");
+  EXPECT_EQ(d.speed.attention, "whole_head");
   EXPECT_EQ(d.speed.weight_grad_stream, "auto");
   EXPECT_EQ(d.speed.gemm_tune, ops::kDefaultGemmTuneCandidates);
-  for (const char* attention : {"own", "cudnn"}) {
+  for (const char* attention : {"whole_head", "cudnn"}) {
     for (const char* stream : {"auto", "on", "off"}) {
       for (const char* tune : {"0", "1", "64"}) {
         TrainConfig a = default_config(true);

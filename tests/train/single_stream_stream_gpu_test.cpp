@@ -1,5 +1,5 @@
 // The single-stream DiT's fused step with its weight gradients on the second
-// stream (ops/weight_grad_lane.h) against the same step on one stream: the
+// stream (ops/weight_grad_stream.h) against the same step on one stream: the
 // products of stacked_linear ([gate; up] and the stacked adaLN, whose
 // gradients reach .grad as row blocks of one buffer), the norm weights'
 // batch sums of rms_adaln, residual_rms_adaln and qk_norm_rope all run there.
@@ -24,7 +24,7 @@
 
 #include "compat/compat.h"
 #include "models/diffusion_model.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 #include "support/tensor_checks.h"
 #include "train/step_runner.h"
 

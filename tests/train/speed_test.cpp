@@ -7,7 +7,7 @@
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
 #include "ops/cublaslt_workspace.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 #include "support/test_support.h"
 #include "train/speed.h"
 
@@ -26,22 +26,22 @@ TEST(SpeedSettings, ApplySetsTheOpsState) {
   s.weight_grad_stream = "off";
   s.gemm_tune = 0;
   apply_speed_settings(s);
-  EXPECT_FALSE(ops::own_attention_forward());
-  EXPECT_FALSE(ops::own_attention_backward());
+  EXPECT_FALSE(ops::whole_head_attention_forward());
+  EXPECT_FALSE(ops::whole_head_attention_backward());
   EXPECT_EQ(ops::weight_grad_stream_mode(), ops::WeightGradStreamMode::kOff);
   EXPECT_EQ(ops::gemm_tune_candidates(), 0);
 
-  s.attention = "own";
+  s.attention = "whole_head";
   s.weight_grad_stream = "on";
   s.gemm_tune = 64;
   apply_speed_settings(s);
-  EXPECT_TRUE(ops::own_attention_forward());
-  EXPECT_TRUE(ops::own_attention_backward());
+  EXPECT_TRUE(ops::whole_head_attention_forward());
+  EXPECT_TRUE(ops::whole_head_attention_backward());
   EXPECT_EQ(ops::weight_grad_stream_mode(), ops::WeightGradStreamMode::kOn);
   EXPECT_EQ(ops::gemm_tune_candidates(), 64);
 
   apply_speed_settings(SpeedConfig{});  // the defaults
-  EXPECT_TRUE(ops::own_attention_forward());
+  EXPECT_TRUE(ops::whole_head_attention_forward());
   EXPECT_EQ(ops::weight_grad_stream_mode(), ops::WeightGradStreamMode::kAuto);
   EXPECT_EQ(ops::gemm_tune_candidates(), ops::kDefaultGemmTuneCandidates);
 }
@@ -53,12 +53,12 @@ TEST(SpeedSettings, AWrongValueChangesNothing) {
   good.gemm_tune = 3;
   apply_speed_settings(good);
   SpeedConfig bad = good;
-  bad.attention = "own";
+  bad.attention = "whole_head";
   bad.weight_grad_stream = "sometimes";
   auto msg = perftrain::testing::error_of<UsageError>([&] { apply_speed_settings(bad); });
   EXPECT_NE(msg.find("speed.weight_grad_stream"), std::string::npos) << msg;
   EXPECT_NE(msg.find("auto, on or off"), std::string::npos) << msg;
-  EXPECT_FALSE(ops::own_attention_forward()) << "refused before anything was set";
+  EXPECT_FALSE(ops::whole_head_attention_forward()) << "refused before anything was set";
   EXPECT_EQ(ops::gemm_tune_candidates(), 3);
 }
 

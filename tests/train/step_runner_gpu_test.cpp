@@ -19,7 +19,7 @@
 
 #include "compat/compat.h"
 #include "models/dit.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 #include "support/tensor_checks.h"
 #include "train/step_runner.h"
 

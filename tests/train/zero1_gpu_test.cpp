@@ -1,4 +1,4 @@
-// ZeRO-1 (dist.shard_optimizer) on the GPU: the sharded device optimizer
+// ZeRO-1 (distributed.shard_optimizer) on the GPU: the sharded device optimizer
 // (multi-tensor kernel over the owned tensors, the others' gradients in
 // norm-only tables, follow_others' EMA and bf16 copies) simulated over 2 and
 // 3 ranks against one unsharded optimizer; and the step runner with sharding
@@ -16,8 +16,8 @@
 #include <map>
 
 #include "compat/compat.h"
-#include "dist/group.h"
-#include "dist/launch_env.h"
+#include "distributed/group.h"
+#include "distributed/launch_env.h"
 #include "models/dit.h"
 #include "train/sharded_optimizer_sim.h"
 #include "train/step_runner.h"
@@ -54,7 +54,7 @@ struct TrainedRun {
   std::string sharding, graph_status;
 };
 
-TrainedRun train(const TrainConfig& c, dist::Group& group, const std::vector<data::Batch>& data) {
+TrainedRun train(const TrainConfig& c, distributed::Group& group, const std::vector<data::Batch>& data) {
   const at::Device cuda(at::kCUDA, 0);
   models::DiT model(c.model, 7), ema(c.model, 7);
   model.transform([&](const std::string&, const at::Tensor& t) { return t.to(cuda); });
@@ -87,15 +87,15 @@ TrainedRun train(const TrainConfig& c, dist::Group& group, const std::vector<dat
 
 TEST(Zero1Gpu, NcclOneRankShardedRunnerTrainsAsUnsharded) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no CUDA GPU";
-  dist::LaunchEnv env;
+  distributed::LaunchEnv env;
   env.world_size = 1, env.master_addr = "127.0.0.1", env.from_env = true;
-  env.master_port = dist::free_loopback_port("test");
-  dist::GroupOptions go;
+  env.master_port = distributed::free_loopback_port("test");
+  distributed::GroupOptions go;
   go.timeout_s = 60;
   go.bucket_mb = 0.01;  // several broadcast buckets, and tensors larger than one
-  dist::Group group(env, at::Device(at::kCUDA, 0), go);
+  distributed::Group group(env, at::Device(at::kCUDA, 0), go);
   TrainConfig c = tiny();
-  c.dist.bucket_mb = 0.01;
+  c.distributed.bucket_mb = 0.01;
   std::vector<data::Batch> data;
   for (int i = 0; i < 6; ++i) {
     data::Batch b;
@@ -105,9 +105,9 @@ TEST(Zero1Gpu, NcclOneRankShardedRunnerTrainsAsUnsharded) {
   }
   for (const bool graph : {false, true}) {
     c.speed.graph = graph;
-    c.dist.shard_optimizer = false;
+    c.distributed.shard_optimizer = false;
     const TrainedRun plain = train(c, group, data);
-    c.dist.shard_optimizer = true;
+    c.distributed.shard_optimizer = true;
     const TrainedRun sharded = train(c, group, data);
     std::printf("%s: sharding line: %s\nstep: %s (unsharded: %s)\n", graph ? "graph" : "eager",
                 sharded.sharding.c_str(), sharded.graph_status.c_str(), plain.graph_status.c_str());

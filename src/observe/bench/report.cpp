@@ -45,7 +45,7 @@ std::string cell(std::string s) {
   return out;
 }
 
-// The [speed] values as JSON: a TOML literal string ('own') without its
+// The [speed] values as JSON: a TOML literal string ('whole_head') without its
 // quotes; booleans, numbers and basic strings read as JSON too; anything
 // else stays the TOML text.
 Json speed_json(const std::vector<std::pair<std::string, std::string>>& speed) {

@@ -37,7 +37,7 @@ struct BenchSettings {
   std::vector<std::string> variants;
   std::string precision = "bf16";  // of the mixed-precision variants
   // The [speed] config every variant ran with, key and value as config.toml
-  // writes them ("attention", "'own'"); graph, fused_kernels and
+  // writes them ("attention", "'whole_head'"); graph, fused_kernels and
   // fused_optimizer are each variant's own (its row says).
   std::vector<std::pair<std::string, std::string>> speed;
   int64_t steps = 30, warmup = 6, repeats = 1;

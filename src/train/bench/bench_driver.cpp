@@ -11,7 +11,7 @@
 
 #include "base/error.h"
 #include "base/fs.h"
-#include "dist/group.h"
+#include "distributed/group.h"
 #include "observe/bench/environment.h"
 #include "observe/bench/matmul_peak.h"
 #include "observe/bench/report.h"
@@ -44,7 +44,7 @@ TrainConfig bench_config(const BenchOptions& o, bool cuda) {
 // that needs more is a row with its out-of-memory error): the batch pool is
 // allocated for all of them.
 void check_batches_fit(const BenchPlan& p) {
-  const int shards = p.base.dist.shard_optimizer ? p.launch.world_size : 1;
+  const int shards = p.base.distributed.shard_optimizer ? p.launch.world_size : 1;
   for (int64_t b : p.batches) {
     const TrainConfig* leanest = nullptr;
     std::vector<TrainConfig> configs;
@@ -136,7 +136,7 @@ void cool_down(const BenchPlan& p, at::Device device) {
 // One (batch, variant) data parallel: rank 0 alone first (the others wait,
 // their GPUs idle), then all ranks; rank 0 adds both rows to the report.
 void measure_data_parallel(const BenchPlan& p, ob::BenchReport& report, const ob::Variant& v,
-                           const std::vector<data::Batch>& pool, at::Device device, dist::Group& group) {
+                           const std::vector<data::Batch>& pool, at::Device device, distributed::Group& group) {
   const auto& launch = p.launch;
   if (p.lead()) {
     cool_down(p, device);
@@ -166,7 +166,7 @@ void measure_data_parallel(const BenchPlan& p, ob::BenchReport& report, const ob
 }
 
 // Every (batch, variant), in order, into the report.
-void measure_all(const BenchPlan& p, ob::BenchReport& report, at::Device device, dist::Group* group) {
+void measure_all(const BenchPlan& p, ob::BenchReport& report, at::Device device, distributed::Group* group) {
   for (int64_t b : p.batches) {
     const auto pool = make_pool(p.base, b, p.cuda);
     for (const auto& v : p.variants) {
@@ -261,13 +261,13 @@ void finish_report(const BenchPlan& p, ob::BenchReport& report) {
 
 // The ranks' group (null for one process); on the CPU the ranks of a host
 // share its cores, each its share (the one-process rows too).
-std::unique_ptr<dist::Group> join_group(const BenchPlan& p, at::Device device) {
+std::unique_ptr<distributed::Group> join_group(const BenchPlan& p, at::Device device) {
   if (!p.data_parallel()) return nullptr;
   if (!p.cuda)
     at::set_num_threads(
         std::max(1, static_cast<int>(std::thread::hardware_concurrency() / p.launch.local_world_size)));
-  return std::make_unique<dist::Group>(p.launch, device,
-                                       dist::GroupOptions{p.base.dist.timeout_s, p.base.dist.bucket_mb});
+  return std::make_unique<distributed::Group>(p.launch, device,
+                                       distributed::GroupOptions{p.base.distributed.timeout_s, p.base.distributed.bucket_mb});
 }
 
 }  // namespace
@@ -278,7 +278,7 @@ BenchPlan plan_bench(const BenchOptions& options) {
   p.cuda = use_cuda(options.step.device);
   // Data parallel: this process is a rank when torchrun's variables are set
   // (by torchrun, Slurm, or bench --nproc-per-node in the parent).
-  p.launch = dist::launch_env();
+  p.launch = distributed::launch_env();
   p.batches = parse_batch_sizes(options.step.batch_sizes);
   const std::string variants =
       options.variants.empty() ? (p.cuda ? "eager-fp32,eager-bf16,fused,graph,all" : "eager-fp32") : options.variants;
@@ -301,7 +301,7 @@ void run_bench(const BenchPlan& p) {
   const at::Device device =
       p.cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(p.data_parallel() ? p.launch.local_rank : 0))
              : at::Device(at::kCPU);
-  std::unique_ptr<dist::Group> group = join_group(p, device);
+  std::unique_ptr<distributed::Group> group = join_group(p, device);
   if (p.lead()) fs::create_directories(p.options.step.out);
 
   const std::string source_dir = ob::find_source_dir();

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 #include "observe/bench/variants.h"
 #include "train/bench/measure_variant.h"
 #include "train/bench/step_setup.h"
@@ -38,7 +38,7 @@ struct BenchOptions {
 struct BenchPlan {
   BenchOptions options;
   bool cuda = false;
-  dist::LaunchEnv launch;      // data parallel when launch.from_env
+  distributed::LaunchEnv launch;      // data parallel when launch.from_env
   std::vector<int64_t> batches;
   std::vector<observe::bench::Variant> variants;
   std::vector<std::string> torch_modes;

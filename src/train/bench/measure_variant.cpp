@@ -12,7 +12,7 @@
 #include "base/fs.h"
 #include "compat/compat.h"
 #include "data/dataset.h"
-#include "dist/group.h"
+#include "distributed/group.h"
 #include "io/atomic_file.h"
 #include "models/diffusion_model.h"
 #include "observe/bench/environment.h"
@@ -32,7 +32,7 @@ using Clock = std::chrono::steady_clock;
 double gib(int64_t bytes) { return static_cast<double>(bytes) / (1ull << 30); }
 
 // The step torch's reference times: no gradient norm (it does not clip).
-StepOptions step_options(const TrainConfig& cfg, dist::Group* group) {
+StepOptions step_options(const TrainConfig& cfg, distributed::Group* group) {
   StepOptions so;
   so.precision = cfg.optim.precision;
   so.group = group;  // data parallel: the trainer's step over the ranks
@@ -85,7 +85,7 @@ void profile_kernels(const ob::BenchRow& row, const Timing& t, const TrainConfig
 // from the start of the build; warm-up; `repeats` windows of `steps` timed
 // steps. Everything it allocated is freed when it returns.
 void measure_variant(ob::BenchRow& row, const Timing& t, const TrainConfig& cfg, const std::vector<data::Batch>& pool,
-                     at::Device device, std::optional<double> peak, dist::Group* group) {
+                     at::Device device, std::optional<double> peak, distributed::Group* group) {
   const StepOptions so = step_options(cfg, group);
   // The capture happens at step so.warmup_steps + 1; time from one replay after.
   const int64_t warmup = std::max<int64_t>({t.warmup, 1, cfg.speed.graph ? so.warmup_steps + 2 : 0});
@@ -135,7 +135,7 @@ void measure_variant(ob::BenchRow& row, const Timing& t, const TrainConfig& cfg,
 
 // The row's description of the step, before it runs.
 ob::BenchRow describe_row(const TrainConfig& cfg, const Timing& t, const ob::Variant& v, int64_t per_rank,
-                          dist::Group* group) {
+                          distributed::Group* group) {
   ob::BenchRow row;
   row.model = cfg.model.name;
   row.batch = per_rank;
@@ -191,7 +191,7 @@ TrainConfig variant_config(const TrainConfig& base, const ob::Variant& v, int64_
 
 ob::BenchRow run_variant(const Timing& t, const TrainConfig& base, const ob::Variant& v,
                          const std::vector<data::Batch>& pool, at::Device device, std::optional<double> peak_tflops,
-                         dist::Group* group) {
+                         distributed::Group* group) {
   const int64_t per_rank = pool.front().x.size(0);
   const TrainConfig cfg = variant_config(base, v, per_rank * (group ? group->world_size() : 1));
   ob::BenchRow row = describe_row(cfg, t, v, per_rank, group);

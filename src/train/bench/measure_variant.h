@@ -15,7 +15,7 @@
 #include "observe/bench/variants.h"
 #include "train/config.h"
 
-namespace perftrain::dist {
+namespace perftrain::distributed {
 class Group;
 }
 
@@ -48,6 +48,6 @@ TrainConfig variant_config(const TrainConfig& base, const observe::bench::Varian
 // the global batch, as the trainer's).
 observe::bench::BenchRow run_variant(const Timing& t, const TrainConfig& base, const observe::bench::Variant& v,
                                      const std::vector<data::Batch>& pool, at::Device device,
-                                     std::optional<double> peak_tflops, dist::Group* group = nullptr);
+                                     std::optional<double> peak_tflops, distributed::Group* group = nullptr);
 
 }  // namespace perftrain::train::bench

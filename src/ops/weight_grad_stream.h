@@ -8,7 +8,7 @@
 // tiles or less, and the step is a chain of ~700 short kernels). Inside a captured step the two
 // streams become two branches of the graph, which the GPU runs concurrently.
 //
-// While a WeightGradOverlap scope is alive, the backward ops (linear,
+// While a WeightGradStream scope is alive, the backward ops (linear,
 // gelu_mlp, projected_attention) hand their weight-gradient work to
 // run_weight_grads(): it forks the side stream from the current one, runs
 // the work there and keeps the tensors it reads alive. Memory stays bounded:
@@ -48,29 +48,29 @@ constexpr int kWeightGradLag = 2;
 // than rows switches wider models off sooner, as their products of the same
 // rows fill the GPU sooner (B/2 at half the rows gains as S/2 does).
 constexpr int64_t kWeightGradStreamMaxElements = int64_t(32768) * 384;
-bool weight_grad_overlap_for(int64_t rows, int64_t hidden);
+bool weight_grad_stream_for(int64_t rows, int64_t hidden);
 // The size rule alone (rows x hidden <= kWeightGradStreamMaxElements),
 // whatever the mode: for choices that must not change with the mode, so that
 // one stream and two give the same bits (gelu_mlp's GELU-backward form).
 bool weight_grad_stream_size_rule(int64_t rows, int64_t hidden);
 
-// The rule weight_grad_overlap_for applies (the [speed] key
+// The rule weight_grad_stream_for applies (the [speed] key
 // weight_grad_stream): by size (kAuto, the default), at every size, never.
 // Process-wide; set before the first step.
 enum class WeightGradStreamMode { kAuto, kOn, kOff };
 void set_weight_grad_stream_mode(WeightGradStreamMode mode);
 WeightGradStreamMode weight_grad_stream_mode();
 
-class WeightGradOverlap {
+class WeightGradStream {
  public:
   // Active when `enabled`, on a CUDA device, and no other scope is active.
   // The side stream and its cuBLASLt workspace are made on first use, which
   // must be outside a CUDA graph capture: a scope opened first inside a
   // capture stays inactive (the work then runs inline, still correct).
-  WeightGradOverlap(bool enabled, const at::Device& device);
-  ~WeightGradOverlap();  // joins (the current stream waits for the side stream)
-  WeightGradOverlap(const WeightGradOverlap&) = delete;
-  WeightGradOverlap& operator=(const WeightGradOverlap&) = delete;
+  WeightGradStream(bool enabled, const at::Device& device);
+  ~WeightGradStream();  // joins (the current stream waits for the side stream)
+  WeightGradStream(const WeightGradStream&) = delete;
+  WeightGradStream& operator=(const WeightGradStream&) = delete;
   bool active() const { return active_; }
 
  private:

@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "compat/compat.h"
-#include "dist/grad_buckets.h"
-#include "dist/group.h"
-#include "dist/launch_env.h"
+#include "distributed/grad_buckets.h"
+#include "distributed/group.h"
+#include "distributed/launch_env.h"
 #include "models/dit.h"
 #include "support/tensor_checks.h"
 #include "train/step_runner.h"
@@ -34,14 +34,14 @@
 namespace perftrain {
 namespace {
 
-std::unique_ptr<dist::Group> nccl_one_rank(double bucket_mb) {
-  dist::LaunchEnv env;
+std::unique_ptr<distributed::Group> nccl_one_rank(double bucket_mb) {
+  distributed::LaunchEnv env;
   env.world_size = 1, env.master_addr = "127.0.0.1", env.from_env = true;
-  env.master_port = dist::free_loopback_port("test");
-  dist::GroupOptions o;
+  env.master_port = distributed::free_loopback_port("test");
+  distributed::GroupOptions o;
   o.timeout_s = 60;
   o.bucket_mb = bucket_mb;
-  return std::make_unique<dist::Group>(env, at::Device(at::kCUDA, 0), o);
+  return std::make_unique<distributed::Group>(env, at::Device(at::kCUDA, 0), o);
 }
 
 train::TrainConfig tiny() {
@@ -52,7 +52,7 @@ train::TrainConfig tiny() {
     train::apply_override(c, o);
   c.model.learn_sigma = true;
   c.diffusion.objective = "ddpm";
-  c.dist.bucket_mb = 0.05;  // ~50 KB: several buckets in this small model
+  c.distributed.bucket_mb = 0.05;  // ~50 KB: several buckets in this small model
   return c;
 }
 
@@ -63,7 +63,7 @@ struct Trained {
   bool weight_grad_stream = false;
 };
 
-Trained train_steps(const train::TrainConfig& c, const std::vector<data::Batch>& data, dist::Group* group) {
+Trained train_steps(const train::TrainConfig& c, const std::vector<data::Batch>& data, distributed::Group* group) {
   const at::Device cuda(at::kCUDA, 0);
   models::DiT model(c.model, 7), ema(c.model, 7);
   model.transform([&](const std::string&, const at::Tensor& t) { return t.to(cuda); });
@@ -106,7 +106,7 @@ TEST(DistGpu, OneRankGroupStepIsCapturedAndTrainsLikeNoGroup) {
     b.y = at::randint(c.model.num_classes, {c.optim.batch_size}, at::kLong).pin_memory();
     data.push_back(b);
   }
-  auto group = nccl_one_rank(c.dist.bucket_mb);
+  auto group = nccl_one_rank(c.distributed.bucket_mb);
   for (bool graph : {false, true}) {
     const std::string mode = graph ? "graph" : "eager";
     c.speed.graph = graph;
@@ -161,9 +161,9 @@ TEST(DistGpu, CapturedBucketsReplayLikeEager) {
     for (auto& p : params) p.mutable_grad() = at::Tensor();
   };
   auto group = nccl_one_rank(0.3);
-  dist::GradBucketOptions bo;
+  distributed::GradBucketOptions bo;
   bo.bucket_mb = 0.3;  // one layer per bucket (256 KB + 1 KB)
-  dist::GradBuckets buckets(*group, params, bo);
+  distributed::GradBuckets buckets(*group, params, bo);
   ASSERT_GE(buckets.buckets().size(), 5u);
 
   at::Tensor x_static = at::randn({64, width}, f32);

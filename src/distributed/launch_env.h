@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-namespace perftrain::dist {
+namespace perftrain::distributed {
 
 struct LaunchEnv {
   int rank = 0;
@@ -38,4 +38,4 @@ LaunchEnv launch_env();  // from the process environment
 // none can be had.
 int free_loopback_port(const std::string& who);
 
-}  // namespace perftrain::dist
+}  // namespace perftrain::distributed

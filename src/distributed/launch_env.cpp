@@ -1,4 +1,4 @@
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -11,7 +11,7 @@
 
 #include "base/error.h"
 
-namespace perftrain::dist {
+namespace perftrain::distributed {
 namespace {
 
 long parse_int(const char* name, const char* text, long lo, long hi, const std::string& range) {
@@ -82,4 +82,4 @@ int free_loopback_port(const std::string& who) {
   return ntohs(a.sin_port);
 }
 
-}  // namespace perftrain::dist
+}  // namespace perftrain::distributed

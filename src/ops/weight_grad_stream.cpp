@@ -1,4 +1,4 @@
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -30,7 +30,7 @@ struct HandOff {
 
 // Process-wide: the scope is opened by the step runner's thread, the work
 // handed off from autograd's.
-struct Lane {
+struct StreamState {
   std::mutex mutex;
   bool active = false;
   std::optional<c10::cuda::CUDAStream> side;  // the active scope's device's
@@ -38,8 +38,8 @@ struct Lane {
   std::map<int, c10::cuda::CUDAStream> streams;  // one per device, made once and kept
 };
 
-Lane& lane() {
-  static auto* l = new Lane();  // outlives every static that might use it
+StreamState& stream_state() {
+  static auto* l = new StreamState();  // outlives every static that might use it
   return *l;
 }
 
@@ -50,7 +50,7 @@ bool capturing() { return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c
 // The device's side stream, or nullopt when it does not exist yet and cannot
 // be made now (inside a capture). Non-blocking: it never waits for the legacy
 // default stream. Same priority as the training stream.
-std::optional<c10::cuda::CUDAStream> side_stream(Lane& l, int device) {
+std::optional<c10::cuda::CUDAStream> side_stream(StreamState& l, int device) {
   auto it = l.streams.find(device);
   if (it != l.streams.end()) return it->second;
   if (capturing()) return std::nullopt;
@@ -73,7 +73,7 @@ std::atomic<WeightGradStreamMode> g_stream_mode{WeightGradStreamMode::kAuto};
 void set_weight_grad_stream_mode(WeightGradStreamMode mode) { g_stream_mode.store(mode); }
 WeightGradStreamMode weight_grad_stream_mode() { return g_stream_mode.load(); }
 
-bool weight_grad_overlap_for(int64_t rows, int64_t hidden) {
+bool weight_grad_stream_for(int64_t rows, int64_t hidden) {
   switch (weight_grad_stream_mode()) {
     case WeightGradStreamMode::kOn: return true;
     case WeightGradStreamMode::kOff: return false;
@@ -88,9 +88,9 @@ bool weight_grad_stream_size_rule(int64_t rows, int64_t hidden) {
 
 bool on_weight_grad_stream() { return t_on_side; }
 
-WeightGradOverlap::WeightGradOverlap(bool enabled, const at::Device& device) {
+WeightGradStream::WeightGradStream(bool enabled, const at::Device& device) {
   if (!enabled || !device.is_cuda()) return;
-  Lane& l = lane();
+  StreamState& l = stream_state();
   std::lock_guard<std::mutex> lock(l.mutex);
   if (l.active) return;
   const int index = device.has_index() ? device.index() : c10::cuda::current_device();
@@ -106,9 +106,9 @@ WeightGradOverlap::WeightGradOverlap(bool enabled, const at::Device& device) {
   l.active = active_ = true;
 }
 
-WeightGradOverlap::~WeightGradOverlap() {
+WeightGradStream::~WeightGradStream() {
   if (!active_) return;
-  Lane& l = lane();
+  StreamState& l = stream_state();
   std::lock_guard<std::mutex> lock(l.mutex);
   try {
     at::cuda::CUDAEvent all_done;
@@ -122,7 +122,7 @@ WeightGradOverlap::~WeightGradOverlap() {
 }
 
 void current_stream_waits_for_weight_grads() {
-  Lane& l = lane();
+  StreamState& l = stream_state();
   std::lock_guard<std::mutex> lock(l.mutex);
   if (!l.active) return;
   at::cuda::CUDAEvent so_far;
@@ -131,7 +131,7 @@ void current_stream_waits_for_weight_grads() {
 }
 
 void run_weight_grads(const std::function<void()>& work, std::vector<at::Tensor> reads) {
-  Lane& l = lane();
+  StreamState& l = stream_state();
   std::unique_lock<std::mutex> lock(l.mutex);
   if (!l.active) {
     lock.unlock();

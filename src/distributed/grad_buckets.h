@@ -30,12 +30,12 @@
 #include <string>
 #include <vector>
 
-namespace perftrain::dist {
+namespace perftrain::distributed {
 
 class Group;
 
 struct GradBucketOptions {
-  double bucket_mb = 25;  // dist.bucket_mb
+  double bucket_mb = 25;  // distributed.bucket_mb
   // Called on the communication stream (current) before a bucket's
   // gradients are read there: makes it wait for gradient writes on other
   // streams (the step runner passes the weight-gradient stream's join).
@@ -98,4 +98,4 @@ class GradBuckets {
   std::unique_ptr<Cuda> cuda_;             // the communication stream (CUDA parameters)
 };
 
-}  // namespace perftrain::dist
+}  // namespace perftrain::distributed

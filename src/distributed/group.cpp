@@ -1,4 +1,4 @@
-#include "dist/group.h"
+#include "distributed/group.h"
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -19,7 +19,7 @@
 #include "base/error.h"
 #include "compat/compat.h"
 
-namespace perftrain::dist {
+namespace perftrain::distributed {
 
 struct Group::Impl {
   c10::intrusive_ptr<c10d::Store> store;
@@ -62,7 +62,7 @@ Group::Group(const LaunchEnv& env, c10::Device device, const GroupOptions& opts)
                        (env.rank == 0 ? "cannot host the store, or not all " + std::to_string(env.world_size) +
                                             " ranks joined"
                                       : std::string("cannot reach the master")) +
-                       " within dist.timeout_s = " + seconds_text(opts.timeout_s) + " s: " + compat::error_message(e));
+                       " within distributed.timeout_s = " + seconds_text(opts.timeout_s) + " s: " + compat::error_message(e));
   }
 #ifdef PERFTRAIN_HAVE_GLOO
   try {
@@ -73,7 +73,7 @@ Group::Group(const LaunchEnv& env, c10::Device device, const GroupOptions& opts)
     impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
         c10::make_intrusive<c10d::PrefixStore>("gloo", impl_->store), env.rank, env.world_size, o);
   } catch (const std::exception& e) {
-    throw RuntimeError(env.describe() + ": cannot connect the Gloo group within dist.timeout_s = " +
+    throw RuntimeError(env.describe() + ": cannot connect the Gloo group within distributed.timeout_s = " +
                        seconds_text(opts.timeout_s) + " s: " + compat::error_message(e));
   }
 #endif
@@ -110,7 +110,7 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const LaunchEnv& env, 
     else work->wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   } catch (const std::exception& e) {
     throw RuntimeError(env.describe() + ": " + what +
-                       " failed: another rank exited or did not answer within dist.timeout_s = " +
+                       " failed: another rank exited or did not answer within distributed.timeout_s = " +
                        seconds_text(timeout_s) + " s (" + compat::error_message(e) + ")");
   }
 }
@@ -199,4 +199,4 @@ double Group::allreduce_max(double value) {
   return t[0].item<double>();
 }
 
-}  // namespace perftrain::dist
+}  // namespace perftrain::distributed

@@ -1,4 +1,4 @@
-// dist::LaunchEnv's validation, and dist::Group across real processes: this
+// distributed::LaunchEnv's validation, and distributed::Group across real processes: this
 // test binary runs itself 2 and 3 times as the ranks (the DistWorker test,
 // which does nothing unless DIST_TEST_WORKER is set), over Gloo on
 // 127.0.0.1 at a free port; each rank checks the collectives' results against
@@ -15,15 +15,15 @@
 #include <vector>
 
 #include "base/error.h"
-#include "dist/group.h"
-#include "dist/launch_env.h"
+#include "distributed/group.h"
+#include "distributed/launch_env.h"
 #include "support/test_support.h"
 
 namespace {
 
 using perftrain::UsageError;
-using perftrain::dist::launch_env_from;
-using perftrain::dist::LaunchEnv;
+using perftrain::distributed::launch_env_from;
+using perftrain::distributed::LaunchEnv;
 
 LaunchEnv env_of(const std::map<std::string, std::string>& vars) {
   return launch_env_from([&](const char* n) -> const char* {
@@ -104,12 +104,12 @@ std::vector<at::Tensor> inputs_of(int r) {
 // One rank (run by the Processes tests below through this same binary).
 TEST(DistWorker, Collectives) {
   if (std::getenv("DIST_TEST_WORKER") == nullptr) GTEST_SKIP() << "a rank of the Processes tests only";
-  const LaunchEnv env = perftrain::dist::launch_env();
+  const LaunchEnv env = perftrain::distributed::launch_env();
   ASSERT_TRUE(env.distributed());
-  perftrain::dist::GroupOptions o;
+  perftrain::distributed::GroupOptions o;
   o.timeout_s = 30;
   o.bucket_mb = 40.0 / (1 << 20);  // 40 bytes: several buckets, a tensor larger than one alone
-  perftrain::dist::Group group(env, at::kCPU, o);
+  perftrain::distributed::Group group(env, at::kCPU, o);
   const int world = group.world_size();
 
   std::vector<at::Tensor> mine = inputs_of(group.rank());
@@ -150,7 +150,7 @@ std::string self_exe() {
 // world ranks of DistWorker.Collectives, each under a hard timeout; their
 // outputs and exit codes.
 void run_ranks(int world) {
-  const int port = perftrain::dist::free_loopback_port("test");
+  const int port = perftrain::distributed::free_loopback_port("test");
   std::string cmd;
   for (int r = 0; r < world; ++r)
     cmd += "(DIST_TEST_WORKER=1 RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
@@ -166,17 +166,17 @@ void run_ranks(int world) {
 TEST(DistProcesses, TwoRanks) { run_ranks(2); }
 TEST(DistProcesses, ThreeRanks) { run_ranks(3); }
 
-// A master that no one hosts: the client gives up after dist.timeout_s with
+// A master that no one hosts: the client gives up after distributed.timeout_s with
 // the rank and the address.
 TEST(DistProcesses, UnreachableMaster) {
   LaunchEnv env;
   env.rank = 1, env.local_rank = 1, env.world_size = 2, env.master_addr = "127.0.0.1";
-  env.master_port = perftrain::dist::free_loopback_port("test");
+  env.master_port = perftrain::distributed::free_loopback_port("test");
   env.from_env = true;
-  perftrain::dist::GroupOptions o;
+  perftrain::distributed::GroupOptions o;
   o.timeout_s = 2;
   const std::string msg = perftrain::testing::error_of<perftrain::RuntimeError>(
-      [&] { perftrain::dist::Group g(env, at::kCPU, o); });
+      [&] { perftrain::distributed::Group g(env, at::kCPU, o); });
   EXPECT_NE(msg.find("rank 1 of 2 (master 127.0.0.1:" + std::to_string(env.master_port) + "): cannot reach the master"),
             std::string::npos)
       << msg;

@@ -14,39 +14,39 @@
 
 #include "ops/gelu_mlp.h"
 #include "ops/stacked_linear.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 #include "support/tensor_checks.h"
 
 namespace perftrain::ops {
 namespace {
 
-TEST(WeightGradLane, OpensForSmallProductsOnly) {
+TEST(WeightGradStream, OpensForSmallProductsOnly) {
   ASSERT_EQ(weight_grad_stream_mode(), WeightGradStreamMode::kAuto) << "the default rule";
-  EXPECT_TRUE(weight_grad_overlap_for(32 * 256, 384));    // DiT-S/2 batch 32: measured faster
-  EXPECT_TRUE(weight_grad_overlap_for(128 * 256, 384));   // batch 128: measured faster, at the limit
-  EXPECT_FALSE(weight_grad_overlap_for(129 * 256, 384));
-  EXPECT_TRUE(weight_grad_overlap_for(64 * 256, 768));    // DiT-B/2 batch 64: measured faster
-  EXPECT_FALSE(weight_grad_overlap_for(256 * 256, 384));  // batch 256: measured slower
-  EXPECT_FALSE(weight_grad_overlap_for(64 * 256, 1152));  // DiT-XL/2 batch 64: three times the work per product
+  EXPECT_TRUE(weight_grad_stream_for(32 * 256, 384));    // DiT-S/2 batch 32: measured faster
+  EXPECT_TRUE(weight_grad_stream_for(128 * 256, 384));   // batch 128: measured faster, at the limit
+  EXPECT_FALSE(weight_grad_stream_for(129 * 256, 384));
+  EXPECT_TRUE(weight_grad_stream_for(64 * 256, 768));    // DiT-B/2 batch 64: measured faster
+  EXPECT_FALSE(weight_grad_stream_for(256 * 256, 384));  // batch 256: measured slower
+  EXPECT_FALSE(weight_grad_stream_for(64 * 256, 1152));  // DiT-XL/2 batch 64: three times the work per product
 }
 
 // The [speed] key weight_grad_stream's other two rules: every size, never.
-TEST(WeightGradLane, ModeOnAndOffOverrideTheSizeRule) {
+TEST(WeightGradStream, ModeOnAndOffOverrideTheSizeRule) {
   set_weight_grad_stream_mode(WeightGradStreamMode::kOn);
-  EXPECT_TRUE(weight_grad_overlap_for(256 * 256, 1152));
+  EXPECT_TRUE(weight_grad_stream_for(256 * 256, 1152));
   EXPECT_FALSE(weight_grad_stream_size_rule(256 * 256, 1152)) << "the size rule ignores the mode";
   set_weight_grad_stream_mode(WeightGradStreamMode::kOff);
-  EXPECT_FALSE(weight_grad_overlap_for(32 * 256, 384));
+  EXPECT_FALSE(weight_grad_stream_for(32 * 256, 384));
   EXPECT_TRUE(weight_grad_stream_size_rule(32 * 256, 384)) << "the size rule ignores the mode";
   // gelu_mlp's GELU-backward form follows the size rule, not the mode, so
   // that one stream and two give the same bits.
   EXPECT_EQ(gelu_mlp_fused_gelu_backward(32 * 256, 384), false);
   set_weight_grad_stream_mode(WeightGradStreamMode::kAuto);
-  EXPECT_TRUE(weight_grad_overlap_for(32 * 256, 384));
+  EXPECT_TRUE(weight_grad_stream_for(32 * 256, 384));
 }
 
-TEST(WeightGradLane, RunsInlineWithoutAnActiveScope) {
-  const WeightGradOverlap cpu_scope(true, at::Device(at::kCPU));
+TEST(WeightGradStream, RunsInlineWithoutAnActiveScope) {
+  const WeightGradStream cpu_scope(true, at::Device(at::kCPU));
   EXPECT_FALSE(cpu_scope.active());
   int runs = 0;
   bool on_side = true;
@@ -63,7 +63,7 @@ TEST(WeightGradLane, RunsInlineWithoutAnActiveScope) {
 // The graph check the step runner makes before the first backward: a weight
 // reached by two edges (used twice, or twice by one op) is named; weights
 // used once, inputs that need no gradient and a graph-less root are not.
-TEST(WeightGradLane, FindsWeightsUsedMoreThanOnce) {
+TEST(WeightGradStream, FindsWeightsUsedMoreThanOnce) {
   auto gen = perftrain::testing::seeded_cpu_generator(3);
   const at::Tensor x = at::randn({5, 4}, gen);
   const at::Tensor w1 = at::randn({4, 4}, gen).set_requires_grad(true);

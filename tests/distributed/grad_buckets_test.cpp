@@ -1,4 +1,4 @@
-// dist::GradBuckets on the CPU over Gloo: the buckets are formed in reverse
+// distributed::GradBuckets on the CPU over Gloo: the buckets are formed in reverse
 // parameter order up to bucket_mb, one dtype each; from the second backward
 // on a bucket is sent while backward still runs (its send comes before the
 // last gradient's arrival in the trace); an unused parameter holds nothing
@@ -20,23 +20,23 @@
 #include <string>
 #include <vector>
 
-#include "dist/grad_buckets.h"
-#include "dist/group.h"
-#include "dist/launch_env.h"
+#include "distributed/grad_buckets.h"
+#include "distributed/group.h"
+#include "distributed/launch_env.h"
 #include "support/test_support.h"
 
 namespace {
 
-using perftrain::dist::GradBucketOptions;
-using perftrain::dist::GradBuckets;
-using perftrain::dist::Group;
-using perftrain::dist::LaunchEnv;
+using perftrain::distributed::GradBucketOptions;
+using perftrain::distributed::GradBuckets;
+using perftrain::distributed::Group;
+using perftrain::distributed::LaunchEnv;
 
 std::unique_ptr<Group> one_rank_group() {
   LaunchEnv env;
   env.world_size = 1, env.master_addr = "127.0.0.1", env.from_env = true;
-  env.master_port = perftrain::dist::free_loopback_port("test");
-  perftrain::dist::GroupOptions o;
+  env.master_port = perftrain::distributed::free_loopback_port("test");
+  perftrain::distributed::GroupOptions o;
   o.timeout_s = 30;
   return std::make_unique<Group>(env, at::kCPU, o);
 }
@@ -174,8 +174,8 @@ TEST(GradBuckets, GradientsArrivingTwiceTurnTheOverlapOff) {
 // One rank of the Processes tests below (this binary run again).
 TEST(DistWorker, Buckets) {
   if (std::getenv("DIST_TEST_BUCKETS_WORKER") == nullptr) GTEST_SKIP() << "a rank of the Processes tests only";
-  const LaunchEnv env = perftrain::dist::launch_env();
-  perftrain::dist::GroupOptions go;
+  const LaunchEnv env = perftrain::distributed::launch_env();
+  perftrain::distributed::GroupOptions go;
   go.timeout_s = 30;
   Group group(env, at::kCPU, go);
   const int world = group.world_size();
@@ -222,7 +222,7 @@ std::string self_exe() {
 }
 
 void run_bucket_ranks(int world) {
-  const int port = perftrain::dist::free_loopback_port("test");
+  const int port = perftrain::distributed::free_loopback_port("test");
   std::string cmd;
   for (int r = 0; r < world; ++r)
     cmd += "(DIST_TEST_BUCKETS_WORKER=1 RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +

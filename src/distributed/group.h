@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 
-namespace perftrain::dist {
+namespace perftrain::distributed {
 
 struct GroupOptions {
-  double timeout_s = 300;  // dist.timeout_s: connecting, and each collective
-  double bucket_mb = 25;   // dist.bucket_mb: tensors all-reduced together, flattened into buckets of this size
+  double timeout_s = 300;  // distributed.timeout_s: connecting, and each collective
+  double bucket_mb = 25;   // distributed.bucket_mb: tensors all-reduced together, flattened into buckets of this size
 };
 
 class Group {
@@ -62,4 +62,4 @@ class Group {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace perftrain::dist
+}  // namespace perftrain::distributed

@@ -1,4 +1,4 @@
-#include "dist/grad_buckets.h"
+#include "distributed/grad_buckets.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -15,9 +15,9 @@
 #include <optional>
 
 #include "base/error.h"
-#include "dist/group.h"
+#include "distributed/group.h"
 
-namespace perftrain::dist {
+namespace perftrain::distributed {
 
 struct GradBuckets::Bucket {
   std::vector<size_t> params;
@@ -102,7 +102,7 @@ std::string GradBuckets::describe() const {
   char mb[32];
   std::snprintf(mb, sizeof mb, "%g", opts_.bucket_mb);
   std::string line = "gradients all-reduced in " + std::to_string(buckets_.size()) + " bucket" +
-                     (buckets_.size() == 1 ? "" : "s") + " of at most " + mb + " MB (dist.bucket_mb), ";
+                     (buckets_.size() == 1 ? "" : "s") + " of at most " + mb + " MB (distributed.bucket_mb), ";
   return line + (overlap_ ? "each sent as soon as backward has filled it" : note_);
 }
 
@@ -219,4 +219,4 @@ void GradBuckets::finish() {
                        " arrived after its bucket had been all-reduced (its use changed after the first step)");
 }
 
-}  // namespace perftrain::dist
+}  // namespace perftrain::distributed

@@ -1,4 +1,4 @@
-// dist::Group on CUDA tensors through NCCL, with one rank (the only setup one
+// distributed::Group on CUDA tensors through NCCL, with one rank (the only setup one
 // GPU allows: NCCL refuses two ranks on one device): the group connects, the
 // bucketed all-reduce and the broadcast run through NCCL and give the inputs
 // back, and the host scalars still go through Gloo. Fails with the build's
@@ -12,20 +12,20 @@
 #include <vector>
 
 #include "compat/compat.h"
-#include "dist/group.h"
-#include "dist/launch_env.h"
+#include "distributed/group.h"
+#include "distributed/launch_env.h"
 
 namespace {
 
 TEST(DistGpu, NcclOneRankAllReduceAndBroadcast) {
   if (!perftrain::compat::cuda_available()) GTEST_SKIP() << "no CUDA GPU";
-  perftrain::dist::LaunchEnv env;
+  perftrain::distributed::LaunchEnv env;
   env.world_size = 1, env.master_addr = "127.0.0.1", env.from_env = true;
-  env.master_port = perftrain::dist::free_loopback_port("test");
-  perftrain::dist::GroupOptions o;
+  env.master_port = perftrain::distributed::free_loopback_port("test");
+  perftrain::distributed::GroupOptions o;
   o.timeout_s = 60;
   o.bucket_mb = 0.001;  // ~1 KB: several buckets
-  perftrain::dist::Group group(env, at::Device(at::kCUDA, 0), o);
+  perftrain::distributed::Group group(env, at::Device(at::kCUDA, 0), o);
   const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
   std::vector<at::Tensor> t = {at::randn({300}, cuda), at::randn({17, 5}, cuda),
                                at::randn({64}, cuda.dtype(at::kBFloat16)), at::randn({1000}, cuda)};

@@ -1,4 +1,4 @@
-// The weight-gradient stream (ops/weight_grad_lane.h) on the GPU: a chain of
+// The weight-gradient stream (ops/weight_grad_stream.h) on the GPU: a chain of
 // the fused ops (projected attention, linear, GELU MLP) gives the same
 // gradients with their weight gradients on the side stream as inline, bit for
 // bit, and again after the inputs were released and their memory reused;
@@ -21,7 +21,7 @@
 #include "ops/gelu_mlp.h"
 #include "ops/linear.h"
 #include "ops/projected_attention.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 
 namespace perftrain::ops {
 namespace {
@@ -87,7 +87,7 @@ struct Inputs {
   }
 };
 
-TEST(WeightGradLaneGpu, SameGradientsAsInlineBitForBit) {
+TEST(WeightGradStreamGpu, SameGradientsAsInlineBitForBit) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   Params p(1);
   for (uint64_t seed : {11, 12}) {
@@ -95,7 +95,7 @@ TEST(WeightGradLaneGpu, SameGradientsAsInlineBitForBit) {
     forward_backward(p, in.h, in.gout);  // inline (also tunes the products' algorithms first)
     const auto inline_grads = take_grads(p);
     {
-      const WeightGradOverlap overlap(true, kCuda);
+      const WeightGradStream overlap(true, kCuda);
       ASSERT_TRUE(overlap.active());
       forward_backward(p, in.h, in.gout);
     }
@@ -104,7 +104,7 @@ TEST(WeightGradLaneGpu, SameGradientsAsInlineBitForBit) {
   }
 }
 
-TEST(WeightGradLaneGpu, ReleasedInputsAreNotOverwrittenBeforeTheSideStreamReadThem) {
+TEST(WeightGradStreamGpu, ReleasedInputsAreNotOverwrittenBeforeTheSideStreamReadThem) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   Params p(2);
   Inputs in(21);
@@ -114,7 +114,7 @@ TEST(WeightGradLaneGpu, ReleasedInputsAreNotOverwrittenBeforeTheSideStreamReadTh
   // training stream (poisoned with NaN) reuse that memory right away. If the
   // side stream still read a released tensor, the NaNs would reach a gradient.
   {
-    const WeightGradOverlap overlap(true, kCuda);
+    const WeightGradStream overlap(true, kCuda);
     at::Tensor h = in.h;
     for (int64_t l = 0; l < kLayers; ++l) {
       const at::Tensor* w = &p.all[size_t(8 * l)];
@@ -132,12 +132,12 @@ TEST(WeightGradLaneGpu, ReleasedInputsAreNotOverwrittenBeforeTheSideStreamReadTh
   expect_identical(take_grads(p), inline_grads, "after reuse");
 }
 
-TEST(WeightGradLaneGpu, CapturedTwoStreamBackwardReplaysToTheEagerGradients) {
+TEST(WeightGradStreamGpu, CapturedTwoStreamBackwardReplaysToTheEagerGradients) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   Params p(3);
   Inputs in(31);
   {  // once eagerly with the lane: makes its stream and workspace before the capture
-    const WeightGradOverlap overlap(true, kCuda);
+    const WeightGradStream overlap(true, kCuda);
     forward_backward(p, in.h, in.gout);
   }
   take_grads(p);
@@ -151,7 +151,7 @@ TEST(WeightGradLaneGpu, CapturedTwoStreamBackwardReplaysToTheEagerGradients) {
     const c10::cuda::CUDAStreamGuard guard(side);
     graph.capture_begin();
     {
-      const WeightGradOverlap overlap(true, kCuda);
+      const WeightGradStream overlap(true, kCuda);
       EXPECT_TRUE(overlap.active());
       forward_backward(p, h_static, g_static);
     }
