@@ -28,6 +28,7 @@
 #include "distributed/group.h"
 #include "distributed/launch_env.h"
 #include "models/dit.h"
+#include "support/step_runs.h"
 #include "support/tensor_checks.h"
 #include "train/step_runner.h"
 
@@ -56,12 +57,7 @@ train::TrainConfig tiny() {
   return c;
 }
 
-struct Trained {
-  std::vector<double> losses;
-  std::vector<at::Tensor> weights;
-  std::string graph_status, data_parallel_note;
-  bool weight_grad_stream = false;
-};
+using perftrain::testing::Trained;
 
 Trained train_steps(const train::TrainConfig& c, const std::vector<data::Batch>& data, distributed::Group* group) {
   const at::Device cuda(at::kCUDA, 0);
@@ -81,17 +77,7 @@ Trained train_steps(const train::TrainConfig& c, const std::vector<data::Batch>&
   train::StepOptions o;
   o.group = group;
   train::StepRunner r(model, &ema, c, o, cuda, gen);
-  Trained t;
-  for (const auto& b : data) {
-    r.step(b);
-    t.losses.push_back(r.take_window().loss);
-  }
-  t.graph_status = r.graph_status();
-  t.data_parallel_note = r.data_parallel_note();
-  t.weight_grad_stream = r.weight_grad_stream();
-  for (auto& p : model.parameters()) t.weights.push_back(p.detach().clone());
-  for (auto& p : ema.parameters()) t.weights.push_back(p.detach().clone());
-  return t;
+  return perftrain::testing::run_steps(r, data, model, ema);
 }
 
 // (a) A group of one rank on CUDA: the step is captured, all-reduce

@@ -20,9 +20,10 @@
 #include <string>
 #include <vector>
 
-#include "distributed/grad_buckets.h"
-#include "distributed/group.h"
-#include "distributed/launch_env.h"
+#include "dist/grad_buckets.h"
+#include "dist/group.h"
+#include "dist/launch_env.h"
+#include "support/dist_ranks.h"
 #include "support/test_support.h"
 
 namespace {
@@ -215,24 +216,8 @@ TEST(DistWorker, Buckets) {
   group.barrier();
 }
 
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return std::string(buf, n > 0 ? n : 0);
-}
-
 void run_bucket_ranks(int world) {
-  const int port = perftrain::distributed::free_loopback_port("test");
-  std::string cmd;
-  for (int r = 0; r < world; ++r)
-    cmd += "(DIST_TEST_BUCKETS_WORKER=1 RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
-           " WORLD_SIZE=" + std::to_string(world) + " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
-           " timeout -k 5 90 '" + self_exe() + "' --gtest_filter=DistWorker.Buckets 2>&1; echo rank" +
-           std::to_string(r) + "=$?) & ";
-  cmd += "wait";
-  const auto res = perftrain::testing::run_shell(cmd);
-  for (int r = 0; r < world; ++r)
-    EXPECT_NE(res.output.find("rank" + std::to_string(r) + "=0"), std::string::npos) << res.output;
+  perftrain::testing::expect_ranks_pass(world, "DIST_TEST_BUCKETS_WORKER", "DistWorker.Buckets", /*quiet=*/false);
 }
 
 TEST(DistBucketProcesses, TwoRanks) { run_bucket_ranks(2); }

@@ -15,8 +15,9 @@
 #include <vector>
 
 #include "base/error.h"
-#include "distributed/group.h"
-#include "distributed/launch_env.h"
+#include "dist/group.h"
+#include "dist/launch_env.h"
+#include "support/dist_ranks.h"
 #include "support/test_support.h"
 
 namespace {
@@ -141,26 +142,9 @@ TEST(DistWorker, Collectives) {
   group.barrier();
 }
 
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return std::string(buf, n > 0 ? n : 0);
-}
-
-// world ranks of DistWorker.Collectives, each under a hard timeout; their
-// outputs and exit codes.
+// world ranks of DistWorker.Collectives, each under a hard timeout.
 void run_ranks(int world) {
-  const int port = perftrain::distributed::free_loopback_port("test");
-  std::string cmd;
-  for (int r = 0; r < world; ++r)
-    cmd += "(DIST_TEST_WORKER=1 RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
-           " WORLD_SIZE=" + std::to_string(world) + " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
-           " timeout -k 5 90 '" + self_exe() + "' --gtest_filter=DistWorker.Collectives > /dev/null 2>&1; echo rank" +
-           std::to_string(r) + "=$?) & ";
-  cmd += "wait";
-  const auto res = perftrain::testing::run_shell(cmd);
-  for (int r = 0; r < world; ++r)
-    EXPECT_NE(res.output.find("rank" + std::to_string(r) + "=0"), std::string::npos) << res.output;
+  perftrain::testing::expect_ranks_pass(world, "DIST_TEST_WORKER", "DistWorker.Collectives", /*quiet=*/true);
 }
 
 TEST(DistProcesses, TwoRanks) { run_ranks(2); }

@@ -160,17 +160,14 @@ void expect_renders(const std::string& dot_text) {
 TEST(ModelGraph, ModuleGraphRollsUpTheBlocksAndRenders) {
   const ViewModel v = meta_model(small_dit(), 2);
   const std::string dot = module_graph_dot(*v.model, [&] { return v.forward(); }, {});
-  EXPECT_NE(dot.find("blocks.0..3 (DiTBlock) x4"), std::string::npos) << dot;
-  EXPECT_NE(dot.find("blocks.0..3.attn.qkv (Linear)"), std::string::npos);
-  EXPECT_EQ(dot.find("blocks.2"), std::string::npos) << "blocks after the first are not drawn";
-  EXPECT_NE(dot.find("next block"), std::string::npos);
-  EXPECT_NE(dot.find("t_embedder"), std::string::npos);
+  // Blocks after the first are not drawn.
+  perftrain::testing::expect_text(
+      dot, {"blocks.0..3 (DiTBlock) x4", "blocks.0..3.attn.qkv (Linear)", "next block", "t_embedder"}, {"blocks.2"});
   expect_renders(dot);
   GraphOptions shallow;
   shallow.depth = 1;
   const std::string dot1 = module_graph_dot(*v.model, [&] { return v.forward(); }, shallow);
-  EXPECT_EQ(dot1.find("attn"), std::string::npos) << dot1;
-  EXPECT_NE(dot1.find("blocks.0..3 (DiTBlock) x4"), std::string::npos);
+  perftrain::testing::expect_text(dot1, {"blocks.0..3 (DiTBlock) x4"}, {"attn"});
   expect_renders(dot1);
 }
 
@@ -179,24 +176,21 @@ TEST(ModelGraph, AutogradGraphNamesParametersAndRollsUpTheBlocks) {
   GraphOptions o;
   o.saved = true;
   const std::string dot = autograd_graph_dot(*v.model, [&] { return v.loss(); }, o);
-  EXPECT_NE(dot.find("blocks.0.attn.qkv.weight"), std::string::npos) << dot;
-  EXPECT_EQ(dot.find("blocks.1.attn.qkv.weight"), std::string::npos);
-  EXPECT_NE(dot.find("3 more like blocks.0"), std::string::npos);
-  EXPECT_NE(dot.find("saved ["), std::string::npos) << "some node lists its saved tensors";
+  // Some node lists its saved tensors ("saved [").
+  perftrain::testing::expect_text(dot, {"blocks.0.attn.qkv.weight", "3 more like blocks.0", "saved ["},
+                                  {"blocks.1.attn.qkv.weight"});
   expect_renders(dot);
   GraphOptions all;
   all.roll_up = false;
   all.depth = 1;
   const std::string dot_all = autograd_graph_dot(*v.model, [&] { return v.loss(); }, all);
-  EXPECT_NE(dot_all.find("blocks.3 (DiTBlock)"), std::string::npos) << dot_all;
-  EXPECT_NE(dot_all.find("backward nodes"), std::string::npos);
+  perftrain::testing::expect_text(dot_all, {"blocks.3 (DiTBlock)", "backward nodes"});
   expect_renders(dot_all);
   GraphOptions rolled_shallow;
   rolled_shallow.depth = 1;
   const std::string dot1 = autograd_graph_dot(*v.model, [&] { return v.loss(); }, rolled_shallow);
-  EXPECT_NE(dot1.find("blocks.0..3 (DiTBlock) x4\\n"), std::string::npos) << dot1;
-  EXPECT_NE(dot1.find("3 more like blocks.0"), std::string::npos);
-  EXPECT_EQ(dot1.find("qkv"), std::string::npos) << "depth 1 folds the blocks' insides";
+  // Depth 1 folds the blocks' insides.
+  perftrain::testing::expect_text(dot1, {"blocks.0..3 (DiTBlock) x4\\n", "3 more like blocks.0"}, {"qkv"});
   expect_renders(dot1);
 }
 

@@ -30,6 +30,16 @@ void work(int64_t step) {
   }
 }
 
+// `steps` steps of work() through the profiler p, then finish().
+void run_steps(StepProfiler& p, int64_t steps) {
+  for (int64_t i = 0; i < steps; ++i) {
+    p.begin_step(i);
+    work(i);
+    p.end_step(i);
+  }
+  p.finish();
+}
+
 std::string gunzip(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");
   std::string out;
@@ -56,12 +66,7 @@ TEST(ProfileTrace, OneWindowOneTraceWithNestedScopes) {
   {
     StepProfiler p(o);
     p.on_saved = [&](const std::string&, int) { ++saved; };
-    for (int64_t i = 0; i < 8; ++i) {
-      p.begin_step(i);
-      work(i);
-      p.end_step(i);
-    }
-    p.finish();
+    run_steps(p, 8);
     ASSERT_EQ(p.traces().size(), 1u);
     EXPECT_EQ(p.traces()[0], tmp.file("profile/window-0.json"));
   }
@@ -116,12 +121,7 @@ TEST(ProfileTrace, GzipAndRepeatedWindows) {
   o.tag = "uncaptured-";
   o.gzip = true;
   StepProfiler p(o);
-  for (int64_t i = 0; i < 4; ++i) {
-    p.begin_step(i);
-    work(i);
-    p.end_step(i);
-  }
-  p.finish();
+  run_steps(p, 4);
   ASSERT_EQ(p.traces().size(), 2u);
   EXPECT_EQ(p.traces()[1], tmp.file("p/uncaptured-window-1.json.gz"));
   EXPECT_FALSE(perftrain::fs::exists(tmp.file("p/uncaptured-window-1.json")));
@@ -140,12 +140,7 @@ TEST(ProfileTrace, ScopesOnlyRecordsTheScopesNotTheOps) {
     o.dir = tmp.file(only ? "only" : "all");
     o.scopes_only = only;
     StepProfiler p(o);
-    for (int64_t i = 0; i < 3; ++i) {
-      p.begin_step(i);
-      work(i);
-      p.end_step(i);
-    }
-    p.finish();
+    run_steps(p, 3);
     ASSERT_EQ(p.traces().size(), 1u);
     const auto j = nlohmann::json::parse(perftrain::testing::read_raw(p.traces()[0]));
     int ops = 0;

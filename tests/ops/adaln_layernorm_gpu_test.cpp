@@ -17,6 +17,7 @@
 #include "compat/compat.h"
 #include "kernels/adaln_layernorm.h"
 #include "ops/adaln_layernorm.h"
+#include "support/kernel_launch.h"
 #include "support/row_op_checks.h"
 
 namespace perftrain::ops {
@@ -39,9 +40,7 @@ const std::vector<AdaLNCase> kAdaLNCases = {{at::kFloat, at::kBFloat16, at::kBFl
                                             {at::kFloat, at::kHalf, at::kHalf},
                                             {at::kHalf, at::kHalf, at::kHalf}};
 
-std::string name(const AdaLNCase& c) {
-  return std::string("x ") + c10::toString(c.x) + " mod " + c10::toString(c.mod) + " out " + c10::toString(c.out);
-}
+std::string name(const AdaLNCase& c) { return dtype_names({{"x", c.x}, {"mod", c.mod}, {"out", c.out}}); }
 
 TEST(AdaLNLayerNormGpu, MatchesFloat64Reference) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
@@ -89,9 +88,7 @@ TEST(AdaLNLayerNormGpu, MatchesFloat64Reference) {
 // match the op (which is checked against the reference above) bit for bit.
 TEST(AdaLNLayerNormGpu, KernelsWriteEveryOutputElement) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
-  const c10::cuda::CUDAGuard guard(kCuda);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const testing::KernelLaunch launch;
   uint64_t seed = 5000;
   for (const Shape& s : {Shape{1, 1, 37}, Shape{2, 3, 200}, Shape{3, 256, 384}, Shape{4, 17, 1000}}) {
     const int b = int(s.b), t = int(s.t), d = int(s.d);
@@ -105,18 +102,19 @@ TEST(AdaLNLayerNormGpu, KernelsWriteEveryOutputElement) {
     using bf16 = __nv_bfloat16;
     kernels::adaln_layernorm_forward<float, bf16, bf16>(
         x.data_ptr<float>(), static_cast<const bf16*>(shift.data_ptr()), d, static_cast<const bf16*>(scale.data_ptr()),
-        d, static_cast<bf16*>(y.data_ptr()), mean.data_ptr<float>(), rstd.data_ptr<float>(), b, t, d, 1e-6f, stream);
+        d, static_cast<bf16*>(y.data_ptr()), mean.data_ptr<float>(), rstd.data_ptr<float>(), b, t, d, 1e-6f,
+        launch.stream);
     EXPECT_TRUE(at::equal(y, adaln_layernorm(x, shift, scale, at::kBFloat16))) << name(s) << " adaln forward";
     EXPECT_FALSE(mean.isnan().any().item<bool>() || rstd.isnan().any().item<bool>()) << name(s);
 
-    const int tiles = kernels::adaln_layernorm_backward_tiles(b, t, sms);
+    const int tiles = kernels::adaln_layernorm_backward_tiles(b, t, launch.sms);
     at::Tensor dx = nan_like({s.b, s.t, s.d}, at::kFloat);
     at::Tensor dshift = nan_like({s.b, s.d}, at::kBFloat16), dscale = nan_like({s.b, s.d}, at::kBFloat16);
     at::Tensor partials = nan_like({2, s.b, tiles, s.d}, at::kFloat);
     kernels::adaln_layernorm_backward<float, bf16, bf16>(
         static_cast<const bf16*>(dy.data_ptr()), x.data_ptr<float>(), static_cast<const bf16*>(scale.data_ptr()), d,
         mean.data_ptr<float>(), rstd.data_ptr<float>(), dx.data_ptr<float>(), static_cast<bf16*>(dshift.data_ptr()),
-        static_cast<bf16*>(dscale.data_ptr()), partials.data_ptr<float>(), b, t, d, tiles, stream);
+        static_cast<bf16*>(dscale.data_ptr()), partials.data_ptr<float>(), b, t, d, tiles, launch.stream);
     {
       const at::Tensor xl = x.detach().requires_grad_(true);
       const at::Tensor sl = shift.detach().requires_grad_(true), cl = scale.detach().requires_grad_(true);

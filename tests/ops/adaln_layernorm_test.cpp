@@ -31,23 +31,16 @@ at::Tensor composed(const at::Tensor& x, const at::Tensor& shift, const at::Tens
 }
 
 TEST(AdaLNLayerNorm, CpuOpIsTheReference) {
-  uint64_t seed = 1;
-  for (const Shape& s : kShapes) {
-    for (const auto x_dt : {at::kFloat, at::kBFloat16}) {
-      for (const auto m_dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
-        for (const auto out_dt : {at::kFloat, at::kBFloat16}) {
-          at::Generator g = gen(seed++);
-          const at::Tensor x = (at::randn({s.b, s.t, s.d}, g) * 2 + 0.5).to(x_dt);
-          const at::Tensor shift = at::randn({s.b, s.d}, g).to(m_dt);
-          const at::Tensor scale = (at::randn({s.b, s.d}, g) * 0.5).to(m_dt);
-          const at::Tensor y = adaln_layernorm(x, shift, scale, out_dt);
-          EXPECT_EQ(y.scalar_type(), out_dt);
-          EXPECT_TRUE(at::equal(y, adaln_layernorm_reference(x, shift, scale, out_dt)));
-          EXPECT_FALSE(y.isnan().any().item<bool>());
-        }
-      }
-    }
-  }
+  for_each_dtypes([](const Shape& s, at::ScalarType x_dt, at::ScalarType m_dt, at::ScalarType out_dt,
+                     at::Generator& g) {
+    const at::Tensor x = (at::randn({s.b, s.t, s.d}, g) * 2 + 0.5).to(x_dt);
+    const at::Tensor shift = at::randn({s.b, s.d}, g).to(m_dt);
+    const at::Tensor scale = (at::randn({s.b, s.d}, g) * 0.5).to(m_dt);
+    const at::Tensor y = adaln_layernorm(x, shift, scale, out_dt);
+    EXPECT_EQ(y.scalar_type(), out_dt);
+    EXPECT_TRUE(at::equal(y, adaln_layernorm_reference(x, shift, scale, out_dt)));
+    EXPECT_FALSE(y.isnan().any().item<bool>());
+  });
 }
 
 // fp32 throughout: reference vs at::layer_norm composition, forward and all
@@ -62,16 +55,12 @@ TEST(AdaLNLayerNorm, CpuMatchesLayerNormCompositionForwardAndBackward) {
     const at::Tensor scale0 = at::randn({s.b, s.d}, g) * 0.5;
     const at::Tensor dy = at::randn({s.b, s.t, s.d}, g);
     auto run = [&](bool ours) {
-      const at::Tensor x = x0.clone().requires_grad_(true);
-      const at::Tensor shift = shift0.clone().requires_grad_(true);
-      const at::Tensor scale = scale0.clone().requires_grad_(true);
-      const at::Tensor y = ours ? adaln_layernorm(x, shift, scale, at::kFloat) : composed(x, shift, scale, 1e-6);
-      const auto grads = torch::autograd::grad({y}, {x, shift, scale}, {dy});
-      return std::vector<at::Tensor>{y.detach(), grads[0], grads[1], grads[2]};
+      return output_and_grads({x0, shift0, scale0}, dy, [&](const std::vector<at::Tensor>& in) {
+        return ours ? adaln_layernorm(in[0], in[1], in[2], at::kFloat) : composed(in[0], in[1], in[2], 1e-6);
+      });
     };
     const auto ours = run(true), ref = run(false);
-    const std::string where = "shape [" + std::to_string(s.b) + "," + std::to_string(s.t) + "," +
-                              std::to_string(s.d) + "] ";
+    const std::string where = name(s);
     expect_close(ours[0], ref[0], 1e-5, 1e-5, where + "y");
     expect_close(ours[1], ref[1], 1e-5, 1e-5, where + "dx");
     expect_close(ours[2], ref[2], 1e-5, 1e-5, where + "dshift");

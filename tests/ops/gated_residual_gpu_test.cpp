@@ -21,6 +21,7 @@
 #include "ops/adaln_layernorm.h"
 #include "ops/gated_residual.h"
 #include "support/graph_checks.h"
+#include "support/kernel_launch.h"
 #include "support/row_op_checks.h"
 
 namespace perftrain::ops {
@@ -40,9 +41,7 @@ const std::vector<GatedCase> kGatedCases = {{at::kFloat, at::kBFloat16, at::kBFl
                                             {at::kFloat, at::kHalf, at::kHalf},
                                             {at::kHalf, at::kFloat, at::kBFloat16}};
 
-std::string name(const GatedCase& c) {
-  return std::string("x ") + c10::toString(c.x) + " gate " + c10::toString(c.gate) + " y " + c10::toString(c.y);
-}
+std::string name(const GatedCase& c) { return dtype_names({{"x", c.x}, {"gate", c.gate}, {"y", c.y}}); }
 
 // Without a bias and with a random fp32 one (the folded bias of the linear
 // layer that made y): out, dx, dgate, dy and dbias against float64. dbias is
@@ -139,9 +138,7 @@ TEST(GatedResidualGpu, BiasGradientAlone) {
 // match the op (which is checked against the reference above) bit for bit.
 TEST(GatedResidualGpu, KernelsWriteEveryOutputElement) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
-  const c10::cuda::CUDAGuard guard(kCuda);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const testing::KernelLaunch launch;
   using bf16 = __nv_bfloat16;
   uint64_t seed = 5000;
   for (const Shape& s : {Shape{1, 1, 37}, Shape{2, 3, 200}, Shape{3, 256, 384}, Shape{4, 17, 1000}}) {
@@ -152,17 +149,17 @@ TEST(GatedResidualGpu, KernelsWriteEveryOutputElement) {
     at::Tensor out = nan_like({s.b, s.t, s.d}, at::kFloat);
     kernels::gated_residual_forward<float, bf16, bf16>(x.data_ptr<float>(), static_cast<const bf16*>(gate.data_ptr()),
                                                        d, static_cast<const bf16*>(yb.data_ptr()), nullptr,
-                                                       out.data_ptr<float>(), b, t, d, stream);
+                                                       out.data_ptr<float>(), b, t, d, launch.stream);
     EXPECT_TRUE(at::equal(out, gated_residual(x, gate, yb))) << name(s) << " gated forward";
 
     const at::Tensor dout = rnd({s.b, s.t, s.d}, g, at::kFloat);
-    const int gtiles = kernels::gated_residual_backward_tiles(b, t, sms);
+    const int gtiles = kernels::gated_residual_backward_tiles(b, t, launch.sms);
     at::Tensor dyb = nan_like({s.b, s.t, s.d}, at::kBFloat16), dgate = nan_like({s.b, s.d}, at::kBFloat16);
     at::Tensor gpartials = nan_like({kernels::gated_residual_backward_partials(b, gtiles, d, false)}, at::kFloat);
     kernels::gated_residual_backward<float, bf16, bf16>(
         dout.data_ptr<float>(), static_cast<const bf16*>(gate.data_ptr()), d, static_cast<const bf16*>(yb.data_ptr()),
         nullptr, static_cast<bf16*>(dyb.data_ptr()), static_cast<bf16*>(dgate.data_ptr()), nullptr,
-        gpartials.data_ptr<float>(), b, t, d, gtiles, stream);
+        gpartials.data_ptr<float>(), b, t, d, gtiles, launch.stream);
     {
       const at::Tensor gl = gate.detach().requires_grad_(true), yl = yb.detach().requires_grad_(true);
       const auto gr = torch::autograd::grad({gated_residual(x, gl, yl)}, {gl, yl}, {dout});
@@ -176,7 +173,7 @@ TEST(GatedResidualGpu, KernelsWriteEveryOutputElement) {
     kernels::gated_residual_forward<float, bf16, bf16>(x.data_ptr<float>(), static_cast<const bf16*>(gate.data_ptr()),
                                                        d, static_cast<const bf16*>(yb.data_ptr()),
                                                        bias.data_ptr<float>(), out_b.data_ptr<float>(), b, t, d,
-                                                       stream);
+                                                       launch.stream);
     EXPECT_TRUE(at::equal(out_b, gated_residual(x, gate, yb, bias))) << name(s) << " gated forward with bias";
     at::Tensor dyb_b = nan_like({s.b, s.t, s.d}, at::kBFloat16), dgate_b = nan_like({s.b, s.d}, at::kBFloat16);
     at::Tensor dbias_ps = nan_like({s.b, s.d}, at::kFloat);
@@ -184,7 +181,7 @@ TEST(GatedResidualGpu, KernelsWriteEveryOutputElement) {
     kernels::gated_residual_backward<float, bf16, bf16>(
         dout.data_ptr<float>(), static_cast<const bf16*>(gate.data_ptr()), d, static_cast<const bf16*>(yb.data_ptr()),
         bias.data_ptr<float>(), static_cast<bf16*>(dyb_b.data_ptr()), static_cast<bf16*>(dgate_b.data_ptr()),
-        dbias_ps.data_ptr<float>(), gpartials_b.data_ptr<float>(), b, t, d, gtiles, stream);
+        dbias_ps.data_ptr<float>(), gpartials_b.data_ptr<float>(), b, t, d, gtiles, launch.stream);
     {
       const at::Tensor gl = gate.detach().requires_grad_(true), yl = yb.detach().requires_grad_(true);
       const at::Tensor bl = bias.detach().requires_grad_(true);

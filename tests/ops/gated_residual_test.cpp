@@ -25,23 +25,16 @@ using perftrain::testing::expect_close;
 using namespace perftrain::testing::row_ops::cpu;
 
 TEST(GatedResidual, CpuOpIsTheReference) {
-  uint64_t seed = 1;
-  for (const Shape& s : kShapes) {
-    for (const auto x_dt : {at::kFloat, at::kBFloat16}) {
-      for (const auto g_dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
-        for (const auto y_dt : {at::kFloat, at::kBFloat16}) {
-          at::Generator g = gen(seed++);
-          const at::Tensor x = at::randn({s.b, s.t, s.d}, g).to(x_dt);
-          const at::Tensor gate = at::randn({s.b, s.d}, g).to(g_dt);
-          const at::Tensor y = at::randn({s.b, s.t, s.d}, g).to(y_dt);
-          const at::Tensor out = gated_residual(x, gate, y);
-          EXPECT_EQ(out.scalar_type(), x_dt);
-          EXPECT_TRUE(at::equal(out, gated_residual_reference(x, gate, y)));
-          EXPECT_FALSE(out.isnan().any().item<bool>());
-        }
-      }
-    }
-  }
+  for_each_dtypes([](const Shape& s, at::ScalarType x_dt, at::ScalarType g_dt, at::ScalarType y_dt,
+                     at::Generator& g) {
+    const at::Tensor x = at::randn({s.b, s.t, s.d}, g).to(x_dt);
+    const at::Tensor gate = at::randn({s.b, s.d}, g).to(g_dt);
+    const at::Tensor y = at::randn({s.b, s.t, s.d}, g).to(y_dt);
+    const at::Tensor out = gated_residual(x, gate, y);
+    EXPECT_EQ(out.scalar_type(), x_dt);
+    EXPECT_TRUE(at::equal(out, gated_residual_reference(x, gate, y)));
+    EXPECT_FALSE(out.isnan().any().item<bool>());
+  });
 }
 
 // fp32 throughout, random upstream gradient. Tolerance (fp32, <= 9 terms per
@@ -55,17 +48,13 @@ TEST(GatedResidual, CpuMatchesCompositionForwardAndBackward) {
     const at::Tensor y0 = at::randn({s.b, s.t, s.d}, g);
     const at::Tensor dout = at::randn({s.b, s.t, s.d}, g);
     auto run = [&](bool ours) {
-      const at::Tensor x = x0.clone().requires_grad_(true);
-      const at::Tensor gate = gate0.clone().requires_grad_(true);
-      const at::Tensor y = y0.clone().requires_grad_(true);
-      const at::Tensor out = ours ? gated_residual(x, gate, y)
-                                  : x + gate.view({s.b, 1, s.d}).expand({s.b, s.t, s.d}) * y;
-      const auto grads = torch::autograd::grad({out}, {x, gate, y}, {dout});
-      return std::vector<at::Tensor>{out.detach(), grads[0], grads[1], grads[2]};
+      return output_and_grads({x0, gate0, y0}, dout, [&](const std::vector<at::Tensor>& in) {
+        return ours ? gated_residual(in[0], in[1], in[2])
+                    : in[0] + in[1].view({s.b, 1, s.d}).expand({s.b, s.t, s.d}) * in[2];
+      });
     };
     const auto ours = run(true), ref = run(false);
-    const std::string where = "shape [" + std::to_string(s.b) + "," + std::to_string(s.t) + "," +
-                              std::to_string(s.d) + "] ";
+    const std::string where = name(s);
     expect_close(ours[0], ref[0], 1e-6, 1e-6, where + "out");
     expect_close(ours[1], ref[1], 0, 0, where + "dx");  // dx is dout itself
     expect_close(ours[2], ref[2], 1e-6, 1e-6, where + "dgate");
@@ -114,19 +103,14 @@ TEST(GatedResidual, CpuBiasGradientsMatchComposition) {
     const at::Tensor bias0 = at::randn({s.d}, g);
     const at::Tensor dout = at::randn({s.b, s.t, s.d}, g);
     auto run = [&](bool ours) {
-      std::vector<at::Tensor> in = {x0.clone(), gate0.clone(), y0.clone(), bias0.clone()};
-      for (at::Tensor& t : in) t.requires_grad_(true);
-      const at::Tensor out =
-          ours ? gated_residual(in[0], in[1], in[2], in[3])
-               : in[0] + in[1].view({s.b, 1, s.d}).expand({s.b, s.t, s.d}) *
-                             (in[2] + in[3].view({1, 1, s.d}).expand({s.b, s.t, s.d}));
-      auto grads = torch::autograd::grad({out}, in, {dout});
-      grads.insert(grads.begin(), out.detach());
-      return grads;
+      return output_and_grads({x0, gate0, y0, bias0}, dout, [&](const std::vector<at::Tensor>& in) {
+        return ours ? gated_residual(in[0], in[1], in[2], in[3])
+                    : in[0] + in[1].view({s.b, 1, s.d}).expand({s.b, s.t, s.d}) *
+                                  (in[2] + in[3].view({1, 1, s.d}).expand({s.b, s.t, s.d}));
+      });
     };
     const auto ours = run(true), ref = run(false);
-    const std::string where = "shape [" + std::to_string(s.b) + "," + std::to_string(s.t) + "," +
-                              std::to_string(s.d) + "] ";
+    const std::string where = name(s);
     const char* names[] = {"out", "dx", "dgate", "dy", "dbias"};
     for (size_t i = 0; i < ours.size(); ++i) expect_close(ours[i], ref[i], 1e-5, 1e-5, where + names[i]);
 

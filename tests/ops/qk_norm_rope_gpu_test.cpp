@@ -27,6 +27,7 @@
 #include "kernels/qk_norm_rope.h"
 #include "ops/qk_norm_rope.h"
 #include "support/graph_checks.h"
+#include "support/kernel_launch.h"
 #include "support/row_op_checks.h"
 
 namespace perftrain::ops {
@@ -165,9 +166,7 @@ TEST(QkNormRopeGpu, WeightDtypesAndPartialGradients) {
 // above) bit for bit, and the partials summed must give its weight gradients.
 TEST(QkNormRopeGpu, KernelsWriteEveryOutputElement) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
-  const c10::cuda::CUDAGuard guard(kCuda);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const testing::KernelLaunch launch;
   using bf16 = __nv_bfloat16;
   uint64_t seed = 3000;
   for (const Case& c : {Case{1, 257, 2, 72}, Case{3, 1, 4, 64}, Case{2, 288, 3, 96}, Case{1, 7, 1, 128}}) {
@@ -184,7 +183,7 @@ TEST(QkNormRopeGpu, KernelsWriteEveryOutputElement) {
     kernels::qk_norm_rope_forward<bf16>(static_cast<const bf16*>(qkv.data_ptr()), qw.data_ptr<float>(),
                                         kw.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
                                         static_cast<bf16*>(out.data_ptr()), rstd.data_ptr<float>(), rows, tokens,
-                                        heads, hd, 1e-6f, stream);
+                                        heads, hd, 1e-6f, launch.stream);
     const at::Tensor x = qkv.detach().requires_grad_(true);
     const at::Tensor wq = qw.detach().requires_grad_(true), wk = kw.detach().requires_grad_(true);
     const at::Tensor op_out = qk_norm_rope(x, c.heads, wq, wk, cos, sin);
@@ -194,14 +193,14 @@ TEST(QkNormRopeGpu, KernelsWriteEveryOutputElement) {
     const at::Tensor heads64 = qkv.to(at::kDouble).view({c.b, c.t, 3, c.heads, c.hd}).narrow(2, 0, 2);
     expect_close(rstd, (heads64.pow(2).mean(-1) + 1e-6).rsqrt(), where + "rstd", 1e-5);
 
-    const int tiles = kernels::qk_norm_rope_backward_tiles(rows, heads, sms);
+    const int tiles = kernels::qk_norm_rope_backward_tiles(rows, heads, launch.sms);
     at::Tensor dqkv = nan_like({c.b, c.t, 3 * d}, at::kBFloat16);
     at::Tensor partials = nan_like({kernels::qk_norm_rope_backward_partials(tiles, hd)}, at::kFloat);
     kernels::qk_norm_rope_backward<bf16>(static_cast<const bf16*>(dout.data_ptr()),
                                          static_cast<const bf16*>(qkv.data_ptr()), rstd.data_ptr<float>(),
                                          qw.data_ptr<float>(), kw.data_ptr<float>(), cos.data_ptr<float>(),
                                          sin.data_ptr<float>(), static_cast<bf16*>(dqkv.data_ptr()),
-                                         partials.data_ptr<float>(), rows, tokens, heads, hd, tiles, stream);
+                                         partials.data_ptr<float>(), rows, tokens, heads, hd, tiles, launch.stream);
     const auto gr = torch::autograd::grad({op_out}, {x, wq, wk}, {dout});
     EXPECT_TRUE(at::equal(dqkv, gr[0])) << where << "dqkv";
     EXPECT_FALSE(partials.isnan().any().item<bool>()) << where << "partials";
@@ -215,7 +214,7 @@ TEST(QkNormRopeGpu, KernelsWriteEveryOutputElement) {
                                          static_cast<const bf16*>(qkv.data_ptr()), rstd.data_ptr<float>(),
                                          qw.data_ptr<float>(), kw.data_ptr<float>(), cos.data_ptr<float>(),
                                          sin.data_ptr<float>(), static_cast<bf16*>(dqkv2.data_ptr()), nullptr, rows,
-                                         tokens, heads, hd, tiles, stream);
+                                         tokens, heads, hd, tiles, launch.stream);
     EXPECT_TRUE(at::equal(dqkv2, dqkv)) << where << "dqkv without weight partials";
   }
 }
@@ -229,9 +228,7 @@ TEST(QkNormRopeGpu, KernelsWriteEveryOutputElement) {
 // within one rounding of the vector path. Prints the path and max errors.
 template <typename T>
 void vector_and_pair_paths(const Case& c, at::ScalarType dt, int64_t off, uint64_t seed) {
-  const c10::cuda::CUDAGuard guard(kCuda);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const testing::KernelLaunch launch;
   const std::string where = name(c, dt) + "offset " + std::to_string(off) + " ";
   at::Generator g = gen(seed);
   const int64_t d = c.heads * c.hd, n = c.b * c.t * 3 * d;
@@ -249,7 +246,7 @@ void vector_and_pair_paths(const Case& c, at::ScalarType dt, int64_t off, uint64
   const auto [cos, sin] = tables(c.t, c.hd, g);
   auto p = [](const at::Tensor& t) { return static_cast<T*>(t.data_ptr()); };
   auto a = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); };
-  const int tiles = kernels::qk_norm_rope_backward_tiles(rows, heads, sms);
+  const int tiles = kernels::qk_norm_rope_backward_tiles(rows, heads, launch.sms);
 
   // float64 reference: out, dqkv, the weight gradients, rstd
   const at::Tensor x64 = qkv.to(at::kDouble).requires_grad_(true);
@@ -277,10 +274,11 @@ void vector_and_pair_paths(const Case& c, at::ScalarType dt, int64_t off, uint64
     at::Tensor partials = nan_like({kernels::qk_norm_rope_backward_partials(tiles, hd)}, at::kFloat);
     kernels::qk_norm_rope_forward<T>(p(qkv), qw.data_ptr<float>(), kw.data_ptr<float>(), cos.data_ptr<float>(),
                                      sin.data_ptr<float>(), p(out), rstd.data_ptr<float>(), rows, tokens, heads, hd,
-                                     1e-6f, stream, vector);
+                                     1e-6f, launch.stream, vector);
     kernels::qk_norm_rope_backward<T>(p(dout), p(qkv), rstd.data_ptr<float>(), qw.data_ptr<float>(),
                                       kw.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), p(dqkv),
-                                      partials.data_ptr<float>(), rows, tokens, heads, hd, tiles, stream, vector);
+                                      partials.data_ptr<float>(), rows, tokens, heads, hd, tiles, launch.stream,
+                                      vector);
     expect_close(out, out64, w + "out");
     expect_close(rstd, rstd64, w + "rstd", 1e-5);
     expect_close(dqkv, ref[0], w + "dqkv");

@@ -23,6 +23,7 @@
 #include "ops/gated_residual.h"
 #include "ops/residual_adaln.h"
 #include "support/graph_checks.h"
+#include "support/kernel_launch.h"
 #include "support/row_op_checks.h"
 
 namespace perftrain::ops {
@@ -48,10 +49,7 @@ const std::vector<Case> kCases = {{at::kFloat, at::kBFloat16, at::kBFloat16, at:
                                   {at::kFloat, at::kFloat, at::kBFloat16, at::kBFloat16},
                                   {at::kFloat, at::kHalf, at::kHalf, at::kHalf}};
 
-std::string name(const Case& c) {
-  return std::string("x ") + c10::toString(c.x) + " y " + c10::toString(c.y) + " mod " + c10::toString(c.mod) +
-         " out " + c10::toString(c.out);
-}
+std::string name(const Case& c) { return dtype_names({{"x", c.x}, {"y", c.y}, {"mod", c.mod}, {"out", c.out}}); }
 
 
 // Runs the op (or the float64 reference) and differentiates the used outputs.
@@ -191,9 +189,7 @@ TEST(ResidualAdaLNGpu, BiasGradientAlone) {
 // scalar one (D = 37).
 TEST(ResidualAdaLNGpu, KernelsWriteEveryOutputElement) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
-  const c10::cuda::CUDAGuard guard(kCuda);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const testing::KernelLaunch launch;
   using bf16 = __nv_bfloat16;
   auto bp = [](const at::Tensor& t) { return static_cast<bf16*>(t.data_ptr()); };
   auto fp = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
@@ -215,7 +211,7 @@ TEST(ResidualAdaLNGpu, KernelsWriteEveryOutputElement) {
       kernels::residual_adaln_forward<float, bf16, bf16>(x.data_ptr<float>(), bp(gate), d, bp(y), fp(bias), bp(shift),
                                                          d, bp(scale), d, x1.data_ptr<float>(), bp(h),
                                                          mean.data_ptr<float>(), rstd.data_ptr<float>(), bp(xhat), b,
-                                                         t, d, 1e-6f, stream);
+                                                         t, d, 1e-6f, launch.stream);
       {
         const auto [x1_op, h_op] = residual_adaln(x, gate, y, shift, scale, at::kBFloat16, 1e-6, bias);
         EXPECT_TRUE(at::equal(x1, x1_op)) << where_s << " forward x1";
@@ -226,7 +222,7 @@ TEST(ResidualAdaLNGpu, KernelsWriteEveryOutputElement) {
       }
 
       const at::Tensor dx1 = rnd({s.b, s.t, s.d}, g, at::kFloat), dh = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
-      const int tiles = kernels::residual_adaln_backward_tiles(b, t, d, with_bias, sms);
+      const int tiles = kernels::residual_adaln_backward_tiles(b, t, d, with_bias, launch.sms);
       for (const bool with_ext : {true, false})
       for (const bool from_xhat : {true, false}) {
         const std::string where =
@@ -241,7 +237,7 @@ TEST(ResidualAdaLNGpu, KernelsWriteEveryOutputElement) {
             with_ext ? dx1.data_ptr<float>() : nullptr, bp(dh), from_xhat ? nullptr : x1.data_ptr<float>(),
             from_xhat ? bp(xhat) : nullptr, bp(y), fp(bias), bp(gate), d, bp(scale), d,
             from_xhat ? nullptr : mean.data_ptr<float>(), rstd.data_ptr<float>(), dx.data_ptr<float>(), bp(dy),
-            bp(dgate), bp(dshift), bp(dscale), fp(dbias_ps), partials.data_ptr<float>(), b, t, d, tiles, stream);
+            bp(dgate), bp(dshift), bp(dscale), fp(dbias_ps), partials.data_ptr<float>(), b, t, d, tiles, launch.stream);
         std::vector<at::Tensor> in = {x, gate, y, shift, scale};
         if (with_bias) in.push_back(bias);
         for (at::Tensor& v : in) v = v.detach().requires_grad_(true);

@@ -41,29 +41,22 @@ std::pair<at::Tensor, at::Tensor> composed(const at::Tensor& x, const at::Tensor
 }
 
 TEST(ResidualAdaLN, CpuOpIsTheReference) {
-  uint64_t seed = 1;
-  for (const Shape& s : kShapes) {
-    for (const auto x_dt : {at::kFloat, at::kBFloat16}) {
-      for (const auto m_dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
-        for (const auto a_dt : {at::kFloat, at::kBFloat16}) {  // y and h
-          at::Generator g = gen(seed++);
-          const at::Tensor x = (at::randn({s.b, s.t, s.d}, g) * 2 + 0.5).to(x_dt);
-          const at::Tensor gate = at::randn({s.b, s.d}, g).to(m_dt);
-          const at::Tensor y = at::randn({s.b, s.t, s.d}, g).to(a_dt);
-          const at::Tensor shift = at::randn({s.b, s.d}, g).to(m_dt);
-          const at::Tensor scale = (at::randn({s.b, s.d}, g) * 0.5).to(m_dt);
-          const auto [x1, h] = residual_adaln(x, gate, y, shift, scale, a_dt);
-          EXPECT_EQ(x1.scalar_type(), x_dt);
-          EXPECT_EQ(h.scalar_type(), a_dt);
-          // The reference is the two unfused references, bit for bit.
-          const at::Tensor x1_ref = gated_residual_reference(x, gate, y);
-          EXPECT_TRUE(at::equal(x1, x1_ref)) << name(s);
-          EXPECT_TRUE(at::equal(h, adaln_layernorm_reference(x1_ref, shift, scale, a_dt))) << name(s);
-          EXPECT_FALSE(x1.isnan().any().item<bool>() || h.isnan().any().item<bool>()) << name(s);
-        }
-      }
-    }
-  }
+  for_each_dtypes([](const Shape& s, at::ScalarType x_dt, at::ScalarType m_dt, at::ScalarType a_dt,
+                     at::Generator& g) {
+    const at::Tensor x = (at::randn({s.b, s.t, s.d}, g) * 2 + 0.5).to(x_dt);
+    const at::Tensor gate = at::randn({s.b, s.d}, g).to(m_dt);
+    const at::Tensor y = at::randn({s.b, s.t, s.d}, g).to(a_dt);
+    const at::Tensor shift = at::randn({s.b, s.d}, g).to(m_dt);
+    const at::Tensor scale = (at::randn({s.b, s.d}, g) * 0.5).to(m_dt);
+    const auto [x1, h] = residual_adaln(x, gate, y, shift, scale, a_dt);
+    EXPECT_EQ(x1.scalar_type(), x_dt);
+    EXPECT_EQ(h.scalar_type(), a_dt);
+    // The reference is the two unfused references, bit for bit.
+    const at::Tensor x1_ref = gated_residual_reference(x, gate, y);
+    EXPECT_TRUE(at::equal(x1, x1_ref)) << name(s);
+    EXPECT_TRUE(at::equal(h, adaln_layernorm_reference(x1_ref, shift, scale, a_dt))) << name(s);
+    EXPECT_FALSE(x1.isnan().any().item<bool>() || h.isnan().any().item<bool>()) << name(s);
+  });
 }
 
 // The bias is added to y before the gate: with an fp32 bias the op (on the CPU,

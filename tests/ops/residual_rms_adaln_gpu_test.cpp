@@ -30,6 +30,7 @@
 #include "ops/rms_adaln.h"
 #include "ops/weight_grad_stream.h"
 #include "support/graph_checks.h"
+#include "support/kernel_launch.h"
 #include "support/row_op_checks.h"
 
 namespace perftrain::ops {
@@ -59,8 +60,7 @@ const std::vector<Case> kCases = {{at::kFloat, at::kBFloat16, at::kBFloat16, at:
                                   {at::kFloat, at::kHalf, at::kHalf, at::kFloat, at::kHalf}};
 
 std::string name(const Case& c) {
-  return std::string("x ") + c10::toString(c.x) + " y " + c10::toString(c.y) + " mod " + c10::toString(c.mod) +
-         " w " + c10::toString(c.w) + " out " + c10::toString(c.out);
+  return dtype_names({{"x", c.x}, {"y", c.y}, {"mod", c.mod}, {"w", c.w}, {"out", c.out}});
 }
 
 
@@ -172,9 +172,7 @@ TEST(ResidualRmsAdaLNGpu, MatchesFloat64Reference) {
 // (one and two vectors a thread) and the scalar ones (37, 1003, 5003).
 TEST(ResidualRmsAdaLNGpu, KernelsWriteEveryOutputElement) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
-  const c10::cuda::CUDAGuard guard(kCuda);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const testing::KernelLaunch launch;
   using bf16 = __nv_bfloat16;
   auto bp = [](const at::Tensor& t) { return static_cast<bf16*>(t.data_ptr()); };
   auto fp = [](const at::Tensor& t) { return t.data_ptr<float>(); };
@@ -193,7 +191,7 @@ TEST(ResidualRmsAdaLNGpu, KernelsWriteEveryOutputElement) {
     at::Tensor xhat = nan_like({s.b, s.t, s.d}, at::kBFloat16);
     kernels::residual_rms_adaln_forward<float, bf16, bf16>(fp(x), bp(gate), d, bp(y), fp(pw), fp(qw), bp(scale), d,
                                                            fp(x1), bp(h), fp(y_rstd), fp(rstd), bp(xhat), b, t, d,
-                                                           1e-6f, stream);
+                                                           1e-6f, launch.stream);
     {
       const auto [x1_op, h_op] = residual_rms_adaln(x, gate, y, pw, qw, scale, at::kBFloat16);
       EXPECT_TRUE(at::equal(x1, x1_op)) << where_s << " forward x1";
@@ -203,7 +201,7 @@ TEST(ResidualRmsAdaLNGpu, KernelsWriteEveryOutputElement) {
     }
 
     const at::Tensor dx1 = rnd({s.b, s.t, s.d}, g, at::kFloat), dh = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
-    const int tiles = kernels::residual_rms_adaln_backward_tiles(b, t, d, sms);
+    const int tiles = kernels::residual_rms_adaln_backward_tiles(b, t, d, launch.sms);
     for (const bool with_ext : {true, false})
       for (const bool from_xhat : {true, false}) {
         const std::string where =
@@ -215,7 +213,7 @@ TEST(ResidualRmsAdaLNGpu, KernelsWriteEveryOutputElement) {
         kernels::residual_rms_adaln_backward<float, bf16, bf16>(
             with_ext ? fp(dx1) : nullptr, bp(dh), from_xhat ? nullptr : fp(x1), from_xhat ? bp(xhat) : nullptr, bp(y),
             fp(pw), fp(qw), bp(gate), d, bp(scale), d, fp(y_rstd), fp(rstd), fp(dx), bp(dy), bp(dgate), bp(dscale),
-            fp(dpw_ps), fp(dqw_ps), fp(partials), b, t, d, tiles, stream);
+            fp(dpw_ps), fp(dqw_ps), fp(partials), b, t, d, tiles, launch.stream);
         std::vector<at::Tensor> in = {x, gate, y, pw, qw, scale};
         for (at::Tensor& v : in) v = v.detach().requires_grad_(true);
         const auto [x1_op, h_op] = residual_rms_adaln(in[0], in[1], in[2], in[3], in[4], in[5], at::kBFloat16);
@@ -245,7 +243,7 @@ TEST(ResidualRmsAdaLNGpu, KernelsWriteEveryOutputElement) {
       at::Tensor partials = nan_like({kernels::residual_rms_adaln_backward_partials(b, tiles, d)}, at::kFloat);
       kernels::residual_rms_adaln_backward<float, bf16, bf16>(
           fp(dx1), nullptr, nullptr, nullptr, bp(y), fp(pw), fp(qw), bp(gate), d, bp(scale), d, fp(y_rstd), nullptr,
-          fp(dx), bp(dy), bp(dgate), nullptr, fp(dpw_ps), nullptr, fp(partials), b, t, d, tiles, stream);
+          fp(dx), bp(dy), bp(dgate), nullptr, fp(dpw_ps), nullptr, fp(partials), b, t, d, tiles, launch.stream);
       std::vector<at::Tensor> in = {x, gate, y, pw};
       for (at::Tensor& v : in) v = v.detach().requires_grad_(true);
       const auto gr =
@@ -289,17 +287,16 @@ TEST(ResidualRmsAdaLNGpu, MixedDtypes) {
     };
     const auto got = grads(false), ref = grads(true);
     EXPECT_EQ(got[1].scalar_type(), at::kFloat) << where << "h dtype";
-    const char* names[] = {"x1", "h", "dx", "dgate", "dy", "dpost_weight", "dpre_weight", "dscale"};
-    const at::ScalarType dtypes[] = {at::kFloat, at::kFloat, at::kFloat, at::kBFloat16,
-                                     at::kBFloat16, at::kDouble, at::kBFloat16, at::kFloat};
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_TRUE(got[i].defined()) << where << names[i];
-      EXPECT_EQ(got[i].scalar_type(), dtypes[i]) << where << names[i] << " dtype";
-      if (i < 3 || i == 4)
-        expect_close(got[i], ref[i], where + names[i]);
-      else
-        expect_rel_l2(got[i], ref[i], where + names[i]);
-    }
+    expect_results(got, ref,
+                   {{"x1", at::kFloat, true},
+                    {"h", at::kFloat, true},
+                    {"dx", at::kFloat, true},
+                    {"dgate", at::kBFloat16, false},
+                    {"dy", at::kBFloat16, true},
+                    {"dpost_weight", at::kDouble, false},
+                    {"dpre_weight", at::kBFloat16, false},
+                    {"dscale", at::kFloat, false}},
+                   where);
   }
 }
 

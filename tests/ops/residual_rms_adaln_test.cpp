@@ -48,33 +48,26 @@ std::pair<at::Tensor, at::Tensor> composed(const at::Tensor& x, const at::Tensor
 }
 
 TEST(ResidualRmsAdaLN, CpuOpIsTheReference) {
-  uint64_t seed = 1;
-  for (const Shape& s : kShapes) {
-    for (const auto x_dt : {at::kFloat, at::kBFloat16}) {
-      for (const auto m_dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
-        for (const auto a_dt : {at::kFloat, at::kBFloat16}) {  // y and h
-          at::Generator g = gen(seed++);
-          const at::Tensor x = (at::randn({s.b, s.t, s.d}, g) * 2 + 0.5).to(x_dt);
-          const at::Tensor gate = at::randn({s.b, s.d}, g).to(m_dt);
-          const at::Tensor y = (at::randn({s.b, s.t, s.d}, g) * 3).to(a_dt);
-          const at::Tensor pw = at::randn({s.d}, g) * 0.3 + 1, qw = at::randn({s.d}, g) * 0.3 + 1;
-          const at::Tensor scale = (at::randn({s.b, s.d}, g) * 0.5).to(m_dt);
-          const auto [x1, h] = residual_rms_adaln(x, gate, y, pw, qw, scale, a_dt);
-          EXPECT_EQ(x1.scalar_type(), x_dt);
-          EXPECT_EQ(h.scalar_type(), a_dt);
-          const auto [x1_ref, h_ref] = residual_rms_adaln_reference(x, gate, y, pw, qw, scale, a_dt);
-          EXPECT_TRUE(at::equal(x1, x1_ref)) << name(s);
-          EXPECT_TRUE(at::equal(h, h_ref)) << name(s);
-          // The reference is rms_adaln of y, the gated residual, rms_adaln of x1, bit for bit.
-          const at::Tensor yn = rms_adaln_reference(y, pw, at::Tensor(), at::kFloat);
-          const at::Tensor x1_parts = (x.to(at::kFloat) + at::tanh(gate.to(at::kFloat)).unsqueeze(1) * yn).to(x_dt);
-          EXPECT_TRUE(at::equal(x1, x1_parts)) << name(s);
-          EXPECT_TRUE(at::equal(h, rms_adaln_reference(x1_parts, qw, scale, a_dt))) << name(s);
-          EXPECT_FALSE(x1.isnan().any().item<bool>() || h.isnan().any().item<bool>()) << name(s);
-        }
-      }
-    }
-  }
+  for_each_dtypes([](const Shape& s, at::ScalarType x_dt, at::ScalarType m_dt, at::ScalarType a_dt,
+                     at::Generator& g) {
+    const at::Tensor x = (at::randn({s.b, s.t, s.d}, g) * 2 + 0.5).to(x_dt);
+    const at::Tensor gate = at::randn({s.b, s.d}, g).to(m_dt);
+    const at::Tensor y = (at::randn({s.b, s.t, s.d}, g) * 3).to(a_dt);
+    const at::Tensor pw = at::randn({s.d}, g) * 0.3 + 1, qw = at::randn({s.d}, g) * 0.3 + 1;
+    const at::Tensor scale = (at::randn({s.b, s.d}, g) * 0.5).to(m_dt);
+    const auto [x1, h] = residual_rms_adaln(x, gate, y, pw, qw, scale, a_dt);
+    EXPECT_EQ(x1.scalar_type(), x_dt);
+    EXPECT_EQ(h.scalar_type(), a_dt);
+    const auto [x1_ref, h_ref] = residual_rms_adaln_reference(x, gate, y, pw, qw, scale, a_dt);
+    EXPECT_TRUE(at::equal(x1, x1_ref)) << name(s);
+    EXPECT_TRUE(at::equal(h, h_ref)) << name(s);
+    // The reference is rms_adaln of y, the gated residual, rms_adaln of x1, bit for bit.
+    const at::Tensor yn = rms_adaln_reference(y, pw, at::Tensor(), at::kFloat);
+    const at::Tensor x1_parts = (x.to(at::kFloat) + at::tanh(gate.to(at::kFloat)).unsqueeze(1) * yn).to(x_dt);
+    EXPECT_TRUE(at::equal(x1, x1_parts)) << name(s);
+    EXPECT_TRUE(at::equal(h, rms_adaln_reference(x1_parts, qw, scale, a_dt))) << name(s);
+    EXPECT_FALSE(x1.isnan().any().item<bool>() || h.isnan().any().item<bool>()) << name(s);
+  });
 }
 
 // Undefined weights are ones, an undefined scale is zero, bit for bit.

@@ -27,6 +27,7 @@
 #include "ops/rms_adaln.h"
 #include "ops/weight_grad_stream.h"
 #include "support/graph_checks.h"
+#include "support/kernel_launch.h"
 #include "support/row_op_checks.h"
 
 namespace perftrain::ops {
@@ -54,10 +55,7 @@ const std::vector<Case> kCases = {{at::kFloat, at::kBFloat16, at::kFloat, at::kB
                                   {at::kFloat, at::kBFloat16, at::kFloat, at::kFloat},
                                   {at::kFloat, at::kHalf, at::kFloat, at::kHalf}};
 
-std::string name(const Case& c) {
-  return std::string("x ") + c10::toString(c.x) + " mod " + c10::toString(c.mod) + " w " + c10::toString(c.w) +
-         " out " + c10::toString(c.out);
-}
+std::string name(const Case& c) { return dtype_names({{"x", c.x}, {"mod", c.mod}, {"w", c.w}, {"out", c.out}}); }
 
 // Whether the op keeps xhat (not x) for this case (see ops/rms_adaln.h).
 bool keeps_xhat(const Case& c) { return c.x == at::kFloat && reduced(c.out); }
@@ -137,9 +135,7 @@ TEST(RmsAdaLNGpu, MatchesFloat64Reference) {
 // row) and the scalar one (D = 37, 1003).
 TEST(RmsAdaLNGpu, KernelsWriteEveryOutputElement) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
-  const c10::cuda::CUDAGuard guard(kCuda);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const testing::KernelLaunch launch;
   using bf16 = __nv_bfloat16;
   auto bp = [](const at::Tensor& t) { return static_cast<bf16*>(t.data_ptr()); };
   uint64_t seed = 5000;
@@ -155,13 +151,13 @@ TEST(RmsAdaLNGpu, KernelsWriteEveryOutputElement) {
     at::Tensor h = nan_like({s.b, s.t, s.d}, at::kBFloat16), xhat = nan_like({s.b, s.t, s.d}, at::kBFloat16);
     at::Tensor rstd = nan_like({s.b * s.t}, at::kFloat);
     kernels::rms_adaln_forward<float, bf16, bf16>(x.data_ptr<float>(), w.data_ptr<float>(), bp(scale), d, bp(h),
-                                                  rstd.data_ptr<float>(), bp(xhat), b, t, d, 1e-6f, stream);
+                                                  rstd.data_ptr<float>(), bp(xhat), b, t, d, 1e-6f, launch.stream);
     EXPECT_TRUE(at::equal(h, rms_adaln(x, w, scale, at::kBFloat16))) << where_s << " forward h";
     EXPECT_FALSE(rstd.isnan().any().item<bool>()) << where_s << " rstd";
     expect_close(xhat, x * rstd.view({s.b, s.t, 1}), where_s + " forward xhat");
 
     const at::Tensor dh = rnd({s.b, s.t, s.d}, g, at::kBFloat16);
-    const int tiles = kernels::rms_adaln_backward_tiles(b, t, d, sms);
+    const int tiles = kernels::rms_adaln_backward_tiles(b, t, d, launch.sms);
     std::vector<at::Tensor> in = {x, w, scale};
     for (at::Tensor& v : in) v = v.detach().requires_grad_(true);
     const auto gr = torch::autograd::grad({rms_adaln(in[0], in[1], in[2], at::kBFloat16)}, in, {dh});
@@ -173,7 +169,7 @@ TEST(RmsAdaLNGpu, KernelsWriteEveryOutputElement) {
       kernels::rms_adaln_backward<float, bf16, bf16>(
           bp(dh), from_xhat ? nullptr : x.data_ptr<float>(), from_xhat ? bp(xhat) : nullptr, w.data_ptr<float>(),
           bp(scale), d, rstd.data_ptr<float>(), dx.data_ptr<float>(), bp(dscale), dw_ps.data_ptr<float>(),
-          partials.data_ptr<float>(), b, t, d, tiles, stream);
+          partials.data_ptr<float>(), b, t, d, tiles, launch.stream);
       EXPECT_FALSE(dw_ps.isnan().any().item<bool>()) << where << "dweight_per_sample";
       if (from_xhat) {  // what the op keeps for these dtypes: the same bits
         EXPECT_TRUE(at::equal(dx, gr[0])) << where << "dx";
@@ -209,16 +205,12 @@ TEST(RmsAdaLNGpu, MixedDtypes) {
       return gr;
     };
     const auto got = grads(false), ref = grads(true);
-    const char* names[] = {"h", "dx", "dweight", "dscale"};
-    const at::ScalarType dtypes[] = {at::kFloat, at::kBFloat16, at::kDouble, at::kFloat};
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_TRUE(got[i].defined()) << where << names[i];
-      EXPECT_EQ(got[i].scalar_type(), dtypes[i]) << where << names[i] << " dtype";
-      if (i < 2)
-        expect_close(got[i], ref[i], where + names[i]);
-      else
-        expect_rel_l2(got[i], ref[i], where + names[i]);
-    }
+    expect_results(got, ref,
+                   {{"h", at::kFloat, true},
+                    {"dx", at::kBFloat16, true},
+                    {"dweight", at::kDouble, false},
+                    {"dscale", at::kFloat, false}},
+                   where);
   }
 }
 

@@ -87,15 +87,14 @@ TEST(RmsAdaLN, CpuMatchesCompositionForwardAndBackward) {
         const at::Tensor w0 = at::randn({s.d}, g) * 0.5 + 1;
         const at::Tensor scale0 = at::randn({s.b, s.d}, g) * 0.5;
         const at::Tensor dh = at::randn({s.b, s.t, s.d}, g);
+        std::vector<at::Tensor> inputs = {x0};
+        if (with_w) inputs.push_back(w0);
+        if (with_scale) inputs.push_back(scale0);
         auto run = [&](bool ours) {
-          std::vector<at::Tensor> in = {x0.clone().requires_grad_(true)};
-          at::Tensor w, scale;
-          if (with_w) in.push_back(w = w0.clone().requires_grad_(true));
-          if (with_scale) in.push_back(scale = scale0.clone().requires_grad_(true));
-          const at::Tensor h = ours ? rms_adaln(in[0], w, scale, at::kFloat) : composed(in[0], w, scale, 1e-6);
-          auto grads = torch::autograd::grad({h}, in, {dh});
-          grads.insert(grads.begin(), h.detach());
-          return grads;
+          return output_and_grads(inputs, dh, [&](const std::vector<at::Tensor>& in) {
+            const at::Tensor w = with_w ? in[1] : at::Tensor(), scale = with_scale ? in.back() : at::Tensor();
+            return ours ? rms_adaln(in[0], w, scale, at::kFloat) : composed(in[0], w, scale, 1e-6);
+          });
         };
         const auto ours = run(true), ref = run(false);
         const std::string where = name(s) + (with_w ? "weight " : "") + (with_scale ? "scale " : "");

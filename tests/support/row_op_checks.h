@@ -15,9 +15,11 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace perftrain::testing::row_ops {
@@ -38,34 +40,61 @@ inline at::Tensor nan_like(at::IntArrayRef sizes, at::ScalarType dtype) {
 
 inline bool reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
-// Elementwise: |got - ref| <= tol + tol * |ref| everywhere; a NaN fails.
-// Tolerance per dtype of `got`: bf16/fp16 2e-2 (one rounding of an O(1)
-// value is <= 2^-8 relative, plus the rounding of an input the op rounds
-// first); fp32 1e-4 (row reductions of up to a few thousand terms); `tol` > 0
-// overrides.
-inline void expect_close(const at::Tensor& got, const at::Tensor& ref, const std::string& what, double tol = 0) {
+// got against ref in float64: elementwise (|got - ref| <= tol + tol * |ref|
+// everywhere) or by relative L2 (||got - ref|| / ||ref|| < tol); a NaN fails.
+// tol <= 0: by got's dtype, bf16/fp16 then fp32.
+inline void expect_near_ref(const at::Tensor& got, const at::Tensor& ref, const std::string& what, double tol,
+                            bool elementwise) {
   ASSERT_TRUE(got.defined()) << what << ": undefined";
   ASSERT_EQ(got.sizes(), ref.sizes()) << what;
-  if (tol <= 0) tol = reduced(got.scalar_type()) ? 2e-2 : 1e-4;
+  if (tol <= 0) tol = reduced(got.scalar_type()) ? (elementwise ? 2e-2 : 1e-2) : (elementwise ? 1e-4 : 1e-5);
   const at::Tensor g = got.to(at::kDouble), r = ref.to(at::kDouble);
   EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
-  const at::Tensor bad = ((g - r).abs() > r.abs() * tol + tol).logical_or(g.isnan());
-  const int64_t n_bad = bad.sum().item<int64_t>();
-  EXPECT_EQ(n_bad, 0) << what << ": " << n_bad << " of " << g.numel()
-                      << " elements out of tolerance; max |got - ref| = " << (g - r).abs().max().item<double>();
+  if (elementwise) {
+    const at::Tensor bad = ((g - r).abs() > r.abs() * tol + tol).logical_or(g.isnan());
+    const int64_t n_bad = bad.sum().item<int64_t>();
+    EXPECT_EQ(n_bad, 0) << what << ": " << n_bad << " of " << g.numel()
+                        << " elements out of tolerance; max |got - ref| = " << (g - r).abs().max().item<double>();
+  } else {
+    const double rel = (g - r).norm().item<double>() / r.norm().item<double>();
+    EXPECT_LT(rel, tol) << what << ": relative L2 error " << rel;  // NaN fails too
+  }
 }
 
-// Per-sample column sums over T rows: ||got - ref|| / ||ref|| below 1e-2 when
-// got is bf16/fp16 (its own rounding dominates), 1e-5 when fp32; `tol` > 0
-// overrides.
+// Elementwise. Tolerance per dtype of `got`: bf16/fp16 2e-2 (one rounding of
+// an O(1) value is <= 2^-8 relative, plus the rounding of an input the op
+// rounds first); fp32 1e-4 (row reductions of up to a few thousand terms);
+// `tol` > 0 overrides.
+inline void expect_close(const at::Tensor& got, const at::Tensor& ref, const std::string& what, double tol = 0) {
+  expect_near_ref(got, ref, what, tol, /*elementwise=*/true);
+}
+
+// Per-sample column sums over T rows, by relative L2: below 1e-2 when got is
+// bf16/fp16 (its own rounding dominates), 1e-5 when fp32; `tol` > 0 overrides.
 inline void expect_rel_l2(const at::Tensor& got, const at::Tensor& ref, const std::string& what, double tol = 0) {
-  ASSERT_TRUE(got.defined()) << what << ": undefined";
-  ASSERT_EQ(got.sizes(), ref.sizes()) << what;
-  if (tol <= 0) tol = reduced(got.scalar_type()) ? 1e-2 : 1e-5;
-  const at::Tensor g = got.to(at::kDouble), r = ref.to(at::kDouble);
-  EXPECT_FALSE(g.isnan().any().item<bool>()) << what << ": NaN in the result";
-  const double rel = (g - r).norm().item<double>() / r.norm().item<double>();
-  EXPECT_LT(rel, tol) << what << ": relative L2 error " << rel;  // NaN fails too
+  expect_near_ref(got, ref, what, tol, /*elementwise=*/false);
+}
+
+// What a result should be: its name in messages, its dtype, and whether it
+// is compared elementwise (expect_close) or, a sum over rows, by relative L2.
+struct Expected {
+  const char* name;
+  at::ScalarType dtype;
+  bool elementwise;
+};
+
+// Each result defined, of its dtype, and close to the reference.
+inline void expect_results(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& ref,
+                           const std::vector<Expected>& want, const std::string& where) {
+  ASSERT_EQ(got.size(), want.size()) << where;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(got[i].defined()) << where << want[i].name;
+    EXPECT_EQ(got[i].scalar_type(), want[i].dtype) << where << want[i].name << " dtype";
+    if (want[i].elementwise)
+      expect_close(got[i], ref[i], where + want[i].name);
+    else
+      expect_rel_l2(got[i], ref[i], where + want[i].name);
+  }
 }
 
 // Deterministic: a rerun's outputs are the same bits as the first run's
@@ -77,6 +106,13 @@ inline void expect_same_bits(const std::vector<at::Tensor>& got, const std::vect
     if (!got[i].defined()) continue;
     EXPECT_TRUE(at::equal(got[i], again[i])) << where << "output " << i << " not bit-identical";
   }
+}
+
+// "x Float mod BFloat16 out BFloat16": a test case's dtypes by input, for failure messages.
+inline std::string dtype_names(std::initializer_list<std::pair<const char*, at::ScalarType>> dtypes) {
+  std::string out;
+  for (const auto& [input, t] : dtypes) out += std::string(out.empty() ? "" : " ") + input + " " + c10::toString(t);
+  return out;
 }
 
 // x's [B, T, D].
@@ -114,12 +150,41 @@ namespace cpu {
 
 using row_ops::gen;
 using row_ops::kUses;
+using row_ops::output_and_grads;
 using row_ops::outputs_and_grads;
 using row_ops::Shape;
 using row_ops::Use;
 
 // A single row, odd and even widths, several samples and tokens.
 inline const std::vector<Shape> kShapes = {{1, 1, 37}, {2, 3, 200}, {3, 5, 64}, {2, 9, 1000}};
+
+// f(shape, x_dtype, row_dtype, act_dtype, generator) for every shape and the
+// storage dtypes the CPU tests cross: x fp32 or bf16, the per-sample rows
+// (gate, shift, scale) fp32, bf16 or fp16, the activations (y, or the output)
+// fp32 or bf16; a seeded generator each.
+template <typename F>
+void for_each_dtypes(F&& f) {
+  uint64_t seed = 1;
+  for (const Shape& s : kShapes)
+    for (const auto x_dt : {at::kFloat, at::kBFloat16})
+      for (const auto m_dt : {at::kFloat, at::kBFloat16, at::kHalf})
+        for (const auto a_dt : {at::kFloat, at::kBFloat16}) {
+          at::Generator g = gen(seed++);
+          f(s, x_dt, m_dt, a_dt, g);
+        }
+}
+
+// f(leaves) on fresh leaves that require grad (clones of `inputs`): its
+// output (detached), then the inputs' gradients for the upstream gradient dout.
+template <typename F>
+std::vector<at::Tensor> output_and_grads(const std::vector<at::Tensor>& inputs, const at::Tensor& dout, F&& f) {
+  std::vector<at::Tensor> leaves;
+  for (const at::Tensor& t : inputs) leaves.push_back(t.clone().requires_grad_(true));
+  const at::Tensor out = f(leaves);
+  std::vector<at::Tensor> all = torch::autograd::grad({out}, leaves, {dout});
+  all.insert(all.begin(), out.detach());
+  return all;
+}
 
 // "shape [b,t,d] ": the start of a failure message.
 inline std::string name(const Shape& s) { return "shape " + row_ops::name(s) + " "; }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -23,6 +24,14 @@ namespace perftrain::testing {
 
 // Whether `part` occurs in s (a report, a log, an error).
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Every one of `present` occurs in text and none of `absent` (a report, a
+// DOT graph); a failure names the part and shows the text.
+inline void expect_text(const std::string& text, std::initializer_list<std::string> present,
+                        std::initializer_list<std::string> absent = {}) {
+  for (const std::string& p : present) EXPECT_TRUE(contains(text, p)) << "missing \"" << p << "\" in:\n" << text;
+  for (const std::string& a : absent) EXPECT_FALSE(contains(text, a)) << "unexpected \"" << a << "\" in:\n" << text;
+}
 
 class TempDir {
  public:

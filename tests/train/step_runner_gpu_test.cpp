@@ -19,7 +19,8 @@
 
 #include "compat/compat.h"
 #include "models/dit.h"
-#include "ops/weight_grad_stream.h"
+#include "ops/weight_grad_lane.h"
+#include "support/step_runs.h"
 #include "support/tensor_checks.h"
 #include "train/step_runner.h"
 
@@ -127,32 +128,17 @@ TEST(StepRunnerGpu, RecomputeGivesTheSameGradients) {
   at::globalContext().setAllowTF32CuBLAS(true);
 }
 
+using perftrain::testing::Trained;
+
 // The losses and the model's and EMA's weights after `data`, from fresh
 // models and a generator seeded with `seed`.
-struct Trained {
-  std::vector<double> losses;
-  std::vector<at::Tensor> weights;
-  bool graph_active = false, weight_grad_stream = false;
-  std::string graph_status;
-};
-
 Trained train_steps(const TrainConfig& c, const std::vector<data::Batch>& data, const StepOptions& o, uint64_t seed) {
   const at::Device cuda(at::kCUDA, 0);
   Models m(c);
   at::Generator gen = at::globalContext().defaultGenerator(cuda).clone();
   gen.set_current_seed(seed);
   StepRunner r(m.model, &m.ema, c, o, cuda, gen);
-  Trained t;
-  for (const auto& b : data) {
-    r.step(b);
-    t.losses.push_back(r.take_window().loss);
-  }
-  t.graph_active = r.graph_active();
-  t.graph_status = r.graph_status();
-  t.weight_grad_stream = r.weight_grad_stream();
-  for (auto& p : m.model.parameters()) t.weights.push_back(p.detach().clone());
-  for (auto& p : m.ema.parameters()) t.weights.push_back(p.detach().clone());
-  return t;
+  return perftrain::testing::run_steps(r, data, m.model, m.ema);
 }
 
 // The same steps, eager and captured: the same losses and weights.
