@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/grad_buckets.h"
-#include "dist/group.h"
-#include "dist/launch_env.h"
+#include "distributed/grad_buckets.h"
+#include "distributed/group.h"
+#include "distributed/launch_env.h"
 #include "support/dist_ranks.h"
 #include "support/test_support.h"
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "base/error.h"
-#include "dist/group.h"
-#include "dist/launch_env.h"
+#include "distributed/group.h"
+#include "distributed/launch_env.h"
 #include "support/dist_ranks.h"
 #include "support/test_support.h"
 

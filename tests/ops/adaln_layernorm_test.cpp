@@ -60,7 +60,7 @@ TEST(AdaLNLayerNorm, CpuMatchesLayerNormCompositionForwardAndBackward) {
       });
     };
     const auto ours = run(true), ref = run(false);
-    const std::string where = name(s);
+    const std::string where = shape_name(s);
     expect_close(ours[0], ref[0], 1e-5, 1e-5, where + "y");
     expect_close(ours[1], ref[1], 1e-5, 1e-5, where + "dx");
     expect_close(ours[2], ref[2], 1e-5, 1e-5, where + "dshift");

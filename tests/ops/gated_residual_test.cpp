@@ -54,7 +54,7 @@ TEST(GatedResidual, CpuMatchesCompositionForwardAndBackward) {
       });
     };
     const auto ours = run(true), ref = run(false);
-    const std::string where = name(s);
+    const std::string where = shape_name(s);
     expect_close(ours[0], ref[0], 1e-6, 1e-6, where + "out");
     expect_close(ours[1], ref[1], 0, 0, where + "dx");  // dx is dout itself
     expect_close(ours[2], ref[2], 1e-6, 1e-6, where + "dgate");
@@ -110,7 +110,7 @@ TEST(GatedResidual, CpuBiasGradientsMatchComposition) {
       });
     };
     const auto ours = run(true), ref = run(false);
-    const std::string where = name(s);
+    const std::string where = shape_name(s);
     const char* names[] = {"out", "dx", "dgate", "dy", "dbias"};
     for (size_t i = 0; i < ours.size(); ++i) expect_close(ours[i], ref[i], 1e-5, 1e-5, where + names[i]);
 

@@ -53,9 +53,9 @@ TEST(ResidualAdaLN, CpuOpIsTheReference) {
     EXPECT_EQ(h.scalar_type(), a_dt);
     // The reference is the two unfused references, bit for bit.
     const at::Tensor x1_ref = gated_residual_reference(x, gate, y);
-    EXPECT_TRUE(at::equal(x1, x1_ref)) << name(s);
-    EXPECT_TRUE(at::equal(h, adaln_layernorm_reference(x1_ref, shift, scale, a_dt))) << name(s);
-    EXPECT_FALSE(x1.isnan().any().item<bool>() || h.isnan().any().item<bool>()) << name(s);
+    EXPECT_TRUE(at::equal(x1, x1_ref)) << shape_name(s);
+    EXPECT_TRUE(at::equal(h, adaln_layernorm_reference(x1_ref, shift, scale, a_dt))) << shape_name(s);
+    EXPECT_FALSE(x1.isnan().any().item<bool>() || h.isnan().any().item<bool>()) << shape_name(s);
   });
 }
 
@@ -77,12 +77,12 @@ TEST(ResidualAdaLN, CpuBiasIsAddedToY) {
         const auto [x1, h] = residual_adaln(x, gate, y, shift, scale, a_dt, 1e-6, bias);
         EXPECT_EQ(x1.scalar_type(), x_dt);
         EXPECT_EQ(h.scalar_type(), a_dt);
-        EXPECT_FALSE(x1.isnan().any().item<bool>() || h.isnan().any().item<bool>()) << name(s);
+        EXPECT_FALSE(x1.isnan().any().item<bool>() || h.isnan().any().item<bool>()) << shape_name(s);
         const auto [x1_ref, h_ref] = residual_adaln_reference(x, gate, y + bias, shift, scale, a_dt);
-        EXPECT_TRUE(at::equal(x1, x1_ref)) << name(s);
-        EXPECT_TRUE(at::equal(h, h_ref)) << name(s);
-        EXPECT_TRUE(at::equal(x1, gated_residual_reference(x, gate, y, bias))) << name(s);
-        EXPECT_FALSE(at::equal(x1, residual_adaln(x, gate, y, shift, scale, a_dt).first)) << name(s) << " bias ignored";
+        EXPECT_TRUE(at::equal(x1, x1_ref)) << shape_name(s);
+        EXPECT_TRUE(at::equal(h, h_ref)) << shape_name(s);
+        EXPECT_TRUE(at::equal(x1, gated_residual_reference(x, gate, y, bias))) << shape_name(s);
+        EXPECT_FALSE(at::equal(x1, residual_adaln(x, gate, y, shift, scale, a_dt).first)) << shape_name(s) << " bias ignored";
       }
     }
   }
@@ -116,7 +116,7 @@ TEST(ResidualAdaLN, CpuMatchesCompositionForwardAndBackward) {
           return outputs_and_grads(x1, h, in, use, dx1, dh);
         };
         const auto ours = run(true), ref = run(false);
-        const std::string where = name(s) + std::string(testing::row_ops::name(use)) + " " +
+        const std::string where = shape_name(s) + std::string(testing::row_ops::name(use)) + " " +
                                   (with_bias ? "with bias " : "");
         ASSERT_EQ(ours.size(), with_bias ? 8u : 7u) << where;
         const char* names[] = {"x1", "h", "dx", "dgate", "dy", "dshift", "dscale", "dbias"};

@@ -59,14 +59,14 @@ TEST(ResidualRmsAdaLN, CpuOpIsTheReference) {
     EXPECT_EQ(x1.scalar_type(), x_dt);
     EXPECT_EQ(h.scalar_type(), a_dt);
     const auto [x1_ref, h_ref] = residual_rms_adaln_reference(x, gate, y, pw, qw, scale, a_dt);
-    EXPECT_TRUE(at::equal(x1, x1_ref)) << name(s);
-    EXPECT_TRUE(at::equal(h, h_ref)) << name(s);
+    EXPECT_TRUE(at::equal(x1, x1_ref)) << shape_name(s);
+    EXPECT_TRUE(at::equal(h, h_ref)) << shape_name(s);
     // The reference is rms_adaln of y, the gated residual, rms_adaln of x1, bit for bit.
     const at::Tensor yn = rms_adaln_reference(y, pw, at::Tensor(), at::kFloat);
     const at::Tensor x1_parts = (x.to(at::kFloat) + at::tanh(gate.to(at::kFloat)).unsqueeze(1) * yn).to(x_dt);
-    EXPECT_TRUE(at::equal(x1, x1_parts)) << name(s);
-    EXPECT_TRUE(at::equal(h, rms_adaln_reference(x1_parts, qw, scale, a_dt))) << name(s);
-    EXPECT_FALSE(x1.isnan().any().item<bool>() || h.isnan().any().item<bool>()) << name(s);
+    EXPECT_TRUE(at::equal(x1, x1_parts)) << shape_name(s);
+    EXPECT_TRUE(at::equal(h, rms_adaln_reference(x1_parts, qw, scale, a_dt))) << shape_name(s);
+    EXPECT_FALSE(x1.isnan().any().item<bool>() || h.isnan().any().item<bool>()) << shape_name(s);
   });
 }
 
@@ -123,7 +123,7 @@ TEST(ResidualRmsAdaLN, CpuMatchesCompositionForwardAndBackward) {
           return outputs_and_grads(x1, h, in, use, dx1, dh);
         };
         const auto ours = run(true), ref = run(false);
-        const std::string where = name(s) + std::string(testing::row_ops::name(use)) + " " +
+        const std::string where = shape_name(s) + std::string(testing::row_ops::name(use)) + " " +
                                   (with_opt ? "with weights and scale " : "without ");
         ASSERT_EQ(ours.size(), with_opt ? 8u : 5u) << where;
         const char* names[] = {"x1", "h", "dx", "dgate", "dy", "dpost_weight", "dpre_weight", "dscale"};

@@ -47,11 +47,11 @@ TEST(RmsAdaLN, CpuOpIsTheReference) {
           const at::Tensor h = rms_adaln(x, w, scale, out_dt);
           EXPECT_EQ(h.scalar_type(), out_dt);
           EXPECT_EQ(h.sizes(), x.sizes());
-          EXPECT_TRUE(at::equal(h, rms_adaln_reference(x, w, scale, out_dt))) << name(s);
-          EXPECT_FALSE(h.isnan().any().item<bool>()) << name(s);
+          EXPECT_TRUE(at::equal(h, rms_adaln_reference(x, w, scale, out_dt))) << shape_name(s);
+          EXPECT_FALSE(h.isnan().any().item<bool>()) << shape_name(s);
           // The weight and the scale enter: dropping either changes the result.
-          EXPECT_FALSE(at::equal(h, rms_adaln(x, at::Tensor(), scale, out_dt))) << name(s) << " weight ignored";
-          EXPECT_FALSE(at::equal(h, rms_adaln(x, w, at::Tensor(), out_dt))) << name(s) << " scale ignored";
+          EXPECT_FALSE(at::equal(h, rms_adaln(x, at::Tensor(), scale, out_dt))) << shape_name(s) << " weight ignored";
+          EXPECT_FALSE(at::equal(h, rms_adaln(x, w, at::Tensor(), out_dt))) << shape_name(s) << " scale ignored";
         }
       }
     }
@@ -97,7 +97,7 @@ TEST(RmsAdaLN, CpuMatchesCompositionForwardAndBackward) {
           });
         };
         const auto ours = run(true), ref = run(false);
-        const std::string where = name(s) + (with_w ? "weight " : "") + (with_scale ? "scale " : "");
+        const std::string where = shape_name(s) + (with_w ? "weight " : "") + (with_scale ? "scale " : "");
         ASSERT_EQ(ours.size(), ref.size()) << where;
         ASSERT_EQ(ours.size(), size_t(2 + with_w + with_scale)) << where;
         const char* names[] = {"h", "dx", with_w ? "dweight" : "dscale", "dscale"};

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 #include "support/test_support.h"
 
 namespace perftrain::testing {
@@ -24,7 +24,7 @@ inline std::string self_exe() {
 // hard timeout of 90 s; every rank must exit 0. quiet: the ranks' output is
 // dropped, else it is in the failure message.
 inline void expect_ranks_pass(int world, const std::string& worker_env, const std::string& filter, bool quiet) {
-  const int port = dist::free_loopback_port("test");
+  const int port = distributed::free_loopback_port("test");
   std::string cmd;
   for (int r = 0; r < world; ++r)
     cmd += "(" + worker_env + "=1 RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +

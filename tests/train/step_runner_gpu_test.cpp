@@ -19,7 +19,7 @@
 
 #include "compat/compat.h"
 #include "models/dit.h"
-#include "ops/weight_grad_lane.h"
+#include "ops/weight_grad_stream.h"
 #include "support/step_runs.h"
 #include "support/tensor_checks.h"
 #include "train/step_runner.h"
@@ -175,7 +175,7 @@ TEST(StepRunnerGpu, WeightGradStreamTrainsLikeOneStream) {
     EXPECT_EQ(two.graph_active, graph) << two.graph_status;
     // DiT uses each weight once: the first step's graph check keeps the second stream.
     EXPECT_TRUE(two.weight_grad_stream) << mode;
-    // The products are the same bits (tests/ops/weight_grad_lane_gpu_test.cpp);
+    // The products are the same bits (tests/ops/weight_grad_stream_gpu_test.cpp);
     // the small margin is for cuDNN's attention backward, which need not be
     // bit-reproducible run to run. A race would be far outside it.
     for (size_t i = 0; i < one.losses.size(); ++i)
