@@ -187,7 +187,7 @@ std::vector<at::Tensor> output_and_grads(const std::vector<at::Tensor>& inputs, 
 }
 
 // "shape [b,t,d] ": the start of a failure message.
-inline std::string name(const Shape& s) { return "shape " + row_ops::name(s) + " "; }
+inline std::string shape_name(const Shape& s) { return "shape " + row_ops::name(s) + " "; }
 
 }  // namespace cpu
 
