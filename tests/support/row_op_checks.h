@@ -150,7 +150,6 @@ namespace cpu {
 
 using row_ops::gen;
 using row_ops::kUses;
-using row_ops::output_and_grads;
 using row_ops::outputs_and_grads;
 using row_ops::Shape;
 using row_ops::Use;
