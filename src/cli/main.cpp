@@ -110,18 +110,15 @@ void tighten_number_checks(CLI::App& app) {
         } catch (const CLI::OptionNotFound&) {
           break;
         }
-        // CLI11 gives them no name, only these descriptions.
+        // CLI11 gives them no name, only these descriptions, which
+        // cli/integer_option.h's checks share; CLI11's are the ones that let
+        // nan through.
         const bool positive = v->get_description() == "POSITIVE";
-        if (!positive && v->get_description() != "NONNEGATIVE") continue;
+        std::string probe = "nan";
+        if ((!positive && v->get_description() != "NONNEGATIVE") || !(*v)(probe).empty()) continue;
         v->operation([positive](std::string& text) -> std::string {
-          size_t used = 0;
           double x = 0;
-          try {
-            x = std::stod(text, &used);
-          } catch (const std::exception&) {
-            used = 0;
-          }
-          if (used == text.size() && !text.empty() && std::isfinite(x) && (positive ? x > 0 : x >= 0)) return "";
+          if (CLI::detail::lexical_cast(text, x) && std::isfinite(x) && (positive ? x > 0 : x >= 0)) return "";
           return text + " is not a finite number " + (positive ? "> 0" : ">= 0");
         });
       }
