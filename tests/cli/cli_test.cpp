@@ -268,7 +268,7 @@ TEST(Cli, QuickstartNewestRunRecipePicksATrainingRun) {
                                     " bench --device cpu --model DiT-T/4 --batch-size 2 --steps 1 --warmup 1"
                                     " --variants eager-fp32");  // into runs/bench-DiT-T-4-<date>
   ASSERT_EQ(r.code, 0) << r.output;
-  r = perftrain::testing::run_shell("cd " + tmp.path() + " && " + recipe + " && echo \"[$run]\"");
+  r = perftrain::testing::run_shell("cd " + tmp.path() + "\n" + recipe + "\necho \"[$run]\"");  // it ends in a comment
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("[runs/trained]"), std::string::npos) << recipe << "\n" << r.output;
 }
