@@ -36,7 +36,7 @@ TrainConfig memory_run_config(const std::string& model, int64_t batch, const std
   TrainConfig c = default_config(true);
   apply_override(c, "model.name=\"" + model + "\"");
   for (const char* o : {"data.source=\"synthetic\"", "model.image_size=32", "model.in_channels=4",
-                        "model.num_classes=1000", "data.synthetic_size=1024", "optim.steps=8", "log.every=4",
+                        "model.num_classes=1000", "data.synthetic_size=1024", "train.steps=8", "log.every=4",
                         "log.sample_every=0", "log.checkpoint_every=0", "log.sample_classes=1",
                         "log.sample_per_class=1", "diffusion.sample_steps=1"})
     apply_override(c, o);
