@@ -9,12 +9,16 @@ namespace {
 
 using detail::Norm;
 
+// The kLayer register budgets (row_norm.cuh): vectors a thread, forward and backward.
+constexpr int kFwd8 = detail::layer_fwd_items<8>(), kFwd1 = detail::layer_fwd_items<1>();
+constexpr int kBwd8 = detail::layer_bwd_items<8>(), kBwd1 = detail::layer_bwd_items<1>();
+
 constexpr const char* kName = "adaln_layernorm";
 
 // The register budgets are detail::layer_fwd_items / layer_bwd_items; with at most
 // kRowMaxThreads threads per row they cover kAdaLNMaxCols.
-static_assert(detail::kRowMaxThreads * 8 * detail::layer_bwd_items<8>() >= kAdaLNMaxCols &&
-                  detail::kRowMaxThreads * detail::layer_bwd_items<1>() >= kAdaLNMaxCols,
+static_assert(detail::kRowMaxThreads * 8 * kBwd8 >= kAdaLNMaxCols &&
+                  detail::kRowMaxThreads * kBwd1 >= kAdaLNMaxCols,
               "the backward's registers must cover the widest row");
 
 }  // namespace
@@ -36,9 +40,9 @@ void adaln_layernorm_forward(const TX* x, const TM* shift, int64_t shift_stride,
     PERFTRAIN_LAUNCH_CHECK();
   };
   if (vec8)
-    launch(detail::row_norm_forward_kernel<Norm::kLayer, false, false, TX, TM, TY, 8, detail::layer_fwd_items<8>()>, 8, detail::layer_fwd_items<8>());
+    launch(detail::row_norm_forward_kernel<Norm::kLayer, false, false, TX, TM, TY, 8, kFwd8>, 8, kFwd8);
   else
-    launch(detail::row_norm_forward_kernel<Norm::kLayer, false, false, TX, TM, TY, 1, detail::layer_fwd_items<1>()>, 1, detail::layer_fwd_items<1>());
+    launch(detail::row_norm_forward_kernel<Norm::kLayer, false, false, TX, TM, TY, 1, kFwd1>, 1, kFwd1);
 }
 
 int adaln_layernorm_backward_tiles(int batch, int tokens, int sm_count) {
@@ -65,16 +69,14 @@ void adaln_layernorm_backward(const TY* dy, const TX* x, const TM* scale, int64_
     PERFTRAIN_LAUNCH_CHECK();
   };
   if (vec8)
-    launch(detail::row_norm_backward_kernel<Norm::kLayer, false, TX, TM, TY, 8, detail::layer_bwd_items<8>(), false, false, false>, 8,
-           detail::layer_bwd_items<8>());
+    launch(detail::row_norm_backward_kernel<Norm::kLayer, false, TX, TM, TY, 8, kBwd8, false, false, false>, 8, kBwd8);
   else
-    launch(detail::row_norm_backward_kernel<Norm::kLayer, false, TX, TM, TY, 1, detail::layer_bwd_items<1>(), false, false, false>, 1,
-           detail::layer_bwd_items<1>());
+    launch(detail::row_norm_backward_kernel<Norm::kLayer, false, TX, TM, TY, 1, kBwd1, false, false, false>, 1, kBwd1);
 
   const detail::RowLaunch r = detail::reduce_columns(cols, batch);
   detail::row_norm_reduce_kernel<Norm::kLayer, false, TM><<<r.grid, r.block, 0, stream>>>(
-      partials, plane, tiles_per_sample, cols, false, nullptr, nullptr, nullptr, nullptr, 0, nullptr, 0, nullptr, dshift,
-      dscale, nullptr, nullptr, nullptr);
+      partials, plane, tiles_per_sample, cols, false, nullptr, nullptr, nullptr, nullptr, 0, nullptr, 0, nullptr,
+      dshift, dscale, nullptr, nullptr, nullptr);
   PERFTRAIN_LAUNCH_CHECK();
 }
 

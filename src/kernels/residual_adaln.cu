@@ -11,6 +11,10 @@ namespace {
 
 using detail::Norm;
 
+// The kLayer register budgets (row_norm.cuh): vectors a thread, forward and backward.
+constexpr int kFwd8 = detail::layer_fwd_items<8>(), kFwd1 = detail::layer_fwd_items<1>();
+constexpr int kBwd8 = detail::layer_bwd_items<8>(), kBwd1 = detail::layer_bwd_items<1>();
+
 constexpr const char* kName = "residual_adaln";
 
 // Register budget per thread (detail::layer_fwd_items / layer_bwd_items): the backward's
@@ -21,9 +25,9 @@ constexpr const char* kName = "residual_adaln";
 // spilled registers). The forward takes the fewest vectors a lane that cover the row.
 constexpr int kNarrowBiasItems = 1;  // VEC = 8
 constexpr int kNarrowBiasCols = detail::kRowMaxThreads * 8 * kNarrowBiasItems;
-static_assert(detail::kRowMaxThreads * detail::layer_fwd_items<1>() >= kResidualAdaLNMaxCols &&
-                  detail::kRowMaxThreads * 8 * detail::layer_bwd_items<8>() >= kResidualAdaLNMaxCols &&
-                  detail::kRowMaxThreads * detail::layer_bwd_items<1>() >= kResidualAdaLNMaxCols,
+static_assert(detail::kRowMaxThreads * kFwd1 >= kResidualAdaLNMaxCols &&
+                  detail::kRowMaxThreads * 8 * kBwd8 >= kResidualAdaLNMaxCols &&
+                  detail::kRowMaxThreads * kBwd1 >= kResidualAdaLNMaxCols,
               "the registers must cover the widest row");
 
 }  // namespace
@@ -52,7 +56,7 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
   auto row_kernels = [&](auto bias_tag) {
     constexpr bool B = decltype(bias_tag)::value;
     if (!vec8)
-      launch(detail::row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 1, detail::layer_fwd_items<1>()>, 1, detail::layer_fwd_items<1>());
+      launch(detail::row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 1, kFwd1>, 1, kFwd1);
     else if (cols <= 8 * 2 * 32)
       launch(detail::row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, 2>, 8, 2);
     else if (cols <= 8 * 3 * 32)
@@ -62,7 +66,7 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
     else if (cols <= 8 * 5 * 32)
       launch(detail::row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, 5>, 8, 5);
     else
-      launch(detail::row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, detail::layer_fwd_items<8>()>, 8, detail::layer_fwd_items<8>());
+      launch(detail::row_norm_forward_kernel<Norm::kLayer, true, B, TX, TM, TA, 8, kFwd8>, 8, kFwd8);
   };
   if (bias != nullptr)
     row_kernels(std::true_type{});
@@ -72,9 +76,9 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
 
 // The backward's block size for these columns (also what the tile count assumes).
 static int backward_threads(int cols, bool vec8, bool bias_sums) {
-  if (!vec8) return detail::row_norm_threads(cols, detail::layer_bwd_items<1>(), kName);
+  if (!vec8) return detail::row_norm_threads(cols, kBwd1, kName);
   if (bias_sums && cols <= kNarrowBiasCols) return detail::row_norm_threads(cols / 8, kNarrowBiasItems, kName);
-  return detail::row_norm_threads(cols / 8, detail::layer_bwd_items<8>(), kName);
+  return detail::row_norm_threads(cols / 8, kBwd8, kName);
 }
 
 int residual_adaln_backward_tiles(int batch, int tokens, int cols, bool bias_sums, int sm_count) {
@@ -113,13 +117,13 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
     if (vec8 && sum_dx1 && cols <= kNarrowBiasCols)
       launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 8, kNarrowBiasItems, XHAT, true, true>);
     else if (vec8 && sum_dx1)
-      launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 8, detail::layer_bwd_items<8>(), XHAT, true, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 8, kBwd8, XHAT, true, false>);
     else if (vec8)
-      launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 8, detail::layer_bwd_items<8>(), XHAT, false, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 8, kBwd8, XHAT, false, false>);
     else if (sum_dx1)
-      launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 1, detail::layer_bwd_items<1>(), XHAT, true, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 1, kBwd1, XHAT, true, false>);
     else
-      launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 1, detail::layer_bwd_items<1>(), XHAT, false, false>);
+      launch(detail::row_norm_backward_kernel<Norm::kLayer, true, TX, TM, TA, 1, kBwd1, XHAT, false, false>);
   });
 
   const detail::RowLaunch r = detail::reduce_columns(cols, batch);

@@ -129,7 +129,9 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
       });
     }
     // Back to each input's own dtype (no-ops on the fast path).
-    auto as_input = [&](const at::Tensor& g, const char* key) { return detail::as_dtype(g, detail::saved_dtype(ctx, key)); };
+    auto as_input = [&](const at::Tensor& g, const char* key) {
+      return detail::as_dtype(g, detail::saved_dtype(ctx, key));
+    };
     if (want_x) out[0] = dx;
     if (want_gate) out[1] = as_input(dgate, "gate_dtype");
     if (want_y) out[2] = as_input(dy, "y_dtype");

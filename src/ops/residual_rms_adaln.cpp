@@ -119,7 +119,9 @@ struct ResidualRmsAdaLNFunction : public torch::autograd::Function<ResidualRmsAd
           partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
     });
     // Back to each input's own dtype (no-ops on the fast path).
-    auto as_input = [&](const at::Tensor& g, const char* key) { return detail::as_dtype(g, detail::saved_dtype(ctx, key)); };
+    auto as_input = [&](const at::Tensor& g, const char* key) {
+      return detail::as_dtype(g, detail::saved_dtype(ctx, key));
+    };
     if (ctx->needs_input_grad(0)) out[0] = dx;
     if (ctx->needs_input_grad(1)) out[1] = as_input(dgate, "gate_dtype");
     if (ctx->needs_input_grad(2)) out[2] = as_input(dy, "y_dtype");

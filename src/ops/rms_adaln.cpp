@@ -59,7 +59,8 @@ struct RmsAdaLNFunction : public torch::autograd::Function<RmsAdaLNFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &xhat = saved[1], &weight = saved[2], &scale = saved[3], &rstd = saved[4];
-    const at::ScalarType out_dtype = detail::saved_dtype(ctx, "out_dtype"), x_dtype = detail::saved_dtype(ctx, "x_dtype");
+    const at::ScalarType out_dtype = detail::saved_dtype(ctx, "out_dtype");
+    const at::ScalarType x_dtype = detail::saved_dtype(ctx, "x_dtype");
     const bool has_weight = detail::saved_present(ctx, "weight_dtype");
     const bool has_scale = detail::saved_present(ctx, "scale_dtype");
     variable_list out(5);  // x, weight, scale, out_dtype, eps

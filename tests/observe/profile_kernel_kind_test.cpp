@@ -14,11 +14,13 @@ namespace {
 const std::string kFused = "fused norm / residual (perftrain)";
 
 TEST(ProfileKernelKind, RowNormKernelsAreTheFusedNorms) {
-  EXPECT_EQ(kernel_kind("void perftrain::kernels::detail::row_norm_forward_kernel<(perftrain::kernels::detail::Norm)0, "
-                        "true, true, float, __nv_bfloat16, __nv_bfloat16, 8, 5>(float const*, ...)"),
+  EXPECT_EQ(kernel_kind("void perftrain::kernels::detail::row_norm_forward_kernel<"
+                        "(perftrain::kernels::detail::Norm)0, true, true, float, __nv_bfloat16, __nv_bfloat16, 8, 5>"
+                        "(float const*, ...)"),
             kFused);
-  EXPECT_EQ(kernel_kind("void perftrain::kernels::detail::row_norm_backward_kernel<(perftrain::kernels::detail::Norm)1, "
-                        "true, float, __nv_bfloat16, __nv_bfloat16, 8, 1, true, false, false>(...)"),
+  EXPECT_EQ(kernel_kind("void perftrain::kernels::detail::row_norm_backward_kernel<"
+                        "(perftrain::kernels::detail::Norm)1, true, float, __nv_bfloat16, __nv_bfloat16, 8, 1, "
+                        "true, false, false>(...)"),
             kFused);
   EXPECT_EQ(kernel_kind("void perftrain::kernels::(anonymous namespace)::residual_adaln_reduce_partials_kernel<float>"),
             kFused);

@@ -35,19 +35,12 @@ TrainConfig memory_run_config(const std::string& model, int64_t batch, const std
                               const std::string& dir) {
   TrainConfig c = default_config(true);
   apply_override(c, "model.name=\"" + model + "\"");
-  apply_override(c, "data.source=\"synthetic\"");
-  c.model.image_size = 32;
-  c.model.in_channels = 4;
-  c.model.num_classes = 1000;
-  c.data.synthetic_size = 1024;
+  for (const char* o : {"data.source=\"synthetic\"", "model.image_size=32", "model.in_channels=4",
+                        "model.num_classes=1000", "data.synthetic_size=1024", "train.steps=8", "log.every=4",
+                        "log.sample_every=0", "log.checkpoint_every=0", "log.sample_classes=1",
+                        "log.sample_per_class=1", "diffusion.sample_steps=1"})
+    apply_override(c, o);
   c.optim.batch_size = batch;
-  c.optim.steps = 8;
-  c.log.every = 4;
-  c.log.sample_every = 0;
-  c.log.checkpoint_every = 0;
-  c.log.sample_classes = 1;
-  c.log.sample_per_class = 1;
-  c.diffusion.sample_steps = 1;
   c.run.dir = dir;
   c.run.name = "m";
   if (!speed.empty()) apply_override(c, speed);

@@ -3,7 +3,7 @@
 // comparisons against a float64 reference, and a hash of every output compared, so that
 // two versions of a kernel can be seen to give the same bits (the last line printed).
 #pragma once
-#include "shim.h"
+#include "storage.h"
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -11,15 +11,6 @@
 #include <string>
 #include <type_traits>
 
-using bf16 = __nv_bfloat16;
-using f16 = __half;
-static double tod(float v) { return v; }
-static double tod(bf16 v) { return __bfloat162float(v); }
-static double tod(f16 v) { return __half2float(v); }
-template <typename T> T fromd(double v);
-template <> float fromd<float>(double v) { return float(v); }
-template <> bf16 fromd<bf16>(double v) { return __float2bfloat16_rn(float(v)); }
-template <> f16 fromd<f16>(double v) { return __float2half_rn(float(v)); }
 template <typename T> bool is16() { return sizeof(T) == 2; }
 template <typename T> const char* tn() { return std::is_same<T, float>::value ? "f" : std::is_same<T, bf16>::value ? "b" : "h"; }
 

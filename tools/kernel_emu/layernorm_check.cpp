@@ -20,6 +20,22 @@ static void ln_stats(const double* v, int n, double& mean, double& rstd) {
   rstd = 1 / std::sqrt(q / n + 1e-6);
 }
 
+// The LayerNorm backward of one row of one sample, dy the gradient of
+// xhat * (1 + scale) + shift: the row's dx of the norm, and the row's terms of
+// the column sums of dy * xhat (-> dscale) and dy (-> dshift) added in.
+template <typename TY, typename TM>
+void ln_backward_row(const TY* dy, const double* xh, double rstd, const TM* scale_row, int D, double* dx,
+                     double* dscale, double* dshift) {
+  double sg = 0, sgx = 0;
+  for (int c = 0; c < D; ++c) {
+    const double g = tod(dy[c]) * (1 + tod(scale_row[c]));
+    sg += g; sgx += g * xh[c];
+    dscale[c] += tod(dy[c]) * xh[c];
+    dshift[c] += tod(dy[c]);
+  }
+  for (int c = 0; c < D; ++c) dx[c] = rstd * (tod(dy[c]) * (1 + tod(scale_row[c])) - sg / D - xh[c] * sgx / D);
+}
+
 // offx: element offset of the row tensors' base pointers (misalignment); offm: extra column offset of the chunks.
 template <typename TX, typename TM, typename TY>
 void test_ln(int B, int T, int D, int offx, int offm) {
@@ -62,22 +78,9 @@ void test_ln(int B, int T, int D, int offx, int offm) {
   k::adaln_layernorm_backward<TX, TM, TY>(dy, x, sc, ss, mu.data(), rs.data(), dxs.data() + offx, dsh.data(), dsc.data(),
                                           parts.data() + offx, B, T, D, tiles, nullptr);
   std::vector<double> dxr(N), dshr(size_t(B) * D, 0.0), dscr(size_t(B) * D, 0.0);
-  for (int r = 0; r < B * T; ++r) {
-    const int b = r / T;
-    double sg = 0, sgx = 0;
-    for (int c = 0; c < D; ++c) {
-      const size_t i = size_t(r) * D + c;
-      const double g = tod(dy[i]) * (1 + A(b, c));
-      sg += g; sgx += g * xh[i];
-      dscr[size_t(b) * D + c] += tod(dy[i]) * xh[i];
-      dshr[size_t(b) * D + c] += tod(dy[i]);
-    }
-    for (int c = 0; c < D; ++c) {
-      const size_t i = size_t(r) * D + c;
-      const double g = tod(dy[i]) * (1 + A(b, c));
-      dxr[i] = rr[r] * (g - sg / D - xh[i] * sgx / D);
-    }
-  }
+  for (int r = 0; r < B * T; ++r)
+    ln_backward_row(dy + size_t(r) * D, &xh[size_t(r) * D], rr[r], sc + (r / T) * ss, D, &dxr[size_t(r) * D],
+                    &dscr[size_t(r / T) * D], &dshr[size_t(r / T) * D]);
   pad_intact("dx", dxs); pad_intact("dshift", dsh); pad_intact("dscale", dsc); pad_intact("partials", parts);
   close("dx", where, dxs.data() + offx, dxr, is16<TX>() ? 2e-2 : 1e-4);
   rel_l2("dshift", where, dsh.data(), dshr, is16<TM>() ? 1e-2 : 1e-5);
@@ -152,20 +155,14 @@ void test_res(int B, int T, int D, bool with_bias, bool keep_xhat, bool with_ext
                                          parts.data() + offx, B, T, D, tiles, nullptr);
   std::vector<double> dxr(N), dyr(N), dgr(size_t(B) * D, 0.0), dshr(size_t(B) * D, 0.0), dscr(size_t(B) * D, 0.0),
       dbr(size_t(B) * D, 0.0);
+  std::vector<double> dln(D);
   for (int r = 0; r < B * T; ++r) {
     const int b = r / T;
-    double sg = 0, sgx = 0;
+    ln_backward_row(dh + size_t(r) * D, &xh[size_t(r) * D], rr[r], sc + b * ss, D, dln.data(),
+                    &dscr[size_t(b) * D], &dshr[size_t(b) * D]);
     for (int c = 0; c < D; ++c) {
       const size_t i = size_t(r) * D + c;
-      const double g = tod(dh[i]) * (1 + A(b, c));
-      sg += g; sgx += g * xh[i];
-      dscr[size_t(b) * D + c] += tod(dh[i]) * xh[i];
-      dshr[size_t(b) * D + c] += tod(dh[i]);
-    }
-    for (int c = 0; c < D; ++c) {
-      const size_t i = size_t(r) * D + c;
-      const double g = tod(dh[i]) * (1 + A(b, c));
-      const double dx1 = (ext ? tod(ext[i]) : 0.0) + rr[r] * (g - sg / D - xh[i] * sgx / D);
+      const double dx1 = (ext ? tod(ext[i]) : 0.0) + dln[c];
       dxr[i] = dx1;
       dyr[i] = dx1 * G(b, c);
       dgr[size_t(b) * D + c] += dx1 * Y(i, c);

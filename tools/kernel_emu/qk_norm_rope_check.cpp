@@ -12,7 +12,7 @@
 // kernel (forced, or by a misaligned pointer or table), checking which path was taken.
 // Outputs start NaN, NaN before and past every
 // buffer (a read there poisons a result, a write there is reported). Exit 1 on failure.
-#include "shim.h"
+#include "storage.h"
 #include "kernels/qk_norm_rope.h"
 #include "kernels/column_sums.h"
 #include <random>
@@ -21,17 +21,7 @@
 #include <limits>
 #include <stdexcept>
 
-using bf16 = __nv_bfloat16;
-using f16 = __half;
 namespace k = perftrain::kernels;
-static double tod(double v) { return v; }
-static double tod(float v) { return v; }
-static double tod(bf16 v) { return __bfloat162float(v); }
-static double tod(f16 v) { return __half2float(v); }
-template <typename T> T fromd(double v);
-template <> float fromd<float>(double v) { return float(v); }
-template <> bf16 fromd<bf16>(double v) { return __float2bfloat16_rn(float(v)); }
-template <> f16 fromd<f16>(double v) { return __float2half_rn(float(v)); }
 template <typename T> const char* tn() { return std::is_same<T, float>::value ? "f32" : std::is_same<T, bf16>::value ? "bf16" : "f16"; }
 
 static std::mt19937_64 rng(11);

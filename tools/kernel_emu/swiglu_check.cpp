@@ -7,7 +7,7 @@
 // must give finite results. Outputs start NaN, NaN before and past every buffer (a read
 // there poisons a result, a write there is reported). Exit 1 on any failure.
 // An argument "big": also the grid-stride loop (more rows than 65536 blocks hold).
-#include "shim.h"
+#include "storage.h"
 #include "kernels/swiglu.h"
 #include <random>
 #include <string>
@@ -15,16 +15,7 @@
 #include <limits>
 #include <stdexcept>
 
-using bf16 = __nv_bfloat16;
-using f16 = __half;
 namespace k = perftrain::kernels;
-static double tod(float v) { return v; }
-static double tod(bf16 v) { return __bfloat162float(v); }
-static double tod(f16 v) { return __half2float(v); }
-template <typename T> T fromd(double v);
-template <> float fromd<float>(double v) { return float(v); }
-template <> bf16 fromd<bf16>(double v) { return __float2bfloat16_rn(float(v)); }
-template <> f16 fromd<f16>(double v) { return __float2half_rn(float(v)); }
 template <typename T> const char* tn() { return std::is_same<T, float>::value ? "f32" : std::is_same<T, bf16>::value ? "bf16" : "f16"; }
 
 static std::mt19937_64 rng(7);

@@ -268,7 +268,7 @@ class ModuleGraph : DotText {
       const at::Tensor& t = root_call_->inputs[k];
       if (!t.defined()) continue;
       out_ << "  " << id("in" + std::to_string(k)) << " [shape=note, label=\"input " << k << "\\n"
-         << shape_text(t.sizes()) << " " << dot_escape(std::string(c10::toString(t.scalar_type()))) << "\"];\n";
+           << shape_text(t.sizes()) << " " << dot_escape(std::string(c10::toString(t.scalar_type()))) << "\"];\n";
     }
     emit(0, "  ");
     for (const auto& [e, info] : edges_) {
@@ -421,7 +421,7 @@ class ModuleGraph : DotText {
     const int k = calls_of(i);
     if (k > 1) label += "\\ncalled " + std::to_string(k) + "x";
     out_ << indent << id("m:" + r_.display_name(i))
-       << " [shape=box, style=\"rounded,filled\", fillcolor=\"#dde8f5\", label=\"" << dot_escape(label) << "\"];\n";
+         << " [shape=box, style=\"rounded,filled\", fillcolor=\"#dde8f5\", label=\"" << dot_escape(label) << "\"];\n";
   }
 
   void emit(int i, const std::string& indent) {
@@ -432,7 +432,7 @@ class ModuleGraph : DotText {
     std::string inner = indent;
     if (container && n.parent >= 0) {
       out_ << indent << "subgraph cluster_" << i << " {\n"
-         << indent << "  label=\"" << dot_escape(r_.label_of(i)) << "\"; style=rounded; color=\"#8899aa\";\n";
+           << indent << "  label=\"" << dot_escape(r_.label_of(i)) << "\"; style=rounded; color=\"#8899aa\";\n";
       inner += "  ";
     }
     if (container && own_output_.count(i)) {
@@ -440,7 +440,7 @@ class ModuleGraph : DotText {
       std::string label = n.parent < 0 ? "output" : "output of " + r_.display_name(i);
       if (c && c->output.defined()) label += "\\n" + shape_text(c->output.sizes());
       out_ << inner << id("out:" + r_.display_name(i))
-         << " [shape=ellipse, style=filled, fillcolor=\"#f3f3f3\", label=\"" << dot_escape(label) << "\"];\n";
+           << " [shape=ellipse, style=filled, fillcolor=\"#f3f3f3\", label=\"" << dot_escape(label) << "\"];\n";
     }
     for (int ch : n.children) emit(ch, inner);
     if (container && n.parent >= 0) out_ << indent << "}\n";
