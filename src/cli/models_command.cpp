@@ -24,7 +24,7 @@ void list_models(const ModelsOptions& o) {
                 "parameters", "GFLOP/img/step");
   // DiT, then the single-stream family (one class token; its tokens column
   // counts the condition token with the image's).
-  for (const auto& name : known_model_names()) {
+  for (const auto& name : models::model_names()) {
     auto c = models::model_config(name);
     c.image_size = o.image_size;
     c.in_channels = o.in_channels;

@@ -59,18 +59,12 @@ inline CLI::Validator finite_in(double lo, double hi) {
       "");
 }
 
-// Every model name the registry knows, family by family.
-inline std::vector<std::string> known_model_names() {
-  std::vector<std::string> names = models::dit_model_names();
-  for (const auto& n : models::single_stream_model_names()) names.push_back(n);
-  return names;
-}
 
 inline CLI::Validator known_model() {
   return CLI::Validator(
       [](std::string& v) -> std::string {
         std::string list;
-        for (const auto& n : known_model_names()) {
+        for (const auto& n : models::model_names()) {
           if (n == v) return "";
           list += " " + n;
         }

@@ -22,35 +22,63 @@ constexpr int64_t kSingleStreamPatches[] = {2, 1};
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-}  // namespace
-
-std::vector<std::string> single_stream_model_names() {
+// A family's names: prefix + size letter + "/" + patch, in registry order.
+template <size_t N>
+std::vector<std::string> family_names(const char* prefix, const int64_t (&patches)[N]) {
   std::vector<std::string> names;
   for (const Size& s : kSizes)
-    for (int64_t p : kSingleStreamPatches) names.push_back(std::string("SS-") + s.letter + "/" + std::to_string(p));
+    for (int64_t p : patches) names.push_back(std::string(prefix) + s.letter + "/" + std::to_string(p));
+  return names;
+}
+
+// The config of `name` in the family of `prefix`, if the family has it.
+template <size_t N>
+bool find_in_family(const std::string& name, const char* prefix, const char* family, const int64_t (&patches)[N],
+                    DiTConfig& out) {
+  for (const Size& s : kSizes)
+    for (int64_t p : patches)
+      if (name == std::string(prefix) + s.letter + "/" + std::to_string(p)) {
+        out = DiTConfig();
+        out.name = name;
+        out.family = family;
+        out.depth = s.depth;
+        out.hidden = s.hidden;
+        out.heads = s.heads;
+        out.patch = p;
+        return true;
+      }
+  return false;
+}
+
+[[noreturn]] void unknown_model(const std::string& name) {
+  std::ostringstream known;
+  for (const auto& n : model_names()) known << " " << n;
+  throw UsageError("unknown model '" + name + "'; known models:" + known.str());
+}
+
+}  // namespace
+
+std::vector<std::string> dit_model_names() { return family_names("DiT-", kPatches); }
+std::vector<std::string> single_stream_model_names() { return family_names("SS-", kSingleStreamPatches); }
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> names = dit_model_names();
+  for (auto& n : single_stream_model_names()) names.push_back(std::move(n));
   return names;
 }
 
 DiTConfig model_config(const std::string& name) {
-  if (name.rfind("SS-", 0) != 0) return dit_config(name);
-  for (const Size& s : kSizes) {
-    for (int64_t p : kSingleStreamPatches) {
-      if (name == std::string("SS-") + s.letter + "/" + std::to_string(p)) {
-        DiTConfig c;
-        c.name = name;
-        c.family = "single-stream";
-        c.depth = s.depth;
-        c.hidden = s.hidden;
-        c.heads = s.heads;
-        c.patch = p;
-        return c;
-      }
-    }
-  }
-  std::ostringstream known;
-  for (const auto& n : single_stream_model_names()) known << " " << n;
-  throw UsageError("unknown model '" + name + "'; known single-stream models:" + known.str() +
-                   " (and the DiT-* models)");
+  DiTConfig c;
+  if (find_in_family(name, "DiT-", "dit", kPatches, c) ||
+      find_in_family(name, "SS-", "single-stream", kSingleStreamPatches, c))
+    return c;
+  unknown_model(name);
+}
+
+DiTConfig dit_config(const std::string& name) {
+  DiTConfig c;
+  if (find_in_family(name, "DiT-", "dit", kPatches, c)) return c;
+  unknown_model(name);
 }
 
 int64_t DiTConfig::mlp_hidden() const {
@@ -58,31 +86,6 @@ int64_t DiTConfig::mlp_hidden() const {
   return round_up(static_cast<int64_t>(hidden * mlp_ratio * 2.0 / 3.0 + 0.5), 64);
 }
 
-std::vector<std::string> dit_model_names() {
-  std::vector<std::string> names;
-  for (const Size& s : kSizes)
-    for (int64_t p : kPatches) names.push_back(std::string("DiT-") + s.letter + "/" + std::to_string(p));
-  return names;
-}
-
-DiTConfig dit_config(const std::string& name) {
-  for (const Size& s : kSizes) {
-    for (int64_t p : kPatches) {
-      if (name == std::string("DiT-") + s.letter + "/" + std::to_string(p)) {
-        DiTConfig c;
-        c.name = name;
-        c.depth = s.depth;
-        c.hidden = s.hidden;
-        c.heads = s.heads;
-        c.patch = p;
-        return c;
-      }
-    }
-  }
-  std::ostringstream known;
-  for (const auto& n : dit_model_names()) known << " " << n;
-  throw UsageError("unknown model '" + name + "'; known models:" + known.str());
-}
 
 void DiTConfig::validate() const {
   auto fail = [&](const std::string& what) { throw UsageError("model " + name + ": " + what); };

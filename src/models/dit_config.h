@@ -50,6 +50,8 @@ struct DiTConfig {
   double forward_flops_per_sample() const;
 };
 
+// Every name model_config() knows, family by family (DiT-*, then SS-*).
+std::vector<std::string> model_names();
 // The single-stream names ("SS-S/2", ...), known to model_config().
 std::vector<std::string> single_stream_model_names();
 // A named model of either family (the name implies model.family). Throws

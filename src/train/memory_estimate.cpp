@@ -28,7 +28,7 @@ struct BlockShape {
   double T, D, M, H;
 };
 
-// The fused chained blocks (DiT::run_blocks_chained), from the ops'
+// The fused chained blocks (fused::dit_blocks_chained), from the ops'
 // save_for_backward lists: projected_attention keeps its input h, qkv [T,3D],
 // the output [T,D] and the log-sum-exp [H,T] fp32; the projection's output
 // [T,D] (kept by residual_adaln for the gate's gradient); each residual_adaln
@@ -61,7 +61,7 @@ struct SsShape {
   double S, D, F, H;
 };
 
-// The fused chained blocks (SingleStreamDiT::run_blocks_chained), from the
+// The fused chained blocks (SingleStreamfused::dit_blocks_chained), from the
 // ops' save lists: the qkv product's input h [S,D]; qk_norm_rope's input qkv
 // [S,3D] and its rstd [S,2H] fp32; cuDNN attention's packed qkv [S,3D], its
 // output [S,D] (which the projection reads in place) and lse [H,S] fp32, and
