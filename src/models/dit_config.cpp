@@ -39,12 +39,8 @@ bool find_in_family(const std::string& name, const char* prefix, const char* fam
     for (int64_t p : patches)
       if (name == std::string(prefix) + s.letter + "/" + std::to_string(p)) {
         out = DiTConfig();
-        out.name = name;
-        out.family = family;
-        out.depth = s.depth;
-        out.hidden = s.hidden;
-        out.heads = s.heads;
-        out.patch = p;
+        out.name = name, out.family = family, out.patch = p;
+        out.depth = s.depth, out.hidden = s.hidden, out.heads = s.heads;
         return true;
       }
   return false;

@@ -11,15 +11,12 @@
 
 #include "models/dit.h"
 #include "compat/compat.h"
+#include "support/tensor_checks.h"
 
 namespace perftrain::models {
 namespace {
 
-double rel_err(const at::Tensor& a, const at::Tensor& b) {
-  auto a64 = a.cpu().to(at::kDouble), b64 = b.cpu().to(at::kDouble);
-  EXPECT_FALSE(a64.isnan().any().item<bool>()) << "NaN is always a failure";
-  return (a64 - b64).norm().item<double>() / std::max(b64.norm().item<double>(), 1e-30);
-}
+using perftrain::testing::rel_err;
 
 // Output and weight gradients of (out * gout).sum() on `device`.
 std::pair<at::Tensor, std::vector<at::Tensor>> run(DiT& model, const at::Device& device, bool bf16,

@@ -41,4 +41,10 @@ inline double rel_l2(const at::Tensor& got, const at::Tensor& ref) {
   return (g - r).norm().item<double>() / (r.norm().item<double>() + 1e-300);
 }
 
+// rel_l2, with a NaN anywhere in got a failure of the calling test.
+inline double rel_err(const at::Tensor& got, const at::Tensor& ref) {
+  EXPECT_FALSE(got.detach().isnan().any().item<bool>()) << "NaN is always a failure";
+  return rel_l2(got, ref);
+}
+
 }  // namespace perftrain::testing
