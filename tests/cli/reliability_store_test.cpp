@@ -22,11 +22,13 @@
 
 #include "base/fs.h"
 #include "io/safetensors.h"
+#include "support/header_edit.h"
 #include "support/test_support.h"
 
 namespace {
 
 namespace fs = perftrain::fs;
+using perftrain::testing::edit_header;
 using perftrain::testing::read_raw;
 using perftrain::testing::TempDir;
 using perftrain::testing::write_raw;
@@ -500,20 +502,6 @@ TEST(ReliabilityStore, TheLockIsTheOpenFileNotTheName) {
   // The run is resumable by the next trainer, which takes a lock of its own.
   const Result resume = run("train --resume " + run_dir + " --steps " + std::to_string(latest_step(run_dir) + 2));
   EXPECT_EQ(resume.code, 0) << resume.output;
-}
-
-// Replaces `from` by `to` (of the same length) inside a safetensors file's
-// header, in place: an edit of its metadata.
-void edit_header(const std::string& path, const std::string& from, const std::string& to) {
-  ASSERT_EQ(from.size(), to.size());
-  std::string bytes = read_raw(path);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
-  const size_t at = bytes.find(from);
-  ASSERT_NE(at, std::string::npos) << from << " not in " << path;
-  ASSERT_LT(at, 8 + n) << from << " is not in the header of " << path;
-  bytes.replace(at, from.size(), to);
-  write_raw(path, bytes);
 }
 
 // The checksums cover the header as well as the tensors: an edited step or

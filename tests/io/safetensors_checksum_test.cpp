@@ -17,11 +17,13 @@
 #include "base/error.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "support/header_edit.h"
 #include "support/test_support.h"
 
 namespace perftrain::io {
 namespace {
 
+using perftrain::testing::edit_header;
 using perftrain::testing::error_of;
 using perftrain::testing::read_raw;
 using perftrain::testing::run_command;
@@ -109,18 +111,6 @@ TEST(SafetensorsChecksum, TheChecksumKeysAreReserved) {
     });
     EXPECT_NE(msg.find(kChecksumKey), std::string::npos) << msg;
   }
-}
-
-// Replaces `from` by `to` (the same length) in a file's header, in place.
-void edit_header(const std::string& path, const std::string& from, const std::string& to) {
-  ASSERT_EQ(from.size(), to.size());
-  std::string bytes = read_raw(path);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
-  const size_t at = bytes.find(from);
-  ASSERT_LT(at, 8 + n) << from;
-  bytes.replace(at, from.size(), to);
-  write_raw(path, bytes);
 }
 
 // What the tensor CRC32Cs cannot see: a metadata value, a dtype of the same
