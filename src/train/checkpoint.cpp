@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "base/fs.h"
+#include "base/text.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "train/run_lock.h"
@@ -169,7 +170,7 @@ std::string latest_checkpoint_dir(const std::string& ckpt_root) {
   // Only a step directory of this ckpt directory: never a path, so that an
   // edited or copied `latest` cannot lead a resume into another run.
   if (!is_step_dir_name(name) || !rest.empty())
-    throw RuntimeError(latest + " names '" + name + (rest.empty() ? "" : " " + rest) +
+    throw RuntimeError(latest + " names '" + base::printable(name + (rest.empty() ? "" : " " + rest)) +
                        "', which is not a step directory of this run (step_<8 digits> in " + ckpt_root +
                        "); resume from a step directory instead: --resume " + ckpt_root + "/step_<N>");
   const std::string dir = fs::join(ckpt_root, name);
