@@ -24,7 +24,7 @@ using perftrain::testing::TempDir;
 
 const std::string kTiny =
     " bench --device cpu --model DiT-T/4 --batch 2 --steps 3 --warmup 1 --variants eager-fp32"
-    " --set distributed.timeout_s=60";
+    " --set distributed.timeout_s=180";
 
 perftrain::testing::CommandResult run(const std::string& args, const std::string& env = "") {
   return perftrain::testing::run_shell(env + " timeout -k 5 240 " + std::string(PERFTRAIN_BINARY) + args);
