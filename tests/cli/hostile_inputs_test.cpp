@@ -61,6 +61,7 @@ void change_saved_config(const std::string& path, F change) {
   perftrain::train::apply_toml(cfg, meta.at("perftrain.config"), path);
   change(cfg);
   meta["perftrain.config"] = cfg.to_toml();
+  meta.erase("perftrain.crc32c.header");  // as an older version wrote it: the values themselves are checked
   perftrain::io::save_safetensors(path + ".new", tensors, meta);
   ASSERT_EQ(std::rename((path + ".new").c_str(), path.c_str()), 0);
 }
@@ -162,7 +163,7 @@ TEST(HostileInputs, SampleFloatOptionsAreFiniteAndBoundsShort) {
   const std::string sample = "sample --device cpu --steps 1 --ckpt " + tmp.file("R") + " --out " + tmp.file("g.png");
   for (const char* v : {"nan", "inf", "-1", "1e999"}) {
     const Result r = run(sample + " --cfg-scale " + v);
-    expect_one_line_error(r, 2, "--cfg-scale: " + std::string(v) + " is not a finite number >= 0", v);
+    expect_one_line_error(r, 2, "--cfg-scale: " + std::string(v) + " is not a finite number from 0 up", v);
   }
   EXPECT_FALSE(fs::exists(tmp.file("g.png")));
   const Result ok = run(sample + " --cfg-scale 1.5 --classes 1 --per-class 1");

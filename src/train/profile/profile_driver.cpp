@@ -72,7 +72,7 @@ class SlowDataset : public data::Dataset {
 // The anchors' step (bench's) with the variant, then --graph / --fused, then --set.
 TrainConfig profile_config(const ProfileOptions& o, bool cuda, const ob::Variant& v, int64_t batch) {
   TrainConfig cfg = bench::anchor_config(o.step, cuda);
-  cfg.data.synthetic_size = std::max<int64_t>(8 * batch, 256);
+  cfg.data.synthetic_size = std::min<int64_t>(std::max<int64_t>(8 * batch, 256), data::kMaxSyntheticSize);
   cfg.optim.batch_size = batch;
   cfg.optim.precision = v.precision;
   cfg.speed.fused_kernels = v.fused_kernels;
