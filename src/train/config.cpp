@@ -391,6 +391,9 @@ void TrainConfig::validate() const {
   require(distributed.timeout_s > 0 && distributed.timeout_s <= 86400, "distributed.timeout_s must be in (0, 86400] seconds");
   require(distributed.bucket_mb > 0 && distributed.bucket_mb <= 4096, "distributed.bucket_mb must be in (0, 4096]");
   require(!run.dir.empty(), "run.dir must not be empty");
+  require(base::is_printable(run.dir),
+          "run.dir (--runs-dir) '" + base::printable(run.dir) +
+              "' holds control characters or bytes that are not UTF-8; give a path of printable text");
   require(base::is_printable(run.name),
           "run.name (--run-name) '" + base::printable(run.name) +
               "' holds control characters or bytes that are not UTF-8; name the run with printable text");

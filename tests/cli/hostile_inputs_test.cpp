@@ -204,6 +204,12 @@ TEST(HostileInputs, RunNameWithControlCharactersIsRefused) {
                                                  " --run-name \"$(printf 'a\\033[2Jb')\"");
   expect_one_line_error(r, 2, "run.name (--run-name) 'a\\x1b[2Jb' holds control characters", "run name");
   EXPECT_TRUE(fs::list_directory(runs.path()).empty());
+  // The runs directory likewise (it is echoed in the "run:" line).
+  const Result d = perftrain::testing::run_shell(kBinary + " train --runs-dir \"" + runs.path() +
+                                                 "/$(printf 'a\\033[2Jb')\" --steps 1" + kTiny);
+  expect_one_line_error(d, 2, "run.dir (--runs-dir) '" + runs.path() + "/a\\x1b[2Jb' holds control characters",
+                        "runs dir");
+  EXPECT_TRUE(fs::list_directory(runs.path()).empty());
 }
 
 // A latent shard whose header names a tensor with an escape sequence, or
