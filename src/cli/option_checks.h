@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/text.h"
 #include "models/dit_config.h"
 
 namespace perftrain::cli {
@@ -59,6 +60,17 @@ inline CLI::Validator finite_in(double lo, double hi) {
       "");
 }
 
+
+// A path or name the program echoes: printable text only (no terminal
+// escape sequences, valid UTF-8).
+inline CLI::Validator printable_text() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        if (base::is_printable(v)) return "";
+        return "'" + base::printable(v) + "' holds control characters or bytes that are not UTF-8";
+      },
+      "");
+}
 
 inline CLI::Validator known_model() {
   return CLI::Validator(

@@ -93,7 +93,7 @@ void add_sample_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("sample", "write a PNG grid of class-conditional samples (one row per class)");
   auto a = std::make_shared<SampleArgs>();
   cmd->add_option("--ckpt", a->ckpt, "weights .safetensors, or a run / ckpt / step directory")->required();
-  cmd->add_option("--out", a->out, "PNG file to write");
+  cmd->add_option("--out", a->out, "PNG file to write")->check(printable_text());
   cmd->add_option("--weights", a->weights, "ema | model (for a directory)");
   cmd->add_option("--config", a->config_file,
                   "TOML config over the one the weights carry (weights without one, e.g. converted from PyTorch, "

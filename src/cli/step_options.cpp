@@ -22,7 +22,8 @@ void add_step_options(CLI::App* cmd, train::bench::StepSetup& s, const std::stri
   cmd->add_option("--seed", s.seed, "model and data seed")->check(integer_in(0, INT64_MAX));
   cmd->add_option("--set", s.overrides,
                   "override a config key: section.key=value, e.g. speed.attention=cudnn (repeatable; last word)");
-  cmd->add_option("--out", s.out, "output directory (default runs/" + kind + "-<model>-<date>)");
+  cmd->add_option("--out", s.out, "output directory (default runs/" + kind + "-<model>-<date>)")
+      ->check(printable_text());
 }
 
 std::string out_dir_or_default(const train::bench::StepSetup& s, const std::string& kind) {
