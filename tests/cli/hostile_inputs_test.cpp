@@ -210,6 +210,13 @@ TEST(HostileInputs, RunNameWithControlCharactersIsRefused) {
   expect_one_line_error(d, 2, "run.dir (--runs-dir) '" + runs.path() + "/a\\x1b[2Jb' holds control characters",
                         "runs dir");
   EXPECT_TRUE(fs::list_directory(runs.path()).empty());
+  // And --out, which bench, profile and sample echo when they write.
+  for (const char* cmd : {"bench --device cpu", "profile --device cpu", "sample --ckpt x"}) {
+    const Result o = perftrain::testing::run_shell(kBinary + " " + cmd + " --out \"" + runs.path() +
+                                                   "/$(printf 'o\\033[31m')\"");
+    expect_one_line_error(o, 2, "--out: '" + runs.path() + "/o\\x1b[31m' holds control characters", cmd);
+  }
+  EXPECT_TRUE(fs::list_directory(runs.path()).empty());
 }
 
 // A latent shard whose header names a tensor with an escape sequence, or
