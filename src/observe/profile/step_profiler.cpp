@@ -159,9 +159,10 @@ std::string finish_trace_file(const std::string& path, const std::map<std::strin
 }
 
 void quiet_cpu_trace_writer() {
-  // Kineto's own log threshold, read once when it starts: above its ERROR
-  // (4 in torch 2.11's Kineto); a value the user set is kept.
-  if (std::getenv("KINETO_LOG_LEVEL") == nullptr) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
+  // Not a switch of ours: Kineto reads this threshold once when it starts,
+  // and its CPU-only trace writer logs a CUDA device query at ERROR (4 in
+  // torch 2.11's Kineto). setenv without overwrite keeps a value the user set.
+  ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
 }
 
 StepProfiler::StepProfiler(ProfilerOptions opts)
