@@ -20,6 +20,14 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
 
 void write_text_atomic(const std::string& path, const std::string& text);
 
+// Writes a directory of files so that it is complete or absent: fill(tmp)
+// writes the files into a fresh hidden sibling directory (".<name>.tmp.<pid>"),
+// which then takes the name `dir`. A `dir` that exists is replaced only when
+// it holds nothing but files of the names fill wrote (an earlier run of the
+// same writer); one with anything else is left as it was (UsageError naming
+// it). On any failure the temporary directory is removed.
+void write_directory_atomic(const std::string& dir, const std::function<void(const std::string& tmp)>& fill);
+
 // fsyncs a directory, so that the entries just created, renamed or removed in
 // it survive a power loss. Best effort: some filesystems refuse fsync on a
 // directory, and the entries are complete either way.
