@@ -354,7 +354,7 @@ class PickleScan {
   }
   void push(Kind kind, size_t start) { stack_.push_back({kind, start}); }
 
-  // 150-line budget: one case per opcode, as pickletools lists them.
+  // What each opcode does to the stack (pickletools' stack_before / stack_after).
   void step(uint8_t op, size_t at, const std::string& arg) {
     switch (op) {
       case '(': push(Kind::mark, at); break;

@@ -34,7 +34,7 @@ TEST(ConvertCli, RefusedPickleIsOneLineAndWritesNothing) {
   expect_usage_error(run("convert " + files + "/state_dict.pt --out " + tmp.file("w.safetensors")),
                      "no tensor 'x_embedder.proj.weight', so not a DiT state dict");
   EXPECT_TRUE(tmp.entries().empty());
-  EXPECT_FALSE(perftrain::testing::run_command("test -e " + files + "/ran") == 0);
+  EXPECT_FALSE(perftrain::fs::exists(perftrain::testing::system_pt_marker()));
 }
 
 TEST(ConvertCli, InitFromStartsANewRunWithAnotherClassCountAndExportsToDiffusers) {

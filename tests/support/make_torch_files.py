@@ -8,7 +8,7 @@ takes seconds on a loaded machine):
   state_dict.pt          tensors of several dtypes, views into shared storage, a Parameter
   checkpoint.pt          DiT train.py's layout: {"model", "ema", "opt", "args"}
   system.pt              a state dict with an object whose unpickling would run os.system
-                         (touch DIR/ran)
+                         (touch ran-by-system.pt beside DIR)
   custom.pt              a state dict with an instance of a class of this script
   legacy.pt              a state dict in torch.save's legacy (non-zip) format
   not_tensor.pt          a dict of tensors with an integer entry
@@ -68,6 +68,7 @@ def checkpoint(out, ref_model, ref_ema):
 def dit(out, depth, hidden, patch, image, classes, learn_sigma):
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     from reference_dit import DiT
+    DiT.initialize_weights = lambda self: None  # only the shapes are wanted
     with torch.device("meta"):
         m = DiT(input_size=int(image), patch_size=int(patch), in_channels=4, hidden_size=int(hidden), depth=int(depth),
                 num_heads=1, num_classes=int(classes), learn_sigma=learn_sigma == "1")
@@ -98,7 +99,9 @@ def main():
         return dit(j("dit.pt"), *sys.argv[3:9])
     state_dict(j("state_dict.pt"), j("state_dict.safetensors"))
     checkpoint(j("checkpoint.pt"), j("checkpoint.model.safetensors"), j("checkpoint.ema.safetensors"))
-    torch.save({"w": torch.zeros(2), "hook": RunsACommand(j("ran"))}, j("system.pt"))
+    # The marker beside DIR: the directory is renamed once written, its parent stays.
+    marker = os.path.join(os.path.dirname(os.path.abspath(out)), "ran-by-system.pt")
+    torch.save({"w": torch.zeros(2), "hook": RunsACommand(marker)}, j("system.pt"))
     torch.save({"w": torch.zeros(2), "extra": Custom()}, j("custom.pt"))
     torch.save({"w": torch.zeros(2)}, j("legacy.pt"), _use_new_zipfile_serialization=False)
     torch.save({"w": torch.zeros(2), "epoch": 3}, j("not_tensor.pt"))

@@ -33,6 +33,9 @@ inline std::string torch_files_dir() {
   return dir;
 }
 
+// What system.pt's object would create if anything ran it.
+inline std::string system_pt_marker() { return fs::parent_path(torch_files_dir()) + "/ran-by-system.pt"; }
+
 // A facebookresearch/DiT-shaped state dict of random tensors, written into `dir` as dit.pt.
 inline std::string make_dit_pt(const std::string& dir, int depth, int hidden, int patch, int image, int classes,
                                bool learn_sigma) {
