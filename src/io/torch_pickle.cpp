@@ -394,7 +394,12 @@ class PickleScan {
       case 'a': pop(at); break;
       case 'e': case 'u': case 0x90: pop_mark(at); break;
       case 's': pop(at), pop(at); break;
-      case 0x80: case 0x95: case 0x98: break;  // PROTO, FRAME, READONLY_BUFFER
+      case 0x80:  // PROTO
+        if (arg != "2")
+          fail("pickle protocol " + arg + "; perftrain reads torch.save's default, protocol 2: re-save it without "
+               "pickle_protocol");
+        break;
+      case 0x95: case 0x98: break;  // FRAME, READONLY_BUFFER
       default: push(Kind::other, at); break;   // every other opcode pushes one value
     }
   }

@@ -73,6 +73,12 @@ TEST(TorchPickle, LegacyFormatIsRefusedWithTheLineThatResavesIt) {
   EXPECT_TRUE(contains(msg, "torch.save(torch.load(p")) << msg;
 }
 
+TEST(TorchPickle, OtherPickleProtocolIsRefusedWithTheWayToResave) {
+  const std::string dir = torch_files_dir();
+  const std::string msg = error_of<UsageError>([&] { read_torch_state_dict(dir + "/protocol4.pt"); });
+  EXPECT_TRUE(contains(msg, dir + "/protocol4.pt: pickle protocol 4; perftrain reads torch.save's default")) << msg;
+}
+
 TEST(TorchPickle, EntryThatIsNotATensorIsNamed) {
   const std::string dir = torch_files_dir();
   const std::string msg = error_of<UsageError>([&] { read_torch_state_dict(dir + "/not_tensor.pt"); });
@@ -90,8 +96,8 @@ TEST(ScanPickle, ListsGlobalsAndRefusesOtherRoutesToObjects) {
   // PROTO 2, GLOBAL collections OrderedDict, EMPTY_TUPLE, REDUCE, STOP
   const std::string ok = std::string("\x80\x02", 2) + "ccollections\nOrderedDict\n)R.";
   EXPECT_EQ(scan_pickle(ok, "t").globals, std::vector<std::string>{"collections.OrderedDict"});
-  // STACK_GLOBAL (protocol 4) builds a global from strings on the stack.
-  const std::string stack_global = std::string("\x80\x04\x8c\x02") + "os" + "\x8c\x06" + "system" + "\x93.";
+  // STACK_GLOBAL (a protocol 4 opcode, here under protocol 2) builds a global from strings on the stack.
+  const std::string stack_global = std::string("\x80\x02\x8c\x02") + "os" + "\x8c\x06" + "system" + "\x93.";
   const std::string msg = error_of<UsageError>([&] { scan_pickle(stack_global, "t"); });
   EXPECT_TRUE(contains(msg, "opcode 0x93")) << msg;
   // A pickle cut inside an opcode's argument, and one without STOP.

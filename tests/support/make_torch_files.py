@@ -12,6 +12,7 @@ takes seconds on a loaded machine):
   custom.pt              a state dict with an instance of a class of this script
   legacy.pt              a state dict in torch.save's legacy (non-zip) format
   not_tensor.pt          a dict of tensors with an integer entry
+  protocol4.pt           a state dict pickled with protocol 4 (libtorch reads protocol 2 only)
   *.safetensors          the tensors the tests compare with, through the safetensors package
                          (an independent reader's view): state_dict, checkpoint.model, checkpoint.ema
   dit.pt (--dit alone)   random tensors of a facebookresearch/DiT state dict of that shape (no
@@ -105,6 +106,7 @@ def main():
     torch.save({"w": torch.zeros(2), "extra": Custom()}, j("custom.pt"))
     torch.save({"w": torch.zeros(2)}, j("legacy.pt"), _use_new_zipfile_serialization=False)
     torch.save({"w": torch.zeros(2), "epoch": 3}, j("not_tensor.pt"))
+    torch.save({"w": torch.zeros(2)}, j("protocol4.pt"), pickle_protocol=4)
 
 
 if __name__ == "__main__":
