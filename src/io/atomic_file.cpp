@@ -142,27 +142,39 @@ bool holds_only(const std::string& dir, const std::vector<std::string>& names) {
   return true;
 }
 
-}  // namespace
-
-void write_directory_atomic(const std::string& dir, const std::function<void(const std::string& tmp)>& fill) {
+// The directory's name without trailing slashes; UsageError where no
+// directory can be written under it.
+std::string directory_place(const std::string& dir) {
   std::string path = dir;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   if (path.empty()) throw UsageError("cannot write '" + dir + "': not a directory name");
+  if (fs::exists(path) && !fs::is_directory(path)) throw UsageError(path + " exists and is not a directory");
+  if (!fs::is_directory(parent_dir(path)))
+    throw UsageError("cannot write " + path + ": " + parent_dir(path) + " is not a directory");
+  return path;
+}
+
+}  // namespace
+
+void check_directory_replaceable(const std::string& dir, const std::vector<std::string>& names) {
+  const std::string path = directory_place(dir);
+  if (fs::exists(path) && !holds_only(path, names))
+    throw UsageError(path + " exists and holds other things than the files written here; choose a new "
+                            "directory or empty it");
+}
+
+void write_directory_atomic(const std::string& dir, const std::function<void(const std::string& tmp)>& fill) {
+  const std::string path = directory_place(dir);
   const size_t slash = path.rfind('/');
   const std::string parent = parent_dir(path);
   const std::string tmp = (slash == std::string::npos ? "" : path.substr(0, slash + 1)) + "." +
                           path.substr(slash + 1) + ".tmp." + std::to_string(::getpid());
-  if (fs::exists(path) && !fs::is_directory(path)) throw UsageError(path + " exists and is not a directory");
-  if (!fs::is_directory(parent)) throw UsageError("cannot write " + path + ": " + parent + " is not a directory");
   fs::remove_tree(tmp);
   try {
     fs::create_directories(tmp);
     fill(tmp);
-    const auto written = fs::list_directory(tmp);
+    check_directory_replaceable(path, fs::list_directory(tmp));
     if (fs::exists(path)) {
-      if (!holds_only(path, written))
-        throw UsageError(path + " exists and holds other things than the files written here; choose a new "
-                                "directory or empty it");
       // One exchange where the filesystem can; else the old one leaves first.
       if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) != 0) {
         const std::string old = tmp + ".old";

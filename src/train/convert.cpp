@@ -18,6 +18,19 @@ namespace {
 // The diffusers release the export was checked against (tests/python/test_diffusers_export.py).
 constexpr const char* kDiffusersVersion = "0.42.1";
 
+const std::vector<std::string>& diffusers_files() {
+  static const std::vector<std::string> files = {"config.json", "diffusion_pytorch_model.safetensors"};
+  return files;
+}
+
+void check_file_out(const std::string& out) {
+  if (fs::is_directory(out)) throw UsageError("--out " + out + " is a directory; give the file to write");
+  const std::string parent = fs::parent_path(out);
+  if (!fs::is_directory(parent)) throw UsageError("--out " + out + ": " + parent + " is not a directory");
+}
+
+void check_diffusers_out(const std::string& out) { io::check_directory_replaceable(out, diffusers_files()); }
+
 std::string write_perftrain(const ConvertInput& in, const std::string& out) {
   io::save_safetensors(out, in.model.state(), {{"perftrain.config", in.config.to_toml()}, {"format", "pt"}},
                        io::SaveOptions{/*checksums=*/true});
@@ -53,8 +66,8 @@ std::string write_diffusers(const ConvertInput& in, const std::string& out) {
   const auto tensors = models::dit_to_diffusers(in.model.state(), in.model.config());
   const std::string config = diffusers_config_json(in.model.config());
   io::write_directory_atomic(out, [&](const std::string& tmp) {
-    io::write_text_atomic(fs::join(tmp, "config.json"), config);
-    io::save_safetensors(fs::join(tmp, "diffusion_pytorch_model.safetensors"), tensors, {{"format", "pt"}});
+    io::write_text_atomic(fs::join(tmp, diffusers_files()[0]), config);
+    io::save_safetensors(fs::join(tmp, diffusers_files()[1]), tensors, {{"format", "pt"}});
   });
   return "wrote " + out + "/ (config.json, diffusion_pytorch_model.safetensors: " + std::to_string(tensors.size()) +
          " tensors for diffusers' DiTTransformer2DModel.from_pretrained)";
@@ -73,8 +86,8 @@ const ConvertTarget& target_named(const std::string& name) {
 
 const std::vector<ConvertTarget>& convert_targets() {
   static const std::vector<ConvertTarget> targets = {
-      {"perftrain", "a safetensors weights file", write_perftrain},
-      {"diffusers", "a diffusers DiTTransformer2DModel directory", write_diffusers},
+      {"perftrain", "a safetensors weights file", check_file_out, write_perftrain},
+      {"diffusers", "a diffusers DiTTransformer2DModel directory", check_diffusers_out, write_diffusers},
   };
   return targets;
 }
@@ -84,6 +97,7 @@ void run_convert(const ConvertOptions& o, std::ostream& log) {
   if (o.out.empty()) throw UsageError("--out is empty: give the file or directory to write");
   if (o.hints.heads < 0) throw UsageError("--heads must be positive");
   if (!o.hints.model.empty()) models::dit_config(o.hints.model);  // a known name, before reading gigabytes
+  target.check_out(o.out);
   const WeightsSource source = read_weights(o.input, o.weights);
   const models::DiTConfig model_cfg = model_of(source, o.hints);
   log << "read " << source.description << "\nmodel " << models::describe_model_config(model_cfg)

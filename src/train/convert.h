@@ -34,6 +34,8 @@ struct ConvertInput {
 struct ConvertTarget {
   const char* name;
   const char* help;  // what `out` becomes
+  // UsageError, before anything is read, where `out` cannot be written.
+  void (*check_out)(const std::string& out);
   // Writes `out`, complete or not at all; returns one line saying what it wrote.
   std::string (*write)(const ConvertInput& in, const std::string& out);
 };
