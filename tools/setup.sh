@@ -27,7 +27,7 @@ elif has_cuda_torch python3; then
 else
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check \
-    torch==2.11.0 numpy==2.4.6 safetensors==0.8.0 tensorboard==2.21.0
+    torch==2.11.0 numpy==2.4.6 safetensors==0.8.0 tensorboard==2.21.0 diffusers==0.42.1
   PY="$PWD/.venv/bin/python"
 fi
 

@@ -14,6 +14,7 @@
 #include "base/fs.h"
 #include "cli/command.h"
 #include "cli/launcher.h"
+#include "cli/option_checks.h"
 #include "cli/train_options.h"
 #include "compat/compat.h"
 #include "distributed/launch_env.h"
@@ -120,10 +121,12 @@ void check_run_place_kept(const train::TrainConfig& cfg, const train::TrainConfi
                        ": a resumed run keeps its own ('" + theirs + "'); leave it out, or start a new run");
 }
 
-void run(const TrainArgs& a, bool save_on_signal, const std::string& profile, bool profile_scopes_only) {
+void run(const TrainArgs& a, const std::string& init_from, bool save_on_signal, const std::string& profile,
+         bool profile_scopes_only) {
   const auto start = std::chrono::steady_clock::now();
   train::TrainOptions opts;
   opts.resume = a.resume;
+  opts.init_from = init_from;
   opts.process_start = start;
   opts.interactive = isatty(STDOUT_FILENO);
   opts.save_on_signal = save_on_signal;
@@ -271,6 +274,13 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--profile-scopes-only", *profile_scopes_only,
                 "with --profile: record the perftrain scopes, not each ATen op (less profiler cost in eager steps)")
       ->group(cmd->get_option("--config")->get_group());
+  auto init_from = std::make_shared<std::string>();
+  cmd->add_option("--init-from", *init_from,
+                  "start a new run (step 0, fresh optimizer) from these weights: a torch.save .pt, a safetensors "
+                  "weights file, or a run directory (its latest EMA weights); a new class count re-initialises the "
+                  "label table (docs/guide/training.md)")
+      ->check(printable_text())
+      ->group(cmd->get_option("--config")->get_group());
   auto nproc = std::make_shared<int>(0);
   cmd->add_option("--nproc-per-node", *nproc,
                   "start this many processes on this host as one data-parallel run (one per GPU; "
@@ -278,11 +288,15 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::Range(0, 1024).description(""))
       ->default_str("0")
       ->group(cmd->get_option("--config")->get_group());
-  cmd->callback([a, dry_run, save_on_signal, profile, profile_scopes_only, nproc] {
+  cmd->callback([a, dry_run, init_from, save_on_signal, profile, profile_scopes_only, nproc] {
+    if (!init_from->empty() && a->resume_given)
+      throw UsageError("--init-from and --resume cannot go together: --resume continues a run, --init-from starts a "
+                       "new one from weights");
+    if (!init_from->empty() && !fs::exists(*init_from)) throw UsageError("--init-from " + *init_from + " does not exist");
     if (!profile->empty()) observe::profile::parse_schedule(*profile, "--profile");  // before anything runs
     if (*nproc > 0 && !*dry_run) launch_data_parallel(*a, *nproc);
     if (*dry_run) std::cout << resolve_config(*a).to_toml();
-    else run(*a, *save_on_signal == "on", *profile, *profile_scopes_only);
+    else run(*a, *init_from, *save_on_signal == "on", *profile, *profile_scopes_only);
   });
 }
 

@@ -51,8 +51,9 @@ struct Tally {
 // "<path>: a torch.save file, ..." with the way to make it one perftrain reads.
 std::string torch_save_note(const std::string& path, const std::string& format) {
   return path + ": a torch.save file (" + (format == "zip" ? "zip" : "legacy pickle") +
-         " format), not a perftrain safetensors checkpoint: it carries no checksums to verify; to use it, save it as "
-         "safetensors: python -c \"import torch, safetensors.torch; p = '" + path +
+         " format), not a perftrain safetensors checkpoint: it carries no checksums to verify; to use it, " +
+         (format == "zip" ? "perftrain convert " + path + " --out " + path + ".safetensors, or " : std::string()) +
+         "save it as safetensors: python -c \"import torch, safetensors.torch; p = '" + path +
          "'; safetensors.torch.save_file(torch.load(p, map_location='cpu'), p + '.safetensors')\" "
          "(a dict of state_dicts: take one, e.g. torch.load(p)['ema'])";
 }

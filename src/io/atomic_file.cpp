@@ -1,14 +1,18 @@
 #include "io/atomic_file.h"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "base/error.h"
+#include "base/fs.h"
 
 namespace perftrain::io {
 namespace {
@@ -126,6 +130,67 @@ bool is_atomic_temp_name(const std::string& name) {
 
 void write_text_atomic(const std::string& path, const std::string& text) {
   write_file_atomic(path, [&](std::FILE* f) { write_bytes(f, text.data(), text.size(), path); });
+}
+
+namespace {
+
+// Whether every entry of `dir` is a regular file named in `names`.
+bool holds_only(const std::string& dir, const std::vector<std::string>& names) {
+  for (const auto& entry : fs::list_directory(dir))
+    if (!fs::is_regular_file(fs::join(dir, entry)) || std::find(names.begin(), names.end(), entry) == names.end())
+      return false;
+  return true;
+}
+
+// The directory's name without trailing slashes; UsageError where no
+// directory can be written under it.
+std::string directory_place(const std::string& dir) {
+  std::string path = dir;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  if (path.empty()) throw UsageError("cannot write '" + dir + "': not a directory name");
+  if (fs::exists(path) && !fs::is_directory(path)) throw UsageError(path + " exists and is not a directory");
+  if (!fs::is_directory(parent_dir(path)))
+    throw UsageError("cannot write " + path + ": " + parent_dir(path) + " is not a directory");
+  return path;
+}
+
+}  // namespace
+
+void check_directory_replaceable(const std::string& dir, const std::vector<std::string>& names) {
+  const std::string path = directory_place(dir);
+  if (fs::exists(path) && !holds_only(path, names))
+    throw UsageError(path + " exists and holds other things than the files written here; choose a new "
+                            "directory or empty it");
+}
+
+void write_directory_atomic(const std::string& dir, const std::function<void(const std::string& tmp)>& fill) {
+  const std::string path = directory_place(dir);
+  const size_t slash = path.rfind('/');
+  const std::string parent = parent_dir(path);
+  const std::string tmp = (slash == std::string::npos ? "" : path.substr(0, slash + 1)) + "." +
+                          path.substr(slash + 1) + ".tmp." + std::to_string(::getpid());
+  fs::remove_tree(tmp);
+  try {
+    fs::create_directories(tmp);
+    fill(tmp);
+    check_directory_replaceable(path, fs::list_directory(tmp));
+    if (fs::exists(path)) {
+      // One exchange where the filesystem can; else the old one leaves first.
+      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) != 0) {
+        const std::string old = tmp + ".old";
+        if (::rename(path.c_str(), old.c_str()) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0)
+          throw RuntimeError("cannot replace " + path + ": " + errno_text());
+        fs::remove_tree(old);
+      }
+    } else if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      throw RuntimeError("cannot rename " + tmp + " to " + path + ": " + errno_text());
+    }
+  } catch (...) {
+    fs::remove_tree(tmp);
+    throw;
+  }
+  fs::remove_tree(tmp);  // the replaced directory, after an exchange
+  sync_directory(parent);
 }
 
 }  // namespace perftrain::io

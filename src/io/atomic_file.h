@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace perftrain::io {
 
@@ -19,6 +20,18 @@ namespace perftrain::io {
 void write_file_atomic(const std::string& path, const std::function<void(std::FILE*)>& write);
 
 void write_text_atomic(const std::string& path, const std::string& text);
+
+// Writes a directory of files so that it is complete or absent: fill(tmp)
+// writes the files into a fresh hidden sibling directory (".<name>.tmp.<pid>"),
+// which then takes the name `dir`. A `dir` that exists is replaced only when
+// it holds nothing but files of the names fill wrote (an earlier run of the
+// same writer); one with anything else is left as it was (UsageError naming
+// it). On any failure the temporary directory is removed.
+void write_directory_atomic(const std::string& dir, const std::function<void(const std::string& tmp)>& fill);
+
+// The UsageError write_directory_atomic(dir) would throw for files of these
+// names, before any is made (a writer that reads for minutes first).
+void check_directory_replaceable(const std::string& dir, const std::vector<std::string>& names);
 
 // fsyncs a directory, so that the entries just created, renamed or removed in
 // it survive a power loss. Best effort: some filesystems refuse fsync on a

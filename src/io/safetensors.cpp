@@ -114,7 +114,9 @@ void reject_torch_pickle(const std::string& path, const uint8_t* b, size_t size)
   }
   out += suffix;
   throw UsageError(path + ": a PyTorch " + (torch == "zip" ? "checkpoint (torch.save's zip format)" : "pickle") +
-                   ", not safetensors; convert it with: python -c \"import torch; from safetensors.torch import "
+                   ", not safetensors; convert it with: " +
+                   (torch == "zip" ? "perftrain convert " + path + " --out " + out + " (a state dict of a DiT), or " : "") +
+                   "python -c \"import torch; from safetensors.torch import "
                    "save_file; sd = torch.load('" + path + "', map_location='cpu'); save_file({k: v.contiguous() "
                    "for k, v in sd.items()}, '" + out + "')\" (for a dict of state_dicts take one, e.g. sd['ema'])");
 }

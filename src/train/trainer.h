@@ -45,6 +45,9 @@ class RunProfiler;
 
 struct TrainOptions {
   std::string resume;  // run dir, ckpt dir or step dir; empty: fresh run
+  // A fresh run's weights (train/init_from.h): a .pt, a safetensors file or
+  // a run directory; empty: the model's initialisation.
+  std::string init_from;
   std::chrono::steady_clock::time_point process_start = std::chrono::steady_clock::now();
   bool interactive = false;  // redraw the progress line in place
   // A first SIGINT/SIGTERM ends the run after its current step with a

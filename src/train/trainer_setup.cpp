@@ -11,6 +11,7 @@
 #include "data/batch_loader.h"
 #include "distributed/group.h"
 #include "observe/tensorboard/event_writer.h"
+#include "train/init_from.h"
 #include "train/memory_estimate.h"
 #include "train/progress.h"
 #include "train/run_directory.h"
@@ -179,6 +180,8 @@ void Trainer::resume() {
         resume_dir_, model, ema, [&](const io::NamedTensors& t) { runner_->load_optimizer_state(t); }, gen_);
     runner_->set_updates_taken(state_.step);
     log_ << "resumed from " << resume_dir_ << " at step " << state_.step << "\n";
+  } else if (!opts_.init_from.empty()) {
+    log_ << init_from_weights(opts_.init_from, model, ema) << "\n";
   }
   if (state_.step >= cfg_.optim.steps)
     throw UsageError("the run is already at step " + std::to_string(state_.step) +

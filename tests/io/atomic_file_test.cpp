@@ -59,5 +59,38 @@ TEST(AtomicFile, DirectoryNameIsAUsageError) {
   error_of<UsageError>([&] { write_text_atomic(dir.path() + "/", "x"); });
 }
 
+TEST(AtomicDirectory, WholeOrNotAtAllAndReplacesOnlyItsOwnFiles) {
+  TempDir dir;
+  const std::string out = dir.file("export");
+  auto fill = [](const std::string& text) {
+    return [text](const std::string& tmp) {
+      write_text_atomic(tmp + "/a.json", text);
+      write_text_atomic(tmp + "/b.bin", text);
+    };
+  };
+  write_directory_atomic(out, fill("one"));
+  EXPECT_EQ(read_raw(out + "/a.json"), "one");
+  // A fill that fails halfway leaves the earlier directory and no temporary.
+  EXPECT_EQ(error_of<RuntimeError>([&] {
+              write_directory_atomic(out, [](const std::string& tmp) {
+                write_text_atomic(tmp + "/a.json", "half");
+                throw RuntimeError("disk full");
+              });
+            }),
+            "disk full");
+  EXPECT_EQ(read_raw(out + "/a.json"), "one");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"export"});
+  write_directory_atomic(out + "/", fill("two"));  // its own files: replaced
+  EXPECT_EQ(read_raw(out + "/b.bin"), "two");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"export"});
+  perftrain::testing::write_raw(out + "/notes.txt", "mine");
+  const std::string msg = error_of<UsageError>([&] { write_directory_atomic(out, fill("three")); });
+  EXPECT_NE(msg.find(out + " exists and holds other things"), std::string::npos) << msg;
+  EXPECT_EQ(read_raw(out + "/a.json"), "two");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"export"});
+  EXPECT_NO_THROW(check_directory_replaceable(dir.file("new"), {"a.json"}));
+  EXPECT_THROW(check_directory_replaceable(dir.file("missing/new"), {"a.json"}), UsageError);
+}
+
 }  // namespace
 }  // namespace perftrain::io
