@@ -38,7 +38,7 @@ DiTBlock::DiTBlock(const DiTConfig& cfg, at::Generator& gen)
 at::Tensor DiTBlock::forward(const at::Tensor& x_in, const at::Tensor& c_in, const DiTExecution& exec) const {
   return hooked({x_in, c_in}, [this, &exec](at::TensorList in) {
     const at::Tensor &x = in[0], &c = in[1];
-    if (exec.fused_kernels) return fused::dit_block(*this, x, c, exec);
+    if (exec.fused_kernels) return fused::dit_block(*this, weights_of(*this), x, c, exec);
     auto mod = adaLN_modulation.forward(c).chunk(6, 1);  // 6 x [B, D]
     const auto &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
     const auto &shift_mlp = mod[3], &scale_mlp = mod[4], &gate_mlp = mod[5];
