@@ -68,6 +68,39 @@ at::Tensor weighted_aux(const DiTConfig& cfg, const std::vector<at::Tensor>& aux
   return at::stack(aux).mean() * cfg.router_aux_weight;
 }
 
+// Applications waiting to run chained from `start` (the residual stream).
+template <class Application, class Modulation>
+struct Chain {
+  at::Tensor start;
+  std::vector<Application> seq;
+  std::vector<Modulation> mods;
+  void add(const Application& a, const Modulation& mod) {
+    seq.push_back(a);
+    mods.push_back(mod);
+  }
+};
+using DiTChain = Chain<DiTApplication, DiTModulation>;
+using SingleStreamChain = Chain<SingleStreamApplication, SingleStreamModulation>;
+
+// The prelude and coda blocks with their own weights, in that order.
+template <class Block>
+auto ends_of(const nn::ModuleList<Block>& prelude, const nn::ModuleList<Block>& coda) {
+  std::vector<const Block*> blocks;
+  for (size_t i = 0; i < prelude.size(); ++i) blocks.push_back(&prelude[i]);
+  for (size_t i = 0; i < coda.size(); ++i) blocks.push_back(&coda[i]);
+  return own_weights(blocks);
+}
+
+// Each block alone under ops::recompute, run(block, x, c) its forward: x -> x.
+template <class Block, class Run>
+at::Tensor recomputed_blocks(const nn::ModuleList<Block>& blocks, at::Tensor x, const at::Tensor& c, const Run& run) {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Block* block = &blocks[i];
+    x = ops::recompute([block, run](const at::Tensor& a, const at::Tensor& b) { return run(*block, a, b); }, x, c);
+  }
+  return x;
+}
+
 // A group of shared blocks on the kept tokens g [B, k, D] -> [B, k, D].
 using GroupFn = std::function<at::Tensor(const at::Tensor& g)>;
 
@@ -84,17 +117,6 @@ at::Tensor routed_loop(const LoopedDiT& m, int64_t l, const at::Tensor& u, const
 }
 
 // ---- DiT blocks ----
-
-// Applications waiting to run chained from `start` (the residual stream).
-struct DiTChain {
-  at::Tensor start;
-  DiTBlockSeq seq;
-  std::vector<DiTModulation> mods;
-  void add(const DiTApplication& a, const DiTModulation& mod) {
-    seq.push_back(a);
-    mods.push_back(mod);
-  }
-};
 
 // The waiting applications run, their last residual added alone: -> the
 // residual stream (start when none wait), from which the chain starts again.
@@ -133,14 +155,6 @@ DiTLoops dit_loops(const LoopedDiT& m, const at::Tensor& silu_cl) {
   return out;
 }
 
-// The prelude and coda blocks with their own weights, in that order.
-DiTBlockSeq dit_ends(const LoopedDiTParts& p) {
-  std::vector<const DiTBlock*> blocks;
-  for (size_t i = 0; i < p.prelude.size(); ++i) blocks.push_back(&p.prelude[i]);
-  for (size_t i = 0; i < p.coda.size(); ++i) blocks.push_back(&p.coda[i]);
-  return own_weights(blocks);
-}
-
 // Every application chained where the stream allows (looped_fused.h), from
 // the embedded tokens h to the final layer's tokens [B, T, p*p*out].
 at::Tensor dit_chained(const LoopedDiT& m, const at::Tensor& h, const at::Tensor& c, at::ScalarType act,
@@ -148,7 +162,7 @@ at::Tensor dit_chained(const LoopedDiT& m, const at::Tensor& h, const at::Tensor
   const DiTConfig& cfg = m.config();
   const LoopedDiTParts& p = *m.dit;
   const at::Tensor silu_c = at::silu(c).to(act);
-  const DiTBlockSeq ends = dit_ends(p);
+  const DiTBlockSeq ends = ends_of(p.prelude, p.coda);
   const std::vector<DiTModulation> end_mods = dit_modulations(ends, silu_c);
   const DiTLoops loops = dit_loops(m, loop_silu(m, c, act));
   const size_t P = p.prelude.size();
@@ -190,16 +204,10 @@ at::Tensor dit_one_by_one(const LoopedDiT& m, at::Tensor h, const at::Tensor& c,
                           std::vector<at::Tensor>& aux) {
   const DiTConfig& cfg = m.config();
   const LoopedDiTParts& p = *m.dit;
-  auto own = [&](const nn::ModuleList<DiTBlock>& blocks, at::Tensor x) {
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      const DiTBlock* block = &blocks[i];
-      x = recomputed([block, exec](const at::Tensor& a, const at::Tensor& b) {
-        return dit_block(*block, weights_of(*block), a, b, exec);
-      }, x, c);
-    }
-    return x;
+  auto own = [exec](const DiTBlock& block, const at::Tensor& a, const at::Tensor& b) {
+    return dit_block(block, weights_of(block), a, b, exec);
   };
-  h = own(p.prelude, h);
+  h = recomputed_blocks(p.prelude, h, c, own);
   const at::Tensor e = h;
   for (int64_t l = 0; l < cfg.loops; ++l) {
     PERFTRAIN_SCOPE_INDEXED("loop", l);
@@ -215,7 +223,7 @@ at::Tensor dit_one_by_one(const LoopedDiT& m, at::Tensor h, const at::Tensor& c,
     const at::Tensor u = m.reinjected(h, e).to(at::kFloat);
     h = cfg.loop_routed(l) ? routed_loop(m, l, u, group, aux) : group(u);
   }
-  return dit_final_layer(p.final_layer, own(p.coda, h), c);
+  return dit_final_layer(p.final_layer, recomputed_blocks(p.coda, h, c, own), c);
 }
 
 ForwardOutput dit_looped(const LoopedDiT& m, const at::Tensor& x, const at::Tensor& t, const at::Tensor& y,
@@ -231,16 +239,6 @@ ForwardOutput dit_looped(const LoopedDiT& m, const at::Tensor& x, const at::Tens
 }
 
 // ---- single-stream blocks (unrouted: LoopedDiT runs routed single-stream loops on its plain path) ----
-
-struct SingleStreamChain {
-  at::Tensor start;
-  SingleStreamBlockSeq seq;
-  std::vector<SingleStreamModulation> mods;
-  void add(const SingleStreamApplication& a, const SingleStreamModulation& mod) {
-    seq.push_back(a);
-    mods.push_back(mod);
-  }
-};
 
 at::Tensor flush(SingleStreamChain& chain, const SingleStreamContext& ctx) {
   if (!chain.seq.empty())
@@ -274,14 +272,6 @@ std::pair<std::vector<SingleStreamBlockSeq>, std::vector<std::vector<SingleStrea
   return {apps, mods};
 }
 
-// The prelude and coda blocks with their own weights, in that order.
-SingleStreamBlockSeq single_stream_ends(const LoopedSingleStreamParts& p) {
-  std::vector<const SingleStreamBlock*> blocks;
-  for (size_t i = 0; i < p.prelude.size(); ++i) blocks.push_back(&p.prelude[i]);
-  for (size_t i = 0; i < p.coda.size(); ++i) blocks.push_back(&p.coda[i]);
-  return own_weights(blocks);
-}
-
 // Chained as dit_chained (no routing), from the tokens x0 [B, S, D] to the
 // final layer's [B, S, p*p*out].
 at::Tensor single_stream_chained(const LoopedDiT& m, const at::Tensor& x0, const at::Tensor& temb,
@@ -289,7 +279,7 @@ at::Tensor single_stream_chained(const LoopedDiT& m, const at::Tensor& x0, const
   const DiTConfig& cfg = m.config();
   const LoopedSingleStreamParts& p = *m.single_stream;
   const at::Tensor silu_c = at::silu(temb).to(ctx.act);
-  const SingleStreamBlockSeq ends = single_stream_ends(p);
+  const SingleStreamBlockSeq ends = ends_of(p.prelude, p.coda);
   const auto end_mods = single_stream_modulations(ends, silu_c);
   const auto [apps, mods] = single_stream_loops(m, loop_silu(m, temb, ctx.act));
   const size_t P = p.prelude.size();
@@ -320,16 +310,10 @@ at::Tensor single_stream_one_by_one(const LoopedDiT& m, at::Tensor h, const at::
   const DiTConfig& cfg = m.config();
   const LoopedSingleStreamParts& p = *m.single_stream;
   const at::Tensor silu_c = at::silu(temb).to(ctx.act);
-  auto own = [&](const nn::ModuleList<SingleStreamBlock>& blocks, at::Tensor x) {
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      const SingleStreamBlock* block = &blocks[i];
-      x = recomputed([block, ctx](const at::Tensor& a, const at::Tensor& b) {
-        return single_stream_block(*block, weights_of(*block), a, b, ctx);
-      }, x, silu_c);
-    }
-    return x;
+  auto own = [ctx](const SingleStreamBlock& block, const at::Tensor& a, const at::Tensor& b) {
+    return single_stream_block(block, weights_of(block), a, b, ctx);
   };
-  h = own(p.prelude, h);
+  h = recomputed_blocks(p.prelude, h, silu_c, own);
   const at::Tensor e = h;
   const LoopedDiT* mp = &m;
   for (int64_t l = 0; l < cfg.loops; ++l) {
@@ -342,7 +326,7 @@ at::Tensor single_stream_one_by_one(const LoopedDiT& m, at::Tensor h, const at::
                                    mp->single_stream_loop_weights(l, k), a, b, ctx);
       }, h, silu_l);
   }
-  return single_stream_final_layer(p.final_layer, own(p.coda, h), silu_c, ctx.act);
+  return single_stream_final_layer(p.final_layer, recomputed_blocks(p.coda, h, silu_c, own), silu_c, ctx.act);
 }
 
 ForwardOutput single_stream_looped(const LoopedDiT& m, const at::Tensor& x, const at::Tensor& t,
