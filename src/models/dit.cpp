@@ -59,7 +59,7 @@ at::Tensor dit_block_body(const at::Tensor& x, const at::Tensor& modulation, con
 at::Tensor DiTBlock::forward(const at::Tensor& x_in, const at::Tensor& c_in, const DiTExecution& exec) const {
   return hooked({x_in, c_in}, [this, &exec](at::TensorList in) {
     const at::Tensor &x = in[0], &c = in[1];
-    if (exec.fused_kernels) return fused::dit_block(*this, x, c, exec);
+    if (exec.fused_kernels) return fused::dit_block(*this, weights_of(*this), x, c, exec);
     return dit_block_body(
         x, adaLN_modulation.forward(c), [this](const at::Tensor& a) { return attn.forward(a); },
         [this](const at::Tensor& m) { return mlp.forward(m); });

@@ -25,6 +25,7 @@
 
 #include "base/error.h"
 #include "base/scope.h"
+#include "models/fused/looped_fused.h"
 #include "nn/init.h"
 #include "ops/recompute.h"
 
@@ -261,7 +262,11 @@ ForwardOutput LoopedDiT::forward_train(const at::Tensor& x, const at::Tensor& t,
                                        const DiTExecution& exec) const {
   at::Tensor aux;
   at::Tensor out = hooked({x, t}, [&](at::TensorList in) {
-    ForwardOutput o = forward_body(in[0], in[1], cond, plain(exec));
+    // The fused schedule (models/fused/looped_fused.h), but routed
+    // single-stream loops keep the plain path (per-sample rotary tables).
+    ForwardOutput o = exec.fused_kernels && !(single_stream && cfg_.routing())
+                          ? fused::looped_forward(*this, in[0], in[1], cond, exec)
+                          : forward_body(in[0], in[1], cond, plain(exec));
     aux = o.aux_loss;
     return o.out;
   });

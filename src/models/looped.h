@@ -77,6 +77,8 @@ class LoopedDiT : public DiffusionModel {
   ForwardOutput forward_train(const at::Tensor& x, const at::Tensor& t, const Condition& cond,
                               const DiTExecution& exec = {}) const override;
   const DiTConfig& config() const override { return cfg_; }
+  // exec.fused_kernels runs models/fused/looped_fused.h's schedule.
+  bool has_fused_path() const override { return true; }
 
   // Loop `loop`'s weights for the shared block at group position k: the
   // shared weights merged with that loop's adapters (the block's own weights

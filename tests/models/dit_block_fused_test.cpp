@@ -4,8 +4,11 @@
 // steps chained (fused::dit_blocks_chained over the same block listed twice,
 // both modulations from one stacked product), against the plain block
 // applied twice; output, the input and condition gradients, and every
-// parameter's gradient (summed over both uses). On the CPU, where each fused
-// op runs its fp32 reference.
+// parameter's gradient (summed over both uses). And the pieces run with
+// weights other than the block's own (models/block_weights.h, as a looped
+// model's per-loop weights): the result and the gradients are those of the
+// block the weights come from. On the CPU, where each fused op runs its fp32
+// reference.
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/silu.h>
@@ -66,12 +69,13 @@ TEST(DiTBlockFused, OneBlockTwiceMatchesThePlainBlockTwice) {
     exec.fused_kernels = true, exec.gelu_recompute = gelu_recompute;
     runs.emplace_back("dit_block twice, gelu_recompute " + std::to_string(gelu_recompute),
                        run(block, x, c, gout, [&](const at::Tensor& xl, const at::Tensor& cl) {
-                         return fused::dit_block(block, fused::dit_block(block, xl, cl, exec), cl, exec);
+                         const DiTBlockWeights w = weights_of(block);
+                         return fused::dit_block(block, w, fused::dit_block(block, w, xl, cl, exec), cl, exec);
                        }));
   }
   runs.emplace_back("chained over the block twice", run(block, x, c, gout, [&](const at::Tensor& xl,
                                                                                 const at::Tensor& cl) {
-    const fused::DiTBlockSeq twice = {&block, &block};
+    const fused::DiTBlockSeq twice = fused::own_weights({&block, &block});
     const auto mods = fused::dit_modulations(twice, at::silu(cl));
     return fused::dit_blocks_chained(twice, mods, xl, at::kFloat, true, [](const fused::GatedResidual& r) {
       return ops::gated_residual(r.x, r.gate, r.y, r.bias);
@@ -92,6 +96,39 @@ TEST(DiTBlockFused, OneBlockTwiceMatchesThePlainBlockTwice) {
   }
   // Twice is not once: the second application changed the output.
   EXPECT_GT(rel_l2(block.forward(x, c), plain.out), 1e-2);
+}
+
+// Block a run with block b's weights (a different-seeded block of the same
+// shape) computes b's function, and the gradients land in b's parameters,
+// none in a's: alone (dit_block) and chained after b's own application.
+TEST(DiTBlockFused, AnotherBlocksWeightsRunThatBlocksFunction) {
+  DiTConfig cfg = dit_config("DiT-S/2");
+  cfg.hidden = 64, cfg.heads = 4;
+  auto gen = seeded_cpu_generator(17);
+  DiTBlock a(cfg, gen), b(cfg, gen);
+  for (DiTBlock* blk : {&a, &b})
+    blk->transform([&](const std::string&, const at::Tensor& w) { return w + 0.1 * at::randn(w.sizes(), gen); });
+  const int64_t B = 2, T = 9, D = cfg.hidden;
+  const at::Tensor x = at::randn({B, T, D}, gen), c = at::randn({B, D}, gen), gout = at::randn({B, T, D}, gen);
+  const Result plain = run(b, x, c, gout, [&](const at::Tensor& xl, const at::Tensor& cl) {
+    return b.forward(b.forward(xl, cl), cl);
+  });
+  DiTExecution exec;
+  exec.fused_kernels = true;
+  const fused::DiTBlockSeq seq = {{&b, weights_of(b), at::Tensor()}, {&a, weights_of(b), at::Tensor()}};
+  const Result got = run(b, x, c, gout, [&](const at::Tensor& xl, const at::Tensor& cl) {
+    const auto mods = fused::dit_modulations(seq, at::silu(cl));
+    return fused::dit_blocks_chained(seq, mods, xl, at::kFloat, true, [](const fused::GatedResidual& r) {
+      return ops::gated_residual(r.x, r.gate, r.y, r.bias);
+    });
+  });
+  EXPECT_LT(rel_l2(got.out, plain.out), 1e-5);
+  EXPECT_LT(rel_l2(got.dx, plain.dx), 1e-5);
+  for (size_t k = 0; k < plain.grads.size(); ++k) EXPECT_LT(rel_l2(got.grads[k], plain.grads[k]), 1e-5) << k;
+  for (const auto& p : a.parameters()) EXPECT_FALSE(p.grad().defined());
+  const at::Tensor alone = fused::dit_block(a, weights_of(b), x, c, exec);
+  EXPECT_LT(rel_l2(alone, b.forward(x, c)), 1e-5);
+  EXPECT_GT(rel_l2(alone, a.forward(x, c)), 1e-2);
 }
 
 }  // namespace

@@ -2,9 +2,11 @@
 // DiTBlock::forward through the ops of src/ops (adaLN LayerNorm, the qkv
 // projection with attention, cuBLASLt products with bias and GELU epilogues,
 // gated residuals fused with the norm that follows them; docs/design.md, "A
-// DiT block, line by line"). Each piece takes the block whose weights it
-// reads and nothing of the model around it, so a schedule may run one block
-// many times (a looped family lists the same block again in a DiTBlockSeq).
+// DiT block, line by line"). Each piece takes the block (its heads) and the
+// weights it runs with (models/block_weights.h: weights_of(block), or a looped
+// model's per-loop merged weights) and nothing of the model around it, so a
+// schedule may run one block many times with other weights each time (a
+// looped family lists the same block again in a DiTBlockSeq).
 // Nothing here fires a module's hooks (DiTBlock::forward does, around
 // dit_block). The residual stream is fp32; matrix operands are in the compute
 // dtype `act`.
@@ -16,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/block_weights.h"
 #include "models/dit.h"
 
 namespace perftrain::models::fused {
@@ -33,18 +36,32 @@ struct GatedResidual {
   at::Tensor x, gate, y, bias;
 };
 
-// Blocks in the order a schedule runs them; the same block may come again.
-using DiTBlockSeq = std::vector<const DiTBlock*>;
+// One application of a block: the block (its heads), the weights it runs
+// with, and a tensor added to the residual stream as it starts (a looped
+// model's reinjected prelude output; undefined: none).
+struct DiTApplication {
+  const DiTBlock* block;
+  DiTBlockWeights weights;
+  at::Tensor enter_add;
+};
+// The applications in the order a schedule runs them; the same block may come again.
+using DiTBlockSeq = std::vector<DiTApplication>;
+// Each block with its own weights (weights_of), in order.
+DiTBlockSeq own_weights(const std::vector<const DiTBlock*>& blocks);
 
-// One block's modulation from silu(c) in the compute dtype: its Linear
-// through ops::linear (the optimizer's bf16 weight copy, the bias in the
-// product's epilogue).
-DiTModulation dit_modulation(const DiTBlock& block, const at::Tensor& silu_c);
+// One block's modulation from silu(c) in the compute dtype: the modulation
+// Linear of w through ops::linear (the optimizer's bf16 weight copy when w
+// is a block's own, the bias in the product's epilogue).
+DiTModulation dit_modulation(const DiTBlockWeights& w, const at::Tensor& silu_c);
 
-// Every block's modulation from silu(c) in one product (ops::stacked_linear,
-// the weights read in place where their bf16 copies lie back to back),
-// split once; backward joins their gradients in one cat.
-std::vector<DiTModulation> dit_modulations(const DiTBlockSeq& blocks, const at::Tensor& silu_c);
+// Every application's modulation from silu(c) in one product
+// (ops::stacked_linear: the weights read in place where their bf16 copies
+// lie back to back, as blocks' own weights do; else concatenated), split
+// once; backward joins their gradients in one cat.
+std::vector<DiTModulation> dit_modulations(const DiTBlockSeq& seq, const at::Tensor& silu_c);
+
+// The count modulations side by side in product [..., 6 * count * D], in order.
+std::vector<DiTModulation> split_dit_modulations(const at::Tensor& product, size_t count);
 
 // r's residual and the modulated LayerNorm of its result in one pass
 // (ops::residual_adaln): -> (x + gate * (y + bias), modulate(norm(that),
@@ -56,31 +73,34 @@ std::pair<at::Tensor, at::Tensor> add_with_norm(const GatedResidual& r, const at
 // The attention half from the residual stream x and its modulated norm h:
 // projected_attention, proj without its bias, and the residual added with
 // the MLP's modulated norm -> (x1, h2).
-std::pair<at::Tensor, at::Tensor> dit_attention_half(const DiTBlock& block, const at::Tensor& x, const at::Tensor& h,
+std::pair<at::Tensor, at::Tensor> dit_attention_half(const DiTBlock& block, const DiTBlockWeights& w,
+                                                     const at::Tensor& x, const at::Tensor& h,
                                                      const DiTModulation& mod, at::ScalarType act);
 
 // The MLP of h2 without fc2's bias (the residual after it adds it):
 // gelu_mlp; keep_activation false: GELU again in backward.
-at::Tensor dit_mlp_half(const DiTBlock& block, const at::Tensor& h2, bool keep_activation);
+at::Tensor dit_mlp_half(const DiTBlockWeights& w, const at::Tensor& h2, bool keep_activation);
 
-// The whole block on its own (x [B, T, D] fp32, c [B, D] -> [B, T, D]): its
-// own modulation, adaln_layernorm to open it, the two halves, the MLP
+// The whole block on its own with the weights w (x [B, T, D] fp32, c [B, D]
+// -> [B, T, D]): its modulation, adaln_layernorm to open it, the two halves, the MLP
 // residual added alone (ops::gated_residual). act: autocast's dtype, else
 // x's; exec.gelu_recompute as dit_mlp_half's keep_activation false.
-at::Tensor dit_block(const DiTBlock& block, const at::Tensor& x, const at::Tensor& c, const DiTExecution& exec);
+at::Tensor dit_block(const DiTBlock& block, const DiTBlockWeights& w, const at::Tensor& x, const at::Tensor& c,
+                     const DiTExecution& exec);
 
 // What closes a chain: receives the last block's MLP residual, not added.
 using CloseChain = std::function<at::Tensor(const GatedResidual&)>;
 
-// Blocks chained (non-empty; mods[i] is blocks[i]'s): block 0 opened with
+// Applications chained (non-empty; mods[i] is seq[i]'s): the first opened with
 // adaln_layernorm, each block's MLP residual added together with the next
-// block's first modulated norm (add_with_norm), so the residual stream is
+// block's first modulated norm (add_with_norm; an application's enter_add
+// joins the residual there, or is added to x0 for the first), so the residual stream is
 // written once per half-block and its two gradients meet inside one kernel.
 // The last block's residual goes to `close` (e.g. added with the final
 // layer's norm), called while the last block's tensors are still held, as
-// one loop would hold them; returns what close returns. Each block runs in a
-// "block i" profiler range (base/scope.h).
-at::Tensor dit_blocks_chained(const DiTBlockSeq& blocks, const std::vector<DiTModulation>& mods, const at::Tensor& x0,
+// one loop would hold them; returns what close returns. Each application
+// runs in a "block i" profiler range (base/scope.h), i its place in seq.
+at::Tensor dit_blocks_chained(const DiTBlockSeq& seq, const std::vector<DiTModulation>& mods, const at::Tensor& x0,
                               at::ScalarType act, bool keep_activation, const CloseChain& close);
 
 }  // namespace perftrain::models::fused

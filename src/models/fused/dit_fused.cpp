@@ -30,18 +30,24 @@ at::Tensor chained(const DiT& model, const at::Tensor& x0, const at::Tensor& c, 
                    bool keep_activation) {
   // One SiLU and one cast of c for all blocks and the final layer.
   const at::Tensor silu_c = at::silu(c).to(act);
-  DiTBlockSeq blocks;
+  std::vector<const DiTBlock*> blocks;
   for (size_t i = 0; i < model.blocks.size(); ++i) blocks.push_back(&model.blocks[i]);
-  const std::vector<DiTModulation> mods = dit_modulations(blocks, silu_c);
+  const DiTBlockSeq seq = own_weights(blocks);
+  const std::vector<DiTModulation> mods = dit_modulations(seq, silu_c);
   // The last residual with the final layer's modulated norm; the residual
   // stream itself is not needed after it.
-  return dit_blocks_chained(blocks, mods, x0, act, keep_activation, [&](const GatedResidual& last) {
-    const auto fin = final_modulation(model.final_layer, silu_c);
-    return final_product(model.final_layer, add_with_norm(last, fin[0], fin[1], act).second);
+  return dit_blocks_chained(seq, mods, x0, act, keep_activation, [&](const GatedResidual& last) {
+    return dit_final_layer_after(model.final_layer, last, silu_c, act);
   });
 }
 
 }  // namespace
+
+at::Tensor dit_final_layer_after(const FinalLayer& layer, const GatedResidual& last, const at::Tensor& silu_c,
+                                 at::ScalarType act) {
+  const auto fin = final_modulation(layer, silu_c);
+  return final_product(layer, add_with_norm(last, fin[0], fin[1], act).second);
+}
 
 at::Tensor dit_forward(const DiT& model, const at::Tensor& x, const at::Tensor& c, const DiTExecution& exec) {
   const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());

@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "models/dit.h"
+#include "models/fused/dit_block.h"
 
 namespace perftrain::models::fused {
 
@@ -24,5 +25,12 @@ at::Tensor dit_forward(const DiT& model, const at::Tensor& x, const at::Tensor& 
 // -> [B, T, p*p*out] through adaln_layernorm and linear. The compute dtype:
 // autocast's, else x's.
 at::Tensor dit_final_layer(const FinalLayer& layer, const at::Tensor& x, const at::Tensor& c);
+
+// The final layer closing a chain (fused::dit_blocks_chained's close): the
+// last block's residual added together with the final layer's modulated norm
+// (its shift and scale from silu(c) in act), then its product -> [B, T,
+// p*p*out]; the residual stream itself is not kept.
+at::Tensor dit_final_layer_after(const FinalLayer& layer, const GatedResidual& last, const at::Tensor& silu_c,
+                                 at::ScalarType act);
 
 }  // namespace perftrain::models::fused

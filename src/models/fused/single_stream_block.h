@@ -3,10 +3,12 @@
 // scale, the post-norm + tanh-gated residual + next pre-norm in one pass,
 // QK-norm + RoPE on the packed qkv, cuDNN's attention with the key mask as
 // its bias, SwiGLU against [gate; up] in one product; docs/design.md, "A
-// single-stream block, line by line"). Each piece takes the block whose
-// weights it reads, so a schedule may run one block many times (a looped
-// family lists the same block again in a SingleStreamBlockSeq). No module's
-// hooks fire here. The residual stream is fp32; matrix operands are in the
+// single-stream block, line by line"). Each piece takes the block (its
+// heads and norms' weights) and the linears' weights it runs with
+// (models/block_weights.h: weights_of(block), or a looped model's per-loop
+// merged weights), so a schedule may run one block many times with other
+// weights each time (a looped family lists the same block again in a
+// SingleStreamBlockSeq). No module's hooks fire here. The residual stream is fp32; matrix operands are in the
 // compute dtype.
 #pragma once
 
@@ -16,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/block_weights.h"
 #include "models/single_stream.h"
 
 namespace perftrain::models::fused {
@@ -41,18 +44,32 @@ struct PostNormResidual {
   at::Tensor x, gate, y, post_weight;
 };
 
-// Blocks in the order a schedule runs them; the same block may come again.
-using SingleStreamBlockSeq = std::vector<const SingleStreamBlock*>;
+// One application of a block: the block (heads, norms), the linears'
+// weights it runs with, and a tensor added to the residual stream as it
+// starts (a looped model's reinjected prelude output; undefined: none).
+struct SingleStreamApplication {
+  const SingleStreamBlock* block;
+  SingleStreamBlockWeights weights;
+  at::Tensor enter_add;
+};
+// The applications in the order a schedule runs them; the same block may come again.
+using SingleStreamBlockSeq = std::vector<SingleStreamApplication>;
+// Each block with its own weights (weights_of), in order.
+SingleStreamBlockSeq own_weights(const std::vector<const SingleStreamBlock*>& blocks);
 
-// One block's modulation from silu(c) in the compute dtype (ops::linear, no bias).
-SingleStreamModulation single_stream_modulation(const SingleStreamBlock& block, const at::Tensor& silu_c);
+// One block's modulation from silu(c) in the compute dtype (ops::linear of
+// w's modulation weight, no bias).
+SingleStreamModulation single_stream_modulation(const SingleStreamBlockWeights& w, const at::Tensor& silu_c);
 
-// Every block's modulation from silu(c) in one product (ops::stacked_linear,
-// no biases), split once. The blocks' [4D, D] bf16 weight copies lie back to
-// back (the device optimizer groups copies by shape), so the stacked weight
-// is a view.
-std::vector<SingleStreamModulation> single_stream_modulations(const SingleStreamBlockSeq& blocks,
+// Every application's modulation from silu(c) in one product
+// (ops::stacked_linear, no biases), split once. Blocks' own [4D, D] bf16
+// weight copies lie back to back (the device optimizer groups copies by
+// shape), so the stacked weight is a view; other weights are concatenated.
+std::vector<SingleStreamModulation> single_stream_modulations(const SingleStreamBlockSeq& seq,
                                                               const at::Tensor& silu_c);
+
+// The count modulations side by side in product [..., 4 * count * D], in order.
+std::vector<SingleStreamModulation> split_single_stream_modulations(const at::Tensor& product, size_t count);
 
 // r's residual and the pre-norm after it (pre_weight and (1 + scale); both
 // undefined: none, its h left unused) in one pass (ops::residual_rms_adaln)
@@ -64,38 +81,40 @@ std::pair<at::Tensor, at::Tensor> add_with_rms_norm(const PostNormResidual& r, c
 // projection: the qkv product, normalised and rotated in one pass over the
 // packed [B, S, 3D] (ops::qk_norm_rope), and qkv_attention reading q, k, v
 // from it in place -> [B, S, D] (proj's input).
-at::Tensor single_stream_attention(const SingleStreamAttention& attn, const at::Tensor& h,
+at::Tensor single_stream_attention(const SingleStreamAttention& attn, const at::Tensor& qkv_w, const at::Tensor& h,
                                    const SingleStreamContext& ctx);
 
 // The attention half from the residual stream x and its modulated norm h:
 // the attention and its projection, its residual added with the FFN's
 // pre-norm -> (x1, h2).
-std::pair<at::Tensor, at::Tensor> single_stream_attention_half(const SingleStreamBlock& block, const at::Tensor& x,
+std::pair<at::Tensor, at::Tensor> single_stream_attention_half(const SingleStreamBlock& block,
+                                                               const SingleStreamBlockWeights& w, const at::Tensor& x,
                                                                const at::Tensor& h, const SingleStreamModulation& mod,
                                                                const SingleStreamContext& ctx);
 
 // The FFN branch from h2 to down's output: gate and up as one product
 // against their stacked weights, swiglu, down (keep_activation false:
 // swiglu's output not kept for backward, ops::swiglu_linear).
-at::Tensor single_stream_ffn_branch(const SingleStreamBlock& block, const at::Tensor& h2, bool keep_activation);
+at::Tensor single_stream_ffn_branch(const SingleStreamBlockWeights& w, const at::Tensor& h2, bool keep_activation);
 
-// The whole block on its own (the recompute path): x [B, S, D] residual
-// stream, silu_c [B, D] in ctx.act -> [B, S, D]; its own modulation, rms_adaln
+// The whole block on its own with the weights w (the recompute path): x [B,
+// S, D] residual stream, silu_c [B, D] in ctx.act -> [B, S, D]; its modulation, rms_adaln
 // to open it, its last residual added without a next pre-norm.
-at::Tensor single_stream_block(const SingleStreamBlock& block, const at::Tensor& x, const at::Tensor& silu_c,
-                               const SingleStreamContext& ctx);
+at::Tensor single_stream_block(const SingleStreamBlock& block, const SingleStreamBlockWeights& w, const at::Tensor& x,
+                               const at::Tensor& silu_c, const SingleStreamContext& ctx);
 
 // What closes a chain: receives the last block's FFN residual, not added.
 using CloseSingleStreamChain = std::function<at::Tensor(const PostNormResidual&)>;
 
-// Blocks chained (non-empty; mods[i] is blocks[i]'s): block 0 opened with
+// Applications chained (non-empty; mods[i] is seq[i]'s): the first opened with
 // rms_adaln, each half-block's post-norm, gated residual and the pre-norm
-// that opens the next half as one residual_rms_adaln, so the residual stream
+// that opens the next half as one residual_rms_adaln (an application's
+// enter_add joins the residual there, or is added to x0 for the first), so the residual stream
 // is written once per half-block and its two gradients meet inside one
 // kernel. The last block's FFN residual goes to `close` (e.g. added with the
 // final layer's norm), called while the last block's tensors are still held,
 // as one loop would hold them; returns what close returns.
-at::Tensor single_stream_blocks_chained(const SingleStreamBlockSeq& blocks,
+at::Tensor single_stream_blocks_chained(const SingleStreamBlockSeq& seq,
                                         const std::vector<SingleStreamModulation>& mods, const at::Tensor& x0,
                                         const SingleStreamContext& ctx, const CloseSingleStreamChain& close);
 

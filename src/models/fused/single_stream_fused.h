@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "models/fused/single_stream_block.h"
 #include "models/single_stream.h"
 
 namespace perftrain::models::fused {
@@ -22,5 +23,23 @@ namespace perftrain::models::fused {
 // compute dtype: autocast's, else the patches'.
 at::Tensor single_stream_forward(const SingleStreamDiT& model, const at::Tensor& patches, const at::Tensor& ctok,
                                  const at::Tensor& mask, const at::Tensor& silu_c, const DiTExecution& exec);
+
+// The pieces of it a looped model of single-stream blocks shares:
+// The residual stream's first value, fp32 [B, Tc + T, D]: the condition
+// tokens, then the patches' product with the embedder's weight in act.
+at::Tensor single_stream_tokens(const nn::Linear& x_embedder, const at::Tensor& patches, const at::Tensor& ctok,
+                                at::ScalarType act);
+// The rotary tables, the key mask (undefined: none) and its attention bias, made once.
+SingleStreamContext single_stream_context(const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
+                                          at::ScalarType act, bool keep_activation);
+// The final layer's scale [B, D] from silu(c) in the compute dtype.
+at::Tensor single_stream_final_scale(const SingleStreamFinalLayer& layer, const at::Tensor& silu_c);
+// The final layer closing a chain: the last residual added with the final
+// norm (no weight) and its scale, then the product -> [B, S, p*p*out] (all tokens).
+at::Tensor single_stream_final_layer_after(const SingleStreamFinalLayer& layer, const PostNormResidual& last,
+                                           const at::Tensor& final_scale, at::ScalarType act);
+// The final layer alone on x [B, S, D] (after blocks one by one) -> [B, S, p*p*out].
+at::Tensor single_stream_final_layer(const SingleStreamFinalLayer& layer, const at::Tensor& x,
+                                     const at::Tensor& silu_c, at::ScalarType act);
 
 }  // namespace perftrain::models::fused
