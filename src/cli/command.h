@@ -18,5 +18,6 @@ void add_verify_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
 void add_summary_command(CLI::App& app);
 void add_graph_command(CLI::App& app);
+void add_convert_looped_command(CLI::App& app);
 
 }  // namespace perftrain::cli
