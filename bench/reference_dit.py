@@ -296,7 +296,8 @@ class DDPMLinear:
 
 
 def train_step(model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=False, ema=None, cond=()):
-    """One step: sample t and noise, forward, MSE against the noise, backward, AdamW, zero_grad;
+    """One step: sample t and noise, forward, MSE against the noise (plus the model's auxiliary loss when it
+    returns (out, aux)), backward, AdamW, zero_grad;
     with ema = (ema_params, params, decay) also the EMA update, one foreach lerp. cond: more model
     inputs after y (the single-stream model's condition features and lengths)."""
     if mark_cudagraph_step:
@@ -307,7 +308,12 @@ def train_step(model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=False, em
     amp = torch.autocast(x0.device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
     with amp:
         out = model(x_t, t, y, *cond)                           # [B,Cout,H,W]
+    aux = None
+    if isinstance(out, tuple):                                  # (out, aux): a model's own auxiliary loss
+        out, aux = out
     loss = F.mse_loss(out[:, :x0.shape[1]].float(), noise)      # the eps part (sigma, if learnt, ignored)
+    if aux is not None:
+        loss = loss + aux
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)

@@ -20,10 +20,11 @@ struct ModelsOptions {
 void list_models(const ModelsOptions& o) {
   nlohmann::json all = nlohmann::json::object();
   if (!o.json)
-    std::printf("%-10s %6s %7s %6s %6s %7s %14s %16s\n", "model", "depth", "hidden", "heads", "patch", "tokens",
+    std::printf("%-12s %6s %7s %6s %6s %7s %14s %16s\n", "model", "depth", "hidden", "heads", "patch", "tokens",
                 "parameters", "GFLOP/img/step");
   // DiT, then the single-stream family (one class token; its tokens column
-  // counts the condition token with the image's).
+  // counts the condition token with the image's), then the looped one (its
+  // depth counts block applications, its parameters the shared block once).
   for (const auto& name : models::model_names()) {
     auto c = models::model_config(name);
     c.image_size = o.image_size;
@@ -37,8 +38,11 @@ void list_models(const ModelsOptions& o) {
                    {"depth", c.depth}, {"hidden", c.hidden}, {"heads", c.heads}, {"patch", c.patch},
                    {"tokens", c.sequence_tokens()}, {"family", c.family}, {"mlp_hidden", c.mlp_hidden()},
                    {"train_gflop_per_image", gflop}};
+      if (c.looped())
+        all[name].update({{"prelude", c.prelude}, {"shared_group", c.shared_group}, {"loops", c.loops},
+                          {"coda", c.coda}, {"loop_block", c.loop_block}});
     } else {
-      std::printf("%-10s %6lld %7lld %6lld %6lld %7lld %14lld %16.1f\n", name.c_str(), (long long)c.depth,
+      std::printf("%-12s %6lld %7lld %6lld %6lld %7lld %14lld %16.1f\n", name.c_str(), (long long)c.depth,
                   (long long)c.hidden, (long long)c.heads, (long long)c.patch, (long long)c.sequence_tokens(),
                   (long long)c.parameter_count(), gflop);
     }
@@ -46,7 +50,9 @@ void list_models(const ModelsOptions& o) {
   if (o.json) std::cout << all.dump(2) << "\n";
   else
     std::printf("\nfor %lldx%lldx%lld inputs, %lld classes, learn_sigma %s; parameters include DiT's fixed pos_embed;\n"
-                "SS-*: single-stream (docs/guide/architectures.md), one class token in its tokens\n",
+                "SS-*: single-stream (docs/guide/architectures.md), one class token in its tokens;\n"
+                "Looped-*: prelude 2, one shared block applied depth - 4 times, coda 2 (depth: block applications;\n"
+                "parameters count the shared block once)\n",
                 (long long)o.in_channels, (long long)o.image_size, (long long)o.image_size,
                 (long long)o.num_classes, o.learn_sigma ? "on" : "off");
 }

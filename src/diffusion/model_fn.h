@@ -20,6 +20,7 @@ struct LossTerms {
   at::Tensor loss;  // scalar, what backward() is called on
   at::Tensor mse;   // scalar, the MSE part (detached)
   at::Tensor vb;    // scalar, the variational-bound part (detached); undefined without learned variance
+  at::Tensor aux;   // scalar, the model's auxiliary loss in `loss` (detached); undefined without one
 };
 
 }  // namespace perftrain::diffusion

@@ -41,11 +41,23 @@ struct Condition {
   at::Tensor lengths;
 };
 
+// A training forward's output: the prediction and the model's own auxiliary
+// loss (already weighted; undefined when the model has none).
+struct ForwardOutput {
+  at::Tensor out, aux_loss;
+};
+
 class DiffusionModel : public nn::Module {
  public:
   // x [B, C, H, W], t [B] float (timestep units) -> [B, out, H, W].
   virtual at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const Condition& cond,
                              const DiTExecution& exec = {}) const = 0;
+  // The forward a training step runs: forward's output and the auxiliary
+  // loss the objective adds (a looped model's routers'); none by default.
+  virtual ForwardOutput forward_train(const at::Tensor& x, const at::Tensor& t, const Condition& cond,
+                                      const DiTExecution& exec = {}) const {
+    return {forward(x, t, cond, exec), at::Tensor()};
+  }
   virtual const DiTConfig& config() const = 0;
   // Whether exec.fused_kernels changes anything (DiT's fused ops).
   virtual bool has_fused_path() const { return false; }

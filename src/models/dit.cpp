@@ -4,6 +4,9 @@
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Generator.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/silu.h>
 
 #include "base/error.h"
 #include "base/scope.h"
@@ -11,6 +14,7 @@
 #include "models/fused/dit_fused.h"
 #include "nn/modulation.h"
 #include "ops/recompute.h"
+#include "ops/self_attention.h"
 
 namespace perftrain::models {
 namespace {
@@ -35,17 +39,44 @@ DiTBlock::DiTBlock(const DiTConfig& cfg, at::Generator& gen)
   register_module("adaLN_modulation", &adaLN_modulation);
 }
 
+namespace {
+
+// The block's function, whichever tensors its linears read: x [B, T, D],
+// modulation [B, 6D] (from c), attn and mlp maps of [B, T, D].
+template <class Attn, class Mlp>
+at::Tensor dit_block_body(const at::Tensor& x, const at::Tensor& modulation, const Attn& attn, const Mlp& mlp) {
+  auto mod = modulation.chunk(6, 1);  // 6 x [B, D]
+  const auto &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
+  const auto &shift_mlp = mod[3], &scale_mlp = mod[4], &gate_mlp = mod[5];
+  auto h = attn(nn::modulate(nn::layer_norm_no_affine(x), shift_msa, scale_msa));
+  auto x1 = x + gate_msa.unsqueeze(1) * h;  // [B, T, D]
+  h = mlp(nn::modulate(nn::layer_norm_no_affine(x1), shift_mlp, scale_mlp));
+  return x1 + gate_mlp.unsqueeze(1) * h;  // [B, T, D]
+}
+
+}  // namespace
+
 at::Tensor DiTBlock::forward(const at::Tensor& x_in, const at::Tensor& c_in, const DiTExecution& exec) const {
   return hooked({x_in, c_in}, [this, &exec](at::TensorList in) {
     const at::Tensor &x = in[0], &c = in[1];
     if (exec.fused_kernels) return fused::dit_block(*this, x, c, exec);
-    auto mod = adaLN_modulation.forward(c).chunk(6, 1);  // 6 x [B, D]
-    const auto &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
-    const auto &shift_mlp = mod[3], &scale_mlp = mod[4], &gate_mlp = mod[5];
-    auto h = attn.forward(nn::modulate(nn::layer_norm_no_affine(x), shift_msa, scale_msa));
-    auto x1 = x + gate_msa.unsqueeze(1) * h;  // [B, T, D]
-    h = mlp.forward(nn::modulate(nn::layer_norm_no_affine(x1), shift_mlp, scale_mlp));
-    return x1 + gate_mlp.unsqueeze(1) * h;  // [B, T, D]
+    return dit_block_body(
+        x, adaLN_modulation.forward(c), [this](const at::Tensor& a) { return attn.forward(a); },
+        [this](const at::Tensor& m) { return mlp.forward(m); });
+  });
+}
+
+at::Tensor DiTBlock::forward(const at::Tensor& x_in, const at::Tensor& c_in, const DiTBlockWeights& w) const {
+  return hooked({x_in, c_in}, [this, &w](at::TensorList in) {
+    const int64_t heads = attn.heads();
+    return dit_block_body(
+        in[0], at::linear(at::silu(in[1]), w.ada_w, w.ada_b),
+        [&w, heads](const at::Tensor& a) {
+          return at::linear(ops::self_attention(at::linear(a, w.qkv_w, w.qkv_b), heads), w.proj_w, w.proj_b);
+        },
+        [&w](const at::Tensor& m) {
+          return at::linear(at::gelu(at::linear(m, w.fc1_w, w.fc1_b), "tanh"), w.fc2_w, w.fc2_b);
+        });
   });
 }
 
@@ -84,7 +115,8 @@ DiT::DiT(const DiTConfig& cfg, at::Generator gen)
       t_embedder(cfg.hidden, gen),
       y_embedder(cfg.num_classes, cfg.hidden, cfg.class_dropout > 0, gen),
       final_layer(cfg, gen) {
-  if (cfg.single_stream()) throw UsageError("model " + cfg.name + " is single-stream (models::SingleStreamDiT), not a DiT");
+  if (cfg.family != "dit")
+    throw UsageError("model " + cfg.name + ": family '" + cfg.family + "' is not dit (models::DiT builds DiT-*)");
   pos_embed = nn::sincos_pos_embed_2d(cfg.hidden, cfg.image_size / cfg.patch).unsqueeze(0).to(gen.device());
   for (int64_t i = 0; i < cfg.depth; ++i) blocks.add(std::make_unique<DiTBlock>(cfg, gen));
   // Registration order is the reference's state_dict order.
@@ -119,8 +151,10 @@ at::Tensor DiT::run_blocks(at::Tensor h, const at::Tensor& c, const DiTExecution
   return h;
 }
 
-at::Tensor DiT::unpatchify(const at::Tensor& x) const {
-  const int64_t p = cfg_.patch, c = cfg_.out_channels(), g = cfg_.image_size / p;
+at::Tensor DiT::unpatchify(const at::Tensor& x) const { return models::unpatchify(x, cfg_); }
+
+at::Tensor unpatchify(const at::Tensor& x, const DiTConfig& cfg) {
+  const int64_t p = cfg.patch, c = cfg.out_channels(), g = cfg.image_size / p;
   return x.reshape({x.size(0), g, g, p, p, c})        // [B, h, w, p, q, c]
       .permute({0, 5, 1, 3, 2, 4})                    // [B, c, h, p, w, q]
       .reshape({x.size(0), c, g * p, g * p});         // [B, c, H, W]

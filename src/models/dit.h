@@ -12,6 +12,7 @@
 
 #include <memory>
 
+#include "models/block_weights.h"
 #include "models/diffusion_model.h"
 #include "models/dit_config.h"
 #include "nn/attention.h"
@@ -30,6 +31,11 @@ class DiTBlock : public nn::Module {
   // fused::dit_block); this block's hooks fire either way, its children's
   // only on the plain path.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& c, const DiTExecution& exec = {}) const;
+  // The same function on the plain path with the weights `w` in place of
+  // the block's own (a looped model's per-loop merged weights; the fused
+  // schedule takes weights itself). This block's hooks fire, its children's
+  // do not (their weights are not the ones read).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& c, const DiTBlockWeights& w) const;
 
   nn::SelfAttention attn;
   nn::Mlp mlp;
@@ -89,6 +95,9 @@ class DiT : public DiffusionModel {
   nn::ModuleList<DiTBlock> blocks;
   FinalLayer final_layer;
 };
+
+// Tokens [B, T, p*p*c] -> images [B, c, H, W] (the reference's unpatchify).
+at::Tensor unpatchify(const at::Tensor& x, const DiTConfig& cfg);
 
 // A model to train and its EMA (the same initial weights; the EMA takes no
 // gradients), both on `device`, initialised there (DiT(cfg, seed, device)):

@@ -6,6 +6,7 @@
 #include <ATen/core/Generator.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/tanh.h>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "models/dit.h"
 #include "models/fused/single_stream_fused.h"
 #include "nn/rotary.h"
 #include "ops/recompute.h"
@@ -54,15 +56,19 @@ SingleStreamAttention::SingleStreamAttention(int64_t hidden, int64_t heads, at::
 at::Tensor SingleStreamAttention::forward(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin,
                                           const at::Tensor& mask) const {
   return hooked({x_in}, [&](at::TensorList in) {  // the hook point (nn/module.h): x is the input it watches
-    const at::Tensor& x = in[0];
-    const int64_t B = x.size(0), T = x.size(1), D = x.size(2), hd = D / heads_;
-    const auto parts = qkv.forward(x).view({B, T, 3, heads_, hd}).permute({2, 0, 3, 1, 4}).unbind(0);  // [B, H, T, hd]
-    const at::Tensor q = nn::apply_rope(q_norm.forward(parts[0]), cos, sin);
-    const at::Tensor k = nn::apply_rope(k_norm.forward(parts[1]), cos, sin);
-    const std::optional<at::Tensor> m = mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
-    const at::Tensor o = at::scaled_dot_product_attention(q, k, parts[2], m);  // [B, H, T, hd]
-    return proj.forward(o.transpose(1, 2).reshape({B, T, D}));
+    return proj.forward(attend(qkv.forward(in[0]), cos, sin, mask));
   });
+}
+
+at::Tensor SingleStreamAttention::attend(const at::Tensor& qkv_out, const at::Tensor& cos, const at::Tensor& sin,
+                                         const at::Tensor& mask) const {
+  const int64_t B = qkv_out.size(0), T = qkv_out.size(1), D = qkv_out.size(2) / 3, hd = D / heads_;
+  const auto parts = qkv_out.view({B, T, 3, heads_, hd}).permute({2, 0, 3, 1, 4}).unbind(0);  // [B, H, T, hd]
+  const at::Tensor q = nn::apply_rope(q_norm.forward(parts[0]), cos, sin);
+  const at::Tensor k = nn::apply_rope(k_norm.forward(parts[1]), cos, sin);
+  const std::optional<at::Tensor> m = mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
+  const at::Tensor o = at::scaled_dot_product_attention(q, k, parts[2], m);  // [B, H, T, hd]
+  return o.transpose(1, 2).reshape({B, T, D});
 }
 
 SingleStreamBlock::SingleStreamBlock(const DiTConfig& cfg, at::Generator& gen)
@@ -83,15 +89,36 @@ SingleStreamBlock::SingleStreamBlock(const DiTConfig& cfg, at::Generator& gen)
   register_module("adaLN_modulation", &adaLN_modulation);
 }
 
+template <class Attn, class Ffn>
+at::Tensor SingleStreamBlock::body(const at::Tensor& x, const at::Tensor& modulation, const Attn& attend,
+                                   const Ffn& ffn_of) const {
+  const auto mod = modulation.chunk(4, 1);  // scale, gate (attention); scale, gate (FFN)
+  at::Tensor h = attn_norm.forward(x) * (1 + mod[0].unsqueeze(1));
+  const at::Tensor x1 = x + at::tanh(mod[1]).unsqueeze(1) * attn_post_norm.forward(attend(h));
+  h = ffn_norm.forward(x1) * (1 + mod[2].unsqueeze(1));
+  return x1 + at::tanh(mod[3]).unsqueeze(1) * ffn_post_norm.forward(ffn_of(h));
+}
+
 at::Tensor SingleStreamBlock::forward(const at::Tensor& x_in, const at::Tensor& silu_c_in, const at::Tensor& cos,
                                       const at::Tensor& sin, const at::Tensor& mask) const {
   return hooked({x_in, silu_c_in}, [&](at::TensorList in) {
-    const at::Tensor &x = in[0], &silu_c = in[1];
-    const auto mod = adaLN_modulation.forward(silu_c).chunk(4, 1);  // scale, gate (attention); scale, gate (FFN)
-    at::Tensor h = attn_norm.forward(x) * (1 + mod[0].unsqueeze(1));
-    const at::Tensor x1 = x + at::tanh(mod[1]).unsqueeze(1) * attn_post_norm.forward(attn.forward(h, cos, sin, mask));
-    h = ffn_norm.forward(x1) * (1 + mod[2].unsqueeze(1));
-    return x1 + at::tanh(mod[3]).unsqueeze(1) * ffn_post_norm.forward(ffn.forward(h));
+    return body(
+        in[0], adaLN_modulation.forward(in[1]),
+        [&](const at::Tensor& h) { return attn.forward(h, cos, sin, mask); },
+        [this](const at::Tensor& h) { return ffn.forward(h); });
+  });
+}
+
+at::Tensor SingleStreamBlock::forward(const at::Tensor& x_in, const at::Tensor& silu_c_in, const at::Tensor& cos,
+                                      const at::Tensor& sin, const at::Tensor& mask,
+                                      const SingleStreamBlockWeights& w) const {
+  return hooked({x_in, silu_c_in}, [&](at::TensorList in) {
+    return body(
+        in[0], at::linear(in[1], w.ada_w),
+        [&](const at::Tensor& h) { return at::linear(attn.attend(at::linear(h, w.qkv_w), cos, sin, mask), w.proj_w); },
+        [&w](const at::Tensor& h) {
+          return at::linear(at::silu(at::linear(h, w.gate_w)) * at::linear(h, w.up_w), w.down_w);
+        });
   });
 }
 
@@ -132,7 +159,8 @@ SingleStreamDiT::SingleStreamDiT(const DiTConfig& cfg, at::Generator gen)
       x_embedder(cfg.in_channels * cfg.patch * cfg.patch, cfg.hidden, gen, false),
       t_embedder(cfg.hidden, gen, /*bias=*/false),
       final_layer(cfg, gen) {
-  if (!cfg.single_stream()) throw UsageError("model " + cfg.name + ": family '" + cfg.family + "' is not single-stream");
+  if (cfg.family != "single-stream")
+    throw UsageError("model " + cfg.name + ": family '" + cfg.family + "' is not single-stream");
   if (cfg.cond_dim > 0)
     cond_embedder = std::make_unique<ConditionEmbedder>(cfg.cond_dim, cfg.hidden, gen);
   else
@@ -145,37 +173,45 @@ SingleStreamDiT::SingleStreamDiT(const DiTConfig& cfg, at::Generator gen)
   if (cond_embedder) register_module("cond_embedder", cond_embedder.get());
   register_module("blocks", &blocks);
   register_module("final_layer", &final_layer);
+  std::tie(rope_cos, rope_sin) = single_stream_rope_tables(cfg, gen.device());
+}
 
+std::pair<at::Tensor, at::Tensor> single_stream_rope_tables(const DiTConfig& cfg, const at::Device& device) {
   std::vector<std::array<int64_t, 3>> positions;
   const int64_t Tc = cfg.cond_tokens, g = cfg.image_size / cfg.patch;
   for (int64_t i = 0; i < Tc; ++i) positions.push_back({i, 0, 0});
   for (int64_t r = 0; r < g; ++r)
     for (int64_t c = 0; c < g; ++c) positions.push_back({Tc, r, c});
-  std::tie(rope_cos, rope_sin) = nn::rope_tables(positions, cfg.hidden / cfg.heads);
-  rope_cos = rope_cos.to(gen.device());
-  rope_sin = rope_sin.to(gen.device());
+  auto [cos, sin] = nn::rope_tables(positions, cfg.hidden / cfg.heads);
+  return {cos.to(device), sin.to(device)};
 }
 
 std::pair<at::Tensor, at::Tensor> SingleStreamDiT::condition_tokens(const Condition& cond, int64_t batch) const {
-  const int64_t Tc = cfg_.cond_tokens, D = cfg_.hidden;
+  return single_stream_condition(cfg_, y_embedder.get(), cond_embedder.get(), cond, batch);
+}
+
+std::pair<at::Tensor, at::Tensor> single_stream_condition(const DiTConfig& cfg, const nn::LabelEmbedder* y_embedder,
+                                                          const ConditionEmbedder* cond_embedder,
+                                                          const Condition& cond, int64_t batch) {
+  const int64_t Tc = cfg.cond_tokens, D = cfg.hidden;
   if (y_embedder) {
-    if (!cond.labels.defined()) throw RuntimeError("model " + cfg_.name + " is class-conditional: no labels given");
+    if (!cond.labels.defined()) throw RuntimeError("model " + cfg.name + " is class-conditional: no labels given");
     return {y_embedder->forward(cond.labels).view({batch, Tc, D}), at::Tensor()};
   }
   const at::Tensor& f = cond.features;
-  if (!f.defined() || f.dim() != 3 || f.size(0) != batch || f.size(1) != Tc || f.size(2) != cfg_.cond_dim)
-    throw RuntimeError("model " + cfg_.name + " takes condition features [" + std::to_string(batch) + ", " +
-                       std::to_string(Tc) + ", " + std::to_string(cfg_.cond_dim) + "]" +
+  if (!f.defined() || f.dim() != 3 || f.size(0) != batch || f.size(1) != Tc || f.size(2) != cfg.cond_dim)
+    throw RuntimeError("model " + cfg.name + " takes condition features [" + std::to_string(batch) + ", " +
+                       std::to_string(Tc) + ", " + std::to_string(cfg.cond_dim) + "]" +
                        (f.defined() ? ", given " + c10::str(f.sizes()) : ", given none"));
   if (!cond.lengths.defined()) return {cond_embedder->forward(f), at::Tensor()};
   // Keys: condition token j counts when j < length; image tokens always.
-  const at::Tensor idx = at::arange(Tc + cfg_.tokens(), cond.lengths.options().dtype(at::kLong));
+  const at::Tensor idx = at::arange(Tc + cfg.tokens(), cond.lengths.options().dtype(at::kLong));
   const at::Tensor lengths = cond.lengths.to(at::kLong).unsqueeze(1);
   const at::Tensor valid = (idx.unsqueeze(0) < lengths) | (idx >= Tc).unsqueeze(0);  // [B, Tc + T]
   // Padding zeroed, so that whatever the data held there (even NaN) cannot
   // reach the masked-out keys' zero weights.
   const at::Tensor features = at::where(valid.narrow(1, 0, Tc).unsqueeze(2), f, at::zeros_like(f));
-  return {cond_embedder->forward(features), valid.view({batch, 1, 1, Tc + cfg_.tokens()})};
+  return {cond_embedder->forward(features), valid.view({batch, 1, 1, Tc + cfg.tokens()})};
 }
 
 at::Tensor SingleStreamDiT::forward(const at::Tensor& x, const at::Tensor& t, const Condition& cond,
@@ -185,9 +221,9 @@ at::Tensor SingleStreamDiT::forward(const at::Tensor& x, const at::Tensor& t, co
 
 at::Tensor SingleStreamDiT::forward_body(const at::Tensor& x, const at::Tensor& t, const Condition& cond,
                                          const DiTExecution& exec) const {
-  const int64_t B = x.size(0), C = x.size(1), p = cfg_.patch, g = cfg_.image_size / p, Tc = cfg_.cond_tokens;
+  const int64_t B = x.size(0), g = cfg_.image_size / cfg_.patch, Tc = cfg_.cond_tokens;
   const at::Tensor silu_c = at::silu(t_embedder.forward(t));  // [B, D]
-  const at::Tensor patches = x.reshape({B, C, g, p, g, p}).permute({0, 2, 4, 1, 3, 5}).reshape({B, g * g, C * p * p});
+  const at::Tensor patches = single_stream_patches(x, cfg_);
   auto [ctok, mask] = condition_tokens(cond, B);
   at::Tensor out;  // [B, T, p*p*out]
   if (exec.fused_kernels) {
@@ -207,8 +243,12 @@ at::Tensor SingleStreamDiT::forward_body(const at::Tensor& x, const at::Tensor& 
     }
     out = final_layer.forward(h.narrow(1, Tc, g * g), silu_c);
   }
-  const int64_t c = cfg_.out_channels();
-  return out.reshape({B, g, g, p, p, c}).permute({0, 5, 1, 3, 2, 4}).reshape({B, c, g * p, g * p});
+  return unpatchify(out, cfg_);
+}
+
+at::Tensor single_stream_patches(const at::Tensor& x, const DiTConfig& cfg) {
+  const int64_t B = x.size(0), C = x.size(1), p = cfg.patch, g = cfg.image_size / p;
+  return x.reshape({B, C, g, p, g, p}).permute({0, 2, 4, 1, 3, 5}).reshape({B, g * g, C * p * p});
 }
 
 }  // namespace perftrain::models

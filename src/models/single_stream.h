@@ -22,7 +22,9 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 
+#include "models/block_weights.h"
 #include "models/diffusion_model.h"
 #include "nn/embeddings.h"
 #include "nn/linear.h"
@@ -39,6 +41,10 @@ class SingleStreamAttention : public nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& mask) const;
   int64_t heads() const { return heads_; }
+  // The attention between the projections: qkv's output [B, T, 3D] -> [B, T, D]
+  // (cos, sin may also be per sample, [B, 1, T, head_dim/2]).
+  at::Tensor attend(const at::Tensor& qkv_out, const at::Tensor& cos, const at::Tensor& sin,
+                    const at::Tensor& mask) const;
 
   nn::Linear qkv;
   nn::RMSNorm q_norm, k_norm;  // over the head dimension
@@ -54,6 +60,11 @@ class SingleStreamBlock : public nn::Module {
   // x [B, T, D]; silu_c [B, D] (silu of the timestep embedding).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& silu_c, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& mask) const;
+  // The same on the plain path with the linears' weights `w` in place of
+  // the block's own (a looped model's per-loop merged weights; the norms stay
+  // the block's). This block's hooks fire, its linears' do not.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& silu_c, const at::Tensor& cos, const at::Tensor& sin,
+                     const at::Tensor& mask, const SingleStreamBlockWeights& w) const;
 
   nn::RMSNorm attn_norm;
   SingleStreamAttention attn;
@@ -61,6 +72,11 @@ class SingleStreamBlock : public nn::Module {
   nn::SwiGLU ffn;
   nn::RMSNorm ffn_post_norm;
   nn::Linear adaLN_modulation;  // silu(c) -> scale, gate (attention); scale, gate (FFN)
+
+ private:
+  // The block's function, whichever tensors its linears read.
+  template <class Attn, class Ffn>
+  at::Tensor body(const at::Tensor& x, const at::Tensor& modulation, const Attn& attend, const Ffn& ffn_of) const;
 };
 
 class SingleStreamFinalLayer : public nn::Module {
@@ -81,6 +97,17 @@ class ConditionEmbedder : public nn::Module {
   nn::RMSNorm norm;
   nn::Linear linear;
 };
+
+// The condition tokens [B, Tc, D] of a batch, from whichever embedder the
+// model has (labels or features), and the key mask [B, 1, 1, Tc + T]
+// (undefined: none). Throws RuntimeError when `cond` does not fit.
+std::pair<at::Tensor, at::Tensor> single_stream_condition(const DiTConfig& cfg, const nn::LabelEmbedder* y_embedder,
+                                                          const ConditionEmbedder* cond_embedder,
+                                                          const Condition& cond, int64_t batch);
+// The rotary tables (cos, sin) [Tc + T, head_dim/2] of the token layout, on `device`.
+std::pair<at::Tensor, at::Tensor> single_stream_rope_tables(const DiTConfig& cfg, const at::Device& device);
+// Images [B, C, H, W] -> patches [B, T, C*p*p] (c, i, j order).
+at::Tensor single_stream_patches(const at::Tensor& x, const DiTConfig& cfg);
 
 class SingleStreamDiT : public DiffusionModel {
  public:

@@ -34,7 +34,7 @@ std::vector<Key> keys(TrainConfig& c) {
   auto& m = c.model;
   return {
       {"model", "name", &m.name},
-      {"model", "family", &m.family, {"dit", "single-stream"}},
+      {"model", "family", &m.family, {"dit", "single-stream", "looped"}},
       {"model", "depth", &m.depth},
       {"model", "hidden", &m.hidden},
       {"model", "heads", &m.heads},
@@ -47,6 +47,19 @@ std::vector<Key> keys(TrainConfig& c) {
       {"model", "learn_sigma", &m.learn_sigma},
       {"model", "cond_tokens", &m.cond_tokens, {}, 1, 4096},
       {"model", "cond_dim", &m.cond_dim, {}, 0, 65536},
+      {"model", "loop_block", &m.loop_block, {"dit", "single_stream"}},
+      {"model", "prelude", &m.prelude, {}, 0, 1024},
+      {"model", "coda", &m.coda, {}, 0, 1024},
+      {"model", "shared_group", &m.shared_group, {}, 1, 1024},
+      {"model", "loops", &m.loops, {}, 1, 1024},
+      {"model", "reinject", &m.reinject, {"none", "add", "concat"}},
+      {"model", "lora_rank", &m.lora_rank, {}, 0, 65536},
+      {"model", "lora_alpha", &m.lora_alpha},
+      {"model", "lora_targets", &m.lora_targets},
+      {"model", "lora_bias", &m.lora_bias},
+      {"model", "route_capacity", &m.route_capacity},
+      {"model", "route_capacity_end", &m.route_capacity_end},
+      {"model", "router_aux_weight", &m.router_aux_weight},
       {"data", "source", &c.data.source, {"fashion-mnist", "latents", "synthetic"}},
       {"data", "path", &c.data.path},
       {"data", "synthetic_size", &c.data.synthetic_size, {}, 1, data::kMaxSyntheticSize},
@@ -165,6 +178,15 @@ bool assign(const Target& t, const toml::node& v) {
       t);
 }
 
+// A looped model's depth counts its block applications: setting the loop
+// structure (or the family) sets it.
+void keep_looped_depth(models::DiTConfig& m, const std::string& key) {
+  static const char* const kStructure[] = {"model.family", "model.prelude", "model.coda", "model.shared_group",
+                                           "model.loops"};
+  if (m.looped() && std::find(std::begin(kStructure), std::end(kStructure), key) != std::end(kStructure))
+    m.depth = m.looped_depth();
+}
+
 void set_key(TrainConfig& cfg, const std::string& section, const std::string& key,
              const toml::node& value, const std::string& origin_text) {
   const std::string full = base::printable(section + "." + key), origin = base::printable(origin_text);
@@ -172,12 +194,10 @@ void set_key(TrainConfig& cfg, const std::string& section, const std::string& ke
   if (full == "model.name") {
     if (!value.is_string()) throw UsageError(origin + ": model.name must be a string");
     auto arch = models::model_config(value.as_string()->get());
-    cfg.model.name = arch.name;
-    cfg.model.family = arch.family;
-    cfg.model.depth = arch.depth;
-    cfg.model.hidden = arch.hidden;
-    cfg.model.heads = arch.heads;
-    cfg.model.patch = arch.patch;
+    auto& m = cfg.model;
+    m.name = arch.name, m.family = arch.family;
+    m.depth = arch.depth, m.hidden = arch.hidden, m.heads = arch.heads, m.patch = arch.patch;
+    m.prelude = arch.prelude, m.coda = arch.coda, m.shared_group = arch.shared_group, m.loops = arch.loops;
     return;
   }
   for (const Key& k : keys(cfg)) {
@@ -185,6 +205,7 @@ void set_key(TrainConfig& cfg, const std::string& section, const std::string& ke
       if (!assign(k.target, value))
         throw UsageError(origin + ": " + full + " must be " + type_name(k.target) +
                          (k.choices.empty() ? "" : " (" + one_of(k.choices) + ")"));
+      keep_looped_depth(cfg.model, full);
       return;
     }
   }

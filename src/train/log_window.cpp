@@ -78,9 +78,9 @@ void Trainer::log_window(int64_t step) {
 WindowStats Trainer::take_window() {
   WindowStats w = runner_->take_window();
   if (group_) {
-    const auto sums = group_->allreduce_sum({w.loss, w.mse, w.vb});
+    const auto sums = group_->allreduce_sum({w.loss, w.mse, w.vb, w.aux});
     const double n = launch_.world_size;
-    w.loss = sums[0] / n, w.mse = sums[1] / n, w.vb = sums[2] / n;
+    w.loss = sums[0] / n, w.mse = sums[1] / n, w.vb = sums[2] / n, w.aux = sums[3] / n;
   }
   return w;
 }
@@ -166,6 +166,7 @@ nlohmann::json Trainer::window_record(const WindowStats& w, int64_t step, double
                         {"elapsed_s", seconds_since(loop_start_)},
                         {"epoch", state_.position.epoch}};
   if (cfg_.model.learn_sigma) rec["vb"] = w.vb;
+  if (cfg_.model.routing()) rec["aux"] = w.aux;  // the routers' balancing loss, in loss
   if (has_grad_norm(w)) rec["grad_norm"] = w.grad_norm;
   if (grad_health) {  // compact: the global values, then per module
     rec["grad"] = grad_stats_json(grad_health->global);

@@ -69,7 +69,7 @@ struct StepRunner::Impl {
   diffusion::GaussianDiffusion ddpm;
   std::unique_ptr<diffusion::RectifiedFlow> flow;
 
-  at::Tensor loss_sum, mse_sum, vb_sum;  // device accumulators of the window
+  at::Tensor loss_sum, mse_sum, vb_sum, aux_sum;  // device accumulators of the window
   int64_t window = 0;
 
   // Whether the backward runs weight gradients on their own stream: the
@@ -158,14 +158,22 @@ struct StepRunner::Impl {
       // Condition features: the null condition is length 0 (all masked).
       if (cond_len.defined()) cond_len = at::where(drop, at::zeros_like(cond_len), cond_len);
     }
+    at::Tensor aux;  // the model's auxiliary loss (a looped model's routers'), weighted
     diffusion::ModelFn forward = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& yy) {
       PERFTRAIN_SCOPE("forward");
       compat::AutocastGuard guard(device.type(), autocast.value_or(at::kBFloat16), autocast.has_value());
-      return model.forward(x, t, models::Condition{yy, cond, cond_len}, execution);
+      models::ForwardOutput o = model.forward_train(x, t, models::Condition{yy, cond, cond_len}, execution);
+      aux = o.aux_loss;
+      return o.out;
     };
-    if (opts.group != nullptr) return sharded_loss(forward, x0, y);
-    return flow ? flow->training_loss(forward, x0, y, gen)
-                : ddpm.training_loss(forward, x0, y, gen, cfg.model.learn_sigma);
+    diffusion::LossTerms terms = opts.group != nullptr ? sharded_loss(forward, x0, y)
+                                 : flow                ? flow->training_loss(forward, x0, y, gen)
+                                                       : ddpm.training_loss(forward, x0, y, gen, cfg.model.learn_sigma);
+    if (aux.defined()) {
+      terms.aux = aux.detach().to(at::kFloat);
+      terms.loss = terms.loss + aux.to(terms.loss.scalar_type());
+    }
+    return terms;
   }
 
   // Data parallel: this rank's rows of the draws the whole global batch
@@ -278,10 +286,12 @@ struct StepRunner::Impl {
       loss_sum.add_(at::where(last_bad, 0.0, terms.loss.detach()));
       mse_sum.add_(at::where(last_bad, 0.0, terms.mse));
       if (terms.vb.defined()) vb_sum.add_(at::where(last_bad, 0.0, terms.vb));
+      if (terms.aux.defined()) aux_sum.add_(at::where(last_bad, 0.0, terms.aux));
     } else {
       loss_sum.add_(terms.loss.detach());
       mse_sum.add_(terms.mse);
       if (terms.vb.defined()) vb_sum.add_(terms.vb);
+      if (terms.aux.defined()) aux_sum.add_(terms.aux);
     }
   }
 
@@ -493,6 +503,7 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
   }
   const auto f32 = at::TensorOptions().device(device).dtype(at::kFloat);
   s.loss_sum = at::zeros({}, f32), s.mse_sum = at::zeros({}, f32), s.vb_sum = at::zeros({}, f32);
+  s.aux_sum = at::zeros({}, f32);
   s.guard = opts.grad_norm;
   s.halt_after_bad = cfg.health.nan_policy == "stop";
   s.health = at::zeros({3}, f32);
@@ -591,8 +602,9 @@ WindowStats StepRunner::take_window() {
     w.loss = s.loss_sum.item<double>() / finite_steps;  // the one host sync without the guard
     w.mse = s.mse_sum.item<double>() / finite_steps;
     w.vb = s.vb_sum.item<double>() / finite_steps;
+    w.aux = s.aux_sum.item<double>() / finite_steps;
   } else if (s.window > 0) {
-    w.loss = w.mse = w.vb = std::numeric_limits<double>::quiet_NaN();
+    w.loss = w.mse = w.vb = w.aux = std::numeric_limits<double>::quiet_NaN();
   }
   if (s.device_optimizer) {
     if (s.device_optimizer->options().grad_norm) w.grad_norm = s.device_optimizer->grad_norm().item<double>();
@@ -603,7 +615,7 @@ WindowStats StepRunner::take_window() {
     if (s.host_grad_norm.defined()) w.grad_norm = s.host_grad_norm.item<double>();
     w.lr = lr_at(s.updates, s.cfg.optim.lr, s.cfg.optim.warmup_steps);
   }
-  s.loss_sum.zero_(), s.mse_sum.zero_(), s.vb_sum.zero_();
+  s.loss_sum.zero_(), s.mse_sum.zero_(), s.vb_sum.zero_(), s.aux_sum.zero_();
   s.window = 0;
   return w;
 }

@@ -56,6 +56,7 @@ struct StepOptions {
 struct WindowStats {
   int64_t steps = 0;
   double loss = 0, mse = 0, vb = 0;  // means over the window (vb: 0 when not learned)
+  double aux = 0;                    // the model's auxiliary loss, in `loss` (0: none; a looped model's routers')
   double grad_norm = -1;             // of the last step (NaN/Inf too); -1: not tracked (StepOptions::grad_norm off, no clipping)
   double lr = 0;                     // of the last step
   double loss_scale = 1;             // fp16 only
