@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <map>
 #include <ostream>
+#include <sstream>
 
 #include "base/error.h"
 #include "base/fs.h"
@@ -71,9 +72,12 @@ void load_converted(const nn::NamedTensors& converted, models::DiffusionModel& m
   for (auto& [name, current] : model.state()) {
     auto it = by_name.find(name);
     if (it == by_name.end()) continue;
-    if (it->second.sizes() != current.sizes())
-      throw RuntimeError("convert --to looped: " + name + " converted as " + std::to_string(it->second.dim()) +
-                         "-d tensor of another shape than the looped model's");
+    if (it->second.sizes() != current.sizes()) {
+      std::ostringstream o;
+      o << "convert --to looped: " << name << " converted as " << it->second.sizes() << ", the looped model's is "
+        << current.sizes();
+      throw RuntimeError(o.str());
+    }
     current.copy_(it->second);
     ++used;
   }

@@ -23,10 +23,12 @@ using Result = perftrain::testing::CommandResult;
 
 Result run(const std::string& args) { return perftrain::testing::run_shell(std::string(PERFTRAIN_BINARY) + " " + args); }
 
-// The CPU default model (DiT-T/4 on 32x32 Fashion-MNIST, depth 6) with random
+// The CPU default model (DiT-T/4 on 32x32 Fashion-MNIST, depth 6) at width 64 with random
 // weights, saved as a weights file that carries its config.
 std::string write_source(const TempDir& tmp) {
   perftrain::train::TrainConfig cfg = perftrain::train::default_config(false);
+  cfg.model.hidden = 64;  // two heads of 32: quick on a loaded 2-core machine
+  cfg.model.heads = 2;
   perftrain::models::DiT dit(cfg.model, 1);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(2);
   dit.transform([&](const std::string& name, const at::Tensor& t) {
@@ -42,7 +44,7 @@ TEST(CliConvertLooped, FullRankConversionSamplesAndPrintsItsErrors) {
   const std::string src = write_source(tmp);
   const std::string out = tmp.file("looped");
   auto r = run("convert-looped " + src + " --to looped --out " + out +
-               " --set model.prelude=1 --set model.coda=1 --set model.lora_rank=192"
+               " --set model.prelude=1 --set model.coda=1 --set model.lora_rank=64"
                " --set model.lora_targets=attn,mlp,adaln");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("relative reconstruction error"), std::string::npos) << r.output;

@@ -20,7 +20,9 @@ namespace perftrain::models {
 namespace {
 
 DiTConfig tiny_dit() {
-  DiTConfig c = dit_config("DiT-T/2");  // depth 6, hidden 192, 3 heads
+  DiTConfig c = dit_config("DiT-T/2");  // depth 6
+  c.hidden = 64;  // two heads of 32: small enough for a loaded 2-core machine
+  c.heads = 2;
   c.image_size = 8;
   c.num_classes = 10;
   return c;
@@ -116,7 +118,7 @@ TEST(LoopedConvert, LowerRankLosesSomethingAndSaysHowMuch) {
     worst = std::max(worst, e.relative);
     modulation_lost = modulation_lost || (e.tensor == "adaLN_modulation.1.weight" && !e.adapter && e.relative > 0);
   }
-  EXPECT_GT(worst, 0.1) << "rank 4 of 192 drops most of a random difference";
+  EXPECT_GT(worst, 0.1) << "rank 4 of 64 drops much of a random difference";
   EXPECT_TRUE(modulation_lost) << "adaLN is not targeted: its per-layer differences are reported as lost";
   const std::string table = format_reconstruction(conv);
   EXPECT_NE(table.find("attn.qkv"), std::string::npos) << table;

@@ -521,6 +521,7 @@ class AutogradGraph : DotText {
       if (t.defined()) param_names_[t.unsafeGetTensorImpl()] = name;
     }
     collect_nodes();
+    find_repeated();
     place_units();
     node_labels();
     box_labels();
@@ -572,7 +573,13 @@ class AutogradGraph : DotText {
   int later_call_of(const Node* n) const {
     if (dynamic_cast<const torch::autograd::AccumulateGrad*>(n) != nullptr) return -1;
     const uint64_t seq = n->sequence_nr();
-    std::map<int, std::pair<uint64_t, uint64_t>> range;  // module -> [end of first call, end of last)
+    for (const auto& [module, r] : repeated_)
+      if (seq >= r.first && seq < r.second) return module;
+    return -1;
+  }
+  // The modules called more than once, with [end of first call, end of last).
+  void find_repeated() {
+    std::map<int, std::pair<uint64_t, uint64_t>> range;
     std::map<int, int> count;
     for (const Call& c : r_.calls) {
       auto [it, fresh] = range.emplace(c.node, std::make_pair(c.seq_end, c.seq_end));
@@ -580,8 +587,7 @@ class AutogradGraph : DotText {
       ++count[c.node];
     }
     for (const auto& [module, r] : range)
-      if (count[module] > 1 && r_.nodes[module].parent >= 0 && seq >= r.first && seq < r.second) return module;
-    return -1;
+      if (count[module] > 1 && r_.nodes[module].parent >= 0) repeated_.emplace_back(module, r);
   }
 
   // The module that made each node: the deepest call whose sequence range
@@ -737,6 +743,7 @@ class AutogradGraph : DotText {
   std::map<std::string, int> box_nodes_;               // box key -> nodes folded into it
   std::map<std::string, int> box_module_;              // "m:" box key -> its tree node
   std::map<std::string, int> repeat_module_;           // "r:" box key -> the module called again
+  std::vector<std::pair<int, std::pair<uint64_t, uint64_t>>> repeated_;  // find_repeated()
   std::map<int, std::vector<std::string>> in_module_;  // tree node -> units drawn inside it
   std::map<std::string, std::string> labels_;
   std::map<int, bool> has_content_;

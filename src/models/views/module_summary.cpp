@@ -1,5 +1,6 @@
 #include "models/views/module_summary.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <map>
@@ -192,8 +193,9 @@ void roll_up_unrun_lists(const std::vector<Node>& nodes, const std::vector<bool>
           from.params = from.trainable_params = from.shared_params = 0;
           removed[static_cast<size_t>(ch[m]) + o] = true;
         }
-      const std::string old_name = nodes[first].name;
-      const std::string new_name = old_name + ".." + leaf_of(nodes[ch[b - 1]].name);
+      // The rows' names (an enclosing list may have renamed them already).
+      const std::string old_name = rows[first].name;
+      const std::string new_name = old_name + ".." + leaf_of(rows[static_cast<size_t>(ch[b - 1])].name);
       for (size_t o = 0; o < size; ++o) {
         rows[first + o].repeat = static_cast<int64_t>(b - a);
         rows[first + o].name = new_name + rows[first + o].name.substr(old_name.size());
