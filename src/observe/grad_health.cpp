@@ -32,6 +32,24 @@ std::string module_of_parameter(const std::string& name) {
   return name.substr(0, dot);
 }
 
+int64_t loop_of_parameter(const std::string& name) {
+  for (const char* list : {"adapters.", "routers."}) {
+    const std::string prefix = list;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const auto dot = name.find('.', prefix.size());
+    const std::string index = name.substr(prefix.size(), dot == std::string::npos ? std::string::npos : dot - prefix.size());
+    if (is_index(index) && index.size() < 10) return std::stoll(index);
+  }
+  return -1;
+}
+
+// "loop<l>/adapters" or "loop<l>/router" for a per-loop parameter, else "".
+static std::string loop_group(const std::string& name) {
+  const int64_t loop = loop_of_parameter(name);
+  if (loop < 0) return "";
+  return "loop" + std::to_string(loop) + (name.rfind("adapters.", 0) == 0 ? "/adapters" : "/router");
+}
+
 GradStats combine(const std::vector<const GradStats*>& parts) {
   GradStats out;
   double sq = 0, wsq = 0, usq = 0, abs_sum = 0, zeros = 0;
@@ -85,6 +103,13 @@ void summarize_modules(GradHealthSample& s) {
   }
   s.modules.clear();
   for (const auto& m : order) s.modules.push_back({m, combine(groups[m])});
+  std::map<std::pair<int64_t, std::string>, std::vector<const GradStats*>> loops;  // sorted by loop
+  for (const auto& p : s.params) {
+    const std::string g = loop_group(p.name);
+    if (!g.empty()) loops[{loop_of_parameter(p.name), g}].push_back(&p.stats);
+  }
+  s.loops.clear();
+  for (const auto& [key, parts] : loops) s.loops.push_back({key.second, combine(parts)});
   s.global = combine(all);
   s.module_histograms.clear();
   if (!hists) return;

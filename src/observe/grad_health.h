@@ -51,6 +51,11 @@ struct GradHealthSample {
   GradStats global;                     // all parameters together
   std::vector<NamedGradStats> params;   // in the model's parameter order
   std::vector<NamedGradStats> modules;  // in order of first parameter
+  // A looped model's per-loop groups, loop by loop: "loop3/adapters" (every
+  // adapter of loop 3), "loop3/router"; empty for the other families. The
+  // shared blocks' gradients (summed over the loops, as their .grad) are the
+  // modules "shared.<k>".
+  std::vector<NamedGradStats> loops;
   // Gradient histograms (health.grad_histograms), per parameter and per
   // module in the orders above; empty when the step took none.
   std::vector<NamedGradHistogram> param_histograms, module_histograms;
@@ -70,12 +75,16 @@ const std::vector<double>& grad_histogram_limits();
 // "pos_embed").
 std::string module_of_parameter(const std::string& param_name);
 
+// A looped model's per-loop parameters (models/looped.h: adapters.<l>.*,
+// routers.<l>.*): the loop l; any other name: -1.
+int64_t loop_of_parameter(const std::string& param_name);
+
 // Sums per-parameter statistics into one: norms as root of summed squares,
 // means and shares weighted by numel, maxima as max, counts as sums.
 GradStats combine(const std::vector<const GradStats*>& parts);
 
-// The per-module and global entries from sample.params (fills modules and
-// global), and module_histograms from param_histograms (counts, sums and
+// The per-module, per-loop and global entries from sample.params (fills
+// modules, loops and global), and module_histograms from param_histograms (counts, sums and
 // numbers summed, min of mins, max of maxima).
 void summarize_modules(GradHealthSample& sample);
 

@@ -13,6 +13,8 @@
 #include <sstream>
 
 #include "compat/compat.h"
+#include "models/diffusion_model.h"
+#include "observe/grad_health.h"
 
 namespace perftrain::train {
 namespace {
@@ -42,6 +44,28 @@ std::vector<TensorSummary> summaries(at::TensorList ts) {
 std::string owner_of(const std::string& param) {
   const auto dot = param.rfind('.');
   return dot == std::string::npos ? "" : param.substr(0, dot);
+}
+
+// Whether the module is a looped model, whose shared blocks run once per loop.
+bool is_looped(const nn::Module& model) {
+  const auto* m = dynamic_cast<const models::DiffusionModel*>(&model);
+  return m != nullptr && m->config().looped();
+}
+
+// A looped model's shared block ("shared.<k>", not a part of one): its
+// calls are its loops.
+bool is_shared_block(const std::string& module) {
+  return module.rfind("shared.", 0) == 0 && module.find('.', 7) == std::string::npos;
+}
+
+// The loop of a non-finite parameter of a looped model: adapters.<l>.* and
+// routers.<l>.* by name, loop_embed by its first non-finite row; else -1.
+int64_t loop_of_weights(const std::string& name, const at::Tensor& p) {
+  if (name == "loop_embed" && p.dim() == 2) {
+    const at::Tensor bad = (~at::isfinite(p.detach())).any(1).nonzero();
+    return bad.numel() > 0 ? bad[0][0].item<int64_t>() : -1;
+  }
+  return observe::loop_of_parameter(name);
 }
 
 std::string join(const std::vector<TensorSummary>& v) {
@@ -84,10 +108,12 @@ std::string TensorSummary::text() const {
 
 std::string NonFiniteSite::message() const {
   if (!found) return "no non-finite value in an eager re-run of the batch" + (detail.empty() ? "" : ": " + detail);
-  const std::string who = module.empty() ? "the model's own code (between its modules)" : module;
+  std::string who = module.empty() ? "the model's own code (between its modules)" : module;
+  if (loop >= 0) who += " at loop " + std::to_string(loop);
+  else if (calls > 1 && call >= 0) who += " (call " + std::to_string(call + 1) + " of " + std::to_string(calls) + ")";
   std::ostringstream o;
   if (phase == "weights") {
-    o << "non-finite weights: " << module << " (" << detail << ")";
+    o << "non-finite weights: " << who << " (" << detail << ")";
     return o.str();
   }
   if (phase == "loss") {
@@ -118,6 +144,7 @@ NonFiniteSite locate_nonfinite(const nn::Module& model, const std::function<at::
     site.found = true;
     site.phase = "weights";
     site.module = name;
+    site.loop = loop_of_weights(name, p);
     site.detail = summarize_tensor(p).text();
     return site;
   }
@@ -129,6 +156,16 @@ NonFiniteSite locate_nonfinite(const nn::Module& model, const std::function<at::
   // goes on before the forward, which places the tensor hooks it needs.
   std::map<std::string, bool> grad_out_finite;  // module -> all gradients of its outputs finite so far
   std::map<std::string, std::vector<TensorSummary>> grad_outs;
+  // Forward calls per module, and the gradients of outputs seen in backward
+  // (the last call's first): which call a backward hook is about.
+  std::map<std::string, int64_t> forward_calls, outputs_seen;
+  const bool looped = is_looped(model);
+  auto name_call = [&](NonFiniteSite& s, int64_t call) {
+    s.calls = forward_calls[s.module];
+    if (s.calls <= 1) return;
+    s.call = call;
+    if (looped && is_shared_block(s.module)) s.loop = call;
+  };
   auto consider = [&](const std::string& module, const std::string& type, const std::string& what,
                       const at::Tensor& grad) {
     if (site.found || all_finite(grad)) return;
@@ -141,6 +178,7 @@ NonFiniteSite locate_nonfinite(const nn::Module& model, const std::function<at::
     site.detail = what + " non-finite while the gradients of its outputs were finite";
     site.inputs = grad_outs[module];
     site.outputs = {summarize_tensor(grad)};
+    name_call(site, forward_calls[module] - outputs_seen[module]);
   };
   nn::HookHandle bwd = model.add_backward_hook(
       [&](const std::string& name, const nn::Module& m, nn::GradOf which, size_t index, const at::Tensor& grad) {
@@ -149,6 +187,7 @@ NonFiniteSite locate_nonfinite(const nn::Module& model, const std::function<at::
           auto [it, fresh] = grad_out_finite.emplace(name, ok);
           if (!fresh) it->second = it->second && ok;
           grad_outs[name].push_back(summarize_tensor(grad));
+          ++outputs_seen[name];
           return;
         }
         consider(name, m.type_name(), "the gradient of input " + std::to_string(index), grad);
@@ -158,6 +197,8 @@ NonFiniteSite locate_nonfinite(const nn::Module& model, const std::function<at::
   NonFiniteSite first_any;  // the first non-finite output at all, when no module made one from finite inputs
   at::Tensor loss;
   {
+    nn::HookHandle count = model.add_forward_pre_hook(
+        [&](const std::string& name, const nn::Module&, at::TensorList) { ++forward_calls[name]; });
     nn::HookHandle fwd = model.add_forward_hook([&](const std::string& name, const nn::Module& m,
                                                     at::TensorList in, at::TensorList out) {
       if (site.found || all_finite(out)) return;
@@ -170,11 +211,14 @@ NonFiniteSite locate_nonfinite(const nn::Module& model, const std::function<at::
       s.inputs = summaries(in);
       s.outputs = summaries(out);
       s.detail = inputs_finite ? "finite inputs, non-finite output" : "output non-finite, its inputs already were";
+      s.call = forward_calls[name] - 1;  // the calls so far; name_call below once all are known
       if (inputs_finite) site = s;
       else if (!first_any.found) first_any = s;
     });
     loss = loss_fn();
   }
+  if (site.found) name_call(site, site.call);
+  if (first_any.found) name_call(first_any, first_any.call);
   if (site.found) return site;
   if (!all_finite(loss)) {
     if (first_any.found) return first_any;
@@ -193,7 +237,9 @@ NonFiniteSite locate_nonfinite(const nn::Module& model, const std::function<at::
       if (!p.requires_grad()) continue;
       const std::string pname = name;
       param_hooks.emplace_back(p, p.register_hook([&, pname](const at::Tensor& grad) {
+                                 const bool before = site.found;
                                  consider(owner_of(pname), "", "the gradient of parameter " + pname, grad);
+                                 if (!before && site.found) site.loop = observe::loop_of_parameter(pname);
                                  if (!site.found && grad.numel() > 0) {
                                    const double m = grad.detach().abs().max().item<double>();
                                    if (m > largest) largest = m, largest_name = pname;

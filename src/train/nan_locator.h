@@ -34,12 +34,21 @@ struct NonFiniteSite {
   std::string module;  // "blocks.3.mlp.fc1" (a parameter's name for weights; "" for the model itself)
   std::string type;    // the module's class ("Linear")
   std::string detail;  // what was non-finite, one line
+  // Which of the module's calls in the forward (0-based; -1: a module called
+  // once, or a parameter) and how many there were; for a looped model's
+  // shared block the call is the loop (loop >= 0), for its per-loop
+  // parameters (adapters.<l>.*, routers.<l>.*, a row of loop_embed) too.
+  int64_t call = -1, calls = 0, loop = -1;
   std::vector<TensorSummary> inputs, outputs;  // forward: its inputs/outputs; backward: gradients of outputs/inputs
   // One paragraph for the log and the report.
   std::string message() const;
 };
 
 // model: the module tree the loss runs through; loss_fn: runs the forward
+// A module called several times in the forward (a looped model's shared
+// blocks, once per loop) is named with the call: in the forward by counting
+// its calls, in backward by counting the gradients of its outputs, which
+// autograd computes in the reverse order of the calls.
 // and returns the loss (a scalar with a graph back to model's parameters).
 // anomaly_mode: libtorch's autograd anomaly mode over the backward (its
 // error, when it throws, goes into detail). Leaves no hook behind and no

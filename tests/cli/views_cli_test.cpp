@@ -142,3 +142,21 @@ TEST(CliViews, UsageErrorsNameTheFlag) {
 }
 
 }  // namespace
+
+// A looped model: the shared block once with its loops (×8), the per-loop
+// adapters as one row per target, the totals as `perftrain models` counts them.
+TEST(CliViewsLooped, SummaryShowsTheSharedBlockOnceWithItsLoops) {
+  perftrain::models::DiTConfig cfg = perftrain::models::model_config("Looped-S/4");
+  cfg.lora_rank = 8;
+  const int64_t params = cfg.parameter_count();
+  auto r = run("summary Looped-S/4 --set model.lora_rank=8 --batch 2 --depth 9");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("├─shared (ModuleList<DiTBlock>)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("] ×8"), std::string::npos) << "the shared block's applications: " << r.output;
+  EXPECT_NE(r.output.find("0..7 (ModuleList<BlockAdapters>) ×8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("qkv (LoRAAdapter) ×8"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("adapters.1"), std::string::npos);
+  r = run("summary Looped-S/4 --set model.lora_rank=8 --batch 2 --format json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["total_params"].get<int64_t>(), params);
+}

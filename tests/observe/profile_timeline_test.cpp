@@ -290,6 +290,7 @@ TEST(ProfileTimeline, ParsesAKinetoTraceAndItsGzip) {
 
 TEST(ProfileTimeline, ScopeNamesMapToPhases) {
   EXPECT_EQ(phase_of_scope("perftrain::block 27"), "forward");
+  EXPECT_EQ(phase_of_scope("perftrain::loop 5"), "forward");  // a looped model's loops
   EXPECT_EQ(phase_of_scope("perftrain::data_wait"), "data wait");
   EXPECT_EQ(phase_of_scope("perftrain::ema"), "EMA");
   EXPECT_EQ(phase_of_scope("aten::mm"), "");

@@ -271,9 +271,11 @@ class ModuleGraph : DotText {
            << shape_text(t.sizes()) << " " << dot_escape(std::string(c10::toString(t.scalar_type()))) << "\"];\n";
     }
     emit(0, "  ");
+    emit_weight_lists();
     for (const auto& [e, info] : edges_) {
       out_ << "  " << id(e.first) << " -> " << id(e.second);
       if (info.loop) out_ << " [style=dashed, label=\"next block\"]";
+      else if (info.again > 0) out_ << " [style=dashed, label=\"next loop ×" << info.again << "\"]";
       out_ << ";\n";
     }
     out_ << "}\n";
@@ -283,6 +285,7 @@ class ModuleGraph : DotText {
  private:
   struct EdgeInfo {
     bool loop = false;
+    int again = 0;  // a unit feeding itself: the calls after its first (a looped model's next loop)
   };
 
   bool is_leaf(int i) const {
@@ -311,6 +314,8 @@ class ModuleGraph : DotText {
         if (!(pass == 0 ? is_container(c.node) : is_leaf(c.node)) || !c.output.defined()) continue;
         by_impl_[c.output.unsafeGetTensorImpl()] = unit_of_call(c);
         if (c.output.grad_fn()) by_fn_[c.output.grad_fn().get()] = unit_of_call(c);
+        call_of_[c.output.unsafeGetTensorImpl()] = &c;
+        if (c.output.grad_fn()) call_of_[c.output.grad_fn().get()] = &c;
       }
     }
     for (const Call& c : r_.calls) {
@@ -330,14 +335,21 @@ class ModuleGraph : DotText {
   // The units that produced `starts` (walking back through the plain ops),
   // else those that produced `fallback`.
   std::vector<int> producers(int consumer, const std::vector<at::Tensor>& starts, const Node* self,
-                             const std::vector<at::Tensor>* fallback) const {
+                             const std::vector<at::Tensor>* fallback, const Call* call = nullptr) const {
     std::vector<int> found;
+    // A leaf fed by another call of itself (a looped model's shared block:
+    // the loop before): the unit feeds itself.
+    auto earlier_call_of_self = [&](const void* key, int unit) {
+      if (call == nullptr || unit != consumer) return false;
+      auto it = call_of_.find(key);
+      return it != call_of_.end() && it->second != call;
+    };
     std::unordered_set<const Node*> seen;
     std::vector<const Node*> todo;
     for (const at::Tensor& t : starts) {
       if (!t.defined()) continue;
       auto it = by_impl_.find(t.unsafeGetTensorImpl());
-      if (it != by_impl_.end() && it->second != consumer) {
+      if (it != by_impl_.end() && (it->second != consumer || earlier_call_of_self(t.unsafeGetTensorImpl(), it->second))) {
         found.push_back(it->second);
         continue;
       }
@@ -349,7 +361,7 @@ class ModuleGraph : DotText {
         todo.pop_back();
         if (!seen.insert(n).second) continue;
         auto it = by_fn_.find(n);
-        if (n != self && it != by_fn_.end() && it->second != consumer) {
+        if (n != self && it != by_fn_.end() && (it->second != consumer || earlier_call_of_self(n, it->second))) {
           found.push_back(it->second);
           continue;
         }
@@ -378,6 +390,7 @@ class ModuleGraph : DotText {
       const int pn = node_of(p), cn = node_of(consumer);
       if (pn >= 0 && r_.hidden(pn) && cn >= 0 && r_.hidden(cn)) continue;  // drawn once, from the first member
       EdgeInfo& e = edges_[{key_of(p), key_of(consumer)}];
+      if (p == consumer) ++e.again;
       // Between two members of one rolled group: the edge into the next block.
       if (pn >= 0 && cn >= 0) {
         const auto gp = r_.outer_group(pn), gc = r_.outer_group(cn);
@@ -392,7 +405,7 @@ class ModuleGraph : DotText {
       const Call& c = r_.calls[k];
       const std::vector<at::Tensor>* outer = c.enclosing >= 0 ? &r_.calls[c.enclosing].inputs : nullptr;
       if (is_leaf(c.node)) {
-        add_edges(c.node, producers(c.node, c.inputs, nullptr, outer));
+        add_edges(c.node, producers(c.node, c.inputs, nullptr, outer, &c));
       } else if (own_output_.count(c.node)) {
         const Node* self = c.output.grad_fn() ? c.output.grad_fn().get() : nullptr;
         add_edges(-2 - c.node, producers(-2 - c.node, {c.output}, self, nullptr));
@@ -412,6 +425,34 @@ class ModuleGraph : DotText {
     return n;
   }
 
+  // A child of the model that never runs but holds parameters (a looped
+  // model's per-loop adapters and routers, read as weights): one box, and
+  // from the adapters a dashed edge to each shared block they adapt (the
+  // looped model's names, models/looped.h).
+  void emit_weight_lists() {
+    for (int c : r_.nodes[0].children) {
+      const TreeNode& n = r_.nodes[c];
+      const int64_t params = n.module->parameter_count();
+      if (n.ran || params == 0) continue;
+      std::string label = n.name + " (" + n.module->type_name() + ")";
+      const auto& ch = n.children;
+      if (!ch.empty() && r_.nodes[ch[0]].group >= 0) {
+        const Group& g = r_.groups[r_.nodes[ch[0]].group];
+        label += "\\n" + g.label + " ×" + std::to_string(g.count);
+      }
+      label += "\\nnot called: read as weights\\nparams " + count_text(params);
+      out_ << "  " << id("w:" + n.name) << " [shape=folder, style=filled, fillcolor=\"#fbe7c6\", label=\""
+           << dot_escape(label) << "\"];\n";
+      auto shared = r_.index.find("shared");
+      if (n.name != "adapters" || shared == r_.index.end()) continue;
+      std::set<std::string> targets;
+      for (int k : r_.nodes[shared->second].children)
+        if (r_.nodes[k].ran) targets.insert("m:" + r_.display_name(r_.at_depth(k, depth_)));
+      for (const auto& t : targets)
+        out_ << "  " << id("w:" + n.name) << " -> " << id(t) << " [style=dashed, label=\"each loop's LoRA\"];\n";
+    }
+  }
+
   void emit_leaf(int i, const std::string& indent) {
     const Call* c = first_call(i);
     std::string label = r_.label_of(i);
@@ -419,7 +460,7 @@ class ModuleGraph : DotText {
     const int64_t params = r_.nodes[i].module->parameter_count();
     if (params > 0) label += "\\nparams " + count_text(params);
     const int k = calls_of(i);
-    if (k > 1) label += "\\ncalled " + std::to_string(k) + "x";
+    if (k > 1) label += "\\napplied ×" + std::to_string(k);
     out_ << indent << id("m:" + r_.display_name(i))
          << " [shape=box, style=\"rounded,filled\", fillcolor=\"#dde8f5\", label=\"" << dot_escape(label) << "\"];\n";
   }
@@ -450,6 +491,7 @@ class ModuleGraph : DotText {
   const int depth_;
   std::unordered_map<const Node*, int> by_fn_;
   std::unordered_map<const c10::TensorImpl*, int> by_impl_;
+  std::unordered_map<const void*, const Call*> call_of_;  // a leaf's output (tensor or grad_fn) -> its call
   const Call* root_call_ = nullptr;
   std::set<int> own_output_;
   std::map<std::pair<std::string, std::string>, EdgeInfo> edges_;
@@ -479,6 +521,7 @@ class AutogradGraph : DotText {
       if (t.defined()) param_names_[t.unsafeGetTensorImpl()] = name;
     }
     collect_nodes();
+    find_repeated();
     place_units();
     node_labels();
     box_labels();
@@ -522,6 +565,31 @@ class AutogradGraph : DotText {
     }
   }
 
+  // A module called more than once (a looped model's shared block, once a
+  // loop): the nodes made from the end of its first call to the end of its
+  // last (the later calls and what runs between them: the next loop's
+  // merged weights, its conditioning) are drawn as one box. The module, or
+  // -1 (a parameter's accumulator: -1 too).
+  int later_call_of(const Node* n) const {
+    if (dynamic_cast<const torch::autograd::AccumulateGrad*>(n) != nullptr) return -1;
+    const uint64_t seq = n->sequence_nr();
+    for (const auto& [module, r] : repeated_)
+      if (seq >= r.first && seq < r.second) return module;
+    return -1;
+  }
+  // The modules called more than once, with [end of first call, end of last).
+  void find_repeated() {
+    std::map<int, std::pair<uint64_t, uint64_t>> range;
+    std::map<int, int> count;
+    for (const Call& c : r_.calls) {
+      auto [it, fresh] = range.emplace(c.node, std::make_pair(c.seq_end, c.seq_end));
+      if (!fresh) it->second.second = c.seq_end;
+      ++count[c.node];
+    }
+    for (const auto& [module, r] : range)
+      if (count[module] > 1 && r_.nodes[module].parent >= 0) repeated_.emplace_back(module, r);
+  }
+
   // The module that made each node: the deepest call whose sequence range
   // holds its number; a parameter's accumulator belongs to its module.
   int owner_of(const Node* n) const {
@@ -561,11 +629,18 @@ class AutogradGraph : DotText {
       const Node* n = order_[k].get();
       int m = owner_of(n);
       // A parameter of a module that never runs itself (the patch conv's
-      // "proj") belongs to the nearest one that does.
-      while (r_.nodes[m].parent >= 0 && !r_.nodes[m].ran) m = r_.nodes[m].parent;
+      // "proj") belongs to the nearest one that does; one of a rolled list's
+      // later member (a looped model's adapters of loops 1..) to the list.
+      if (!r_.hidden(m))
+        while (r_.nodes[m].parent >= 0 && !r_.nodes[m].ran) m = r_.nodes[m].parent;
       std::string key;
       const auto g = r_.outer_group(m);
-      if (r_.hidden(m)) {
+      const int again = o_.roll_up ? later_call_of(n) : -1;
+      if (again >= 0) {
+        key = "r:" + std::to_string(again);  // drawn beside the module's first call
+        m = r_.nodes[again].parent;
+        repeat_module_[key] = again;
+      } else if (r_.hidden(m)) {
         key = "g:" + std::to_string(g.first);
         m = -1;  // drawn beside the group's first member
       } else if (r_.nodes[m].display_depth >= o_.depth) {  // a module at the depth is one box
@@ -614,6 +689,15 @@ class AutogradGraph : DotText {
         const int m = box_module_.at(key);
         labels_[key] = "[shape=box3d, style=filled, fillcolor=\"#dde8f5\", label=\"" +
                        dot_escape(r_.label_of(m) + "\\n" + std::to_string(count) + " backward nodes") + "\"]";
+      } else if (key[0] == 'r') {
+        const int m = repeat_module_.at(key);
+        int calls = 0;
+        for (const Call& c : r_.calls) calls += c.node == m;
+        labels_[key] = "[shape=box3d, style=filled, fillcolor=\"#fbe7c6\", label=\"" +
+                       dot_escape(r_.display_name(m) + " applied ×" + std::to_string(calls - 1) + " more (calls 2.." +
+                                  std::to_string(calls) + ", with what runs between them)\\n" +
+                                  std::to_string(count) + " backward nodes, not drawn") +
+                       "\"]";
       } else if (key[0] == 'g') {
         const Group& gr = r_.groups[std::stoi(key.substr(2))];
         const std::string first = gr.label.substr(0, gr.label.find(".."));  // "blocks.0"
@@ -658,6 +742,8 @@ class AutogradGraph : DotText {
   std::unordered_map<const Node*, std::string> unit_;
   std::map<std::string, int> box_nodes_;               // box key -> nodes folded into it
   std::map<std::string, int> box_module_;              // "m:" box key -> its tree node
+  std::map<std::string, int> repeat_module_;           // "r:" box key -> the module called again
+  std::vector<std::pair<int, std::pair<uint64_t, uint64_t>>> repeated_;  // find_repeated()
   std::map<int, std::vector<std::string>> in_module_;  // tree node -> units drawn inside it
   std::map<std::string, std::string> labels_;
   std::map<int, bool> has_content_;

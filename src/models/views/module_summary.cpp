@@ -1,5 +1,6 @@
 #include "models/views/module_summary.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <map>
@@ -7,6 +8,8 @@
 #include <unordered_set>
 
 #include "base/error.h"
+#include "models/block_weights.h"
+#include "models/dit.h"
 #include "models/single_stream.h"
 #include "nn/attention.h"
 
@@ -26,7 +29,59 @@ struct CallRecord {
   std::vector<int64_t> output_shape;
   double output_elements = 0;  // summed over calls
   double attention_mult_adds = 0;
+  double block_mult_adds = 0;  // summed over calls, from the block's shapes (block_call_mult_adds)
 };
+
+double rows_times_columns(const at::Tensor& w) { return static_cast<double>(w.size(0)) * static_cast<double>(w.size(1)); }
+
+// One call of a DiT or single-stream block on x [B, S, D]: its token-wise
+// linears on every token, its modulation once per sample, attention's two
+// [S, S] products; 0 for another module.
+double block_call_mult_adds(const nn::Module& m, at::TensorList in) {
+  if (in.empty() || !in[0].defined() || in[0].dim() != 3) return 0;
+  const double B = in[0].size(0), S = in[0].size(1), D = in[0].size(2);
+  const double attention = 2 * B * S * S * D;
+  if (const auto* b = dynamic_cast<const DiTBlock*>(&m)) {
+    const DiTBlockWeights w = weights_of(*b);
+    return B * S * (rows_times_columns(w.qkv_w) + rows_times_columns(w.proj_w) + rows_times_columns(w.fc1_w) +
+                    rows_times_columns(w.fc2_w)) +
+           B * rows_times_columns(w.ada_w) + attention;
+  }
+  if (const auto* b = dynamic_cast<const SingleStreamBlock*>(&m)) {
+    const SingleStreamBlockWeights w = weights_of(*b);
+    return B * S * (rows_times_columns(w.qkv_w) + rows_times_columns(w.proj_w) + rows_times_columns(w.gate_w) +
+                    rows_times_columns(w.up_w) + rows_times_columns(w.down_w)) +
+           B * rows_times_columns(w.ada_w) + attention;
+  }
+  return 0;
+}
+
+// The last name component; a rolled range ("adapters.0..7") is one.
+std::string leaf_of(const std::string& name) {
+  for (size_t p = name.size(); p-- > 0;) {
+    if (name[p] != '.') continue;
+    if ((p > 0 && name[p - 1] == '.') || (p + 1 < name.size() && name[p + 1] == '.')) continue;
+    return name.substr(p + 1);
+  }
+  return name;
+}
+
+bool is_index(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// A module's structure: type, own tensors' shapes, children's structures.
+std::string signature(const std::vector<Node>& nodes, int i) {
+  std::string s = nodes[i].module->type_name() + "(";
+  for (const auto& [n, t, trainable] : nodes[i].module->own_tensors()) {
+    s += n + "[";
+    if (t.defined())
+      for (int64_t d : t.sizes()) s += std::to_string(d) + ",";
+    s += "];";
+  }
+  for (int c : nodes[i].children) s += leaf_of(nodes[c].name) + ":" + signature(nodes, c) + ";";
+  return s + ")";
+}
 
 void walk(const nn::Module& m, const std::string& name, int depth, int parent, std::vector<Node>& out) {
   const int index = static_cast<int>(out.size());
@@ -99,6 +154,56 @@ std::string bytes_text(double b) {
   return with_unit(b, 1024, units);
 }
 
+// Whether each node or one below it ran.
+std::vector<bool> subtree_ran(const std::vector<Node>& nodes, const std::map<std::string, CallRecord>& calls) {
+  std::vector<bool> ran(nodes.size(), false);
+  for (size_t k = nodes.size(); k-- > 0;) {
+    if (calls.count(nodes[k].name)) ran[k] = true;
+    if (ran[k] && nodes[k].parent >= 0) ran[static_cast<size_t>(nodes[k].parent)] = true;
+  }
+  return ran;
+}
+
+// The subtree of node i in the walk: i and the next size - 1 nodes.
+size_t subtree_size(const std::vector<Node>& nodes, int i) {
+  size_t n = 1;
+  for (int c : nodes[i].children) n += subtree_size(nodes, c);
+  return n;
+}
+
+// Consecutive index-named children of one structure, none of which ran:
+// their rows' own numbers go to the first member's rows (the same offsets
+// in the walk, as the structures are equal), which stand for all of them
+// (repeat, the name "list.0..7"); the others' rows are removed.
+void roll_up_unrun_lists(const std::vector<Node>& nodes, const std::vector<bool>& ran, std::vector<SummaryRow>& rows,
+                         std::vector<bool>& removed) {
+  for (const Node& parent : nodes) {
+    const auto& ch = parent.children;
+    for (size_t a = 0, b; a < ch.size(); a = b) {
+      b = a + 1;
+      if (ran[ch[a]] || !is_index(leaf_of(nodes[ch[a]].name))) continue;
+      const std::string sig = signature(nodes, ch[a]);
+      while (b < ch.size() && !ran[ch[b]] && is_index(leaf_of(nodes[ch[b]].name)) && signature(nodes, ch[b]) == sig) ++b;
+      if (b - a < 2) continue;
+      const size_t first = static_cast<size_t>(ch[a]), size = subtree_size(nodes, ch[a]);
+      for (size_t m = a + 1; m < b; ++m)
+        for (size_t o = 0; o < size; ++o) {
+          SummaryRow &to = rows[first + o], &from = rows[static_cast<size_t>(ch[m]) + o];
+          to.params += from.params, to.trainable_params += from.trainable_params, to.shared_params += from.shared_params;
+          from.params = from.trainable_params = from.shared_params = 0;
+          removed[static_cast<size_t>(ch[m]) + o] = true;
+        }
+      // The rows' names (an enclosing list may have renamed them already).
+      const std::string old_name = rows[first].name;
+      const std::string new_name = old_name + ".." + leaf_of(rows[static_cast<size_t>(ch[b - 1])].name);
+      for (size_t o = 0; o < size; ++o) {
+        rows[first + o].repeat = static_cast<int64_t>(b - a);
+        rows[first + o].name = new_name + rows[first + o].name.substr(old_name.size());
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::string SummaryRow::trainable() const {
@@ -123,6 +228,7 @@ ModuleSummary summarize_module(const nn::Module& model, const std::function<void
           CallRecord& r = calls[name];
           if (r.calls++ == 0 && !out.empty() && out[0].defined()) r.output_shape = out[0].sizes().vec();
           if (!out.empty() && out[0].defined()) r.output_elements += static_cast<double>(out[0].numel());
+          r.block_mult_adds += block_call_mult_adds(m, in);
           const bool attention = dynamic_cast<const nn::SelfAttention*>(&m) != nullptr ||
                                  dynamic_cast<const models::SingleStreamAttention*>(&m) != nullptr;
           if (attention && !in.empty() && in[0].dim() == 3) {
@@ -159,7 +265,8 @@ ModuleSummary summarize_module(const nn::Module& model, const std::function<void
     }
   }
   // Own mult-adds of each module that ran: its weights and those of
-  // descendants that did not run themselves (the patch conv's "proj").
+  // descendants that did not run themselves (the patch conv's "proj"); a
+  // block none of whose descendants ran: from its shapes.
   std::function<void(int, const CallRecord&, double&)> weights_of = [&](int i, const CallRecord& rec, double& macs) {
     const int64_t out_last = rec.output_shape.empty() ? -1 : rec.output_shape.back();
     for (const auto& [tname, t, trainable] : nodes[i].module->own_tensors()) {
@@ -170,13 +277,19 @@ ModuleSummary summarize_module(const nn::Module& model, const std::function<void
       if (calls.count(nodes[c].name) == 0) weights_of(c, rec, macs);
     }
   };
+  const std::vector<bool> ran = subtree_ran(nodes, calls);
   for (size_t i = 0; i < nodes.size(); ++i) {
     auto it = calls.find(nodes[i].name);
     if (it == calls.end()) continue;
+    bool descendant_ran = false;
+    for (int c : nodes[i].children) descendant_ran = descendant_ran || ran[c];
     double macs = it->second.attention_mult_adds;
-    weights_of(static_cast<int>(i), it->second, macs);
+    if (it->second.block_mult_adds > 0 && !descendant_ran) macs = it->second.block_mult_adds;
+    else weights_of(static_cast<int>(i), it->second, macs);
     s.rows[i].mult_adds = macs;
   }
+  std::vector<bool> removed(nodes.size(), false);
+  roll_up_unrun_lists(nodes, ran, s.rows, removed);
   // Subtree sums, children after parents in the walk: add up from the end.
   for (size_t k = nodes.size(); k-- > 1;) {
     SummaryRow& r = s.rows[k];
@@ -189,6 +302,10 @@ ModuleSummary summarize_module(const nn::Module& model, const std::function<void
   s.total_params = s.rows[0].params;
   s.trainable_params = s.rows[0].trainable_params;
   s.total_mult_adds = s.rows[0].mult_adds;
+  std::vector<SummaryRow> kept;
+  for (size_t i = 0; i < s.rows.size(); ++i)
+    if (!removed[i]) kept.push_back(std::move(s.rows[i]));
+  s.rows = std::move(kept);
   return s;
 }
 
@@ -217,8 +334,8 @@ std::string format_summary(const ModuleSummary& s, const std::string& format, in
         if (level == r.depth) prefix += more ? "├─" : "└─";
         else prefix += more ? "│ " : "  ";
       }
-      const std::string leaf = r.name.substr(r.name.rfind('.') == std::string::npos ? 0 : r.name.rfind('.') + 1);
-      labels[i] = prefix + (r.depth == 0 ? r.type : leaf + " (" + r.type + ")");
+      const std::string times = r.repeat > 1 ? " ×" + std::to_string(r.repeat) : "";
+      labels[i] = prefix + (r.depth == 0 ? r.type : leaf_of(r.name) + " (" + r.type + ")" + times);
     }
     size_t w0 = 12, w1 = 12;
     auto display_width = [](const std::string& u) {  // UTF-8 code points
@@ -240,7 +357,7 @@ std::string format_summary(const ModuleSummary& s, const std::string& format, in
     for (size_t i = 0; i < rows.size(); ++i) {
       const SummaryRow& r = *rows[i];
       const std::string shape = r.output_shape.empty() ? "--" : "[" + shape_text(r.output_shape, ", ") + "]";
-      std::string shape_cell = r.calls > 1 ? shape + " x" + std::to_string(r.calls) : shape;
+      std::string shape_cell = r.calls > 1 ? shape + " ×" + std::to_string(r.calls) : shape;
       o << pad(labels[i], w0 + 2) << pad(shape_cell, w1 + 2) << pad(params_cell(r), 16)
         << pad(r.trainable().empty() ? "--" : r.trainable(), 12) << (r.mult_adds > 0 ? si_count(r.mult_adds) : "--")
         << "\n";
@@ -263,7 +380,8 @@ std::string format_summary(const ModuleSummary& s, const std::string& format, in
     for (const SummaryRow* r : rows) {
       std::string name = r->depth == 0 ? "(model)" : "`" + r->name + "`";
       std::string shape = r->output_shape.empty() ? "--" : "[" + shape_text(r->output_shape, ", ") + "]";
-      if (r->calls > 1) shape += " x" + std::to_string(r->calls);
+      if (r->calls > 1) shape += " ×" + std::to_string(r->calls);
+      if (r->repeat > 1) name += " ×" + std::to_string(r->repeat);
       o << "| " << name << " | " << r->type << " | " << shape << " | " << params_cell(*r) << " | "
         << (r->trainable().empty() ? "--" : r->trainable()) << " | " << (r->mult_adds > 0 ? si_count(r->mult_adds) : "--")
         << " |\n";
@@ -294,7 +412,7 @@ std::string format_summary(const ModuleSummary& s, const std::string& format, in
       o << "    {\"name\": " << json_string(r.name) << ", \"type\": " << json_string(r.type) << ", \"depth\": " << r.depth
         << ", \"output_shape\": [" << shape_text(r.output_shape, ", ") << "], \"calls\": " << r.calls
         << ", \"params\": " << r.params << ", \"trainable_params\": " << r.trainable_params
-        << ", \"shared_params\": " << r.shared_params << ", \"mult_adds\": " << buf << "}"
+        << ", \"shared_params\": " << r.shared_params << ", \"repeat\": " << r.repeat << ", \"mult_adds\": " << buf << "}"
         << (i + 1 < rows.size() ? "," : "") << "\n";
     }
     std::snprintf(buf, sizeof buf, "%.0f", s.total_mult_adds);

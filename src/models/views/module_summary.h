@@ -34,6 +34,10 @@ struct SummaryRow {
   // per token; the patch conv: C*p*p per output element); attention adds its
   // two products (2 * B * T^2 * D); elementwise ops and lookups count 0.
   double mult_adds = 0;
+  // Modules this row stands for: consecutive list members of one structure
+  // that never run themselves (a looped model's per-loop adapters, read as
+  // weights: "adapters.0..7" with repeat 8); params are their sum.
+  int64_t repeat = 1;
   // "yes", "no", "partial" or "" (no parameters of its own subtree).
   std::string trainable() const;
 };
@@ -51,7 +55,11 @@ struct ModuleSummary {
 };
 
 // Runs forward() once with hooks on model and fills the rows. forward gets
-// the model's hooks attached; what it returns is ignored.
+// the model's hooks attached; what it returns is ignored. A block that ran
+// on weights other than its modules' (a looped model's shared block: its
+// children's hooks do not fire) has its mult-adds from its linears' shapes
+// and its input's tokens, per call. Never-run repeated list members are
+// rolled up into one row per module of the first (SummaryRow::repeat).
 ModuleSummary summarize_module(const nn::Module& model, const std::function<void()>& forward);
 
 // The table as text ("table"), CSV, JSON or Markdown ("md"), rows down to

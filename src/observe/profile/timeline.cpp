@@ -233,7 +233,7 @@ std::string phase_of_scope(const std::string& n) {
   const std::string s = n.substr(11);
   if (s == "data_wait") return "data wait";
   if (s == "h2d") return "host-to-device copy";
-  if (s == "forward" || starts_with(s, "block ") || s == "final_layer") return "forward";
+  if (s == "forward" || starts_with(s, "block ") || starts_with(s, "loop ") || s == "final_layer") return "forward";
   if (s == "loss") return "loss";
   if (s == "backward") return "backward";
   if (s == "clip") return "clipping";

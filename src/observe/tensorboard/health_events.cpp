@@ -16,6 +16,8 @@ void add_grad_health(EventWriter& writer, const GradHealthSample& sample) {
     writer.add_scalar("update_ratio/" + m.name, step, m.stats.update_ratio());
     if (m.stats.nonfinite > 0) writer.add_scalar("grad_nonfinite/" + m.name, step, double(m.stats.nonfinite));
   }
+  // A looped model's loops: grad/loop3/adapters, grad/loop3/router (norms).
+  for (const NamedGradStats& l : sample.loops) writer.add_scalar("grad/" + l.name, step, l.stats.norm);
 }
 
 void add_grad_histograms(EventWriter& writer, const GradHealthSample& sample) {
