@@ -116,20 +116,23 @@ prepare_kernel(const double* __restrict__ partials, int count, AdamWScalars* __r
     skip = true;
   }
   s->skip = skip ? 1.f : 0.f;
-  if (skip) return;  // lr, step and the derived scalars stay as they were
+  // The schedule follows every step taken, skipped or not (as a PyTorch
+  // scheduler stepped each iteration), so it depends on the global step only.
+  const double schedule_step = static_cast<double>(s->schedule_step) + 1.0;
+  s->schedule_step = static_cast<float>(schedule_step);
+  const double lr = lr_at(h.lr_schedule, schedule_step);
+  s->lr = static_cast<float>(lr);
+  if (skip) return;  // step and the derived scalars stay as they were
 
   const double step = static_cast<double>(s->step) + 1.0;
   s->step = static_cast<float>(step);
-  const double lr = h.warmup_steps > 0 ? h.lr * fmin(1.0, step / static_cast<double>(h.warmup_steps)) : h.lr;
   // NaN-propagating min, as clamp_max in train::clip_grad_norm_.
   double clip = 1.0;
   if (h.grad_clip > 0) {
     const float q = static_cast<float>(h.grad_clip) / (static_cast<float>(norm) + 1e-6f);
     clip = q < 1.f || isnan(q) ? q : 1.f;
   }
-  const double u = step - 1.0;
-  const double d = h.ema_warmup ? fmin(h.ema_decay, (1.0 + u) / (10.0 + u)) : h.ema_decay;
-  s->lr = static_cast<float>(lr);
+  const double d = ema_decay_at(h.ema, step - 1.0);
   s->coef = static_cast<float>(clip / static_cast<double>(scale));
   s->step_size = static_cast<float>(lr / (1.0 - pow(h.beta1, step)));
   s->bc2_sqrt = static_cast<float>(sqrt(1.0 - pow(h.beta2, step)));
@@ -232,8 +235,10 @@ update_kernel(const __grid_constant__ AdamWTable table, const AdamWScalars* __re
     float* m = t.m + ch.start;
     float* v = t.v + ch.start;
     __nv_bfloat16* sh = t.shadow != nullptr ? t.shadow + ch.start : nullptr;
-    if (e != nullptr) update_chunk<true>(p, g, m, v, e, sh, ch.len, k);
-    else update_chunk<false>(p, g, m, v, nullptr, sh, ch.len, k);
+    UpdateCoefficients kt = k;
+    if (t.decay == 0) kt.lr_wd = 0.f;  // the tensor's group takes no weight decay
+    if (e != nullptr) update_chunk<true>(p, g, m, v, e, sh, ch.len, kt);
+    else update_chunk<false>(p, g, m, v, nullptr, sh, ch.len, kt);
   }
 }
 

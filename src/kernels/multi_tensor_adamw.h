@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "kernels/chunk_table.h"
+#include "kernels/optimizer_schedule.h"
 
 namespace perftrain::kernels {
 
@@ -32,7 +33,7 @@ constexpr int kAdamWMaxTensors = 384;  // per table (a table is ~20 KB)
 // One parameter tensor, float32, contiguous, n elements. g == nullptr: the
 // parameter had no gradient (only its EMA follows it); ema == nullptr: no EMA;
 // shadow == nullptr: no bf16 copy to keep (else it is rewritten from p
-// wherever p changes).
+// wherever p changes). decay 0: no weight decay on this tensor (its group).
 struct AdamWTensor {
   float* p;
   const float* g;
@@ -41,6 +42,7 @@ struct AdamWTensor {
   float* ema;
   __nv_bfloat16* shadow;
   int64_t n;
+  int32_t decay;
 };
 
 // Chunks of kAdamWChunk elements: chunk_end holds the prefix sums of ceil(n / kAdamWChunk).
@@ -53,7 +55,7 @@ static_assert(sizeof(AdamWTable) <= 32000, "the table travels as a kernel parame
 struct AdamWScalars {
   float loss_scale;  // the scale this step's gradients carry (1 without dynamic scaling); updated for the next
   float grad_norm;   // of the unscaled gradients, before clipping
-  float lr;          // of the last update
+  float lr;          // of the last step (the schedule's value; a skipped step's too)
   float skipped;     // steps skipped for inf/NaN gradients, in total
   float step;        // updates taken (AdamW's step counter)
   float good_steps;  // finite steps since the last scale change
@@ -62,18 +64,18 @@ struct AdamWScalars {
   float coef;           // gradient multiplier: 1/loss_scale * clip coefficient
   float step_size;      // lr / (1 - beta1^step)
   float bc2_sqrt;       // sqrt(1 - beta2^step)
-  float lr_wd;          // lr * weight_decay (p -= lr_wd * p)
+  float lr_wd;          // lr * weight_decay (p -= lr_wd * p, on the tensors with decay)
   float ema_weight;     // 1 - ema decay (lerp weight)
+  float schedule_step;  // steps taken, skipped ones too: the LR schedule's position
 };
 constexpr int kAdamWScalarSlots = sizeof(AdamWScalars) / sizeof(float);
 
 struct AdamWHyper {
-  double lr, beta1, beta2, eps, weight_decay;
+  LrSchedule lr_schedule;  // evaluated at schedule_step (kernels/optimizer_schedule.h)
+  EmaSchedule ema;         // evaluated at step - 1
+  double beta1, beta2, eps, weight_decay;
   double grad_clip;  // 0: off
-  double ema_decay;
-  int64_t warmup_steps;
   int64_t growth_interval;
-  bool ema_warmup;
   bool dynamic_loss_scale;
   bool skip_nonfinite;  // without the dynamic scale: an inf/NaN norm skips the update (skipped += 1)
 };

@@ -35,6 +35,7 @@ static_assert(offsetof(AdamWScalars, step) == kSlotStep * sizeof(float));
 static_assert(offsetof(AdamWScalars, good_steps) == kSlotGoodSteps * sizeof(float));
 static_assert(offsetof(AdamWScalars, skip) == kSlotSkip * sizeof(float));
 static_assert(offsetof(AdamWScalars, ema_weight) == kSlotEmaWeight * sizeof(float));
+static_assert(offsetof(AdamWScalars, schedule_step) == kSlotScheduleStep * sizeof(float));
 
 std::string label(const std::vector<std::string>& names, size_t i) {
   return i < names.size() ? "parameter '" + names[i] + "'" : "parameter " + std::to_string(i);
@@ -89,7 +90,8 @@ struct MultiTensorAdamW::Plan {
 MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> exp_avgs,
                                    std::vector<at::Tensor> exp_avg_sqs, std::vector<at::Tensor> emas,
                                    at::Tensor scalars, MultiTensorAdamWOptions opts, std::vector<std::string> names,
-                                   std::vector<at::Tensor> shadows, std::vector<at::Tensor> norm_only)
+                                   std::vector<at::Tensor> shadows, std::vector<at::Tensor> norm_only,
+                                   std::vector<bool> decay)
     : params_(std::move(params)),
       exp_avgs_(std::move(exp_avgs)),
       exp_avg_sqs_(std::move(exp_avg_sqs)),
@@ -98,8 +100,13 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<a
       norm_only_(std::move(norm_only)),
       scalars_(std::move(scalars)),
       opts_(opts),
-      names_(std::move(names)) {
+      names_(std::move(names)),
+      decay_(std::move(decay)) {
   const size_t n = params_.size();
+  if (decay_.empty()) decay_.assign(n, true);
+  if (decay_.size() != n)
+    throw UsageError("multi_tensor_adamw: " + std::to_string(n) + " parameters but " +
+                     std::to_string(decay_.size()) + " weight decay flags");
   if (!shadows_.empty() && shadows_.size() != n)
     throw UsageError("multi_tensor_adamw: " + std::to_string(n) + " parameters but " +
                      std::to_string(shadows_.size()) + " shadows");
@@ -140,12 +147,13 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<a
   c10::cuda::CUDAGuard guard(device);
   plan_ = std::make_unique<Plan>();
   auto& h = plan_->hyper;
-  h.lr = opts_.lr, h.beta1 = opts_.beta1, h.beta2 = opts_.beta2, h.eps = opts_.eps;
-  h.weight_decay = opts_.weight_decay, h.grad_clip = opts_.grad_clip, h.ema_decay = opts_.ema_decay;
-  h.warmup_steps = opts_.warmup_steps, h.growth_interval = opts_.growth_interval;
-  h.ema_warmup = opts_.ema_warmup, h.dynamic_loss_scale = opts_.dynamic_loss_scale;
+  h.lr_schedule = lr_schedule_of(opts_), h.ema = ema_schedule_of(opts_);
+  h.beta1 = opts_.beta1, h.beta2 = opts_.beta2, h.eps = opts_.eps;
+  h.weight_decay = opts_.weight_decay, h.grad_clip = opts_.grad_clip;
+  h.growth_interval = opts_.growth_interval, h.dynamic_loss_scale = opts_.dynamic_loss_scale;
   h.skip_nonfinite = opts_.skip_nonfinite;
-  auto make_groups = [](const std::vector<at::Tensor>& tensors, std::vector<Plan::Group>& groups) {
+  auto make_groups = [](const std::vector<at::Tensor>& tensors, const std::vector<bool>& decay,
+                        std::vector<Plan::Group>& groups) {
     int64_t chunks = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
       const int64_t numel = tensors[i].numel();
@@ -160,14 +168,15 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<at::Tensor> params, std::vector<a
       if (chunks > std::numeric_limits<int>::max())
         throw UsageError("multi_tensor_adamw: more than 2^31 chunks of parameters in one table");
       g.table.chunk_end[g.table.count] = static_cast<int>(chunks);
-      g.table.t[g.table.count] = kernels::AdamWTensor{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, numel};
+      g.table.t[g.table.count] = kernels::AdamWTensor{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                      numel, i < decay.size() && decay[i] ? 1 : 0};
       g.table.chunks = static_cast<int>(chunks);
       g.index.push_back(i);
       ++g.table.count;
     }
   };
-  make_groups(params_, plan_->groups);
-  make_groups(norm_only_, plan_->norm_groups);
+  make_groups(params_, decay_, plan_->groups);
+  make_groups(norm_only_, {}, plan_->norm_groups);
   for (auto* groups : {&plan_->groups, &plan_->norm_groups}) {
     for (auto& g : *groups) {
       g.grid = kernels::adamw_grid(g.table.chunks);
@@ -199,7 +208,7 @@ void MultiTensorAdamW::step(const std::vector<at::Tensor>& grads, const std::vec
   if (!plan_) {
     for (size_t i = 0; i < grads.size(); ++i)
       if (grads[i].defined()) check_like(grads[i], params_[i], "gradient", names_, i);
-    multi_tensor_adamw_reference(params_, grads, exp_avgs_, exp_avg_sqs_, emas_, scalars_, opts_, norm_grads);
+    multi_tensor_adamw_reference(params_, grads, exp_avgs_, exp_avg_sqs_, emas_, scalars_, opts_, norm_grads, decay_);
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < shadows_.size(); ++i)
       if (shadows_[i].defined()) shadows_[i].copy_(params_[i]);
@@ -246,13 +255,14 @@ void multi_tensor_adamw_reference(const std::vector<at::Tensor>& params, const s
                                   const std::vector<at::Tensor>& exp_avgs,
                                   const std::vector<at::Tensor>& exp_avg_sqs, const std::vector<at::Tensor>& emas,
                                   const at::Tensor& scalars, const MultiTensorAdamWOptions& o,
-                                  const std::vector<at::Tensor>& norm_grads) {
+                                  const std::vector<at::Tensor>& norm_grads, const std::vector<bool>& decay) {
   at::NoGradGuard no_grad;
   at::Tensor host = scalars.to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true);
   float* s = host.data_ptr<float>();
-  std::vector<at::Tensor> p, g, m, v;
+  std::vector<at::Tensor> p, g, m, v, decayed;
   for (size_t i = 0; i < params.size(); ++i) {
     if (!grads[i].defined()) continue;
+    if (decay.empty() || decay[i]) decayed.push_back(params[i]);
     p.push_back(params[i]);
     g.push_back(grads[i]);
     m.push_back(exp_avgs[i]);
@@ -286,19 +296,20 @@ void multi_tensor_adamw_reference(const std::vector<at::Tensor>& params, const s
     skip = true;
   }
   s[kSlotSkip] = skip ? 1.f : 0.f;
+  const double schedule_step = s[kSlotScheduleStep] + 1.0;
+  s[kSlotScheduleStep] = static_cast<float>(schedule_step);
+  const double lr = kernels::lr_at(lr_schedule_of(o), schedule_step);
+  s[kSlotLr] = static_cast<float>(lr);
   if (!skip) {
     const double step = s[kSlotStep] + 1.0;
     s[kSlotStep] = static_cast<float>(step);
-    const double lr = o.warmup_steps > 0 ? o.lr * std::min(1.0, step / o.warmup_steps) : o.lr;
-    s[kSlotLr] = static_cast<float>(lr);
     double clip = 1;
     if (o.grad_clip > 0) {  // clamp_max(max_norm / (norm + 1e-6), 1), NaN passing through
       const float q = static_cast<float>(o.grad_clip) / (static_cast<float>(norm) + 1e-6f);
       clip = q < 1.f || std::isnan(q) ? q : 1.f;
     }
     const double coef = static_cast<float>(clip / scale);
-    const double u = step - 1;
-    const double d = o.ema_warmup ? std::min(o.ema_decay, (1 + u) / (10 + u)) : o.ema_decay;
+    const double d = kernels::ema_decay_at(ema_schedule_of(o), step - 1);
     s[kSlotEmaWeight] = static_cast<float>(1 - d);
     // The scalars rounded to float as the kernel sees them.
     const double step_size = static_cast<float>(lr / (1 - std::pow(o.beta1, step)));
@@ -306,7 +317,7 @@ void multi_tensor_adamw_reference(const std::vector<at::Tensor>& params, const s
     const double lr_wd = static_cast<float>(lr * o.weight_decay);
     if (!p.empty()) {
       auto gs = at::_foreach_mul(g, coef);
-      at::_foreach_add_(p, p, -lr_wd);
+      if (!decayed.empty()) at::_foreach_add_(decayed, decayed, -lr_wd);
       at::_foreach_mul_(m, o.beta1);
       at::_foreach_add_(m, gs, 1 - o.beta1);
       at::_foreach_mul_(v, o.beta2);

@@ -8,11 +8,13 @@
 
 #include "base/error.h"
 #include "compat/compat.h"
+#include "train/weight_decay.h"
 
 namespace perftrain::train {
 
 AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> named_params, AdamWOptions opts)
     : params_(std::move(named_params)), opts_(opts) {
+  decay_ = decay_flags(params_, opts_.decay_all);
   for (const auto& [name, p] : params_) {
     exp_avg_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
     exp_avg_sq_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
@@ -21,19 +23,21 @@ AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> named_params, AdamW
 }
 
 void AdamW::step(double lr) {
-  std::vector<at::Tensor> p, g, m, v, s;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor& param = params_[i].second;
-    if (!param.grad().defined()) continue;
-    p.push_back(param);
-    g.push_back(param.grad());
-    m.push_back(exp_avg_[i]);
-    v.push_back(exp_avg_sq_[i]);
-    s.push_back(steps_[i]);
-  }
-  if (!p.empty()) {
+  for (const bool group_decays : {true, false}) {
+    std::vector<at::Tensor> p, g, m, v, s;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      at::Tensor& param = params_[i].second;
+      if (!param.grad().defined() || decay_[i] != group_decays) continue;
+      p.push_back(param);
+      g.push_back(param.grad());
+      m.push_back(exp_avg_[i]);
+      v.push_back(exp_avg_sq_[i]);
+      s.push_back(steps_[i]);
+    }
+    if (p.empty()) continue;
     at::_foreach_add_(s, 1.0);  // the fused kernel reads the already-counted step
-    compat::fused_adamw_(p, g, m, v, s, lr, opts_.beta1, opts_.beta2, opts_.weight_decay, opts_.eps);
+    compat::fused_adamw_(p, g, m, v, s, lr, opts_.beta1, opts_.beta2, group_decays ? opts_.weight_decay : 0.0,
+                         opts_.eps);
   }
   for (auto& [name, param] : params_) param.mutable_grad() = at::Tensor();
   ++steps_taken_;

@@ -1,7 +1,8 @@
 // AdamW over a model's parameters: moments and step counters live on the
-// parameters' device and one fused ATen kernel updates every tensor, so a step
-// costs a launch or two, not one per parameter. State is named after the
-// parameters ("exp_avg.blocks.0.attn.qkv.weight") for checkpoints.
+// parameters' device and one fused ATen kernel per parameter group updates
+// its tensors, so a step costs a few launches, not one per parameter. State is named after the
+// parameters ("exp_avg.blocks.0.attn.qkv.weight") for checkpoints. Two
+// parameter groups: with weight decay and without (AdamWOptions::decay_all).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,6 +15,9 @@ namespace perftrain::train {
 
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  // weight_decay on every parameter, or only on those train::decays() names
+  // (train/weight_decay.h: train.decay_all = false).
+  bool decay_all = true;
 };
 
 class AdamW {
@@ -31,6 +35,7 @@ class AdamW {
  private:
   std::vector<std::pair<std::string, at::Tensor>> params_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_, steps_;
+  std::vector<bool> decay_;  // per parameter: its group takes weight decay
   AdamWOptions opts_;
   int64_t steps_taken_ = 0;
 };

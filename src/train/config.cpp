@@ -66,15 +66,21 @@ std::vector<Key> keys(TrainConfig& c) {
       {"data", "prefetch", &c.data.prefetch},
       {"train", "steps", &c.optim.steps},
       {"train", "batch_size", &c.optim.batch_size},
+      {"train", "accumulate", &c.optim.accumulate, {}, 1, kMaxAccumulate},
       {"train", "lr", &c.optim.lr},
       {"train", "weight_decay", &c.optim.weight_decay},
+      {"train", "decay_all", &c.optim.decay_all},
       {"train", "beta1", &c.optim.beta1},
       {"train", "beta2", &c.optim.beta2},
       {"train", "eps", &c.optim.eps},
       {"train", "warmup_steps", &c.optim.warmup_steps},
+      {"train", "lr_schedule", &c.optim.lr_schedule, {"constant", "cosine", "linear", "wsd"}},
+      {"train", "lr_min", &c.optim.lr_min},
+      {"train", "decay_fraction", &c.optim.decay_fraction},
       {"train", "grad_clip", &c.optim.grad_clip},
       {"train", "ema_decay", &c.optim.ema_decay},
       {"train", "ema_warmup", &c.optim.ema_warmup},
+      {"train", "ema_start", &c.optim.ema_start, {}, 0, std::numeric_limits<int64_t>::max()},
       {"train", "seed", &c.optim.seed},
       {"train", "device", &c.optim.device, {"auto", "cpu", "cuda"}},
       {"train", "precision", &c.optim.precision, {"auto", "bf16", "fp16", "fp32"}},
@@ -381,6 +387,9 @@ void TrainConfig::validate() const {
   require(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "train.beta1/beta2 must be in [0, 1)");
   require(o.eps > 0, "train.eps must be positive");
   require(o.warmup_steps >= 0, "train.warmup_steps must be >= 0");
+  require(o.lr_min >= 0 && o.lr_min <= o.lr, "train.lr_min must be in [0, train.lr] (the floor the schedule decays to)");
+  require(o.decay_fraction >= 0 && o.decay_fraction <= 1,
+          "train.decay_fraction must be in [0, 1] (the last fraction of train.steps that wsd decays over)");
   require(o.grad_clip >= 0, "train.grad_clip must be >= 0 (0 turns clipping off)");
   require(o.ema_decay >= 0 && o.ema_decay < 1, "train.ema_decay must be in [0, 1)");
   require(o.precision != "fp16" || speed.fused_optimizer,

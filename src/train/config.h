@@ -24,14 +24,25 @@ struct DataConfig {
 
 struct OptimConfig {
   int64_t steps = 5000;
-  int64_t batch_size = 256;
-  double lr = 1e-4;
+  int64_t batch_size = 256;  // the micro-batch: each optimizer step takes accumulate of them
+  int64_t accumulate = 1;    // micro-batches per optimizer step (gradient accumulation)
+  double lr = 1e-4;          // the peak learning rate
   double weight_decay = 0.0;
+  bool decay_all = false;    // false: weight decay on matrix weights only (train/weight_decay.h)
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   int64_t warmup_steps = 0;  // linear LR warm-up from 0
+  // After the warm-up (train/lr_schedule.h): constant | cosine | linear |
+  // wsd (warm-up, stable, then the last decay_fraction of the steps decay).
+  std::string lr_schedule = "constant";
+  double lr_min = 0.0;         // the floor cosine, linear and wsd decay to
+  double decay_fraction = 0.2;  // wsd: the fraction of train.steps that decays
   double grad_clip = 0.0;    // max global gradient norm; 0 = off
   double ema_decay = 0.9999;
   bool ema_warmup = true;  // decay min(ema_decay, (1+s)/(10+s)): an EMA useful early on
+  int64_t ema_start = 0;   // optimizer steps before this one copy the weights into the EMA
+
+  // The rows one optimizer step takes: every micro-batch's, all ranks'.
+  int64_t step_batch() const { return batch_size * accumulate; }
   uint64_t seed = 0;
   std::string device = "auto";     // auto | cpu | cuda
   std::string precision = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32
@@ -120,6 +131,8 @@ struct TrainConfig {
 // 256 x 256 grid of patches. TrainConfig::validate() refuses more, before
 // anything is built from the config.
 constexpr int64_t kMaxImageTokens = 65536;
+// The most micro-batches one optimizer step may take (train.accumulate).
+constexpr int64_t kMaxAccumulate = 4096;
 
 // The bytes of the fp32 weights a model of this config holds (parameters and
 // fixed tensors).

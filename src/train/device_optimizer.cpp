@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "ops/multi_tensor_adamw.h"
+#include "train/weight_decay.h"
 
 namespace perftrain::train {
 namespace {
@@ -22,6 +23,9 @@ void check_options(const DeviceOptimizerOptions& o) {
   if (!(o.grad_clip >= 0)) bad("grad_clip must be >= 0 (0: off)");
   if (!(o.ema_decay >= 0 && o.ema_decay <= 1)) bad("ema_decay must be in [0, 1]");
   if (o.warmup_steps < 0) bad("warmup_steps must be >= 0");
+  if (!(o.lr_min >= 0 && o.lr_min <= o.lr)) bad("lr_min must be in [0, lr]");
+  if (!(o.decay_fraction >= 0 && o.decay_fraction <= 1)) bad("decay_fraction must be in [0, 1]");
+  if (o.ema_start < 0) bad("ema_start must be >= 0");
   if (o.dynamic_loss_scale && !(o.initial_loss_scale > 0 && std::isfinite(o.initial_loss_scale)))
     bad("initial_loss_scale must be a finite number > 0");
   if (o.growth_interval < 1) bad("growth_interval must be >= 1");
@@ -86,6 +90,8 @@ DeviceOptimizer::DeviceOptimizer(std::vector<std::pair<std::string, at::Tensor>>
   // The kernel's table: the owned parameters; the others' gradients count in the norm.
   std::vector<at::Tensor> op_p, op_m, op_v, op_ema, op_shadows, norm_only;
   std::vector<std::string> names;
+  std::vector<bool> op_decay;
+  const std::vector<bool> decay = decay_flags(params_, opts_.decay_all);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!owned_[i]) {
       norm_only.push_back(p[i]);
@@ -97,6 +103,7 @@ DeviceOptimizer::DeviceOptimizer(std::vector<std::pair<std::string, at::Tensor>>
     if (!ema_.empty()) op_ema.push_back(ema_[i]);
     if (!shadows_.empty()) op_shadows.push_back(shadows_[i]);
     names.push_back(params_[i].first);
+    op_decay.push_back(decay[i]);
   }
   const at::Device device = p.empty() ? at::Device(at::kCPU) : p[0].device();
   scalars_ = ops::make_adamw_scalars(device, opts_.dynamic_loss_scale ? opts_.initial_loss_scale : 1.0);
@@ -106,10 +113,17 @@ DeviceOptimizer::DeviceOptimizer(std::vector<std::pair<std::string, at::Tensor>>
   skipped_ = scalars_.select(0, ops::kSlotSkipped);
   step_ = scalars_.select(0, ops::kSlotStep);
   good_steps_ = scalars_.select(0, ops::kSlotGoodSteps);
+  schedule_step_ = scalars_.select(0, ops::kSlotScheduleStep);
 
   op_ = std::make_unique<ops::MultiTensorAdamW>(std::move(op_p), std::move(op_m), std::move(op_v), std::move(op_ema),
                                                 scalars_, static_cast<const ops::MultiTensorAdamWOptions&>(opts_),
-                                                std::move(names), std::move(op_shadows), std::move(norm_only));
+                                                std::move(names), std::move(op_shadows), std::move(norm_only),
+                                                std::move(op_decay));
+}
+
+void DeviceOptimizer::set_schedule_step(int64_t steps) {
+  if (steps < 0) throw UsageError("optimizer: the schedule step must be >= 0");
+  schedule_step_.fill_(static_cast<double>(steps));
 }
 
 ops::ComputeWeights DeviceOptimizer::compute_weights() const {

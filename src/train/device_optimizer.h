@@ -1,11 +1,12 @@
 // The whole optimizer step on the device: gradient norm and clipping, the
-// fp16 dynamic loss scale, the LR warm-up, AdamW and the EMA in three
+// fp16 dynamic loss scale, the LR schedule, AdamW and the EMA in three
 // multi-tensor launches (ops/multi_tensor_adamw.h), with no host sync and no
 // allocation after construction, so a training step that ends in step()
 // captures in one CUDA graph. The LR, norm and loss scale stay on the device
 // as 0-d tensors, read when the trainer logs.
 //
-// It is AdamW + clip_grad_norm_ + ema_update_ + lr_at of this folder in one:
+// It is AdamW + clip_grad_norm_ + ema_update_ + lr_at of this folder in one,
+// with the same parameter groups for weight decay (train/weight_decay.h):
 // the same numbers, and state() under AdamW::state()'s names (one step counter
 // shared by all parameters, written under every "step.<name>") plus
 // "loss_scale", so checkpoints move between the two.
@@ -36,6 +37,9 @@ struct DeviceOptimizerOptions : ops::MultiTensorAdamWOptions {
   // layers of one shape at once (ops::stacked_linear: DiT's adaLN
   // modulations) reads them as one matrix without a copy.
   bool bf16_shadows = false;
+  // Weight decay on every parameter (true: torch.optim.AdamW over all of
+  // them), or on those train::decays() names only (train.decay_all = false).
+  bool decay_all = true;
 };
 
 class DeviceOptimizer {
@@ -65,10 +69,13 @@ class DeviceOptimizer {
 
   const at::Tensor& loss_scale() const { return loss_scale_; }  // float32 0-d (1 without dynamic scaling)
   const at::Tensor& grad_norm() const { return grad_norm_; }    // unscaled, before clipping, of the last step
-  const at::Tensor& lr() const { return lr_; }                  // of the last update
+  const at::Tensor& lr() const { return lr_; }                  // the schedule's, of the last step
   const at::Tensor& skipped() const { return skipped_; }        // float32 0-d count of skipped steps
   const at::Tensor& steps_taken() const { return step_; }       // float32 0-d, AdamW's step counter
   const DeviceOptimizerOptions& options() const { return opts_; }
+  // The LR schedule's position: steps taken before the next one, skipped
+  // ones too (a resumed run: its global step). Starts at 0.
+  void set_schedule_step(int64_t steps);
 
   // With bf16_shadows: each parameter and its bf16 copy, for an
   // ops::ComputeWeightsScope. The copies follow every step(); after the
@@ -92,7 +99,7 @@ class DeviceOptimizer {
   std::vector<at::Tensor> ema_, exp_avg_, exp_avg_sq_, shadows_;
   DeviceOptimizerOptions opts_;
   at::Tensor scalars_;  // ops::make_adamw_scalars; the members below are 0-d views of its slots
-  at::Tensor loss_scale_, grad_norm_, lr_, skipped_, step_, good_steps_;
+  at::Tensor loss_scale_, grad_norm_, lr_, skipped_, step_, good_steps_, schedule_step_;
   std::unique_ptr<ops::MultiTensorAdamW> op_;
 };
 

@@ -3,13 +3,15 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_foreach_lerp.h>
 
-#include <algorithm>
 
 namespace perftrain::train {
 
+double ema_decay_at(int64_t update, const kernels::EmaSchedule& schedule) {
+  return kernels::ema_decay_at(schedule, static_cast<double>(update));
+}
+
 double ema_decay_at(int64_t update, double decay, bool warmup) {
-  if (!warmup) return decay;
-  return std::min(decay, (1.0 + update) / (10.0 + update));
+  return ema_decay_at(update, kernels::EmaSchedule{decay, warmup, 0});
 }
 
 void ema_update_(const std::vector<at::Tensor>& ema, const std::vector<at::Tensor>& params, double d) {

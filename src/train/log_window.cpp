@@ -68,7 +68,7 @@ void Trainer::log_window(int64_t step) {
   if (run_) run_->log_metrics(record);
   if (events_) write_scalars(record, step);
   if (grad_health) flow_sample_ = grad_health;
-  progress_->report(step, w.loss, steps_per_s * cfg_.optim.batch_size, steps_per_s);
+  progress_->report(step, w.loss, steps_per_s * cfg_.optim.step_batch(), steps_per_s);
   window_start_ = Clock::now();
   wait_at_window_start_ = loader_->wait_seconds();
 }
@@ -160,7 +160,7 @@ nlohmann::json Trainer::window_record(const WindowStats& w, int64_t step, double
                         {"loss", w.loss},
                         {"mse", w.mse},
                         {"lr", w.lr},
-                        {"images_per_s", steps_per_s * cfg_.optim.batch_size},
+                        {"images_per_s", steps_per_s * cfg_.optim.step_batch()},
                         {"steps_per_s", steps_per_s},
                         {"data_wait_s", loader_->wait_seconds() - wait_at_window_start_},
                         {"elapsed_s", seconds_since(loop_start_)},

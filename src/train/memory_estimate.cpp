@@ -205,6 +205,11 @@ MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const
   MemoryEstimate est;
   est.batch_size = cfg.optim.batch_size;
   const double B = static_cast<double>(cfg.optim.batch_size);
+  // Gradient accumulation: the activations are one micro-batch's (B), the
+  // batch buffers hold all N micro-batches of a step, and the step's noise
+  // is drawn for all of them at once (the micro-batch's own is in `extra`).
+  const double N = static_cast<double>(cfg.optim.accumulate);
+  batches = batches * N + 4 * pixels * (N - 1);
   est.parts = {{"parameters", 4 * P + fixed_tables},
                {"gradients", 4 * P},
                {"optimizer moments", moments},

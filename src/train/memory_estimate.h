@@ -8,7 +8,9 @@
 // runner and the device optimizer really create (train/step_runner.cpp,
 // train/device_optimizer.cpp, the ops' save_for_backward lists). Measured against the caching allocator's peak on
 // an H200 (tests/train/memory_estimate_gpu_test.cpp); the estimate aims at
-// the peak within about 10%.
+// the peak within about 10%. batch_size is the micro-batch (train.batch_size):
+// with train.accumulate = N the activations stay one micro-batch's, the
+// batch buffers and the step's noise count N of them.
 //
 // run_training uses it to refuse, before anything is allocated, a batch that
 // cannot fit: on CUDA against the device's free memory, on the CPU against

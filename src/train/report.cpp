@@ -162,10 +162,11 @@ void write_report(const std::string& run_dir, const TrainConfig& cfg, const Trai
     << "| speed settings | " << speed_settings(cfg) << " |\n"
     << "| torch | " << compat::torch_version() << " |\n"
     << "| steps | " << first << " to " << segment.last_step << ", batch " << cfg.optim.batch_size
+    << (cfg.optim.accumulate > 1 ? " x " + std::to_string(cfg.optim.accumulate) + " micro-batches accumulated" : "")
     << (segment.stop_signal != 0 ? std::string(", stopped by ") + stop_signal_name(segment.stop_signal) : "") << "; "
     << segment.last_step - first + 1 << " steps in " << std::max<size_t>(segments.size(), 1)
     << (segments.size() > 1 ? " segments (below)" : " segment") << " |\n"
-    << "| ranks | " << ranks_and_batch(ranks, cfg.optim.batch_size) << " |\n"
+    << "| ranks | " << ranks_and_batch(ranks, cfg.optim.step_batch()) << " |\n"
     << "| loss | " << loss_range(m) << " |\n"
     << "| speed | " << run_speed(segments) << " |\n"
     << "| first step | " << segment.first_step_s << " s after start"

@@ -23,7 +23,7 @@ op::RunFacts run_facts(const TrainConfig& cfg, const std::string& precision) {
   f.gelu_recompute = cfg.speed.gelu_recompute;
   f.prefetch = cfg.data.prefetch;
   const auto& m = cfg.model;
-  f.train_flops_per_step = 3 * m.forward_flops_per_sample() * static_cast<double>(cfg.optim.batch_size);
+  f.train_flops_per_step = 3 * m.forward_flops_per_sample() * static_cast<double>(cfg.optim.step_batch());
   f.matrix_dims = {{"hidden", m.hidden},
                    {"MLP width", 4 * m.hidden},
                    {"batch x tokens", cfg.optim.batch_size * m.tokens()},

@@ -15,7 +15,7 @@ namespace perftrain::train {
 struct RunSegment {
   int64_t first_step = 0, last_step = 0;
   int ranks = 0;                // processes; 0: not recorded (steps before segments.jsonl)
-  int64_t batch_size = 0;       // the global batch
+  int64_t batch_size = 0;       // the global batch of a step (train.batch_size x train.accumulate)
   double steps_per_s = 0;       // after its first step (0: it ran one step)
   double first_step_s = 0;      // process start to the end of its first step
   std::optional<double> peak_memory_gib;  // CUDA only

@@ -63,7 +63,11 @@ struct StepRunner::Impl {
   // ZeRO-1 (distributed.shard_optimizer): the optimizer updates this rank's
   // parameters only, then the owners' weights go to every rank.
   std::unique_ptr<OptimizerShards> shards;
-  int64_t updates = 0;  // host path: updates taken, for the LR and EMA schedules
+  // Host path: updates taken (the EMA schedule) and steps taken, skipped
+  // ones too (the LR schedule's position, as the device optimizer's).
+  int64_t updates = 0, schedule_step = 0;
+  kernels::LrSchedule lr_schedule;
+  kernels::EmaSchedule ema_schedule;
   at::Tensor host_grad_norm;
 
   diffusion::GaussianDiffusion ddpm;
@@ -142,21 +146,48 @@ struct StepRunner::Impl {
   Impl(models::DiffusionModel& m, const TrainConfig& c, const StepOptions& o, at::Device d, at::Generator g)
       : model(m), cfg(c), opts(o), device(d), gen(std::move(g)) {}
 
-  diffusion::LossTerms objective(const at::Tensor& x0, const at::Tensor& y_in, const at::Tensor& cond,
-                                 const at::Tensor& cond_len_in) {
+  // The step's random draws, in training_loss's order (label dropout, then
+  // timesteps, then noise), for every row of the global step: all ranks'
+  // rows (data parallel) of all micro-batches (train.accumulate), this
+  // rank's rows kept. So one process, N ranks and N micro-batches all train
+  // on the draws one big batch of the same rows takes.
+  struct Draws {
+    at::Tensor drop;  // bool [rows], label dropout (undefined without)
+    at::Tensor t, noise;
+    Draws rows(int64_t start, int64_t n) const {
+      auto part = [&](const at::Tensor& v) { return v.defined() ? v.narrow(0, start, n) : v; };
+      return Draws{part(drop), part(t), part(noise)};
+    }
+  };
+  Draws draw(const at::Tensor& x0) {
+    PERFTRAIN_SCOPE("loss");
+    const int64_t b = x0.size(0), rows = opts.group != nullptr ? b * opts.group->world_size() : b;
+    auto mine = [&](const at::Tensor& all) {
+      return opts.group != nullptr ? all.narrow(0, b * opts.group->rank(), b) : all;
+    };
+    Draws d;
+    if (cfg.model.class_dropout > 0) {  // label dropout: train the null class for guidance
+      const at::Tensor u = at::rand({rows}, gen, at::TensorOptions().device(device).dtype(at::kFloat));
+      d.drop = mine(u) < cfg.model.class_dropout;
+    }
+    std::vector<int64_t> shape = x0.sizes().vec();
+    shape[0] = rows;
+    d.t = mine(flow ? flow->sample_time(rows, gen, x0.options()) : ddpm.sample_timesteps(rows, gen, x0.device()));
+    d.noise = mine(at::randn(shape, gen, x0.options().dtype(at::kFloat)));
+    return d;
+  }
+
+  // The loss of rows x0 with their draws.
+  diffusion::LossTerms loss_at(const Draws& d, const at::Tensor& x0, const at::Tensor& y_in, const at::Tensor& cond,
+                               const at::Tensor& cond_len_in) {
     at::Tensor y = y_in, cond_len = cond_len_in;
     // Scopes (base/scope.h) name a step's phases in profiler traces; "loss"
     // holds the label dropout, noise draws and loss terms around the forward.
     PERFTRAIN_SCOPE("loss");
-    if (cfg.model.class_dropout > 0) {  // label dropout: train the null class for guidance
-      // (data parallel: drawn for the global batch, this rank's rows kept)
-      const int64_t rows = opts.group != nullptr ? shard_rows(y.size(0)) : y.size(0);
-      at::Tensor u = at::rand({rows}, gen, at::TensorOptions().device(device).dtype(at::kFloat));
-      if (opts.group != nullptr) u = my_rows(u, y.size(0));
-      auto drop = u < cfg.model.class_dropout;
-      y = at::where(drop, cfg.model.num_classes, y);
+    if (d.drop.defined()) {
+      y = at::where(d.drop, cfg.model.num_classes, y);
       // Condition features: the null condition is length 0 (all masked).
-      if (cond_len.defined()) cond_len = at::where(drop, at::zeros_like(cond_len), cond_len);
+      if (cond_len.defined()) cond_len = at::where(d.drop, at::zeros_like(cond_len), cond_len);
     }
     at::Tensor aux;  // the model's auxiliary loss (a looped model's routers'), weighted
     diffusion::ModelFn forward = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& yy) {
@@ -166,9 +197,8 @@ struct StepRunner::Impl {
       aux = o.aux_loss;
       return o.out;
     };
-    diffusion::LossTerms terms = opts.group != nullptr ? sharded_loss(forward, x0, y)
-                                 : flow                ? flow->training_loss(forward, x0, y, gen)
-                                                       : ddpm.training_loss(forward, x0, y, gen, cfg.model.learn_sigma);
+    diffusion::LossTerms terms = flow ? flow->training_loss_at(forward, x0, y, d.t, d.noise)
+                                      : ddpm.training_loss_at(forward, x0, y, d.t, d.noise, cfg.model.learn_sigma);
     if (aux.defined()) {
       terms.aux = aux.detach().to(at::kFloat);
       terms.loss = terms.loss + aux.to(terms.loss.scalar_type());
@@ -176,25 +206,10 @@ struct StepRunner::Impl {
     return terms;
   }
 
-  // Data parallel: this rank's rows of the draws the whole global batch
-  // would take, in training_loss's order (timesteps, then noise), so that N
-  // ranks train as one process does.
-  int64_t shard_rows(int64_t b) const { return b * opts.group->world_size(); }
-  at::Tensor my_rows(const at::Tensor& global, int64_t b) const {
-    return global.narrow(0, b * opts.group->rank(), b);
-  }
-  diffusion::LossTerms sharded_loss(const diffusion::ModelFn& forward, const at::Tensor& x0, const at::Tensor& y) {
-    const int64_t b = x0.size(0), B = shard_rows(b);
-    std::vector<int64_t> shape = x0.sizes().vec();
-    shape[0] = B;
-    if (flow) {
-      const at::Tensor t = my_rows(flow->sample_time(B, gen, x0.options()), b);
-      const at::Tensor noise = my_rows(at::randn(shape, gen, x0.options().dtype(at::kFloat)), b);
-      return flow->training_loss_at(forward, x0, y, t, noise);
-    }
-    const at::Tensor t = my_rows(ddpm.sample_timesteps(B, gen, x0.device()), b);
-    const at::Tensor noise = my_rows(at::randn(shape, gen, x0.options().dtype(at::kFloat)), b);
-    return ddpm.training_loss_at(forward, x0, y, t, noise, cfg.model.learn_sigma);
+  // The loss of a whole batch, drawn as a step draws it.
+  diffusion::LossTerms objective(const at::Tensor& x0, const at::Tensor& y, const at::Tensor& cond,
+                                 const at::Tensor& cond_len) {
+    return loss_at(draw(x0), x0, y, cond, cond_len);
   }
 
   // Data parallel: every rank's gradients replaced by their mean, before
@@ -210,27 +225,79 @@ struct StepRunner::Impl {
     buckets->finish();
   }
 
-  // One step: objective, backward, optimizer, EMA, loss accumulation. The
-  // body is the same eager and captured; nothing in it syncs with the host
-  // when the device optimizer is used.
+  // One micro-batch's backward: its loss scaled by 1/accumulate (so the
+  // summed gradients are the mean over the step's rows) and by the fp16
+  // loss scale. Weight gradients go to the second stream in the first
+  // micro-batch only: later ones add into existing gradients on the current
+  // stream, which must not read a gradient before the streams join. Data
+  // parallel: the buckets are armed for the last backward only, so the
+  // gradients are averaged once per optimizer step.
+  void backward(const at::Tensor& micro_loss, bool first, bool last) {
+    at::Tensor loss = micro_loss;
+    if (guard) loss = loss * nonfinite_gate(micro_loss);
+    if (cfg.optim.accumulate > 1) loss = loss / static_cast<double>(cfg.optim.accumulate);
+    const bool fused_step = device_optimizer != nullptr;
+    if (fused_step && cfg.optim.precision == "fp16") loss = loss * device_optimizer->loss_scale();
+    if (fused_step && weight_grad_stream && !weight_uses_checked) check_weight_uses(loss);
+    // Weight gradients on a second stream beside the input gradients,
+    // joined before the optimizer reads them (ops/weight_grad_stream.h).
+    PERFTRAIN_SCOPE("backward");
+    const ops::WeightGradStream overlap(fused_step && weight_grad_stream && first, device);
+    if (last) begin_averaging();
+    loss.backward();
+  }
+
+  // One step: train.accumulate micro-batches (the batch's rows in order),
+  // each forward and backward, then the optimizer, EMA and loss
+  // accumulation once. The body is the same eager and captured; nothing in
+  // it syncs with the host when the device optimizer is used.
   void body(const at::Tensor& x, const at::Tensor& y, const at::Tensor& cond = {},
             const at::Tensor& cond_len = {}) {
     const ops::ComputeWeightsScope weights(&compute_weights);
-    diffusion::LossTerms terms = objective(x, y, cond, cond_len);
-    at::Tensor loss = terms.loss;
-    if (guard) loss = loss * nonfinite_gate(terms.loss);
+    const int64_t n = cfg.optim.accumulate, rows = x.size(0) / n;
+    const Draws draws = draw(x);
+    diffusion::LossTerms step;  // the micro-batches' mean loss terms (detached)
+    for (int64_t k = 0; k < n; ++k) {
+      auto part = [&](const at::Tensor& t) { return n == 1 || !t.defined() ? t : t.narrow(0, k * rows, rows); };
+      const diffusion::LossTerms terms =
+          loss_at(n == 1 ? draws : draws.rows(k * rows, rows), part(x), part(y), part(cond), part(cond_len));
+      backward(terms.loss, k == 0, k == n - 1);
+      add_mean(step, terms, n);
+    }
+    average_gradients();
+    update(step.loss);
+    at::NoGradGuard no_grad;
+    if (guard) {  // a non-finite step stays out of the window's means
+      loss_sum.add_(at::where(last_bad, 0.0, step.loss));
+      mse_sum.add_(at::where(last_bad, 0.0, step.mse));
+      if (step.vb.defined()) vb_sum.add_(at::where(last_bad, 0.0, step.vb));
+      if (step.aux.defined()) aux_sum.add_(at::where(last_bad, 0.0, step.aux));
+    } else {
+      loss_sum.add_(step.loss);
+      mse_sum.add_(step.mse);
+      if (step.vb.defined()) vb_sum.add_(step.vb);
+      if (step.aux.defined()) aux_sum.add_(step.aux);
+    }
+  }
+
+  // mean += terms / n (detached); with n = 1 the terms themselves.
+  static void add_mean(diffusion::LossTerms& mean, const diffusion::LossTerms& terms, int64_t n) {
+    at::NoGradGuard no_grad;
+    auto add = [&](at::Tensor& sum, const at::Tensor& t) {
+      if (!t.defined()) return;
+      const at::Tensor part = n == 1 ? t.detach() : t.detach() / static_cast<double>(n);
+      sum = sum.defined() ? sum + part : part;
+    };
+    add(mean.loss, terms.loss);
+    add(mean.mse, terms.mse);
+    add(mean.vb, terms.vb);
+    add(mean.aux, terms.aux);
+  }
+
+  // The optimizer step on the summed gradients: clipping, AdamW, the EMA
+  // (device: one pass; host: ATen's AdamW with the schedules evaluated here).
+  void update(const at::Tensor& loss) {
     if (device_optimizer) {
-      if (cfg.optim.precision == "fp16") loss = loss * device_optimizer->loss_scale();
-      if (weight_grad_stream && !weight_uses_checked) check_weight_uses(loss);
-      {
-        // Weight gradients on a second stream beside the input gradients,
-        // joined before the optimizer reads them (ops/weight_grad_stream.h).
-        PERFTRAIN_SCOPE("backward");
-        const ops::WeightGradStream overlap(weight_grad_stream, device);
-        begin_averaging();
-        loss.backward();
-      }
-      average_gradients();
       if (monitoring)
         monitor->before_update(cfg.optim.precision == "fp16" ? device_optimizer->loss_scale() : at::Tensor());
       {
@@ -243,56 +310,39 @@ struct StepRunner::Impl {
         device_optimizer->follow_others();  // the EMA and bf16 copies of the others' parameters
       }
       if (monitoring) monitor->after_update();
-      if (guard) record_step(terms.loss, device_optimizer->grad_norm());
+      if (guard) record_step(loss, device_optimizer->grad_norm());
+      return;
+    }
+    if (monitoring) monitor->before_update();
+    at::Tensor norm;
+    if (cfg.optim.grad_clip > 0) {
+      PERFTRAIN_SCOPE("clip");
+      norm = host_grad_norm = clip_grad_norm_(params, cfg.optim.grad_clip);
+    } else if (guard) norm = host_grad_norm = global_grad_norm(params);  // for the log too
+    // The host optimizer's guard reads the norm on the host (a sync per
+    // step on this path; the device optimizer's does not).
+    const bool skip = guard && !(std::isfinite(loss.item<double>()) && std::isfinite(norm.item<double>()));
+    if (guard) record_step(loss, norm);
+    ++schedule_step;
+    if (skip) {
+      for (auto& p : params) p.mutable_grad() = at::Tensor();
     } else {
+      ++updates;
       {
-        PERFTRAIN_SCOPE("backward");
-        begin_averaging();
-        loss.backward();
+        PERFTRAIN_SCOPE("optimizer");
+        adamw->step(lr_at(schedule_step, lr_schedule));
       }
-      average_gradients();
-      if (monitoring) monitor->before_update();
-      at::Tensor norm;
-      if (cfg.optim.grad_clip > 0) {
-        PERFTRAIN_SCOPE("clip");
-        norm = host_grad_norm = clip_grad_norm_(params, cfg.optim.grad_clip);
-      } else if (guard) norm = host_grad_norm = global_grad_norm(params);  // for the log too
-      // The host optimizer's guard reads the norm on the host (a sync per
-      // step on this path; the device optimizer's does not).
-      const bool skip = guard && !(std::isfinite(terms.loss.item<double>()) && std::isfinite(norm.item<double>()));
-      if (guard) record_step(terms.loss, norm);
-      if (skip) {
-        for (auto& p : params) p.mutable_grad() = at::Tensor();
-      } else {
-        ++updates;
-        {
-          PERFTRAIN_SCOPE("optimizer");
-          adamw->step(lr_at(updates, cfg.optim.lr, cfg.optim.warmup_steps));
-        }
-        if (shards) {
-          PERFTRAIN_SCOPE("weight_broadcast");
-          for (auto& p : params) p.mutable_grad() = at::Tensor();  // the others' (AdamW cleared its own)
-          shards->broadcast_weights();
-        }
-        if (!ema_params.empty()) {
-          PERFTRAIN_SCOPE("ema");
-          ema_update_(ema_params, params, ema_decay_at(updates - 1, cfg.optim.ema_decay, cfg.optim.ema_warmup));
-        }
+      if (shards) {
+        PERFTRAIN_SCOPE("weight_broadcast");
+        for (auto& p : params) p.mutable_grad() = at::Tensor();  // the others' (AdamW cleared its own)
+        shards->broadcast_weights();
       }
-      if (monitoring) monitor->after_update();
+      if (!ema_params.empty()) {
+        PERFTRAIN_SCOPE("ema");
+        ema_update_(ema_params, params, ema_decay_at(updates - 1, ema_schedule));
+      }
     }
-    at::NoGradGuard no_grad;
-    if (guard) {  // a non-finite step stays out of the window's means
-      loss_sum.add_(at::where(last_bad, 0.0, terms.loss.detach()));
-      mse_sum.add_(at::where(last_bad, 0.0, terms.mse));
-      if (terms.vb.defined()) vb_sum.add_(at::where(last_bad, 0.0, terms.vb));
-      if (terms.aux.defined()) aux_sum.add_(at::where(last_bad, 0.0, terms.aux));
-    } else {
-      loss_sum.add_(terms.loss.detach());
-      mse_sum.add_(terms.mse);
-      if (terms.vb.defined()) vb_sum.add_(terms.vb);
-      if (terms.aux.defined()) aux_sum.add_(terms.aux);
-    }
+    if (monitoring) monitor->after_update();
   }
 
   // The side stream needs each weight used once per step (ops/weight_grad_stream.h);
@@ -472,14 +522,14 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
     bo.before_send = [] { ops::current_stream_waits_for_weight_grads(); };
     s.buckets = std::make_unique<distributed::GradBuckets>(*opts.group, s.params, bo);
   }
+  s.lr_schedule = lr_schedule(cfg.optim);
+  s.ema_schedule = ema_schedule(cfg.optim);
   if (cuda && speed.fused_optimizer) {
     DeviceOptimizerOptions o;
-    o.lr = cfg.optim.lr;
-    o.warmup_steps = cfg.optim.warmup_steps;
+    ops::set_schedules(o, s.lr_schedule, s.ema_schedule);
     o.beta1 = cfg.optim.beta1, o.beta2 = cfg.optim.beta2, o.eps = cfg.optim.eps;
-    o.weight_decay = cfg.optim.weight_decay;
+    o.weight_decay = cfg.optim.weight_decay, o.decay_all = cfg.optim.decay_all;
     o.grad_clip = cfg.optim.grad_clip;
-    o.ema_decay = cfg.optim.ema_decay, o.ema_warmup = cfg.optim.ema_warmup;
     o.dynamic_loss_scale = opts.precision == "fp16";
     o.grad_norm = opts.grad_norm || o.grad_clip > 0 || o.dynamic_loss_scale;
     o.skip_nonfinite = opts.grad_norm && !o.dynamic_loss_scale;  // the non-finite guard
@@ -492,7 +542,7 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
   } else {
     s.adamw = std::make_unique<AdamW>(s.shards ? s.shards->owned_params() : model.named_parameters(),
                                       AdamWOptions{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps,
-                                                   cfg.optim.weight_decay});
+                                                   cfg.optim.weight_decay, cfg.optim.decay_all});
   }
 
   s.ddpm.to(device);
@@ -538,6 +588,10 @@ std::string StepRunner::data_parallel_note() const {
 void StepRunner::step(const data::Batch& batch) {
   PERFTRAIN_SCOPE("step");
   Impl& s = *impl_;
+  const int64_t n = s.cfg.optim.accumulate;
+  if (batch.x.dim() == 0 || batch.x.size(0) % n != 0)
+    throw UsageError("a step's batch of " + std::to_string(batch.x.dim() ? batch.x.size(0) : 0) +
+                     " rows does not split into train.accumulate = " + std::to_string(n) + " micro-batches");
   // The first step runs the products on cuBLASLt's first picks; the eager
   // warm-up steps after it tune them (before the capture).
   const ops::GemmTuningDeferred first_step_untuned(steps_done_ == 0);
@@ -613,7 +667,7 @@ WindowStats StepRunner::take_window() {
     w.skipped_steps = static_cast<int64_t>(s.device_optimizer->skipped().item<double>());
   } else {
     if (s.host_grad_norm.defined()) w.grad_norm = s.host_grad_norm.item<double>();
-    w.lr = lr_at(s.updates, s.cfg.optim.lr, s.cfg.optim.warmup_steps);
+    w.lr = lr_at(s.schedule_step, s.lr_schedule);
   }
   s.loss_sum.zero_(), s.mse_sum.zero_(), s.vb_sum.zero_(), s.aux_sum.zero_();
   s.window = 0;
@@ -636,7 +690,10 @@ void StepRunner::load_optimizer_state(const std::vector<std::pair<std::string, a
   else impl_->adamw->load_state(state);
 }
 
-void StepRunner::set_updates_taken(int64_t n) { impl_->updates = n; }
+void StepRunner::set_global_step(int64_t step) {
+  impl_->updates = impl_->schedule_step = step;
+  if (impl_->device_optimizer) impl_->device_optimizer->set_schedule_step(step);
+}
 
 std::vector<observe::GradHealthSample> StepRunner::take_grad_health(bool wait) {
   return impl_->monitor ? impl_->monitor->take_ready(wait) : std::vector<observe::GradHealthSample>{};

@@ -1,6 +1,7 @@
 // One training step of a DiT, the way it runs fastest on the device at hand:
 // the objective (timestep and noise sampling, label dropout, forward, loss),
-// backward, gradient clipping, AdamW, the EMA and the LR schedule, with
+// backward (over train.accumulate micro-batches), gradient clipping, AdamW,
+// the EMA and the LR schedule, with
 //  - precision: bf16 (default) or fp16 autocast over the forward, or fp32
 //    with TF32 matrix products; fp16 keeps a dynamic loss scale on the device;
 //  - fused kernels in the DiT blocks (adaLN LayerNorm, gated residual,
@@ -86,6 +87,9 @@ class StepRunner {
   // Queues one step on batch.x [B, C, H, W] float32 / batch.y [B] int64
   // (and batch.cond / cond_len for a model with condition features)
   // (CPU, pinned for an asynchronous copy, or already on the device).
+  // With train.accumulate = N the batch holds the step's N micro-batches,
+  // rows [k B/N, (k + 1) B/N) the k-th (B not a multiple of N: UsageError):
+  // N forward and backward passes, one update.
   // No host sync, except the one-off capture after the warm-up steps.
   void step(const data::Batch& batch);
   int64_t steps_done() const { return steps_done_; }
@@ -127,8 +131,10 @@ class StepRunner {
   void load_optimizer_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
   // distributed.shard_optimizer: "optimizer state sharded over N ranks: ... here of ..."; "" when not sharded.
   std::string optimizer_sharding() const;
-  // Updates taken (steps minus fp16 skips), for the EMA warm-up on resume.
-  void set_updates_taken(int64_t n);
+  // A resumed run's global step: where the LR schedule stands (it follows
+  // the global step, skipped steps too) and the host path's count of
+  // updates for the EMA schedule.
+  void set_global_step(int64_t step);
 
  private:
   int opts_warmup() const;

@@ -108,7 +108,7 @@ RunSegment Trainer::this_segment(const std::string& end) const {
   s.first_step = summary_.first_step;
   s.last_step = state_.step;
   s.ranks = launch_.world_size;
-  s.batch_size = cfg_.optim.batch_size;
+  s.batch_size = cfg_.optim.step_batch();
   s.steps_per_s = summary_.steps_per_s;
   if (s.steps_per_s == 0 && s.timed_steps() > 0) {
     const Clock::time_point until = end.empty() ? pause_start_ : Clock::now();

@@ -178,7 +178,7 @@ void Trainer::resume() {
   if (!resume_dir_.empty()) {
     state_ = load_checkpoint(
         resume_dir_, model, ema, [&](const io::NamedTensors& t) { runner_->load_optimizer_state(t); }, gen_);
-    runner_->set_updates_taken(state_.step);
+    runner_->set_global_step(state_.step);
     log_ << "resumed from " << resume_dir_ << " at step " << state_.step << "\n";
   } else if (!opts_.init_from.empty()) {
     log_ << init_from_weights(opts_.init_from, model, ema) << "\n";
@@ -224,6 +224,9 @@ void Trainer::log_start() const {
     log_ << "data parallel: " << launch_.world_size << " processes (master " << launch_.master_addr << ":"
          << launch_.master_port << "), global batch " << cfg_.optim.batch_size << " = " << launch_.world_size << " x "
          << cfg_.optim.batch_size / launch_.world_size << "; rank 0 writes the run directory\n";
+  if (cfg_.optim.accumulate > 1)
+    log_ << "gradient accumulation: " << cfg_.optim.accumulate << " micro-batches of " << cfg_.optim.batch_size
+         << " per step, " << cfg_.optim.step_batch() << " samples per optimizer step\n";
   if (!runner_->optimizer_sharding().empty()) log_ << runner_->optimizer_sharding() << "\n";
 }
 
@@ -231,7 +234,8 @@ void Trainer::log_start() const {
 // sample options, the clocks, --profile's windows (data parallel: rank 0's
 // steps) and the health summary's first line.
 void Trainer::start_loop() {
-  loader_ = std::make_unique<data::BatchLoader>(*dataset_, cfg_.optim.batch_size, cfg_.optim.seed, state_.position,
+  // A step's micro-batches come as one batch (the step runner splits it).
+  loader_ = std::make_unique<data::BatchLoader>(*dataset_, cfg_.optim.step_batch(), cfg_.optim.seed, state_.position,
                                                 device_.is_cuda(), static_cast<int>(cfg_.data.prefetch),
                                                 data::LoaderShard{launch_.rank, launch_.world_size});
   progress_ = std::make_unique<Progress>(log_, cfg_.optim.steps, opts_.interactive);

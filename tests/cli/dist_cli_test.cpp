@@ -116,6 +116,20 @@ TEST(DataParallel, DdpmTwoRanksTrainAsOneProcess) {
   expect_same_training(tmp.file("one"), tmp.file("two"), "ddpm, 2 ranks vs 1");
 }
 
+// Gradient accumulation with data parallel: 2 ranks of 2 micro-batches each
+// train as one process accumulating 2 (the gradients averaged once a step;
+// the same rows and draws, split otherwise).
+TEST(DataParallel, AccumulatingRanksTrainAsOneProcess) {
+  TempDir tmp;
+  const std::string common = " --runs-dir " + tmp.path() + kTiny + " --steps 5 --set train.accumulate=2";
+  auto r1 = run("train --run-name one" + common);
+  ASSERT_EQ(r1.code, 0) << r1.output;
+  auto r2 = run("train --nproc-per-node 2 --run-name two" + common);
+  ASSERT_EQ(r2.code, 0) << r2.output;
+  expect_same_training(tmp.file("one"), tmp.file("two"), "accumulate 2, 2 ranks vs 1");
+  EXPECT_NE(read_raw(tmp.file("two/report.md")).find("global batch 12 = 2 x 6 per rank"), std::string::npos);
+}
+
 TEST(DataParallel, ResumeWithAnotherWorldSize) {
   TempDir tmp;
   const std::string common = " --runs-dir " + tmp.path() + kTiny;
