@@ -49,12 +49,13 @@ void add_bench_command(CLI::App& app) {
       ->check(integer_in(0, 100000));
   cmd->add_option("--repeats", o->timing.repeats, "timed windows per variant (run-to-run spread)")
       ->check(integer_in(1, 1000));
-  cmd->add_flag("--against-torch", o->against_torch,
+  auto* against_torch = cmd->add_flag("--against-torch", o->against_torch,
                 "also time bench/reference_dit.py or, for SS-* models, bench/reference_single_stream.py (plain "
                 "PyTorch)");
   cmd->add_option("--torch-modes", o->torch_modes,
                   "eager-fp32, eager-bf16, compile, reduce-overhead (default: eager-bf16,compile,reduce-overhead "
-                  "on a GPU, eager-fp32 on the CPU)");
+                  "on a GPU, eager-fp32 on the CPU)")
+      ->needs(against_torch);  // alone it would do nothing
   cmd->add_flag("--recompute", o->recompute,
                 "recompute block activations in backward (all variants; speed.recompute)");
   cmd->add_flag("--gelu-recompute", o->gelu_recompute,

@@ -62,10 +62,12 @@ void list_models(const ModelsOptions& o) {
 void add_models_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("models", "list the model configurations with parameter counts");
   auto o = std::make_shared<ModelsOptions>();
-  cmd->add_option("--image-size", o->image_size, "input height = width")->check(CLI::PositiveNumber);
-  cmd->add_option("--in-channels", o->in_channels, "input channels")->check(CLI::PositiveNumber);
-  cmd->add_option("--num-classes", o->num_classes, "classes")->check(CLI::PositiveNumber);
+  cmd->add_option("--image-size", o->image_size, "input height = width")
+      ->check(integer_in(1, models::kMaxImageSize));
+  cmd->add_option("--in-channels", o->in_channels, "input channels")->check(integer_in(1, models::kMaxInChannels));
+  cmd->add_option("--num-classes", o->num_classes, "classes")->check(integer_in(1, models::kMaxNumClasses));
   cmd->add_option("--learn-sigma", o->learn_sigma, "learned variance (doubles output channels)")
+      ->check(boolean_text())
       ->default_str(o->learn_sigma ? "true" : "false");
   cmd->add_flag("--json", o->json, "print JSON");
   cmd->callback([o] { list_models(*o); });

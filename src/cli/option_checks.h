@@ -6,6 +6,7 @@
 //    first ("--classes: 99999999999999999999 is not an integer from 1 to 65536").
 //  - finite_in: every floating option; NaN and infinities are refused (they
 //    pass comparisons such as x >= 0 and would reach a sleep or a loop).
+//  - boolean_text: the value of a true/false option, one of a few words.
 //  - known_model: a model name of the registry (models/dit_config.h), every
 //    family's names listed when it is not one.
 #pragma once
@@ -68,6 +69,18 @@ inline CLI::Validator printable_text() {
       [](std::string& v) -> std::string {
         if (base::is_printable(v)) return "";
         return "'" + base::printable(v) + "' holds control characters or bytes that are not UTF-8";
+      },
+      "");
+}
+
+// A true/false option's value: one of the words CLI11 reads as a boolean
+// (anything else, a newline included, is refused rather than read or echoed).
+inline CLI::Validator boolean_text() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        for (const char* w : {"true", "false", "on", "off", "yes", "no", "1", "0"})
+          if (v == w) return "";
+        return "'" + base::printable(v) + "' is not true or false (true, false, on, off, yes, no, 1, 0)";
       },
       "");
 }

@@ -100,17 +100,15 @@ int64_t DiTConfig::mlp_hidden() const {
 void DiTConfig::validate() const {
   auto fail = [&](const std::string& what) { throw UsageError("model " + name + ": " + what); };
   if (depth <= 0 || hidden <= 0 || heads <= 0 || patch <= 0) fail("depth, hidden, heads and patch must be positive");
-  // Upper bounds far beyond any model that fits a GPU, so that sizes and
-  // parameter counts stay exact in int64 (the memory estimate refuses the
-  // ones that do not fit).
+  // Far beyond any model that fits a GPU (kMaxImageSize in dit_config.h).
   auto at_most = [&](const char* key, int64_t v, int64_t max) {
     if (v > max) fail(std::string("model.") + key + " " + std::to_string(v) + " is above " + std::to_string(max));
   };
   at_most("depth", depth, 1024);
   at_most("hidden", hidden, 65536);
-  at_most("image_size", image_size, 65536);
-  at_most("in_channels", in_channels, 4096);
-  at_most("num_classes", num_classes, int64_t(1) << 24);
+  at_most("image_size", image_size, kMaxImageSize);
+  at_most("in_channels", in_channels, kMaxInChannels);
+  at_most("num_classes", num_classes, kMaxNumClasses);
   if (hidden % heads != 0) fail("hidden " + std::to_string(hidden) + " is not divisible by heads " + std::to_string(heads));
   if (family != "dit" && family != "single-stream" && family != "looped")
     fail("family '" + family + "' (expected dit, single-stream or looped)");

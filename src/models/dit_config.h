@@ -9,6 +9,13 @@
 
 namespace perftrain::models {
 
+// Upper bounds far beyond any model that fits a GPU, so that sizes and
+// parameter counts stay exact in int64 (the memory estimate refuses the ones
+// that do not fit); DiTConfig::validate and the commands' options check them.
+constexpr int64_t kMaxImageSize = 65536;
+constexpr int64_t kMaxInChannels = 4096;
+constexpr int64_t kMaxNumClasses = int64_t(1) << 24;
+
 // A linear layer of a block: its path in the block and its shape.
 struct LinearShape {
   std::string path;

@@ -48,6 +48,8 @@ class RunDirectory {
 
   // Appends one JSON object as a line of metrics.jsonl, in one write.
   void log_metrics(const nlohmann::json& record);
+  // Whether this process has written a metrics line (the run then stays).
+  bool logged() const { return logged_; }
 
  private:
   std::string path_;

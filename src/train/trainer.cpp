@@ -16,17 +16,22 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opts, std:
 }
 
 TrainSummary Trainer::run() {
-  while (state_.step < cfg_.optim.steps) {
-    const int64_t step = state_.step + 1;
-    const int stop = train_step(step);  // then this step is the last
-    if (step == summary_.first_step) first_step_done();
-    if (group_ && step == summary_.first_step + 1) log_ << runner_->data_parallel_note() << "\n";  // after the observing step
-    if (window_due(step, stop)) log_window(step);
-    outputs_after_step(step, stop);
-    if (stop) {
-      summary_.stop_signal = stop;
-      break;
+  try {
+    while (state_.step < cfg_.optim.steps) {
+      const int64_t step = state_.step + 1;
+      const int stop = train_step(step);  // then this step is the last
+      if (step == summary_.first_step) first_step_done();
+      if (group_ && step == summary_.first_step + 1) log_ << runner_->data_parallel_note() << "\n";  // after the observing step
+      if (window_due(step, stop)) log_window(step);
+      outputs_after_step(step, stop);
+      if (stop) {
+        summary_.stop_signal = stop;
+        break;
+      }
     }
+  } catch (const std::exception& e) {
+    report_failure(e);
+    throw;
   }
   return finish();
 }

@@ -10,6 +10,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -157,6 +158,7 @@ class Trainer {
   RunSegment this_segment(const std::string& end) const;
   std::vector<RunSegment> record_segment(const std::string& end);
   void write_report(const std::string& end);
+  void report_failure(const std::exception& e);
 
   // Declared in the order they are made, so destroyed in reverse: the loader
   // before the dataset, the runner before the group, the run directory
@@ -192,7 +194,7 @@ class Trainer {
   Clock::time_point window_start_, loop_start_, pause_start_;
   double wait_at_window_start_ = 0;
   std::string graph_status_;
-  bool tuning_logged_ = false, monitor_noted_ = false;
+  bool tuning_logged_ = false, monitor_noted_ = false, reported_ = false;
   int64_t grad_histograms_at_ = 0;  // the multiple of log.histogram_every whose gradient histograms were written
   int64_t locates_ = 0;             // eager re-runs for a non-finite step so far
 };

@@ -1,9 +1,11 @@
 // The Trainer's outputs between steps (checkpoints, sample grids, weight
 // histograms, plots), kept out of the measured speed, and its finish: the
 // segment's numbers, segments.jsonl and report.md (trainer.h).
+#include <algorithm>
 #include <cstdio>
 
 #include "base/scope.h"
+#include "base/text.h"
 #include "compat/compat.h"
 #include "distributed/group.h"
 #include "observe/plot/svg_plot.h"
@@ -138,10 +140,28 @@ std::vector<RunSegment> Trainer::record_segment(const std::string& end) {
 // the other ranks write nothing).
 void Trainer::write_report(const std::string& end) {
   if (!run_) return;
+  reported_ = true;
   const std::vector<RunSegment> segments = record_segment(end);
   const ReportFacts facts{compat::device_description(device_), precision_, dataset_->describe(),
                           built_.model->parameter_count(true)};
   train::write_report(run_->path(), cfg_, summary_, segments, facts);
+}
+
+// A run that fails once it has logged a metrics line stays: its report says
+// why it ended (unless it already did, as a non-finite stop does). Best
+// effort: the error itself is what the user is shown.
+void Trainer::report_failure(const std::exception& e) {
+  if (!run_ || !run_->logged() || reported_) return;
+  std::string why = compat::error_message(e);
+  why = base::printable(why.substr(0, why.find('\n')).substr(0, 300));
+  std::replace(why.begin(), why.end(), '|', '/');  // a cell of the report's table
+  try {
+    progress_->finish();
+    summary_.last_step = state_.step;
+    summary_.step_mode = runner_->graph_status();
+    write_report("failed after step " + std::to_string(state_.step) + ": " + why);
+  } catch (const std::exception&) {
+  }
 }
 
 }  // namespace perftrain::train

@@ -174,8 +174,8 @@ TEST(HostileInputs, SampleFloatOptionsAreFiniteAndBoundsShort) {
 TEST(HostileInputs, NumberOptionsOfEveryCommandGiveShortBounds) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"summary DiT-S/2 --depth -1", "--depth: -1 is not a finite number >= 0"},
-      {"models --image-size 0", "--image-size: 0 is not a finite number > 0"},
-      {"models --image-size nan", "--image-size: nan is not a finite number > 0"},
+      {"models --image-size 0", "--image-size: 0 is not an integer from 1 to 65536"},
+      {"models --image-size nan", "--image-size: nan is not an integer from 1 to 65536"},
       {"sample --ckpt x --per-class 2000", "--per-class: 2000 is not an integer from 1 to 1024"},  // its own check kept
   };
   for (const auto& [args, want] : cases) {
@@ -183,6 +183,31 @@ TEST(HostileInputs, NumberOptionsOfEveryCommandGiveShortBounds) {
     expect_one_line_error(r, 2, want, args);
     EXPECT_FALSE(std::regex_search(r.output, std::regex("[0-9]{20}"))) << r.output;
   }
+}
+
+// models took a 21-digit size as the largest int64 without a word, and a
+// true/false value with a newline in it; bench took --torch-modes without
+// --against-torch, where it does nothing.
+TEST(HostileInputs, ModelsSizesAndBooleansAreCheckedAndTorchModesNeedsAgainstTorch) {
+  const std::string huge = "999999999999999999999";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"models --image-size " + huge, "--image-size: " + huge + " is not an integer from 1 to 65536"},
+      {"models --in-channels " + huge, "--in-channels: " + huge + " is not an integer from 1 to 4096"},
+      {"models --num-classes " + huge, "--num-classes: " + huge + " is not an integer from 1 to 16777216"},
+      {"models --learn-sigma \"$(printf '1\\n2')\"", "--learn-sigma: '1\\x0a2' is not true or false"},
+      {"models --learn-sigma \"$(printf 'true\\033[2J')\"", "--learn-sigma: 'true\\x1b[2J' is not true or false"},
+      {"bench --device cpu --torch-modes abc", "--torch-modes requires --against-torch"},
+      {"bench --device cpu --torch-modes eager-fp32", "--torch-modes requires --against-torch"},
+  };
+  for (const auto& [args, want] : cases) expect_one_line_error(run(args), 2, want, args);
+  // With --against-torch the modes are checked before anything runs.
+  TempDir tmp;
+  const Result bad = run("bench --device cpu --against-torch --torch-modes abc --out " + tmp.file("b"));
+  expect_one_line_error(bad, 2, "unknown torch mode 'abc'", "--torch-modes abc");
+  EXPECT_FALSE(fs::exists(tmp.file("b")));
+  const Result ok = run("models --learn-sigma off --image-size 8 --in-channels 2 --num-classes 3");
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("for 2x8x8 inputs, 3 classes, learn_sigma off"), std::string::npos) << ok.output;
 }
 
 // A --set value with a newline carried extra TOML: here a [run] table that

@@ -1,6 +1,7 @@
 // The program under signals, bad values and bad data, as a user runs it
-// (real processes, real files): SIGINT/SIGTERM/SIGHUP give a final
-// checkpoint, the report and 130/143/129, a second signal exits at once; values that crashed or
+// (real processes, real files): SIGINT/SIGTERM/SIGHUP and a closed stdout
+// give a final checkpoint, the report and 130/143/129/141, a second signal
+// exits at once; values that crashed or
 // were silently accepted are usage errors naming the key, from the command
 // line and from a checkpoint's metadata; a NaN in a latent shard and a shard
 // truncated under a running trainer are runtime errors naming the file.
@@ -156,6 +157,27 @@ void expect_graceful_stop(int sig, int want_code, const char* name) {
 TEST(ReliabilityGuard, SigintFinishesTheStepSavesAndExits130) { expect_graceful_stop(SIGINT, 130, "SIGINT"); }
 
 TEST(ReliabilityGuard, SigtermFinishesTheStepSavesAndExits143) { expect_graceful_stop(SIGTERM, 143, "SIGTERM"); }
+
+// stdout piped into `head`: once head has exited, the next write raised
+// SIGPIPE, which killed the run without a checkpoint. The run now stops as on
+// SIGTERM: the step finishes, a checkpoint and the report, exit 141.
+TEST(ReliabilityGuard, AClosedStdoutStopsTheRunWithACheckpoint) {
+  TempDir tmp;
+  const std::string run_dir = tmp.file("R");
+  perftrain::testing::run_shell("( timeout 300 " + std::string(PERFTRAIN_BINARY) + " train --runs-dir " + tmp.path() +
+                                " --run-name R" + kTiny + kSynthetic + " --steps 100000 2>" + tmp.file("err.log") +
+                                "; echo $? >" + tmp.file("code") + " ) | head -n 2 >/dev/null");
+  const std::string err = read_raw(tmp.file("err.log"));
+  EXPECT_EQ(read_raw(tmp.file("code")), "141\n") << err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(err, m, std::regex("perftrain: stopped by SIGPIPE after step (\\d+): checkpoint ")))
+      << err;
+  const int64_t step = std::stoll(m[1]);
+  EXPECT_EQ(read_raw(run_dir + "/ckpt/latest").substr(0, 13), step_dir_name(step));
+  const Result verified = run("verify " + run_dir);
+  EXPECT_EQ(verified.code, 0) << verified.output;
+  EXPECT_NE(read_raw(run_dir + "/report.md").find("stopped by SIGPIPE"), std::string::npos);
+}
 
 // A closed terminal or SSH session.
 TEST(ReliabilityGuard, SighupFinishesTheStepSavesAndExits129) { expect_graceful_stop(SIGHUP, 129, "SIGHUP"); }
@@ -366,7 +388,7 @@ TEST(ReliabilityGuard, NanInALatentShardIsADataErrorNamingFileAndSample) {
 }
 
 // Truncating a shard under a running trainer: a runtime error naming the
-// file, not SIGBUS (the shard is read, not mapped).
+// file, not SIGBUS (the shard is read, not mapped), and the report's reason.
 TEST(ReliabilityGuard, ShardTruncatedWhileTrainingIsARuntimeErrorNotSigbus) {
   TempDir tmp;
   const std::string shard = tmp.file("shard.safetensors");
@@ -383,6 +405,10 @@ TEST(ReliabilityGuard, ShardTruncatedWhileTrainingIsARuntimeErrorNotSigbus) {
   EXPECT_EQ(code, 1) << "exit " << code << " (SIGBUS is 135)\n" << out;
   EXPECT_NE(out.find(shard + ": cannot read sample"), std::string::npos) << out;
   EXPECT_NE(out.find("truncated while training"), std::string::npos) << out;
+  // The run had logged metrics, so it stays, and its report says why it ended.
+  const std::string report = read_raw(tmp.file("R/report.md"));
+  EXPECT_NE(report.find("failed after step "), std::string::npos) << report;
+  EXPECT_NE(report.find("truncated while training"), std::string::npos) << report;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The run directory under faults, with the program as a user runs it (real
-// processes, real files): one trainer per run (a symbolic link or a removed
-// lock file included), kill -9 during saves, metrics across a resume, a
+// processes, real files): one trainer per run (a symbolic link, a removed or
+// replaced lock file included), kill -9 during saves, metrics across a resume, a
 // failed resume, the clean-up leaving what is not its own, `latest` naming
 // another run, a flipped bit, an edited header, integer weights, files from
 // other tools (torch.save's too), --run-name and --resume, a run that
@@ -466,10 +466,12 @@ TEST(ReliabilityStore, LatestNamingAnythingButAStepOfItsRunIsAnError) {
   EXPECT_EQ(run("verify " + a).code, 0);
 }
 
-// A lock file that is a symbolic link is refused, its target untouched; a
-// lock file removed under a running trainer stops that trainer at its next
-// save (a second trainer may have taken the run), keeping what it wrote.
-TEST(ReliabilityStore, TheLockIsTheOpenFileNotTheName) {
+// A lock file that is a symbolic link is refused, its target untouched. The
+// lock is held on the run directory itself, so a lock file removed or
+// replaced under a running trainer lets no second trainer in (both are
+// refused naming the holder) and the first goes on and ends whole, its
+// record written again.
+TEST(ReliabilityStore, TheLockIsTheDirectoryNotTheLockFile) {
   TempDir tmp;
   fs::create_directories(tmp.path() + "/L");
   write_raw(tmp.file("precious"), "the user's file\n");
@@ -485,23 +487,31 @@ TEST(ReliabilityStore, TheLockIsTheOpenFileNotTheName) {
   ASSERT_TRUE(wait_until([&] { return fs::exists(run_dir + "/ckpt/latest") || !still_running(first.pid); }, 120));
   ASSERT_TRUE(still_running(first.pid)) << read_raw(first.out);
   ASSERT_EQ(std::remove((run_dir + "/lock").c_str()), 0);
-  // It stops at its next save (five steps of milliseconds each).
-  int status = 0;
-  const bool stopped = wait_until([&] { return ::waitpid(first.pid, &status, WNOHANG) == first.pid; }, 60);
-  if (!stopped) {
-    ::kill(first.pid, SIGKILL);
-    wait_for(first.pid);
+  const Result second = run(train_args(tmp, "R", 30));
+  write_raw(run_dir + "/lock", "pid 1 on host elsewhere\n");
+  const Result resume = run("train --resume " + run_dir);
+  ASSERT_TRUE(still_running(first.pid)) << read_raw(first.out);
+  for (const Result* r : {&second, &resume}) {
+    EXPECT_EQ(r->code, 2) << r->output;
+    EXPECT_NE(r->output.find("in use by another perftrain (pid " + std::to_string(first.pid) + " on host " +
+                             host_name()), std::string::npos) << r->output;
+    EXPECT_EQ(std::count(r->output.begin(), r->output.end(), '\n'), 1) << "one line: " << r->output;
   }
-  const std::string out = read_raw(first.out);
-  ASSERT_TRUE(stopped) << "the trainer went on without its lock file: " << out;
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
-  EXPECT_NE(out.find(run_dir + "/lock was removed or replaced"), std::string::npos) << out;
-  // What it saved before stays, complete.
-  expect_checkpoints_complete(run_dir, "after the lock was removed");
-  EXPECT_FALSE(metric_steps(run_dir).empty());
-  // The run is resumable by the next trainer, which takes a lock of its own.
-  const Result resume = run("train --resume " + run_dir + " --steps " + std::to_string(latest_step(run_dir) + 2));
-  EXPECT_EQ(resume.code, 0) << resume.output;
+  // The first saves again (its record written back before a save), then
+  // ends with a checkpoint on SIGTERM.
+  const int64_t saved = latest_step(run_dir);
+  ASSERT_TRUE(wait_until([&] { return latest_step(run_dir) > saved || !still_running(first.pid); }, 60));
+  ::kill(first.pid, SIGTERM);
+  ASSERT_EQ(wait_for(first.pid), 128 + SIGTERM) << read_raw(first.out);
+  EXPECT_EQ(read_raw(run_dir + "/lock").rfind("pid " + std::to_string(first.pid) + " on host ", 0), 0u)
+      << read_raw(run_dir + "/lock");
+  const auto m = metric_steps(run_dir);
+  ASSERT_FALSE(m.empty());
+  EXPECT_EQ(latest_step(run_dir), m.back());
+  expect_checkpoints_complete(run_dir, "after the lock file was removed and replaced");
+  expect_strictly_increasing(m, "after the lock file was removed and replaced");
+  const Result v = run("verify " + run_dir);
+  EXPECT_EQ(v.code, 0) << v.output;
 }
 
 // The checksums cover the header as well as the tensors: an edited step or

@@ -1,7 +1,8 @@
 // The run directory's bookkeeping in one process: the lock (a symbolic link
-// refused, a lock file removed under its holder found), the clean-up of what
-// interrupted saves leave (and only that), metrics.jsonl across a resume, and
-// the removal of a fresh run that never got past set-up.
+// refused, a lock file removed or replaced letting no second holder in, a
+// moved run directory found), the clean-up of what interrupted saves leave
+// (and only that), metrics.jsonl across a resume, and the removal of a fresh
+// run that never got past set-up.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -31,7 +32,10 @@ TEST(RunLock, ASecondHolderIsRefusedNamingTheFirst) {
   ::gethostname(host, sizeof host - 1);
   {
     RunLock first(tmp.path());
-    EXPECT_EQ(read_raw(tmp.file("lock")), "pid " + std::to_string(::getpid()) + " on host " + host + "\n");
+    const std::string record = read_raw(tmp.file("lock"));
+    EXPECT_EQ(record.rfind("pid " + std::to_string(::getpid()) + " on host " + std::string(host) + " since 20", 0), 0u)
+        << record;
+    EXPECT_EQ(record.back(), '\n');
     // flock locks belong to the open file, so a second open in this process conflicts too.
     const std::string msg = error_of<UsageError>([&] { RunLock second(tmp.path()); });
     EXPECT_NE(msg.find("pid " + std::to_string(::getpid())), std::string::npos) << msg;
@@ -52,21 +56,40 @@ TEST(RunLock, ASymbolicLinkIsRefusedAndItsTargetLeftAsItWas) {
   EXPECT_EQ(read_raw(tmp.file("precious")), "the user's file\n");
 }
 
-// The lock is the open file: once `lock` is removed (a second trainer could
-// then take the run), the holder finds out before it saves.
-TEST(RunLock, ALockFileRemovedUnderItsHolderIsFoundBeforeASave) {
+// The lock is held on the directory, not on `lock`: once `lock` is removed
+// or replaced, a second holder is still refused, named by the kernel's lock
+// table, and the holder's check before a save writes its record back.
+TEST(RunLock, ALockFileRemovedOrReplacedLetsNoSecondHolderIn) {
   TempDir tmp;
   tmp.mkdir("r");
   RunLock lock(tmp.path() + "/r");
-  EXPECT_TRUE(lock.still_held());
-  check_run_lock(tmp.file("r"));
-  ASSERT_EQ(std::remove(tmp.file("r/lock").c_str()), 0);
-  RunLock second(tmp.file("r"));  // what the removal lets in
+  const std::string record = read_raw(tmp.file("r/lock"));
+  const std::string me = "pid " + std::to_string(::getpid()) + " on host ";
+  for (const char* replacement : {"", "pid 1 on host elsewhere\n"}) {
+    if (*replacement) write_raw(tmp.file("r/lock"), replacement);
+    else ASSERT_EQ(std::remove(tmp.file("r/lock").c_str()), 0);
+    const std::string msg = error_of<UsageError>([&] { RunLock second(tmp.file("r")); });
+    EXPECT_NE(msg.find("in use by another perftrain (" + me), std::string::npos) << msg;
+    EXPECT_NE(msg.find(*replacement ? "is not its own" : "is missing"), std::string::npos) << msg;
+    EXPECT_TRUE(lock.still_held());
+    check_run_lock(tmp.path() + "/./r/");  // found whatever the spelling; writes the record back
+    EXPECT_EQ(read_raw(tmp.file("r/lock")), record);
+  }
+}
+
+// A run directory moved away (another directory now under its name) is found
+// before a save.
+TEST(RunLock, ARunDirectoryMovedAwayIsFoundBeforeASave) {
+  TempDir tmp;
+  tmp.mkdir("r");
+  RunLock lock(tmp.file("r"));
+  ASSERT_EQ(std::rename(tmp.file("r").c_str(), tmp.file("moved").c_str()), 0);
   EXPECT_FALSE(lock.still_held());
-  const std::string msg = error_of<RuntimeError>([&] { lock.check_held(); });
-  EXPECT_NE(msg.find(tmp.file("r/lock") + " was removed or replaced"), std::string::npos) << msg;
-  // check_run_lock finds this process's locks by directory, whatever the spelling.
-  EXPECT_THROW(check_run_lock(tmp.path() + "/./r/"), RuntimeError);
+  EXPECT_THROW(check_run_lock(tmp.file("r")), RuntimeError);  // gone
+  tmp.mkdir("r");
+  const std::string msg = error_of<RuntimeError>([&] { check_run_lock(tmp.file("r")); });
+  EXPECT_NE(msg.find(tmp.file("r") + " was moved or replaced"), std::string::npos) << msg;
+  RunLock other(tmp.file("r"));  // the new directory is free
 }
 
 TEST(RunDirectory, RemovesWhatInterruptedSavesLeftAndNothingElse) {
