@@ -12,6 +12,7 @@ namespace perftrain::cli {
 void add_train_command(CLI::App& app);
 void add_config_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 void add_models_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_verify_command(CLI::App& app);

@@ -155,6 +155,7 @@ int main(int argc, char** argv) {
   perftrain::cli::add_train_command(app);
   perftrain::cli::add_config_command(app);
   perftrain::cli::add_sample_command(app);
+  perftrain::cli::add_eval_command(app);
   perftrain::cli::add_models_command(app);
   perftrain::cli::add_bench_command(app);
   perftrain::cli::add_verify_command(app);

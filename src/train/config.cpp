@@ -117,6 +117,11 @@ std::vector<Key> keys(TrainConfig& c) {
       {"distributed", "timeout_s", &c.distributed.timeout_s},
       {"distributed", "bucket_mb", &c.distributed.bucket_mb},
       {"distributed", "shard_optimizer", &c.distributed.shard_optimizer},
+      {"eval", "every", &c.eval.every, {}, 0, 1000000000},
+      {"eval", "samples", &c.eval.samples, {}, 4, 1000000},
+      {"eval", "features", &c.eval.features},
+      {"eval", "inception", &c.eval.inception},
+      {"eval", "ref_stats", &c.eval.ref_stats},
   };
 }
 
@@ -364,6 +369,20 @@ void check_rules(const TrainConfig& cfg, const std::string& section) {
 }
 }  // namespace
 
+// What an evaluation inside training needs; each path printable (they are echoed).
+static void validate_eval(const EvalConfig& e) {
+  using Path = std::pair<const char*, const std::string*>;
+  for (const auto& [key, value] :
+       {Path{"eval.features", &e.features}, Path{"eval.inception", &e.inception}, Path{"eval.ref_stats", &e.ref_stats}})
+    require(base::is_printable(*value), std::string(key) + " '" + base::printable(*value) +
+                                            "' holds control characters or bytes that are not UTF-8");
+  require(e.inception.empty() == e.ref_stats.empty(),
+          "eval.inception and eval.ref_stats go together (FID needs the network and the reference statistics)");
+  require(e.every == 0 || !e.features.empty() || !e.inception.empty(),
+          "eval.every > 0 needs eval.features (perftrain eval --train-features) or eval.inception with "
+          "eval.ref_stats");
+}
+
 void validate_speed(const SpeedConfig& speed) {
   TrainConfig c;
   c.speed = speed;
@@ -420,6 +439,7 @@ void TrainConfig::validate() const {
   require(health.explode_factor > 1, "health.explode_factor must be > 1 (a spike is this many times the median)");
   require(distributed.timeout_s > 0 && distributed.timeout_s <= 86400, "distributed.timeout_s must be in (0, 86400] seconds");
   require(distributed.bucket_mb > 0 && distributed.bucket_mb <= 4096, "distributed.bucket_mb must be in (0, 4096]");
+  validate_eval(eval);
   require(!run.dir.empty(), "run.dir must not be empty");
   require(base::is_printable(run.dir),
           "run.dir (--runs-dir) '" + base::printable(run.dir) +

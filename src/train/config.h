@@ -106,6 +106,18 @@ struct DistributedConfig {
   bool shard_optimizer = false;
 };
 
+// Sample quality measured inside training (docs/guide/evaluation.md): every
+// `every` steps, `samples` images from the EMA weights, between steps as the
+// sample grids are, through the feature network (`features`) and/or the FID
+// Inception network (`inception` with `ref_stats`).
+struct EvalConfig {
+  int64_t every = 0;        // steps between evaluations (0: off)
+  int64_t samples = 1000;   // images sampled each time
+  std::string features;     // a feature network file (perftrain eval --train-features)
+  std::string inception;    // pytorch-fid's Inception weights as safetensors
+  std::string ref_stats;    // .npz with mu and sigma of the reference images' pool3 features
+};
+
 struct RunConfig {
   std::string dir = "runs";
   std::string name;  // empty: <model>-<dataset>-<date>
@@ -121,6 +133,7 @@ struct TrainConfig {
   SpeedConfig speed;
   HealthConfig health;
   DistributedConfig distributed;
+  EvalConfig eval;
 
   // Throws UsageError naming the key when a value cannot work.
   void validate() const;

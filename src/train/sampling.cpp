@@ -1,5 +1,6 @@
 #include "train/sampling.h"
 
+#include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/randn.h>
@@ -11,6 +12,9 @@
 #include "diffusion/ddpm.h"
 #include "diffusion/flow.h"
 #include "diffusion/guidance.h"
+#include "base/error.h"
+#include "io/atomic_file.h"
+#include "io/npz.h"
 #include "io/png.h"
 #include "compat/compat.h"
 
@@ -18,16 +22,20 @@ namespace perftrain::train {
 
 at::Tensor sample_images(const models::DiffusionModel& model, const TrainConfig& cfg, const SampleOptions& opts,
                          const at::Device& device) {
+  const int64_t classes = std::min(opts.classes, cfg.model.num_classes);
+  const at::Tensor y = at::arange(classes, at::TensorOptions().dtype(at::kLong)).repeat_interleave(opts.per_class);
+  return sample_for_labels(model, cfg, y, opts, device);
+}
+
+at::Tensor sample_for_labels(const models::DiffusionModel& model, const TrainConfig& cfg, const at::Tensor& labels,
+                             const SampleOptions& opts, const at::Device& device) {
   at::NoGradGuard no_grad;
   const auto& m = cfg.model;
-  const int64_t classes = std::min(opts.classes, m.num_classes);
-  const int64_t n = classes * opts.per_class;
+  const int64_t n = labels.size(0);
   // Noise on the CPU from a fixed seed: the same grid on every device.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
   auto noise = at::randn({n, m.in_channels, m.image_size, m.image_size}, gen, at::kFloat).to(device);
-  auto y = at::arange(classes, at::TensorOptions().dtype(at::kLong))
-               .repeat_interleave(opts.per_class)
-               .to(device);
+  const at::Tensor y = labels.to(device);
 
   const bool bf16 = opts.bf16 && device.is_cuda();
   const bool features = m.single_stream() && m.cond_dim > 0;
@@ -59,6 +67,46 @@ void write_sample_grid(const std::string& path, const models::DiffusionModel& mo
   if (c != 1 && c != 3) images = images.narrow(1, 0, std::min<int64_t>(c, 3));
   if (images.size(1) == 2) images = images.narrow(1, 0, 1);
   io::save_png_grid(path, images, opts.per_class);
+}
+
+at::Tensor cycled_labels(int64_t first, int64_t count, int64_t num_classes) {
+  return at::arange(first, first + count, at::TensorOptions().dtype(at::kLong)).remainder(num_classes);
+}
+
+at::Tensor to_uint8(const at::Tensor& images) {
+  return (images.to(at::kFloat) * 127.5f + 128.0f).clamp(0, 255).to(at::kByte);
+}
+
+void require_pixel_model(const TrainConfig& cfg, const std::string& what) {
+  const int64_t c = cfg.model.in_channels;
+  if (cfg.data.source == "latents" || (c != 1 && c != 3))
+    throw UsageError(what + ": this model makes latents (" + std::to_string(c) +
+                     " channels); decoding them to images needs a VAE, which perftrain does not have yet");
+}
+
+void write_sample_npz(const std::string& path, const models::DiffusionModel& model, const TrainConfig& cfg,
+                      const SampleOptions& opts, int64_t n, int64_t batch_size, const at::Device& device,
+                      const std::function<void(int64_t)>& progress) {
+  require_pixel_model(cfg, "--npz");
+  const int64_t size = cfg.model.image_size;
+  io::write_file_atomic(path, [&](std::FILE* f) {
+    io::NpzWriter w(f, path);
+    at::Tensor labels = cycled_labels(0, n, cfg.model.num_classes);
+    w.begin("arr_0", at::kByte, {n, size, size, 3});
+    for (int64_t b = 0, done = 0; done < n; ++b, done += batch_size) {
+      SampleOptions o = opts;
+      o.seed = opts.seed + static_cast<uint64_t>(b);
+      const int64_t count = std::min(batch_size, n - done);
+      const at::Tensor images = to_uint8(sample_for_labels(model, cfg, labels.narrow(0, done, count), o, device));
+      w.append(images.expand({count, 3, size, size}).permute({0, 2, 3, 1}).contiguous().cpu());
+      if (progress) progress(done + count);
+    }
+    w.end();
+    w.begin("arr_1", at::kLong, {n});
+    w.append(labels);
+    w.end();
+    w.finish();
+  });
 }
 
 }  // namespace perftrain::train

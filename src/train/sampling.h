@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <string>
 
 #include "models/diffusion_model.h"
@@ -24,11 +25,38 @@ struct SampleOptions {
   bool bf16 = false;       // autocast the model to bf16 (CUDA)
 };
 
+// One sample per label (labels: [N] int64; a model conditioned on features
+// ignores them): [N, C, H, W] float32 in model space, from noise drawn with
+// opts.seed. opts.classes and opts.per_class are not used.
+at::Tensor sample_for_labels(const models::DiffusionModel& model, const TrainConfig& cfg, const at::Tensor& labels,
+                             const SampleOptions& opts, const at::Device& device);
 // Returns [classes*per_class, C, H, W] float32 samples in model space.
 at::Tensor sample_images(const models::DiffusionModel& model, const TrainConfig& cfg, const SampleOptions& opts,
                          const at::Device& device);
 // Samples and writes a PNG grid; latents with C != 1 or 3 show channels 0..2.
 void write_sample_grid(const std::string& path, const models::DiffusionModel& model, const TrainConfig& cfg,
                        const SampleOptions& opts, const at::Device& device);
+
+// The labels of `count` samples from sample number `first` on: the classes
+// in turn (0, 1, ..., num_classes - 1, 0, ...), so any N samples are balanced.
+at::Tensor cycled_labels(int64_t first, int64_t count, int64_t num_classes);
+
+// Model-space images [N, C, H, W] -> uint8 [N, C, H, W] as the PNG grids and
+// ADM's sample batches round them: clamp(127.5 x + 128, 0, 255), truncated.
+at::Tensor to_uint8(const at::Tensor& images);
+
+// UsageError (one line, naming `what`) unless the model makes images
+// (1 or 3 channels, not latents): decoding latents needs a VAE, which
+// perftrain does not have.
+void require_pixel_model(const TrainConfig& cfg, const std::string& what);
+
+// Writes n samples (labels cycled through the classes) as the sample batch
+// ADM's evaluation suite reads: an .npz with arr_0 uint8 [n, H, W, 3]
+// (grayscale repeated over 3 channels) and arr_1 int64 [n] labels, sampled
+// and written batch_size at a time (batch b from noise seed opts.seed + b).
+// `progress` is called after each batch with the samples written so far.
+void write_sample_npz(const std::string& path, const models::DiffusionModel& model, const TrainConfig& cfg,
+                      const SampleOptions& opts, int64_t n, int64_t batch_size, const at::Device& device,
+                      const std::function<void(int64_t)>& progress = {});
 
 }  // namespace perftrain::train

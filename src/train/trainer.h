@@ -42,6 +42,9 @@ namespace perftrain::train {
 
 class Progress;
 class RunDirectory;
+namespace eval {
+class Evaluator;
+}
 class RunProfiler;
 
 struct TrainOptions {
@@ -120,6 +123,7 @@ class Trainer {
   void choose_device();
   void check_memory() const;
   void open_dataset();
+  void open_evaluator();
   void open_run_directory();
   void build_model_and_runner();
   void resume();
@@ -150,6 +154,7 @@ class Trainer {
   void outputs_after_step(int64_t step, int stop);
   void save();
   void write_samples();
+  void write_eval();
   void write_histograms(bool last);
   void write_plots();
 
@@ -173,6 +178,7 @@ class Trainer {
   std::optional<StopSignals> stop_signals_;
   std::unique_ptr<distributed::Group> group_;
   std::unique_ptr<data::Dataset> dataset_;
+  std::unique_ptr<eval::Evaluator> evaluator_;  // eval.every > 0, rank 0
   std::string run_path_, resume_dir_;
   std::unique_ptr<RunDirectory> run_;  // rank 0's; null on the other ranks
   models::DiffusionModelAndEma built_;

@@ -1,8 +1,9 @@
-// The Trainer's outputs between steps (checkpoints, sample grids, weight
-// histograms, plots), kept out of the measured speed, and its finish: the
+// The Trainer's outputs between steps (checkpoints, sample grids, evaluations,
+// weight histograms, plots), kept out of the measured speed, and its finish: the
 // segment's numbers, segments.jsonl and report.md (trainer.h).
 #include <algorithm>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "base/scope.h"
 #include "base/text.h"
@@ -17,6 +18,7 @@
 #include "train/run_directory.h"
 #include "train/run_profiler.h"
 #include "train/trainer.h"
+#include "train/eval/evaluation.h"
 
 namespace perftrain::train {
 
@@ -27,6 +29,7 @@ void Trainer::outputs_after_step(int64_t step, int stop) {
   const auto every = [&](int64_t n) { return n > 0 && step % n == 0; };
   pause_start_ = Clock::now();
   if (!stop && (last || every(cfg_.log.sample_every))) write_samples();
+  if (!stop && evaluator_ && (last || every(cfg_.eval.every))) write_eval();
   if (last || stop || every(cfg_.log.checkpoint_every)) save();
   if (events_ && (last || every(cfg_.log.histogram_every))) write_histograms(last);
   if (profiler_) profiler_->end_step(step - summary_.first_step);  // a window's trace is written here
@@ -67,6 +70,23 @@ void Trainer::write_samples() {
   summary_.last_samples = run_->samples_dir() + name;
   write_sample_grid(summary_.last_samples, *built_.ema, cfg_, sample_opts_, device_);
   if (events_) events_->add_png_file("samples", state_.step, summary_.last_samples);
+}
+
+// eval.every: the EMA weights' sample quality, between steps as the sample
+// grids are (the captured step is not touched): a metrics.jsonl record
+// {"step", "eval": {metric: value}, "eval_s"} and TensorBoard scalars eval/<metric>.
+void Trainer::write_eval() {
+  PERFTRAIN_SCOPE("eval");
+  const auto start = Clock::now();
+  const eval::Metrics metrics = evaluator_->run(*built_.ema, cfg_);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  nlohmann::json record = {{"step", state_.step}, {"eval_s", seconds}};
+  for (const auto& [name, value] : metrics) {
+    record["eval"][name] = value;
+    if (events_) events_->add_scalar("eval/" + name, state_.step, value);
+  }
+  run_->log_metrics(record);
+  if (events_) events_->flush();
 }
 
 void Trainer::write_histograms(bool last) {

@@ -3,10 +3,12 @@
 // in the order they depend on each other.
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <ctime>
 
 #include "base/error.h"
 #include "base/fs.h"
+#include "base/text.h"
 #include "compat/compat.h"
 #include "data/batch_loader.h"
 #include "distributed/group.h"
@@ -18,6 +20,7 @@
 #include "train/run_profiler.h"
 #include "train/speed.h"
 #include "train/trainer.h"
+#include "train/eval/evaluation.h"
 
 namespace perftrain::train {
 namespace {
@@ -94,6 +97,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opts, std::ostream&
     group_ = std::make_unique<distributed::Group>(launch_, device_,
                                            distributed::GroupOptions{cfg_.distributed.timeout_s, cfg_.distributed.bucket_mb});
   open_dataset();
+  open_evaluator();
   open_run_directory();
   build_model_and_runner();
   resume();
@@ -200,6 +204,28 @@ void Trainer::resume() {
 // config.toml and metrics.jsonl (RunDirectory::start), the run's earlier
 // segments, TensorBoard: the values each log window already read back,
 // weight histograms every log.histogram_every steps, the sample grids.
+// eval.every: the networks and reference statistics loaded once (rank 0,
+// which samples), every file checked before anything is written.
+void Trainer::open_evaluator() {
+  const EvalConfig& e = cfg_.eval;
+  if (e.every == 0 || launch_.rank != 0) return;
+  using Path = std::pair<const char*, std::string>;
+  for (const auto& [key, path] :
+       {Path{"eval.features", e.features}, Path{"eval.inception", e.inception}, Path{"eval.ref_stats", e.ref_stats}})
+    if (!path.empty() && !fs::is_regular_file(path))
+      throw UsageError(std::string(key) + " " + base::printable(path) + " is not a file");
+  eval::EvalOptions o;
+  o.samples = e.samples;
+  o.batch_size = std::min<int64_t>(e.samples, 256);
+  o.sample = SampleOptions{cfg_.log.sample_classes, cfg_.log.sample_per_class, cfg_.diffusion.sample_steps,
+                           cfg_.diffusion.cfg_scale, cfg_.optim.seed, precision_ != "fp32"};
+  o.inception = e.inception;
+  o.ref_stats = e.ref_stats;
+  o.features = e.features;
+  evaluator_ = std::make_unique<eval::Evaluator>(o, device_);
+  evaluator_->check_model(cfg_);
+}
+
 void Trainer::start_outputs() {
   if (!run_) return;
   run_->start(cfg_.to_toml(), resume_dir_.empty() ? -1 : state_.step);
