@@ -22,13 +22,13 @@ run looped-route50 --model Looped-S/2 --steps "$STEPS" --set model.lora_rank=16 
 run dit-s2 --model DiT-S/2 --steps "$STEPS"
 
 # Full rank: every linear of the block (hidden 384 is the smallest side of each), bias deltas on.
-"$BIN" convert "$RUNS/dit-s2" --to looped --out "$RUNS/looped-full" --set model.lora_rank=384 \
+"$BIN" ${CONVERT_LOOPED:-convert} "$RUNS/dit-s2" --to looped --out "$RUNS/looped-full" --set model.lora_rank=384 \
   --set model.lora_targets=attn,mlp,adaln 2>&1 | tail -n 30 | tee "$OUT/looped/convert-full.log"
-"$BIN" sample --ckpt "$RUNS/looped-full" --out "$OUT/looped/converted-full-samples.png" 2>&1 | tail -n 2
-"$BIN" convert "$RUNS/dit-s2" --to looped --out "$RUNS/looped-r16" --set model.lora_rank=16 \
+"$BIN" sample --ckpt "$RUNS/looped-full/model.safetensors" --out "$OUT/looped/converted-full-samples.png" 2>&1 | tail -n 2
+"$BIN" ${CONVERT_LOOPED:-convert} "$RUNS/dit-s2" --to looped --out "$RUNS/looped-r16" --set model.lora_rank=16 \
   --set model.lora_targets=attn,mlp,adaln 2>&1 | tail -n 30 | tee "$OUT/looped/convert-r16.log"
-"$BIN" sample --ckpt "$RUNS/looped-r16" --out "$OUT/looped/converted-r16-samples.png" 2>&1 | tail -n 2
-run looped-r16-finetune --init-from "$RUNS/looped-r16" --steps $((STEPS / 3))
+"$BIN" sample --ckpt "$RUNS/looped-r16/model.safetensors" --out "$OUT/looped/converted-r16-samples.png" 2>&1 | tail -n 2
+run looped-r16-finetune --config "$RUNS/looped-r16/config.toml" --init-from "$RUNS/looped-r16/model.safetensors" --steps $((STEPS / 3))
 echo "== looped: last logged loss per run"
 for f in "$OUT"/looped/*-metrics.jsonl; do
   printf '%s: %s\n' "$(basename "$f" -metrics.jsonl)" "$(tail -n 1 "$f" | "$PY" -c 'import json,sys; r=json.loads(sys.stdin.read()); print({k: r[k] for k in ("step","loss","aux") if k in r})')"
