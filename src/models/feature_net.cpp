@@ -6,6 +6,9 @@
 #include <ATen/ops/relu.h>
 #include <ATen/ops/zeros.h>
 
+#include <string>
+
+#include "base/error.h"
 #include "nn/init.h"
 
 namespace perftrain::models {
@@ -23,16 +26,30 @@ struct FeatureNet::Conv : nn::Module {
   at::Tensor weight, bias;
 };
 
-FeatureNet::FeatureNet(int64_t in_channels, int64_t classes, at::Generator& gen)
+namespace {
+constexpr int64_t kLastChannels = 64;
+
+int64_t checked_size(int64_t image_size) {
+  if (image_size <= 0 || image_size % 8 != 0)
+    throw UsageError("the feature network needs images of a multiple of 8 pixels (got " + std::to_string(image_size) +
+                     ")");
+  return image_size;
+}
+}  // namespace
+
+FeatureNet::FeatureNet(int64_t in_channels, int64_t image_size, int64_t classes, at::Generator& gen)
     : in_channels_(in_channels),
+      image_size_(checked_size(image_size)),
       classes_(classes),
       c1_(std::make_unique<Conv>(in_channels, 16, gen)),
       c2_(std::make_unique<Conv>(16, 32, gen)),
-      c3_(std::make_unique<Conv>(32, kFeatures, gen)),
+      c3_(std::make_unique<Conv>(32, kLastChannels, gen)),
+      hidden_(kLastChannels * (image_size / 8) * (image_size / 8), kFeatures, gen),
       fc_(kFeatures, classes, gen) {
   register_module("conv1", c1_.get());
   register_module("conv2", c2_.get());
   register_module("conv3", c3_.get());
+  register_module("hidden", &hidden_);
   register_module("fc", &fc_);
 }
 
@@ -41,7 +58,8 @@ FeatureNet::~FeatureNet() = default;
 at::Tensor FeatureNet::features(const at::Tensor& images) const {
   at::Tensor x = at::max_pool2d(c1_->forward(images.to(at::kFloat)), {2, 2});
   x = at::max_pool2d(c2_->forward(x), {2, 2});
-  return c3_->forward(x).mean({2, 3});
+  x = at::max_pool2d(c3_->forward(x), {2, 2});
+  return at::relu(hidden_.forward(x.flatten(1)));
 }
 
 at::Tensor FeatureNet::logits(const at::Tensor& features) const { return fc_.forward(features); }

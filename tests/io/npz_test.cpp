@@ -8,21 +8,18 @@
 #include "base/error.h"
 #include "io/atomic_file.h"
 #include "io/npz.h"
-#include "support/test_support.h"
+#include "support/python_script.h"
 
 namespace perftrain::io {
 namespace {
 
 using perftrain::testing::contains;
 using perftrain::testing::error_of;
-using perftrain::testing::run_shell;
 using perftrain::testing::TempDir;
 using perftrain::testing::write_raw;
 
 std::string python(const TempDir& dir, const std::string& script, const std::string& args) {
-  const std::string path = dir.file("script.py");
-  write_raw(path, script);
-  const auto r = run_shell(std::string("'") + PERFTRAIN_PYTHON + "' '" + path + "' " + args);
+  const auto r = perftrain::testing::run_python_script(dir, script, args);
   EXPECT_EQ(r.code, 0) << r.output;
   return r.output;
 }

@@ -6,6 +6,7 @@
 // them as safetensors, and its pool3 features and fc logits of random images
 // of another size (the bilinear resize to 299 too) are the expectation.
 // Skipped where pytorch-fid (and torchvision) is not installed.
+#include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -13,14 +14,14 @@
 #include "base/error.h"
 #include "io/safetensors.h"
 #include "models/inception.h"
-#include "support/test_support.h"
+#include "support/python_script.h"
 
 namespace perftrain::models {
 namespace {
 
-using perftrain::testing::run_shell;
+using perftrain::testing::kPythonSkip;
+using perftrain::testing::run_python_script;
 using perftrain::testing::TempDir;
-using perftrain::testing::write_raw;
 
 constexpr const char* kReference = R"(
 import sys, torch
@@ -70,9 +71,8 @@ std::map<std::string, at::Tensor> tensors_of(const std::string& path) {
 
 TEST(Inception, EqualsPytorchFidsNetworkOnTheSameImages) {
   TempDir dir;
-  write_raw(dir.file("ref.py"), kReference);
-  const auto r = run_shell(std::string("'") + PERFTRAIN_PYTHON + "' '" + dir.file("ref.py") + "' '" + dir.path() + "'");
-  if (r.code == 77) GTEST_SKIP() << "pytorch-fid is not installed";
+  const auto r = run_python_script(dir, kReference, "'" + dir.path() + "'");
+  if (r.code == kPythonSkip) GTEST_SKIP() << "pytorch-fid is not installed";
   ASSERT_EQ(r.code, 0) << r.output;
   const auto net = inception_from(tensors_of(dir.file("inception.safetensors")), "inception", at::kCPU);
   ASSERT_TRUE(net->has_fc());

@@ -8,14 +8,14 @@
 
 #include "io/npz.h"
 #include "observe/eval/metrics.h"
-#include "support/test_support.h"
+#include "support/python_script.h"
 
 namespace perftrain::observe::eval {
 namespace {
 
-using perftrain::testing::run_shell;
+using perftrain::testing::kPythonSkip;
+using perftrain::testing::run_python_script;
 using perftrain::testing::TempDir;
-using perftrain::testing::write_raw;
 
 constexpr const char* kReference = R"(
 import sys, numpy as np
@@ -38,10 +38,8 @@ np.savez(out, **arrays)
 
 TEST(FrechetDistance, EqualsPytorchFidOnTheSameFeatures) {
   TempDir dir;
-  write_raw(dir.file("ref.py"), kReference);
-  const auto r = run_shell(std::string("'") + PERFTRAIN_PYTHON + "' '" + dir.file("ref.py") + "' '" +
-                           dir.file("ref.npz") + "'");
-  if (r.code == 77) GTEST_SKIP() << "pytorch-fid is not installed";
+  const auto r = run_python_script(dir, kReference, "'" + dir.file("ref.npz") + "'");
+  if (r.code == kPythonSkip) GTEST_SKIP() << "pytorch-fid is not installed";
   ASSERT_EQ(r.code, 0) << r.output;
   const auto ref = io::read_npz(dir.file("ref.npz"));
   for (const std::string name : {"full", "deficient"}) {

@@ -83,7 +83,9 @@ TrainedFeatureNet train_feature_net(const data::Dataset& train, const data::Data
   const auto start = std::chrono::steady_clock::now();
   if (train.size() < o.batch_size) throw UsageError("the training set has fewer samples than one batch");
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
-  models::FeatureNet net(train.sample_shape()[0], train.num_classes(), gen);
+  const auto shape = train.sample_shape();
+  if (shape[1] != shape[2]) throw UsageError("the feature network needs square images (" + train.describe() + ")");
+  models::FeatureNet net(shape[0], shape[1], train.num_classes(), gen);
   net.transform([&](const std::string&, const at::Tensor& t) { return t.to(device); });
   AdamW opt(net.named_parameters(), AdamWOptions{});
   for (int64_t e = 0; e < o.epochs; ++e) {
@@ -96,12 +98,11 @@ TrainedFeatureNet train_feature_net(const data::Dataset& train, const data::Data
   io::NamedTensors tensors = net.state();
   tensors.emplace_back("reference.mu", ref.mu);
   tensors.emplace_back("reference.sigma", ref.sigma);
-  const auto s = train.sample_shape();
   io::save_safetensors(path, tensors,
                        {{kFormatKey, "1"},
                         {"dataset", train.describe()},
-                        {"in_channels", std::to_string(s[0])},
-                        {"image_size", std::to_string(s[1])},
+                        {"in_channels", std::to_string(shape[0])},
+                        {"image_size", std::to_string(shape[1])},
                         {"classes", std::to_string(train.num_classes())},
                         {"test_accuracy", std::to_string(out.test_accuracy)}});
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -116,8 +117,9 @@ LoadedFeatureNet load_feature_net(const std::string& path, const at::Device& dev
     throw UsageError(name + " is not a feature network file (make one with perftrain eval --train-features)");
   LoadedFeatureNet out;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(0);
-  out.net = std::make_unique<models::FeatureNet>(std::stoll(meta.at("in_channels")), std::stoll(meta.at("classes")),
-                                                 gen);
+  out.image_size = std::stoll(meta.at("image_size"));
+  out.net = std::make_unique<models::FeatureNet>(std::stoll(meta.at("in_channels")), out.image_size,
+                                                 std::stoll(meta.at("classes")), gen);
   out.net->transform([&](const std::string& n, const at::Tensor& t) {
     if (!file.contains(n) || file.get(n).sizes() != t.sizes())
       throw UsageError(name + ": tensor " + n + " is missing or of another shape");
@@ -125,7 +127,6 @@ LoadedFeatureNet load_feature_net(const std::string& path, const at::Device& dev
   });
   out.reference = {file.get("reference.mu").clone(), file.get("reference.sigma").clone()};
   out.dataset = meta.count("dataset") ? meta.at("dataset") : "";
-  out.image_size = std::stoll(meta.at("image_size"));
   return out;
 }
 
