@@ -14,7 +14,7 @@
 #include "base/error.h"
 #include "io/safetensors.h"
 #include "models/diffusion_model.h"
-#include "support/checkpoint_checks.h"
+#include "support/run_checks.h"
 #include "support/test_support.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -23,6 +23,7 @@ namespace perftrain::train {
 namespace {
 
 using perftrain::testing::expect_identical;
+using perftrain::testing::metrics_lines;
 using perftrain::testing::TempDir;
 
 // Looped-T/2 at 32 wide: prelude 1, one shared block x 3 loops with rank-4
@@ -85,13 +86,6 @@ TEST(LoopedConfigKeys, LoopsSetTheDepthAndBadValuesNameTheirKey) {
   EXPECT_NE(usage_error(c, "model.lora_rank=-1").find("model.lora_rank"), std::string::npos);
   EXPECT_NE(usage_error(c, "model.lora_bias=3").find("model.lora_bias must be a boolean"), std::string::npos);
   EXPECT_NE(usage_error(c, "model.depth=5").find("model.depth 5"), std::string::npos);
-}
-
-std::vector<nlohmann::json> metrics_lines(const std::string& run_dir) {
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
 }
 
 // The eps-prediction MSE starts at 1 (the zero-initialised output); the
