@@ -57,7 +57,7 @@ DiTModulation dit_modulation(const DiTBlockWeights& w, const at::Tensor& silu_c)
 // Every application's modulation from silu(c) in one product
 // (ops::stacked_linear: the weights read in place where their bf16 copies
 // lie back to back, as blocks' own weights do; else concatenated), split
-// once; backward joins their gradients in one cat.
+// once; backward joins their gradients in one cat. None for an empty seq.
 std::vector<DiTModulation> dit_modulations(const DiTBlockSeq& seq, const at::Tensor& silu_c);
 
 // The count modulations side by side in product [..., 6 * count * D], in order.

@@ -35,6 +35,7 @@ SingleStreamModulation single_stream_modulation(const SingleStreamBlockWeights& 
 
 std::vector<SingleStreamModulation> single_stream_modulations(const SingleStreamBlockSeq& seq,
                                                               const at::Tensor& silu_c) {
+  if (seq.empty()) return {};
   std::vector<at::Tensor> weights;
   for (const SingleStreamApplication& a : seq) weights.push_back(a.weights.ada_w);
   return split_single_stream_modulations(ops::stacked_linear(silu_c, weights), seq.size());

@@ -65,6 +65,7 @@ SingleStreamModulation single_stream_modulation(const SingleStreamBlockWeights& 
 // (ops::stacked_linear, no biases), split once. Blocks' own [4D, D] bf16
 // weight copies lie back to back (the device optimizer groups copies by
 // shape), so the stacked weight is a view; other weights are concatenated.
+// None for an empty seq.
 std::vector<SingleStreamModulation> single_stream_modulations(const SingleStreamBlockSeq& seq,
                                                               const at::Tensor& silu_c);
 
