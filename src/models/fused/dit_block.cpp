@@ -19,12 +19,6 @@
 
 namespace perftrain::models::fused {
 
-DiTBlockSeq own_weights(const std::vector<const DiTBlock*>& blocks) {
-  DiTBlockSeq seq;
-  for (const DiTBlock* b : blocks) seq.push_back({b, weights_of(*b), at::Tensor()});
-  return seq;
-}
-
 std::vector<DiTModulation> split_dit_modulations(const at::Tensor& product, size_t count) {
   const std::vector<at::Tensor> c = product.chunk(int64_t(6 * count), -1);
   std::vector<DiTModulation> mods;

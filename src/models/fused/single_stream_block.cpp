@@ -16,12 +16,6 @@
 
 namespace perftrain::models::fused {
 
-SingleStreamBlockSeq own_weights(const std::vector<const SingleStreamBlock*>& blocks) {
-  SingleStreamBlockSeq seq;
-  for (const SingleStreamBlock* b : blocks) seq.push_back({b, weights_of(*b), at::Tensor()});
-  return seq;
-}
-
 std::vector<SingleStreamModulation> split_single_stream_modulations(const at::Tensor& product, size_t count) {
   const std::vector<at::Tensor> c = product.chunk(int64_t(4 * count), -1);
   std::vector<SingleStreamModulation> mods;
