@@ -472,27 +472,11 @@ def make_parser():
     g.add_argument("--route-capacity", type=float, default=1.0)
     g.add_argument("--route-capacity-end", type=float, default=-1.0)
     g.add_argument("--router-aux-weight", type=float, default=0.01)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("check", parents=[common], help="forward + backward on given weights and inputs")
-    s.add_argument("--weights", required=True)
-    s.add_argument("--inputs", required=True)
-    s.add_argument("--out", required=True)
-    s.set_defaults(fn=cmd_check)
-    s = sub.add_parser("params", parents=[common], help="parameter count and tensor names")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(fn=cmd_params)
-    s = sub.add_parser("bench", parents=[common], help="time one DDPM training step (reference_dit.py's protocol)")
-    rd.add_bench_args(s)
-    s.set_defaults(fn=cmd_bench)
-    return p
+    return rs.subcommand_parser(__doc__, common, cmd_check, cmd_params, cmd_bench, params_all=False)
 
 
 def main(argv=None):
-    args = make_parser().parse_args(argv)
-    if args.learn_sigma is None:  # on, but off for bench (as in reference_dit.py)
-        args.learn_sigma = args.fn is not cmd_bench
-    args.fn(args)
+    rs.run_main(make_parser(), argv, cmd_bench)
 
 
 if __name__ == "__main__":

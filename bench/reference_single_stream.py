@@ -379,28 +379,38 @@ def make_parser():
                    help="output 2*in_channels (default: on, off for bench)")
     g.add_argument("--cond-tokens", type=int, default=1, help="class tokens, or the feature length Tc")
     g.add_argument("--cond-dim", type=int, default=0, help="feature width Dc (0: class labels)")
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return subcommand_parser(__doc__, common, cmd_check, cmd_params, cmd_bench, params_all=True)
+
+
+def subcommand_parser(doc, common, check, params, bench, params_all):
+    """check / params / bench over the `common` model flags (this reference's and reference_looped.py's)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("check", parents=[common], help="forward + backward on given weights and inputs")
     s.add_argument("--weights", required=True)
     s.add_argument("--inputs", required=True)
     s.add_argument("--out", required=True)
-    s.set_defaults(fn=cmd_check)
+    s.set_defaults(fn=check)
     s = sub.add_parser("params", parents=[common], help="parameter counts")
-    s.add_argument("--all", action="store_true")
+    if params_all:
+        s.add_argument("--all", action="store_true")
     s.add_argument("--json", action="store_true")
-    s.set_defaults(fn=cmd_params)
+    s.set_defaults(fn=params)
     s = sub.add_parser("bench", parents=[common], help="time one DDPM training step (reference_dit.py's protocol)")
     rd.add_bench_args(s)
-    s.set_defaults(fn=cmd_bench)
+    s.set_defaults(fn=bench)
     return p
 
 
-def main(argv=None):
-    args = make_parser().parse_args(argv)
+def run_main(parser, argv, bench):
+    args = parser.parse_args(argv)
     if args.learn_sigma is None:  # on, but off for bench (as in reference_dit.py)
-        args.learn_sigma = args.fn is not cmd_bench
+        args.learn_sigma = args.fn is not bench
     args.fn(args)
+
+
+def main(argv=None):
+    run_main(make_parser(), argv, cmd_bench)
 
 
 if __name__ == "__main__":

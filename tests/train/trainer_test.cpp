@@ -13,6 +13,7 @@
 #include "models/dit.h"
 #include "base/fs.h"
 #include "io/safetensors.h"
+#include "support/run_checks.h"
 #include "support/event_reader.h"
 #include "support/test_support.h"
 #include "train/checkpoint.h"
@@ -22,6 +23,8 @@
 namespace perftrain::train {
 namespace {
 
+using perftrain::testing::expect_identical;
+using perftrain::testing::metrics_lines;
 using perftrain::testing::TempDir;
 
 TrainConfig tiny(const std::string& runs, const std::string& name, int64_t steps, const std::string& objective) {
@@ -38,12 +41,6 @@ TrainConfig tiny(const std::string& runs, const std::string& name, int64_t steps
   c.run.dir = runs;
   c.run.name = name;
   return c;
-}
-
-void expect_identical(const std::string& a, const std::string& b) {
-  auto fa = io::SafetensorsFile::open(a), fb = io::SafetensorsFile::open(b);
-  ASSERT_EQ(fa.names(), fb.names());
-  for (const auto& n : fa.names()) EXPECT_TRUE(fa.get(n).equal(fb.get(n))) << a << " vs " << b << ": " << n;
 }
 
 class ResumeTest : public ::testing::TestWithParam<std::string> {};
@@ -113,13 +110,6 @@ TEST(Trainer, RefusesToOverwriteAnExistingRunAndToResumeWhenDone) {
   TrainOptions opts;
   opts.resume = tmp.path() + "/run";
   EXPECT_THROW(run_training(c, opts, log), UsageError);  // already at step 3
-}
-
-std::vector<nlohmann::json> metrics_lines(const std::string& run_dir) {
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
 }
 
 // The CPU default has no clipping, so the host optimizer's step computed the
