@@ -75,7 +75,7 @@ TEST(DiTBlockFused, OneBlockTwiceMatchesThePlainBlockTwice) {
   }
   runs.emplace_back("chained over the block twice", run(block, x, c, gout, [&](const at::Tensor& xl,
                                                                                 const at::Tensor& cl) {
-    const fused::DiTBlockSeq twice = fused::own_weights({&block, &block});
+    const fused::DiTBlockSeq twice = fused::own_weights(std::vector<const DiTBlock*>{&block, &block});
     const auto mods = fused::dit_modulations(twice, at::silu(cl));
     return fused::dit_blocks_chained(twice, mods, xl, at::kFloat, true, [](const fused::GatedResidual& r) {
       return ops::gated_residual(r.x, r.gate, r.y, r.bias);

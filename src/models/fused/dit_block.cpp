@@ -19,12 +19,6 @@
 
 namespace perftrain::models::fused {
 
-DiTBlockSeq own_weights(const std::vector<const DiTBlock*>& blocks) {
-  DiTBlockSeq seq;
-  for (const DiTBlock* b : blocks) seq.push_back({b, weights_of(*b), at::Tensor()});
-  return seq;
-}
-
 std::vector<DiTModulation> split_dit_modulations(const at::Tensor& product, size_t count) {
   const std::vector<at::Tensor> c = product.chunk(int64_t(6 * count), -1);
   std::vector<DiTModulation> mods;
@@ -38,6 +32,7 @@ DiTModulation dit_modulation(const DiTBlockWeights& w, const at::Tensor& silu_c)
 }
 
 std::vector<DiTModulation> dit_modulations(const DiTBlockSeq& seq, const at::Tensor& silu_c) {
+  if (seq.empty()) return {};
   std::vector<at::Tensor> weights, biases;
   for (const DiTApplication& a : seq) {
     weights.push_back(a.weights.ada_w);

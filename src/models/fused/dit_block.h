@@ -20,6 +20,7 @@
 
 #include "models/block_weights.h"
 #include "models/dit.h"
+#include "models/fused/block_application.h"
 
 namespace perftrain::models::fused {
 
@@ -36,18 +37,10 @@ struct GatedResidual {
   at::Tensor x, gate, y, bias;
 };
 
-// One application of a block: the block (its heads), the weights it runs
-// with, and a tensor added to the residual stream as it starts (a looped
-// model's reinjected prelude output; undefined: none).
-struct DiTApplication {
-  const DiTBlock* block;
-  DiTBlockWeights weights;
-  at::Tensor enter_add;
-};
-// The applications in the order a schedule runs them; the same block may come again.
+// The applications in the order a schedule runs them (block_application.h;
+// own_weights(blocks) for blocks with their own weights).
+using DiTApplication = BlockApplication<DiTBlock, DiTBlockWeights>;
 using DiTBlockSeq = std::vector<DiTApplication>;
-// Each block with its own weights (weights_of), in order.
-DiTBlockSeq own_weights(const std::vector<const DiTBlock*>& blocks);
 
 // One block's modulation from silu(c) in the compute dtype: the modulation
 // Linear of w through ops::linear (the optimizer's bf16 weight copy when w
@@ -57,7 +50,7 @@ DiTModulation dit_modulation(const DiTBlockWeights& w, const at::Tensor& silu_c)
 // Every application's modulation from silu(c) in one product
 // (ops::stacked_linear: the weights read in place where their bf16 copies
 // lie back to back, as blocks' own weights do; else concatenated), split
-// once; backward joins their gradients in one cat.
+// once; backward joins their gradients in one cat. None for an empty seq.
 std::vector<DiTModulation> dit_modulations(const DiTBlockSeq& seq, const at::Tensor& silu_c);
 
 // The count modulations side by side in product [..., 6 * count * D], in order.

@@ -16,12 +16,6 @@
 
 namespace perftrain::models::fused {
 
-SingleStreamBlockSeq own_weights(const std::vector<const SingleStreamBlock*>& blocks) {
-  SingleStreamBlockSeq seq;
-  for (const SingleStreamBlock* b : blocks) seq.push_back({b, weights_of(*b), at::Tensor()});
-  return seq;
-}
-
 std::vector<SingleStreamModulation> split_single_stream_modulations(const at::Tensor& product, size_t count) {
   const std::vector<at::Tensor> c = product.chunk(int64_t(4 * count), -1);
   std::vector<SingleStreamModulation> mods;
@@ -35,6 +29,7 @@ SingleStreamModulation single_stream_modulation(const SingleStreamBlockWeights& 
 
 std::vector<SingleStreamModulation> single_stream_modulations(const SingleStreamBlockSeq& seq,
                                                               const at::Tensor& silu_c) {
+  if (seq.empty()) return {};
   std::vector<at::Tensor> weights;
   for (const SingleStreamApplication& a : seq) weights.push_back(a.weights.ada_w);
   return split_single_stream_modulations(ops::stacked_linear(silu_c, weights), seq.size());

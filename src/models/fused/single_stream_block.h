@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "models/block_weights.h"
+#include "models/fused/block_application.h"
 #include "models/single_stream.h"
 
 namespace perftrain::models::fused {
@@ -44,18 +45,10 @@ struct PostNormResidual {
   at::Tensor x, gate, y, post_weight;
 };
 
-// One application of a block: the block (heads, norms), the linears'
-// weights it runs with, and a tensor added to the residual stream as it
-// starts (a looped model's reinjected prelude output; undefined: none).
-struct SingleStreamApplication {
-  const SingleStreamBlock* block;
-  SingleStreamBlockWeights weights;
-  at::Tensor enter_add;
-};
-// The applications in the order a schedule runs them; the same block may come again.
+// The applications in the order a schedule runs them (block_application.h;
+// own_weights(blocks) for blocks with their own weights).
+using SingleStreamApplication = BlockApplication<SingleStreamBlock, SingleStreamBlockWeights>;
 using SingleStreamBlockSeq = std::vector<SingleStreamApplication>;
-// Each block with its own weights (weights_of), in order.
-SingleStreamBlockSeq own_weights(const std::vector<const SingleStreamBlock*>& blocks);
 
 // One block's modulation from silu(c) in the compute dtype (ops::linear of
 // w's modulation weight, no bias).
@@ -65,6 +58,7 @@ SingleStreamModulation single_stream_modulation(const SingleStreamBlockWeights& 
 // (ops::stacked_linear, no biases), split once. Blocks' own [4D, D] bf16
 // weight copies lie back to back (the device optimizer groups copies by
 // shape), so the stacked weight is a view; other weights are concatenated.
+// None for an empty seq.
 std::vector<SingleStreamModulation> single_stream_modulations(const SingleStreamBlockSeq& seq,
                                                               const at::Tensor& silu_c);
 
