@@ -217,7 +217,7 @@ TEST(DiTConfig, RejectsUnknownNamesAndImpossibleShapes) {
     EXPECT_NE(std::string(e.what()).find("DiT-XL/2"), std::string::npos) << "should list the known models";
   }
   // Every family's names, from the one registry, whichever lookup failed.
-  for (const char* bad : {"DiT-Q/2", "SS-Q/2", "Looped-B/2"}) {
+  for (const char* bad : {"DiT-Q/2", "SS-Q/2", "Looped-Q/2", "Looped-B/1"}) {
     try {
       model_config(bad);
       FAIL() << bad;
@@ -226,7 +226,8 @@ TEST(DiTConfig, RejectsUnknownNamesAndImpossibleShapes) {
         EXPECT_NE(std::string(e.what()).find(" " + name), std::string::npos) << bad << " should list " << name;
     }
   }
-  EXPECT_EQ(model_names().size(), dit_model_names().size() + single_stream_model_names().size());
+  EXPECT_EQ(model_names().size(),
+            dit_model_names().size() + single_stream_model_names().size() + looped_model_names().size());
   DiTConfig c = dit_config("DiT-S/2");
   c.image_size = 33;
   EXPECT_THROW(c.validate(), UsageError);

@@ -13,6 +13,7 @@
 #include "models/dit.h"
 #include "base/fs.h"
 #include "io/safetensors.h"
+#include "support/checkpoint_checks.h"
 #include "support/event_reader.h"
 #include "support/test_support.h"
 #include "train/checkpoint.h"
@@ -22,6 +23,7 @@
 namespace perftrain::train {
 namespace {
 
+using perftrain::testing::expect_identical;
 using perftrain::testing::TempDir;
 
 TrainConfig tiny(const std::string& runs, const std::string& name, int64_t steps, const std::string& objective) {
@@ -38,12 +40,6 @@ TrainConfig tiny(const std::string& runs, const std::string& name, int64_t steps
   c.run.dir = runs;
   c.run.name = name;
   return c;
-}
-
-void expect_identical(const std::string& a, const std::string& b) {
-  auto fa = io::SafetensorsFile::open(a), fb = io::SafetensorsFile::open(b);
-  ASSERT_EQ(fa.names(), fb.names());
-  for (const auto& n : fa.names()) EXPECT_TRUE(fa.get(n).equal(fb.get(n))) << a << " vs " << b << ": " << n;
 }
 
 class ResumeTest : public ::testing::TestWithParam<std::string> {};

@@ -7,6 +7,7 @@
 
 #include "base/fs.h"
 #include "io/atomic_file.h"
+#include "observe/bench/torch_reference.h"
 
 namespace perftrain::observe::bench {
 namespace {
@@ -132,8 +133,7 @@ std::string method_text(const BenchReport& r) {
     m << " Each variant" << (s.against_torch ? " and each PyTorch run" : "") << " started after "
       << format_number(s.cooldown_s, 1) << " s with the GPU idle.";
   if (s.against_torch)
-    m << " PyTorch rows: bench/"
-      << (s.family == "single-stream" ? "reference_single_stream.py" : "reference_dit.py")
+    m << " PyTorch rows: bench/" << reference_script_name(s.family)
       << " bench in its own process per mode (same model, batch, objective "
          "and optimizer step; AdamW fused, bf16 autocast), its median of "
       << s.steps << " steps after " << s.warmup

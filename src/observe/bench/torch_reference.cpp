@@ -62,8 +62,14 @@ std::string reference_python(const std::string& source_dir) {
   return "python3";
 }
 
+std::string reference_script_name(const std::string& family) {
+  if (family == "single-stream") return "reference_single_stream.py";
+  if (family == "looped") return "reference_looped.py";
+  return "reference_dit.py";
+}
+
 std::string reference_script(const std::string& source_dir, const std::string& family) {
-  return fs::join(source_dir, family == "single-stream" ? "bench/reference_single_stream.py" : "bench/reference_dit.py");
+  return fs::join(source_dir, "bench/" + reference_script_name(family));
 }
 
 std::string torch_bench_command(const std::string& python, const std::string& script, const TorchBenchRequest& r) {
@@ -81,6 +87,11 @@ std::string torch_bench_command(const std::string& python, const std::string& sc
     c << shell_quote(r.model) << " --depth " << r.depth << " --hidden " << r.hidden
       << " --heads " << r.heads << " --patch " << r.patch << " --cond-tokens " << r.cond_tokens << " --cond-dim "
       << r.cond_dim;
+  } else if (r.family == "looped") {
+    // Its registry holds our Looped-* names; the width explicit, the loops in model_flags.
+    c << shell_quote(r.model) << " --hidden " << r.hidden << " --heads " << r.heads << " --patch " << r.patch
+      << " --cond-tokens " << r.cond_tokens << " --cond-dim " << r.cond_dim;
+    for (const auto& [flag, value] : r.model_flags) c << " " << flag << (value.empty() ? "" : " " + shell_quote(value));
   } else if (in_reference_registry(r.model)) {
     c << shell_quote(r.model);
   } else {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "observe/bench/rows.h"
@@ -14,7 +15,7 @@ namespace perftrain::observe::bench {
 
 struct TorchBenchRequest {
   std::string model;  // a registry name of ours, e.g. "DiT-S/2"
-  std::string family = "dit";  // dit | single-stream (models::DiTConfig::family)
+  std::string family = "dit";  // dit | single-stream | looped (models::DiTConfig::family)
   int64_t depth = 0, hidden = 0, heads = 0, patch = 0;  // its architecture
   // Single-stream: condition tokens (class tokens, or features of cond_dim
   // channels with synthetic lengths in [1, cond_tokens]).
@@ -28,6 +29,9 @@ struct TorchBenchRequest {
   // > 0: DistributedDataParallel over this many processes on this host,
   // started by python -m torch.distributed.run (--batch per rank).
   int64_t nproc = 0;
+  // Looped: the loop structure as the reference's flags ("--loops", "8");
+  // an empty value passes the flag alone ("--lora-bias").
+  std::vector<std::pair<std::string, std::string>> model_flags;
 };
 
 // The reference's --mode choices.
@@ -39,8 +43,10 @@ std::vector<std::string> parse_torch_modes(const std::string& list);
 // when it exists, else "python3".
 std::string reference_python(const std::string& source_dir);
 // <source_dir>/bench/reference_dit.py, or reference_single_stream.py for
-// family "single-stream".
+// family "single-stream", reference_looped.py for "looped".
 std::string reference_script(const std::string& source_dir, const std::string& family = "dit");
+// The file name alone ("reference_looped.py").
+std::string reference_script_name(const std::string& family);
 
 // The command line (shell words quoted). With nproc: python -m
 // torch.distributed.run --standalone --nproc-per-node N <script> bench ...

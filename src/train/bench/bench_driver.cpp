@@ -7,7 +7,10 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "base/error.h"
 #include "base/fs.h"
@@ -201,6 +204,31 @@ void report_gemm_tuning(ob::BenchReport& report) {
   std::cout.flush();
 }
 
+// A looped model's structure as bench/reference_looped.py's flags.
+std::vector<std::pair<std::string, std::string>> looped_reference_flags(const models::DiTConfig& m) {
+  auto number = [](double v) {
+    std::ostringstream o;
+    o.precision(17);
+    o << v;
+    return o.str();
+  };
+  std::vector<std::pair<std::string, std::string>> f = {
+      {"--loop-block", m.loop_block},
+      {"--prelude", std::to_string(m.prelude)},
+      {"--coda", std::to_string(m.coda)},
+      {"--shared-group", std::to_string(m.shared_group)},
+      {"--loops", std::to_string(m.loops)},
+      {"--reinject", m.reinject},
+      {"--lora-rank", std::to_string(m.lora_rank)},
+      {"--lora-alpha", number(m.lora_alpha)},
+      {"--lora-targets", m.lora_targets},
+      {"--route-capacity", number(m.route_capacity)},
+      {"--route-capacity-end", number(m.route_capacity_end)},
+      {"--router-aux-weight", number(m.router_aux_weight)}};
+  if (m.lora_bias) f.emplace_back("--lora-bias", "");
+  return f;
+}
+
 ob::TorchBenchRequest torch_request(const BenchPlan& p, int64_t batch, const std::string& mode) {
   const auto& m = p.base.model;
   ob::TorchBenchRequest r;
@@ -216,6 +244,7 @@ ob::TorchBenchRequest torch_request(const BenchPlan& p, int64_t batch, const std
   r.ema_decay = p.options.timing.ema ? p.base.optim.ema_decay : 0.0;
   r.device = p.cuda ? "cuda" : "cpu";
   r.nproc = p.data_parallel() ? p.launch.world_size : 0;  // DistributedDataParallel over as many processes
+  if (m.looped()) r.model_flags = looped_reference_flags(m);
   return r;
 }
 
