@@ -41,7 +41,7 @@ void add_convert_looped_command(CLI::App& app) {
   add_convert_looped_options(cmd, *o);
   auto to_ptr = std::make_shared<std::string>("looped");
   cmd->add_option("--to", *to_ptr, "the target layout (looped)")->check(CLI::IsMember({"looped"}));
-  cmd->callback([o] { run_convert_looped(*o); });
+  cmd->callback([o, to_ptr] { run_convert_looped(*o); });  // both live as long as the command
 }
 
 }  // namespace perftrain::cli

@@ -162,7 +162,10 @@ NonFiniteSite locate_nonfinite(const nn::Module& model, const std::function<at::
   const bool looped = is_looped(model);
   auto name_call = [&](NonFiniteSite& s, int64_t call) {
     s.calls = forward_calls[s.module];
-    if (s.calls <= 1) return;
+    if (s.calls <= 1) {
+      s.call = -1;
+      return;
+    }
     s.call = call;
     if (looped && is_shared_block(s.module)) s.loop = call;
   };

@@ -129,6 +129,12 @@ std::string csv_field(const std::string& s) {
   return out + "\"";
 }
 
+// "[2, 256, 192]", with " ×8" for a module applied 8 times; "--" when it never ran.
+std::string shape_cell(const SummaryRow& r) {
+  const std::string shape = r.output_shape.empty() ? "--" : "[" + shape_text(r.output_shape, ", ") + "]";
+  return r.calls > 1 ? shape + " ×" + std::to_string(r.calls) : shape;
+}
+
 std::string params_cell(const SummaryRow& r) {
   if (r.params == 0 && r.shared_params > 0) return "(shared)";
   if (r.params == 0) return "--";
@@ -345,7 +351,7 @@ std::string format_summary(const ModuleSummary& s, const std::string& format, in
     };
     for (size_t i = 0; i < rows.size(); ++i) {
       w0 = std::max(w0, display_width(labels[i]));
-      w1 = std::max(w1, shape_text(rows[i]->output_shape, ", ").size() + 2);
+      w1 = std::max(w1, display_width(shape_cell(*rows[i])) + 2);
     }
     auto pad = [&](const std::string& u, size_t w) { return u + std::string(w > display_width(u) ? w - display_width(u) : 0, ' '); };
     const std::string rule(w0 + w1 + 48, '=');
@@ -356,9 +362,7 @@ std::string format_summary(const ModuleSummary& s, const std::string& format, in
       << rule << "\n";
     for (size_t i = 0; i < rows.size(); ++i) {
       const SummaryRow& r = *rows[i];
-      const std::string shape = r.output_shape.empty() ? "--" : "[" + shape_text(r.output_shape, ", ") + "]";
-      std::string shape_cell = r.calls > 1 ? shape + " ×" + std::to_string(r.calls) : shape;
-      o << pad(labels[i], w0 + 2) << pad(shape_cell, w1 + 2) << pad(params_cell(r), 16)
+      o << pad(labels[i], w0 + 2) << pad(shape_cell(r), w1 + 2) << pad(params_cell(r), 16)
         << pad(r.trainable().empty() ? "--" : r.trainable(), 12) << (r.mult_adds > 0 ? si_count(r.mult_adds) : "--")
         << "\n";
     }
@@ -379,8 +383,7 @@ std::string format_summary(const ModuleSummary& s, const std::string& format, in
     o << "| module | type | output shape | params | trainable | mult-adds |\n|---|---|---|--:|---|--:|\n";
     for (const SummaryRow* r : rows) {
       std::string name = r->depth == 0 ? "(model)" : "`" + r->name + "`";
-      std::string shape = r->output_shape.empty() ? "--" : "[" + shape_text(r->output_shape, ", ") + "]";
-      if (r->calls > 1) shape += " ×" + std::to_string(r->calls);
+      const std::string shape = shape_cell(*r);
       if (r->repeat > 1) name += " ×" + std::to_string(r->repeat);
       o << "| " << name << " | " << r->type << " | " << shape << " | " << params_cell(*r) << " | "
         << (r->trainable().empty() ? "--" : r->trainable()) << " | " << (r->mult_adds > 0 ? si_count(r->mult_adds) : "--")
