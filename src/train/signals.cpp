@@ -38,7 +38,12 @@ StopSignals::StopSignals() {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  for (int i = 0; i < kCount; ++i) ::sigaction(kStopSignals[i], &sa, &g_previous[i]);
+  for (int i = 0; i < kCount; ++i) {
+    ::sigaction(kStopSignals[i], nullptr, &g_previous[i]);
+    // Ignored when the program started (nohup, a background job of a
+    // script): it stays ignored, as the one who started the run asked.
+    if (g_previous[i].sa_handler != SIG_IGN) ::sigaction(kStopSignals[i], &sa, nullptr);
+  }
 }
 
 StopSignals::~StopSignals() {

@@ -16,7 +16,8 @@ class StopSignals {
  public:
   // Installs the handlers for SIGINT, SIGTERM, SIGHUP and SIGPIPE
   // (SA_RESTART, so that a blocking read or write in progress goes on) and
-  // clears the flag.
+  // clears the flag. A signal ignored when this is called (nohup's SIGHUP, a
+  // script's background job's SIGINT) stays ignored.
   StopSignals();
   // Restores the handlers that were there before (SIGPIPE stays ignored
   // once it was received).

@@ -67,10 +67,15 @@ struct Background {
   }
 };
 
-std::unique_ptr<Background> spawn(const std::string& args, const std::string& out) {
-  const std::string cmd = "exec " + std::string(PERFTRAIN_BINARY) + " " + args + " >'" + out + "' 2>&1";
+// `shell` runs first in the same shell (e.g. a trap that ignores a signal).
+std::unique_ptr<Background> spawn(const std::string& args, const std::string& out, const std::string& shell = "") {
+  const std::string cmd = shell + "exec " + std::string(PERFTRAIN_BINARY) + " " + args + " >'" + out + "' 2>&1";
   const pid_t pid = ::fork();
   if (pid == 0) {
+    // The signals' default actions, whatever this test was started under
+    // (a background job ignores SIGINT, nohup SIGHUP): the program keeps an
+    // ignored one ignored.
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
@@ -177,6 +182,22 @@ TEST(ReliabilityGuard, AClosedStdoutStopsTheRunWithACheckpoint) {
   const Result verified = run("verify " + run_dir);
   EXPECT_EQ(verified.code, 0) << verified.output;
   EXPECT_NE(read_raw(run_dir + "/report.md").find("stopped by SIGPIPE"), std::string::npos);
+}
+
+// Under nohup (SIGHUP ignored when the program starts) a hangup does not
+// stop the run: the signal stays ignored, as nohup asked; SIGTERM still saves.
+TEST(ReliabilityGuard, ASignalIgnoredAtStartStaysIgnored) {
+  TempDir tmp;
+  const std::string run_dir = tmp.file("R");
+  auto p = spawn("train --runs-dir " + tmp.path() + " --run-name R" + kTiny + kSynthetic + " --steps 1000000",
+                 tmp.file("out.log"), "trap '' HUP; ");
+  ASSERT_TRUE(wait_for_metrics(*p, run_dir, 3)) << read_raw(tmp.file("out.log"));
+  ::kill(p->pid, SIGHUP);
+  const int lines = lines_in(run_dir + "/metrics.jsonl");
+  ASSERT_TRUE(wait_for_metrics(*p, run_dir, lines + 3)) << "stopped by an ignored SIGHUP:\n"
+                                                        << read_raw(tmp.file("out.log"));
+  ::kill(p->pid, SIGTERM);
+  EXPECT_EQ(wait_exit(p->pid, 120), 143) << read_raw(tmp.file("out.log"));
 }
 
 // A closed terminal or SSH session.

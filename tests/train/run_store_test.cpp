@@ -203,16 +203,25 @@ TEST(RunDirectory, ARunThatLoggedAMetricsLineKeepsItsDirectory) {
   EXPECT_EQ(read_raw(tmp.file("stopped/report.md")), "stopped");
 }
 
-// A lock removed under the run: the directory may be another trainer's now,
-// so this one removes nothing on its way out.
-TEST(RunDirectory, ARunThatLostItsLockRemovesNothing) {
+// The run directory moved away and another made under its name: that one may
+// be another trainer's now, so this one removes nothing on its way out.
+// Removing `lock` loses nothing: the fresh run's directory goes as usual.
+TEST(RunDirectory, ARunThatLostItsDirectoryRemovesNothing) {
   TempDir tmp;
   std::ostringstream log;
   {
     RunDirectory dir(tmp.file("r"), false, log);
-    ASSERT_EQ(std::remove(tmp.file("r/lock").c_str()), 0);
+    ASSERT_EQ(std::rename(tmp.file("r").c_str(), tmp.file("moved").c_str()), 0);
+    tmp.mkdir("r");
+    write_raw(tmp.file("r/theirs"), "x");
   }
-  EXPECT_TRUE(fs::is_directory(tmp.file("r")));
+  EXPECT_EQ(read_raw(tmp.file("r/theirs")), "x");
+  EXPECT_TRUE(fs::is_directory(tmp.file("moved")));
+  {
+    RunDirectory dir(tmp.file("q"), false, log);
+    ASSERT_EQ(std::remove(tmp.file("q/lock").c_str()), 0);
+  }
+  EXPECT_FALSE(fs::exists(tmp.file("q")));
 }
 
 }  // namespace
