@@ -50,7 +50,8 @@ train::TrainConfig checkpoint_config(const CheckpointArgs& a, const std::string&
   return cfg;
 }
 
-CheckpointModel load_checkpoint_model(const CheckpointArgs& a) {
+CheckpointModel load_checkpoint_model(const CheckpointArgs& a,
+                                      const std::function<void(const train::TrainConfig&)>& check) {
   if (a.weights != "ema" && a.weights != "model") throw UsageError("--weights must be ema or model");
   CheckpointModel out;
   out.path = weights_file(a);
@@ -61,6 +62,7 @@ CheckpointModel load_checkpoint_model(const CheckpointArgs& a) {
   out.device = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
 
   out.cfg.validate();  // every value of the metadata, as a resume checks it
+  if (check) check(out.cfg);
   train::check_model_fits(out.cfg.model, train::memory_available_for_training(cuda));
   // Built on the device (its fixed tables too: a single-stream model's rotary
   // tables, which are not weights, would otherwise stay on the CPU and be

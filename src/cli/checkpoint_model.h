@@ -4,6 +4,7 @@
 
 #include <c10/core/Device.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,8 +37,10 @@ struct CheckpointModel {
 
 // The config the weights were trained with (their metadata) < --config < --set.
 train::TrainConfig checkpoint_config(const CheckpointArgs& a, const std::string& weights_path);
-// The model with its weights, on the device --device chooses.
-CheckpointModel load_checkpoint_model(const CheckpointArgs& a);
+// The model with its weights, on the device --device chooses; `check`
+// (when given) sees the resolved config before anything is built or loaded.
+CheckpointModel load_checkpoint_model(const CheckpointArgs& a,
+                                      const std::function<void(const train::TrainConfig&)>& check = {});
 
 // The sampler's options (--steps, --cfg-scale, --seed), the run's values by default.
 struct SamplerArgs {

@@ -61,7 +61,8 @@ void run(const EvalArgs& a) {
   if (!a.eval.features.empty() && !fs::exists(a.eval.features))
     throw UsageError("--features " + a.eval.features + " does not exist (make it with --train-features)");
   // Everything the user named is checked before the (long) sampling starts.
-  const CheckpointModel m = load_checkpoint_model(a.source);
+  const CheckpointModel m =
+      load_checkpoint_model(a.source, [](const train::TrainConfig& cfg) { train::require_pixel_model(cfg, "eval"); });
   train::eval::EvalOptions o = a.eval;
   o.sample = sampler_options(a.sampler, m);
   const train::eval::Evaluator evaluator(o, m.device);

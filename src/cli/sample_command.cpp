@@ -23,7 +23,6 @@ struct SampleArgs {
 };
 
 void write_npz(const SampleArgs& a, const CheckpointModel& m, const train::SampleOptions& o) {
-  train::require_pixel_model(m.cfg, "--npz");
   train::write_sample_npz(a.npz, *m.model, m.cfg, o, a.samples, a.batch_size, m.device, [&](int64_t done) {
     std::cerr << "\rsampled " << done << "/" << a.samples << std::flush;
   });
@@ -35,7 +34,9 @@ void write_npz(const SampleArgs& a, const CheckpointModel& m, const train::Sampl
 }
 
 void run(const SampleArgs& a) {
-  const CheckpointModel m = load_checkpoint_model(a.source);
+  const CheckpointModel m = load_checkpoint_model(a.source, [&](const train::TrainConfig& cfg) {
+    if (!a.npz.empty()) train::require_pixel_model(cfg, "--npz");
+  });
   train::SampleOptions o = sampler_options(a.sampler, m);
   if (!a.npz.empty()) return write_npz(a, m, o);
   o.classes = a.classes;

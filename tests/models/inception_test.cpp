@@ -20,16 +20,12 @@ namespace perftrain::models {
 namespace {
 
 using perftrain::testing::kPythonSkip;
-using perftrain::testing::run_python_script;
+using perftrain::testing::run_pytorch_fid_script;
 using perftrain::testing::TempDir;
 
 constexpr const char* kReference = R"(
-import sys, torch
-try:
-    import torchvision
-    import pytorch_fid.inception as fi
-except ImportError:
-    sys.exit(77)
+import torch, torchvision
+import pytorch_fid.inception as fi
 from safetensors.torch import save_file
 out = sys.argv[1]
 torch.manual_seed(0)
@@ -71,7 +67,7 @@ std::map<std::string, at::Tensor> tensors_of(const std::string& path) {
 
 TEST(Inception, EqualsPytorchFidsNetworkOnTheSameImages) {
   TempDir dir;
-  const auto r = run_python_script(dir, kReference, "'" + dir.path() + "'");
+  const auto r = run_pytorch_fid_script(dir, kReference, "'" + dir.path() + "'");
   if (r.code == kPythonSkip) GTEST_SKIP() << "pytorch-fid is not installed";
   ASSERT_EQ(r.code, 0) << r.output;
   const auto net = inception_from(tensors_of(dir.file("inception.safetensors")), "inception", at::kCPU);

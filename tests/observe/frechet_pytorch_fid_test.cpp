@@ -14,15 +14,12 @@ namespace perftrain::observe::eval {
 namespace {
 
 using perftrain::testing::kPythonSkip;
-using perftrain::testing::run_python_script;
+using perftrain::testing::run_pytorch_fid_script;
 using perftrain::testing::TempDir;
 
 constexpr const char* kReference = R"(
-import sys, numpy as np
-try:
-    from pytorch_fid.fid_score import calculate_frechet_distance
-except ImportError:
-    sys.exit(77)
+import numpy as np
+from pytorch_fid.fid_score import calculate_frechet_distance
 out = sys.argv[1]
 rng = np.random.default_rng(0)
 arrays = {}
@@ -38,7 +35,7 @@ np.savez(out, **arrays)
 
 TEST(FrechetDistance, EqualsPytorchFidOnTheSameFeatures) {
   TempDir dir;
-  const auto r = run_python_script(dir, kReference, "'" + dir.file("ref.npz") + "'");
+  const auto r = run_pytorch_fid_script(dir, kReference, "'" + dir.file("ref.npz") + "'");
   if (r.code == kPythonSkip) GTEST_SKIP() << "pytorch-fid is not installed";
   ASSERT_EQ(r.code, 0) << r.output;
   const auto ref = io::read_npz(dir.file("ref.npz"));

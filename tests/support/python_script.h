@@ -1,6 +1,6 @@
 // Runs a Python script given as text with the build's Python
 // (PERFTRAIN_PYTHON), for tests that compare with a Python library's result.
-// A script exits 77 where the library is not installed; the test then skips.
+// A script exits kPythonSkip where the library is not installed; the test then skips.
 #pragma once
 
 #include <string>
@@ -16,5 +16,14 @@ inline CommandResult run_python_script(const TempDir& dir, const std::string& sc
 }
 
 constexpr int kPythonSkip = 77;
+
+// run_python_script after a prologue that exits kPythonSkip where
+// pytorch-fid (with torchvision and scipy) is not installed.
+inline CommandResult run_pytorch_fid_script(const TempDir& dir, const std::string& script, const std::string& args) {
+  return run_python_script(dir,
+                           "import sys\ntry:\n    import pytorch_fid, torchvision, scipy\nexcept ImportError:\n"
+                           "    sys.exit(77)\n" + script,
+                           args);
+}
 
 }  // namespace perftrain::testing

@@ -145,7 +145,7 @@ Metrics Evaluator::run(const models::DiffusionModel& model, const TrainConfig& c
   }
   Metrics out;
   if (m.inception) {
-    const at::Tensor p = at::cat(pool3);
+    const at::Tensor p = at::cat(pool3).to(m.device);  // 50k x 50k distances: on the GPU where there is one
     out.emplace_back("fid", metrics::frechet_distance(metrics::feature_stats(p), m.ref_stats));
     if (!logits.empty() && o.samples >= 10) {
       const auto is = metrics::inception_score(at::cat(logits));
@@ -153,7 +153,7 @@ Metrics Evaluator::run(const models::DiffusionModel& model, const TrainConfig& c
       out.emplace_back("inception_score_std", is.std);
     }
     if (m.ref_features.defined()) {
-      const auto pr = metrics::precision_recall(m.ref_features, p);
+      const auto pr = metrics::precision_recall(m.ref_features.to(m.device), p);
       out.emplace_back("precision", pr.precision);
       out.emplace_back("recall", pr.recall);
     }

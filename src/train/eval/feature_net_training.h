@@ -1,6 +1,6 @@
 // The feature network of `perftrain eval --train-features`
 // (models/feature_net.h): trained once on a run's training set (one epoch of
-// Adam, seconds on a GPU, about a minute on a CPU), its accuracy measured on
+// Adam: seconds on a GPU, a few minutes of CPU time), its accuracy measured on
 // the test set, and saved as one safetensors file with the reference
 // statistics of the training set's features (reference.mu, reference.sigma),
 // so that an evaluation needs no pass over the data.
