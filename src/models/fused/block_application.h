@@ -2,12 +2,17 @@
 // a single-stream block's norms), the weights its linears run with
 // (models/block_weights.h: the block's own, or a looped model's per-loop
 // merged weights), and a tensor added to the residual stream as it starts (a
-// looped model's reinjected prelude output; undefined: none). A schedule runs
-// a sequence of them, where the same block may come again.
+// looped model's reinjected prelude output; undefined: none), and the
+// profiler range it runs in (base/scope.h): "<scope> <scope_index>" (a looped
+// model's "loop 3"), or without a scope "block i" by its place in the
+// sequence. A schedule runs a sequence of them, where the same block may come
+// again.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "models/block_weights.h"
@@ -19,7 +24,16 @@ struct BlockApplication {
   const Block* block;
   Weights weights;
   at::Tensor enter_add;
+  const char* scope = nullptr;
+  int64_t scope_index = 0;
 };
+
+// The range name and index of application `a` at place i of its sequence.
+template <class Application>
+std::pair<const char*, int64_t> scope_of(const Application& a, size_t i) {
+  if (a.scope != nullptr) return {a.scope, a.scope_index};
+  return {"block", static_cast<int64_t>(i)};
+}
 
 // Each block with its own weights (weights_of), in order.
 template <class Block>

@@ -73,7 +73,8 @@ at::Tensor dit_blocks_chained(const DiTBlockSeq& seq, const std::vector<DiTModul
   at::Tensor x = seq[0].enter_add.defined() ? x0 + seq[0].enter_add : x0;
   at::Tensor h = ops::adaln_layernorm(x, mods[0].shift_msa, mods[0].scale_msa, act);
   for (size_t i = 0;; ++i) {
-    PERFTRAIN_SCOPE_INDEXED("block", i);
+    const auto [scope, index] = scope_of(seq[i], i);
+    PERFTRAIN_SCOPE_INDEXED(scope, index);
     const DiTBlockWeights& w = seq[i].weights;
     auto [x1, h2] = dit_attention_half(*seq[i].block, w, x, h, mods[i], act);
     GatedResidual mlp_residual{x1, mods[i].gate_mlp, dit_mlp_half(w, h2, keep_activation), w.fc2_b};

@@ -145,7 +145,7 @@ DiTLoops dit_loops(const LoopedDiT& m, const at::Tensor& silu_cl) {
     w.emplace_back(), b.emplace_back();
     for (int64_t k = 0; k < cfg.shared_group; ++k) {
       const DiTBlockWeights lw = m.loop_weights(l, k);
-      out.apps.back().push_back({&m.dit->shared[static_cast<size_t>(k)], lw, at::Tensor()});
+      out.apps.back().push_back({&m.dit->shared[static_cast<size_t>(k)], lw, at::Tensor(), "loop", l});
       w.back().push_back(lw.ada_w), b.back().push_back(lw.ada_b);
     }
   }
@@ -262,7 +262,7 @@ std::pair<std::vector<SingleStreamBlockSeq>, std::vector<std::vector<SingleStrea
     w.emplace_back(), b.emplace_back();
     for (int64_t k = 0; k < cfg.shared_group; ++k) {
       const SingleStreamBlockWeights lw = m.single_stream_loop_weights(l, k);
-      apps.back().push_back({&m.single_stream->shared[static_cast<size_t>(k)], lw, at::Tensor()});
+      apps.back().push_back({&m.single_stream->shared[static_cast<size_t>(k)], lw, at::Tensor(), "loop", l});
       w.back().push_back(lw.ada_w), b.back().push_back(at::Tensor());
     }
   }

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "base/error.h"
+#include "base/scope.h"
 #include "ops/linear.h"
 #include "ops/qk_norm_rope.h"
 #include "ops/qkv_attention.h"
@@ -86,6 +87,8 @@ at::Tensor single_stream_blocks_chained(const SingleStreamBlockSeq& seq,
   at::Tensor x = seq[0].enter_add.defined() ? x0 + seq[0].enter_add : x0;
   at::Tensor h = ops::rms_adaln(x, seq[0].block->attn_norm.weight, mods[0].attn_scale, ctx.act);
   for (size_t i = 0;; ++i) {
+    const auto [scope, index] = scope_of(seq[i], i);
+    PERFTRAIN_SCOPE_INDEXED(scope, index);
     const SingleStreamBlock& b = *seq[i].block;
     const SingleStreamBlockWeights& w = seq[i].weights;
     auto [x1, h2] = single_stream_attention_half(b, w, x, h, mods[i], ctx);
