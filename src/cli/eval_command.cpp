@@ -90,20 +90,26 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--batch-size", e.batch_size, "images sampled and measured at once")->check(integer_in(1, 65536));
   cmd->add_option("--inception", e.inception,
                   "pytorch-fid's Inception weights as safetensors (docs/guide/evaluation.md has the conversion)")
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingFile)
+      ->default_str("none");
   cmd->add_option("--ref-stats", e.ref_stats, ".npz with mu and sigma (pytorch-fid --save-stats, ADM's batches)")
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingFile)
+      ->default_str("none");
   cmd->add_option("--ref-features", e.ref_features,
                   ".npz/.npy whose arr_0 is reference pool3 features [M, 2048] or uint8 images [M, H, W, C] "
                   "(precision/recall; the statistics too without --ref-stats)")
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingFile)
+      ->default_str("none");
   cmd->add_option("--features", e.features, "the feature network file (written by --train-features)")
-      ->check(printable_text());
+      ->check(printable_text())
+      ->default_str("none");
   cmd->add_flag("--train-features", a->train_features,
                 "train the feature network on Fashion-MNIST (--data-path) once and write it to --features");
   cmd->add_option("--data-path", a->data, "Fashion-MNIST directory for --train-features");
   cmd->add_option("--feature-epochs", a->feature_epochs, "epochs of --train-features")->check(integer_in(1, 100));
-  cmd->add_option("--out", a->out, "eval.json to write (default: in the run directory)")->check(printable_text());
+  cmd->add_option("--out", a->out, "eval.json to write")
+      ->check(printable_text())
+      ->default_str("eval.json in the run directory (--ckpt a directory), else here");
   cmd->callback([a] { run(*a); });
 }
 

@@ -64,7 +64,8 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--npz", a->npz,
                   "write --samples images as an .npz instead of a grid: arr_0 uint8 [N, H, W, 3] (ADM's evaluation "
                   "suite), arr_1 labels (the classes in turn)")
-      ->check(printable_text());
+      ->check(printable_text())
+      ->default_str("none");
   cmd->add_option("--samples", a->samples, "images in the --npz batch")->check(integer_in(1, 10000000));
   cmd->add_option("--batch-size", a->batch_size, "images sampled at once")->check(integer_in(1, 65536));
   cmd->callback([a] { run(*a); });

@@ -129,7 +129,7 @@ TEST(Cli, ConfigAndDryRunPrintTheResolvedConfigAndWriteNothing) {
 TEST(Cli, HelpShowsTheDefaults) {
   const std::set<std::string> no_default = {"--config", "--resume", "--set", "--ckpt", "--help", "--version"};
   const std::regex option(R"(^\s+(?:-\w, )?(--[\w-]+)\s+([A-Z]+)(\S*))");
-  for (const std::string cmd : {"", "train", "config", "sample", "models"}) {
+  for (const std::string cmd : {"", "train", "config", "sample", "eval", "models"}) {
     const auto r = run(cmd + " --help");
     ASSERT_EQ(r.code, 0) << r.output;
     std::istringstream lines(r.output);
