@@ -130,7 +130,7 @@ void add_notes(const DiTConfig& looped, const std::vector<Target>& targets, cons
   const int64_t full = looped.hidden;  // min(out, in) of every block linear
   if (!targets.empty() && looped.lora_rank < full)
     out.notes.push_back("model.lora_rank " + std::to_string(looped.lora_rank) + " < " + std::to_string(full) +
-                        " (full rank): each adapter is a truncated SVD, the errors below are what it drops");
+                        " (full rank): each adapter is a truncated SVD, the errors above are what it drops");
   std::string lost_list;
   for (const auto& n : lost) lost_list += (lost_list.empty() ? "" : ", ") + n;
   if (!lost_list.empty())
@@ -228,18 +228,20 @@ std::string format_reconstruction(const LoopedConversion& c) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%-20s", "layer");
   o << buf;
+  std::vector<int> width;  // each column as wide as its name, at least a number's 10
   for (const auto& col : columns) {
-    std::snprintf(buf, sizeof buf, " %14s", col.substr(0, 14).c_str());
+    width.push_back(std::max<int>(10, static_cast<int>(std::min<size_t>(col.size(), 40))));
+    std::snprintf(buf, sizeof buf, " %*s", width.back(), col.substr(0, 40).c_str());
     o << buf;
   }
   o << "\n";
   auto row = [&](const std::string& label, const std::map<std::string, double>& values) {
     std::snprintf(buf, sizeof buf, "%-20s", label.c_str());
     o << buf;
-    for (const auto& col : columns) {
-      auto it = values.find(col);
-      if (it == values.end()) std::snprintf(buf, sizeof buf, " %14s", "--");
-      else std::snprintf(buf, sizeof buf, " %14.3e", it->second);
+    for (size_t c = 0; c < columns.size(); ++c) {
+      auto it = values.find(columns[c]);
+      if (it == values.end()) std::snprintf(buf, sizeof buf, " %*s", width[c], "--");
+      else std::snprintf(buf, sizeof buf, " %*.3e", width[c], it->second);
       o << buf;
     }
     o << "\n";

@@ -54,7 +54,7 @@ TEST(CliConvertLooped, FullRankConversionSamplesAndPrintsItsErrors) {
   EXPECT_LT(std::atof(r.output.c_str() + at + 36), 1e-4) << r.output;
   ASSERT_TRUE(perftrain::fs::is_regular_file(out + "/model.safetensors"));
   const std::string toml = perftrain::testing::read_raw(out + "/config.toml");
-  EXPECT_NE(toml.find("family = \"looped\""), std::string::npos) << toml;
+  EXPECT_NE(toml.find("family = 'looped'"), std::string::npos) << toml;
   EXPECT_NE(toml.find("loops = 4"), std::string::npos) << toml;
 
   r = run("sample --ckpt " + out + "/model.safetensors --device cpu --steps 2 --classes 2 --per-class 1 --out " +
