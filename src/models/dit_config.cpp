@@ -97,6 +97,15 @@ int64_t DiTConfig::mlp_hidden() const {
 }
 
 
+namespace {
+// 1e+300, not std::to_string's 301 digits.
+std::string short_number(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+}  // namespace
+
 void DiTConfig::validate() const {
   auto fail = [&](const std::string& what) { throw UsageError("model " + name + ": " + what); };
   if (depth <= 0 || hidden <= 0 || heads <= 0 || patch <= 0) fail("depth, hidden, heads and patch must be positive");
@@ -125,13 +134,13 @@ void DiTConfig::validate() const {
   if (in_channels <= 0) fail("in_channels must be positive");
   if (num_classes <= 0) fail("num_classes must be positive");
   if (!(class_dropout >= 0 && class_dropout < 1))  // NaN too
-    fail("model.class_dropout " + std::to_string(class_dropout) + " must be in [0, 1)");
+    fail("model.class_dropout " + short_number(class_dropout) + " must be in [0, 1)");
   // Before mlp_hidden(): casting inf to an integer is undefined; a width of 0
   // divides by zero in the initialisation.
   if (!(mlp_ratio > 0 && mlp_ratio <= 64))
-    fail("model.mlp_ratio " + std::to_string(mlp_ratio) + " must be a number in (0, 64]");
+    fail("model.mlp_ratio " + short_number(mlp_ratio) + " must be a number in (0, 64]");
   if (mlp_hidden() < 1)
-    fail("model.mlp_ratio " + std::to_string(mlp_ratio) + " gives an MLP width of " + std::to_string(mlp_hidden()) +
+    fail("model.mlp_ratio " + short_number(mlp_ratio) + " gives an MLP width of " + std::to_string(mlp_hidden()) +
          " (hidden " + std::to_string(hidden) + " x mlp_ratio must be at least 1)");
 }
 

@@ -210,6 +210,17 @@ TEST(HostileInputs, ModelsSizesAndBooleansAreCheckedAndTorchModesNeedsAgainstTor
   EXPECT_NE(ok.output.find("for 2x8x8 inputs, 3 classes, learn_sigma off"), std::string::npos) << ok.output;
 }
 
+// A model's float keys out of range printed 1e300 as its 301 digits.
+TEST(HostileInputs, ModelFloatKeysOutOfRangeAreShort) {
+  TempDir runs;
+  const std::string train = "train --runs-dir " + runs.path() + " --steps 1" + kTiny;
+  expect_one_line_error(run(train + " --set model.mlp_ratio=1e300"), 2, "model.mlp_ratio 1e+300 must be a number in (0, 64]",
+                        "mlp_ratio");
+  expect_one_line_error(run(train + " --set model.class_dropout=1e300"), 2, "model.class_dropout 1e+300 must be in [0, 1)",
+                        "class_dropout");
+  EXPECT_TRUE(fs::list_directory(runs.path()).empty());
+}
+
 // A --set value with a newline carried extra TOML: here a [run] table that
 // would have renamed the run.
 TEST(HostileInputs, SetValueWithANewlineIsRefused) {
