@@ -79,6 +79,8 @@ TEST(LoopedViews, ModuleGraphDrawsTheLoopOnceWithItsAdapters) {
   EXPECT_NE(dot.find("next loop ×3"), std::string::npos) << dot;
   EXPECT_NE(dot.find("not called: read as weights"), std::string::npos) << dot;
   EXPECT_NE(dot.find("each loop's LoRA"), std::string::npos) << dot;
+  EXPECT_EQ(dot.find("shared (ModuleList<DiTBlock>)\\nnot called"), std::string::npos)
+      << "a list whose blocks ran is no weight list: " << dot;
 }
 
 TEST(LoopedViews, AutogradGraphDrawsTheFirstLoopAndRollsUpTheOthers) {

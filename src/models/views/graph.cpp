@@ -433,7 +433,7 @@ class ModuleGraph : DotText {
     for (int c : r_.nodes[0].children) {
       const TreeNode& n = r_.nodes[c];
       const int64_t params = n.module->parameter_count();
-      if (n.ran || params == 0) continue;
+      if (n.ran || !r_.ran_children(c).empty() || params == 0) continue;  // a list of blocks that ran is drawn
       std::string label = n.name + " (" + n.module->type_name() + ")";
       const auto& ch = n.children;
       if (!ch.empty() && r_.nodes[ch[0]].group >= 0) {
