@@ -22,10 +22,10 @@ run looped-route50 --model Looped-S/2 --steps "$STEPS" --set model.lora_rank=16 
 run dit-s2 --model DiT-S/2 --steps "$STEPS"
 
 # Full rank: every linear of the block (hidden 384 is the smallest side of each), bias deltas on.
-"$BIN" ${CONVERT_LOOPED:-convert} "$RUNS/dit-s2" --to looped --out "$RUNS/looped-full" --set model.lora_rank=384 \
+"$BIN" convert "$RUNS/dit-s2" --to looped --out "$RUNS/looped-full" --set model.lora_rank=384 \
   --set model.lora_targets=attn,mlp,adaln 2>&1 | tail -n 30 | tee "$OUT/looped/convert-full.log"
 "$BIN" sample --ckpt "$RUNS/looped-full/model.safetensors" --out "$OUT/looped/converted-full-samples.png" 2>&1 | tail -n 2
-"$BIN" ${CONVERT_LOOPED:-convert} "$RUNS/dit-s2" --to looped --out "$RUNS/looped-r16" --set model.lora_rank=16 \
+"$BIN" convert "$RUNS/dit-s2" --to looped --out "$RUNS/looped-r16" --set model.lora_rank=16 \
   --set model.lora_targets=attn,mlp,adaln 2>&1 | tail -n 30 | tee "$OUT/looped/convert-r16.log"
 "$BIN" sample --ckpt "$RUNS/looped-r16/model.safetensors" --out "$OUT/looped/converted-r16-samples.png" 2>&1 | tail -n 2
 run looped-r16-finetune --config "$RUNS/looped-r16/config.toml" --init-from "$RUNS/looped-r16/model.safetensors" --steps $((STEPS / 3))

@@ -163,7 +163,6 @@ int main(int argc, char** argv) {
   perftrain::cli::add_summary_command(app);
   perftrain::cli::add_graph_command(app);
   perftrain::cli::add_convert_command(app);
-  perftrain::cli::add_convert_looped_command(app);
   tighten_number_checks(app);
   // CLI11 says only "a subcommand is required" for a mistyped command: name it
   // and list the real ones.

@@ -1,4 +1,4 @@
-// perftrain convert-looped (`convert --to looped`) as a user runs it: a
+// perftrain convert --to looped as a user runs it: a
 // DiT's weights file in, a looped model's weights and config out that
 // `perftrain sample` reads; the reconstruction table and the output check
 // printed; a depth that does not add up is one line naming the key, with
@@ -43,7 +43,7 @@ TEST(CliConvertLooped, FullRankConversionSamplesAndPrintsItsErrors) {
   TempDir tmp;
   const std::string src = write_source(tmp);
   const std::string out = tmp.file("looped");
-  auto r = run("convert-looped " + src + " --to looped --out " + out +
+  auto r = run("convert " + src + " --to looped --out " + out +
                " --set model.prelude=1 --set model.coda=1 --set model.lora_rank=64"
                " --set model.lora_targets=attn,mlp,adaln");
   ASSERT_EQ(r.code, 0) << r.output;
@@ -66,7 +66,7 @@ TEST(CliConvertLooped, FullRankConversionSamplesAndPrintsItsErrors) {
 TEST(CliConvertLooped, LowRankToAFileSaysWhatItLoses) {
   TempDir tmp;
   const std::string src = write_source(tmp);
-  auto r = run("convert-looped " + src + " --out " + tmp.file("l.safetensors") + " --set model.lora_rank=4");
+  auto r = run("convert " + src + " --to looped --out " + tmp.file("l.safetensors") + " --set model.lora_rank=4");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("truncated SVD"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("adaLN_modulation.1.weight"), std::string::npos) << "adaln is not a default target";
@@ -76,15 +76,27 @@ TEST(CliConvertLooped, LowRankToAFileSaysWhatItLoses) {
 TEST(CliConvertLooped, ADepthThatDoesNotAddUpIsOneLineAndWritesNothing) {
   TempDir tmp;
   const std::string src = write_source(tmp);
-  auto r = run("convert-looped " + src + " --out " + tmp.file("bad.safetensors") + " --set model.loops=3");
+  auto r = run("convert " + src + " --to looped --out " + tmp.file("bad.safetensors") + " --set model.loops=3");
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("model.loops"), std::string::npos) << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   EXPECT_FALSE(perftrain::fs::exists(tmp.file("bad.safetensors")));
-  r = run("convert-looped " + src + " --out " + tmp.file("x") + " --shared layer:9");
+  r = run("convert " + src + " --to looped --out " + tmp.file("x") + " --shared layer:9");
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("--shared layer:9"), std::string::npos) << r.output;
   EXPECT_FALSE(perftrain::fs::exists(tmp.file("x")));
+}
+
+// The looped options belong to --to looped: given to another target they are
+// one line, and nothing is written.
+TEST(CliConvertLooped, LoopedOptionsWithoutToLoopedAreOneLine) {
+  TempDir tmp;
+  const std::string src = write_source(tmp);
+  auto r = run("convert " + src + " --out " + tmp.file("p.safetensors") + " --set model.loops=8");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("options of --to looped"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_FALSE(perftrain::fs::exists(tmp.file("p.safetensors")));
 }
 
 }  // namespace
