@@ -35,7 +35,7 @@ TEST(LoopedCli, ModelsListsTheFamilyWithSharedWeightsOnce) {
 
 TEST(LoopedCli, TrainsWithLoopKeysAndSamples) {
   TempDir tmp;
-  const std::string base = "train --model Looped-T/2 --device cpu --steps 3 --run-name r --runs-dir " + tmp.path() +
+  const std::string base = "train --model Looped-T/2 --data synthetic --set data.synthetic_size=64 --batch-size 8 --device cpu --steps 3 --run-name r --runs-dir " + tmp.path() +
                            " --set model.hidden=32 --set model.heads=2 --set model.prelude=1 --set model.coda=1"
                            " --set model.loops=2 --set model.lora_rank=2 --set model.route_capacity=0.5"
                            " --set log.sample_per_class=1 --set diffusion.sample_steps=1 --set log.sample_classes=2";
