@@ -103,17 +103,22 @@ TEST(DataParallel, TwoAndThreeRanksTrainAsOneProcess) {
   EXPECT_NE(read_raw(tmp.file("one/report.md")).find("| ranks | 1 process, batch 6 |"), std::string::npos);
 }
 
+// One process and 2 ranks run with the same extra arguments (into
+// tmp/one and tmp/two) train the same model.
+void expect_two_ranks_train_as_one(const TempDir& tmp, const std::string& args, const std::string& what) {
+  const std::string common = " --runs-dir " + tmp.path() + kTiny + args;
+  for (const std::string how : {"train --run-name one", "train --nproc-per-node 2 --run-name two"}) {
+    const auto r = run(how + common);
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  expect_same_training(tmp.file("one"), tmp.file("two"), what);
+}
+
 // The DDPM objective with the learned variance (the CPU default is flow):
 // its timesteps, noise and VLB term through the same global draws.
 TEST(DataParallel, DdpmTwoRanksTrainAsOneProcess) {
   TempDir tmp;
-  const std::string common =
-      " --runs-dir " + tmp.path() + kTiny + " --steps 5 --objective ddpm --set model.learn_sigma=true";
-  auto r1 = run("train --run-name one" + common);
-  ASSERT_EQ(r1.code, 0) << r1.output;
-  auto r2 = run("train --nproc-per-node 2 --run-name two" + common);
-  ASSERT_EQ(r2.code, 0) << r2.output;
-  expect_same_training(tmp.file("one"), tmp.file("two"), "ddpm, 2 ranks vs 1");
+  expect_two_ranks_train_as_one(tmp, " --steps 5 --objective ddpm --set model.learn_sigma=true", "ddpm, 2 ranks vs 1");
 }
 
 // Gradient accumulation with data parallel: 2 ranks of 2 micro-batches each
@@ -121,12 +126,7 @@ TEST(DataParallel, DdpmTwoRanksTrainAsOneProcess) {
 // the same rows and draws, split otherwise).
 TEST(DataParallel, AccumulatingRanksTrainAsOneProcess) {
   TempDir tmp;
-  const std::string common = " --runs-dir " + tmp.path() + kTiny + " --steps 5 --set train.accumulate=2";
-  auto r1 = run("train --run-name one" + common);
-  ASSERT_EQ(r1.code, 0) << r1.output;
-  auto r2 = run("train --nproc-per-node 2 --run-name two" + common);
-  ASSERT_EQ(r2.code, 0) << r2.output;
-  expect_same_training(tmp.file("one"), tmp.file("two"), "accumulate 2, 2 ranks vs 1");
+  expect_two_ranks_train_as_one(tmp, " --steps 5 --set train.accumulate=2", "accumulate 2, 2 ranks vs 1");
   EXPECT_NE(read_raw(tmp.file("two/report.md")).find("global batch 12 = 2 x 6 per rank"), std::string::npos);
 }
 

@@ -32,17 +32,19 @@ namespace {
 
 using perftrain::testing::TempDir;
 
-TrainConfig tiny_cpu(int64_t batch, int64_t accumulate, const std::string& objective) {
-  TrainConfig c = default_config(false);
-  for (const char* o : {"model.depth=2", "model.hidden=32", "model.heads=2", "model.patch=2", "model.image_size=4",
-                        "model.in_channels=2", "model.num_classes=3", "model.class_dropout=0.3", "train.lr=1e-2",
-                        "train.grad_clip=0.5", "train.warmup_steps=2", "train.weight_decay=0.05"})
-    apply_override(c, o);
-  apply_override(c, "diffusion.objective=" + objective);
-  apply_override(c, std::string("model.learn_sigma=") + (objective == "ddpm" ? "true" : "false"));
-  c.optim.batch_size = batch;
-  c.optim.accumulate = accumulate;
+TrainConfig with(TrainConfig c, const std::vector<std::string>& overrides) {
+  for (const auto& o : overrides) apply_override(c, o);
   return c;
+}
+
+// A tiny DiT on the CPU with label dropout, clipping, warm-up and weight decay.
+TrainConfig tiny_cpu(int64_t batch, int64_t accumulate, const std::string& objective) {
+  return with(default_config(false),
+              {"model.depth=2", "model.hidden=32", "model.heads=2", "model.patch=2", "model.image_size=4",
+               "model.in_channels=2", "model.num_classes=3", "model.class_dropout=0.3", "train.lr=1e-2",
+               "train.grad_clip=0.5", "train.warmup_steps=2", "train.weight_decay=0.05",
+               "diffusion.objective=" + objective, std::string("model.learn_sigma=") + (objective == "ddpm" ? "true" : "false"),
+               "train.batch_size=" + std::to_string(batch), "train.accumulate=" + std::to_string(accumulate)});
 }
 
 struct Trained {
@@ -99,19 +101,16 @@ TEST(Accumulate, ABatchThatDoesNotSplitIsAUsageError) {
   EXPECT_NE(msg.find("train.accumulate = 2"), std::string::npos) << msg;
 }
 
-TrainConfig tiny_run(const std::string& runs, const std::string& name, int64_t steps) {
-  TrainConfig c = default_config(false);
-  for (const char* o : {"model.depth=2", "model.hidden=32", "model.heads=2", "model.patch=4", "model.image_size=8",
-                        "model.in_channels=2", "model.num_classes=3", "data.source=synthetic",
-                        "data.synthetic_size=40", "train.batch_size=4", "train.accumulate=2", "train.lr=1e-3",
-                        "train.warmup_steps=3", "train.lr_schedule=cosine", "train.lr_min=1e-4",
-                        "train.grad_clip=1.0", "train.weight_decay=0.01", "train.ema_start=2", "train.device=cpu",
-                        "log.every=1", "log.checkpoint_every=3", "log.keep_checkpoints=10", "log.sample_every=0", "diffusion.sample_steps=2",
-                        "log.sample_per_class=2", "log.tensorboard=false"})
-    apply_override(c, o);
+// tiny_cpu's model as a run on synthetic 8x8 data: 2 micro-batches of 4, a
+// cosine schedule to lr_min, the EMA from step 2, a checkpoint every 3 steps.
+TrainConfig tiny_run(const std::string& runs, int64_t steps) {
+  TrainConfig c = with(tiny_cpu(4, 2, "flow"),
+                       {"model.patch=4", "model.image_size=8", "data.source=synthetic", "data.synthetic_size=40",
+                        "train.lr=1e-3", "train.warmup_steps=3", "train.lr_schedule=cosine", "train.lr_min=1e-4",
+                        "train.ema_start=2", "train.device=cpu", "log.every=1", "log.checkpoint_every=3",
+                        "log.keep_checkpoints=10", "log.sample_every=0", "diffusion.sample_steps=2",
+                        "log.sample_per_class=2", "log.tensorboard=false", "run.dir=" + runs, "run.name=run"});
   c.optim.steps = steps;
-  c.run.dir = runs;
-  c.run.name = name;
   return c;
 }
 
@@ -131,7 +130,7 @@ std::vector<nlohmann::json> metrics(const std::string& run) {
 TEST(Accumulate, ResumedAccumulatedRunIsBitIdenticalAndLogsTheSchedule) {
   TempDir tmp;
   std::ostringstream log;
-  const TrainConfig cfg = tiny_run(tmp.path(), "run", 14);  // 40 samples / 8 a step: 5 steps an epoch
+  const TrainConfig cfg = tiny_run(tmp.path(), 14);  // 40 samples / 8 a step: 5 steps an epoch
   auto whole = run_training(cfg, {}, log);
   std::map<std::string, std::vector<std::pair<std::string, at::Tensor>>> final_files;
   for (const char* f : {"/model.safetensors", "/ema.safetensors", "/trainer_state.safetensors"}) {

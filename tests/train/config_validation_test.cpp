@@ -31,14 +31,31 @@ void accepted(const std::string& override, bool cuda = false) {
 
 TEST(ConfigValidation, EveryNumberIsFinite) {
   for (const char* key : {"train.lr", "train.weight_decay", "train.beta1", "train.beta2", "train.eps",
-                          "train.grad_clip", "train.ema_decay", "diffusion.cfg_scale", "model.mlp_ratio",
-                          "model.class_dropout"}) {
+                          "train.grad_clip", "train.ema_decay", "train.lr_min", "train.decay_fraction",
+                          "diffusion.cfg_scale", "model.mlp_ratio", "model.class_dropout"}) {
     for (const char* value : {"inf", "-inf", "nan"}) {
       const std::string msg = rejected(std::string(key) + "=" + value);
       const std::string field = std::string(key).substr(std::string(key).find('.') + 1);
       EXPECT_NE(msg.find(field), std::string::npos) << key << "=" << value << ": " << msg;
     }
   }
+}
+
+// The schedule, weight decay, EMA and accumulation keys (train/lr_schedule.h).
+TEST(ConfigValidation, ScheduleAndAccumulationKeys) {
+  EXPECT_NE(rejected("train.lr_schedule=step").find("train.lr_schedule 'step' (expected constant, cosine, linear or wsd)"),
+            std::string::npos);
+  EXPECT_NE(rejected("train.lr_min=1").find("train.lr_min must be in [0, train.lr]"), std::string::npos);
+  EXPECT_NE(rejected("train.lr_min=-1e-6").find("train.lr_min"), std::string::npos);
+  EXPECT_NE(rejected("train.decay_fraction=1.5").find("train.decay_fraction"), std::string::npos);
+  EXPECT_NE(rejected("train.ema_start=-1").find("train.ema_start"), std::string::npos);
+  EXPECT_NE(rejected("train.accumulate=0").find("train.accumulate 0"), std::string::npos);
+  EXPECT_NE(rejected("train.accumulate=4097").find("train.accumulate"), std::string::npos);
+  for (const char* ok : {"train.lr_schedule=wsd", "train.lr_min=1e-6", "train.decay_fraction=1", "train.ema_start=7",
+                         "train.accumulate=4096", "train.decay_all=true"})
+    accepted(ok);
+  EXPECT_FALSE(default_config(true).optim.decay_all) << "parameter groups by default";
+  EXPECT_EQ(default_config(true).optim.lr_schedule, "constant") << "DiT's recipe";
 }
 
 TEST(ConfigValidation, MlpRatioGivesAWidthOfAtLeastOne) {

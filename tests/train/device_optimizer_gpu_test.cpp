@@ -116,6 +116,26 @@ TEST(DeviceOptimizerGpu, MatchesTheCpuPathOnOddSizes) {
   }
 }
 
+// The LR schedule evaluated by the prepare kernel (the cosine to lr_min,
+// through the end of train.steps), the EMA start and the weight decay
+// groups (the 1-D tensors here take none) give the CPU path's numbers.
+TEST(DeviceOptimizerGpu, SchedulesAndDecayGroupsMatchTheCpuPath) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  auto gen = gen_for(23);
+  Pair p = make_pair_of(kShapes, gen);
+  DeviceOptimizerOptions o;
+  o.lr = 1e-2, o.lr_min = 1e-3, o.warmup_steps = 2, o.total_steps = 6, o.lr_shape = kernels::LrShape::kCosine;
+  o.weight_decay = 0.1, o.decay_all = false, o.ema_decay = 0.99, o.ema_start = 2;
+  DeviceOptimizer gpu(p.gpu, p.ema_gpu, o), cpu(p.cpu, p.ema_cpu, o);
+  for (int step = 1; step <= 7; ++step) {
+    set_grads(p, gen, 1e-3, 1.f);
+    gpu.step();
+    cpu.step();
+    expect_same_state(p, gpu, cpu, "step " + std::to_string(step));
+  }
+  EXPECT_EQ(value(gpu.lr()), 1e-3f) << "past train.steps: lr_min";
+}
+
 TEST(DeviceOptimizerGpu, Bf16ShadowsAreTheParametersInBf16AfterEveryStep) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   auto gen = gen_for(23);

@@ -17,9 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "base/error.h"
 #include "models/dit.h"
-#include "support/test_support.h"
 #include "train/adamw.h"
 #include "train/config.h"
 #include "train/device_optimizer.h"
@@ -263,36 +261,6 @@ TEST(WeightDecay, BothOptimizersDecayEachGroupAsTheFormulaSays) {
         EXPECT_TRUE(named[i].second.detach().to(at::kDouble).allclose(w[i], 1e-5, 1e-6)) << what << ": " << named[i].first;
     }
   }
-}
-
-TEST(LrSchedule, ConfigKeysAreValidatedNamingTheKey) {
-  auto error_for = [](const std::string& assignment) {
-    TrainConfig c = default_config(false);
-    return perftrain::testing::error_of<UsageError>([&] {
-      apply_override(c, assignment);
-      c.validate();
-    });
-  };
-  EXPECT_NE(error_for("train.lr_schedule=step").find("train.lr_schedule"), std::string::npos);
-  EXPECT_NE(error_for("train.lr_min=1").find("train.lr_min"), std::string::npos);
-  EXPECT_NE(error_for("train.lr_min=-1e-6").find("train.lr_min"), std::string::npos);
-  EXPECT_NE(error_for("train.decay_fraction=1.5").find("train.decay_fraction"), std::string::npos);
-  EXPECT_NE(error_for("train.ema_start=-1").find("train.ema_start"), std::string::npos);
-  EXPECT_NE(error_for("train.accumulate=0").find("train.accumulate"), std::string::npos);
-  // The keys round-trip through config.toml.
-  TrainConfig c = default_config(false);
-  for (const char* o : {"train.lr_schedule=wsd", "train.lr_min=1e-6", "train.decay_fraction=0.3", "train.ema_start=7",
-                        "train.accumulate=3", "train.decay_all=true"})
-    apply_override(c, o);
-  TrainConfig back = default_config(true);
-  apply_toml(back, c.to_toml(), "config.toml");
-  EXPECT_EQ(back.optim.lr_schedule, "wsd");
-  EXPECT_EQ(back.optim.lr_min, 1e-6);
-  EXPECT_EQ(back.optim.decay_fraction, 0.3);
-  EXPECT_EQ(back.optim.ema_start, 7);
-  EXPECT_EQ(back.optim.accumulate, 3);
-  EXPECT_TRUE(back.optim.decay_all);
-  EXPECT_FALSE(default_config(true).optim.decay_all) << "parameter groups by default";
 }
 
 }  // namespace

@@ -57,6 +57,13 @@ TrainConfig anchor_config(const StepSetup& s, bool cuda) {
 void finish_config(TrainConfig& cfg, const StepSetup& s) {
   for (const auto& o : s.overrides) apply_override(cfg, o);
   cfg.validate();
+  check_one_micro_batch(cfg);
+}
+
+void check_one_micro_batch(const TrainConfig& cfg) {
+  if (cfg.optim.accumulate != 1)
+    throw UsageError("train.accumulate = " + std::to_string(cfg.optim.accumulate) +
+                     ": bench and profile time the step of one batch; measure accumulation with perftrain train");
 }
 
 void check_batch_fits(const TrainConfig& cfg, bool cuda, int optimizer_shards) {

@@ -41,6 +41,8 @@ TrainConfig anchor_config(const StepSetup& s, bool cuda);
 
 // s.overrides over cfg, then cfg validated (UsageError naming the key).
 void finish_config(TrainConfig& cfg, const StepSetup& s);
+// UsageError unless train.accumulate is 1 (the timed step is one batch's).
+void check_one_micro_batch(const TrainConfig& cfg);
 
 // UsageError naming --batch-size when the memory estimate of cfg's step
 // (train/memory_estimate.h, at cfg.optim.batch_size) exceeds what the device

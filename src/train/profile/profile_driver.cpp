@@ -83,6 +83,7 @@ TrainConfig profile_config(const ProfileOptions& o, bool cuda, const ob::Variant
   for (const auto& s : o.step.overrides) apply_override(cfg, s);
   if (!cuda && cfg.optim.precision != "fp32") cfg.optim.precision = "fp32";  // the CPU runs fp32 only
   cfg.validate();
+  bench::check_one_micro_batch(cfg);
   return cfg;
 }
 
