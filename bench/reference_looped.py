@@ -331,15 +331,9 @@ def fail(msg):
 
 
 def resolve_config(args):
-    if args.model not in CONFIGS:
-        fail(f"unknown model {args.model}; known: {', '.join(CONFIGS)}")
-    cfg = dict(CONFIGS[args.model])
-    for k in ("hidden", "heads", "patch", "prelude", "coda", "shared_group", "loops"):
-        if getattr(args, k) is not None:
-            cfg[k] = getattr(args, k)
-    cfg.update(image_size=args.image_size, in_channels=args.in_channels, num_classes=args.num_classes,
-               class_dropout=args.class_dropout, learn_sigma=args.learn_sigma, cond_tokens=args.cond_tokens,
-               cond_dim=args.cond_dim, loop_block=args.loop_block, reinject=args.reinject, lora_rank=args.lora_rank,
+    cfg = rs.resolve_registry(args, CONFIGS, ("hidden", "heads", "patch", "prelude", "coda", "shared_group", "loops"),
+                              fail)
+    cfg.update(loop_block=args.loop_block, reinject=args.reinject, lora_rank=args.lora_rank,
                lora_alpha=args.lora_alpha, lora_targets=args.lora_targets, lora_bias=args.lora_bias,
                route_capacity=args.route_capacity, route_capacity_end=args.route_capacity_end,
                router_aux_weight=args.router_aux_weight)
@@ -392,12 +386,7 @@ def cmd_check(args):
             model.load_state_dict(load_file(args.weights), strict=True)
         except RuntimeError as e:
             fail(f"{args.weights} does not match {cfg}:\n{e}")
-        inp = load_file(args.inputs)
-        x, t, gout = inp["x"].float(), inp["t"].float(), inp["gout"].float()
-        y = inp["y"].long() if "y" in inp else None
-        cond = inp["cond"].float() if "cond" in inp else None
-        cond_len = inp["cond_len"].long() if "cond_len" in inp else None
-        x.requires_grad_(True)
+        x, t, y, cond, cond_len, gout = rs.check_inputs(args.inputs)
         out, aux = model(x, t, y, cond, cond_len)
         loss = (out * gout).sum() + (aux if aux is not None else 0)
         loss.backward()
@@ -450,19 +439,8 @@ def cmd_bench(args):
 
 
 def make_parser():
-    common = argparse.ArgumentParser(add_help=False)
-    g = common.add_argument_group("model")
-    g.add_argument("--model", default="Looped-S/2", help=f"registry name: {', '.join(CONFIGS)}")
-    for k in ("hidden", "heads", "patch", "prelude", "coda", "shared-group", "loops"):
-        g.add_argument(f"--{k}", type=int, help=f"override {k}")
-    g.add_argument("--image-size", type=int, default=32)
-    g.add_argument("--in-channels", type=int, default=4)
-    g.add_argument("--num-classes", type=int, default=1000)
-    g.add_argument("--class-dropout", type=float, default=0.1)
-    g.add_argument("--learn-sigma", action=argparse.BooleanOptionalAction, default=None,
-                   help="output 2*in_channels (default: on, off for bench)")
-    g.add_argument("--cond-tokens", type=int, default=1, help="single_stream: class tokens, or the feature length Tc")
-    g.add_argument("--cond-dim", type=int, default=0, help="single_stream: feature width Dc (0: class labels)")
+    common, g = rs.model_flags("Looped-S/2", CONFIGS,
+                               ("hidden", "heads", "patch", "prelude", "coda", "shared-group", "loops"))
     g.add_argument("--loop-block", choices=["dit", "single_stream"], default="dit")
     g.add_argument("--reinject", choices=["none", "add", "concat"], default="none")
     g.add_argument("--lora-rank", type=int, default=0)

@@ -306,16 +306,33 @@ def fail(msg):
 
 
 def resolve_config(args):
-    if args.model not in CONFIGS:
-        fail(f"unknown model {args.model}; known: {', '.join(CONFIGS)}")
-    cfg = dict(CONFIGS[args.model])
-    for k in ("depth", "hidden", "heads", "patch"):
+    return resolve_registry(args, CONFIGS, ("depth", "hidden", "heads", "patch"), fail)
+
+
+def resolve_registry(args, configs, overrides, fail):
+    """configs[--model] with the given flags over it, and the shared input and condition flags (this
+    reference's and reference_looped.py's)."""
+    if args.model not in configs:
+        fail(f"unknown model {args.model}; known: {', '.join(configs)}")
+    cfg = dict(configs[args.model])
+    for k in overrides:
         if getattr(args, k) is not None:
             cfg[k] = getattr(args, k)
     cfg.update(image_size=args.image_size, in_channels=args.in_channels, num_classes=args.num_classes,
                class_dropout=args.class_dropout, learn_sigma=args.learn_sigma, cond_tokens=args.cond_tokens,
                cond_dim=args.cond_dim)
     return cfg
+
+
+def check_inputs(path):
+    """check's inputs: x (requiring its gradient), t, y, cond, cond_len (None where absent), gout."""
+    from safetensors.torch import load_file
+    inp = load_file(path)
+    x, t, gout = inp["x"].float(), inp["t"].float(), inp["gout"].float()
+    y = inp["y"].long() if "y" in inp else None
+    cond = inp["cond"].float() if "cond" in inp else None
+    cond_len = inp["cond_len"].long() if "cond_len" in inp else None
+    return x.requires_grad_(True), t, y, cond, cond_len, gout
 
 
 def cmd_check(args):
@@ -328,12 +345,7 @@ def cmd_check(args):
         model.load_state_dict(weights, strict=True)
     except RuntimeError as e:
         fail(f"{args.weights} does not match {cfg}:\n{e}")
-    inp = load_file(args.inputs)
-    x, t, gout = inp["x"].float(), inp["t"].float(), inp["gout"].float()
-    y = inp["y"].long() if "y" in inp else None
-    cond = inp["cond"].float() if "cond" in inp else None
-    cond_len = inp["cond_len"].long() if "cond_len" in inp else None
-    x.requires_grad_(True)
+    x, t, y, cond, cond_len, gout = check_inputs(args.inputs)
     if cond is not None:
         cond.requires_grad_(True)
     out = model(x, t, y, cond, cond_len)
@@ -365,11 +377,12 @@ def cmd_params(args):
             print(f"{name:10s} {v['params']:>14d}")
 
 
-def make_parser():
+def model_flags(default_model, configs, overrides):
+    """The model flags (this reference's and reference_looped.py's): -> (parser, its "model" group)."""
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("model")
-    g.add_argument("--model", default="SS-S/2", help=f"registry name: {', '.join(CONFIGS)}")
-    for k in ("depth", "hidden", "heads", "patch"):
+    g.add_argument("--model", default=default_model, help=f"registry name: {', '.join(configs)}")
+    for k in overrides:
         g.add_argument(f"--{k}", type=int, help=f"override {k}")
     g.add_argument("--image-size", type=int, default=32)
     g.add_argument("--in-channels", type=int, default=4)
@@ -379,6 +392,11 @@ def make_parser():
                    help="output 2*in_channels (default: on, off for bench)")
     g.add_argument("--cond-tokens", type=int, default=1, help="class tokens, or the feature length Tc")
     g.add_argument("--cond-dim", type=int, default=0, help="feature width Dc (0: class labels)")
+    return common, g
+
+
+def make_parser():
+    common, _ = model_flags("SS-S/2", CONFIGS, ("depth", "hidden", "heads", "patch"))
     return subcommand_parser(__doc__, common, cmd_check, cmd_params, cmd_bench, params_all=True)
 
 
