@@ -106,7 +106,7 @@ struct RouteSelectFunction : public torch::autograd::Function<RouteSelectFunctio
                                const std::optional<at::Tensor>& bias, int64_t k) {
     const at::Tensor u = u_in.contiguous();
     const at::Tensor scores = router_scores(u, weight, bias.value_or(at::Tensor()));
-    const at::Tensor index = top_tokens(scores, k);
+    const at::Tensor index = top_tokens(scores, k).contiguous();
     at::Tensor kept;
     if (u.is_cuda()) {
       const c10::cuda::CUDAGuard guard(u.device());
