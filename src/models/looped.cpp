@@ -22,6 +22,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <functional>
+#include <utility>
 
 #include "base/error.h"
 #include "base/scope.h"
@@ -209,11 +210,15 @@ LoopRoute LoopedDiT::route(int64_t loop, const at::Tensor& image) const {
   }
   const int64_t k = cfg_.loop_tokens(loop);
   out.index = std::get<0>(at::sort(std::get<1>(at::topk(out.scores, k, 1)), 1));
-  const at::Tensor kept = at::sigmoid(at::gather(out.scores, 1, out.index));
-  out.gate = 1 + kept - kept.detach();
-  const at::Tensor mask = at::zeros_like(out.scores).scatter(1, out.index, 1.0);
-  out.aux = at::binary_cross_entropy_with_logits(out.scores, mask);
-  return out;
+  return with_gate_and_aux(std::move(out));
+}
+
+LoopRoute with_gate_and_aux(LoopRoute r) {
+  const at::Tensor kept = at::sigmoid(at::gather(r.scores, 1, r.index));
+  r.gate = 1 + kept - kept.detach();
+  const at::Tensor mask = at::zeros_like(r.scores).scatter(1, r.index, 1.0);
+  r.aux = at::binary_cross_entropy_with_logits(r.scores, mask);
+  return r;
 }
 
 // One loop's group of shared blocks on x [B, n, D] under c_l; `positions`

@@ -65,6 +65,9 @@ struct LoopRoute {
   at::Tensor aux;     // scalar: BCE-with-logits(scores, kept mask), unweighted
 };
 
+// r with gate and aux computed from its scores and index.
+LoopRoute with_gate_and_aux(LoopRoute r);
+
 class LoopedDiT : public DiffusionModel {
  public:
   // On the CPU in float32, or on `device` from its generator (as DiT).

@@ -32,7 +32,7 @@ DiTModulation dit_modulation(const DiTBlockWeights& w, const at::Tensor& silu_c)
 }
 
 std::vector<DiTModulation> dit_modulations(const DiTBlockSeq& seq, const at::Tensor& silu_c) {
-  if (seq.empty()) return {};
+  if (seq.empty()) return {};  // a looped model without prelude and coda
   std::vector<at::Tensor> weights, biases;
   for (const DiTApplication& a : seq) {
     weights.push_back(a.weights.ada_w);

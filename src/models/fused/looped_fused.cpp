@@ -4,8 +4,6 @@
 #include <ATen/ops/baddbmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/cat.h>
-#include <ATen/ops/gather.h>
-#include <ATen/ops/scatter_add.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/stack.h>
 
@@ -24,6 +22,7 @@
 #include "ops/gated_residual.h"
 #include "ops/position_add.h"
 #include "ops/recompute.h"
+#include "ops/route_tokens.h"
 #include "ops/stacked_linear.h"
 
 namespace perftrain::models::fused {
@@ -104,16 +103,16 @@ at::Tensor recomputed_blocks(const nn::ModuleList<Block>& blocks, at::Tensor x, 
 // A group of shared blocks on the kept tokens g [B, k, D] -> [B, k, D].
 using GroupFn = std::function<at::Tensor(const at::Tensor& g)>;
 
-// Routed loop l on u [B, T, D] (DiT tokens: all image tokens): the router's
-// kept tokens through `group`, their gated change scattered back into u.
+// Routed loop l on u [B, T, D] fp32 (DiT tokens: all image tokens): the
+// router's kept tokens through `group`, their gated change back into u
+// (LoopedDiT::route's maths in ops/route_tokens.h: one pass over u each way).
 at::Tensor routed_loop(const LoopedDiT& m, int64_t l, const at::Tensor& u, const GroupFn& group,
                        std::vector<at::Tensor>& aux) {
-  const LoopRoute r = m.route(l, u);
+  const nn::Linear& router = *m.router(l);
+  const ops::RouteSelection sel = ops::route_select(u, router.weight, router.bias, m.config().loop_tokens(l));
+  const LoopRoute r = with_gate_and_aux({sel.scores, sel.index, at::Tensor(), at::Tensor()});
   aux.push_back(r.aux);
-  const at::Tensor index = r.index.unsqueeze(-1).expand({u.size(0), r.index.size(1), u.size(2)});
-  const at::Tensor before = at::gather(u, 1, index);  // [B, k, D]
-  const at::Tensor change = (r.gate.unsqueeze(-1) * (group(before) - before)).to(u.scalar_type());
-  return at::scatter_add(u, 1, index, change);
+  return ops::route_combine(sel.through, sel.kept, group(sel.kept), r.gate, sel.index);
 }
 
 // ---- DiT blocks ----
