@@ -120,8 +120,9 @@ void run_case(Case& c, const MultiTensorAdamWOptions& o, at::Generator& gen, int
   MultiTensorAdamW op(c.gpu.p, c.gpu.m, c.gpu.v, c.gpu.e, c.scalars_gpu, o);
   // The prepare kernel must write every per-step slot: poison them first.
   c.scalars_gpu.narrow(0, kSlotGradNorm, 2).fill_(std::numeric_limits<float>::quiet_NaN());
-  c.scalars_gpu.narrow(0, kSlotGoodSteps + 1, adamw_scalar_slots() - kSlotGoodSteps - 1)
-      .fill_(std::numeric_limits<float>::quiet_NaN());
+  // kSlotScheduleStep is state (the LR schedule's position), not written per step.
+  for (int64_t slot = kSlotGoodSteps + 1; slot < adamw_scalar_slots(); ++slot)
+    if (slot != kSlotScheduleStep) c.scalars_gpu[slot].fill_(std::numeric_limits<float>::quiet_NaN());
   for (int step = 1; step <= steps; ++step) {
     // Gain 1: norm above the clip of 2 (clipped); gain 1e-3: below it.
     new_grads(c, gen, step % 2 ? 1.0 : 1e-3, skip_index);
