@@ -127,7 +127,7 @@ TEST(Cli, ConfigAndDryRunPrintTheResolvedConfigAndWriteNothing) {
 // Every option that takes a value shows its default in --help ("--steps
 // INT=4000 (GPU), 500 (CPU)"), except those that have none.
 TEST(Cli, HelpShowsTheDefaults) {
-  const std::set<std::string> no_default = {"--config", "--resume", "--set", "--ckpt", "--help", "--version"};
+  const std::set<std::string> no_default = {"--config", "--resume", "--init-from", "--set", "--ckpt", "--help", "--version"};
   const std::regex option(R"(^\s+(?:-\w, )?(--[\w-]+)\s+([A-Z]+)(\S*))");
   for (const std::string cmd : {"", "train", "config", "sample", "eval", "models"}) {
     const auto r = run(cmd + " --help");
