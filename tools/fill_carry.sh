@@ -2,7 +2,7 @@
 # Fills .carry/ (ignored by git) with what the GPU machine lacks and the build
 # or the main job needs: header-only libraries, GoogleTest's sources, zlib's
 # headers, gloo's headers (libtorch has gloo's code, not its headers), and
-# Fashion-MNIST's training files. Run here, then name .carry in
+# Fashion-MNIST (training and test files). Run here, then name .carry in
 # the device call's carry list; tools/gpu_run.sh uses it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
