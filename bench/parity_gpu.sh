@@ -24,23 +24,8 @@ FEATURES="$W/fmnist_features.safetensors"
 mkdir -p "$LOGS" "$OUT"
 t_start=$(date +%s)
 
-# step NAME LOG CMD...: runs CMD into $LOGS/LOG, records its exit status and seconds in $LOGS/status.jsonl,
-# and says when it failed (with the log's last lines).
-step() {
-  local name="$1" log="$LOGS/$2" t0 rc ms
-  shift 2
-  t0=$(date +%s%N)
-  "$@" > "$log" 2>&1
-  rc=$?
-  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-  printf '{"name": "%s", "rc": %d, "seconds": %d.%03d}\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) \
-    >> "$LOGS/status.jsonl"
-  if [ $rc -ne 0 ]; then
-    echo "FAILED: $name (rc $rc); the end of $(basename "$log"):"
-    tail -n 5 "$log"
-  fi
-  return $rc
-}
+# shellcheck source=bench/script_steps.sh
+source "$HERE/script_steps.sh"
 
 table() {
   "$PY" - "$W" "$LOGS/status.jsonl" "$STEPS" "$SAMPLES" "$SEEDS" <<'EOF'

@@ -29,7 +29,9 @@ _spec.loader.exec_module(rt)
 
 
 def run(*args):
-    return subprocess.run(list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # One thread: these models are tiny, and on a busy 2-core machine more threads only wait for each other.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def write_fashion_mnist(directory, n=48):
