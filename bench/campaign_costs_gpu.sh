@@ -18,13 +18,9 @@ COSINE_STEPS="${COSINE_STEPS:-4000}"
 COSINE_EVAL_EVERY="${COSINE_EVAL_EVERY:-500}"
 COST_STEPS="${COST_STEPS:-400}"
 COST_EVAL_EVERY="${COST_EVAL_EVERY:-100}"
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-W="$RUNS/campaign"
-LOGS="$W/logs"
-FEATURES="$W/fmnist_features.safetensors"
-mkdir -p "$LOGS" "$OUT"
 # shellcheck source=bench/script_steps.sh
-source "$HERE/script_steps.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/script_steps.sh"
+workdir campaign
 
 # train NAME FLAGS...: a run of the default GPU config into $W/NAME.
 train() {
@@ -35,7 +31,7 @@ train() {
 }
 
 evaluating=(--set eval.features="$FEATURES" --set eval.samples=1000)
-step features features.log "$BIN" eval --train-features --features "$FEATURES" --data-path "$FMNIST"
+train_features
 train cosine --steps "$COSINE_STEPS" --set train.lr_schedule=cosine --set train.warmup_steps=200 \
   --set log.every=100 --set eval.every="$COSINE_EVAL_EVERY" "${evaluating[@]}"
 tar czf "$OUT/campaign-cosine.tgz" -C "$W/cosine" metrics.jsonl tb 2>/dev/null || echo "FAILED: no cosine run to pack"

@@ -2,30 +2,27 @@
 # Parity with plain PyTorch (docs/guide/training.md, "Parity with plain PyTorch"), for
 #   MODE=script SCRIPT=bench/parity_gpu.sh tools/gpu_run.sh
 # which exports BIN, FMNIST, RUNS, OUT and PY. For each seed of PARITY_SEEDS (default "0 1 2") one resolved
-# config (`perftrain config`: the default GPU run, DiT-S/2 on Fashion-MNIST, PARITY_STEPS steps, default 1000)
+# config (`perftrain config`: the default GPU run, DiT-S/2 on Fashion-MNIST, PARITY_STEPS steps, default 800)
 # is trained by both sides, perftrain (`perftrain train --config`) and plain PyTorch
 # (bench/reference_train.py train --config, the same recipe and data order), and both EMA weights are evaluated
 # by `perftrain eval` alike: the feature network trained once here (--train-features), PARITY_SAMPLES samples
 # (default 2000) with the run's sampler and guidance, noise seed 0 for every model. Prints a markdown table
 # (mean +- std over the seeds per side, then every run) after each seed, so a run cut short still reports;
-# the table is also $OUT/parity.md, the logs and metrics go to $OUT/parity-logs.tgz. PARITY_ARGS: more
+# the table is also $OUT/parity.md (with each perftrain run's loss curve against the band of the reference
+# runs', tools/compare_curves.py), the logs and metrics go to $OUT/parity-logs.tgz. PARITY_ARGS: more
 # `perftrain config` flags for both sides (e.g. "--model DiT-B/2" or "--set train.lr_schedule=cosine").
 # Time on an H200: perftrain's DiT-S/2 b256 step ~26 ms, plain eager PyTorch's ~2.5x that; with start-up and
 # evaluation about 7 minutes at the defaults.
 # shellcheck disable=SC2086  # PARITY_ARGS splits on purpose
 set -uo pipefail
-STEPS="${PARITY_STEPS:-1000}"
+STEPS="${PARITY_STEPS:-800}"
 SEEDS="${PARITY_SEEDS:-0 1 2}"
 SAMPLES="${PARITY_SAMPLES:-2000}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-W="$RUNS/parity"
-LOGS="$W/logs"
-FEATURES="$W/fmnist_features.safetensors"
-mkdir -p "$LOGS" "$OUT"
 t_start=$(date +%s)
-
 # shellcheck source=bench/script_steps.sh
 source "$HERE/script_steps.sh"
+workdir parity
 
 table() {
   "$PY" - "$W" "$LOGS/status.jsonl" "$STEPS" "$SAMPLES" "$SEEDS" <<'EOF'
@@ -101,8 +98,24 @@ for (side, s), r in runs.items():
 EOF
 }
 
+# Each perftrain run's loss curve against the band of the reference runs' (tools/compare_curves.py, whose
+# "fp32 runs" are the references here: with three or more, whether perftrain's is no more an outlier among them
+# than one of them is), from two reference runs on.
+curves() {
+  local refs=() seed
+  for seed in $SEEDS; do [ -s "$W/reference-seed$seed-metrics.jsonl" ] && refs+=("$W/reference-seed$seed-metrics.jsonl"); done
+  [ ${#refs[@]} -lt 2 ] && return
+  echo
+  for seed in $SEEDS; do
+    [ -s "$W/perftrain-seed$seed/metrics.jsonl" ] || continue
+    "$PY" "$HERE/../tools/compare_curves.py" "$W/perftrain-seed$seed/metrics.jsonl" "${refs[@]}" \
+      > "$LOGS/curve-perftrain-seed$seed.txt" 2>&1
+    echo "loss curve of perftrain seed $seed against the ${#refs[@]} reference runs: $(tail -n 1 "$LOGS/curve-perftrain-seed$seed.txt")"
+  done
+}
+
 report() {
-  table | tee "$OUT/parity.md"
+  { table; curves; } | tee "$OUT/parity.md"
   tar czf "$OUT/parity-logs.tgz" -C "$W" --exclude='*.safetensors' --exclude=ckpt --exclude=tb . 2>/dev/null
   echo "== parity: $(( $(date +%s) - t_start )) s so far"
 }
@@ -113,7 +126,7 @@ write_config() {
     --set log.sample_every=0 --set log.checkpoint_every=0 ${PARITY_ARGS:-} > "$2"
 }
 
-step "features" features.log "$BIN" eval --train-features --features "$FEATURES" --data-path "$FMNIST"
+train_features
 for seed in $SEEDS; do
   cfg="$W/seed$seed.toml"
   # One resolved config for both sides: the GPU defaults with the data path, steps and seed; sample grids and

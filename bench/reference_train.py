@@ -489,10 +489,6 @@ def make_parser():
     return p
 
 
-def main(argv=None):
-    args = make_parser().parse_args(argv)
-    args.func(args)
-
-
 if __name__ == "__main__":
-    main()
+    parsed = make_parser().parse_args()
+    parsed.func(parsed)
