@@ -235,21 +235,27 @@ class Diffusion:
     def at(self, name, t):
         return self.t[name][t].view(-1, 1, 1, 1)
 
+    def q_sample(self, x0, t, noise):
+        return self.at("sqrt_acp", t) * x0 + self.at("sqrt_1m_acp", t) * noise
+
     def loss(self, model, x0, y, amp_dtype, learn_sigma):
         """(loss, mse, vb) of one batch: t then noise drawn, the model under autocast, the loss in float32."""
         t = torch.randint(0, self.num_timesteps, (x0.shape[0],), device=x0.device)
         noise = torch.randn_like(x0)
-        x_t = self.at("sqrt_acp", t) * x0 + self.at("sqrt_1m_acp", t) * noise
+        x_t = self.q_sample(x0, t, noise)
         with torch.autocast(x0.device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
             out = model(x_t, t, y)
-        out = out.float()
+        mse, vb = self.terms(out.float(), x0, x_t, noise, t, learn_sigma)
+        if vb is None:
+            return mse.mean(), mse.mean().detach(), None
+        return (mse + vb).mean(), mse.mean().detach(), vb.mean().detach()
+
+    def terms(self, out, x0, x_t, noise, t, learn_sigma):
+        """Per sample [B]: the eps-MSE, and with learn_sigma the VLB of the variance half (eps detached), else None."""
         c = x0.shape[1]
         eps = out[:, :c]
         mse = (noise - eps).square().flatten(1).mean(1)
-        if not learn_sigma:
-            return mse.mean(), mse.mean().detach(), None
-        vb = self.vb_terms_bpd(eps.detach(), out[:, c:], x0, x_t, t)
-        return (mse + vb).mean(), mse.mean().detach(), vb.mean().detach()
+        return mse, self.vb_terms_bpd(eps.detach(), out[:, c:], x0, x_t, t) if learn_sigma else None
 
     def vb_terms_bpd(self, eps, v, x0, x_t, t):
         """KL(q(x_{t-1}|x_t,x0) || p(x_{t-1}|x_t)) in bits/dim for t > 0, the decoder NLL at t = 0."""

@@ -18,6 +18,7 @@ import sys
 import tempfile
 
 import numpy as np
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BINARY = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "perftrain")
@@ -85,6 +86,39 @@ def test_a_recipe_it_does_not_reproduce_is_refused_by_key():
         assert r.returncode == 2, r.stdout
         assert "diffusion.objective = 'flow'" in r.stdout and len(r.stdout.strip().splitlines()) == 1, r.stdout
         assert not os.path.exists(out)
+
+
+def test_hybrid_loss_equals_the_float64_reference():
+    """The per-sample MSE and VLB against tests/diffusion/vlb_reference.py (guided-diffusion's formulas in
+    float64 numpy, which perftrain's loss is checked against too), t = 0 (the decoder NLL) and pixels at +-1
+    (its open-ended bins) included."""
+    spec = importlib.util.spec_from_file_location("vlb_reference", os.path.join(ROOT, "tests", "diffusion",
+                                                                                "vlb_reference.py"))
+    vr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vr)
+    rng = np.random.default_rng(1)
+    b, c = 6, 2
+    x0 = rng.uniform(-1, 1, size=(b, c, 4, 4))
+    x0[:, :, 0, 0], x0[:, :, 0, 1] = -1.0, 1.0
+    noise, out = rng.standard_normal((b, c, 4, 4)), rng.uniform(-1, 1, size=(b, 2 * c, 4, 4))
+    t = np.array([0, 1, 2, 500, 998, 999])
+    d = rt.Diffusion("cpu")
+    f32 = lambda a: torch.from_numpy(a).float()
+    x_t = d.q_sample(f32(x0), torch.from_numpy(t), f32(noise))
+    mse, vb = d.terms(f32(out), f32(x0), x_t, f32(noise), torch.from_numpy(t), True)
+
+    s = vr.schedule()
+    col = lambda name: s[name][t].reshape(b, 1, 1, 1)
+    x_t64 = col("sqrt_ab") * x0 + col("sqrt_1m_ab") * noise
+    eps, v = out[:, :c], out[:, c:]
+    frac = (v + 1) / 2
+    logvar = frac * col("log_betas") + (1 - frac) * col("post_logvar_clipped")
+    mean = col("coef1") * (col("sqrt_recip_ab") * x_t64 - col("sqrt_recipm1_ab") * eps) + col("coef2") * x_t64
+    true_mean = col("coef1") * x0 + col("coef2") * x_t64
+    kl = vr.mean_flat(vr.normal_kl(true_mean, col("post_logvar_clipped"), mean, logvar)) / np.log(2.0)
+    nll = -vr.mean_flat(vr.discretized_log_likelihood(x0, mean, 0.5 * logvar)) / np.log(2.0)
+    np.testing.assert_allclose(mse.numpy(), vr.mean_flat((noise - eps) ** 2), rtol=1e-5)
+    np.testing.assert_allclose(vb.numpy(), np.where(t == 0, nll, kl), rtol=1e-5)
 
 
 def test_lr_schedules_follow_the_closed_forms():
