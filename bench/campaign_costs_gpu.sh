@@ -12,7 +12,7 @@
 #      tuning), and the wall time of the whole process with and without evaluation, per evaluation, against the
 #      eval_s the trainer logs.
 # The tables go to $OUT/campaign.md and are printed last; every run's log and metrics to $OUT/campaign-logs.tgz.
-# About 6 minutes on an H200 (a DiT-S/2 b256 step ~26 ms).
+# Estimated at about 5 minutes on an H200 (a DiT-S/2 b256 step ~26-28 ms, docs/PERFORMANCE.md).
 set -uo pipefail
 COSINE_STEPS="${COSINE_STEPS:-4000}"
 COSINE_EVAL_EVERY="${COSINE_EVAL_EVERY:-500}"

@@ -11,8 +11,8 @@
 # the table is also $OUT/parity.md (with each perftrain run's loss curve against the band of the reference
 # runs', tools/compare_curves.py), the logs and metrics go to $OUT/parity-logs.tgz. PARITY_ARGS: more
 # `perftrain config` flags for both sides (e.g. "--model DiT-B/2" or "--set train.lr_schedule=cosine").
-# Time on an H200: perftrain's DiT-S/2 b256 step ~26 ms, plain eager PyTorch's ~2.5x that; with start-up and
-# evaluation about 7 minutes at the defaults.
+# Time on an H200: perftrain's DiT-S/2 b256 step ~26-28 ms (docs/PERFORMANCE.md), plain eager PyTorch's about 2.5x
+# that (estimated); with start-up and evaluation about 7 minutes at the defaults, under gpu_run.sh's 540 s.
 # shellcheck disable=SC2086  # PARITY_ARGS splits on purpose
 set -uo pipefail
 STEPS="${PARITY_STEPS:-800}"
