@@ -26,7 +26,7 @@ workdir parity
 
 table() {
   "$PY" - "$W" "$LOGS/status.jsonl" "$STEPS" "$SAMPLES" "$SEEDS" <<'EOF'
-import json, math, os, sys
+import json, math, os, statistics, sys
 w, status_path, steps, samples, seeds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5].split()
 status = {}
 if os.path.exists(status_path):
@@ -90,6 +90,20 @@ for side in ("perftrain", "reference"):
     cells = [mean_std([runs[(side, s)].get(k) for s in seeds]) for k in metric_names + ["loss"]]
     print(f"| {side} | " + " | ".join(cells) + " |")
 print()
+# perftrain - reference per metric, against the standard error of that difference from the seeds' spread
+# (with three seeds a side, equal trainers come out worse by more than twice it in roughly 5-10% of runs).
+for k, better in (("fd_features", -1), ("class_consistency", 1)):
+    p, r = ([runs[(side, s)].get(k) for s in seeds if runs[(side, s)].get(k) is not None]
+            for side in ("perftrain", "reference"))
+    if len(p) < 2 or len(r) < 2:
+        print(f"{k}: too few runs for a spread")
+        continue
+    diff = sum(p) / len(p) - sum(r) / len(r)
+    se = math.sqrt(statistics.variance(p) / len(p) + statistics.variance(r) / len(r))
+    worse = better * diff < -2 * se
+    print(f"{k}: perftrain - reference = {diff:+.4f} (standard error {se:.4f}): "
+          f"{'perftrain WORSE by more than twice that' if worse else 'perftrain not worse by more than twice that'}")
+print()
 print("| side | seed | fd_features | class_consistency | last logged loss | train s | note |")
 print("|---|---:|---:|---:|---:|---:|---|")
 for (side, s), r in runs.items():
@@ -103,14 +117,17 @@ EOF
 # than one of them is), from two reference runs on.
 curves() {
   local refs=() seed
-  for seed in $SEEDS; do [ -s "$W/reference-seed$seed-metrics.jsonl" ] && refs+=("$W/reference-seed$seed-metrics.jsonl"); done
+  for seed in $SEEDS; do
+    [ -s "$W/reference-seed$seed-metrics.jsonl" ] && refs+=("$W/reference-seed$seed-metrics.jsonl")
+  done
   [ ${#refs[@]} -lt 2 ] && return
   echo
   for seed in $SEEDS; do
     [ -s "$W/perftrain-seed$seed/metrics.jsonl" ] || continue
     "$PY" "$HERE/../tools/compare_curves.py" "$W/perftrain-seed$seed/metrics.jsonl" "${refs[@]}" \
       > "$LOGS/curve-perftrain-seed$seed.txt" 2>&1
-    echo "loss curve of perftrain seed $seed against the ${#refs[@]} reference runs: $(tail -n 1 "$LOGS/curve-perftrain-seed$seed.txt")"
+    echo "loss curve of perftrain seed $seed against the ${#refs[@]} reference runs:" \
+      "$(tail -n 1 "$LOGS/curve-perftrain-seed$seed.txt")"
   done
 }
 

@@ -266,9 +266,9 @@ class Diffusion:
         model_mean = c1 * pred_x0 + c2 * x_t
         frac = (v + 1) / 2
         model_log_var = frac * max_log + (1 - frac) * min_log
-        kl = normal_kl(true_mean, min_log, model_mean, model_log_var).flatten(1).mean(1) / math.log(2.0)
-        nll = -discretized_gaussian_log_likelihood(x0, model_mean, 0.5 * model_log_var).flatten(1).mean(1) / math.log(2.0)
-        return torch.where(t == 0, nll, kl)
+        kl = normal_kl(true_mean, min_log, model_mean, model_log_var).flatten(1).mean(1)
+        nll = -discretized_gaussian_log_likelihood(x0, model_mean, 0.5 * model_log_var).flatten(1).mean(1)
+        return torch.where(t == 0, nll, kl) / math.log(2.0)
 
 
 def normal_kl(mean1, logvar1, mean2, logvar2):
@@ -434,7 +434,8 @@ def cmd_train(args):
             loss, mse, vb = diffusion.loss(model, x0[part], y[part], amp_dtype, m["learn_sigma"])
             (loss / accumulate).backward()
             with torch.no_grad():
-                window += torch.stack([loss.detach(), mse, vb if vb is not None else torch.zeros_like(mse)]) / accumulate
+                terms = [loss.detach(), mse, vb if vb is not None else torch.zeros_like(mse)]
+                window += torch.stack(terms) / accumulate
         grad_norm = torch.nn.utils.clip_grad_norm_(params, tr["grad_clip"]) if tr["grad_clip"] > 0 else None
         lr = opt.param_groups[0]["lr"]
         opt.step()
@@ -462,7 +463,8 @@ def cmd_train(args):
             window.zero_()
             t_window = time.perf_counter()
     state = {k: v.float() for k, v in ema.state_dict().items()}
-    save_safetensors(state, args.out, {"perftrain.config": cfg["_text"], "perftrain.source": "bench/reference_train.py"})
+    save_safetensors(state, args.out,
+                     {"perftrain.config": cfg["_text"], "perftrain.source": "bench/reference_train.py"})
     print(f"wrote {args.out}: EMA weights, {len(state)} tensors")
 
 

@@ -51,8 +51,8 @@ TEST(ReferenceTrain, TakesTheLoadersBatches) {
   cfg.optim.seed = 7;
   write_raw(dir.file("run.toml"), cfg.to_toml());
   const auto r = run_shell(std::string("'") + PERFTRAIN_PYTHON + "' '" + PERFTRAIN_SOURCE_DIR +
-                           "/bench/reference_train.py' batches --config '" + dir.file("run.toml") + "' --count 5 --out '" +
-                           dir.file("batches.safetensors") + "'");
+                           "/bench/reference_train.py' batches --config '" + dir.file("run.toml") +
+                           "' --count 5 --out '" + dir.file("batches.safetensors") + "'");
   ASSERT_EQ(r.code, 0) << r.output;
 
   const auto file = io::SafetensorsFile::open(dir.file("batches.safetensors"));
