@@ -2,6 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
+#include <type_traits>
+
 #include "base/error.h"
 #include "observe/bench/environment.h"
 #include "observe/bench/torch_reference.h"
@@ -30,8 +33,12 @@ observe::log::Params config_params(const TrainConfig& cfg) {
           } else if constexpr (std::is_same_v<T, double>) {
             p.value = v;
             p.text = nlohmann::json(v).dump();  // the shortest text that reads back exactly
-          } else {
-            p.value = static_cast<double>(v);
+          } else if constexpr (std::is_same_v<T, int64_t>) {
+            p.value = v;
+            p.text = std::to_string(v);
+          } else {  // the seed: a number W&B and TensorBoard can hold as it is where it fits
+            p.value = v <= uint64_t(INT64_MAX) ? observe::log::Param::Value(static_cast<int64_t>(v))
+                                               : observe::log::Param::Value(static_cast<double>(v));
             p.text = std::to_string(v);
           }
         },

@@ -22,11 +22,12 @@
 namespace perftrain::observe::log {
 
 // One key of the resolved config ("train.lr"): its value typed (what
-// TensorBoard's hparams and W&B's config take) and as exact text (MLflow's
-// params; strings unquoted).
+// TensorBoard's hparams, as numbers, and W&B's config take) and as exact
+// text (MLflow's params; strings unquoted).
 struct Param {
+  using Value = std::variant<double, int64_t, bool, std::string>;
   std::string key;
-  std::variant<double, bool, std::string> value;
+  Value value;
   std::string text;
 };
 using Params = std::vector<Param>;

@@ -1,6 +1,7 @@
 #include "observe/log/tensorboard_logger.h"
 
 #include <chrono>
+#include <type_traits>
 
 namespace perftrain::observe::log {
 namespace {
@@ -15,7 +16,14 @@ tensorboard::HParams hparams_of(const Params& params) {
   tensorboard::HParams out;
   out.reserve(params.size());
   for (const Param& p : params)
-    std::visit([&](const auto& v) { out.emplace_back(p.key, tensorboard::HParamValue(v)); }, p.value);
+    std::visit(
+        [&](const auto& v) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(v)>, int64_t>)
+            out.emplace_back(p.key, tensorboard::HParamValue(static_cast<double>(v)));
+          else
+            out.emplace_back(p.key, tensorboard::HParamValue(v));
+        },
+        p.value);
   return out;
 }
 

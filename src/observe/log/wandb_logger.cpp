@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -181,13 +182,15 @@ void WandbLogger::image(const std::string& tag, int64_t step, const std::string&
   send({{"image", {{"step", step}, {"tag", tag}, {"path", png_path}}}});
 }
 
-// The last line may wait (the run is over): the finish is not dropped.
+// The end may wait (the run is over), up to finish_timeout_s in all: what is
+// still queued, the finish line, then wandb.finish.
 void WandbLogger::close(RunEnd end) {
   const auto start = Clock::now();
-  while (!drain() && seconds_since(start) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const double limit = options_.finish_timeout_s;
+  while (!drain() && seconds_since(start) < limit) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   send({{"finish", {{"exit_code", end == RunEnd::finished ? 0 : 1}}}});
-  while (!drain() && seconds_since(start) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  end_sidecar(options_.finish_timeout_s);
+  while (!drain() && seconds_since(start) < limit) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  end_sidecar(std::max(0.0, limit - seconds_since(start)));
 }
 
 // End of input, then up to timeout_s for the sidecar to finish; killed after that.
@@ -197,7 +200,7 @@ void WandbLogger::end_sidecar(double timeout_s) {
   int status = 0;
   while (pid_ > 0 && ::waitpid(pid_, &status, WNOHANG) == 0) {
     if (seconds_since(start) > timeout_s) {
-      warnings_ << "warning: the W&B sidecar did not finish within " << timeout_s << " s; ended it\n";
+      warnings_ << "warning: the W&B sidecar did not finish within " << options_.finish_timeout_s << " s; ended it\n";
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, &status, 0);
       break;
