@@ -101,9 +101,14 @@ TEST(Loggers, ARequiredSinkThatFailsEndsTheRun) {
   EXPECT_TRUE(warnings.str().empty());
 }
 
-TEST(MlflowStore, WritesExperimentRunParamsTagsAndMetricLines) {
+// A temporary directory with the run directory "run" in it.
+class MlflowStore : public ::testing::Test {
+ protected:
+  MlflowStore() { fs::create_directories(dir.file("run")); }
   TempDir dir;
-  fs::create_directories(dir.file("run"));
+};
+
+TEST_F(MlflowStore, WritesExperimentRunParamsTagsAndMetricLines) {
   std::string run_path;
   {
     ol::MlflowLogger m(dir.file("mlruns"), "exp 'one'");
@@ -135,9 +140,7 @@ TEST(MlflowStore, WritesExperimentRunParamsTagsAndMetricLines) {
   EXPECT_EQ(lines_of(run_path + "/metrics/weird/_/name_").size(), 1u);  // no way out of metrics/
 }
 
-TEST(MlflowStore, AResumeAppendsToTheSameRunCutAtTheCheckpoint) {
-  TempDir dir;
-  fs::create_directories(dir.file("run"));
+TEST_F(MlflowStore, AResumeAppendsToTheSameRunCutAtTheCheckpoint) {
   std::string first;
   {
     ol::MlflowLogger m(dir.file("mlruns"), "Default");
@@ -160,8 +163,7 @@ TEST(MlflowStore, AResumeAppendsToTheSameRunCutAtTheCheckpoint) {
   EXPECT_EQ(fs::list_directory(fs::parent_path(first)).size(), 2u);  // meta.yaml and the one run
 }
 
-TEST(MlflowStore, AFileWhereTheTrackingDirectoryGoesIsAUsageError) {
-  TempDir dir;
+TEST_F(MlflowStore, AFileWhereTheTrackingDirectoryGoesIsAUsageError) {
   std::ofstream(dir.file("mlruns")) << "x";
   try {
     ol::check_mlflow_tracking_dir(dir.file("mlruns"));

@@ -192,6 +192,9 @@ def test_real_wandb_offline():
         wandb_dir = os.path.join(tmp, "runs", "r", "wandb")
         offline = [d for d in os.listdir(wandb_dir) if d.startswith("offline-run-")]
         assert len(offline) == 1, os.listdir(wandb_dir)
+        run_id = open(os.path.join(tmp, "runs", "r", "wandb_run_id")).read().strip()
+        assert offline[0].endswith("-" + run_id), (offline, run_id)
+        assert os.path.getsize(os.path.join(wandb_dir, offline[0], "run-%s.wandb" % run_id)) > 0
         print("wandb (real, offline):", offline[0])
 
 
