@@ -264,6 +264,7 @@ void Trainer::log_start() const {
        << "\n"
        << "data: " << dataset_->describe() << "\n"
        << "run: " << run_path_ << "\n";
+  if (loggers_) log_ << "logging to: " << loggers_->names() << "\n";
   if (group_)
     log_ << "data parallel: " << launch_.world_size << " processes (master " << launch_.master_addr << ":"
          << launch_.master_port << "), global batch " << cfg_.optim.batch_size << " = " << launch_.world_size << " x "

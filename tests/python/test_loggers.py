@@ -154,6 +154,7 @@ def test_tensorboard_mlflow_wandb_and_resume():
                        "--set", "log.mlflow_experiment=tiny", "--set", "log.wandb=offline"]
         r = perftrain(args + ["--steps", "4"], fake_env(calls))
         assert r.returncode == 0, r.stdout
+        assert "\nlogging to: metrics.jsonl, tensorboard, mlflow, wandb\n" in r.stdout, r.stdout
         run = os.path.join(runs, "r")
         check_tensorboard(run)
         check_mlflow(tracking, run, metrics_lines(run))

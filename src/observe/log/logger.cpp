@@ -15,6 +15,12 @@ Loggers::~Loggers() {
 
 void Loggers::add(std::unique_ptr<Logger> logger) { sinks_.push_back(std::move(logger)); }
 
+std::string Loggers::names() const {
+  std::string out;
+  for (const auto& s : sinks_) out += (out.empty() ? "" : ", ") + s->name();
+  return out;
+}
+
 bool Loggers::takes_histograms() const {
   for (const auto& s : sinks_)
     if (s->takes_histograms()) return true;

@@ -80,6 +80,8 @@ class Loggers {
 
   void add(std::unique_ptr<Logger> logger);
   bool empty() const { return sinks_.empty(); }
+  // "metrics.jsonl, tensorboard, mlflow": the sinks' names, in order.
+  std::string names() const;
   // Whether any sink takes histograms (so that none are computed for nobody).
   bool takes_histograms() const;
 
