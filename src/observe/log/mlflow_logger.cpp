@@ -3,14 +3,18 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
+#include <cctype>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
-#include <sys/stat.h>
 
 #include "base/error.h"
 #include "base/fs.h"
@@ -145,7 +149,13 @@ void cut_metrics_after(const std::string& dir, int64_t step) {
   }
 }
 
-void write_small_file(const std::string& path, const std::string& text) { io::write_text_atomic(path, text); }
+// A param or tag: a small file, written once (no fsync: a hundred of them at
+// start-up should not cost a hundred disk flushes; meta.yaml is atomic).
+void write_small_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out.flush()) throw RuntimeError("cannot write " + path);
+}
 
 }  // namespace
 
