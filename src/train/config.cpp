@@ -96,6 +96,10 @@ std::vector<Key> keys(TrainConfig& c) {
       {"log", "sample_classes", &c.log.sample_classes},
       {"log", "tensorboard", &c.log.tensorboard},
       {"log", "histogram_every", &c.log.histogram_every},
+      {"log", "mlflow", &c.log.mlflow},
+      {"log", "mlflow_experiment", &c.log.mlflow_experiment},
+      {"log", "wandb", &c.log.wandb, {"off", "offline", "online"}},
+      {"log", "wandb_project", &c.log.wandb_project},
       {"run", "dir", &c.run.dir},
       {"run", "name", &c.run.name},
       {"speed", "graph", &c.speed.graph},
@@ -383,6 +387,22 @@ static void validate_eval(const EvalConfig& e) {
           "eval.ref_stats");
 }
 
+// The loggers' names and paths: printable (they are echoed), and what
+// MLflow and W&B accept.
+static void validate_loggers(const LogConfig& l) {
+  using Text = std::pair<const char*, const std::string*>;
+  for (const auto& [key, value] : {Text{"log.mlflow", &l.mlflow}, Text{"log.mlflow_experiment", &l.mlflow_experiment},
+                                   Text{"log.wandb_project", &l.wandb_project}})
+    require(base::is_printable(*value), std::string(key) + " '" + base::printable(*value) +
+                                            "' holds control characters or bytes that are not UTF-8");
+  require(!l.mlflow_experiment.empty() && l.mlflow_experiment.size() <= 500,
+          "log.mlflow_experiment must be a name of 1 to 500 characters");
+  require(!l.wandb_project.empty() && l.wandb_project.size() <= 128 &&
+              l.wandb_project.find_first_of("/\\#?%:") == std::string::npos,
+          "log.wandb_project '" + base::printable(l.wandb_project) +
+              "' must be 1 to 128 characters without / \\ # ? % : (W&B's rule for project names)");
+}
+
 void validate_speed(const SpeedConfig& speed) {
   TrainConfig c;
   c.speed = speed;
@@ -440,6 +460,7 @@ void TrainConfig::validate() const {
   require(distributed.timeout_s > 0 && distributed.timeout_s <= 86400, "distributed.timeout_s must be in (0, 86400] seconds");
   require(distributed.bucket_mb > 0 && distributed.bucket_mb <= 4096, "distributed.bucket_mb must be in (0, 4096]");
   validate_eval(eval);
+  validate_loggers(log);
   require(!run.dir.empty(), "run.dir must not be empty");
   require(base::is_printable(run.dir),
           "run.dir (--runs-dir) '" + base::printable(run.dir) +
@@ -478,6 +499,14 @@ std::string TrainConfig::to_toml() const {
     out << k.key << " = " << value_text(k.target) << "\n";
   }
   return out.str();
+}
+
+std::vector<ConfigValue> config_values(const TrainConfig& cfg) {
+  TrainConfig copy = cfg;
+  std::vector<ConfigValue> out;
+  for (const Key& k : keys(copy))
+    std::visit([&](auto* p) { out.push_back({std::string(k.section) + "." + k.key, *p}); }, k.target);
+  return out;
 }
 
 std::vector<std::pair<std::string, std::string>> config_fields(const TrainConfig& cfg, const std::string& section) {

@@ -8,6 +8,7 @@
 
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "models/dit_config.h"
@@ -80,6 +81,10 @@ struct LogConfig {
   int64_t sample_classes = 10;  // the first N classes, one row each
   bool tensorboard = true;          // TensorBoard event files in tb/ of the run directory
   int64_t histogram_every = 1000;   // steps between weight histograms in them (0: only at the end)
+  std::string mlflow;               // MLflow's tracking directory (a local file store, e.g. mlruns); empty: off
+  std::string mlflow_experiment = "Default";  // the MLflow experiment the run goes into
+  std::string wandb = "off";        // Weights & Biases: off | offline | online (a Python sidecar)
+  std::string wandb_project = "perftrain";
 };
 
 // Training health (docs/guide/health.md): gradient monitoring inside the
@@ -158,6 +163,14 @@ void check_model_fits(const models::DiTConfig& model, double available_bytes);
 // The [speed] keys' part of TrainConfig::validate(): UsageError naming the key
 // and its allowed values.
 void validate_speed(const SpeedConfig& speed);
+
+// Every key with its value, typed, in config.toml's order ("section.key"):
+// what the run's loggers record as hparams and params (observe/log/logger.h).
+struct ConfigValue {
+  std::string key;
+  std::variant<int64_t, uint64_t, double, bool, std::string> value;
+};
+std::vector<ConfigValue> config_values(const TrainConfig& cfg);
 
 // The defaults for a machine with (cuda) or without a GPU.
 TrainConfig default_config(bool cuda);

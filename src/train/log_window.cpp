@@ -13,11 +13,12 @@
 #include "compat/compat.h"
 #include "data/batch_loader.h"
 #include "distributed/group.h"
-#include "observe/tensorboard/event_writer.h"
+#include "observe/log/logger.h"
 #include "observe/tensorboard/health_events.h"
 #include "ops/cublaslt_workspace.h"
 #include "train/progress.h"
 #include "train/run_directory.h"
+#include "train/run_loggers.h"
 #include "train/trainer.h"
 
 namespace perftrain::train {
@@ -65,8 +66,8 @@ void Trainer::log_window(int64_t step) {
   if (summary_.first_loss == 0) summary_.first_loss = w.loss;
   summary_.final_loss = w.loss;
   const nlohmann::json record = window_record(w, step, steps_per_s, grad_health, warnings);
-  if (run_) run_->log_metrics(record);
-  if (events_) write_scalars(record, step);
+  log_record(record);
+  write_scalars(record, step);
   if (grad_health) flow_sample_ = grad_health;
   progress_->report(step, w.loss, steps_per_s * cfg_.optim.step_batch(), steps_per_s);
   window_start_ = Clock::now();
@@ -121,7 +122,7 @@ void Trainer::stop_on_nonfinite(const WindowStats& w, int64_t step, int64_t firs
                              {"first_nonfinite_step", first_bad},
                              {"health_warnings", warnings}};
     if (has_grad_norm(w)) record["grad_norm"] = w.grad_norm;
-    run_->log_metrics(record);
+    log_record(record);
   }
   progress_->finish();
   summary_.last_step = step;
@@ -140,10 +141,10 @@ std::optional<observe::GradHealthSample> Trainer::take_grad_health(int64_t runne
   std::optional<observe::GradHealthSample> latest;
   for (auto& sample : runner_->take_grad_health()) {
     sample.step += runner_offset;
-    if (events_) observe::tensorboard::add_grad_health(*events_, sample);
+    if (loggers_) loggers_->scalars(sample.step, observe::tensorboard::grad_health_scalars(sample));
     const int64_t every = cfg_.log.histogram_every;
-    if (events_ && every > 0 && sample.step / every * every > grad_histograms_at_) {
-      observe::tensorboard::add_grad_histograms(*events_, sample);
+    if (loggers_ && loggers_->takes_histograms() && every > 0 && sample.step / every * every > grad_histograms_at_) {
+      loggers_->histograms(sample.step, observe::tensorboard::grad_health_histograms(sample));
       grad_histograms_at_ = sample.step / every * every;
     }
     for (const auto& h : detectors_.observe(sample)) warn(h.message, &warnings);
@@ -185,11 +186,17 @@ nlohmann::json Trainer::window_record(const WindowStats& w, int64_t step, double
   return rec;
 }
 
-// Every number of the record as train/<key> at the window's step.
+// Every number of the record as train/<key> at the window's step, to every
+// logger that takes scalars; then they flush.
 void Trainer::write_scalars(const nlohmann::json& record, int64_t step) {
-  for (auto it = record.begin(); it != record.end(); ++it)
-    if (it.key() != "step" && it.value().is_number()) events_->add_scalar("train/" + it.key(), step, it.value());
-  events_->flush();
+  if (!loggers_) return;
+  loggers_->scalars(step, record_scalars(record, "train/"));
+  loggers_->flush();
+}
+
+// The record as a metrics.jsonl line (rank 0).
+void Trainer::log_record(const nlohmann::json& record) {
+  if (loggers_) loggers_->record(record);
 }
 
 }  // namespace perftrain::train

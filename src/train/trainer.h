@@ -34,8 +34,9 @@ class Group;
 namespace perftrain::data {
 class BatchLoader;
 }
-namespace perftrain::observe::tensorboard {
-class EventWriter;
+namespace perftrain::observe::log {
+class Loggers;
+class WandbLogger;
 }
 
 namespace perftrain::train {
@@ -122,6 +123,7 @@ class Trainer {
   void check_config();
   void choose_device();
   void check_memory() const;
+  void check_loggers();
   void open_dataset();
   void open_evaluator();
   void open_run_directory();
@@ -148,6 +150,7 @@ class Trainer {
                                const std::optional<observe::GradHealthSample>& grad_health,
                                const std::vector<std::string>& warnings) const;
   void write_scalars(const nlohmann::json& record, int64_t step);
+  void log_record(const nlohmann::json& record);
   void warn(const std::string& message, std::vector<std::string>* window_warnings = nullptr);
 
   // Outputs between steps.
@@ -176,6 +179,8 @@ class Trainer {
   at::Device device_{at::kCPU};
   std::string precision_;
   std::optional<StopSignals> stop_signals_;
+  // log.wandb: the sidecar, started at set-up; start_outputs hands it to loggers_.
+  std::unique_ptr<observe::log::WandbLogger> wandb_;
   std::unique_ptr<distributed::Group> group_;
   std::unique_ptr<data::Dataset> dataset_;
   std::unique_ptr<eval::Evaluator> evaluator_;  // eval.every > 0, rank 0
@@ -186,7 +191,9 @@ class Trainer {
   std::unique_ptr<StepRunner> runner_;
   TrainerState state_;
   std::vector<RunSegment> earlier_segments_;  // the run's segments before this one
-  std::unique_ptr<observe::tensorboard::EventWriter> events_;
+  // The run's loggers (train/run_loggers.h): metrics.jsonl, TensorBoard,
+  // MLflow, W&B; rank 0's, null on the other ranks.
+  std::unique_ptr<observe::log::Loggers> loggers_;
   std::unique_ptr<data::BatchLoader> loader_;
   std::unique_ptr<Progress> progress_;
   SampleOptions sample_opts_;

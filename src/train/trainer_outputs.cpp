@@ -10,12 +10,14 @@
 #include "compat/compat.h"
 #include "distributed/group.h"
 #include "observe/plot/svg_plot.h"
+#include "observe/log/logger.h"
 #include "observe/tensorboard/event_writer.h"
 #include "observe/tensorboard/health_events.h"
 #include "train/nan_locator.h"
 #include "train/progress.h"
 #include "train/report.h"
 #include "train/run_directory.h"
+#include "train/run_loggers.h"
 #include "train/run_profiler.h"
 #include "train/trainer.h"
 #include "train/eval/evaluation.h"
@@ -31,7 +33,7 @@ void Trainer::outputs_after_step(int64_t step, int stop) {
   if (!stop && (last || every(cfg_.log.sample_every))) write_samples();
   if (!stop && evaluator_ && (last || every(cfg_.eval.every))) write_eval();
   if (last || stop || every(cfg_.log.checkpoint_every)) save();
-  if (events_ && (last || every(cfg_.log.histogram_every))) write_histograms(last);
+  if (loggers_ && loggers_->takes_histograms() && (last || every(cfg_.log.histogram_every))) write_histograms(last);
   if (profiler_) profiler_->end_step(step - summary_.first_step);  // a window's trace is written here
   const auto paused = Clock::now() - pause_start_;  // keep samples and checkpoints out of the speed
   window_start_ += paused;
@@ -69,32 +71,30 @@ void Trainer::write_samples() {
   std::snprintf(name, sizeof name, "/step_%08lld.png", static_cast<long long>(state_.step));
   summary_.last_samples = run_->samples_dir() + name;
   write_sample_grid(summary_.last_samples, *built_.ema, cfg_, sample_opts_, device_);
-  if (events_) events_->add_png_file("samples", state_.step, summary_.last_samples);
+  loggers_->image("samples", state_.step, summary_.last_samples);
 }
 
 // eval.every: the EMA weights' sample quality, between steps as the sample
 // grids are (the captured step is not touched): a metrics.jsonl record
-// {"step", "eval": {metric: value}, "eval_s"} and TensorBoard scalars eval/<metric>.
+// {"step", "eval": {metric: value}, "eval_s"} and the loggers' scalars eval/<metric>.
 void Trainer::write_eval() {
   PERFTRAIN_SCOPE("eval");
   const auto start = Clock::now();
   const eval::Metrics metrics = evaluator_->run(*built_.ema, cfg_);
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   nlohmann::json record = {{"step", state_.step}, {"eval_s", seconds}};
-  for (const auto& [name, value] : metrics) {
-    record["eval"][name] = value;
-    if (events_) events_->add_scalar("eval/" + name, state_.step, value);
-  }
-  run_->log_metrics(record);
-  if (events_) events_->flush();
+  for (const auto& [name, value] : metrics) record["eval"][name] = value;
+  log_record(record);
+  loggers_->scalars(state_.step, record_scalars(record["eval"], "eval/"));
+  loggers_->flush();
 }
 
 void Trainer::write_histograms(bool last) {
-  observe::tensorboard::add_histograms(*events_, "weights", state_.step, built_.model->named_parameters());
+  loggers_->histograms(state_.step, observe::tensorboard::named_histograms("weights", built_.model->named_parameters()));
   // log.histogram_every = 0: the last monitored step's gradient histograms, at the end.
   if (last && cfg_.log.histogram_every == 0 && flow_sample_)
-    observe::tensorboard::add_grad_histograms(*events_, *flow_sample_);
-  events_->flush();
+    loggers_->histograms(flow_sample_->step, observe::tensorboard::grad_health_histograms(*flow_sample_));
+  loggers_->flush();
 }
 
 // loss.svg, gradient_flow.svg (and .png with a converter) in the run directory.
@@ -119,6 +119,7 @@ TrainSummary Trainer::finish() {
   summary_.step_mode = runner_->graph_status();
   write_report(summary_.stop_signal != 0 ? std::string("stopped by ") + stop_signal_name(summary_.stop_signal)
                                          : "reached train.steps = " + std::to_string(cfg_.optim.steps));
+  if (loggers_) loggers_->close(summary_.stop_signal != 0 ? observe::log::RunEnd::stopped : observe::log::RunEnd::finished);
   if (group_) group_->barrier();  // rank 0's last checkpoint is written when any rank returns
   return summary_;
 }

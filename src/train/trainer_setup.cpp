@@ -12,11 +12,13 @@
 #include "compat/compat.h"
 #include "data/batch_loader.h"
 #include "distributed/group.h"
-#include "observe/tensorboard/event_writer.h"
+#include "observe/log/logger.h"
+#include "observe/log/wandb_logger.h"
 #include "train/init_from.h"
 #include "train/memory_estimate.h"
 #include "train/progress.h"
 #include "train/run_directory.h"
+#include "train/run_loggers.h"
 #include "train/run_profiler.h"
 #include "train/speed.h"
 #include "train/trainer.h"
@@ -91,6 +93,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opts, std::ostream&
   check_config();
   choose_device();
   check_memory();
+  check_loggers();
   // From here a first SIGINT/SIGTERM stops the run after its current step.
   if (opts_.save_on_signal) stop_signals_.emplace();
   if (launch_.distributed())
@@ -137,6 +140,12 @@ void Trainer::check_memory() const {
   per_rank.optim.batch_size /= launch_.world_size;
   check_memory_fits(per_rank, device_.is_cuda(), precision_, memory_available_for_training(device_.is_cuda()),
                     cfg_.distributed.shard_optimizer ? launch_.world_size : 1);
+}
+
+// log.mlflow's directory, and log.wandb's sidecar with its wandb import
+// (rank 0, which logs), before anything is created.
+void Trainer::check_loggers() {
+  if (launch_.rank == 0) wandb_ = train::check_loggers(cfg_.log, log_);
 }
 
 void Trainer::open_dataset() {
@@ -202,8 +211,9 @@ void Trainer::resume() {
 }
 
 // config.toml and metrics.jsonl (RunDirectory::start), the run's earlier
-// segments, TensorBoard: the values each log window already read back,
-// weight histograms every log.histogram_every steps, the sample grids.
+// segments, the loggers (train/run_loggers.h) told the resolved config: the
+// values each log window already read back go to them, TensorBoard's weight
+// histograms every log.histogram_every steps, the sample grids.
 // eval.every: the networks and reference statistics loaded once (rank 0,
 // which samples), every file checked before anything is written.
 void Trainer::open_evaluator() {
@@ -230,7 +240,15 @@ void Trainer::start_outputs() {
   if (!run_) return;
   run_->start(cfg_.to_toml(), resume_dir_.empty() ? -1 : state_.step);
   if (!resume_dir_.empty()) earlier_segments_ = read_run_segments(run_->file("segments.jsonl"), state_.step);
-  if (cfg_.log.tensorboard) events_ = std::make_unique<observe::tensorboard::EventWriter>(run_->file("tb"));
+  loggers_ = open_loggers(cfg_, *run_, std::move(wandb_), log_);
+  observe::log::RunStart start;
+  start.run_dir = run_->path();
+  start.run_name = run_->path().substr(run_->path().find_last_of('/') + 1);
+  start.params = config_params(cfg_);
+  start.config_toml = cfg_.to_toml();
+  start.resume_step = resume_dir_.empty() ? -1 : state_.step;
+  start.metric_tags = {"train/loss"};
+  loggers_->start(start);
 }
 
 void Trainer::log_start() const {
@@ -246,6 +264,7 @@ void Trainer::log_start() const {
        << "\n"
        << "data: " << dataset_->describe() << "\n"
        << "run: " << run_path_ << "\n";
+  if (loggers_) log_ << "logging to: " << loggers_->names() << "\n";
   if (group_)
     log_ << "data parallel: " << launch_.world_size << " processes (master " << launch_.master_addr << ":"
          << launch_.master_port << "), global batch " << cfg_.optim.batch_size << " = " << launch_.world_size << " x "

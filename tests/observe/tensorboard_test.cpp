@@ -194,7 +194,7 @@ TEST(TensorBoardEvents, GradHealthSampleAsScalars) {
   {
     tb::EventWriter w(dir.path());
     path = w.path();
-    tb::add_grad_health(w, s);
+    for (const auto& [tag, value] : tb::grad_health_scalars(s)) w.add_scalar(tag, s.step, value);
   }
   std::map<std::string, float> got;
   for (const Event& e : read_events(path)) {

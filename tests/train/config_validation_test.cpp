@@ -58,6 +58,27 @@ TEST(ConfigValidation, ScheduleAndAccumulationKeys) {
   EXPECT_EQ(default_config(true).optim.lr_schedule, "constant") << "DiT's recipe";
 }
 
+// The loggers' keys (docs/guide/training.md, Logging).
+TEST(ConfigValidation, LoggerKeys) {
+  EXPECT_NE(rejected("log.wandb=sometimes").find("log.wandb 'sometimes' (expected off, offline or online)"),
+            std::string::npos);
+  EXPECT_NE(rejected("log.wandb_project=team/dit").find("log.wandb_project 'team/dit' must be 1 to 128 characters"),
+            std::string::npos);
+  EXPECT_NE(rejected("log.wandb_project=\"\"").find("log.wandb_project"), std::string::npos);
+  EXPECT_NE(rejected("log.wandb_project=" + std::string(129, 'p')).find("log.wandb_project"), std::string::npos);
+  EXPECT_NE(rejected("log.mlflow_experiment=\"\"").find("log.mlflow_experiment must be a name of 1 to 500"),
+            std::string::npos);
+  EXPECT_NE(rejected("log.mlflow=\"runs\\u0007\"").find("log.mlflow '"), std::string::npos);
+  TrainConfig c = default_config(false);
+  EXPECT_EQ(error_of<UsageError>([&] { apply_override(c, "log.wandb=1"); }),
+            "override 'log.wandb=1': log.wandb must be a string (off, offline or online)");
+  for (const char* ok : {"log.wandb=offline", "log.wandb=online", "log.mlflow=mlruns", "log.mlflow_experiment=dit fm",
+                         "log.wandb_project=" "dit-fm_2"})
+    accepted(ok);
+  EXPECT_EQ(default_config(true).log.wandb, "off") << "never a dependency unless asked for";
+  EXPECT_TRUE(default_config(true).log.mlflow.empty());
+}
+
 TEST(ConfigValidation, MlpRatioGivesAWidthOfAtLeastOne) {
   // hidden 192 (DiT-T): 0.001 gives 0 (was SIGFPE), 1/192 gives 1.
   EXPECT_NE(rejected("model.mlp_ratio=0.001").find("model.mlp_ratio 0.001"), std::string::npos);

@@ -14,44 +14,13 @@
 #include "base/crc32c.h"
 #include "base/error.h"
 #include "base/fs.h"
+#include "observe/tensorboard/proto.h"
 
 namespace perftrain::observe::tensorboard {
-namespace {
 
-// Protocol-buffer wire format, the few pieces an Event needs.
-void put_varint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
-void put_tag(std::string& out, int field, int wire_type) { put_varint(out, (uint64_t(field) << 3) | wire_type); }
-void put_fixed(std::string& out, const void* p, size_t n) {  // little-endian hosts only (x86-64, aarch64)
-  out.append(static_cast<const char*>(p), n);
-}
-void put_double(std::string& out, int field, double v) {
-  put_tag(out, field, 1);
-  put_fixed(out, &v, 8);
-}
-void put_float(std::string& out, int field, float v) {
-  put_tag(out, field, 5);
-  put_fixed(out, &v, 4);
-}
-void put_int(std::string& out, int field, int64_t v) {
-  put_tag(out, field, 0);
-  put_varint(out, static_cast<uint64_t>(v));
-}
-void put_bytes(std::string& out, int field, const std::string& bytes) {
-  put_tag(out, field, 2);
-  put_varint(out, bytes.size());
-  out += bytes;
-}
-void put_packed_doubles(std::string& out, int field, const std::vector<double>& v) {
-  put_tag(out, field, 2);
-  put_varint(out, v.size() * 8);
-  for (double d : v) put_fixed(out, &d, 8);
-}
+using namespace proto;
+
+namespace {
 
 // Summary { repeated Value value = 1; } around one Value.
 std::string summary_of(const std::string& value) {
@@ -186,6 +155,8 @@ void EventWriter::write_event(int64_t step, const std::string& summary) {
     throw RuntimeError("cannot write " + path_ + ": " + std::strerror(errno));
 }
 
+void EventWriter::add_value(int64_t step, const std::string& value) { write_event(step, summary_of(value)); }
+
 void EventWriter::add_scalar(const std::string& tag, int64_t step, double value) {
   std::string v;
   put_bytes(v, 1, tag);
@@ -241,13 +212,16 @@ void EventWriter::flush() {
   if (std::fflush(file_) != 0) throw RuntimeError("cannot write " + path_ + ": " + std::strerror(errno));
 }
 
-void add_histograms(EventWriter& writer, const std::string& prefix, int64_t step,
-                    const std::vector<std::pair<std::string, at::Tensor>>& named, int buckets) {
+std::vector<std::pair<std::string, Histogram>> named_histograms(
+    const std::string& prefix, const std::vector<std::pair<std::string, at::Tensor>>& named, int buckets) {
   std::vector<at::Tensor> tensors;
   tensors.reserve(named.size());
   for (const auto& [name, t] : named) tensors.push_back(t);
   const auto hists = histograms_of(tensors, buckets);
-  for (size_t i = 0; i < named.size(); ++i) writer.add_histogram(prefix + "/" + named[i].first, step, hists[i]);
+  std::vector<std::pair<std::string, Histogram>> out;
+  out.reserve(named.size());
+  for (size_t i = 0; i < named.size(); ++i) out.emplace_back(prefix + "/" + named[i].first, hists[i]);
+  return out;
 }
 
 }  // namespace perftrain::observe::tensorboard

@@ -46,6 +46,8 @@ class EventWriter {
 
   const std::string& path() const { return path_; }
 
+  // One encoded Summary.Value (a plugin's summary: observe/tensorboard/plugins.h).
+  void add_value(int64_t step, const std::string& value);
   void add_scalar(const std::string& tag, int64_t step, double value);
   // Skips a histogram with num = 0.
   void add_histogram(const std::string& tag, int64_t step, const Histogram& h);
@@ -65,7 +67,7 @@ class EventWriter {
 };
 
 // A histogram per tensor, tagged prefix + "/" + name (one read-back for all).
-void add_histograms(EventWriter& writer, const std::string& prefix, int64_t step,
-                    const std::vector<std::pair<std::string, at::Tensor>>& named, int buckets = 30);
+std::vector<std::pair<std::string, Histogram>> named_histograms(
+    const std::string& prefix, const std::vector<std::pair<std::string, at::Tensor>>& named, int buckets = 30);
 
 }  // namespace perftrain::observe::tensorboard

@@ -4,23 +4,24 @@
 
 namespace perftrain::observe::tensorboard {
 
-void add_grad_health(EventWriter& writer, const GradHealthSample& sample) {
-  const int64_t step = sample.step;
-  writer.add_scalar("grad/global_norm", step, sample.global.norm);
-  writer.add_scalar("grad/global_update_ratio", step, sample.global.update_ratio());
-  writer.add_scalar("grad/nonfinite", step, double(sample.global.nonfinite));
+std::vector<std::pair<std::string, double>> grad_health_scalars(const GradHealthSample& sample) {
+  std::vector<std::pair<std::string, double>> out = {{"grad/global_norm", sample.global.norm},
+                                                     {"grad/global_update_ratio", sample.global.update_ratio()},
+                                                     {"grad/nonfinite", double(sample.global.nonfinite)}};
   for (const NamedGradStats& m : sample.modules) {
-    writer.add_scalar("grad_norm/" + m.name, step, m.stats.norm);
-    writer.add_scalar("grad_max/" + m.name, step, m.stats.max_abs);
-    writer.add_scalar("grad_zero_share/" + m.name, step, m.stats.zero_share);
-    writer.add_scalar("update_ratio/" + m.name, step, m.stats.update_ratio());
-    if (m.stats.nonfinite > 0) writer.add_scalar("grad_nonfinite/" + m.name, step, double(m.stats.nonfinite));
+    out.emplace_back("grad_norm/" + m.name, m.stats.norm);
+    out.emplace_back("grad_max/" + m.name, m.stats.max_abs);
+    out.emplace_back("grad_zero_share/" + m.name, m.stats.zero_share);
+    out.emplace_back("update_ratio/" + m.name, m.stats.update_ratio());
+    if (m.stats.nonfinite > 0) out.emplace_back("grad_nonfinite/" + m.name, double(m.stats.nonfinite));
   }
   // A looped model's loops: grad/loop3/adapters, grad/loop3/router (norms).
-  for (const NamedGradStats& l : sample.loops) writer.add_scalar("grad/" + l.name, step, l.stats.norm);
+  for (const NamedGradStats& l : sample.loops) out.emplace_back("grad/" + l.name, l.stats.norm);
+  return out;
 }
 
-void add_grad_histograms(EventWriter& writer, const GradHealthSample& sample) {
+std::vector<std::pair<std::string, Histogram>> grad_health_histograms(const GradHealthSample& sample) {
+  std::vector<std::pair<std::string, Histogram>> out;
   const std::vector<double>& limits = grad_histogram_limits();
   for (const NamedGradHistogram& m : sample.module_histograms) {
     const GradHistogram& g = m.hist;
@@ -35,8 +36,9 @@ void add_grad_histograms(EventWriter& writer, const GradHealthSample& sample) {
                           limits.begin() + static_cast<std::ptrdiff_t>(last));
     h.bucket.assign(g.counts.begin() + static_cast<std::ptrdiff_t>(first),
                     g.counts.begin() + static_cast<std::ptrdiff_t>(last));
-    writer.add_histogram("grad/" + m.name, sample.step, h);
+    out.emplace_back("grad/" + m.name, std::move(h));
   }
+  return out;
 }
 
 }  // namespace perftrain::observe::tensorboard
