@@ -123,7 +123,8 @@ TEST(CliDiagnose, BadFilesAreOneLineErrorsNamingThem) {
       {"empty-events.json", "{\"schemaVersion\": 1, \"traceEvents\": []}", "holds no profiler events"},
       {"no-events.json", "{\"schemaVersion\": 1}", "has no traceEvents"},
       {"cut.json", whole.substr(0, whole.size() / 2), "cut short"},
-      {"cut.json.gz", gz.substr(0, gz.size() / 2), "cannot read trace"},
+      {"cut.json.gz", gz.substr(0, gz.size() / 2), "cut short"},
+      {"bad.json.gz", gz.substr(0, 10) + std::string(200, 'x'), "cannot read trace"},
   };
   for (const auto& c : cases) {
     const std::string path = tmp.file(c.name);

@@ -76,8 +76,8 @@ TEST(ProfileTraceDiagnosis, PageableCopiesAreAWaitForData) {
   Builder b;
   b.add(EventKind::kScope, "ProfilerStep#1", 0, 1000, 1);
   b.add(EventKind::kScope, "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 400, 1);
-  b.add(EventKind::kRuntime, "cudaMemcpyAsync", 400, 300, 1).correlation = 99;
-  b.add(EventKind::kMemcpy, "Memcpy HtoD (Pageable -> Device)", 420, 270, 7).correlation = 99;
+  b.add(EventKind::kRuntime, "cudaMemcpyAsync", 405, 300, 1).correlation = 99;
+  b.add(EventKind::kMemcpy, "Memcpy HtoD (Pageable -> Device)", 425, 270, 7).correlation = 99;
   b.launch("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", 710, 720, 250);
   const StepAnalysis a = analyze(b.t);
   EXPECT_NEAR(a.data_wait_ms, 0.7, 1e-12);

@@ -193,9 +193,13 @@ std::string read_file_maybe_gz(const std::string& path) {
   char buf[1 << 16];
   int n = 0;
   while ((n = gzread(f, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-  const bool bad = n < 0;
+  int err = Z_OK;
+  gzerror(f, &err);
   gzclose(f);
-  if (bad) throw RuntimeError("cannot read trace " + path + " (corrupt gzip?)");
+  // A gzip stream that stops early reads as its bytes so far, with Z_BUF_ERROR.
+  if (err == Z_BUF_ERROR) throw RuntimeError("trace " + path + " is cut short (its gzip stream ends early)");
+  if (n < 0 || (err != Z_OK && err != Z_STREAM_END))
+    throw RuntimeError("cannot read trace " + path + " (corrupt gzip?)");
   return out;
 }
 
@@ -777,8 +781,11 @@ std::string format_breakdown(const StepAnalysis& a, const MeasuredStep& m) {
                   c.unprofiled_ms);
     s << buf;
   } else {
-    s << "Profiler overhead: unknown (no steps ran without the profiler just before the window: give the schedule "
-         "wait or skip_first steps); GPU idle between kernels includes the profiler's own cost.\n";
+    s << "Profiler overhead: unknown ("
+      << (m.unknown_note.empty() ? "no steps ran without the profiler just before the window: give the schedule "
+                                   "wait or skip_first steps"
+                                 : m.unknown_note)
+      << "); GPU idle between kernels includes the profiler's own cost.\n";
   }
   if (a.cpu_only) {
     std::snprintf(buf, sizeof buf, "\nHost data wait %.3f ms/step.\n", a.data_wait_ms);

@@ -156,6 +156,7 @@ struct MeasuredStep {
   double unprofiled_ms = 0;  // per step, the median; 0: unknown
   int unprofiled_steps = 0;
   std::string unprofiled_what;  // how they were taken, for the report ("timed before the profiler started")
+  std::string unknown_note;     // why none were timed, for the report; "": the profile commands' own words
 };
 
 // The breakdown against the measured step. The trace's parts sum to
