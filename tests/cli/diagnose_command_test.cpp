@@ -52,7 +52,7 @@ TEST(CliDiagnose, AnEagerFp32StepIsLaunchBound) {
   // What ran, and the advice in PyTorch's terms, not perftrain's keys.
   EXPECT_TRUE(contains(r.output, "- program: a PyTorch program")) << r.output;
   EXPECT_TRUE(contains(r.output, "- device: NVIDIA H200 (132 SMs")) << r.output;
-  EXPECT_TRUE(contains(r.output, "2 ProfilerStep ranges")) << r.output;
+  EXPECT_TRUE(contains(r.output, "- steps: 2 (ProfilerStep ranges)")) << r.output;
   EXPECT_TRUE(contains(r.output, "mode=\"reduce-overhead\"")) << r.output;
   EXPECT_TRUE(contains(r.output, "capturable=True")) << r.output;
   EXPECT_TRUE(contains(r.output, "torch.autocast(\"cuda\", dtype=torch.bfloat16)")) << r.output;

@@ -79,7 +79,7 @@ MeasuredStep measured_of(const Timeline& t, int steps) {
 
 std::string program_name(const RunFacts& f) { return f.program == Program::kPerftrain ? "perftrain" : "pytorch"; }
 
-std::string header_markdown(const std::string& path, const Timeline& t, const StepAnalysis& a, const RunFacts& f) {
+std::string header_markdown(const std::string& path, const Timeline& t, const RunFacts& f) {
   std::ostringstream s;
   s << "# perftrain diagnose: " << path << "\n\n";
   if (f.program == Program::kPerftrain) {
@@ -102,9 +102,11 @@ std::string header_markdown(const std::string& path, const Timeline& t, const St
   }
   s << "- precision: "
     << (f.precision.empty() ? "no 16-bit kernels or ops: the products run in fp32 or TF32" : f.precision) << "\n";
+  int ranges = 0;
+  for (const auto& e : t.events) ranges += e.kind == EventKind::kScope && e.name.rfind("ProfilerStep#", 0) == 0;
   s << "- steps: "
-    << (a.steps > 1 || t.perftrain.count(kProfiledStepsKey) ? std::to_string(a.steps) + " ProfilerStep ranges"
-                                                            : "one (no ProfilerStep ranges: the whole trace is one step)")
+    << (ranges > 0 ? std::to_string(ranges) + " (ProfilerStep ranges)"
+                   : "one (no ProfilerStep ranges: the whole trace is one step)")
     << "\n";
   s << "- GPU clock and power: "
     << (f.gpu.count > 0 ? bench::describe(f.gpu)
@@ -186,7 +188,7 @@ std::string diagnose_trace(const std::string& path, const DiagnoseOptions& o) {
   const RunFacts f = trace_facts(t, a);
   const WindowReport r = report_window(t, f, wo);
   if (o.json) return report_json(path, t, r, f);
-  return header_markdown(path, t, a, f) + r.markdown;
+  return header_markdown(path, t, f) + r.markdown;
 }
 
 }  // namespace perftrain::observe::profile
