@@ -142,10 +142,11 @@ def record_trace(step_fn, trace=None, steps=3, warmup=2, timed_steps=5, record_s
         step_fn()  # the profiler's warm-up step: its events are dropped
         prof.step()
         first = clock.mark()
-        for _ in range(steps):
+        for i in range(steps):
             step_fn()
+            if i == steps - 1:
+                last = clock.mark()  # before the profiler's stop, which the trace does not hold either
             prof.step()
-        last = clock.mark()
     samples = sampler.stop()
     profiled = clock.elapsed_ms(first, last) / steps
 

@@ -24,14 +24,24 @@ perftrain::testing::CommandResult diagnose(const std::string& args) {
   return run_shell(std::string(PERFTRAIN_BINARY) + " diagnose " + args);
 }
 
-// The findings' ids in the report's order ("1. **launch-bound**: ...").
-std::vector<std::string> finding_ids(const std::string& report) {
+// A report and its findings' ids in order ("1. **launch-bound**: ...").
+struct Report {
+  std::string text;
   std::vector<std::string> ids;
-  for (size_t at = report.find(". **"); at != std::string::npos; at = report.find(". **", at + 1)) {
-    const size_t end = report.find("**", at + 4);
-    ids.push_back(report.substr(at + 4, end - at - 4));
+  bool has(const std::string& id) const { return std::find(ids.begin(), ids.end(), id) != ids.end(); }
+};
+
+Report report_of(const std::string& args) {
+  const auto r = diagnose(args);
+  EXPECT_EQ(r.code, 0) << r.output;
+  Report out{r.output, {}};
+  for (size_t at = r.output.find(". **"); at != std::string::npos; at = r.output.find(". **", at + 1)) {
+    const size_t end = r.output.find("**", at + 4);
+    out.ids.push_back(r.output.substr(at + 4, end - at - 4));
   }
-  return ids;
+  EXPECT_FALSE(out.ids.empty()) << r.output;
+  if (out.ids.empty()) out.ids.push_back("none");
+  return out;
 }
 
 nlohmann::json json_report(const std::string& trace) {
@@ -41,53 +51,44 @@ nlohmann::json json_report(const std::string& trace) {
 }
 
 TEST(CliDiagnose, AnEagerFp32StepIsLaunchBound) {
-  const auto r = diagnose(kTraces + "launch_bound.json.gz");
-  ASSERT_EQ(r.code, 0) << r.output;
-  const auto ids = finding_ids(r.output);
-  ASSERT_FALSE(ids.empty()) << r.output;
-  EXPECT_EQ(ids.front(), "launch-bound") << r.output;
-  EXPECT_NE(std::find(ids.begin(), ids.end(), "host-syncs"), ids.end()) << r.output;  // loss.item() each step
-  EXPECT_NE(std::find(ids.begin(), ids.end(), "fp32-matmul"), ids.end()) << r.output;  // ampere_sgemm kernels
-  EXPECT_EQ(std::find(ids.begin(), ids.end(), "matrix-bound"), ids.end()) << r.output;
+  const Report r = report_of(kTraces + "launch_bound.json.gz");
+  const std::string& out = r.text;
+  EXPECT_EQ(r.ids.front(), "launch-bound") << out;
+  EXPECT_TRUE(r.has("host-syncs")) << out;   // loss.item() each step
+  EXPECT_TRUE(r.has("fp32-matmul")) << out;  // ampere_sgemm kernels
+  EXPECT_FALSE(r.has("matrix-bound")) << out;
   // What ran, and the advice in PyTorch's terms, not perftrain's keys.
-  EXPECT_TRUE(contains(r.output, "- program: a PyTorch program")) << r.output;
-  EXPECT_TRUE(contains(r.output, "- device: NVIDIA H200 (132 SMs")) << r.output;
-  EXPECT_TRUE(contains(r.output, "- steps: 2 (ProfilerStep ranges)")) << r.output;
-  EXPECT_TRUE(contains(r.output, "mode=\"reduce-overhead\"")) << r.output;
-  EXPECT_TRUE(contains(r.output, "capturable=True")) << r.output;
-  EXPECT_TRUE(contains(r.output, "torch.autocast(\"cuda\", dtype=torch.bfloat16)")) << r.output;
-  EXPECT_TRUE(contains(r.output, "cudaStreamSynchronize in aten::_local_scalar_dense")) << r.output;
-  EXPECT_FALSE(contains(r.output, "speed.graph")) << r.output;
+  EXPECT_TRUE(contains(out, "- program: a PyTorch program")) << out;
+  EXPECT_TRUE(contains(out, "- device: NVIDIA H200 (132 SMs")) << out;
+  EXPECT_TRUE(contains(out, "- steps: 2 (ProfilerStep ranges)")) << out;
+  EXPECT_TRUE(contains(out, "mode=\"reduce-overhead\"")) << out;
+  EXPECT_TRUE(contains(out, "capturable=True")) << out;
+  EXPECT_TRUE(contains(out, "torch.autocast(\"cuda\", dtype=torch.bfloat16)")) << out;
+  EXPECT_TRUE(contains(out, "cudaStreamSynchronize in aten::_local_scalar_dense")) << out;
+  EXPECT_FALSE(contains(out, "speed.graph")) << out;
   // The phases torch marks: the autograd engine's nodes, the optimizer, the DataLoader.
-  EXPECT_TRUE(contains(r.output, "| GPU busy: backward |")) << r.output;
-  EXPECT_TRUE(contains(r.output, "| GPU busy: optimizer |")) << r.output;
-  EXPECT_TRUE(contains(r.output, "| GPU busy: forward, loss and the rest (not marked) |")) << r.output;
+  EXPECT_TRUE(contains(out, "| GPU busy: backward |")) << out;
+  EXPECT_TRUE(contains(out, "| GPU busy: optimizer |")) << out;
+  EXPECT_TRUE(contains(out, "| GPU busy: forward, loss and the rest (not marked) |")) << out;
 }
 
 TEST(CliDiagnose, ACompiledBf16StepIsMatrixBound) {
-  const auto r = diagnose(kTraces + "matrix_bound.json --group-by op --top 5");
-  ASSERT_EQ(r.code, 0) << r.output;
-  const auto ids = finding_ids(r.output);
-  ASSERT_FALSE(ids.empty()) << r.output;
-  EXPECT_EQ(ids.front(), "matrix-bound") << r.output;
+  const Report r = report_of(kTraces + "matrix_bound.json --group-by op --top 5");
+  EXPECT_EQ(r.ids.front(), "matrix-bound") << r.text;
   for (const char* quiet : {"launch-bound", "data-bound", "fp32-matmul", "host-syncs", "elementwise"})
-    EXPECT_EQ(std::find(ids.begin(), ids.end(), quiet), ids.end()) << quiet << "\n" << r.output;
-  EXPECT_TRUE(contains(r.output, "torch.compile's kernels in it")) << r.output;
-  EXPECT_TRUE(contains(r.output, "- precision: bf16")) << r.output;
-  EXPECT_TRUE(contains(r.output, "| `aten::mm` |")) << r.output;  // the op table by op
-  EXPECT_TRUE(contains(r.output, "| GPU busy: forward |")) << r.output;  // CompiledFunction
+    EXPECT_FALSE(r.has(quiet)) << quiet << "\n" << r.text;
+  EXPECT_TRUE(contains(r.text, "torch.compile's kernels in it")) << r.text;
+  EXPECT_TRUE(contains(r.text, "- precision: bf16")) << r.text;
+  EXPECT_TRUE(contains(r.text, "| `aten::mm` |")) << r.text;          // the op table by op
+  EXPECT_TRUE(contains(r.text, "| GPU busy: forward |")) << r.text;  // CompiledFunction
 }
 
 TEST(CliDiagnose, AStepWaitingForItsDataLoaderIsDataBound) {
-  const auto r = diagnose(kTraces + "data_bound.json");
-  ASSERT_EQ(r.code, 0) << r.output;
-  const auto ids = finding_ids(r.output);
-  ASSERT_FALSE(ids.empty()) << r.output;
-  EXPECT_EQ(ids.front(), "data-bound") << r.output;
-  EXPECT_TRUE(contains(r.output, "pin_memory=True")) << r.output;
-  EXPECT_TRUE(contains(r.output, "num_workers")) << r.output;
-  EXPECT_TRUE(contains(r.output, "copies from pageable memory")) << r.output;
-  EXPECT_TRUE(contains(r.output, "| GPU idle: waiting for data |")) << r.output;
+  const Report r = report_of(kTraces + "data_bound.json");
+  EXPECT_EQ(r.ids.front(), "data-bound") << r.text;
+  for (const char* said : {"pin_memory=True", "num_workers", "copies from pageable memory",
+                           "| GPU idle: waiting for data |"})
+    EXPECT_TRUE(contains(r.text, said)) << said << "\n" << r.text;
 }
 
 TEST(CliDiagnose, JsonHasTheBreakdownAndTheFindingsInOrder) {

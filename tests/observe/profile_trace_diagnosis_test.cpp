@@ -13,6 +13,7 @@
 #include "observe/profile/trace_diagnosis.h"
 #include "support/findings.h"
 #include "support/test_support.h"
+#include "support/timeline_builder.h"
 
 namespace {
 
@@ -21,21 +22,7 @@ using namespace perftrain::observe::profile;
 using perftrain::testing::contains;
 using perftrain::testing::find_finding;
 
-struct Builder {
-  Timeline t;
-  int64_t corr = 1;
-  Event& add(EventKind k, const std::string& name, double ts, double dur, int64_t tid) {
-    Event e;
-    e.kind = k, e.name = name, e.ts = ts, e.dur = dur, e.tid = tid;
-    t.events.push_back(e);
-    return t.events.back();
-  }
-  void launch(const std::string& kernel, double ts, double gpu_ts, double gpu_dur, int64_t tid = 1,
-              EventKind gpu = EventKind::kKernel, const char* call = "cudaLaunchKernel") {
-    add(EventKind::kRuntime, call, ts, 3, tid).correlation = corr;
-    add(gpu, kernel, gpu_ts, gpu_dur, 7).correlation = corr++;
-  }
-};
+using Builder = perftrain::testing::TimelineBuilder;
 
 double phase(const StepAnalysis& a, const std::string& p) {
   for (const auto& x : a.busy_by_phase)
@@ -59,7 +46,8 @@ TEST(ProfileTraceDiagnosis, TorchMarksAreThePhases) {
   b.add(EventKind::kScope, "ProfilerStep#1", 0, 1000, 1);
   b.launch("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x1_nn", 10, 20, 100);  // forward
   b.add(EventKind::kCpuOp, "autograd::engine::evaluate_function: MmBackward0", 200, 300, 2);
-  b.launch("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", 210, 220, 200, 2);
+  b.launch("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", 210, 220, 200,
+           perftrain::testing::kAutograd);
   b.add(EventKind::kScope, "Optimizer.step#AdamW.step", 600, 100, 1);
   b.launch("multi_tensor_apply_kernel", 610, 620, 50);
   const StepAnalysis a = analyze(b.t);
@@ -144,7 +132,7 @@ TEST(ProfileTraceDiagnosis, FactsFromTheTrace) {
   EXPECT_EQ(t.devices[0].sms, 132);
   const StepAnalysis a = analyze(t);
   const RunFacts f = trace_facts(t, a);
-  EXPECT_EQ(f.program, Program::kPerftrain);  // a "perftrain" object: ours
+  EXPECT_EQ(f.program, Program::kPyTorch);  // a "perftrain" object, but no perftrain:: scopes
   EXPECT_TRUE(f.compiled);
   EXPECT_EQ(f.precision, "");
   EXPECT_NEAR(*f.memory_total_gib, 139.8, 0.05);
@@ -157,6 +145,15 @@ TEST(ProfileTraceDiagnosis, FactsFromTheTrace) {
   const auto x = find_finding(findings, "launch-bound");
   ASSERT_TRUE(x);
   EXPECT_TRUE(contains(x->evidence, "about 0.690 ms of the unprofiled 0.700 ms step")) << x->evidence;
+
+  // perftrain's own step: its scopes, and the precision its "perftrain" object names.
+  Builder b;
+  b.scope("perftrain::forward", 0, 100);
+  b.launch("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", 10, 20, 50);
+  b.t.perftrain["precision"] = "fp16";
+  const RunFacts ours = trace_facts(b.t, analyze(b.t));
+  EXPECT_EQ(ours.program, Program::kPerftrain);
+  EXPECT_EQ(ours.precision, "fp16");
 }
 
 }  // namespace

@@ -59,8 +59,10 @@ bool compiled(const Timeline& t) {
   return false;
 }
 
+// perftrain's step marks its phases with perftrain:: scopes (also with
+// --profile-scopes-only); a "perftrain" object alone may come from
+// perftrain.profile around any program's step.
 bool ours(const Timeline& t) {
-  if (!t.perftrain.empty()) return true;
   for (const auto& e : t.events)
     if (e.kind == EventKind::kScope && e.name.rfind("perftrain::", 0) == 0) return true;
   return false;

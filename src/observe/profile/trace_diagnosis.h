@@ -27,8 +27,8 @@ inline constexpr const char* kProfiledMsKey = "profiled_ms";
 inline constexpr const char* kProfiledStepsKey = "profiled_steps";
 inline constexpr const char* kGpuSamplesKey = "gpu_samples";
 
-// What the rules can know of a run from its trace alone: who ran it (our
-// traces carry a "perftrain" object or perftrain:: scopes), the precision
+// What the rules can know of a run from its trace alone: who ran it
+// (perftrain's step has perftrain:: scopes), the precision
 // (the object's, or the kernels' and ops' types: "" where nothing is 16-bit),
 // torch.compile's kernels, fused kernels of ours, the device's memory, and
 // the measured steps and GPU samples of the "perftrain" object.
