@@ -75,7 +75,10 @@ MeasuredStep measured_of(const Timeline& t, int steps) {
   m.profiled_ms = std::max(0.0, number_or(t.perftrain, kProfiledMsKey, 0));
   m.profiled_steps = static_cast<int>(number_or(t.perftrain, kProfiledStepsKey, steps));
   if (m.unprofiled_ms > 0) m.unprofiled_what = "timed before the profiler started";
-  m.unknown_note = "a torch.profiler trace holds no step timed without the profiler; perftrain.profile records one";
+  m.unknown_note = ours(t) ? "the trace does not hold the steps timed around it: profile.md or window-<n>.md has "
+                             "the breakdown against them"
+                           : "a torch.profiler trace holds no step timed without the profiler; perftrain.profile "
+                             "records one";
   return m;
 }
 
