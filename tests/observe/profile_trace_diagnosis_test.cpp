@@ -58,6 +58,21 @@ TEST(ProfileTraceDiagnosis, TorchMarksAreThePhases) {
   EXPECT_EQ(a.fp32_matrix_ms, 0);
 }
 
+// Under autocast a Linear is recorded with its caller's float inputs, the
+// product inside it with bf16 ones: no fp32 product.
+TEST(ProfileTraceDiagnosis, AutocastLinearsAreNoFp32Products) {
+  Builder b;
+  b.add(EventKind::kScope, "ProfilerStep#1", 0, 200, perftrain::testing::kMain);
+  b.add(EventKind::kCpuOp, "aten::linear", 10, 100, perftrain::testing::kMain).input_types = "float, float, float";
+  b.add(EventKind::kCpuOp, "aten::matmul", 12, 90, perftrain::testing::kMain).input_types = "float, float";
+  b.add(EventKind::kCpuOp, "aten::addmm", 20, 60, perftrain::testing::kMain).input_types =
+      "c10::BFloat16, c10::BFloat16, c10::BFloat16, Scalar, Scalar";
+  b.launch("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", 30, 40, 100);
+  EXPECT_EQ(analyze(b.t).fp32_matrix_ops, 0);
+  b.add(EventKind::kCpuOp, "aten::mm", 150, 20, perftrain::testing::kMain).input_types = "float, float";
+  EXPECT_EQ(analyze(b.t).fp32_matrix_ops, 1);  // a product on float inputs is one
+}
+
 // The batch copied from pageable memory: the host waits in the copy call, as
 // it waits in the DataLoader; both are the step's wait for data.
 TEST(ProfileTraceDiagnosis, PageableCopiesAreAWaitForData) {
