@@ -31,6 +31,9 @@ def main():
     p.add_argument("--active", type=int, default=3)
     p.add_argument("--out", required=True)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a smoke test of this script")
+    p.add_argument("--perftrain-profile", action="store_true",
+                   help="record with perftrain.profile.record_trace instead (the built package on PYTHONPATH): "
+                        "the trace then carries the unprofiled step and nvidia-smi's samples")
     args = p.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("profile_reference_dit.py: no CUDA device (--device cpu for a smoke test)")
@@ -59,6 +62,12 @@ def main():
     def sync():
         if cuda:
             torch.cuda.synchronize()
+
+    if args.perftrain_profile:
+        from perftrain.profile import record_trace
+        path = record_trace(step, trace=args.out, steps=args.active, warmup=args.warmup, timed_steps=args.timed)
+        print(f"{args.model} b{args.batch} {args.mode}: trace {path} (perftrain.profile.record_trace)")
+        return
 
     for _ in range(args.warmup):
         step()
