@@ -17,6 +17,7 @@ void add_models_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_verify_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
+void add_diagnose_command(CLI::App& app);
 void add_summary_command(CLI::App& app);
 void add_graph_command(CLI::App& app);
 void add_convert_command(CLI::App& app);

@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
   perftrain::cli::add_bench_command(app);
   perftrain::cli::add_verify_command(app);
   perftrain::cli::add_profile_command(app);
+  perftrain::cli::add_diagnose_command(app);
   perftrain::cli::add_summary_command(app);
   perftrain::cli::add_graph_command(app);
   perftrain::cli::add_convert_command(app);

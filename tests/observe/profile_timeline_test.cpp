@@ -14,33 +14,17 @@
 #include "base/error.h"
 #include "observe/profile/timeline.h"
 #include "support/test_support.h"
+#include "support/timeline_builder.h"
 
 namespace {
 
 using namespace perftrain::observe::profile;
 
-constexpr int64_t kMain = 1, kAutograd = 2, kStream = 7, kStream2 = 8;
-
-struct Builder {
-  Timeline t;
-  int64_t next_corr = 100;
-  Event& add(EventKind k, const std::string& name, double ts, double dur, int64_t tid) {
-    Event e;
-    e.kind = k, e.name = name, e.ts = ts, e.dur = dur, e.tid = tid;
-    t.events.push_back(e);
-    return t.events.back();
-  }
-  void scope(const std::string& name, double ts, double dur, int64_t tid = kMain) {
-    add(EventKind::kScope, name, ts, dur, tid);
-  }
-  // A launch call at ts on tid and its kernel at gpu_ts on the stream.
-  void launch(const std::string& kernel, double ts, double gpu_ts, double gpu_dur, int64_t tid = kMain,
-              int64_t stream = kStream, const char* call = "cudaLaunchKernel") {
-    const int64_t c = next_corr++;
-    add(EventKind::kRuntime, call, ts, 2, tid).correlation = c;
-    add(EventKind::kKernel, kernel, gpu_ts, gpu_dur, stream).correlation = c;
-  }
-};
+using perftrain::testing::kAutograd;
+using perftrain::testing::kMain;
+using perftrain::testing::kStream;
+using perftrain::testing::kStream2;
+using Builder = perftrain::testing::TimelineBuilder;
 
 double sum_parts(const StepAnalysis& a) { return a.gpu_busy_ms + a.idle_data_ms + a.idle_other_ms; }
 

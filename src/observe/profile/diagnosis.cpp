@@ -15,6 +15,9 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 
 
 double share(double ms, const StepAnalysis& a) { return a.step_ms > 0 ? ms / a.step_ms : 0; }
 
+// The advice is in PyTorch's terms for any program but perftrain's own step.
+bool pytorch(const RunFacts& f) { return f.program == Program::kPyTorch; }
+
 double phase_ms(const StepAnalysis& a, const std::string& p) {
   for (const auto& x : a.busy_by_phase)
     if (x.phase == p) return x.ms;
@@ -28,6 +31,27 @@ struct Inputs {
   bool corrected;  // the idle time is without the profiler's cost
   double busy;     // GPU busy ms, at least 1e-9
 };
+
+std::string launch_advice(const StepAnalysis& a, const RunFacts& f) {
+  if (a.captured)
+    return pytorch(f) ? "the step already replays CUDA graphs: the gaps are between the graphs' own kernels or between "
+                        "graphs (graph breaks: TORCH_LOGS=graph_breaks names them); fewer and larger kernels "
+                        "(torch.compile's fusion, mode=\"max-autotune\"), or a larger batch, fill them"
+                      : "the step is already one graph launch: the gaps are between the graph's own kernels; a larger "
+                        "batch, or fewer and larger kernels (fusion), fill them";
+  const std::string n = fmt("%.0f", a.kernels_per_step);
+  if (pytorch(f))
+    return "capture the step in CUDA graphs, one launch instead of " + n +
+           ": torch.compile(model, mode=\"reduce-overhead\") (or perftrain.capture_step, or torch.cuda.graphs), "
+           "with torch.optim.AdamW(..., fused=True, capturable=True) so the optimizer is a few kernels with no host "
+           "sync" +
+           (f.compiled ? "" : "; torch.compile's default mode also fuses the elementwise kernels") +
+           "; a larger batch makes each kernel longer";
+  return "capture the step in one CUDA graph (speed.graph=true, which needs speed.fused_optimizer=true): "
+         "one launch per step instead of " + n +
+         (f.fused_kernels ? "" : "; fuse the blocks' small kernels (speed.fused_kernels=true)") +
+         "; a larger batch makes each kernel longer";
+}
 
 // Launch-bound: the GPU waits for the host between kernels (a quarter of
 // the step or more) and the kernels are short or many. The profiler's own
@@ -54,14 +78,7 @@ void launch_bound(const StepAnalysis& a, const RunFacts& f, const Inputs& in, st
     x.evidence += fmt("%.0f kernels per step, median %.1f us; %.3f ms/step of CPU time in launch calls against "
                       "%.3f ms of GPU work",
                       a.kernels_per_step, a.median_kernel_us, a.launch_cpu_ms, a.gpu_busy_ms);
-    if (!a.captured)
-      x.advice = "capture the step in one CUDA graph (speed.graph=true, which needs speed.fused_optimizer=true): "
-                 "one launch per step instead of " + fmt("%.0f", a.kernels_per_step) +
-                 (f.fused_kernels ? "" : "; fuse the blocks' small kernels (speed.fused_kernels=true)") +
-                 "; a larger batch makes each kernel longer";
-    else
-      x.advice = "the step is already one graph launch: the gaps are between the graph's own kernels; a larger "
-                 "batch, or fewer and larger kernels (fusion), fill them";
+    x.advice = launch_advice(a, f);
     out.push_back(x);
   }
 }
@@ -74,9 +91,19 @@ void data_bound(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std:
               fmt("host time waiting for a batch %.3f ms/step; GPU idle meanwhile %.3f ms/step of %.3f ms",
                   a.data_wait_ms, a.idle_data_ms, a.step_ms),
               "", data};
-    x.advice = "prepare batches ahead (data.prefetch, now " + std::to_string(f.prefetch) +
-               "; more loader threads), keep batches in pinned memory for asynchronous copies, and train on "
-               "pre-extracted latents (data.source=latents) instead of decoding or encoding on the fly";
+    if (a.blocking_h2d_ms > 0)
+      x.evidence += fmt("; %.3f ms/step of the wait in host-to-device copies from pageable memory (the host "
+                        "blocks in each)",
+                        a.blocking_h2d_ms);
+    if (pytorch(f))
+      x.advice = "load ahead of the step: DataLoader(num_workers=N, pin_memory=True, persistent_workers=True, "
+                 "prefetch_factor=2 or more) and batch.to(device, non_blocking=True), so the copy of a pinned batch "
+                 "overlaps the GPU's work; precompute what is the same every epoch (VAE latents) instead of "
+                 "decoding or encoding it in the step";
+    else
+      x.advice = "prepare batches ahead (data.prefetch, now " + std::to_string(f.prefetch) +
+                 "; more loader threads), keep batches in pinned memory for asynchronous copies, and train on "
+                 "pre-extracted latents (data.source=latents) instead of decoding or encoding on the fly";
     out.push_back(x);
   }
 }
@@ -93,7 +120,15 @@ void elementwise(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std
                   "written once each), not by arithmetic",
                   a.elementwise_ms, a.matrix_ms, a.attention_ms),
               "", elem * share(a.gpu_busy_ms, a)};
-    x.advice = f.fused_kernels ? "fuse further: fold the remaining elementwise ops into matrix-product epilogues or "
+    if (pytorch(f))
+      x.advice = f.compiled ? "already compiled: check for graph breaks (TORCH_LOGS=graph_breaks) that leave parts "
+                              "eager, try mode=\"max-autotune\", or replace the blocks with fused modules "
+                              "(perftrain.nn: adaLN LayerNorm, gated residual, bias-GELU in one pass each)"
+                            : "torch.compile(model) fuses chains of elementwise ops into one Triton kernel each; "
+                              "perftrain.nn's fused modules (adaLN LayerNorm, gated residual, bias-GELU) do it "
+                              "for a DiT block";
+    else
+      x.advice = f.fused_kernels ? "fuse further: fold the remaining elementwise ops into matrix-product epilogues or "
                                  "into the fused norm/residual kernels (docs/design.md, adding a fused op)"
                                : "turn on the fused kernels (speed.fused_kernels=true): LayerNorm, modulation, gate "
                                  "and residual in one pass, GELU and bias in the products' epilogues";
@@ -125,6 +160,10 @@ void matrix_bound(const StepAnalysis& a, const RunFacts& f, const Inputs& in, st
     x.advice = "the step is where it should be: what is left is the matrix units' rate; less work (fewer tokens, "
                "smaller patches only where the quality allows), better tiles for the shapes that run below the "
                "peak (the op table's slowest products), or a lower precision";
+    if (pytorch(f))
+      x.advice += std::string("; in PyTorch: bf16 autocast where products still run in fp32, ") +
+                  (f.compiled ? "mode=\"max-autotune\" to search tiles" : "torch.compile(mode=\"max-autotune\") to search tiles") +
+                  ", scaled_dot_product_attention for attention (flash or cuDNN kernels)";
     out.push_back(x);
   }
 }
@@ -142,7 +181,8 @@ void power_capped(const StepAnalysis& a, const RunFacts& f, const Inputs& in, st
         x.evidence += fmt("; the %.0f TFLOP/s peak was measured at %.0f MHz, so about %.0f TFLOP/s at the step's clock",
                           *f.peak_tflops, *f.peak_clock_mhz, *f.peak_tflops * c / *f.peak_clock_mhz);
     }
-    x.advice = "the limit is electrical, not the code: compare runs at equal clocks (perftrain bench --cooldown), "
+    x.advice = std::string("the limit is electrical, not the code: compare runs at equal clocks (") +
+               (pytorch(f) ? "a cool-down between runs, or nvidia-smi --lock-gpu-clocks" : "perftrain bench --cooldown") + "), "
                "count achieved FLOP/s against the capped clock's peak, and cut work that draws power without "
                "progress (recomputation, fp32 products)";
     out.push_back(x);
@@ -178,10 +218,16 @@ void host_syncs(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std:
       x.evidence += (i ? "; " : "") + std::to_string(s.count) + " x " + s.call + (s.op.empty() ? "" : " in " + s.op) +
                     " (" + s.phase + ")";
     }
-    x.advice = a.syncs_per_step >= 1
-                   ? "remove reads of device values from the step (.item(), .cpu(), printing a loss): keep them on the "
-                     "device and read once per log window; the device optimizer (speed.fused_optimizer) has none"
-                   : "fewer than one per step: the once-per-window loss read-back; fine unless the window is short";
+    if (a.syncs_per_step < 1)
+      x.advice = "fewer than one per step: a periodic read-back (the loss once per log window); fine unless the "
+                 "window is short";
+    else if (pytorch(f))
+      x.advice = "remove reads of device values from the step (loss.item(), .cpu(), print(loss), a Python if on a "
+                 "tensor, torch.cuda.synchronize()): keep the loss on the device and read it every N steps; "
+                 "torch.optim.AdamW(..., capturable=True) keeps its step count on the device";
+    else
+      x.advice = "remove reads of device values from the step (.item(), .cpu(), printing a loss): keep them on the "
+                 "device and read once per log window; the device optimizer (speed.fused_optimizer) has none";
     if (a.syncs_per_step < 1) x.weight = 0.01;
     out.push_back(x);
   }
@@ -192,12 +238,19 @@ void fp32_matmul(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std
   if (!a.cpu_only && f.precision != "fp32" &&
       (a.fp32_matrix_ms >= 0.05 * std::max(a.matrix_ms, 1e-9) || a.fp32_matrix_ops > 0) &&
       (a.fp32_matrix_ms > 0 || a.fp32_matrix_ops > 0)) {
-    Finding x{"fp32-matmul", "fp32 where " + f.precision + " was meant", "", "", share(a.fp32_matrix_ms, a)};
+    Finding x{"fp32-matmul",
+              f.precision.empty() ? "matrix products in fp32/TF32: the tensor cores run bf16 at about twice the rate"
+                                  : "fp32 where " + f.precision + " was meant",
+              "", "", share(a.fp32_matrix_ms, a)};
     x.evidence = fmt("%.3f ms/step in fp32/TF32 matrix kernels (%.0f%% of matrix time)", a.fp32_matrix_ms,
                      100 * a.fp32_matrix_ms / std::max(a.matrix_ms, 1e-9));
     if (a.fp32_matrix_ops > 0) x.evidence += "; " + std::to_string(a.fp32_matrix_ops) + " matrix ops on float inputs";
-    x.advice = "run that part under autocast, or cast its weights: the op table grouped by op (--group-by op, with "
-               "--record-shapes) names the products with float inputs";
+    x.advice = pytorch(f) ? "run the forward and the loss under torch.autocast(\"cuda\", dtype=torch.bfloat16) (the "
+                            "backward follows); where fp32 must stay, torch.set_float32_matmul_precision(\"high\") "
+                            "for TF32; record_shapes=True in torch.profiler names the products with float inputs "
+                            "(--group-by op)"
+                          : "run that part under autocast, or cast its weights: the op table grouped by op "
+                            "(--group-by op, with --record-shapes) names the products with float inputs";
     out.push_back(x);
   }
 }
@@ -211,8 +264,10 @@ void allocator_churn(const StepAnalysis& a, const RunFacts& f, const Inputs& in,
                  " cudaFree calls in the window";
     if (f.alloc_retries > 0)
       x.evidence += "; " + std::to_string(f.alloc_retries) + " allocation retries (cache flushed to fit)";
-    x.advice = "keep shapes fixed from step to step, do not empty the cache inside the loop, leave memory headroom "
-               "(a smaller batch, speed.gelu_recompute), or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True";
+    x.advice = std::string("keep shapes fixed from step to step, do not empty the cache inside the loop, leave "
+                           "memory headroom (a smaller batch, ") +
+               (pytorch(f) ? "activation checkpointing" : "speed.gelu_recompute") +
+               "), or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True";
     out.push_back(x);
   }
 }
@@ -237,8 +292,11 @@ void recompute(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::
 // The step is one graph launch: say so, and how to see its phases.
 void captured(const StepAnalysis& a, const RunFacts& f, const Inputs& in, std::vector<Finding>& out) {
   if (a.captured) {
-    Finding x{"captured", "each step is one CUDA graph launch", "",
-              "profile an eager window of the same step (--profile-uncaptured) for the split by phase", 0};
+    Finding x{"captured", pytorch(f) ? "the step replays CUDA graphs" : "each step is one CUDA graph launch", "",
+              pytorch(f) ? "profile the same step without the graphs (torch.compile's default mode, or eager) for the "
+                           "split by phase"
+                         : "profile an eager window of the same step (--profile-uncaptured) for the split by phase",
+              0};
     x.evidence = std::to_string(a.graph_launches) + " graph launches in " + std::to_string(a.steps) +
                  " steps; the kernels inside are replayed by the GPU alone, so they are not split into forward, "
                  "backward and optimizer";

@@ -2,6 +2,11 @@
 // evidence, with numbers from the timeline) and what to try. The rules are
 // pure functions of a StepAnalysis (observe/profile/timeline.h) and of what
 // the run knows about itself (RunFacts), so tests feed them synthetic ones.
+// One rule set for every trace: `perftrain profile` and `train --profile`
+// fill RunFacts from the config they ran, `perftrain diagnose` from the
+// trace alone (observe/profile/trace_diagnosis.h); RunFacts::program picks
+// the words of the advice (perftrain's [speed] keys, or PyTorch's own
+// switches for any other program).
 //
 // Rules (thresholds next to each in diagnosis.cpp):
 //   launch-bound      GPU idle between kernels (less the profiler's own cost
@@ -30,8 +35,15 @@
 
 namespace perftrain::observe::profile {
 
+// Who ran the step: perftrain's own step, or any PyTorch program (a trace
+// torch.profiler wrote), whose advice names torch.compile, DataLoader,
+// AdamW and autocast switches.
+enum class Program { kPerftrain, kPyTorch };
+
 struct RunFacts {
-  std::string precision = "bf16";  // bf16 | fp16 | fp32
+  Program program = Program::kPerftrain;
+  std::string precision = "bf16";  // bf16 | fp16 | fp32; "" where the program did not say (a PyTorch trace)
+  bool compiled = false;           // torch.compile's kernels (Triton) in the step
   bool graph = false;              // speed.graph (asked for)
   bool fused_kernels = false;      // speed.fused_kernels
   bool recompute = false, gelu_recompute = false;

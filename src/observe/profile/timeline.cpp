@@ -71,19 +71,28 @@ bool is_launch_call(const std::string& n) {
 bool is_sync_call(const std::string& n) {
   static const std::set<std::string> calls = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                                               "cudaMemcpy",            "cuStreamSynchronize",   "cuCtxSynchronize",
-                                              "cuEventSynchronize",    "cudaMemcpy2D"};
+                                              "cuEventSynchronize",    "cudaMemcpy2D",          "cuMemcpyDtoH_v2"};
   return calls.count(n) > 0;
 }
 
+// fp32 inputs (TF32 or plain fp32 products): "s" kernels without a 16- or
+// 8-bit type in the name ("ampere_bf16_s16816gemm_bf16..." is bf16 with fp32
+// accumulation).
 bool is_fp32_matrix_kernel(const std::string& raw) {
   const std::string n = lower(raw);
+  if (has(n, "bf16") || has(n, "f16") || has(n, "fp16") || has(n, "hgemm") || has(n, "e4m3") || has(n, "e5m2") ||
+      has(n, "fp8") || has(n, "i8"))
+    return false;
   return has(n, "sgemm") || has(n, "tf32") || has(n, "s1688") || has(n, "s16816") || has(n, "nvjet_sss") ||
-         has(n, "nvjet_tst");
+         has(n, "nvjet_tst") || has(n, "f32f32");
 }
 
+// The products themselves: aten::linear and aten::matmul are wrappers whose
+// recorded inputs are their caller's (float under autocast, which casts
+// inside them to the product's bf16).
 bool is_matrix_op(const std::string& n) {
-  static const std::set<std::string> ops = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
-                                            "aten::linear", "aten::_addmm_activation"};
+  static const std::set<std::string> ops = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
+                                            "aten::_addmm_activation"};
   return ops.count(n) > 0;
 }
 
@@ -118,17 +127,35 @@ struct Interval {
   std::string phase;
 };
 
-// The phase scopes of all threads, to look a time up in (the innermost wins).
+// The phase of a host event: its scope's or op's; "" for none.
+std::string phase_of_event(const Event& e) {
+  if (e.kind == EventKind::kScope) return phase_of_scope(e.name);
+  if (e.kind == EventKind::kCpuOp) return phase_of_op(e.name);
+  return "";
+}
+
+// The phase scopes (and phase-marking ops) of all threads, to look a time up
+// in (the innermost wins).
 class PhaseIndex {
  public:
   explicit PhaseIndex(const Timeline& t) {
+    bool ours = false;
     for (const auto& e : t.events) {
-      if (e.kind != EventKind::kScope) continue;
-      const std::string p = phase_of_scope(e.name);
+      if (e.kind == EventKind::kScope && starts_with(e.name, "perftrain::")) ours = true;
+      const std::string p = phase_of_event(e);
       if (!p.empty()) iv_.push_back({e.ts, e.end(), p});
     }
     std::sort(iv_.begin(), iv_.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
+    // perftrain marks every phase of its step; another program's forward and
+    // loss are not marked.
+    unmarked_ = ours ? "outside the step scopes" : "forward, loss and the rest (not marked)";
   }
+  // The phase at ts, or the label of time outside every phase.
+  std::string label(double ts) const {
+    std::string p = at(ts);
+    return p.empty() ? unmarked_ : p;
+  }
+  const std::string& unmarked() const { return unmarked_; }
   // "" outside every phase scope.
   std::string at(double ts) const {
     const Interval* best = nullptr;
@@ -142,6 +169,7 @@ class PhaseIndex {
 
  private:
   std::vector<Interval> iv_;
+  std::string unmarked_;
 };
 
 double median(std::vector<double> v) {
@@ -168,9 +196,13 @@ std::string read_file_maybe_gz(const std::string& path) {
   char buf[1 << 16];
   int n = 0;
   while ((n = gzread(f, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-  const bool bad = n < 0;
+  int err = Z_OK;
+  gzerror(f, &err);
   gzclose(f);
-  if (bad) throw RuntimeError("cannot read trace " + path + " (corrupt gzip?)");
+  // A gzip stream that stops early reads as its bytes so far, with Z_BUF_ERROR.
+  if (err == Z_BUF_ERROR) throw RuntimeError("trace " + path + " is cut short (its gzip stream ends early)");
+  if (n < 0 || (err != Z_OK && err != Z_STREAM_END))
+    throw RuntimeError("cannot read trace " + path + " (corrupt gzip?)");
   return out;
 }
 
@@ -181,12 +213,38 @@ std::string launch_phase(const Event& gpu, const std::unordered_map<int64_t, int
   return phases.at(ts);
 }
 
+// What the trace says besides its events: the devices (Kineto's
+// deviceProperties) and our "perftrain" object (strings, or any JSON value
+// as its text).
+void read_header(const json& j, Timeline& t) {
+  if (!j.is_object()) return;
+  if (j.contains("deviceProperties") && j["deviceProperties"].is_array())
+    for (const auto& d : j["deviceProperties"]) {
+      if (!d.is_object()) continue;
+      DeviceInfo info;
+      info.id = d.contains("id") ? id_of(d["id"]) : 0;
+      info.name = d.contains("name") && d["name"].is_string() ? d["name"].get<std::string>() : "";
+      info.memory_gib = num(d.value("totalGlobalMem", json(0))) / (1ull << 30);
+      info.compute_major = static_cast<int>(num(d.value("computeMajor", json(0))));
+      info.compute_minor = static_cast<int>(num(d.value("computeMinor", json(0))));
+      info.sms = static_cast<int>(num(d.value("numSms", json(0))));
+      t.devices.push_back(info);
+    }
+  if (j.contains("perftrain") && j["perftrain"].is_object())
+    for (const auto& [k, v] : j["perftrain"].items()) t.perftrain[k] = v.is_string() ? v.get<std::string>() : v.dump();
+}
+
 }  // namespace
 
 Timeline parse_trace(const std::string& text, const std::string& origin) {
   json j;
   try {
     j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    // A trace whose writer died mid-way ends inside its event list.
+    const bool cut = e.byte >= text.size();
+    throw RuntimeError(origin + " is not JSON" + (cut ? " (it ends mid-way: a trace cut short?)" : "") + ": " +
+                       e.what());
   } catch (const std::exception& e) {
     throw RuntimeError(origin + " is not JSON: " + e.what());
   }
@@ -223,13 +281,15 @@ Timeline parse_trace(const std::string& text, const std::string& origin) {
     }
     t.events.push_back(std::move(ev));
   }
+  read_header(j, t);
   return t;
 }
 
 Timeline load_trace(const std::string& path) { return parse_trace(read_file_maybe_gz(path), path); }
 
-std::string phase_of_scope(const std::string& n) {
-  if (!starts_with(n, "perftrain::")) return "";
+namespace {
+
+std::string phase_of_perftrain_scope(const std::string& n) {
   const std::string s = n.substr(11);
   if (s == "data_wait") return "data wait";
   if (s == "h2d") return "host-to-device copy";
@@ -247,9 +307,31 @@ std::string phase_of_scope(const std::string& n) {
   return "";
 }
 
+// torch's own marks, in any program: the DataLoader's iterator
+// ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__") and the
+// optimizer's step and zero_grad ("Optimizer.step#AdamW.step").
+std::string phase_of_torch_scope(const std::string& n) {
+  if (starts_with(n, "enumerate(DataLoader)")) return "data wait";
+  if (starts_with(n, "Optimizer.step#") || starts_with(n, "Optimizer.zero_grad#")) return "optimizer";
+  return "";
+}
+
+}  // namespace
+
+std::string phase_of_op(const std::string& n) {
+  if (starts_with(n, "autograd::engine::evaluate_function: ") || n == "CompiledFunctionBackward") return "backward";
+  if (n == "CompiledFunction") return "forward";
+  return "";
+}
+
+std::string phase_of_scope(const std::string& n) {
+  return starts_with(n, "perftrain::") ? phase_of_perftrain_scope(n) : phase_of_torch_scope(n);
+}
+
 const std::vector<std::string>& phase_order() {
   static const std::vector<std::string> order = {
-      "data wait", "host-to-device copy", "captured step (one graph launch)", "forward", "loss", "backward",
+      "data wait", "host-to-device copy", "captured step (one graph launch)",
+      "forward, loss and the rest (not marked)", "forward", "loss", "backward",
       "clipping", "optimizer", "EMA", "log window (loss read-back)", "checkpoint", "sampling", "step (other)",
       "outside the step scopes"};
   return order;
@@ -300,14 +382,26 @@ struct HostRuntime {
   std::vector<std::pair<double, double>> data_wait;
 };
 
+// A copy from pageable host memory: the host waits in the copy call while
+// the driver stages it ("Memcpy HtoD (Pageable -> Device)").
+bool is_pageable_h2d(const Event& e) {
+  return e.kind == EventKind::kMemcpy && has(e.name, "HtoD") && has(e.name, "Pageable");
+}
+
 HostRuntime scan_runtime(const Timeline& t, const Window& w, double per, StepAnalysis& a) {
   HostRuntime h;
+  std::set<int64_t> pageable;  // correlation ids of pageable host-to-device copies
+  for (const auto& e : t.events)
+    if (is_pageable_h2d(e) && e.correlation >= 0) pageable.insert(e.correlation);
   for (size_t i = 0; i < t.events.size(); ++i) {
     const Event& e = t.events[i];
     if (e.kind == EventKind::kRuntime && e.correlation >= 0) h.launch_of[e.correlation] = static_cast<int>(i);
-    if (e.kind == EventKind::kScope && e.name == "perftrain::data_wait" && w.in_window(e.ts)) {
+    const bool waits_for_data = e.kind == EventKind::kScope && phase_of_scope(e.name) == "data wait";
+    const bool blocking_copy = e.kind == EventKind::kRuntime && pageable.count(e.correlation) > 0;
+    if ((waits_for_data || blocking_copy) && w.in_window(e.ts)) {
       h.data_wait.push_back({e.ts, e.end()});
       a.data_wait_ms += e.dur * per;
+      if (blocking_copy) a.blocking_h2d_ms += e.dur * per;
     }
     if (e.kind == EventKind::kRuntime && w.in_window(e.ts)) {
       if (is_launch_call(e.name)) a.launch_cpu_ms += e.dur * per;
@@ -350,7 +444,8 @@ BusyTime gpu_busy(const Timeline& t, const Window& w, const PhaseIndex& phases, 
     const std::string kind = g->kind == EventKind::kKernel ? kernel_kind(g->name) : "copies and memsets";
     if (to > from) {
       std::string p = launch_phase(*g, h.launch_of, t, phases);
-      if (p.empty()) p = "outside the step scopes";
+      // An unmarked program's batch copy is still a host-to-device copy.
+      if (p.empty()) p = g->kind == EventKind::kMemcpy && has(g->name, "HtoD") ? "host-to-device copy" : phases.unmarked();
       b.by_phase[p] += to - from;
       b.by_kind[kind] += to - from;
       if (g->kind == EventKind::kKernel && kind == "matrix products" && is_fp32_matrix_kernel(g->name))
@@ -376,13 +471,12 @@ BusyTime host_busy(const Timeline& t, const Window& w, const PhaseIndex& phases)
   BusyTime b;
   std::vector<double> cuts = {w.w0, w.w1};
   for (const auto& e : t.events)
-    if (e.kind == EventKind::kScope && !phase_of_scope(e.name).empty())
+    if (!phase_of_event(e).empty())
       for (double c : {e.ts, e.end()})
         if (c > w.w0 && c < w.w1) cuts.push_back(c);
   std::sort(cuts.begin(), cuts.end());
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-    std::string p = phases.at(0.5 * (cuts[i] + cuts[i + 1]));
-    b.by_phase[p.empty() ? "outside the step scopes" : p] += cuts[i + 1] - cuts[i];
+    b.by_phase[phases.label(0.5 * (cuts[i] + cuts[i + 1]))] += cuts[i + 1] - cuts[i];
   }
   return b;
 }
@@ -428,8 +522,7 @@ void find_syncs(const Timeline& t, const Window& w, const PhaseIndex& phases, St
         op = t.events[p].name;
         break;
       }
-    std::string ph = phases.at(e.ts);
-    syncs[{e.name, op, ph.empty() ? "outside the step scopes" : ph}] += 1;
+    syncs[{e.name, op, phases.label(e.ts)}] += 1;
     ++n_syncs;
   }
   for (const auto& [k, n] : syncs) a.syncs.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), n});
@@ -443,8 +536,7 @@ void memory_by_phase(const Timeline& t, const Window& w, const PhaseIndex& phase
   std::map<std::string, PhaseMemory> mem;
   for (const auto& e : t.events) {
     if (e.kind != EventKind::kMemory || e.total_allocated < 0 || !w.in_window(e.ts)) continue;
-    std::string p = phases.at(e.ts);
-    if (p.empty()) p = "outside the step scopes";
+    const std::string p = phases.label(e.ts);
     auto& m = mem[p];
     m.phase = p;
     m.peak_allocated_gib = std::max(m.peak_allocated_gib, e.total_allocated / (1ull << 30));
@@ -692,8 +784,11 @@ std::string format_breakdown(const StepAnalysis& a, const MeasuredStep& m) {
                   c.unprofiled_ms);
     s << buf;
   } else {
-    s << "Profiler overhead: unknown (no steps ran without the profiler just before the window: give the schedule "
-         "wait or skip_first steps); GPU idle between kernels includes the profiler's own cost.\n";
+    s << "Profiler overhead: unknown ("
+      << (m.unknown_note.empty() ? "no steps ran without the profiler just before the window: give the schedule "
+                                   "wait or skip_first steps"
+                                 : m.unknown_note)
+      << "); GPU idle between kernels includes the profiler's own cost.\n";
   }
   if (a.cpu_only) {
     std::snprintf(buf, sizeof buf, "\nHost data wait %.3f ms/step.\n", a.data_wait_ms);

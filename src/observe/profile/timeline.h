@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -41,8 +42,18 @@ struct Event {
   double end() const { return ts + dur; }
 };
 
+// A CUDA device as the trace's deviceProperties (Kineto's) describe it.
+struct DeviceInfo {
+  int64_t id = 0;
+  std::string name;
+  double memory_gib = 0;
+  int compute_major = 0, compute_minor = 0, sms = 0;
+};
+
 struct Timeline {
   std::vector<Event> events;
+  std::vector<DeviceInfo> devices;               // deviceProperties
+  std::map<std::string, std::string> perftrain;  // the top-level "perftrain" object, where there is one
 };
 
 // Reads a trace (.json, or .json.gz). RuntimeError naming the file when it
@@ -50,9 +61,16 @@ struct Timeline {
 Timeline load_trace(const std::string& path);
 Timeline parse_trace(const std::string& json_text, const std::string& origin = "trace");
 
-// The phase a perftrain scope name belongs to ("perftrain::block 3" ->
-// "forward"); "" for a name that is no phase.
+// The phase a scope (user_annotation) name belongs to: a perftrain scope
+// ("perftrain::block 3" -> "forward"), or what torch marks in any program
+// ("enumerate(DataLoader)#..." -> "data wait", "Optimizer.step#AdamW.step"
+// -> "optimizer"); "" for a name that is no phase.
 std::string phase_of_scope(const std::string& scope_name);
+// The phase an ATen-level op (cpu_op) marks in any program: the autograd
+// engine's nodes ("autograd::engine::evaluate_function: ...",
+// "CompiledFunctionBackward") -> "backward", torch.compile's
+// "CompiledFunction" -> "forward"; "" otherwise.
+std::string phase_of_op(const std::string& op_name);
 // The phases in the order of a step, for reports.
 const std::vector<std::string>& phase_order();
 
@@ -84,7 +102,8 @@ struct StepAnalysis {
   // The breakdown, per step; busy_by_phase + idle_data_ms + idle_other_ms == step_ms.
   std::vector<PhaseTime> busy_by_phase;  // in phase_order(), phases with time only
   double gpu_busy_ms = 0, idle_data_ms = 0, idle_other_ms = 0;
-  double data_wait_ms = 0;               // host time in the data_wait scope
+  double data_wait_ms = 0;               // host time waiting for data: the data wait scopes, blocking copies
+  double blocking_h2d_ms = 0;            // of which host time in copies from pageable memory
 
   // GPU busy time by kind of kernel (observe::kernel_kind), per step.
   std::vector<PhaseTime> busy_by_kind;
@@ -137,6 +156,7 @@ struct MeasuredStep {
   double unprofiled_ms = 0;  // per step, the median; 0: unknown
   int unprofiled_steps = 0;
   std::string unprofiled_what;  // how they were taken, for the report ("timed before the profiler started")
+  std::string unknown_note;     // why none were timed, for the report; "": the profile commands' own words
 };
 
 // The breakdown against the measured step. The trace's parts sum to
