@@ -8,6 +8,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace perftrain::data {
 
@@ -54,6 +55,10 @@ std::unique_ptr<Dataset> open_fashion_mnist(const std::string& dir, bool train =
 // none, condition features "cond" [N, Tc, Dc] (F32, F16 or BF16) with
 // "cond_len" [N] (integers in [0, Tc]: the valid tokens, the rest padding).
 std::unique_ptr<Dataset> open_latent_shards(const std::string& path);
+// The shard files open_latent_shards reads: `path` itself, or the directory's
+// *.safetensors files (hidden ones skipped) in name order. UsageError naming
+// the path when it does not exist or holds none.
+std::vector<std::string> latent_shard_files(const std::string& path);
 
 // The most samples a synthetic dataset has: it stores none, but a loader
 // keeps an 8-byte index per sample for each epoch's order (800 MB here).
