@@ -20,5 +20,6 @@ void add_profile_command(CLI::App& app);
 void add_summary_command(CLI::App& app);
 void add_graph_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
+void add_extract_command(CLI::App& app);
 
 }  // namespace perftrain::cli
