@@ -211,8 +211,9 @@ ExtractResult run_extract(const ExtractOptions& o, std::ostream& log, bool inter
       << base::printable(o.out) << " (VAE " << base::printable(o.vae) << ", x " << vae.scale.scale << ")\n";
   if (r.shards_kept > 0) log << "resuming after " << r.shards_kept << " complete shards\n";
   const int64_t from = r.shards_kept * o.shard_size;
+  const auto encoding = std::chrono::steady_clock::now();
   const auto progress = [&](int64_t done) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - encoding).count();
     const double rate = static_cast<double>(done - from) / std::max(s, 1e-9);
     char line[160];
     std::snprintf(line, sizeof line, " %lld/%lld latents | %.1f img/s | ETA %s", static_cast<long long>(done),

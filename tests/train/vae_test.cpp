@@ -61,26 +61,19 @@ build("plain", block_out_channels=(8, 16, 16), layers_per_block=2, norm_num_grou
       use_post_quant_conv=False, mid_block_add_attention=False)
 )";
 
-std::map<std::string, at::Tensor> tensors_of(const std::string& path) {
-  const auto f = io::SafetensorsFile::open(path);
-  std::map<std::string, at::Tensor> out;
-  for (const auto& n : f.names()) out[n] = f.get(n);
-  return out;
-}
-
 double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 void expect_matches(const std::string& dir, const std::string& expected) {
   const Vae vae = load_vae(dir, at::kCPU, false);
-  const auto want = tensors_of(expected);
-  const auto post = vae.net->encode(want.at("x"));
-  ASSERT_EQ(post.mean.sizes(), want.at("mean").sizes()) << dir;
-  EXPECT_GT(want.at("mean").abs().max().item<double>(), 0.05) << dir;  // not a vanished signal
-  EXPECT_LT(max_diff(post.mean, want.at("mean")), 1e-4) << dir;
-  EXPECT_LT(max_diff(post.logvar, want.at("logvar")), 1e-4) << dir;
-  const at::Tensor image = vae.net->decode(want.at("mean"));
-  ASSERT_EQ(image.sizes(), want.at("image").sizes()) << dir;
-  EXPECT_LT(max_diff(image, want.at("image")), 1e-4) << dir;
+  const auto want = io::SafetensorsFile::open(expected);
+  const auto post = vae.net->encode(want.get("x"));
+  ASSERT_EQ(post.mean.sizes(), want.get("mean").sizes()) << dir;
+  EXPECT_GT(want.get("mean").abs().max().item<double>(), 0.05) << dir;  // not a vanished signal
+  EXPECT_LT(max_diff(post.mean, want.get("mean")), 1e-4) << dir;
+  EXPECT_LT(max_diff(post.logvar, want.get("logvar")), 1e-4) << dir;
+  const at::Tensor image = vae.net->decode(want.get("mean"));
+  ASSERT_EQ(image.sizes(), want.get("image").sizes()) << dir;
+  EXPECT_LT(max_diff(image, want.get("image")), 1e-4) << dir;
 }
 
 TEST(Vae, EqualsDiffusersAutoencoderKL) {
@@ -102,7 +95,9 @@ TEST(Vae, OlderAttentionNamesLoad) {
   TempDir dir;
   const std::string folder = perftrain::testing::write_random_vae(dir.file("vae"));
   const auto c = read_vae_config(folder);
-  auto weights = tensors_of(folder + "/diffusion_pytorch_model.safetensors");
+  const auto file = io::SafetensorsFile::open(folder + "/diffusion_pytorch_model.safetensors");
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& n : file.names()) weights[n] = file.get(n);
   const auto renamed = [](std::map<std::string, at::Tensor> w) {
     std::map<std::string, at::Tensor> out;
     for (auto& [n, t] : w) {
@@ -161,10 +156,10 @@ TEST(Vae, BadFoldersNameTheFileAndTheProblem) {
 
   // A missing and an unexpected tensor.
   const std::string extra = perftrain::testing::write_random_vae(dir.file("extra"));
-  auto w = tensors_of(extra + "/diffusion_pytorch_model.safetensors");
+  const auto w = io::SafetensorsFile::open(extra + "/diffusion_pytorch_model.safetensors");
   io::NamedTensors named;
-  for (auto& [n, t] : w)
-    if (n != "decoder.conv_out.bias") named.emplace_back(n, t.clone());
+  for (const auto& n : w.names())
+    if (n != "decoder.conv_out.bias") named.emplace_back(n, w.get(n).clone());
   named.emplace_back("encoder.mystery", at::randn({2}));
   io::save_safetensors(extra + "/diffusion_pytorch_model.safetensors", named);
   msg = err(extra);
