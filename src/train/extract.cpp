@@ -2,9 +2,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/randn.h>
-#include <ATen/ops/stack.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -119,16 +119,23 @@ int64_t kept_shards(const std::string& out, const Metadata& settings, int64_t to
 }
 
 // Items [first, first + count) as images [count, 3, size, size] in [-1, 1]:
-// item k is image k / copies, flipped when k % copies is 1.
+// item k is image k / copies, flipped when k % copies is 1. Each image is
+// read and cropped once, the images of the batch on ATen's CPU threads.
 at::Tensor load_images(const data::ImageSet& set, int64_t first, int64_t count, int64_t copies, int64_t size) {
-  std::vector<at::Tensor> out;
-  for (int64_t k = first; k < first + count; ++k) {
-    // (x / 255 - 0.5) / 0.5: torchvision's ToTensor and Normalize, as fast-DiT and the image inputs.
-    const at::Tensor rgb = data::adm_center_crop(set.read_rgb(k / copies), size).permute({2, 0, 1});
-    at::Tensor x = (rgb.to(at::kFloat) / 255.0f - 0.5f) / 0.5f;
-    out.push_back(k % copies == 1 ? x.flip({2}) : x);
-  }
-  return at::stack(out);
+  at::Tensor out = at::empty({count, 3, size, size}, at::TensorOptions().dtype(at::kFloat));
+  const int64_t first_image = first / copies, last_image = (first + count - 1) / copies;
+  at::parallel_for(first_image, last_image + 1, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      // (x / 255 - 0.5) / 0.5: torchvision's ToTensor and Normalize, as fast-DiT and the image inputs.
+      const at::Tensor rgb = data::adm_center_crop(set.read_rgb(i), size).permute({2, 0, 1});
+      const at::Tensor x = (rgb.to(at::kFloat) / 255.0f - 0.5f) / 0.5f;
+      for (int64_t c = 0; c < copies; ++c) {
+        const int64_t k = i * copies + c;
+        if (k >= first && k < first + count) out[k - first].copy_(c == 1 ? x.flip({2}) : x);
+      }
+    }
+  });
+  return out;
 }
 
 at::Tensor labels_of(const data::ImageSet& set, int64_t first, int64_t count, int64_t copies) {
