@@ -192,6 +192,8 @@ at::Tensor encode_shard(const ExtractOptions& o, const Vae& vae, const data::Ima
   return out;
 }
 
+std::string shards_text(int64_t n) { return std::to_string(n) + (n == 1 ? " shard" : " shards"); }
+
 at::Device device_of(const std::string& name) {
   if (name == "cuda" && !compat::cuda_available()) throw UsageError("--device cuda but no CUDA GPU is visible");
   const bool cuda = name == "cuda" || (name == "auto" && compat::cuda_available());
@@ -214,9 +216,9 @@ ExtractResult run_extract(const ExtractOptions& o, std::ostream& log, bool inter
   r.shards_kept = kept_shards(o.out, settings, p.shards);
   log << "extract: " << set.size() << " images, " << set.num_classes() << " classes, from " << set.describe()
       << (o.flip ? ", each also flipped" : "") << " -> " << p.samples << " latents " << p.latent[0] << "x"
-      << p.latent[1] << "x" << p.latent[2] << " in " << p.shards << " shards of " << o.shard_size << " in "
+      << p.latent[1] << "x" << p.latent[2] << " in " << shards_text(p.shards) << " of " << o.shard_size << " in "
       << base::printable(o.out) << " (VAE " << base::printable(o.vae) << ", x " << vae.scale.scale << ")\n";
-  if (r.shards_kept > 0) log << "resuming after " << r.shards_kept << " complete shards\n";
+  if (r.shards_kept > 0) log << "resuming after the " << shards_text(r.shards_kept) << " already complete\n";
   const int64_t from = r.shards_kept * o.shard_size;
   const auto encoding = std::chrono::steady_clock::now();
   const auto progress = [&](int64_t done) {
@@ -238,7 +240,7 @@ ExtractResult run_extract(const ExtractOptions& o, std::ostream& log, bool inter
   }
   if (interactive) log << "\n";
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  log << "wrote " << p.shards - r.shards_kept << " shards (" << p.shards << " in all, " << p.samples
+  log << "wrote " << shards_text(p.shards - r.shards_kept) << " (" << p.shards << " in all, " << p.samples
       << " latents) to " << base::printable(o.out) << " in " << format_duration(r.seconds) << "\n";
   return r;
 }
