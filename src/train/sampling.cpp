@@ -103,7 +103,8 @@ void require_images(const TrainConfig& cfg, const SampleOptions& opts, const std
   const int64_t c = cfg.model.in_channels;
   if (!opts.decoder && (cfg.data.source == "latents" || (c != 1 && c != 3)))
     throw UsageError(what + ": this model makes latents (" + std::to_string(c) +
-                     " channels); decoding them needs their VAE: give --vae DIR (a diffusers AutoencoderKL folder)");
+                     " channels); decoding them needs their VAE: --vae DIR (eval.vae in training), a diffusers "
+                     "AutoencoderKL folder");
 }
 
 void write_sample_npz(const std::string& path, const models::DiffusionModel& model, const TrainConfig& cfg,

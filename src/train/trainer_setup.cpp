@@ -20,6 +20,7 @@
 #include "train/run_profiler.h"
 #include "train/speed.h"
 #include "train/trainer.h"
+#include "train/vae.h"
 #include "train/eval/evaluation.h"
 
 namespace perftrain::train {
@@ -204,8 +205,8 @@ void Trainer::resume() {
 // config.toml and metrics.jsonl (RunDirectory::start), the run's earlier
 // segments, TensorBoard: the values each log window already read back,
 // weight histograms every log.histogram_every steps, the sample grids.
-// eval.every: the networks and reference statistics loaded once (rank 0,
-// which samples), every file checked before anything is written.
+// eval.every: the networks, reference statistics and VAE loaded once (rank
+// 0, which samples), every file checked before anything is written.
 void Trainer::open_evaluator() {
   const EvalConfig& e = cfg_.eval;
   if (e.every == 0 || launch_.rank != 0) return;
@@ -222,6 +223,8 @@ void Trainer::open_evaluator() {
   o.inception = e.inception;
   o.ref_stats = e.ref_stats;
   o.features = e.features;
+  if (!e.vae.empty()) o.sample.decoder = vae_image_decoder(e.vae, cfg_, device_, log_, "eval.vae");
+  o.vae = e.vae;
   evaluator_ = std::make_unique<eval::Evaluator>(o, device_);
   evaluator_->check_model(cfg_);
 }

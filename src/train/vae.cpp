@@ -144,11 +144,11 @@ at::Tensor decode_latents(const Vae& vae, const LatentScale& s, const at::Tensor
 }
 
 ImageDecoder vae_image_decoder(const std::string& dir, const TrainConfig& cfg, const c10::Device& device,
-                               std::ostream& log) {
-  auto vae = std::make_shared<Vae>(load_vae(dir, device, false));
+                               std::ostream& log, const std::string& option) {
+  auto vae = std::make_shared<Vae>(load_vae(dir, device, false, option));
   const auto& c = vae->net->config();
   if (c.latent_channels != cfg.model.in_channels)
-    throw UsageError("--vae " + base::printable(dir) + ": its latents have " + std::to_string(c.latent_channels) +
+    throw UsageError(option + " " + base::printable(dir) + ": its latents have " + std::to_string(c.latent_channels) +
                      " channels, the model makes " + std::to_string(cfg.model.in_channels));
   const LatentScale s = latent_scale_for(cfg, *vae);
   log << "decoding with the VAE " << base::printable(dir) << ": latents / " << s.scale << " + " << s.shift

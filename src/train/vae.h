@@ -46,12 +46,13 @@ LatentScale latent_scale_for(const TrainConfig& cfg, const Vae& vae);
 // [-1, 1]; to_uint8 clamps), decoded a few at a time to bound the memory.
 at::Tensor decode_latents(const Vae& vae, const LatentScale& s, const at::Tensor& latents);
 
-// The decoder `sample --vae` and `eval --vae` give the sampler: the folder
-// loaded (float32) on `device`, checked against the model (its channels are
-// the VAE's latent channels: else a UsageError naming the option), with
-// latent_scale_for's scale; says on `log` which scale it took from where.
+// The decoder `sample --vae`, `eval --vae` and eval.vae give the sampler:
+// the folder loaded (float32) on `device`, checked against the model (its
+// channels are the VAE's latent channels: else a UsageError naming
+// `option`), with latent_scale_for's scale; says on `log` which scale it
+// took from where.
 ImageDecoder vae_image_decoder(const std::string& dir, const TrainConfig& cfg, const c10::Device& device,
-                               std::ostream& log);
+                               std::ostream& log, const std::string& option = "--vae");
 
 // The shard metadata keys `perftrain extract` writes.
 inline constexpr const char* kShardVae = "vae";

@@ -89,7 +89,7 @@ TEST(ExtractCli, ALatentModelSamplesThroughTheVae) {
 
   const auto refused = run_shell(perftrain_cmd("sample --ckpt " + run + " --npz " + tmp.file("s.npz") + " --samples 3"));
   EXPECT_NE(refused.code, 0);
-  EXPECT_TRUE(contains(refused.output, "give --vae DIR")) << refused.output;
+  EXPECT_TRUE(contains(refused.output, "needs their VAE: --vae DIR")) << refused.output;
   EXPECT_FALSE(fs::exists(tmp.file("s.npz")));
 
   const auto npz = run_shell(perftrain_cmd("sample --ckpt " + run + " --vae " + tmp.file("vae") + " --npz " +

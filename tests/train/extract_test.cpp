@@ -2,10 +2,13 @@
 // through a tiny random VAE into latent shards, read back by the trainer's
 // dataset and trained on for two steps; the same settings give the same
 // shards; an --out of other settings and a bad --vae are refused with
-// nothing written. The kill-and-rerun test is tests/cli/extract_cli_test.cpp.
+// nothing written; a latent model evaluated through the VAE, by the
+// Evaluator and by eval.every with eval.vae inside training. The
+// kill-and-rerun test is tests/cli/extract_cli_test.cpp.
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "base/error.h"
@@ -172,7 +175,7 @@ TEST(Extract, EvalDecodesALatentModelThroughTheVae) {
   o.sample.steps = 1;
   o.sample.cfg_scale = 1.0;
   const eval::Evaluator without(o, at::kCPU);
-  EXPECT_TRUE(contains(error_of<UsageError>([&] { without.check_model(c); }), "give --vae DIR"));
+  EXPECT_TRUE(contains(error_of<UsageError>([&] { without.check_model(c); }), "needs their VAE: --vae DIR"));
 
   o.sample.decoder = vae_image_decoder(tmp.file("vae"), c, at::kCPU, log);
   EXPECT_TRUE(contains(log.str(), "latents / 0.5 + 0 (from the run's latent shards")) << log.str();
@@ -182,6 +185,29 @@ TEST(Extract, EvalDecodesALatentModelThroughTheVae) {
   ASSERT_EQ(m.size(), 2u);
   EXPECT_EQ(m[0].first, "fd_features");
   EXPECT_TRUE(std::isfinite(m[0].second) && m[0].second >= 0) << m[0].second;
+
+  // Inside training: eval.vae decodes, eval.every's lines in metrics.jsonl.
+  for (const char* k : {"train.batch_size=4", "train.device=cpu", "log.every=1", "log.checkpoint_every=0",
+                        "log.sample_every=0", "diffusion.sample_steps=1", "eval.every=2", "eval.samples=4"})
+    apply_override(c, k);
+  c.eval.features = tmp.file("features.safetensors");
+  c.optim.steps = 2;
+  c.run.dir = tmp.path();
+  c.run.name = "run";
+  EXPECT_TRUE(contains(error_of<UsageError>([&] { run_training(c, {}, log); }), "(eval.vae in training)"));
+  c.eval.vae = tmp.file("vae");
+  c.run.name = "run2";
+  run_training(c, {}, log);
+  std::istringstream metrics(perftrain::testing::read_raw(tmp.file("run2/metrics.jsonl")));
+  int evals = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("eval")) continue;
+    ++evals;
+    EXPECT_EQ(j["step"].get<int64_t>(), 2);
+    EXPECT_GE(j["eval"]["fd_features"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(evals, 1);
 
   // The VAE's latent channels must be the model's.
   apply_override(c, "model.in_channels=3");
