@@ -40,8 +40,10 @@ struct ShortcutGroup {
 const ShortcutGroup kShortcutGroups[] = {
     {"Model and data",
      {{"--model", "model.name", "model name (perftrain models lists them)"},
-      {"--data", "data.source", "data source: fashion-mnist | latents | synthetic"},
-      {"--data-path", "data.path", "dataset directory or latent shard file/directory"},
+      {"--data", "data.source", "data source: fashion-mnist | latents | images | synthetic"},
+      {"--data-path", "data.path",
+       "dataset directory, latent shard file/directory, or (images) an image folder or tar shard pattern"},
+      {"--image-size", "model.image_size", "input height = width (images: the centre crop; latents: their size)"},
       {"--objective", "diffusion.objective", "ddpm | flow"}}},
     {"Training",
      {{"--device", "train.device", "auto | cpu | cuda (also picks the defaults: GPU or CPU)"},
@@ -109,6 +111,20 @@ std::string absolute(const std::string& path) {
   std::string rel = path;
   while (rel.rfind("./", 0) == 0) rel.erase(0, 2);
   return rel.empty() || rel == "." ? std::string(cwd) : fs::join(cwd, rel);
+}
+
+// absolute() of each of the "::"-separated parts (the image inputs' tar
+// shard patterns may list several).
+std::string absolute_paths(const std::string& paths) {
+  std::string out;
+  size_t start = 0;
+  for (;;) {
+    const size_t sep = paths.find("::", start);
+    out += absolute(paths.substr(start, sep == std::string::npos ? std::string::npos : sep - start));
+    if (sep == std::string::npos) return out;
+    out += "::";
+    start = sep + 2;
+  }
 }
 
 // A resume continues in the run's own directory: a run.name or run.dir other
@@ -243,7 +259,7 @@ train::TrainConfig resolve_config(const TrainArgs& a) {
   for (const auto& o : a.shortcuts) train::apply_override(cfg, o);
   for (const auto& o : a.overrides) train::apply_override(cfg, o);
   if (!a.resume.empty()) check_run_place_kept(cfg, own, a.resume);
-  if (cfg.data.source != "synthetic") cfg.data.path = absolute(cfg.data.path);
+  if (cfg.data.source != "synthetic") cfg.data.path = absolute_paths(cfg.data.path);
   cfg.validate();
   return cfg;
 }

@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "base/error.h"
@@ -45,13 +46,19 @@ std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) 
   return p;
 }
 
+bool sample_flipped(uint64_t seed, int64_t epoch, int64_t index) {
+  return (mix(mix(mix(seed ^ 0xF11F11F11F11F11Full) ^ static_cast<uint64_t>(epoch)) ^ static_cast<uint64_t>(index)) >>
+          63) != 0;
+}
+
 BatchLoader::BatchLoader(const Dataset& dataset, int64_t batch_size, uint64_t seed,
-                         LoaderPosition start, bool pin_memory, int depth, LoaderShard shard)
-    : dataset_(dataset), batch_size_(batch_size), shard_(shard), seed_(seed), depth_(depth) {
+                         LoaderPosition start, bool pin_memory, int depth, LoaderShard shard, LoaderOptions options)
+    : dataset_(dataset), batch_size_(batch_size), shard_(shard), options_(options), seed_(seed), depth_(depth) {
   const int64_t n = dataset.size();
   if (n < 1) throw UsageError("cannot load batches: dataset " + dataset.describe() + " is empty");
   if (batch_size < 1) throw UsageError("batch size must be >= 1, got " + std::to_string(batch_size));
   if (depth < 1) throw UsageError("loader depth must be >= 1, got " + std::to_string(depth));
+  if (options.workers < 1) throw UsageError("loader workers must be >= 1, got " + std::to_string(options.workers));
   if (shard.count < 1 || shard.index < 0 || shard.index >= shard.count || batch_size % shard.count != 0)
     throw UsageError("batch size " + std::to_string(batch_size) + " cannot be split into " +
                      std::to_string(shard.count) + " equal shards (shard " + std::to_string(shard.index) + ")");
@@ -87,6 +94,7 @@ void BatchLoader::produce() {
     LoaderPosition pos = produced_pos_;
     std::vector<int64_t> perm = epoch_permutation(n, seed_, pos.epoch);
     std::vector<int64_t> indices(static_cast<size_t>(batch_size_));
+    std::vector<LoaderPosition> places(static_cast<size_t>(batch_size_));  // each sample's place in the stream
     const auto options = at::TensorOptions().pinned_memory(pin_memory_);
     for (;;) {
       {
@@ -98,6 +106,7 @@ void BatchLoader::produce() {
           pos = {pos.epoch + 1, 0};
           perm = epoch_permutation(n, seed_, pos.epoch);
         }
+        places[j] = pos;
         indices[j] = perm[pos.index++];
       }
       if (pos.index == n) {  // a batch that ends an epoch leaves us at the next one's start
@@ -110,12 +119,11 @@ void BatchLoader::produce() {
       Batch batch;
       batch.x = at::empty({b, shape[0], shape[1], shape[2]}, options.dtype(at::kFloat));
       batch.y = at::empty({b}, options.dtype(at::kLong));
-      dataset_.gather(mine, b, batch.x.data_ptr<float>(), batch.y.data_ptr<int64_t>());
       if (const auto cs = dataset_.cond_shape(); cs[0] > 0) {
         batch.cond = at::empty({b, cs[0], cs[1]}, options.dtype(at::kFloat));
         batch.cond_len = at::empty({b}, options.dtype(at::kLong));
-        dataset_.gather_cond(mine, b, batch.cond.data_ptr<float>(), batch.cond_len.data_ptr<int64_t>());
       }
+      fill(batch, mine, places.data() + shard_.index * b);
 
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait(lock, [&] { return stop_ || static_cast<int>(queue_.size()) < depth_; });
@@ -132,6 +140,48 @@ void BatchLoader::produce() {
     }
     cv_.notify_all();
   }
+}
+
+void BatchLoader::fill_rows(Batch& batch, const int64_t* indices, const LoaderPosition* places, int64_t lo,
+                            int64_t hi) const {
+  if (hi <= lo) return;
+  const auto s = dataset_.sample_shape();
+  const int64_t numel = s[0] * s[1] * s[2];
+  float* x = batch.x.data_ptr<float>();
+  dataset_.gather(indices + lo, hi - lo, x + lo * numel, batch.y.data_ptr<int64_t>() + lo);
+  if (batch.cond.defined()) {
+    const int64_t cond_numel = batch.cond.size(1) * batch.cond.size(2);
+    dataset_.gather_cond(indices + lo, hi - lo, batch.cond.data_ptr<float>() + lo * cond_numel,
+                         batch.cond_len.data_ptr<int64_t>() + lo);
+  }
+  if (!options_.flip) return;
+  for (int64_t r = lo; r < hi; ++r) {
+    if (!sample_flipped(seed_, places[r].epoch, places[r].index)) continue;
+    float* row = x + r * numel;
+    for (int64_t line = 0; line < s[0] * s[1]; ++line) std::reverse(row + line * s[2], row + (line + 1) * s[2]);
+  }
+}
+
+void BatchLoader::fill(Batch& batch, const int64_t* indices, const LoaderPosition* places) const {
+  const int64_t b = batch.y.size(0);
+  const int64_t threads = std::min<int64_t>(options_.workers, b);
+  if (threads <= 1) return fill_rows(batch, indices, places, 0, b);
+  // Thread k takes rows [k * b / threads, (k + 1) * b / threads); this
+  // thread the first part. The first error (in row order) is rethrown.
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+  auto part = [&](int64_t k) {
+    try {
+      fill_rows(batch, indices, places, k * b / threads, (k + 1) * b / threads);
+    } catch (...) {
+      errors[static_cast<size_t>(k)] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int64_t k = 1; k < threads; ++k) pool.emplace_back(part, k);
+  part(0);
+  for (auto& t : pool) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 Batch BatchLoader::next() {

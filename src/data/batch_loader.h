@@ -41,6 +41,19 @@ struct LoaderShard {
   int64_t count = 1;
 };
 
+// How the loader prepares each batch. Neither changes which samples a batch
+// holds, nor their order.
+struct LoaderOptions {
+  // Threads that read (decode) a batch's samples, each a contiguous part of
+  // the rows; the batch is the same for every count.
+  int workers = 1;
+  // Mirror each sample left-right with probability 1/2 (DiT's random
+  // horizontal flip, for image inputs): sample_flipped(seed, epoch, index) of
+  // its position in the stream, so a resumed run and every rank and worker
+  // count see the same flips.
+  bool flip = false;
+};
+
 class BatchLoader {
  public:
   // depth: batches prepared ahead. pin_memory: allocate batches in page-locked
@@ -49,8 +62,10 @@ class BatchLoader {
   // an empty dataset, batch_size or depth < 1, or a position outside it.
   // batch_size is the global batch; a shard whose count does not divide it
   // is a UsageError too. Batches hold batch_size / shard.count samples.
+  // options.workers < 1 is a UsageError.
   BatchLoader(const Dataset& dataset, int64_t batch_size, uint64_t seed,
-              LoaderPosition start = {}, bool pin_memory = false, int depth = 3, LoaderShard shard = {});
+              LoaderPosition start = {}, bool pin_memory = false, int depth = 3, LoaderShard shard = {},
+              LoaderOptions options = {});
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -66,10 +81,16 @@ class BatchLoader {
 
  private:
   void produce();  // the background thread: fills queue_ up to depth_
+  // Rows [lo, hi) of a batch: their samples read, then flipped where drawn.
+  void fill_rows(Batch& batch, const int64_t* indices, const LoaderPosition* places, int64_t lo,
+                 int64_t hi) const;
+  // The batch's rows over options_.workers threads (this one among them).
+  void fill(Batch& batch, const int64_t* indices, const LoaderPosition* places) const;
 
   const Dataset& dataset_;
   int64_t batch_size_;
   LoaderShard shard_;
+  LoaderOptions options_;
   uint64_t seed_;
   bool pin_memory_ = false;  // asked for and CUDA present
   int depth_;
@@ -95,5 +116,11 @@ class BatchLoader {
 //             r >= (2^64 - b) mod b, then r mod b
 //   p = [0, 1, ..., n-1]; for i = n-1 down to 1: swap(p[i], p[draw(i + 1)])
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
+
+// Whether the sample at position `index` of epoch `epoch`'s permutation is
+// flipped (LoaderOptions::flip): the top bit of
+//   mix(mix(mix(seed ^ 0xF11F11F11F11F11F) ^ uint64(epoch)) ^ uint64(index))
+// with epoch_permutation's mix.
+bool sample_flipped(uint64_t seed, int64_t epoch, int64_t index);
 
 }  // namespace perftrain::data

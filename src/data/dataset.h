@@ -20,7 +20,8 @@ class Dataset {
   virtual int64_t num_classes() const = 0;                  // labels lie in [0, n)
   // Writes samples indices[0..n) as float32 into x_out (n*C*H*W values) and
   // their labels into y_out: each index checked (RuntimeError when outside
-  // [0, size())), then read. Must be safe to call from a background thread.
+  // [0, size())), then read. Must be safe to call from several threads at
+  // once (the loader's workers, each with its own rows).
   virtual void gather(const int64_t* indices, int64_t n, float* x_out, int64_t* y_out) const;
   virtual std::string describe() const = 0;  // one line, for logs and reports
   // Per-sample condition features (e.g. text-encoder outputs): {Tc, Dc},
@@ -59,6 +60,16 @@ std::unique_ptr<Dataset> open_latent_shards(const std::string& path);
 // *.safetensors files (hidden ones skipped) in name order. UsageError naming
 // the path when it does not exist or holds none.
 std::vector<std::string> latent_shard_files(const std::string& path);
+
+// Images for pixel-space training: an image folder or WebDataset tar shards
+// (data/image_set.h says which paths are which), each image decoded to RGB,
+// centre-cropped to image_size x image_size as ADM and DiT do
+// (data/adm_crop.h) and scaled to [-1, 1] as torchvision's ToTensor then
+// Normalize(0.5, 0.5): (v / 255 - 0.5) / 0.5. Samples [3, image_size,
+// image_size]. The flip is the loader's (LoaderOptions::flip). Open errors
+// are those of ImageSet::open; an image that cannot be decoded is a
+// RuntimeError naming its file (or shard and member) when it is read.
+std::unique_ptr<Dataset> open_images(const std::string& path, int64_t image_size);
 
 // The most samples a synthetic dataset has: it stores none, but a loader
 // keeps an 8-byte index per sample for each epoch's order (800 MB here).

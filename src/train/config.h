@@ -16,10 +16,13 @@
 namespace perftrain::train {
 
 struct DataConfig {
-  std::string source = "fashion-mnist";  // fashion-mnist | latents | synthetic
+  std::string source = "fashion-mnist";  // fashion-mnist | latents | images | synthetic
+  // images: an image folder or a tar shard pattern (data/image_set.h)
   std::string path = "/usr/share/datasets/fashion-mnist";
   int64_t synthetic_size = 8192;
   int64_t prefetch = 3;  // batches prepared ahead by the loader thread
+  int64_t workers = 4;   // threads that read (decode) each batch's samples
+  bool flip = true;      // images: random horizontal flip (data::LoaderOptions)
 };
 
 struct OptimConfig {

@@ -36,6 +36,7 @@ std::unique_ptr<data::Dataset> make_dataset(const TrainConfig& cfg) {
   const auto& d = cfg.data;
   if (d.source == "fashion-mnist") return data::open_fashion_mnist(d.path, /*train=*/true);
   if (d.source == "latents") return data::open_latent_shards(d.path);
+  if (d.source == "images") return data::open_images(d.path, cfg.model.image_size);
   if (cfg.model.single_stream() && cfg.model.cond_dim > 0)  // synthetic features for the synthetic latents
     return data::with_synthetic_cond(
         data::make_synthetic(d.synthetic_size, {cfg.model.in_channels, cfg.model.image_size, cfg.model.image_size},
@@ -266,7 +267,9 @@ void Trainer::start_loop() {
   // A step's micro-batches come as one batch (the step runner splits it).
   loader_ = std::make_unique<data::BatchLoader>(*dataset_, cfg_.optim.step_batch(), cfg_.optim.seed, state_.position,
                                                 device_.is_cuda(), static_cast<int>(cfg_.data.prefetch),
-                                                data::LoaderShard{launch_.rank, launch_.world_size});
+                                                data::LoaderShard{launch_.rank, launch_.world_size},
+                                                data::LoaderOptions{static_cast<int>(cfg_.data.workers),
+                                                                    cfg_.data.flip && cfg_.data.source == "images"});
   progress_ = std::make_unique<Progress>(log_, cfg_.optim.steps, opts_.interactive);
   sample_opts_ = SampleOptions{cfg_.log.sample_classes, cfg_.log.sample_per_class, cfg_.diffusion.sample_steps,
                                cfg_.diffusion.cfg_scale, cfg_.optim.seed, precision_ != "fp32", {}};

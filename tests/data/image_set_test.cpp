@@ -13,7 +13,7 @@
 #include "data/image_file.h"
 #include "data/image_set.h"
 #include "data/tar_file.h"
-#include "io/png.h"
+#include "support/image_files.h"
 #include "support/python_script.h"
 #include "support/test_support.h"
 
@@ -21,46 +21,17 @@ namespace perftrain::data {
 namespace {
 
 using perftrain::testing::error_of;
+using perftrain::testing::tar_end;
+using perftrain::testing::tar_member;
 using perftrain::testing::kPythonSkip;
 using perftrain::testing::read_raw;
 using perftrain::testing::run_python_script;
 using perftrain::testing::TempDir;
 using perftrain::testing::write_raw;
 
-// A w x h image of `channels` whose pixels encode (seed, position).
-std::vector<uint8_t> pattern(int w, int h, int channels, int seed) {
-  std::vector<uint8_t> p(static_cast<size_t>(w) * h * channels);
-  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>((i * 37 + seed * 101) % 251);
-  return p;
-}
-
 void png(const std::string& path, int w, int h, int channels, int seed) {
-  const auto p = pattern(w, h, channels, seed);
-  io::save_png(path, p.data(), w, h, channels);
+  perftrain::testing::write_pattern_png(path, w, h, channels, seed);
 }
-
-// One ustar member: header (checksum filled in) and the data padded to 512.
-std::string tar_member(const std::string& name, const std::string& data) {
-  std::string h(512, '\0');
-  std::memcpy(&h[0], name.data(), std::min<size_t>(name.size(), 100));
-  std::snprintf(&h[100], 8, "%07o", 0644);
-  std::snprintf(&h[108], 8, "%07o", 0);
-  std::snprintf(&h[116], 8, "%07o", 0);
-  std::snprintf(&h[124], 12, "%011lo", static_cast<unsigned long>(data.size()));
-  std::snprintf(&h[136], 12, "%011o", 0);
-  h[156] = '0';
-  std::memcpy(&h[257], "ustar", 6);
-  std::memcpy(&h[263], "00", 2);
-  std::memset(&h[148], ' ', 8);
-  unsigned sum = 0;
-  for (unsigned char c : h) sum += c;
-  std::snprintf(&h[148], 8, "%06o", sum);
-  std::string padded = data;
-  padded.resize((data.size() + 511) / 512 * 512, '\0');
-  return h + padded;
-}
-
-std::string tar_end() { return std::string(1024, '\0'); }
 
 std::string png_bytes(const TempDir& dir, int w, int h, int channels, int seed) {
   png(dir.file("tmp.png"), w, h, channels, seed);
@@ -74,7 +45,7 @@ TEST(ImageFile, PngOfEachChannelCountBecomesRgb) {
     const at::Tensor img = read_image_file(dir.file("a.png"));
     ASSERT_EQ(img.sizes(), (std::vector<int64_t>{3, 5, 3})) << channels;
     ASSERT_EQ(img.scalar_type(), at::kByte);
-    const auto p = pattern(5, 3, channels, channels);
+    const auto p = perftrain::testing::image_pattern(5, 3, channels, channels);
     const uint8_t* q = img.data_ptr<uint8_t>();
     for (int i = 0; i < 15; ++i)
       for (int c = 0; c < 3; ++c) {
@@ -207,7 +178,7 @@ TEST(ImageSet, FolderAsTorchvisionsImageFolder) {
   // torchvision: sorted(os.walk(class)) -> "a_cls" before "a_cls/sub"; names sorted by bytes.
   EXPECT_EQ(got, (std::vector<std::string>{"a_cls/z.png", "a_cls/sub/a.png", "b_cls/10.PNG", "b_cls/2.png"}));
   EXPECT_EQ(labels, (std::vector<int64_t>{0, 0, 1, 1}));
-  const auto p = pattern(4, 4, 3, 2);
+  const auto p = perftrain::testing::image_pattern(4, 4, 3, 2);
   const at::Tensor img = set.read_rgb(2);
   EXPECT_EQ(std::memcmp(img.data_ptr<uint8_t>(), p.data(), p.size()), 0);
 }
@@ -256,7 +227,7 @@ TEST(ImageSet, TarShardsByPattern) {
   const auto bytes = set.read_bytes(1);
   EXPECT_EQ(std::string(bytes.begin(), bytes.end()), b);
   const at::Tensor img = set.read_rgb(0);
-  const auto p = pattern(6, 5, 3, 11);
+  const auto p = perftrain::testing::image_pattern(6, 5, 3, 11);
   ASSERT_EQ(img.sizes(), (std::vector<int64_t>{5, 6, 3}));
   EXPECT_EQ(std::memcmp(img.data_ptr<uint8_t>(), p.data(), p.size()), 0);
   EXPECT_EQ(set.read_rgb(2).sizes(), (std::vector<int64_t>{4, 4, 3}));
