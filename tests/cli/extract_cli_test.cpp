@@ -11,7 +11,7 @@
 
 #include "base/fs.h"
 #include "io/npz.h"
-#include "support/image_folder.h"
+#include "support/image_files.h"
 #include "support/test_support.h"
 #include "support/vae_folder.h"
 
@@ -34,9 +34,9 @@ std::vector<std::string> shard_files(const std::string& dir) {
 
 TEST(ExtractCli, KilledAndRerunEqualsAnUninterruptedRun) {
   TempDir tmp;
-  // 32 images of 96 px, one latent per shard: the kill lands after the second
-  // shard, long before the last.
-  perftrain::testing::write_image_folder(tmp.file("images"), 2, 16, 96, 96);
+  // 32 images cropped to 96 px, one latent per shard: the kill lands after
+  // the second shard, long before the last.
+  perftrain::testing::write_image_folder(tmp.file("images"), {"a", "b"}, 16);
   perftrain::testing::write_random_vae(tmp.file("vae"));
   const std::string args = "extract --data-path " + tmp.file("images") + " --vae " + tmp.file("vae") +
                            " --image-size 96 --batch-size 1 --shard-size 1 --device cpu --out ";
@@ -73,7 +73,7 @@ TEST(ExtractCli, KilledAndRerunEqualsAnUninterruptedRun) {
 
 TEST(ExtractCli, ALatentModelSamplesThroughTheVae) {
   TempDir tmp;
-  perftrain::testing::write_image_folder(tmp.file("images"), 2, 2, 32, 32);
+  perftrain::testing::write_image_folder(tmp.file("images"), {"a", "b"}, 2);
   perftrain::testing::write_random_vae(tmp.file("vae"));
   const auto ex = run_shell(perftrain_cmd("extract --data-path " + tmp.file("images") + " --vae " + tmp.file("vae") +
                                           " --image-size 32 --device cpu --out " + tmp.file("latents")));

@@ -17,7 +17,7 @@
 #include "data/image_file.h"
 #include "models/diffusion_model.h"
 #include "io/safetensors.h"
-#include "support/image_folder.h"
+#include "support/image_files.h"
 #include "support/test_support.h"
 #include "support/vae_folder.h"
 #include "train/eval/evaluation.h"
@@ -47,7 +47,7 @@ ExtractOptions options(const TempDir& tmp, const std::string& out) {
 }
 
 void make_inputs(const TempDir& tmp) {
-  perftrain::testing::write_image_folder(tmp.file("images"), 2, 3, 32, 32);
+  perftrain::testing::write_image_folder(tmp.file("images"), {"class0", "class1"}, 3);  // 9 to 31 px
   perftrain::testing::write_random_vae(tmp.file("vae"));
 }
 
@@ -76,11 +76,11 @@ TEST(Extract, ImageFolderToShardsTheTrainerReads) {
   ds->gather(all.data(), 12, x.data(), labels.data());
   EXPECT_EQ(labels, (std::vector<int64_t>{0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1}));
 
-  // Sample 0 is a posterior sample of class0/img0 times the scale; sample 1
+  // Sample 0 is a posterior sample of class0/0.png times the scale; sample 1
   // one of the same image flipped: each within 6 standard deviations of its
   // own posterior's mean, and the two means differ.
   const Vae vae = load_vae(tmp.file("vae"), at::kCPU, false);
-  const at::Tensor img = (data::adm_center_crop(data::read_image_file(tmp.file("images/class0/img0.png")), 32)
+  const at::Tensor img = (data::adm_center_crop(data::read_image_file(tmp.file("images/class0/0.png")), 32)
                              .permute({2, 0, 1}).to(at::kFloat).unsqueeze(0) / 255.0f - 0.5f) / 0.5f;
   const at::Tensor latents = at::from_blob(x.data(), {12, 4, 16, 16}, at::kFloat);
   for (int flip = 0; flip < 2; ++flip) {
