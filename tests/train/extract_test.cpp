@@ -46,6 +46,21 @@ ExtractOptions options(const TempDir& tmp, const std::string& out) {
   return o;
 }
 
+// A tiny DiT of the extracted latents (4 x 16 x 16, 2 classes), two steps on the CPU.
+TrainConfig tiny_latent_run(const TempDir& tmp, const std::string& name) {
+  TrainConfig c = default_config(false);
+  for (const char* o : {"model.depth=1", "model.hidden=32", "model.heads=2", "model.patch=4", "model.image_size=16",
+                        "model.in_channels=4", "model.num_classes=2", "data.source=latents", "train.batch_size=4",
+                        "train.device=cpu", "log.every=1", "log.checkpoint_every=0", "log.sample_every=0",
+                        "diffusion.sample_steps=1", "model.learn_sigma=false", "diffusion.objective=flow"})
+    apply_override(c, o);
+  c.data.path = tmp.file("latents");
+  c.optim.steps = 2;
+  c.run.dir = tmp.path();
+  c.run.name = name;
+  return c;
+}
+
 void make_inputs(const TempDir& tmp) {
   perftrain::testing::write_image_folder(tmp.file("images"), {"class0", "class1"}, 3);  // 9 to 31 px
   perftrain::testing::write_random_vae(tmp.file("vae"));
@@ -99,17 +114,7 @@ TEST(Extract, ImageFolderToShardsTheTrainerReads) {
   }
 
   // Two training steps on the shards.
-  TrainConfig c = default_config(false);
-  for (const char* o : {"model.depth=1", "model.hidden=32", "model.heads=2", "model.patch=4", "model.image_size=16",
-                        "model.in_channels=4", "model.num_classes=2", "data.source=latents", "train.batch_size=4",
-                        "train.device=cpu", "log.every=1", "log.checkpoint_every=0", "log.sample_every=0",
-                        "diffusion.sample_steps=1", "model.learn_sigma=false"})
-    apply_override(c, o);
-  c.data.path = tmp.file("latents");
-  c.optim.steps = 2;
-  c.run.dir = tmp.path();
-  c.run.name = "run";
-  const TrainSummary t = run_training(c, {}, log);
+  const TrainSummary t = run_training(tiny_latent_run(tmp, "run"), {}, log);
   EXPECT_EQ(t.last_step, 2);
   EXPECT_TRUE(std::isfinite(t.final_loss));
 }
@@ -156,12 +161,9 @@ TEST(Extract, EvalDecodesALatentModelThroughTheVae) {
   make_inputs(tmp);
   std::ostringstream log;
   run_extract(options(tmp, "latents"), log, false);
-  TrainConfig c = default_config(false);
-  for (const char* o : {"model.depth=1", "model.hidden=32", "model.heads=2", "model.patch=4", "model.image_size=16",
-                        "model.in_channels=4", "model.num_classes=2", "data.source=latents", "model.learn_sigma=false",
-                        "diffusion.objective=flow"})
-    apply_override(c, o);
-  c.data.path = tmp.file("latents");
+  TrainConfig c = tiny_latent_run(tmp, "run");
+  apply_override(c, "eval.every=2");
+  apply_override(c, "eval.samples=4");
   const auto model = models::build_diffusion_model(c.model, 0, at::kCPU);
 
   const auto images = data::make_synthetic(64, {3, 32, 32}, 2, 1);
@@ -187,13 +189,7 @@ TEST(Extract, EvalDecodesALatentModelThroughTheVae) {
   EXPECT_TRUE(std::isfinite(m[0].second) && m[0].second >= 0) << m[0].second;
 
   // Inside training: eval.vae decodes, eval.every's lines in metrics.jsonl.
-  for (const char* k : {"train.batch_size=4", "train.device=cpu", "log.every=1", "log.checkpoint_every=0",
-                        "log.sample_every=0", "diffusion.sample_steps=1", "eval.every=2", "eval.samples=4"})
-    apply_override(c, k);
   c.eval.features = tmp.file("features.safetensors");
-  c.optim.steps = 2;
-  c.run.dir = tmp.path();
-  c.run.name = "run";
   EXPECT_TRUE(contains(error_of<UsageError>([&] { run_training(c, {}, log); }), "(eval.vae in training)"));
   c.eval.vae = tmp.file("vae");
   c.run.name = "run2";
