@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <iostream>
 
 #include "base/error.h"
 #include "cli/option_checks.h"
@@ -12,6 +13,7 @@
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/memory_estimate.h"
+#include "train/vae.h"
 
 namespace perftrain::cli {
 namespace {
@@ -76,6 +78,11 @@ void add_sampler_options(CLI::App* cmd, SamplerArgs& a) {
   cmd->add_option("--steps", a.steps, "sampler steps")->check(integer_in(1, 100000))->default_str("the run's");
   cmd->add_option("--cfg-scale", a.cfg_scale, "guidance scale")->check(finite_in(0, INFINITY))->default_str("the run's");
   cmd->add_option("--seed", a.seed, "noise seed")->check(integer_in(0, INT64_MAX));
+  cmd->add_option("--vae", a.vae,
+                  "a latent model's VAE: the diffusers AutoencoderKL folder (config.json, "
+                  "diffusion_pytorch_model.safetensors) that decodes its samples to images")
+      ->check(printable_text())
+      ->default_str("none");
 }
 
 train::SampleOptions sampler_options(const SamplerArgs& a, const CheckpointModel& m) {
@@ -87,6 +94,7 @@ train::SampleOptions sampler_options(const SamplerArgs& a, const CheckpointModel
   if (m.cfg.model.single_stream() && m.cfg.model.cond_dim > 0) o.cfg_scale = 1.0;  // features: null condition, no guidance
   else if (o.cfg_scale != 1.0 && m.cfg.model.class_dropout <= 0)
     throw UsageError("this model was trained without a null class; use --cfg-scale 1");
+  if (!a.vae.empty()) o.decoder = train::vae_image_decoder(a.vae, m.cfg, m.device, std::cerr);
   return o;
 }
 

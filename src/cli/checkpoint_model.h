@@ -42,15 +42,18 @@ train::TrainConfig checkpoint_config(const CheckpointArgs& a, const std::string&
 CheckpointModel load_checkpoint_model(const CheckpointArgs& a,
                                       const std::function<void(const train::TrainConfig&)>& check = {});
 
-// The sampler's options (--steps, --cfg-scale, --seed), the run's values by default.
+// The sampler's options (--steps, --cfg-scale, --seed), the run's values by
+// default, and the VAE that decodes a latent model's samples (--vae).
 struct SamplerArgs {
   int64_t steps = 0;
   double cfg_scale = -1;
   uint64_t seed = 0;
+  std::string vae;
 };
 
 void add_sampler_options(CLI::App* cmd, SamplerArgs& a);
-// UsageError when guidance is asked of a model trained without a null class.
+// UsageError when guidance is asked of a model trained without a null class;
+// with --vae, the VAE loaded and checked against the model (train/vae.h).
 train::SampleOptions sampler_options(const SamplerArgs& a, const CheckpointModel& m);
 
 }  // namespace perftrain::cli

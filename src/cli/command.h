@@ -21,5 +21,6 @@ void add_diagnose_command(CLI::App& app);
 void add_summary_command(CLI::App& app);
 void add_graph_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
+void add_extract_command(CLI::App& app);
 
 }  // namespace perftrain::cli

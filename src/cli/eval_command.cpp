@@ -61,10 +61,12 @@ void run(const EvalArgs& a) {
   if (!a.eval.features.empty() && !fs::exists(a.eval.features))
     throw UsageError("--features " + a.eval.features + " does not exist (make it with --train-features)");
   // Everything the user named is checked before the (long) sampling starts.
-  const CheckpointModel m =
-      load_checkpoint_model(a.source, [](const train::TrainConfig& cfg) { train::require_pixel_model(cfg, "eval"); });
+  const CheckpointModel m = load_checkpoint_model(a.source, [&](const train::TrainConfig& cfg) {
+    if (a.sampler.vae.empty()) train::require_images(cfg, {}, "eval");
+  });
   train::eval::EvalOptions o = a.eval;
   o.sample = sampler_options(a.sampler, m);
+  o.vae = a.sampler.vae;
   const train::eval::Evaluator evaluator(o, m.device);
   evaluator.check_model(m.cfg);
   const std::string out = !a.out.empty() ? a.out : m.run_dir.empty() ? "eval.json" : m.run_dir + "/eval.json";

@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
   perftrain::cli::add_summary_command(app);
   perftrain::cli::add_graph_command(app);
   perftrain::cli::add_convert_command(app);
+  perftrain::cli::add_extract_command(app);
   tighten_number_checks(app);
   // CLI11 says only "a subcommand is required" for a mistyped command: name it
   // and list the real ones.

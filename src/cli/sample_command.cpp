@@ -27,15 +27,16 @@ void write_npz(const SampleArgs& a, const CheckpointModel& m, const train::Sampl
     std::cerr << "\rsampled " << done << "/" << a.samples << std::flush;
   });
   std::cerr << "\n";
-  std::cout << "wrote " << a.npz << ": arr_0 uint8 [" << a.samples << ", " << m.cfg.model.image_size << ", "
-            << m.cfg.model.image_size << ", 3], arr_1 labels, " << o.steps << " "
+  const int64_t size = train::image_size_of(m.cfg, o);
+  std::cout << "wrote " << a.npz << ": arr_0 uint8 [" << a.samples << ", " << size << ", " << size
+            << ", 3], arr_1 labels, " << o.steps << " "
             << (m.cfg.diffusion.objective == "flow" ? "Euler" : "DDIM") << " steps, guidance " << o.cfg_scale
             << ", from " << m.path << "\n";
 }
 
 void run(const SampleArgs& a) {
   const CheckpointModel m = load_checkpoint_model(a.source, [&](const train::TrainConfig& cfg) {
-    if (!a.npz.empty()) train::require_pixel_model(cfg, "--npz");
+    if (!a.npz.empty() && a.sampler.vae.empty()) train::require_images(cfg, {}, "--npz");
   });
   train::SampleOptions o = sampler_options(a.sampler, m);
   if (!a.npz.empty()) return write_npz(a, m, o);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace perftrain::data {
 
@@ -55,6 +56,20 @@ std::unique_ptr<Dataset> open_fashion_mnist(const std::string& dir, bool train =
 // none, condition features "cond" [N, Tc, Dc] (F32, F16 or BF16) with
 // "cond_len" [N] (integers in [0, Tc]: the valid tokens, the rest padding).
 std::unique_ptr<Dataset> open_latent_shards(const std::string& path);
+// The shard files open_latent_shards reads: `path` itself, or the directory's
+// *.safetensors files (hidden ones skipped) in name order. UsageError naming
+// the path when it does not exist or holds none.
+std::vector<std::string> latent_shard_files(const std::string& path);
+
+// Images for pixel-space training: an image folder or WebDataset tar shards
+// (data/image_set.h says which paths are which), each image decoded to RGB,
+// centre-cropped to image_size x image_size as ADM and DiT do
+// (data/adm_crop.h) and scaled to [-1, 1] as torchvision's ToTensor then
+// Normalize(0.5, 0.5): (v / 255 - 0.5) / 0.5. Samples [3, image_size,
+// image_size]. The flip is the loader's (LoaderOptions::flip). Open errors
+// are those of ImageSet::open; an image that cannot be decoded is a
+// RuntimeError naming its file (or shard and member) when it is read.
+std::unique_ptr<Dataset> open_images(const std::string& path, int64_t image_size);
 
 // Images for pixel-space training: an image folder or WebDataset tar shards
 // (data/image_set.h says which paths are which), each image decoded to RGB,

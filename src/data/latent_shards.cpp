@@ -36,9 +36,11 @@ struct Shard {
 
 std::string shape_text(at::IntArrayRef sizes) { return c10::str(sizes); }
 
+}  // namespace
+
 // POSIX rather than std::filesystem: libtorch 2.11 exports its own copies of
 // some std::filesystem functions, and not all of them work.
-std::vector<std::string> shard_paths(const std::string& path) {
+std::vector<std::string> latent_shard_files(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     throw UsageError("latent shards: no such file or directory: " + base::printable(path));
@@ -62,6 +64,8 @@ std::vector<std::string> shard_paths(const std::string& path) {
   return out;
 }
 
+namespace {
+
 std::optional<int64_t> metadata_num_classes(const io::SafetensorsFile& f) {
   const auto it = f.metadata().find("num_classes");
   if (it == f.metadata().end()) return std::nullopt;
@@ -84,7 +88,7 @@ class LatentShards final : public Dataset {
   explicit LatentShards(const std::string& path) : path_(path) {
     std::optional<int64_t> declared;
     int64_t max_label = -1;
-    for (const std::string& file_path : shard_paths(path)) {
+    for (const std::string& file_path : latent_shard_files(path)) {
       const std::string p = base::printable(file_path);  // for messages
       Shard s{io::SafetensorsFile::open(file_path), {}, {}, {}, {}, size_};
       for (const char* name : {"latents", "labels"}) {

@@ -128,6 +128,7 @@ std::vector<Key> keys(TrainConfig& c) {
       {"eval", "features", &c.eval.features},
       {"eval", "inception", &c.eval.inception},
       {"eval", "ref_stats", &c.eval.ref_stats},
+      {"eval", "vae", &c.eval.vae},
   };
 }
 
@@ -379,7 +380,8 @@ void check_rules(const TrainConfig& cfg, const std::string& section) {
 static void validate_eval(const EvalConfig& e) {
   using Path = std::pair<const char*, const std::string*>;
   for (const auto& [key, value] :
-       {Path{"eval.features", &e.features}, Path{"eval.inception", &e.inception}, Path{"eval.ref_stats", &e.ref_stats}})
+       {Path{"eval.features", &e.features}, Path{"eval.inception", &e.inception}, Path{"eval.ref_stats", &e.ref_stats},
+        Path{"eval.vae", &e.vae}})
     require(base::is_printable(*value), std::string(key) + " '" + base::printable(*value) +
                                             "' holds control characters or bytes that are not UTF-8");
   require(e.inception.empty() == e.ref_stats.empty(),

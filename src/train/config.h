@@ -124,6 +124,7 @@ struct EvalConfig {
   std::string features;     // a feature network file (perftrain eval --train-features)
   std::string inception;    // pytorch-fid's Inception weights as safetensors
   std::string ref_stats;    // .npz with mu and sigma of the reference images' pool3 features
+  std::string vae;          // a latent model's VAE folder (diffusers AutoencoderKL): samples decoded to images
 };
 
 struct RunConfig {

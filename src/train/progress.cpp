@@ -1,5 +1,6 @@
 #include "train/progress.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -16,17 +17,20 @@ std::string format_duration(double s) {
   return buf;
 }
 
+std::string progress_bar(int64_t done, int64_t total) {
+  const int width = 24;
+  const int filled = static_cast<int>(width * std::min(done, total) / std::max<int64_t>(total, 1));
+  return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
+}
+
 Progress::Progress(std::ostream& out, int64_t total_steps, bool interactive)
     : out_(out), total_(total_steps), interactive_(interactive) {}
 
 void Progress::report(int64_t step, double loss, double images_per_s, double steps_per_s) {
-  const int width = 24;
-  const int filled = static_cast<int>(width * step / std::max<int64_t>(total_, 1));
   char line[256];
-  std::snprintf(line, sizeof line, "[%s%s] step %lld/%lld | loss %.4f | %.0f img/s | %.2f steps/s | ETA %s",
-                std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
-                static_cast<long long>(step), static_cast<long long>(total_), loss, images_per_s,
-                steps_per_s, format_duration((total_ - step) / std::max(steps_per_s, 1e-9)).c_str());
+  std::snprintf(line, sizeof line, "%s step %lld/%lld | loss %.4f | %.0f img/s | %.2f steps/s | ETA %s",
+                progress_bar(step, total_).c_str(), static_cast<long long>(step), static_cast<long long>(total_), loss,
+                images_per_s, steps_per_s, format_duration((total_ - step) / std::max(steps_per_s, 1e-9)).c_str());
   if (interactive_) out_ << "\r" << line << "\x1b[K" << std::flush;
   else out_ << line << "\n" << std::flush;
 }

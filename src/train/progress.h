@@ -23,4 +23,7 @@ class Progress {
 // "1h02m", "4m05s", "12s"
 std::string format_duration(double seconds);
 
+// "[#####...................]": done of total in 24 characters.
+std::string progress_bar(int64_t done, int64_t total);
+
 }  // namespace perftrain::train

@@ -20,11 +20,19 @@
 
 namespace perftrain::train {
 
+namespace {
+
+// A grid's labels: the first opts.classes classes, opts.per_class each.
+at::Tensor grid_labels(const TrainConfig& cfg, const SampleOptions& opts) {
+  const int64_t classes = std::min(opts.classes, cfg.model.num_classes);
+  return at::arange(classes, at::TensorOptions().dtype(at::kLong)).repeat_interleave(opts.per_class);
+}
+
+}  // namespace
+
 at::Tensor sample_images(const models::DiffusionModel& model, const TrainConfig& cfg, const SampleOptions& opts,
                          const at::Device& device) {
-  const int64_t classes = std::min(opts.classes, cfg.model.num_classes);
-  const at::Tensor y = at::arange(classes, at::TensorOptions().dtype(at::kLong)).repeat_interleave(opts.per_class);
-  return sample_for_labels(model, cfg, y, opts, device);
+  return sample_for_labels(model, cfg, grid_labels(cfg, opts), opts, device);
 }
 
 at::Tensor sample_for_labels(const models::DiffusionModel& model, const TrainConfig& cfg, const at::Tensor& labels,
@@ -60,9 +68,23 @@ at::Tensor sample_for_labels(const models::DiffusionModel& model, const TrainCon
   return ddpm.ddim_sample(fn, noise, y, static_cast<int>(opts.steps));
 }
 
+at::Tensor sample_pixels_for_labels(const models::DiffusionModel& model, const TrainConfig& cfg,
+                                    const at::Tensor& labels, const SampleOptions& opts, const at::Device& device) {
+  const at::Tensor samples = sample_for_labels(model, cfg, labels, opts, device);
+  return opts.decoder ? opts.decoder.decode(samples) : samples;
+}
+
+int64_t image_size_of(const TrainConfig& cfg, const SampleOptions& opts) {
+  return cfg.model.image_size * (opts.decoder ? opts.decoder.upscale : 1);
+}
+
+int64_t image_channels_of(const TrainConfig& cfg, const SampleOptions& opts) {
+  return opts.decoder ? opts.decoder.channels : cfg.model.in_channels;
+}
+
 void write_sample_grid(const std::string& path, const models::DiffusionModel& model, const TrainConfig& cfg,
                        const SampleOptions& opts, const at::Device& device) {
-  auto images = sample_images(model, cfg, opts, device).cpu();
+  auto images = sample_pixels_for_labels(model, cfg, grid_labels(cfg, opts), opts, device).cpu();
   const int64_t c = images.size(1);
   if (c != 1 && c != 3) images = images.narrow(1, 0, std::min<int64_t>(c, 3));
   if (images.size(1) == 2) images = images.narrow(1, 0, 1);
@@ -77,18 +99,19 @@ at::Tensor to_uint8(const at::Tensor& images) {
   return (images.to(at::kFloat) * 127.5f + 128.0f).clamp(0, 255).to(at::kByte);
 }
 
-void require_pixel_model(const TrainConfig& cfg, const std::string& what) {
+void require_images(const TrainConfig& cfg, const SampleOptions& opts, const std::string& what) {
   const int64_t c = cfg.model.in_channels;
-  if (cfg.data.source == "latents" || (c != 1 && c != 3))
+  if (!opts.decoder && (cfg.data.source == "latents" || (c != 1 && c != 3)))
     throw UsageError(what + ": this model makes latents (" + std::to_string(c) +
-                     " channels); decoding them to images needs a VAE, which perftrain does not have yet");
+                     " channels); decoding them needs their VAE: --vae DIR (eval.vae in training), a diffusers "
+                     "AutoencoderKL folder");
 }
 
 void write_sample_npz(const std::string& path, const models::DiffusionModel& model, const TrainConfig& cfg,
                       const SampleOptions& opts, int64_t n, int64_t batch_size, const at::Device& device,
                       const std::function<void(int64_t)>& progress) {
-  require_pixel_model(cfg, "--npz");
-  const int64_t size = cfg.model.image_size;
+  require_images(cfg, opts, "--npz");
+  const int64_t size = image_size_of(cfg, opts);
   io::write_file_atomic(path, [&](std::FILE* f) {
     io::NpzWriter w(f, path);
     at::Tensor labels = cycled_labels(0, n, cfg.model.num_classes);
@@ -97,7 +120,8 @@ void write_sample_npz(const std::string& path, const models::DiffusionModel& mod
       SampleOptions o = opts;
       o.seed = opts.seed + static_cast<uint64_t>(b);
       const int64_t count = std::min(batch_size, n - done);
-      const at::Tensor images = to_uint8(sample_for_labels(model, cfg, labels.narrow(0, done, count), o, device));
+      const at::Tensor images =
+          to_uint8(sample_pixels_for_labels(model, cfg, labels.narrow(0, done, count), o, device));
       w.append(images.expand({count, 3, size, size}).permute({0, 2, 3, 1}).contiguous().cpu());
       if (progress) progress(done + count);
     }

@@ -16,6 +16,15 @@
 
 namespace perftrain::train {
 
+// Turns a latent model's samples into images: a VAE's decoder
+// (train/vae.h: image_decoder). Empty for a model of images.
+struct ImageDecoder {
+  std::function<at::Tensor(const at::Tensor&)> decode;  // model-space latents -> images [N, 3, H, W] in [-1, 1]
+  int64_t upscale = 1;    // image pixels per latent pixel along a side
+  int64_t channels = 3;   // of the images
+  explicit operator bool() const { return static_cast<bool>(decode); }
+};
+
 struct SampleOptions {
   int64_t classes = 10;    // first N classes (capped at the model's)
   int64_t per_class = 8;   // images per class (one grid row)
@@ -23,6 +32,7 @@ struct SampleOptions {
   double cfg_scale = 4.0;
   uint64_t seed = 0;
   bool bf16 = false;       // autocast the model to bf16 (CUDA)
+  ImageDecoder decoder;    // latents to images (grids, --npz, eval); empty: the samples are the images
 };
 
 // One sample per label (labels: [N] int64; a model conditioned on features
@@ -30,10 +40,18 @@ struct SampleOptions {
 // opts.seed. opts.classes and opts.per_class are not used.
 at::Tensor sample_for_labels(const models::DiffusionModel& model, const TrainConfig& cfg, const at::Tensor& labels,
                              const SampleOptions& opts, const at::Device& device);
+// sample_for_labels, then through opts.decoder when it has one: images
+// [N, C, H, W] float32 in [-1, 1] (up to rounding) for a model of images or with a VAE.
+at::Tensor sample_pixels_for_labels(const models::DiffusionModel& model, const TrainConfig& cfg,
+                                    const at::Tensor& labels, const SampleOptions& opts, const at::Device& device);
+// The side and channels of the images sample_pixels_for_labels makes.
+int64_t image_size_of(const TrainConfig& cfg, const SampleOptions& opts);
+int64_t image_channels_of(const TrainConfig& cfg, const SampleOptions& opts);
 // Returns [classes*per_class, C, H, W] float32 samples in model space.
 at::Tensor sample_images(const models::DiffusionModel& model, const TrainConfig& cfg, const SampleOptions& opts,
                          const at::Device& device);
-// Samples and writes a PNG grid; latents with C != 1 or 3 show channels 0..2.
+// Samples and writes a PNG grid, decoded by opts.decoder when it has one;
+// undecoded latents with C != 1 or 3 show channels 0..2.
 void write_sample_grid(const std::string& path, const models::DiffusionModel& model, const TrainConfig& cfg,
                        const SampleOptions& opts, const at::Device& device);
 
@@ -45,13 +63,13 @@ at::Tensor cycled_labels(int64_t first, int64_t count, int64_t num_classes);
 // ADM's sample batches round them: clamp(127.5 x + 128, 0, 255), truncated.
 at::Tensor to_uint8(const at::Tensor& images);
 
-// UsageError (one line, naming `what`) unless the model makes images
-// (1 or 3 channels, not latents): decoding latents needs a VAE, which
-// perftrain does not have.
-void require_pixel_model(const TrainConfig& cfg, const std::string& what);
+// UsageError (one line, naming `what`) unless the samples are images: the
+// model makes 1 or 3 channels and was not trained on latents, or opts has
+// a decoder (a VAE) for its latents.
+void require_images(const TrainConfig& cfg, const SampleOptions& opts, const std::string& what);
 
 // Writes n samples (labels cycled through the classes) as the sample batch
-// ADM's evaluation suite reads: an .npz with arr_0 uint8 [n, H, W, 3]
+// ADM's evaluation suite reads (decoded by opts.decoder where it has one): an .npz with arr_0 uint8 [n, H, W, 3]
 // (grayscale repeated over 3 channels) and arr_1 int64 [n] labels, sampled
 // and written batch_size at a time (batch b from noise seed opts.seed + b).
 // `progress` is called after each batch with the samples written so far.

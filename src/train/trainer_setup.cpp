@@ -22,6 +22,7 @@
 #include "train/run_profiler.h"
 #include "train/speed.h"
 #include "train/trainer.h"
+#include "train/vae.h"
 #include "train/eval/evaluation.h"
 
 namespace perftrain::train {
@@ -215,8 +216,8 @@ void Trainer::resume() {
 // segments, the loggers (train/run_loggers.h) told the resolved config: the
 // values each log window already read back go to them, TensorBoard's weight
 // histograms every log.histogram_every steps, the sample grids.
-// eval.every: the networks and reference statistics loaded once (rank 0,
-// which samples), every file checked before anything is written.
+// eval.every: the networks, reference statistics and VAE loaded once (rank
+// 0, which samples), every file checked before anything is written.
 void Trainer::open_evaluator() {
   const EvalConfig& e = cfg_.eval;
   if (e.every == 0 || launch_.rank != 0) return;
@@ -229,10 +230,12 @@ void Trainer::open_evaluator() {
   o.samples = e.samples;
   o.batch_size = std::min<int64_t>(e.samples, 256);
   o.sample = SampleOptions{cfg_.log.sample_classes, cfg_.log.sample_per_class, cfg_.diffusion.sample_steps,
-                           cfg_.diffusion.cfg_scale, cfg_.optim.seed, precision_ != "fp32"};
+                           cfg_.diffusion.cfg_scale, cfg_.optim.seed, precision_ != "fp32", {}};
   o.inception = e.inception;
   o.ref_stats = e.ref_stats;
   o.features = e.features;
+  if (!e.vae.empty()) o.sample.decoder = vae_image_decoder(e.vae, cfg_, device_, log_, "eval.vae");
+  o.vae = e.vae;
   evaluator_ = std::make_unique<eval::Evaluator>(o, device_);
   evaluator_->check_model(cfg_);
 }
@@ -288,7 +291,7 @@ void Trainer::start_loop() {
                                                                     cfg_.data.flip && cfg_.data.source == "images"});
   progress_ = std::make_unique<Progress>(log_, cfg_.optim.steps, opts_.interactive);
   sample_opts_ = SampleOptions{cfg_.log.sample_classes, cfg_.log.sample_per_class, cfg_.diffusion.sample_steps,
-                               cfg_.diffusion.cfg_scale, cfg_.optim.seed, precision_ != "fp32"};
+                               cfg_.diffusion.cfg_scale, cfg_.optim.seed, precision_ != "fp32", {}};
   summary_.run_dir = run_path_;
   summary_.first_step = state_.step + 1;
   window_start_ = loop_start_ = Clock::now();

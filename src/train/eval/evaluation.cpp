@@ -108,13 +108,15 @@ Evaluator::Evaluator(const EvalOptions& o, const at::Device& device) : impl_(std
 Evaluator::~Evaluator() = default;
 
 void Evaluator::check_model(const TrainConfig& cfg) const {
-  require_pixel_model(cfg, "eval");
+  const SampleOptions& so = impl_->opts.sample;
+  require_images(cfg, so, "eval");
   if (!impl_->features) return;
   const auto& f = *impl_->features;
-  if (f.net->in_channels() != cfg.model.in_channels || f.image_size != cfg.model.image_size)
+  const int64_t channels = image_channels_of(cfg, so), size = image_size_of(cfg, so);
+  if (f.net->in_channels() != channels || f.image_size != size)
     throw UsageError("the feature network was trained on " + f.dataset + ": " + std::to_string(f.net->in_channels()) +
                      " channels of " + std::to_string(f.image_size) + " px, the model makes " +
-                     std::to_string(cfg.model.in_channels) + " of " + std::to_string(cfg.model.image_size));
+                     std::to_string(channels) + " of " + std::to_string(size));
 }
 
 // Samples in batches; each batch through the networks; then the metrics.
@@ -131,7 +133,7 @@ Metrics Evaluator::run(const models::DiffusionModel& model, const TrainConfig& c
     const at::Tensor labels = cycled_labels(done, count, cfg.model.num_classes);
     SampleOptions so = o.sample;
     so.seed = o.sample.seed + static_cast<uint64_t>(b);
-    const at::Tensor u8 = to_uint8(sample_for_labels(model, cfg, labels, so, m.device));
+    const at::Tensor u8 = to_uint8(sample_pixels_for_labels(model, cfg, labels, so, m.device));
     if (m.inception) {
       const auto out = m.inception->forward(inception_input(u8));
       pool3.push_back(out.pool3.cpu());
@@ -179,6 +181,7 @@ std::string metrics_json(const Metrics& m, const EvalOptions& o, const std::stri
   if (!o.ref_stats.empty()) j["ref_stats"] = base::printable(o.ref_stats);
   if (!o.ref_features.empty()) j["ref_features"] = base::printable(o.ref_features);
   if (!o.features.empty()) j["features"] = base::printable(o.features);
+  if (!o.vae.empty()) j["vae"] = base::printable(o.vae);
   return j.dump(2) + "\n";
 }
 

@@ -25,11 +25,12 @@ namespace perftrain::train::eval {
 struct EvalOptions {
   int64_t samples = 10000;
   int64_t batch_size = 250;
-  SampleOptions sample;      // steps, guidance, seed (batch b draws from seed + b), bf16
+  SampleOptions sample;      // steps, guidance, seed (batch b draws from seed + b), bf16, the VAE's decoder
   std::string inception;     // FID Inception weights (safetensors); empty: none
   std::string ref_stats;     // .npz with mu, sigma (pytorch-fid --save-stats, ADM reference batches)
   std::string ref_features;  // .npz / .npy with reference pool3 features [M, 2048] (precision/recall)
   std::string features;      // feature network file; empty: none
+  std::string vae;           // the VAE folder behind sample.decoder, for the record; empty: none
 };
 
 // Metric name -> value, in the order computed: fid, inception_score,
@@ -43,8 +44,8 @@ class Evaluator {
   Evaluator(const EvalOptions& opts, const at::Device& device);
   ~Evaluator();
   // UsageError (one line) when the model's images cannot go through the
-  // networks: latents (no VAE), or a size or channel count other than the
-  // feature network's.
+  // networks: latents without a decoder (opts.sample.decoder), or a size or
+  // channel count other than the feature network's.
   void check_model(const TrainConfig& cfg) const;
   Metrics run(const models::DiffusionModel& model, const TrainConfig& cfg) const;
 
