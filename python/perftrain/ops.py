@@ -3,7 +3,10 @@
 Each function calls one operator torch.ops.perftrain.<name> (python/csrc/
 ops_*.cpp: the C++ op of src/ops/ on CUDA, its plain-ATen reference on the
 CPU); its gradient is a second operator, <name>_backward, joined to it here
-with torch.library.register_autograd, and each operator has a fake
+with torch.library.register_autograd (what the backward reads beyond the
+inputs, such as a norm's per-row statistics, comes back from the forward
+operator as extra outputs, which the functions here do not return; the
+context keeps what the C++ op's autograd function keeps), and each operator has a fake
 implementation (torch.library.register_fake) giving the outputs' shapes,
 dtypes and strides, so that torch.compile(fullgraph=True) traces through with
 no graph break. Nothing here syncs with the host or allocates by data, so the
@@ -31,12 +34,6 @@ def _sized(like, shape, dtype=None):
 def _no_grad_slot(like):
     """What a backward operator returns for an absent optional input."""
     return like.new_empty((0,), dtype=torch.float32)
-
-
-def _grads_like(inputs):
-    """The fake gradients of a backward operator that takes Tensor?[] inputs."""
-    like = next(t for t in inputs if t is not None)
-    return [_dense(t) if t is not None else _no_grad_slot(like) for t in inputs]
 
 
 def _out_dtype(x, out_dtype):
@@ -285,28 +282,36 @@ def qk_norm_rope(qkv: Tensor, heads: int, q_weight: Tensor | None, k_weight: Ten
     q_weight, k_weight [hd] or None (ones); cos, sin [T, hd/2] float32 (no
     gradient). Returns [B, T, 3D] in qkv's dtype.
     """
-    return _ops.qk_norm_rope(qkv, q_weight, k_weight, cos, sin, heads, eps)
+    out, _ = _ops.qk_norm_rope(qkv, q_weight, k_weight, cos, sin, heads, eps)
+    return out
 
 
 @torch.library.register_fake(_name("qk_norm_rope"))
 def _(qkv, q_weight, k_weight, cos, sin, heads, eps):
-    return _dense(qkv)
+    return _dense(qkv), _sized(qkv, (qkv.shape[0], qkv.shape[1], 2, heads), torch.float32)
 
 
 def _qk_norm_rope_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:5])
-    ctx.rest = inputs[5:]
+    qkv, q_weight, k_weight, cos, sin, heads, eps = inputs
+    ctx.save_for_backward(qkv, q_weight, k_weight, cos, sin, output[1])
+    ctx.mark_non_differentiable(output[1])  # rstd: saved for the backward, not a result
+    ctx.rest = (heads, eps)
 
 
-def _qk_norm_rope_backward(ctx, grad):
-    tensors = ctx.saved_tensors
-    found = _ops.qk_norm_rope_backward([grad], list(tensors), *ctx.rest)
-    dqkv, dq, dk = found[0], found[1], found[2]
-    return dqkv, dq if tensors[1] is not None else None, dk if tensors[2] is not None else None, None, None, None, None
+def _qk_norm_rope_backward(ctx, grad, grad_rstd):
+    qkv, q_weight, k_weight, cos, sin, rstd = ctx.saved_tensors
+    dqkv, dq, dk = _ops.qk_norm_rope_backward(grad, qkv, q_weight, k_weight, cos, sin, rstd, *ctx.rest)
+    return (dqkv, dq if q_weight is not None else None, dk if k_weight is not None else None, None, None, None,
+            None)
 
 
 torch.library.register_autograd(_name("qk_norm_rope"), _qk_norm_rope_backward, setup_context=_qk_norm_rope_setup)
-torch.library.register_fake(_name("qk_norm_rope_backward"))(lambda grads, inputs, *rest: _grads_like(inputs))
+
+
+@torch.library.register_fake(_name("qk_norm_rope_backward"))
+def _(grad, qkv, q_weight, k_weight, cos, sin, rstd, heads, eps):
+    return (_dense(qkv), _dense(q_weight) if q_weight is not None else _no_grad_slot(qkv),
+            _dense(k_weight) if k_weight is not None else _no_grad_slot(qkv))
 
 
 def attention(qkv: Tensor, heads: int) -> Tensor:
