@@ -187,23 +187,33 @@ def _residual_act(y, out_dtype):
     return out_dtype if y.dtype == out_dtype else torch.float32
 
 
-@torch.library.register_fake(_name("residual_adaln"))
-def _(x, gate, y, shift, scale, bias, out_dtype, eps):
+def _residual_outputs(x, y, out_dtype):
+    """A residual norm op's fake outputs: x1, h, xhat (or [0]) and two per-row float32 statistics."""
     rows = x.shape[0] * x.shape[1]
     xhat = _dense(x, out_dtype) if _keeps_xhat(x, _residual_act(y, out_dtype)) else _no_grad_slot(x)
     return (_dense(x), _dense(x, out_dtype), xhat, _sized(x, (rows,), torch.float32),
             _sized(x, (rows,), torch.float32))
 
 
+def _residual_context(ctx, x, tensors, output, out_dtype, eps):
+    """A residual norm op's context, keeping what the C++ op keeps: x only for
+    the CPU's reference backward, the other inputs (`tensors`), x1 only
+    without xhat, xhat and the two statistics."""
+    x1, _, xhat, stat, rstd = output
+    kept = xhat.numel() > 0
+    ctx.save_for_backward(None if x.is_cuda else x, *tensors, None if kept else x1, xhat, stat, rstd)
+    ctx.mark_non_differentiable(xhat, stat, rstd)  # saved for the backward, not results
+    ctx.rest = (x.dtype, out_dtype, eps)
+
+
+@torch.library.register_fake(_name("residual_adaln"))
+def _(x, gate, y, shift, scale, bias, out_dtype, eps):
+    return _residual_outputs(x, y, out_dtype)
+
+
 def _residual_adaln_setup(ctx, inputs, output):
     x, gate, y, shift, scale, bias, out_dtype, eps = inputs
-    x1, _, xhat, mean, rstd = output
-    kept = xhat.numel() > 0
-    # As the C++ op keeps: x only for the CPU's reference backward, x1 only without xhat.
-    ctx.save_for_backward(None if x.is_cuda else x, gate, y, shift, scale, bias, None if kept else x1, xhat, mean,
-                          rstd)
-    ctx.mark_non_differentiable(xhat, mean, rstd)  # saved for the backward, not results
-    ctx.rest = (x.dtype, out_dtype, eps)
+    _residual_context(ctx, x, (gate, y, shift, scale, bias), output, out_dtype, eps)
 
 
 def _residual_adaln_backward(ctx, grad_x1, grad_h, *unused):
@@ -238,21 +248,12 @@ def residual_rms_adaln(x: Tensor, gate: Tensor, y: Tensor, post_weight: Tensor |
 
 @torch.library.register_fake(_name("residual_rms_adaln"))
 def _(x, gate, y, post_weight, pre_weight, scale, out_dtype, eps):
-    rows = x.shape[0] * x.shape[1]
-    xhat = _dense(x, out_dtype) if _keeps_xhat(x, _residual_act(y, out_dtype)) else _no_grad_slot(x)
-    return (_dense(x), _dense(x, out_dtype), xhat, _sized(x, (rows,), torch.float32),
-            _sized(x, (rows,), torch.float32))
+    return _residual_outputs(x, y, out_dtype)
 
 
 def _residual_rms_adaln_setup(ctx, inputs, output):
     x, gate, y, post_weight, pre_weight, scale, out_dtype, eps = inputs
-    x1, _, xhat, y_rstd, rstd = output
-    kept = xhat.numel() > 0
-    # As the C++ op keeps: x only for the CPU's reference backward, x1 only without xhat.
-    ctx.save_for_backward(None if x.is_cuda else x, gate, y, post_weight, pre_weight, scale, None if kept else x1,
-                          xhat, y_rstd, rstd)
-    ctx.mark_non_differentiable(xhat, y_rstd, rstd)  # saved for the backward, not results
-    ctx.rest = (x.dtype, out_dtype, eps)
+    _residual_context(ctx, x, (gate, y, post_weight, pre_weight, scale), output, out_dtype, eps)
 
 
 def _residual_rms_adaln_backward(ctx, grad_x1, grad_h, *unused):

@@ -41,13 +41,8 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
     const at::Tensor none;
     const bool kept = f.xhat.defined();
     ctx->save_for_backward({kept ? none : f.x1, f.y, f.gate, f.scale, kept ? none : f.mean, f.rstd, f.bias, f.xhat});
-    ctx->saved_data["act"] = int64_t(f.act);
-    detail::save_dtypes(ctx, {{"x_dtype", &x_in},
-                              {"y_dtype", &y_in},
-                              {"gate_dtype", &gate_in},
-                              {"shift_dtype", &shift_in},
-                              {"scale_dtype", &scale_in},
-                              {"bias_dtype", &bias_in}});
+    detail::save_residual_types(ctx, f.act, x_in, y_in, gate_in);
+    detail::save_dtypes(ctx, {{"shift_dtype", &shift_in}, {"scale_dtype", &scale_in}, {"bias_dtype", &bias_in}});
     return {f.x1, f.h};
   }
 

@@ -48,11 +48,8 @@ struct ResidualRmsAdaLNFunction : public torch::autograd::Function<ResidualRmsAd
     const at::Tensor none;
     ctx->save_for_backward({f.xhat.defined() ? none : f.x1, f.xhat, f.y, f.gate, f.scale, f.post_weight,
                             f.pre_weight, f.y_rstd, f.rstd});
-    ctx->saved_data["act"] = int64_t(f.act);
-    detail::save_dtypes(ctx, {{"x_dtype", &x_in},
-                              {"y_dtype", &y_in},
-                              {"gate_dtype", &gate_in},
-                              {"post_weight_dtype", &post_weight_in},
+    detail::save_residual_types(ctx, f.act, x_in, y_in, gate_in);
+    detail::save_dtypes(ctx, {{"post_weight_dtype", &post_weight_in},
                               {"pre_weight_dtype", &pre_weight_in},
                               {"scale_dtype", &scale_in}});
     return {f.x1, f.h};
