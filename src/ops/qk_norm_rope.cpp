@@ -105,82 +105,112 @@ struct QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction>
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv_in, const at::Tensor& cos_in,
                             const at::Tensor& sin_in, int64_t heads, double eps,
                             const std::optional<at::Tensor>& q_weight, const std::optional<at::Tensor>& k_weight) {
-    const c10::cuda::CUDAGuard guard(qkv_in.device());
-    const int rows = int(qkv_in.size(0) * qkv_in.size(1)), tokens = int(qkv_in.size(1));
-    const int hd = int(qkv_in.size(2) / 3 / heads);
-    const at::Tensor qkv = pair_dense(qkv_in);
-    const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
-    const at::Tensor qw = kernel_weight(q_weight), kw = kernel_weight(k_weight);
-    at::Tensor out = at::empty(qkv.sizes(), qkv.options());
-    at::Tensor rstd = at::empty({qkv.size(0), qkv.size(1), 2, heads}, qkv.options().dtype(at::kFloat));
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    with_kernel_type(kOp, qkv.scalar_type(), [&](auto tp) {
-      using T = kernel_type<decltype(tp)>;
-      kernels::qk_norm_rope_forward<T>(kernel_ptr<const T>(qkv), kernel_ptr<const float>(qw),
-                                       kernel_ptr<const float>(kw), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                                       kernel_ptr<T>(out), rstd.data_ptr<float>(), rows, tokens, int(heads), hd,
-                                       float(eps), stream);
-    });
+    const detail::QkNormRopeForward f = detail::qk_norm_rope_forward_cuda(
+        qkv_in, heads, q_weight.value_or(at::Tensor()), k_weight.value_or(at::Tensor()), cos_in, sin_in, eps);
     // The input, not the output: see the header.
-    ctx->save_for_backward({qkv, rstd, qw, kw, cos, sin});
+    ctx->save_for_backward({f.qkv, f.rstd, f.q_weight, f.k_weight, f.cos, f.sin});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["q_dtype"] = q_weight.has_value() ? int64_t(q_weight->scalar_type()) : int64_t(-1);
     ctx->saved_data["k_dtype"] = k_weight.has_value() ? int64_t(k_weight->scalar_type()) : int64_t(-1);
-    return out;
+    return f.out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list result(7);  // qkv, cos, sin, heads, eps, q_weight, k_weight
-    const at::Tensor& dout_in = grads[0];
-    if (!dout_in.defined()) return result;
+    if (!grads[0].defined()) return result;
     const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &qkv = saved[0], &rstd = saved[1], &qw = saved[2], &kw = saved[3], &cos = saved[4],
-                     &sin = saved[5];
-    const int64_t heads = ctx->saved_data["heads"].toInt();
     const int64_t q_dtype = ctx->saved_data["q_dtype"].toInt(), k_dtype = ctx->saved_data["k_dtype"].toInt();
-    const bool want_qkv = ctx->needs_input_grad(0);
     const bool want_q = q_dtype >= 0 && ctx->needs_input_grad(3);
     const bool want_k = k_dtype >= 0 && ctx->needs_input_grad(q_dtype >= 0 ? 4 : 3);
-    if (!want_qkv && !want_q && !want_k) return result;
-    const c10::cuda::CUDAGuard guard(qkv.device());
-    const int rows = int(qkv.size(0) * qkv.size(1)), tokens = int(qkv.size(1));
-    const int hd = int(qkv.size(2) / 3 / heads);
-    const at::Tensor dout = pair_dense(dout_in.to(qkv.scalar_type()));
-    at::Tensor dqkv = at::empty_like(qkv);
-    const int tiles = kernels::qk_norm_rope_backward_tiles(
-        rows, int(heads), at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
-    // Shape-determined scratch from the caching allocator: fine under graph capture.
-    at::Tensor partials =
-        want_q || want_k
-            ? at::empty({2, tiles, hd}, qkv.options().dtype(at::kFloat))
-            : at::Tensor();
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    with_kernel_type(kOp, qkv.scalar_type(), [&](auto tp) {
-      using T = kernel_type<decltype(tp)>;
-      kernels::qk_norm_rope_backward<T>(kernel_ptr<const T>(dout), kernel_ptr<const T>(qkv), rstd.data_ptr<float>(),
-                                        kernel_ptr<const float>(qw), kernel_ptr<const float>(kw),
-                                        cos.data_ptr<float>(), sin.data_ptr<float>(), kernel_ptr<T>(dqkv),
-                                        kernel_ptr<float>(partials), rows, tokens, int(heads), hd, tiles, stream);
-    });
-    if (want_q || want_k) {  // for the optimizer only: beside the rest of the backward (ops/weight_grad_stream.h)
-      const at::TensorOptions f = partials.options();
-      at::Tensor dq = want_q ? at::empty({hd}, f.dtype(static_cast<at::ScalarType>(q_dtype))) : at::Tensor();
-      at::Tensor dk = want_k ? at::empty({hd}, f.dtype(static_cast<at::ScalarType>(k_dtype))) : at::Tensor();
-      run_weight_grads(
-          [partials, dq, dk] {
-            if (dq.defined()) batch_sums_into(partials.select(0, 0), dq);
-            if (dk.defined()) batch_sums_into(partials.select(0, 1), dk);
-          },
-          {partials});
-      result[5] = dq;
-      result[6] = dk;
-    }
-    if (want_qkv) result[0] = dqkv;
+    const auto dtype = [](bool want, int64_t d) {
+      return want ? std::optional<at::ScalarType>(static_cast<at::ScalarType>(d)) : std::nullopt;
+    };
+    const detail::QkNormRopeGrads g = detail::qk_norm_rope_backward_cuda(
+        grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], ctx->saved_data["heads"].toInt(),
+        ctx->needs_input_grad(0), dtype(want_q, q_dtype), dtype(want_k, k_dtype));
+    result[0] = g.qkv, result[5] = g.q_weight, result[6] = g.k_weight;
     return result;
   }
 };
 
 }  // namespace
+
+namespace detail {
+
+void check_qk_norm_rope_args(const at::Tensor& qkv, int64_t heads, const at::Tensor& q_weight,
+                             const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin, double eps) {
+  check_args(qkv, heads, q_weight, k_weight, cos, sin, eps, /*allow_f64=*/false);
+}
+
+QkNormRopeForward qk_norm_rope_forward_cuda(const at::Tensor& qkv_in, int64_t heads, const at::Tensor& q_weight,
+                                            const at::Tensor& k_weight, const at::Tensor& cos_in,
+                                            const at::Tensor& sin_in, double eps) {
+  const c10::cuda::CUDAGuard guard(qkv_in.device());
+  const int rows = int(qkv_in.size(0) * qkv_in.size(1)), tokens = int(qkv_in.size(1));
+  const int hd = int(qkv_in.size(2) / 3 / heads);
+  const at::Tensor qkv = pair_dense(qkv_in);
+  const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  const at::Tensor qw = kernel_weight(q_weight), kw = kernel_weight(k_weight);
+  at::Tensor out = at::empty(qkv.sizes(), qkv.options());
+  at::Tensor rstd = at::empty({qkv.size(0), qkv.size(1), 2, heads}, qkv.options().dtype(at::kFloat));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  with_kernel_type(kOp, qkv.scalar_type(), [&](auto tp) {
+    using T = kernel_type<decltype(tp)>;
+    kernels::qk_norm_rope_forward<T>(kernel_ptr<const T>(qkv), kernel_ptr<const float>(qw),
+                                     kernel_ptr<const float>(kw), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                                     kernel_ptr<T>(out), rstd.data_ptr<float>(), rows, tokens, int(heads), hd,
+                                     float(eps), stream);
+  });
+  return {out, qkv, rstd, qw, kw, cos, sin};
+}
+
+QkNormRopeGrads qk_norm_rope_backward_cuda(const at::Tensor& dout_in, const at::Tensor& qkv_in, const at::Tensor& rstd,
+                                           const at::Tensor& q_weight, const at::Tensor& k_weight,
+                                           const at::Tensor& cos_in, const at::Tensor& sin_in, int64_t heads,
+                                           bool want_qkv, std::optional<at::ScalarType> q_dtype,
+                                           std::optional<at::ScalarType> k_dtype) {
+  const bool want_q = q_dtype.has_value(), want_k = k_dtype.has_value();
+  QkNormRopeGrads result;
+  if (!want_qkv && !want_q && !want_k) return result;
+  const c10::cuda::CUDAGuard guard(qkv_in.device());
+  // As the forward read them (no copy where they already are: the saved ones).
+  const at::Tensor qkv = pair_dense(qkv_in), cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  const at::Tensor qw = q_weight.defined() ? compute_weight(q_weight, at::kFloat) : at::Tensor();
+  const at::Tensor kw = k_weight.defined() ? compute_weight(k_weight, at::kFloat) : at::Tensor();
+  const int rows = int(qkv.size(0) * qkv.size(1)), tokens = int(qkv.size(1));
+  const int hd = int(qkv.size(2) / 3 / heads);
+  const at::Tensor dout = pair_dense(dout_in.to(qkv.scalar_type()));
+  at::Tensor dqkv = at::empty_like(qkv);
+  const int tiles = kernels::qk_norm_rope_backward_tiles(
+      rows, int(heads), at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  // Shape-determined scratch from the caching allocator: fine under graph capture.
+  at::Tensor partials =
+      want_q || want_k ? at::empty({2, tiles, hd}, qkv.options().dtype(at::kFloat)) : at::Tensor();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  with_kernel_type(kOp, qkv.scalar_type(), [&](auto tp) {
+    using T = kernel_type<decltype(tp)>;
+    kernels::qk_norm_rope_backward<T>(kernel_ptr<const T>(dout), kernel_ptr<const T>(qkv), rstd.data_ptr<float>(),
+                                      kernel_ptr<const float>(qw), kernel_ptr<const float>(kw),
+                                      cos.data_ptr<float>(), sin.data_ptr<float>(), kernel_ptr<T>(dqkv),
+                                      kernel_ptr<float>(partials), rows, tokens, int(heads), hd, tiles, stream);
+  });
+  if (want_q || want_k) {  // for the optimizer only: beside the rest of the backward (ops/weight_grad_stream.h)
+    const at::TensorOptions f = partials.options();
+    at::Tensor dq = want_q ? at::empty({hd}, f.dtype(*q_dtype)) : at::Tensor();
+    at::Tensor dk = want_k ? at::empty({hd}, f.dtype(*k_dtype)) : at::Tensor();
+    run_weight_grads(
+        [partials, dq, dk] {
+          if (dq.defined()) batch_sums_into(partials.select(0, 0), dq);
+          if (dk.defined()) batch_sums_into(partials.select(0, 1), dk);
+        },
+        {partials});
+    result.q_weight = dq, result.k_weight = dk;
+  }
+  if (want_qkv) result.qkv = dqkv;
+  return result;
+}
+
+}  // namespace detail
 
 at::Tensor qk_norm_rope_reference(const at::Tensor& qkv, int64_t heads, const at::Tensor& q_weight,
                                   const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin,

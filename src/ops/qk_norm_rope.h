@@ -21,6 +21,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 #include <cstdint>
 
 namespace perftrain::ops {
@@ -45,5 +47,33 @@ at::Tensor qk_norm_rope(const at::Tensor& qkv, int64_t heads, const at::Tensor& 
 at::Tensor qk_norm_rope_reference(const at::Tensor& qkv, int64_t heads, const at::Tensor& q_weight,
                                   const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin,
                                   double eps = 1e-6);
+
+namespace detail {
+// qk_norm_rope's checks of its arguments (UsageError naming the input).
+void check_qk_norm_rope_args(const at::Tensor& qkv, int64_t heads, const at::Tensor& q_weight,
+                             const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin, double eps);
+// The CUDA pieces of the autograd function on their own, what it and the
+// Python op (python/csrc/ops_attention.cpp) run, on checked inputs (weights
+// undefined where absent). The forward's out, and what the backward reads:
+// qkv, cos and sin as the kernels read them, the weights as dense float32,
+// and the per-(token, head) float32 rstd [B, T, 2, heads].
+struct QkNormRopeForward {
+  at::Tensor out, qkv, rstd, q_weight, k_weight, cos, sin;
+};
+QkNormRopeForward qk_norm_rope_forward_cuda(const at::Tensor& qkv, int64_t heads, const at::Tensor& q_weight,
+                                            const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin,
+                                            double eps);
+// The backward from the incoming gradient of out, the forward's inputs (as
+// given, or as QkNormRopeForward holds them) and rstd: d(qkv) where wanted,
+// the weights' gradients in the given dtypes (nullopt: not wanted, undefined).
+struct QkNormRopeGrads {
+  at::Tensor qkv, q_weight, k_weight;
+};
+QkNormRopeGrads qk_norm_rope_backward_cuda(const at::Tensor& dout, const at::Tensor& qkv, const at::Tensor& rstd,
+                                           const at::Tensor& q_weight, const at::Tensor& k_weight,
+                                           const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                                           bool want_qkv, std::optional<at::ScalarType> q_dtype,
+                                           std::optional<at::ScalarType> k_dtype);
+}  // namespace detail
 
 }  // namespace perftrain::ops
