@@ -46,6 +46,16 @@ def _named_trainable(params):
     return [(str(i), p) for i, p in enumerate(items) if p.requires_grad], None
 
 
+class _Slot:
+    """A read-only attribute: the optimizer's scalars slot `name` (perftrain.ops.ADAMW_SLOTS), a 0-d view."""
+
+    def __init__(self, name, doc):
+        self.name, self.__doc__ = name, doc
+
+    def __get__(self, opt, owner=None):
+        return self if opt is None else opt.scalars[ops.ADAMW_SLOTS[self.name]]
+
+
 class DeviceAdamW:
     """AdamW over fp32 parameters with everything per step on the device.
 
@@ -146,34 +156,12 @@ class DeviceAdamW:
             else:
                 p.grad.zero_()
 
-    # --------------------------------------------------- device scalars (0-d views)
-
-    def _slot(self, name):
-        return self.scalars[ops.ADAMW_SLOTS[name]]
-
-    @property
-    def loss_scale(self):
-        """The scale the next backward's gradients must carry (multiply the loss by it); 1 without one."""
-        return self._slot("loss_scale")
-
-    @property
-    def lr(self):
-        """The LR the last step took (a device tensor)."""
-        return self._slot("lr")
-
-    @property
-    def grad_norm(self):
-        """The last step's global gradient norm, unscaled and before clipping (a device tensor)."""
-        return self._slot("grad_norm")
-
-    @property
-    def steps_taken(self):
-        """Updates taken (steps skipped for inf/NaN not counted; a device tensor)."""
-        return self._slot("step")
-
-    @property
-    def steps_skipped(self):
-        return self._slot("skipped")
+    # The device scalars, as 0-d views of `scalars` (reading one as a number syncs with the GPU).
+    loss_scale = _Slot("loss_scale", "the scale the next backward's gradients must carry (1 without one)")
+    lr = _Slot("lr", "the LR the last step took")
+    grad_norm = _Slot("grad_norm", "the last step's global gradient norm, unscaled, before clipping")
+    steps_taken = _Slot("step", "updates taken (steps skipped for inf/NaN not counted)")
+    steps_skipped = _Slot("skipped", "steps skipped for an inf/NaN gradient norm")
 
     def scale(self, loss):
         """loss times the current loss scale (for fp16 with loss_scale="dynamic")."""

@@ -4,9 +4,9 @@ is copied into the static inputs, and wrong batches are refused. (The captured p
 Run by ctest (python.nn.capture) or: PYTHONPATH=build/python python tests/python/nn/test_capture.py
 """
 import io
-import sys
 
 import torch
+from run_tests import run_all
 
 import perftrain.capture as capture_module
 from perftrain.capture import capture_step
@@ -94,19 +94,5 @@ def test_a_capture_failure_falls_back_to_eager_with_its_reason():
     assert text.count("\n") == 1 and "capture failed: RuntimeError: CUDA error: operation not permitted" in text, text
 
 
-def _run_all():
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
-    failed = 0
-    for name, fn in tests:
-        try:
-            fn()
-            print(f"PASS {name}")
-        except Exception as e:  # noqa: BLE001 -- report every failure, keep going
-            failed += 1
-            print(f"FAIL {name}: {type(e).__name__}: {e}")
-    print(f"{len(tests) - failed} passed, {failed} failed")
-    return failed == 0
-
-
 if __name__ == "__main__":
-    sys.exit(0 if _run_all() else 1)
+    run_all(globals())

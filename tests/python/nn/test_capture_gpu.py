@@ -9,6 +9,7 @@ import io
 import sys
 
 import torch
+from run_tests import run_all
 
 if not torch.cuda.is_available():
     print("skipped: no CUDA device")
@@ -100,19 +101,5 @@ def test_compile_fullgraph_of_the_perftrain_dit_on_cuda():
     assert torch.allclose(got, want, rtol=2e-2), (got.item(), want.item())
 
 
-def _run_all():
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
-    failed = 0
-    for name, fn in tests:
-        try:
-            fn()
-            print(f"PASS {name}")
-        except Exception as e:  # noqa: BLE001 -- report every failure, keep going
-            failed += 1
-            print(f"FAIL {name}: {type(e).__name__}: {e}")
-    print(f"{len(tests) - failed} passed, {failed} failed")
-    return failed == 0
-
-
 if __name__ == "__main__":
-    sys.exit(0 if _run_all() else 1)
+    run_all(globals())

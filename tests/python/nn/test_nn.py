@@ -9,6 +9,7 @@ import os
 import sys
 
 import torch
+from run_tests import run_all
 
 from perftrain import nn as pnn
 
@@ -248,19 +249,5 @@ def test_a_single_stream_block_alone_matches_the_reference_without_a_mask():
         assert_close(ours[0](x, silu_c, cos, sin), refs[0](x, silu_c, cos, sin, None), "block")
 
 
-def _run_all():
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
-    failed = 0
-    for name, fn in tests:
-        try:
-            fn()
-            print(f"PASS {name}")
-        except Exception as e:  # noqa: BLE001 -- report every failure, keep going
-            failed += 1
-            print(f"FAIL {name}: {type(e).__name__}: {e}")
-    print(f"{len(tests) - failed} passed, {failed} failed")
-    return failed == 0
-
-
 if __name__ == "__main__":
-    sys.exit(0 if _run_all() else 1)
+    run_all(globals())

@@ -4,9 +4,9 @@ the LR warm-up, parameter groups, the fp16 loss scale, the bf16 weight copies an
 Run by ctest (python.nn.optim) or: PYTHONPATH=build/python python tests/python/nn/test_optim.py
 """
 import math
-import sys
 
 import torch
+from run_tests import run_all
 
 from perftrain import nn as pnn
 from perftrain.optim import DeviceAdamW
@@ -187,19 +187,5 @@ def test_bf16_copies_follow_the_weights_and_feed_the_products():
     assert torch.equal(w._perftrain_compute_copy, w.detach().to(torch.bfloat16)), "rewritten by the step"
 
 
-def _run_all():
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
-    failed = 0
-    for name, fn in tests:
-        try:
-            fn()
-            print(f"PASS {name}")
-        except Exception as e:  # noqa: BLE001 -- report every failure, keep going
-            failed += 1
-            print(f"FAIL {name}: {type(e).__name__}: {e}")
-    print(f"{len(tests) - failed} passed, {failed} failed")
-    return failed == 0
-
-
 if __name__ == "__main__":
-    sys.exit(0 if _run_all() else 1)
+    run_all(globals())
