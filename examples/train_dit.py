@@ -105,8 +105,9 @@ def main(argv=None):
         from perftrain.optim import DeviceAdamW  # [perftrain]
         from perftrain.capture import capture_step  # [perftrain]
 
-    model = models.DiT_models[args.model](input_size=latent, num_classes=args.num_classes, learn_sigma=args.learn_sigma)
-    model = model.to(device).train()
+    with torch.device(device):  # initialised where it trains: seconds less to the first step for DiT-XL
+        model = models.DiT_models[args.model](input_size=latent, num_classes=args.num_classes,
+                                              learn_sigma=args.learn_sigma).train()
     ema = None if args.perftrain else deepcopy(model).requires_grad_(False).eval()  # [perftrain]
     if args.perftrain:  # [perftrain]
         opt = DeviceAdamW(model, lr=1e-4, weight_decay=0, ema_decay=0.9999, compute_dtype=torch.bfloat16)  # [perftrain]
