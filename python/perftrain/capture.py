@@ -122,6 +122,10 @@ class CapturedStep:
         graph = torch.cuda.CUDAGraph()
         current = torch.cuda.current_stream()
         first_error = None
+        # No autocast weight cache in the capture (the C++ step runner's rule): an autocast the step enters
+        # takes this setting, so each cast is recorded where it is used, not kept across the step.
+        cache = torch.is_autocast_cache_enabled()
+        torch.set_autocast_cache_enabled(False)
         try:
             with torch.cuda.graph(graph, pool=self.pool, stream=self._side_stream()):
                 try:
@@ -132,6 +136,8 @@ class CapturedStep:
         except Exception as e:
             torch.cuda.set_stream(current)  # torch.cuda.graph leaves its stream current when capture_end raises
             raise (first_error or e) from None
+        finally:
+            torch.set_autocast_cache_enabled(cache)
         return graph, out
 
     def _report(self):
