@@ -127,7 +127,8 @@ class DeviceAdamW:
 
     def _attach_compute_copies(self, model, dtype):
         """One copy in dtype per matrix weight of the model (2-D and up), set as the parameter's
-        `_perftrain_compute_copy`, which perftrain.nn's products read (perftrain.nn.compute_weight)."""
+        `_perftrain_compute_copy`, which perftrain.nn's products read (perftrain.nn.compute_weight); the
+        model's load_state_dict refreshes them."""
         if dtype is None:
             return []
         copies = []
@@ -135,7 +136,16 @@ class DeviceAdamW:
             copy = p.detach().to(dtype) if p.dim() >= 2 else None
             p._perftrain_compute_copy = copy
             copies.append(copy)
+        model.register_load_state_dict_post_hook(lambda module, keys: self.refresh_compute_copies())
         return copies
+
+    @torch.no_grad()
+    def refresh_compute_copies(self):
+        """Rewrite the bf16 copies from the weights: after changing the weights other than by step() or
+        the model's load_state_dict (step() keeps them in step itself)."""
+        for p, copy in zip(self.params, self.compute_copies):
+            if copy is not None:
+                copy.copy_(p)
 
     # -------------------------------------------------------------- the step
 
@@ -215,6 +225,4 @@ class DeviceAdamW:
                        f"{key} of {name} has shape {list(src.shape)}, expected {list(dst.shape)}")
                 dst.copy_(src)
         self.scalars.copy_(state["scalars"])
-        for p, copy in zip(self.params, self.compute_copies):
-            if copy is not None:
-                copy.copy_(p)
+        self.refresh_compute_copies()

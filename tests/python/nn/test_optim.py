@@ -185,6 +185,10 @@ def test_bf16_copies_follow_the_weights_and_feed_the_products():
     assert w.grad is not None and w.grad.dtype == torch.float32, "the gradient reaches the fp32 master"
     opt.step()
     assert torch.equal(w._perftrain_compute_copy, w.detach().to(torch.bfloat16)), "rewritten by the step"
+    other = pnn.DiTBlock(32, 2)
+    block.load_state_dict(other.state_dict())
+    assert torch.equal(w._perftrain_compute_copy, other.attn.qkv.weight.to(torch.bfloat16)), \
+        "the model's load_state_dict refreshes the copies (a stale copy would run the old weights)"
 
 
 if __name__ == "__main__":
