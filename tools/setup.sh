@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    build-essential cmake ninja-build python3 python3-venv python3-pip \
+    build-essential cmake ninja-build python3 python3-venv python3-pip python3-dev \
     libgtest-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libstb-dev zlib1g-dev libgloo-dev \
     dataset-fashion-mnist graphviz >/dev/null
 fi
@@ -28,9 +28,18 @@ else
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check \
     torch==2.11.0 numpy==2.4.6 safetensors==0.8.0 tensorboard==2.21.0 diffusers==0.42.1 \
-    torchvision==0.26.0 scipy==1.17.1 pytorch-fid==0.3.0
+    torchvision==0.26.0 scipy==1.17.1 pytorch-fid==0.3.0 scikit-build-core==1.1.2
   PY="$PWD/.venv/bin/python"
 fi
+# pip install . builds the Python package with scikit-build-core (offline:
+# --no-build-isolation takes it from beside torch).
+"$PY" -c 'import scikit_build_core' 2>/dev/null ||
+  "$PY" -m pip install -q --disable-pip-version-check scikit-build-core==1.1.2
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERFTRAIN_PYTHON="$PY" >/dev/null
 cmake --build build
+# The Python package as pip builds it (pyproject.toml), from this same build
+# folder, so nothing compiles again: build/wheel/perftrain-*.whl, which
+# ctest's python.ops.wheel installs and imports.
+rm -rf build/wheel
+"$PY" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w build/wheel .

@@ -70,47 +70,64 @@ struct GatedResidualFunction : public torch::autograd::Function<GatedResidualFun
     const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
     const at::Tensor& dout_in = grads[0];
     if (!dout_in.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    const bool want_gate = ctx->needs_input_grad(1), want_y = ctx->needs_input_grad(2);
     const bool want_bias = bias_dtype >= 0 && ctx->needs_input_grad(3);
-    if (!want_gate && !want_y && !want_bias) return {dout_in, at::Tensor(), at::Tensor(), at::Tensor()};
-    const c10::cuda::CUDAGuard guard(y.device());
-    const int batch = int(y.size(0)), tokens = int(y.size(1)), cols = int(y.size(2));
-    // A broadcast or non-contiguous incoming gradient is made dense once (the
-    // returned dx stays the incoming tensor itself).
-    const at::Tensor dout = dout_in.to(x_dtype).contiguous();
-    at::Tensor dy = at::empty_like(y);
-    at::Tensor dgate = at::empty({batch, cols}, gate.options());
-    at::Tensor dbias_ps = want_bias ? at::empty({batch, cols}, y.options().dtype(at::kFloat)) : at::Tensor();
-    // The bias enters dgate only; without a wanted dgate the kernel may leave it out.
-    const float* bias_ptr = want_gate && bias.defined() ? bias.data_ptr<float>() : nullptr;
-    const int tiles = kernels::gated_residual_backward_tiles(
-        batch, tokens, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
-    // Shape-determined scratch from the caching allocator: fine under graph capture.
-    at::Tensor partials = at::empty(
-        {kernels::gated_residual_backward_partials(batch, tiles, cols, bias_ptr != nullptr || want_bias)},
-        y.options().dtype(at::kFloat));
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    with_kernel_types(kOp, x_dtype, gate.scalar_type(), y.scalar_type(), [&](auto tx, auto tg, auto ty) {
-      using TX = kernel_type<decltype(tx)>;
-      using TG = kernel_type<decltype(tg)>;
-      using TY = kernel_type<decltype(ty)>;
-      kernels::gated_residual_backward<TX, TG, TY>(kernel_ptr<const TX>(dout), kernel_ptr<const TG>(gate),
-                                                   gate.stride(0), kernel_ptr<const TY>(y), bias_ptr, kernel_ptr<TY>(dy),
-                                                   kernel_ptr<TG>(dgate), kernel_ptr<float>(dbias_ps),
-                                                   partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
-    });
-    at::Tensor dbias;
-    if (want_bias) {  // for the optimizer only: beside the rest of the backward (ops/weight_grad_stream.h)
-      dbias = at::empty({cols}, y.options().dtype(static_cast<at::ScalarType>(bias_dtype)));
-      run_weight_grads([&] { batch_sums_into(dbias_ps, dbias); }, {dbias_ps});
-    }
-    return {dout_in, want_gate ? dgate : at::Tensor(), want_y ? dy : at::Tensor(), dbias};
+    const detail::GatedResidualGrads g =
+        detail::gated_residual_backward_cuda(dout_in, gate, y, bias, x_dtype, ctx->needs_input_grad(1),
+                                             ctx->needs_input_grad(2),
+                                             want_bias ? std::optional<at::ScalarType>(at::ScalarType(bias_dtype))
+                                                       : std::nullopt);
+    return {dout_in, g.gate, g.y, g.bias};
   }
 };
 
 }  // namespace
 
 namespace detail {
+
+GatedResidualGrads gated_residual_backward_cuda(const at::Tensor& dout_in, const at::Tensor& gate_in,
+                                                const at::Tensor& y_in, const at::Tensor& bias_in,
+                                                at::ScalarType x_dtype, bool want_gate, bool want_y,
+                                                std::optional<at::ScalarType> bias_dtype) {
+  const bool want_bias = bias_dtype.has_value();
+  if (!want_gate && !want_y && !want_bias) return {};
+  const c10::cuda::CUDAGuard guard(y_in.device());
+  // As the forward reads them (no copy when they already are: the saved ones).
+  const at::Tensor gate = rows_dense(gate_in), y = y_in.contiguous();
+  const at::Tensor bias = bias_in.defined() ? bias_in.to(at::kFloat).contiguous() : at::Tensor();
+  const int batch = int(y.size(0)), tokens = int(y.size(1)), cols = int(y.size(2));
+  // A broadcast or non-contiguous incoming gradient is made dense once (the
+  // autograd function returns the incoming tensor itself as dx).
+  const at::Tensor dout = dout_in.to(x_dtype).contiguous();
+  at::Tensor dy = at::empty_like(y);
+  at::Tensor dgate = at::empty({batch, cols}, gate.options());
+  at::Tensor dbias_ps = want_bias ? at::empty({batch, cols}, y.options().dtype(at::kFloat)) : at::Tensor();
+  // The bias enters dgate only; without a wanted dgate the kernel may leave it out.
+  const float* bias_ptr = want_gate && bias.defined() ? bias.data_ptr<float>() : nullptr;
+  const int tiles = kernels::gated_residual_backward_tiles(
+      batch, tokens, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  // Shape-determined scratch from the caching allocator: fine under graph capture.
+  at::Tensor partials = at::empty(
+      {kernels::gated_residual_backward_partials(batch, tiles, cols, bias_ptr != nullptr || want_bias)},
+      y.options().dtype(at::kFloat));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  with_kernel_types(kOp, x_dtype, gate.scalar_type(), y.scalar_type(), [&](auto tx, auto tg, auto ty) {
+    using TX = kernel_type<decltype(tx)>;
+    using TG = kernel_type<decltype(tg)>;
+    using TY = kernel_type<decltype(ty)>;
+    kernels::gated_residual_backward<TX, TG, TY>(kernel_ptr<const TX>(dout), kernel_ptr<const TG>(gate),
+                                                 gate.stride(0), kernel_ptr<const TY>(y), bias_ptr, kernel_ptr<TY>(dy),
+                                                 kernel_ptr<TG>(dgate), kernel_ptr<float>(dbias_ps),
+                                                 partials.data_ptr<float>(), batch, tokens, cols, tiles, stream);
+  });
+  GatedResidualGrads grads;
+  if (want_gate) grads.gate = dgate;
+  if (want_y) grads.y = dy;
+  if (want_bias) {  // for the optimizer only: beside the rest of the backward (ops/weight_grad_stream.h)
+    grads.bias = at::empty({cols}, y.options().dtype(*bias_dtype));
+    run_weight_grads([&] { batch_sums_into(dbias_ps, grads.bias); }, {dbias_ps});
+  }
+  return grads;
+}
 
 void check_residual_bias(const char* op, const at::Tensor& x, const at::Tensor& bias) {
   if (!bias.defined()) return;

@@ -11,6 +11,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 namespace perftrain::ops {
 
 // x, y [B, T, D] float32/bfloat16/float16 (any mix); gate [B, D]
@@ -35,6 +37,17 @@ namespace detail {
 // [D] (D = x.size(-1)) of a floating dtype on x's device; UsageError naming
 // `op` otherwise.
 void check_residual_bias(const char* op, const at::Tensor& x, const at::Tensor& bias);
+// The CUDA backward of gated_residual on its own, what the autograd function
+// and the Python op's backward (python/csrc/ops_residual.cpp) both run: the
+// gradients of gate, y and (bias_dtype given: in that dtype) the bias from the
+// incoming gradient dout and the forward's inputs; each undefined where not
+// wanted. x's gradient is dout itself.
+struct GatedResidualGrads {
+  at::Tensor gate, y, bias;
+};
+GatedResidualGrads gated_residual_backward_cuda(const at::Tensor& dout, const at::Tensor& gate, const at::Tensor& y,
+                                                const at::Tensor& bias, at::ScalarType x_dtype, bool want_gate,
+                                                bool want_y, std::optional<at::ScalarType> bias_dtype);
 
 }  // namespace detail
 

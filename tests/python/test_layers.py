@@ -4,7 +4,9 @@ header of a layer it may not use.
 The rule has one place, src/CMakeLists.txt: `perftrain_layer(NAME DEPS...)`
 names each layer (a folder under src/) and the layers it links; a layer may
 use its own folder, what it links and what those link in turn. The program
-(`cli/`) is the executable that links perftrain_train. Third-party and system
+(`cli/`) is the executable that links perftrain_train; the Python module
+(`python/csrc/`, the layer `python`, above train) is the target perftrain_python
+of python/CMakeLists.txt, and may use what it links there. Third-party and system
 headers (<...>) are not ours and are not checked, except that the kernels
 include no torch header (they are CUDA C++ on raw pointers).
 
@@ -36,6 +38,12 @@ def read_links(root):
     program = re.search(r"target_link_libraries\(\s*perftrain\s+(?:PRIVATE|PUBLIC)?([^)]*)\)", text)
     if program:
         links["cli"] = set(re.findall(r"\bperftrain_(\w+)\b", program.group(1)))
+    # The Python module: python/csrc/*.cpp linked into perftrain._C.
+    with open(os.path.join(root, "python", "CMakeLists.txt")) as f:
+        module = re.search(r"target_link_libraries\(\s*perftrain_python\s+(?:PRIVATE|PUBLIC)?([^)]*)\)",
+                           _strip_comments(f.read()))
+    if module:
+        links["python"] = set(re.findall(r"\bperftrain_(\w+)\b", module.group(1)))
     for deps in links.values():
         deps.discard("thirdparty")  # third-party code, not a layer of ours
     return links
@@ -56,12 +64,23 @@ def allowed_layers(links):
 
 
 def source_files(root):
+    """(rel, path): rel is LAYER/... (the src/ folders, and python/csrc/ as the layer python)."""
     src = os.path.join(root, "src")
     for folder, _, files in os.walk(src):
         for name in sorted(files):
             if name.endswith(SOURCES):
                 path = os.path.join(folder, name)
                 yield os.path.relpath(path, src).replace(os.sep, "/"), path
+    csrc = os.path.join(root, "python", "csrc")
+    if os.path.isdir(csrc):
+        for name in sorted(os.listdir(csrc)):
+            if name.endswith(SOURCES):
+                yield "python/" + name, os.path.join(csrc, name)
+
+
+def shown(rel):
+    """The file's path in the checkout."""
+    return "python/csrc/" + rel.split("/", 1)[1] if rel.startswith("python/") else "src/" + rel
 
 
 def violations(root):
@@ -74,7 +93,7 @@ def violations(root):
         if "/" not in rel:
             continue  # files beside the layer folders (CMakeLists.txt only today)
         if layer not in allowed:
-            bad.append(f"src/{rel}: the folder {layer}/ is no layer of src/CMakeLists.txt")
+            bad.append(f"{shown(rel)}: the folder {layer}/ is no layer of src/CMakeLists.txt")
             continue
         with open(path, errors="replace") as f:
             for number, line in enumerate(f, 1):
@@ -82,7 +101,7 @@ def violations(root):
                 if not m:
                     continue
                 header = m.group(2)
-                where = f"src/{rel}:{number}: {line.strip()}"
+                where = f"{shown(rel)}:{number}: {line.strip()}"
                 if m.group(1) == "<":
                     if layer == "kernels" and header.startswith(TORCH_HEADERS):
                         bad.append(f"{where}  (kernels include no torch header)")
@@ -100,13 +119,14 @@ def test_the_rule_is_read_from_cmake():
     links = read_links(ROOT)
     allowed = allowed_layers(links)
     for layer in ("base", "compat", "io", "data", "diffusion", "kernels", "ops", "nn", "models", "observe",
-                  "distributed", "train", "cli"):
+                  "distributed", "train", "cli", "python"):
         assert layer in links, layer
     assert allowed["base"] == {"base"}
     assert "kernels" in allowed["ops"] and "ops" not in allowed["kernels"]
     assert "models" in allowed["train"] and "train" not in allowed["models"]
     assert "train" in allowed["cli"] and "cli" not in allowed["train"]
     assert "models" not in allowed["observe"]
+    assert "ops" in allowed["python"] and not any("python" in allowed[layer] for layer in links if layer != "python")
 
 
 def test_no_file_includes_a_layer_above_its_own():
@@ -122,5 +142,5 @@ if __name__ == "__main__":
     for line in found:
         print(line)
     files = sum(1 for _ in source_files(root))
-    print(f"{files} files under {os.path.join(root, 'src')}: {len(found)} includes break the layer rule")
+    print(f"{files} files under src/ and python/csrc/: {len(found)} includes break the layer rule")
     sys.exit(1 if found else 0)

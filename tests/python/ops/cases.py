@@ -1,0 +1,238 @@
+"""The ops' test cases, shared by the CPU, GPU and compile tests: for each
+differentiable function of perftrain.ops, seeded inputs on odd sizes and an
+independent float64 reference written here in plain PyTorch (not the C++
+reference the CPU op runs).
+
+A case is (name, fn, make, reference): make(device, dtype) gives (args,
+kwargs) with the floating inputs that take a gradient marked requires_grad;
+reference(*args, **kwargs) computes the same outputs from float64 copies.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import perftrain.ops as P
+
+# Odd sizes: an odd batch, a token count and a width that are no multiples of the vector width.
+B, T, D, HEADS = 3, 5, 40, 2
+
+
+def randn(*shape, device, dtype, grad=True, scale=1.0):
+    t = (torch.randn(*shape, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+    return t.requires_grad_(grad)
+
+
+def modulation(count, device, dtype):
+    """count [B, D] vectors as chunks of one [B, count*D] tensor (strided views, as a DiT's adaLN output)."""
+    ada = randn(B, count * D, device=device, dtype=dtype, grad=False, scale=0.5)
+    return [c.detach().requires_grad_(True) for c in ada.chunk(count, dim=1)]
+
+
+def layer_norm(x, eps):
+    return F.layer_norm(x, (x.shape[-1],), eps=eps)
+
+
+def rms(x, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+# ------------------------------------------------------------------ the cases
+
+
+def adaln_layernorm_case(device, dtype):
+    x = randn(B, T, D, device=device, dtype=dtype)
+    shift, scale = modulation(2, device, dtype)
+    return (x, shift, scale), {"eps": 1e-5}
+
+
+def adaln_layernorm_ref(x, shift, scale, out_dtype=None, eps=1e-6):
+    return layer_norm(x, eps) * (1 + scale[:, None]) + shift[:, None]
+
+
+def rms_adaln_case(device, dtype):
+    x = randn(B, T, D, device=device, dtype=dtype)
+    weight = randn(D, device=device, dtype=dtype)
+    (scale,) = modulation(1, device, dtype)
+    return (x, weight, scale), {}
+
+
+def rms_adaln_ref(x, weight=None, scale=None, out_dtype=None, eps=1e-6):
+    h = rms(x, eps)
+    if weight is not None:
+        h = h * weight
+    return h if scale is None else h * (1 + scale[:, None])
+
+
+def rms_adaln_noweight_case(device, dtype):
+    (x, _, _), kw = rms_adaln_case(device, dtype)
+    return (x, None, None), kw
+
+
+def gated_residual_case(device, dtype):
+    x = randn(B, T, D, device=device, dtype=dtype)
+    (gate,) = modulation(1, device, dtype)
+    y = randn(B, T, D, device=device, dtype=dtype)
+    bias = randn(D, device=device, dtype=dtype)
+    return (x, gate, y, bias), {}
+
+
+def gated_residual_ref(x, gate, y, bias=None):
+    return x + gate[:, None, :] * (y if bias is None else y + bias)
+
+
+def gated_residual_nobias_case(device, dtype):
+    (x, gate, y, _), kw = gated_residual_case(device, dtype)
+    return (x, gate, y, None), kw
+
+
+def residual_adaln_case(device, dtype):
+    x = randn(B, T, D, device=device, dtype=dtype)
+    y = randn(B, T, D, device=device, dtype=dtype)
+    gate, shift, scale = modulation(3, device, dtype)
+    bias = randn(D, device=device, dtype=dtype)
+    return (x, gate, y, shift, scale), {"bias": bias}
+
+
+def residual_adaln_ref(x, gate, y, shift, scale, out_dtype=None, eps=1e-6, bias=None):
+    x1 = gated_residual_ref(x, gate, y, bias)
+    return x1, adaln_layernorm_ref(x1, shift, scale, eps=eps)
+
+
+def residual_rms_adaln_case(device, dtype):
+    x = randn(B, T, D, device=device, dtype=dtype)
+    y = randn(B, T, D, device=device, dtype=dtype)
+    gate, scale = modulation(2, device, dtype)
+    post = randn(D, device=device, dtype=dtype)
+    pre = randn(D, device=device, dtype=dtype)
+    return (x, gate, y, post, pre, scale), {}
+
+
+def residual_rms_adaln_ref(x, gate, y, post_weight=None, pre_weight=None, scale=None, out_dtype=None, eps=1e-6):
+    x1 = x + torch.tanh(gate)[:, None] * rms_adaln_ref(y, post_weight, None, eps=eps)
+    return x1, rms_adaln_ref(x1, pre_weight, scale, eps=eps)
+
+
+def rope_tables(device, hd):
+    pos = torch.arange(T, dtype=torch.float64)[:, None]
+    freq = 10000.0 ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    angle = pos * freq[None]
+    return angle.cos().float().to(device), angle.sin().float().to(device)
+
+
+def qk_norm_rope_case(device, dtype):
+    hd = D // HEADS
+    qkv = randn(B, T, 3 * D, device=device, dtype=dtype)
+    qw = randn(hd, device=device, dtype=dtype)
+    kw = randn(hd, device=device, dtype=dtype)
+    cos, sin = rope_tables(device, hd)
+    return (qkv, HEADS, qw, kw, cos, sin), {}
+
+
+def qk_norm_rope_ref(qkv, heads, q_weight, k_weight, cos, sin, eps=1e-6):
+    b, t, three_d = qkv.shape
+    hd = three_d // 3 // heads
+    q, k, v = qkv.view(b, t, 3, heads, hd).unbind(2)
+    c, s = cos.double()[None, :, None, :], sin.double()[None, :, None, :]
+
+    def rope(u):
+        u0, u1 = u[..., 0::2], u[..., 1::2]
+        return torch.stack((u0 * c - u1 * s, u0 * s + u1 * c), dim=-1).flatten(-2)
+
+    q = rope(rms(q, eps) * (1 if q_weight is None else q_weight))
+    k = rope(rms(k, eps) * (1 if k_weight is None else k_weight))
+    return torch.stack((q, k, v), dim=2).reshape(b, t, three_d)
+
+
+def attention_case(device, dtype):
+    return (randn(B, T, 3 * D, device=device, dtype=dtype), HEADS), {}
+
+
+def attention_ref(qkv, heads):
+    b, t, three_d = qkv.shape
+    hd = three_d // 3 // heads
+    q, k, v = qkv.view(b, t, 3, heads, hd).permute(2, 0, 3, 1, 4)
+    w = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), dim=-1)
+    return (w @ v).transpose(1, 2).reshape(b, t, three_d // 3)
+
+
+def swiglu_case(device, dtype):
+    return (randn(B, T, 2 * 37, device=device, dtype=dtype),), {}
+
+
+def swiglu_ref(gate_up):
+    f = gate_up.shape[-1] // 2
+    return F.silu(gate_up[..., :f]) * gate_up[..., f:]
+
+
+def linear_gelu_case(device, dtype):
+    x = randn(B, T, D, device=device, dtype=dtype)
+    weight = randn(3 * D + 1, D, device=device, dtype=torch.float32, scale=D ** -0.5)  # fp32 master weights
+    bias = randn(3 * D + 1, device=device, dtype=torch.float32)
+    return (x, weight, bias), {}
+
+
+def linear_gelu_ref(x, weight, bias):
+    return F.gelu(F.linear(x, weight, bias), approximate="tanh")
+
+
+CASES = [
+    ("gated_residual", P.gated_residual, gated_residual_case, gated_residual_ref),
+    ("gated_residual (no bias)", P.gated_residual, gated_residual_nobias_case, gated_residual_ref),
+]
+
+
+# ------------------------------------------------------------------ helpers
+
+
+class OperatorCalls(TorchDispatchMode):
+    """Records every torch.ops.perftrain.* call (operator, args, kwargs) made inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "perftrain":
+            self.calls.append((func, args, kwargs))
+        return func(*args, **kwargs)
+
+
+def operator_calls(fn, args, kwargs):
+    """The perftrain operators fn's forward calls, with their arguments."""
+    with OperatorCalls() as rec:
+        fn(*args, **kwargs)
+    return rec.calls
+
+
+def as_tuple(out):
+    return out if isinstance(out, (tuple, list)) else (out,)
+
+
+def float64_copy(args, kwargs):
+    def conv(v):
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            return v.detach().to(torch.float64).requires_grad_(v.requires_grad)
+        return v
+
+    return tuple(conv(a) for a in args), {k: conv(v) for k, v in kwargs.items()}
+
+
+def leaves(args, kwargs):
+    """The inputs that take a gradient, in order."""
+    vals = list(args) + list(kwargs.values())
+    return [v for v in vals if isinstance(v, torch.Tensor) and v.requires_grad]
+
+
+def outputs_and_grads(fn, args, kwargs, seed=1):
+    """fn's outputs and the gradients of sum(out * w) (w seeded, one per output) for each leaf."""
+    outs = as_tuple(fn(*args, **kwargs))
+    gen = torch.Generator().manual_seed(seed)
+    loss = 0
+    for o in outs:
+        w = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(device=o.device, dtype=o.dtype)
+        loss = loss + (o * w).sum()
+    grads = torch.autograd.grad(loss, leaves(args, kwargs), allow_unused=True)
+    return outs, grads
