@@ -1,15 +1,18 @@
-// perftrain::gated_residual as a PyTorch operator: forward and backward
-// as separate ops (python/perftrain/ops.py joins them with
-// torch.library.register_autograd and gives each a fake implementation).
-// Forward: ops::gated_residual (the CUDA kernels; the reference on the CPU).
-// Backward: ops::detail::gated_residual_backward_cuda on CUDA, autograd
-// through the reference on the CPU.
+// The residual updates as PyTorch operators: gated_residual, residual_adaln
+// and residual_rms_adaln, each a forward op and a `<op>_backward` op
+// (python/perftrain/ops.py joins them with torch.library.register_autograd
+// and gives each a fake implementation). Forward: the C++ op (the CUDA
+// kernels; the reference on the CPU). Backward: gated_residual's own CUDA
+// backward (ops::detail::gated_residual_backward_cuda), autograd through the
+// reference on the CPU; the other two through the C++ op (backward_through).
 #include <ATen/ops/zeros.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/library.h>
 
 #include "op_support.h"
 #include "ops/gated_residual.h"
+#include "ops/residual_adaln.h"
+#include "ops/residual_rms_adaln.h"
 
 namespace perftrain::python {
 namespace {
@@ -46,6 +49,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_backward_cuda(cons
   return {g.gate, g.y, grad_or_slot(g.bias, y)};
 }
 
+std::tuple<at::Tensor, at::Tensor> residual_adaln(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
+                                                  const at::Tensor& shift, const at::Tensor& scale,
+                                                  const std::optional<at::Tensor>& bias, at::ScalarType out_dtype,
+                                                  double eps) {
+  const at::NoGradGuard no_grad;
+  auto [x1, h] = ops::residual_adaln(x, gate, y, shift, scale, out_dtype, eps, value_or_undefined(bias));
+  return {x1, h};
+}
+
+std::vector<at::Tensor> residual_adaln_backward(const std::vector<at::Tensor>& grads,
+                                                const c10::List<std::optional<at::Tensor>>& inputs,
+                                                at::ScalarType out_dtype, double eps) {
+  return backward_through(
+      [&](const Tensors& in) {
+        auto [x1, h] = ops::residual_adaln(in[0], in[1], in[2], in[3], in[4], out_dtype, eps, in[5]);
+        return Tensors{x1, h};
+      },
+      grads, inputs);
+}
+
+std::tuple<at::Tensor, at::Tensor> residual_rms_adaln(const at::Tensor& x, const at::Tensor& gate,
+                                                      const at::Tensor& y,
+                                                      const std::optional<at::Tensor>& post_weight,
+                                                      const std::optional<at::Tensor>& pre_weight,
+                                                      const std::optional<at::Tensor>& scale,
+                                                      at::ScalarType out_dtype, double eps) {
+  const at::NoGradGuard no_grad;
+  auto [x1, h] = ops::residual_rms_adaln(x, gate, y, value_or_undefined(post_weight), value_or_undefined(pre_weight),
+                                         value_or_undefined(scale), out_dtype, eps);
+  return {x1, h};
+}
+
+std::vector<at::Tensor> residual_rms_adaln_backward(const std::vector<at::Tensor>& grads,
+                                                    const c10::List<std::optional<at::Tensor>>& inputs,
+                                                    at::ScalarType out_dtype, double eps) {
+  return backward_through(
+      [&](const Tensors& in) {
+        auto [x1, h] = ops::residual_rms_adaln(in[0], in[1], in[2], in[3], in[4], in[5], out_dtype, eps);
+        return Tensors{x1, h};
+      },
+      grads, inputs);
+}
+
 }  // namespace
 }  // namespace perftrain::python
 
@@ -53,14 +99,29 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
   m.def("gated_residual(Tensor x, Tensor gate, Tensor y, Tensor? bias=None) -> Tensor");
   m.def("gated_residual_backward(Tensor grad, Tensor gate, Tensor y, Tensor? bias, ScalarType x_dtype)"
         " -> (Tensor, Tensor, Tensor)");
+  m.def("residual_adaln(Tensor x, Tensor gate, Tensor y, Tensor shift, Tensor scale, Tensor? bias,"
+        " ScalarType out_dtype, float eps) -> (Tensor, Tensor)");
+  m.def("residual_adaln_backward(Tensor[] grads, Tensor?[] inputs, ScalarType out_dtype, float eps) -> Tensor[]");
+  m.def("residual_rms_adaln(Tensor x, Tensor gate, Tensor y, Tensor? post_weight, Tensor? pre_weight,"
+        " Tensor? scale, ScalarType out_dtype, float eps) -> (Tensor, Tensor)");
+  m.def("residual_rms_adaln_backward(Tensor[] grads, Tensor?[] inputs, ScalarType out_dtype, float eps)"
+        " -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
   m.impl("gated_residual", &perftrain::python::gated_residual);
   m.impl("gated_residual_backward", &perftrain::python::gated_residual_backward_cpu);
+  m.impl("residual_adaln", &perftrain::python::residual_adaln);
+  m.impl("residual_adaln_backward", &perftrain::python::residual_adaln_backward);
+  m.impl("residual_rms_adaln", &perftrain::python::residual_rms_adaln);
+  m.impl("residual_rms_adaln_backward", &perftrain::python::residual_rms_adaln_backward);
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CUDA, m) {
   m.impl("gated_residual", &perftrain::python::gated_residual);
   m.impl("gated_residual_backward", &perftrain::python::gated_residual_backward_cuda);
+  m.impl("residual_adaln", &perftrain::python::residual_adaln);
+  m.impl("residual_adaln_backward", &perftrain::python::residual_adaln_backward);
+  m.impl("residual_rms_adaln", &perftrain::python::residual_rms_adaln);
+  m.impl("residual_rms_adaln_backward", &perftrain::python::residual_rms_adaln_backward);
 }

@@ -7,17 +7,24 @@ with torch.library.register_autograd, and each operator has a fake
 implementation (torch.library.register_fake) giving the outputs' shapes,
 dtypes and strides, so that torch.compile(fullgraph=True) traces through with
 no graph break. Nothing here syncs with the host or allocates by data, so the
-ops capture in CUDA graphs. Signatures, shapes and dtypes: the docstrings, and
-/work/wt/notes/python-ops.md while the Python guide is written.
+ops capture in CUDA graphs. docs/guide/python.md lists them.
 """
 import torch
 from torch import Tensor
 
-_lib = "perftrain::"
+_ops = torch.ops.perftrain
 
 
-def _dense(shape, like, dtype=None):
-    """A contiguous tensor of `shape` with like's device and dtype (or `dtype`)."""
+def _name(op):
+    return "perftrain::" + op
+
+
+def _dense(t, dtype=None):
+    """A new contiguous tensor like t (t's shape, device and dtype or `dtype`)."""
+    return t.new_empty(t.shape, dtype=dtype if dtype is not None else t.dtype)
+
+
+def _sized(like, shape, dtype=None):
     return like.new_empty(shape, dtype=dtype if dtype is not None else like.dtype)
 
 
@@ -26,7 +33,75 @@ def _no_grad_slot(like):
     return like.new_empty((0,), dtype=torch.float32)
 
 
-# ---------------------------------------------------------------- gated residual
+def _grads_like(inputs):
+    """The fake gradients of a backward operator that takes Tensor?[] inputs."""
+    like = next(t for t in inputs if t is not None)
+    return [_dense(t) if t is not None else _no_grad_slot(like) for t in inputs]
+
+
+def _differentiable_through(op, tensor_count):
+    """register_autograd for an operator whose backward is `<op>_backward(grads, inputs, *rest)`:
+    its first tensor_count arguments are the (optional) tensors that take a
+    gradient, the rest are passed through; the backward returns one gradient
+    per tensor input ([0] for an absent one)."""
+    backward_op = getattr(_ops, op + "_backward")
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:tensor_count])
+        ctx.rest = inputs[tensor_count:]
+
+    def backward(ctx, *grads):
+        tensors = ctx.saved_tensors
+        found = backward_op(list(grads), list(tensors), *ctx.rest)
+        return tuple(g if t is not None else None for g, t in zip(found, tensors)) + (None,) * len(ctx.rest)
+
+    torch.library.register_autograd(_name(op), backward, setup_context=setup_context)
+    torch.library.register_fake(_name(op + "_backward"))(lambda grads, inputs, *rest: _grads_like(inputs))
+
+
+def _out_dtype(x, out_dtype):
+    return x.dtype if out_dtype is None else out_dtype
+
+
+# ----------------------------------------------------------------- row norms
+
+
+def adaln_layernorm(x: Tensor, shift: Tensor, scale: Tensor, out_dtype: torch.dtype | None = None,
+                    eps: float = 1e-6) -> Tensor:
+    """LN(x) * (1 + scale[:, None]) + shift[:, None] (no affine, fp32 statistics), in out_dtype.
+
+    x [B, T, D] float32/bfloat16/float16; shift, scale [B, D] (strided views
+    whose last dimension is contiguous are read in place). out_dtype None:
+    x's dtype. Gradients in each input's dtype.
+    """
+    return _ops.adaln_layernorm(x, shift, scale, _out_dtype(x, out_dtype), eps)
+
+
+@torch.library.register_fake(_name("adaln_layernorm"))
+def _(x, shift, scale, out_dtype, eps):
+    return _dense(x, out_dtype)
+
+
+_differentiable_through("adaln_layernorm", 3)
+
+
+def rms_adaln(x: Tensor, weight: Tensor | None = None, scale: Tensor | None = None,
+              out_dtype: torch.dtype | None = None, eps: float = 1e-6) -> Tensor:
+    """x * rsqrt(mean_D(x^2) + eps) * weight * (1 + scale[:, None]), in out_dtype.
+
+    x [B, T, D]; weight [D] or None (ones); scale [B, D] or None (zero).
+    """
+    return _ops.rms_adaln(x, weight, scale, _out_dtype(x, out_dtype), eps)
+
+
+@torch.library.register_fake(_name("rms_adaln"))
+def _(x, weight, scale, out_dtype, eps):
+    return _dense(x, out_dtype)
+
+
+_differentiable_through("rms_adaln", 3)
+
+# ----------------------------------------------------------------- residuals
 
 
 def gated_residual(x: Tensor, gate: Tensor, y: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -38,17 +113,17 @@ def gated_residual(x: Tensor, gate: Tensor, y: Tensor, bias: Tensor | None = Non
     dtype. Gradients: x's is the incoming gradient; y's, gate's and bias's in
     their own dtypes.
     """
-    return torch.ops.perftrain.gated_residual(x, gate, y, bias)
+    return _ops.gated_residual(x, gate, y, bias)
 
 
-@torch.library.register_fake(_lib + "gated_residual")
+@torch.library.register_fake(_name("gated_residual"))
 def _(x, gate, y, bias=None):
-    return _dense(x.shape, x)
+    return _dense(x)
 
 
-@torch.library.register_fake(_lib + "gated_residual_backward")
+@torch.library.register_fake(_name("gated_residual_backward"))
 def _(grad, gate, y, bias, x_dtype):
-    return _dense(gate.shape, gate), _dense(y.shape, y), _dense(bias.shape, bias) if bias is not None else _no_grad_slot(y)
+    return _dense(gate), _dense(y), _dense(bias) if bias is not None else _no_grad_slot(y)
 
 
 def _gated_residual_setup(ctx, inputs, output):
@@ -59,8 +134,257 @@ def _gated_residual_setup(ctx, inputs, output):
 
 def _gated_residual_backward(ctx, grad):
     gate, y, bias = ctx.saved_tensors
-    dgate, dy, dbias = torch.ops.perftrain.gated_residual_backward(grad, gate, y, bias, ctx.x_dtype)
+    dgate, dy, dbias = _ops.gated_residual_backward(grad, gate, y, bias, ctx.x_dtype)
     return grad, dgate, dy, dbias if bias is not None else None
 
 
-torch.library.register_autograd(_lib + "gated_residual", _gated_residual_backward, setup_context=_gated_residual_setup)
+torch.library.register_autograd(_name("gated_residual"), _gated_residual_backward, setup_context=_gated_residual_setup)
+
+
+def residual_adaln(x: Tensor, gate: Tensor, y: Tensor, shift: Tensor, scale: Tensor,
+                   out_dtype: torch.dtype | None = None, eps: float = 1e-6,
+                   bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(x1, h): x1 = gated_residual(x, gate, y, bias) in x's dtype, h =
+    adaln_layernorm(x1, shift, scale, out_dtype, eps), in one pass.
+
+    x, y [B, T, D]; gate, shift, scale [B, D]; bias [D] or None.
+    """
+    return _ops.residual_adaln(x, gate, y, shift, scale, bias, _out_dtype(x, out_dtype), eps)
+
+
+@torch.library.register_fake(_name("residual_adaln"))
+def _(x, gate, y, shift, scale, bias, out_dtype, eps):
+    return _dense(x), _dense(x, out_dtype)
+
+
+_differentiable_through("residual_adaln", 6)
+
+
+def residual_rms_adaln(x: Tensor, gate: Tensor, y: Tensor, post_weight: Tensor | None = None,
+                       pre_weight: Tensor | None = None, scale: Tensor | None = None,
+                       out_dtype: torch.dtype | None = None, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """(x1, h): yn = rms(y) * post_weight; x1 = x + tanh(gate)[:, None] * yn
+    (x's dtype); h = rms(x1) * pre_weight * (1 + scale[:, None]) (out_dtype).
+
+    x, y [B, T, D]; gate [B, D]; scale [B, D] or None (zero); weights [D] or None (ones).
+    """
+    return _ops.residual_rms_adaln(x, gate, y, post_weight, pre_weight, scale, _out_dtype(x, out_dtype), eps)
+
+
+@torch.library.register_fake(_name("residual_rms_adaln"))
+def _(x, gate, y, post_weight, pre_weight, scale, out_dtype, eps):
+    return _dense(x), _dense(x, out_dtype)
+
+
+_differentiable_through("residual_rms_adaln", 6)
+
+# ----------------------------------------------------------------- attention
+
+
+def qk_norm_rope(qkv: Tensor, heads: int, q_weight: Tensor | None, k_weight: Tensor | None, cos: Tensor,
+                 sin: Tensor, eps: float = 1e-6) -> Tensor:
+    """Per-head RMSNorm of q and k with their weights, then the rotary
+    rotation; v copied. qkv [B, T, 3D] packed as (3, heads, hd), hd even;
+    q_weight, k_weight [hd] or None (ones); cos, sin [T, hd/2] float32 (no
+    gradient). Returns [B, T, 3D] in qkv's dtype.
+    """
+    return _ops.qk_norm_rope(qkv, q_weight, k_weight, cos, sin, heads, eps)
+
+
+@torch.library.register_fake(_name("qk_norm_rope"))
+def _(qkv, q_weight, k_weight, cos, sin, heads, eps):
+    return _dense(qkv)
+
+
+def _qk_norm_rope_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:5])
+    ctx.rest = inputs[5:]
+
+
+def _qk_norm_rope_backward(ctx, grad):
+    tensors = ctx.saved_tensors
+    found = _ops.qk_norm_rope_backward([grad], list(tensors), *ctx.rest)
+    dqkv, dq, dk = found[0], found[1], found[2]
+    return dqkv, dq if tensors[1] is not None else None, dk if tensors[2] is not None else None, None, None, None, None
+
+
+torch.library.register_autograd(_name("qk_norm_rope"), _qk_norm_rope_backward, setup_context=_qk_norm_rope_setup)
+torch.library.register_fake(_name("qk_norm_rope_backward"))(lambda grads, inputs, *rest: _grads_like(inputs))
+
+
+def attention(qkv: Tensor, heads: int) -> Tensor:
+    """Softmax attention (scale 1/sqrt(hd), no mask) of a packed qkv [B, T, 3D]
+    laid out as (3, heads, hd) in the last dimension -> [B, T, D] in qkv's dtype.
+
+    CUDA: our whole-head kernels forward and backward where they apply
+    (bfloat16 on sm_90, T = 256, hd 64 or 72), else cuDNN's fused attention;
+    CPU: ATen's SDPA.
+    """
+    out, _ = _ops.attention(qkv, heads)
+    return out
+
+
+@torch.library.register_fake(_name("attention"))
+def _(qkv, heads):
+    b, t, three_d = qkv.shape
+    return _sized(qkv, (b, t, three_d // 3)), _sized(qkv, (b, heads, t), torch.float32)
+
+
+def _attention_setup(ctx, inputs, output):
+    qkv, heads = inputs
+    out, lse = output
+    ctx.save_for_backward(qkv, out, lse)
+    ctx.mark_non_differentiable(lse)  # saved for the backward, not a result
+    ctx.heads = heads
+
+
+def _attention_backward(ctx, grad_out, grad_lse):
+    qkv, out, lse = ctx.saved_tensors
+    return _ops.attention_backward(grad_out, qkv, out, lse, ctx.heads), None
+
+
+torch.library.register_autograd(_name("attention"), _attention_backward, setup_context=_attention_setup)
+
+
+@torch.library.register_fake(_name("attention_backward"))
+def _(grad, qkv, out, lse, heads):
+    return _dense(qkv)
+
+
+# ----------------------------------------------------------------- MLP
+
+
+def swiglu(gate_up: Tensor) -> Tensor:
+    """silu(gate_up[..., :F]) * gate_up[..., F:] -> [..., F] in gate_up's dtype (fp32 math).
+
+    gate_up [..., 2F] float32/bfloat16/float16: the output of ONE product
+    against the concatenated weights [gate.weight; up.weight].
+    """
+    return _ops.swiglu(gate_up)
+
+
+@torch.library.register_fake(_name("swiglu"))
+def _(gate_up):
+    return _sized(gate_up, (*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _swiglu_backward(ctx, grad):
+    (gate_up,) = ctx.saved_tensors
+    return _ops.swiglu_backward(grad, gate_up)
+
+
+torch.library.register_autograd(_name("swiglu"), _swiglu_backward, setup_context=_swiglu_setup)
+
+
+@torch.library.register_fake(_name("swiglu_backward"))
+def _(grad, gate_up):
+    return _dense(gate_up)
+
+
+def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """gelu_tanh(x @ weight.T + bias) [..., H] in x's dtype: fc1 of the MLP with
+    its bias and GELU in one product.
+
+    x [..., C] bfloat16/float16/float32; weight [H, C], bias [H] in float32
+    (master weights) or x's dtype, cast to x's dtype per call. CUDA: our
+    Hopper product where it applies (bf16, sm_90, rows % 128, H % 256, C % 64),
+    else cuBLASLt's GELU epilogue, else ATen. Gradients in each input's dtype.
+    """
+    act, _ = _ops.linear_gelu(x, weight, bias)
+    return act
+
+
+@torch.library.register_fake(_name("linear_gelu"))
+def _(x, weight, bias):
+    shape = (*x.shape[:-1], weight.shape[0])
+    return _sized(x, shape), _sized(x, shape)
+
+
+def _linear_gelu_setup(ctx, inputs, output):
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight, bias, output[1])
+    ctx.mark_non_differentiable(output[1])  # pre: saved for the backward, not a result
+
+
+def _linear_gelu_backward(ctx, grad_act, grad_pre):
+    x, weight, bias, pre = ctx.saved_tensors
+    return _ops.linear_gelu_backward(grad_act, x, weight, bias, pre)
+
+
+torch.library.register_autograd(_name("linear_gelu"), _linear_gelu_backward, setup_context=_linear_gelu_setup)
+
+
+@torch.library.register_fake(_name("linear_gelu_backward"))
+def _(grad, x, weight, bias, pre):
+    return _dense(x), _dense(weight), _dense(bias)
+
+
+# ----------------------------------------------------------------- gradient helpers
+
+
+def column_sums(mats: list[Tensor]) -> list[Tensor]:
+    """One float32 [N] per matrix: the sum over the rows of each of 1 to 4
+    [M, N] matrices of one dtype, shape and row stride (the bias gradients;
+    one launch pair on CUDA, fp32 accumulation). No gradient."""
+    return _ops.column_sums(list(mats))
+
+
+@torch.library.register_fake(_name("column_sums"))
+def _(mats):
+    return [_sized(m, (m.shape[1],), torch.float32) for m in mats]
+
+
+# ----------------------------------------------------------------- optimizer
+
+# The slots of adamw_scalars' tensor (ops::AdamWSlot, src/ops/multi_tensor_adamw.h).
+ADAMW_SLOTS = {
+    "loss_scale": 0,  # the scale the gradients carry (the unscale divides by it); the next step's after a step
+    "grad_norm": 1,  # unscaled, before clipping, of the last step
+    "lr": 2,  # LR of the last step
+    "skipped": 3,  # steps skipped for inf/NaN, in total
+    "step": 4,  # updates taken (AdamW's step counter)
+    "good_steps": 5,  # finite steps since the loss scale last changed
+    "skip": 6,  # 1: the last step was skipped
+    "ema_weight": 11,  # 1 - the EMA decay of the last update
+    "schedule_step": 12,  # steps taken, skipped ones too: the LR schedule's position
+}
+
+
+def adamw_scalars(device, loss_scale: float = 1.0) -> Tensor:
+    """The device state of multi_tensor_adamw_: a float32 vector, zeros but the loss scale."""
+    return _ops.adamw_scalars(torch.device(device), float(loss_scale))
+
+
+def multi_tensor_adamw_(params: list[Tensor], grads: list[Tensor | None], exp_avgs: list[Tensor],
+                        exp_avg_sqs: list[Tensor], emas: list[Tensor], scalars: Tensor, *,
+                        shadows: list[Tensor] | None = None, decay: list[bool] | None = None, lr: float,
+                        betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                        grad_clip: float = 0.0, warmup_steps: int = 0, lr_schedule: str = "constant",
+                        lr_min: float = 0.0, total_steps: int = 0, decay_fraction: float = 0.2,
+                        ema_decay: float = 0.9999, ema_warmup: bool = True, ema_start: int = 0,
+                        dynamic_loss_scale: bool = False, growth_interval: int = 2000) -> None:
+    """One AdamW + clip + unscale + EMA step over every tensor, in place, with
+    the LR schedule, the step and the loss scale on the device (`scalars`,
+    from adamw_scalars): no host sync on CUDA, capture-safe after the first
+    call for a given list of tensors (which makes the launch plan).
+
+    params, exp_avgs, exp_avg_sqs: float32 contiguous, pairwise the same
+    sizes; grads: one per param (None: skipped); emas: [] or one per param;
+    shadows: None or one bfloat16 tensor per param, rewritten as
+    param.to(bfloat16) each step; decay: None (all) or a bool per param.
+    """
+    _ops.multi_tensor_adamw_(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), list(emas),
+                             list(shadows or []), scalars, list(decay or [True] * len(params)), float(lr),
+                             float(betas[0]), float(betas[1]), float(eps), float(weight_decay), float(grad_clip),
+                             int(warmup_steps), lr_schedule, float(lr_min), int(total_steps), float(decay_fraction),
+                             float(ema_decay), bool(ema_warmup), int(ema_start), bool(dynamic_loss_scale),
+                             int(growth_interval))
+
+
+@torch.library.register_fake(_name("multi_tensor_adamw_"))
+def _(*args):
+    return None

@@ -20,10 +20,14 @@ std::atomic<bool> own_forward{true};
 bool whole_head_attention_forward() { return own_forward.load(std::memory_order_relaxed); }
 void set_whole_head_attention_forward(bool on) { own_forward.store(on, std::memory_order_relaxed); }
 
+bool whole_head_attention_applies(const at::Tensor& qkv, int64_t heads) {
+  return whole_head_attention_forward() && whole_head_attention_backward() && detail::whole_head_dim(qkv, heads) > 0 &&
+         compat::current_device_is_sm90();
+}
+
 std::pair<at::Tensor, at::Tensor> try_attention_head_fwd(const at::Tensor& qkv, int64_t heads) {
-  if (!whole_head_attention_forward() || !whole_head_attention_backward()) return {};
+  if (!whole_head_attention_applies(qkv, heads)) return {};
   const int64_t head_dim = detail::whole_head_dim(qkv, heads);
-  if (head_dim == 0 || !compat::current_device_is_sm90()) return {};
   const int64_t B = qkv.size(0), T = qkv.size(1);
   at::Tensor out = at::empty({B, T, heads, head_dim}, qkv.options());
   at::Tensor lse = at::empty({B, heads, T}, qkv.options().dtype(at::kFloat));

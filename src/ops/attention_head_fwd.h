@@ -16,6 +16,10 @@ namespace perftrain::ops {
 bool whole_head_attention_forward();
 void set_whole_head_attention_forward(bool on);  // process-wide; before the step is captured
 
+// Whether try_attention_head_fwd runs the kernel for qkv (both switches on,
+// the shape, an sm_90 GPU): what a caller that keeps the forward's outputs
+// for its own backward asks again there (python/csrc/ops_attention.cpp).
+bool whole_head_attention_applies(const at::Tensor& qkv, int64_t heads);
 // The attention of the packed projection qkv [B, T, 3D]: out [B, H, T, d]
 // (token-major memory, as cuDNN's) and lse [B, H, T] fp32; both undefined
 // where the kernel does not apply.

@@ -41,22 +41,6 @@ void check_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
   detail::check_linear_params("gelu_mlp fc2", h, x.scalar_type(), x.device(), w2, b2);
 }
 
-// pre = x2 w1^T + b1 and act = gelu_tanh(pre), in one product: our Hopper
-// kernel where it applies (bf16 on sm_90, m % 128, h % 256, c % 64), else
-// where cuBLASLt takes the epilogue (fp32 bias first, then the cast bias).
-void fc1_gelu(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, at::Tensor& pre, at::Tensor& act) {
-  if (try_gemm_bias_gelu_sm90(x2, w1, b1, pre, act)) return;
-  if (cublaslt_path(x2, w1)) {
-    if (try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, b1, pre)) return;
-    if (b1.scalar_type() != x2.scalar_type() &&
-        try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, compute_weight(b1, x2.scalar_type()), pre))
-      return;
-    note_gemm_fallback();
-  }
-  detail::linear_forward_product(x2, w1, b1, pre);
-  at::gelu_out(act, pre, "tanh");
-}
-
 // d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums (fp32) when
 // wanted: from the DGELU_BGRAD product, or from the split form's fused GELU
 // pass; otherwise db1 is returned undefined and comes later with dW1.
@@ -114,7 +98,7 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     const at::Tensor w1c = compute_weight(w1, dt), w2c = compute_weight(w2, dt);
     at::Tensor pre = at::empty({m, h}, x.options());
     at::Tensor act = at::empty({m, h}, x.options());
-    fc1_gelu(x2, w1c, b1.contiguous(), pre, act);
+    detail::linear_bias_gelu_into(x2, w1c, b1.contiguous(), pre, act);
     std::vector<int64_t> out_sizes = x.sizes().vec();
     out_sizes.back() = d;
     at::Tensor y = at::empty(out_sizes, x.options());
@@ -230,6 +214,25 @@ at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor&
 }
 
 namespace detail {
+
+// Our Hopper kernel where it applies (bf16 on sm_90, m % 128, h % 256,
+// c % 64), else where cuBLASLt takes the epilogue (fp32 bias first, then the
+// cast bias), else ATen.
+void linear_bias_gelu_into(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& pre,
+                           const at::Tensor& act) {
+  if (try_gemm_bias_gelu_sm90(x2, w1, b1, pre, act)) return;
+  if (cublaslt_path(x2, w1)) {
+    if (try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, b1, pre)) return;
+    if (b1.scalar_type() != x2.scalar_type() &&
+        try_gemm_lt(x2, false, w1, true, act, GemmEpilogue::kGeluAuxBias, compute_weight(b1, x2.scalar_type()), pre))
+      return;
+    note_gemm_fallback();
+  }
+  detail::linear_forward_product(x2, w1, b1, pre);
+  at::Tensor out = act;  // a handle to the caller's tensor
+  at::gelu_out(out, pre, "tanh");
+}
+
 at::Tensor gelu_mlp_function(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                              const at::Tensor& b2, bool keep_activation) {
   check_args(x, w1, b1, w2, b2);

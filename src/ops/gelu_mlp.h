@@ -68,6 +68,14 @@ at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const a
                               const at::Tensor& b2);
 
 namespace detail {
+// fc1 with its bias and GELU in one product, what gelu_mlp's forward runs
+// (and the Python op linear_gelu): pre = x2 w^T + b and act = gelu_tanh(pre)
+// written into the given [m, h] tensors of x2's dtype. x2 [m, c] contiguous,
+// w [h, c] in x2's dtype, b [h] contiguous in fp32 or x2's dtype. Our Hopper
+// kernel where it applies, else cuBLASLt's GELU_AUX_BIAS epilogue, else ATen
+// (counted by gemm_fallback_count() on CUDA).
+void linear_bias_gelu_into(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b, const at::Tensor& pre,
+                           const at::Tensor& act);
 // The autograd function on any device (CPU: its ATen fallbacks), for tests.
 at::Tensor gelu_mlp_function(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                              const at::Tensor& b2, bool keep_activation = true);

@@ -64,17 +64,7 @@ struct SwigluFunction : public torch::autograd::Function<SwigluFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor gate_up = ctx->get_saved_variables()[0];
     if (!grads[0].defined()) return {at::Tensor()};
-    const c10::cuda::CUDAGuard guard(gate_up.device());
-    const at::Tensor dout = grads[0].to(gate_up.scalar_type()).contiguous();
-    const int64_t f = gate_up.size(-1) / 2;
-    const int64_t rows = gate_up.numel() / (2 * f);
-    at::Tensor dgate_up = at::empty(gate_up.sizes(), gate_up.options());
-    with_kernel_type(kOp, gate_up.scalar_type(), [&](auto tp) {
-      using T = kernel_type<decltype(tp)>;
-      kernels::swiglu_backward<T>(kernel_ptr<const T>(dout), kernel_ptr<const T>(gate_up), kernel_ptr<T>(dgate_up),
-                                  rows, int(f), at::cuda::getCurrentCUDAStream());
-    });
-    return {dgate_up};
+    return {detail::swiglu_backward_cuda(grads[0], gate_up)};
   }
 };
 
@@ -125,18 +115,32 @@ struct SwigluLinearFunction : public torch::autograd::Function<SwigluLinearFunct
     if (ctx->needs_input_grad(0)) {
       at::Tensor dact = at::empty({rows, f}, dy.options());
       detail::linear_input_grad(dy, w, dact);
-      dgate_up = at::empty(gate_up.sizes(), gate_up.options());
-      with_kernel_type(kOp, gate_up.scalar_type(), [&](auto tp) {
-        using T = kernel_type<decltype(tp)>;
-        kernels::swiglu_backward<T>(kernel_ptr<const T>(dact), kernel_ptr<const T>(gate_up),
-                                    kernel_ptr<T>(dgate_up), rows, int(f), at::cuda::getCurrentCUDAStream());
-      });
+      dgate_up = detail::swiglu_backward_cuda(dact, gate_up);
     }
     return {dgate_up, dw};
   }
 };
 
 }  // namespace
+
+namespace detail {
+
+at::Tensor swiglu_backward_cuda(const at::Tensor& grad, const at::Tensor& gate_up_in) {
+  const c10::cuda::CUDAGuard guard(gate_up_in.device());
+  const at::Tensor gate_up = gate_up_in.contiguous();
+  const at::Tensor dout = grad.to(gate_up.scalar_type()).contiguous();
+  const int64_t f = gate_up.size(-1) / 2;
+  const int64_t rows = gate_up.numel() / (2 * f);
+  at::Tensor dgate_up = at::empty(gate_up.sizes(), gate_up.options());
+  with_kernel_type(kOp, gate_up.scalar_type(), [&](auto tp) {
+    using T = kernel_type<decltype(tp)>;
+    kernels::swiglu_backward<T>(kernel_ptr<const T>(dout), kernel_ptr<const T>(gate_up), kernel_ptr<T>(dgate_up),
+                                rows, int(f), at::cuda::getCurrentCUDAStream());
+  });
+  return dgate_up;
+}
+
+}  // namespace detail
 
 at::Tensor swiglu_reference(const at::Tensor& gate_up) {
   check_gate_up(gate_up, /*allow_double=*/true);

@@ -37,4 +37,11 @@ at::Tensor swiglu_linear(const at::Tensor& gate_up, const at::Tensor& down_weigh
 // to gate_up's dtype; autograd through it is the reference backward.
 at::Tensor swiglu_reference(const at::Tensor& gate_up);
 
+namespace detail {
+// The CUDA backward on its own (what the autograd functions and the Python
+// op's backward run): d(gate_up) [..., 2F], dense in gate_up's dtype, from the
+// incoming gradient [..., F] and the forward's gate_up.
+at::Tensor swiglu_backward_cuda(const at::Tensor& grad, const at::Tensor& gate_up);
+}  // namespace detail
+
 }  // namespace perftrain::ops

@@ -178,8 +178,17 @@ def linear_gelu_ref(x, weight, bias):
 
 
 CASES = [
+    ("adaln_layernorm", P.adaln_layernorm, adaln_layernorm_case, adaln_layernorm_ref),
+    ("rms_adaln", P.rms_adaln, rms_adaln_case, rms_adaln_ref),
+    ("rms_adaln (no weight, no scale)", P.rms_adaln, rms_adaln_noweight_case, rms_adaln_ref),
     ("gated_residual", P.gated_residual, gated_residual_case, gated_residual_ref),
     ("gated_residual (no bias)", P.gated_residual, gated_residual_nobias_case, gated_residual_ref),
+    ("residual_adaln", P.residual_adaln, residual_adaln_case, residual_adaln_ref),
+    ("residual_rms_adaln", P.residual_rms_adaln, residual_rms_adaln_case, residual_rms_adaln_ref),
+    ("qk_norm_rope", P.qk_norm_rope, qk_norm_rope_case, qk_norm_rope_ref),
+    ("attention", P.attention, attention_case, attention_ref),
+    ("swiglu", P.swiglu, swiglu_case, swiglu_ref),
+    ("linear_gelu", P.linear_gelu, linear_gelu_case, linear_gelu_ref),
 ]
 
 

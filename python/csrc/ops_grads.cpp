@@ -1,0 +1,27 @@
+// column_sums as a PyTorch operator: the bias gradients of up to four
+// matrices at once (ops::column_sums_into: one launch pair on CUDA, fp32
+// accumulation). A gradient helper: it has no gradient of its own.
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "ops/column_sums.h"
+
+namespace perftrain::python {
+namespace {
+
+std::vector<at::Tensor> column_sums(const std::vector<at::Tensor>& mats) {
+  std::vector<at::Tensor> outs;
+  for (const at::Tensor& m : mats)
+    outs.push_back(at::empty({m.dim() == 2 ? m.size(1) : 0}, m.options().dtype(at::kFloat)));
+  ops::column_sums_into(mats, outs);  // checks the shapes (UsageError)
+  return outs;
+}
+
+}  // namespace
+}  // namespace perftrain::python
+
+TORCH_LIBRARY_FRAGMENT(perftrain, m) { m.def("column_sums(Tensor[] mats) -> Tensor[]"); }
+
+TORCH_LIBRARY_IMPL(perftrain, CPU, m) { m.impl("column_sums", &perftrain::python::column_sums); }
+
+TORCH_LIBRARY_IMPL(perftrain, CUDA, m) { m.impl("column_sums", &perftrain::python::column_sums); }

@@ -1,0 +1,123 @@
+"""Every perftrain.ops function on CUDA (skipped, exit 77, without a GPU):
+opcheck of each operator on CUDA tensors; outputs and gradients in float32
+and bfloat16 against the float64 reference of cases.py, on the odd sizes and
+on the DiT shapes where our kernels apply (whole-head attention: bf16, 256
+tokens, head dim 64; the Hopper bias-GELU product: rows % 128, H % 256,
+C % 64); a forward and backward captured in a CUDA graph and replayed;
+multi_tensor_adamw_ on CUDA against the CPU step."""
+import sys
+import unittest
+
+import torch
+
+import cases
+import perftrain.ops as P
+
+# atol + rtol * |ref| per dtype of the inputs (bf16: operands rounded to 8 bits).
+TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (6e-2, 4e-2)}
+
+
+def check_against_float64(test, name, fn, make, ref, dtype):
+    torch.manual_seed(0)
+    args, kwargs = make("cuda", dtype)
+    outs, grads = cases.outputs_and_grads(fn, args, kwargs)
+    args64, kwargs64 = cases.float64_copy(args, kwargs)
+    args64 = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args64)
+    args64 = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args64)
+    kwargs64 = {k: v.cpu().detach().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v
+                for k, v in kwargs64.items()}
+    outs64, grads64 = cases.outputs_and_grads(ref, args64, kwargs64)
+    atol, rtol = TOL[dtype]
+    for o, r in zip(outs, outs64):
+        test.assertFalse(o.isnan().any().item(), name)
+        torch.testing.assert_close(o.double().cpu(), r, atol=atol, rtol=rtol)
+    for g, r in zip(grads, grads64):
+        test.assertIsNotNone(g, name)
+        torch.testing.assert_close(g.double().cpu(), r, atol=atol * 4, rtol=rtol * 4)
+
+
+def whole_head_attention_case(device, dtype):
+    return (cases.randn(2, 256, 3 * 2 * 64, device=device, dtype=dtype, scale=0.5), 2), {}
+
+
+def hopper_linear_gelu_case(device, dtype):
+    x = cases.randn(2, 64, 128, device=device, dtype=dtype)
+    w = cases.randn(256, 128, device=device, dtype=torch.float32, scale=128 ** -0.5)
+    b = cases.randn(256, device=device, dtype=torch.float32)
+    return (x, w, b), {}
+
+
+DIT_SHAPES = [
+    ("attention (whole-head shape)", P.attention, whole_head_attention_case, cases.attention_ref),
+    ("linear_gelu (Hopper product shape)", P.linear_gelu, hopper_linear_gelu_case, cases.linear_gelu_ref),
+]
+
+
+@unittest.skipUnless(torch.cuda.is_available(), "no GPU")
+class OpsOnCuda(unittest.TestCase):
+    def test_opcheck_every_operator(self):
+        for name, fn, make, _ in cases.CASES + DIT_SHAPES:
+            for dtype in (torch.float32, torch.bfloat16):
+                torch.manual_seed(0)
+                args, kwargs = make("cuda", dtype)
+                for op, op_args, op_kwargs in cases.operator_calls(fn, args, kwargs):
+                    with self.subTest(op=name, dtype=dtype):
+                        torch.library.opcheck(op, op_args, op_kwargs, atol=1e-2, rtol=1e-2)
+
+    def test_matches_float64_reference(self):
+        for name, fn, make, ref in cases.CASES + DIT_SHAPES:
+            for dtype in (torch.float32, torch.bfloat16):
+                if name.startswith("attention") and dtype == torch.float32:
+                    continue  # fp32 attention runs ATen's SDPA (TF32 products): the CPU test covers it
+                with self.subTest(op=name, dtype=dtype):
+                    check_against_float64(self, name, fn, make, ref, dtype)
+
+    def test_cuda_graph_capture(self):
+        torch.manual_seed(0)
+        x = cases.randn(cases.B, cases.T, cases.D, device="cuda", dtype=torch.float32)
+        gate, shift, scale = cases.modulation(3, "cuda", torch.float32)
+        y = cases.randn(cases.B, cases.T, cases.D, device="cuda", dtype=torch.bfloat16)
+
+        def step():
+            x1, h = P.residual_adaln(x, gate, y, shift, scale, out_dtype=torch.bfloat16)
+            loss = (x1.float().square().mean() + P.swiglu(h).float().mean())
+            return torch.autograd.grad(loss, (x, gate, shift, scale))
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                eager = step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        graph.replay()
+        torch.cuda.synchronize()
+        for c, e in zip(captured, eager):
+            torch.testing.assert_close(c, e)
+
+    def test_adamw_cuda_matches_cpu(self):
+        torch.manual_seed(0)
+        cpu = [torch.randn(33, 7), torch.randn(129)]
+        grads = [torch.randn_like(p) for p in cpu]
+        state = {}
+        for dev in ("cpu", "cuda"):
+            params = [p.clone().to(dev) for p in cpu]
+            m = [torch.zeros_like(p) for p in params]
+            v = [torch.zeros_like(p) for p in params]
+            emas = [p.clone() for p in params]
+            scalars = P.adamw_scalars(dev)
+            for _ in range(3):
+                P.multi_tensor_adamw_(params, [g.to(dev) for g in grads], m, v, emas, scalars, lr=1e-2,
+                                      weight_decay=0.1, grad_clip=1.0, warmup_steps=2, ema_decay=0.9)
+            state[dev] = [t.cpu() for t in params + emas] + [scalars.cpu()]
+        for c, g in zip(state["cpu"], state["cuda"]):
+            torch.testing.assert_close(g, c, atol=1e-6, rtol=1e-5)
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        print("no GPU: skipped")
+        sys.exit(77)
+    sys.exit(0 if unittest.main(exit=False).result.wasSuccessful() else 1)
