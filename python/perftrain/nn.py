@@ -190,9 +190,9 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden_features, in_features)
 
     def branch(self, h):
-        """fc2(gelu(fc1(h))) without fc2's bias (the residual after it adds it), as one op (the fp32
-        weights cast per call, their gradients written in fp32)."""
-        return ops.gelu_mlp(h, self.fc1.weight, self.fc1.bias, self.fc2.weight, None)
+        """fc2(gelu(fc1(h))) without fc2's bias (the residual after it adds it): fc1, its bias and GELU in
+        one product (the fp32 weight cast per call, its gradient written in fp32), then fc2."""
+        return _linear(ops.linear_gelu(h, self.fc1.weight, self.fc1.bias), self.fc2, with_bias=False)
 
     def forward(self, x):
         return self.branch(x) + self.fc2.bias.to(x.dtype)
@@ -336,7 +336,9 @@ class DiT(nn.Module):
 
     def forward(self, x, t, y):
         """x [B, C, H, W] latents, t [B] timesteps, y [B] labels -> [B, out_channels, H, W]."""
-        x = self.x_embedder(x) + self.pos_embed  # the fp32 residual stream
+        # The fp32 residual stream, row-major [B, T, D] (the patch embedding's transpose is not; the ops
+        # read rows, and an op given a strided stream returns it in another layout than its fake says).
+        x = (self.x_embedder(x) + self.pos_embed).contiguous()
         c = self.t_embedder(t) + self.y_embedder(y, self.training)
         return self.unpatchify(dit_blocks_chained(self.blocks, x, c, self.final_layer))
 

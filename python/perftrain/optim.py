@@ -7,9 +7,9 @@ and the EMA all computed on the device from a small float32 `scalars` tensor the
 back to the host and allocates nothing, so it runs inside `perftrain.capture_step`'s CUDA graph.
 
 The parameters are the fp32 master weights. With `compute_dtype=torch.bfloat16` (given the model, not a
-parameter list) the optimizer also keeps a bf16 copy of each matrix weight of the model's perftrain.nn
-layers, rewritten by every step, which those layers' products read in place of casting the fp32 weight
-each forward (the gradient still reaches the fp32 weight).
+parameter list) the optimizer also keeps a bf16 copy of each parameter, rewritten by every step, which the
+products of the model's perftrain.nn layers read in place of casting the fp32 weight each forward (the
+gradient still reaches the fp32 weight).
 """
 import torch
 
@@ -97,8 +97,8 @@ class DeviceAdamW:
         _check(loss_scale is None or loss_scale == "dynamic" or
                (isinstance(loss_scale, (int, float)) and loss_scale > 0), "loss_scale",
                f"None, a number > 0 or 'dynamic', got {loss_scale!r}")
-        _check(compute_dtype in (None, torch.bfloat16, torch.float16), "compute_dtype",
-               f"None, torch.bfloat16 or torch.float16, got {compute_dtype}")
+        _check(compute_dtype in (None, torch.bfloat16), "compute_dtype",
+               f"None or torch.bfloat16 (the copies the optimizer op writes), got {compute_dtype}")
         _check(compute_dtype is None or isinstance(params, torch.nn.Module), "compute_dtype",
                "the weight copies need the model (DeviceAdamW(model, ...)) to attach them to its layers")
         if group_decay is not None:
@@ -126,14 +126,14 @@ class DeviceAdamW:
         self.param_groups = [{"params": self.params, "lr": float(lr), "weight_decay": float(weight_decay)}]
 
     def _attach_compute_copies(self, model, dtype):
-        """One copy in dtype per matrix weight of the model (2-D and up), set as the parameter's
+        """One copy in dtype per parameter (the op writes all or none), set as the parameter's
         `_perftrain_compute_copy`, which perftrain.nn's products read (perftrain.nn.compute_weight); the
         model's load_state_dict refreshes them."""
         if dtype is None:
             return []
         copies = []
         for p in self.params:
-            copy = p.detach().to(dtype) if p.dim() >= 2 else None
+            copy = p.detach().to(dtype)
             p._perftrain_compute_copy = copy
             copies.append(copy)
         model.register_load_state_dict_post_hook(lambda module, keys: self.refresh_compute_copies())
@@ -143,9 +143,8 @@ class DeviceAdamW:
     def refresh_compute_copies(self):
         """Rewrite the bf16 copies from the weights: after changing the weights other than by step() or
         the model's load_state_dict (step() keeps them in step itself)."""
-        for p, copy in zip(self.params, self.compute_copies):
-            if copy is not None:
-                copy.copy_(p)
+        if self.compute_copies:
+            torch._foreach_copy_(self.compute_copies, self.params)
 
     # -------------------------------------------------------------- the step
 
