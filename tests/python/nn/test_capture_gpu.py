@@ -24,10 +24,11 @@ CFG = dict(input_size=16, patch_size=2, in_channels=4, hidden_size=128, depth=2,
 STEPS = 6
 
 
-def setup(seed=0):
+def setup(seed=0, bf16=True):
     torch.manual_seed(seed)
     model = pnn.DiT(**CFG).cuda().train()
-    opt = DeviceAdamW(model, lr=1e-3, grad_clip=1.0, ema_decay=0.99, compute_dtype=torch.bfloat16)
+    opt = DeviceAdamW(model, lr=1e-3, grad_clip=1.0, ema_decay=0.99,
+                      compute_dtype=torch.bfloat16 if bf16 else None)
     return model, opt
 
 
@@ -39,9 +40,9 @@ def batches():
              torch.randn(8, 4, 16, 16, device="cuda", generator=g)) for _ in range(STEPS)]
 
 
-def make_step(model, opt, sync=False):
+def make_step(model, opt, sync=False, bf16=True):
     def step(x, y, t, noise):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
             out = model(x + noise, t, y)
         loss = torch.nn.functional.mse_loss(out.float(), noise)
         if sync and loss.item() < 0:  # a host sync: not capturable
@@ -54,21 +55,37 @@ def make_step(model, opt, sync=False):
 
 
 def test_the_captured_steps_equal_the_eager_steps():
+    """fp32 (no autocast: no atomics in attention's backward), so the two runs may be compared closely:
+    a replay that missed a new batch or a step would be an LR step (1e-3) away."""
     data = batches()
-    eager_model, eager_opt = setup()
-    eager_step = make_step(eager_model, eager_opt)
+    eager_model, eager_opt = setup(bf16=False)
+    eager_step = make_step(eager_model, eager_opt, bf16=False)
     for b in data:
         eager_step(*b)
-    model, opt = setup()
+    model, opt = setup(bf16=False)
     static = [t.clone() for t in data[0]]
-    step = capture_step(make_step(model, opt), *static, warmup=2, log=io.StringIO())
+    step = capture_step(make_step(model, opt, bf16=False), *static, warmup=2, log=io.StringIO())
     losses = [step(*b).clone() for b in data]
     torch.cuda.synchronize()
     assert step.captured, step.eager_reason
     assert opt.steps_taken.item() == STEPS
     for (name, a), b in zip(model.named_parameters(), eager_model.parameters()):
-        assert torch.allclose(a, b, rtol=1e-3, atol=1e-5), f"{name}: {(a - b).abs().max().item()}"
+        assert torch.allclose(a, b, rtol=1e-4, atol=2e-5), f"{name}: {(a - b).abs().max().item()}"
     assert torch.isfinite(torch.stack(losses)).all()
+
+
+def test_the_bf16_step_with_the_weight_copies_is_captured_and_trains():
+    model, opt = setup()
+    data = batches()
+    step = capture_step(make_step(model, opt), *[t.clone() for t in data[0]], warmup=2, log=io.StringIO())
+    first = step(*data[0]).item()
+    for _ in range(4):
+        for b in data:
+            last = step(*b).item()
+    assert step.captured, step.eager_reason
+    assert last < first, (first, last)
+    w = model.blocks[0].attn.qkv.weight
+    assert torch.equal(w._perftrain_compute_copy, w.detach().to(torch.bfloat16)), "the copies follow the replays"
 
 
 def test_a_host_sync_in_the_step_falls_back_to_eager_with_the_reason():
