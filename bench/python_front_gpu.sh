@@ -12,17 +12,21 @@
 #   perftrain+compile --perftrain --compile default: torch.compile(fullgraph=True) on perftrain's modules
 #   C++ trainer       $BIN bench --variants all --ema (the same model, batch, EMA and optimizer)
 # for MODELS (default DiT-B/2 and DiT-XL/2). Cases run cheapest first for both models, the slow compiles
-# last; a case past its own timeout, or one that would start after BUDGET seconds (default 540: the call
-# has 600), is a row saying so. max-autotune compiles for many minutes: bench/python_front_autotune_gpu.sh.
+# last; a case past its own timeout, or one that would start after BUDGET seconds (default: gpu_run.sh's
+# SCRIPT_TIMEOUT, 540, less 60 for the table), is a row saying so; CASES="perftrain+compile compile" (any
+# subset of cpp perftrain plain reduce-overhead perftrain+compile compile max-autotune) runs those alone
+# in a second call, into the same table when OUT is the same. max-autotune compiles for many minutes:
+# bench/python_front_autotune_gpu.sh.
 # Output: front-<model>-<case>.json and .log, front-table.md (also printed).
 set -uo pipefail
 : "${BIN:?run through tools/gpu_run.sh MODE=script}" "${OUT:?}" "${RUNS:?}" "${PY:?}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export PYTHONPATH="$(dirname "$BIN")/python${PYTHONPATH:+:$PYTHONPATH}"
+PYTHONPATH="$(cd "$(dirname "$BIN")" && pwd)/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH
 MODELS="${MODELS:-DiT-B/2 DiT-XL/2}"
 STEPS="${STEPS:-20}"
 WARMUP="${WARMUP:-8}"
-BUDGET="${BUDGET:-540}"
+BUDGET="${BUDGET:-$((${SCRIPT_TIMEOUT:-540} - 60))}"
 START=$(date +%s)
 status="$OUT/front-status.txt"
 : > "$status"
