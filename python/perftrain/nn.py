@@ -97,13 +97,14 @@ def get_2d_sincos_pos_embed(embed_dim, grid_size):
 
 
 class PatchEmbed(nn.Module):
-    """timm's PatchEmbed as DiT uses it: a strided convolution, tokens row-major -> [B, T, D]."""
+    """timm's PatchEmbed as DiT uses it: a strided convolution, tokens row-major -> [B, T, D];
+    patch_size and grid_size are (h, w) pairs, as timm's (DiT reads x_embedder.patch_size[0])."""
 
     def __init__(self, img_size, patch_size, in_chans, embed_dim, bias=True):
         super().__init__()
-        self.patch_size = patch_size
-        self.grid_size = img_size // patch_size
-        self.num_patches = self.grid_size ** 2
+        self.patch_size = (patch_size, patch_size)
+        self.grid_size = (img_size // patch_size, img_size // patch_size)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
 
     def forward(self, x):
@@ -310,7 +311,7 @@ class DiT(nn.Module):
                     nn.init.constant_(module.bias, 0)
         self.apply(_basic_init)
         if not self.pos_embed.is_meta:
-            pe = get_2d_sincos_pos_embed(self.pos_embed.shape[-1], self.x_embedder.grid_size)
+            pe = get_2d_sincos_pos_embed(self.pos_embed.shape[-1], self.x_embedder.grid_size[0])
             self.pos_embed.data.copy_(pe.float().unsqueeze(0))
         w = self.x_embedder.proj.weight.data
         nn.init.xavier_uniform_(w.view([w.shape[0], -1]))
@@ -328,8 +329,8 @@ class DiT(nn.Module):
 
     def unpatchify(self, x):
         """x [B, T, p*p*C] -> imgs [B, C, H, W]."""
-        c, p = self.out_channels, self.x_embedder.patch_size
-        h = w = self.x_embedder.grid_size
+        c, p = self.out_channels, self.x_embedder.patch_size[0]
+        h, w = self.x_embedder.grid_size
         x = x.reshape(x.shape[0], h, w, p, p, c)
         x = torch.einsum("nhwpqc->nchpwq", x)
         return x.reshape(x.shape[0], c, h * p, w * p)
