@@ -130,6 +130,22 @@ def test_label_dropout_uses_the_last_row_when_training():
     assert pnn.LabelEmbedder(10, 16, dropout_prob=0.0).embedding_table.weight.shape == (10, 16)
 
 
+def test_forward_with_cfg_guides_the_first_three_channels_as_dit_does():
+    torch.manual_seed(11)
+    model = perturbed(pnn.DiT(**TINY)).eval()
+    x, t, _ = inputs(batch=2)
+    x = torch.cat([x[:1], x[:1]])
+    y = torch.tensor([3, TINY["num_classes"]])  # the conditional half, then the "no class" half
+    with torch.no_grad():
+        out = model.forward_with_cfg(x, t[:1].repeat(2), y, cfg_scale=4.0)
+        plain = model(x, t[:1].repeat(2), y)
+    cond, uncond = plain[0, :3], plain[1, :3]
+    want = uncond + 4.0 * (cond - uncond)
+    assert_close(out[0, :3], want, "guided eps")
+    assert_close(out[1, :3], want, "both halves guided")
+    assert_close(out[:, 3:], plain[:, 3:], "the variance channels untouched")
+
+
 def test_a_block_alone_and_the_final_layer_alone_match_the_reference():
     torch.manual_seed(6)
     ref_block, ref_final = rd.DiTBlock(64, 4), rd.FinalLayer(64, 2, 8)
