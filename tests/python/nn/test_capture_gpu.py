@@ -1,7 +1,8 @@
 """perftrain.capture_step on a GPU (label gpu; exits 77, skipped, without CUDA): a perftrain.nn DiT with
 DeviceAdamW captured in one CUDA graph trains exactly as the same steps run eagerly, new batches copied
-in; a host sync inside the step falls back to eager with the reason; torch.compile(fullgraph=True) of the
-perftrain modules on CUDA has no graph break.
+in; a host sync inside the step falls back to eager with the reason; DeviceAdamW.step() makes no host sync
+(torch.cuda.set_sync_debug_mode("error")); torch.compile(fullgraph=True) of the perftrain modules on CUDA
+has no graph break.
 
 Run by ctest (python.nn.capture_gpu) or: PYTHONPATH=build/python python tests/python/nn/test_capture_gpu.py
 """
@@ -99,6 +100,23 @@ def test_a_host_sync_in_the_step_falls_back_to_eager_with_the_reason():
     assert not step.captured
     assert opt.steps_taken.item() == 3
     assert "capture failed" in log.getvalue(), log.getvalue()
+
+
+def test_device_adamw_step_never_syncs_with_the_host():
+    model, opt = setup()
+    x, y, t, noise = batches()[0]
+    make_step(model, opt)(x, y, t, noise)  # the first step makes the launch plan
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = torch.nn.functional.mse_loss(model(x + noise, t, y).float(), noise)
+    loss.backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        opt.step()  # a host sync here raises
+        opt.zero_grad()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert opt.steps_taken.item() == 2
 
 
 def test_compile_fullgraph_of_the_perftrain_dit_on_cuda():
