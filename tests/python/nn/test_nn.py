@@ -170,6 +170,30 @@ def test_the_chained_blocks_equal_the_blocks_one_after_another():
         assert_close(pnn.dit_blocks_chained(blocks, x, c), want, "chain without a final layer")
 
 
+def test_the_dit_forward_fuses_each_residual_with_the_next_norm():
+    """One adaln_layernorm opens the chain; every residual after it is a residual_adaln (2 per block, the
+    last one with the final layer's norm); no residual is added alone."""
+    from perftrain import ops
+    counts = {}
+    saved = {name: getattr(ops, name) for name in ("adaln_layernorm", "residual_adaln", "gated_residual")}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return saved[name](*args, **kwargs)
+        return call
+
+    try:
+        for name in saved:
+            setattr(ops, name, counting(name))
+        with torch.no_grad():
+            pnn.DiT(**TINY).eval()(*inputs())
+    finally:
+        for name, fn in saved.items():
+            setattr(ops, name, fn)
+    assert counts == {"adaln_layernorm": 1, "residual_adaln": 2 * TINY["depth"]}, counts
+
+
 def test_bf16_autocast_runs_the_products_in_bf16_and_keeps_the_residual_fp32():
     torch.manual_seed(8)
     model = perturbed(pnn.DiT(**TINY)).eval()
