@@ -43,13 +43,14 @@ class CapturedStep:
     `steps` (calls so far).
     """
 
-    def __init__(self, step_fn, static_inputs, warmup, pool, stream=None, log=None):
+    def __init__(self, step_fn, static_inputs, warmup, pool, stream=None, log=None, capture_error_mode="global"):
         if warmup < 1:
             raise ValueError(f"capture_step: warmup must be >= 1 (it allocates what the graph reuses), got {warmup}")
         self.step_fn = step_fn
         self.static_inputs = tuple(static_inputs)
         self.warmup = warmup
         self.pool = pool
+        self.capture_error_mode = capture_error_mode
         self.graph = None
         self.static_output = None
         self.eager_reason = _no_capture_reason(self.static_inputs)
@@ -127,7 +128,8 @@ class CapturedStep:
         cache = torch.is_autocast_cache_enabled()
         torch.set_autocast_cache_enabled(False)
         try:
-            with torch.cuda.graph(graph, pool=self.pool, stream=self._side_stream()):
+            with torch.cuda.graph(graph, pool=self.pool, stream=self._side_stream(),
+                                  capture_error_mode=self.capture_error_mode):
                 try:
                     out = self.step_fn(*self.static_inputs)
                 except Exception as e:
@@ -151,7 +153,7 @@ def _first_line(e):
     return text.splitlines()[0] if text else "(no message)"
 
 
-def capture_step(step_fn, *static_inputs, warmup=3, pool=None, stream=None, log=None):
+def capture_step(step_fn, *static_inputs, warmup=3, pool=None, stream=None, log=None, capture_error_mode="global"):
     """Capture `step_fn(*static_inputs)` (forward, backward and optimizer step) in one CUDA graph.
 
     step_fn: one whole training step reading its batch from `static_inputs` (device tensors it keeps
@@ -168,6 +170,8 @@ def capture_step(step_fn, *static_inputs, warmup=3, pool=None, stream=None, log=
     (to `log`, default stderr) and kept in `step.eager_reason`.
 
     pool: a memory pool handle (torch.cuda.graph_pool_handle()) to share with other graphs;
-    stream: the side stream for warm-up and capture (default: a new one).
+    stream: the side stream for warm-up and capture (default: a new one); capture_error_mode: as
+    torch.cuda.graph's: "global" fails the capture on CUDA calls from any thread, "thread_local" only on
+    this thread's (for a DataLoader with pin_memory, whose thread would otherwise break the capture).
     """
-    return CapturedStep(step_fn, static_inputs, warmup, pool, stream, log)
+    return CapturedStep(step_fn, static_inputs, warmup, pool, stream, log, capture_error_mode)
