@@ -46,6 +46,36 @@ def _named_trainable(params):
     return [(str(i), p) for i, p in enumerate(items) if p.requires_grad], None
 
 
+def _check_params(named):
+    _check(len(named) > 0, "params", "no parameter requires a gradient")
+    devices = {p.device for _, p in named}
+    _check(len(devices) == 1, "params", f"on more than one device: {sorted(map(str, devices))}")
+    for name, p in named:
+        _check(p.dtype == torch.float32, "params", f"{name} is {p.dtype}; the master weights are float32")
+        _check(p.is_contiguous(), "params", f"{name} is not contiguous")
+
+
+def _check_options(lr, betas, eps, weight_decay, warmup_steps, lr_schedule, lr_min, total_steps, grad_clip,
+                   ema_decay, loss_scale, compute_dtype, from_module):
+    _check(lr > 0, "lr", f"must be > 0, got {lr}")
+    _check(0 <= betas[0] < 1 and 0 <= betas[1] < 1, "betas", f"each in [0, 1), got {betas}")
+    _check(eps > 0, "eps", f"must be > 0, got {eps}")
+    _check(weight_decay >= 0, "weight_decay", f"must be >= 0, got {weight_decay}")
+    _check(lr_schedule in LR_SHAPES, "lr_schedule", f"{lr_schedule!r} is not one of {', '.join(LR_SHAPES)}")
+    _check(warmup_steps >= 0 and total_steps >= 0, "warmup_steps/total_steps", "must be >= 0")
+    _check(lr_schedule == "constant" or total_steps > 0, "total_steps", f"{lr_schedule} needs total_steps > 0")
+    _check(0 <= lr_min <= lr, "lr_min", f"must be in [0, lr], got {lr_min}")
+    _check(grad_clip >= 0, "grad_clip", f"must be >= 0 (0: off), got {grad_clip}")
+    _check(ema_decay is None or 0 <= ema_decay < 1, "ema_decay", f"must be in [0, 1) or None, got {ema_decay}")
+    _check(loss_scale is None or loss_scale == "dynamic" or
+           (isinstance(loss_scale, (int, float)) and loss_scale > 0), "loss_scale",
+           f"None, a number > 0 or 'dynamic', got {loss_scale!r}")
+    _check(compute_dtype in (None, torch.bfloat16), "compute_dtype",
+           f"None or torch.bfloat16 (the copies the optimizer op writes), got {compute_dtype}")
+    _check(compute_dtype is None or from_module, "compute_dtype",
+           "the weight copies need the model (DeviceAdamW(model, ...)) to attach them to its layers")
+
+
 class _Slot:
     """A read-only attribute: the optimizer's scalars slot `name` (perftrain.ops.ADAMW_SLOTS), a 0-d view."""
 
@@ -78,29 +108,11 @@ class DeviceAdamW:
                  lr_schedule="constant", lr_min=0.0, total_steps=0, decay_fraction=0.2, grad_clip=0.0,
                  ema_decay=None, ema_warmup=False, loss_scale=None, growth_interval=2000, compute_dtype=None):
         named, group_decay = _named_trainable(params)
-        _check(len(named) > 0, "params", "no parameter requires a gradient")
-        devices = {p.device for _, p in named}
-        _check(len(devices) == 1, "params", f"on more than one device: {sorted(map(str, devices))}")
-        for name, p in named:
-            _check(p.dtype == torch.float32, "params", f"{name} is {p.dtype}; the master weights are float32")
-            _check(p.is_contiguous(), "params", f"{name} is not contiguous")
-        _check(lr > 0, "lr", f"must be > 0, got {lr}")
-        _check(0 <= betas[0] < 1 and 0 <= betas[1] < 1, "betas", f"each in [0, 1), got {betas}")
-        _check(eps > 0, "eps", f"must be > 0, got {eps}")
-        _check(weight_decay >= 0, "weight_decay", f"must be >= 0, got {weight_decay}")
-        _check(lr_schedule in LR_SHAPES, "lr_schedule", f"{lr_schedule!r} is not one of {', '.join(LR_SHAPES)}")
-        _check(warmup_steps >= 0 and total_steps >= 0, "warmup_steps/total_steps", "must be >= 0")
-        _check(lr_schedule == "constant" or total_steps > 0, "total_steps", f"{lr_schedule} needs total_steps > 0")
-        _check(0 <= lr_min <= lr, "lr_min", f"must be in [0, lr], got {lr_min}")
-        _check(grad_clip >= 0, "grad_clip", f"must be >= 0 (0: off), got {grad_clip}")
-        _check(ema_decay is None or 0 <= ema_decay < 1, "ema_decay", f"must be in [0, 1) or None, got {ema_decay}")
-        _check(loss_scale is None or loss_scale == "dynamic" or
-               (isinstance(loss_scale, (int, float)) and loss_scale > 0), "loss_scale",
-               f"None, a number > 0 or 'dynamic', got {loss_scale!r}")
-        _check(compute_dtype in (None, torch.bfloat16), "compute_dtype",
-               f"None or torch.bfloat16 (the copies the optimizer op writes), got {compute_dtype}")
-        _check(compute_dtype is None or isinstance(params, torch.nn.Module), "compute_dtype",
-               "the weight copies need the model (DeviceAdamW(model, ...)) to attach them to its layers")
+        _check_params(named)
+        _check_options(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, warmup_steps=warmup_steps,
+                       lr_schedule=lr_schedule, lr_min=lr_min, total_steps=total_steps, grad_clip=grad_clip,
+                       ema_decay=ema_decay, loss_scale=loss_scale, compute_dtype=compute_dtype,
+                       from_module=isinstance(params, torch.nn.Module))
         if group_decay is not None:
             bad = {w for w in group_decay if w not in (None, 0, 0.0, weight_decay)}
             _check(not bad, "param groups", f"weight_decay {sorted(bad)}: each group takes 0 or weight_decay "
