@@ -1,31 +1,56 @@
 // The row norms with adaLN modulation as PyTorch operators: adaln_layernorm
 // and rms_adaln (src/ops/), each a forward op and a `<op>_backward` op
 // (python/perftrain/ops.py joins them with register_autograd). Forward: the
-// C++ op (CUDA kernels; its reference on the CPU). Backward: autograd through
-// the C++ op (backward_through: the reference's on the CPU; on CUDA the op's
-// own backward kernels, after its forward again).
+// C++ op's (CUDA kernels; its reference on the CPU). Backward: adaln_layernorm's
+// own CUDA backward; rms_adaln's through the C++ op (backward_through: on CUDA
+// its forward again, then its backward kernels); the CPU's through the reference.
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include "op_support.h"
 #include "ops/adaln_layernorm.h"
 #include "ops/rms_adaln.h"
+#include "ops/row_norm_op.h"
 
 namespace perftrain::python {
 namespace {
 
-at::Tensor adaln_layernorm(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
-                           at::ScalarType out_dtype, double eps) {
+// (h, mean, rstd): the per-row fp32 statistics [B*T] are what the CUDA
+// backward reads (zeros on the CPU, whose backward goes through the reference).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> adaln_layernorm(const at::Tensor& x, const at::Tensor& shift,
+                                                               const at::Tensor& scale, at::ScalarType out_dtype,
+                                                               double eps) {
   const at::NoGradGuard no_grad;  // autograd is recorded in Python (ops.py)
-  return ops::adaln_layernorm(x, shift, scale, out_dtype, eps);
+  ops::detail::check_adaln_layernorm_args(x, shift, scale, out_dtype);
+  if (x.is_cuda()) {
+    const ops::detail::AdaLNLayerNormForward f = ops::detail::adaln_layernorm_forward_cuda(x, shift, scale, out_dtype, eps);
+    return {f.h, f.mean, f.rstd};
+  }
+  const at::TensorOptions f32 = x.options().dtype(at::kFloat);
+  const int64_t rows = x.size(0) * x.size(1);
+  return {ops::adaln_layernorm_reference(x, shift, scale, out_dtype, eps), at::zeros({rows}, f32),
+          at::zeros({rows}, f32)};
 }
 
-std::vector<at::Tensor> adaln_layernorm_backward(const std::vector<at::Tensor>& grads,
-                                                 const c10::List<std::optional<at::Tensor>>& inputs,
-                                                 at::ScalarType out_dtype, double eps) {
-  return backward_through(
-      [&](const Tensors& in) { return Tensors{ops::adaln_layernorm(in[0], in[1], in[2], out_dtype, eps)}; }, grads,
-      inputs);
+// CUDA: the op's backward kernels (ops::detail::adaln_layernorm_backward_cuda);
+// CPU: autograd through the reference.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> adaln_layernorm_backward(
+    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
+    const at::Tensor& mean, const at::Tensor& rstd, at::ScalarType out_dtype, double eps) {
+  if (x.is_cuda()) {
+    // x and scale as the forward's kernels read them (no copy where they already are).
+    const at::Tensor scale_rows = ops::detail::per_sample_rows({shift, scale})[1];
+    const ops::detail::AdaLNLayerNormGrads g = ops::detail::adaln_layernorm_backward_cuda(
+        grad, x.contiguous(), scale_rows, mean, rstd, out_dtype, shift.scalar_type(), scale.scalar_type());
+    return {g.x, g.shift, g.scale};
+  }
+  c10::List<std::optional<at::Tensor>> inputs;
+  for (const at::Tensor& t : {x, shift, scale}) inputs.push_back(t);
+  const Tensors g = backward_through(
+      [&](const Tensors& in) { return Tensors{ops::adaln_layernorm_reference(in[0], in[1], in[2], out_dtype, eps)}; },
+      {grad}, inputs);
+  return {g[0], g[1], g[2]};
 }
 
 at::Tensor rms_adaln(const at::Tensor& x, const std::optional<at::Tensor>& weight,
@@ -45,8 +70,10 @@ std::vector<at::Tensor> rms_adaln_backward(const std::vector<at::Tensor>& grads,
 }  // namespace perftrain::python
 
 TORCH_LIBRARY_FRAGMENT(perftrain, m) {
-  m.def("adaln_layernorm(Tensor x, Tensor shift, Tensor scale, ScalarType out_dtype, float eps) -> Tensor");
-  m.def("adaln_layernorm_backward(Tensor[] grads, Tensor?[] inputs, ScalarType out_dtype, float eps) -> Tensor[]");
+  m.def("adaln_layernorm(Tensor x, Tensor shift, Tensor scale, ScalarType out_dtype, float eps)"
+        " -> (Tensor, Tensor, Tensor)");
+  m.def("adaln_layernorm_backward(Tensor grad, Tensor x, Tensor shift, Tensor scale, Tensor mean, Tensor rstd,"
+        " ScalarType out_dtype, float eps) -> (Tensor, Tensor, Tensor)");
   m.def("rms_adaln(Tensor x, Tensor? weight, Tensor? scale, ScalarType out_dtype, float eps) -> Tensor");
   m.def("rms_adaln_backward(Tensor[] grads, Tensor?[] inputs, ScalarType out_dtype, float eps) -> Tensor[]");
 }

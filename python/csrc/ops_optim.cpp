@@ -18,10 +18,7 @@ namespace perftrain::python {
 namespace {
 
 kernels::LrShape lr_shape_of(const std::string& name) {
-  if (name == "constant") return kernels::LrShape::kConstant;
-  if (name == "cosine") return kernels::LrShape::kCosine;
-  if (name == "linear") return kernels::LrShape::kLinear;
-  if (name == "wsd") return kernels::LrShape::kWsd;
+  if (const std::optional<kernels::LrShape> shape = ops::lr_shape_named(name)) return *shape;
   throw UsageError("multi_tensor_adamw_: lr_schedule must be constant, cosine, linear or wsd, got \"" + name + "\"");
 }
 

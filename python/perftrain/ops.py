@@ -74,15 +74,36 @@ def adaln_layernorm(x: Tensor, shift: Tensor, scale: Tensor, out_dtype: torch.dt
     whose last dimension is contiguous are read in place). out_dtype None:
     x's dtype. Gradients in each input's dtype.
     """
-    return _ops.adaln_layernorm(x, shift, scale, _out_dtype(x, out_dtype), eps)
+    h, _, _ = _ops.adaln_layernorm(x, shift, scale, _out_dtype(x, out_dtype), eps)
+    return h
 
 
 @torch.library.register_fake(_name("adaln_layernorm"))
 def _(x, shift, scale, out_dtype, eps):
-    return _dense(x, out_dtype)
+    rows = x.shape[0] * x.shape[1]
+    return _dense(x, out_dtype), _sized(x, (rows,), torch.float32), _sized(x, (rows,), torch.float32)
 
 
-_differentiable_through("adaln_layernorm", 3)
+def _adaln_layernorm_setup(ctx, inputs, output):
+    x, shift, scale, out_dtype, eps = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, shift, scale, mean, rstd)
+    ctx.mark_non_differentiable(mean, rstd)  # saved for the backward, not results
+    ctx.rest = (out_dtype, eps)
+
+
+def _adaln_layernorm_backward(ctx, grad, grad_mean, grad_rstd):
+    dx, dshift, dscale = _ops.adaln_layernorm_backward(grad, *ctx.saved_tensors, *ctx.rest)
+    return dx, dshift, dscale, None, None
+
+
+torch.library.register_autograd(_name("adaln_layernorm"), _adaln_layernorm_backward,
+                                setup_context=_adaln_layernorm_setup)
+
+
+@torch.library.register_fake(_name("adaln_layernorm_backward"))
+def _(grad, x, shift, scale, mean, rstd, out_dtype, eps):
+    return _dense(x), _dense(shift), _dense(scale)
 
 
 def rms_adaln(x: Tensor, weight: Tensor | None = None, scale: Tensor | None = None,

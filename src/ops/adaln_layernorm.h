@@ -25,4 +25,29 @@ at::Tensor adaln_layernorm(const at::Tensor& x, const at::Tensor& shift, const a
 at::Tensor adaln_layernorm_reference(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
                                      at::ScalarType out_dtype, double eps = 1e-6);
 
+namespace detail {
+// adaln_layernorm's checks of its arguments (UsageError naming the input).
+void check_adaln_layernorm_args(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
+                                at::ScalarType out_dtype);
+// The CUDA pieces of the autograd function on their own, what it and the
+// Python op (python/csrc/ops_norm.cpp) run. Forward: h, and what the backward
+// reads (inputs checked as above): x made dense, scale as the kernels read it (per_sample_rows of shift
+// and scale: one kernel type), the per-row fp32 mean and rstd [B*T].
+struct AdaLNLayerNormForward {
+  at::Tensor h, x, scale, mean, rstd;
+};
+AdaLNLayerNormForward adaln_layernorm_forward_cuda(const at::Tensor& x, const at::Tensor& shift,
+                                                   const at::Tensor& scale, at::ScalarType out_dtype, double eps);
+// Backward from the incoming gradient dh and the forward's x, scale, mean and
+// rstd (as AdaLNLayerNormForward holds them): dx in x's dtype, dshift and
+// dscale in the given dtypes (the inputs').
+struct AdaLNLayerNormGrads {
+  at::Tensor x, shift, scale;
+};
+AdaLNLayerNormGrads adaln_layernorm_backward_cuda(const at::Tensor& dh, const at::Tensor& x, const at::Tensor& scale,
+                                                  const at::Tensor& mean, const at::Tensor& rstd,
+                                                  at::ScalarType out_dtype, at::ScalarType shift_dtype,
+                                                  at::ScalarType scale_dtype);
+}  // namespace detail
+
 }  // namespace perftrain::ops

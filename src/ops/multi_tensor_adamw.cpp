@@ -64,6 +64,14 @@ void check_like(const at::Tensor& t, const at::Tensor& param, const char* what,
 
 }  // namespace
 
+std::optional<kernels::LrShape> lr_shape_named(const std::string& name) {
+  if (name == "constant") return kernels::LrShape::kConstant;
+  if (name == "cosine") return kernels::LrShape::kCosine;
+  if (name == "linear") return kernels::LrShape::kLinear;
+  if (name == "wsd") return kernels::LrShape::kWsd;
+  return std::nullopt;
+}
+
 int64_t adamw_scalar_slots() { return kernels::kAdamWScalarSlots; }
 
 at::Tensor make_adamw_scalars(at::Device device, double loss_scale) {

@@ -21,6 +21,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,9 @@ inline kernels::LrSchedule lr_schedule_of(const MultiTensorAdamWOptions& o) {
 inline kernels::EmaSchedule ema_schedule_of(const MultiTensorAdamWOptions& o) {
   return kernels::EmaSchedule{o.ema_decay, o.ema_warmup, o.ema_start};
 }
+// The LR schedule's shape by its name (constant, cosine, linear, wsd), as
+// train.lr_schedule and the Python op spell it; nullopt for another name.
+std::optional<kernels::LrShape> lr_shape_named(const std::string& name);
 // The inverse: the options' schedule fields set from the two schedules.
 inline void set_schedules(MultiTensorAdamWOptions& o, const kernels::LrSchedule& s, const kernels::EmaSchedule& e) {
   o.lr = s.lr, o.lr_min = s.lr_min, o.warmup_steps = s.warmup_steps, o.total_steps = s.total_steps;

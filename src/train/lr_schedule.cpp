@@ -1,14 +1,12 @@
 #include "train/lr_schedule.h"
 
 #include "base/error.h"
+#include "ops/multi_tensor_adamw.h"
 
 namespace perftrain::train {
 
 kernels::LrShape lr_shape(const std::string& name) {
-  if (name == "constant") return kernels::LrShape::kConstant;
-  if (name == "cosine") return kernels::LrShape::kCosine;
-  if (name == "linear") return kernels::LrShape::kLinear;
-  if (name == "wsd") return kernels::LrShape::kWsd;
+  if (const std::optional<kernels::LrShape> shape = ops::lr_shape_named(name)) return *shape;
   throw UsageError("train.lr_schedule '" + name + "' (expected constant, cosine, linear or wsd)");
 }
 

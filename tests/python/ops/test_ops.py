@@ -85,6 +85,10 @@ class OpsOnCpu(unittest.TestCase):
             P.gated_residual(torch.randn(2, 3, 8), torch.randn(2, 7), torch.randn(2, 3, 8))
         with self.assertRaisesRegex(RuntimeError, "swiglu"):
             P.swiglu(torch.randn(4, 7))
+        p = [torch.randn(3)]
+        with self.assertRaisesRegex(RuntimeError, "lr_schedule must be constant, cosine, linear or wsd"):
+            P.multi_tensor_adamw_(p, [torch.randn(3)], [torch.zeros(3)], [torch.zeros(3)], [], P.adamw_scalars("cpu"),
+                                  lr=1e-3, lr_schedule="cosin")
 
     def test_column_sums(self):
         mats = [torch.randn(9, 11) for _ in range(2)]
