@@ -133,7 +133,7 @@ def main(argv=None):
         return loss.detach()
 
     batches = load_batches(args, device, latent)
-    step = capture_step(train_step, *[b.clone() for b in batches[0]]) if args.perftrain else train_step  # [perftrain]
+    step = capture_step(train_step, *[b.clone() for b in batches[0]], optimizer=opt) if args.perftrain else train_step  # [perftrain]
 
     ms, losses, first_step_s = run_steps(args, step, batches, device)
     report(args, ms, first_step_s, losses, step)

@@ -43,7 +43,8 @@ class CapturedStep:
     `steps` (calls so far).
     """
 
-    def __init__(self, step_fn, static_inputs, warmup, pool, stream=None, log=None, capture_error_mode="global"):
+    def __init__(self, step_fn, static_inputs, warmup, pool, stream=None, log=None, capture_error_mode="global",
+                 optimizer=None):
         if warmup < 1:
             raise ValueError(f"capture_step: warmup must be >= 1 (it allocates what the graph reuses), got {warmup}")
         self.step_fn = step_fn
@@ -51,6 +52,7 @@ class CapturedStep:
         self.warmup = warmup
         self.pool = pool
         self.capture_error_mode = capture_error_mode
+        self.optimizer = optimizer
         self.graph = None
         self.static_output = None
         self.eager_reason = _no_capture_reason(self.static_inputs)
@@ -113,6 +115,8 @@ class CapturedStep:
         except Exception as e:  # noqa: BLE001 -- any capture failure falls back to eager, with its reason
             self.eager_reason = f"capture failed: {type(e).__name__}: {_first_line(e)}"
             self._report()
+            if self.optimizer is not None:  # the capture's backward set .grad to tensors it never computed
+                self.optimizer.zero_grad(set_to_none=True)
             return self.step_fn(*self.static_inputs)
         self.graph.replay()  # the capture ran nothing: this call's step
         return self.static_output
@@ -153,7 +157,8 @@ def _first_line(e):
     return text.splitlines()[0] if text else "(no message)"
 
 
-def capture_step(step_fn, *static_inputs, warmup=3, pool=None, stream=None, log=None, capture_error_mode="global"):
+def capture_step(step_fn, *static_inputs, warmup=3, pool=None, stream=None, log=None, capture_error_mode="global",
+                 optimizer=None):
     """Capture `step_fn(*static_inputs)` (forward, backward and optimizer step) in one CUDA graph.
 
     step_fn: one whole training step reading its batch from `static_inputs` (device tensors it keeps
@@ -172,6 +177,8 @@ def capture_step(step_fn, *static_inputs, warmup=3, pool=None, stream=None, log=
     pool: a memory pool handle (torch.cuda.graph_pool_handle()) to share with other graphs;
     stream: the side stream for warm-up and capture (default: a new one); capture_error_mode: as
     torch.cuda.graph's: "global" fails the capture on CUDA calls from any thread, "thread_local" only on
-    this thread's (for a DataLoader with pin_memory, whose thread would otherwise break the capture).
+    this thread's (for a DataLoader with pin_memory, whose thread would otherwise break the capture);
+    optimizer: after a failed capture its zero_grad(set_to_none=True) clears the gradients the captured
+    backward left unwritten (needed when step_fn clears them only after its optimizer step).
     """
-    return CapturedStep(step_fn, static_inputs, warmup, pool, stream, log, capture_error_mode)
+    return CapturedStep(step_fn, static_inputs, warmup, pool, stream, log, capture_error_mode, optimizer)

@@ -94,5 +94,42 @@ def test_a_capture_failure_falls_back_to_eager_with_its_reason():
     assert text.count("\n") == 1 and "capture failed: RuntimeError: CUDA error: operation not permitted" in text, text
 
 
+def test_after_a_failed_capture_the_optimizer_clears_the_gradients_it_left():
+    """A step that clears its gradients after the optimizer step: the failed capture's backward left .grad
+    tensors it never wrote (here: filled with garbage); capture_step(optimizer=...) clears them, so the
+    eager step that follows equals a plain one."""
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = DeviceAdamW(model, lr=1e-2)
+        x, y = torch.randn(3, 4), torch.randn(3, 2)
+
+        def step(x, y):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        return model, opt, x, y, step
+
+    plain, _, x, y, plain_step = make()
+    plain_step(x, y)
+    model, opt, x, y, step = make()
+    captured = capture_step(step, x, y, warmup=1, log=io.StringIO(), optimizer=opt)
+    captured.eager_reason, captured._reported = None, False  # as if on a GPU: try the capture
+    captured.steps = 1  # the warm-up is over
+
+    def record(self):  # the captured backward allocated gradients, then the capture failed
+        for p in model.parameters():
+            p.grad = torch.full_like(p, 1e9)
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    saved = capture_module.CapturedStep._record
+    try:
+        capture_module.CapturedStep._record = record
+        captured()
+    finally:
+        capture_module.CapturedStep._record = saved
+    assert torch.allclose(model.weight, plain.weight), "the fallback step ran on clean gradients"
+
+
 if __name__ == "__main__":
     run_all(globals())
