@@ -133,7 +133,8 @@ def main(argv=None):
         return loss.detach()
 
     batches = load_batches(args, device, latent)
-    step = capture_step(train_step, *[b.clone() for b in batches[0]], optimizer=opt) if args.perftrain else train_step  # [perftrain]
+    static = [b.clone() for b in batches[0]]  # the buffers a captured step reads
+    step = capture_step(train_step, *static, optimizer=opt) if args.perftrain else train_step  # [perftrain]
 
     ms, losses, first_step_s = run_steps(args, step, batches, device)
     report(args, ms, first_step_s, losses, step)
