@@ -98,21 +98,9 @@ def test_after_a_failed_capture_the_optimizer_clears_the_gradients_it_left():
     """A step that clears its gradients after the optimizer step: the failed capture's backward left .grad
     tensors it never wrote (here: filled with garbage); capture_step(optimizer=...) clears them, so the
     eager step that follows equals a plain one."""
-    def make():
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 2)
-        opt = DeviceAdamW(model, lr=1e-2)
-        x, y = torch.randn(3, 4), torch.randn(3, 2)
-
-        def step(x, y):
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-            opt.zero_grad()
-        return model, opt, x, y, step
-
-    plain, _, x, y, plain_step = make()
+    plain, _, x, y, plain_step = make_step()  # its step clears the gradients after the optimizer's
     plain_step(x, y)
-    model, opt, x, y, step = make()
+    model, opt, x, y, step = make_step()
     captured = capture_step(step, x, y, warmup=1, log=io.StringIO(), optimizer=opt)
     captured.eager_reason, captured._reported = None, False  # as if on a GPU: try the capture
     captured.steps = 1  # the warm-up is over
