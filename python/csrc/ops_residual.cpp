@@ -2,9 +2,10 @@
 // and residual_rms_adaln, each a forward op and a `<op>_backward` op
 // (python/perftrain/ops.py joins them with torch.library.register_autograd
 // and gives each a fake implementation). Forward: the C++ op (the CUDA
-// kernels; the reference on the CPU). Backward: gated_residual's own CUDA
-// backward (ops::detail::gated_residual_backward_cuda), autograd through the
-// reference on the CPU; the other two through the C++ op (backward_through).
+// kernels; the reference on the CPU). Backward: gated_residual's and
+// residual_adaln's own CUDA backward (ops::detail::<op>_backward_cuda),
+// residual_rms_adaln's through the C++ op (backward_through); autograd
+// through the reference on the CPU.
 #include <ATen/ops/zeros.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/library.h>
@@ -13,6 +14,7 @@
 #include "ops/gated_residual.h"
 #include "ops/residual_adaln.h"
 #include "ops/residual_rms_adaln.h"
+#include "ops/row_norm_op.h"
 
 namespace perftrain::python {
 namespace {
@@ -49,24 +51,63 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_backward_cuda(cons
   return {g.gate, g.y, grad_or_slot(g.bias, y)};
 }
 
-std::tuple<at::Tensor, at::Tensor> residual_adaln(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
-                                                  const at::Tensor& shift, const at::Tensor& scale,
-                                                  const std::optional<at::Tensor>& bias, at::ScalarType out_dtype,
-                                                  double eps) {
+// (x1, h, xhat, mean, rstd): besides the outputs, what the CUDA backward
+// reads (ops::detail::ResidualAdaLNForward): xhat where the op keeps it
+// (CUDA, y and h 16-bit, x float32), else an empty [0] float32; the per-row
+// float32 mean and rstd [B*T] (zeros on the CPU, whose backward goes through
+// the reference).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> residual_adaln(
+    const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y, const at::Tensor& shift,
+    const at::Tensor& scale, const std::optional<at::Tensor>& bias, at::ScalarType out_dtype, double eps) {
   const at::NoGradGuard no_grad;
-  auto [x1, h] = ops::residual_adaln(x, gate, y, shift, scale, out_dtype, eps, value_or_undefined(bias));
-  return {x1, h};
+  ops::detail::check_residual_adaln_args(x, gate, y, shift, scale, out_dtype, value_or_undefined(bias));
+  if (x.is_cuda()) {
+    const ops::detail::ResidualAdaLNForward f = ops::detail::residual_adaln_forward_cuda(
+        x, gate, y, shift, scale, out_dtype, eps, value_or_undefined(bias));
+    return {f.x1, f.h, f.xhat.defined() ? f.xhat : no_grad_slot(x), f.mean, f.rstd};
+  }
+  auto [x1, h] = ops::residual_adaln_reference(x, gate, y, shift, scale, out_dtype, eps, value_or_undefined(bias));
+  const at::TensorOptions f32 = x.options().dtype(at::kFloat);
+  const int64_t rows = x.size(0) * x.size(1);
+  return {x1, h, no_grad_slot(x), at::zeros({rows}, f32), at::zeros({rows}, f32)};
 }
 
-std::vector<at::Tensor> residual_adaln_backward(const std::vector<at::Tensor>& grads,
-                                                const c10::List<std::optional<at::Tensor>>& inputs,
-                                                at::ScalarType out_dtype, double eps) {
-  return backward_through(
-      [&](const Tensors& in) {
-        auto [x1, h] = ops::residual_adaln(in[0], in[1], in[2], in[3], in[4], out_dtype, eps, in[5]);
-        return Tensors{x1, h};
-      },
-      grads, inputs);
+// (dx, dgate, dy, dshift, dscale, dbias; [0] without a bias). CUDA: the op's
+// backward kernels (ops::detail::residual_adaln_backward_cuda) on what the
+// forward kept, x1 read only without xhat (x is not kept: its dtype comes
+// alone); CPU: autograd through the reference (x given).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> residual_adaln_backward(
+    const at::Tensor& grad_x1, const at::Tensor& grad_h, const std::optional<at::Tensor>& x, const at::Tensor& gate,
+    const at::Tensor& y, const at::Tensor& shift, const at::Tensor& scale, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& x1, const at::Tensor& xhat, const at::Tensor& mean, const at::Tensor& rstd,
+    at::ScalarType x_dtype, at::ScalarType out_dtype, double eps) {
+  const at::Tensor b = value_or_undefined(bias);
+  if (!y.is_cuda()) {
+    c10::List<std::optional<at::Tensor>> inputs;
+    for (const at::Tensor& t : {value_or_undefined(x), gate, y, shift, scale, b}) inputs.push_back(t);
+    const Tensors g = backward_through(
+        [&](const Tensors& in) {
+          auto [o1, o2] = ops::residual_adaln_reference(in[0], in[1], in[2], in[3], in[4], out_dtype, eps, in[5]);
+          return Tensors{o1, o2};
+        },
+        {grad_x1, grad_h}, inputs);
+    return {g[0], g[1], g[2], g[3], g[4], g[5]};
+  }
+  // What the forward kept, as it kept it (no copy where the inputs already are).
+  ops::detail::ResidualAdaLNForward saved;
+  const std::vector<at::Tensor> mod = ops::detail::per_sample_rows({gate, shift, scale});
+  saved.act = y.scalar_type() == out_dtype ? out_dtype : at::kFloat;
+  saved.y = y.to(saved.act).contiguous(), saved.gate = mod[0], saved.scale = mod[2];
+  saved.bias = b.defined() ? b.to(at::kFloat).contiguous() : at::Tensor();
+  saved.xhat = xhat.numel() > 0 ? xhat : at::Tensor();
+  saved.x1 = saved.xhat.defined() ? at::Tensor() : value_or_undefined(x1);
+  saved.mean = mean, saved.rstd = rstd;
+  const ops::detail::ResidualAdaLNDtypes dtypes{
+      x_dtype,          gate.scalar_type(), y.scalar_type(), shift.scalar_type(), scale.scalar_type(),
+      b.defined() ? std::optional<at::ScalarType>(b.scalar_type()) : std::nullopt};
+  const ops::detail::ResidualAdaLNGrads g = ops::detail::residual_adaln_backward_cuda(
+      grad_x1, grad_h, saved, dtypes, {true, true, true, true, true, b.defined()});
+  return {g.x, g.gate, g.y, g.shift, g.scale, grad_or_slot(g.bias, y)};
 }
 
 std::tuple<at::Tensor, at::Tensor> residual_rms_adaln(const at::Tensor& x, const at::Tensor& gate,
@@ -100,8 +141,10 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
   m.def("gated_residual_backward(Tensor grad, Tensor gate, Tensor y, Tensor? bias, ScalarType x_dtype)"
         " -> (Tensor, Tensor, Tensor)");
   m.def("residual_adaln(Tensor x, Tensor gate, Tensor y, Tensor shift, Tensor scale, Tensor? bias,"
-        " ScalarType out_dtype, float eps) -> (Tensor, Tensor)");
-  m.def("residual_adaln_backward(Tensor[] grads, Tensor?[] inputs, ScalarType out_dtype, float eps) -> Tensor[]");
+        " ScalarType out_dtype, float eps) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("residual_adaln_backward(Tensor grad_x1, Tensor grad_h, Tensor? x, Tensor gate, Tensor y, Tensor shift,"
+        " Tensor scale, Tensor? bias, Tensor? x1, Tensor xhat, Tensor mean, Tensor rstd, ScalarType x_dtype,"
+        " ScalarType out_dtype, float eps) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("residual_rms_adaln(Tensor x, Tensor gate, Tensor y, Tensor? post_weight, Tensor? pre_weight,"
         " Tensor? scale, ScalarType out_dtype, float eps) -> (Tensor, Tensor)");
   m.def("residual_rms_adaln_backward(Tensor[] grads, Tensor?[] inputs, ScalarType out_dtype, float eps)"

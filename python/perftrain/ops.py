@@ -170,15 +170,51 @@ def residual_adaln(x: Tensor, gate: Tensor, y: Tensor, shift: Tensor, scale: Ten
 
     x, y [B, T, D]; gate, shift, scale [B, D]; bias [D] or None.
     """
-    return _ops.residual_adaln(x, gate, y, shift, scale, bias, _out_dtype(x, out_dtype), eps)
+    x1, h, _, _, _ = _ops.residual_adaln(x, gate, y, shift, scale, bias, _out_dtype(x, out_dtype), eps)
+    return x1, h
+
+
+def _keeps_xhat(x, y, out_dtype):
+    """Whether the CUDA op keeps the normalised rows (in out_dtype) for its
+    backward instead of x1 and the mean (ops::detail::row_norm_tensors: a
+    16-bit operand of a wider residual stream)."""
+    return x.is_cuda and y.dtype == out_dtype and out_dtype.itemsize == 2 and x.dtype.itemsize > 2
 
 
 @torch.library.register_fake(_name("residual_adaln"))
 def _(x, gate, y, shift, scale, bias, out_dtype, eps):
-    return _dense(x), _dense(x, out_dtype)
+    rows = x.shape[0] * x.shape[1]
+    xhat = _dense(x, out_dtype) if _keeps_xhat(x, y, out_dtype) else _no_grad_slot(x)
+    return (_dense(x), _dense(x, out_dtype), xhat, _sized(x, (rows,), torch.float32),
+            _sized(x, (rows,), torch.float32))
 
 
-_differentiable_through("residual_adaln", 6)
+def _residual_adaln_setup(ctx, inputs, output):
+    x, gate, y, shift, scale, bias, out_dtype, eps = inputs
+    x1, _, xhat, mean, rstd = output
+    kept = xhat.numel() > 0
+    # As the C++ op keeps: x only for the CPU's reference backward, x1 only without xhat.
+    ctx.save_for_backward(None if x.is_cuda else x, gate, y, shift, scale, bias, None if kept else x1, xhat, mean,
+                          rstd)
+    ctx.mark_non_differentiable(xhat, mean, rstd)  # saved for the backward, not results
+    ctx.rest = (x.dtype, out_dtype, eps)
+
+
+def _residual_adaln_backward(ctx, grad_x1, grad_h, *unused):
+    saved = ctx.saved_tensors
+    grads = _ops.residual_adaln_backward(grad_x1, grad_h, *saved, *ctx.rest)
+    dx, dgate, dy, dshift, dscale, dbias = grads
+    return dx, dgate, dy, dshift, dscale, dbias if saved[5] is not None else None, None, None
+
+
+torch.library.register_autograd(_name("residual_adaln"), _residual_adaln_backward,
+                                setup_context=_residual_adaln_setup)
+
+
+@torch.library.register_fake(_name("residual_adaln_backward"))
+def _(grad_x1, grad_h, x, gate, y, shift, scale, bias, x1, xhat, mean, rstd, x_dtype, out_dtype, eps):
+    dbias = _dense(bias) if bias is not None else _no_grad_slot(y)
+    return (_dense(grad_x1, x_dtype), _dense(gate), _dense(y), _dense(shift), _dense(scale), dbias)
 
 
 def residual_rms_adaln(x: Tensor, gate: Tensor, y: Tensor, post_weight: Tensor | None = None,

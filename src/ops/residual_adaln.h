@@ -20,6 +20,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <utility>
 
 namespace perftrain::ops {
@@ -46,5 +47,47 @@ std::pair<at::Tensor, at::Tensor> residual_adaln_reference(const at::Tensor& x, 
                                                            const at::Tensor& y, const at::Tensor& shift,
                                                            const at::Tensor& scale, at::ScalarType out_dtype,
                                                            double eps = 1e-6, const at::Tensor& bias = at::Tensor());
+
+namespace detail {
+// residual_adaln's checks of its arguments (UsageError naming the input).
+void check_residual_adaln_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
+                               const at::Tensor& shift, const at::Tensor& scale, at::ScalarType out_dtype,
+                               const at::Tensor& bias);
+// The CUDA pieces of the autograd function on their own, what it and the
+// Python op (python/csrc/ops_residual.cpp) run, on checked inputs. The
+// forward's outputs x1 and h (in out_dtype), and what the backward reads: y
+// in the activations' kernel type act (out_dtype, or float32 where y is not
+// in out_dtype), gate and scale in their shared kernel type, the bias as
+// dense float32 (or undefined), the per-row float32 mean and rstd [B*T], and
+// xhat (in act) where it is kept: then the backward reads neither x1 nor the
+// mean (see the top of this file).
+struct ResidualAdaLNForward {
+  at::Tensor x1, h;
+  at::Tensor y, gate, scale, bias, mean, rstd, xhat;
+  at::ScalarType act = at::kFloat;
+};
+ResidualAdaLNForward residual_adaln_forward_cuda(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
+                                                 const at::Tensor& shift, const at::Tensor& scale,
+                                                 at::ScalarType out_dtype, double eps, const at::Tensor& bias);
+// The inputs' dtypes (each gradient's), the bias's where there is one.
+struct ResidualAdaLNDtypes {
+  at::ScalarType x, gate, y, shift, scale;
+  std::optional<at::ScalarType> bias;
+};
+// Which inputs' gradients are wanted.
+struct ResidualAdaLNWants {
+  bool x, gate, y, shift, scale, bias;
+};
+struct ResidualAdaLNGrads {
+  at::Tensor x, gate, y, shift, scale, bias;
+};
+// The backward from the incoming gradients of x1 and h (either may be
+// undefined: that output was not used) and what the forward kept. Gradients
+// not wanted are undefined; with h unused, shift's and scale's are too and
+// x's is dx1 itself.
+ResidualAdaLNGrads residual_adaln_backward_cuda(const at::Tensor& dx1, const at::Tensor& dh,
+                                                const ResidualAdaLNForward& saved, const ResidualAdaLNDtypes& dtypes,
+                                                const ResidualAdaLNWants& wants);
+}  // namespace detail
 
 }  // namespace perftrain::ops
