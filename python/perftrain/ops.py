@@ -225,15 +225,46 @@ def residual_rms_adaln(x: Tensor, gate: Tensor, y: Tensor, post_weight: Tensor |
 
     x, y [B, T, D]; gate [B, D]; scale [B, D] or None (zero); weights [D] or None (ones).
     """
-    return _ops.residual_rms_adaln(x, gate, y, post_weight, pre_weight, scale, _out_dtype(x, out_dtype), eps)
+    x1, h, _, _, _ = _ops.residual_rms_adaln(x, gate, y, post_weight, pre_weight, scale, _out_dtype(x, out_dtype),
+                                             eps)
+    return x1, h
 
 
 @torch.library.register_fake(_name("residual_rms_adaln"))
 def _(x, gate, y, post_weight, pre_weight, scale, out_dtype, eps):
-    return _dense(x), _dense(x, out_dtype)
+    rows = x.shape[0] * x.shape[1]
+    xhat = _dense(x, out_dtype) if _keeps_xhat(x, y, out_dtype) else _no_grad_slot(x)
+    return (_dense(x), _dense(x, out_dtype), xhat, _sized(x, (rows,), torch.float32),
+            _sized(x, (rows,), torch.float32))
 
 
-_differentiable_through("residual_rms_adaln", 6)
+def _residual_rms_adaln_setup(ctx, inputs, output):
+    x, gate, y, post_weight, pre_weight, scale, out_dtype, eps = inputs
+    x1, _, xhat, y_rstd, rstd = output
+    kept = xhat.numel() > 0
+    # As the C++ op keeps: x only for the CPU's reference backward, x1 only without xhat.
+    ctx.save_for_backward(None if x.is_cuda else x, gate, y, post_weight, pre_weight, scale, None if kept else x1,
+                          xhat, y_rstd, rstd)
+    ctx.mark_non_differentiable(xhat, y_rstd, rstd)  # saved for the backward, not results
+    ctx.rest = (x.dtype, out_dtype, eps)
+
+
+def _residual_rms_adaln_backward(ctx, grad_x1, grad_h, *unused):
+    saved = ctx.saved_tensors
+    grads = _ops.residual_rms_adaln_backward(grad_x1, grad_h, *saved, *ctx.rest)
+    optional = saved[3:6]  # post_weight, pre_weight, scale
+    return (*grads[:3], *(g if t is not None else None for g, t in zip(grads[3:], optional)), None, None)
+
+
+torch.library.register_autograd(_name("residual_rms_adaln"), _residual_rms_adaln_backward,
+                                setup_context=_residual_rms_adaln_setup)
+
+
+@torch.library.register_fake(_name("residual_rms_adaln_backward"))
+def _(grad_x1, grad_h, x, gate, y, post_weight, pre_weight, scale, x1, xhat, y_rstd, rstd, x_dtype, out_dtype, eps):
+    opt = [_dense(t) if t is not None else _no_grad_slot(y) for t in (post_weight, pre_weight, scale)]
+    return (_dense(grad_x1, x_dtype), _dense(gate), _dense(y), *opt)
+
 
 # ----------------------------------------------------------------- attention
 

@@ -24,6 +24,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <utility>
 
 namespace perftrain::ops {
@@ -51,5 +52,47 @@ std::pair<at::Tensor, at::Tensor> residual_rms_adaln_reference(const at::Tensor&
                                                                const at::Tensor& y, const at::Tensor& post_weight,
                                                                const at::Tensor& pre_weight, const at::Tensor& scale,
                                                                at::ScalarType out_dtype, double eps = 1e-6);
+
+namespace detail {
+// residual_rms_adaln's checks of its arguments (UsageError naming the input).
+void check_residual_rms_adaln_args(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
+                                   const at::Tensor& post_weight, const at::Tensor& pre_weight,
+                                   const at::Tensor& scale, at::ScalarType out_dtype);
+// The CUDA pieces of the autograd function on their own, what it and the
+// Python op (python/csrc/ops_residual.cpp) run, on checked inputs. The
+// forward's outputs x1 and h (in out_dtype), and what the backward reads: y
+// in the activations' kernel type act (out_dtype, or float32 where y is not
+// in out_dtype), gate and scale (or undefined) in their shared kernel type,
+// the weights as dense float32 (or undefined), y's and x1's per-row float32
+// rstd [B*T], and xhat (in act) where it is kept: then x1 is not read.
+struct ResidualRmsAdaLNForward {
+  at::Tensor x1, h;
+  at::Tensor y, gate, scale, post_weight, pre_weight, y_rstd, rstd, xhat;
+  at::ScalarType act = at::kFloat;
+};
+ResidualRmsAdaLNForward residual_rms_adaln_forward_cuda(const at::Tensor& x, const at::Tensor& gate,
+                                                        const at::Tensor& y, const at::Tensor& post_weight,
+                                                        const at::Tensor& pre_weight, const at::Tensor& scale,
+                                                        at::ScalarType out_dtype, double eps);
+// The inputs' dtypes (each gradient's), those of the optional ones where given.
+struct ResidualRmsAdaLNDtypes {
+  at::ScalarType x, gate, y;
+  std::optional<at::ScalarType> post_weight, pre_weight, scale;
+};
+// Which inputs' gradients are wanted.
+struct ResidualRmsAdaLNWants {
+  bool x, gate, y, post_weight, pre_weight, scale;
+};
+struct ResidualRmsAdaLNGrads {
+  at::Tensor x, gate, y, post_weight, pre_weight, scale;
+};
+// The backward from the incoming gradients of x1 and h (either may be
+// undefined: that output was not used) and what the forward kept; gradients
+// not wanted (and pre_weight's and scale's with h unused) are undefined.
+ResidualRmsAdaLNGrads residual_rms_adaln_backward_cuda(const at::Tensor& dx1, const at::Tensor& dh,
+                                                       const ResidualRmsAdaLNForward& saved,
+                                                       const ResidualRmsAdaLNDtypes& dtypes,
+                                                       const ResidualRmsAdaLNWants& wants);
+}  // namespace detail
 
 }  // namespace perftrain::ops

@@ -79,12 +79,6 @@ void save_dtypes(torch::autograd::AutogradContext* ctx,
   for (const auto& [key, t] : inputs) ctx->saved_data[key] = t->defined() ? int64_t(t->scalar_type()) : int64_t(-1);
 }
 
-void save_residual_types(torch::autograd::AutogradContext* ctx, const RowNormTensors& t, const at::Tensor& y,
-                         const at::Tensor& gate) {
-  ctx->saved_data["act"] = int64_t(t.act);
-  save_dtypes(ctx, {{"x_dtype", &t.x}, {"y_dtype", &y}, {"gate_dtype", &gate}});
-}
-
 bool saved_present(torch::autograd::AutogradContext* ctx, const char* key) {
   return ctx->saved_data[key].toInt() >= 0;
 }

@@ -75,9 +75,6 @@ RowNormTensors row_norm_tensors(const at::Tensor& x, const at::Tensor& y, at::Sc
 // The inputs' dtypes saved for the backward, by key: -1 for an undefined one.
 void save_dtypes(torch::autograd::AutogradContext* ctx,
                  std::initializer_list<std::pair<const char*, const at::Tensor*>> inputs);
-// A residual op's: the activations' kernel type ("act") and x's, y's and gate's dtypes.
-void save_residual_types(torch::autograd::AutogradContext* ctx, const RowNormTensors& t, const at::Tensor& y,
-                         const at::Tensor& gate);
 bool saved_present(torch::autograd::AutogradContext* ctx, const char* key);
 at::ScalarType saved_dtype(torch::autograd::AutogradContext* ctx, const char* key);
 
