@@ -1,14 +1,15 @@
 // The row norms with adaLN modulation as PyTorch operators: adaln_layernorm
 // and rms_adaln (src/ops/), each a forward op and a `<op>_backward` op
 // (python/perftrain/ops.py joins them with register_autograd). Forward: the
-// C++ op's (CUDA kernels; its reference on the CPU). Backward: adaln_layernorm's
-// own CUDA backward; rms_adaln's through the C++ op (backward_through: on CUDA
-// its forward again, then its backward kernels); the CPU's through the reference.
+// C++ op's (CUDA kernels; its reference on the CPU). Backward: each op's own
+// CUDA backward (ops::detail::<op>_backward_cuda); the CPU's through the
+// reference.
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include "op_support.h"
+#include "ops/compute_weights.h"
 #include "ops/adaln_layernorm.h"
 #include "ops/rms_adaln.h"
 #include "ops/row_norm_op.h"
@@ -53,17 +54,53 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> adaln_layernorm_backward(
   return {g[0], g[1], g[2]};
 }
 
-at::Tensor rms_adaln(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                     const std::optional<at::Tensor>& scale, at::ScalarType out_dtype, double eps) {
+// (h, xhat, rstd): besides h, what the CUDA backward reads
+// (ops::detail::RmsAdaLNForward): xhat where the op keeps it (CUDA, h 16-bit,
+// x float32), else an empty [0] float32, and the per-row float32 rstd [B*T]
+// (zeros on the CPU, whose backward goes through the reference).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_adaln(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                                         const std::optional<at::Tensor>& scale,
+                                                         at::ScalarType out_dtype, double eps) {
   const at::NoGradGuard no_grad;
-  return ops::rms_adaln(x, value_or_undefined(weight), value_or_undefined(scale), out_dtype, eps);
+  const at::Tensor w = value_or_undefined(weight), sc = value_or_undefined(scale);
+  ops::detail::check_rms_adaln_args(x, w, sc, out_dtype);
+  if (x.is_cuda()) {
+    const ops::detail::RmsAdaLNForward f = ops::detail::rms_adaln_forward_cuda(x, w, sc, out_dtype, eps);
+    return {f.h, f.xhat.defined() ? f.xhat : no_grad_slot(x), f.rstd};
+  }
+  return {ops::rms_adaln_reference(x, w, sc, out_dtype, eps), no_grad_slot(x),
+          at::zeros({x.size(0) * x.size(1)}, x.options().dtype(at::kFloat))};
 }
 
-std::vector<at::Tensor> rms_adaln_backward(const std::vector<at::Tensor>& grads,
-                                           const c10::List<std::optional<at::Tensor>>& inputs,
-                                           at::ScalarType out_dtype, double eps) {
-  return backward_through(
-      [&](const Tensors& in) { return Tensors{ops::rms_adaln(in[0], in[1], in[2], out_dtype, eps)}; }, grads, inputs);
+// (dx, dweight, dscale; [0] for an absent one). CUDA: the op's backward
+// kernels (ops::detail::rms_adaln_backward_cuda) on what the forward kept (x
+// only without xhat); CPU: autograd through the reference.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_adaln_backward(
+    const at::Tensor& grad, const std::optional<at::Tensor>& x, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& scale, const at::Tensor& xhat, const at::Tensor& rstd, at::ScalarType x_dtype,
+    at::ScalarType out_dtype, double eps) {
+  const at::Tensor w = value_or_undefined(weight), sc = value_or_undefined(scale);
+  if (!grad.is_cuda()) {
+    c10::List<std::optional<at::Tensor>> inputs;
+    for (const auto& t : {x, weight, scale}) inputs.push_back(t);
+    const Tensors g = backward_through(
+        [&](const Tensors& in) { return Tensors{ops::rms_adaln_reference(in[0], in[1], in[2], out_dtype, eps)}; },
+        {grad}, inputs);
+    return {g[0], g[1], g[2]};
+  }
+  // What the forward kept, as it kept it (no copy where the inputs already are).
+  ops::detail::RmsAdaLNForward saved;
+  saved.xhat = xhat.numel() > 0 ? xhat : at::Tensor();
+  saved.x = saved.xhat.defined() ? at::Tensor() : value_or_undefined(x).contiguous();
+  saved.weight = w.defined() ? ops::compute_weight(w, at::kFloat) : at::Tensor();
+  saved.scale = ops::detail::per_sample_rows({sc})[0];
+  saved.rstd = rstd;
+  const auto dtype_of = [](const at::Tensor& t) {
+    return t.defined() ? std::optional<at::ScalarType>(t.scalar_type()) : std::nullopt;
+  };
+  const ops::detail::RmsAdaLNGrads g =
+      ops::detail::rms_adaln_backward_cuda(grad, saved, out_dtype, x_dtype, dtype_of(w), dtype_of(sc));
+  return {g.x, grad_or_slot(g.weight, grad), grad_or_slot(g.scale, grad)};
 }
 
 }  // namespace
@@ -74,8 +111,10 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
         " -> (Tensor, Tensor, Tensor)");
   m.def("adaln_layernorm_backward(Tensor grad, Tensor x, Tensor shift, Tensor scale, Tensor mean, Tensor rstd,"
         " ScalarType out_dtype, float eps) -> (Tensor, Tensor, Tensor)");
-  m.def("rms_adaln(Tensor x, Tensor? weight, Tensor? scale, ScalarType out_dtype, float eps) -> Tensor");
-  m.def("rms_adaln_backward(Tensor[] grads, Tensor?[] inputs, ScalarType out_dtype, float eps) -> Tensor[]");
+  m.def("rms_adaln(Tensor x, Tensor? weight, Tensor? scale, ScalarType out_dtype, float eps)"
+        " -> (Tensor, Tensor, Tensor)");
+  m.def("rms_adaln_backward(Tensor grad, Tensor? x, Tensor? weight, Tensor? scale, Tensor xhat, Tensor rstd,"
+        " ScalarType x_dtype, ScalarType out_dtype, float eps) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CPU, m) {

@@ -39,26 +39,6 @@ def _grads_like(inputs):
     return [_dense(t) if t is not None else _no_grad_slot(like) for t in inputs]
 
 
-def _differentiable_through(op, tensor_count):
-    """register_autograd for an operator whose backward is `<op>_backward(grads, inputs, *rest)`:
-    its first tensor_count arguments are the (optional) tensors that take a
-    gradient, the rest are passed through; the backward returns one gradient
-    per tensor input ([0] for an absent one)."""
-    backward_op = getattr(_ops, op + "_backward")
-
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[:tensor_count])
-        ctx.rest = inputs[tensor_count:]
-
-    def backward(ctx, *grads):
-        tensors = ctx.saved_tensors
-        found = backward_op(list(grads), list(tensors), *ctx.rest)
-        return tuple(g if t is not None else None for g, t in zip(found, tensors)) + (None,) * len(ctx.rest)
-
-    torch.library.register_autograd(_name(op), backward, setup_context=setup_context)
-    torch.library.register_fake(_name(op + "_backward"))(lambda grads, inputs, *rest: _grads_like(inputs))
-
-
 def _out_dtype(x, out_dtype):
     return x.dtype if out_dtype is None else out_dtype
 
@@ -112,15 +92,46 @@ def rms_adaln(x: Tensor, weight: Tensor | None = None, scale: Tensor | None = No
 
     x [B, T, D]; weight [D] or None (ones); scale [B, D] or None (zero).
     """
-    return _ops.rms_adaln(x, weight, scale, _out_dtype(x, out_dtype), eps)
+    h, _, _ = _ops.rms_adaln(x, weight, scale, _out_dtype(x, out_dtype), eps)
+    return h
+
+
+def _keeps_xhat(x, act):
+    """Whether the CUDA op keeps the normalised rows (in act, the kernels' type
+    of h) for its backward instead of x or x1 (ops::detail::row_norm_tensors: a
+    16-bit operand of a wider input)."""
+    return x.is_cuda and act.itemsize == 2 and x.dtype.itemsize > 2
 
 
 @torch.library.register_fake(_name("rms_adaln"))
 def _(x, weight, scale, out_dtype, eps):
-    return _dense(x, out_dtype)
+    xhat = _dense(x, out_dtype) if _keeps_xhat(x, out_dtype) else _no_grad_slot(x)
+    return _dense(x, out_dtype), xhat, _sized(x, (x.shape[0] * x.shape[1],), torch.float32)
 
 
-_differentiable_through("rms_adaln", 3)
+def _rms_adaln_setup(ctx, inputs, output):
+    x, weight, scale, out_dtype, eps = inputs
+    _, xhat, rstd = output
+    # As the C++ op keeps: x only without xhat (or for the CPU's reference backward).
+    ctx.save_for_backward(x if (xhat.numel() == 0 or not x.is_cuda) else None, weight, scale, xhat, rstd)
+    ctx.mark_non_differentiable(xhat, rstd)  # saved for the backward, not results
+    ctx.rest = (x.dtype, out_dtype, eps)
+
+
+def _rms_adaln_backward(ctx, grad, *unused):
+    x, weight, scale, xhat, rstd = ctx.saved_tensors
+    dx, dweight, dscale = _ops.rms_adaln_backward(grad, x, weight, scale, xhat, rstd, *ctx.rest)
+    return dx, dweight if weight is not None else None, dscale if scale is not None else None, None, None
+
+
+torch.library.register_autograd(_name("rms_adaln"), _rms_adaln_backward, setup_context=_rms_adaln_setup)
+
+
+@torch.library.register_fake(_name("rms_adaln_backward"))
+def _(grad, x, weight, scale, xhat, rstd, x_dtype, out_dtype, eps):
+    return (_dense(grad, x_dtype), _dense(weight) if weight is not None else _no_grad_slot(grad),
+            _dense(scale) if scale is not None else _no_grad_slot(grad))
+
 
 # ----------------------------------------------------------------- residuals
 
@@ -174,17 +185,15 @@ def residual_adaln(x: Tensor, gate: Tensor, y: Tensor, shift: Tensor, scale: Ten
     return x1, h
 
 
-def _keeps_xhat(x, y, out_dtype):
-    """Whether the CUDA op keeps the normalised rows (in out_dtype) for its
-    backward instead of x1 and the mean (ops::detail::row_norm_tensors: a
-    16-bit operand of a wider residual stream)."""
-    return x.is_cuda and y.dtype == out_dtype and out_dtype.itemsize == 2 and x.dtype.itemsize > 2
+def _residual_act(y, out_dtype):
+    """The residual ops' kernel type of y and h: out_dtype, or float32 where y is not in it."""
+    return out_dtype if y.dtype == out_dtype else torch.float32
 
 
 @torch.library.register_fake(_name("residual_adaln"))
 def _(x, gate, y, shift, scale, bias, out_dtype, eps):
     rows = x.shape[0] * x.shape[1]
-    xhat = _dense(x, out_dtype) if _keeps_xhat(x, y, out_dtype) else _no_grad_slot(x)
+    xhat = _dense(x, out_dtype) if _keeps_xhat(x, _residual_act(y, out_dtype)) else _no_grad_slot(x)
     return (_dense(x), _dense(x, out_dtype), xhat, _sized(x, (rows,), torch.float32),
             _sized(x, (rows,), torch.float32))
 
@@ -233,7 +242,7 @@ def residual_rms_adaln(x: Tensor, gate: Tensor, y: Tensor, post_weight: Tensor |
 @torch.library.register_fake(_name("residual_rms_adaln"))
 def _(x, gate, y, post_weight, pre_weight, scale, out_dtype, eps):
     rows = x.shape[0] * x.shape[1]
-    xhat = _dense(x, out_dtype) if _keeps_xhat(x, y, out_dtype) else _no_grad_slot(x)
+    xhat = _dense(x, out_dtype) if _keeps_xhat(x, _residual_act(y, out_dtype)) else _no_grad_slot(x)
     return (_dense(x), _dense(x, out_dtype), xhat, _sized(x, (rows,), torch.float32),
             _sized(x, (rows,), torch.float32))
 

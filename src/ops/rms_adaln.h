@@ -17,6 +17,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 namespace perftrain::ops {
 
 // x [B, T, D] float32/bfloat16/float16; weight [D] float32/bfloat16/float16/
@@ -34,5 +36,31 @@ at::Tensor rms_adaln(const at::Tensor& x, const at::Tensor& weight, const at::Te
 // the result cast to out_dtype; autograd through ATen gives its backward.
 at::Tensor rms_adaln_reference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                                at::ScalarType out_dtype, double eps = 1e-6);
+
+namespace detail {
+// rms_adaln's checks of its arguments (UsageError naming the input).
+void check_rms_adaln_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                          at::ScalarType out_dtype);
+// The CUDA pieces of the autograd function on their own, what it and the
+// Python op (python/csrc/ops_norm.cpp) run, on checked inputs. The forward's
+// h, and what the backward reads: x made dense, or (undefined x) xhat in
+// out_dtype where it is kept instead (see the top of this file); the weight as
+// dense float32 and scale as the kernels read it (either undefined where
+// absent); the per-row float32 rstd [B*T].
+struct RmsAdaLNForward {
+  at::Tensor h, x, xhat, weight, scale, rstd;
+};
+RmsAdaLNForward rms_adaln_forward_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                                       at::ScalarType out_dtype, double eps);
+// The backward from the incoming gradient of h and what the forward kept: dx
+// in x_dtype, and the weight's and scale's gradients in the given dtypes
+// (nullopt: not wanted, left undefined).
+struct RmsAdaLNGrads {
+  at::Tensor x, weight, scale;
+};
+RmsAdaLNGrads rms_adaln_backward_cuda(const at::Tensor& grad, const RmsAdaLNForward& saved, at::ScalarType out_dtype,
+                                      at::ScalarType x_dtype, std::optional<at::ScalarType> weight_dtype,
+                                      std::optional<at::ScalarType> scale_dtype);
+}  // namespace detail
 
 }  // namespace perftrain::ops
