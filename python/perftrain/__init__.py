@@ -1,12 +1,18 @@
 """perftrain in a PyTorch program: the fused DiT training ops as PyTorch
-custom operators (perftrain.ops, torch.ops.perftrain.*), with autograd
+custom operators (perftrain.ops, torch.ops.perftrain.*) with autograd
 formulas and fake implementations, so they compose with torch.compile and
-CUDA graphs. docs/guide/python.md.
+CUDA graphs; DiT modules with facebookresearch/DiT's names (perftrain.nn);
+the device AdamW (perftrain.optim); the whole step in one CUDA graph
+(capture_step); the diagnosis of any torch.profiler trace (profile).
+docs/guide/python.md.
 """
 import torch  # noqa: F401  (libtorch is loaded before _C, which links it)
 
 from . import _C  # noqa: F401  (registers the perftrain:: operators)
 from . import ops
+from . import nn, optim
+from .capture import capture_step
+from .profile import profile
 
 __version__ = "0.1.0"
-__all__ = ["ops", "__version__"]
+__all__ = ["ops", "nn", "optim", "capture_step", "profile", "__version__"]

@@ -1,0 +1,195 @@
+"""perftrain.optim.DeviceAdamW against torch.optim.AdamW (fp32, CPU, several steps), with clipping, EMA,
+the LR warm-up, parameter groups, the fp16 loss scale, the bf16 weight copies and state_dict round trips.
+
+Run by ctest (python.nn.optim) or: PYTHONPATH=build/python python tests/python/nn/test_optim.py
+"""
+import math
+
+import torch
+from run_tests import run_all
+
+from perftrain import nn as pnn
+from perftrain.optim import DeviceAdamW
+
+STEPS = 5
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(7, 13), torch.nn.GELU(), torch.nn.Linear(13, 3))
+
+
+def batches(n=STEPS, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(5, 7, generator=g), torch.randn(5, 3, generator=g)) for _ in range(n)]
+
+
+def train(model, opt, data, before_step=None, loss_scale=None):
+    for x, y in data:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if loss_scale is not None:
+            loss = loss * loss_scale()
+        loss.backward()
+        if before_step is not None:
+            before_step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def assert_params_close(a, b, what):
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        if not torch.allclose(pa, pb, **TOL):
+            raise AssertionError(f"{what}: {name} differs by {(pa - pb).abs().max().item():.3g}")
+
+
+# ---------------------------------------------------------------------------
+
+
+def test_steps_equal_torch_adamw_with_weight_decay():
+    ours, theirs = make_model(), make_model()
+    train(ours, DeviceAdamW(ours, lr=3e-3, betas=(0.8, 0.95), eps=1e-7, weight_decay=0.1), batches())
+    train(theirs, torch.optim.AdamW(theirs.parameters(), lr=3e-3, betas=(0.8, 0.95), eps=1e-7,
+                                    weight_decay=0.1), batches())
+    assert_params_close(ours, theirs, "AdamW")
+
+
+def test_clipping_equals_clip_grad_norm_then_adamw_and_reports_the_norm():
+    ours, theirs = make_model(), make_model()
+    opt = DeviceAdamW(ours.parameters(), lr=1e-2, grad_clip=0.05)
+    norms = []
+    train(ours, opt, batches(), before_step=lambda: norms.append(
+        torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ours.parameters()]))))
+    ref = torch.optim.AdamW(theirs.parameters(), lr=1e-2, weight_decay=0)
+    train(theirs, ref, batches(), before_step=lambda: torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.05))
+    assert_params_close(ours, theirs, "clipped AdamW")
+    assert norms[-1] > 0.05, "the test clips"
+    assert torch.allclose(opt.grad_norm, norms[-1], rtol=1e-5), "grad_norm: the last step's, before clipping"
+
+
+def test_ema_follows_every_update_with_the_constant_decay():
+    ours = make_model()
+    opt = DeviceAdamW(ours, lr=1e-2, ema_decay=0.9)
+    ema = [p.detach().clone() for p in ours.parameters()]
+
+    def after_each():
+        with torch.no_grad():
+            for e, p in zip(ema, ours.parameters()):
+                e.mul_(0.9).add_(p, alpha=0.1)  # DiT's update_ema, after the step
+
+    for x, y in batches():
+        torch.nn.functional.mse_loss(ours(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        after_each()
+    state = opt.ema_state_dict(ours)
+    for (name, _), e in zip(ours.named_parameters(), ema):
+        assert torch.allclose(state[name], e, **TOL), name
+    copy = make_model(seed=5)
+    opt.copy_ema_to(copy)
+    assert torch.allclose(copy[0].weight, ema[0], **TOL)
+
+
+def test_lr_warmup_is_linear_from_zero_and_read_from_the_device():
+    model = make_model()
+    opt = DeviceAdamW(model, lr=1e-3, warmup_steps=4)
+    lrs = []
+    for _ in range(STEPS):
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+        lrs.append(opt.lr.item())
+    assert all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(lrs, [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])), lrs
+    assert opt.lr.device == model[0].weight.device and opt.lr.dim() == 0
+
+
+def test_parameter_groups_without_decay_match_torch_groups():
+    ours, theirs = make_model(), make_model()
+
+    def groups(m):
+        return [{"params": [m[0].weight, m[2].weight], "weight_decay": 0.2},
+                {"params": [m[0].bias, m[2].bias], "weight_decay": 0.0}]
+
+    train(ours, DeviceAdamW(groups(ours), lr=5e-3, weight_decay=0.2), batches())
+    train(theirs, torch.optim.AdamW(groups(theirs), lr=5e-3), batches())
+    assert_params_close(ours, theirs, "groups")
+
+
+def test_dynamic_loss_scale_unscales_and_skips_an_overflowing_step():
+    ours, theirs = make_model(), make_model()
+    opt = DeviceAdamW(ours, lr=1e-2, loss_scale="dynamic")
+    assert opt.loss_scale.item() == 2.0 ** 16
+    train(ours, opt, batches(), loss_scale=lambda: opt.loss_scale)
+    train(theirs, torch.optim.AdamW(theirs.parameters(), lr=1e-2, weight_decay=0), batches())
+    assert_params_close(ours, theirs, "unscaled")
+    before = [p.detach().clone() for p in ours.parameters()]
+    for p in ours.parameters():
+        p.grad = torch.full_like(p, float("inf"))
+    opt.step()
+    assert opt.loss_scale.item() == 2.0 ** 15, "halved on inf"
+    assert opt.steps_skipped.item() == 1 and opt.steps_taken.item() == STEPS
+    assert all(torch.equal(a, b) for a, b in zip(before, ours.parameters())), "a skipped step changes nothing"
+
+
+def test_state_dict_round_trip_continues_exactly_and_in_place():
+    a, b = make_model(), make_model()
+    opt_a = DeviceAdamW(a, lr=2e-3, ema_decay=0.5, warmup_steps=3)
+    train(a, opt_a, batches(3))
+    b.load_state_dict(a.state_dict())
+    opt_b = DeviceAdamW(b, lr=2e-3, ema_decay=0.5, warmup_steps=3)
+    held = opt_b.exp_avgs[0]
+    opt_b.load_state_dict(opt_a.state_dict())
+    assert opt_b.exp_avgs[0] is held, "loaded in place: a captured step keeps reading the same tensors"
+    more = batches(3, seed=9)
+    train(a, opt_a, more)
+    train(b, opt_b, more)
+    assert_params_close(a, b, "resumed")
+    assert torch.equal(opt_a.scalars, opt_b.scalars)
+
+
+def test_bad_arguments_and_states_are_refused_naming_the_key():
+    model = make_model()
+    for kwargs, key in ((dict(lr=0), "lr"), (dict(lr_schedule="step"), "lr_schedule"),
+                        (dict(lr_schedule="cosine"), "total_steps"), (dict(ema_decay=1.0), "ema_decay"),
+                        (dict(loss_scale="auto"), "loss_scale"), (dict(grad_clip=-1), "grad_clip")):
+        try:
+            DeviceAdamW(model, **kwargs)
+        except ValueError as e:
+            assert key in str(e), str(e)
+        else:
+            raise AssertionError(f"{kwargs} accepted")
+    opt = DeviceAdamW(model)
+    try:
+        DeviceAdamW(make_model(), ema_decay=0.9).load_state_dict(opt.state_dict())
+    except ValueError as e:
+        assert "EMA" in str(e), str(e)
+    else:
+        raise AssertionError("a state without EMA loaded into one with")
+    try:
+        DeviceAdamW(model.double())
+    except ValueError as e:
+        assert "float32" in str(e), str(e)
+    else:
+        raise AssertionError("float64 parameters accepted")
+
+
+def test_bf16_copies_follow_the_weights_and_feed_the_products():
+    torch.manual_seed(3)
+    block = pnn.DiTBlock(32, 2)
+    opt = DeviceAdamW(block, lr=1e-2, compute_dtype=torch.bfloat16)
+    w = block.attn.qkv.weight
+    assert w._perftrain_compute_copy.dtype == torch.bfloat16
+    x, c = torch.randn(2, 4, 32), torch.randn(2, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        block(x, c).float().square().mean().backward()
+    assert w.grad is not None and w.grad.dtype == torch.float32, "the gradient reaches the fp32 master"
+    opt.step()
+    assert torch.equal(w._perftrain_compute_copy, w.detach().to(torch.bfloat16)), "rewritten by the step"
+    other = pnn.DiTBlock(32, 2)
+    block.load_state_dict(other.state_dict())
+    assert torch.equal(w._perftrain_compute_copy, other.attn.qkv.weight.to(torch.bfloat16)), \
+        "the model's load_state_dict refreshes the copies (a stale copy would run the old weights)"
+
+
+if __name__ == "__main__":
+    run_all(globals())
