@@ -1,6 +1,7 @@
 #include "observe/log/mlflow_logger.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <sys/stat.h>
@@ -22,6 +23,16 @@
 
 namespace perftrain::observe::log {
 namespace {
+
+// MLflow's user_id: the account this process runs as (its password entry,
+// not $USER, which a caller may set to anything or leave unset).
+std::string account_name() {
+  passwd entry{};
+  passwd* found = nullptr;
+  char buffer[4096];
+  if (getpwuid_r(geteuid(), &entry, buffer, sizeof buffer, &found) == 0 && found != nullptr) return found->pw_name;
+  return "uid " + std::to_string(geteuid());
+}
 
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -229,7 +240,7 @@ void MlflowLogger::write_run_meta(const char* status, int64_t end_time_ms) {
     << "start_time: " << start_time_ms_ << "\n"
     << "status: " << status << "\n"
     << "tags: []\n"
-    << "user_id: " << yaml_quoted(std::getenv("USER") ? std::getenv("USER") : "unknown") << "\n";
+    << "user_id: " << yaml_quoted(account_name()) << "\n";
   io::write_text_atomic(run_path_ + "/meta.yaml", m.str());
 }
 
