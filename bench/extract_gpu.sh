@@ -2,9 +2,9 @@
 # `perftrain extract` on the GPU with an SD-shaped VAE, for
 #   MODE=script SCRIPT=bench/extract_gpu.sh tools/gpu_run.sh
 # which builds, then exports BIN, OUT, RUNS and PY (this script builds nothing). About 2 minutes on an H200:
-#  1. diffusers (in PY) builds a randomly initialised AutoencoderKL of SD's shape (block_out_channels
-#     128, 256, 512, 512; 2 layers per block; 32 groups) and writes it with save_pretrained (nothing is
-#     downloaded), and 512 smooth random 288 x 256 PNGs in 2 class folders;
+#  1. a randomly initialised AutoencoderKL of SD's shape (block_out_channels 128, 256, 512, 512; 2 layers
+#     per block; 32 groups) from bench/sd_vae_layout.json, written as
+#     diffusers' save_pretrained does, and 512 smooth random 288 x 256 PNGs in 2 class folders;
 #  2. extract of them at 256 px in fp32 and in bf16, batch 64: the img/s of each (the last progress line);
 #  3. the two runs' latents compared (bf16 against fp32: max and mean difference, and the latents' spread).
 # Output: extract-gpu.md (the rows, also printed), the logs. The bf16 VAE against fp32 is also the GPU
@@ -16,19 +16,30 @@ mkdir -p "$work"
 table="$OUT/extract-gpu.md"
 : > "$table"
 
-"$PY" - "$work" <<'PY' > "$OUT/extract-gpu-setup.log" 2>&1
+"$PY" - "$work" "$(dirname "$0")/sd_vae_layout.json" <<'PY' > "$OUT/extract-gpu-setup.log" 2>&1
 import os, sys
 os.environ["HF_HUB_OFFLINE"] = "1"
+import json
 import numpy as np, torch
 from PIL import Image
-from diffusers import AutoencoderKL
+from safetensors.torch import save_file
 work = sys.argv[1]
 torch.manual_seed(0)
-n = 4
-vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * n, up_block_types=("UpDecoderBlock2D",) * n,
-                    block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=4,
-                    norm_num_groups=32, sample_size=256).eval()
-vae.save_pretrained(work + "/vae", safe_serialization=True)
+# SD's VAE layout (bench/sd_vae_layout.json: diffusers' config and tensor names and shapes, written from
+# diffusers' AutoencoderKL of that config), randomly initialised: the GPU machine has no diffusers.
+layout = json.load(open(sys.argv[2]))
+state = {}
+for name, shape in layout["tensors"]:
+    if len(shape) > 1:  # conv and linear weights: variance-preserving
+        fan_in = int(np.prod(shape[1:]))
+        state[name] = torch.randn(shape) * fan_in ** -0.5
+    elif name.endswith("weight"):  # norm scales
+        state[name] = 1 + 0.1 * torch.randn(shape)
+    else:
+        state[name] = 0.02 * torch.randn(shape)
+os.makedirs(work + "/vae", exist_ok=True)
+save_file(state, work + "/vae/diffusion_pytorch_model.safetensors")
+json.dump(layout["config"], open(work + "/vae/config.json", "w"), indent=1)
 rng = np.random.default_rng(0)
 for c in range(2):
     os.makedirs(f"{work}/images/class{c}", exist_ok=True)

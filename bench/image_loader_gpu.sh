@@ -7,6 +7,7 @@
 # data.flip off: the flip's cost). Each run's last window (steps 41-80) gives images/s and data_wait_s
 # (the seconds the step waited for a batch): with enough workers data_wait_s is about 0 and images/s is
 # the step's own speed; too few, and images/s is the decoders' rate.
+# WORKERS="2 8" runs those counts only; FLIP_OFF=0 leaves out the run without the flip.
 # Output: image-loader-table.md (also printed), the runs' logs and metrics in image-loader-logs.tgz.
 set -uo pipefail
 : "${BIN:?run through tools/gpu_run.sh MODE=script}" "${OUT:?}" "${RUNS:?}" "${PY:?}"
@@ -43,8 +44,8 @@ except (OSError, IndexError, KeyError, ValueError):
     print(f"| {workers} | {flip} | - | - | {rc} |")
 PY
 }
-for w in 1 4 8 16; do run "$w" true; done
-run 8 false
+for w in ${WORKERS:-1 4 8 16}; do run "$w" true; done
+[ "${FLIP_OFF:-1}" = 1 ] && run 8 false
 cat "$table"
 tar czf "$OUT/image-loader-logs.tgz" -C "$RUNS" $(cd "$RUNS" && ls -d image-loader-w* 2>/dev/null) -C "$OUT" \
   $(cd "$OUT" && ls image-loader-*.log 2>/dev/null) 2>/dev/null

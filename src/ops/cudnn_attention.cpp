@@ -87,15 +87,19 @@ at::Tensor pack_dqkv(const std::array<at::Tensor, 3>& d, int64_t B, int64_t T, i
 
 bool cudnn_refused(bool masked) { return (masked ? masked_refused : unmasked_refused).load(); }
 
-bool cudnn_eligible(const at::Tensor& t, bool masked) {
+bool cudnn_eligible(const at::Tensor& t, int64_t head_dim, bool masked) {
   const bool half = t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
-  return t.is_cuda() && half && !cudnn_refused(masked);
+  const bool head_dim_taken = head_dim > 0 && head_dim % 8 == 0 && head_dim <= 128;
+  return t.is_cuda() && half && head_dim_taken && !cudnn_refused(masked);
 }
 
 void note_refusal(const at::Tensor& qkv, const std::exception& e, bool masked) {
   (masked ? masked_refused : unmasked_refused).store(true);
-  std::cerr << "perftrain: cuDNN attention refused " << qkv.sizes() << (masked ? " with a key mask" : "") << " ("
-            << compat::error_message(e) << "); using at::scaled_dot_product_attention\n";
+  // One string, its numbers by std::to_string: written to std::cerr whole.
+  std::string sizes;
+  for (const int64_t s : qkv.sizes()) sizes += (sizes.empty() ? "" : ", ") + std::to_string(s);
+  std::cerr << ("perftrain: cuDNN attention refused [" + sizes + "]" + (masked ? " with a key mask" : "") + " (" +
+                compat::error_message(e) + "); using at::scaled_dot_product_attention\n");
 }
 
 void check_heads(const char* op, int64_t d, int64_t heads) {

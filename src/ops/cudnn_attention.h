@@ -34,9 +34,12 @@ std::array<at::Tensor, 3> cudnn_backward(torch::autograd::AutogradContext* ctx,
 // dq, dk, dv [B, H, T, Dh] -> the packed [B, T, 3D] gradient of qkv.
 at::Tensor pack_dqkv(const std::array<at::Tensor, 3>& d, int64_t B, int64_t T, int64_t heads, int64_t D);
 
-// Whether cuDNN may run on t: CUDA, bf16 or fp16, and that kind (masked or
-// not) not refused in this process.
-bool cudnn_eligible(const at::Tensor& t, bool masked = false);
+// Whether cuDNN may run on t: CUDA, bf16 or fp16, a head dim cuDNN's fused
+// attention takes forward and backward (a multiple of 8, at most 128), and
+// that kind (masked or not) not refused in this process. A head dim it does
+// not take goes to ATen's SDPA without asking cuDNN, so that one odd call
+// does not mark cuDNN refused for the rest of the process.
+bool cudnn_eligible(const at::Tensor& t, int64_t head_dim, bool masked = false);
 // Whether cuDNN refused that kind in this process.
 bool cudnn_refused(bool masked);
 // Once, before any capture (the first step runs eagerly): says so on stderr

@@ -146,7 +146,7 @@ at::Tensor projected_attention(const at::Tensor& h, const at::Tensor& qkv_weight
   if (h.dim() != 3 || qkv_weight.size(0) != 3 * h.size(2))
     throw UsageError("projected_attention: h must be [B, T, D] and qkv_weight [3D, D]");
   check_heads("projected_attention", h.size(2), heads);
-  if (!cudnn_eligible(h)) return qkv_attention(linear(h, qkv_weight, qkv_bias), heads);
+  if (!cudnn_eligible(h, h.size(2) / heads)) return qkv_attention(linear(h, qkv_weight, qkv_bias), heads);
   try {
     return ProjectedAttention::apply(h, qkv_weight,
                                      qkv_bias.defined() ? std::optional<at::Tensor>(qkv_bias) : std::nullopt, heads);

@@ -89,7 +89,8 @@ at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor&
                        std::string(c10::toString(key_bias_in.scalar_type())) + " " + c10::str(key_bias_in.sizes()) +
                        (masked ? "" : " without a key_mask"));
   }
-  if (!detail::cudnn_eligible(qkv, masked) || !qkv.is_contiguous()) return self_attention(qkv, heads, mask);
+  const int64_t head_dim = qkv.size(2) / 3 / heads;
+  if (!detail::cudnn_eligible(qkv, head_dim, masked) || !qkv.is_contiguous()) return self_attention(qkv, heads, mask);
   // cuDNN's masked backward turns dq NaN at T % 128 == 64 when a query's
   // logsumexp is below about -88.7 (PyTorch issue 196678; reproduced on the
   // H200 by QkvAttentionGpu.CudnnKeyMaskBackwardFiniteAtVeryNegativeLogsumexp):

@@ -111,7 +111,8 @@ class OpsOnCuda(unittest.TestCase):
             for _ in range(3):
                 P.multi_tensor_adamw_(params, [g.to(dev) for g in grads], m, v, emas, scalars, lr=1e-2,
                                       weight_decay=0.1, grad_clip=1.0, warmup_steps=2, ema_decay=0.9)
-            state[dev] = [t.cpu() for t in params + emas] + [scalars.cpu()]
+            # The scalars' state slots (the others are the kernels' scratch: coef, step size, ...).
+            state[dev] = [t.cpu() for t in params + emas] + [scalars.cpu()[list(P.ADAMW_SLOTS.values())]]
         for c, g in zip(state["cpu"], state["cuda"]):
             torch.testing.assert_close(g, c, atol=1e-6, rtol=1e-5)
 
