@@ -40,6 +40,15 @@ def _out_dtype(x, out_dtype):
     return x.dtype if out_dtype is None else out_dtype
 
 
+def _saved_not_results(ctx, *outputs):
+    """Marks the outputs kept only for the backward (statistics, pre-activations) non-differentiable, and
+    turns off autograd's zero tensors for gradients that do not come: without that, every backward would get
+    a zero-filled tensor the size of each such output (a [rows, 4D] pre-activation per MLP), which nothing
+    reads. The backward functions take None for the gradient of an unused result."""
+    ctx.mark_non_differentiable(*outputs)
+    ctx.set_materialize_grads(False)
+
+
 # ----------------------------------------------------------------- row norms
 
 
@@ -65,7 +74,7 @@ def _adaln_layernorm_setup(ctx, inputs, output):
     x, shift, scale, out_dtype, eps = inputs
     _, mean, rstd = output
     ctx.save_for_backward(x, shift, scale, mean, rstd)
-    ctx.mark_non_differentiable(mean, rstd)  # saved for the backward, not results
+    _saved_not_results(ctx, mean, rstd)  # saved for the backward, not results
     ctx.rest = (out_dtype, eps)
 
 
@@ -111,7 +120,7 @@ def _rms_adaln_setup(ctx, inputs, output):
     _, xhat, rstd = output
     # As the C++ op keeps: x only without xhat (or for the CPU's reference backward).
     ctx.save_for_backward(x if (xhat.numel() == 0 or not x.is_cuda) else None, weight, scale, xhat, rstd)
-    ctx.mark_non_differentiable(xhat, rstd)  # saved for the backward, not results
+    _saved_not_results(ctx, xhat, rstd)  # saved for the backward, not results
     ctx.rest = (x.dtype, out_dtype, eps)
 
 
@@ -202,7 +211,7 @@ def _residual_context(ctx, x, tensors, output, out_dtype, eps):
     x1, _, xhat, stat, rstd = output
     kept = xhat.numel() > 0
     ctx.save_for_backward(None if x.is_cuda else x, *tensors, None if kept else x1, xhat, stat, rstd)
-    ctx.mark_non_differentiable(xhat, stat, rstd)  # saved for the backward, not results
+    _saved_not_results(ctx, xhat, stat, rstd)  # saved for the backward, not results
     ctx.rest = (x.dtype, out_dtype, eps)
 
 
@@ -216,9 +225,17 @@ def _residual_adaln_setup(ctx, inputs, output):
     _residual_context(ctx, x, (gate, y, shift, scale, bias), output, out_dtype, eps)
 
 
+def _residual_grads(ctx, saved, grad_x1, grad_h):
+    """The two results' gradients, zeros for one not used (y, saved[2], has their shape)."""
+    x_dtype, out_dtype, _ = ctx.rest
+    y = saved[2]
+    return (grad_x1 if grad_x1 is not None else y.new_zeros(y.shape, dtype=x_dtype),
+            grad_h if grad_h is not None else y.new_zeros(y.shape, dtype=out_dtype))
+
+
 def _residual_adaln_backward(ctx, grad_x1, grad_h, *unused):
     saved = ctx.saved_tensors
-    grads = _ops.residual_adaln_backward(grad_x1, grad_h, *saved, *ctx.rest)
+    grads = _ops.residual_adaln_backward(*_residual_grads(ctx, saved, grad_x1, grad_h), *saved, *ctx.rest)
     dx, dgate, dy, dshift, dscale, dbias = grads
     return dx, dgate, dy, dshift, dscale, dbias if saved[5] is not None else None, None, None
 
@@ -258,7 +275,7 @@ def _residual_rms_adaln_setup(ctx, inputs, output):
 
 def _residual_rms_adaln_backward(ctx, grad_x1, grad_h, *unused):
     saved = ctx.saved_tensors
-    grads = _ops.residual_rms_adaln_backward(grad_x1, grad_h, *saved, *ctx.rest)
+    grads = _ops.residual_rms_adaln_backward(*_residual_grads(ctx, saved, grad_x1, grad_h), *saved, *ctx.rest)
     optional = saved[3:6]  # post_weight, pre_weight, scale
     return (*grads[:3], *(g if t is not None else None for g, t in zip(grads[3:], optional)), None, None)
 
@@ -295,7 +312,7 @@ def _(qkv, q_weight, k_weight, cos, sin, heads, eps):
 def _qk_norm_rope_setup(ctx, inputs, output):
     qkv, q_weight, k_weight, cos, sin, heads, eps = inputs
     ctx.save_for_backward(qkv, q_weight, k_weight, cos, sin, output[1])
-    ctx.mark_non_differentiable(output[1])  # rstd: saved for the backward, not a result
+    _saved_not_results(ctx, output[1])  # rstd: saved for the backward, not a result
     ctx.rest = (heads, eps)
 
 
@@ -337,7 +354,7 @@ def _attention_setup(ctx, inputs, output):
     qkv, heads = inputs
     out, lse = output
     ctx.save_for_backward(qkv, out, lse)
-    ctx.mark_non_differentiable(lse)  # saved for the backward, not a result
+    _saved_not_results(ctx, lse)  # saved for the backward, not a result
     ctx.heads = heads
 
 
@@ -410,7 +427,7 @@ def _(x, weight, bias):
 def _linear_gelu_setup(ctx, inputs, output):
     x, weight, bias = inputs
     ctx.save_for_backward(x, weight, bias, output[1])
-    ctx.mark_non_differentiable(output[1])  # pre: saved for the backward, not a result
+    _saved_not_results(ctx, output[1])  # pre: saved for the backward, not a result
 
 
 def _linear_gelu_backward(ctx, grad_act, grad_pre):
