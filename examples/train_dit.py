@@ -34,6 +34,13 @@ import reference_dit  # noqa: E402 -- facebookresearch/DiT's models.py, written 
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
+# Seconds from the process start to each point before the first step (where a first step's time goes).
+_MARKS = {}
+
+
+def mark(name):
+    _MARKS[name] = round(time.time() - process_start_time(), 2)
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,6 +100,7 @@ def load_batches(args, device, latent, count=4):
 
 
 def main(argv=None):
+    mark("torch imported")
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
@@ -108,6 +116,7 @@ def main(argv=None):
     with torch.device(device):  # initialised where it trains: seconds less to the first step for DiT-XL
         model = models.DiT_models[args.model](input_size=latent, num_classes=args.num_classes,
                                               learn_sigma=args.learn_sigma).train()
+    mark("model built")  # (perftrain imported before it)
     ema = None if args.perftrain else deepcopy(model).requires_grad_(False).eval()  # [perftrain]
     if args.perftrain:  # [perftrain]
         opt = DeviceAdamW(model, lr=1e-4, weight_decay=0, ema_decay=0.9999, compute_dtype=torch.bfloat16)  # [perftrain]
@@ -116,6 +125,7 @@ def main(argv=None):
     forward = model if args.compile == "none" else torch.compile(
         model, **({} if args.compile == "default" else {"mode": args.compile}), fullgraph=args.perftrain)
     diffusion = reference_dit.DDPMLinear(device=device)
+    mark("optimizer built")
 
     def train_step(x, y):
         if args.compile in ("reduce-overhead", "max-autotune"):
@@ -183,7 +193,7 @@ def report(args, ms, first_step_s, losses, step):
          "ms_median": round(median, 3), "ms_p10": round(q[0], 3), "ms_p90": round(q[-1], 3),
          "images_per_s": round(args.batch_size / (median / 1e3), 1), "first_step_s": round(first_step_s, 2),
          "loss_first": round(losses[0].item(), 4), "loss_last": round(losses[-1].item(), 4),
-         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if args.device == "cuda" else None,
+         "startup_s": _MARKS, "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if args.device == "cuda" else None,
          "captured": getattr(step, "captured", None), "eager_reason": getattr(step, "eager_reason", None),
          "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__}
     if args.json:
@@ -194,6 +204,7 @@ def report(args, ms, first_step_s, losses, step):
     print(f"  step {r['ms_median']:.2f} ms median (p10 {r['ms_p10']:.2f}, p90 {r['ms_p90']:.2f}), "
           f"{r['images_per_s']:.0f} img/s; first step {r['first_step_s']:.2f} s after start; "
           f"loss {r['loss_first']} -> {r['loss_last']}; peak {r['peak_gib']} GiB")
+    print("  before the first step: " + ", ".join(f"{k} at {v} s" for k, v in _MARKS.items()))
     if r["eager_reason"]:
         print(f"  perftrain ran eagerly: {r['eager_reason']}")
 
