@@ -125,6 +125,7 @@ class Trainer {
   void check_memory() const;
   void check_loggers();
   void open_dataset();
+  void open_image_decoder();
   void open_evaluator();
   void open_run_directory();
   void build_model_and_runner();
@@ -183,6 +184,7 @@ class Trainer {
   std::unique_ptr<observe::log::WandbLogger> wandb_;
   std::unique_ptr<distributed::Group> group_;
   std::unique_ptr<data::Dataset> dataset_;
+  ImageDecoder image_decoder_;                  // eval.vae's decoder, rank 0: sample grids and eval.every
   std::unique_ptr<eval::Evaluator> evaluator_;  // eval.every > 0, rank 0
   std::string run_path_, resume_dir_;
   std::unique_ptr<RunDirectory> run_;  // rank 0's; null on the other ranks

@@ -102,6 +102,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opts, std::ostream&
     group_ = std::make_unique<distributed::Group>(launch_, device_,
                                            distributed::GroupOptions{cfg_.distributed.timeout_s, cfg_.distributed.bucket_mb});
   open_dataset();
+  open_image_decoder();
   open_evaluator();
   open_run_directory();
   build_model_and_runner();
@@ -216,8 +217,15 @@ void Trainer::resume() {
 // segments, the loggers (train/run_loggers.h) told the resolved config: the
 // values each log window already read back go to them, TensorBoard's weight
 // histograms every log.histogram_every steps, the sample grids.
-// eval.every: the networks, reference statistics and VAE loaded once (rank
-// 0, which samples), every file checked before anything is written.
+// eval.vae: the latents' VAE decoder, loaded once on rank 0 (which samples),
+// for the sample grids (images, not latent channels) and eval.every.
+void Trainer::open_image_decoder() {
+  if (cfg_.eval.vae.empty() || launch_.rank != 0) return;
+  image_decoder_ = vae_image_decoder(cfg_.eval.vae, cfg_, device_, log_, "eval.vae");
+}
+
+// eval.every: the networks and reference statistics loaded once (rank 0,
+// which samples), every file checked before anything is written.
 void Trainer::open_evaluator() {
   const EvalConfig& e = cfg_.eval;
   if (e.every == 0 || launch_.rank != 0) return;
@@ -234,7 +242,7 @@ void Trainer::open_evaluator() {
   o.inception = e.inception;
   o.ref_stats = e.ref_stats;
   o.features = e.features;
-  if (!e.vae.empty()) o.sample.decoder = vae_image_decoder(e.vae, cfg_, device_, log_, "eval.vae");
+  o.sample.decoder = image_decoder_;
   o.vae = e.vae;
   evaluator_ = std::make_unique<eval::Evaluator>(o, device_);
   evaluator_->check_model(cfg_);
@@ -291,7 +299,7 @@ void Trainer::start_loop() {
                                                                     cfg_.data.flip && cfg_.data.source == "images"});
   progress_ = std::make_unique<Progress>(log_, cfg_.optim.steps, opts_.interactive);
   sample_opts_ = SampleOptions{cfg_.log.sample_classes, cfg_.log.sample_per_class, cfg_.diffusion.sample_steps,
-                               cfg_.diffusion.cfg_scale, cfg_.optim.seed, precision_ != "fp32", {}};
+                               cfg_.diffusion.cfg_scale, cfg_.optim.seed, precision_ != "fp32", image_decoder_};
   summary_.run_dir = run_path_;
   summary_.first_step = state_.step + 1;
   window_start_ = loop_start_ = Clock::now();

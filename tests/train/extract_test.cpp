@@ -211,5 +211,43 @@ TEST(Extract, EvalDecodesALatentModelThroughTheVae) {
                        "its latents have 4 channels, the model makes 3"));
 }
 
+
+// A PNG's width and height from its IHDR chunk (bytes 16-23, big-endian).
+std::pair<int64_t, int64_t> png_size(const std::string& path) {
+  const std::string b = perftrain::testing::read_raw(path);
+  const auto be32 = [&](size_t at) {
+    int64_t v = 0;
+    for (size_t i = 0; i < 4; ++i) v = v * 256 + static_cast<unsigned char>(b.at(at + i));
+    return v;
+  };
+  return {be32(16), be32(20)};
+}
+
+// A latent run's sample grids: with eval.vae (eval.every off) the samples go
+// through the VAE's decoder, 32 px images from 16 px latents; without, the
+// grid shows the latents' first channels at 16 px.
+TEST(Extract, SampleGridsOfALatentRunAreDecodedWithEvalVae) {
+  TempDir tmp;
+  make_inputs(tmp);
+  std::ostringstream log;
+  run_extract(options(tmp, "latents"), log, false);
+  TrainConfig c = tiny_latent_run(tmp, "raw");
+  apply_override(c, "log.sample_every=2");
+  apply_override(c, "log.sample_classes=2");
+  apply_override(c, "log.sample_per_class=3");
+  const TrainSummary raw = run_training(c, {}, log);
+  ASSERT_FALSE(raw.last_samples.empty());
+  const auto [raw_w, raw_h] = png_size(raw.last_samples);
+  EXPECT_EQ(raw_w, 3 * (16 + 2) + 2);
+  EXPECT_EQ(raw_h, 2 * (16 + 2) + 2);
+
+  c.run.name = "decoded";
+  c.eval.vae = tmp.file("vae");
+  const TrainSummary decoded = run_training(c, {}, log);
+  const auto [w, h] = png_size(decoded.last_samples);
+  EXPECT_EQ(w, 3 * (32 + 2) + 2);
+  EXPECT_EQ(h, 2 * (32 + 2) + 2);
+}
+
 }  // namespace
 }  // namespace perftrain::train
