@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "base/text.h"
 #include "base/fs.h"
 #include "observe/bench/subprocess.h"
 #include "observe/bench/variants.h"
@@ -84,7 +85,8 @@ std::string reference_python(const std::string& build_python, const std::string&
 void check_python(const std::string& python) {
   const bool found = python.find('/') != std::string::npos ? is_executable_file(python)
                                                             : !python.empty() && on_path(python);
-  if (!found) throw UsageError("--python " + python + ": not an executable file (nor a program on PATH)");
+  if (!found)
+    throw UsageError("--python " + base::printable(python) + ": not an executable file (nor a program on PATH)");
 }
 
 std::string default_torch_cache_dir(const std::function<const char*(const char*)>& getenv) {
@@ -101,18 +103,25 @@ std::string default_torch_cache_dir() {
 
 void check_torch_cache_dir(const std::string& dir) {
   if (dir.empty()) throw UsageError("--torch-cache is empty");
+  const std::string shown = base::printable(dir);
+  if (shown != dir) throw UsageError("--torch-cache " + shown + ": a folder name with control characters");
   std::string existing = dir;  // the nearest folder that exists, where the rest will be made
   while (!fs::exists(existing) && fs::parent_path(existing) != existing) existing = fs::parent_path(existing);
+  const std::string what = "--torch-cache " + dir + ": ";
   if (!fs::is_directory(existing))
-    throw UsageError("--torch-cache " + dir + ": " + (existing == dir ? "not a directory" : existing + " is no directory"));
-  if (::access(existing.c_str(), W_OK | X_OK) != 0)
-    throw UsageError("--torch-cache " + dir + ": " + existing + " is not writable");
+    throw UsageError(what + (existing == dir ? "not a directory" : existing + " is not a directory"));
+  if (::access(existing.c_str(), W_OK | X_OK) != 0) throw UsageError(what + existing + " is not writable");
 }
 
 int64_t count_files(const std::string& dir) {
-  if (!fs::is_directory(dir)) return 0;
+  std::vector<std::string> names;
+  try {
+    names = fs::is_directory(dir) ? fs::list_directory(dir) : names;
+  } catch (const RuntimeError&) {
+    return 0;  // unreadable: nothing torch could use either
+  }
   int64_t n = 0;
-  for (const auto& name : fs::list_directory(dir)) {
+  for (const auto& name : names) {
     const std::string path = fs::join(dir, name);
     n += fs::is_directory(path) ? count_files(path) : 1;
   }

@@ -62,7 +62,8 @@ std::string default_torch_cache_dir();
 // A directory, or a path one can be made at (its nearest existing folder
 // writable). UsageError naming --torch-cache otherwise.
 void check_torch_cache_dir(const std::string& dir);
-// Files under dir, at any depth (0 for a missing one): how warm the cache is.
+// Files under dir, at any depth (0 for a missing or unreadable one): how
+// warm the cache is.
 int64_t count_files(const std::string& dir);
 // <source_dir>/bench/reference_dit.py, or reference_single_stream.py for
 // family "single-stream", reference_looped.py for "looped".
