@@ -278,9 +278,10 @@ CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 def compile_cache_counts():
     """(hits, misses): the graphs torch.compile found in its cache (TORCHINDUCTOR_CACHE_DIR) and those it
-    compiled, in this process so far."""
+    compiled (not found, or not cacheable), in this process so far."""
     from torch._dynamo.utils import counters
-    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+    c = counters["inductor"]
+    return c["fxgraph_cache_hit"], c["fxgraph_cache_miss"] + c["fxgraph_cache_bypass"]
 
 
 def cache_state(hits, misses):

@@ -295,7 +295,7 @@ TEST(CliBench, AgainstTorchOnTheCpu) {
   EXPECT_NEAR(s["speedup_vs_best_torch"].get<double>(), t["ms"].get<double>() / s["ms"].get<double>(), 1e-9);
   EXPECT_TRUE(contains(r.output, "best torch eager-fp32")) << r.output;
   EXPECT_EQ(j["config"]["torch_python"], PERFTRAIN_PYTHON);
-  EXPECT_EQ(j["config"]["torch_cache"], tmp.file("cache"));
+  EXPECT_EQ(j["config"]["torch_cache_dir"], tmp.file("cache"));
   EXPECT_TRUE(t["torch_cache"].is_null()) << "eager: nothing compiled";
 }
 
@@ -332,7 +332,7 @@ TEST(CliBench, TorchModesWithTheirCacheAgainstAStandIn) {
   const auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("b/bench.json")));
   EXPECT_EQ(j["config"]["torch_modes"], nlohmann::json({"compile", "max-autotune", "max-autotune-no-cudagraphs"}));
   EXPECT_EQ(j["config"]["torch_python"], python);
-  EXPECT_EQ(j["config"]["torch_cache"], cache);
+  EXPECT_EQ(j["config"]["torch_cache_dir"], cache);
   EXPECT_EQ(j["config"]["torch_cache_files"], 2);
   ASSERT_EQ(j["torch"].size(), 3u);
   for (const auto& t : j["torch"]) {

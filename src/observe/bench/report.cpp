@@ -69,7 +69,7 @@ std::string speed_text(const std::vector<std::pair<std::string, std::string>>& s
   return out.empty() ? "n/a" : out;
 }
 
-// "; cache warm (12 graphs found)" for a compiled torch mode, "" for an eager one.
+// "; cache warm (12 graphs found, 0 compiled)" for a compiled torch mode, "" for an eager one.
 std::string torch_cache_note(const TorchRow& t) {
   if (t.torch_cache.empty()) return "";
   std::string note = "; cache " + t.torch_cache;
@@ -154,7 +154,7 @@ std::string method_text(const BenchReport& r) {
       << s.steps << " steps after " << s.warmup
       << " warm-up by CUDA events; its first_step_s counts from its process start (Python, torch import and "
          "compilation included). torch.compile's caches (Inductor's and Triton's) live in "
-      << (s.torch_cache.empty() ? std::string("torch's default folder") : s.torch_cache) << " ("
+      << (s.torch_cache_dir.empty() ? std::string("torch's default folder") : s.torch_cache_dir) << " ("
       << s.torch_cache_files
       << " files when the PyTorch runs began), kept between calls: a compiled mode's cache is warm when every "
          "graph it compiled was found there (its first step then mostly loads them), cold when none was.";
@@ -363,7 +363,7 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
                            {"against_torch", s.against_torch},
                            {"torch_modes", s.torch_modes},
                            {"torch_python", s.torch_python},
-                           {"torch_cache", s.torch_cache},
+                           {"torch_cache_dir", s.torch_cache_dir},
                            {"torch_cache_files", s.torch_cache_files},
                            {"world_size", s.world_size},
                            {"data_parallel", s.world_size > 0},
@@ -452,9 +452,8 @@ std::string data_parallel_line(const BenchReport& r, const BenchRow& x) {
 std::string format_table(const BenchReport& r) {
   std::ostringstream o;
   const auto rows = text_rows(r);
-  size_t name_width = 22;  // wider for "torch max-autotune-no-cudagraphs"
-  for (const auto& x : rows) name_width = std::max(name_width, x.name.size() + 2);
-  const size_t w = name_width;
+  size_t w = 22;  // the name column, wider for "torch max-autotune-no-cudagraphs"
+  for (const auto& x : rows) w = std::max(w, x.name.size() + 2);
   o << pad("batch", 6) << "  " << pad("variant", w, true) << pad("ms", 10) << pad("p10-p90", 18) << pad("img/s", 11)
     << pad("TFLOP/s", 9) << pad("MFU", 8) << pad("peak GiB", 10) << pad("1st step s", 12) << "  graph\n";
   for (const auto& x : rows) {
@@ -503,7 +502,7 @@ std::string to_markdown(const BenchReport& r) {
     << "| optimizer | " << cell(s.optimizer) << " |\n";
   if (s.against_torch)
     m << "| torch modes | " << join(s.torch_modes) << " (" << cell(s.torch_python) << "; cache "
-      << cell(s.torch_cache.empty() ? "torch's default" : s.torch_cache) << ", " << s.torch_cache_files
+      << cell(s.torch_cache_dir.empty() ? "torch's default" : s.torch_cache_dir) << ", " << s.torch_cache_files
       << " files before) |\n";
 
   m << "\n## Method\n\n" << method_text(r) << "\n";

@@ -50,7 +50,7 @@ struct BenchSettings {
   std::string torch_python;  // the interpreter used for them
   // Where torch.compile kept its caches (--torch-cache; "" torch's own
   // default) and how many files were there when the torch runs began.
-  std::string torch_cache;
+  std::string torch_cache_dir;
   int64_t torch_cache_files = 0;
   // Data parallel: the ranks' group (0: one process, no group) and its
   // backend for the gradients (nccl | gloo).

@@ -104,7 +104,7 @@ ob::BenchSettings bench_settings(const BenchPlan& p) {
   s.against_torch = o.against_torch;
   s.torch_modes = p.torch_modes;
   s.torch_python = p.torch_python;
-  s.torch_cache = p.torch_cache;
+  s.torch_cache_dir = p.torch_cache_dir;
   if (p.data_parallel()) s.world_size = p.launch.world_size, s.dist_backend = p.cuda ? "nccl" : "gloo";
   return s;
 }
@@ -246,7 +246,7 @@ ob::TorchBenchRequest torch_request(const BenchPlan& p, int64_t batch, const std
   r.ema_decay = p.options.timing.ema ? p.base.optim.ema_decay : 0.0;
   r.device = p.cuda ? "cuda" : "cpu";
   r.nproc = p.data_parallel() ? p.launch.world_size : 0;  // DistributedDataParallel over as many processes
-  r.cache_dir = p.torch_cache;
+  r.cache_dir = p.torch_cache_dir;
   if (m.looped()) r.model_flags = looped_reference_flags(m);
   return r;
 }
@@ -255,7 +255,7 @@ ob::TorchBenchRequest torch_request(const BenchPlan& p, int64_t batch, const std
 // failure is a row.
 void run_torch_reference(const BenchPlan& p, ob::BenchReport& report, at::Device device) {
   const std::string script = ob::reference_script(p.source_dir, p.base.model.family);
-  report.settings.torch_cache_files = ob::count_files(p.torch_cache);  // torch makes the folder when it compiles
+  report.settings.torch_cache_files = ob::count_files(p.torch_cache_dir);  // torch makes the folder when it compiles
   const std::string& out = p.options.step.out;
   const auto& launch = p.launch;
   for (int64_t b : p.batches) {
@@ -314,8 +314,8 @@ void plan_torch_reference(BenchPlan& p) {
       o.torch_modes.empty() ? (p.cuda ? "eager-bf16,compile,reduce-overhead" : "eager-fp32") : o.torch_modes);
   if (!o.python.empty()) ob::check_python(o.python);
   p.torch_python = o.python.empty() ? ob::reference_python(base::build_python(), p.source_dir) : o.python;
-  p.torch_cache = o.torch_cache.empty() ? ob::default_torch_cache_dir() : o.torch_cache;
-  if (!p.torch_cache.empty()) ob::check_torch_cache_dir(p.torch_cache);
+  p.torch_cache_dir = o.torch_cache.empty() ? ob::default_torch_cache_dir() : o.torch_cache;
+  if (!p.torch_cache_dir.empty()) ob::check_torch_cache_dir(p.torch_cache_dir);
 }
 
 }  // namespace

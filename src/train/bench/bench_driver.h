@@ -44,9 +44,10 @@ struct BenchPlan {
   std::vector<int64_t> batches;
   std::vector<observe::bench::Variant> variants;
   std::vector<std::string> torch_modes;
-  // With against_torch: the checkout (bench/'s scripts), the Python and the
-  // torch cache folder they run with.
-  std::string source_dir, torch_python, torch_cache;
+  std::string source_dir;  // the checkout: bench/'s scripts, the commit
+  // With against_torch: the Python and the torch cache folder (checked) the
+  // reference runs with.
+  std::string torch_python, torch_cache_dir;
   TrainConfig base;            // the anchors' step with --recompute, --set; each variant sets its own switches
   bool lead() const { return launch.rank == 0; }  // prints, measures the one-process rows, writes the report
   bool data_parallel() const { return launch.from_env; }
