@@ -76,8 +76,11 @@ COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"  #
 row GPU "$(cat "$OUT/gpu.txt")"
 row commit "$COMMIT"
 
-# torch.compile's caches, where perftrain bench keeps them by default (--torch-cache), carried in and out.
-TORCH_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/perftrain/inductor"
+# torch.compile's caches, where perftrain bench keeps them by default (--torch-cache:
+# $XDG_CACHE_HOME/perftrain/inductor, XDG_CACHE_HOME made absolute here), carried in and out.
+case "${XDG_CACHE_HOME:-}" in /*) ;; *) XDG_CACHE_HOME="${HOME:-/tmp}/.cache" ;; esac
+export XDG_CACHE_HOME
+TORCH_CACHE="$XDG_CACHE_HOME/perftrain/inductor"
 if [ -f .carry/inductor-cache.tgz ]; then
   mkdir -p "$TORCH_CACHE" && tar xzf .carry/inductor-cache.tgz -C "$TORCH_CACHE"
   row "torch cache in" "rc $?, $(find "$TORCH_CACHE" -type f | wc -l) files from .carry/inductor-cache.tgz"
