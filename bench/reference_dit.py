@@ -14,7 +14,11 @@ Subcommands (model flags are shared: --model, --depth/--hidden/--heads/--patch,
   init   --out W [--seed S]    write the reference-initialised state_dict
   bench  --batch B [--mode M]  one DDPM training step, timed as in docs/anchors; with --ddp one rank of
                                a DistributedDataParallel run started by
-                               python -m torch.distributed.run --nproc-per-node N (--batch per rank)
+                               python -m torch.distributed.run --nproc-per-node N (--batch per rank).
+                               Modes: eager-fp32, eager-bf16, and under torch.compile compile (its
+                               default), reduce-overhead, max-autotune, max-autotune-no-cudagraphs; a
+                               compiled mode reports whether its graphs came from torch.compile's cache
+                               (TORCHINDUCTOR_CACHE_DIR) as torch_cache warm / cold / partial
 """
 import time
 
@@ -265,7 +269,24 @@ def forward_flops_per_image(depth, hidden, patch, input_size=32, in_channels=4,
 # Training step and benchmark
 # ----------------------------------------------------------------------------
 
-MODES = ("eager-fp32", "eager-bf16", "compile", "reduce-overhead")
+MODES = ("eager-fp32", "eager-bf16", "compile", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# The modes under torch.compile (compile: its default mode), and those of them that run CUDA graphs.
+COMPILE_MODES = {"compile": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune",
+                 "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs"}
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def compile_cache_counts():
+    """(hits, misses): the graphs torch.compile found in its cache (TORCHINDUCTOR_CACHE_DIR) and those it
+    compiled (not found, or not cacheable), in this process so far."""
+    from torch._dynamo.utils import counters
+    c = counters["inductor"]
+    return c["fxgraph_cache_hit"], c["fxgraph_cache_miss"] + c["fxgraph_cache_bypass"]
+
+
+def cache_state(hits, misses):
+    """warm: every graph found in the cache; cold: none; partial: some."""
+    return "warm" if misses == 0 and hits > 0 else "cold" if hits == 0 else "partial"
 
 
 def process_start_time():
@@ -369,10 +390,8 @@ def run_bench(args, name, build, make_inputs, train_flops_per_image):
     if ddp:
         from torch.nn.parallel import DistributedDataParallel
         step_model = DistributedDataParallel(model, device_ids=[dev.index] if cuda else None)
-    if args.mode == "compile":
-        step_model = torch.compile(step_model)
-    elif args.mode == "reduce-overhead":
-        step_model = torch.compile(step_model, mode="reduce-overhead")
+    if args.mode in COMPILE_MODES:
+        step_model = torch.compile(step_model, mode=COMPILE_MODES[args.mode])
     amp_dtype = None if args.mode == "eager-fp32" else torch.bfloat16
 
     ddpm = DDPMLinear(device=dev)
@@ -390,7 +409,7 @@ def run_bench(args, name, build, make_inputs, train_flops_per_image):
             ev0.record()
         else:
             c0 = now_ms()
-        train_step(step_model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=args.mode == "reduce-overhead",
+        train_step(step_model, opt, ddpm, x0, y, amp_dtype, mark_cudagraph_step=args.mode in CUDAGRAPH_MODES,
                    ema=ema, cond=cond)
         if cuda:
             ev1.record()
@@ -415,6 +434,7 @@ def run_bench(args, name, build, make_inputs, train_flops_per_image):
         if rank != 0:
             return None
     flops = train_flops_per_image * B
+    hits, misses = compile_cache_counts() if args.mode in COMPILE_MODES else (None, None)
     return {
         "model": name, "batch": B, "mode": args.mode,
         "ms_median": round(ms, 4), "ms_p10": round(float(q[0]), 4), "ms_p90": round(float(q[1]), 4),
@@ -422,6 +442,10 @@ def run_bench(args, name, build, make_inputs, train_flops_per_image):
         "tflops": round(flops / (ms / 1e3) / 1e12, 3),
         "peak_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 3) if cuda else None,
         "first_step_s": round(first_step_s, 3),
+        # A compiled mode's graphs found in torch.compile's cache and compiled here (rank 0's).
+        "torch_cache": cache_state(hits, misses) if hits is not None else None,
+        "torch_cache_hits": hits,
+        "torch_cache_misses": misses,
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
         # DDP: ms_median and images_per_s are rank 0's (per GPU); the total counts every rank's images at the
@@ -459,7 +483,8 @@ def print_result(r, args):
         print(f"{r['model']} batch {r['batch']} {r['mode']} on {r['device']} (torch {r['torch']})")
         print(f"  step {r['ms_median']:.2f} ms median (p10 {r['ms_p10']:.2f}, p90 {r['ms_p90']:.2f}), "
               f"{r['images_per_s']:.1f} img/s, {r['tflops']:.1f} TFLOP/s")
-        print(f"  peak memory {r['peak_gib']} GiB, first step {r['first_step_s']:.2f} s after process start")
+        cache = f" (torch.compile's cache {r['torch_cache']})" if r.get("torch_cache") else ""
+        print(f"  peak memory {r['peak_gib']} GiB, first step {r['first_step_s']:.2f} s after process start{cache}")
 
 
 def add_bench_args(s):

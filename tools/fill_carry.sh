@@ -4,8 +4,20 @@
 # headers, gloo's headers (libtorch has gloo's code, not its headers), and
 # Fashion-MNIST (training and test files). Run here, then name .carry in
 # the device call's carry list; tools/gpu_run.sh uses it.
+#
+#   tools/fill_carry.sh [INDUCTOR_CACHE_TGZ]
+#
+# INDUCTOR_CACHE_TGZ: an inductor-cache.tgz that a call with INDUCTOR_CACHE_OUT=1
+# brought back (torch.compile's caches); copied to .carry/inductor-cache.tgz,
+# which gpu_run.sh unpacks before its runs, so that torch.compile finds what
+# that call compiled. The carry travels with the working tree, 64 MiB in all:
+# the rest of .carry takes about 37 MiB, so a cache of more than about 25 MiB
+# does not fit (this script says so; carry a smaller case's cache, or a call
+# with fewer modes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+cache="${1:-}"
+if [ -n "$cache" ] && [ ! -f "$cache" ]; then echo "fill_carry.sh: no file $cache" >&2; exit 2; fi
 rm -rf .carry && mkdir -p .carry/include/stb .carry/fashion-mnist
 cp -r /usr/include/CLI /usr/include/nlohmann /usr/include/toml++ .carry/include/
 cp /usr/include/stb/stb_image_write.h /usr/include/stb/stb_image.h .carry/include/stb/
@@ -13,4 +25,9 @@ cp /usr/include/zlib.h /usr/include/zconf.h .carry/include/
 cp -r /usr/include/gloo .carry/include/  # c10d's ProcessGroupGloo.hpp includes them (src/dist)
 cp -r /usr/src/googletest .carry/googletest
 cp /usr/share/datasets/fashion-mnist/*.gz .carry/fashion-mnist/  # the test set too: eval --train-features reports its accuracy
+[ -n "$cache" ] && cp "$cache" .carry/inductor-cache.tgz
 du -sh .carry
+mib=$(( $(du -sk .carry | cut -f1) / 1024 ))
+if [ "$mib" -gt 60 ]; then
+  echo "fill_carry.sh: .carry holds $mib MiB; with the working tree it may pass the carry's 64 MiB" >&2
+fi

@@ -31,15 +31,26 @@
 #   ss-256   SS-B/2 b256, SS-XL/2 b128: 32x32x4 latents (256 image tokens) + 32 features of 1024 channels
 #   ss-1024  SS-B/2 b64, SS-XL/2 b32: 64x64x4 latents (1024 image tokens) + 128 features of 1024 channels
 #   dit-512  DiT-XL/2 b32, DiT-B/2 b64: 64x64x4 latents (512 px, 1024 tokens)
+# torch.compile's caches: the machine is fresh on every call, so Inductor's and Triton's caches (perftrain bench
+#   --torch-cache's default folder, TORCH_CACHE below) start empty unless carried: .carry/inductor-cache.tgz,
+#   when present, is unpacked there first; INDUCTOR_CACHE_OUT=1 packs the folder into $OUT/inductor-cache.tgz
+#   at the end (INDUCTOR_CACHE_OUT=lean without Triton's binaries, triton/: the next call compiles those
+#   kernels again from the cached sources, tens of seconds, but autotunes nothing), and shortens the bench runs
+#   (bench mode) or the script (script mode) so that this still happens within the call's CALL_LIMIT (default
+#   600 s). tools/fill_carry.sh <that file> carries it into the next call (mind the carry's 64 MiB: it says
+#   how much .carry holds). A cold max-autotune compile of DiT-B/2 b256 may take more than one call; each call
+#   keeps what it compiled (docs/guide/speed.md, The torch cache).
 # Options: COMMIT=<sha> (pass it: git on the device machine may name an older commit), BENCH_CASES="DiT-S/2:32,256
 #   DiT-B/2:256", BENCH_ARGS (more bench flags; profile takes PROFILE_VARIANT, not --variants), TESTS=all (every
 #   test, not only gpu ones), TEST_REGEX, RUN_TESTS=1 (the gpu tests in the other modes too), BUILD_TARGETS (ninja
 #   targets instead of everything, e.g. "tests/test_ops_gpu" with TEST_REGEX=ops.: a faster build).
 # Output: summary.md, gpu.txt, tests.log, bench-<case>[-<setting>].{json,md}, curve.txt,
-#   <case>[-<setting>]-profile-b<batch>-<variant>.md, lab-<program>.log, ncu-*.txt; the rest in logs.tgz.
+#   <case>[-<setting>]-profile-b<batch>-<variant>.md, lab-<program>.log, ncu-*.txt, inductor-cache.tgz
+#   (INDUCTOR_CACHE_OUT=1); the rest in logs.tgz.
 # shellcheck disable=SC2086,SC2206  # the *_ARGS, BUILD_TARGETS and CURVE_ARGS lists split on purpose
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+T0=$(date +%s)
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 MODE="${MODE:-check}"
@@ -60,11 +71,26 @@ SUMMARY="$OUT/summary.md"
 row() { echo "| $1 | $2 |" >> "$SUMMARY"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-PY="$(command -v python3)"
-export PERFTRAIN_PYTHON="$PY" PERFTRAIN_SOURCE_DIR="$PWD"
-export PERFTRAIN_COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+PY="$(command -v python3)"  # the build's Python (-DPERFTRAIN_PYTHON): bench's --python default
+COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"  # built in: bench.json's commit
 row GPU "$(cat "$OUT/gpu.txt")"
-row commit "$PERFTRAIN_COMMIT"
+row commit "$COMMIT"
+
+# torch.compile's caches, where perftrain bench keeps them by default (--torch-cache:
+# $XDG_CACHE_HOME/perftrain/inductor, XDG_CACHE_HOME made absolute here), carried in and out.
+case "${XDG_CACHE_HOME:-}" in /*) ;; *) XDG_CACHE_HOME="${HOME:-/tmp}/.cache" ;; esac
+export XDG_CACHE_HOME
+TORCH_CACHE="$XDG_CACHE_HOME/perftrain/inductor"
+if [ -f .carry/inductor-cache.tgz ]; then
+  mkdir -p "$TORCH_CACHE" && tar xzf .carry/inductor-cache.tgz -C "$TORCH_CACHE"
+  row "torch cache in" "rc $?, $(find "$TORCH_CACHE" -type f | wc -l) files from .carry/inductor-cache.tgz"
+fi
+# Seconds left for work in this call, 45 kept back for the cache's tarball and the table (INDUCTOR_CACHE_OUT;
+# at least 1: a timeout of 0 would be none).
+time_left() {
+  local left=$(( ${CALL_LIMIT:-600} - ($(date +%s) - T0) - 45 ))
+  echo $(( left > 0 ? left : 1 ))
+}
 
 # The build: everything, or BUILD_TARGETS; in lab mode only the program (a Python one needs none).
 targets="${BUILD_TARGETS:-}"
@@ -72,7 +98,7 @@ targets="${BUILD_TARGETS:-}"
 if [[ "$MODE" != lab || "$LAB" != *.py ]]; then
   t0=$(date +%s)
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERFTRAIN_PYTHON="$PY" \
-    -DPERFTRAIN_CARRY_DIR="$PWD/.carry" -DPERFTRAIN_BUILD_COMMIT="$PERFTRAIN_COMMIT" > "$OUT/build.log" 2>&1 &&
+    -DPERFTRAIN_CARRY_DIR="$PWD/.carry" -DPERFTRAIN_BUILD_COMMIT="$COMMIT" > "$OUT/build.log" 2>&1 &&
     ninja -C build-gpu -j "$JOBS" $targets >> "$OUT/build.log" 2>&1
   build_rc=$?
   row build "rc $build_rc, $(( $(date +%s) - t0 )) s"
@@ -137,8 +163,10 @@ bench_case() {  # "DiT-S/2:32,256" (a case), setting (default or a SETS entry), 
   tag+=$(set_tag "$setting")
   t0=$(date +%s)
   mapfile -t sets < <(set_flags "$setting")
-  $BIN bench --model "$model" --batch "$batches" --out "$RUNS/bench-$tag" "${case_flags[@]}" "${sets[@]}" "$@" \
-    ${BENCH_NPROC:+--nproc-per-node "$BENCH_NPROC"} ${BENCH_ARGS:-} > "$OUT/bench-$tag.log" 2>&1
+  local limit=()  # INDUCTOR_CACHE_OUT=1: stopped in time for the cache's tarball (a cold compile may not finish)
+  [ "${INDUCTOR_CACHE_OUT:-0}" != 0 ] && limit=(timeout -k 10 "$(time_left)")
+  "${limit[@]}" $BIN bench --model "$model" --batch "$batches" --out "$RUNS/bench-$tag" "${case_flags[@]}" \
+    "${sets[@]}" "$@" ${BENCH_NPROC:+--nproc-per-node "$BENCH_NPROC"} ${BENCH_ARGS:-} > "$OUT/bench-$tag.log" 2>&1
   local rc=$?
   tail -30 "$OUT/bench-$tag.log"
   cp "$RUNS/bench-$tag/bench.json" "$OUT/bench-$tag.json" 2>/dev/null
@@ -210,7 +238,9 @@ case "$MODE" in
   script)  # a list of commands after the build
     export BIN FMNIST RUNS OUT PY
     t0=$(date +%s)
-    timeout "${SCRIPT_TIMEOUT:-540}" bash "$SCRIPT" > "$OUT/script.log" 2>&1
+    script_limit=${SCRIPT_TIMEOUT:-540}
+    [ "${INDUCTOR_CACHE_OUT:-0}" != 0 ] && [ "$(time_left)" -lt "$script_limit" ] && script_limit=$(time_left)
+    timeout -k 10 "$script_limit" bash "$SCRIPT" > "$OUT/script.log" 2>&1
     rc=$?
     tail -60 "$OUT/script.log"
     row "script $SCRIPT" "rc $rc, $(( $(date +%s) - t0 )) s"
@@ -228,9 +258,21 @@ case "$MODE" in
     ;;
 esac
 
+# INDUCTOR_CACHE_OUT=1 (or lean): what torch.compile cached in this call and before it, for tools/fill_carry.sh.
+if [ "${INDUCTOR_CACHE_OUT:-0}" != 0 ]; then
+  if [ -d "$TORCH_CACHE" ]; then
+    lean=()
+    [ "$INDUCTOR_CACHE_OUT" = lean ] && lean=(--exclude=./triton)
+    tar czf "$OUT/inductor-cache.tgz" "${lean[@]}" -C "$TORCH_CACHE" .
+    row "torch cache out" "rc $?, $(find "$TORCH_CACHE" -type f | wc -l) files, $(du -h "$OUT/inductor-cache.tgz" | cut -f1) in inductor-cache.tgz"
+  else
+    row "torch cache out" "none: nothing was compiled"
+  fi
+fi
+
 # Only a few files come back from the device machine: all but the summary, the bench reports, the kernel
-# profiles, the lab's and Nsight Compute's output and the curve verdict travel in one tarball.
-keep='^(summary\.md|gpu\.txt|tests\.log|script\.log|curve\.txt|logs\.tgz|bench-.*\.(json|md)|.*-profile-b.*\.md|lab-.*\.log|ncu-.*\.txt)$'
+# profiles, the lab's and Nsight Compute's output, the curve verdict and the torch cache travel in one tarball.
+keep='^(summary\.md|gpu\.txt|tests\.log|script\.log|curve\.txt|logs\.tgz|inductor-cache\.tgz|bench-.*\.(json|md)|.*-profile-b.*\.md|lab-.*\.log|ncu-.*\.txt)$'
 rest=()
 for f in "$OUT"/*; do [[ "$(basename "$f")" =~ $keep ]] || rest+=("$(basename "$f")"); done
 [ ${#rest[@]} -gt 0 ] && tar czf "$OUT/logs.tgz" -C "$OUT" --remove-files "${rest[@]}" 2>/dev/null

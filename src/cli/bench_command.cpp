@@ -8,6 +8,7 @@
 #include <iostream>
 #include <memory>
 
+#include "base/build_info.h"
 #include "cli/command.h"
 #include "cli/launcher.h"
 #include "cli/option_checks.h"
@@ -53,9 +54,19 @@ void add_bench_command(CLI::App& app) {
                 "also time bench/reference_dit.py or, for SS-* models, bench/reference_single_stream.py (plain "
                 "PyTorch)");
   cmd->add_option("--torch-modes", o->torch_modes,
-                  "eager-fp32, eager-bf16, compile, reduce-overhead (default: eager-bf16,compile,reduce-overhead "
-                  "on a GPU, eager-fp32 on the CPU)")
+                  "eager-fp32, eager-bf16, compile, reduce-overhead, max-autotune, max-autotune-no-cudagraphs, "
+                  "comma-separated; the ratio is to the fastest (default: eager-bf16,compile,reduce-overhead on a "
+                  "GPU, eager-fp32 on the CPU)")
       ->needs(against_torch);  // alone it would do nothing
+  cmd->add_option("--torch-cache", o->torch_cache,
+                  "folder for torch.compile's caches (Inductor's and Triton's), kept between calls so that a "
+                  "second call times the steady state; each torch row says whether its cache was warm "
+                  "(default: $XDG_CACHE_HOME/perftrain/inductor, else ~/.cache/perftrain/inductor)")
+      ->needs(against_torch);
+  cmd->add_option("--python", o->python,
+                  "the Python with torch that runs the reference (default: the one the build was configured "
+                  "with, " + base::build_python() + ")")
+      ->needs(against_torch);
   cmd->add_flag("--recompute", o->recompute,
                 "recompute block activations in backward (all variants; speed.recompute)");
   cmd->add_flag("--gelu-recompute", o->gelu_recompute,

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "base/build_info.h"
 #include "base/error.h"
 #include "observe/bench/environment.h"
 #include "observe/bench/torch_reference.h"
@@ -51,11 +52,11 @@ observe::log::Params config_params(const TrainConfig& cfg) {
 std::unique_ptr<observe::log::WandbLogger> check_loggers(const LogConfig& log, std::ostream& warnings) {
   observe::log::check_mlflow_tracking_dir(log.mlflow);
   if (log.wandb == "off") return nullptr;
-  const std::string source_dir = observe::bench::find_source_dir();
+  const std::string source_dir = observe::bench::find_source_dir(base::build_source_dir());
   observe::log::WandbOptions o;
   o.mode = log.wandb;
   o.project = log.wandb_project;
-  o.python = observe::bench::reference_python(source_dir);
+  o.python = observe::bench::reference_python(base::build_python(), source_dir);
   o.script = observe::log::wandb_sidecar_script(source_dir);
   return std::make_unique<observe::log::WandbLogger>(o, warnings);
 }

@@ -161,10 +161,9 @@ TEST(CliBench, SingleStreamWithConditionTokensOnTheCpu) {
 
   const bool python = perftrain::testing::run_command(std::string(PERFTRAIN_PYTHON) +
                                                       " -c 'import torch' >/dev/null 2>&1") == 0;
-  r = run_shell("PERFTRAIN_PYTHON=" + std::string(PERFTRAIN_PYTHON) + " PERFTRAIN_SOURCE_DIR=" +
-                std::string(PERFTRAIN_SOURCE_DIR) + " " + std::string(PERFTRAIN_BINARY) + " " + tiny +
-                " --set model.cond_tokens=4 --set model.cond_dim=6 --ema" +
-                (python ? " --against-torch --torch-modes eager-fp32" : "") + " --out " + tmp.file("features"));
+  r = run(tiny + " --set model.cond_tokens=4 --set model.cond_dim=6 --ema" +
+          (python ? " --against-torch --torch-modes eager-fp32 --python " + std::string(PERFTRAIN_PYTHON) : "") +
+          " --out " + tmp.file("features"));
   ASSERT_EQ(r.code, 0) << r.output;
   j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("features/bench.json")));
   const auto& c = j["config"];
@@ -199,7 +198,7 @@ TEST(CliBench, BadOptionsExitTwo) {
            {"bench --device cpu --batch 0", "--batch-size"},
            {"bench --device cpu --model DiT-Q/2", "known models"},
            {"bench --device cpu --precision fp8", "--precision"},
-           {"bench --device cpu --against-torch --torch-modes max-autotune", "unknown torch mode"},
+           {"bench --device cpu --against-torch --torch-modes max-autotune-fast", "--torch-modes: unknown torch mode"},
            {"bench --device tpu", "--device"},
            {"bench --device cpu --steps 0", "--steps"},
            {"bench --device cpu --cooldown -1", "--cooldown"},
@@ -267,8 +266,7 @@ TEST(CliBench, UnknownModelListsEveryFamily) {
 
 TEST(CliBench, AFailingTorchReferenceIsARow) {
   TempDir tmp;
-  auto r = run_shell("PERFTRAIN_PYTHON=/bin/false " + std::string(PERFTRAIN_BINARY) + " " + kCpu +
-                 " --against-torch --torch-modes eager-fp32 --out " + tmp.file("b"));
+  auto r = run(kCpu + " --against-torch --torch-modes eager-fp32 --python /bin/false --out " + tmp.file("b"));
   ASSERT_EQ(r.code, 0) << r.output;
   const auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("b/bench.json")));
   ASSERT_EQ(j["torch"].size(), 1u);
@@ -283,9 +281,8 @@ TEST(CliBench, AgainstTorchOnTheCpu) {
   if (perftrain::testing::run_command(std::string(PERFTRAIN_PYTHON) + " -c 'import torch' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "no Python with torch at " << PERFTRAIN_PYTHON;
   TempDir tmp;
-  auto r = run_shell("PERFTRAIN_PYTHON=" + std::string(PERFTRAIN_PYTHON) + " PERFTRAIN_SOURCE_DIR=" +
-                 std::string(PERFTRAIN_SOURCE_DIR) + " " + std::string(PERFTRAIN_BINARY) + " " + kCpu +
-                 " --against-torch --torch-modes eager-fp32 --out " + tmp.file("c"));
+  auto r = run(kCpu + " --against-torch --torch-modes eager-fp32 --python " + std::string(PERFTRAIN_PYTHON) +
+               " --torch-cache " + tmp.file("cache") + " --out " + tmp.file("c"));
   ASSERT_EQ(r.code, 0) << r.output;
   const auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("c/bench.json")));
   ASSERT_EQ(j["torch"].size(), 1u);
@@ -297,6 +294,86 @@ TEST(CliBench, AgainstTorchOnTheCpu) {
   EXPECT_EQ(s["best_torch_mode"], "eager-fp32");
   EXPECT_NEAR(s["speedup_vs_best_torch"].get<double>(), t["ms"].get<double>() / s["ms"].get<double>(), 1e-9);
   EXPECT_TRUE(contains(r.output, "best torch eager-fp32")) << r.output;
+  EXPECT_EQ(j["config"]["torch_python"], PERFTRAIN_PYTHON);
+  EXPECT_EQ(j["config"]["torch_cache_dir"], tmp.file("cache"));
+  EXPECT_TRUE(t["torch_cache"].is_null()) << "eager: nothing compiled";
+}
+
+// A stand-in for the reference (--python: a shell script) that writes down
+// the torch cache variables it was started with and answers per mode: every
+// mode reaches it with the cache folder in its environment, the best torch is
+// the fastest of all modes (max-autotune here, neither first nor last), and
+// each row's first step and cache state are in bench.json, bench.md and the
+// table; the folder's files before the runs are counted.
+TEST(CliBench, TorchModesWithTheirCacheAgainstAStandIn) {
+  TempDir tmp;
+  const std::string python = tmp.file("python");
+  perftrain::testing::write_raw(
+      python,
+      "#!/bin/sh\nmode=; prev=\nfor a in \"$@\"; do [ \"$prev\" = --mode ] && mode=$a; prev=$a; done\n"
+      "echo \"$mode $TORCHINDUCTOR_CACHE_DIR $TRITON_CACHE_DIR\" >> '" + tmp.file("calls.txt") + "'\n"
+      "case $mode in compile) ms=9.0 ;; max-autotune) ms=7.5 ;; *) ms=8.0 ;; esac\n"
+      "echo \"{\\\"ms_median\\\": $ms, \\\"first_step_s\\\": 31.5, \\\"torch_cache\\\": \\\"cold\\\", "
+      "\\\"torch_cache_hits\\\": 0, \\\"torch_cache_misses\\\": 4}\"\n");
+  ASSERT_EQ(perftrain::testing::run_command("chmod +x '" + python + "'"), 0);
+  const std::string cache = tmp.file("cache");
+  tmp.mkdir("cache");
+  tmp.mkdir("cache/fx");
+  perftrain::testing::write_raw(cache + "/fx/a", "");
+  perftrain::testing::write_raw(cache + "/b", "");
+  // A PERFTRAIN_PYTHON in the environment is nobody's business.
+  auto r = run_shell("PERFTRAIN_PYTHON=/bin/false " + std::string(PERFTRAIN_BINARY) + " " + kCpu +
+                     " --against-torch --torch-modes compile,max-autotune,max-autotune-no-cudagraphs --python " +
+                     python + " --torch-cache " + cache + " --out " + tmp.file("b"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(perftrain::testing::read_raw(tmp.file("calls.txt")),
+            "compile " + cache + " " + cache + "/triton\nmax-autotune " + cache + " " + cache +
+                "/triton\nmax-autotune-no-cudagraphs " + cache + " " + cache + "/triton\n");
+  const auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("b/bench.json")));
+  EXPECT_EQ(j["config"]["torch_modes"], nlohmann::json({"compile", "max-autotune", "max-autotune-no-cudagraphs"}));
+  EXPECT_EQ(j["config"]["torch_python"], python);
+  EXPECT_EQ(j["config"]["torch_cache_dir"], cache);
+  EXPECT_EQ(j["config"]["torch_cache_files"], 2);
+  ASSERT_EQ(j["torch"].size(), 3u);
+  for (const auto& t : j["torch"]) {
+    EXPECT_TRUE(t["error"].is_null()) << t.dump(2);
+    EXPECT_EQ(t["torch_cache"], "cold") << t.dump(2);
+    EXPECT_EQ(t["torch_cache_misses"], 4) << t.dump(2);
+    EXPECT_DOUBLE_EQ(t["first_step_s"].get<double>(), 31.5);
+  }
+  const auto& s = j["summary"][0];
+  EXPECT_EQ(s["best_torch_mode"], "max-autotune");
+  EXPECT_DOUBLE_EQ(s["best_torch_ms"].get<double>(), 7.5);
+  EXPECT_EQ(s["best_torch_cache"], "cold");
+  EXPECT_TRUE(contains(r.output, "best torch max-autotune 7.50 ms (first step 31.5 s, cache cold)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "torch batch 2 max-autotune ... 7.50 ms, first step 31.5 s, cache cold"))
+      << r.output;
+  const auto md = perftrain::testing::read_raw(tmp.file("b/bench.md"));
+  EXPECT_TRUE(contains(md, "; cache " + cache + ", 2 files before) |")) << md;
+  EXPECT_TRUE(contains(md, "cache cold (0 graphs found, 4 compiled)")) << md;
+}
+
+// The torch options, each checked before anything runs: a one-line usage
+// error naming the option, exit 2, nothing written.
+TEST(CliBench, TorchOptionsAreOneLineErrors) {
+  TempDir tmp;
+  perftrain::testing::write_raw(tmp.file("file"), "x");
+  const std::string torch = " --against-torch --torch-modes compile";
+  for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
+           {" --against-torch --torch-modes compile,turbo", "--torch-modes: unknown torch mode 'turbo'"},
+           {torch + " --python " + tmp.file("no-python"), "--python " + tmp.file("no-python") + ": not an executable"},
+           {torch + " --python " + tmp.file("file"), "--python " + tmp.file("file") + ": not an executable"},
+           {torch + " --torch-cache " + tmp.file("file"), "--torch-cache " + tmp.file("file") + ": not a directory"},
+           {torch + " --torch-cache " + tmp.file("file") + "/sub", "--torch-cache " + tmp.file("file") + "/sub: "},
+           {" --torch-cache " + tmp.path(), "--torch-cache requires --against-torch"},
+           {" --python /bin/sh", "--python requires --against-torch"},
+       }) {
+    auto r = run(kCpu + args + " --out " + tmp.file("x"));
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, expect)) << args << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << ": one line\n" << r.output;
+    EXPECT_FALSE(perftrain::fs::exists(tmp.file("x"))) << args;
+  }
 }
 
 }  // namespace

@@ -129,9 +129,8 @@ TEST(BenchDataParallel, OneRankAndRanksStartedByTorchrunVariables) {
 TEST(BenchDataParallel, AgainstTorchDistributedDataParallel) {
   if (!have_torch()) GTEST_SKIP() << "no Python with torch at " << PERFTRAIN_PYTHON;
   TempDir tmp;
-  auto r = run(kTiny + " --nproc-per-node 2 --against-torch --torch-modes eager-fp32 --out " + tmp.file("t"),
-               "PERFTRAIN_PYTHON=" + std::string(PERFTRAIN_PYTHON) + " PERFTRAIN_SOURCE_DIR=" +
-                   std::string(PERFTRAIN_SOURCE_DIR));
+  auto r = run(kTiny + " --nproc-per-node 2 --against-torch --torch-modes eager-fp32 --python " +
+                   std::string(PERFTRAIN_PYTHON) + " --out " + tmp.file("t"));
   ASSERT_EQ(r.code, 0) << r.output;
   const auto j = nlohmann::json::parse(read_raw(tmp.file("t/bench.json")));
   expect_data_parallel_report(j, 2);

@@ -60,8 +60,8 @@ TEST(LoopedCli, BenchAgainstTorchRunsTheLoopedReference) {
     GTEST_SKIP() << "no Python with torch at " << PERFTRAIN_PYTHON;
   TempDir tmp;
   auto r = perftrain::testing::run_shell(
-      "PERFTRAIN_PYTHON=" + std::string(PERFTRAIN_PYTHON) + " " + std::string(PERFTRAIN_BINARY) +
-      " bench --device cpu --model Looped-T/2 --batch 2 --steps 2 --warmup 1 --variants eager-fp32 --image-size 8"
+      std::string(PERFTRAIN_BINARY) + " bench --python " + std::string(PERFTRAIN_PYTHON) +
+      " --device cpu --model Looped-T/2 --batch 2 --steps 2 --warmup 1 --variants eager-fp32 --image-size 8"
       " --set model.hidden=32 --set model.heads=2 --set model.loops=2 --set model.lora_rank=2"
       " --set model.route_capacity_end=0.5 --against-torch --torch-modes eager-fp32 --out " +
       tmp.file("b"));

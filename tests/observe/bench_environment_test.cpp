@@ -48,9 +48,8 @@ TEST(BenchEnvironment, ParsesNvidiaSmi) {
 }
 
 TEST(BenchEnvironment, CpuFieldsAreNaNotMissing) {
-  ::setenv("PERFTRAIN_COMMIT", "abc1234", 1);
-  const auto e = collect_environment(at::Device(at::kCPU), PERFTRAIN_SOURCE_DIR);
-  ::unsetenv("PERFTRAIN_COMMIT");
+  // The build's commit, when it was given, wins over git's.
+  const auto e = collect_environment(at::Device(at::kCPU), PERFTRAIN_SOURCE_DIR, "abc1234");
   EXPECT_EQ(e.commit, "abc1234");
   EXPECT_EQ(e.gpu_name, "n/a");
   EXPECT_EQ(e.smi.sm_clock, "n/a");
@@ -72,7 +71,6 @@ TEST(BenchEnvironment, CpuFieldsAreNaNotMissing) {
 
 TEST(BenchEnvironment, CommitFromGit) {
   const std::string src = PERFTRAIN_SOURCE_DIR;
-  ::unsetenv("PERFTRAIN_COMMIT");
   const auto e = collect_environment(at::Device(at::kCPU), src);
   if (!perftrain::fs::exists(src + "/.git") ||
       perftrain::testing::run_command("git -C '" + src + "' rev-parse HEAD >/dev/null 2>&1") != 0) {
@@ -84,11 +82,21 @@ TEST(BenchEnvironment, CommitFromGit) {
   EXPECT_EQ(collect_environment(at::Device(at::kCPU), tmp.path()).commit, "unknown");
 }
 
-TEST(BenchEnvironment, SourceDirFromTheEnvironment) {
+// This test program is not in <checkout>/build/: the build's checkout, when
+// it holds bench/reference_dit.py; else the current directory. Nothing is
+// read from the environment (PERFTRAIN_SOURCE_DIR set here changes nothing).
+TEST(BenchEnvironment, SourceDirFromTheBuild) {
+  TempDir tmp;
+  tmp.mkdir("bench");
+  perftrain::testing::write_raw(tmp.file("bench/reference_dit.py"), "");
   ::setenv("PERFTRAIN_SOURCE_DIR", "/somewhere/perftrain", 1);
-  EXPECT_EQ(find_source_dir(), "/somewhere/perftrain");
+  EXPECT_EQ(find_source_dir(tmp.path()), tmp.path());
   ::unsetenv("PERFTRAIN_SOURCE_DIR");
-  EXPECT_FALSE(find_source_dir().empty());
+  TempDir empty;
+  const std::string other = find_source_dir(empty.path());
+  EXPECT_NE(other, empty.path());
+  EXPECT_FALSE(other.empty());
+  EXPECT_EQ(find_source_dir(PERFTRAIN_SOURCE_DIR), PERFTRAIN_SOURCE_DIR);
 }
 
 TEST(BenchEnvironment, MatmulPeakIsNaOnTheCpu) {

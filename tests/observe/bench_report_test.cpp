@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "observe/bench/report.h"
 #include "support/test_support.h"
 
@@ -130,6 +132,57 @@ TEST(BenchReport, SummaryTakesOurFullStackAgainstTheBestTorchMode) {
   EXPECT_EQ(s[0].error, "no variant ran");
   EXPECT_TRUE(s[0].best_torch_mode.empty());
   EXPECT_FALSE(s[0].speedup_vs_best_torch.has_value());
+}
+
+// The best torch is the fastest of every mode measured at that batch (the
+// max-autotune ones among them), whichever order they ran in; a failed mode
+// or another batch's does not count. Its first step and how warm its cache
+// was travel with it into the summary, bench.json and the table.
+TEST(BenchReport, BestTorchIsTheFastestOfEveryMode) {
+  auto r = sample_report();
+  auto with_cache = [](TorchRow t, const std::string& cache, double first_step_s) {
+    t.torch_cache = cache;
+    t.torch_cache_hits = cache == "warm" ? 6 : 0;
+    t.torch_cache_misses = cache == "warm" ? 0 : 6;
+    t.first_step_s = first_step_s;
+    return t;
+  };
+  r.torch = {torch_row(32, "eager-bf16", 20.0),
+             with_cache(torch_row(32, "compile", 7.0), "warm", 40.0),
+             with_cache(torch_row(32, "reduce-overhead", 6.6), "warm", 45.0),
+             torch_row(32, "max-autotune", std::nullopt, "exit status 124"),
+             with_cache(torch_row(32, "max-autotune-no-cudagraphs", 6.1), "cold", 530.5),
+             with_cache(torch_row(256, "max-autotune", 1.0), "warm", 60.0)};
+  r.torch[0].first_step_s = 12.0;
+  r.summary = summarize_batches(r.rows, r.torch);
+  const auto& s32 = r.summary[0];
+  EXPECT_EQ(s32.best_torch_mode, "max-autotune-no-cudagraphs");
+  EXPECT_DOUBLE_EQ(*s32.best_torch_ms, 6.1);
+  EXPECT_DOUBLE_EQ(*s32.best_torch_first_step_s, 530.5);
+  EXPECT_EQ(s32.best_torch_cache, "cold");
+  EXPECT_NEAR(*s32.speedup_vs_best_torch, 6.1 / 5.5, 1e-12);
+  EXPECT_EQ(r.summary[1].best_torch_mode, "max-autotune");
+  std::reverse(r.torch.begin(), r.torch.end());  // the order they ran in does not matter
+  EXPECT_EQ(summarize_batches(r.rows, r.torch)[0].best_torch_mode, "max-autotune-no-cudagraphs");
+
+  const auto j = nlohmann::json::parse(to_json(r).dump());
+  EXPECT_EQ(j["summary"][0]["best_torch_cache"], "cold");
+  EXPECT_EQ(j["torch"][0]["torch_cache"], "warm");  // reversed: 256 max-autotune first
+  EXPECT_EQ(j["torch"][0]["torch_cache_hits"], 6);
+  EXPECT_EQ(j["torch"][0]["torch_cache_misses"], 0);
+  EXPECT_TRUE(j["torch"][5]["torch_cache"].is_null()) << "eager: nothing compiled";
+  EXPECT_TRUE(j["torch"][5]["torch_cache_hits"].is_null());
+  const auto table = format_table(r);
+  EXPECT_TRUE(contains(table, "best torch max-autotune-no-cudagraphs 6.10 ms (first step 530.5 s, cache cold) | "
+                              "speedup 1.11x"))
+      << table;
+  EXPECT_TRUE(contains(table, "(first step from process start; cache cold (0 graphs found, 6 compiled))")) << table;
+  EXPECT_TRUE(contains(table, "12.00  (first step from process start)\n")) << table;
+  // The name column fits the longest mode: the numbers stay in their columns.
+  EXPECT_TRUE(contains(table, "  torch max-autotune-no-cudagraphs        6.10")) << table;
+  const auto md = to_markdown(r);
+  EXPECT_TRUE(contains(md, "| 32 | torch max-autotune-no-cudagraphs | 6.10 |")) << md;
+  EXPECT_TRUE(contains(md, "530.50 (from process start) |  | torch ; cache cold (0 graphs found, 6 compiled) |")) << md;
 }
 
 TEST(BenchReport, JsonHasEveryFieldWithNullsForTheMissing) {

@@ -3,8 +3,12 @@
 // project's Python) the real script on the CPU accepting what we send.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+
+#include <map>
 
 #include "base/error.h"
+#include "base/fs.h"
 #include "observe/bench/subprocess.h"
 #include "observe/bench/torch_reference.h"
 #include "support/test_support.h"
@@ -97,8 +101,105 @@ TEST(BenchTorchReference, SingleStreamCommandLine) {
 
 TEST(BenchTorchReference, ModesAreChecked) {
   EXPECT_EQ(parse_torch_modes("compile, eager-bf16,compile"), (std::vector<std::string>{"compile", "eager-bf16"}));
-  auto msg = perftrain::testing::error_of<perftrain::UsageError>([] { parse_torch_modes("eager-bf16,max-autotune"); });
-  EXPECT_TRUE(contains(msg, "'max-autotune'") && contains(msg, "reduce-overhead")) << msg;
+  EXPECT_EQ(parse_torch_modes("max-autotune,max-autotune-no-cudagraphs,reduce-overhead"),
+            (std::vector<std::string>{"max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"}));
+  auto msg = perftrain::testing::error_of<perftrain::UsageError>([] { parse_torch_modes("eager-bf16,max-autotune-x"); });
+  EXPECT_EQ(msg.rfind("--torch-modes: ", 0), 0u) << msg;
+  EXPECT_TRUE(contains(msg, "'max-autotune-x'") && contains(msg, "reduce-overhead, max-autotune, "
+                                                                  "max-autotune-no-cudagraphs")) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  msg = perftrain::testing::error_of<perftrain::UsageError>([] { parse_torch_modes(" , "); });
+  EXPECT_TRUE(contains(msg, "--torch-modes")) << msg;
+}
+
+// The torch cache folder reaches the reference as Inductor's and Triton's
+// cache variables, before the interpreter, with or without the DDP launcher.
+TEST(BenchTorchReference, CacheDirInTheChildsEnvironment) {
+  auto r = request("DiT-S/2", 12, 384, 6, 2);
+  r.cache_dir = "/home/u/.cache/perftrain/inductor";
+  auto cmd = torch_bench_command("/venv/bin/python", "/src/bench/reference_dit.py", r);
+  EXPECT_EQ(cmd.rfind("env 'TORCHINDUCTOR_CACHE_DIR=/home/u/.cache/perftrain/inductor' "
+                      "'TRITON_CACHE_DIR=/home/u/.cache/perftrain/inductor/triton' '/venv/bin/python' "
+                      "'/src/bench/reference_dit.py' bench ",
+                      0),
+            0u)
+      << cmd;
+  r.nproc = 2;
+  cmd = torch_bench_command("/venv/bin/python", "/src/bench/reference_dit.py", r);
+  EXPECT_EQ(cmd.rfind("env -u RANK ", 0), 0u) << cmd;
+  EXPECT_TRUE(contains(cmd, "-u TORCHELASTIC_RUN_ID 'TORCHINDUCTOR_CACHE_DIR=/home/u/.cache/perftrain/inductor' "
+                            "'TRITON_CACHE_DIR=/home/u/.cache/perftrain/inductor/triton' '/venv/bin/python' -m "
+                            "torch.distributed.run "))
+      << cmd;
+  // No folder: the child's environment as it is.
+  EXPECT_FALSE(contains(torch_bench_command("python3", "r.py", request("DiT-S/2", 12, 384, 6, 2)), "CACHE_DIR"));
+
+  // A stand-in Python that writes down its environment and arguments.
+  TempDir tmp;
+  const std::string python = tmp.file("python");
+  perftrain::testing::write_raw(python, "#!/bin/sh\nenv > '" + tmp.file("env.txt") + "'\necho \"$@\" > '" +
+                                            tmp.file("args.txt") + "'\necho '{\"ms_median\": 2.5}'\n");
+  ASSERT_EQ(::chmod(python.c_str(), 0755), 0);
+  r = request("DiT-S/2", 12, 384, 6, 2);
+  r.cache_dir = tmp.file("a dir/inductor");
+  const auto row = run_torch_bench(python, "script.py", r, tmp.file("torch.log"));
+  ASSERT_TRUE(row.ok()) << row.error;
+  const auto env = perftrain::testing::read_raw(tmp.file("env.txt"));
+  EXPECT_TRUE(contains(env, "TORCHINDUCTOR_CACHE_DIR=" + tmp.file("a dir/inductor") + "\n")) << env;
+  EXPECT_TRUE(contains(env, "TRITON_CACHE_DIR=" + tmp.file("a dir/inductor/triton") + "\n")) << env;
+  EXPECT_EQ(perftrain::testing::read_raw(tmp.file("args.txt")).rfind("script.py bench --model DiT-S/2 ", 0), 0u);
+}
+
+// How warm a compiled mode's cache was, as the reference says it; an eager
+// mode (or an older reference) says nothing.
+TEST(BenchTorchReference, ReadsTheCacheState) {
+  const auto r = request("DiT-B/2", 12, 768, 12, 2);
+  auto row = parse_torch_bench_output(
+      "{\"ms_median\": 80.1, \"first_step_s\": 412.5, \"torch_cache\": \"cold\", \"torch_cache_hits\": 0, "
+      "\"torch_cache_misses\": 6}",
+      r);
+  ASSERT_TRUE(row.ok()) << row.error;
+  EXPECT_EQ(row.torch_cache, "cold");
+  EXPECT_EQ(*row.torch_cache_hits, 0);
+  EXPECT_EQ(*row.torch_cache_misses, 6);
+  EXPECT_DOUBLE_EQ(*row.first_step_s, 412.5);
+  row = parse_torch_bench_output("{\"ms_median\": 80.1, \"torch_cache\": null, \"torch_cache_hits\": null}", r);
+  EXPECT_EQ(row.torch_cache, "");
+  EXPECT_FALSE(row.torch_cache_hits.has_value());
+}
+
+// --torch-cache's default under the user's cache folder, and its checks.
+TEST(BenchTorchReference, TorchCacheDefaultAndChecks) {
+  using Env = std::map<std::string, std::string>;
+  const auto from = [](const Env& e) {
+    return default_torch_cache_dir([&e](const char* n) -> const char* {
+      auto it = e.find(n);
+      return it == e.end() ? nullptr : it->second.c_str();
+    });
+  };
+  EXPECT_EQ(from({{"XDG_CACHE_HOME", "/x/cache"}, {"HOME", "/home/u"}}), "/x/cache/perftrain/inductor");
+  EXPECT_EQ(from({{"XDG_CACHE_HOME", "relative"}, {"HOME", "/home/u"}}), "/home/u/.cache/perftrain/inductor");
+  EXPECT_EQ(from({{"HOME", "/home/u"}}), "/home/u/.cache/perftrain/inductor");
+  EXPECT_EQ(from({}), "");
+
+  TempDir tmp;
+  check_torch_cache_dir(tmp.path());
+  check_torch_cache_dir(tmp.file("not/yet/made"));  // made by torch when it compiles
+  EXPECT_FALSE(perftrain::fs::exists(tmp.file("not"))) << "checking makes nothing";
+  perftrain::testing::write_raw(tmp.file("file"), "x");
+  auto msg = perftrain::testing::error_of<perftrain::UsageError>([&] { check_torch_cache_dir(tmp.file("file")); });
+  EXPECT_EQ(msg, "--torch-cache " + tmp.file("file") + ": not a directory");
+  msg = perftrain::testing::error_of<perftrain::UsageError>([&] { check_torch_cache_dir(tmp.file("file/sub")); });
+  EXPECT_TRUE(contains(msg, "--torch-cache " + tmp.file("file/sub") + ": ")) << msg;
+  msg = perftrain::testing::error_of<perftrain::UsageError>([] { check_torch_cache_dir(""); });
+  EXPECT_TRUE(contains(msg, "--torch-cache")) << msg;
+
+  EXPECT_EQ(count_files(tmp.file("missing")), 0);
+  tmp.mkdir("c");
+  tmp.mkdir("c/triton");
+  perftrain::testing::write_raw(tmp.file("c/a.py"), "");
+  perftrain::testing::write_raw(tmp.file("c/triton/k.cubin"), "");
+  EXPECT_EQ(count_files(tmp.file("c")), 2);
 }
 
 TEST(BenchTorchReference, ParsesTheLastJsonLine) {
@@ -159,18 +260,29 @@ TEST(BenchTorchReference, AFailingRunBecomesARowWithItsLog) {
   EXPECT_TRUE(contains(row.error, "exit status 127")) << row.error;
 }
 
+// The build's Python when it is there, else the checkout's .venv, else
+// python3; never one named by the environment.
 TEST(BenchTorchReference, PythonAndScriptLocations) {
   TempDir tmp;
-  ::unsetenv("PERFTRAIN_PYTHON");
-  EXPECT_EQ(reference_python(tmp.path()), "python3");
+  ::setenv("PERFTRAIN_PYTHON", "/opt/py/bin/python3", 1);  // read by nothing
+  EXPECT_EQ(reference_python("", tmp.path()), "python3");
+  EXPECT_EQ(reference_python(tmp.file("gone/python"), tmp.path()), "python3");
   tmp.mkdir(".venv");
   tmp.mkdir(".venv/bin");
   perftrain::testing::write_raw(tmp.file(".venv/bin/python"), "");
-  EXPECT_EQ(reference_python(tmp.path()), tmp.file(".venv/bin/python"));
-  ::setenv("PERFTRAIN_PYTHON", "/opt/py/bin/python3", 1);
-  EXPECT_EQ(reference_python(tmp.path()), "/opt/py/bin/python3");
+  EXPECT_EQ(reference_python("", tmp.path()), tmp.file(".venv/bin/python"));
+  EXPECT_EQ(reference_python("/bin/sh", tmp.path()), "/bin/sh");
   ::unsetenv("PERFTRAIN_PYTHON");
   EXPECT_EQ(reference_script("/src"), "/src/bench/reference_dit.py");
+
+  check_python("/bin/sh");
+  check_python("sh");  // on PATH
+  perftrain::testing::write_raw(tmp.file("plain"), "");  // not executable
+  for (const std::string bad : {tmp.file("plain"), tmp.file("missing"), std::string("no-such-program-here"),
+                                std::string("")}) {
+    const auto msg = perftrain::testing::error_of<perftrain::UsageError>([&] { check_python(bad); });
+    EXPECT_EQ(msg.rfind("--python " + bad + ": ", 0), 0u) << msg;
+  }
 }
 
 TEST(BenchTorchReference, TheRealScriptAcceptsOurCommandOnTheCpu) {

@@ -1,5 +1,7 @@
 """The layer rule of docs/design.md, checked: no file under src/ includes a
-header of a layer it may not use.
+header of a layer it may not use; and the house rule beside it, that no
+PERFTRAIN_* switch is read from the environment there (a choice is an
+option or a config key, passed down from cli/).
 
 The rule has one place, src/CMakeLists.txt: `perftrain_layer(NAME DEPS...)`
 names each layer (a folder under src/) and the layers it links; a layer may
@@ -115,6 +117,32 @@ def violations(root):
     return bad
 
 
+ENV_READ = re.compile(r'\b(?:secure_)?getenv\s*\(\s*"(PERFTRAIN_\w*)"')
+
+
+def environment_switches(root):
+    """Every read of a PERFTRAIN_* variable from the environment, as 'src/file:line: text'."""
+    found = []
+    for rel, path in source_files(root):
+        with open(path, errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                if ENV_READ.search(line):
+                    found.append(f"{shown(rel)}:{number}: {line.strip()}")
+    return found
+
+
+def test_the_environment_check_finds_a_switch():
+    assert ENV_READ.search('  if (const char* p = std::getenv("PERFTRAIN_PYTHON"); p)')
+    assert ENV_READ.search('secure_getenv( "PERFTRAIN_X")')
+    assert not ENV_READ.search('std::getenv("XDG_CACHE_HOME")')
+    assert not ENV_READ.search('// PERFTRAIN_PYTHON, the build\'s')
+
+
+def test_no_perftrain_switch_is_read_from_the_environment():
+    found = environment_switches(ROOT)
+    assert not found, "PERFTRAIN_* read from the environment (make it an option or a config key):\n" + "\n".join(found)
+
+
 def test_the_rule_is_read_from_cmake():
     links = read_links(ROOT)
     allowed = allowed_layers(links)
@@ -138,9 +166,12 @@ if __name__ == "__main__":
     root = sys.argv[1] if len(sys.argv) > 1 else ROOT
     if root == ROOT:
         test_the_rule_is_read_from_cmake()
+        test_the_environment_check_finds_a_switch()
     found = violations(root)
-    for line in found:
+    switches = environment_switches(root)
+    for line in found + switches:
         print(line)
     files = sum(1 for _ in source_files(root))
-    print(f"{files} files under src/ and python/csrc/: {len(found)} includes break the layer rule")
-    sys.exit(1 if found else 0)
+    print(f"{files} files under src/ and python/csrc/: {len(found)} includes break the layer rule, "
+          f"{len(switches)} read a PERFTRAIN_* switch from the environment")
+    sys.exit(1 if found or switches else 0)

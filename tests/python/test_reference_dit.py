@@ -243,12 +243,38 @@ def test_bench_cpu():
                      "--mode", "eager-fp32", "--device", "cpu", "--json"]).strip()
     r = json.loads(line)
     keys = {"model", "batch", "mode", "ms_median", "ms_p10", "ms_p90", "images_per_s", "tflops",
-            "peak_gib", "first_step_s", "torch", "device",
+            "peak_gib", "first_step_s", "torch_cache", "torch_cache_hits", "torch_cache_misses", "torch", "device",
             "world_size", "rank_ms_median", "images_per_s_total"}
     assert set(r) == keys, set(r) ^ keys
     assert r["model"] == "DiT-S/2" and r["batch"] == 2 and r["mode"] == "eager-fp32"
     assert r["device"] == "cpu" and r["peak_gib"] is None
     assert r["ms_median"] > 0 and r["images_per_s"] > 0 and r["tflops"] > 0 and r["first_step_s"] > 0
+    assert r["torch_cache"] is None and r["torch_cache_hits"] is None  # eager: nothing compiled
+
+
+def test_bench_compiled_modes():
+    """Each compiled mode reaches torch.compile with its mode (compile: the default, None), the CUDA-graph
+    ones mark their steps, and the JSON says how warm torch.compile's cache was (torch.compile stood in
+    for here: a real compile takes minutes on a CPU)."""
+    hits, misses = rd.compile_cache_counts()  # torch's own counters, read as they are
+    assert isinstance(hits, int) and isinstance(misses, int)
+    seen = []
+    real_compile, real_counts = rd.torch.compile, rd.compile_cache_counts
+    rd.torch.compile = lambda model, mode=None: seen.append(mode) or model
+    rd.compile_cache_counts = lambda: (3, 0)
+    try:
+        for mode in ("compile", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+            line = run_main(["bench"] + TINY_FLAGS + ["--batch", "2", "--steps", "1", "--warmup", "0",
+                                                      "--mode", mode, "--device", "cpu", "--json"]).strip()
+            r = json.loads(line)
+            assert r["mode"] == mode and r["torch_cache"] == "warm", r
+            assert r["torch_cache_hits"] == 3 and r["torch_cache_misses"] == 0, r
+    finally:
+        rd.torch.compile, rd.compile_cache_counts = real_compile, real_counts
+    assert seen == [None, "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"], seen
+    assert set(rd.COMPILE_MODES) | {"eager-fp32", "eager-bf16"} == set(rd.MODES)
+    assert rd.CUDAGRAPH_MODES == ("reduce-overhead", "max-autotune")
+    assert [rd.cache_state(*c) for c in ((4, 0), (0, 4), (1, 3), (0, 0))] == ["warm", "cold", "partial", "cold"]
 
 
 def test_bench_ddp_cpu():

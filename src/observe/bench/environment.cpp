@@ -43,7 +43,6 @@ std::string cudnn_version_string(long v) {
 }
 
 std::string git_commit(const std::string& source_dir) {
-  if (const char* c = std::getenv("PERFTRAIN_COMMIT"); c != nullptr && *c != '\0') return c;
   if (source_dir.empty() || !fs::exists(fs::join(source_dir, ".git"))) return "unknown";
   const std::string git = "git -C " + shell_quote(source_dir);
   auto head = run_command_capture(git + " rev-parse --short HEAD");
@@ -97,12 +96,13 @@ GpuClocks parse_nvidia_smi_line(const std::string& line) {
   return g;
 }
 
-Environment collect_environment(const at::Device& device, const std::string& source_dir) {
+Environment collect_environment(const at::Device& device, const std::string& source_dir,
+                                const std::string& commit) {
   Environment e;
   e.device = compat::device_description(device);
   e.torch = compat::torch_version();
   e.source_dir = source_dir;
-  e.commit = git_commit(source_dir);
+  e.commit = commit.empty() ? git_commit(source_dir) : commit;
   e.cpu_threads = std::to_string(at::get_num_threads());
   char host[256] = {0};
   if (::gethostname(host, sizeof host - 1) == 0) e.hostname = host;
@@ -149,15 +149,18 @@ std::vector<std::pair<std::string, std::string>> environment_fields(const Enviro
   };
 }
 
-std::string find_source_dir() {
-  if (const char* d = std::getenv("PERFTRAIN_SOURCE_DIR"); d != nullptr && *d != '\0') return d;
+std::string find_source_dir(const std::string& build_source_dir) {
+  const auto has_bench = [](const std::string& dir) {
+    return fs::is_regular_file(fs::join(dir, "bench/reference_dit.py"));
+  };
   char exe[4096];
   const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n > 0) {
     exe[n] = '\0';
     const std::string above = fs::parent_path(fs::parent_path(exe));
-    if (fs::is_regular_file(fs::join(above, "bench/reference_dit.py"))) return above;
+    if (has_bench(above)) return above;
   }
+  if (!build_source_dir.empty() && has_bench(build_source_dir)) return build_source_dir;
   char cwd[4096];
   return ::getcwd(cwd, sizeof cwd) != nullptr ? std::string(cwd) : ".";
 }

@@ -41,17 +41,20 @@ struct Environment {
 std::string nvidia_smi_id(const at::Device& device);
 
 // Collects it for `device`. source_dir: the repository checkout, for the
-// commit (env PERFTRAIN_COMMIT wins; else `git rev-parse --short HEAD` there,
-// with "-dirty" when tracked files changed; else "unknown").
-Environment collect_environment(const at::Device& device, const std::string& source_dir);
+// commit: `commit` when it is not empty (the build's, base/build_info.h),
+// else `git rev-parse --short HEAD` there, with "-dirty" when tracked files
+// changed; else "unknown".
+Environment collect_environment(const at::Device& device, const std::string& source_dir,
+                                const std::string& commit = "");
 
 // (key, value) pairs in a fixed order: the one list the JSON and Markdown
 // writers both print.
 std::vector<std::pair<std::string, std::string>> environment_fields(const Environment& env);
 
-// Where the repository is: env PERFTRAIN_SOURCE_DIR, else the folder above the
-// one holding this program (build/perftrain -> .) when it has
-// bench/reference_dit.py, else the current directory.
-std::string find_source_dir();
+// Where the repository is: the folder above the one holding this program
+// (build/perftrain -> .) when it has bench/reference_dit.py, else
+// build_source_dir (the checkout the build came from, base/build_info.h) when
+// it has, else the current directory.
+std::string find_source_dir(const std::string& build_source_dir);
 
 }  // namespace perftrain::observe::bench

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -14,7 +15,10 @@ namespace {
 
 using Json = nlohmann::ordered_json;  // keys in the order written, for people reading the file
 
-Json opt(const std::optional<double>& v) { return v ? Json(*v) : Json(nullptr); }
+template <class T>
+Json opt(const std::optional<T>& v) {
+  return v ? Json(*v) : Json(nullptr);
+}
 
 std::string percent(const std::optional<double>& v) {
   return v ? format_number(*v * 100, 1) + "%" : std::string("n/a");
@@ -65,6 +69,16 @@ std::string speed_text(const std::vector<std::pair<std::string, std::string>>& s
   return out.empty() ? "n/a" : out;
 }
 
+// "; cache warm (12 graphs found, 0 compiled)" for a compiled torch mode, "" for an eager one.
+std::string torch_cache_note(const TorchRow& t) {
+  if (t.torch_cache.empty()) return "";
+  std::string note = "; cache " + t.torch_cache;
+  if (t.torch_cache_hits && t.torch_cache_misses)
+    note += " (" + std::to_string(*t.torch_cache_hits) + " graphs found, " + std::to_string(*t.torch_cache_misses) +
+            " compiled)";
+  return note;
+}
+
 // A row of ours or of torch's as the text tables show it.
 struct TextRow {
   int64_t batch = 0;
@@ -74,6 +88,7 @@ struct TextRow {
   bool torch = false;  // its first step counts from its process start
   std::string note;    // how it ran: the execution note, or torch's version
   std::string error;   // empty: it ran (torch's with where its log is)
+  std::string cache_note;  // torch's: how warm its compile cache was
 };
 
 // A row's name in the tables: its variant, and with data parallel how
@@ -95,12 +110,12 @@ std::vector<TextRow> text_rows(const BenchReport& r) {
     const BenchRow& x = *p;
     out.push_back({x.batch, row_name(x, dp), x.ms, x.ms_p10, x.ms_p90, x.ms_ci_low, x.ms_ci_high, x.ms_min, x.images_per_s,
                    x.tflops, x.mfu, x.peak_gib, x.first_step_s, x.speedup_vs_best_torch, false, execution_note(x),
-                   x.error});
+                   x.error, ""});
   }
   for (const auto& t : r.torch)
     out.push_back({t.batch, "torch " + t.mode + (t.world_size > 1 ? " DDP x" + std::to_string(t.world_size) : ""), t.ms, t.ms_p10, t.ms_p90, {}, {}, {}, t.images_per_s, t.tflops, t.mfu,
                    t.peak_gib, t.first_step_s, {}, true, "torch " + t.torch_version,
-                   t.ok() ? "" : t.error + " (log: " + t.log_path + ")"});
+                   t.ok() ? "" : t.error + " (log: " + t.log_path + ")", torch_cache_note(t)});
   return out;
 }
 
@@ -138,7 +153,11 @@ std::string method_text(const BenchReport& r) {
          "and optimizer step; AdamW fused, bf16 autocast), its median of "
       << s.steps << " steps after " << s.warmup
       << " warm-up by CUDA events; its first_step_s counts from its process start (Python, torch import and "
-         "compilation included).";
+         "compilation included). torch.compile's caches (Inductor's and Triton's) live in "
+      << (s.torch_cache_dir.empty() ? std::string("torch's default folder") : s.torch_cache_dir) << " ("
+      << s.torch_cache_files
+      << " files when the PyTorch runs began), kept between calls: a compiled mode's cache is warm when every "
+         "graph it compiled was found there (its first step then mostly loads them), cold when none was.";
   if (s.world_size > 0) {
     m << " Data parallel: " << s.world_size << (s.world_size == 1 ? " rank" : " ranks")
       << " (one process per " << (s.device == "cuda" ? "GPU" : "CPU process")
@@ -276,6 +295,9 @@ nlohmann::ordered_json to_json(const TorchRow& r) {
           {"mfu", opt(r.mfu)},
           {"peak_gib", opt(r.peak_gib)},
           {"first_step_s", opt(r.first_step_s)},
+          {"torch_cache", r.torch_cache.empty() ? Json(nullptr) : Json(r.torch_cache)},
+          {"torch_cache_hits", opt(r.torch_cache_hits)},
+          {"torch_cache_misses", opt(r.torch_cache_misses)},
           {"torch", r.torch_version},
           {"device", r.device},
           {"log", r.log_path},
@@ -299,6 +321,7 @@ nlohmann::ordered_json to_json(const SummaryRow& r) {
           {"best_torch_ms", opt(r.best_torch_ms)},
           {"best_torch_peak_gib", opt(r.best_torch_peak_gib)},
           {"best_torch_first_step_s", opt(r.best_torch_first_step_s)},
+          {"best_torch_cache", r.best_torch_cache.empty() ? Json(nullptr) : Json(r.best_torch_cache)},
           {"speedup_vs_best_torch", opt(r.speedup_vs_best_torch)},
           {"error", r.error.empty() ? Json(nullptr) : Json(r.error)}};
 }
@@ -340,6 +363,8 @@ nlohmann::ordered_json to_json(const BenchReport& r) {
                            {"against_torch", s.against_torch},
                            {"torch_modes", s.torch_modes},
                            {"torch_python", s.torch_python},
+                           {"torch_cache_dir", s.torch_cache_dir},
+                           {"torch_cache_files", s.torch_cache_files},
                            {"world_size", s.world_size},
                            {"data_parallel", s.world_size > 0},
                            {"dist_backend", s.dist_backend.empty() ? Json(nullptr) : Json(s.dist_backend)}};
@@ -386,6 +411,9 @@ std::string format_summary_line(const SummaryRow& s) {
   }
   if (!s.best_torch_mode.empty()) {
     o << " | best torch " << s.best_torch_mode << " " << format_number(s.best_torch_ms, 2) << " ms";
+    if (s.best_torch_first_step_s)
+      o << " (first step " << format_number(s.best_torch_first_step_s, 1) << " s"
+        << (s.best_torch_cache.empty() ? "" : ", cache " + s.best_torch_cache) << ")";
     if (s.speedup_vs_best_torch) o << " | speedup " << format_number(s.speedup_vs_best_torch, 2) << "x";
   }
   return o.str();
@@ -423,10 +451,13 @@ std::string data_parallel_line(const BenchReport& r, const BenchRow& x) {
 
 std::string format_table(const BenchReport& r) {
   std::ostringstream o;
-  o << pad("batch", 6) << "  " << pad("variant", 22, true) << pad("ms", 10) << pad("p10-p90", 18) << pad("img/s", 11)
+  const auto rows = text_rows(r);
+  size_t w = 22;  // the name column, wider for "torch max-autotune-no-cudagraphs"
+  for (const auto& x : rows) w = std::max(w, x.name.size() + 2);
+  o << pad("batch", 6) << "  " << pad("variant", w, true) << pad("ms", 10) << pad("p10-p90", 18) << pad("img/s", 11)
     << pad("TFLOP/s", 9) << pad("MFU", 8) << pad("peak GiB", 10) << pad("1st step s", 12) << "  graph\n";
-  for (const auto& x : text_rows(r)) {
-    o << pad(std::to_string(x.batch), 6) << "  " << pad(x.name, 22, true);
+  for (const auto& x : rows) {
+    o << pad(std::to_string(x.batch), 6) << "  " << pad(x.name, w, true);
     if (!x.error.empty()) {
       o << "error: " << x.error << "\n";
       continue;
@@ -434,7 +465,7 @@ std::string format_table(const BenchReport& r) {
     o << pad(format_number(x.ms, 2), 10) << pad(format_number(x.ms_p10, 2) + "-" + format_number(x.ms_p90, 2), 18)
       << pad(format_number(x.images_per_s, 1), 11) << pad(format_rate(x.tflops), 9) << pad(percent(x.mfu), 8)
       << pad(format_number(x.peak_gib, 2), 10) << pad(format_number(x.first_step_s, 2), 12) << "  "
-      << (x.torch ? "(first step from process start)" : x.note) << "\n";
+      << (x.torch ? "(first step from process start" + x.cache_note + ")" : x.note) << "\n";
   }
   if (r.settings.world_size > 0) {
     o << "\n";
@@ -469,7 +500,10 @@ std::string to_markdown(const BenchReport& r) {
     << "| steps | " << s.warmup << " warm-up, " << s.steps << " timed x " << s.repeats << " repeat(s) |\n"
     << "| device | " << s.device << " |\n"
     << "| optimizer | " << cell(s.optimizer) << " |\n";
-  if (s.against_torch) m << "| torch modes | " << join(s.torch_modes) << " (" << cell(s.torch_python) << ") |\n";
+  if (s.against_torch)
+    m << "| torch modes | " << join(s.torch_modes) << " (" << cell(s.torch_python) << "; cache "
+      << cell(s.torch_cache_dir.empty() ? "torch's default" : s.torch_cache_dir) << ", " << s.torch_cache_files
+      << " files before) |\n";
 
   m << "\n## Method\n\n" << method_text(r) << "\n";
 
@@ -488,8 +522,8 @@ std::string to_markdown(const BenchReport& r) {
       << format_number(x.ms_min, 2) << " | " << format_number(x.images_per_s, 1) << " | " << format_rate(x.tflops)
       << " | " << percent(x.mfu) << " | " << format_number(x.peak_gib, 2) << " | " << format_number(x.first_step_s, 2)
       << (x.torch ? " (from process start) | " : " | ")
-      << (x.speedup ? format_number(x.speedup, 2) + "x" : std::string(x.torch ? "" : "n/a")) << " | " << cell(x.note)
-      << " |\n";
+      << (x.speedup ? format_number(x.speedup, 2) + "x" : std::string(x.torch ? "" : "n/a")) << " | "
+      << cell(x.note + x.cache_note) << " |\n";
   }
 
   bool attention = false;

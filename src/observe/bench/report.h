@@ -48,6 +48,10 @@ struct BenchSettings {
   bool against_torch = false;
   std::vector<std::string> torch_modes;
   std::string torch_python;  // the interpreter used for them
+  // Where torch.compile kept its caches (--torch-cache; "" torch's own
+  // default) and how many files were there when the torch runs began.
+  std::string torch_cache_dir;
+  int64_t torch_cache_files = 0;
   // Data parallel: the ranks' group (0: one process, no group) and its
   // backend for the gradients (nccl | gloo).
   int64_t world_size = 0;

@@ -42,7 +42,7 @@ std::vector<SummaryRow> summarize_batches(std::vector<BenchRow>& rows, const std
   for (int64_t b : batches) {
     SummaryRow s;
     s.batch = b;
-    // The best PyTorch mode: the fastest that ran at this batch.
+    // The best PyTorch mode: the fastest of every mode that ran at this batch.
     const TorchRow* best_torch = nullptr;
     for (const auto& t : torch)
       if (t.batch == b && t.ok() && t.ms && (best_torch == nullptr || *t.ms < *best_torch->ms)) best_torch = &t;
@@ -61,6 +61,7 @@ std::vector<SummaryRow> summarize_batches(std::vector<BenchRow>& rows, const std
       s.best_torch_ms = best_torch->ms;
       s.best_torch_peak_gib = best_torch->peak_gib;
       s.best_torch_first_step_s = best_torch->first_step_s;
+      s.best_torch_cache = best_torch->torch_cache;
     }
     if (ours == nullptr) {
       s.error = "no variant ran";

@@ -57,8 +57,15 @@ struct BenchRow {
 struct TorchRow {
   std::string model;  // as the reference names it
   int64_t batch = 0;
-  std::string mode;  // eager-fp32 | eager-bf16 | compile | reduce-overhead
+  std::string mode;  // eager-fp32 | eager-bf16 | compile | reduce-overhead | max-autotune[-no-cudagraphs]
+  // first_step_s counts from the reference's process start: with a compiled
+  // mode its compilation, which the torch cache (--torch-cache) shortens.
   std::optional<double> ms, ms_p10, ms_p90, images_per_s, tflops, mfu, peak_gib, first_step_s;
+  // A compiled mode's graphs found in the torch cache (hits) and compiled
+  // (misses): torch_cache "warm" (all found), "cold" (none), "partial"; ""
+  // for an eager mode (or a reference that does not say).
+  std::string torch_cache;
+  std::optional<int64_t> torch_cache_hits, torch_cache_misses;
   std::string torch_version, device, log_path;
   // DistributedDataParallel over world_size ranks (the rates rank 0's, per
   // GPU; images_per_s_total all ranks' at the slowest rank's median).
@@ -74,8 +81,9 @@ struct SummaryRow {
   std::string variant;  // ours: "all" when it ran, else the fastest that did
   std::optional<double> ms, images_per_s, tflops, mfu, peak_gib, first_step_s;
   std::string graph_status;
-  std::string best_torch_mode;  // empty: no torch row ran
+  std::string best_torch_mode;  // empty: no torch row ran; else the fastest of every mode measured
   std::optional<double> best_torch_ms, best_torch_peak_gib, best_torch_first_step_s;
+  std::string best_torch_cache;  // its TorchRow::torch_cache
   std::optional<double> speedup_vs_best_torch;  // best_torch_ms / ms
   std::string error;  // "no variant ran" when none did
 };

@@ -2,12 +2,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include "base/error.h"
+#include "base/text.h"
 #include "base/fs.h"
 #include "observe/bench/subprocess.h"
 #include "observe/bench/variants.h"
@@ -36,9 +39,26 @@ std::string last_nonempty_line(const std::string& text) {
   return last;
 }
 
+bool is_executable_file(const std::string& path) {
+  return fs::is_regular_file(path) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// A name without a slash as the shell finds it: an executable file of that
+// name in a folder of PATH.
+bool on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path != nullptr ? path : "");
+  std::string dir;
+  while (std::getline(dirs, dir, ':'))
+    if (is_executable_file(fs::join(dir.empty() ? "." : dir, name))) return true;
+  return false;
+}
+
 }  // namespace
 
-std::vector<std::string> torch_mode_names() { return {"eager-fp32", "eager-bf16", "compile", "reduce-overhead"}; }
+std::vector<std::string> torch_mode_names() {
+  return {"eager-fp32", "eager-bf16", "compile", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"};
+}
 
 std::vector<std::string> parse_torch_modes(const std::string& list) {
   const auto known = torch_mode_names();
@@ -47,7 +67,7 @@ std::vector<std::string> parse_torch_modes(const std::string& list) {
     if (std::find(known.begin(), known.end(), m) == known.end()) {
       std::string names;
       for (const auto& k : known) names += (names.empty() ? "" : ", ") + k;
-      throw UsageError("unknown torch mode '" + m + "'; known modes: " + names);
+      throw UsageError("--torch-modes: unknown torch mode '" + m + "'; known modes: " + names);
     }
     if (std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
   }
@@ -55,11 +75,57 @@ std::vector<std::string> parse_torch_modes(const std::string& list) {
   return out;
 }
 
-std::string reference_python(const std::string& source_dir) {
-  if (const char* p = std::getenv("PERFTRAIN_PYTHON"); p != nullptr && *p != '\0') return p;
+std::string reference_python(const std::string& build_python, const std::string& source_dir) {
+  if (!build_python.empty() && is_executable_file(build_python)) return build_python;
   const std::string venv = fs::join(source_dir, ".venv/bin/python");
   if (fs::exists(venv)) return venv;
   return "python3";
+}
+
+void check_python(const std::string& python) {
+  const bool found = python.find('/') != std::string::npos ? is_executable_file(python)
+                                                            : !python.empty() && on_path(python);
+  if (!found)
+    throw UsageError("--python " + base::printable(python) + ": not an executable file (nor a program on PATH)");
+}
+
+std::string default_torch_cache_dir(const std::function<const char*(const char*)>& getenv) {
+  const char* xdg = getenv("XDG_CACHE_HOME");
+  if (xdg != nullptr && xdg[0] == '/') return fs::join(xdg, "perftrain/inductor");  // a relative one is ignored
+  const char* home = getenv("HOME");
+  if (home != nullptr && home[0] != '\0') return fs::join(home, ".cache/perftrain/inductor");
+  return "";
+}
+
+std::string default_torch_cache_dir() {
+  return default_torch_cache_dir([](const char* n) { return static_cast<const char*>(std::getenv(n)); });
+}
+
+void check_torch_cache_dir(const std::string& dir) {
+  if (dir.empty()) throw UsageError("--torch-cache is empty");
+  const std::string shown = base::printable(dir);
+  if (shown != dir) throw UsageError("--torch-cache " + shown + ": a folder name with control characters");
+  std::string existing = dir;  // the nearest folder that exists, where the rest will be made
+  while (!fs::exists(existing) && fs::parent_path(existing) != existing) existing = fs::parent_path(existing);
+  const std::string what = "--torch-cache " + dir + ": ";
+  if (!fs::is_directory(existing))
+    throw UsageError(what + (existing == dir ? "not a directory" : existing + " is not a directory"));
+  if (::access(existing.c_str(), W_OK | X_OK) != 0) throw UsageError(what + existing + " is not writable");
+}
+
+int64_t count_files(const std::string& dir) {
+  std::vector<std::string> names;
+  try {
+    names = fs::is_directory(dir) ? fs::list_directory(dir) : names;
+  } catch (const RuntimeError&) {
+    return 0;  // unreadable: nothing torch could use either
+  }
+  int64_t n = 0;
+  for (const auto& name : names) {
+    const std::string path = fs::join(dir, name);
+    n += fs::is_directory(path) ? count_files(path) : 1;
+  }
+  return n;
 }
 
 std::string reference_script_name(const std::string& family) {
@@ -74,10 +140,15 @@ std::string reference_script(const std::string& source_dir, const std::string& f
 
 std::string torch_bench_command(const std::string& python, const std::string& script, const TorchBenchRequest& r) {
   std::ostringstream c;
+  if (r.nproc > 0 || !r.cache_dir.empty()) c << "env ";
   if (r.nproc > 0)
-    c << "env -u RANK -u LOCAL_RANK -u WORLD_SIZE -u LOCAL_WORLD_SIZE -u GROUP_RANK -u ROLE_RANK -u MASTER_ADDR "
-         "-u MASTER_PORT -u TORCHELASTIC_RUN_ID "
-      << shell_quote(python) << " -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node " << r.nproc
+    c << "-u RANK -u LOCAL_RANK -u WORLD_SIZE -u LOCAL_WORLD_SIZE -u GROUP_RANK -u ROLE_RANK -u MASTER_ADDR "
+         "-u MASTER_PORT -u TORCHELASTIC_RUN_ID ";
+  if (!r.cache_dir.empty())
+    c << shell_quote("TORCHINDUCTOR_CACHE_DIR=" + r.cache_dir) << " "
+      << shell_quote("TRITON_CACHE_DIR=" + fs::join(r.cache_dir, "triton")) << " ";
+  if (r.nproc > 0)
+    c << shell_quote(python) << " -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node " << r.nproc
       << " ";
   else
     c << shell_quote(python) << " ";
@@ -146,6 +217,9 @@ TorchRow parse_torch_bench_output(const std::string& stdout_text, const TorchBen
   row.peak_gib = number(j, "peak_gib");  // null on the CPU
   row.first_step_s = number(j, "first_step_s");
   if (auto w = number(j, "world_size")) row.world_size = static_cast<int64_t>(*w);
+  if (auto it = j.find("torch_cache"); it != j.end() && it->is_string()) row.torch_cache = it->get<std::string>();
+  if (auto h = number(j, "torch_cache_hits")) row.torch_cache_hits = static_cast<int64_t>(*h);
+  if (auto m = number(j, "torch_cache_misses")) row.torch_cache_misses = static_cast<int64_t>(*m);
   row.images_per_s_total = number(j, "images_per_s_total");
   if (!row.ms) row.error = "its JSON result has no ms_median";
   return row;

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/build_info.h"
 #include "base/error.h"
 #include "base/fs.h"
 #include "distributed/group.h"
@@ -61,7 +62,7 @@ void check_batches_fit(const BenchPlan& p) {
   }
 }
 
-ob::BenchSettings bench_settings(const BenchPlan& p, const std::string& source_dir) {
+ob::BenchSettings bench_settings(const BenchPlan& p) {
   const BenchOptions& o = p.options;
   const TrainConfig& base = p.base;
   const auto& m = base.model;
@@ -102,7 +103,8 @@ ob::BenchSettings bench_settings(const BenchPlan& p, const std::string& source_d
   s.cooldown_s = o.cooldown_s;
   s.against_torch = o.against_torch;
   s.torch_modes = p.torch_modes;
-  if (o.against_torch) s.torch_python = ob::reference_python(source_dir);
+  s.torch_python = p.torch_python;
+  s.torch_cache_dir = p.torch_cache_dir;
   if (p.data_parallel()) s.world_size = p.launch.world_size, s.dist_backend = p.cuda ? "nccl" : "gloo";
   return s;
 }
@@ -244,15 +246,16 @@ ob::TorchBenchRequest torch_request(const BenchPlan& p, int64_t batch, const std
   r.ema_decay = p.options.timing.ema ? p.base.optim.ema_decay : 0.0;
   r.device = p.cuda ? "cuda" : "cpu";
   r.nproc = p.data_parallel() ? p.launch.world_size : 0;  // DistributedDataParallel over as many processes
+  r.cache_dir = p.torch_cache_dir;
   if (m.looped()) r.model_flags = looped_reference_flags(m);
   return r;
 }
 
 // The same step in plain PyTorch, each (batch, mode) in a subprocess; a
 // failure is a row.
-void run_torch_reference(const BenchPlan& p, ob::BenchReport& report, at::Device device,
-                         const std::string& source_dir) {
-  const std::string script = ob::reference_script(source_dir, p.base.model.family);
+void run_torch_reference(const BenchPlan& p, ob::BenchReport& report, at::Device device) {
+  const std::string script = ob::reference_script(p.source_dir, p.base.model.family);
+  report.settings.torch_cache_files = ob::count_files(p.torch_cache_dir);  // torch makes the folder when it compiles
   const std::string& out = p.options.step.out;
   const auto& launch = p.launch;
   for (int64_t b : p.batches) {
@@ -268,10 +271,14 @@ void run_torch_reference(const BenchPlan& p, ob::BenchReport& report, at::Device
         continue;
       }
       std::cout << "  torch batch " << b << " " << mode << " ..." << std::flush;
-      auto row = ob::run_torch_bench(report.settings.torch_python, script, r,
+      auto row = ob::run_torch_bench(p.torch_python, script, r,
                                      fs::join(out, "torch-b" + std::to_string(b) + "-" + mode + ".log"));
       ob::fill_rates(row, report.matmul_peak.tflops);
-      std::cout << " " << (row.ok() ? ob::format_number(row.ms, 2) + " ms" : "error: " + row.error) << "\n";
+      std::cout << " " << (row.ok() ? ob::format_number(row.ms, 2) + " ms, first step " +
+                                          ob::format_number(row.first_step_s, 1) + " s" +
+                                          (row.torch_cache.empty() ? "" : ", cache " + row.torch_cache)
+                                    : "error: " + row.error)
+                << "\n";
       report.torch.push_back(row);
     }
   }
@@ -299,6 +306,18 @@ std::unique_ptr<distributed::Group> join_group(const BenchPlan& p, at::Device de
                                        distributed::GroupOptions{p.base.distributed.timeout_s, p.base.distributed.bucket_mb});
 }
 
+// --against-torch: the modes, the Python (--python, checked, else the
+// build's) and the torch cache folder (--torch-cache, else the default).
+void plan_torch_reference(BenchPlan& p) {
+  const BenchOptions& o = p.options;
+  p.torch_modes = ob::parse_torch_modes(
+      o.torch_modes.empty() ? (p.cuda ? "eager-bf16,compile,reduce-overhead" : "eager-fp32") : o.torch_modes);
+  if (!o.python.empty()) ob::check_python(o.python);
+  p.torch_python = o.python.empty() ? ob::reference_python(base::build_python(), p.source_dir) : o.python;
+  p.torch_cache_dir = o.torch_cache.empty() ? ob::default_torch_cache_dir() : o.torch_cache;
+  if (!p.torch_cache_dir.empty()) ob::check_torch_cache_dir(p.torch_cache_dir);
+}
+
 }  // namespace
 
 BenchPlan plan_bench(const BenchOptions& options) {
@@ -308,14 +327,12 @@ BenchPlan plan_bench(const BenchOptions& options) {
   // Data parallel: this process is a rank when torchrun's variables are set
   // (by torchrun, Slurm, or bench --nproc-per-node in the parent).
   p.launch = distributed::launch_env();
+  p.source_dir = ob::find_source_dir(base::build_source_dir());
   p.batches = parse_batch_sizes(options.step.batch_sizes);
   const std::string variants =
       options.variants.empty() ? (p.cuda ? "eager-fp32,eager-bf16,fused,graph,all" : "eager-fp32") : options.variants;
   p.variants = ob::parse_variants(variants, options.step.precision);
-  if (options.against_torch)
-    p.torch_modes = ob::parse_torch_modes(
-        options.torch_modes.empty() ? (p.cuda ? "eager-bf16,compile,reduce-overhead" : "eager-fp32")
-                                    : options.torch_modes);
+  if (options.against_torch) plan_torch_reference(p);
   p.base = bench_config(options, p.cuda);
   check_batches_fit(p);
   if (options.step.out.empty()) throw UsageError("bench: no output directory");
@@ -333,10 +350,9 @@ void run_bench(const BenchPlan& p) {
   std::unique_ptr<distributed::Group> group = join_group(p, device);
   if (p.lead()) fs::create_directories(p.options.step.out);
 
-  const std::string source_dir = ob::find_source_dir();
   ob::BenchReport report;
-  if (p.lead()) report.environment = ob::collect_environment(device, source_dir);
-  report.settings = bench_settings(p, source_dir);
+  if (p.lead()) report.environment = ob::collect_environment(device, p.source_dir, base::build_commit());
+  report.settings = bench_settings(p);
   if (p.lead()) print_header(p, report, device);
   measure_all(p, report, device, group.get());
   if (group) {  // the ranks are done; rank 0 goes on alone (the torch reference needs every GPU)
@@ -345,7 +361,7 @@ void run_bench(const BenchPlan& p) {
   }
   if (!p.lead()) return;
   report_gemm_tuning(report);
-  if (p.options.against_torch) run_torch_reference(p, report, device, source_dir);
+  if (p.options.against_torch) run_torch_reference(p, report, device);
   finish_report(p, report);
 }
 

@@ -28,6 +28,8 @@ struct BenchOptions {
   StepSetup step;              // model, batch sizes, shape, precision, device, seed, --set, out
   std::string variants;        // "" : all five on a GPU, eager-fp32 on the CPU
   std::string torch_modes;     // "" : eager-bf16,compile,reduce-overhead on a GPU, eager-fp32 on the CPU
+  std::string python;          // --python: "" the build's (observe/bench/torch_reference.h reference_python)
+  std::string torch_cache;     // --torch-cache: "" observe::bench::default_torch_cache_dir()
   Timing timing;               // steps, warm-up, repeats, EMA, the variant to profile
   bool against_torch = false;
   bool recompute = false, gelu_recompute = false;  // speed.recompute, speed.gelu_recompute for all variants
@@ -42,6 +44,10 @@ struct BenchPlan {
   std::vector<int64_t> batches;
   std::vector<observe::bench::Variant> variants;
   std::vector<std::string> torch_modes;
+  std::string source_dir;  // the checkout: bench/'s scripts, the commit
+  // With against_torch: the Python and the torch cache folder (checked) the
+  // reference runs with.
+  std::string torch_python, torch_cache_dir;
   TrainConfig base;            // the anchors' step with --recompute, --set; each variant sets its own switches
   bool lead() const { return launch.rank == 0; }  // prints, measures the one-process rows, writes the report
   bool data_parallel() const { return launch.from_env; }
@@ -49,8 +55,9 @@ struct BenchPlan {
 
 // Resolves and checks everything (UsageError naming the option): the device,
 // the batch sizes (each one's memory estimate against the device, for the
-// leanest variant), the variants and torch modes, the config, and that
-// options.step.out holds no bench.json yet. Runs and writes nothing.
+// leanest variant), the variants and torch modes, --python and
+// --torch-cache, the config, and that options.step.out holds no bench.json
+// yet. Runs and writes nothing.
 BenchPlan plan_bench(const BenchOptions& options);
 
 // Times every (batch, variant), then the torch reference, and writes the
