@@ -111,13 +111,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gelu_mlp(const at::Tensor& x, con
     return {y.to(dt), pre.to(dt), act.to(dt)};
   }
   const c10::DeviceGuard device_guard(x.device());
-  const at::Tensor x2 = x.contiguous().view({ops::detail::leading_rows(x), x.size(-1)});
-  const ops::detail::GeluMlpForward f = ops::detail::gelu_mlp_forward(
-      x2, x.sizes(), product_weight(kGeluMlp, "w1_copy", w1, w1_copy, dt), b1,
-      product_weight(kGeluMlp, "w2_copy", w2, w2_copy, dt), value_or_undefined(b2));
-  std::vector<int64_t> hidden = x.sizes().vec();
-  hidden.back() = w1.size(0);
-  return {f.y, f.pre.view(hidden), f.act.view(hidden)};
+  const int64_t m = ops::detail::leading_rows(x), h = w1.size(0), d = w2.size(0);
+  std::vector<int64_t> hidden = x.sizes().vec(), out = x.sizes().vec();
+  hidden.back() = h, out.back() = d;
+  at::Tensor pre = at::empty(hidden, x.options()), act = at::empty(hidden, x.options());
+  at::Tensor y = at::empty(out, x.options());
+  ops::detail::gelu_mlp_forward_into(x.contiguous().view({m, x.size(-1)}),
+                                     product_weight(kGeluMlp, "w1_copy", w1, w1_copy, dt), b1,
+                                     product_weight(kGeluMlp, "w2_copy", w2, w2_copy, dt), value_or_undefined(b2),
+                                     pre.view({m, h}), act.view({m, h}), y.view({m, d}));
+  return {y, pre, act};
 }
 
 // (dx, dw1, db1, dw2, db2) in x's and each parameter's dtype (db2: the empty

@@ -81,9 +81,15 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     const at::Tensor b2 = b2_opt.value_or(at::Tensor());
     const c10::DeviceGuard device_guard(x.device());  // handle, stream and workspace of x's device
     const at::ScalarType dt = x.scalar_type();
-    const at::Tensor x2 = x.contiguous().view({detail::leading_rows(x), x.size(-1)});
+    const int64_t m = detail::leading_rows(x), c = x.size(-1), h = w1.size(0), d = w2.size(0);
+    const at::Tensor x2 = x.contiguous().view({m, c});
     const at::Tensor w1c = compute_weight(w1, dt), w2c = compute_weight(w2, dt);
-    const detail::GeluMlpForward f = detail::gelu_mlp_forward(x2, x.sizes(), w1c, b1, w2c, b2);
+    at::Tensor pre = at::empty({m, h}, x.options());
+    at::Tensor act = at::empty({m, h}, x.options());
+    std::vector<int64_t> out_sizes = x.sizes().vec();
+    out_sizes.back() = d;
+    at::Tensor y = at::empty(out_sizes, x.options());
+    detail::gelu_mlp_forward_into(x2, w1c, b1, w2c, b2, pre, act, y.view({m, d}));
 
     // Only what the wanted gradients read: act for dW2 (or pre, to compute
     // it again); w2 and pre to reach pre's gradient; then x for dW1 and w1
@@ -92,14 +98,14 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     const bool keep_act = w2.requires_grad() && keep_activation;
     const at::Tensor none;
     ctx->save_for_backward({w1.requires_grad() ? x2 : none, x.requires_grad() ? w1c : none, need_pre ? w2c : none,
-                            need_pre || (w2.requires_grad() && !keep_act) ? f.pre : none, keep_act ? f.act : none});
+                            need_pre || (w2.requires_grad() && !keep_act) ? pre : none, keep_act ? act : none});
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["dtype"] = int64_t(dt);
     ctx->saved_data["w1_dtype"] = int64_t(w1.scalar_type());
     ctx->saved_data["b1_dtype"] = int64_t(b1.scalar_type());
     ctx->saved_data["w2_dtype"] = int64_t(w2.scalar_type());
     ctx->saved_data["b2_dtype"] = b2.defined() ? int64_t(b2.scalar_type()) : int64_t(-1);
-    return f.y;
+    return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -179,15 +185,10 @@ void check_gelu_mlp_args(const at::Tensor& x, const at::Tensor& w1, const at::Te
   check_linear_params("gelu_mlp fc2", h, x.scalar_type(), x.device(), w2, b2);
 }
 
-GeluMlpForward gelu_mlp_forward(const at::Tensor& x2, at::IntArrayRef x_sizes, const at::Tensor& w1,
-                                const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2) {
-  const int64_t m = x2.size(0), h = w1.size(0);
-  GeluMlpForward f;
-  f.pre = at::empty({m, h}, x2.options());
-  f.act = at::empty({m, h}, x2.options());
-  linear_bias_gelu_into(x2, w1, b1.contiguous(), f.pre, f.act);
-  f.y = linear_forward(f.act, x_sizes, w2, b2);
-  return f;
+void gelu_mlp_forward_into(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                           const at::Tensor& b2, const at::Tensor& pre, const at::Tensor& act, const at::Tensor& y2) {
+  linear_bias_gelu_into(x2, w1, b1.contiguous(), pre, act);
+  linear_forward_product(act, w2, b2.defined() ? b2.contiguous() : b2, y2);
 }
 
 // The weight gradients are handed off as soon as their inputs exist, each

@@ -84,13 +84,11 @@ void check_gelu_mlp_args(const at::Tensor& x, const at::Tensor& w1, const at::Te
 // The forward and backward of the autograd function on their own, what it
 // and the Python op (python/csrc/ops_mlp.cpp) run, on checked inputs. The
 // forward from x2 = x as [M, C] rows (contiguous) and w1, w2 in x2's dtype
-// (compute_weight's): y [x_sizes but D last] in x2's dtype, and the
-// pre-activation and activation [M, H] that the backward reads.
-struct GeluMlpForward {
-  at::Tensor y, pre, act;
-};
-GeluMlpForward gelu_mlp_forward(const at::Tensor& x2, at::IntArrayRef x_sizes, const at::Tensor& w1,
-                                const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2);
+// (compute_weight's), into the caller's contiguous tensors of x2's dtype:
+// the pre-activation and activation [M, H] that the backward reads, and
+// y2 [M, D].
+void gelu_mlp_forward_into(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                           const at::Tensor& b2, const at::Tensor& pre, const at::Tensor& act, const at::Tensor& y2);
 // What the backward reads, as the forward left it; each may be undefined
 // where no wanted gradient reads it: x2 (for dW1), w1 (dx), w2 and pre (any
 // of fc1's gradients), act (dW2; undefined with pre defined: GELU again).
