@@ -92,7 +92,7 @@ constexpr const char* kGeluMlp = "gelu_mlp";
 
 // (y, pre, act): y = fc2(gelu_tanh(fc1(x))) [..., D] and the pre-activation
 // and activation [..., H] that the backward reads, all in x's dtype. CUDA:
-// the C++ op's forward (ops::detail::gelu_mlp_forward) on w1 and w2 in x's
+// the C++ op's forward (ops::detail::gelu_mlp_forward_into) on w1 and w2 in x's
 // dtype (the given copies, else casts). CPU: fp32 ATen math, rounded once.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gelu_mlp(const at::Tensor& x, const at::Tensor& w1,
                                                         const at::Tensor& b1, const at::Tensor& w2,

@@ -80,8 +80,8 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
                             const at::Tensor& w2, const std::optional<at::Tensor>& b2_opt, bool keep_activation) {
     const at::Tensor b2 = b2_opt.value_or(at::Tensor());
     const c10::DeviceGuard device_guard(x.device());  // handle, stream and workspace of x's device
-    const at::ScalarType dt = x.scalar_type();
     const int64_t m = detail::leading_rows(x), c = x.size(-1), h = w1.size(0), d = w2.size(0);
+    const at::ScalarType dt = x.scalar_type();
     const at::Tensor x2 = x.contiguous().view({m, c});
     const at::Tensor w1c = compute_weight(w1, dt), w2c = compute_weight(w2, dt);
     at::Tensor pre = at::empty({m, h}, x.options());
