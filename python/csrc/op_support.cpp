@@ -6,6 +6,12 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <ATen/core/grad_mode.h>
 
+#include <string>
+
+#include "base/error.h"
+#include "ops/compute_weights.h"
+#include "ops/dtype_dispatch.h"  // shape()
+
 namespace perftrain::python {
 
 Tensors grads_through(const std::function<Tensors(const Tensors&)>& fn, const Tensors& inputs,
@@ -77,5 +83,21 @@ std::vector<at::Tensor> backward_through(const std::function<Tensors(const Tenso
 at::Tensor no_grad_slot(const at::Tensor& like) { return at::empty({0}, like.options().dtype(at::kFloat)); }
 
 at::Tensor grad_or_slot(const at::Tensor& g, const at::Tensor& like) { return g.defined() ? g : no_grad_slot(like); }
+
+void check_weight_copy(const char* op, const char* what, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& copy, at::ScalarType dtype) {
+  if (!copy.has_value()) return;
+  const at::Tensor& c = *copy;
+  if (c.sizes() != weight.sizes() || c.scalar_type() != dtype || c.device() != weight.device())
+    throw UsageError(std::string(op) + ": " + what + " must be the weight's copy " + ops::shape(weight) + " in " +
+                     c10::toString(dtype) + " on " + weight.device().str() + ", got " + ops::shape(c) + " " +
+                     c10::toString(c.scalar_type()) + " on " + c.device().str());
+}
+
+at::Tensor product_weight(const char* op, const char* what, const at::Tensor& weight,
+                          const std::optional<at::Tensor>& copy, at::ScalarType dtype) {
+  check_weight_copy(op, what, weight, copy, dtype);
+  return copy.has_value() ? copy->contiguous() : ops::compute_weight(weight, dtype);
+}
 
 }  // namespace perftrain::python

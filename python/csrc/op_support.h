@@ -41,4 +41,16 @@ at::Tensor no_grad_slot(const at::Tensor& like);
 // `g` when defined, else no_grad_slot(like).
 at::Tensor grad_or_slot(const at::Tensor& g, const at::Tensor& like);
 
+// A copy of a master weight that an op takes beside it (the optimizer's bf16
+// copy, which perftrain.nn passes) must have weight's sizes, `dtype` (the
+// product's) and weight's device: else UsageError naming `op` and `what`.
+void check_weight_copy(const char* op, const char* what, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& copy, at::ScalarType dtype);
+
+// The weight a product reads in `dtype`: `copy` where given (checked as
+// above), else ops::compute_weight(weight, dtype): weight itself when already
+// in dtype, else a cast.
+at::Tensor product_weight(const char* op, const char* what, const at::Tensor& weight,
+                          const std::optional<at::Tensor>& copy, at::ScalarType dtype);
+
 }  // namespace perftrain::python

@@ -1,11 +1,13 @@
 // The MLP pieces as PyTorch operators: swiglu (SwiGLU's gating on the packed
-// gate_up) and linear_gelu (fc1 with its bias and GELU in one product).
+// gate_up), linear_gelu (fc1 with its bias and GELU in one product) and
+// gelu_mlp (the whole MLP, fc2(gelu_tanh(fc1(x))), as the C++ trainer runs it).
 // Forward and `<op>_backward` ops, joined in python/perftrain/ops.py.
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/linear.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include "base/error.h"
@@ -86,6 +88,73 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_gelu_backward(const at::Te
   return {dx, dw, db};
 }
 
+constexpr const char* kGeluMlp = "gelu_mlp";
+
+// (y, pre, act): y = fc2(gelu_tanh(fc1(x))) [..., D] and the pre-activation
+// and activation [..., H] that the backward reads, all in x's dtype. CUDA:
+// the C++ op's forward (ops::detail::gelu_mlp_forward_into) on w1 and w2 in x's
+// dtype (the given copies, else casts). CPU: fp32 ATen math, rounded once.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gelu_mlp(const at::Tensor& x, const at::Tensor& w1,
+                                                        const at::Tensor& b1, const at::Tensor& w2,
+                                                        const std::optional<at::Tensor>& b2,
+                                                        const std::optional<at::Tensor>& w1_copy,
+                                                        const std::optional<at::Tensor>& w2_copy) {
+  const at::NoGradGuard no_grad;
+  ops::detail::check_gelu_mlp_args(x, w1, b1, w2, value_or_undefined(b2));
+  const at::ScalarType dt = x.scalar_type();
+  if (!x.is_cuda()) {
+    check_weight_copy(kGeluMlp, "w1_copy", w1, w1_copy, dt);
+    check_weight_copy(kGeluMlp, "w2_copy", w2, w2_copy, dt);
+    const at::Tensor pre = at::linear(x.to(at::kFloat), w1.to(at::kFloat), b1.to(at::kFloat));
+    const at::Tensor act = at::gelu(pre, "tanh");
+    const at::Tensor y = at::linear(act, w2.to(at::kFloat), b2.has_value() ? b2->to(at::kFloat) : at::Tensor());
+    return {y.to(dt), pre.to(dt), act.to(dt)};
+  }
+  const c10::DeviceGuard device_guard(x.device());
+  const int64_t m = ops::detail::leading_rows(x), h = w1.size(0), d = w2.size(0);
+  std::vector<int64_t> hidden = x.sizes().vec(), out = x.sizes().vec();
+  hidden.back() = h, out.back() = d;
+  at::Tensor pre = at::empty(hidden, x.options()), act = at::empty(hidden, x.options());
+  at::Tensor y = at::empty(out, x.options());
+  ops::detail::gelu_mlp_forward_into(x.contiguous().view({m, x.size(-1)}),
+                                     product_weight(kGeluMlp, "w1_copy", w1, w1_copy, dt), b1,
+                                     product_weight(kGeluMlp, "w2_copy", w2, w2_copy, dt), value_or_undefined(b2),
+                                     pre.view({m, h}), act.view({m, h}), y.view({m, d}));
+  return {y, pre, act};
+}
+
+// (dx, dw1, db1, dw2, db2) in x's and each parameter's dtype (db2: the empty
+// slot without b2). CUDA: the C++ op's backward (ops::detail::gelu_mlp_backward:
+// fc2's weight gradient, pre's gradient through GELU in the DGELU epilogue or
+// the split form, fc1's, the bias gradients as column sums or from the
+// epilogue). CPU: autograd through the fp32 reference.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gelu_mlp_backward(
+    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+    const std::optional<at::Tensor>& b2, const std::optional<at::Tensor>& w1_copy,
+    const std::optional<at::Tensor>& w2_copy, const at::Tensor& pre, const at::Tensor& act) {
+  const at::ScalarType dt = x.scalar_type();
+  if (!x.is_cuda()) {
+    c10::List<std::optional<at::Tensor>> inputs;
+    for (const at::Tensor& t : {x, w1, b1, w2}) inputs.push_back(t);
+    inputs.push_back(b2);
+    const Tensors g = backward_through(
+        [&](const Tensors& in) { return Tensors{ops::gelu_mlp_reference(in[0], in[1], in[2], in[3], in[4]).to(dt)}; },
+        {grad}, inputs);
+    return {g[0], g[1], g[2], g[3], g[4]};
+  }
+  const c10::DeviceGuard device_guard(x.device());
+  const int64_t m = ops::detail::leading_rows(x), h = w1.size(0);
+  const ops::detail::GeluMlpSaved saved{x.contiguous().view({m, x.size(-1)}),
+                                        product_weight(kGeluMlp, "w1_copy", w1, w1_copy, dt),
+                                        product_weight(kGeluMlp, "w2_copy", w2, w2_copy, dt),
+                                        pre.contiguous().view({m, h}), act.contiguous().view({m, h})};
+  ops::detail::GeluMlpWanted wanted;
+  wanted.x = true, wanted.w1 = w1.scalar_type(), wanted.b1 = b1.scalar_type(), wanted.w2 = w2.scalar_type();
+  if (b2.has_value()) wanted.b2 = b2->scalar_type();
+  const ops::detail::GeluMlpGrads g = ops::detail::gelu_mlp_backward(grad, saved, x.sizes(), dt, wanted);
+  return {g.x, g.w1, g.b1, g.w2, grad_or_slot(g.b2, grad)};
+}
+
 }  // namespace
 }  // namespace perftrain::python
 
@@ -95,6 +164,10 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
   m.def("linear_gelu(Tensor x, Tensor weight, Tensor bias) -> (Tensor, Tensor)");
   m.def("linear_gelu_backward(Tensor grad, Tensor x, Tensor weight, Tensor bias, Tensor pre)"
         " -> (Tensor, Tensor, Tensor)");
+  m.def("gelu_mlp(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor? b2, Tensor? w1_copy, Tensor? w2_copy)"
+        " -> (Tensor, Tensor, Tensor)");
+  m.def("gelu_mlp_backward(Tensor grad, Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor? b2, Tensor? w1_copy,"
+        " Tensor? w2_copy, Tensor pre, Tensor act) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
@@ -102,6 +175,8 @@ TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
   m.impl("swiglu_backward", &perftrain::python::swiglu_backward);
   m.impl("linear_gelu", &perftrain::python::linear_gelu);
   m.impl("linear_gelu_backward", &perftrain::python::linear_gelu_backward);
+  m.impl("gelu_mlp", &perftrain::python::gelu_mlp);
+  m.impl("gelu_mlp_backward", &perftrain::python::gelu_mlp_backward);
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CUDA, m) {
@@ -109,4 +184,6 @@ TORCH_LIBRARY_IMPL(perftrain, CUDA, m) {
   m.impl("swiglu_backward", &perftrain::python::swiglu_backward);
   m.impl("linear_gelu", &perftrain::python::linear_gelu);
   m.impl("linear_gelu_backward", &perftrain::python::linear_gelu_backward);
+  m.impl("gelu_mlp", &perftrain::python::gelu_mlp);
+  m.impl("gelu_mlp_backward", &perftrain::python::gelu_mlp_backward);
 }

@@ -11,7 +11,7 @@ single-stream block (src/models/single_stream.h). The forward runs each block li
     norm1        adaln_layernorm(x, shift_msa, scale_msa)           -> h, in the compute dtype
     attention    the qkv product and attention, proj without its bias
     residual     residual_adaln(x, gate_msa, attn, shift_mlp, scale_mlp, bias=proj.bias) -> x1, h2
-    MLP          fc1 + bias + GELU in one product, fc2 without its bias
+    MLP          gelu_mlp: fc1 + bias + GELU in one product, fc2 without its bias
     residual     gated_residual(x1, gate_mlp, mlp, fc2.bias), or in a chain of blocks
                  residual_adaln with the NEXT block's norm1 (or the final layer's norm)
 
@@ -43,11 +43,19 @@ def compute_dtype(x):
     return x.dtype
 
 
-def compute_weight(p, dtype):
-    """p in the products' dtype: the optimizer's copy of it when one is attached (DeviceAdamW's bf16
-    copies), with the gradient going to p; else p.to(dtype)."""
+def compute_copy(p, dtype):
+    """The optimizer's copy of p in dtype (DeviceAdamW's bf16 copies), or None. The ops take it beside
+    p (ops.linear's weight_copy, ops.gelu_mlp's w1_copy and w2_copy): the product reads the copy, the
+    backward writes p's gradient in p's dtype straight from its product."""
     copy = getattr(p, "_perftrain_compute_copy", None)
-    if copy is not None and copy.dtype == dtype:
+    return copy if copy is not None and copy.dtype == dtype else None
+
+
+def compute_weight(p, dtype):
+    """p in the products' dtype, for a product that is not a perftrain op (SwiGLU's gate and up): the
+    optimizer's copy of it when one is attached, with the gradient going to p; else p.to(dtype)."""
+    copy = compute_copy(p, dtype)
+    if copy is not None:
         return _ComputeCopy.apply(p, copy)
     return p.to(dtype)
 
@@ -69,9 +77,10 @@ class _ComputeCopy(torch.autograd.Function):
 
 
 def _linear(x, layer, with_bias=True):
-    """layer's product on x in x's dtype (the compute dtype), its bias added when with_bias."""
-    bias = layer.bias.to(x.dtype) if with_bias and layer.bias is not None else None
-    return F.linear(x, compute_weight(layer.weight, x.dtype), bias)
+    """layer's product on x in x's dtype (the compute dtype), its bias added when with_bias: ops.linear on
+    the fp32 weight and its copy (gradients written in fp32 from the products)."""
+    bias = layer.bias if with_bias else None
+    return ops.linear(x, layer.weight, bias, weight_copy=compute_copy(layer.weight, x.dtype))
 
 
 # ----------------------------------------------------------------------------
@@ -190,13 +199,15 @@ class Mlp(nn.Module):
         self.fc1 = nn.Linear(in_features, hidden_features)
         self.fc2 = nn.Linear(hidden_features, in_features)
 
-    def branch(self, h):
-        """fc2(gelu(fc1(h))) without fc2's bias (the residual after it adds it): fc1, its bias and GELU in
-        one product (the fp32 weight cast per call, its gradient written in fp32), then fc2."""
-        return _linear(ops.linear_gelu(h, self.fc1.weight, self.fc1.bias), self.fc2, with_bias=False)
+    def branch(self, h, with_bias=False):
+        """fc2(gelu(fc1(h))), without fc2's bias unless with_bias (in a block the residual after it adds
+        it): ops.gelu_mlp on the fp32 weights and their copies."""
+        fc1, fc2 = self.fc1, self.fc2
+        return ops.gelu_mlp(h, fc1.weight, fc1.bias, fc2.weight, fc2.bias if with_bias else None,
+                            w1_copy=compute_copy(fc1.weight, h.dtype), w2_copy=compute_copy(fc2.weight, h.dtype))
 
     def forward(self, x):
-        return self.branch(x) + self.fc2.bias.to(x.dtype)
+        return self.branch(x, with_bias=True)
 
 
 class DiTBlock(nn.Module):

@@ -443,6 +443,89 @@ def _(grad, x, weight, bias, pre):
     return _dense(x), _dense(weight), _dense(bias)
 
 
+def gelu_mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor | None = None, *,
+             w1_copy: Tensor | None = None, w2_copy: Tensor | None = None) -> Tensor:
+    """fc2(gelu_tanh(fc1(x))) [..., D] in x's dtype: the transformer MLP as the C++ trainer runs it.
+
+    x [..., C] bfloat16/float16/float32; w1 [H, C], b1 [H], w2 [D, H], b2 [D] or None (the gated
+    residual after a DiT block's MLP adds fc2's bias) in float32 (master weights) or x's dtype.
+    w1_copy, w2_copy: None, or the weight's copy in x's dtype that the products read instead of
+    casting it (DeviceAdamW's bf16 copies; perftrain.nn passes them); the gradients still go to w1 and
+    w2. CUDA: fc1's bias and GELU in fc1's product (our Hopper kernel or cuBLASLt's epilogue), fc2's
+    input gradient with GELU's backward and fc1's bias gradient in cuBLASLt's DGELU epilogue on large
+    products (else a plain product and one GELU-backward pass), the weight gradients written in the
+    weights' dtypes straight from the products, the bias gradients as column sums. Gradients in each
+    input's dtype.
+    """
+    y, _, _ = _ops.gelu_mlp(x, w1, b1, w2, b2, w1_copy, w2_copy)
+    return y
+
+
+@torch.library.register_fake(_name("gelu_mlp"))
+def _(x, w1, b1, w2, b2, w1_copy, w2_copy):
+    hidden = (*x.shape[:-1], w1.shape[0])
+    return _sized(x, (*x.shape[:-1], w2.shape[0])), _sized(x, hidden), _sized(x, hidden)
+
+
+def _gelu_mlp_setup(ctx, inputs, output):
+    _, pre, act = output
+    ctx.save_for_backward(*inputs, pre, act)
+    _saved_not_results(ctx, pre, act)  # saved for the backward, not results
+
+
+def _gelu_mlp_backward(ctx, grad, grad_pre, grad_act):
+    x, w1, b1, w2, b2, w1_copy, w2_copy, pre, act = ctx.saved_tensors
+    dx, dw1, db1, dw2, db2 = _ops.gelu_mlp_backward(grad, x, w1, b1, w2, b2, w1_copy, w2_copy, pre, act)
+    return dx, dw1, db1, dw2, db2 if b2 is not None else None, None, None
+
+
+torch.library.register_autograd(_name("gelu_mlp"), _gelu_mlp_backward, setup_context=_gelu_mlp_setup)
+
+
+@torch.library.register_fake(_name("gelu_mlp_backward"))
+def _(grad, x, w1, b1, w2, b2, w1_copy, w2_copy, pre, act):
+    return _dense(x), _dense(w1), _dense(b1), _dense(w2), _dense(b2) if b2 is not None else _no_grad_slot(x)
+
+
+# ----------------------------------------------------------------- linear
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, weight_copy: Tensor | None = None) -> Tensor:
+    """x @ weight.T + bias [..., N] in x's dtype: the C++ trainer's linear layer.
+
+    x [..., K] bfloat16/float16/float32; weight [N, K], bias [N] or None in float32 (master weights)
+    or x's dtype. weight_copy: None, or weight's copy in x's dtype that the product reads instead of
+    casting weight (DeviceAdamW's bf16 copies; perftrain.nn passes them); the gradient still goes to
+    weight. CUDA: cuBLASLt with the bias in the epilogue; backward: the weight gradient written in
+    weight's dtype straight from the product (float32 for master weights, no bfloat16 round trip),
+    the bias gradient as column sums. Gradients in each input's dtype.
+    """
+    return _ops.linear(x, weight, bias, weight_copy)
+
+
+@torch.library.register_fake(_name("linear"))
+def _(x, weight, bias, weight_copy):
+    return _sized(x, (*x.shape[:-1], weight.shape[0]))
+
+
+def _linear_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _linear_backward(ctx, grad):
+    x, weight, bias, weight_copy = ctx.saved_tensors
+    dx, dweight, dbias = _ops.linear_backward(grad, x, weight, bias, weight_copy)
+    return dx, dweight, dbias if bias is not None else None, None
+
+
+torch.library.register_autograd(_name("linear"), _linear_backward, setup_context=_linear_setup)
+
+
+@torch.library.register_fake(_name("linear_backward"))
+def _(grad, x, weight, bias, weight_copy):
+    return _dense(x), _dense(weight), _dense(bias) if bias is not None else _no_grad_slot(x)
+
+
 # ----------------------------------------------------------------- gradient helpers
 
 

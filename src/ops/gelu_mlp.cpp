@@ -29,18 +29,6 @@ using torch::autograd::variable_list;
 
 namespace {
 
-void check_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                const at::Tensor& b2) {
-  if (!b1.defined()) throw UsageError("gelu_mlp: b1 is required (use linear for no bias)");
-  detail::check_linear_args("gelu_mlp fc1", x, w1, b1);
-  const int64_t h = w1.size(0);
-  if (w2.dim() != 2 || w2.size(1) != h)
-    throw UsageError("gelu_mlp: fc1 gives H=" + std::to_string(h) + " features (w1 " + shape(w1) + ") but w2 is " +
-                     shape(w2) + "; expected w2 [D, " + std::to_string(h) + "]");
-  // fc2's input is the activation: [..., H] in x's dtype on x's device.
-  detail::check_linear_params("gelu_mlp fc2", h, x.scalar_type(), x.device(), w2, b2);
-}
-
 // d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums (fp32) when
 // wanted: from the DGELU_BGRAD product, or from the split form's fused GELU
 // pass; otherwise db1 is returned undefined and comes later with dW1.
@@ -98,11 +86,10 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     const at::Tensor w1c = compute_weight(w1, dt), w2c = compute_weight(w2, dt);
     at::Tensor pre = at::empty({m, h}, x.options());
     at::Tensor act = at::empty({m, h}, x.options());
-    detail::linear_bias_gelu_into(x2, w1c, b1.contiguous(), pre, act);
     std::vector<int64_t> out_sizes = x.sizes().vec();
     out_sizes.back() = d;
     at::Tensor y = at::empty(out_sizes, x.options());
-    detail::linear_forward_product(act, w2c, b2.defined() ? b2.contiguous() : b2, y.view({m, d}));
+    detail::gelu_mlp_forward_into(x2, w1c, b1, w2c, b2, pre, act, y.view({m, d}));
 
     // Only what the wanted gradients read: act for dW2 (or pre, to compute
     // it again); w2 and pre to reach pre's gradient; then x for dW1 and w1
@@ -113,8 +100,6 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     ctx->save_for_backward({w1.requires_grad() ? x2 : none, x.requires_grad() ? w1c : none, need_pre ? w2c : none,
                             need_pre || (w2.requires_grad() && !keep_act) ? pre : none, keep_act ? act : none});
     ctx->saved_data["x_sizes"] = x.sizes().vec();
-    ctx->saved_data["m"] = m;
-    ctx->saved_data["h"] = h;
     ctx->saved_data["dtype"] = int64_t(dt);
     ctx->saved_data["w1_dtype"] = int64_t(w1.scalar_type());
     ctx->saved_data["b1_dtype"] = int64_t(b1.scalar_type());
@@ -126,45 +111,18 @@ struct GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (!grads[0].defined()) return variable_list(6);
     const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &x2 = saved[0], &w1c = saved[1], &w2c = saved[2], &pre = saved[3], &act = saved[4];
-    const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
-    const int64_t m = ctx->saved_data["m"].toInt(), c = x_sizes.back();
-    const at::ScalarType dt = dtype_of(ctx, "dtype");
-    const at::Tensor dy = grads[0].to(dt).contiguous().view({m, grads[0].size(-1)});
-
-    // The weight gradients are handed off as soon as their inputs exist, each
-    // before the input-gradient product it can run beside
-    // (ops/weight_grad_stream.h); their outputs are allocated here, in the
-    // parameters' dtypes.
-    const auto out = [&](int input, std::initializer_list<int64_t> sizes, const char* dtype) {
-      return ctx->needs_input_grad(input) ? at::empty(sizes, dy.options().dtype(dtype_of(ctx, dtype))) : at::Tensor();
+    const auto wanted_dtype = [&](int input, const char* key) {
+      return ctx->needs_input_grad(input) ? std::optional(dtype_of(ctx, key)) : std::nullopt;
     };
-    const int64_t h = ctx->saved_data["h"].toInt(), d = dy.size(1);
-    // fc2: dW2 = dy^T act (act computed again when only pre was kept).
-    const bool has_b2 = ctx->saved_data["b2_dtype"].toInt() >= 0;
-    const at::Tensor dw2 = out(3, {d, h}, "w2_dtype");
-    const at::Tensor db2 = has_b2 ? out(4, {d}, "b2_dtype") : at::Tensor();
-    if (dw2.defined() || db2.defined()) {
-      const at::Tensor a = act.defined() || !dw2.defined() ? act : gelu_again(pre);
-      run_weight_grads([&] { detail::linear_weight_grad_into(dy, a, dw2, db2); }, {dy, a});
-    }
-    at::Tensor dx, dw1, db1;
-    if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
-      auto [dpre, db1_fused] = fc2_back_through_gelu(dy, w2c, pre, ctx->needs_input_grad(2));
-      db1 = db1_fused;
-      // fc1: dW1 = dpre^T x (taking db1 here when the DGELU product did not).
-      dw1 = out(1, {h, c}, "w1_dtype");
-      if (ctx->needs_input_grad(2) && !db1.defined()) db1 = out(2, {h}, "b1_dtype");
-      const at::Tensor db1_here = db1_fused.defined() ? at::Tensor() : db1;
-      if (dw1.defined() || db1_here.defined())
-        run_weight_grads([&] { detail::linear_weight_grad_into(dpre, x2, dw1, db1_here); }, {dpre, x2});
-      if (ctx->needs_input_grad(0)) {
-        dx = at::empty(x_sizes, dy.options());
-        detail::linear_input_grad(dpre, w1c, dx.view({m, c}));
-      }
-    }
-    return {dx, dw1, cast_to(db1, dtype_of(ctx, "b1_dtype")), dw2,
-            has_b2 ? cast_to(db2, dtype_of(ctx, "b2_dtype")) : at::Tensor(), at::Tensor()};
+    detail::GeluMlpWanted wanted;
+    wanted.x = ctx->needs_input_grad(0);
+    wanted.w1 = wanted_dtype(1, "w1_dtype"), wanted.b1 = wanted_dtype(2, "b1_dtype");
+    wanted.w2 = wanted_dtype(3, "w2_dtype");
+    if (ctx->saved_data["b2_dtype"].toInt() >= 0) wanted.b2 = wanted_dtype(4, "b2_dtype");
+    const detail::GeluMlpGrads g =
+        detail::gelu_mlp_backward(grads[0], {saved[0], saved[1], saved[2], saved[3], saved[4]},
+                                  ctx->saved_data["x_sizes"].toIntVector(), dtype_of(ctx, "dtype"), wanted);
+    return {g.x, g.w1, g.b1, g.w2, g.b2, at::Tensor()};
   }
 };
 
@@ -208,12 +166,68 @@ at::Tensor gelu_mlp_reference(const at::Tensor& x, const at::Tensor& w1, const a
 
 at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                     const at::Tensor& b2, bool keep_activation) {
-  check_args(x, w1, b1, w2, b2);
+  detail::check_gelu_mlp_args(x, w1, b1, w2, b2);
   if (!x.is_cuda()) return gelu_mlp_reference(x, w1, b1, w2, b2).to(x.scalar_type());
   return apply_gelu_mlp(x, w1, b1, w2, b2, keep_activation);
 }
 
 namespace detail {
+
+void check_gelu_mlp_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                         const at::Tensor& b2) {
+  if (!b1.defined()) throw UsageError("gelu_mlp: b1 is required (use linear for no bias)");
+  check_linear_args("gelu_mlp fc1", x, w1, b1);
+  const int64_t h = w1.size(0);
+  if (w2.dim() != 2 || w2.size(1) != h)
+    throw UsageError("gelu_mlp: fc1 gives H=" + std::to_string(h) + " features (w1 " + shape(w1) + ") but w2 is " +
+                     shape(w2) + "; expected w2 [D, " + std::to_string(h) + "]");
+  // fc2's input is the activation: [..., H] in x's dtype on x's device.
+  check_linear_params("gelu_mlp fc2", h, x.scalar_type(), x.device(), w2, b2);
+}
+
+void gelu_mlp_forward_into(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                           const at::Tensor& b2, const at::Tensor& pre, const at::Tensor& act, const at::Tensor& y2) {
+  linear_bias_gelu_into(x2, w1, b1.contiguous(), pre, act);
+  linear_forward_product(act, w2, b2.defined() ? b2.contiguous() : b2, y2);
+}
+
+// The weight gradients are handed off as soon as their inputs exist, each
+// before the input-gradient product it can run beside
+// (ops/weight_grad_stream.h); their outputs are allocated here, in the
+// parameters' dtypes.
+GeluMlpGrads gelu_mlp_backward(const at::Tensor& grad, const GeluMlpSaved& saved, at::IntArrayRef x_sizes,
+                               at::ScalarType dtype, const GeluMlpWanted& wanted) {
+  const int64_t m = leading_rows(x_sizes), c = x_sizes.back();
+  const at::Tensor dy = grad.to(dtype).contiguous().view({m, grad.size(-1)});
+  const auto out = [&](const std::optional<at::ScalarType>& want, std::initializer_list<int64_t> sizes) {
+    return want ? at::empty(sizes, dy.options().dtype(*want)) : at::Tensor();
+  };
+  const at::Tensor& hidden = saved.pre.defined() ? saved.pre : saved.act;  // [M, H] (undefined: db2 alone)
+  const int64_t h = hidden.defined() ? hidden.size(1) : 0, d = dy.size(1);
+  GeluMlpGrads g;
+  // fc2: dW2 = dy^T act (act computed again when only pre was kept).
+  g.w2 = out(wanted.w2, {d, h});
+  g.b2 = out(wanted.b2, {d});
+  if (g.w2.defined() || g.b2.defined()) {
+    const at::Tensor a = saved.act.defined() || !g.w2.defined() ? saved.act : gelu_again(saved.pre);
+    run_weight_grads([&] { linear_weight_grad_into(dy, a, g.w2, g.b2); }, {dy, a});
+  }
+  if (wanted.x || wanted.w1 || wanted.b1) {
+    auto [dpre, db1_fused] = fc2_back_through_gelu(dy, saved.w2, saved.pre, wanted.b1.has_value());
+    // fc1: dW1 = dpre^T x (taking db1 here when the DGELU product did not).
+    g.w1 = out(wanted.w1, {h, c});
+    g.b1 = db1_fused.defined() ? db1_fused : out(wanted.b1, {h});
+    const at::Tensor db1_here = db1_fused.defined() ? at::Tensor() : g.b1;
+    if (g.w1.defined() || db1_here.defined())
+      run_weight_grads([&] { linear_weight_grad_into(dpre, saved.x2, g.w1, db1_here); }, {dpre, saved.x2});
+    if (wanted.x) {
+      g.x = at::empty(x_sizes, dy.options());
+      linear_input_grad(dpre, saved.w1, g.x.view({m, c}));
+    }
+    if (wanted.b1) g.b1 = cast_to(g.b1, *wanted.b1);
+  }
+  return g;
+}
 
 // Our Hopper kernel where it applies (bf16 on sm_90, m % 128, h % 256,
 // c % 64), else where cuBLASLt takes the epilogue (fp32 bias first, then the
@@ -235,7 +249,7 @@ void linear_bias_gelu_into(const at::Tensor& x2, const at::Tensor& w1, const at:
 
 at::Tensor gelu_mlp_function(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                              const at::Tensor& b2, bool keep_activation) {
-  check_args(x, w1, b1, w2, b2);
+  detail::check_gelu_mlp_args(x, w1, b1, w2, b2);
   return apply_gelu_mlp(x, w1, b1, w2, b2, keep_activation);
 }
 }  // namespace detail

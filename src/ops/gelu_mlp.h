@@ -11,6 +11,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 #include "ops/cublaslt_workspace.h"  // gemm_fallback_count()
 
 namespace perftrain::ops {
@@ -76,6 +78,39 @@ namespace detail {
 // (counted by gemm_fallback_count() on CUDA).
 void linear_bias_gelu_into(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b, const at::Tensor& pre,
                            const at::Tensor& act);
+// gelu_mlp's checks of its arguments (UsageError naming the input).
+void check_gelu_mlp_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                         const at::Tensor& b2);
+// The forward and backward of the autograd function on their own, what it
+// and the Python op (python/csrc/ops_mlp.cpp) run, on checked inputs. The
+// forward from x2 = x as [M, C] rows (contiguous) and w1, w2 in x2's dtype
+// (compute_weight's), into the caller's contiguous tensors of x2's dtype:
+// the pre-activation and activation [M, H] that the backward reads, and
+// y2 [M, D].
+void gelu_mlp_forward_into(const at::Tensor& x2, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                           const at::Tensor& b2, const at::Tensor& pre, const at::Tensor& act, const at::Tensor& y2);
+// What the backward reads, as the forward left it; each may be undefined
+// where no wanted gradient reads it: x2 (for dW1), w1 (dx), w2 and pre (any
+// of fc1's gradients), act (dW2; undefined with pre defined: GELU again).
+struct GeluMlpSaved {
+  at::Tensor x2, w1, w2, pre, act;
+};
+// The gradients wanted: dx (in the compute dtype), the parameters' in the
+// given dtypes (nullopt: not wanted, left undefined).
+struct GeluMlpWanted {
+  bool x = false;
+  std::optional<at::ScalarType> w1, b1, w2, b2;
+};
+struct GeluMlpGrads {
+  at::Tensor x, w1, b1, w2, b2;
+};
+// From the incoming gradient of y (any dtype and strides; made dense in
+// `dtype`, x's): fc2's weight gradient and its bias's column sums, pre's
+// gradient through GELU (DGELU epilogue or the split form, above), then
+// fc1's; the weight gradients through run_weight_grads
+// (ops/weight_grad_stream.h).
+GeluMlpGrads gelu_mlp_backward(const at::Tensor& grad, const GeluMlpSaved& saved, at::IntArrayRef x_sizes,
+                               at::ScalarType dtype, const GeluMlpWanted& wanted);
 // The autograd function on any device (CPU: its ATen fallbacks), for tests.
 at::Tensor gelu_mlp_function(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                              const at::Tensor& b2, bool keep_activation = true);

@@ -123,10 +123,42 @@ void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2, const a
   if (db.defined()) column_sums_into({dy}, {db});
 }
 
-int64_t leading_rows(const at::Tensor& x) {
+int64_t leading_rows(const at::Tensor& x) { return leading_rows(x.sizes()); }
+
+int64_t leading_rows(at::IntArrayRef sizes) {
   int64_t m = 1;
-  for (const auto i : c10::irange(x.dim() - 1)) m *= x.size(i);
+  for (const auto i : c10::irange(int64_t(sizes.size()) - 1)) m *= sizes[i];
   return m;
+}
+
+at::Tensor linear_forward(const at::Tensor& x2, at::IntArrayRef x_sizes, const at::Tensor& w, const at::Tensor& bias) {
+  std::vector<int64_t> out_sizes = x_sizes.vec();
+  out_sizes.back() = w.size(0);
+  at::Tensor y = at::empty(out_sizes, x2.options());
+  linear_forward_product(x2, w, bias.defined() ? bias.contiguous() : bias, y.view({x2.size(0), w.size(0)}));
+  return y;
+}
+
+LinearGrads linear_backward(const at::Tensor& grad, const at::Tensor& x2, const at::Tensor& w,
+                            at::IntArrayRef x_sizes, at::ScalarType dtype, bool want_x,
+                            std::optional<at::ScalarType> weight_dtype, std::optional<at::ScalarType> bias_dtype) {
+  LinearGrads g;
+  if (!want_x && !weight_dtype && !bias_dtype) return g;
+  const int64_t m = leading_rows(x_sizes), k = x_sizes.back(), n = grad.size(-1);
+  // A broadcast or non-contiguous incoming gradient is made dense once.
+  const at::Tensor dy = grad.to(dtype).contiguous().view({m, n});
+
+  // The weight gradient first: beside the input gradient when the step
+  // runs them on two streams (ops/weight_grad_stream.h).
+  if (weight_dtype) g.weight = at::empty({n, k}, dy.options().dtype(*weight_dtype));
+  if (bias_dtype) g.bias = at::empty({n}, dy.options().dtype(*bias_dtype));
+  if (g.weight.defined() || g.bias.defined())
+    run_weight_grads([&] { linear_weight_grad_into(dy, x2, g.weight, g.bias); }, {dy, x2});
+  if (want_x) {
+    g.x = at::empty(x_sizes, dy.options());
+    linear_input_grad(dy, w, g.x.view({m, k}));
+  }
+  return g;
 }
 
 namespace {
@@ -142,19 +174,13 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
                             const std::optional<at::Tensor>& bias_opt) {
     const at::Tensor bias = bias_opt.value_or(at::Tensor());
     const c10::DeviceGuard device_guard(x.device());  // handle, stream and workspace of x's device
-    const int64_t m = leading_rows(x), k = x.size(-1), n = weight.size(0);
     const at::ScalarType dt = x.scalar_type();
-    const at::Tensor x2 = x.contiguous().view({m, k});
+    const at::Tensor x2 = x.contiguous().view({leading_rows(x), x.size(-1)});
     const at::Tensor w = compute_weight(weight, dt);  // the optimizer's bf16 copy, or a cast
-    std::vector<int64_t> out_sizes = x.sizes().vec();
-    out_sizes.back() = n;
-    at::Tensor y = at::empty(out_sizes, x.options());
-    linear_forward_product(x2, w, bias.defined() ? bias.contiguous() : bias, y.view({m, n}));
+    at::Tensor y = linear_forward(x2, x.sizes(), w, bias);
     // Only what the wanted gradients read: X for dW, W for dX.
     ctx->save_for_backward({weight.requires_grad() ? x2 : at::Tensor(), x.requires_grad() ? w : at::Tensor()});
     ctx->saved_data["x_sizes"] = x.sizes().vec();
-    ctx->saved_data["m"] = m;
-    ctx->saved_data["n"] = n;
     ctx->saved_data["dtype"] = int64_t(dt);
     ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());
     ctx->saved_data["b_dtype"] = bias.defined() ? int64_t(bias.scalar_type()) : int64_t(-1);
@@ -162,31 +188,15 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& x2 = saved[0];
-    const at::Tensor& w = saved[1];
-    const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
-    const int64_t m = ctx->saved_data["m"].toInt(), n = ctx->saved_data["n"].toInt();
-    const auto dt = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
-    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-    const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-    const int64_t k = x_sizes.back();
-    // A broadcast or non-contiguous incoming gradient is made dense once.
-    const at::Tensor dy = grads[0].to(dt).contiguous().view({m, n});
-
-    // The weight gradient first: beside the input gradient when the step
-    // runs them on two streams (ops/weight_grad_stream.h).
-    at::Tensor dw, db;
-    if (ctx->needs_input_grad(1)) dw = at::empty({n, k}, dy.options().dtype(w_dtype));
-    if (b_dtype >= 0 && ctx->needs_input_grad(2)) db = at::empty({n}, dy.options().dtype(at::ScalarType(b_dtype)));
-    if (dw.defined() || db.defined()) run_weight_grads([&] { linear_weight_grad_into(dy, x2, dw, db); }, {dy, x2});
-    at::Tensor dx;
-    if (ctx->needs_input_grad(0)) {
-      dx = at::empty(x_sizes, dy.options());
-      linear_input_grad(dy, w, dx.view({m, k}));
-    }
-    return {dx, dw, db};
+    const variable_list saved = ctx->get_saved_variables();
+    const auto dtype = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data[key].toInt()); };
+    const bool has_bias = ctx->saved_data["b_dtype"].toInt() >= 0;
+    const LinearGrads g = linear_backward(
+        grads[0], saved[0], saved[1], ctx->saved_data["x_sizes"].toIntVector(), dtype("dtype"),
+        ctx->needs_input_grad(0), ctx->needs_input_grad(1) ? std::optional(dtype("w_dtype")) : std::nullopt,
+        has_bias && ctx->needs_input_grad(2) ? std::optional(dtype("b_dtype")) : std::nullopt);
+    return {g.x, g.weight, g.bias};
   }
 };
 

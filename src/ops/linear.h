@@ -8,6 +8,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 #include "ops/cublaslt_workspace.h"  // gemm_fallback_count()
 
 namespace perftrain::ops {
@@ -41,6 +43,7 @@ void check_linear_params(const char* op, int64_t k, at::ScalarType dtype, at::De
 
 // The product of x's sizes but the last: the rows of x seen as [M, K].
 int64_t leading_rows(const at::Tensor& x);
+int64_t leading_rows(at::IntArrayRef sizes);
 
 // The three products of a linear layer on 2-D contiguous tensors, each
 // through cuBLASLt (with its fused epilogue) on CUDA, else plain ATen (counted as a
@@ -56,6 +59,25 @@ void linear_input_grad(const at::Tensor& dy, const at::Tensor& w, const at::Tens
 // dw [N, K] and db [N] in their own dtypes (either may be undefined), e.g.
 // row blocks of a larger weight's gradient.
 void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2, const at::Tensor& dw, const at::Tensor& db);
+
+// The forward and backward of the autograd function on their own, what it
+// and the Python op (python/csrc/ops_mlp.cpp) run, on checked inputs.
+// y [x_sizes but N last] = x2 w^T + bias in x2's dtype, from x2 = x as [M, K]
+// rows (contiguous), w [N, K] in x2's dtype (compute_weight's) and bias [N]
+// (fp32 or x2's dtype, or undefined).
+at::Tensor linear_forward(const at::Tensor& x2, at::IntArrayRef x_sizes, const at::Tensor& w, const at::Tensor& bias);
+// From the incoming gradient of y (any dtype and strides; made dense in
+// `dtype`, x's), x2 and w as the forward read them (each may be undefined
+// where no wanted gradient reads it: x2 for dW, w for dx): dx of x_sizes in
+// `dtype` (want_x), dW and db in the given dtypes (nullopt: not wanted, left
+// undefined), written directly (fp32 for master weights); dW and db through
+// run_weight_grads (ops/weight_grad_stream.h), db as column sums.
+struct LinearGrads {
+  at::Tensor x, weight, bias;
+};
+LinearGrads linear_backward(const at::Tensor& grad, const at::Tensor& x2, const at::Tensor& w,
+                            at::IntArrayRef x_sizes, at::ScalarType dtype, bool want_x,
+                            std::optional<at::ScalarType> weight_dtype, std::optional<at::ScalarType> bias_dtype);
 
 }  // namespace detail
 }  // namespace perftrain::ops

@@ -7,6 +7,7 @@ import math
 
 import torch
 from run_tests import run_all
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from perftrain import nn as pnn
 from perftrain.optim import DeviceAdamW
@@ -189,6 +190,50 @@ def test_bf16_copies_follow_the_weights_and_feed_the_products():
     block.load_state_dict(other.state_dict())
     assert torch.equal(w._perftrain_compute_copy, other.attn.qkv.weight.to(torch.bfloat16)), \
         "the model's load_state_dict refreshes the copies (a stale copy would run the old weights)"
+
+
+class _OpCalls(TorchDispatchMode):
+    """Every operator call below autograd and autocast made inside it: (operator, args)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func, args))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_block_products_read_the_copies_and_write_fp32_gradients():
+    """Each product of a DiT block is a perftrain op given the fp32 weight and its bf16 copy (the C++
+    trainer's linear and gelu_mlp): no ATen product, no separate GELU backward, and no bf16 gradient of a
+    parameter cast to fp32 afterwards (the gradients are written in fp32 by the ops)."""
+    torch.manual_seed(4)
+    block = pnn.DiTBlock(32, 2)
+    DeviceAdamW(block, compute_dtype=torch.bfloat16)
+    params = dict(block.named_parameters())
+    copies = {p._perftrain_compute_copy.data_ptr(): n for n, p in params.items()}
+    masters = {p.data_ptr(): n for n, p in params.items()}
+    x, c = torch.randn(2, 4, 32), torch.randn(2, 32)
+    with _OpCalls() as rec, torch.autocast("cpu", dtype=torch.bfloat16):
+        block(x, c).float().square().mean().backward()
+    names = [f"{f.namespace}::{f.__name__.split('.')[0]}" for f, _ in rec.calls]
+    for op in ("aten::mm", "aten::addmm", "aten::bmm", "aten::gelu_backward"):
+        assert op not in names, f"{op} in the block's step: {sorted(set(names))}"
+    read = []  # (master, copy) of each product, by parameter name
+    for f, args in rec.calls:
+        if f.namespace == "perftrain" and f.__name__.split(".")[0] in ("linear", "gelu_mlp"):
+            pairs = [(args[1], args[3])] if f.__name__.startswith("linear") else [(args[1], args[5]), (args[3], args[6])]
+            read += [(masters.get(w.data_ptr()), copies.get(cp.data_ptr()) if cp is not None else None)
+                     for w, cp in pairs]
+    want = ["adaLN_modulation.1.weight", "attn.qkv.weight", "attn.proj.weight", "mlp.fc1.weight", "mlp.fc2.weight"]
+    assert sorted(read) == sorted((n, n) for n in want), read
+    shapes = {tuple(p.shape) for p in params.values()}
+    for f, args in rec.calls:
+        if f.__name__.startswith("_to_copy") and args[0].dtype == torch.bfloat16 and tuple(args[0].shape) in shapes:
+            raise AssertionError(f"a bf16 tensor of a parameter's shape {list(args[0].shape)} cast in the step")
+    for n, p in params.items():
+        assert p.grad is not None and p.grad.dtype == torch.float32, n
 
 
 if __name__ == "__main__":

@@ -166,15 +166,57 @@ def swiglu_ref(gate_up):
     return F.silu(gate_up[..., :f]) * gate_up[..., f:]
 
 
+def master_weights(rows, cols, device, scale):
+    """fp32 master weight [rows, cols] and bias [rows], as DeviceAdamW's parameters."""
+    return (randn(rows, cols, device=device, dtype=torch.float32, scale=scale),
+            randn(rows, device=device, dtype=torch.float32))
+
+
+def copy_in(weight, dtype):
+    """weight's copy in the compute dtype, as DeviceAdamW keeps one (no gradient)."""
+    return weight.detach().to(dtype)
+
+
 def linear_gelu_case(device, dtype):
     x = randn(B, T, D, device=device, dtype=dtype)
-    weight = randn(3 * D + 1, D, device=device, dtype=torch.float32, scale=D ** -0.5)  # fp32 master weights
-    bias = randn(3 * D + 1, device=device, dtype=torch.float32)
+    weight, bias = master_weights(3 * D + 1, D, device, D ** -0.5)
     return (x, weight, bias), {}
 
 
 def linear_gelu_ref(x, weight, bias):
     return F.gelu(F.linear(x, weight, bias), approximate="tanh")
+
+
+def linear_case(device, dtype):
+    x = randn(B, T, D, device=device, dtype=dtype)
+    weight, bias = master_weights(2 * D + 3, D, device, D ** -0.5)
+    return (x, weight, bias), {}
+
+
+def linear_ref(x, weight, bias=None, weight_copy=None):
+    return F.linear(x, weight, bias)
+
+
+def linear_nobias_copy_case(device, dtype):
+    (x, weight, _), _ = linear_case(device, dtype)
+    return (x, weight, None), {"weight_copy": copy_in(weight, dtype)}
+
+
+def gelu_mlp_case(device, dtype):
+    x = randn(B, T, D, device=device, dtype=dtype)
+    w1, b1 = master_weights(3 * D + 1, D, device, D ** -0.5)
+    w2, b2 = master_weights(D + 5, 3 * D + 1, device, (3 * D + 1) ** -0.5)
+    return (x, w1, b1, w2, b2), {}
+
+
+def gelu_mlp_ref(x, w1, b1, w2, b2=None, w1_copy=None, w2_copy=None):
+    return F.linear(linear_gelu_ref(x, w1, b1), w2, b2)
+
+
+def gelu_mlp_nobias_copies_case(device, dtype):
+    """As a DiT block calls it: no fc2 bias, the optimizer's copies beside the master weights."""
+    (x, w1, b1, w2, _), _ = gelu_mlp_case(device, dtype)
+    return (x, w1, b1, w2, None), {"w1_copy": copy_in(w1, dtype), "w2_copy": copy_in(w2, dtype)}
 
 
 CASES = [
@@ -189,6 +231,10 @@ CASES = [
     ("attention", P.attention, attention_case, attention_ref),
     ("swiglu", P.swiglu, swiglu_case, swiglu_ref),
     ("linear_gelu", P.linear_gelu, linear_gelu_case, linear_gelu_ref),
+    ("gelu_mlp", P.gelu_mlp, gelu_mlp_case, gelu_mlp_ref),
+    ("gelu_mlp (no b2, weight copies)", P.gelu_mlp, gelu_mlp_nobias_copies_case, gelu_mlp_ref),
+    ("linear", P.linear, linear_case, linear_ref),
+    ("linear (no bias, weight copy)", P.linear, linear_nobias_copy_case, linear_ref),
 ]
 
 

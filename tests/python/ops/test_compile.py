@@ -13,7 +13,7 @@ import cases
 import perftrain.ops as P
 
 
-def every_op(x, y, ada, bias, qkv, qw, kw, cos, sin, gate_up, w1, b1):
+def every_op(x, y, ada, bias, qkv, qw, kw, cos, sin, gate_up, w1, b1, w2):
     gate, shift, scale = ada.chunk(3, dim=1)
     h = P.adaln_layernorm(x, shift, scale)
     r = P.gated_residual(x, gate, y, bias)
@@ -24,7 +24,9 @@ def every_op(x, y, ada, bias, qkv, qw, kw, cos, sin, gate_up, w1, b1):
     a = P.attention(q, cases.HEADS)
     s = P.swiglu(gate_up)
     g = P.linear_gelu(h4 + a, w1, b1)
-    return (h2 + x2).sum() + g.square().mean() + s.mean()
+    m = P.gelu_mlp(h2, w1, b1, w2, bias, w1_copy=w1.detach())
+    p = P.linear(m, w1, b1) + P.linear(m, w1, weight_copy=w1.detach())
+    return (h2 + x2).sum() + g.square().mean() + s.mean() + p.square().mean()
 
 
 class CompileEveryOp(unittest.TestCase):
@@ -44,6 +46,7 @@ class CompileEveryOp(unittest.TestCase):
             cases.randn(B, T, 2 * 9, device=dev, dtype=dt),
             cases.randn(11, D, device=dev, dtype=dt, scale=D ** -0.5),
             cases.randn(11, device=dev, dtype=dt),
+            cases.randn(D, 11, device=dev, dtype=dt, scale=11 ** -0.5),
         ]
         leaves = [t for t in inputs if t.requires_grad]
         torch._dynamo.reset()

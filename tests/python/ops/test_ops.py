@@ -29,7 +29,7 @@ class OpsOnCpu(unittest.TestCase):
         # Every operator with a gradient (a `<op>_backward` twin) has a case.
         names = self._registered()
         differentiable = {n for n in names if n + "_backward" in names}
-        self.assertEqual(len(differentiable), 9)
+        self.assertEqual(len(differentiable), 11)
         self.assertEqual(differentiable - {n.split(".")[0] for n in checked}, set())
         self.assertIn("perftrain::column_sums", checked)
         self.assertIn("perftrain::multi_tensor_adamw_", checked)
@@ -85,6 +85,11 @@ class OpsOnCpu(unittest.TestCase):
             P.gated_residual(torch.randn(2, 3, 8), torch.randn(2, 7), torch.randn(2, 3, 8))
         with self.assertRaisesRegex(RuntimeError, "swiglu"):
             P.swiglu(torch.randn(4, 7))
+        w = torch.randn(6, 8)
+        with self.assertRaisesRegex(RuntimeError, "linear: weight_copy must be the weight's copy"):
+            P.linear(torch.randn(2, 8), w, weight_copy=w.t().contiguous())
+        with self.assertRaisesRegex(RuntimeError, "gelu_mlp: w2_copy .* in Float"):
+            P.gelu_mlp(torch.randn(2, 8), w, torch.randn(6), w.t(), w2_copy=w.t().to(torch.bfloat16))
         p = [torch.randn(3)]
         with self.assertRaisesRegex(RuntimeError, "lr_schedule must be constant, cosine, linear or wsd"):
             P.multi_tensor_adamw_(p, [torch.randn(3)], [torch.zeros(3)], [torch.zeros(3)], [], P.adamw_scalars("cpu"),

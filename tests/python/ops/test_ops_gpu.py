@@ -15,8 +15,10 @@ import perftrain.ops as P
 
 # atol + rtol * |ref| per dtype of the inputs (bf16: operands rounded to 8 bits).
 TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (6e-2, 4e-2)}
-# The fp32 products (linear_gelu's) run on TF32 Tensor Cores, as the C++ trainer's do (10-bit mantissas).
+# The fp32 products (linear_gelu's, gelu_mlp's, linear's) run on TF32 Tensor Cores, as the C++ trainer's
+# do (10-bit mantissas).
 TF32_TOL = (5e-3, 5e-3)
+PRODUCTS = ("linear", "gelu_mlp")  # the names of the cases whose ops are products ("linear_gelu" included)
 
 
 def check_against_float64(test, name, fn, make, ref, dtype):
@@ -29,7 +31,7 @@ def check_against_float64(test, name, fn, make, ref, dtype):
     kwargs64 = {k: v.cpu().detach().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v
                 for k, v in kwargs64.items()}
     outs64, grads64 = cases.outputs_and_grads(ref, args64, kwargs64)
-    atol, rtol = TF32_TOL if name.startswith("linear_gelu") and dtype == torch.float32 else TOL[dtype]
+    atol, rtol = TF32_TOL if name.startswith(PRODUCTS) and dtype == torch.float32 else TOL[dtype]
     for o, r in zip(outs, outs64):
         test.assertFalse(o.isnan().any().item(), name)
         torch.testing.assert_close(o.double().cpu(), r, atol=atol, rtol=rtol)
@@ -49,10 +51,21 @@ def hopper_linear_gelu_case(device, dtype):
     return (x, w, b), {}
 
 
+def hopper_gelu_mlp_case(device, dtype):
+    (x, w1, b1), _ = hopper_linear_gelu_case(device, dtype)
+    w2 = cases.randn(128, 256, device=device, dtype=torch.float32, scale=256 ** -0.5)
+    return (x, w1, b1, w2, None), {"w1_copy": cases.copy_in(w1, dtype), "w2_copy": cases.copy_in(w2, dtype)}
+
+
 DIT_SHAPES = [
     ("attention (whole-head shape)", P.attention, whole_head_attention_case, cases.attention_ref),
     ("linear_gelu (Hopper product shape)", P.linear_gelu, hopper_linear_gelu_case, cases.linear_gelu_ref),
+    ("gelu_mlp (Hopper product shape)", P.gelu_mlp, hopper_gelu_mlp_case, cases.gelu_mlp_ref),
 ]
+
+
+def relative_error(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
 
 
 @unittest.skipUnless(torch.cuda.is_available(), "no GPU")
@@ -73,6 +86,43 @@ class OpsOnCuda(unittest.TestCase):
                     continue  # fp32 attention runs ATen's SDPA (TF32 products): the CPU test covers it
                 with self.subTest(op=name, dtype=dtype):
                     check_against_float64(self, name, fn, make, ref, dtype)
+
+    def test_a_weight_copy_gives_the_bits_of_the_cast(self):
+        """The optimizer's bf16 copies (what perftrain.nn passes) read as the cast weight: same outputs and
+        gradients, the weights' gradients in fp32 (the masters')."""
+        for name, fn, make, _ in cases.CASES:
+            if not name.startswith(("linear (", "gelu_mlp (")):
+                continue
+            with self.subTest(op=name):
+                torch.manual_seed(0)
+                args, kwargs = make("cuda", torch.bfloat16)
+                with_copy = cases.outputs_and_grads(fn, args, kwargs)
+                without = cases.outputs_and_grads(fn, args, {})
+                for a, b in zip(with_copy[0] + with_copy[1], without[0] + without[1]):
+                    self.assertTrue(torch.equal(a, b), name)
+                for g, leaf in zip(with_copy[1], cases.leaves(args, kwargs)):
+                    self.assertEqual(g.dtype, leaf.dtype)
+
+    def test_gelu_mlp_at_a_dit_b2_size_takes_the_dgelu_epilogue(self):
+        """A DiT-B/2 b256 MLP's rows x hidden is past the split form's limit (ops::kSplitDGeluMaxElements):
+        pre's gradient and fc1's bias gradient come from cuBLASLt's DGELU epilogue. bf16 against fp32."""
+        torch.manual_seed(0)
+        rows, c, h = 65536, 256, 2048  # rows * h > 65536 * 1536
+        x = cases.randn(rows, c, device="cuda", dtype=torch.bfloat16)
+        w1 = cases.randn(h, c, device="cuda", dtype=torch.float32, scale=c ** -0.5)
+        b1 = cases.randn(h, device="cuda", dtype=torch.float32)
+        w2 = cases.randn(c, h, device="cuda", dtype=torch.float32, scale=h ** -0.5)
+        gout = torch.randn(rows, c, device="cuda", dtype=torch.bfloat16)
+        y = P.gelu_mlp(x, w1, b1, w2, w1_copy=cases.copy_in(w1, torch.bfloat16),
+                       w2_copy=cases.copy_in(w2, torch.bfloat16))
+        grads = torch.autograd.grad(y, (x, w1, b1, w2), gout)
+        leaves = [t.detach().float().requires_grad_(True) for t in (x, w1, b1, w2)]
+        want = cases.gelu_mlp_ref(*leaves)
+        want_grads = torch.autograd.grad(want, leaves, gout.float())
+        self.assertLess(relative_error(y, want), 1e-2)
+        for g, w, leaf in zip(grads, want_grads, (x, w1, b1, w2)):
+            self.assertEqual(g.dtype, leaf.dtype)
+            self.assertLess(relative_error(g, w), 2e-2)
 
     def test_cuda_graph_capture(self):
         torch.manual_seed(0)
