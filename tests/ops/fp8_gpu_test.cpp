@@ -30,6 +30,7 @@
 #include "fp8_test_codes.h"
 #include "gpu_products.h"
 #include "ops/fp8_linear.h"
+#include "support/tensor_checks.h"
 
 namespace perftrain::ops {
 namespace {
