@@ -6,7 +6,6 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -100,10 +99,7 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     ctx->saved_data["amax"] = amax;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["scale_inv"] = scale_inv;
-    ctx->saved_data["x_sizes"] = x.sizes().vec();
-    ctx->saved_data["dtype"] = int64_t(dt);
-    ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());
-    ctx->saved_data["b_dtype"] = bias.defined() ? int64_t(bias.scalar_type()) : int64_t(-1);
+    detail::save_linear_shapes(ctx, x, weight, bias);
     return y;
   }
 
@@ -112,29 +108,26 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const at::Tensor &xq_t = saved[0], &wq_t = saved[1];
     const at::Tensor amax = ctx->saved_data["amax"].toTensor(), scale = ctx->saved_data["scale"].toTensor(),
                      scale_inv = ctx->saved_data["scale_inv"].toTensor();
-    const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
-    const auto dt = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
-    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-    const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
+    const detail::LinearShapes s = detail::saved_linear_shapes(ctx);
     variable_list out(6);
     if (!grads[0].defined()) return out;
-    const int64_t k = x_sizes.back(), n = grads[0].size(-1), m = grads[0].numel() / std::max<int64_t>(n, 1);
-    const at::Tensor dy = grads[0].to(dt).contiguous().view({m, n});
+    const int64_t m = s.m, n = s.n, k = s.x_sizes.back();
+    const at::Tensor dy = grads[0].to(s.dtype).contiguous().view({m, n});
     const bool need_dx = ctx->needs_input_grad(0), need_dw = ctx->needs_input_grad(1);
     if (need_dx || need_dw) {
       const Fp8Casts dq = cast_slot(dy, scale, amax, kFp8Dy, Fp8Format::kE5M2, need_dx, need_dw, "fp8_linear dy");
       const at::Tensor dy_inv = scale_inv.select(0, kFp8Dy);
       if (need_dx) {  // dX [m, k] = dY [m, n] (W^T [k, n])^T
-        out[0] = at::empty(x_sizes, dy.options());
+        out[0] = at::empty(s.x_sizes, dy.options());
         fp8_product(dq.q, dy_inv, wq_t, scale_inv.select(0, kFp8W), out[0].view({m, k}), false, at::Tensor());
       }
       if (need_dw) {  // dW [n, k] = dY^T [n, m] (x^T [k, m])^T
-        out[1] = at::empty({n, k}, dy.options().dtype(w_dtype));
+        out[1] = at::empty({n, k}, dy.options().dtype(s.w_dtype));
         fp8_product(dq.q_t, dy_inv, xq_t, scale_inv.select(0, kFp8X), out[1], false, at::Tensor());
       }
     }
-    if (b_dtype >= 0 && ctx->needs_input_grad(2)) {
-      out[2] = at::empty({n}, dy.options().dtype(at::ScalarType(b_dtype)));
+    if (s.b_dtype && ctx->needs_input_grad(2)) {
+      out[2] = at::empty({n}, dy.options().dtype(*s.b_dtype));
       column_sums_into({dy}, {out[2]});
     }
     return out;

@@ -129,6 +129,27 @@ int64_t leading_rows(const at::Tensor& x) {
   return m;
 }
 
+void save_linear_shapes(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  ctx->saved_data["x_sizes"] = x.sizes().vec();
+  ctx->saved_data["m"] = leading_rows(x);
+  ctx->saved_data["n"] = weight.size(0);
+  ctx->saved_data["dtype"] = int64_t(x.scalar_type());
+  ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());
+  ctx->saved_data["b_dtype"] = bias.defined() ? int64_t(bias.scalar_type()) : int64_t(-1);
+}
+
+LinearShapes saved_linear_shapes(AutogradContext* ctx) {
+  LinearShapes s;
+  s.x_sizes = ctx->saved_data["x_sizes"].toIntVector();
+  s.m = ctx->saved_data["m"].toInt();
+  s.n = ctx->saved_data["n"].toInt();
+  s.dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+  s.w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+  const int64_t b = ctx->saved_data["b_dtype"].toInt();
+  if (b >= 0) s.b_dtype = static_cast<at::ScalarType>(b);
+  return s;
+}
+
 namespace {
 
 std::optional<at::Tensor> optional_bias(const at::Tensor& bias) {
@@ -152,12 +173,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     linear_forward_product(x2, w, bias.defined() ? bias.contiguous() : bias, y.view({m, n}));
     // Only what the wanted gradients read: X for dW, W for dX.
     ctx->save_for_backward({weight.requires_grad() ? x2 : at::Tensor(), x.requires_grad() ? w : at::Tensor()});
-    ctx->saved_data["x_sizes"] = x.sizes().vec();
-    ctx->saved_data["m"] = m;
-    ctx->saved_data["n"] = n;
-    ctx->saved_data["dtype"] = int64_t(dt);
-    ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());
-    ctx->saved_data["b_dtype"] = bias.defined() ? int64_t(bias.scalar_type()) : int64_t(-1);
+    save_linear_shapes(ctx, x, weight, bias);
     return y;
   }
 
@@ -165,25 +181,21 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor& x2 = saved[0];
     const at::Tensor& w = saved[1];
-    const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
-    const int64_t m = ctx->saved_data["m"].toInt(), n = ctx->saved_data["n"].toInt();
-    const auto dt = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
-    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-    const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
+    const LinearShapes s = saved_linear_shapes(ctx);
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-    const int64_t k = x_sizes.back();
+    const int64_t m = s.m, n = s.n, k = s.x_sizes.back();
     // A broadcast or non-contiguous incoming gradient is made dense once.
-    const at::Tensor dy = grads[0].to(dt).contiguous().view({m, n});
+    const at::Tensor dy = grads[0].to(s.dtype).contiguous().view({m, n});
 
     // The weight gradient first: beside the input gradient when the step
     // runs them on two streams (ops/weight_grad_stream.h).
     at::Tensor dw, db;
-    if (ctx->needs_input_grad(1)) dw = at::empty({n, k}, dy.options().dtype(w_dtype));
-    if (b_dtype >= 0 && ctx->needs_input_grad(2)) db = at::empty({n}, dy.options().dtype(at::ScalarType(b_dtype)));
+    if (ctx->needs_input_grad(1)) dw = at::empty({n, k}, dy.options().dtype(s.w_dtype));
+    if (s.b_dtype && ctx->needs_input_grad(2)) db = at::empty({n}, dy.options().dtype(*s.b_dtype));
     if (dw.defined() || db.defined()) run_weight_grads([&] { linear_weight_grad_into(dy, x2, dw, db); }, {dy, x2});
     at::Tensor dx;
     if (ctx->needs_input_grad(0)) {
-      dx = at::empty(x_sizes, dy.options());
+      dx = at::empty(s.x_sizes, dy.options());
       linear_input_grad(dy, w, dx.view({m, k}));
     }
     return {dx, dw, db};
