@@ -154,8 +154,8 @@ template <typename T, Fp8Format F>
 void launch_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
   const dim3 grid(unsigned((a.cols + kTile - 1) / kTile), unsigned((a.rows + kTile - 1) / kTile));
   if (grid.y > 65535u) throw std::invalid_argument("fp8_cast_transpose: more than 65535 * 64 rows");
-  fp8_cast_transpose_kernel<T, F>
-      <<<grid, kThreads, 0, stream>>>(static_cast<const T*>(a.x), a.rows, a.cols, a.scale, a.q, a.q_t, a.amax);
+  const T* x = static_cast<const T*>(a.x);
+  fp8_cast_transpose_kernel<T, F><<<grid, kThreads, 0, stream>>>(x, a.rows, a.cols, a.scale, a.q, a.q_t, a.amax);
   PERFTRAIN_LAUNCH_CHECK();
 }
 

@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kThreads)
     s.history[i + 1] = v;
     if (isfinite(v)) m = fmaxf(m, v);
   }
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_down_sync(0xffffffffu, m, o));
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
   __syncthreads();
   if (threadIdx.x != 0) return;
