@@ -94,18 +94,19 @@ __global__ void __launch_bounds__(kThreads)
   block_amax(bits, amax);
 }
 
-// Block (tile column, tile row): x[r0 .. r0 + 64, c0 .. c0 + 64) read along
-// rows (a warp covers 32 consecutive columns), its fp8 bits kept in shared
-// memory (a row padded by 4 bytes against bank conflicts on the column
-// reads), then q_t's rows c0 .. c0 + 64 written along their length.
+// Cast-transpose tiles: kTile x kTile, the fp8 bits kept in shared memory
+// with rows padded by 4 bytes (column reads then fall in different banks).
+constexpr int kTileStride = kTile + 4;
+using Tile = uint8_t[kTile][kTileStride];
+static_assert(kThreads * 16 == kTile * kTile, "the vector tile gives each thread 16 elements");
+
+// Scalar tile (any sizes, edges): x[r0 .. r0 + 64, c0 .. c0 + 64) read along
+// rows (a warp covers 32 consecutive columns), q written likewise; then q_t's
+// rows c0 .. c0 + 64 written along their length.
 template <typename T, Fp8Format F>
-__global__ void __launch_bounds__(kThreads)
-    fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ scale_ptr,
-                              uint8_t* __restrict__ q, uint8_t* __restrict__ q_t, float* amax) {
-  __shared__ uint8_t tile[kTile][kTile + 4];
-  const float scale = *scale_ptr;
-  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  unsigned int bits = 0;
+__device__ unsigned cast_tile(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t r0, int64_t c0, float scale,
+                              uint8_t* __restrict__ q, Tile& tile) {
+  unsigned bits = 0;
   for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
     const int r = e / kTile, c = e % kTile;
     const int64_t gr = r0 + r, gc = c0 + c;
@@ -117,11 +118,72 @@ __global__ void __launch_bounds__(kThreads)
       if (q != nullptr) q[gr * cols + gc] = b;
     }
   }
-  __syncthreads();
+  return bits;
+}
+
+__device__ void write_tile_transposed(int64_t rows, int64_t cols, int64_t r0, int64_t c0, uint8_t* __restrict__ q_t,
+                                      const Tile& tile) {
   for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
     const int c = e / kTile, r = e % kTile;
     const int64_t gr = r0 + r, gc = c0 + c;
     if (gr < rows && gc < cols) q_t[gc * rows + gr] = tile[r][c];
+  }
+}
+
+// Vector tile (a whole tile; rows and cols multiples of 16, the pointers
+// 16-byte aligned): a thread casts 16 consecutive elements of one row (16- or
+// 32-byte loads, one 16-byte store of q), then gathers 16 consecutive bytes
+// of one q_t row from shared memory (one 16-byte store).
+template <typename T, Fp8Format F>
+__device__ unsigned cast_tile_vec(const T* __restrict__ x, int64_t cols, int64_t r0, int64_t c0, float scale,
+                                  uint8_t* __restrict__ q, Tile& tile) {
+  const int r = threadIdx.x >> 2, c = (threadIdx.x & 3) * 16;
+  const T* src = x + (r0 + r) * cols + c0 + c;
+  float v[2][8];
+  load8(src, v[0]);
+  load8(src + 8, v[1]);
+  uint4 packed;
+  auto* b = reinterpret_cast<uint8_t*>(&packed);
+  unsigned bits = 0;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    bits = max(bits, abs_bits(v[j / 8][j % 8]));
+    b[j] = encode<F>(v[j / 8][j % 8], scale);
+  }
+  if (q != nullptr) *reinterpret_cast<uint4*>(q + (r0 + r) * cols + c0 + c) = packed;
+  const auto* w = reinterpret_cast<const uint32_t*>(&packed);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) *reinterpret_cast<uint32_t*>(&tile[r][c + 4 * j]) = w[j];
+  return bits;
+}
+
+__device__ void write_tile_transposed_vec(int64_t rows, int64_t r0, int64_t c0, uint8_t* __restrict__ q_t,
+                                          const Tile& tile) {
+  const int c = threadIdx.x >> 2, r = (threadIdx.x & 3) * 16;
+  uint4 packed;
+  auto* b = reinterpret_cast<uint8_t*>(&packed);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) b[i] = tile[r + i][c];
+  *reinterpret_cast<uint4*>(q_t + (c0 + c) * rows + r0 + r) = packed;
+}
+
+// Block (tile column, tile row): the vector tile where `vec` allows and the
+// tile is whole, else the scalar one (the choice is the block's, uniform).
+template <typename T, Fp8Format F>
+__global__ void __launch_bounds__(kThreads)
+    fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ scale_ptr,
+                              uint8_t* __restrict__ q, uint8_t* __restrict__ q_t, float* amax, bool vec) {
+  __shared__ __align__(16) Tile tile;
+  const float scale = *scale_ptr;
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  const bool whole = vec && r0 + kTile <= rows && c0 + kTile <= cols;
+  const unsigned bits = whole ? cast_tile_vec<T, F>(x, cols, r0, c0, scale, q, tile)
+                              : cast_tile<T, F>(x, rows, cols, r0, c0, scale, q, tile);
+  __syncthreads();
+  if (whole) {
+    write_tile_transposed_vec(rows, r0, c0, q_t, tile);
+  } else {
+    write_tile_transposed(rows, cols, r0, c0, q_t, tile);
   }
   block_amax(bits, amax);
 }
@@ -155,7 +217,8 @@ void launch_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
   const dim3 grid(unsigned((a.cols + kTile - 1) / kTile), unsigned((a.rows + kTile - 1) / kTile));
   if (grid.y > 65535u) throw std::invalid_argument("fp8_cast_transpose: more than 65535 * 64 rows");
   const T* x = static_cast<const T*>(a.x);
-  fp8_cast_transpose_kernel<T, F><<<grid, kThreads, 0, stream>>>(x, a.rows, a.cols, a.scale, a.q, a.q_t, a.amax);
+  const bool vec = a.rows % 16 == 0 && a.cols % 16 == 0 && aligned(a.x, 16) && aligned(a.q, 16) && aligned(a.q_t, 16);
+  fp8_cast_transpose_kernel<T, F><<<grid, kThreads, 0, stream>>>(x, a.rows, a.cols, a.scale, a.q, a.q_t, a.amax, vec);
   PERFTRAIN_LAUNCH_CHECK();
 }
 

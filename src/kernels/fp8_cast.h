@@ -24,9 +24,14 @@
 //   Hopper's fp8 products take both operands K-major, so the backward's
 //   operands (x^T for dW, W^T for dX, dY^T for dW) come from here and not
 //   from a separate transpose. A block takes a 64 x 64 tile (256 threads, 16
-//   elements each): loads coalesced along a row, the fp8 tile through shared
-//   memory, q_t written coalesced along its rows. Any sizes (partial edge
-//   tiles). Bytes: n * (2 or 4) read + 2n written (n without q).
+//   elements each), the fp8 tile through shared memory. Where rows and cols
+//   are multiples of 16 and x, q, q_t 16-byte aligned, a whole tile goes 16
+//   elements a thread: 16 consecutive of a row loaded (32 or 64 bytes), cast,
+//   stored as 16 bytes of q, and 16 consecutive bytes of a q_t row gathered
+//   from shared memory and stored as one 16-byte vector; edge tiles and other
+//   sizes go element by element (a warp along 32 consecutive elements of a
+//   row, then of a q_t row). Bytes: n * (2 or 4) read + 2n written (n
+//   without q).
 #pragma once
 
 #include <cuda_runtime.h>

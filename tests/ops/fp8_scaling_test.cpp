@@ -5,6 +5,7 @@
 // a scale that would be Inf) keeps it and counts an underflow, non-finite
 // history entries are skipped by the max, the amax is zeroed for the next
 // step; several states in one call; bad states raise UsageError.
+#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
@@ -115,6 +116,30 @@ TEST(Fp8Scaling, OneCallUpdatesEveryStateAndSlot) {
   EXPECT_EQ(values(a.scale), (std::vector<float>{224.f, 112.f, 7168.f}));
   EXPECT_EQ(values(b.scale), (std::vector<float>{28.f}));
   EXPECT_EQ(values(b.history), (std::vector<float>{8.f}));
+}
+
+// What a checkpoint keeps (named_tensors) is all a resume needs: a fresh
+// state given those tensors continues bit for bit like the original.
+TEST(Fp8Scaling, ResumingFromTheNamedTensorsIsExact) {
+  const std::vector<Fp8Format> formats = {Fp8Format::kE4M3, Fp8Format::kE4M3, Fp8Format::kE5M2};
+  Fp8Scaling run = make_fp8_scaling(formats, 3, kCpu);
+  const std::vector<std::vector<float>> amaxes = {{1.f, 2.f, 3.f}, {kNaN, 0.5f, 0.f}, {4.f, 0.25f, 9.f},
+                                                   {2.f, kInf, 1.f}, {0.f, 3.f, 5.f}};
+  Fp8Scaling resumed = make_fp8_scaling(formats, 3, kCpu);
+  for (size_t i = 0; i < amaxes.size(); ++i) {
+    if (i == 2) {  // the checkpoint: every named tensor copied into a fresh state
+      const auto saved = run.named_tensors(), fresh = resumed.named_tensors();
+      for (size_t j = 0; j < saved.size(); ++j) fresh[j].second.copy_(saved[j].second);
+    }
+    for (Fp8Scaling* s : {&run, &resumed}) {
+      if (s == &resumed && i < 2) continue;  // it starts from the checkpoint
+      s->amax.copy_(at::tensor(amaxes[i]));
+      fp8_scaling_update({s}, 0);
+    }
+  }
+  const auto a = run.named_tensors(), b = resumed.named_tensors();
+  for (size_t j = 0; j < a.size(); ++j)
+    EXPECT_TRUE(at::equal(a[j].second.view(at::kInt), b[j].second.view(at::kInt))) << a[j].first;
 }
 
 TEST(Fp8Scaling, BadStatesRaiseUsageError) {

@@ -3,9 +3,10 @@
 // x * scale clamped to +-max, ties to even, NaN to NaN) and a direct reading of the
 // scaling rule (kernels/fp8_scaling.h):
 //   - fp8_cast and fp8_cast_transpose (with and without the row-major copy) on fp32 and
-//     bf16, E4M3 and E5M2, sizes 1x1 to 130x257 (partial 64 x 64 tiles, tails of the
-//     8-element vectors, more vectors than the grid: the grid-stride loop), input
-//     pointers on and off 16-byte boundaries (vector path or not), values over the whole
+//     bf16, E4M3 and E5M2, sizes 1x1 to 130x257 (whole 64 x 64 tiles by the vector path,
+//     partial ones element by element, tails of the 8-element vectors, more vectors than
+//     the grid: the grid-stride loop), input pointers on and off 16-byte boundaries
+//     (vector paths or not), values over the whole
 //     range with NaN, +-Inf, huge and subnormal ones; every output byte, bytes past each
 //     output untouched, the amax bits (NaN / Inf / max |x|, accumulated onto a start value);
 //   - fp8_scaling_update over slots with history lengths 1 .. 1024, amaxes NaN, Inf, 0,
@@ -171,7 +172,9 @@ static void check_scaling() {
 }
 
 int main() {
-  const int64_t shapes[][2] = {{1, 1}, {3, 5}, {7, 13}, {64, 64}, {65, 63}, {130, 257}, {1, 1000}, {33, 8}, {257, 16}};
+  // Whole 16-aligned tiles take the cast-transpose's vector path (at offset 0), edges the scalar one.
+  const int64_t shapes[][2] = {{1, 1}, {3, 5}, {7, 13}, {64, 64}, {65, 63}, {130, 257}, {1, 1000}, {33, 8},
+                               {257, 16}, {16, 16}, {128, 192}, {80, 144}};
   for (const auto& s : shapes)
     for (const Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2})
       for (const size_t offset : {0, 1}) {
