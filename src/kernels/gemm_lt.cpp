@@ -28,11 +28,16 @@ const char* gemm_dtype_name(GemmDtype t) {
     case GemmDtype::kF32: return "f32";
     case GemmDtype::kBF16: return "bf16";
     case GemmDtype::kF16: return "f16";
+    case GemmDtype::kE4M3: return "e4m3";
+    case GemmDtype::kE5M2: return "e5m2";
   }
   return "?";
 }
 
-size_t gemm_dtype_size(GemmDtype t) { return t == GemmDtype::kF32 ? 4 : 2; }
+size_t gemm_dtype_size(GemmDtype t) {
+  if (gemm_is_fp8(t)) return 1;
+  return t == GemmDtype::kF32 ? 4 : 2;
+}
 
 namespace {
 
@@ -41,6 +46,8 @@ cudaDataType_t cuda_type(GemmDtype t) {
     case GemmDtype::kF32: return CUDA_R_32F;
     case GemmDtype::kBF16: return CUDA_R_16BF;
     case GemmDtype::kF16: return CUDA_R_16F;
+    case GemmDtype::kE4M3: return CUDA_R_8F_E4M3;
+    case GemmDtype::kE5M2: return CUDA_R_8F_E5M2;
   }
   return CUDA_R_32F;
 }
@@ -80,7 +87,13 @@ void validate(const GemmArgs& g) {
   };
   if (g.m <= 0 || g.n <= 0 || g.k <= 0) fail("sizes must be positive");
   if (g.a == nullptr || g.b == nullptr || g.d == nullptr) fail("A, B and D must be non-null");
-  if (g.d_type != g.ab_type && g.d_type != GemmDtype::kF32) fail("D must have the dtype of A/B or be f32");
+  if (gemm_is_fp8(g.ab_type)) {
+    if (!gemm_is_fp8(g.b_fp8_type)) fail("an fp8 product needs an fp8 B (b_fp8_type)");
+    if (g.d_type != GemmDtype::kBF16 && g.d_type != GemmDtype::kF32) fail("an fp8 product writes a bf16 or f32 D");
+    if (g.a_scale_inv == nullptr || g.b_scale_inv == nullptr) fail("an fp8 product needs both scale_inv pointers");
+  } else if (g.d_type != g.ab_type && g.d_type != GemmDtype::kF32) {
+    fail("D must have the dtype of A/B or be f32");
+  }
   if (uses_bias(g.epilogue) && g.bias == nullptr) fail("the epilogue needs a bias pointer");
   if (uses_aux(g.epilogue) && g.aux == nullptr) fail("the epilogue needs an aux pointer");
 }
@@ -95,7 +108,7 @@ int64_t current_device() {
 }
 
 // Everything the descriptors and the heuristic's choice depend on.
-using PlanKey = std::array<int64_t, 18>;
+using PlanKey = std::array<int64_t, 20>;
 
 PlanKey key_of(const GemmArgs& g, const GemmContext& ctx) {
   const bool bias = uses_bias(g.epilogue), aux = uses_aux(g.epilogue);
@@ -116,7 +129,9 @@ PlanKey key_of(const GemmArgs& g, const GemmContext& ctx) {
           int64_t(ctx.workspace_bytes),
           alignment(ctx.workspace),
           current_device(),
-          g.accumulate};
+          g.accumulate,
+          gemm_is_fp8(g.ab_type) ? int64_t(g.b_fp8_type) : -1,
+          gemm_is_fp8(g.ab_type) && g.fast_accum};
 }
 
 // The most algorithms tuning asks the heuristic for.
@@ -156,16 +171,36 @@ void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, co
 void set_pointers(const Plan& p, const GemmArgs& g) {
   if (uses_bias(g.epilogue)) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   if (uses_aux(g.epilogue)) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+  if (gemm_is_fp8(g.ab_type)) {  // cuBLAS's A/B are our B/A
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.b_scale_inv);
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.a_scale_inv);
+  }
+}
+
+// Why cuBLASLt cannot run this fp8 product (the header's list), or "".
+std::string fp8_refusal(const GemmArgs& g) {
+  if (g.trans_a || !g.trans_b) return "fp8 products take both operands K-major: A [m, k] and B stored [n, k] (TN)";
+  if (g.ab_type == GemmDtype::kE5M2 && g.b_fp8_type == GemmDtype::kE5M2) return "E5M2 x E5M2 has no fp8 kernel";
+  if (g.m % 16 != 0 || g.n % 16 != 0 || g.k % 16 != 0) return "fp8 products need m, n and k multiples of 16";
+  if (alignment(g.a) < 16 || alignment(g.b) < 16 || alignment(g.d) < 16)
+    return "fp8 products need 16-byte aligned A, B and D";
+  if (g.epilogue != GemmEpilogue::kDefault && g.epilogue != GemmEpilogue::kBias)
+    return "fp8 products take the DEFAULT and BIAS epilogues only";
+  if (g.accumulate) return "fp8 products do not accumulate into D";
+  return "";
 }
 
 std::unique_ptr<Plan> make_plan(const GemmArgs& g, const GemmContext& ctx) {
   auto p = std::make_unique<Plan>();
+  const bool fp8 = gemm_is_fp8(g.ab_type);
+  if (fp8) p->refusal = fp8_refusal(g);
+  if (!p->refusal.empty()) return p;
   if (uses_aux(g.epilogue) && g.n % 8 != 0) {
     p->refusal = "the GELU aux matrix needs a leading dimension (n) that is a multiple of 8";
     return p;
   }
   const cublasComputeType_t compute =
-      g.ab_type == GemmDtype::kF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+      g.ab_type == GemmDtype::kF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;  // fp8: 32F
   PERFTRAIN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
   // cuBLAS's A is our B and its B our A (see the header).
   const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -177,19 +212,22 @@ std::unique_ptr<Plan> make_plan(const GemmArgs& g, const GemmContext& ctx) {
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(cuda_type(g.bias_type)));
   }
   if (uses_aux(g.epilogue)) set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(g.n));
+  if (fp8) set_desc(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t(g.fast_accum ? 1 : 0));
   set_pointers(*p, g);
 
-  const cudaDataType_t ab = cuda_type(g.ab_type), dt = cuda_type(g.d_type);
+  // cuBLAS's A is our B: its dtype is B's (b_fp8_type for fp8).
+  const cudaDataType_t at = cuda_type(g.ab_type), bt = cuda_type(fp8 ? g.b_fp8_type : g.ab_type),
+                       dt = cuda_type(g.d_type);
   const uint64_t m = g.m, n = g.n, k = g.k;
   if (g.trans_b) {
-    PERFTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab, k, n, int64_t(k)));
+    PERFTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, bt, k, n, int64_t(k)));
   } else {
-    PERFTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab, n, k, int64_t(n)));
+    PERFTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, bt, n, k, int64_t(n)));
   }
   if (g.trans_a) {
-    PERFTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab, m, k, int64_t(m)));
+    PERFTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, at, m, k, int64_t(m)));
   } else {
-    PERFTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab, k, m, int64_t(k)));
+    PERFTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, at, k, m, int64_t(k)));
   }
   PERFTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, dt, n, m, int64_t(n)));
 
@@ -317,9 +355,11 @@ void check_context(const GemmArgs& g, const GemmContext& ctx) {
 std::string gemm_describe(const GemmArgs& g) {
   std::string s = std::string(gemm_epilogue_name(g.epilogue)) + " m=" + std::to_string(g.m) +
                   " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) + " A=" + gemm_dtype_name(g.ab_type) +
-                  (g.trans_a ? "^T" : "") + " B=" + gemm_dtype_name(g.ab_type) + (g.trans_b ? "^T" : "") +
+                  (g.trans_a ? "^T" : "") + " B=" +
+                  gemm_dtype_name(gemm_is_fp8(g.ab_type) ? g.b_fp8_type : g.ab_type) + (g.trans_b ? "^T" : "") +
                   " D=" + gemm_dtype_name(g.d_type) + (g.accumulate ? " (D +=)" : "");
   if (uses_bias(g.epilogue)) s += std::string(" bias=") + gemm_dtype_name(g.bias_type);
+  if (gemm_is_fp8(g.ab_type) && g.fast_accum) s += " fast-accum";
   return s;
 }
 

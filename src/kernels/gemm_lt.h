@@ -30,6 +30,27 @@
 // CUBLAS_COMPUTE_32F) into D of the input dtype or fp32; fp32 inputs use
 // TF32 Tensor Cores (CUBLAS_COMPUTE_32F_FAST_TF32) into fp32 D.
 //
+// fp8 products (ab_type kE4M3 or kE5M2; issue 39): D = a_scale_inv *
+// b_scale_inv * (A B^T) (+ bias), fp32 accumulation, bf16 or fp32 D. What
+// cuBLASLt takes on Hopper (cuBLAS's cublasLtMatmul fp8 requirements), and
+// what gemm_lt checks before asking it (else GemmUnsupported, naming the
+// rule):
+//   - "TN" only: both operands K-major. In our row-major terms A [m, k]
+//     (trans_a false) and B stored [n, k] (trans_b true): D = A B^T.
+//   - A and B each E4M3 or E5M2, not both E5M2 (E4M3 x E4M3 forward,
+//     E5M2 x E4M3 or E4M3 x E5M2 for gradients); b_fp8_type is B's.
+//   - m, n and k multiples of 16, A, B and D 16-byte aligned (cuBLASLt's
+//     fp8 kernels need 16-byte aligned leading dimensions and pointers; the
+//     same rule as torch._scaled_mm's).
+//   - the scales: device floats (a_scale_inv, b_scale_inv; non-null), each
+//     operand's dequantisation factor (1 / the scale it was cast with).
+//   - epilogue kDefault or kBias (cuBLASLt's fp8 table takes a bf16 bias,
+//     also with an fp32 D; the heuristic refuses what it does not take:
+//     GemmUnsupported); no accumulate.
+//   - fast_accum: CUBLASLT_MATMUL_DESC_FAST_ACCUM, faster, with fewer
+//     promotions of the partial sums to fp32: on for the forward, off for
+//     gradients (as TransformerEngine and torchao do).
+//
 // Cost per call after the first with the same shapes: descriptors, layouts
 // and the chosen algorithm are cached per (shapes, dtypes, epilogue,
 // transposes, pointer alignments, workspace, device), so a call is two
@@ -58,7 +79,7 @@
 
 namespace perftrain::kernels {
 
-enum class GemmDtype { kF32, kBF16, kF16 };
+enum class GemmDtype { kF32, kBF16, kF16, kE4M3, kE5M2 };
 
 enum class GemmEpilogue {
   kDefault,      // D = op(A) op(B)
@@ -71,6 +92,7 @@ enum class GemmEpilogue {
 const char* gemm_epilogue_name(GemmEpilogue e);
 const char* gemm_dtype_name(GemmDtype t);
 size_t gemm_dtype_size(GemmDtype t);
+inline bool gemm_is_fp8(GemmDtype t) { return t == GemmDtype::kE4M3 || t == GemmDtype::kE5M2; }
 
 struct GemmArgs {
   int64_t m = 0, n = 0, k = 0;
@@ -78,7 +100,7 @@ struct GemmArgs {
   bool trans_a = false;
   const void* b = nullptr;  // [k, n], or [n, k] when trans_b
   bool trans_b = false;
-  GemmDtype ab_type = GemmDtype::kBF16;  // A and B share one dtype
+  GemmDtype ab_type = GemmDtype::kBF16;  // A and B share one dtype (fp8: A's)
   void* d = nullptr;                     // [m, n]
   GemmDtype d_type = GemmDtype::kBF16;   // ab_type, or kF32
   GemmEpilogue epilogue = GemmEpilogue::kDefault;
@@ -93,6 +115,12 @@ struct GemmArgs {
   // D += epilogue(op(A) op(B)) instead of D = ... (beta = 1, C = D): sums of
   // products without a separate add pass, e.g. dX = dQ Wq + dK Wk + dV Wv.
   bool accumulate = false;
+  // fp8 products only (see above): B's fp8 dtype, each operand's
+  // dequantisation factor (device float), the fast-accumulation flag.
+  GemmDtype b_fp8_type = GemmDtype::kE4M3;
+  const float* a_scale_inv = nullptr;
+  const float* b_scale_inv = nullptr;
+  bool fast_accum = false;
 };
 
 // Where and with what a product runs; owned by the caller.

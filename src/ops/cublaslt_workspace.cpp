@@ -45,6 +45,24 @@ void check_matrix(const at::Tensor& t, const char* what) {
               t.defined() ? t.sizes() : at::IntArrayRef{});
 }
 
+// The bias operand of g (length n, contiguous), for an epilogue that has one.
+void set_bias(kernels::GemmArgs& g, const at::Tensor& bias) {
+  TORCH_CHECK(bias.is_contiguous() && bias.dim() == 1, "try_gemm_lt: bias must be a contiguous vector");
+  TORCH_CHECK(bias.size(0) == g.n, "try_gemm_lt: bias has ", bias.size(0), " elements, the epilogue needs ", g.n);
+  g.bias = bias.data_ptr();
+  g.bias_type = gemm_dtype(bias.scalar_type(), "bias");
+}
+
+// Runs g on the current device's context; false where cuBLASLt refuses it.
+bool run_gemm_lt(const kernels::GemmArgs& g) {
+  try {
+    kernels::gemm_lt(g, cublaslt_context());
+  } catch (const kernels::GemmUnsupported&) {
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 kernels::GemmContext cublaslt_context() {
@@ -93,25 +111,57 @@ bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool tr
   g.d_type = gemm_dtype(d.scalar_type(), "matrix product output");
   g.epilogue = epilogue;
   g.accumulate = accumulate;
-  if (bias.defined()) {
-    TORCH_CHECK(bias.is_contiguous() && bias.dim() == 1, "try_gemm_lt: bias must be a contiguous vector");
-    TORCH_CHECK(bias.size(0) == g.n, "try_gemm_lt: bias has ", bias.size(0), " elements, the epilogue needs ",
-                g.n);
-    g.bias = bias.data_ptr();
-    g.bias_type = gemm_dtype(bias.scalar_type(), "bias");
-  }
+  if (bias.defined()) set_bias(g, bias);
   if (aux.defined()) {
     TORCH_CHECK(aux.is_contiguous() && aux.sizes() == d.sizes() && aux.scalar_type() == d.scalar_type(),
                 "try_gemm_lt: aux must be contiguous with D's shape and dtype");
     g.aux = aux.data_ptr();
   }
-  const kernels::GemmContext ctx = cublaslt_context();
-  try {
-    kernels::gemm_lt(g, ctx);
-  } catch (const kernels::GemmUnsupported&) {
-    return false;
+  return run_gemm_lt(g);
+}
+
+namespace {
+
+kernels::GemmDtype fp8_gemm_dtype(at::ScalarType t) {
+  if (t == at::kFloat8_e4m3fn) return kernels::GemmDtype::kE4M3;
+  TORCH_CHECK(t == at::kFloat8_e5m2, "try_gemm_lt_fp8: operands must be float8_e4m3fn or float8_e5m2, got ", t);
+  return kernels::GemmDtype::kE5M2;
+}
+
+const float* scalar_ptr(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.defined() && t.numel() == 1 && t.scalar_type() == at::kFloat && t.is_cuda(), "try_gemm_lt_fp8: ",
+              what, " must be one float32 CUDA element");
+  return t.data_ptr<float>();
+}
+
+}  // namespace
+
+bool try_gemm_lt_fp8(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
+                     const at::Tensor& b_scale_inv, const at::Tensor& d, bool fast_accum, const at::Tensor& bias) {
+  check_matrix(a, "A");
+  check_matrix(b, "B");
+  check_matrix(d, "D");
+  kernels::GemmArgs g;
+  g.m = a.size(0);
+  g.k = a.size(1);
+  g.n = b.size(0);
+  TORCH_CHECK(b.size(1) == g.k && d.size(0) == g.m && d.size(1) == g.n, "try_gemm_lt_fp8: shapes do not chain: A ",
+              a.sizes(), ", B ", b.sizes(), " (used as B^T), D ", d.sizes());
+  g.a = a.data_ptr();
+  g.b = b.data_ptr();
+  g.d = d.data_ptr();
+  g.trans_b = true;
+  g.ab_type = fp8_gemm_dtype(a.scalar_type());
+  g.b_fp8_type = fp8_gemm_dtype(b.scalar_type());
+  g.d_type = gemm_dtype(d.scalar_type(), "fp8 product output");
+  g.a_scale_inv = scalar_ptr(a_scale_inv, "a_scale_inv");
+  g.b_scale_inv = scalar_ptr(b_scale_inv, "b_scale_inv");
+  g.fast_accum = fast_accum;
+  if (bias.defined()) {
+    g.epilogue = kernels::GemmEpilogue::kBias;
+    set_bias(g, bias);
   }
-  return true;
+  return run_gemm_lt(g);
 }
 
 int64_t gemm_fallback_count() { return g_fallbacks.load(); }

@@ -40,6 +40,16 @@ bool try_gemm_lt(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool tr
                  kernels::GemmEpilogue epilogue, const at::Tensor& bias = at::Tensor(),
                  const at::Tensor& aux = at::Tensor(), bool accumulate = false);
 
+// The fp8 product d [m, n] = a_scale_inv * b_scale_inv * a [m, k] b [n, k]^T
+// (+ bias [n]) on contiguous CUDA tensors: a and b in at::kFloat8_e4m3fn or
+// at::kFloat8_e5m2 (not both e5m2), d bf16 or fp32, the scale_invs one fp32
+// element each (device), fast_accum as kernels::GemmArgs says. Returns
+// false, launching nothing, where cuBLASLt cannot run it (kernels/gemm_lt.h
+// lists its fp8 rules: sizes multiples of 16, 16-byte alignment, ...).
+bool try_gemm_lt_fp8(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
+                     const at::Tensor& b_scale_inv, const at::Tensor& d, bool fast_accum,
+                     const at::Tensor& bias = at::Tensor());
+
 // Whether a product of a and b goes to cuBLASLt: CUDA tensors with something
 // to multiply. Empty products (and CPU tensors) go through ATen, which
 // handles them and is not a fallback.

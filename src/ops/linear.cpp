@@ -161,6 +161,27 @@ LinearGrads linear_backward(const at::Tensor& grad, const at::Tensor& x2, const 
   return g;
 }
 
+void save_linear_shapes(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  ctx->saved_data["x_sizes"] = x.sizes().vec();
+  ctx->saved_data["m"] = leading_rows(x);
+  ctx->saved_data["n"] = weight.size(0);
+  ctx->saved_data["dtype"] = int64_t(x.scalar_type());
+  ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());
+  ctx->saved_data["b_dtype"] = bias.defined() ? int64_t(bias.scalar_type()) : int64_t(-1);
+}
+
+LinearShapes saved_linear_shapes(AutogradContext* ctx) {
+  LinearShapes s;
+  s.x_sizes = ctx->saved_data["x_sizes"].toIntVector();
+  s.m = ctx->saved_data["m"].toInt();
+  s.n = ctx->saved_data["n"].toInt();
+  s.dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+  s.w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+  const int64_t b = ctx->saved_data["b_dtype"].toInt();
+  if (b >= 0) s.b_dtype = static_cast<at::ScalarType>(b);
+  return s;
+}
+
 namespace {
 
 std::optional<at::Tensor> optional_bias(const at::Tensor& bias) {
@@ -180,22 +201,18 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     at::Tensor y = linear_forward(x2, x.sizes(), w, bias);
     // Only what the wanted gradients read: X for dW, W for dX.
     ctx->save_for_backward({weight.requires_grad() ? x2 : at::Tensor(), x.requires_grad() ? w : at::Tensor()});
-    ctx->saved_data["x_sizes"] = x.sizes().vec();
-    ctx->saved_data["dtype"] = int64_t(dt);
-    ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());
-    ctx->saved_data["b_dtype"] = bias.defined() ? int64_t(bias.scalar_type()) : int64_t(-1);
+    save_linear_shapes(ctx, x, weight, bias);
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const variable_list saved = ctx->get_saved_variables();
-    const auto dtype = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data[key].toInt()); };
-    const bool has_bias = ctx->saved_data["b_dtype"].toInt() >= 0;
+    const LinearShapes s = saved_linear_shapes(ctx);
     const LinearGrads g = linear_backward(
-        grads[0], saved[0], saved[1], ctx->saved_data["x_sizes"].toIntVector(), dtype("dtype"),
-        ctx->needs_input_grad(0), ctx->needs_input_grad(1) ? std::optional(dtype("w_dtype")) : std::nullopt,
-        has_bias && ctx->needs_input_grad(2) ? std::optional(dtype("b_dtype")) : std::nullopt);
+        grads[0], saved[0], saved[1], s.x_sizes, s.dtype, ctx->needs_input_grad(0),
+        ctx->needs_input_grad(1) ? std::optional(s.w_dtype) : std::nullopt,
+        ctx->needs_input_grad(2) ? s.b_dtype : std::nullopt);
     return {g.x, g.weight, g.bias};
   }
 };

@@ -9,8 +9,13 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <vector>
 
 #include "ops/cublaslt_workspace.h"  // gemm_fallback_count()
+
+namespace torch::autograd {
+struct AutogradContext;
+}
 
 namespace perftrain::ops {
 
@@ -44,6 +49,19 @@ void check_linear_params(const char* op, int64_t k, at::ScalarType dtype, at::De
 // The product of x's sizes but the last: the rows of x seen as [M, K].
 int64_t leading_rows(const at::Tensor& x);
 int64_t leading_rows(at::IntArrayRef sizes);
+
+// What a linear layer's backward needs of its forward's arguments (x
+// [..., K], weight [N, K], bias [N] or undefined), kept in an autograd
+// context's saved_data by the forward (ops linear and fp8_linear).
+struct LinearShapes {
+  std::vector<int64_t> x_sizes;
+  int64_t m = 0, n = 0;  // x's rows as [M, K]; output features
+  at::ScalarType dtype = at::kFloat, w_dtype = at::kFloat;  // x's (the compute dtype), weight's
+  std::optional<at::ScalarType> b_dtype;                    // none without a bias
+};
+void save_linear_shapes(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                        const at::Tensor& bias);
+LinearShapes saved_linear_shapes(torch::autograd::AutogradContext* ctx);
 
 // The three products of a linear layer on 2-D contiguous tensors, each
 // through cuBLASLt (with its fused epilogue) on CUDA, else plain ATen (counted as a

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 #include <algorithm>
 #include <functional>
@@ -37,6 +38,21 @@ inline float __shfl_xor_sync(unsigned, float v, int o) { return emu::shfl_xor(v,
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 // Fibers switch only at barriers, so a plain read-modify-write is atomic here.
 inline unsigned atomicAdd(unsigned* p, unsigned v) { const unsigned old = *p; *p = old + v; return old; }
+inline unsigned atomicMax(unsigned* p, unsigned v) { const unsigned old = *p; *p = old > v ? old : v; return old; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, sizeof u); return u; }
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, sizeof f); return f; }
+template <typename T> inline T __ldg(const T* p) { return *p; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+// A warp's max: five butterfly shuffles (the bits travel through the float slots unchanged).
+inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned w = __float_as_uint(emu::shfl_xor(__uint_as_float(v), o));
+    v = v > w ? v : w;
+  }
+  return v;
+}
+using std::isfinite;
 using std::min;
 using std::max;
 namespace emu {

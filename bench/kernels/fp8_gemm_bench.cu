@@ -1,0 +1,225 @@
+// fp8 against bf16 for one linear layer's three products at DiT-XL/2's
+// shapes (issue 39), torch-free, through kernels::gemm_lt (cuBLASLt, the
+// algorithm tuned as in training: 8 candidates) and kernels/fp8_cast:
+//   forward  Y [M, N]  = X W^T        bf16 x bf16 -> bf16   | E4M3 x E4M3 -> bf16, fast accumulation
+//   dgrad    dX [M, K] = dY W         bf16 x bf16 -> bf16   | E5M2 dY x E4M3 W^T -> bf16
+//   wgrad    dW [N, K] = dY^T X       bf16 x bf16 -> fp32   | E5M2 dY^T x E4M3 X^T -> fp32
+// and the casts the fp8 layer adds per step (X and dY cast-transposed, W
+// cast-transposed), with their GB/s. "layer" sums the three products (fp8:
+// plus the casts). A sanity line compares the fp8 forward with the bf16 one
+// on the first 64 rows (relative L2; fp8's rounding gives a few percent).
+// Inputs: uniform in [-1, 1] (X, dY) and [-1/sqrt(K), 1/sqrt(K)] (W), the
+// scales mapping those bounds to the format's max. Per call: the median of
+// 7 windows of 20 back-to-back calls (check_util.h).
+//   fp8_gemm_bench [M K N]...   (default: 65536 x 1152 -> 3456, 1152 -> 4608, 4608 -> 1152)
+// Build: cmake --build build --target fp8_gemm_bench (binary in
+// build/bench/kernels/). On the GPU machine:
+//   MODE=lab LAB=fp8_gemm_bench bash tools/gpu_run.sh
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <vector>
+
+#include "check_util.h"
+#include "kernels/fp8_cast.h"
+#include "kernels/gemm_lt.h"
+
+namespace {
+
+using perftrain::kernels::Fp8CastArgs;
+using perftrain::kernels::Fp8Format;
+using perftrain::kernels::Fp8Source;
+using perftrain::kernels::GemmArgs;
+using perftrain::kernels::GemmContext;
+using perftrain::kernels::GemmDtype;
+using bf16 = __nv_bfloat16;
+
+__global__ void fill_uniform(bf16* x, int64_t n, float bound, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    x[i] = __float2bfloat16((float(h) / 4294967296.0f * 2.f - 1.f) * bound);
+  }
+}
+
+struct Buffers {
+  void* p[16] = {};
+  int used = 0;
+  void* get(size_t bytes) {
+    if (cudaMalloc(&p[used], bytes) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+    return p[used++];
+  }
+  ~Buffers() {
+    for (int i = 0; i < used; ++i) cudaFree(p[i]);
+  }
+};
+
+float* device_scalar(Buffers& b, float v) {
+  auto* p = static_cast<float*>(b.get(sizeof(float)));
+  cudaMemcpy(p, &v, sizeof(float), cudaMemcpyHostToDevice);
+  return p;
+}
+
+// One tensor's bf16 values, its scale and scale_inv, its fp8 copy and transpose.
+struct Operand {
+  bf16* x;
+  float *scale, *scale_inv, *amax;
+  uint8_t *q, *q_t;
+  int64_t rows, cols;
+  Fp8Format format;
+};
+
+Operand make_operand(Buffers& b, int64_t rows, int64_t cols, float bound, Fp8Format f, uint32_t seed) {
+  Operand o{};
+  o.rows = rows;
+  o.cols = cols;
+  o.format = f;
+  o.x = static_cast<bf16*>(b.get(rows * cols * sizeof(bf16)));
+  fill_uniform<<<1024, 256>>>(o.x, rows * cols, bound, seed);
+  const float scale = perftrain::kernels::fp8_max(f) / bound;
+  o.scale = device_scalar(b, scale);
+  o.scale_inv = device_scalar(b, 1.f / scale);
+  o.amax = device_scalar(b, 0.f);
+  o.q = static_cast<uint8_t*>(b.get(rows * cols));
+  o.q_t = static_cast<uint8_t*>(b.get(rows * cols));
+  return o;
+}
+
+void cast_transpose(const Operand& o, cudaStream_t s) {
+  Fp8CastArgs a;
+  a.x = o.x;
+  a.x_type = Fp8Source::kBF16;
+  a.rows = o.rows;
+  a.cols = o.cols;
+  a.format = o.format;
+  a.scale = o.scale;
+  a.q = o.q;
+  a.q_t = o.q_t;
+  a.amax = o.amax;
+  perftrain::kernels::fp8_cast_transpose(a, s);
+}
+
+GemmDtype fp8_type(Fp8Format f) { return f == Fp8Format::kE4M3 ? GemmDtype::kE4M3 : GemmDtype::kE5M2; }
+
+// D [m, n] = A [m, k] B [n, k]^T in fp8 (both K-major).
+GemmArgs fp8_product(int64_t m, int64_t n, int64_t k, const uint8_t* a, const Operand& oa, const uint8_t* b,
+                     const Operand& ob, void* d, GemmDtype d_type, bool fast) {
+  GemmArgs g;
+  g.m = m, g.n = n, g.k = k;
+  g.a = a, g.b = b, g.trans_b = true, g.d = d, g.d_type = d_type;
+  g.ab_type = fp8_type(oa.format);
+  g.b_fp8_type = fp8_type(ob.format);
+  g.a_scale_inv = oa.scale_inv;
+  g.b_scale_inv = ob.scale_inv;
+  g.fast_accum = fast;
+  return g;
+}
+
+GemmArgs bf16_product(int64_t m, int64_t n, int64_t k, const void* a, bool ta, const void* b, bool tb, void* d,
+                      GemmDtype d_type) {
+  GemmArgs g;
+  g.m = m, g.n = n, g.k = k;
+  g.a = a, g.trans_a = ta, g.b = b, g.trans_b = tb, g.d = d, g.d_type = d_type;
+  return g;
+}
+
+// Relative L2 of fp8's forward against bf16's on the first 64 rows.
+double forward_difference(const bf16* fp8_y, const bf16* bf16_y, int64_t n) {
+  const int64_t count = 64 * n;
+  std::vector<bf16> a(count), b(count);
+  cudaMemcpy(a.data(), fp8_y, count * sizeof(bf16), cudaMemcpyDeviceToHost);
+  cudaMemcpy(b.data(), bf16_y, count * sizeof(bf16), cudaMemcpyDeviceToHost);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num / den);
+}
+
+int run_shape(int64_t m, int64_t k, int64_t n, const GemmContext& ctx) {
+  Buffers b;
+  Operand x = make_operand(b, m, k, 1.f, Fp8Format::kE4M3, 1);
+  Operand w = make_operand(b, n, k, 1.f / std::sqrt(float(k)), Fp8Format::kE4M3, 2);
+  Operand dy = make_operand(b, m, n, 1.f, Fp8Format::kE5M2, 3);
+  auto* y_bf16 = static_cast<bf16*>(b.get(m * n * sizeof(bf16)));
+  auto* y_fp8 = static_cast<bf16*>(b.get(m * n * sizeof(bf16)));
+  auto* dx = static_cast<bf16*>(b.get(m * k * sizeof(bf16)));
+  auto* dw = static_cast<float*>(b.get(n * k * sizeof(float)));
+  for (const Operand* o : {&x, &w, &dy}) cast_transpose(*o, ctx.stream);
+  CHECK(cudaDeviceSynchronize());
+
+  const GemmArgs bf[3] = {bf16_product(m, n, k, x.x, false, w.x, true, y_bf16, GemmDtype::kBF16),
+                          bf16_product(m, k, n, dy.x, false, w.x, false, dx, GemmDtype::kBF16),
+                          bf16_product(n, k, m, dy.x, true, x.x, false, dw, GemmDtype::kF32)};
+  const GemmArgs f8[3] = {fp8_product(m, n, k, x.q, x, w.q, w, y_fp8, GemmDtype::kBF16, true),
+                          fp8_product(m, k, n, dy.q, dy, w.q_t, w, dx, GemmDtype::kBF16, false),
+                          fp8_product(n, k, m, dy.q_t, dy, x.q_t, x, dw, GemmDtype::kF32, false)};
+  const char* names[3] = {"forward", "dgrad", "wgrad"};
+  double bf_total = 0, f8_total = 0;
+  std::printf("\nM=%lld K=%lld N=%lld (%.2f GFLOP a product)\n", (long long)m, (long long)k, (long long)n,
+              2.0 * m * n * k * 1e-9);
+  std::printf("  %-8s %10s %10s %9s %9s %8s\n", "product", "bf16 ms", "fp8 ms", "bf16 TF/s", "fp8 TF/s", "speedup");
+  for (int i = 0; i < 3; ++i) {
+    double t_bf = 0, t_f8 = 0;
+    try {
+      if (median_launch_ms([&] { perftrain::kernels::gemm_lt(bf[i], ctx); }, &t_bf) != 0) return 1;
+      if (median_launch_ms([&] { perftrain::kernels::gemm_lt(f8[i], ctx); }, &t_f8) != 0) return 1;
+    } catch (const std::exception& e) {
+      std::printf("  %-8s refused: %s\n", names[i], e.what());
+      return 1;
+    }
+    const double flop = 2.0 * m * n * k;
+    std::printf("  %-8s %10.3f %10.3f %9.0f %9.0f %7.2fx\n", names[i], t_bf, t_f8, flop / t_bf * 1e-9,
+                flop / t_f8 * 1e-9, t_bf / t_f8);
+    bf_total += t_bf;
+    f8_total += t_f8;
+  }
+  double casts = 0;
+  for (const Operand* o : {&x, &w, &dy}) {
+    double t = 0;
+    if (median_launch_ms([&] { cast_transpose(*o, ctx.stream); }, &t) != 0) return 1;
+    const double bytes = double(o->rows) * o->cols * 4;  // 2 read, 1 + 1 written
+    std::printf("  cast-transpose %s [%lld, %lld]: %.3f ms, %.0f GB/s\n", o == &x ? "X" : o == &w ? "W" : "dY",
+                (long long)o->rows, (long long)o->cols, t, bytes / t * 1e-6);
+    casts += t;
+  }
+  std::printf("  layer: bf16 %.3f ms, fp8 %.3f ms (products %.3f + casts %.3f): %.2fx\n", bf_total,
+              f8_total + casts, f8_total, casts, bf_total / (f8_total + casts));
+  std::printf("  fp8 forward against bf16 (first 64 rows): relative L2 %.4f\n", forward_difference(y_fp8, y_bf16, n));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if ((argc - 1) % 3 != 0) {
+    std::printf("usage: %s [M K N]...\n", argv[0]);
+    return 2;
+  }
+  if (skip_without_sm90("fp8_gemm_bench")) return kSkipCode;
+  std::vector<std::array<int64_t, 3>> shapes;
+  for (int i = 1; i + 2 < argc; i += 3)
+    shapes.push_back({std::atoll(argv[i]), std::atoll(argv[i + 1]), std::atoll(argv[i + 2])});
+  if (shapes.empty()) shapes = {{65536, 1152, 3456}, {65536, 1152, 4608}, {65536, 4608, 1152}};
+  GemmContext ctx;
+  if (cublasLtCreate(&ctx.handle) != CUBLAS_STATUS_SUCCESS) return 1;
+  ctx.workspace_bytes = size_t(32) << 20;  // as ops::kCublasLtWorkspaceBytes
+  CHECK(cudaMalloc(&ctx.workspace, ctx.workspace_bytes));
+  ctx.tune_candidates = 8;  // as training's default (ops::kDefaultGemmTuneCandidates)
+  int rc = 0;
+  for (const auto& s : shapes) rc |= run_shape(s[0], s[1], s[2], ctx);
+  cudaFree(ctx.workspace);
+  cublasLtDestroy(ctx.handle);
+  return rc;
+}

@@ -1,0 +1,69 @@
+// Casts to fp8 with the input's amax fused in, for fp8 matrix products
+// (issue 39): a bf16 or fp32 matrix x [rows, cols] (dense, row-major) to
+//   q = saturate(x * scale)   in E4M3 (max finite 448) or E5M2 (57344),
+// rounding to nearest even (cuda_fp8.h's __NV_SATFINITE conversion: a finite
+// value beyond the max finite, and +-Inf, become +-max finite; NaN stays NaN;
+// values below half the smallest subnormal become zero), where `scale` is a
+// device float (the tensor's delayed scale, kernels/fp8_scaling.h), and
+//   *amax = max(*amax, max |x|)
+// over the input (not the scaled value), with NaN > Inf > any finite value:
+// an atomic max on the bit pattern of |x| (the non-negative floats order as
+// their bits, and every NaN's bits lie above Inf's), so a NaN or Inf
+// anywhere reaches *amax and the scaling sees it. *amax must hold a
+// non-negative value or NaN (0 before a step's first cast:
+// fp8_scaling_update zeroes it after reading it). Max is order-free, so the
+// result is deterministic. No allocation, no host sync: capturable.
+//
+// fp8_cast: q [rows, cols] only. One pass over n = rows * cols elements, 8
+//   per thread and iteration (a 16-byte bf16 or two 16-byte fp32 loads, one
+//   8-byte store) where the pointers allow, else element by element; 256
+//   threads a block, at most 8 blocks per SM, grid-stride. Bytes: n * (2 or
+//   4) read + n written. One atomicMax per block.
+// fp8_cast_transpose: q [rows, cols] (may be null: only the transpose) and
+//   q_t [cols, rows] = q^T in one pass (TransformerEngine's cast-transpose):
+//   Hopper's fp8 products take both operands K-major, so the backward's
+//   operands (x^T for dW, W^T for dX, dY^T for dW) come from here and not
+//   from a separate transpose. A block takes a 64 x 64 tile (256 threads, 16
+//   elements each), the fp8 tile through shared memory. Where rows and cols
+//   are multiples of 16 and x, q, q_t 16-byte aligned, a whole tile goes 16
+//   elements a thread: 16 consecutive of a row loaded (32 or 64 bytes), cast,
+//   stored as 16 bytes of q, and 16 consecutive bytes of a q_t row gathered
+//   from shared memory and stored as one 16-byte vector; edge tiles and other
+//   sizes go element by element (a warp along 32 consecutive elements of a
+//   row, then of a q_t row). Bytes: n * (2 or 4) read + 2n written (n
+//   without q).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace perftrain::kernels {
+
+enum class Fp8Format { kE4M3, kE5M2 };
+
+// The largest finite values: E4M3 1.75 * 2^8, E5M2 1.75 * 2^15.
+constexpr float kFp8E4M3Max = 448.0f;
+constexpr float kFp8E5M2Max = 57344.0f;
+constexpr float fp8_max(Fp8Format f) { return f == Fp8Format::kE4M3 ? kFp8E4M3Max : kFp8E5M2Max; }
+const char* fp8_format_name(Fp8Format f);
+
+enum class Fp8Source { kF32, kBF16 };
+
+struct Fp8CastArgs {
+  const void* x = nullptr;  // [rows, cols], dense row-major, in x_type
+  Fp8Source x_type = Fp8Source::kBF16;
+  int64_t rows = 0, cols = 0;
+  Fp8Format format = Fp8Format::kE4M3;
+  const float* scale = nullptr;  // device scalar (read)
+  uint8_t* q = nullptr;          // [rows, cols] fp8 bits
+  uint8_t* q_t = nullptr;        // [cols, rows] fp8 bits (cast-transpose only)
+  float* amax = nullptr;         // device scalar (max-accumulated); null: not taken
+};
+
+// Throw std::invalid_argument on misuse (null x, scale or output, negative
+// sizes, a q_t given to fp8_cast). Nothing runs for an empty matrix.
+void fp8_cast(const Fp8CastArgs& args, cudaStream_t stream);
+void fp8_cast_transpose(const Fp8CastArgs& args, cudaStream_t stream);
+
+}  // namespace perftrain::kernels

@@ -1,0 +1,119 @@
+#include "ops/fp8_cast.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/amax.h>
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <string>
+
+#include "base/error.h"
+#include "ops/dtype_dispatch.h"
+
+namespace perftrain::ops {
+namespace {
+
+void check_scalar(const std::string& op, const at::Tensor& t, const at::Tensor& x, const char* what) {
+  if (!t.defined() || t.numel() != 1 || t.scalar_type() != at::kFloat)
+    throw UsageError(op + ": " + what + " must be one float32 element, got " +
+                     (t.defined() ? shape(t) + " " + c10::toString(t.scalar_type()) : std::string("undefined")));
+  if (t.device() != x.device())
+    throw UsageError(op + ": " + what + " is on " + t.device().str() + " but x is on " + x.device().str());
+}
+
+void check_cast_args(const std::string& op, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& amax) {
+  if (!x.defined() || x.dim() != 2) throw UsageError(op + ": x must be a 2-D tensor [rows, cols]");
+  if (x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kFloat)
+    throw UsageError(op + ": x must be bfloat16 or float32, got " + std::string(c10::toString(x.scalar_type())));
+  check_scalar(op, scale, x, "scale");
+  if (amax.defined()) check_scalar(op, amax, x, "amax");
+}
+
+kernels::Fp8CastArgs kernel_args(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& amax,
+                                 Fp8Format f) {
+  kernels::Fp8CastArgs a;
+  a.x = x.data_ptr();
+  a.x_type = x.scalar_type() == at::kFloat ? kernels::Fp8Source::kF32 : kernels::Fp8Source::kBF16;
+  a.rows = x.size(0);
+  a.cols = x.size(1);
+  a.format = f;
+  a.scale = scale.data_ptr<float>();
+  a.amax = amax.defined() ? amax.data_ptr<float>() : nullptr;
+  return a;
+}
+
+// The CPU path's amax: max-accumulated as the kernel does.
+void accumulate_amax(const at::Tensor& amax, const at::Tensor& x) {
+  if (!amax.defined()) return;
+  at::Tensor out = amax;  // a handle on the same storage
+  out.copy_(at::maximum(amax.reshape({}), fp8_amax_reference(x)));
+}
+
+uint8_t* bits(const at::Tensor& q) { return static_cast<uint8_t*>(q.data_ptr()); }
+
+}  // namespace
+
+at::ScalarType fp8_dtype(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+}
+
+at::Tensor fp8_cast(const at::Tensor& x_in, const at::Tensor& scale, const at::Tensor& amax, Fp8Format f,
+                    const char* op) {
+  check_cast_args(op, x_in, scale, amax);
+  const at::Tensor x = x_in.contiguous();
+  if (!x.is_cuda()) {
+    accumulate_amax(amax, x);
+    return fp8_quantize_reference(x, scale, f);
+  }
+  const c10::DeviceGuard guard(x.device());
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(fp8_dtype(f)));
+  kernels::Fp8CastArgs a = kernel_args(x, scale, amax, f);
+  a.q = bits(q);
+  kernels::fp8_cast(a, at::cuda::getCurrentCUDAStream().stream());
+  return q;
+}
+
+Fp8Casts fp8_cast_transpose(const at::Tensor& x_in, const at::Tensor& scale, const at::Tensor& amax, Fp8Format f,
+                            bool with_rows, const char* op) {
+  check_cast_args(op, x_in, scale, amax);
+  const at::Tensor x = x_in.contiguous();
+  Fp8Casts out;
+  if (!x.is_cuda()) {
+    accumulate_amax(amax, x);
+    const at::Tensor q = fp8_quantize_reference(x, scale, f);
+    out.q_t = q.t().contiguous();
+    if (with_rows) out.q = q;
+    return out;
+  }
+  const c10::DeviceGuard guard(x.device());
+  const auto options = x.options().dtype(fp8_dtype(f));
+  out.q_t = at::empty({x.size(1), x.size(0)}, options);
+  if (with_rows) out.q = at::empty(x.sizes(), options);
+  kernels::Fp8CastArgs a = kernel_args(x, scale, amax, f);
+  a.q = with_rows ? bits(out.q) : nullptr;
+  a.q_t = bits(out.q_t);
+  kernels::fp8_cast_transpose(a, at::cuda::getCurrentCUDAStream().stream());
+  return out;
+}
+
+at::Tensor fp8_quantize_reference(const at::Tensor& x, const at::Tensor& scale, Fp8Format f) {
+  const double max = kernels::fp8_max(f);
+  // fp32 product (a one-element fp32 tensor), then the clamp (NaN passes).
+  const at::Tensor scaled = x.to(at::kFloat) * scale.reshape({}).to(x.device());
+  return at::clamp(scaled, -max, max).to(fp8_dtype(f));
+}
+
+at::Tensor fp8_dequantize_reference(const at::Tensor& q, const at::Tensor& scale_inv) {
+  return q.to(at::kFloat) * scale_inv.reshape({}).to(q.device());
+}
+
+at::Tensor fp8_amax_reference(const at::Tensor& x) {
+  if (x.numel() == 0) return at::zeros({}, x.options().dtype(at::kFloat));
+  return at::amax(x.to(at::kFloat).abs());  // NaN propagates
+}
+
+}  // namespace perftrain::ops

@@ -1,0 +1,182 @@
+#include "ops/fp8_linear.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "ops/column_sums.h"
+#include "ops/compute_weights.h"
+#include "ops/cublaslt_workspace.h"
+#include "ops/dtype_dispatch.h"
+#include "ops/linear.h"
+
+namespace perftrain::ops {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+constexpr const char* kOp = "fp8_linear";
+
+void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& s) {
+  const std::string op(kOp);
+  if (!x.defined() || x.dim() < 1) throw UsageError(op + ": x must be [..., K] with at least one dimension");
+  if (x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kFloat)
+    throw UsageError(op + ": x must be bfloat16 or float32, got " + std::string(c10::toString(x.scalar_type())));
+  detail::check_linear_params(kOp, x.size(-1), x.scalar_type(), x.device(), weight, bias);
+  const std::vector<Fp8Format> want = {Fp8Format::kE4M3, Fp8Format::kE4M3, Fp8Format::kE5M2};
+  if (s.formats != want || !s.amax.defined())
+    throw UsageError(op + ": the state must come from make_fp8_linear_scaling (slots x, w: e4m3; dy: e5m2)");
+  if (s.amax.device() != x.device())
+    throw UsageError(op + ": the fp8 state is on " + s.amax.device().str() + " but x is on " + x.device().str());
+  if (!fp8_linear_supported(x, weight))
+    throw UsageError(op + ": cuBLASLt's fp8 products need M, K and N multiples of 16, got M=" +
+                     std::to_string(detail::leading_rows(x)) + " K=" + std::to_string(x.size(-1)) +
+                     " N=" + std::to_string(weight.size(0)) + " (use ops::linear there)");
+}
+
+// d = (a_scale_inv a) (b_scale_inv b)^T (+ bias), a [m, k] and b [n, k] fp8:
+// cuBLASLt on CUDA (the bias as given, else as a bf16 copy), else the
+// dequantised product by ATen (a fallback on CUDA).
+void fp8_product(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
+                 const at::Tensor& b_scale_inv, const at::Tensor& d, bool fast_accum, const at::Tensor& bias) {
+  if (cublaslt_path(a, b) && d.numel() > 0) {
+    if (try_gemm_lt_fp8(a, a_scale_inv, b, b_scale_inv, d, fast_accum, bias)) return;
+    if (bias.defined() && bias.scalar_type() != at::kBFloat16 &&
+        try_gemm_lt_fp8(a, a_scale_inv, b, b_scale_inv, d, fast_accum, compute_weight(bias, at::kBFloat16)))
+      return;
+    note_gemm_fallback();
+  }
+  at::Tensor r = at::mm(fp8_dequantize_reference(a, a_scale_inv), fp8_dequantize_reference(b, b_scale_inv).t());
+  if (bias.defined()) r = r + bias.to(at::kFloat);
+  at::Tensor out = d;  // a handle on the same storage
+  out.copy_(r);
+}
+
+// q (and q_t where `transposed`) of x [rows, cols] for slot i of the state
+// given by its tensors.
+Fp8Casts cast_slot(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& amax, int slot, Fp8Format f,
+                   bool rows, bool transposed, const char* what) {
+  if (!transposed) return {fp8_cast(x, scale.select(0, slot), amax.select(0, slot), f, what), at::Tensor()};
+  return fp8_cast_transpose(x, scale.select(0, slot), amax.select(0, slot), f, rows, what);
+}
+
+std::vector<int64_t> with_last(at::IntArrayRef sizes, int64_t last) {
+  std::vector<int64_t> out = sizes.vec();
+  out.back() = last;
+  return out;
+}
+
+struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
+  // The state's amax, scale and scale_inv travel as inputs (no gradient).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias_opt, const at::Tensor& amax, const at::Tensor& scale,
+                            const at::Tensor& scale_inv) {
+    const at::Tensor bias = bias_opt.value_or(at::Tensor());
+    const c10::DeviceGuard device_guard(x.device());
+    const int64_t m = detail::leading_rows(x), k = x.size(-1), n = weight.size(0);
+    const at::ScalarType dt = x.scalar_type();
+    const at::Tensor x2 = x.contiguous().view({m, k});
+    const at::Tensor w = compute_weight(weight, dt).contiguous();
+    const bool need_dw = weight.requires_grad(), need_dx = x.requires_grad();
+    const Fp8Casts xq = cast_slot(x2, scale, amax, kFp8X, Fp8Format::kE4M3, true, need_dw, "fp8_linear x");
+    const Fp8Casts wq = cast_slot(w, scale, amax, kFp8W, Fp8Format::kE4M3, true, need_dx, "fp8_linear weight");
+    at::Tensor y = at::empty(with_last(x.sizes(), n), x.options());
+    fp8_product(xq.q, scale_inv.select(0, kFp8X), wq.q, scale_inv.select(0, kFp8W), y.view({m, n}), true,
+                bias.defined() ? bias.contiguous() : bias);
+    // x^T for dW, W^T for dX: what the wanted gradients read. The state's
+    // tensors as plain values: the casts of a later forward (a shared layer,
+    // another micro-batch) write its amax, which is no reason to refuse.
+    ctx->save_for_backward({xq.q_t, wq.q_t});
+    ctx->saved_data["amax"] = amax;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["scale_inv"] = scale_inv;
+    detail::save_linear_shapes(ctx, x, weight, bias);
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &xq_t = saved[0], &wq_t = saved[1];
+    const at::Tensor amax = ctx->saved_data["amax"].toTensor(), scale = ctx->saved_data["scale"].toTensor(),
+                     scale_inv = ctx->saved_data["scale_inv"].toTensor();
+    const detail::LinearShapes s = detail::saved_linear_shapes(ctx);
+    variable_list out(6);
+    if (!grads[0].defined()) return out;
+    const int64_t m = s.m, n = s.n, k = s.x_sizes.back();
+    const at::Tensor dy = grads[0].to(s.dtype).contiguous().view({m, n});
+    const bool need_dx = ctx->needs_input_grad(0), need_dw = ctx->needs_input_grad(1);
+    if (need_dx || need_dw) {
+      const Fp8Casts dq = cast_slot(dy, scale, amax, kFp8Dy, Fp8Format::kE5M2, need_dx, need_dw, "fp8_linear dy");
+      const at::Tensor dy_inv = scale_inv.select(0, kFp8Dy);
+      if (need_dx) {  // dX [m, k] = dY [m, n] (W^T [k, n])^T
+        out[0] = at::empty(s.x_sizes, dy.options());
+        fp8_product(dq.q, dy_inv, wq_t, scale_inv.select(0, kFp8W), out[0].view({m, k}), false, at::Tensor());
+      }
+      if (need_dw) {  // dW [n, k] = dY^T [n, m] (x^T [k, m])^T
+        out[1] = at::empty({n, k}, dy.options().dtype(s.w_dtype));
+        fp8_product(dq.q_t, dy_inv, xq_t, scale_inv.select(0, kFp8X), out[1], false, at::Tensor());
+      }
+    }
+    if (s.b_dtype && ctx->needs_input_grad(2)) {
+      out[2] = at::empty({n}, dy.options().dtype(*s.b_dtype));
+      column_sums_into({dy}, {out[2]});
+    }
+    return out;
+  }
+};
+
+// x as [M, K] and its quantised values (reference).
+at::Tensor dequantised(const at::Tensor& t, const Fp8Scaling& s, int slot, Fp8Format f) {
+  const at::Tensor q = fp8_quantize_reference(t, s.scale.select(0, slot), f);
+  return fp8_dequantize_reference(q, s.scale_inv.select(0, slot));
+}
+
+}  // namespace
+
+Fp8Scaling make_fp8_linear_scaling(int64_t history_len, const at::Device& device) {
+  return make_fp8_scaling({Fp8Format::kE4M3, Fp8Format::kE4M3, Fp8Format::kE5M2}, history_len, device);
+}
+
+bool fp8_linear_supported(const at::Tensor& x, const at::Tensor& weight) {
+  if (!x.is_cuda()) return true;
+  return detail::leading_rows(x) % 16 == 0 && x.size(-1) % 16 == 0 && weight.size(0) % 16 == 0;
+}
+
+at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state) {
+  check_args(x, weight, bias, state);
+  const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
+  return Fp8LinearFunction::apply(x, weight, b, state.amax, state.scale, state.scale_inv);
+}
+
+at::Tensor fp8_linear_reference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                const Fp8Scaling& s) {
+  const int64_t k = x.size(-1);
+  const at::Tensor x2 = x.reshape({-1, k});
+  at::Tensor y = at::mm(dequantised(x2, s, kFp8X, Fp8Format::kE4M3),
+                        dequantised(weight, s, kFp8W, Fp8Format::kE4M3).t());
+  if (bias.defined()) y = y + bias.to(at::kFloat);
+  return y.reshape(with_last(x.sizes(), weight.size(0)));
+}
+
+Fp8LinearGrads fp8_linear_backward_reference(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
+                                             const Fp8Scaling& s) {
+  const int64_t k = x.size(-1), n = weight.size(0);
+  const at::Tensor dy2 = dy.reshape({-1, n}), x2 = x.reshape({-1, k});
+  const at::Tensor dyd = dequantised(dy2, s, kFp8Dy, Fp8Format::kE5M2);
+  Fp8LinearGrads g;
+  g.dx = at::mm(dyd, dequantised(weight, s, kFp8W, Fp8Format::kE4M3)).reshape(x.sizes());
+  g.dw = at::mm(dyd.t(), dequantised(x2, s, kFp8X, Fp8Format::kE4M3));
+  g.db = dy2.to(at::kFloat).sum(0);
+  return g;
+}
+
+}  // namespace perftrain::ops

@@ -1,0 +1,342 @@
+// fp8 on the GPU (issue 39): the cast and cast-transpose kernels against the
+// CPU reference bit for bit (bf16 and fp32 inputs, both formats, odd sizes,
+// a misaligned input, NaN/Inf/huge/tiny values) with the amax; the delayed
+// scaling kernel against the reference bit for bit (more slots than one
+// table, histories up to the longest), also captured in a CUDA graph; the
+// fp8 products against float64 (of the quantised values: fp32 accumulation;
+// of the unquantised ones: within fp8's bound) and cuBLASLt's refusals;
+// fp8_linear forward and backward against its reference, captured equals
+// eager, bit-identical reruns. Skips without a GPU.
+#include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/exp2.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "compat/compat.h"
+#include "fp8_test_codes.h"
+#include "gpu_products.h"
+#include "ops/fp8_linear.h"
+#include "support/tensor_checks.h"
+
+namespace perftrain::ops {
+namespace {
+
+using namespace gpu_products;
+const at::Device kCpu(at::kCPU);
+const Fp8Format kFormats[] = {Fp8Format::kE4M3, Fp8Format::kE5M2};
+
+// Codes equal, or both NaN (NaN's sign and payload are not the rule's).
+::testing::AssertionResult same_codes(const at::Tensor& got, const at::Tensor& want, Fp8Format f) {
+  const at::Tensor g = got.cpu().contiguous().view(at::kByte), w = want.cpu().contiguous().view(at::kByte);
+  if (g.sizes() != w.sizes()) return ::testing::AssertionFailure() << "sizes " << g.sizes() << " vs " << w.sizes();
+  const uint8_t *a = g.data_ptr<uint8_t>(), *b = w.data_ptr<uint8_t>();
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    const bool ok = a[i] == b[i] || (fp8_codes::is_nan_code(a[i], f) && fp8_codes::is_nan_code(b[i], f));
+    if (!ok && first < 0) first = i;
+    bad += !ok;
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << g.numel() << " codes differ; first at " << first << ": "
+                                       << int(a[first]) << " vs " << int(b[first]);
+}
+
+// fp32 bits equal (NaN as NaN).
+bool same_floats(const at::Tensor& got, const at::Tensor& want) {
+  return at::equal(got.cpu().contiguous().view(at::kInt), want.cpu().contiguous().view(at::kInt));
+}
+
+// rows x cols over the whole fp8 range: N(0, 1) * 2^e, e in [-24, 20], with
+// NaN, +-Inf, a huge and a subnormal value where there is room.
+at::Tensor wide(int64_t rows, int64_t cols, uint64_t seed) {
+  at::Generator g = perftrain::testing::seeded_cpu_generator(seed);
+  at::Tensor x = at::randn({rows, cols}, g) * at::exp2(at::randint(-24, 21, {rows, cols}, g, at::kFloat));
+  const float special[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(), 3e38f, 1e-40f};
+  const at::Tensor flat = x.view({-1});
+  for (int i = 0; i < 5 && 3 * i < flat.numel(); ++i) flat[3 * i].fill_(special[i]);
+  return x;
+}
+
+// A CUDA copy 2 bytes past a 256-byte boundary when misalign (no vector path).
+at::Tensor on_gpu(const at::Tensor& t, bool misalign) {
+  if (!misalign) return t.to(kCuda);
+  at::Tensor buf = at::empty({t.numel() + 1}, t.options().device(kCuda));
+  at::Tensor view = buf.narrow(0, 1, t.numel()).view(t.sizes());
+  view.copy_(t);
+  return view;
+}
+
+TEST(Fp8Gpu, CastsMatchTheReferenceBitForBit) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {7, 13}, {33, 65}, {64, 64}, {130, 257},
+                                                           {256, 1152}};
+  uint64_t seed = 1;
+  for (const auto& [rows, cols] : shapes) {
+    for (const auto dt : {at::kBFloat16, at::kFloat}) {
+      for (const Fp8Format f : kFormats) {
+        for (const bool misalign : {false, true}) {
+          const std::string what = std::to_string(rows) + "x" + std::to_string(cols) + " " + c10::toString(dt) +
+                                   " " + kernels::fp8_format_name(f) + (misalign ? " misaligned" : "");
+          const at::Tensor x = wide(rows, cols, seed++).to(dt);
+          const at::Tensor scale = at::full({1}, 3.7f), amax0 = at::full({1}, 0.f);
+          const at::Tensor want = fp8_quantize_reference(x, scale, f);
+          const at::Tensor want_amax = fp8_amax_reference(x).reshape({1});
+          const at::Tensor xg = on_gpu(x, misalign), sg = scale.to(kCuda);
+          at::Tensor amax = amax0.to(kCuda);
+          EXPECT_TRUE(same_codes(fp8_cast(xg, sg, amax, f), want, f)) << what << " cast";
+          EXPECT_TRUE(same_floats(amax, want_amax)) << what << " cast amax " << amax.item<float>();
+          amax = amax0.to(kCuda);
+          const Fp8Casts both = fp8_cast_transpose(xg, sg, amax, f);
+          EXPECT_TRUE(same_codes(both.q, want, f)) << what << " cast-transpose q";
+          EXPECT_TRUE(same_codes(both.q_t, want.t().contiguous(), f)) << what << " cast-transpose q_t";
+          EXPECT_TRUE(same_floats(amax, want_amax)) << what << " cast-transpose amax";
+          const Fp8Casts only_t = fp8_cast_transpose(xg, sg, at::Tensor(), f, false);
+          EXPECT_TRUE(same_codes(only_t.q_t, want.t().contiguous(), f)) << what << " transpose only";
+        }
+      }
+    }
+  }
+}
+
+// States with random histories and amaxes (NaN, Inf, zero, subnormal among
+// them), 700 slots in all (two tables), history lengths 1 .. 1024.
+std::vector<Fp8Scaling> random_states(uint64_t seed) {
+  at::Generator g = perftrain::testing::seeded_cpu_generator(seed);
+  std::vector<Fp8Scaling> states;
+  const int64_t lengths[] = {1, 2, 16, 1024};
+  for (int i = 0; i < 175; ++i) {
+    Fp8Scaling s = make_fp8_scaling({Fp8Format::kE4M3, Fp8Format::kE5M2, Fp8Format::kE4M3, Fp8Format::kE5M2},
+                                    lengths[i % 4], kCpu);
+    s.history.copy_(at::randn(s.history.sizes(), g).abs() * 10);
+    s.amax.copy_(at::randn({4}, g).abs() * 10);
+    s.scale.copy_(at::randn({4}, g).abs() + 0.5);
+    const float special[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 0.f,
+                             1e-40f};
+    if (i % 5 < 4) s.amax[i % 4].fill_(special[i % 5]);
+    states.push_back(s);
+  }
+  return states;
+}
+
+Fp8Scaling to_device(const Fp8Scaling& s, const at::Device& d) {
+  Fp8Scaling out = s;
+  out.amax = s.amax.to(d, false, true);
+  out.history = s.history.to(d, false, true);
+  out.scale = s.scale.to(d, false, true);
+  out.scale_inv = s.scale_inv.to(d, false, true);
+  out.events = s.events.to(d, false, true);
+  return out;
+}
+
+std::vector<const Fp8Scaling*> pointers(const std::vector<Fp8Scaling>& states) {
+  std::vector<const Fp8Scaling*> out;
+  for (const auto& s : states) out.push_back(&s);
+  return out;
+}
+
+void expect_same_states(const std::vector<Fp8Scaling>& got, const std::vector<Fp8Scaling>& want,
+                        const std::string& when) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    const auto a = got[i].named_tensors(), b = want[i].named_tensors();
+    for (size_t j = 0; j < a.size(); ++j)
+      EXPECT_TRUE(same_floats(a[j].second, b[j].second)) << when << ": state " << i << " " << a[j].first;
+  }
+}
+
+TEST(Fp8Gpu, ScalingUpdateMatchesTheReferenceBitForBit) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  std::vector<Fp8Scaling> cpu = random_states(7), gpu;
+  for (const auto& s : cpu) gpu.push_back(to_device(s, kCuda));
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < cpu.size(); ++i) {  // the next step's amaxes
+      const at::Tensor a = at::full({4}, float(step + 1) * (i % 7), at::kFloat);
+      if (step > 0) {
+        cpu[i].amax.copy_(a);
+        gpu[i].amax.copy_(a);
+      }
+    }
+    fp8_scaling_update(pointers(cpu), step);
+    fp8_scaling_update(pointers(gpu), step);
+    expect_same_states(gpu, cpu, "step " + std::to_string(step));
+  }
+}
+
+TEST(Fp8Gpu, ScalingUpdateCapturesInCudaGraph) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  const std::vector<Fp8Scaling> start = random_states(8);
+  std::vector<Fp8Scaling> eager, graphed;
+  for (const auto& s : start) {
+    eager.push_back(to_device(s, kCuda));
+    graphed.push_back(to_device(s, kCuda));
+  }
+  compat::synchronize(kCuda);
+  c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool());
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  fp8_scaling_update(pointers(graphed), 1);
+  graph.capture_end();  // capturing ran nothing: graphed is still `start`
+  for (int i = 0; i < 2; ++i) {
+    fp8_scaling_update(pointers(eager), 1);
+    graph.replay();
+  }
+  at::cuda::getCurrentCUDAStream().synchronize();
+  expect_same_states(graphed, eager, "two replays");
+}
+
+// Quantised random operands [rows, k] at the scale their amax gives.
+struct Quantised {
+  at::Tensor x, q, scale_inv;  // x fp32 (GPU), q fp8 (GPU), scale_inv [1] (GPU)
+};
+Quantised quantise(int64_t rows, int64_t k, Fp8Format f, at::Generator& g, double sd) {
+  Quantised out;
+  out.x = rnd({rows, k}, g, at::kFloat, sd);
+  const float scale = kernels::fp8_max(f) / out.x.abs().max().item<float>();
+  const at::Tensor s = at::full({1}, scale, at::TensorOptions().device(kCuda));
+  out.q = fp8_cast(out.x, s, at::Tensor(), f);
+  out.scale_inv = s.reciprocal();
+  return out;
+}
+
+// The forward product (E4M3 x E4M3, fast accumulation, bias, bf16 D) and the
+// gradient ones (E5M2 x E4M3 and E4M3 x E5M2, fp32 D) at DiT's shapes.
+TEST(Fp8Gpu, ProductsMatchFloat64) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  struct Case {
+    int64_t m, k, n;
+  };
+  const std::vector<Case> cases = {{16, 32, 48}, {256, 1152, 3456}, {8192, 1152, 4608}, {512, 4608, 1152}};
+  at::Generator g = cuda_gen(11);
+  const int64_t fallbacks = gemm_fallback_count();
+  for (const Case& c : cases) {
+    const std::string what = "m=" + std::to_string(c.m) + " k=" + std::to_string(c.k) + " n=" + std::to_string(c.n);
+    const at::Tensor bias = rnd({c.n}, g, at::kBFloat16);
+    struct Kind {
+      Fp8Format fa, fb;
+      at::ScalarType d;
+      bool fast, with_bias;
+    };
+    for (const Kind& kind : {Kind{Fp8Format::kE4M3, Fp8Format::kE4M3, at::kBFloat16, true, true},
+                             Kind{Fp8Format::kE5M2, Fp8Format::kE4M3, at::kFloat, false, false},
+                             Kind{Fp8Format::kE4M3, Fp8Format::kE5M2, at::kFloat, false, false}}) {
+      const Quantised a = quantise(c.m, c.k, kind.fa, g, 1.0), b = quantise(c.n, c.k, kind.fb, g, 0.05);
+      const at::Tensor d = nan_like({c.m, c.n}, kind.d);
+      ASSERT_TRUE(try_gemm_lt_fp8(a.q, a.scale_inv, b.q, b.scale_inv, d, kind.fast,
+                                  kind.with_bias ? bias : at::Tensor()))
+          << what << ": cuBLASLt refused a DiT-shaped fp8 product";
+      const at::Tensor ad = fp8_dequantize_reference(a.q, a.scale_inv).to(at::kDouble),
+                       bd = fp8_dequantize_reference(b.q, b.scale_inv).to(at::kDouble);
+      at::Tensor exact = at::matmul(ad, bd.t()), unquantised = at::matmul(a.x.to(at::kDouble), b.x.to(at::kDouble).t());
+      if (kind.with_bias) {
+        exact = exact + bias.to(at::kDouble);
+        unquantised = unquantised + bias.to(at::kDouble);
+      }
+      const double unit_a = kind.fa == Fp8Format::kE4M3 ? 1.0 / 16 : 1.0 / 8,
+                   unit_b = kind.fb == Fp8Format::kE4M3 ? 1.0 / 16 : 1.0 / 8;
+      EXPECT_LT(rel_l2(d, exact), kind.d == at::kBFloat16 ? 1e-2 : 2e-3) << what << " against its operands";
+      EXPECT_LT(rel_l2(d, unquantised), unit_a + unit_b) << what << " against the unquantised product";
+    }
+  }
+  EXPECT_EQ(gemm_fallback_count(), fallbacks);
+}
+
+TEST(Fp8Gpu, ProductsCuBlasLtCannotRunAreRefused) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = cuda_gen(12);
+  const Quantised a = quantise(24, 32, Fp8Format::kE4M3, g, 1.0), b = quantise(32, 32, Fp8Format::kE4M3, g, 1.0);
+  const at::Tensor d = nan_like({24, 32}, at::kBFloat16);
+  EXPECT_FALSE(try_gemm_lt_fp8(a.q, a.scale_inv, b.q, b.scale_inv, d, true)) << "m = 24 is not a multiple of 16";
+  const Quantised e = quantise(32, 32, Fp8Format::kE5M2, g, 1.0), e2 = quantise(32, 32, Fp8Format::kE5M2, g, 1.0);
+  EXPECT_FALSE(try_gemm_lt_fp8(e.q, e.scale_inv, e2.q, e2.scale_inv, nan_like({32, 32}, at::kFloat), false))
+      << "E5M2 x E5M2";
+  const at::Tensor x = rnd({24, 32}, g, at::kBFloat16);
+  const Fp8Scaling s = make_fp8_linear_scaling(4, kCuda);
+  EXPECT_THROW(fp8_linear(x, rnd({32, 32}, g, at::kFloat), at::Tensor(), s), UsageError);
+  EXPECT_FALSE(fp8_linear_supported(x, rnd({32, 32}, g, at::kFloat)));
+}
+
+struct LinearCase {
+  at::Tensor x, w, b, dy;
+  Fp8Scaling state;
+};
+
+// A DiT-like layer: x [b, t, k] bf16, fp32 master weight and bias; the state
+// calibrated by one step's amaxes.
+LinearCase linear_case(int64_t b, int64_t t, int64_t k, int64_t n, uint64_t seed) {
+  at::Generator g = cuda_gen(seed);
+  LinearCase c;
+  c.x = rnd({b, t, k}, g, at::kBFloat16, 1.0, 0.3);
+  c.w = master({n, k}, g, at::kBFloat16, 1.0 / std::sqrt(double(k)));
+  c.b = rnd({n}, g, at::kFloat);
+  c.dy = rnd({b, t, n}, g, at::kBFloat16, 1e-3);
+  c.state = make_fp8_linear_scaling(16, kCuda);
+  c.state.amax[kFp8X].fill_(c.x.abs().max());
+  c.state.amax[kFp8W].fill_(c.w.abs().max());
+  c.state.amax[kFp8Dy].fill_(c.dy.abs().max());
+  fp8_scaling_update({&c.state}, 0);
+  return c;
+}
+
+std::vector<at::Tensor> linear_step(const LinearCase& c) {
+  const at::Tensor x = c.x.detach().requires_grad_(true), w = c.w.detach().requires_grad_(true),
+                   b = c.b.detach().requires_grad_(true);
+  const at::Tensor y = fp8_linear(x, w, b, c.state);
+  std::vector<at::Tensor> out = torch::autograd::grad({y}, {x, w, b}, {c.dy});
+  out.insert(out.begin(), y.detach());
+  return out;
+}
+
+TEST(Fp8Gpu, LinearMatchesItsReference) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  const int64_t shapes[][3] = {{1152, 3456, 8}, {1152, 4608, 8}, {4608, 1152, 4}, {48, 32, 1}};
+  uint64_t seed = 20;
+  for (const auto& s : shapes) {
+    const LinearCase c = linear_case(s[2], 256, s[0], s[1], seed++);
+    const std::string what = "k=" + std::to_string(s[0]) + " n=" + std::to_string(s[1]);
+    std::vector<at::Tensor> got;
+    count_fallbacks(what, true, [&] { got = linear_step(c); });
+    ASSERT_EQ(got[0].scalar_type(), at::kBFloat16);
+    ASSERT_EQ(got[2].scalar_type(), at::kFloat);
+    const Fp8Scaling cpu = to_device(c.state, kCpu);
+    const at::Tensor xc = c.x.cpu(), wc = c.w.cpu(), dyc = c.dy.cpu();
+    const Fp8LinearGrads ref = fp8_linear_backward_reference(dyc, xc, wc, cpu);
+    const std::vector<at::Tensor> want = {fp8_linear_reference(xc, wc, c.b.cpu(), cpu), ref.dx, ref.dw, ref.db};
+    const char* names[] = {"y", "dx", "dW", "db"};
+    for (int i = 0; i < 4; ++i) EXPECT_LT(rel_l2(got[i].cpu(), want[i]), 1e-2) << what << " " << names[i];
+    // The casts recorded this step's amaxes.
+    EXPECT_EQ(c.state.amax[kFp8X].item<float>(), fp8_amax_reference(c.x).item<float>()) << what;
+    EXPECT_EQ(c.state.amax[kFp8Dy].item<float>(), fp8_amax_reference(c.dy).item<float>()) << what;
+  }
+}
+
+TEST(Fp8Gpu, LinearRerunsAreBitIdentical) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  const LinearCase c = linear_case(8, 256, 1152, 3456, 30);
+  const auto first = linear_step(c), second = linear_step(c);
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_TRUE(at::equal(first[i], second[i])) << "output " << i;
+}
+
+TEST(Fp8Gpu, LinearCapturesInCudaGraph) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  const LinearCase c = linear_case(4, 256, 1152, 4608, 40);
+  at::Generator g = cuda_gen(41);
+  const at::Tensor x_next = rnd(c.x.sizes(), g, at::kBFloat16, 1.0, 0.3);
+  expect_capture_matches_eager([&] { return linear_step(c); }, c.x, x_next);
+}
+
+}  // namespace
+}  // namespace perftrain::ops

@@ -1,0 +1,189 @@
+// fp8_cast and fp8_scaling kernels (their real source, tools/kernel_emu) against the
+// correct-by-definition fp8 encoding (tests/ops/fp8_test_codes.h: nearest finite code to
+// x * scale clamped to +-max, ties to even, NaN to NaN) and a direct reading of the
+// scaling rule (kernels/fp8_scaling.h):
+//   - fp8_cast and fp8_cast_transpose (with and without the row-major copy) on fp32 and
+//     bf16, E4M3 and E5M2, sizes 1x1 to 130x257 (whole 64 x 64 tiles by the vector path,
+//     partial ones element by element, tails of the 8-element vectors, more vectors than
+//     the grid: the grid-stride loop), input pointers on and off 16-byte boundaries
+//     (vector paths or not), values over the whole
+//     range with NaN, +-Inf, huge and subnormal ones; every output byte, bytes past each
+//     output untouched, the amax bits (NaN / Inf / max |x|, accumulated onto a start value);
+//   - fp8_scaling_update over slots with history lengths 1 .. 1024, amaxes NaN, Inf, 0,
+//     subnormal and ordinary, margins 0 and 3: history, scale, scale_inv, events, amax.
+// Exit 1 on any failure.
+#include "storage.h"
+#include "kernels/fp8_cast.h"
+#include "kernels/fp8_scaling.h"
+#include "kernels/device_info.h"
+#include "../../tests/ops/fp8_test_codes.h"
+#include <random>
+#include <string>
+#include <limits>
+
+namespace k = perftrain::kernels;
+namespace fp8_codes = perftrain::fp8_codes;
+using k::Fp8Format;
+
+// The kernels' host functions size grids by it; 2 "SMs" make the cast's grid-stride loop run.
+namespace perftrain::kernels {
+int multiprocessor_count() { return 2; }
+}  // namespace perftrain::kernels
+
+static std::mt19937_64 rng(9);
+static int fails = 0, checks = 0;
+constexpr size_t kPad = 64;
+constexpr uint8_t kSentinel = 0xA5;
+
+static void expect(bool ok, const std::string& what) {
+  ++checks;
+  if (!ok) { ++fails; printf("FAIL %s\n", what.c_str()); }
+}
+
+static float wide_value() {
+  std::normal_distribution<float> n;
+  std::uniform_int_distribution<int> e(-24, 20);
+  return std::ldexp(n(rng), e(rng));
+}
+
+static unsigned abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+
+static bool same_code(uint8_t got, uint8_t want, Fp8Format f) {
+  return got == want || (fp8_codes::is_nan_code(got, f) && fp8_codes::is_nan_code(want, f));
+}
+
+template <typename T>
+static void check_cast(int64_t rows, int64_t cols, Fp8Format f, size_t offset, bool transpose, bool with_rows) {
+  const std::string where = std::to_string(rows) + "x" + std::to_string(cols) + (sizeof(T) == 4 ? " f32 " : " bf16 ") +
+                            k::fp8_format_name(f) + " offset " + std::to_string(offset) +
+                            (transpose ? (with_rows ? " cast-transpose" : " transpose-only") : " cast");
+  const int64_t n = rows * cols;
+  std::vector<T> xs(n + offset + 16);
+  T* x = xs.data() + (16 - reinterpret_cast<uintptr_t>(xs.data()) % 16) / sizeof(T) % (16 / sizeof(T)) + offset;
+  const float special[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(), 3e38f, 1e-40f, -0.f};
+  for (int64_t i = 0; i < n; ++i) x[i] = fromd<T>(wide_value());
+  // Specials only in some cases, so that the amax is also checked finite.
+  if ((rows + cols) % 3 == 0)
+    for (int i = 0; i < 6 && 5 * i < n; ++i) x[5 * i] = fromd<T>(special[i]);
+  const float scale = 2.75f, start_amax = 0.125f;
+  std::vector<uint8_t> q(n + kPad, kSentinel), qt(n + kPad, kSentinel);
+  float scale_dev = scale, amax = start_amax;
+  k::Fp8CastArgs a;
+  a.x = x;
+  a.x_type = sizeof(T) == 4 ? k::Fp8Source::kF32 : k::Fp8Source::kBF16;
+  a.rows = rows;
+  a.cols = cols;
+  a.format = f;
+  a.scale = &scale_dev;
+  a.q = (!transpose || with_rows) ? q.data() : nullptr;
+  a.q_t = transpose ? qt.data() : nullptr;
+  a.amax = &amax;
+  if (transpose) k::fp8_cast_transpose(a, nullptr); else k::fp8_cast(a, nullptr);
+  unsigned want_amax = abs_bits(start_amax);
+  int bad = 0, bad_t = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = float(tod(x[r * cols + c]));
+      want_amax = std::max(want_amax, abs_bits(v));
+      const uint8_t want = std::isnan(v) ? 0x7f : fp8_codes::encode(v * scale, f);
+      if (a.q) bad += !same_code(q[r * cols + c], want, f);
+      if (a.q_t) bad_t += !same_code(qt[c * rows + r], want, f);
+    }
+  expect(bad == 0, where + ": " + std::to_string(bad) + " q codes differ");
+  expect(bad_t == 0, where + ": " + std::to_string(bad_t) + " q_t codes differ");
+  bool pads = true;
+  for (size_t i = n; i < q.size(); ++i) pads = pads && q[i] == kSentinel && qt[i] == kSentinel;
+  if (!a.q) for (int64_t i = 0; i < n; ++i) pads = pads && q[i] == kSentinel;
+  expect(pads, where + ": a write past an output (or into q when not asked)");
+  expect(abs_bits(amax) == want_amax || __float_as_uint(amax) == want_amax,
+         where + ": amax bits " + std::to_string(__float_as_uint(amax)) + ", want " + std::to_string(want_amax));
+}
+
+// The rule of kernels/fp8_scaling.h, written out on one slot.
+struct Slot {
+  float amax;
+  std::vector<float> history;
+  float scale, scale_inv, events[2];
+  Fp8Format f;
+};
+
+static void apply_rule(Slot& s, int margin) {
+  const float a = s.amax;
+  std::vector<float> h(s.history.size());
+  h[0] = a;
+  for (size_t i = 1; i < h.size(); ++i) h[i] = s.history[i - 1];
+  float m = 0;
+  for (const float v : h) if (std::isfinite(v)) m = std::max(m, v);
+  s.history = h;
+  if (!std::isfinite(a)) {
+    s.events[0] += 1;
+  } else if (a == 0) {
+    s.events[1] += 1;
+  } else {
+    const float next = k::fp8_max(s.f) / (m * std::ldexp(1.0f, margin));
+    if (std::isfinite(next)) s.scale = next; else s.events[1] += 1;
+  }
+  s.scale_inv = 1.f / s.scale;
+  s.amax = 0;
+}
+
+static void check_scaling() {
+  const int lengths[] = {1, 2, 5, 127, 128, 129, 1024};
+  const float amaxes[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 0.f,
+                          1e-40f, 3.5f, 0.02f, 1000.f};
+  std::vector<Slot> slots;
+  for (int i = 0; i < 21; ++i) {
+    Slot s;
+    s.history.resize(lengths[i % 7]);
+    for (auto& v : s.history) v = std::fabs(wide_value());
+    if (i % 4 == 0 && s.history.size() > 1) s.history[s.history.size() / 2] = std::numeric_limits<float>::infinity();
+    s.amax = amaxes[(i / 3) % 7];
+    s.scale = 1.5f;
+    s.scale_inv = 1 / 1.5f;
+    s.events[0] = s.events[1] = float(i);
+    s.f = i % 2 ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
+    slots.push_back(s);
+  }
+  for (const int margin : {0, 3}) {
+    std::vector<Slot> dev = slots;
+    k::Fp8ScalingTable table{};
+    table.count = int(dev.size());
+    for (size_t i = 0; i < dev.size(); ++i)
+      table.slot[i] = {&dev[i].amax, dev[i].history.data(), &dev[i].scale, &dev[i].scale_inv, dev[i].events,
+                       int32_t(dev[i].history.size()), k::fp8_max(dev[i].f)};
+    k::fp8_scaling_update(table, margin, nullptr);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      Slot want = slots[i];
+      apply_rule(want, margin);
+      const Slot& got = dev[i];
+      const std::string where = "scaling slot " + std::to_string(i) + " margin " + std::to_string(margin);
+      bool hist = true;
+      for (size_t j = 0; j < want.history.size(); ++j)
+        hist = hist && __float_as_uint(got.history[j]) == __float_as_uint(want.history[j]);
+      expect(hist, where + ": history");
+      expect(__float_as_uint(got.scale) == __float_as_uint(want.scale), where + ": scale " + std::to_string(got.scale) +
+                                                                          ", want " + std::to_string(want.scale));
+      expect(__float_as_uint(got.scale_inv) == __float_as_uint(want.scale_inv), where + ": scale_inv");
+      expect(got.events[0] == want.events[0] && got.events[1] == want.events[1], where + ": events");
+      expect(got.amax == 0.f, where + ": amax not zeroed");
+    }
+  }
+}
+
+int main() {
+  // Whole 16-aligned tiles take the cast-transpose's vector path (at offset 0), edges the scalar one.
+  const int64_t shapes[][2] = {{1, 1}, {3, 5}, {7, 13}, {64, 64}, {65, 63}, {130, 257}, {1, 1000}, {33, 8},
+                               {257, 16}, {16, 16}, {128, 192}, {80, 144}};
+  for (const auto& s : shapes)
+    for (const Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2})
+      for (const size_t offset : {0, 1}) {
+        check_cast<float>(s[0], s[1], f, offset, false, true);
+        check_cast<bf16>(s[0], s[1], f, offset, false, true);
+        check_cast<bf16>(s[0], s[1], f, offset, true, true);
+        check_cast<float>(s[0], s[1], f, offset, true, offset == 0);
+      }
+  check_scaling();
+  printf("%d of %d checks failed\n", fails, checks);
+  return fails ? 1 : 0;
+}
