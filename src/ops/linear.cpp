@@ -212,7 +212,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     const LinearGrads g = linear_backward(
         grads[0], saved[0], saved[1], s.x_sizes, s.dtype, ctx->needs_input_grad(0),
         ctx->needs_input_grad(1) ? std::optional(s.w_dtype) : std::nullopt,
-        ctx->needs_input_grad(2) ? s.b_dtype : std::nullopt);
+        s.b_dtype && ctx->needs_input_grad(2) ? s.b_dtype : std::nullopt);  // no bias: two inputs
     return {g.x, g.weight, g.bias};
   }
 };

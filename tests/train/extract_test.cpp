@@ -8,6 +8,7 @@
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -64,6 +65,16 @@ TrainConfig tiny_latent_run(const TempDir& tmp, const std::string& name) {
 void make_inputs(const TempDir& tmp) {
   perftrain::testing::write_image_folder(tmp.file("images"), {"class0", "class1"}, 3);  // 9 to 31 px
   perftrain::testing::write_random_vae(tmp.file("vae"));
+}
+
+// The generated images extracted into tmp/latents, and tiny_latent_run("run")
+// over them with the overrides applied.
+TrainConfig extracted_latent_run(const TempDir& tmp, std::ostream& log, std::initializer_list<const char*> overrides) {
+  make_inputs(tmp);
+  run_extract(options(tmp, "latents"), log, false);
+  TrainConfig c = tiny_latent_run(tmp, "run");
+  for (const char* o : overrides) apply_override(c, o);
+  return c;
 }
 
 TEST(Extract, ImageFolderToShardsTheTrainerReads) {
@@ -158,12 +169,8 @@ TEST(Extract, ABadVaeFolderIsRefusedBeforeAnythingIsWritten) {
 // that shape (trained here on synthetic images for the purpose).
 TEST(Extract, EvalDecodesALatentModelThroughTheVae) {
   TempDir tmp;
-  make_inputs(tmp);
   std::ostringstream log;
-  run_extract(options(tmp, "latents"), log, false);
-  TrainConfig c = tiny_latent_run(tmp, "run");
-  apply_override(c, "eval.every=2");
-  apply_override(c, "eval.samples=4");
+  TrainConfig c = extracted_latent_run(tmp, log, {"eval.every=2", "eval.samples=4"});
   const auto model = models::build_diffusion_model(c.model, 0, at::kCPU);
 
   const auto images = data::make_synthetic(64, {3, 32, 32}, 2, 1);
@@ -228,13 +235,10 @@ std::pair<int64_t, int64_t> png_size(const std::string& path) {
 // grid shows the latents' first channels at 16 px.
 TEST(Extract, SampleGridsOfALatentRunAreDecodedWithEvalVae) {
   TempDir tmp;
-  make_inputs(tmp);
   std::ostringstream log;
-  run_extract(options(tmp, "latents"), log, false);
-  TrainConfig c = tiny_latent_run(tmp, "raw");
-  apply_override(c, "log.sample_every=2");
-  apply_override(c, "log.sample_classes=2");
-  apply_override(c, "log.sample_per_class=3");
+  TrainConfig c = extracted_latent_run(tmp, log, {"log.sample_every=2", "log.sample_classes=2",
+                                                  "log.sample_per_class=3"});
+  c.run.name = "raw";
   const TrainSummary raw = run_training(c, {}, log);
   ASSERT_FALSE(raw.last_samples.empty());
   const auto [raw_w, raw_h] = png_size(raw.last_samples);
