@@ -269,11 +269,36 @@ def forward_flops_per_image(depth, hidden, patch, input_size=32, in_channels=4,
 # Training step and benchmark
 # ----------------------------------------------------------------------------
 
-MODES = ("eager-fp32", "eager-bf16", "compile", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+MODES = ("eager-fp32", "eager-bf16", "compile", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs",
+         "float8-tensorwise", "float8-rowwise")
 # The modes under torch.compile (compile: its default mode), and those of them that run CUDA graphs.
 COMPILE_MODES = {"compile": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune",
-                 "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs"}
+                 "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
+                 "float8-tensorwise": None, "float8-rowwise": None}
+# torchao's float8 training (its recipe by name) under torch.compile's default mode, as torchao's guide runs it:
+# the anchor of perftrain's train.precision = "fp8".
+FLOAT8_RECIPES = {"float8-tensorwise": "tensorwise", "float8-rowwise": "rowwise"}
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def float8_linear_filter(module, fqn):
+    """The layers perftrain's fp8 precision runs in fp8: the blocks' linears (attention's qkv and out, the MLP's
+    or SwiGLU's), not the per-sample adaLN modulation, with both sizes multiples of 16 (the fp8 products' rule)."""
+    return (isinstance(module, torch.nn.Linear) and fqn.startswith("blocks.") and "adaLN" not in fqn
+            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
+def convert_float8(model, recipe):
+    """model's block linears as torchao's Float8Linear with recipe ("tensorwise" or "rowwise"); returns how many."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        fail(f"mode float8-{recipe} needs torchao ({e}); pip install torchao, or on the GPU machine let "
+             "tools/fill_carry.sh carry its wheel")
+    before = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=float8_linear_filter)
+    return before - sum(type(m) is torch.nn.Linear for m in model.modules())
 
 
 def compile_cache_counts():
@@ -383,6 +408,7 @@ def run_bench(args, name, build, make_inputs, train_flops_per_image):
     torch.manual_seed(args.seed)  # the same initial weights on every rank
 
     model = build().to(dev).train()
+    float8_layers = convert_float8(model, FLOAT8_RECIPES[args.mode]) if args.mode in FLOAT8_RECIPES else None
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0, **({"fused": True} if cuda else {}))
     ema = ([p.detach().clone() for p in params], params, args.ema) if args.ema > 0 else None
@@ -447,6 +473,9 @@ def run_bench(args, name, build, make_inputs, train_flops_per_image):
         "torch_cache_hits": hits,
         "torch_cache_misses": misses,
         "torch": torch.__version__,
+        # float8 modes: torchao's version and the block linears it converted.
+        "float8_layers": float8_layers,
+        "torchao": __import__("torchao").__version__ if float8_layers is not None else None,
         "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
         # DDP: ms_median and images_per_s are rank 0's (per GPU); the total counts every rank's images at the
         # slowest rank's median.

@@ -2,7 +2,7 @@
 # Fills .carry/ (ignored by git) with what the GPU machine lacks and the build
 # or the main job needs: header-only libraries, GoogleTest's sources, zlib's
 # headers, gloo's headers (libtorch has gloo's code, not its headers), and
-# Fashion-MNIST (training and test files). Run here, then name .carry in
+# Fashion-MNIST (training and test files), torchao's wheel. Run here, then name .carry in
 # the device call's carry list; tools/gpu_run.sh uses it.
 #
 #   tools/fill_carry.sh [INDUCTOR_CACHE_TGZ]
@@ -25,6 +25,11 @@ cp /usr/include/zlib.h /usr/include/zconf.h .carry/include/
 cp -r /usr/include/gloo .carry/include/  # c10d's ProcessGroupGloo.hpp includes them (src/dist)
 cp -r /usr/src/googletest .carry/googletest
 cp /usr/share/datasets/fashion-mnist/*.gz .carry/fashion-mnist/  # the test set too: eval --train-features reports its accuracy
+# torchao for bench's float8-* torch modes (the anchor of train.precision = "fp8"): the GPU machine has no
+# network; gpu_run.sh unpacks the wheel onto PYTHONPATH. The version setup.sh installs.
+pip="$(command -v pip3 || echo /opt/venv/bin/pip)"
+[ -x .venv/bin/pip ] && pip=.venv/bin/pip
+"$pip" download -q --disable-pip-version-check --no-deps -d .carry/wheels torchao==0.18.0
 [ -n "$cache" ] && cp "$cache" .carry/inductor-cache.tgz
 du -sh .carry
 mib=$(( $(du -sk .carry | cut -f1) / 1024 ))

@@ -85,6 +85,13 @@ if [ -f .carry/inductor-cache.tgz ]; then
   mkdir -p "$TORCH_CACHE" && tar xzf .carry/inductor-cache.tgz -C "$TORCH_CACHE"
   row "torch cache in" "rc $?, $(find "$TORCH_CACHE" -type f | wc -l) files from .carry/inductor-cache.tgz"
 fi
+# Python packages the GPU machine lacks (torchao, for bench's float8-* torch modes): the wheels that
+# tools/fill_carry.sh put in .carry/wheels, unpacked (a wheel is a zip) into a folder on PYTHONPATH.
+if compgen -G ".carry/wheels/*.whl" > /dev/null; then
+  mkdir -p .carry/site && for w in .carry/wheels/*.whl; do "$PY" -m zipfile -e "$w" .carry/site; done
+  export PYTHONPATH="$PWD/.carry/site${PYTHONPATH:+:$PYTHONPATH}"
+  row "carried wheels" "$(cd .carry/wheels && ls *.whl | tr '\n' ' ')"
+fi
 # Seconds left for work in this call, 45 kept back for the cache's tarball and the table (INDUCTOR_CACHE_OUT;
 # at least 1: a timeout of 0 would be none).
 time_left() {

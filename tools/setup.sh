@@ -28,7 +28,7 @@ else
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check \
     torch==2.11.0 numpy==2.4.6 safetensors==0.8.0 tensorboard==2.21.0 diffusers==0.42.1 \
-    torchvision==0.26.0 scipy==1.17.1 pytorch-fid==0.3.0 scikit-build-core==1.1.2
+    torchvision==0.26.0 scipy==1.17.1 pytorch-fid==0.3.0 scikit-build-core==1.1.2 torchao==0.18.0
   PY="$PWD/.venv/bin/python"
 fi
 # pip install . builds the Python package with scikit-build-core (offline:

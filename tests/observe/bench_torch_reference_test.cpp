@@ -103,6 +103,8 @@ TEST(BenchTorchReference, ModesAreChecked) {
   EXPECT_EQ(parse_torch_modes("compile, eager-bf16,compile"), (std::vector<std::string>{"compile", "eager-bf16"}));
   EXPECT_EQ(parse_torch_modes("max-autotune,max-autotune-no-cudagraphs,reduce-overhead"),
             (std::vector<std::string>{"max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"}));
+  EXPECT_EQ(parse_torch_modes("float8-rowwise,float8-tensorwise"),
+            (std::vector<std::string>{"float8-rowwise", "float8-tensorwise"}));
   auto msg = perftrain::testing::error_of<perftrain::UsageError>([] { parse_torch_modes("eager-bf16,max-autotune-x"); });
   EXPECT_EQ(msg.rfind("--torch-modes: ", 0), 0u) << msg;
   EXPECT_TRUE(contains(msg, "'max-autotune-x'") && contains(msg, "reduce-overhead, max-autotune, "

@@ -244,6 +244,7 @@ def test_bench_cpu():
     r = json.loads(line)
     keys = {"model", "batch", "mode", "ms_median", "ms_p10", "ms_p90", "images_per_s", "tflops",
             "peak_gib", "first_step_s", "torch_cache", "torch_cache_hits", "torch_cache_misses", "torch", "device",
+            "float8_layers", "torchao",
             "world_size", "rank_ms_median", "images_per_s_total"}
     assert set(r) == keys, set(r) ^ keys
     assert r["model"] == "DiT-S/2" and r["batch"] == 2 and r["mode"] == "eager-fp32"
@@ -273,6 +274,7 @@ def test_bench_compiled_modes():
         rd.torch.compile, rd.compile_cache_counts = real_compile, real_counts
     assert seen == [None, "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"], seen
     assert set(rd.COMPILE_MODES) | {"eager-fp32", "eager-bf16"} == set(rd.MODES)
+    assert set(rd.FLOAT8_RECIPES) <= set(rd.COMPILE_MODES) and all(rd.COMPILE_MODES[m] is None for m in rd.FLOAT8_RECIPES)
     assert rd.CUDAGRAPH_MODES == ("reduce-overhead", "max-autotune")
     assert [rd.cache_state(*c) for c in ((4, 0), (0, 4), (1, 3), (0, 0))] == ["warm", "cold", "partial", "cold"]
 
@@ -329,6 +331,44 @@ def _run_all():
             print(f"FAIL {name}: {type(e).__name__}: {e}")
     print(f"{passed} passed, {failed} failed")
     return failed == 0
+
+
+def test_bench_float8_modes_convert_the_block_linears():
+    """float8-tensorwise and float8-rowwise: torchao's Float8Linear in place of exactly the blocks' qkv, proj,
+    fc1 and fc2 (not adaLN, not the embedders or the final layer), under compile's default mode; the JSON
+    names torchao's version and the count. torch.compile stood in for (a real one takes minutes here); the
+    float8 step itself needs a GPU's fp8 products, so the step is not run."""
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        print("skipped: no torchao (tools/setup.sh installs it)")
+        return
+    model = rd.DiT(depth=2, hidden_size=64, patch_size=4, num_heads=4, input_size=16, num_classes=10)
+    assert rd.convert_float8(model, "rowwise") == 2 * 4
+    names = sorted(n for n, m in model.named_modules() if type(m).__name__ == "Float8Linear")
+    assert names == sorted(f"blocks.{i}.{l}" for i in range(2) for l in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")), names
+    odd = rd.DiT(depth=1, hidden_size=40, patch_size=4, num_heads=4, input_size=16, num_classes=10)
+    assert rd.convert_float8(odd, "tensorwise") == 0  # 40 is no multiple of 16: fp8 products refuse it
+
+
+def test_bench_float8_mode_without_torchao_says_what_to_do():
+    """Without torchao the float8 modes stop with a line naming torchao and how to get it."""
+    import builtins
+    real_import = builtins.__import__
+
+    def no_torchao(name, *a, **k):
+        if name.startswith("torchao"):
+            raise ImportError("No module named 'torchao'")
+        return real_import(name, *a, **k)
+    builtins.__import__ = no_torchao
+    try:
+        rd.convert_float8(rd.DiT(depth=1, hidden_size=64, patch_size=4, num_heads=4, input_size=16,
+                                 num_classes=10), "tensorwise")
+        raise AssertionError("no error")
+    except SystemExit as e:
+        assert e.code != 0
+    finally:
+        builtins.__import__ = real_import
 
 
 if __name__ == "__main__":

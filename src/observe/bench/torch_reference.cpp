@@ -57,7 +57,8 @@ bool on_path(const std::string& name) {
 }  // namespace
 
 std::vector<std::string> torch_mode_names() {
-  return {"eager-fp32", "eager-bf16", "compile", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"};
+  return {"eager-fp32", "eager-bf16", "compile", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs",
+          "float8-tensorwise", "float8-rowwise"};
 }
 
 std::vector<std::string> parse_torch_modes(const std::string& list) {

@@ -41,7 +41,9 @@ struct TorchBenchRequest {
 
 // The reference's --mode choices: eager-fp32, eager-bf16, and torch.compile's
 // compile (its default mode), reduce-overhead, max-autotune,
-// max-autotune-no-cudagraphs.
+// max-autotune-no-cudagraphs; float8-tensorwise and float8-rowwise (torchao's
+// float8 training of the blocks' linears under compile's default mode: the
+// anchor of train.precision = "fp8").
 std::vector<std::string> torch_mode_names();
 // Throws UsageError naming an unknown mode (list as for split_list).
 std::vector<std::string> parse_torch_modes(const std::string& list);
