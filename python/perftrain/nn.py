@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from . import ops
 
 __all__ = ["TimestepEmbedder", "LabelEmbedder", "PatchEmbed", "Attention", "Mlp", "DiTBlock", "FinalLayer",
-           "DiT", "DiT_models", "dit_blocks_chained", "get_2d_sincos_pos_embed", "compute_dtype",
+           "DiT", "DiT_models", "dit_blocks_chained", "stacked_modulations", "get_2d_sincos_pos_embed", "compute_dtype",
            "RMSNorm", "SingleStreamAttention", "SwiGLU", "SingleStreamBlock", "single_stream_blocks_chained",
            "rope_tables"]
 
@@ -81,6 +81,22 @@ def _linear(x, layer, with_bias=True):
     the fp32 weight and its copy (gradients written in fp32 from the products)."""
     bias = layer.bias if with_bias else None
     return ops.linear(x, layer.weight, bias, weight_copy=compute_copy(layer.weight, x.dtype))
+
+
+def stacked_modulations(layers, silu_c, pieces):
+    """The adaLN modulations of several blocks, which all read silu_c [B, D] (compute dtype), as one
+    product (ops.stacked_linear: one product of B rows instead of one per block, forward and backward),
+    each layer's output chunked into `pieces` [B, D] tensors -> one tuple per layer."""
+    dt = silu_c.dtype
+    weights = [l.weight for l in layers]
+    biases = [l.bias for l in layers] if layers[0].bias is not None else []
+    weight_copies = [compute_copy(w, dt) for w in weights]
+    bias_copies = [compute_copy(b, dt) for b in biases]
+    y = ops.stacked_linear(silu_c, weights, biases,
+                           weight_copies=weight_copies if None not in weight_copies else None,
+                           bias_copies=bias_copies if biases and None not in bias_copies else None)
+    chunks = y.chunk(pieces * len(layers), dim=1)
+    return [chunks[pieces * i:pieces * (i + 1)] for i in range(len(layers))]
 
 
 # ----------------------------------------------------------------------------
@@ -274,7 +290,7 @@ def dit_blocks_chained(blocks, x, c, final_layer=None):
         raise ValueError("dit_blocks_chained: no blocks")
     act = compute_dtype(x)
     silu_c = F.silu(c).to(act)
-    mods = [b.modulation(silu_c) for b in blocks]
+    mods = stacked_modulations([b.adaLN_modulation[1] for b in blocks], silu_c, 6)
     h = blocks[0].open(x, mods[0], act)
     for i, block in enumerate(blocks):
         x1, h2 = block.attention_half(x, h, mods[i], act)
@@ -497,7 +513,7 @@ def single_stream_blocks_chained(blocks, x, silu_c, cos, sin, mask=None):
         raise ValueError("single_stream_blocks_chained: no blocks")
     act = compute_dtype(x)
     silu_c = silu_c.to(act)
-    mods = [b.modulation(silu_c) for b in blocks]
+    mods = stacked_modulations([b.adaLN_modulation for b in blocks], silu_c, 4)
     h = blocks[0].open(x, mods[0], act)
     for i, block in enumerate(blocks):
         x1, h2 = block.attention_half(x, h, mods[i], act, cos, sin, mask)

@@ -526,6 +526,53 @@ def _(grad, x, weight, bias, weight_copy):
     return _dense(x), _dense(weight), _dense(bias) if bias is not None else _no_grad_slot(x)
 
 
+def stacked_linear(x: Tensor, weights: list[Tensor], biases: list[Tensor] | None = None, *,
+                   weight_copies: list[Tensor] | None = None, bias_copies: list[Tensor] | None = None) -> Tensor:
+    """x @ [W_0; W_1; ...].T + [b_0; b_1; ...] [..., sum N_i] in x's dtype: several linear layers that read
+    the same input as one product (DiT's adaLN modulations: one product of B rows for all blocks instead of
+    one per block, forward and in each of the two backward products).
+
+    x [..., K]; weights: one or more [N_i, K] of one dtype (float32 masters or x's dtype); biases: None or
+    one [N_i] per weight. weight_copies / bias_copies: None, or one copy in x's dtype per weight / bias
+    (DeviceAdamW's, which it lays out back to back for layers of one shape, so that the product reads them
+    in place). CUDA: ops::stacked_linear's product; backward: one weight-gradient product and one bias
+    column sum for all layers, each layer's gradient a row block of them. Gradients in each input's dtype.
+    """
+    return _ops.stacked_linear(x, list(weights), list(biases or []), list(weight_copies or []),
+                               list(bias_copies or []))
+
+
+@torch.library.register_fake(_name("stacked_linear"))
+def _(x, weights, biases, weight_copies, bias_copies):
+    return _sized(x, (*x.shape[:-1], sum(w.shape[0] for w in weights)))
+
+
+def _stacked_linear_setup(ctx, inputs, output):
+    x, weights, biases, weight_copies, bias_copies = inputs
+    ctx.save_for_backward(x, *weights, *biases, *weight_copies)
+    ctx.counts = (len(weights), len(biases), len(bias_copies))
+
+
+def _stacked_linear_backward(ctx, grad):
+    n, nb, nbc = ctx.counts
+    saved = ctx.saved_tensors
+    x, weights, biases, copies = saved[0], saved[1:1 + n], saved[1 + n:1 + n + nb], saved[1 + n + nb:]
+    dx, dw, db = _ops.stacked_linear_backward(grad, x, list(weights), list(biases), list(copies))
+    rows = [w.shape[0] for w in weights]
+    # One gradient per list element, the lists as the inputs' (the copies take none).
+    return dx, list(dw.split(rows)), list(db.split(rows)) if nb else [], [None] * len(copies), [None] * nbc
+
+
+torch.library.register_autograd(_name("stacked_linear"), _stacked_linear_backward, setup_context=_stacked_linear_setup)
+
+
+@torch.library.register_fake(_name("stacked_linear_backward"))
+def _(grad, x, weights, biases, weight_copies):
+    rows = sum(w.shape[0] for w in weights)
+    db = _sized(x, (rows,), biases[0].dtype) if biases else _no_grad_slot(x)
+    return _dense(x), _sized(x, (rows, x.shape[-1]), weights[0].dtype), db
+
+
 # ----------------------------------------------------------------- gradient helpers
 
 

@@ -86,6 +86,14 @@ class _Slot:
         return self if opt is None else opt.scalars[ops.ADAMW_SLOTS[self.name]]
 
 
+def _indices_by_shape(params):
+    """{(shape, device): [indices of params of that shape on that device, in order]}, in order of first use."""
+    groups = {}
+    for i, p in enumerate(params):
+        groups.setdefault((tuple(p.shape), p.device), []).append(i)
+    return groups
+
+
 class DeviceAdamW:
     """AdamW over fp32 parameters with everything per step on the device.
 
@@ -140,14 +148,21 @@ class DeviceAdamW:
     def _attach_compute_copies(self, model, dtype):
         """One copy in dtype per parameter (the op writes all or none), set as the parameter's
         `_perftrain_compute_copy`, which perftrain.nn's products read (perftrain.nn.compute_weight); the
-        model's load_state_dict refreshes them."""
+        model's load_state_dict refreshes them. The copies of parameters of one shape lie back to back in
+        one buffer, in parameter order, as the C++ device optimizer lays them out: a product over several
+        layers of one shape (ops.stacked_linear: the blocks' adaLN modulations) reads them in place."""
         if dtype is None:
             return []
-        copies = []
-        for p in self.params:
-            copy = p.detach().to(dtype)
-            p._perftrain_compute_copy = copy
-            copies.append(copy)
+        copies = [None] * len(self.params)
+        for idx in _indices_by_shape(self.params).values():
+            first = self.params[idx[0]]
+            numel = first.numel()
+            flat = torch.empty(numel * len(idx), dtype=dtype, device=first.device)
+            for j, i in enumerate(idx):
+                copy = flat[j * numel:(j + 1) * numel].view(first.shape)
+                copy.copy_(self.params[i].detach())
+                self.params[i]._perftrain_compute_copy = copy
+                copies[i] = copy
         model.register_load_state_dict_post_hook(lambda module, keys: self.refresh_compute_copies())
         return copies
 

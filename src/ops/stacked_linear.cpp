@@ -35,9 +35,17 @@ at::Tensor stacked_rows(const std::vector<at::Tensor>& parts) {
   return parts[0].as_strided(sizes, parts[0].strides(), parts[0].storage_offset());
 }
 
-namespace {
+std::vector<at::Tensor> row_blocks(const at::Tensor& t, const std::vector<int64_t>& rows) {
+  std::vector<at::Tensor> out;
+  int64_t offset = 0;
+  for (const int64_t r : rows) {
+    out.push_back(t.defined() ? t.narrow(0, offset, r) : at::Tensor());
+    offset += r;
+  }
+  return out;
+}
 
-void check_args(const at::Tensor& x, const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& biases) {
+void check_stacked_linear_args(const at::Tensor& x, const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& biases) {
   if (weights.empty()) throw UsageError("stacked_linear: at least one weight");
   if (!biases.empty() && biases.size() != weights.size())
     throw UsageError("stacked_linear: " + std::to_string(weights.size()) + " weights but " +
@@ -50,34 +58,59 @@ void check_args(const at::Tensor& x, const std::vector<at::Tensor>& weights, con
   }
 }
 
-std::vector<at::Tensor> in_dtype(at::TensorList ts, at::ScalarType dt) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : ts) out.push_back(compute_weight(t, dt));  // the optimizer's copies, or casts
-  return out;
+at::Tensor stacked_linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  const c10::DeviceGuard device_guard(x.device());
+  const int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
+  std::vector<int64_t> out_sizes = x.sizes().vec();
+  out_sizes.back() = n;
+  at::Tensor y = at::empty(out_sizes, x.options());
+  linear_forward_product(x.contiguous().view({m, k}), w, b, y.view({m, n}));
+  return y;
 }
+
+StackedLinearGrads stacked_linear_backward(const at::Tensor& grad, const at::Tensor& x2, const at::Tensor& w,
+                                           at::IntArrayRef x_sizes, at::ScalarType dtype, bool want_x,
+                                           std::optional<at::ScalarType> w_dtype,
+                                           std::optional<at::ScalarType> b_dtype) {
+  const c10::DeviceGuard device_guard(grad.device());
+  const int64_t k = x_sizes.back(), n = grad.size(-1), m = grad.numel() / n;
+  const at::Tensor dy = grad.to(dtype).contiguous().view({m, n});
+  StackedLinearGrads g;
+  // All weights' gradients in one product (and the biases' in one column
+  // sum), beside the input gradient when the step runs two streams; the
+  // caller hands each layer its row block.
+  if (w_dtype) g.weight = at::empty({n, k}, dy.options().dtype(*w_dtype));
+  if (b_dtype) g.bias = at::empty({n}, dy.options().dtype(*b_dtype));
+  if (w_dtype || b_dtype) run_weight_grads([&] { linear_weight_grad_into(dy, x2, g.weight, g.bias); }, {dy, x2});
+  if (want_x) {
+    g.x = at::empty(x_sizes, dy.options());
+    linear_input_grad(dy, w, g.x.view({m, k}));
+  }
+  return g;
+}
+
+at::Tensor stacked_weights_in(at::TensorList parts, at::ScalarType dtype) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : parts) out.push_back(compute_weight(t, dtype));  // the optimizer's copies, or casts
+  return stacked_rows(out);
+}
+
+namespace {
 
 struct StackedLinearFunction : public torch::autograd::Function<StackedLinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
                             at::TensorList biases) {
-    const c10::DeviceGuard device_guard(x.device());
     const at::ScalarType dt = x.scalar_type();
-    const int64_t k = x.size(-1), m = x.numel() / k;
     std::vector<int64_t> rows;
-    int64_t n = 0;
-    for (const auto& w : weights) {
-      rows.push_back(w.size(0));
-      n += w.size(0);
-    }
-    const at::Tensor x2 = x.contiguous().view({m, k});
-    const at::Tensor w = stacked_rows(in_dtype(weights, dt));
-    const at::Tensor b = biases.empty() ? at::Tensor() : stacked_rows(in_dtype(biases, dt));
-    std::vector<int64_t> out_sizes = x.sizes().vec();
-    out_sizes.back() = n;
-    at::Tensor y = at::empty(out_sizes, x.options());
-    linear_forward_product(x2, w, b, y.view({m, n}));
+    for (const auto& w : weights) rows.push_back(w.size(0));
+    const at::Tensor w = stacked_weights_in(weights, dt);
+    const at::Tensor b = biases.empty() ? at::Tensor() : stacked_weights_in(biases, dt);
+    const at::Tensor y = stacked_linear_forward(x, w, b);
     bool weights_grad = false;
     for (const auto& t : weights) weights_grad = weights_grad || t.requires_grad();
-    ctx->save_for_backward({weights_grad ? x2 : at::Tensor(), x.requires_grad() ? w : at::Tensor()});
+    const int64_t k = x.size(-1);
+    ctx->save_for_backward({weights_grad ? x.contiguous().view({x.numel() / k, k}) : at::Tensor(),
+                            x.requires_grad() ? w : at::Tensor()});
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["rows"] = rows;
     ctx->saved_data["dtype"] = int64_t(dt);
@@ -88,40 +121,27 @@ struct StackedLinearFunction : public torch::autograd::Function<StackedLinearFun
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &x2 = saved[0], &w = saved[1];
-    const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
     const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
-    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
     const size_t count = rows.size();
     variable_list out(1 + count + (b_dtype >= 0 ? count : 0));
     if (!grads[0].defined()) return out;
-    const int64_t k = x_sizes.back(), n = grads[0].size(-1), m = grads[0].numel() / n;
-    const auto dt = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
-    const at::Tensor dy = grads[0].to(dt).contiguous().view({m, n});
-
     bool want_w = false, want_b = false;
     for (size_t i = 0; i < count; ++i) {
       want_w = want_w || ctx->needs_input_grad(1 + i);
       want_b = want_b || (b_dtype >= 0 && ctx->needs_input_grad(1 + count + i));
     }
-    // All weights' gradients in one product (and the biases' in one column
-    // sum), beside the input gradient when the step runs two streams; each
-    // layer gets its row block, which autograd moves into .grad as it is.
-    at::Tensor dw = want_w ? at::empty({n, k}, dy.options().dtype(w_dtype)) : at::Tensor();
-    at::Tensor db = want_b ? at::empty({n}, dy.options().dtype(at::ScalarType(b_dtype))) : at::Tensor();
-    if (want_w || want_b) run_weight_grads([&] { linear_weight_grad_into(dy, x2, dw, db); }, {dy, x2});
-    int64_t offset = 0;
+    const StackedLinearGrads g = stacked_linear_backward(
+        grads[0], saved[0], saved[1], ctx->saved_data["x_sizes"].toIntVector(),
+        static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt()), ctx->needs_input_grad(0),
+        want_w ? std::optional(static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt())) : std::nullopt,
+        want_b ? std::optional(static_cast<at::ScalarType>(b_dtype)) : std::nullopt);
+    const std::vector<at::Tensor> dw = row_blocks(g.weight, rows), db = row_blocks(g.bias, rows);
     for (size_t i = 0; i < count; ++i) {
-      if (want_w && ctx->needs_input_grad(1 + i)) out[1 + i] = dw.narrow(0, offset, rows[i]);
-      if (want_b && ctx->needs_input_grad(1 + count + i)) out[1 + count + i] = db.narrow(0, offset, rows[i]);
-      offset += rows[i];
+      if (want_w && ctx->needs_input_grad(1 + i)) out[1 + i] = dw[i];
+      if (want_b && ctx->needs_input_grad(1 + count + i)) out[1 + count + i] = db[i];
     }
-    if (ctx->needs_input_grad(0)) {
-      at::Tensor dx = at::empty(x_sizes, dy.options());
-      linear_input_grad(dy, w, dx.view({m, k}));
-      out[0] = dx;
-    }
+    out[0] = g.x;
     return out;
   }
 };
@@ -130,7 +150,7 @@ struct StackedLinearFunction : public torch::autograd::Function<StackedLinearFun
 
 at::Tensor stacked_linear_function(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                                    const std::vector<at::Tensor>& biases) {
-  check_args(x, weights, biases);
+  check_stacked_linear_args(x, weights, biases);
   return StackedLinearFunction::apply(x, at::TensorList(weights), at::TensorList(biases));
 }
 
@@ -146,7 +166,7 @@ at::Tensor stacked_linear_reference(const at::Tensor& x, const std::vector<at::T
 
 at::Tensor stacked_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                           const std::vector<at::Tensor>& biases) {
-  detail::check_args(x, weights, biases);
+  detail::check_stacked_linear_args(x, weights, biases);
   if (!x.is_cuda()) return stacked_linear_reference(x, weights, biases).to(x.scalar_type());
   return detail::StackedLinearFunction::apply(x, at::TensorList(weights), at::TensorList(biases));
 }

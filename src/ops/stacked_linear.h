@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <vector>
 
 namespace perftrain::ops {
@@ -31,6 +32,30 @@ at::Tensor stacked_linear_reference(const at::Tensor& x, const std::vector<at::T
                                     const std::vector<at::Tensor>& biases = {});
 
 namespace detail {
+// UsageError for arguments stacked_linear refuses (as documented above).
+void check_stacked_linear_args(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                               const std::vector<at::Tensor>& biases);
+// The pieces of its autograd function, which the Python operator
+// perftrain::stacked_linear runs too (python/csrc/ops_linear.cpp):
+// parts (weights or biases) in dtype, stacked (stacked_rows of their
+// compute_weight copies);
+at::Tensor stacked_weights_in(at::TensorList parts, at::ScalarType dtype);
+// y = x w^T + b from the stacked w [N, K] and b [N] (or undefined) in x's dtype;
+at::Tensor stacked_linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+// from dY [..., N]: dX (want_x) in dtype, through w; the stacked weight's
+// gradient [N, K] in w_dtype and the bias's [N] in b_dtype where given (one
+// product and one column sum, on the weight-gradient stream: ops/
+// weight_grad_stream.h), from x2 = x as [M, K]; row_blocks splits them.
+struct StackedLinearGrads {
+  at::Tensor x, weight, bias;
+};
+StackedLinearGrads stacked_linear_backward(const at::Tensor& grad, const at::Tensor& x2, const at::Tensor& w,
+                                           at::IntArrayRef x_sizes, at::ScalarType dtype, bool want_x,
+                                           std::optional<at::ScalarType> w_dtype,
+                                           std::optional<at::ScalarType> b_dtype);
+// t's row blocks of the given heights, in order (undefined ones for an
+// undefined t).
+std::vector<at::Tensor> row_blocks(const at::Tensor& t, const std::vector<int64_t>& rows);
 // The autograd function on any device (CPU: through the ATen fallbacks).
 at::Tensor stacked_linear_function(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                                    const std::vector<at::Tensor>& biases);

@@ -236,5 +236,72 @@ def test_the_block_products_read_the_copies_and_write_fp32_gradients():
         assert p.grad is not None and p.grad.dtype == torch.float32, n
 
 
+def test_the_blocks_modulations_are_one_product_reading_the_copies_in_place():
+    """The chained DiT runs every block's adaLN modulation as one stacked_linear (one product of B rows, not
+    one per block), reading the optimizer's bf16 copies, which lie back to back (one buffer for each
+    parameter shape): the stacked weight is a view, not a concatenation. The gradients reach each block's
+    fp32 master."""
+    torch.manual_seed(5)
+    depth = 3
+    model = pnn.DiT(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=depth, num_heads=2,
+                    num_classes=10)
+    with torch.no_grad():  # adaLN-Zero starts with a zero output, and so zero gradients
+        for p in model.parameters():
+            p.normal_(0, 0.1) if p.requires_grad else None
+    DeviceAdamW(model, compute_dtype=torch.bfloat16)
+    layers = [b.adaLN_modulation[1] for b in model.blocks]
+    x, t, y = torch.randn(2, 4, 8, 8), torch.randint(0, 1000, (2,)), torch.randint(0, 10, (2,))
+    with _OpCalls() as rec, torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x, t, y).float().square().mean().backward()
+    stacked = [args for f, args in rec.calls
+               if f.namespace == "perftrain" and f.__name__.split(".")[0] == "stacked_linear"]
+    assert len(stacked) == 1, f"{len(stacked)} stacked products"
+    _, weights, biases, weight_copies, bias_copies = stacked[0]
+    assert [w is l.weight for w, l in zip(weights, layers)] == [True] * depth
+    assert [b is l.bias for b, l in zip(biases, layers)] == [True] * depth
+    for copies, masters in ((weight_copies, weights), (bias_copies, biases)):
+        assert [c is m._perftrain_compute_copy for c, m in zip(copies, masters)] == [True] * depth
+        step = copies[0].numel() * copies[0].element_size()
+        assert [c.data_ptr() - copies[0].data_ptr() for c in copies] == [i * step for i in range(depth)], \
+            "the copies of one shape lie back to back"
+    linear_weights = [args[1] for f, args in rec.calls
+                      if f.namespace == "perftrain" and f.__name__.split(".")[0] == "linear"]
+    assert not any(w is l.weight for w in linear_weights for l in layers), "a modulation ran alone"
+    for l in layers:
+        assert l.weight.grad is not None and l.weight.grad.dtype == torch.float32
+        assert l.weight.grad.abs().sum() > 0 and l.bias.grad.abs().sum() > 0
+
+
+def test_the_stacked_modulations_equal_one_product_per_block():
+    """Stacked or one block at a time, the chained blocks give the same output and gradients (fp32)."""
+    torch.manual_seed(6)
+    model = pnn.DiT(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=3, num_heads=2,
+                    num_classes=10)
+    with torch.no_grad():
+        for b in model.blocks:  # adaLN-Zero starts at zero: give the modulations something to carry
+            b.adaLN_modulation[1].weight.normal_(0, 0.1), b.adaLN_modulation[1].bias.normal_(0, 0.1)
+    x, t, y = torch.randn(2, 4, 8, 8), torch.randint(0, 1000, (2,)), torch.randint(0, 10, (2,))
+
+    def run(stacked):
+        model.zero_grad()
+        saved = pnn.stacked_modulations
+        if not stacked:
+            pnn.stacked_modulations = lambda layers, silu_c, pieces: [
+                pnn._linear(silu_c, l).chunk(pieces, dim=1) for l in layers]
+        try:
+            out = model(x, t, y)
+        finally:
+            pnn.stacked_modulations = saved
+        out.square().mean().backward()
+        return out.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    out_s, grads_s = run(True)
+    out_p, grads_p = run(False)
+    torch.testing.assert_close(out_s, out_p, atol=1e-6, rtol=1e-5)
+    assert len(grads_s) == len(grads_p)
+    for a, b in zip(grads_s, grads_p):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
 if __name__ == "__main__":
     run_all(globals())

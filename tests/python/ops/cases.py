@@ -219,6 +219,26 @@ def gelu_mlp_nobias_copies_case(device, dtype):
     return (x, w1, b1, w2, None), {"w1_copy": copy_in(w1, dtype), "w2_copy": copy_in(w2, dtype)}
 
 
+def stacked_linear_case(device, dtype):
+    """Three layers of two shapes (odd sizes), as DiT's blocks' adaLN modulations and more."""
+    x = randn(5, D, device=device, dtype=dtype)
+    layers = [master_weights(rows, D, device, D ** -0.5) for rows in (2 * D + 3, 2 * D + 3, 7)]
+    return (x, [w for w, _ in layers], [b for _, b in layers]), {}
+
+
+def stacked_linear_ref(x, weights, biases=None, weight_copies=None, bias_copies=None):
+    return F.linear(x, torch.cat(list(weights)), torch.cat(list(biases)) if biases else None)
+
+
+def stacked_linear_copies_case(device, dtype):
+    """No biases; the optimizer's copies of the weights, back to back in one buffer (read in place)."""
+    (x, weights, _), _ = stacked_linear_case(device, dtype)
+    weights = weights[:2]
+    flat = torch.cat([w.detach().to(dtype).reshape(-1) for w in weights])
+    copies = list(flat.view(2 * weights[0].shape[0], -1).split(weights[0].shape[0]))
+    return (x, weights, None), {"weight_copies": copies}
+
+
 CASES = [
     ("adaln_layernorm", P.adaln_layernorm, adaln_layernorm_case, adaln_layernorm_ref),
     ("rms_adaln", P.rms_adaln, rms_adaln_case, rms_adaln_ref),
@@ -235,6 +255,9 @@ CASES = [
     ("gelu_mlp (no b2, weight copies)", P.gelu_mlp, gelu_mlp_nobias_copies_case, gelu_mlp_ref),
     ("linear", P.linear, linear_case, linear_ref),
     ("linear (no bias, weight copy)", P.linear, linear_nobias_copy_case, linear_ref),
+    ("stacked_linear", P.stacked_linear, stacked_linear_case, stacked_linear_ref),
+    ("stacked_linear (no biases, back-to-back copies)", P.stacked_linear, stacked_linear_copies_case,
+     stacked_linear_ref),
 ]
 
 
@@ -268,6 +291,8 @@ def as_tuple(out):
 
 def float64_copy(args, kwargs):
     def conv(v):
+        if isinstance(v, (list, tuple)):
+            return [conv(t) for t in v]
         if isinstance(v, torch.Tensor) and v.is_floating_point():
             return v.detach().to(torch.float64).requires_grad_(v.requires_grad)
         return v
@@ -277,7 +302,9 @@ def float64_copy(args, kwargs):
 
 def leaves(args, kwargs):
     """The inputs that take a gradient, in order."""
-    vals = list(args) + list(kwargs.values())
+    vals = []
+    for v in list(args) + list(kwargs.values()):
+        vals.extend(v if isinstance(v, (list, tuple)) else [v])
     return [v for v in vals if isinstance(v, torch.Tensor) and v.requires_grad]
 
 

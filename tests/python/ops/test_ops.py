@@ -29,7 +29,7 @@ class OpsOnCpu(unittest.TestCase):
         # Every operator with a gradient (a `<op>_backward` twin) has a case.
         names = self._registered()
         differentiable = {n for n in names if n + "_backward" in names}
-        self.assertEqual(len(differentiable), 11)
+        self.assertEqual(len(differentiable), 12)
         self.assertEqual(differentiable - {n.split(".")[0] for n in checked}, set())
         self.assertIn("perftrain::column_sums", checked)
         self.assertIn("perftrain::multi_tensor_adamw_", checked)

@@ -18,7 +18,8 @@ TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (6e-2, 4e-2)}
 # The fp32 products (linear_gelu's, gelu_mlp's, linear's) run on TF32 Tensor Cores, as the C++ trainer's
 # do (10-bit mantissas).
 TF32_TOL = (5e-3, 5e-3)
-PRODUCTS = ("linear", "gelu_mlp")  # the names of the cases whose ops are products ("linear_gelu" included)
+# The names of the cases whose ops are products ("linear_gelu" included).
+PRODUCTS = ("linear", "gelu_mlp", "stacked_linear")
 # gelu_mlp's gradients pass through two TF32 products in a row: twice the error (one element of 32768 at the
 # Hopper shape was 0.024 off against 0.022 allowed with TF32_TOL on the H200).
 TF32_TOL_CHAINED = (1e-2, 1e-2)
@@ -35,10 +36,14 @@ def check_against_float64(test, name, fn, make, ref, dtype):
     args, kwargs = make("cuda", dtype)
     outs, grads = cases.outputs_and_grads(fn, args, kwargs)
     args64, kwargs64 = cases.float64_copy(args, kwargs)
-    args64 = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args64)
-    args64 = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args64)
-    kwargs64 = {k: v.cpu().detach().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v
-                for k, v in kwargs64.items()}
+
+    def on_cpu(v):  # a float64 leaf of its own on the CPU (lists element by element)
+        if isinstance(v, (list, tuple)):
+            return [on_cpu(t) for t in v]
+        return v.cpu().detach().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v
+
+    args64 = tuple(on_cpu(a) for a in args64)
+    kwargs64 = {k: on_cpu(v) for k, v in kwargs64.items()}
     outs64, grads64 = cases.outputs_and_grads(ref, args64, kwargs64)
     atol, rtol = tolerance(name, dtype)
     for o, r in zip(outs, outs64):
@@ -100,7 +105,7 @@ class OpsOnCuda(unittest.TestCase):
         """The optimizer's bf16 copies (what perftrain.nn passes) read as the cast weight: same outputs and
         gradients, the weights' gradients in fp32 (the masters')."""
         for name, fn, make, _ in cases.CASES:
-            if not name.startswith(("linear (", "gelu_mlp (")):
+            if not name.startswith(("linear (", "gelu_mlp (", "stacked_linear (")):
                 continue
             with self.subTest(op=name):
                 torch.manual_seed(0)
