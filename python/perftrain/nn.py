@@ -133,7 +133,19 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
 
     def forward(self, x):
-        return self.proj(x).flatten(2).transpose(1, 2)
+        """x [B, C, H, W] -> [B, T, D] in the compute dtype: the convolution as the product the C++ trainer
+        runs (nn/embeddings.cpp's forward_as_product): each token's patch gathered in the weight's (c, i, j)
+        order and cast in one copy, then ops.linear on the flattened weight (and its bf16 copy)."""
+        act = compute_dtype(x)
+        b, c, h, w = x.shape
+        p = self.patch_size[0]
+        gh, gw = h // p, w // p
+        patches = x.new_empty((b, gh, gw, c, p, p), dtype=act)
+        patches.copy_(x.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5))
+        weight = self.proj.weight
+        copy = compute_copy(weight, act)
+        return ops.linear(patches.view(b, gh * gw, c * p * p), weight.view(weight.shape[0], -1), self.proj.bias,
+                          weight_copy=copy.view(copy.shape[0], -1) if copy is not None else None)
 
 
 class TimestepEmbedder(nn.Module):
@@ -157,7 +169,10 @@ class TimestepEmbedder(nn.Module):
         return emb
 
     def forward(self, t):
-        return self.mlp(self.timestep_embedding(t, self.frequency_embedding_size))
+        """t [B] -> [B, D] in the compute dtype, the two products through ops.linear (and the bf16 copies)."""
+        freq = self.timestep_embedding(t, self.frequency_embedding_size)
+        freq = freq.to(compute_dtype(freq))
+        return _linear(F.silu(_linear(freq, self.mlp[0])), self.mlp[2])
 
 
 class LabelEmbedder(nn.Module):

@@ -267,6 +267,12 @@ def test_the_blocks_modulations_are_one_product_reading_the_copies_in_place():
     linear_weights = [args[1] for f, args in rec.calls
                       if f.namespace == "perftrain" and f.__name__.split(".")[0] == "linear"]
     assert not any(w is l.weight for w in linear_weights for l in layers), "a modulation ran alone"
+    # The embedders too: the patch embedding and the timestep MLP are ops.linear products on the copies.
+    names = {f"{f.namespace}::{f.__name__.split('.')[0]}" for f, _ in rec.calls}
+    for op in ("aten::convolution", "aten::convolution_backward", "aten::mm", "aten::addmm"):
+        assert op not in names, f"{op} in the DiT's step"
+    embedder_weights = [model.x_embedder.proj.weight, model.t_embedder.mlp[0].weight, model.t_embedder.mlp[2].weight]
+    assert all(any(w._base is e or w is e for w in linear_weights) for e in embedder_weights)
     for l in layers:
         assert l.weight.grad is not None and l.weight.grad.dtype == torch.float32
         assert l.weight.grad.abs().sum() > 0 and l.bias.grad.abs().sum() > 0
