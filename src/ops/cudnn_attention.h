@@ -1,7 +1,8 @@
 // What qkv_attention (ops/qkv_attention.h) and projected_attention
 // (ops/projected_attention.h) share, internal to src/ops: cuDNN's fused
-// attention on a packed qkv [B, T, 3D] as pieces of an autograd function
-// (q, k and v read in place as views, the output and the gradients left in
+// attention on a packed qkv [B, T, 3D], or on q, k, v apart, as pieces of an
+// autograd function (q, k and v read in place as views, each with its own
+// row stride; the output and the gradients left in
 // the token-major layouts the matrix products read), and when cuDNN may run:
 // its refusals, noted once per process and kind (unmasked, masked).
 #pragma once
