@@ -4,9 +4,12 @@
 // kernels forward and backward where they apply). Forward and
 // `<op>_backward` ops, joined in python/perftrain/ops.py.
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include "base/error.h"
 #include "op_support.h"
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
@@ -16,25 +19,44 @@
 namespace perftrain::python {
 namespace {
 
-// (out, rstd): rstd [B, T, 2, heads] float32 is what the CUDA backward reads
-// (zeros on the CPU, whose backward goes through the reference).
+// qkv [B, T, 3D] (q | k | v) as the op's argument, else UsageError.
+void check_packed(const at::Tensor& qkv) {
+  if (!qkv.defined() || qkv.dim() != 3 || qkv.size(2) % 3 != 0 || qkv.size(2) == 0)
+    throw UsageError("qk_norm_rope: qkv must be [B, T, 3D] (q | k | v), got " +
+                     (qkv.defined() ? c10::str(qkv.sizes()) : std::string("an undefined tensor")));
+}
+
+// The q | k and v column blocks of a packed [B, T, 3D].
+at::Tensor qk_of(const at::Tensor& t) { return t.narrow(2, 0, t.size(2) / 3 * 2); }
+at::Tensor v_of(const at::Tensor& t) { return t.narrow(2, t.size(2) / 3 * 2, t.size(2) / 3); }
+
+// (out, rstd) on the packed qkv [B, T, 3D] -> [B, T, 3D] (v copied: this op
+// keeps the packed form the Python attention op reads); rstd [B, T, 2, heads]
+// float32 is what the CUDA backward reads (zeros on the CPU, whose backward
+// goes through the reference).
 std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& qkv, const std::optional<at::Tensor>& q_weight,
                                                 const std::optional<at::Tensor>& k_weight, const at::Tensor& cos,
                                                 const at::Tensor& sin, int64_t heads, double eps) {
   const at::NoGradGuard no_grad;  // autograd is recorded in Python (ops.py)
   const at::Tensor qw = value_or_undefined(q_weight), kw = value_or_undefined(k_weight);
-  ops::detail::check_qk_norm_rope_args(qkv, heads, qw, kw, cos, sin, eps);
+  check_packed(qkv);
+  ops::detail::check_qk_norm_rope_args(qk_of(qkv), heads, qw, kw, cos, sin, eps);
   if (qkv.is_cuda() && qkv.numel() > 0) {
-    const ops::detail::QkNormRopeForward f = ops::detail::qk_norm_rope_forward_cuda(qkv, heads, qw, kw, cos, sin, eps);
-    return {f.out, f.rstd};
+    const at::Tensor out = at::empty(qkv.sizes(), qkv.options());  // pair-aligned rows: 3D is even
+    const ops::detail::QkNormRopeForward f =
+        ops::detail::qk_norm_rope_forward_cuda(qk_of(qkv), heads, qw, kw, cos, sin, eps, qk_of(out));
+    v_of(out).copy_(v_of(qkv));
+    return {out, f.rstd};
   }
-  return {ops::qk_norm_rope_reference(qkv, heads, qw, kw, cos, sin, eps),
+  const auto [q, k] = ops::qk_norm_rope_reference(qk_of(qkv), heads, qw, kw, cos, sin, eps);
+  return {at::cat({q, k, v_of(qkv)}, 2),
           at::zeros({qkv.size(0), qkv.size(1), 2, heads}, qkv.options().dtype(at::kFloat))};
 }
 
 // (dqkv, dq_weight, dk_weight; [0] for an absent weight). CUDA: the op's
-// backward kernels (ops::detail::qk_norm_rope_backward_cuda); CPU: autograd
-// through the reference.
+// backward kernels (ops::detail::qk_norm_rope_backward_cuda) on the packed
+// gradient's q and k blocks, its v block copied; CPU: autograd through the
+// reference.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qk_norm_rope_backward(
     const at::Tensor& grad, const at::Tensor& qkv, const std::optional<at::Tensor>& q_weight,
     const std::optional<at::Tensor>& k_weight, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& rstd,
@@ -44,15 +66,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qk_norm_rope_backward(
     const auto dtype_of = [](const at::Tensor& t) {
       return t.defined() ? std::optional<at::ScalarType>(t.scalar_type()) : std::nullopt;
     };
+    const int64_t d = qkv.size(2) / 3;
+    const at::Tensor dqkv = at::empty(qkv.sizes(), qkv.options());
     const ops::detail::QkNormRopeGrads g = ops::detail::qk_norm_rope_backward_cuda(
-        grad, qkv, rstd, qw, kw, cos, sin, heads, /*want_qkv=*/true, dtype_of(qw), dtype_of(kw));
-    return {g.qkv, grad_or_slot(g.q_weight, qkv), grad_or_slot(g.k_weight, qkv)};
+        grad.narrow(2, 0, d), grad.narrow(2, d, d), qk_of(qkv), rstd, qw, kw, cos, sin, heads, /*want_qk=*/true,
+        dtype_of(qw), dtype_of(kw), qk_of(dqkv));
+    v_of(dqkv).copy_(v_of(grad));
+    return {dqkv, grad_or_slot(g.q_weight, qkv), grad_or_slot(g.k_weight, qkv)};
   }
   c10::List<std::optional<at::Tensor>> inputs;
   for (const auto& t : {std::optional<at::Tensor>(qkv), q_weight, k_weight}) inputs.push_back(t);
   const Tensors g = backward_through(
       [&](const Tensors& in) {
-        return Tensors{ops::qk_norm_rope_reference(in[0], heads, in[1], in[2], cos, sin, eps)};
+        const auto [q, k] = ops::qk_norm_rope_reference(qk_of(in[0]), heads, in[1], in[2], cos, sin, eps);
+        return Tensors{at::cat({q, k, v_of(in[0])}, 2)};
       },
       {grad}, inputs);
   return {g[0], g[1], g[2]};

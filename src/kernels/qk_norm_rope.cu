@@ -120,26 +120,24 @@ __device__ __forceinline__ void store_block_partials(const float (&sums)[2][kWar
 
 template <typename T, int P>
 __global__ void __launch_bounds__(kThreads)
-    qk_norm_rope_forward_kernel(const T* __restrict__ qkv, const float* __restrict__ qw, const float* __restrict__ kw,
-                                const float* __restrict__ cos, const float* __restrict__ sin, T* __restrict__ out,
+    qk_norm_rope_forward_kernel(QkRows<const T> x, const float* __restrict__ qw, const float* __restrict__ kw,
+                                const float* __restrict__ cos, const float* __restrict__ sin, QkRows<T> out,
                                 float* __restrict__ rstd, int64_t items, int tokens, int heads, int hd, float eps) {
   const int lane = threadIdx.x & 31;
   const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (item >= items) return;  // the whole warp at once
   const int64_t row = item / heads;
   const int h = int(item - row * heads), t = int(row % tokens), half = hd >> 1;
-  const int64_t d = int64_t(heads) * hd, base = row * 3 * d + int64_t(h) * hd;
-  float q[P][2], k[P][2], v[P][2];
-  load_pairs<T, P>(qkv + base, lane, half, q);
-  load_pairs<T, P>(qkv + base + d, lane, half, k);
-  load_pairs<T, P>(qkv + base + 2 * d, lane, half, v);
+  const int64_t col = int64_t(h) * hd;
+  float q[P][2], k[P][2];
+  load_pairs<T, P>(x.q + row * x.row_stride + col, lane, half, q);
+  load_pairs<T, P>(x.k + row * x.row_stride + col, lane, half, k);
   const float* c = cos + int64_t(t) * half;
   const float* s = sin + int64_t(t) * half;
   const float rq = norm_rope<P>(q, qw, c, s, lane, half, hd, eps);
   const float rk = norm_rope<P>(k, kw, c, s, lane, half, hd, eps);
-  store_pairs<T, P>(out + base, lane, half, q);
-  store_pairs<T, P>(out + base + d, lane, half, k);
-  store_pairs<T, P>(out + base + 2 * d, lane, half, v);
+  store_pairs<T, P>(out.q + row * out.row_stride + col, lane, half, q);
+  store_pairs<T, P>(out.k + row * out.row_stride + col, lane, half, k);
   if (lane == 0) {
     rstd[row * 2 * heads + h] = rq;
     rstd[row * 2 * heads + heads + h] = rk;
@@ -150,13 +148,12 @@ __global__ void __launch_bounds__(kThreads)
 // every kWarps-th from the w-th on (neighbouring warps, neighbouring heads).
 template <typename T, int P, bool kWeights>
 __global__ void __launch_bounds__(kThreads)
-    qk_norm_rope_backward_kernel(const T* __restrict__ dout, const T* __restrict__ qkv,
-                                 const float* __restrict__ rstd, const float* __restrict__ qw,
-                                 const float* __restrict__ kw, const float* __restrict__ cos,
-                                 const float* __restrict__ sin, T* __restrict__ dqkv, float* __restrict__ partials,
-                                 int64_t items, int64_t per_tile, int tokens, int heads, int hd) {
+    qk_norm_rope_backward_kernel(QkRows<const T> dout, QkRows<const T> x, const float* __restrict__ rstd,
+                                 const float* __restrict__ qw, const float* __restrict__ kw,
+                                 const float* __restrict__ cos, const float* __restrict__ sin, QkRows<T> dx,
+                                 float* __restrict__ partials, int64_t items, int64_t per_tile, int tokens, int heads,
+                                 int hd) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = hd >> 1;
-  const int64_t d = int64_t(heads) * hd;
   const int64_t i0 = int64_t(blockIdx.x) * per_tile, i1 = min(i0 + per_tile, items);
   float aq[P][2], ak[P][2];
 #pragma unroll
@@ -164,21 +161,19 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t item = i0 + warp; item < i1; item += kWarps) {
     const int64_t row = item / heads;
     const int h = int(item - row * heads), t = int(row % tokens);
-    const int64_t base = row * 3 * d + int64_t(h) * hd;
-    float gq[P][2], gk[P][2], gv[P][2], xq[P][2], xk[P][2];
-    load_pairs<T, P>(dout + base, lane, half, gq);
-    load_pairs<T, P>(dout + base + d, lane, half, gk);
-    load_pairs<T, P>(dout + base + 2 * d, lane, half, gv);
-    load_pairs<T, P>(qkv + base, lane, half, xq);
-    load_pairs<T, P>(qkv + base + d, lane, half, xk);
+    const int64_t col = int64_t(h) * hd;
+    float gq[P][2], gk[P][2], xq[P][2], xk[P][2];
+    load_pairs<T, P>(dout.q + row * dout.row_stride + col, lane, half, gq);
+    load_pairs<T, P>(dout.k + row * dout.row_stride + col, lane, half, gk);
+    load_pairs<T, P>(x.q + row * x.row_stride + col, lane, half, xq);
+    load_pairs<T, P>(x.k + row * x.row_stride + col, lane, half, xk);
     const float rq = rstd[row * 2 * heads + h], rk = rstd[row * 2 * heads + heads + h];
     const float* c = cos + int64_t(t) * half;
     const float* s = sin + int64_t(t) * half;
     norm_rope_backward<P, kWeights>(gq, xq, rq, qw, c, s, aq, lane, half, hd);
     norm_rope_backward<P, kWeights>(gk, xk, rk, kw, c, s, ak, lane, half, hd);
-    store_pairs<T, P>(dqkv + base, lane, half, gq);
-    store_pairs<T, P>(dqkv + base + d, lane, half, gk);
-    store_pairs<T, P>(dqkv + base + 2 * d, lane, half, gv);
+    store_pairs<T, P>(dx.q + row * dx.row_stride + col, lane, half, gq);
+    store_pairs<T, P>(dx.k + row * dx.row_stride + col, lane, half, gk);
   }
   if constexpr (kWeights) {
     // The tile's partial row: the 8 warps' sums added in warp order.
@@ -200,9 +195,6 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- the vector path: V consecutive elements a lane, 2^lanes_log2 lanes a head ----
 
-using detail::load_raw;
-using detail::RawVec;
-
 // N fp32 values (N even) from p, in 16-byte words when N is a multiple of 4
 // (p then 16-byte aligned), else 8-byte ones.
 template <int N>
@@ -220,14 +212,6 @@ __device__ __forceinline__ void load_f32(const float* __restrict__ p, float (&f)
       f[2 * i] = w.x, f[2 * i + 1] = w.y;
     }
   }
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void store_raw(T* p, const RawVec<T, V>& r) {
-  constexpr int C = RawVec<T, V>::kChunk;
-  using Word = typename RawVec<T, V>::Word;
-#pragma unroll
-  for (int i = 0; i < V / C; ++i) *reinterpret_cast<Word*>(p + i * C) = r.w[i];
 }
 
 // Two sums over the aligned group of `lanes` lanes (a power of two <= 32), by
@@ -266,15 +250,15 @@ __device__ __forceinline__ void rope_vec(float (&x)[V], float r, const float* __
   }
 }
 
-// The row and head of `item` (a (row, head) pair) and the offset of column
-// col of its head's q in qkv [rows, 3D] (k at base + d, v at base + 2d).
-// 32-bit division: check_shape keeps rows * 3D, so items, below 2^31.
-__device__ __forceinline__ void head_pos(int64_t item, int heads, int hd, int64_t d, int col, int64_t& row, int& h,
-                                         int64_t& base) {
+// The row and head of `item` (a (row, head) pair) and the column of its
+// head's element col in a row's q (or k) heads.
+// 32-bit division: check_shape keeps rows * 2D, so items, below 2^31.
+__device__ __forceinline__ void head_pos(int64_t item, int heads, int hd, int col, int64_t& row, int& h,
+                                         int64_t& c) {
   const int r = int(item) / heads;
   row = r;
   h = int(item) - r * heads;
-  base = row * 3 * d + int64_t(h) * hd + col;
+  c = int64_t(h) * hd + col;
 }
 
 // Forward, vector path: warp w of the grid takes the 32 >> lanes_log2 items
@@ -283,24 +267,21 @@ __device__ __forceinline__ void head_pos(int64_t item, int heads, int hd, int64_
 // The warp stays whole up to its last shuffle.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    qk_norm_rope_forward_vec_kernel(const T* __restrict__ qkv, const float* __restrict__ qw,
-                                    const float* __restrict__ kw, const float* __restrict__ cos,
-                                    const float* __restrict__ sin, T* __restrict__ out, float* __restrict__ rstd,
-                                    int64_t items, int tokens, int heads, int hd, int lanes_log2, float eps) {
+    qk_norm_rope_forward_vec_kernel(QkRows<const T> x, const float* __restrict__ qw, const float* __restrict__ kw,
+                                    const float* __restrict__ cos, const float* __restrict__ sin, QkRows<T> out,
+                                    float* __restrict__ rstd, int64_t items, int tokens, int heads, int hd,
+                                    int lanes_log2, float eps) {
   const int lane = threadIdx.x & 31, lanes = 1 << lanes_log2, j = lane & (lanes - 1);
   const int64_t item =
       ((int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5)) << (5 - lanes_log2)) + (lane >> lanes_log2);
   const bool active = item < items && j * V < hd;
-  const int64_t d = int64_t(heads) * hd;
-  int64_t row = 0, base = 0;
+  int64_t row = 0, col = 0;
   int h = 0;
   float q[V], k[V];
-  RawVec<T, V> v;
   if (active) {
-    head_pos(item, heads, hd, d, j * V, row, h, base);
-    load_vec<T, V>(qkv + base, q);
-    load_vec<T, V>(qkv + base + d, k);
-    load_raw<T, V>(qkv + base + 2 * d, v);
+    head_pos(item, heads, hd, j * V, row, h, col);
+    load_vec<T, V>(x.q + row * x.row_stride + col, q);
+    load_vec<T, V>(x.k + row * x.row_stride + col, k);
   } else {
 #pragma unroll
     for (int e = 0; e < V; ++e) q[e] = k[e] = 0.f;
@@ -320,9 +301,8 @@ __global__ void __launch_bounds__(kThreads)
   load_f32<V / 2>(sin + int64_t(t) * half + j * (V / 2), s);
   rope_vec<V>(q, rq, qw, c, s, j * V);
   rope_vec<V>(k, rk, kw, c, s, j * V);
-  store_vec<T, V>(out + base, q);
-  store_vec<T, V>(out + base + d, k);
-  store_raw<T, V>(out + base + 2 * d, v);
+  store_vec<T, V>(out.q + row * out.row_stride + col, q);
+  store_vec<T, V>(out.k + row * out.row_stride + col, k);
   if (j == 0) {
     rstd[row * 2 * heads + h] = rq;
     rstd[row * 2 * heads + heads + h] = rk;
@@ -371,16 +351,14 @@ __device__ __forceinline__ void rope_backward_finish(float (&g)[V], const float 
 // unbounded: 2 blocks).
 template <typename T, int V, bool kWeights>
 __global__ void __launch_bounds__(kThreads, 3)
-    qk_norm_rope_backward_vec_kernel(const T* __restrict__ dout, const T* __restrict__ qkv,
-                                     const float* __restrict__ rstd, const float* __restrict__ qw,
-                                     const float* __restrict__ kw, const float* __restrict__ cos,
-                                     const float* __restrict__ sin, T* __restrict__ dqkv,
+    qk_norm_rope_backward_vec_kernel(QkRows<const T> dout, QkRows<const T> x, const float* __restrict__ rstd,
+                                     const float* __restrict__ qw, const float* __restrict__ kw,
+                                     const float* __restrict__ cos, const float* __restrict__ sin, QkRows<T> dx,
                                      float* __restrict__ partials, int64_t items, int64_t per_tile, int tokens,
                                      int heads, int hd, int lanes_log2) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lanes = 1 << lanes_log2, j = lane & (lanes - 1);
   const int groups = 32 >> lanes_log2, half = hd >> 1;
   const bool cols = j * V < hd;
-  const int64_t d = int64_t(heads) * hd;
   const int64_t i0 = int64_t(blockIdx.x) * per_tile, i1 = min(i0 + per_tile, items);
   float aq[V], ak[V];
 #pragma unroll
@@ -389,18 +367,16 @@ __global__ void __launch_bounds__(kThreads, 3)
   for (int64_t first = i0 + int64_t(warp) * groups; first < i1; first += int64_t(kWarps) * groups) {
     const int64_t item = first + (lane >> lanes_log2);
     const bool active = cols && item < i1;
-    int64_t row = 0, base = 0;
+    int64_t row = 0, col = 0;
     int h = 0;
     float gq[V], gk[V], xq[V], xk[V];
-    RawVec<T, V> gv;
     float rq = 0.f, rk = 0.f, dq = 0.f, dk = 0.f;
     if (active) {
-      head_pos(item, heads, hd, d, j * V, row, h, base);
-      load_vec<T, V>(dout + base, gq);
-      load_vec<T, V>(dout + base + d, gk);
-      load_raw<T, V>(dout + base + 2 * d, gv);
-      load_vec<T, V>(qkv + base, xq);
-      load_vec<T, V>(qkv + base + d, xk);
+      head_pos(item, heads, hd, j * V, row, h, col);
+      load_vec<T, V>(dout.q + row * dout.row_stride + col, gq);
+      load_vec<T, V>(dout.k + row * dout.row_stride + col, gk);
+      load_vec<T, V>(x.q + row * x.row_stride + col, xq);
+      load_vec<T, V>(x.k + row * x.row_stride + col, xk);
       rq = rstd[row * 2 * heads + h];
       rk = rstd[row * 2 * heads + heads + h];
       const int t = int(row) % tokens;
@@ -414,9 +390,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     if (active) {
       rope_backward_finish<V>(gq, xq, rq, dq / float(hd));
       rope_backward_finish<V>(gk, xk, rk, dk / float(hd));
-      store_vec<T, V>(dqkv + base, gq);
-      store_vec<T, V>(dqkv + base + d, gk);
-      store_raw<T, V>(dqkv + base + 2 * d, gv);
+      store_vec<T, V>(dx.q + row * dx.row_stride + col, gq);
+      store_vec<T, V>(dx.k + row * dx.row_stride + col, gk);
     }
   }
   if constexpr (kWeights) {
@@ -441,14 +416,24 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
 }
 
+uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+// The addresses of r's first rows and its row stride in bytes, OR-ed: aligned
+// to a word exactly when every row's q and k are.
 template <typename T>
-bool pair_aligned(const T* p) {
-  return reinterpret_cast<uintptr_t>(p) % (2 * sizeof(T)) == 0;
+uintptr_t row_addrs(const QkRows<T>& r) {
+  return addr(r.q) | addr(r.k) | uintptr_t(r.row_stride * int64_t(sizeof(T)));
+}
+
+// Whether every row of r starts two-element aligned.
+template <typename T>
+bool pair_aligned(const QkRows<T>& r) {
+  return row_addrs(r) % (2 * sizeof(T)) == 0;
 }
 
 void check_shape(const char* what, int rows, int tokens, int heads, int head_dim) {
   if (rows < 0 || tokens < 1 || heads < 1 || head_dim < 2 || head_dim % 2 != 0 ||
-      head_dim > kQkNormRopeMaxHeadDim || int64_t(rows) * 3 * heads * head_dim > INT32_MAX)
+      head_dim > kQkNormRopeMaxHeadDim || int64_t(rows) * 2 * heads * head_dim > INT32_MAX)
     throw std::invalid_argument(std::string(what) + ": unsupported sizes rows=" + std::to_string(rows) +
                                 " tokens=" + std::to_string(tokens) + " heads=" + std::to_string(heads) +
                                 " head_dim=" + std::to_string(head_dim));
@@ -456,8 +441,6 @@ void check_shape(const char* what, int rows, int tokens, int heads, int head_dim
 
 // Pairs per lane for a head dim: 1 up to 64, 2 up to 128, ... 4 up to 256.
 int pairs_per_lane(int head_dim) { return (head_dim / 2 + 31) / 32; }
-
-uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
 // log2 of the lanes a head takes on the vector path: the power of two >= hd / V.
 int lanes_log2_for(int head_dim, int v) {
@@ -478,15 +461,15 @@ int qk_norm_rope_vector_elems(int head_dim, int elem_bytes, uintptr_t data_addrs
 }
 
 template <typename T>
-void qk_norm_rope_forward(const T* qkv, const float* q_weight, const float* k_weight, const float* cos,
-                          const float* sin, T* out, float* rstd, int rows, int tokens, int heads, int head_dim,
+void qk_norm_rope_forward(QkRows<const T> x, const float* q_weight, const float* k_weight, const float* cos,
+                          const float* sin, QkRows<T> out, float* rstd, int rows, int tokens, int heads, int head_dim,
                           float eps, cudaStream_t stream, bool vector) {
   check_shape("qk_norm_rope_forward", rows, tokens, heads, head_dim);
-  if (!pair_aligned(qkv) || !pair_aligned(out))
-    throw std::invalid_argument("qk_norm_rope_forward: qkv and out must be aligned to two elements");
+  if (!pair_aligned(x) || !pair_aligned(out))
+    throw std::invalid_argument("qk_norm_rope_forward: the rows of x and out must be aligned to two elements");
   const int64_t items = int64_t(rows) * heads;
   if (items == 0) return;
-  const int v = vector ? qk_norm_rope_vector_elems(head_dim, int(sizeof(T)), addr(qkv) | addr(out),
+  const int v = vector ? qk_norm_rope_vector_elems(head_dim, int(sizeof(T)), row_addrs(x) | row_addrs(out),
                                                    addr(q_weight) | addr(k_weight) | addr(cos) | addr(sin))
                        : 0;
   if (v != 0) {
@@ -494,7 +477,7 @@ void qk_norm_rope_forward(const T* qkv, const float* q_weight, const float* k_we
     const int64_t per_block = int64_t(kWarps) << (5 - ll);
     const dim3 vgrid(unsigned((items + per_block - 1) / per_block));
     auto launch_vec = [&](auto kernel) {
-      kernel<<<vgrid, kThreads, 0, stream>>>(qkv, q_weight, k_weight, cos, sin, out, rstd, items, tokens, heads,
+      kernel<<<vgrid, kThreads, 0, stream>>>(x, q_weight, k_weight, cos, sin, out, rstd, items, tokens, heads,
                                              head_dim, ll, eps);
       PERFTRAIN_LAUNCH_CHECK();
     };
@@ -503,7 +486,7 @@ void qk_norm_rope_forward(const T* qkv, const float* q_weight, const float* k_we
   }
   const dim3 grid(unsigned((items + kWarps - 1) / kWarps));
   auto launch = [&](auto kernel) {
-    kernel<<<grid, kThreads, 0, stream>>>(qkv, q_weight, k_weight, cos, sin, out, rstd, items, tokens, heads,
+    kernel<<<grid, kThreads, 0, stream>>>(x, q_weight, k_weight, cos, sin, out, rstd, items, tokens, heads,
                                           head_dim, eps);
     PERFTRAIN_LAUNCH_CHECK();
   };
@@ -524,26 +507,26 @@ int qk_norm_rope_backward_tiles(int rows, int heads, int sm_count) {
 }
 
 template <typename T>
-void qk_norm_rope_backward(const T* dout, const T* qkv, const float* rstd, const float* q_weight,
-                           const float* k_weight, const float* cos, const float* sin, T* dqkv,
+void qk_norm_rope_backward(QkRows<const T> dout, QkRows<const T> x, const float* rstd, const float* q_weight,
+                           const float* k_weight, const float* cos, const float* sin, QkRows<T> dx,
                            float* weight_partials, int rows, int tokens, int heads, int head_dim, int tiles,
                            cudaStream_t stream, bool vector) {
   check_shape("qk_norm_rope_backward", rows, tokens, heads, head_dim);
-  if (!pair_aligned(dout) || !pair_aligned(qkv) || !pair_aligned(dqkv))
-    throw std::invalid_argument("qk_norm_rope_backward: dout, qkv and dqkv must be aligned to two elements");
+  if (!pair_aligned(dout) || !pair_aligned(x) || !pair_aligned(dx))
+    throw std::invalid_argument("qk_norm_rope_backward: the rows of dout, x and dx must be aligned to two elements");
   const int64_t items = int64_t(rows) * heads;
   if (tiles < 1 || tiles > std::max<int64_t>(items, 1))
     throw std::invalid_argument("qk_norm_rope_backward: tiles=" + std::to_string(tiles) + " for " +
                                 std::to_string(items) + " (row, head) items");
   const int64_t per_tile = std::max<int64_t>(1, (items + tiles - 1) / tiles);
   const bool weights = weight_partials != nullptr;
-  const int v = vector ? qk_norm_rope_vector_elems(head_dim, int(sizeof(T)), addr(dout) | addr(qkv) | addr(dqkv),
+  const int v = vector ? qk_norm_rope_vector_elems(head_dim, int(sizeof(T)), row_addrs(dout) | row_addrs(x) | row_addrs(dx),
                                                    addr(q_weight) | addr(k_weight) | addr(cos) | addr(sin))
                        : 0;
   if (v != 0) {
     const int ll = lanes_log2_for(head_dim, v);
     auto launch_vec = [&](auto kernel) {
-      kernel<<<tiles, kThreads, 0, stream>>>(dout, qkv, rstd, q_weight, k_weight, cos, sin, dqkv, weight_partials,
+      kernel<<<tiles, kThreads, 0, stream>>>(dout, x, rstd, q_weight, k_weight, cos, sin, dx, weight_partials,
                                              items, per_tile, tokens, heads, head_dim, ll);
       PERFTRAIN_LAUNCH_CHECK();
     };
@@ -555,7 +538,7 @@ void qk_norm_rope_backward(const T* dout, const T* qkv, const float* rstd, const
     }
   }
   auto launch = [&](auto kernel) {
-    kernel<<<tiles, kThreads, 0, stream>>>(dout, qkv, rstd, q_weight, k_weight, cos, sin, dqkv, weight_partials,
+    kernel<<<tiles, kThreads, 0, stream>>>(dout, x, rstd, q_weight, k_weight, cos, sin, dx, weight_partials,
                                            items, per_tile, tokens, heads, head_dim);
     PERFTRAIN_LAUNCH_CHECK();
   };
@@ -572,11 +555,11 @@ void qk_norm_rope_backward(const T* dout, const T* qkv, const float* rstd, const
 }
 
 #define PERFTRAIN_QK_NORM_ROPE_INSTANTIATE(T)                                                                     \
-  template void qk_norm_rope_forward<T>(const T*, const float*, const float*, const float*, const float*, T*,     \
-                                        float*, int, int, int, int, float, cudaStream_t, bool);                    \
-  template void qk_norm_rope_backward<T>(const T*, const T*, const float*, const float*, const float*,            \
-                                         const float*, const float*, T*, float*, int, int, int, int, int,          \
-                                         cudaStream_t, bool);
+  template void qk_norm_rope_forward<T>(QkRows<const T>, const float*, const float*, const float*, const float*, \
+                                        QkRows<T>, float*, int, int, int, int, float, cudaStream_t, bool);         \
+  template void qk_norm_rope_backward<T>(QkRows<const T>, QkRows<const T>, const float*, const float*,           \
+                                         const float*, const float*, const float*, QkRows<T>, float*, int, int,    \
+                                         int, int, int, cudaStream_t, bool);
 PERFTRAIN_QK_NORM_ROPE_INSTANTIATE(float)
 PERFTRAIN_QK_NORM_ROPE_INSTANTIATE(__nv_bfloat16)
 PERFTRAIN_QK_NORM_ROPE_INSTANTIATE(__half)

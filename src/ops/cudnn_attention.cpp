@@ -32,37 +32,46 @@ std::array<at::Tensor, 3> split_heads(const at::Tensor& qkv, int64_t heads) {
   return {v5.select(2, 0).transpose(1, 2), v5.select(2, 1).transpose(1, 2), v5.select(2, 2).transpose(1, 2)};
 }
 
-at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
+at::Tensor heads_view(const at::Tensor& x, int64_t heads) {
+  return x.view({x.size(0), x.size(1), heads, x.size(2) / heads}).transpose(1, 2);
+}
+
+at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          std::vector<at::Tensor> first_saved, const at::Tensor& bias) {
-  auto [q, k, v] = split_heads(qkv, heads);
   auto r = at::_scaled_dot_product_cudnn_attention(
       q, k, v, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, /*compute_log_sumexp=*/true);
   const at::Tensor& out = std::get<0>(r);  // [B, H, T, Dh], token-major in memory
-  note_attention_path(AttentionPath::Cudnn, qkv.size(1), q.size(3), bias.defined(), qkv.scalar_type());
-  first_saved.insert(first_saved.end(), {qkv, out, std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r),
-                                         std::get<7>(r), bias});
+  note_attention_path(AttentionPath::Cudnn, q.size(2), q.size(3), bias.defined(), q.scalar_type());
+  first_saved.insert(first_saved.end(), {out, std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r),
+                                         std::get<7>(r), bias, q, k, v});
   ctx->save_for_backward(first_saved);
-  ctx->saved_data["heads"] = heads;
   ctx->saved_data["max_q"] = std::get<4>(r).expect_int();
   ctx->saved_data["max_k"] = std::get<5>(r).expect_int();
-  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
-  return out.transpose(1, 2).reshape({B, T, D});
+  return token_major(out);
+}
+
+at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
+                         std::vector<at::Tensor> first_saved, const at::Tensor& bias) {
+  auto [q, k, v] = split_heads(qkv, heads);
+  return cudnn_forward(ctx, q, k, v, std::move(first_saved), bias);
 }
 
 std::array<at::Tensor, 3> cudnn_backward(AutogradContext* ctx, const variable_list& s, size_t at,
                                          const at::Tensor& grad_out) {
-  const at::Tensor &qkv = s[at], &out = s[at + 1], &lse = s[at + 2], &cum_q = s[at + 3], &cum_k = s[at + 4],
-                   &seed = s[at + 5], &offset = s[at + 6], &bias = s[at + 7];
-  const int64_t heads = ctx->saved_data["heads"].toInt();
-  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
-  auto [q, k, v] = split_heads(qkv, heads);
+  const at::Tensor &out = s[at], &lse = s[at + 1], &cum_q = s[at + 2], &cum_k = s[at + 3], &seed = s[at + 4],
+                   &offset = s[at + 5], &bias = s[at + 6], &q = s[at + 7], &k = s[at + 8], &v = s[at + 9];
+  const int64_t B = q.size(0), heads = q.size(1), T = q.size(2), Dh = q.size(3);
   // The output gradient in the output's own layout (cuDNN wants them alike).
-  at::Tensor dout = grad_out.contiguous().view({B, T, heads, D / heads}).transpose(1, 2);
+  at::Tensor dout = grad_out.contiguous().view({B, T, heads, Dh}).transpose(1, 2);
   auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
       dout, q, k, v, out, lse, seed, offset, bias, cum_q, cum_k,
       ctx->saved_data["max_q"].toInt(), ctx->saved_data["max_k"].toInt(), /*dropout_p=*/0.0,
       /*is_causal=*/false);
   return {dq, dk, dv};
+}
+
+at::Tensor token_major(const at::Tensor& x) {
+  return x.transpose(1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
 }
 
 // dq, dk, dv [B, H, T, Dh] -> the packed [B, T, 3D] gradient of qkv. When

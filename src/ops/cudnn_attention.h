@@ -1,7 +1,8 @@
 // What qkv_attention (ops/qkv_attention.h) and projected_attention
 // (ops/projected_attention.h) share, internal to src/ops: cuDNN's fused
-// attention on a packed qkv [B, T, 3D] as pieces of an autograd function
-// (q, k and v read in place as views, the output and the gradients left in
+// attention on a packed qkv [B, T, 3D], or on q, k, v apart, as pieces of an
+// autograd function (q, k and v read in place as views, each with its own
+// row stride; the output and the gradients left in
 // the token-major layouts the matrix products read), and when cuDNN may run:
 // its refusals, noted once per process and kind (unmasked, masked).
 #pragma once
@@ -17,16 +18,27 @@ namespace perftrain::ops::detail {
 
 // [B, T, 3D] -> q, k, v as [B, H, T, Dh] views (no copy).
 std::array<at::Tensor, 3> split_heads(const at::Tensor& qkv, int64_t heads);
+// [B, T, D] (last dimension contiguous) -> [B, H, T, Dh], a view.
+at::Tensor heads_view(const at::Tensor& x, int64_t heads);
+// [B, H, T, Dh] -> [B, T, D]: a view when x is token-major in memory (as
+// cuDNN writes its output and gradients), else a copy.
+at::Tensor token_major(const at::Tensor& x);
 
-// cuDNN's forward on the packed qkv: saves what its backward needs in ctx
-// (after `first_saved`, tensors the caller saves first) and returns the
-// output as [B, T, D] (a view: cuDNN writes it token-major). bias: the
+// cuDNN's forward on q, k, v [B, H, T, Dh] (views, each [B, T, D] in memory
+// with its own row stride: the packed qkv's, or the projection's v beside a
+// dense q | k): saves in ctx, after `first_saved` (tensors the caller saves
+// first), out, lse, cuDNN's other outputs, the bias, q, k and v, and returns
+// the output as [B, T, D] (a view: cuDNN writes it token-major). bias: the
 // additive key bias [B, 1, 1, T] of attention_key_bias, or undefined.
+at::Tensor cudnn_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                         const at::Tensor& v, std::vector<at::Tensor> first_saved,
+                         const at::Tensor& bias = at::Tensor());
+// The same on a packed qkv [B, T, 3D] (its three views).
 at::Tensor cudnn_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                          std::vector<at::Tensor> first_saved, const at::Tensor& bias = at::Tensor());
 
-// cuDNN's backward from what cudnn_forward saved (starting at index `at`):
-// dq, dk, dv as [B, H, T, Dh] in the layout of q (token-major).
+// cuDNN's backward from what cudnn_forward saved (starting at index `at`,
+// the first after first_saved): dq, dk, dv as [B, H, T, Dh], token-major.
 std::array<at::Tensor, 3> cudnn_backward(torch::autograd::AutogradContext* ctx,
                                          const torch::autograd::variable_list& saved, size_t at,
                                          const at::Tensor& grad_out);

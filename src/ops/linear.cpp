@@ -5,10 +5,12 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/irange.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -123,6 +125,17 @@ void linear_weight_grad_into(const at::Tensor& dy, const at::Tensor& x2, const a
   if (db.defined()) column_sums_into({dy}, {db});
 }
 
+void check_column_blocks(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                         const std::vector<int64_t>& widths) {
+  check_linear_args("linear_column_blocks", x, weight, bias);
+  int64_t sum = 0;
+  bool positive = !widths.empty();
+  for (const int64_t n : widths) positive = positive && n > 0, sum += n;
+  if (!positive || sum != weight.size(0))
+    throw UsageError("linear_column_blocks: widths must be positive and add up to the weight's " +
+                     std::to_string(weight.size(0)) + " output features, got " + c10::str(c10::IntArrayRef(widths)));
+}
+
 int64_t leading_rows(const at::Tensor& x) { return leading_rows(x.sizes()); }
 
 int64_t leading_rows(at::IntArrayRef sizes) {
@@ -188,21 +201,27 @@ std::optional<at::Tensor> optional_bias(const at::Tensor& bias) {
   return bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
 }
 
+// The forward of a linear layer's autograd function: y, with what the backward
+// reads saved in ctx (linear_backward's x2 and w, and the shapes).
+at::Tensor forward_and_save(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+  const c10::DeviceGuard device_guard(x.device());  // handle, stream and workspace of x's device
+  const at::ScalarType dt = x.scalar_type();
+  const at::Tensor x2 = x.contiguous().view({leading_rows(x), x.size(-1)});
+  const at::Tensor w = compute_weight(weight, dt);  // the optimizer's bf16 copy, or a cast
+  at::Tensor y = linear_forward(x2, x.sizes(), w, bias);
+  // Only what the wanted gradients read: X for dW, W for dX.
+  ctx->save_for_backward({weight.requires_grad() ? x2 : at::Tensor(), x.requires_grad() ? w : at::Tensor()});
+  save_linear_shapes(ctx, x, weight, bias);
+  return y;
+}
+
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   // The bias travels as an optional: autograd functions take no undefined
   // tensors, but an absent optional is "no input here".
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias_opt) {
-    const at::Tensor bias = bias_opt.value_or(at::Tensor());
-    const c10::DeviceGuard device_guard(x.device());  // handle, stream and workspace of x's device
-    const at::ScalarType dt = x.scalar_type();
-    const at::Tensor x2 = x.contiguous().view({leading_rows(x), x.size(-1)});
-    const at::Tensor w = compute_weight(weight, dt);  // the optimizer's bf16 copy, or a cast
-    at::Tensor y = linear_forward(x2, x.sizes(), w, bias);
-    // Only what the wanted gradients read: X for dW, W for dX.
-    ctx->save_for_backward({weight.requires_grad() ? x2 : at::Tensor(), x.requires_grad() ? w : at::Tensor()});
-    save_linear_shapes(ctx, x, weight, bias);
-    return y;
+    return forward_and_save(ctx, x, weight, bias_opt.value_or(at::Tensor()));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -217,7 +236,75 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   }
 };
 
+// The layer with its output as column blocks (linear_column_blocks): one
+// product forward; backward, each block's gradient read in place for its row
+// block of dW (and of db) and its product into dx, the later ones accumulating.
+struct LinearColumnBlocksFunction : public torch::autograd::Function<LinearColumnBlocksFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias_opt, const std::vector<int64_t>& widths) {
+    const at::Tensor y = forward_and_save(ctx, x, weight, bias_opt.value_or(at::Tensor()));
+    ctx->saved_data["widths"] = widths;
+    variable_list blocks;
+    int64_t off = 0;
+    for (const int64_t n : widths) blocks.push_back(y.narrow(-1, off, n)), off += n;
+    return blocks;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<int64_t> widths = ctx->saved_data["widths"].toIntVector();
+    const variable_list saved = ctx->get_saved_variables();
+    const LinearShapes s = saved_linear_shapes(ctx);
+    const at::Tensor &x2 = saved[0], &w = saved[1];
+    const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
+    const bool want_b = s.b_dtype && ctx->needs_input_grad(2);  // no bias: two inputs
+    std::vector<at::Tensor> dys;  // each block's gradient as [M, N_i], dense (in place when it is); undefined: zero
+    for (const at::Tensor& g : grads) dys.push_back(g.defined() ? g.to(s.dtype).contiguous().view({s.m, g.size(-1)}) : g);
+    const int64_t k = s.x_sizes.back();
+    const at::TensorOptions o = x2.defined() ? x2.options() : w.options();
+    at::Tensor dw = want_w ? at::empty({s.n, k}, o.dtype(s.w_dtype)) : at::Tensor();
+    at::Tensor db = want_b ? at::empty({s.n}, o.dtype(*s.b_dtype)) : at::Tensor();
+    if (want_w || want_b) {
+      std::vector<at::Tensor> reads(dys);
+      reads.push_back(x2);
+      run_weight_grads(
+          [&] {
+            int64_t off = 0;
+            for (size_t i = 0; i < widths.size(); off += widths[i], ++i) {
+              const at::Tensor dwi = want_w ? dw.narrow(0, off, widths[i]) : at::Tensor();
+              const at::Tensor dbi = want_b ? db.narrow(0, off, widths[i]) : at::Tensor();
+              if (dys[i].defined()) {
+                linear_weight_grad_into(dys[i], x2, dwi, dbi);
+                continue;
+              }
+              for (at::Tensor z : {dwi, dbi})
+                if (z.defined()) z.zero_();
+            }
+          },
+          reads);
+    }
+    at::Tensor dx;
+    if (want_x) {
+      const bool any = std::any_of(dys.begin(), dys.end(), [](const at::Tensor& d) { return d.defined(); });
+      dx = any ? at::empty(s.x_sizes, w.options()) : at::zeros(s.x_sizes, w.options());
+      int64_t off = 0;
+      bool first = true;
+      for (size_t i = 0; i < widths.size(); off += widths[i], ++i) {
+        if (!dys[i].defined()) continue;
+        linear_input_grad(dys[i], w.narrow(0, off, widths[i]), dx.view({s.m, k}), !first);
+        first = false;
+      }
+    }
+    return {dx, dw, db, at::Tensor()};
+  }
+};
+
 }  // namespace
+
+std::vector<at::Tensor> linear_column_blocks_function(const at::Tensor& x, const at::Tensor& weight,
+                                                      const at::Tensor& bias, const std::vector<int64_t>& widths) {
+  check_column_blocks(x, weight, bias, widths);
+  return LinearColumnBlocksFunction::apply(x, weight, optional_bias(bias), widths);
+}
 
 at::Tensor linear_function(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   check_linear_args("linear", x, weight, bias);
@@ -234,6 +321,17 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   detail::check_linear_args("linear", x, weight, bias);
   if (!x.is_cuda()) return linear_reference(x, weight, bias).to(x.scalar_type());
   return detail::LinearFunction::apply(x, weight, detail::optional_bias(bias));
+}
+
+std::vector<at::Tensor> linear_column_blocks(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                             const std::vector<int64_t>& widths) {
+  detail::check_column_blocks(x, weight, bias, widths);
+  if (x.is_cuda()) return detail::linear_column_blocks_function(x, weight, bias, widths);
+  const at::Tensor y = linear_reference(x, weight, bias).to(x.scalar_type());
+  std::vector<at::Tensor> blocks;
+  int64_t off = 0;
+  for (const int64_t n : widths) blocks.push_back(y.narrow(-1, off, n)), off += n;
+  return blocks;
 }
 
 }  // namespace perftrain::ops

@@ -29,6 +29,18 @@ namespace perftrain::ops {
 // Bad shapes or dtypes throw UsageError.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = at::Tensor());
 
+// The same layer with its output split into column blocks of the given
+// widths (positive, adding up to N): the blocks [..., widths[i]], views of one
+// product, each a separate output with its own incoming gradient. The
+// backward reads each block's gradient in place (no [..., N] gradient is
+// assembled): dW's (and db's) row block i from block i's gradient, and dx as
+// the sum of the blocks' products, each after the first accumulating into
+// dx; an absent block gradient counts as zeros. The single-stream block's qkv
+// projection: q | k goes on to QK-norm + RoPE, v straight to attention.
+// CPU: linear_reference, split. Bad widths: UsageError naming them.
+std::vector<at::Tensor> linear_column_blocks(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                             const std::vector<int64_t>& widths);
+
 // The plain-ATen fp32 reference: at::linear on fp32 copies; returns fp32.
 at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = at::Tensor());
 
@@ -38,6 +50,12 @@ namespace detail {
 // on CPU its products run through the same ATen fallbacks the CUDA path
 // uses when cuBLASLt refuses, so CPU tests check the hand-written backward.
 at::Tensor linear_function(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// linear_column_blocks' autograd function on any device, likewise.
+std::vector<at::Tensor> linear_column_blocks_function(const at::Tensor& x, const at::Tensor& weight,
+                                                      const at::Tensor& bias, const std::vector<int64_t>& widths);
+// linear_column_blocks' argument checks (UsageError).
+void check_column_blocks(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                         const std::vector<int64_t>& widths);
 
 // Throws UsageError unless x [..., K], weight [N, K], bias [N] or undefined
 // fit together (op names the op in the message: "linear", "gelu_mlp fc1").

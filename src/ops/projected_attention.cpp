@@ -56,10 +56,10 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     // same saved layout as cudnn_forward's up to out and lse.
     auto [out, lse] = try_attention_head_fwd(qkv, heads);
     ctx->saved_data["own_fwd"] = out.defined();
-    if (!out.defined()) return cudnn_forward(ctx, qkv, heads, {h2, w});
+    ctx->saved_data["heads"] = heads;
+    if (!out.defined()) return cudnn_forward(ctx, qkv, heads, {h2, w, qkv});
     note_attention_path(AttentionPath::Own, T, D / heads, false, qkv.scalar_type());
     ctx->save_for_backward({h2, w, qkv, out, lse});
-    ctx->saved_data["heads"] = heads;
     return out.transpose(1, 2).reshape({B, T, D});
   }
 
@@ -73,10 +73,11 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     // Our whole-head kernel where it applies (ops::whole_head_attention_backward),
     // and always after our forward: the packed gradient directly, from the
-    // forward's out (s[3]) and lse (s[4]); cuDNN's backward elsewhere.
+    // forward's out (s[3]) and lse (s[4]), where either forward saved them;
+    // cuDNN's backward elsewhere.
     const at::Tensor own_dqkv =
         try_attention_head_bwd(qkv, s[3], s[4], grads[0], heads, ctx->saved_data["own_fwd"].toBool());
-    const auto d = own_dqkv.defined() ? std::array<at::Tensor, 3>{} : cudnn_backward(ctx, s, 2, grads[0]);
+    const auto d = own_dqkv.defined() ? std::array<at::Tensor, 3>{} : cudnn_backward(ctx, s, 3, grads[0]);
 
     // Each of dq, dk, dv is [B, T, D] in memory when cuDNN kept q's token-major
     // layout (it does on the DiT shapes): then it is the output gradient of

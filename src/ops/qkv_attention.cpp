@@ -3,6 +3,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -16,7 +17,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// bias: undefined, or key_bias()'s [B, 1, 1, T] (no gradient).
+// bias: undefined, or key_bias()'s [B, 1, 1, T] (no gradient). The packed
+// form: one input, its gradient packed (detail::pack_dqkv).
 struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                             const std::optional<at::Tensor>& bias) {
@@ -24,11 +26,25 @@ struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const at::Tensor& qkv = s[0];
-    const int64_t heads = ctx->saved_data["heads"].toInt();
-    const auto d = detail::cudnn_backward(ctx, s, 0, grads[0]);
-    return {detail::pack_dqkv(d, qkv.size(0), qkv.size(1), heads, qkv.size(2) / 3), at::Tensor(), at::Tensor()};
+    const auto d = detail::cudnn_backward(ctx, ctx->get_saved_variables(), 0, grads[0]);
+    const int64_t B = d[0].size(0), heads = d[0].size(1), T = d[0].size(2), D = heads * d[0].size(3);
+    return {detail::pack_dqkv(d, B, T, heads, D), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The three-tensor form: q, k, v [B, T, D] each, their gradients left as
+// cuDNN writes them ([B, T, D] token-major: nothing packed or copied).
+struct CudnnAttentionQkv : torch::autograd::Function<CudnnAttentionQkv> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            int64_t heads, const std::optional<at::Tensor>& bias) {
+    return detail::cudnn_forward(ctx, detail::heads_view(q, heads), detail::heads_view(k, heads),
+                                 detail::heads_view(v, heads), {}, bias.value_or(at::Tensor()));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto d = detail::cudnn_backward(ctx, ctx->get_saved_variables(), 0, grads[0]);
+    return {detail::token_major(d[0]), detail::token_major(d[1]), detail::token_major(d[2]), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -69,41 +85,89 @@ at::Tensor attention_key_bias(const at::Tensor& key_mask, at::ScalarType dtype) 
   return key_bias(key_mask_4d(key_mask, B, T, key_mask.device()), dtype);
 }
 
-at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_mask,
-                         const at::Tensor& key_bias_in) {
-  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) throw UsageError("qkv_attention: qkv must be [B, T, 3D]");
-  detail::check_heads("qkv_attention", qkv.size(2) / 3, heads);
-  const at::Tensor mask = key_mask.defined() ? key_mask_4d(key_mask, qkv.size(0), qkv.size(1), qkv.device()) : at::Tensor();
-  const bool masked = mask.defined();
+namespace {
+
+// What both forms decide alike: the key mask as [B, 1, 1, T] (or undefined),
+// whether cuDNN runs, and the bias it reads then.
+struct AttentionRoute {
+  at::Tensor mask;
+  bool cudnn = false;
+  std::optional<at::Tensor> bias;
+};
+
+// x: qkv or q (its dtype and device); layout_ok: whether cuDNN may read the
+// inputs as they are laid out.
+AttentionRoute route(const at::Tensor& x, int64_t B, int64_t T, int64_t head_dim, const at::Tensor& key_mask,
+                     const at::Tensor& key_bias_in, bool layout_ok) {
+  AttentionRoute r;
+  r.mask = key_mask.defined() ? key_mask_4d(key_mask, B, T, x.device()) : at::Tensor();
+  const bool masked = r.mask.defined();
   if (key_bias_in.defined()) {
-    const int64_t B = qkv.size(0), T = qkv.size(1);
     const bool ok = masked && key_bias_in.dim() == 4 && key_bias_in.size(0) == B && key_bias_in.size(1) == 1 &&
                     key_bias_in.size(2) == 1 && key_bias_in.size(3) == T &&
-                    key_bias_in.scalar_type() == qkv.scalar_type() && key_bias_in.device() == qkv.device() &&
+                    key_bias_in.scalar_type() == x.scalar_type() && key_bias_in.device() == x.device() &&
                     key_bias_in.stride(3) == 1 && key_bias_in.stride(0) % 8 == 0 && key_bias_in.stride(1) % 8 == 0 &&
                     key_bias_in.stride(2) % 8 == 0;  // key_bias()'s aligned rows
     if (!ok)
       throw UsageError("qkv_attention: key_bias must come with key_mask and be attention_key_bias(key_mask, " +
-                       std::string(c10::toString(qkv.scalar_type())) + ") [" + std::to_string(B) + ", 1, 1, " +
+                       std::string(c10::toString(x.scalar_type())) + ") [" + std::to_string(B) + ", 1, 1, " +
                        std::to_string(T) + "] on qkv's device, given " +
                        std::string(c10::toString(key_bias_in.scalar_type())) + " " + c10::str(key_bias_in.sizes()) +
                        (masked ? "" : " without a key_mask"));
   }
-  const int64_t head_dim = qkv.size(2) / 3 / heads;
-  if (!detail::cudnn_eligible(qkv, head_dim, masked) || !qkv.is_contiguous()) return self_attention(qkv, heads, mask);
   // cuDNN's masked backward turns dq NaN at T % 128 == 64 when a query's
   // logsumexp is below about -88.7 (PyTorch issue 196678; reproduced on the
   // H200 by QkvAttentionGpu.CudnnKeyMaskBackwardFiniteAtVeryNegativeLogsumexp):
   // those token counts take ATen's SDPA (its memory-efficient kernel).
-  if (masked && qkv.size(1) % 128 == 64) return self_attention(qkv, heads, mask);
+  r.cudnn = detail::cudnn_eligible(x, head_dim, masked) && layout_ok && !(masked && T % 128 == 64);
+  if (r.cudnn && masked) r.bias = key_bias_in.defined() ? key_bias_in : key_bias(r.mask, x.scalar_type());
+  return r;
+}
+
+// Whether cuDNN reads x [B, T, D] in place: its last dimension contiguous,
+// its rows evenly strided, each row 16-byte aligned.
+bool cudnn_rows(const at::Tensor& x) {
+  const bool even = x.size(0) == 1 || x.size(1) == 1 || x.stride(0) == x.size(1) * x.stride(1);
+  const int64_t row = x.size(1) > 1 ? x.stride(1) : x.stride(0);
+  const auto addr = reinterpret_cast<uintptr_t>(x.data_ptr());
+  return x.stride(2) == 1 && even && (row * x.element_size()) % 16 == 0 && addr % 16 == 0;
+}
+
+}  // namespace
+
+at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_mask,
+                         const at::Tensor& key_bias_in) {
+  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) throw UsageError("qkv_attention: qkv must be [B, T, 3D]");
+  detail::check_heads("qkv_attention", qkv.size(2) / 3, heads);
+  const AttentionRoute r = route(qkv, qkv.size(0), qkv.size(1), qkv.size(2) / 3 / heads, key_mask, key_bias_in,
+                                 qkv.is_contiguous());
+  if (!r.cudnn) return self_attention(qkv, heads, r.mask);
   try {
-    const std::optional<at::Tensor> bias =
-        masked ? std::optional<at::Tensor>(key_bias_in.defined() ? key_bias_in : key_bias(mask, qkv.scalar_type()))
-               : std::nullopt;
-    return CudnnAttention::apply(qkv, heads, bias);
+    return CudnnAttention::apply(qkv, heads, r.bias);
   } catch (const std::exception& e) {
-    detail::note_refusal(qkv, e, masked);
-    return self_attention(qkv, heads, mask);
+    detail::note_refusal(qkv, e, r.mask.defined());
+    return self_attention(qkv, heads, r.mask);
+  }
+}
+
+at::Tensor qkv_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                         const at::Tensor& key_mask, const at::Tensor& key_bias_in) {
+  if (!q.defined()) throw UsageError("qkv_attention: q must be a defined tensor");
+  for (const at::Tensor* x : {&q, &k, &v})
+    if (!x->defined() || x->dim() != 3 || x->sizes() != q.sizes() || x->scalar_type() != q.scalar_type() ||
+        x->device() != q.device())
+      throw UsageError("qkv_attention: q, k and v must be [B, T, D] tensors of one shape, dtype and device, given " +
+                       (x->defined() ? c10::str(x->sizes()) : std::string("an undefined tensor")) + " beside q " +
+                       c10::str(q.sizes()));
+  detail::check_heads("qkv_attention", q.size(2), heads);
+  const bool in_place = cudnn_rows(q) && cudnn_rows(k) && cudnn_rows(v);
+  const AttentionRoute r = route(q, q.size(0), q.size(1), q.size(2) / heads, key_mask, key_bias_in, in_place);
+  if (!r.cudnn) return self_attention(q, k, v, heads, r.mask);
+  try {
+    return CudnnAttentionQkv::apply(q, k, v, heads, r.bias);
+  } catch (const std::exception& e) {
+    detail::note_refusal(q, e, r.mask.defined());
+    return self_attention(q, k, v, heads, r.mask);
   }
 }
 

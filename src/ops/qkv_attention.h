@@ -1,4 +1,5 @@
-// Multi-head self-attention on a packed qkv projection [B, T, 3D], as an
+// Multi-head self-attention on a packed qkv projection [B, T, 3D] (or on q, k,
+// v apart, each read in place), as an
 // autograd function that reads q, k and v straight from the packed tensor and
 // writes the output and the packed gradient in the token-major layouts the
 // matrix products read, so that nothing is stacked or permuted in between
@@ -30,6 +31,16 @@ namespace perftrain::ops {
 // wrong shape, dtype or device: UsageError.
 at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_mask = at::Tensor(),
                          const at::Tensor& key_bias = at::Tensor());
+
+// The same op on q, k, v [B, T, D] apart (one shape, dtype and device), each
+// read in place through its row stride: the single-stream block's q and k
+// from QK-norm + RoPE's dense q | k, and v as the column block of the qkv
+// projection's output. Their gradients come back as cuDNN writes them,
+// [B, T, D] each, nothing packed. cuDNN runs where the packed form's rules
+// allow it and every input's last dimension is contiguous with rows evenly
+// strided and 16-byte aligned; otherwise ATen's SDPA, as above.
+at::Tensor qkv_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                         const at::Tensor& key_mask = at::Tensor(), const at::Tensor& key_bias = at::Tensor());
 
 // The additive key bias qkv_attention gives cuDNN for a bool key mask [B, T]
 // or [B, 1, 1, T]: [B, 1, 1, T] in dtype, 0 where attended and -65504

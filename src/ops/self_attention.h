@@ -13,4 +13,9 @@ namespace perftrain::ops {
 // [B, 1, 1, T] "attend" mask on the keys (true: attended), or undefined.
 at::Tensor self_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_mask = at::Tensor());
 
+// The same on q, k, v [B, T, D] each (any strides): the three-tensor form of
+// ops::qkv_attention falls back to it.
+at::Tensor self_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                          const at::Tensor& key_mask = at::Tensor());
+
 }  // namespace perftrain::ops

@@ -62,16 +62,17 @@ struct SsShape {
 };
 
 // The fused chained blocks (SingleStreamfused::dit_blocks_chained), from the
-// ops' save lists: the qkv product's input h [S,D]; qk_norm_rope's input qkv
-// [S,3D] and its rstd [S,2H] fp32; cuDNN attention's packed qkv [S,3D], its
-// output [S,D] (which the projection reads in place) and lse [H,S] fp32, and
+// ops' save lists: the qkv product's input h [S,D] and output [S,3D] (q | k
+// is qk_norm_rope's input, v attention's, both read in place); qk_norm_rope's
+// rstd [S,2H] fp32; cuDNN attention's q | k [S,2D] (qk_norm_rope's output),
+// its output [S,D] (which the projection reads in place) and lse [H,S] fp32, and
 // the key bias [S] when masked; each of the two residual_rms_adaln its y
 // [S,D], its x-hat [S,D] (x1 itself, fp32, when the operands are fp32: e
 // bytes either way) and two rstd [S] fp32; the [gate; up] product's input h2
 // [S,D]; swiglu's gate_up [S,2F]; down's input [S,F] unless the activation
 // is made again in backward (speed.gelu_recompute: ops::swiglu_linear).
 double ss_fused_block_bytes(const SsShape& s, double e, bool masked, bool keep_act) {
-  return e * s.S * (13 * s.D + (keep_act ? 3 : 2) * s.F) + 4 * s.S * (3 * s.H + 4) + (masked ? e * s.S : 0);
+  return e * s.S * (12 * s.D + (keep_act ? 3 : 2) * s.F) + 4 * s.S * (3 * s.H + 4) + (masked ? e * s.S : 0);
 }
 
 // The plain blocks (SingleStreamBlock::forward, ATen autograd). Each RMSNorm

@@ -22,6 +22,7 @@
 
 #include "compat/compat.h"
 #include "models/single_stream.h"
+#include "ops/attention_paths.h"
 #include "ops/qkv_attention.h"
 #include "support/tensor_checks.h"
 
@@ -99,6 +100,7 @@ void expect_matches_cpu(const Case& k) {
   }
   const Result ref = run(cpu, at::kCPU, false, x, t, cond, gout);
   const auto names = cpu.named_parameters();
+  ops::reset_attention_paths();  // this case's paths only
 
   struct Variant {
     bool fused, bf16, recompute, swiglu_again = false;  // swiglu_again: speed.gelu_recompute
@@ -132,6 +134,12 @@ void expect_matches_cpu(const Case& k) {
     std::cout << what << ": out " << rel_err(got.out, ref.out) << ", worst " << worst_name << " " << worst << "\n";
   }
   EXPECT_FALSE(ops::cudnn_attention_refused()) << "cuDNN attention fell back to SDPA";
+  // bf16 attention ran cuDNN on the block's layout (q, k from QK-norm + RoPE's
+  // q | k, v read in place from the projection's output), never ATen's
+  // SDPA: that would mean the three inputs' strides were not taken.
+  for (const std::string& line : ops::attention_paths_used())
+    EXPECT_FALSE(line.find("scaled_dot_product") != std::string::npos && line.find("bf16") != std::string::npos)
+        << line;
 }
 
 TEST(SingleStreamGpuModel, ClassTokensOddTokensMatchCpu) {
@@ -153,8 +161,9 @@ TEST(SingleStreamGpuModel, MaskedFeaturesHeadDim96MatchCpu) {
 
 // The benchmark's block shape (SS-B/2 with 32 condition tokens: 256 image +
 // 32 condition = 288 tokens, 768 wide, 12 heads of 64), three blocks: the key
-// bias made once per forward for all blocks and the packed cuDNN gradient
-// (cat of dq, dk, dv) at the width the timings are taken at.
+// bias made once per forward for all blocks, and cuDNN reading q and k from
+// QK-norm + RoPE's q | k and v from the projection's output in place, its dq,
+// dk, dv used where it wrote them, at the width the timings are taken at.
 TEST(SingleStreamGpuModel, MaskedFeaturesBenchShapeMatchesCpu) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   expect_matches_cpu({"masked features, 256 image + 32 condition tokens, 768 wide, head dim 64",

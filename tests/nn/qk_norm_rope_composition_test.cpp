@@ -1,9 +1,11 @@
 // ops::qk_norm_rope against the plain path it replaces in
 // SingleStreamAttention::forward: qkv viewed as [B, T, 3, H, hd], q and k
 // through nn::rms_norm with their weights and nn::apply_rope with
-// nn::rope_tables, repacked; values and the gradients of qkv and both
+// nn::rope_tables, q | k joined (the op reads q | k of the projection's
+// qkv in place and leaves v); values and the gradients of qkv and both
 // weights, in fp32 on the CPU, at odd token counts.
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/stack.h>
 #include <gtest/gtest.h>
@@ -32,19 +34,20 @@ TEST(QkNormRopeComposition, MatchesRmsNormThenApplyRope) {
     std::vector<std::array<int64_t, 3>> positions;
     for (int64_t i = 0; i < c.t; ++i) positions.push_back({i % 3, i / 4, i % 4});
     const auto [cos, sin] = rope_tables(positions, c.hd);
-    const at::Tensor qkv0 = at::randn({c.b, c.t, 3 * d}, g), dout = at::randn({c.b, c.t, 3 * d}, g);
+    const at::Tensor qkv0 = at::randn({c.b, c.t, 3 * d}, g), dout = at::randn({c.b, c.t, 2 * d}, g);
     const at::Tensor qw0 = at::randn({c.hd}, g) * 0.5 + 1, kw0 = at::randn({c.hd}, g) * 0.5 + 1;
     auto run = [&](bool fused) {
       const at::Tensor qkv = qkv0.clone().requires_grad_(true);
       const at::Tensor qw = qw0.clone().requires_grad_(true), kw = kw0.clone().requires_grad_(true);
       at::Tensor out;
       if (fused) {
-        out = ops::qk_norm_rope(qkv, c.heads, qw, kw, cos, sin);
+        const auto qk = ops::qk_norm_rope(qkv.narrow(2, 0, 2 * d), c.heads, qw, kw, cos, sin);
+        out = at::cat({qk[0], qk[1]}, 2);
       } else {
         const auto parts = qkv.view({c.b, c.t, 3, c.heads, c.hd}).permute({2, 0, 3, 1, 4}).unbind(0);
         const at::Tensor q = apply_rope(rms_norm(parts[0], qw), cos, sin);
         const at::Tensor k = apply_rope(rms_norm(parts[1], kw), cos, sin);
-        out = at::stack({q, k, parts[2]}, 0).permute({1, 3, 0, 2, 4}).reshape({c.b, c.t, 3 * d});
+        out = at::stack({q, k}, 0).permute({1, 3, 0, 2, 4}).reshape({c.b, c.t, 2 * d});
       }
       std::vector<at::Tensor> res = {out.detach()};
       for (const at::Tensor& gr : torch::autograd::grad({out}, {qkv, qw, kw}, {dout})) res.push_back(gr);

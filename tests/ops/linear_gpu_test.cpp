@@ -2,8 +2,12 @@
 // shapes and odd ones in bf16, fp32 (TF32) and fp16, with the fallback count
 // (0 expected on the DiT shapes at training batch sizes); mixed devices
 // raise UsageError; forward and backward capture into a CUDA graph and
-// replay to the eager result. Skips without a GPU.
+// replay to the eager result; the column-block form (the single-stream qkv
+// projection: q | k and v blocks, gradients read in place) against float64
+// and linear's own products, and in a graph. Skips without a GPU.
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
@@ -11,6 +15,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -88,6 +93,65 @@ TEST(LinearGpu, CapturesInCudaGraph) {
         const at::Tensor q = linear(x, wq, bq);
         std::vector<at::Tensor> out = torch::autograd::grad({q}, {x, wq, bq}, {dq});
         out.push_back(q.detach());
+        return out;
+      },
+      x, x_next);
+}
+
+// linear_column_blocks at the single-stream qkv projection's shapes (SS-B/2:
+// 768 wide, blocks of 2D and D; an odd one): y is linear's own product bit
+// for bit (one product, split), dx (two products, the second accumulating),
+// dW and db (row blocks from each block's gradient) against float64 of the
+// joined gradient; no cuBLASLt fallback at the training shape.
+TEST(LinearGpu, ColumnBlocksMatchFloat64AndTheWholeProduct) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 500;
+  for (const auto& [m, k] : {std::pair<int64_t, int64_t>{8192, 768}, {7, 40}}) {
+    for (const bool bias : {false, true}) {
+      at::Generator g = cuda_gen(seed++);
+      const at::ScalarType dt = at::kBFloat16;
+      const int64_t d = k;
+      const std::string name = case_name("linear_column_blocks", dt, m, k, 3 * d) + (bias ? " bias" : "");
+      const at::Tensor x = rnd({m, k}, g, dt, 1.0, 0.3).requires_grad_(true);
+      const at::Tensor w = master({3 * d, k}, g, dt, 1.0 / std::sqrt(double(k))).requires_grad_(true);
+      const at::Tensor b = bias ? rnd({3 * d}, g, at::kFloat).requires_grad_(true) : at::Tensor();
+      const at::Tensor dqk = rnd({m, 2 * d}, g, dt), dv = rnd({m, d}, g, dt);
+      std::vector<at::Tensor> got;
+      count_fallbacks(name, m >= 8192, [&] {
+        const std::vector<at::Tensor> blocks = linear_column_blocks(x, w, b, {2 * d, d});
+        std::vector<at::Tensor> inputs = {x, w};
+        if (bias) inputs.push_back(b);
+        const auto grads = torch::autograd::grad({blocks[0], blocks[1]}, inputs, {dqk, dv});
+        got = {at::cat({blocks[0], blocks[1]}, 1)};
+        got.insert(got.end(), grads.begin(), grads.end());
+      });
+      EXPECT_TRUE(at::equal(got[0], linear(x, w, b))) << name << " y";
+      const at::Tensor xd = x.detach().to(at::kDouble), wd = w.detach().to(at::kDouble);
+      const at::Tensor dyd = at::cat({dqk, dv}, 1).to(at::kDouble);
+      std::vector<at::Tensor> want = {at::matmul(dyd, wd), at::matmul(dyd.t(), xd)};
+      if (bias) want.push_back(dyd.sum(0));
+      const char* what[] = {"dx", "dW", "db"};
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_LT(rel_l2(got[i + 1], want[i]), tolerance(dt)) << name << " " << what[i];
+    }
+  }
+}
+
+// The column-block form, forward and backward, in a CUDA graph.
+TEST(LinearGpu, ColumnBlocksCaptureInCudaGraph) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = cuda_gen(78);
+  const at::ScalarType bf = at::kBFloat16;
+  const int64_t b = 4, t = 288, c = 384;
+  const at::Tensor x = rnd({b, t, c}, g, bf).requires_grad_(true);
+  const at::Tensor wq = master({3 * c, c}, g, bf, 0.05).requires_grad_(true);
+  const at::Tensor dqk = rnd({b, t, 2 * c}, g, bf), dv = rnd({b, t, c}, g, bf), x_next = rnd({b, t, c}, g, bf);
+  expect_capture_matches_eager(
+      [&] {
+        const std::vector<at::Tensor> blocks = linear_column_blocks(x, wq, at::Tensor(), {2 * c, c});
+        std::vector<at::Tensor> out = torch::autograd::grad({blocks[0], blocks[1]}, {x, wq}, {dqk, dv});
+        out.push_back(blocks[0].detach());
+        out.push_back(blocks[1].detach());
         return out;
       },
       x, x_next);

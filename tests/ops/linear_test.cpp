@@ -2,9 +2,12 @@
 // independent float64 composition forward and backward; the autograd
 // function itself (hand-written backward, products through the ATen
 // fallbacks the CUDA path also uses) agrees with the reference in fp32 and
-// bf16; bad inputs raise UsageError naming what is wrong.
+// bf16; its column-block form (linear_column_blocks: one product, each
+// block's gradient read apart) agrees with the whole layer, an absent block
+// gradient counting as zeros; bad inputs raise UsageError naming what is wrong.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
@@ -208,6 +211,84 @@ TEST(Linear, CpuFunctionEmptyBatch) {
   const auto g = torch::autograd::grad({y}, {w, b}, {at::zeros({0, 13})});
   EXPECT_TRUE(at::equal(g[0], at::zeros({13, 37})));
   EXPECT_TRUE(at::equal(g[1], at::zeros({13})));
+}
+
+// The column-block form against the whole layer's reference: the blocks are
+// the columns of y (views of one product), and the gradients from per-block
+// upstream gradients equal the whole layer's from their join, in fp32 and in
+// bf16 with fp32 masters; a block without a gradient (one absent) counts as a
+// zero block: its dW and db rows are zero.
+TEST(Linear, CpuColumnBlocksMatchTheWholeLayer) {
+  uint64_t seed = 500;
+  for (const std::vector<int64_t>& widths : {std::vector<int64_t>{26, 13}, {5, 1, 7}, {13}}) {
+    for (const bool bias : {true, false}) {
+      for (const bool bf16 : {false, true}) {
+        int64_t n = 0;
+        for (const int64_t w : widths) n += w;
+        Inputs in = make_inputs({{2, 7, 37}, n}, seed++, bias);
+        const at::Tensor x0 = bf16 ? in.x.to(at::kBFloat16) : in.x;
+        const at::Tensor w0 = bf16 ? in.w.to(at::kBFloat16).to(at::kFloat) : in.w;
+        const at::Tensor dy = bf16 ? in.dy.to(at::kBFloat16) : in.dy;
+        const std::string where = name({{2, 7, 37}, n}, bias) + std::to_string(widths.size()) + " blocks " +
+                                  (bf16 ? "bf16 " : "fp32 ");
+        for (const bool skip_last : {false, true}) {
+          if (skip_last && widths.size() == 1) continue;
+          const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+          const at::Tensor b = bias ? in.b.clone().requires_grad_(true) : at::Tensor();
+          const std::vector<at::Tensor> blocks = detail::linear_column_blocks_function(x, w, b, widths);
+          ASSERT_EQ(blocks.size(), widths.size());
+          std::vector<at::Tensor> outs, grads;
+          at::Tensor dy_used = dy.clone();
+          int64_t off = 0;
+          for (size_t i = 0; i < widths.size(); off += widths[i], ++i) {
+            EXPECT_EQ(blocks[i].size(-1), widths[i]) << where;
+            if (skip_last && i + 1 == widths.size()) {
+              dy_used.narrow(-1, off, widths[i]).zero_();
+              continue;
+            }
+            outs.push_back(blocks[i]);
+            grads.push_back(dy.narrow(-1, off, widths[i]));
+          }
+          std::vector<at::Tensor> inputs = {x, w};
+          if (bias) inputs.push_back(b);
+          const auto got = torch::autograd::grad(outs, inputs, grads);
+          const auto ref = run([](auto& xx, auto& ww, auto& bb) { return linear_reference(xx, ww, bb); },
+                               x0.to(at::kFloat), w0, bias ? in.b : at::Tensor(), dy_used.to(at::kFloat));
+          const at::Tensor y = at::cat(std::vector<at::Tensor>(blocks.begin(), blocks.end()), -1);
+          const double tol = bf16 ? 2e-2 : 1e-5;
+          const std::string w_ = where + (skip_last ? "last block without a gradient " : "");
+          expect_close(y, ref[0], tol, tol, w_ + "y");
+          expect_close(got[0], ref[1], tol, tol, w_ + "dx");
+          EXPECT_EQ(got[0].scalar_type(), x0.scalar_type()) << w_;
+          for (size_t i = 1; i < got.size(); ++i) {
+            EXPECT_EQ(got[i].scalar_type(), at::kFloat) << w_ << kWhat[i + 1];
+            expect_close(got[i], ref[i + 1], bf16 ? 1e-4 : 1e-5, 1e-4, w_ + kWhat[i + 1]);
+          }
+          if (skip_last) {
+            EXPECT_TRUE(at::equal(got[1].narrow(0, n - widths.back(), widths.back()),
+                                  at::zeros({widths.back(), 37})))
+                << w_ << "dW rows of the block without a gradient";
+          }
+        }
+      }
+    }
+  }
+}
+
+// The op on the CPU is the reference, split; bad widths are refused.
+TEST(Linear, ColumnBlocksOnTheCpuAndBadWidths) {
+  using testing::error_of;
+  const Inputs in = make_inputs({{3, 37}, 13}, 600, true);
+  const std::vector<at::Tensor> blocks = linear_column_blocks(in.x, in.w, in.b, {8, 5});
+  const at::Tensor ref = linear_reference(in.x, in.w, in.b);
+  EXPECT_TRUE(at::equal(blocks[0], ref.narrow(1, 0, 8)));
+  EXPECT_TRUE(at::equal(blocks[1], ref.narrow(1, 8, 5)));
+  for (const std::vector<int64_t>& bad : {std::vector<int64_t>{8, 4}, {13, 0}, {}, {14, -1}}) {
+    const std::string msg = error_of<UsageError>([&] { linear_column_blocks(in.x, in.w, in.b, bad); });
+    EXPECT_NE(msg.find("linear_column_blocks: widths"), std::string::npos) << msg;
+  }
+  const std::string msg = error_of<UsageError>([&] { linear_column_blocks(at::randn({3, 36}), in.w, in.b, {13}); });
+  EXPECT_NE(msg.find("K=36"), std::string::npos) << msg;
 }
 
 TEST(Linear, BadInputsRaiseUsageError) {

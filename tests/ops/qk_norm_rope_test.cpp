@@ -2,8 +2,9 @@
 // values and gradients agree with an independent composition (the RMSNorm
 // through the vector norm, the rotation as a complex product), at the head
 // dims the models use and at odd token counts, with and without weights;
-// the v part is copied and its gradient passes through; a strided view is
-// taken as it is; bad inputs raise UsageError naming the op.
+// q | k is read from the projection's [B, T, 3D] output in place, v is no
+// input (its gradient is zero through the op); a strided view is taken as
+// it is; bad inputs raise UsageError naming the op.
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/complex.h>
@@ -21,6 +22,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <array>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -55,13 +57,20 @@ std::pair<at::Tensor, at::Tensor> tables(int64_t t, int64_t hd, at::Generator& g
   return {a.cos().to(dt), a.sin().to(dt)};
 }
 
+// q | k of a packed [B, T, 3D]: the first 2D columns, a view (the projection's layout).
+at::Tensor qk_of(const at::Tensor& qkv) { return qkv.narrow(2, 0, qkv.size(2) / 3 * 2); }
+
+// The op's q and k side by side, [B, T, 2D].
+at::Tensor joined(const std::array<at::Tensor, 2>& qk) { return at::cat({qk[0], qk[1]}, 2); }
+
 // The independent composition: RMSNorm as x * sqrt(hd) / sqrt(|x|^2 + hd * eps),
-// the pair rotation as the complex product (x0 + i x1) (c + i s).
-at::Tensor composition(const at::Tensor& qkv, int64_t heads, const at::Tensor& qw, const at::Tensor& kw,
+// the pair rotation as the complex product (x0 + i x1) (c + i s). qk [B, T, 2D]
+// -> [B, T, 2D].
+at::Tensor composition(const at::Tensor& qk, int64_t heads, const at::Tensor& qw, const at::Tensor& kw,
                        const at::Tensor& cos, const at::Tensor& sin, double eps) {
-  const int64_t b = qkv.size(0), t = qkv.size(1), d = qkv.size(2) / 3, hd = d / heads;
-  const auto parts = qkv.view({b, t, 3, heads, hd}).permute({2, 0, 3, 1, 4}).unbind(0);  // [B, H, T, hd]
-  const at::Tensor rot = at::complex(cos, sin);                                          // [T, hd/2]
+  const int64_t b = qk.size(0), t = qk.size(1), d = qk.size(2) / 2, hd = d / heads;
+  const auto parts = qk.reshape({b, t, 2, heads, hd}).permute({2, 0, 3, 1, 4}).unbind(0);  // [B, H, T, hd]
+  const at::Tensor rot = at::complex(cos, sin);                                             // [T, hd/2]
   auto one = [&](const at::Tensor& x, const at::Tensor& w) {
     const at::Tensor sq = at::linalg_vector_norm(x, 2, {-1}, /*keepdim=*/true).pow(2);
     at::Tensor n = x * std::sqrt(double(hd)) / at::sqrt(sq + double(hd) * eps);
@@ -69,9 +78,9 @@ at::Tensor composition(const at::Tensor& qkv, int64_t heads, const at::Tensor& q
     const at::Tensor z = at::view_as_complex(n.reshape({b, heads, t, hd / 2, 2}).contiguous()) * rot;
     return at::view_as_real(z).reshape({b, heads, t, hd});
   };
-  const at::Tensor q = one(parts[0], qw), k = one(parts[1], kw), v = parts[2];
-  // [3, B, H, T, hd] -> [B, T, 3, H, hd] -> [B, T, 3D]
-  return at::stack({q, k, v}, 0).permute({1, 3, 0, 2, 4}).reshape({b, t, 3 * d});
+  const at::Tensor q = one(parts[0], qw), k = one(parts[1], kw);
+  // [2, B, H, T, hd] -> [B, T, 2, H, hd] -> [B, T, 2D]
+  return at::stack({q, k}, 0).permute({1, 3, 0, 2, 4}).reshape({b, t, 2 * d});
 }
 
 TEST(QkNormRope, CpuOpIsTheReference) {
@@ -83,22 +92,23 @@ TEST(QkNormRope, CpuOpIsTheReference) {
       const at::Tensor qkv = at::randn({c.b, c.t, 3 * d}, g).to(dt);
       const at::Tensor qw = (at::randn({c.hd}, g) * 0.3 + 1).to(dt), kw = at::randn({c.hd}, g);
       const auto [cos, sin] = tables(c.t, c.hd, g);
-      const at::Tensor out = qk_norm_rope(qkv, c.heads, qw, kw, cos, sin);
-      EXPECT_EQ(out.scalar_type(), dt) << name(c);
-      EXPECT_EQ(out.sizes(), qkv.sizes()) << name(c);
-      EXPECT_TRUE(at::equal(out, qk_norm_rope_reference(qkv, c.heads, qw, kw, cos, sin))) << name(c);
-      EXPECT_FALSE(out.isnan().any().item<bool>()) << name(c);
-      // v is copied bit for bit, into a tensor of its own.
-      EXPECT_TRUE(at::equal(out.narrow(2, 2 * d, d), qkv.narrow(2, 2 * d, d))) << name(c);
-      EXPECT_NE(out.data_ptr(), qkv.data_ptr()) << name(c);
+      const auto out = qk_norm_rope(qk_of(qkv), c.heads, qw, kw, cos, sin);
+      const auto ref = qk_norm_rope_reference(qk_of(qkv), c.heads, qw, kw, cos, sin);
+      for (int i = 0; i < 2; ++i) {
+        EXPECT_EQ(out[i].scalar_type(), dt) << name(c);
+        EXPECT_EQ(out[i].sizes(), at::IntArrayRef({c.b, c.t, d})) << name(c);
+        EXPECT_TRUE(at::equal(out[i], ref[i])) << name(c);
+        EXPECT_FALSE(out[i].isnan().any().item<bool>()) << name(c);
+      }
     }
   }
 }
 
-// Values and gradients of qkv, q_weight, k_weight against the composition on
-// a random upstream gradient, in fp32 (tolerance atol 1e-5 + rtol 1e-5: a
-// norm over <= 128 terms, weight sums over <= 4 * 288 rows) and in fp64
-// through the reference (atol 1e-10 + rtol 1e-10: the two formulas only).
+// Values and gradients of the projection's output (q | k, and v: zero),
+// q_weight, k_weight against the composition on a random upstream gradient,
+// in fp32 (tolerance atol 1e-5 + rtol 1e-5: a norm over <= 128 terms, weight
+// sums over <= 4 * 288 rows) and in fp64 through the reference (atol 1e-10 +
+// rtol 1e-10: the two formulas only).
 TEST(QkNormRope, ReferenceMatchesCompositionForwardAndBackward) {
   uint64_t seed = 100;
   for (const Case& c : kCases) {
@@ -109,19 +119,27 @@ TEST(QkNormRope, ReferenceMatchesCompositionForwardAndBackward) {
         const at::Tensor qkv0 = at::randn({c.b, c.t, 3 * d}, g, dt) * 1.7 + 0.2;
         const at::Tensor qw0 = at::randn({c.hd}, g, dt) * 0.5 + 1, kw0 = at::randn({c.hd}, g, dt) * 0.5 + 1;
         const auto [cos, sin] = tables(c.t, c.hd, g, dt);
-        const at::Tensor dout = at::randn({c.b, c.t, 3 * d}, g, dt);
+        const at::Tensor dout = at::randn({c.b, c.t, 2 * d}, g, dt);
         const double eps = 1e-6;
         auto run = [&](bool ours) {
           const at::Tensor qkv = qkv0.clone().requires_grad_(true);
           const at::Tensor qw = weights ? qw0.clone().requires_grad_(true) : at::Tensor();
           const at::Tensor kw = weights ? kw0.clone().requires_grad_(true) : at::Tensor();
-          const at::Tensor out = ours ? (dt == at::kFloat ? qk_norm_rope(qkv, c.heads, qw, kw, cos, sin, eps)
-                                                          : qk_norm_rope_reference(qkv, c.heads, qw, kw, cos, sin, eps))
-                                      : composition(qkv, c.heads, qw, kw, cos, sin, eps);
           std::vector<at::Tensor> inputs = {qkv};
           if (weights) inputs.insert(inputs.end(), {qw, kw});
-          std::vector<at::Tensor> res = {out.detach()};
-          for (const at::Tensor& gr : torch::autograd::grad({out}, inputs, {dout})) res.push_back(gr);
+          std::vector<at::Tensor> res;
+          if (ours) {
+            const auto out = dt == at::kFloat ? qk_norm_rope(qk_of(qkv), c.heads, qw, kw, cos, sin, eps)
+                                              : qk_norm_rope_reference(qk_of(qkv), c.heads, qw, kw, cos, sin, eps);
+            res.push_back(joined(out).detach());
+            for (const at::Tensor& gr : torch::autograd::grad({out[0], out[1]}, inputs,
+                                                              {dout.narrow(2, 0, d), dout.narrow(2, d, d)}))
+              res.push_back(gr);
+          } else {
+            const at::Tensor out = composition(qk_of(qkv), c.heads, qw, kw, cos, sin, eps);
+            res.push_back(out.detach());
+            for (const at::Tensor& gr : torch::autograd::grad({out}, inputs, {dout})) res.push_back(gr);
+          }
           return res;
         };
         const auto ours = run(true), ref = run(false);
@@ -131,8 +149,8 @@ TEST(QkNormRope, ReferenceMatchesCompositionForwardAndBackward) {
         EXPECT_EQ(ours[0].scalar_type(), dt);
         expect_close(ours[0], ref[0], tol, tol, where + "out");
         expect_close(ours[1], ref[1], tol, tol, where + "dqkv");
-        // The v part of the gradient is the incoming one.
-        EXPECT_TRUE(at::equal(ours[1].narrow(2, 2 * d, d), dout.narrow(2, 2 * d, d))) << where;
+        // v is no input: its part of the projection's gradient is zero.
+        EXPECT_TRUE(at::equal(ours[1].narrow(2, 2 * d, d), at::zeros({c.b, c.t, d}, dt))) << where;
         if (weights) {
           expect_close(ours[2], ref[2], tol * 10, tol, where + "dq_weight");
           expect_close(ours[3], ref[3], tol * 10, tol, where + "dk_weight");
@@ -146,15 +164,15 @@ TEST(QkNormRope, ReferenceMatchesCompositionForwardAndBackward) {
 TEST(QkNormRope, UndefinedWeightsAreOnes) {
   at::Generator g = gen(7);
   const int64_t b = 2, t = 11, heads = 3, hd = 72, d = heads * hd;
-  const at::Tensor qkv = at::randn({b, t, 3 * d}, g);
+  const at::Tensor qk = at::randn({b, t, 2 * d}, g);
   const auto [cos, sin] = tables(t, hd, g);
   const at::Tensor ones = at::ones({hd});
-  const at::Tensor none = qk_norm_rope(qkv, heads, at::Tensor(), at::Tensor(), cos, sin);
-  EXPECT_TRUE(at::equal(none, qk_norm_rope(qkv, heads, ones, ones, cos, sin)));
+  const auto none = qk_norm_rope(qk, heads, at::Tensor(), at::Tensor(), cos, sin);
+  EXPECT_TRUE(at::equal(joined(none), joined(qk_norm_rope(qk, heads, ones, ones, cos, sin))));
   const at::Tensor qw = at::randn({hd}, g);
-  const at::Tensor with_q = qk_norm_rope(qkv, heads, qw, at::Tensor(), cos, sin);
-  EXPECT_FALSE(at::equal(with_q.narrow(2, 0, d), none.narrow(2, 0, d)));
-  EXPECT_TRUE(at::equal(with_q.narrow(2, d, 2 * d), none.narrow(2, d, 2 * d)));
+  const auto with_q = qk_norm_rope(qk, heads, qw, at::Tensor(), cos, sin);
+  EXPECT_FALSE(at::equal(with_q[0], none[0]));
+  EXPECT_TRUE(at::equal(with_q[1], none[1]));
 }
 
 // At angle 0 (cos 1, sin 0) the op is the RMSNorm alone: each head of q and k
@@ -164,8 +182,8 @@ TEST(QkNormRope, ZeroAngleIsTheNormAlone) {
   const int64_t b = 1, t = 6, heads = 2, hd = 64, d = heads * hd;
   const at::Tensor qkv = at::randn({b, t, 3 * d}, g) * 5;
   const at::Tensor cos = at::ones({t, hd / 2}), sin = at::zeros({t, hd / 2});
-  const at::Tensor out = qk_norm_rope(qkv, heads, at::Tensor(), at::Tensor(), cos, sin, 0.0);
-  const at::Tensor ms = out.narrow(2, 0, 2 * d).reshape({b, t, 2 * heads, hd}).pow(2).mean(-1);
+  const at::Tensor out = joined(qk_norm_rope(qk_of(qkv), heads, at::Tensor(), at::Tensor(), cos, sin, 0.0));
+  const at::Tensor ms = out.reshape({b, t, 2 * heads, hd}).pow(2).mean(-1);
   expect_close(ms, at::ones_like(ms), 1e-5, 0, "mean square");
 }
 
@@ -174,11 +192,11 @@ TEST(QkNormRope, StridedViewInput) {
   at::Generator g = gen(9);
   const int64_t b = 2, t = 5, heads = 2, hd = 32, d = heads * hd;
   const at::Tensor wide = at::randn({b, t, 3 * d + 10}, g);
-  const at::Tensor view = wide.narrow(2, 4, 3 * d);
+  const at::Tensor view = wide.narrow(2, 4, 2 * d);
   const auto [cos, sin] = tables(t, hd, g);
   const at::Tensor w = at::randn({hd}, g);
-  EXPECT_TRUE(at::equal(qk_norm_rope(view, heads, w, w, cos, sin),
-                        qk_norm_rope(view.contiguous(), heads, w, w, cos, sin)));
+  EXPECT_TRUE(at::equal(joined(qk_norm_rope(view, heads, w, w, cos, sin)),
+                        joined(qk_norm_rope(view.contiguous(), heads, w, w, cos, sin))));
 }
 
 void expect_usage_error(const std::function<void()>& f, const std::string& what) {
@@ -195,30 +213,30 @@ void expect_usage_error(const std::function<void()>& f, const std::string& what)
 TEST(QkNormRope, BadInputsAreUsageErrors) {
   at::Generator g = gen(10);
   const int64_t b = 2, t = 5, heads = 2, hd = 8, d = heads * hd;
-  const at::Tensor qkv = at::randn({b, t, 3 * d}, g);
+  const at::Tensor qk = at::randn({b, t, 2 * d}, g);  // q | k
   const auto [cos, sin] = tables(t, hd, g);
   const at::Tensor w = at::randn({hd}, g);
   const at::Tensor u;
   // Sanity: the good call works.
-  EXPECT_NO_THROW(qk_norm_rope(qkv, heads, w, w, cos, sin));
-  expect_usage_error([&] { qk_norm_rope(u, heads, w, w, cos, sin); }, "undefined qkv");
-  expect_usage_error([&] { qk_norm_rope(qkv.view({b * t, 3 * d}), heads, w, w, cos, sin); }, "2-D qkv");
-  expect_usage_error([&] { qk_norm_rope(qkv.narrow(2, 0, 3 * d - 1), heads, w, w, cos, sin); }, "3D not / 3");
-  expect_usage_error([&] { qk_norm_rope(qkv, 3, w, w, cos, sin); }, "heads not dividing D");
-  expect_usage_error([&] { qk_norm_rope(qkv, 0, w, w, cos, sin); }, "zero heads");
-  expect_usage_error([&] { qk_norm_rope(at::randn({b, t, 3 * 6}, g), 2, u, u, cos.narrow(1, 0, 1), sin.narrow(1, 0, 1)); },
+  EXPECT_NO_THROW(qk_norm_rope(qk, heads, w, w, cos, sin));
+  expect_usage_error([&] { qk_norm_rope(u, heads, w, w, cos, sin); }, "undefined qk");
+  expect_usage_error([&] { qk_norm_rope(qk.view({b * t, 2 * d}), heads, w, w, cos, sin); }, "2-D qk");
+  expect_usage_error([&] { qk_norm_rope(qk.narrow(2, 0, 2 * d - 1), heads, w, w, cos, sin); }, "2D odd");
+  expect_usage_error([&] { qk_norm_rope(qk, 3, w, w, cos, sin); }, "heads not dividing D");
+  expect_usage_error([&] { qk_norm_rope(qk, 0, w, w, cos, sin); }, "zero heads");
+  expect_usage_error([&] { qk_norm_rope(at::randn({b, t, 2 * 6}, g), 2, u, u, cos.narrow(1, 0, 1), sin.narrow(1, 0, 1)); },
                      "odd head dim");
-  expect_usage_error([&] { qk_norm_rope(qkv.to(at::kDouble), heads, w, w, cos, sin); }, "float64 qkv");
-  expect_usage_error([&] { qk_norm_rope(qkv.to(at::kInt), heads, w, w, cos, sin); }, "int qkv");
-  expect_usage_error([&] { qk_norm_rope(qkv, heads, at::randn({hd + 2}, g), w, cos, sin); }, "q_weight size");
-  expect_usage_error([&] { qk_norm_rope(qkv, heads, w, at::randn({1, hd}, g), cos, sin); }, "k_weight 2-D");
-  expect_usage_error([&] { qk_norm_rope(qkv, heads, w, w.to(at::kInt), cos, sin); }, "int k_weight");
-  expect_usage_error([&] { qk_norm_rope(qkv, heads, w, w, u, sin); }, "undefined cos");
-  expect_usage_error([&] { qk_norm_rope(qkv, heads, w, w, cos.narrow(0, 0, t - 1), sin); }, "cos rows");
-  expect_usage_error([&] { qk_norm_rope(qkv, heads, w, w, cos, sin.narrow(1, 0, hd / 2 - 1)); }, "sin cols");
-  expect_usage_error([&] { qk_norm_rope(qkv, heads, w, w, cos.to(at::kBFloat16), sin); }, "bf16 cos");
-  expect_usage_error([&] { qk_norm_rope(qkv, heads, w, w, cos, sin.to(at::kDouble)); }, "fp64 sin in the op");
-  expect_usage_error([&] { qk_norm_rope(qkv, heads, w, w, cos, sin, -1.0); }, "negative eps");
+  expect_usage_error([&] { qk_norm_rope(qk.to(at::kDouble), heads, w, w, cos, sin); }, "float64 qk");
+  expect_usage_error([&] { qk_norm_rope(qk.to(at::kInt), heads, w, w, cos, sin); }, "int qk");
+  expect_usage_error([&] { qk_norm_rope(qk, heads, at::randn({hd + 2}, g), w, cos, sin); }, "q_weight size");
+  expect_usage_error([&] { qk_norm_rope(qk, heads, w, at::randn({1, hd}, g), cos, sin); }, "k_weight 2-D");
+  expect_usage_error([&] { qk_norm_rope(qk, heads, w, w.to(at::kInt), cos, sin); }, "int k_weight");
+  expect_usage_error([&] { qk_norm_rope(qk, heads, w, w, u, sin); }, "undefined cos");
+  expect_usage_error([&] { qk_norm_rope(qk, heads, w, w, cos.narrow(0, 0, t - 1), sin); }, "cos rows");
+  expect_usage_error([&] { qk_norm_rope(qk, heads, w, w, cos, sin.narrow(1, 0, hd / 2 - 1)); }, "sin cols");
+  expect_usage_error([&] { qk_norm_rope(qk, heads, w, w, cos.to(at::kBFloat16), sin); }, "bf16 cos");
+  expect_usage_error([&] { qk_norm_rope(qk, heads, w, w, cos, sin.to(at::kDouble)); }, "fp64 sin in the op");
+  expect_usage_error([&] { qk_norm_rope(qk, heads, w, w, cos, sin, -1.0); }, "negative eps");
 }
 
 }  // namespace

@@ -1,12 +1,14 @@
 // ops/qkv_attention on the GPU: cuDNN's attention with a key mask against
 // the fp32 reference, the key bias made once, the packed gradient against
-// cuDNN's own backward, the token counts steered around a cuDNN fault, and
-// the kernel each shape took (projected_attention's too). Skips without a GPU.
+// cuDNN's own backward, the three-tensor form on the single-stream block's
+// layout, the token counts steered around a cuDNN fault, and the kernel each
+// shape took (projected_attention's too). Skips without a GPU.
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention_backward.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/isfinite.h>
@@ -139,6 +141,48 @@ TEST(QkvAttentionGpu, CudnnKeyBiasOnceAndPackedGradientMatchCudnn) {
     for (int64_t i = 0; i < 3; ++i)
       EXPECT_LT(rel_l2(dqkv.narrow(2, i * D, D), hand.narrow(2, i * D, D)), 2e-3)
           << what << " d" << "qkv"[i] << " against cuDNN's packed by hand";
+  }
+}
+
+// The three-tensor form on the single-stream block's layout: q and k from a
+// dense [B, T, 2D] (QK-norm + RoPE's output), v the column block of a
+// [B, T, 3D] (the projection's output), each with its own row stride: cuDNN
+// takes them (not refused, noted as cuDNN), the output is the packed form's
+// on the same values bit for bit (the forward is deterministic), and the
+// gradients of q | k and of v match the packed form's at 2e-3 (cuDNN's dq
+// order; see above); the projection's q | k columns get no gradient. Masked
+// and not, odd shapes and the SS-B/2 block, and 1152 tokens (SS at 512 px).
+TEST(QkvAttentionGpu, ThreeTensorFormReadsTheBlockLayoutInPlace) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  auto g = cuda_gen(43);
+  for (const Shape s : {Shape{3, 67, 128, 2}, Shape{2, 288, 768, 12}, Shape{2, 131, 576, 8}, Shape{1, 1152, 768, 12}}) {
+    const int64_t B = s.batch, T = s.tokens, D = s.dim, H = s.heads;
+    const at::Tensor qk = rnd({B, T, 2 * D}, g).to(at::kBFloat16), proj = rnd({B, T, 3 * D}, g).to(at::kBFloat16);
+    const at::Tensor len = at::randint(1, T / 2 + 1, {B, 1}, g, at::TensorOptions().device(kCuda).dtype(at::kLong));
+    const at::Tensor idx = at::arange(T, at::TensorOptions().device(kCuda).dtype(at::kLong)).unsqueeze(0);
+    const at::Tensor gout = rnd({B, T, D}, g).to(at::kBFloat16);
+    for (const bool masked : {false, true}) {
+      const at::Tensor mask = masked ? (idx < len) | (idx >= T / 2) : at::Tensor();
+      const std::string what = describe(s) + (masked ? " masked" : "");
+      reset_attention_paths();
+      const at::Tensor qk_leaf = qk.detach().requires_grad_(true), proj_leaf = proj.detach().requires_grad_(true);
+      const at::Tensor out = qkv_attention(qk_leaf.narrow(2, 0, D), qk_leaf.narrow(2, D, D),
+                                           proj_leaf.narrow(2, 2 * D, D), H, mask);
+      const auto got = torch::autograd::grad({out}, {qk_leaf, proj_leaf}, {gout});
+      const at::Tensor packed = at::cat({qk, proj.narrow(2, 2 * D, D)}, 2).requires_grad_(true);
+      const at::Tensor ref = qkv_attention(packed, H, mask);
+      const at::Tensor dref = torch::autograd::grad({ref}, {packed}, {gout})[0];
+      EXPECT_FALSE(cudnn_attention_refused()) << what;
+      const auto paths = attention_paths_used();
+      ASSERT_EQ(paths.size(), 1u) << what;
+      EXPECT_EQ(paths[0].rfind("cuDNN fused", 0), 0u) << what << ": " << paths[0];
+      EXPECT_TRUE(at::equal(out, ref)) << what << " out";
+      EXPECT_LT(rel_l2(got[0], dref.narrow(2, 0, 2 * D)), 2e-3) << what << " d(q | k)";
+      EXPECT_LT(rel_l2(got[1].narrow(2, 2 * D, D), dref.narrow(2, 2 * D, D)), 2e-3) << what << " dv";
+      EXPECT_EQ(got[1].narrow(2, 0, 2 * D).abs().max().item<float>(), 0.f) << what;
+      std::cout << what << ": rel L2 d(q | k) " << rel_l2(got[0], dref.narrow(2, 0, 2 * D)) << ", dv "
+                << rel_l2(got[1].narrow(2, 2 * D, D), dref.narrow(2, 2 * D, D)) << "\n";
+    }
   }
 }
 

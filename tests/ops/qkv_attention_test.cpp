@@ -2,9 +2,12 @@
 // output and the packed qkv gradient against softmax attention written out
 // in float64 with the masked keys' logits at -inf, on odd token counts; the
 // two mask shapes agree; what lies in masked keys changes nothing; bad masks
-// are refused; the key bias made once equals the mask's.
+// are refused; the key bias made once equals the mask's. The three-tensor
+// form (q, k, v apart, each read through its own row stride) gives the packed
+// form's output and gradients, masked or not, and refuses mismatched inputs.
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/full_like.h>
@@ -22,6 +25,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "base/error.h"
 #include "ops/qkv_attention.h"
@@ -121,6 +125,44 @@ TEST(QkvAttention, KeyBiasMadeOnceMatchesTheMask) {
   EXPECT_THROW(qkv_attention(qkv, heads, mask, at::zeros({B, 1, 1, T})), UsageError);  // unaligned rows (T = 13)
   EXPECT_THROW(qkv_attention(qkv, heads, mask, at::zeros({B, T})), UsageError);        // shape
   EXPECT_THROW(attention_key_bias(at::ones({B, T}), at::kFloat), UsageError);          // not bool
+}
+
+// q and k from a dense [B, T, 2D] (as QK-norm + RoPE writes them), v the
+// column block of a [B, T, 3D] (the projection's output): the same output
+// and gradients as the packed form on the same values, with and without a
+// mask, on odd sizes.
+TEST(QkvAttention, ThreeTensorFormIsThePackedForm) {
+  auto g = seeded_cpu_generator(14);
+  for (auto [B, T, heads, d] : {std::array<int64_t, 4>{3, 67, 2, 16}, {2, 13, 3, 8}, {1, 5, 1, 4}}) {
+    const int64_t D = heads * d;
+    const at::Tensor qk0 = at::randn({B, T, 2 * D}, g), proj0 = at::randn({B, T, 3 * D}, g);
+    const at::Tensor gout = at::randn({B, T, D}, g);
+    for (const bool masked : {false, true}) {
+      const at::Tensor mask = masked ? random_mask(B, T, 2, g) : at::Tensor();
+      const at::Tensor qk = qk0.clone().requires_grad_(true), proj = proj0.clone().requires_grad_(true);
+      const at::Tensor out = qkv_attention(qk.narrow(2, 0, D), qk.narrow(2, D, D), proj.narrow(2, 2 * D, D), heads, mask);
+      const auto got = torch::autograd::grad({(out * gout).sum()}, {qk, proj});
+      const at::Tensor packed = at::cat({qk0, proj0.narrow(2, 2 * D, D)}, 2).requires_grad_(true);
+      const at::Tensor ref = qkv_attention(packed, heads, mask);
+      const at::Tensor dref = torch::autograd::grad({(ref * gout).sum()}, {packed})[0];
+      const std::string where = "T " + std::to_string(T) + (masked ? " masked " : " ");
+      expect_close(out, ref, 1e-6, 1e-5, where + "output");
+      expect_close(got[0], dref.narrow(2, 0, 2 * D), 1e-6, 1e-5, where + "d(q | k)");
+      expect_close(got[1].narrow(2, 2 * D, D), dref.narrow(2, 2 * D, D), 1e-6, 1e-5, where + "dv");
+      EXPECT_EQ(got[1].narrow(2, 0, 2 * D).abs().max().item<double>(), 0.0) << where << "the projection's q | k unused";
+    }
+  }
+}
+
+TEST(QkvAttention, ThreeTensorFormRefusesMismatchedInputs) {
+  const at::Tensor q = at::randn({2, 7, 12});
+  EXPECT_THROW(qkv_attention(q, q, at::randn({2, 7, 8}), 2), UsageError);                 // v's shape
+  EXPECT_THROW(qkv_attention(q, q.to(at::kDouble), q, 2), UsageError);                    // k's dtype
+  EXPECT_THROW(qkv_attention(q, at::Tensor(), q, 2), UsageError);                          // undefined k
+  EXPECT_THROW(qkv_attention(at::Tensor(), q, q, 2), UsageError);                          // undefined q
+  EXPECT_THROW(qkv_attention(q, q, q, 5), UsageError);                                     // 12 channels in 5 heads
+  EXPECT_THROW(qkv_attention(q, q, q, 2, at::ones({2, 6}, at::kBool)), UsageError);        // mask length
+  EXPECT_THROW(qkv_attention(q.view({14, 12}), q.view({14, 12}), q.view({14, 12}), 2), UsageError);  // 2-D
 }
 
 }  // namespace

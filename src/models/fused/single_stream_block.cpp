@@ -4,6 +4,7 @@
 
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "base/error.h"
 #include "base/scope.h"
@@ -43,9 +44,14 @@ std::pair<at::Tensor, at::Tensor> add_with_rms_norm(const PostNormResidual& r, c
 
 at::Tensor single_stream_attention(const SingleStreamAttention& attn, const at::Tensor& qkv_w, const at::Tensor& h,
                                    const SingleStreamContext& ctx) {
-  const at::Tensor packed =
-      ops::qk_norm_rope(ops::linear(h, qkv_w), attn.heads(), attn.q_norm.weight, attn.k_norm.weight, ctx.cos, ctx.sin);
-  return ops::qkv_attention(packed, attn.heads(), ctx.mask, ctx.key_bias);  // [B, S, D]
+  // The projection's output stays where it is: q | k (its first 2D columns)
+  // read in place by QK-norm + RoPE, v by attention; backward, each block's
+  // gradient reaches the projection's products as it was written.
+  const int64_t d = qkv_w.size(0) / 3;
+  const std::vector<at::Tensor> qk_v = ops::linear_column_blocks(h, qkv_w, at::Tensor(), {2 * d, d});
+  const auto [q, k] =
+      ops::qk_norm_rope(qk_v[0], attn.heads(), attn.q_norm.weight, attn.k_norm.weight, ctx.cos, ctx.sin);
+  return ops::qkv_attention(q, k, qk_v[1], attn.heads(), ctx.mask, ctx.key_bias);  // [B, S, D]
 }
 
 std::pair<at::Tensor, at::Tensor> single_stream_attention_half(const SingleStreamBlock& block,
