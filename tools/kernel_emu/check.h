@@ -60,8 +60,43 @@ void rel_l2(const char* what, const std::string& where, const T* got, const std:
   if (nan || !(r < tol)) { ++fails; printf("FAIL %s %s: rel L2 %g, %zu NaN\n", where.c_str(), what, r, nan); }
 }
 
+// Both: every element within tol of the reference, and the relative L2 error under l2_tol.
+template <typename T>
+void matches(const char* what, const std::string& where, const T* got, const std::vector<double>& ref, double tol,
+             double l2_tol) {
+  close(what, where, got, ref, tol);
+  rel_l2(what, where, got, ref, l2_tol);
+}
+
 inline std::string case_name(const char* op, const char* types, int B, int T, int D) {
   return std::string(op) + " " + types + " [" + std::to_string(B) + "," + std::to_string(T) + "," + std::to_string(D) + "]";
+}
+
+// Run 0: the emulator's default schedule; run 1: TMA loads landing at issue and the fibers
+// in reverse order. A kernel's results must be right in both, and the same bits.
+inline void set_schedule(int run) {
+  emu::loads_land_early = run == 1;
+  emu::fibers_reversed = run == 1;
+}
+// The bytes of some output vectors, one after another.
+template <typename... V> std::vector<unsigned char> bits_of(const V&... v) {
+  std::vector<unsigned char> out;
+  auto add = [&](const auto& x) {
+    const unsigned char* b = reinterpret_cast<const unsigned char*>(x.data());
+    out.insert(out.end(), b, b + x.size() * sizeof(x[0]));
+  };
+  (add(v), ...);
+  return out;
+}
+// run(check) launches a case on fresh outputs, compares them with the reference when `check`
+// and returns their bits_of: on schedule 0 checked, on schedule 1 it must give the same bits.
+template <typename Run> void on_two_schedules(const std::string& where, Run run) {
+  set_schedule(0);
+  const std::vector<unsigned char> first = run(true);
+  set_schedule(1);
+  if (run(false) != first) { ++fails; printf("FAIL %s: the other schedule gave other bits\n", where.c_str()); }
+  set_schedule(0);
+  printf("%s done, %d failures so far\n", where.c_str(), fails);
 }
 
 inline int finish() {
