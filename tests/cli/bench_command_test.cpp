@@ -197,7 +197,7 @@ TEST(CliBench, BadOptionsExitTwo) {
            {"bench --device cpu --batch 32,abc", "--batch-size"},
            {"bench --device cpu --batch 0", "--batch-size"},
            {"bench --device cpu --model DiT-Q/2", "known models"},
-           {"bench --device cpu --precision fp8", "--precision"},
+           {"bench --device cpu --precision fp4", "--precision"},
            {"bench --device cpu --against-torch --torch-modes max-autotune-fast", "--torch-modes: unknown torch mode"},
            {"bench --device tpu", "--device"},
            {"bench --device cpu --steps 0", "--steps"},
