@@ -1,6 +1,7 @@
 // train.precision = fp8 on the CPU, where the fused schedules run the fp8
 // linears on the ops' references: the key's validation, tiny DiT and
-// single-stream models training with their scaling states moving, a resumed
+// single-stream models training with their scaling states moving (a looped
+// model's shared block with a state per loop), a resumed
 // fp8 run bit-identical to an uninterrupted one, the clear error of a
 // checkpoint resumed across precisions, the monitor's fp8 health in
 // metrics.jsonl and TensorBoard's scalars, and the line the log and report
@@ -145,6 +146,31 @@ TEST_P(Fp8FamilyTest, TrainsOnTheCpuWithItsScalingStatesMoving) {
 
 INSTANTIATE_TEST_SUITE_P(Families, Fp8FamilyTest, ::testing::Values("dit", "single-stream"),
                          [](const auto& info) { return info.param == "dit" ? "DiT" : "SingleStream"; });
+
+// A looped model's states: its prelude and coda blocks', and its shared
+// block's once per loop (the loops' inputs and merged weights differ).
+TEST(Fp8Looped, TheSharedBlockHasAStatePerLoop) {
+  const TrainConfig c = with(default_config(false),
+                             {"model.name=Looped-T/2", "model.hidden=32", "model.heads=2", "model.image_size=8",
+                              "model.in_channels=2", "model.num_classes=3", "model.prelude=1", "model.coda=1",
+                              "model.loops=2", "model.lora_rank=4", "model.learn_sigma=false",
+                              "diffusion.objective=flow", "train.batch_size=8", "train.device=cpu",
+                              "train.lr=1e-2", "train.warmup_steps=0"});
+  const Trained t = train_steps(c, "fp8", 4);
+  std::vector<std::string> names;
+  for (const auto& [name, s] : t.states) names.push_back(name);
+  std::vector<std::string> want;
+  for (const char* b : {"coda.0.", "prelude.0.", "shared.0.loop.0.", "shared.0.loop.1."})
+    for (const char* l : {"attn.proj", "attn.qkv", "mlp.fc1", "mlp.fc2"}) want.push_back(std::string(b) + l);
+  EXPECT_EQ(names, want);
+  // Once the gates have moved, the loops' inputs differ: so do their amax.
+  const at::Tensor loop0 = t.states.at("shared.0.loop.0.mlp.fc1").history[ops::kFp8X][0];
+  const at::Tensor loop1 = t.states.at("shared.0.loop.1.mlp.fc1").history[ops::kFp8X][0];
+  EXPECT_GT(loop0.item<float>(), 0.f);
+  EXPECT_NE(loop0.item<float>(), loop1.item<float>());
+  EXPECT_FALSE(loop0.is_same(loop1));
+  for (double l : t.losses) EXPECT_TRUE(std::isfinite(l));
+}
 
 TrainConfig tiny_run(const std::string& runs, const std::string& name, int64_t steps, const std::string& precision) {
   TrainConfig c = with(tiny("dit"), {"model.patch=4", "data.source=synthetic", "data.synthetic_size=40",
