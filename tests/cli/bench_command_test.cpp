@@ -139,6 +139,22 @@ TEST(CliBench, SetOverridesTheSpeedConfigAndTheReportSaysSo) {
   EXPECT_TRUE(contains(md, "attention = 'cudnn'")) << md;
 }
 
+// --set train.precision=fp8 (or --precision fp8): the variants with fused
+// kernels run fp8 (on the CPU on the references), the others bf16; the
+// report names it.
+TEST(CliBench, Fp8RunsInTheFusedVariants) {
+  TempDir tmp;
+  auto r = run("bench --device cpu --model DiT-T/4 --batch 2 --steps 2 --warmup 1 --variants fused,eager-fp32"
+               " --set train.precision=fp8 --out " + tmp.file("f"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("f/bench.json")));
+  ASSERT_EQ(j["rows"].size(), 2u) << j["rows"].dump(2);
+  EXPECT_EQ(j["rows"][0]["precision"], "fp8") << j["rows"][0].dump(2);
+  EXPECT_TRUE(j["rows"][0]["error"].is_null()) << j["rows"][0].dump(2);
+  EXPECT_EQ(j["rows"][1]["precision"], "fp32");
+  EXPECT_TRUE(contains(perftrain::testing::read_raw(tmp.file("f/bench.md")), "mixed precision: fp8"));
+}
+
 // A single-stream model through the model family: class tokens, and
 // synthetic condition features with lengths (keys masked); the report
 // records the family and the condition shape, and the PyTorch side runs
