@@ -18,7 +18,8 @@ void add_step_options(CLI::App* cmd, train::bench::StepSetup& s, const std::stri
       ->check(integer_in(1, models::kMaxImageSize));
   cmd->add_option("--in-channels", s.in_channels, "latent channels")->check(integer_in(1, models::kMaxInChannels));
   cmd->add_option("--num-classes", s.num_classes, "classes")->check(integer_in(1, models::kMaxNumClasses));
-  cmd->add_option("--precision", s.precision, "bf16 | fp16: the mixed-precision variants' dtype");
+  cmd->add_option("--precision", s.precision, "bf16 | fp16 | fp8: the mixed-precision variants' dtype (fp8: those with fused kernels; "
+                  "--set train.precision=fp8 the same)");
   cmd->add_option("--device", s.device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--seed", s.seed, "model and data seed")->check(integer_in(0, INT64_MAX));
   cmd->add_option("--set", s.overrides,

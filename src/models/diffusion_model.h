@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "models/dit_config.h"
+#include "models/fp8_states.h"
 #include "nn/module.h"
 
 namespace perftrain::models {
@@ -29,6 +30,11 @@ struct DiTExecution {
   // single-stream blocks likewise keep only SwiGLU's gate_up
   // (ops::swiglu_linear): one [B*S, F] tensor less per block.
   bool gelu_recompute = false;
+  // fp8 products (train.precision = fp8, issue 39): the fused schedules run
+  // their blocks' big linears (qkv, attention out, MLP / SwiGLU) through
+  // ops::fp8_linear with the states of this table (models/fp8_states.h),
+  // owned by the caller; null: none. Needs fused_kernels, without recompute.
+  Fp8States* fp8 = nullptr;
 };
 
 // The condition of a batch. labels: [B] int64 class labels (the null class

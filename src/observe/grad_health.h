@@ -46,6 +46,17 @@ struct NamedGradHistogram {
   GradHistogram hist;
 };
 
+// The fp8 scaling's health of one linear (train.precision = fp8): its
+// current scales (the casts' multipliers of the input, weight and output
+// gradient) and the scaling's event counts since the run began, summed over
+// those three: overflows (a step's amax was NaN/Inf: the scale kept) and
+// underflows (an amax of zero: the scale kept).
+struct Fp8LayerHealth {
+  std::string name;  // "blocks.3.mlp.fc1"
+  double scale_x = 1, scale_w = 1, scale_dy = 1;
+  double overflows = 0, underflows = 0;
+};
+
 struct GradHealthSample {
   int64_t step = 0;                     // the training step it was taken at
   GradStats global;                     // all parameters together
@@ -59,6 +70,9 @@ struct GradHealthSample {
   // Gradient histograms (health.grad_histograms), per parameter and per
   // module in the orders above; empty when the step took none.
   std::vector<NamedGradHistogram> param_histograms, module_histograms;
+  // fp8 runs: every fp8 linear's scaling, as it stood when the sample was
+  // taken from the runner; empty otherwise.
+  std::vector<Fp8LayerHealth> fp8;
 };
 
 // The gradient histograms' bucket edges, fixed so that the device fills the

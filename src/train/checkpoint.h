@@ -3,7 +3,9 @@
 //   ema.safetensors            the EMA weights, same names (load either into
 //                              facebookresearch/DiT's model with load_state_dict)
 //   trainer_state.safetensors  AdamW moments and step counters, the RNG state,
-//                              and in its metadata the step and data position
+//                              fp8 runs' scaling states (fp8.<layer>.<tensor>:
+//                              StepRunner::optimizer_state), and in its
+//                              metadata the step and data position
 // Both weight files carry the resolved config (TOML) in their metadata under
 // "perftrain.config", so `perftrain sample` needs nothing else. Every file
 // records the CRC32C of each tensor and of its header (metadata, names,

@@ -85,7 +85,7 @@ std::vector<Key> keys(TrainConfig& c) {
       {"train", "ema_start", &c.optim.ema_start, {}, 0, std::numeric_limits<int64_t>::max()},
       {"train", "seed", &c.optim.seed},
       {"train", "device", &c.optim.device, {"auto", "cpu", "cuda"}},
-      {"train", "precision", &c.optim.precision, {"auto", "bf16", "fp16", "fp32"}},
+      {"train", "precision", &c.optim.precision, {"auto", "bf16", "fp16", "fp32", "fp8"}},
       {"diffusion", "objective", &c.diffusion.objective, {"ddpm", "flow"}},
       {"diffusion", "time_sampling", &c.diffusion.time_sampling, {"uniform", "logit-normal"}},
       {"diffusion", "sample_steps", &c.diffusion.sample_steps},
@@ -438,6 +438,9 @@ void TrainConfig::validate() const {
   require(o.precision != "fp16" || speed.fused_optimizer,
           "train.precision = fp16 keeps its loss scale in the device optimizer: leave speed.fused_optimizer on "
           "(--fused on)");
+  require(o.precision != "fp8" || (speed.fused_kernels && !speed.recompute),
+          "train.precision = fp8 runs the blocks' linears in the fused schedule: leave speed.fused_kernels on and "
+          "speed.recompute off");
   const auto& d = diffusion;
   require(!(model.learn_sigma && d.objective == "flow"),
           "model.learn_sigma needs diffusion.objective = \"ddpm\" (flow has no variance to learn)");

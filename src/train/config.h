@@ -49,7 +49,9 @@ struct OptimConfig {
   int64_t step_batch() const { return batch_size * accumulate; }
   uint64_t seed = 0;
   std::string device = "auto";     // auto | cpu | cuda
-  std::string precision = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32
+  // auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32 | fp8 (the blocks'
+  // big linears as fp8 products, bf16 autocast elsewhere on CUDA, fp32 on the CPU)
+  std::string precision = "auto";
 };
 
 // How a step runs on the GPU (docs/guide/speed.md): each key is a choice a

@@ -44,6 +44,18 @@ nlohmann::json grad_stats_json(const observe::GradStats& g) {
                         {"zero_share", g.zero_share}, {"nonfinite", g.nonfinite}, {"update_ratio", g.update_ratio()}};
 }
 
+// fp8's scaling: the overflow / underflow totals, and per linear its scales and counts.
+nlohmann::json fp8_record(const std::vector<observe::Fp8LayerHealth>& layers) {
+  double overflows = 0, underflows = 0;
+  nlohmann::json per = nlohmann::json::object();
+  for (const auto& f : layers) {
+    overflows += f.overflows, underflows += f.underflows;
+    per[f.name] = {{"scale_x", f.scale_x}, {"scale_w", f.scale_w}, {"scale_dy", f.scale_dy},
+                   {"overflows", f.overflows}, {"underflows", f.underflows}};
+  }
+  return {{"overflows", overflows}, {"underflows", underflows}, {"layers", per}};
+}
+
 // grad_norm is the last step's, before clipping; NaN/Inf are written too
 // (null in JSON), -1 means the step runner keeps none.
 bool has_grad_norm(const WindowStats& w) { return !(w.grad_norm < 0); }
@@ -175,6 +187,7 @@ nlohmann::json Trainer::window_record(const WindowStats& w, int64_t step, double
     nlohmann::json modules = nlohmann::json::object();
     for (const auto& m : grad_health->modules) modules[m.name] = grad_stats_json(m.stats);
     rec["grad_modules"] = modules;
+    if (!grad_health->fp8.empty()) rec["fp8"] = fp8_record(grad_health->fp8);
   }
   if (w.nonfinite_steps > 0) rec["nonfinite_steps"] = w.nonfinite_steps;
   if (!warnings.empty()) rec["health_warnings"] = warnings;

@@ -131,14 +131,16 @@ MemoryEstimate estimate_training_memory(const TrainConfig& cfg, bool cuda, const
   const double pixels = static_cast<double>(m.in_channels) * m.image_size * m.image_size;  // C*H*W of one sample
   const double out_pixels = static_cast<double>(m.out_channels()) * m.image_size * m.image_size;
 
-  const bool half = precision == "bf16" || precision == "fp16";
+  // fp8: bf16 autocast around fp8 products (its fp8 copies, a quarter of a
+  // layer's fp32 input each, are in the same margin as the bf16 ones).
+  const bool half = precision == "bf16" || precision == "fp16" || (precision == "fp8" && cuda);
   const double e = half ? 2 : 4;  // activation element size (autocast dtype or fp32)
   const bool fused = cuda && sp.fused_kernels;
   const bool device_optimizer = cuda && sp.fused_optimizer;
   // bf16 copies kept by the device optimizer; otherwise 16-bit casts of the
   // weights made per product (autocast's cache, or compute_weight's cast)
   // and held by autograd until backward: the same bytes.
-  const bool shadows = device_optimizer && precision == "bf16" && sp.fused_kernels;
+  const bool shadows = device_optimizer && (precision == "bf16" || precision == "fp8") && sp.fused_kernels;
   double weight_copies = (shadows || half) ? 2 * P : 0;
 
   double per_block = 0, extra = 0;

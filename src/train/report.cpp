@@ -115,8 +115,9 @@ std::string health_section(const TrainSummary& segment, const std::vector<RunSeg
   return r.str();
 }
 
-std::string precision_text(const std::string& precision) {
+std::string precision_text(const std::string& precision, const std::string& fp8) {
   if (precision == "fp32") return "fp32 (TF32 matrix products on CUDA)";
+  if (precision == "fp8") return "fp8 in the blocks' linears, bf16 autocast elsewhere on CUDA (fp32 on the CPU): " + fp8;
   return precision + " autocast, fp32 weights and optimizer state" + (precision == "fp16" ? ", dynamic loss scale" : "");
 }
 
@@ -157,7 +158,7 @@ void write_report(const std::string& run_dir, const TrainConfig& cfg, const Trai
     << "| data | " << facts.data << " |\n"
     << "| objective | " << cfg.diffusion.objective << " |\n"
     << "| device | " << facts.device << " |\n"
-    << "| precision | " << precision_text(facts.precision) << " |\n"
+    << "| precision | " << precision_text(facts.precision, facts.fp8) << " |\n"
     << "| step | " << segment.step_mode << " |\n"
     << "| speed settings | " << speed_settings(cfg) << " |\n"
     << "| torch | " << compat::torch_version() << " |\n"

@@ -28,6 +28,7 @@ MetricsTotals read_metrics_totals(const std::string& metrics_path);
 struct ReportFacts {
   std::string device, precision, data;
   int64_t params = 0;  // trainable
+  std::string fp8;     // StepRunner::fp8_note() ("" unless train.precision = fp8)
 };
 
 // Writes run_dir/report.md from the config, this segment's summary, the

@@ -36,6 +36,7 @@
 #include "distributed/group.h"
 #include "train/device_optimizer.h"
 #include "train/ema.h"
+#include "train/fp8_training.h"
 #include "train/grad_clip.h"
 #include "train/grad_monitor.h"
 #include "train/lr_schedule.h"
@@ -52,6 +53,8 @@ struct StepRunner::Impl {
   at::Generator gen;
   std::optional<at::ScalarType> autocast;  // bf16 / fp16, or fp32 without autocast
   models::DiTExecution execution;          // how the model's blocks run
+  // train.precision = fp8: the linears' scaling states (execution.fp8 points here).
+  std::unique_ptr<models::Fp8States> fp8;
   std::vector<at::Tensor> params, ema_params;
   // Data parallel: the gradients' buckets, all-reduced as backward fills them.
   std::unique_ptr<distributed::GradBuckets> buckets;
@@ -265,6 +268,10 @@ struct StepRunner::Impl {
       add_mean(step, terms, n);
     }
     average_gradients();
+    if (fp8) {  // the next step's scales from this step's amax: after backward, before the optimizer
+      PERFTRAIN_SCOPE("fp8_scaling");
+      fp8->update(kFp8Margin);
+    }
     update(step.loss);
     at::NoGradGuard no_grad;
     if (guard) {  // a non-finite step stays out of the window's means
@@ -496,7 +503,8 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
   if (opts.precision == "fp16" && !speed.fused_optimizer)
     throw UsageError("precision fp16 keeps its loss scale in the device optimizer: leave speed.fused_optimizer on");
   s.cfg.optim.precision = opts.precision;
-  if (opts.precision == "bf16") s.autocast = at::kBFloat16;
+  const bool fp8 = opts.precision == "fp8";
+  if (opts.precision == "bf16" || (fp8 && cuda)) s.autocast = at::kBFloat16;
   if (opts.precision == "fp16") s.autocast = at::kHalf;
   if (cuda) {
     at::globalContext().setAllowTF32CuBLAS(true);  // fp32 matrix products on TF32 Tensor Cores
@@ -504,6 +512,7 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
   }
   s.execution = dit_execution(speed, cuda);
   if (!model.has_fused_path()) s.execution.fused_kernels = s.execution.gelu_recompute = false;
+  if (fp8) s.fp8 = fp8_states_for(model, cfg, opts.group != nullptr && opts.group->world_size() > 1, s.execution);
   // The products' rows: every token of this process's samples (a
   // single-stream model's condition tokens too; batch_size is the global
   // batch, of which each data-parallel rank holds 1/N).
@@ -535,7 +544,7 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
     o.skip_nonfinite = opts.grad_norm && !o.dynamic_loss_scale;  // the non-finite guard
     // bf16 copies of the weights, rewritten by each update, for the fused ops
     // to multiply with (instead of a cast per product).
-    o.bf16_shadows = opts.precision == "bf16" && s.execution.fused_kernels;
+    o.bf16_shadows = (opts.precision == "bf16" || fp8) && s.execution.fused_kernels;
     s.device_optimizer = std::make_unique<DeviceOptimizer>(model.named_parameters(), s.ema_params, o,
                                                            s.shards ? s.shards->owned() : std::vector<bool>{});
     s.compute_weights = s.device_optimizer->compute_weights();
@@ -631,6 +640,7 @@ void StepRunner::step(const data::Batch& batch) {
       }
     }
   }
+  if (steps_done_ == 0 && s.fp8) fp8_states_made(*s.fp8);
   if (s.monitoring && (s.monitored_graph || !s.graph)) s.monitor->queue_readback(this_step);
   s.monitoring = false;
   ++s.window;
@@ -676,7 +686,17 @@ WindowStats StepRunner::take_window() {
 
 std::vector<std::pair<std::string, at::Tensor>> StepRunner::optimizer_state() const {
   auto local = impl_->device_optimizer ? impl_->device_optimizer->state() : impl_->adamw->state();
-  return impl_->shards ? impl_->shards->full_state(local) : local;
+  auto out = impl_->shards ? impl_->shards->full_state(local) : local;
+  if (impl_->fp8)
+    for (const auto& [name, t] : impl_->fp8->named_tensors()) out.emplace_back(kFp8Prefix + name, t);
+  return out;
+}
+
+const models::Fp8States* StepRunner::fp8_states() const { return impl_->fp8.get(); }
+
+std::string StepRunner::fp8_note() const {
+  if (!impl_->fp8) return "";
+  return describe_fp8(*impl_->fp8);
 }
 
 std::string StepRunner::optimizer_sharding() const {
@@ -685,9 +705,11 @@ std::string StepRunner::optimizer_sharding() const {
       state_bytes(impl_->device_optimizer ? impl_->device_optimizer->state() : impl_->adamw->state()));
 }
 
-void StepRunner::load_optimizer_state(const std::vector<std::pair<std::string, at::Tensor>>& state) {
-  if (impl_->device_optimizer) impl_->device_optimizer->load_state(state);
-  else impl_->adamw->load_state(state);
+void StepRunner::load_optimizer_state(const std::vector<std::pair<std::string, at::Tensor>>& all) {
+  const Fp8Split split = split_fp8_state(all, impl_->fp8 != nullptr);
+  if (impl_->fp8) impl_->fp8->load(split.fp8);
+  if (impl_->device_optimizer) impl_->device_optimizer->load_state(split.rest);
+  else impl_->adamw->load_state(split.rest);
 }
 
 void StepRunner::set_global_step(int64_t step) {
@@ -696,7 +718,13 @@ void StepRunner::set_global_step(int64_t step) {
 }
 
 std::vector<observe::GradHealthSample> StepRunner::take_grad_health(bool wait) {
-  return impl_->monitor ? impl_->monitor->take_ready(wait) : std::vector<observe::GradHealthSample>{};
+  if (!impl_->monitor) return {};
+  std::vector<observe::GradHealthSample> samples = impl_->monitor->take_ready(wait);
+  if (impl_->fp8 && !samples.empty()) {
+    const std::vector<observe::Fp8LayerHealth> now = fp8_health(*impl_->fp8);
+    for (auto& s : samples) s.fp8 = now;
+  }
+  return samples;
 }
 
 const std::string& StepRunner::monitor_note() const { return impl_->monitor_note; }

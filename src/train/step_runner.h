@@ -4,6 +4,10 @@
 // the EMA and the LR schedule, with
 //  - precision: bf16 (default) or fp16 autocast over the forward, or fp32
 //    with TF32 matrix products; fp16 keeps a dynamic loss scale on the device;
+//    fp8: the blocks' big linears as fp8 products with delayed scaling (its
+//    states here, updated once a step between backward and the optimizer;
+//    bf16 autocast elsewhere on CUDA, fp32 on the CPU, where the fused
+//    schedule runs on the ops' references);
 //  - fused kernels in the DiT blocks (adaLN LayerNorm, gated residual,
 //    cuBLASLt matrix products with bias / GELU epilogues);
 //  - the optimizer on the device (one multi-tensor launch for clip, AdamW,
@@ -39,7 +43,7 @@ namespace perftrain::train {
 // fused kernels, device optimizer, recompute, GELU recompute) is cfg.speed;
 // the process-wide [speed] keys are apply_speed_settings' (train/speed.h).
 struct StepOptions {
-  std::string precision = "bf16";  // bf16 | fp16 | fp32 (train.precision resolved for the device)
+  std::string precision = "bf16";  // bf16 | fp16 | fp32 | fp8 (train.precision resolved for the device)
   int warmup_steps = 3;            // eager steps before the capture
   // The gradient norm each step, for the log, also without clipping; false:
   // only where clipping or the fp16 loss scale needs it (the bench again).
@@ -123,7 +127,16 @@ class StepRunner {
   // detail, when that batch is no longer kept or nothing went non-finite.
   NonFiniteSite locate_nonfinite(int64_t step);
 
-  // Optimizer state for checkpoints, named as AdamW::state() names it.
+  // fp8 (train.precision = fp8): the linears' scaling states (null
+  // otherwise), and a line for the log and report: how many linears run fp8
+  // products, and which ran ops::linear (shapes not multiples of 16 on CUDA).
+  const models::Fp8States* fp8_states() const;
+  std::string fp8_note() const;
+
+  // Optimizer state for checkpoints, named as AdamW::state() names it; with
+  // fp8 the scaling states too, as "fp8.<layer>.<tensor>" and
+  // "fp8.history_len" (load_optimizer_state refuses a state with them when
+  // this run is not fp8, or without them when it is: UsageError).
   // With distributed.shard_optimizer a collective (every rank calls it): the whole
   // state gathered on rank 0 (host copies), empty on the other ranks; loading
   // takes each rank's own parameters' part of a whole state.

@@ -76,6 +76,7 @@ void Trainer::first_step_done() {
   wait_at_window_start_ = loader_->wait_seconds();
   log_ << "first step done " << summary_.first_step_s << " s after start\n";
   if (!runner_->weight_grad_note().empty()) log_ << runner_->weight_grad_note() << "\n";
+  if (!runner_->fp8_note().empty()) log_ << runner_->fp8_note() << "\n";
 }
 
 bool Trainer::window_due(int64_t step, int stop) const {

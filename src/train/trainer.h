@@ -122,6 +122,9 @@ class Trainer {
   // Set-up.
   void check_config();
   void choose_device();
+  // Whether sampling autocasts to bf16: on CUDA, unless the run is fp32
+  // (an fp8 run samples in bf16; the CPU samples in fp32).
+  bool samples_in_bf16() const { return device_.is_cuda() && precision_ != "fp32"; }
   void check_memory() const;
   void check_loggers();
   void open_dataset();

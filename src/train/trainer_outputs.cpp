@@ -164,7 +164,7 @@ void Trainer::write_report(const std::string& end) {
   reported_ = true;
   const std::vector<RunSegment> segments = record_segment(end);
   const ReportFacts facts{compat::device_description(device_), precision_, dataset_->describe(),
-                          built_.model->parameter_count(true)};
+                          built_.model->parameter_count(true), runner_->fp8_note()};
   train::write_report(run_->path(), cfg_, summary_, segments, facts);
 }
 

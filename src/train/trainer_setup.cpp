@@ -238,7 +238,7 @@ void Trainer::open_evaluator() {
   o.samples = e.samples;
   o.batch_size = std::min<int64_t>(e.samples, 256);
   o.sample = SampleOptions{cfg_.log.sample_classes, cfg_.log.sample_per_class, cfg_.diffusion.sample_steps,
-                           cfg_.diffusion.cfg_scale, cfg_.optim.seed, precision_ != "fp32", {}};
+                           cfg_.diffusion.cfg_scale, cfg_.optim.seed, samples_in_bf16(), {}};
   o.inception = e.inception;
   o.ref_stats = e.ref_stats;
   o.features = e.features;
@@ -299,7 +299,7 @@ void Trainer::start_loop() {
                                                                     cfg_.data.flip && cfg_.data.source == "images"});
   progress_ = std::make_unique<Progress>(log_, cfg_.optim.steps, opts_.interactive);
   sample_opts_ = SampleOptions{cfg_.log.sample_classes, cfg_.log.sample_per_class, cfg_.diffusion.sample_steps,
-                               cfg_.diffusion.cfg_scale, cfg_.optim.seed, precision_ != "fp32", image_decoder_};
+                               cfg_.diffusion.cfg_scale, cfg_.optim.seed, samples_in_bf16(), image_decoder_};
   summary_.run_dir = run_path_;
   summary_.first_step = state_.step + 1;
   window_start_ = loop_start_ = Clock::now();

@@ -139,6 +139,22 @@ TEST(CliBench, SetOverridesTheSpeedConfigAndTheReportSaysSo) {
   EXPECT_TRUE(contains(md, "attention = 'cudnn'")) << md;
 }
 
+// --set train.precision=fp8 (or --precision fp8): the variants with fused
+// kernels run fp8 (on the CPU on the references), the others bf16; the
+// report names it.
+TEST(CliBench, Fp8RunsInTheFusedVariants) {
+  TempDir tmp;
+  auto r = run("bench --device cpu --model DiT-T/4 --batch 2 --steps 2 --warmup 1 --variants fused,eager-fp32"
+               " --set train.precision=fp8 --out " + tmp.file("f"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(perftrain::testing::read_raw(tmp.file("f/bench.json")));
+  ASSERT_EQ(j["rows"].size(), 2u) << j["rows"].dump(2);
+  EXPECT_EQ(j["rows"][0]["precision"], "fp8") << j["rows"][0].dump(2);
+  EXPECT_TRUE(j["rows"][0]["error"].is_null()) << j["rows"][0].dump(2);
+  EXPECT_EQ(j["rows"][1]["precision"], "fp32");
+  EXPECT_TRUE(contains(perftrain::testing::read_raw(tmp.file("f/bench.md")), "mixed precision: fp8"));
+}
+
 // A single-stream model through the model family: class tokens, and
 // synthetic condition features with lengths (keys masked); the report
 // records the family and the condition shape, and the PyTorch side runs
@@ -197,7 +213,7 @@ TEST(CliBench, BadOptionsExitTwo) {
            {"bench --device cpu --batch 32,abc", "--batch-size"},
            {"bench --device cpu --batch 0", "--batch-size"},
            {"bench --device cpu --model DiT-Q/2", "known models"},
-           {"bench --device cpu --precision fp8", "--precision"},
+           {"bench --device cpu --precision fp4", "--precision"},
            {"bench --device cpu --against-torch --torch-modes max-autotune-fast", "--torch-modes: unknown torch mode"},
            {"bench --device tpu", "--device"},
            {"bench --device cpu --steps 0", "--steps"},

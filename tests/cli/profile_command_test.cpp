@@ -95,6 +95,19 @@ TEST(CliProfile, ProfilesAStepOnTheCpu) {
   EXPECT_EQ(again.code, 2) << again.output;
 }
 
+// train.precision = fp8 through --set: the step runs its fp8 linears (on the
+// CPU on the references) and the scaling update once a step, in its own scope.
+TEST(CliProfile, ProfilesAnFp8Step) {
+  TempDir tmp;
+  const std::string out = tmp.file("p");
+  const auto r = run("profile" + kTinyModel + " --model DiT-T/4 --batch 2 --variant all --set train.precision=fp8"
+                     " --timed-steps 2 --schedule wait=1,warmup=1,active=2 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(perftrain::testing::read_raw(out + "/profile.md"), "precision fp8")) << r.output;
+  const Trace t(out + "/window-0.json");
+  EXPECT_TRUE(t.nested("perftrain::fp8_scaling", "perftrain::step"));
+}
+
 // --profile-scopes-only: the perftrain scopes in the trace, no ATen ops; the
 // report still splits the step by phase and says what it measured.
 TEST(CliProfile, ScopesOnlyForProfileAndTrain) {

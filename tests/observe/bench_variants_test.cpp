@@ -45,8 +45,21 @@ TEST(BenchVariants, UnknownNamesListTheKnownOnes) {
   EXPECT_NE(msg.find("eager-fp32, eager-bf16, fused, graph, all"), std::string::npos) << msg;
   msg = error_of<perftrain::UsageError>([] { parse_variants(" , "); });
   EXPECT_NE(msg.find("empty"), std::string::npos) << msg;
-  msg = error_of<perftrain::UsageError>([] { parse_variants("all", "fp8"); });
+  msg = error_of<perftrain::UsageError>([] { parse_variants("all", "fp4"); });
   EXPECT_NE(msg.find("--precision"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fp8"), std::string::npos) << msg;
+}
+
+// fp8 runs in the fused schedule: the variants with fused kernels take it,
+// the others stay bf16.
+TEST(BenchVariants, Fp8GoesToTheVariantsWithFusedKernels) {
+  const auto v = parse_variants("eager-fp32,eager-bf16,fused,graph,all", "fp8");
+  ASSERT_EQ(v.size(), 5u);
+  EXPECT_EQ(v[0].precision, "fp32");
+  EXPECT_EQ(v[1].precision, "bf16");
+  EXPECT_EQ(v[2].precision, "fp8");
+  EXPECT_EQ(v[3].precision, "bf16");
+  EXPECT_EQ(v[4].precision, "fp8");
 }
 
 }  // namespace

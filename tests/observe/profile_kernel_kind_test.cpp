@@ -28,6 +28,24 @@ TEST(ProfileKernelKind, RowNormKernelsAreTheFusedNorms) {
   EXPECT_EQ(kernel_kind("void perftrain::kernels::(anonymous namespace)::gated_reduce_partials_kernel<float>"), kFused);
 }
 
+// train.precision = fp8: the casts (with their amax) and the scaling update
+// are a kind of their own; the fp8 products stay matrix products.
+TEST(ProfileKernelKind, Fp8CastsAndScaling) {
+  const std::string kFp8 = "fp8 casts and scaling";
+  EXPECT_EQ(kernel_kind("void perftrain::kernels::(anonymous namespace)::fp8_cast_kernel<__nv_bfloat16, "
+                        "(perftrain::kernels::Fp8Format)0, true>(__nv_bfloat16 const*, long, float const*, "
+                        "unsigned char*, float*)"),
+            kFp8);
+  EXPECT_EQ(kernel_kind("void perftrain::kernels::(anonymous namespace)::fp8_cast_transpose_kernel<__nv_bfloat16, "
+                        "(perftrain::kernels::Fp8Format)1>(...)"),
+            kFp8);
+  EXPECT_EQ(kernel_kind("perftrain::kernels::(anonymous namespace)::fp8_scaling_update_kernel("
+                        "perftrain::kernels::Fp8ScalingTable, float)"),
+            kFp8);
+  EXPECT_EQ(kernel_kind("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1"),
+            "matrix products");
+}
+
 TEST(ProfileKernelKind, OtherKinds) {
   EXPECT_EQ(kernel_kind("void at::native::vectorized_layer_norm_kernel<float, float>"), "other norms and reductions");
   EXPECT_EQ(kernel_kind("nvjet_tst_128x64_64x4_1x2_h_bz_coopB_TNN"), "matrix products");

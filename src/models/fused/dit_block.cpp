@@ -1,6 +1,7 @@
 #include "models/fused/dit_block.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/silu.h>
 
 #include <string>
@@ -14,6 +15,7 @@
 #include "ops/gelu_mlp.h"
 #include "ops/linear.h"
 #include "ops/projected_attention.h"
+#include "ops/qkv_attention.h"
 #include "ops/residual_adaln.h"
 #include "ops/stacked_linear.h"
 
@@ -48,13 +50,20 @@ std::pair<at::Tensor, at::Tensor> add_with_norm(const GatedResidual& r, const at
 
 std::pair<at::Tensor, at::Tensor> dit_attention_half(const DiTBlock& block, const DiTBlockWeights& w,
                                                      const at::Tensor& x, const at::Tensor& h,
-                                                     const DiTModulation& mod, at::ScalarType act) {
-  const at::Tensor a = ops::projected_attention(h, w.qkv_w, w.qkv_b, block.attn.heads());  // [B, T, D] act
-  return add_with_norm({x, mod.gate_msa, ops::linear(a, w.proj_w), w.proj_b}, mod.shift_mlp, mod.scale_mlp, act);
+                                                     const DiTModulation& mod, at::ScalarType act,
+                                                     const Fp8Block& fp8) {
+  const at::Tensor a = fp8.states != nullptr
+                           ? ops::qkv_attention(block_linear(fp8, "attn.qkv", h, w.qkv_w, w.qkv_b), block.attn.heads())
+                           : ops::projected_attention(h, w.qkv_w, w.qkv_b, block.attn.heads());  // [B, T, D] act
+  return add_with_norm({x, mod.gate_msa, block_linear(fp8, "attn.proj", a, w.proj_w), w.proj_b}, mod.shift_mlp,
+                       mod.scale_mlp, act);
 }
 
-at::Tensor dit_mlp_half(const DiTBlockWeights& w, const at::Tensor& h2, bool keep_activation) {
-  return ops::gelu_mlp(h2, w.fc1_w, w.fc1_b, w.fc2_w, at::Tensor(), keep_activation);  // [B, T, D]
+at::Tensor dit_mlp_half(const DiTBlockWeights& w, const at::Tensor& h2, bool keep_activation, const Fp8Block& fp8) {
+  if (fp8.states == nullptr) return ops::gelu_mlp(h2, w.fc1_w, w.fc1_b, w.fc2_w, at::Tensor(), keep_activation);
+  // The bf16 fc1 + bias + GELU epilogue takes no fp8 operands: GELU on its own.
+  const at::Tensor act = at::gelu(block_linear(fp8, "mlp.fc1", h2, w.fc1_w, w.fc1_b), "tanh");
+  return block_linear(fp8, "mlp.fc2", act, w.fc2_w);  // [B, T, D]
 }
 
 at::Tensor dit_block(const DiTBlock& block, const DiTBlockWeights& w, const at::Tensor& x, const at::Tensor& c,
@@ -66,7 +75,8 @@ at::Tensor dit_block(const DiTBlock& block, const DiTBlockWeights& w, const at::
 }
 
 at::Tensor dit_blocks_chained(const DiTBlockSeq& seq, const std::vector<DiTModulation>& mods, const at::Tensor& x0,
-                              at::ScalarType act, bool keep_activation, const CloseChain& close) {
+                              at::ScalarType act, bool keep_activation, const CloseChain& close,
+                              Fp8States* fp8) {
   if (seq.empty() || mods.size() != seq.size())
     throw RuntimeError("dit_blocks_chained: " + std::to_string(seq.size()) + " blocks and " +
                        std::to_string(mods.size()) + " modulations (one per block, at least one)");
@@ -76,8 +86,9 @@ at::Tensor dit_blocks_chained(const DiTBlockSeq& seq, const std::vector<DiTModul
     const auto [scope, index] = scope_of(seq[i], i);
     PERFTRAIN_SCOPE_INDEXED(scope, index);
     const DiTBlockWeights& w = seq[i].weights;
-    auto [x1, h2] = dit_attention_half(*seq[i].block, w, x, h, mods[i], act);
-    GatedResidual mlp_residual{x1, mods[i].gate_mlp, dit_mlp_half(w, h2, keep_activation), w.fc2_b};
+    const Fp8Block f{fp8, seq[i].key};
+    auto [x1, h2] = dit_attention_half(*seq[i].block, w, x, h, mods[i], act, f);
+    GatedResidual mlp_residual{x1, mods[i].gate_mlp, dit_mlp_half(w, h2, keep_activation, f), w.fc2_b};
     if (i + 1 == seq.size()) return close(mlp_residual);
     if (seq[i + 1].enter_add.defined()) mlp_residual.x = x1 + seq[i + 1].enter_add;
     std::tie(x, h) = add_with_norm(mlp_residual, mods[i + 1].shift_msa, mods[i + 1].scale_msa, act);

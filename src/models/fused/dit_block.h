@@ -20,6 +20,7 @@
 
 #include "models/block_weights.h"
 #include "models/dit.h"
+#include "models/fp8_states.h"
 #include "models/fused/block_application.h"
 
 namespace perftrain::models::fused {
@@ -65,14 +66,21 @@ std::pair<at::Tensor, at::Tensor> add_with_norm(const GatedResidual& r, const at
 
 // The attention half from the residual stream x and its modulated norm h:
 // projected_attention, proj without its bias, and the residual added with
-// the MLP's modulated norm -> (x1, h2).
+// the MLP's modulated norm -> (x1, h2). With fp8 states (fp8.states): the
+// qkv product through block_linear ("attn.qkv"), then qkv_attention on the
+// packed result, and proj's ("attn.proj").
 std::pair<at::Tensor, at::Tensor> dit_attention_half(const DiTBlock& block, const DiTBlockWeights& w,
                                                      const at::Tensor& x, const at::Tensor& h,
-                                                     const DiTModulation& mod, at::ScalarType act);
+                                                     const DiTModulation& mod, at::ScalarType act,
+                                                     const Fp8Block& fp8 = {});
 
 // The MLP of h2 without fc2's bias (the residual after it adds it):
-// gelu_mlp; keep_activation false: GELU again in backward.
-at::Tensor dit_mlp_half(const DiTBlockWeights& w, const at::Tensor& h2, bool keep_activation);
+// gelu_mlp; keep_activation false: GELU again in backward. With fp8 states:
+// fc1 ("mlp.fc1", its bias in the product), GELU (tanh) as its own op, fc2
+// ("mlp.fc2"): gelu_mlp's bias + GELU epilogue takes no fp8 operands, and
+// keep_activation does not apply (fc2 keeps its fp8 input).
+at::Tensor dit_mlp_half(const DiTBlockWeights& w, const at::Tensor& h2, bool keep_activation,
+                        const Fp8Block& fp8 = {});
 
 // The whole block on its own with the weights w (x [B, T, D] fp32, c [B, D]
 // -> [B, T, D]): its modulation, adaln_layernorm to open it, the two halves, the MLP
@@ -93,7 +101,10 @@ using CloseChain = std::function<at::Tensor(const GatedResidual&)>;
 // layer's norm), called while the last block's tensors are still held, as
 // one loop would hold them; returns what close returns. Each application
 // runs in a "block i" profiler range (base/scope.h), i its place in seq.
+// fp8: the table whose states (by each application's key) the block
+// linears run with (models/fp8_states.h); null: none.
 at::Tensor dit_blocks_chained(const DiTBlockSeq& seq, const std::vector<DiTModulation>& mods, const at::Tensor& x0,
-                              at::ScalarType act, bool keep_activation, const CloseChain& close);
+                              at::ScalarType act, bool keep_activation, const CloseChain& close,
+                              Fp8States* fp8 = nullptr);
 
 }  // namespace perftrain::models::fused

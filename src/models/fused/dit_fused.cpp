@@ -27,7 +27,7 @@ at::Tensor final_product(const FinalLayer& layer, const at::Tensor& h) {
 
 // The blocks and the final layer chained, from the embedded tokens x0.
 at::Tensor chained(const DiT& model, const at::Tensor& x0, const at::Tensor& c, at::ScalarType act,
-                   bool keep_activation) {
+                   bool keep_activation, Fp8States* fp8) {
   // One SiLU and one cast of c for all blocks and the final layer.
   const at::Tensor silu_c = at::silu(c).to(act);
   std::vector<const DiTBlock*> blocks;
@@ -38,7 +38,7 @@ at::Tensor chained(const DiT& model, const at::Tensor& x0, const at::Tensor& c, 
   // stream itself is not needed after it.
   return dit_blocks_chained(seq, mods, x0, act, keep_activation, [&](const GatedResidual& last) {
     return dit_final_layer_after(model.final_layer, last, silu_c, act);
-  });
+  }, fp8);
 }
 
 }  // namespace
@@ -52,7 +52,7 @@ at::Tensor dit_final_layer_after(const FinalLayer& layer, const GatedResidual& l
 at::Tensor dit_forward(const DiT& model, const at::Tensor& x, const at::Tensor& c, const DiTExecution& exec) {
   const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
   at::Tensor h = ops::position_add(model.x_embedder.forward_as_product(x, act), model.pos_embed);  // contiguous [B, T, D]
-  if (!exec.recompute && model.blocks.size() > 0) return chained(model, h, c, act, !exec.gelu_recompute);
+  if (!exec.recompute && model.blocks.size() > 0) return chained(model, h, c, act, !exec.gelu_recompute, exec.fp8);
   return model.final_layer.forward(model.run_blocks(std::move(h), c, exec), c, exec);
 }
 

@@ -81,14 +81,20 @@ struct Chain {
 using DiTChain = Chain<DiTApplication, DiTModulation>;
 using SingleStreamChain = Chain<SingleStreamApplication, SingleStreamModulation>;
 
-// The prelude and coda blocks with their own weights, in that order.
+// The prelude and coda blocks with their own weights, in that order (keys
+// "prelude.i", "coda.j").
 template <class Block>
 auto ends_of(const nn::ModuleList<Block>& prelude, const nn::ModuleList<Block>& coda) {
   std::vector<const Block*> blocks;
   for (size_t i = 0; i < prelude.size(); ++i) blocks.push_back(&prelude[i]);
   for (size_t i = 0; i < coda.size(); ++i) blocks.push_back(&coda[i]);
-  return own_weights(blocks);
+  auto seq = own_weights(blocks, "prelude");
+  for (size_t j = 0; j < coda.size(); ++j) seq[prelude.size() + j].key = "coda." + std::to_string(j);
+  return seq;
 }
+
+// Shared block k's key in loop l.
+std::string loop_key(int64_t k, int64_t l) { return "shared." + std::to_string(k) + ".loop." + std::to_string(l); }
 
 // Each block alone under ops::recompute, run(block, x, c) its forward: x -> x.
 template <class Block, class Run>
@@ -119,10 +125,11 @@ at::Tensor routed_loop(const LoopedDiT& m, int64_t l, const at::Tensor& u, const
 
 // The waiting applications run, their last residual added alone: -> the
 // residual stream (start when none wait), from which the chain starts again.
-at::Tensor flush(DiTChain& chain, at::ScalarType act, bool keep_activation) {
+at::Tensor flush(DiTChain& chain, at::ScalarType act, bool keep_activation, Fp8States* fp8) {
   if (!chain.seq.empty())
-    chain.start = dit_blocks_chained(chain.seq, chain.mods, chain.start, act, keep_activation,
-                                     [](const GatedResidual& r) { return ops::gated_residual(r.x, r.gate, r.y, r.bias); });
+    chain.start = dit_blocks_chained(
+        chain.seq, chain.mods, chain.start, act, keep_activation,
+        [](const GatedResidual& r) { return ops::gated_residual(r.x, r.gate, r.y, r.bias); }, fp8);
   chain.seq.clear();
   chain.mods.clear();
   return chain.start;
@@ -144,7 +151,7 @@ DiTLoops dit_loops(const LoopedDiT& m, const at::Tensor& silu_cl) {
     w.emplace_back(), b.emplace_back();
     for (int64_t k = 0; k < cfg.shared_group; ++k) {
       const DiTBlockWeights lw = m.loop_weights(l, k);
-      out.apps.back().push_back({&m.dit->shared[static_cast<size_t>(k)], lw, at::Tensor(), "loop", l});
+      out.apps.back().push_back({&m.dit->shared[static_cast<size_t>(k)], lw, at::Tensor(), "loop", l, loop_key(k, l)});
       w.back().push_back(lw.ada_w), b.back().push_back(lw.ada_b);
     }
   }
@@ -157,7 +164,7 @@ DiTLoops dit_loops(const LoopedDiT& m, const at::Tensor& silu_cl) {
 // Every application chained where the stream allows (looped_fused.h), from
 // the embedded tokens h to the final layer's tokens [B, T, p*p*out].
 at::Tensor dit_chained(const LoopedDiT& m, const at::Tensor& h, const at::Tensor& c, at::ScalarType act,
-                       bool keep_activation, std::vector<at::Tensor>& aux) {
+                       bool keep_activation, Fp8States* fp8, std::vector<at::Tensor>& aux) {
   const DiTConfig& cfg = m.config();
   const LoopedDiTParts& p = *m.dit;
   const at::Tensor silu_c = at::silu(c).to(act);
@@ -167,19 +174,19 @@ at::Tensor dit_chained(const LoopedDiT& m, const at::Tensor& h, const at::Tensor
   const size_t P = p.prelude.size();
   DiTChain chain{h, {}, {}};
   for (size_t i = 0; i < P; ++i) chain.add(ends[i], end_mods[i]);
-  const at::Tensor e = cfg.reinject == "none" ? at::Tensor() : flush(chain, act, keep_activation);
+  const at::Tensor e = cfg.reinject == "none" ? at::Tensor() : flush(chain, act, keep_activation, fp8);
   for (int64_t l = 0; l < cfg.loops; ++l) {
     const DiTBlockSeq& apps = loops.apps[static_cast<size_t>(l)];
     const std::vector<DiTModulation>& mods = loops.mods[static_cast<size_t>(l)];
     if (cfg.loop_routed(l)) {
-      const at::Tensor u = m.reinjected(flush(chain, act, keep_activation), e).to(at::kFloat);
+      const at::Tensor u = m.reinjected(flush(chain, act, keep_activation, fp8), e).to(at::kFloat);
       chain.start = routed_loop(m, l, u, [&](const at::Tensor& g) {
         DiTChain group{g, apps, mods};
-        return flush(group, act, keep_activation);
+        return flush(group, act, keep_activation, fp8);
       }, aux);
       continue;
     }
-    if (cfg.reinject == "concat") chain.start = m.reinjected(flush(chain, act, keep_activation), e).to(at::kFloat);
+    if (cfg.reinject == "concat") chain.start = m.reinjected(flush(chain, act, keep_activation, fp8), e).to(at::kFloat);
     for (size_t k = 0; k < apps.size(); ++k) {
       DiTApplication a = apps[k];
       if (k == 0 && cfg.reinject == "add") a.enter_add = e;  // u = h + e, added inside the chain
@@ -188,8 +195,9 @@ at::Tensor dit_chained(const LoopedDiT& m, const at::Tensor& h, const at::Tensor
   }
   for (size_t j = P; j < ends.size(); ++j) chain.add(ends[j], end_mods[j]);
   if (chain.seq.empty()) return dit_final_layer(p.final_layer, chain.start, c);
-  return dit_blocks_chained(chain.seq, chain.mods, chain.start, act, keep_activation,
-                            [&](const GatedResidual& last) { return dit_final_layer_after(p.final_layer, last, silu_c, act); });
+  return dit_blocks_chained(
+      chain.seq, chain.mods, chain.start, act, keep_activation,
+      [&](const GatedResidual& last) { return dit_final_layer_after(p.final_layer, last, silu_c, act); }, fp8);
 }
 
 // fn(x, c) under ops::recompute (backward runs it again: fn captures by value).
@@ -233,7 +241,7 @@ ForwardOutput dit_looped(const LoopedDiT& m, const at::Tensor& x, const at::Tens
   const at::Tensor h = ops::position_add(p.x_embedder.forward_as_product(x, act), p.pos_embed);  // [B, T, D]
   std::vector<at::Tensor> aux;
   const at::Tensor out = exec.recompute ? dit_one_by_one(m, h, c, exec, aux)
-                                        : dit_chained(m, h, c, act, !exec.gelu_recompute, aux);
+                                        : dit_chained(m, h, c, act, !exec.gelu_recompute, exec.fp8, aux);
   return {unpatchify(out, m.config()), weighted_aux(m.config(), aux)};
 }
 
@@ -261,7 +269,7 @@ std::pair<std::vector<SingleStreamBlockSeq>, std::vector<std::vector<SingleStrea
     w.emplace_back(), b.emplace_back();
     for (int64_t k = 0; k < cfg.shared_group; ++k) {
       const SingleStreamBlockWeights lw = m.single_stream_loop_weights(l, k);
-      apps.back().push_back({&m.single_stream->shared[static_cast<size_t>(k)], lw, at::Tensor(), "loop", l});
+      apps.back().push_back({&m.single_stream->shared[static_cast<size_t>(k)], lw, at::Tensor(), "loop", l, loop_key(k, l)});
       w.back().push_back(lw.ada_w), b.back().push_back(at::Tensor());
     }
   }
@@ -338,8 +346,9 @@ ForwardOutput single_stream_looped(const LoopedDiT& m, const at::Tensor& x, cons
   const at::Tensor temb = p.t_embedder.forward(t);  // [B, D]
   const auto [ctok, mask] = single_stream_condition(cfg, p.y_embedder.get(), p.cond_embedder.get(), cond, x.size(0));
   const at::Tensor x0 = single_stream_tokens(p.x_embedder, single_stream_patches(x, cfg), ctok, act);
-  const SingleStreamContext ctx = single_stream_context(p.rope_cos.to(x.device()), p.rope_sin.to(x.device()), mask,
-                                                        act, !exec.gelu_recompute);
+  SingleStreamContext ctx = single_stream_context(p.rope_cos.to(x.device()), p.rope_sin.to(x.device()), mask, act,
+                                                  !exec.gelu_recompute);
+  ctx.fp8 = exec.fp8;
   const at::Tensor all = exec.recompute ? single_stream_one_by_one(m, x0, temb, ctx) : single_stream_chained(m, x0, temb, ctx);
   const at::Tensor out = all.narrow(1, Tc, T);
   return {unpatchify(out, cfg), at::Tensor()};

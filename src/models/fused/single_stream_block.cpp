@@ -1,6 +1,7 @@
 #include "models/fused/single_stream_block.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
 
 #include <string>
 #include <tuple>
@@ -43,12 +44,19 @@ std::pair<at::Tensor, at::Tensor> add_with_rms_norm(const PostNormResidual& r, c
 }
 
 at::Tensor single_stream_attention(const SingleStreamAttention& attn, const at::Tensor& qkv_w, const at::Tensor& h,
-                                   const SingleStreamContext& ctx) {
+                                   const SingleStreamContext& ctx, const Fp8Block& fp8) {
   // The projection's output stays where it is: q | k (its first 2D columns)
   // read in place by QK-norm + RoPE, v by attention; backward, each block's
-  // gradient reaches the projection's products as it was written.
+  // gradient reaches the projection's products as it was written. In fp8 the
+  // product is one fp8_linear and its columns are read as views of it.
   const int64_t d = qkv_w.size(0) / 3;
-  const std::vector<at::Tensor> qk_v = ops::linear_column_blocks(h, qkv_w, at::Tensor(), {2 * d, d});
+  std::vector<at::Tensor> qk_v;
+  if (fp8.states != nullptr) {
+    const at::Tensor qkv = block_linear(fp8, "attn.qkv", h, qkv_w);
+    qk_v = {qkv.narrow(-1, 0, 2 * d), qkv.narrow(-1, 2 * d, d)};
+  } else {
+    qk_v = ops::linear_column_blocks(h, qkv_w, at::Tensor(), {2 * d, d});
+  }
   const auto [q, k] =
       ops::qk_norm_rope(qk_v[0], attn.heads(), attn.q_norm.weight, attn.k_norm.weight, ctx.cos, ctx.sin);
   return ops::qkv_attention(q, k, qk_v[1], attn.heads(), ctx.mask, ctx.key_bias);  // [B, S, D]
@@ -57,13 +65,18 @@ at::Tensor single_stream_attention(const SingleStreamAttention& attn, const at::
 std::pair<at::Tensor, at::Tensor> single_stream_attention_half(const SingleStreamBlock& block,
                                                                const SingleStreamBlockWeights& w, const at::Tensor& x,
                                                                const at::Tensor& h, const SingleStreamModulation& mod,
-                                                               const SingleStreamContext& ctx) {
-  const at::Tensor a = ops::linear(single_stream_attention(block.attn, w.qkv_w, h, ctx), w.proj_w);
+                                                               const SingleStreamContext& ctx, const Fp8Block& fp8) {
+  const at::Tensor a = block_linear(fp8, "attn.proj", single_stream_attention(block.attn, w.qkv_w, h, ctx, fp8), w.proj_w);
   return add_with_rms_norm({x, mod.attn_gate, a, block.attn_post_norm.weight}, block.ffn_norm.weight, mod.ffn_scale,
                            ctx.act);
 }
 
-at::Tensor single_stream_ffn_branch(const SingleStreamBlockWeights& w, const at::Tensor& h2, bool keep_activation) {
+at::Tensor single_stream_ffn_branch(const SingleStreamBlockWeights& w, const at::Tensor& h2, bool keep_activation,
+                                    const Fp8Block& fp8) {
+  if (fp8.states != nullptr) {
+    const at::Tensor gate_up = block_linear(fp8, "ffn.gate_up", h2, at::cat({w.gate_w, w.up_w}, 0));  // [B, S, 2F]
+    return block_linear(fp8, "ffn.down", ops::swiglu(gate_up), w.down_w);
+  }
   // gate and up in one product: their compute-dtype weights stacked [2F, D]
   // (a view where the bf16 copies of gate and up lie back to back, as the
   // device optimizer places a block's own; else a copy), and each weight
@@ -97,8 +110,9 @@ at::Tensor single_stream_blocks_chained(const SingleStreamBlockSeq& seq,
     PERFTRAIN_SCOPE_INDEXED(scope, index);
     const SingleStreamBlock& b = *seq[i].block;
     const SingleStreamBlockWeights& w = seq[i].weights;
-    auto [x1, h2] = single_stream_attention_half(b, w, x, h, mods[i], ctx);
-    PostNormResidual ffn_residual{x1, mods[i].ffn_gate, single_stream_ffn_branch(w, h2, ctx.keep_activation),
+    const Fp8Block f{ctx.fp8, seq[i].key};
+    auto [x1, h2] = single_stream_attention_half(b, w, x, h, mods[i], ctx, f);
+    PostNormResidual ffn_residual{x1, mods[i].ffn_gate, single_stream_ffn_branch(w, h2, ctx.keep_activation, f),
                                   b.ffn_post_norm.weight};
     if (i + 1 == seq.size()) return close(ffn_residual);
     if (seq[i + 1].enter_add.defined()) ffn_residual.x = x1 + seq[i + 1].enter_add;

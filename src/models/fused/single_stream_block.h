@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "models/block_weights.h"
+#include "models/fp8_states.h"
 #include "models/fused/block_application.h"
 #include "models/single_stream.h"
 
@@ -36,6 +37,9 @@ struct SingleStreamContext {
   at::Tensor key_bias;   // ops::attention_key_bias(mask, act), made once for all blocks, or undefined
   at::ScalarType act;    // the compute dtype
   bool keep_activation;  // SwiGLU's output kept for backward (false: ops::swiglu_linear)
+  // The fp8 states of the chained blocks' linears (DiTExecution::fp8), by
+  // each application's key; null: none.
+  Fp8States* fp8 = nullptr;
 };
 
 // A residual not yet added: x + tanh(gate) * rms_norm(y) * post_weight. A
@@ -74,22 +78,27 @@ std::pair<at::Tensor, at::Tensor> add_with_rms_norm(const PostNormResidual& r, c
 // The attention from its modulated norm h (compute dtype) without the
 // projection: the qkv product, normalised and rotated in one pass over the
 // packed [B, S, 3D] (ops::qk_norm_rope), and qkv_attention reading q, k, v
-// from it in place -> [B, S, D] (proj's input).
+// from it in place -> [B, S, D] (proj's input). With fp8 states: the qkv
+// product through block_linear ("attn.qkv").
 at::Tensor single_stream_attention(const SingleStreamAttention& attn, const at::Tensor& qkv_w, const at::Tensor& h,
-                                   const SingleStreamContext& ctx);
+                                   const SingleStreamContext& ctx, const Fp8Block& fp8 = {});
 
 // The attention half from the residual stream x and its modulated norm h:
 // the attention and its projection, its residual added with the FFN's
-// pre-norm -> (x1, h2).
+// pre-norm -> (x1, h2). fp8: qkv's and proj's states ("attn.proj").
 std::pair<at::Tensor, at::Tensor> single_stream_attention_half(const SingleStreamBlock& block,
                                                                const SingleStreamBlockWeights& w, const at::Tensor& x,
                                                                const at::Tensor& h, const SingleStreamModulation& mod,
-                                                               const SingleStreamContext& ctx);
+                                                               const SingleStreamContext& ctx,
+                                                               const Fp8Block& fp8 = {});
 
 // The FFN branch from h2 to down's output: gate and up as one product
 // against their stacked weights, swiglu, down (keep_activation false:
-// swiglu's output not kept for backward, ops::swiglu_linear).
-at::Tensor single_stream_ffn_branch(const SingleStreamBlockWeights& w, const at::Tensor& h2, bool keep_activation);
+// swiglu's output not kept for backward, ops::swiglu_linear). With fp8
+// states: [gate; up] concatenated into one fp8 product ("ffn.gate_up"),
+// swiglu, down ("ffn.down"); keep_activation does not apply.
+at::Tensor single_stream_ffn_branch(const SingleStreamBlockWeights& w, const at::Tensor& h2, bool keep_activation,
+                                    const Fp8Block& fp8 = {});
 
 // The whole block on its own with the weights w (the recompute path): x [B,
 // S, D] residual stream, silu_c [B, D] in ctx.act -> [B, S, D]; its modulation, rms_adaln

@@ -84,9 +84,9 @@ at::Tensor single_stream_forward(const SingleStreamDiT& model, const at::Tensor&
   const at::ScalarType act = compat::autocast_dtype(patches.device().type()).value_or(patches.scalar_type());
   const at::Tensor x0 = single_stream_tokens(model.x_embedder, patches, ctok, act);
   const at::Tensor silu_c = silu_c_in.to(act);
-  const SingleStreamContext ctx = single_stream_context(model.rope_cos.to(patches.device()),
-                                                        model.rope_sin.to(patches.device()), mask, act,
-                                                        !exec.gelu_recompute);
+  SingleStreamContext ctx = single_stream_context(model.rope_cos.to(patches.device()),
+                                                  model.rope_sin.to(patches.device()), mask, act, !exec.gelu_recompute);
+  ctx.fp8 = exec.fp8;
   if (!exec.recompute && model.blocks.size() > 0) return chained(model, x0, silu_c, ctx).narrow(1, Tc, T);
   return one_by_one(model, x0, silu_c, ctx, exec.recompute).narrow(1, Tc, T);
 }

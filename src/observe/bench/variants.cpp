@@ -8,11 +8,12 @@ namespace perftrain::observe::bench {
 namespace {
 
 std::vector<Variant> all_variants(const std::string& low) {
+  const std::string unfused = low == "fp8" ? "bf16" : low;  // fp8 runs in the fused schedule only
   return {
       {"eager-fp32", "fp32", false, false, false},
-      {"eager-bf16", low, false, false, false},
+      {"eager-bf16", unfused, false, false, false},
       {"fused", low, true, true, false},
-      {"graph", low, false, true, true},
+      {"graph", unfused, false, true, true},
       {"all", low, true, true, true},
   };
 }
@@ -40,8 +41,8 @@ std::vector<std::string> split_list(const std::string& list) {
 }
 
 std::vector<Variant> parse_variants(const std::string& list, const std::string& low_precision) {
-  if (low_precision != "bf16" && low_precision != "fp16")
-    throw UsageError("--precision must be bf16 or fp16 (the precision of the mixed-precision variants), not '" +
+  if (low_precision != "bf16" && low_precision != "fp16" && low_precision != "fp8")
+    throw UsageError("--precision must be bf16, fp16 or fp8 (the precision of the mixed-precision variants), not '" +
                      low_precision + "'");
   const auto known = all_variants(low_precision);
   std::vector<Variant> out;

@@ -17,7 +17,7 @@ namespace perftrain::observe::bench {
 
 struct Variant {
   std::string name;
-  std::string precision;  // fp32 | bf16 | fp16
+  std::string precision;  // fp32 | bf16 | fp16 | fp8
   bool fused_kernels = false;
   bool fused_optimizer = false;
   bool graph = false;
@@ -27,8 +27,9 @@ struct Variant {
 std::vector<std::string> variant_names();
 
 // "eager-bf16,all" -> those variants, in the order given, without repeats.
-// low_precision ("bf16" or "fp16") replaces bf16 in the mixed-precision
-// variants. Throws UsageError naming an unknown variant and listing the known.
+// low_precision ("bf16", "fp16" or "fp8") replaces bf16 in the
+// mixed-precision variants; fp8 only in those with fused kernels (fused,
+// all: fp8 runs in the fused schedule), the others stay bf16. Throws UsageError naming an unknown variant and listing the known.
 std::vector<Variant> parse_variants(const std::string& list, const std::string& low_precision = "bf16");
 
 // "a, b,,c" -> {"a", "b", "c"}: comma-separated, blanks trimmed, empties dropped.

@@ -35,6 +35,10 @@ std::string kernel_kind(const std::string& raw) {
   if (has(n, "adamw") || has(n, "multi_tensor") || has(n, "foreach") || has(n, "lerp"))
     return "optimizer, EMA, clipping";
   if (has(n, "flash") || has(n, "fmha") || has(n, "attention") || has(n, "cudnn")) return "attention";
+  // train.precision = fp8: our casts with their fused amax (kernels/fp8_cast)
+  // and the once-a-step scaling update (kernels/fp8_scaling), apart from the
+  // fp8 products themselves (matrix products), so that their cost shows.
+  if (has(n, "fp8_cast") || has(n, "fp8_scaling")) return "fp8 casts and scaling";
   if (has(n, "gemm") || has(n, "nvjet") || has(n, "cutlass") || has(n, "xmma") || has(n, "matmul"))
     return "matrix products";
   // Our row kernels: the row norms (kernels/row_norm.cuh), the gated residual, their reduce kernels.

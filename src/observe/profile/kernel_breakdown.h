@@ -1,8 +1,8 @@
 // Where a step's GPU time goes, by kind of kernel: the PyTorch profiler
 // (Kineto/CUPTI, which also sees the kernels a CUDA graph replays) records a
 // few steps; kernel times are grouped into matrix products, attention, the
-// fused norm/residual kernels, the optimizer, other elementwise kernels and
-// copies. This is the account that says what to optimise next.
+// fused norm/residual kernels, fp8's casts and scaling, the optimizer, other
+// elementwise kernels and copies. This is the account that says what to optimise next.
 #pragma once
 
 #include <functional>

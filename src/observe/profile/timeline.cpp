@@ -296,6 +296,7 @@ std::string phase_of_perftrain_scope(const std::string& n) {
   if (s == "forward" || starts_with(s, "block ") || starts_with(s, "loop ") || s == "final_layer") return "forward";
   if (s == "loss") return "loss";
   if (s == "backward") return "backward";
+  if (s == "fp8_scaling") return "fp8 scaling update";
   if (s == "clip") return "clipping";
   if (s == "optimizer") return "optimizer";
   if (s == "ema") return "EMA";
@@ -331,7 +332,7 @@ std::string phase_of_scope(const std::string& n) {
 const std::vector<std::string>& phase_order() {
   static const std::vector<std::string> order = {
       "data wait", "host-to-device copy", "captured step (one graph launch)",
-      "forward, loss and the rest (not marked)", "forward", "loss", "backward",
+      "forward, loss and the rest (not marked)", "forward", "loss", "backward", "fp8 scaling update",
       "clipping", "optimizer", "EMA", "log window (loss read-back)", "checkpoint", "sampling", "step (other)",
       "outside the step scopes"};
   return order;

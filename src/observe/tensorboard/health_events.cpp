@@ -17,6 +17,14 @@ std::vector<std::pair<std::string, double>> grad_health_scalars(const GradHealth
   }
   // A looped model's loops: grad/loop3/adapters, grad/loop3/router (norms).
   for (const NamedGradStats& l : sample.loops) out.emplace_back("grad/" + l.name, l.stats.norm);
+  // fp8: per linear its three scales and its overflow / underflow counts.
+  for (const Fp8LayerHealth& f : sample.fp8) {
+    out.emplace_back("fp8_scale_x/" + f.name, f.scale_x);
+    out.emplace_back("fp8_scale_w/" + f.name, f.scale_w);
+    out.emplace_back("fp8_scale_dy/" + f.name, f.scale_dy);
+    out.emplace_back("fp8_overflows/" + f.name, f.overflows);
+    out.emplace_back("fp8_underflows/" + f.name, f.underflows);
+  }
   return out;
 }
 

@@ -331,9 +331,10 @@ BenchPlan plan_bench(const BenchOptions& options) {
   p.batches = parse_batch_sizes(options.step.batch_sizes);
   const std::string variants =
       options.variants.empty() ? (p.cuda ? "eager-fp32,eager-bf16,fused,graph,all" : "eager-fp32") : options.variants;
-  p.variants = ob::parse_variants(variants, options.step.precision);
-  if (options.against_torch) plan_torch_reference(p);
   p.base = bench_config(options, p.cuda);
+  p.variants = ob::parse_variants(variants, mixed_precision(options.step, p.base));
+  p.options.step.precision = mixed_precision(options.step, p.base);
+  if (options.against_torch) plan_torch_reference(p);
   check_batches_fit(p);
   if (options.step.out.empty()) throw UsageError("bench: no output directory");
   p.options.timing.profile_dir = options.step.out;

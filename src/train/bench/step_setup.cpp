@@ -54,6 +54,10 @@ TrainConfig anchor_config(const StepSetup& s, bool cuda) {
   return cfg;
 }
 
+std::string mixed_precision(const StepSetup& s, const TrainConfig& cfg) {
+  return cfg.optim.precision == "fp8" ? "fp8" : s.precision;
+}
+
 void finish_config(TrainConfig& cfg, const StepSetup& s) {
   for (const auto& o : s.overrides) apply_override(cfg, o);
   cfg.validate();

@@ -17,7 +17,7 @@ struct StepSetup {
   std::string model = "DiT-S/2";
   std::string batch_sizes = "32";  // comma-separated (bench times each; profile takes one)
   int64_t image_size = 32, in_channels = 4, num_classes = 1000;
-  std::string precision = "bf16";  // bf16 | fp16: the mixed-precision variants' dtype
+  std::string precision = "bf16";  // bf16 | fp16 | fp8: the mixed-precision variants' dtype
   std::string device = "auto";     // auto | cpu | cuda
   uint64_t seed = 0;
   std::vector<std::string> overrides;  // --set section.key=value, last word
@@ -40,6 +40,10 @@ std::vector<int64_t> parse_batch_sizes(const std::string& list);
 TrainConfig anchor_config(const StepSetup& s, bool cuda);
 
 // s.overrides over cfg, then cfg validated (UsageError naming the key).
+// The mixed-precision variants' dtype: --precision, or fp8 where --set
+// train.precision=fp8 asks for it (cfg: the anchors' config with --set).
+std::string mixed_precision(const StepSetup& s, const TrainConfig& cfg);
+
 void finish_config(TrainConfig& cfg, const StepSetup& s);
 // UsageError unless train.accumulate is 1 (the timed step is one batch's).
 void check_one_micro_batch(const TrainConfig& cfg);

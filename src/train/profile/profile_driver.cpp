@@ -81,7 +81,8 @@ TrainConfig profile_config(const ProfileOptions& o, bool cuda, const ob::Variant
   if (!o.graph.empty()) cfg.speed.graph = o.graph == "on";
   if (!o.fused.empty()) cfg.speed.fused_kernels = cfg.speed.fused_optimizer = o.fused == "on";
   for (const auto& s : o.step.overrides) apply_override(cfg, s);
-  if (!cuda && cfg.optim.precision != "fp32") cfg.optim.precision = "fp32";  // the CPU runs fp32 only
+  // The CPU runs fp32, or fp8 on the ops' references.
+  if (!cuda && cfg.optim.precision != "fp32" && cfg.optim.precision != "fp8") cfg.optim.precision = "fp32";
   cfg.validate();
   bench::check_one_micro_batch(cfg);
   return cfg;

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# train.precision = fp8 (issue 39) on the GPU, for
+#   MODE=script SCRIPT=bench/fp8_gpu.sh tools/gpu_run.sh
+# which exports BIN, FMNIST, RUNS, OUT and PY. About 8 minutes on an H200:
+#  1. every test named Fp8: the ops' GPU tests (casts, scaling, products against float64, captured = eager),
+#     the step runner's (train's Fp8TrainGpu: the captured fp8 step trains like the eager one, fp8 near bf16,
+#     widths not multiples of 16 fall back to bf16 and are named) and the CPU ones (training, resume, monitor);
+#  2. DiT-S/2 on Fashion-MNIST, FP8_STEPS steps (default 1000) in bf16 and in fp8 from the same seed: the loss
+#     at equal steps side by side (fp8.md), the fp8 run's scaling health (overflow / underflow totals from its
+#     monitored steps) and which layers ran bf16 (its log);
+#  3. perftrain bench DiT-B/2 b256 and DiT-XL/2 b256, variant all, bf16 then fp8: step time and images/s side
+#     by side (bench-*.md/json), the fp8 one profiled (--profile: "fp8 casts and scaling" as a kind).
+set -uo pipefail
+mkdir -p "$OUT/fp8"
+STEPS="${FP8_STEPS:-1000}"
+echo "== fp8 tests"
+ctest --test-dir build-gpu -R 'Fp8' --output-on-failure 2>&1 | tail -n 30 | tee "$OUT/fp8/tests.log"
+
+echo "== DiT-S/2 Fashion-MNIST, bf16 against fp8, $STEPS steps"
+for p in bf16 fp8; do
+  "$BIN" train --data-path "$FMNIST" --model DiT-S/2 --steps "$STEPS" --precision "$p" --seed 0 \
+    --run-name "fmnist-$p" --runs-dir "$RUNS" --set log.every=50 --set log.checkpoint_every=0 \
+    --set log.sample_every=0 --set health.monitor_every=50 > "$OUT/fp8/fmnist-$p.log" 2>&1
+  tail -n 12 "$OUT/fp8/fmnist-$p.log"
+  cp "$RUNS/fmnist-$p/metrics.jsonl" "$OUT/fp8/fmnist-$p-metrics.jsonl" 2>/dev/null
+  cp "$RUNS/fmnist-$p/report.md" "$OUT/fp8/fmnist-$p-report.md" 2>/dev/null
+done
+"$PY" - "$OUT/fp8" <<'PYEOF' | tee "$OUT/fp8/fp8.md"
+import json, sys, os
+d = sys.argv[1]
+def lines(p):
+    path = os.path.join(d, "fmnist-%s-metrics.jsonl" % p)
+    return [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+bf, f8 = lines("bf16"), lines("fp8")
+by = {r["step"]: r for r in f8 if "loss" in r}
+print("| step | bf16 loss | fp8 loss | fp8 images/s | bf16 images/s | fp8 overflows | fp8 underflows |")
+print("|---|---|---|---|---|---|---|")
+for r in bf:
+    if "loss" not in r or r["step"] not in by: continue
+    q = by[r["step"]]
+    f = q.get("fp8", {})
+    print("| %d | %.5f | %.5f | %.0f | %.0f | %s | %s |" % (r["step"], r["loss"], q["loss"], q.get("images_per_s", 0),
+          r.get("images_per_s", 0), f.get("overflows", ""), f.get("underflows", "")))
+PYEOF
+grep -h "fp8 products" "$OUT/fp8/fmnist-fp8.log" | head -n 1
+
+echo "== bench DiT-B/2 b256, DiT-XL/2 b256: bf16 and fp8"
+for m in DiT-B/2 DiT-XL/2; do
+  for p in bf16 fp8; do
+    name="bench-${m//\//}-b256-$p"
+    extra=()
+    [ "$p" = fp8 ] && extra=(--profile all)
+    "$BIN" bench --model "$m" --batch-size 256 --variants all --precision "$p" --out "$RUNS/$name" "${extra[@]}" \
+      2>&1 | tail -n 12 | tee "$OUT/fp8/$name.log"
+    cp "$RUNS/$name/bench.md" "$OUT/fp8/$name.md" 2>/dev/null
+    cp "$RUNS/$name/bench.json" "$OUT/fp8/$name.json" 2>/dev/null
+    cp "$RUNS/$name"/*profile*.md "$OUT/fp8/" 2>/dev/null
+  done
+done
+echo "== fp8: bench rows (variant all)"
+grep -h "| all" "$OUT"/fp8/bench-*.md 2>/dev/null

@@ -1,0 +1,85 @@
+#include "models/fp8_states.h"
+
+#include <ATen/ops/scalar_tensor.h>
+
+#include "base/error.h"
+#include "ops/fp8_linear.h"
+#include "ops/linear.h"
+
+namespace perftrain::models {
+
+Fp8States::Fp8States(int64_t history_len) : history_len_(history_len) {
+  ops::make_fp8_linear_scaling(history_len, at::kCPU);  // checks the length once, here
+}
+
+const ops::Fp8Scaling& Fp8States::state(const std::string& name, const at::Device& device) {
+  const auto found = states_.find(name);
+  if (found != states_.end()) return found->second;
+  if (frozen_)
+    throw RuntimeError("fp8: the linear " + name + " has no scaling state and new ones are no longer made "
+                       "(the step is captured); its first step must run eagerly");
+  ops::Fp8Scaling s = ops::make_fp8_linear_scaling(history_len_, device);
+  const auto saved = loaded_.find(name);
+  if (saved != loaded_.end()) {
+    for (const auto& [what, t] : s.named_tensors()) {
+      const auto v = saved->second.find(what);
+      if (v == saved->second.end() || v->second.sizes() != t.sizes())
+        throw UsageError("fp8: the checkpoint's scaling state of " + name + " has no " + what +
+                         " of the shape this run makes (resume with the same model)");
+      at::Tensor dst = t;
+      dst.copy_(v->second);
+    }
+    loaded_.erase(saved);
+  }
+  return states_.emplace(name, std::move(s)).first->second;
+}
+
+void Fp8States::update(int margin) const {
+  std::vector<const ops::Fp8Scaling*> all;
+  for (const auto& [name, s] : states_) all.push_back(&s);
+  ops::fp8_scaling_update(all, margin);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Fp8States::named_tensors() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.emplace_back("history_len", at::scalar_tensor(double(history_len_), at::kFloat));
+  for (const auto& [name, s] : states_)
+    for (const auto& [what, t] : s.named_tensors()) out.emplace_back(name + "." + what, t);
+  for (const auto& [name, tensors] : loaded_)
+    for (const auto& [what, t] : tensors) out.emplace_back(name + "." + what, t);
+  return out;
+}
+
+void Fp8States::load(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  for (const auto& [full, t] : tensors) {
+    if (full == "history_len") {
+      const int64_t h = int64_t(t.item<double>());
+      if (h != history_len_)
+        throw UsageError("fp8: the checkpoint's amax history has " + std::to_string(h) + " entries, this run " +
+                         std::to_string(history_len_));
+      continue;
+    }
+    const size_t dot = full.rfind('.');
+    if (dot == std::string::npos || dot == 0) throw UsageError("fp8: a checkpoint tensor named " + full);
+    loaded_[full.substr(0, dot)][full.substr(dot + 1)] = t;
+  }
+}
+
+std::vector<std::string> Fp8States::unused_loaded() const {
+  std::vector<std::string> out;
+  for (const auto& [name, tensors] : loaded_) out.push_back(name);
+  return out;
+}
+
+at::Tensor block_linear(const Fp8Block& f, const char* layer, const at::Tensor& x, const at::Tensor& weight,
+                        const at::Tensor& bias) {
+  if (f.states == nullptr) return ops::linear(x, weight, bias);
+  const std::string name = f.key + "." + layer;
+  if (!ops::fp8_linear_supported(x, weight)) {
+    f.states->note_fallback(name);
+    return ops::linear(x, weight, bias);
+  }
+  return ops::fp8_linear(x, weight, bias, f.states->state(name, x.device()));
+}
+
+}  // namespace perftrain::models

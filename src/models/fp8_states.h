@@ -1,0 +1,76 @@
+// The fp8 scaling states of a forward's linear applications (issue 39):
+// one ops::Fp8Scaling (slots x, W, dY) per application of a block's big
+// linear, keyed by a stable name ("blocks.3.mlp.fc1"; a looped model's
+// shared block once per loop: "shared.0.loop.2.attn.qkv"). The caller that
+// runs the model owns the table (the step runner) and hands it to the model
+// in DiTExecution::fp8; the fused schedules ask it for a layer's state by
+// name, made on first use on the input's device (so the eager first step
+// makes them all, before any capture), or from the tensors a checkpoint gave
+// (load). Layers whose shapes the fp8 products do not take
+// (ops::fp8_linear_supported) run ops::linear, and the table records them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/fp8_scaling.h"
+
+namespace perftrain::models {
+
+class Fp8States {
+ public:
+  // history_len: the amax history of every state (ops::make_fp8_scaling's bounds).
+  explicit Fp8States(int64_t history_len);
+
+  // The state of `name` on `device`: made on first use (from load()'s tensors
+  // where it gave them). After freeze(), an unknown name is a RuntimeError
+  // (a capture must not allocate new states).
+  const ops::Fp8Scaling& state(const std::string& name, const at::Device& device);
+  void freeze() { frozen_ = true; }
+
+  // A layer that ran ops::linear instead (its shape not taken); kept sorted.
+  void note_fallback(const std::string& name) { fallbacks_.insert(name); }
+  const std::set<std::string>& fallbacks() const { return fallbacks_; }
+
+  // Every state, by name in sorted order.
+  const std::map<std::string, ops::Fp8Scaling>& states() const { return states_; }
+  // One step's scaling update of every state (ops::fp8_scaling_update: one
+  // launch per 512 slots on CUDA), between steps.
+  void update(int margin) const;
+
+  // "<name>.<tensor>" for every state's named_tensors() (loaded ones not yet
+  // used too), plus "history_len" (a scalar): what a checkpoint keeps.
+  std::vector<std::pair<std::string, at::Tensor>> named_tensors() const;
+  // Tensors named as named_tensors() names them (any device); each state
+  // takes its own when made (history length checked: UsageError).
+  void load(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
+  // Loaded states no forward has asked for yet (their names).
+  std::vector<std::string> unused_loaded() const;
+
+ private:
+  int64_t history_len_;
+  bool frozen_ = false;
+  std::map<std::string, ops::Fp8Scaling> states_;
+  std::map<std::string, std::map<std::string, at::Tensor>> loaded_;  // name -> tensor -> value
+  std::set<std::string> fallbacks_;
+};
+
+// Where one block application's linears find their fp8 states: the table
+// (null: bf16 products) and the application's key ("blocks.3").
+struct Fp8Block {
+  Fp8States* states = nullptr;
+  std::string key;
+};
+
+// y = x W^T (+ b) for the linear `layer` ("mlp.fc1") of application f:
+// ops::fp8_linear with f's state "<key>.<layer>" where f has a table and
+// the shapes are taken, else ops::linear (a table notes the fallback).
+at::Tensor block_linear(const Fp8Block& f, const char* layer, const at::Tensor& x, const at::Tensor& weight,
+                        const at::Tensor& bias = at::Tensor());
+
+}  // namespace perftrain::models

@@ -1,0 +1,52 @@
+// train.precision = fp8 (issue 39) as the step runner runs it: the scaling
+// states' table (models/fp8_states.h) made and handed to the model, its
+// constants, its line for the log and report, and its part of a checkpoint's
+// trainer state ("fp8.<layer>.<tensor>", "fp8.history_len").
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/diffusion_model.h"
+#include "models/fp8_states.h"
+#include "observe/grad_health.h"
+#include "train/config.h"
+
+namespace perftrain::train {
+
+constexpr int64_t kFp8History = 16;  // amax history of every state (a few dozen steps' spikes are seen)
+constexpr int kFp8Margin = 0;        // no power-of-two headroom beyond the history's max
+constexpr const char* kFp8Prefix = "fp8.";
+
+// The table for an fp8 run of `model`, pointed to by exec (whose
+// fused_kernels it turns on: on the CPU the fused schedule runs on the ops'
+// references). UsageError naming train.precision for a model without a fused
+// schedule, with speed.recompute, or in a multi-process run.
+std::unique_ptr<models::Fp8States> fp8_states_for(const models::DiffusionModel& model, const TrainConfig& cfg,
+                                                  bool multi_process, models::DiTExecution& exec);
+
+// After the first (eager) step made every state: no more are made (a capture
+// must not allocate), and a checkpoint's state no layer asked for is a
+// UsageError naming it.
+void fp8_states_made(models::Fp8States& states);
+
+// "fp8 products in 24 linears (delayed scaling, amax history 16); 2 ran bf16
+// (shapes not multiples of 16): blocks.0.attn.qkv, ..."
+std::string describe_fp8(const models::Fp8States& states);
+
+// Every state's scales and event counts as they stand (one copy to the host).
+std::vector<observe::Fp8LayerHealth> fp8_health(const models::Fp8States& states);
+
+// A checkpoint's trainer state split into the fp8 tensors (prefix removed)
+// and the rest. fp8_run: whether this run is fp8; a state with fp8 tensors
+// for a run without, or the reverse, is a UsageError naming train.precision.
+struct Fp8Split {
+  std::vector<std::pair<std::string, at::Tensor>> rest, fp8;
+};
+Fp8Split split_fp8_state(const std::vector<std::pair<std::string, at::Tensor>>& all, bool fp8_run);
+
+}  // namespace perftrain::train

@@ -1,0 +1,284 @@
+// train.precision = fp8 on the CPU, where the fused schedules run the fp8
+// linears on the ops' references: the key's validation, tiny DiT and
+// single-stream models training with their scaling states moving (a looped
+// model's shared block with a state per loop), a resumed
+// fp8 run bit-identical to an uninterrupted one, the clear error of a
+// checkpoint resumed across precisions, the monitor's fp8 health in
+// metrics.jsonl and TensorBoard's scalars, and the line the log and report
+// give (with the layers that ran bf16).
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+
+#include <cmath>
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "io/safetensors.h"
+#include "models/diffusion_model.h"
+#include "observe/tensorboard/health_events.h"
+#include "support/run_checks.h"
+#include "support/test_support.h"
+#include "ops/fp8_linear.h"
+#include "train/checkpoint.h"
+#include "train/fp8_training.h"
+#include "train/step_runner.h"
+#include "train/trainer.h"
+
+namespace perftrain::train {
+namespace {
+
+using perftrain::testing::contains;
+using perftrain::testing::error_of;
+using perftrain::testing::expect_resume_bit_identical;
+using perftrain::testing::metrics_lines;
+using perftrain::testing::TempDir;
+
+TrainConfig with(TrainConfig c, const std::vector<std::string>& overrides) {
+  for (const auto& o : overrides) apply_override(c, o);
+  return c;
+}
+
+// A tiny model of `family` on 8x8 inputs (16 tokens, hidden 32).
+TrainConfig tiny(const std::string& family) {
+  TrainConfig c = with(default_config(false),
+                       {"model.family=" + family, "model.depth=2", "model.hidden=32", "model.heads=2",
+                        "model.patch=2", "model.image_size=8", "model.in_channels=2", "model.num_classes=3",
+                        "model.learn_sigma=false", "diffusion.objective=flow", "train.lr=3e-3",
+                        "train.warmup_steps=0", "train.batch_size=8", "train.device=cpu"});
+  if (family == "single-stream") apply_override(c, "model.cond_tokens=2");
+  return c;
+}
+
+struct Trained {
+  std::vector<double> losses;
+  std::map<std::string, ops::Fp8Scaling> states;  // copies after the last step
+};
+
+// `steps` steps of `precision` on one fixed batch (the loss can fall).
+Trained train_steps(const TrainConfig& c, const std::string& precision, int steps) {
+  const at::Device cpu(at::kCPU);
+  auto built = models::build_diffusion_model_and_ema(c.model, 1, cpu);
+  StepOptions o;
+  o.precision = precision;
+  StepRunner r(*built.model, built.ema.get(), c, o, cpu, at::make_generator<at::CPUGeneratorImpl>(5));
+  auto data_gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  // Each class a fixed pattern: the model can learn it in a few steps.
+  const at::Tensor y = at::randint(3, {8}, data_gen, at::kLong);
+  const at::Tensor patterns = at::randn({3, 2, 8, 8}, data_gen);
+  const data::Batch b{patterns.index_select(0, y), y};
+  Trained t;
+  for (int i = 0; i < steps; ++i) {
+    r.step(b);
+    t.losses.push_back(r.take_window().loss);
+  }
+  if (r.fp8_states() != nullptr) t.states = r.fp8_states()->states();
+  return t;
+}
+
+TEST(Fp8Config, PrecisionFp8IsValidatedWithTheFusedSchedule) {
+  TrainConfig c = tiny("dit");
+  EXPECT_NO_THROW(apply_override(c, "train.precision=fp8"));
+  EXPECT_NO_THROW(c.validate());
+  std::string msg = error_of<UsageError>([&] {
+    TrainConfig bad = c;
+    apply_override(bad, "train.precision=fp4");
+    bad.validate();
+  });
+  EXPECT_TRUE(contains(msg, "train.precision")) << msg;
+  EXPECT_TRUE(contains(msg, "fp8")) << msg;  // the allowed values name it
+  TrainConfig r = with(tiny("dit"), {"train.precision=fp8", "speed.recompute=true"});
+  msg = error_of<UsageError>([&] { r.validate(); });
+  EXPECT_TRUE(contains(msg, "train.precision = fp8")) << msg;
+  EXPECT_TRUE(contains(msg, "speed.recompute")) << msg;
+  TrainConfig f = with(tiny("dit"), {"train.precision=fp8", "speed.fused_kernels=false"});
+  msg = error_of<UsageError>([&] { f.validate(); });
+  EXPECT_TRUE(contains(msg, "speed.fused_kernels")) << msg;
+}
+
+class Fp8FamilyTest : public ::testing::TestWithParam<std::string> {};
+
+// Every block's four big linears get a state; the loss stays finite and
+// falls; the scales leave 1 (the first update sets them from the amax), the
+// history holds the amax of every step; and the products are fp8's: the
+// losses differ from fp32's, but not by much.
+TEST_P(Fp8FamilyTest, TrainsOnTheCpuWithItsScalingStatesMoving) {
+  const TrainConfig c = tiny(GetParam());
+  const int steps = 16;
+  const Trained fp8 = train_steps(c, "fp8", steps);
+  const Trained fp32 = train_steps(c, "fp32", steps);
+  const bool ss = GetParam() == "single-stream";
+  std::vector<std::string> want;
+  for (const char* b : {"blocks.0.", "blocks.1."})
+    for (const char* l : {"attn.qkv", "attn.proj", ss ? "ffn.gate_up" : "mlp.fc1", ss ? "ffn.down" : "mlp.fc2"})
+      want.push_back(std::string(b) + l);
+  ASSERT_EQ(fp8.states.size(), want.size());
+  for (const std::string& name : want) {
+    ASSERT_TRUE(fp8.states.count(name)) << name;
+    const ops::Fp8Scaling& s = fp8.states.at(name);
+    // x and W have a non-zero amax from the first step: their scales moved.
+    EXPECT_NE(s.scale[ops::kFp8X].item<float>(), 1.f) << name;
+    EXPECT_NE(s.scale[ops::kFp8W].item<float>(), 1.f) << name;
+    EXPECT_GT(s.history[ops::kFp8X][0].item<float>(), 0.f) << name;
+    EXPECT_GT(s.history[ops::kFp8X][steps - 1].item<float>(), 0.f) << name;  // the first step's, rolled down
+    EXPECT_EQ(s.amax.abs().sum().item<float>(), 0.f) << name;                  // zeroed by the update
+    EXPECT_EQ(s.events[ops::kFp8X][0].item<float>(), 0.f) << name;            // no overflow
+  }
+  for (double l : fp8.losses) EXPECT_TRUE(std::isfinite(l));
+  auto mean = [&](size_t from, size_t n) {
+    double m = 0;
+    for (size_t i = from; i < from + n; ++i) m += fp8.losses[i];
+    return m / double(n);
+  };
+  EXPECT_LT(mean(steps - 4, 4), mean(0, 4));
+  double diff = 0;
+  for (int i = 1; i < steps; ++i) diff = std::max(diff, std::abs(fp8.losses[i] - fp32.losses[i]));
+  EXPECT_GT(diff, 0) << "fp8 ran the fp32 products";
+  EXPECT_LT(diff, 0.1 * fp32.losses.front());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, Fp8FamilyTest, ::testing::Values("dit", "single-stream"),
+                         [](const auto& info) { return info.param == "dit" ? "DiT" : "SingleStream"; });
+
+// A looped model's states: its prelude and coda blocks', and its shared
+// block's once per loop (the loops' inputs and merged weights differ).
+TEST(Fp8Looped, TheSharedBlockHasAStatePerLoop) {
+  const TrainConfig c = with(default_config(false),
+                             {"model.name=Looped-T/2", "model.hidden=32", "model.heads=2", "model.image_size=8",
+                              "model.in_channels=2", "model.num_classes=3", "model.prelude=1", "model.coda=1",
+                              "model.loops=2", "model.lora_rank=4", "model.learn_sigma=false",
+                              "diffusion.objective=flow", "train.batch_size=8", "train.device=cpu",
+                              "train.lr=1e-2", "train.warmup_steps=0"});
+  const Trained t = train_steps(c, "fp8", 4);
+  std::vector<std::string> names;
+  for (const auto& [name, s] : t.states) names.push_back(name);
+  std::vector<std::string> want;
+  for (const char* b : {"coda.0.", "prelude.0.", "shared.0.loop.0.", "shared.0.loop.1."})
+    for (const char* l : {"attn.proj", "attn.qkv", "mlp.fc1", "mlp.fc2"}) want.push_back(std::string(b) + l);
+  EXPECT_EQ(names, want);
+  // Once the gates have moved, the loops' inputs differ: so do their amax.
+  const at::Tensor loop0 = t.states.at("shared.0.loop.0.mlp.fc1").history[ops::kFp8X][0];
+  const at::Tensor loop1 = t.states.at("shared.0.loop.1.mlp.fc1").history[ops::kFp8X][0];
+  EXPECT_GT(loop0.item<float>(), 0.f);
+  EXPECT_NE(loop0.item<float>(), loop1.item<float>());
+  EXPECT_FALSE(loop0.is_same(loop1));
+  for (double l : t.losses) EXPECT_TRUE(std::isfinite(l));
+}
+
+TrainConfig tiny_run(const std::string& runs, const std::string& name, int64_t steps, const std::string& precision) {
+  TrainConfig c = with(tiny("dit"), {"model.patch=4", "data.source=synthetic", "data.synthetic_size=40",
+                                     "train.grad_clip=1.0", "log.every=2", "log.checkpoint_every=3",
+                                     "log.sample_every=0", "diffusion.sample_steps=2", "log.sample_per_class=2",
+                                     "train.precision=" + precision});
+  c.optim.steps = steps;
+  c.run.dir = runs;
+  c.run.name = name;
+  return c;
+}
+
+// The scaling states are in trainer_state.safetensors and resume exactly:
+// N steps equal N/2, a resume and N/2 more, bit for bit.
+TEST(Fp8Resume, ResumedFp8RunIsBitIdenticalToAnUninterruptedOne) {
+  TempDir tmp;
+  std::ostringstream log;
+  expect_resume_bit_identical(
+      [&](const std::string& name, int64_t steps) { return tiny_run(tmp.path(), name, steps, "fp8"); }, tmp.path(), 5,
+      log);
+  // The resumed run's last checkpoint.
+  const std::string last = latest_checkpoint_dir(tmp.path() + "/half/ckpt");
+  const auto file = io::SafetensorsFile::open(last + "/trainer_state.safetensors");
+  const auto names = file.names();
+  for (const char* n : {"fp8.history_len", "fp8.blocks.1.mlp.fc2.scale", "fp8.blocks.0.attn.qkv.history",
+                        "fp8.blocks.0.attn.proj.events"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  // Not in the weights that load into facebookresearch/DiT.
+  for (const auto& n : io::SafetensorsFile::open(last + "/model.safetensors").names())
+    EXPECT_FALSE(contains(n, "fp8")) << n;
+}
+
+// A checkpoint resumed with the other precision: one line naming
+// train.precision, nothing trained.
+TEST(Fp8Resume, ACheckpointResumedAcrossPrecisionsIsAUsageError) {
+  TempDir tmp;
+  std::ostringstream log;
+  for (const auto& [saved, resumed] : std::vector<std::pair<std::string, std::string>>{{"fp8", "fp32"}, {"fp32", "fp8"}}) {
+    const std::string name = "from_" + saved;
+    run_training(tiny_run(tmp.path(), name, 3, saved), {}, log);
+    TrainOptions opts;
+    opts.resume = tmp.path() + "/" + name;
+    const std::string msg =
+        error_of<UsageError>([&] { run_training(tiny_run(tmp.path(), name, 6, resumed), opts, log); });
+    EXPECT_TRUE(contains(msg, "train.precision")) << msg;
+    EXPECT_TRUE(contains(msg, "resume")) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_EQ(metrics_lines(tmp.path() + "/" + name).back()["step"].get<int64_t>(), 3) << saved;
+  }
+}
+
+// The monitor's step carries every fp8 linear's scales and event counts:
+// metrics.jsonl's "fp8" and TensorBoard's fp8_* scalars. The zero-initialised
+// gates make the first steps' output gradients of attn.proj and mlp.fc2
+// exactly zero: underflow events, the scale kept.
+TEST(Fp8Monitor, MetricsCarryTheScalingHealthPerLayer) {
+  TempDir tmp;
+  std::ostringstream log;
+  TrainConfig c = with(tiny_run(tmp.path(), "mon", 4, "fp8"), {"health.monitor_every=2", "log.tensorboard=false"});
+  run_training(c, {}, log);
+  bool seen = false;
+  for (const auto& line : metrics_lines(tmp.path() + "/mon")) {
+    if (!line.contains("fp8")) continue;
+    seen = true;
+    const auto& f = line["fp8"];
+    EXPECT_EQ(f["overflows"].get<double>(), 0);
+    EXPECT_GT(f["underflows"].get<double>(), 0);
+    ASSERT_TRUE(f["layers"].contains("blocks.1.mlp.fc1")) << f.dump();
+    const auto& l = f["layers"]["blocks.1.mlp.fc1"];
+    EXPECT_NE(l["scale_x"].get<double>(), 1.0);
+    EXPECT_GT(f["layers"]["blocks.0.mlp.fc2"]["underflows"].get<double>(), 0);
+  }
+  EXPECT_TRUE(seen);
+  EXPECT_TRUE(contains(log.str(), "fp8 products in 8 linears")) << log.str();
+
+  observe::GradHealthSample s;
+  s.fp8.push_back({"blocks.0.mlp.fc1", 2.0, 3.0, 4.0, 1, 5});
+  const auto scalars = observe::tensorboard::grad_health_scalars(s);
+  auto value = [&](const std::string& tag) {
+    for (const auto& [k, v] : scalars)
+      if (k == tag) return v;
+    return -1.0;
+  };
+  EXPECT_EQ(value("fp8_scale_x/blocks.0.mlp.fc1"), 2.0);
+  EXPECT_EQ(value("fp8_scale_dy/blocks.0.mlp.fc1"), 4.0);
+  EXPECT_EQ(value("fp8_overflows/blocks.0.mlp.fc1"), 1.0);
+  EXPECT_EQ(value("fp8_underflows/blocks.0.mlp.fc1"), 5.0);
+}
+
+// Layers that ran ops::linear (on CUDA, shapes not multiples of 16) are
+// named in the line the log and the report's precision row give.
+TEST(Fp8Report, NamesTheLayersThatRanBf16) {
+  models::Fp8States states(kFp8History);
+  states.state("blocks.0.attn.qkv", at::kCPU);
+  states.note_fallback("blocks.1.mlp.fc2");
+  states.note_fallback("blocks.0.mlp.fc2");
+  EXPECT_EQ(describe_fp8(states),
+            "fp8 products in 1 linears (delayed scaling, amax history 16); 2 ran bf16 (shapes not multiples of 16): "
+            "blocks.0.mlp.fc2, blocks.1.mlp.fc2");
+
+  TempDir tmp;
+  std::ostringstream log;
+  run_training(tiny_run(tmp.path(), "rep", 2, "fp8"), {}, log);
+  std::ifstream in(tmp.path() + "/rep/report.md");
+  const std::string report((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(contains(report, "| precision | fp8 in the blocks' linears")) << report;
+  EXPECT_TRUE(contains(report, "fp8 products in 8 linears")) << report;
+}
+
+}  // namespace
+}  // namespace perftrain::train
