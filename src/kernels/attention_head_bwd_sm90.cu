@@ -57,20 +57,9 @@ struct Smem {
   static_assert(kDS % 1024 == 0 && kO % 1024 == 0, "swizzled panels need 1024-byte alignment");
 };
 
-// 1D bulk copy of `bytes` (a multiple of 16) from global into shared memory;
-// the barrier counts them.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
-
 // Dot product of 8 bf16 pairs at two shared-memory addresses (16 bytes each).
 __device__ __forceinline__ float dot8_shared(uint32_t x, uint32_t y) {
-  uint4 xv, yv;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(xv.x), "=r"(xv.y), "=r"(xv.z), "=r"(xv.w) : "r"(x));
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(yv.x), "=r"(yv.y), "=r"(yv.z), "=r"(yv.w) : "r"(y));
+  const uint4 xv = ld_shared_v4_u32(x), yv = ld_shared_v4_u32(y);
   const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
   const __nv_bfloat162* yp = reinterpret_cast<const __nv_bfloat162*>(&yv);
   float acc = 0.f;
@@ -115,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int c = 0; c < 2 * kChunks; ++c) mbar_init(&chunk_ready[c], 1);
     *d_done = 0;
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   __syncthreads();
   // 64 rows from (col, row): the first 64 columns and, at D = 72, the tail.

@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     mbar_init(&head_ready[0], 1);
     mbar_init(&head_ready[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   __syncthreads();
   auto load_head = [&](int head, int buf) {

@@ -44,22 +44,6 @@ struct SmemLayout {
 
 using namespace sm90;  // the instruction helpers (kernels/sm90.cuh)
 
-// d (64 x 128 per call, fp32) = A (64 x 16) B^T (16 x 128) + (scale_d ? d : 0).
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16), PERFTRAIN_SM90_ACC16(32), PERFTRAIN_SM90_ACC16(48)
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // The tanh form, as cuBLASLt's GELU epilogue and ATen's gelu(approximate="tanh").
 __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.f + tanh_approx(0.7978845608028654f * (x + 0.044715f * x * x * x)));
@@ -114,7 +98,7 @@ __device__ __forceinline__ void init_ring_barriers(uint64_t* full, uint64_t* emp
   }
   mbar_init(&extra[0], 1);
   mbar_init(&extra[1], 1);
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  fence_mbarrier_init();
 }
 
 // The dynamic shared memory, carved as SmemLayout says: the ring's A and W
@@ -146,7 +130,7 @@ __device__ __forceinline__ SmemParts carve_smem(unsigned char* smem_raw) {
 // stage once its last readers have released it.
 __device__ __forceinline__ void run_producer(const CUtensorMap* tma_a, const CUtensorMap* tma_w, const SmemParts& p,
                                              int tiles, int tiles_n, int kblocks) {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+  setmaxnreg_dec<40>();
   if (threadIdx.x != 0) return;
   int it = 0;  // k-steps issued, over all tiles
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -173,7 +157,7 @@ __device__ __forceinline__ bool start_pipeline(const CUtensorMap* tma_a, const C
     run_producer(tma_a, tma_w, p, (m / kBM) * (n / kBN), n / kBN, k / kBK);
     return false;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  setmaxnreg_inc<232>();
   return true;
 }
 

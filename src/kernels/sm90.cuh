@@ -118,4 +118,152 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 #define PERFTRAIN_SM90_ACC16(i) \
   PERFTRAIN_SM90_ACC4(i), PERFTRAIN_SM90_ACC4(i + 4), PERFTRAIN_SM90_ACC4(i + 8), PERFTRAIN_SM90_ACC4(i + 12)
 
+// d (64 x 64) = A B^T (+ d), both from shared memory, A K-major; B K-major
+// too, or MN-major (transposed) with TransB = 1.
+template <int TransB>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+}
+
+// d (64 x 64) = A B^T (+ d), A (64 x 16) from registers in the accumulator
+// layout's k16 fragment, B from shared memory K-major (TransB = 0), or
+// MN-major (TransB = 1: d = A B). The two forms by name below.
+template <int TransB>
+__device__ __forceinline__ void wgmma_m64n64k16_rs_layout(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                          int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TransB));
+}
+
+// d (64 x 8) = A B (+ d), A from registers, B MN-major (the tails of dV, dK).
+__device__ __forceinline__ void wgmma_m64n8k16_rs_tb(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b,
+                                                     int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+// d (64 x 8) = A B (+ d), A K-major and B MN-major in shared memory (dQ's tail).
+__device__ __forceinline__ void wgmma_m64n8k16_ss_tb(float (&d)[4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// The 128 accumulators of an m64n256 product as asm operands.
+#define PERFTRAIN_ATTN_ACC128                                                                                   \
+  PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16), PERFTRAIN_SM90_ACC16(32), PERFTRAIN_SM90_ACC16(48),        \
+      PERFTRAIN_SM90_ACC16(64), PERFTRAIN_SM90_ACC16(80), PERFTRAIN_SM90_ACC16(96), PERFTRAIN_SM90_ACC16(112)
+#define PERFTRAIN_ATTN_REGS128                                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
+  "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, "  \
+  "%68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, "  \
+  "%90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "  \
+  "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+
+// d (64 x 256) = A B^T (+ d), both K-major in shared memory (the forward's S = Q K^T).
+__device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " PERFTRAIN_ATTN_REGS128
+               ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+               : PERFTRAIN_ATTN_ACC128
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// d (64 x 256) = A B^T (+ d), A from registers, B K-major (the forward's tail step of S).
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b,
+                                                    int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " PERFTRAIN_ATTN_REGS128
+               ", {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+               : PERFTRAIN_ATTN_ACC128
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+// 2^x on the special-function unit; flushing denormal results to zero costs
+// nothing here (a probability below 2^-126 is zero in bf16 anyway).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Four 8 x 8 bf16 matrices of mma fragments stored transposed: lane L gives
+// the address of row L % 8 of matrix L / 8 of the result.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// A 256-thread barrier of the CTA's two warpgroups (id 1; 0 is __syncthreads,
+// 2 and 3 are the warpgroups' own).
+__device__ __forceinline__ void cta_barrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+// Makes thread 0's mbarrier inits visible before the block's first barrier.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// 1D bulk copy of `bytes` (a multiple of 16) from global into shared memory;
+// the barrier counts them.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
+// 16 bytes of shared memory at a 16-byte-aligned address.
+__device__ __forceinline__ uint4 ld_shared_v4_u32(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+// A warpgroup's register budget: a producer gives registers up (dec), the
+// consumers take them (inc).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// d (64 x 128 per call, fp32) = A (64 x 16) B^T (16 x 128) + (scale_d ? d : 0).
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : PERFTRAIN_SM90_ACC16(0), PERFTRAIN_SM90_ACC16(16), PERFTRAIN_SM90_ACC16(32), PERFTRAIN_SM90_ACC16(48)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 }  // namespace perftrain::kernels::sm90

@@ -1,8 +1,10 @@
-// Host emulation of the CUDA environment the row kernels use (README.md): each CUDA
+// Host emulation of the CUDA environment the kernels use (README.md): each CUDA
 // thread of a block is a fiber (emu.cpp), the block's fibers run one at a time and
-// switch at __syncthreads and at each warp shuffle, which are real barriers (a divergent
-// __syncthreads or a full-mask shuffle some lanes miss aborts with a message). Blocks run
-// one after another, so `__shared__` (static here) is each block's own while it runs.
+// switch at barriers (__syncthreads, bar.sync), at each warp shuffle, at warp- and
+// warpgroup-wide instructions and at mbarrier waits (a divergent barrier or a
+// full-mask shuffle some lanes miss aborts with a message). Blocks run one after
+// another, so `__shared__` (static here) and the dynamic shared memory are each block's
+// own while it runs. The sm_90a instructions are sm90_emu.h's (kernels/sm90.cuh swapped).
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -15,12 +17,32 @@
 #include <algorithm>
 #include <functional>
 
+#include <string>
+
 namespace emu {
 struct Tls { uint3 tid, bid; dim3 bdim, gdim; int lin; };
 extern thread_local Tls tls;
+extern int sm_count;                 // the emulated GPU's SMs (the persistent kernels' grid): 2 unless a check sets it
+constexpr size_t kSmemOffset = 128;  // the dynamic shared memory's start past a 1024-byte boundary
+[[noreturn]] void fail(const char* what);  // prints the block and thread, aborts
 void sync_block();
+void barrier(int id, int count);     // bar.sync id, count (__syncthreads: id 0, every thread)
+void yield(const std::string& what); // waits until the other fibers have run (`what`: said on a deadlock)
+void note_progress();                // a yielding fiber's wait was passed
+// A warp- (size 32) or warpgroup-wide (128) instruction `tag`: each thread of the group gives
+// `arg`; the last to arrive runs op on all of them (in thread order), then all go on.
+void collective(int size, const char* tag, void* arg, const std::function<void(void* const* args)>& op);
+int thread_index();                  // the calling fiber's linear thread index
+int block_threads();
+unsigned char* dynamic_smem();
+size_t dynamic_smem_bytes();
+uintptr_t smem_window_base();        // shared address 0
 float shfl_xor(float v, int o);
-void run_grid(dim3 grid, dim3 block, const std::function<void()>& body);
+void run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, const std::function<void()>& body);
+void block_begin(int threads);       // sm90_emu.cpp: a block's mbarriers and queues reset
+void thread_exit();                  // sm90_emu.cpp: a thread's asynchronous work must be waited for
+bool land_loads();                   // sm90_emu.cpp: the TMA loads in flight land (false: none)
+void check_launch(const void* kernel, size_t dynamic_bytes);  // sm90_emu.cpp: the kernel's shared-memory limit
 }  // namespace emu
 
 #define threadIdx (emu::tls.tid)
@@ -55,9 +77,14 @@ inline unsigned __reduce_max_sync(unsigned, unsigned v) {
 using std::isfinite;
 using std::min;
 using std::max;
+inline void __threadfence_block() {}
+inline float __log2f(float x) { return std::log2(x); }
+#define __CUDA_ARCH_FEAT_SM90_ALL 1  // the kernels' sm_90a paths; sm90_emu.h gives their instructions
 namespace emu {
+// kernel<<<grid, block, dynamic_bytes, stream>>>(args...), as run.sh rewrites it.
 template <typename K, typename... A>
-void launch(K k, dim3 grid, dim3 block, A... args) {
-  run_grid(grid, block, [&] { k(args...); });
+void launch(K k, dim3 grid, dim3 block, size_t dynamic_bytes, A... args) {
+  check_launch(reinterpret_cast<const void*>(k), dynamic_bytes);
+  run_grid(grid, block, dynamic_bytes, [&] { k(args...); });
 }
 }  // namespace emu
