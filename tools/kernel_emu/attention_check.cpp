@@ -5,7 +5,8 @@
 // T = 256, head dims 64 and 72 (the tail panel), (B, H) = (1, 1) and (2, 3) on an emulated
 // GPU of 2 SMs (the forward's persistent CTAs take 3 heads each: both buffers and both
 // phase parities). Outputs start NaN (an element not written stays NaN), NaN past every
-// buffer; every case runs twice and must give the same bits. Exit 1 on any failure.
+// buffer; every case runs twice, the second time on another schedule (set_schedule), and
+// must give the same bits. Exit 1 on any failure.
 #include "check.h"
 #include "kernels/attention_head_bwd_sm90.h"
 #include "kernels/attention_head_fwd_sm90.h"
@@ -71,6 +72,7 @@ static void forward_case(int B, int H, int D) {
     }
   std::vector<bf16> first;
   for (int run = 0; run < 2; ++run) {
+    set_schedule(run);
     auto out = nans<bf16>(out_n);
     auto lse_got = nans<float>(lse_n);
     k::attention_head_fwd_sm90(qkv.data(), out.data(), lse_got.data(), B, H, D, float(scale), nullptr);
@@ -83,7 +85,7 @@ static void forward_case(int B, int H, int D) {
       first = out;
     } else if (memcmp(first.data(), out.data(), out_n * sizeof(bf16)) != 0) {
       ++fails;
-      printf("FAIL %s: a second run gave other bits\n", where.c_str());
+      printf("FAIL %s: the other schedule gave other bits\n", where.c_str());
     }
   }
   printf("%s done, %d failures so far\n", where.c_str(), fails);
@@ -129,6 +131,7 @@ static void backward_case(int B, int H, int D) {
     }
   std::vector<bf16> first;
   for (int run = 0; run < 2; ++run) {
+    set_schedule(run);
     auto dqkv = nans<bf16>(qkv_n);
     k::attention_head_bwd_sm90(qkv.data(), o.data(), d_o.data(), lse_in.data(), dqkv.data(), B, H, D, float(scale),
                                nullptr);
@@ -152,7 +155,7 @@ static void backward_case(int B, int H, int D) {
       first = dqkv;
     } else if (memcmp(first.data(), dqkv.data(), qkv_n * sizeof(bf16)) != 0) {
       ++fails;
-      printf("FAIL %s: a second run gave other bits\n", where.c_str());
+      printf("FAIL %s: the other schedule gave other bits\n", where.c_str());
     }
   }
   printf("%s done, %d failures so far\n", where.c_str(), fails);

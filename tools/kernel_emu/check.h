@@ -64,6 +64,13 @@ inline std::string case_name(const char* op, const char* types, int B, int T, in
   return std::string(op) + " " + types + " [" + std::to_string(B) + "," + std::to_string(T) + "," + std::to_string(D) + "]";
 }
 
+// Run 0: the emulator's default schedule; run 1: TMA loads landing at issue and the fibers
+// in reverse order. A kernel's results must be right in both, and the same bits.
+inline void set_schedule(int run) {
+  emu::loads_land_early = run == 1;
+  emu::fibers_reversed = run == 1;
+}
+
 inline int finish() {
   printf("output hash %016llx\n", (unsigned long long)output_hash);
   printf("%d failures\n", fails);

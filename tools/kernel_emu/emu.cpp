@@ -5,6 +5,7 @@
 namespace emu {
 thread_local Tls tls;
 int sm_count = 2;
+bool loads_land_early = false, fibers_reversed = false;
 namespace {
 // YIELD: waiting on a condition (an mbarrier phase) that only other fibers can change: it runs
 // again once nothing else can. WBAR: at a barrier (bar.sync id; __syncthreads is id 0). WWARP: at a
@@ -177,7 +178,8 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, const std::function<v
       uint64_t yield_round_at = ~uint64_t(0);  // progress when the yielding fibers last ran
       for (;;) {
         bool ran = false;
-        for (int t = 0; t < n; ++t) {
+        for (int i = 0; i < n; ++i) {
+          const int t = fibers_reversed ? n - 1 - i : i;
           if (st[t] != RUN) continue;
           cur = t; tls = info[t]; ran = true;
           swapcontext(&sched, &ctx[t]);

@@ -24,6 +24,11 @@ struct Tls { uint3 tid, bid; dim3 bdim, gdim; int lin; };
 extern thread_local Tls tls;
 extern int sm_count;                 // the emulated GPU's SMs (the persistent kernels' grid): 2 unless a check sets it
 constexpr size_t kSmemOffset = 128;  // the dynamic shared memory's start past a 1024-byte boundary
+// The schedule a check may vary (a kernel's results must not depend on it): TMA loads land when
+// no fiber can run (late, the default: a read the mbarrier does not order sees NaN) or at issue
+// (early: a load into a stage still being read shows); the block's fibers run from the first or
+// from the last.
+extern bool loads_land_early, fibers_reversed;
 [[noreturn]] void fail(const char* what);  // prints the block and thread, aborts
 void sync_block();
 void barrier(int id, int count);     // bar.sync id, count (__syncthreads: id 0, every thread)

@@ -45,7 +45,8 @@ struct Pending {
 };
 std::vector<Pending> pending;
 // TMA and bulk loads issued and not yet landed, in issue order: they land once no fiber can
-// run (as late as a GPU may), so a read not ordered by its mbarrier sees NaN.
+// run (as late as a GPU may, so a read not ordered by its mbarrier sees NaN), or at issue
+// with emu::loads_land_early.
 struct Load {
   Map map;
   uint32_t dst, bar;
@@ -254,6 +255,7 @@ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, const int* coo
   check_tma(m, dst, rank);
   mbar(bar);
   loads.push_back(Load{m, dst, bar, {coords[0], rank > 1 ? coords[1] : 0, rank > 2 ? coords[2] : 0}, nullptr});
+  if (loads_land_early) land_loads();
 }
 void land(const Load& l) {
   if (l.src) {
@@ -294,6 +296,7 @@ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   l.bar = bar;
   l.src = src;
   loads.push_back(l);
+  if (loads_land_early) land_loads();
 }
 void load_shared(uint32_t addr, void* to, int bytes) { memcpy(to, shared(addr, bytes, bytes, "ld.shared"), bytes); }
 void store_shared(uint32_t addr, const void* from, int bytes) {
