@@ -70,25 +70,19 @@ static void forward_case(int B, int H, int D) {
         }
       }
     }
-  std::vector<bf16> first;
-  for (int run = 0; run < 2; ++run) {
-    set_schedule(run);
+  on_two_schedules(where, [&](bool check) {
     auto out = nans<bf16>(out_n);
     auto lse_got = nans<float>(lse_n);
     k::attention_head_fwd_sm90(qkv.data(), out.data(), lse_got.data(), B, H, D, float(scale), nullptr);
-    if (run == 0) {
+    if (check) {
       rel_l2("out", where, out.data(), out_ref, 1e-2);
       close("out", where, out.data(), out_ref, 2e-2);
       close("lse", where, lse_got.data(), lse_ref, 1e-4);
       pad_intact("out", out);
       pad_intact("lse", lse_got);
-      first = out;
-    } else if (memcmp(first.data(), out.data(), out_n * sizeof(bf16)) != 0) {
-      ++fails;
-      printf("FAIL %s: the other schedule gave other bits\n", where.c_str());
     }
-  }
-  printf("%s done, %d failures so far\n", where.c_str(), fails);
+    return bits_of(out, lse_got);
+  });
 }
 
 static void backward_case(int B, int H, int D) {
@@ -129,13 +123,11 @@ static void backward_case(int B, int H, int D) {
         }
       }
     }
-  std::vector<bf16> first;
-  for (int run = 0; run < 2; ++run) {
-    set_schedule(run);
+  on_two_schedules(where, [&](bool check) {
     auto dqkv = nans<bf16>(qkv_n);
     k::attention_head_bwd_sm90(qkv.data(), o.data(), d_o.data(), lse_in.data(), dqkv.data(), B, H, D, float(scale),
                                nullptr);
-    if (run == 0) {
+    if (check) {
       // dqkv's q, k and v parts, each [rows][H * D].
       std::vector<bf16> part[3];
       for (int w = 0; w < 3; ++w) {
@@ -152,13 +144,9 @@ static void backward_case(int B, int H, int D) {
         close(names[w], where, part[w].data(), *refs[w], 3e-2 * mx);
       }
       pad_intact("dqkv", dqkv);
-      first = dqkv;
-    } else if (memcmp(first.data(), dqkv.data(), qkv_n * sizeof(bf16)) != 0) {
-      ++fails;
-      printf("FAIL %s: the other schedule gave other bits\n", where.c_str());
     }
-  }
-  printf("%s done, %d failures so far\n", where.c_str(), fails);
+    return bits_of(dqkv);
+  });
 }
 
 int main() {

@@ -70,6 +70,26 @@ inline void set_schedule(int run) {
   emu::loads_land_early = run == 1;
   emu::fibers_reversed = run == 1;
 }
+// The bytes of some output vectors, one after another.
+template <typename... V> std::vector<unsigned char> bits_of(const V&... v) {
+  std::vector<unsigned char> out;
+  auto add = [&](const auto& x) {
+    const unsigned char* b = reinterpret_cast<const unsigned char*>(x.data());
+    out.insert(out.end(), b, b + x.size() * sizeof(x[0]));
+  };
+  (add(v), ...);
+  return out;
+}
+// run(check) launches a case on fresh outputs, compares them with the reference when `check`
+// and returns their bits_of: on schedule 0 checked, on schedule 1 it must give the same bits.
+template <typename Run> void on_two_schedules(const std::string& where, Run run) {
+  set_schedule(0);
+  const std::vector<unsigned char> first = run(true);
+  set_schedule(1);
+  if (run(false) != first) { ++fails; printf("FAIL %s: the other schedule gave other bits\n", where.c_str()); }
+  set_schedule(0);
+  printf("%s done, %d failures so far\n", where.c_str(), fails);
+}
 
 inline int finish() {
   printf("output hash %016llx\n", (unsigned long long)output_hash);

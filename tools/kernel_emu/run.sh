@@ -2,7 +2,7 @@
 # Runs row kernels' real CUDA source on the CPU (README.md): rewrites src/kernels/<name>.cu and the
 # shared *.cuh for the host (launches -> emu::launch, four storage-type sets instead of 27), builds
 # them with emu.cpp and a check program, and runs the check. Usage: tools/kernel_emu/run.sh [check.cpp] [kernel names...]
-#   default: rms_adaln_check.cpp rms_adaln residual_rms_adaln
+#   default: rms_adaln_check.cpp rms_adaln residual_rms_adaln (another check without names: no kernel of src/)
 # ASAN=1 adds AddressSanitizer (UBSan's alignment check is always on). Work in build/kernel_emu/.
 # EMU_SED='sed script' edits the emulated copies only (to show that a check fails on an injected bug).
 set -euo pipefail
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 CHECK="${1:-rms_adaln_check.cpp}"
 shift || true
 NAMES=("$@")
-[ ${#NAMES[@]} -eq 0 ] && NAMES=(rms_adaln residual_rms_adaln)
+[ ${#NAMES[@]} -eq 0 ] && [ "$CHECK" = rms_adaln_check.cpp ] && NAMES=(rms_adaln residual_rms_adaln)
 WORK="${EMU_WORK:-build/kernel_emu}"  # EMU_WORK: another folder (ctest gives each check its own)
 mkdir -p "$WORK"
 CUDA_INC="${CUDA_HOME:-/usr/local/cuda}/include"

@@ -55,6 +55,11 @@ struct Load {
 };
 std::vector<Load> loads;
 std::set<uint32_t> barriers_initialised;
+// Shared bytes written through a wrapper (st.shared, stmatrix) and not yet fenced by their
+// writer's fence.proxy.async: the writer + 1 per byte of the window, 0 when clean; each
+// thread's written ranges since its last fence.
+std::vector<uint16_t> unfenced;
+std::vector<std::vector<std::pair<uint32_t, uint32_t>>> written;
 std::map<const void*, int> smem_limit;  // cudaFuncSetAttribute(MaxDynamicSharedMemorySize)
 
 [[noreturn]] void failf(const char* fmt, uint64_t a = 0, uint64_t b = 0, uint64_t c = 0) {
@@ -142,15 +147,35 @@ void check_tma(const Map& m, uint32_t smem, int rank) {
   shared(smem, box_bytes(m), 1, "TMA box");
 }
 
+void generic_write(uint32_t addr, uint32_t bytes, int thread) {
+  for (uint32_t b = 0; b < bytes; ++b) unfenced[addr + b] = uint16_t(thread + 1);
+  written[thread].push_back({addr, bytes});
+}
+// An async-proxy read (TMA store, wgmma operand) of bytes a thread wrote without a
+// fence.proxy.async since: on a GPU it may read the old bytes.
+void async_read(uint32_t addr, uint32_t bytes, const char* who) {
+  for (uint32_t b = 0; b < bytes; ++b)
+    if (unfenced[addr + b]) {
+      char what[256];
+      snprintf(what, sizeof what, "%s reads shared 0x%x, written by thread %d with no fence.proxy.async since", who,
+               addr + b, unfenced[addr + b] - 1);
+      fail(what);
+    }
+}
+void async_write(uint32_t addr, uint32_t bytes) { memset(&unfenced[addr], 0, bytes * sizeof(uint16_t)); }
+
 void do_store(const Store& s) {
   walk_box(s.map, s.coords, [&](size_t i, int64_t off) {
-    if (off >= 0) memcpy(s.map.base + off, shared(box_address(s.map, s.src, i), s.map.elem, 1, "TMA store"), s.map.elem);
+    const uint32_t at = box_address(s.map, s.src, i);
+    if (off >= 0) memcpy(s.map.base + off, shared(at, s.map.elem, 1, "TMA store"), s.map.elem);
+    async_read(at, s.map.elem, "a TMA store");
   });
 }
 
 float bf16_at(uint32_t addr) {
   uint16_t h;
   memcpy(&h, shared(addr, 2, 2, "wgmma operand"), 2);
+  async_read(addr, 2, "wgmma");
   const uint32_t u = uint32_t(h) << 16;
   float f;
   memcpy(&f, &u, 4);
@@ -260,12 +285,14 @@ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, const int* coo
 void land(const Load& l) {
   if (l.src) {
     memcpy(shared(l.dst, l.map.box[0], 16, "cp.async.bulk"), l.src, l.map.box[0]);
+    async_write(l.dst, l.map.box[0]);
     complete_tx(l.bar, l.map.box[0]);
     return;
   }
   const Map& m = l.map;
   walk_box(m, l.coords, [&](size_t i, int64_t off) {
     unsigned char* to = shared(box_address(m, l.dst, i), m.elem, 1, "TMA load");
+    async_write(box_address(m, l.dst, i), m.elem);
     if (off >= 0) memcpy(to, m.base + off, m.elem);
     else memset(to, m.oob_nan ? 0xFF : 0, m.elem);
   });
@@ -301,6 +328,7 @@ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
 void load_shared(uint32_t addr, void* to, int bytes) { memcpy(to, shared(addr, bytes, bytes, "ld.shared"), bytes); }
 void store_shared(uint32_t addr, const void* from, int bytes) {
   memcpy(shared(addr, bytes, bytes, "st.shared"), from, bytes);
+  generic_write(addr, bytes, thread_index());
 }
 
 void wgmma(int n, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, int trans_a, int trans_b,
@@ -361,7 +389,9 @@ void stmatrix_x4(uint32_t addr, const uint32_t* r, bool trans) {
       for (int i = 0; i < 4; ++i)
         for (int h = 0; h < 2; ++h) {
           const uint16_t v = uint16_t(static_cast<MatrixLane*>(args[lane])->regs[i] >> (16 * h));
-          memcpy(shared(matrix_element(args, i, lane, h, trans), 2, 2, "stmatrix"), &v, 2);
+          const uint32_t at = matrix_element(args, i, lane, h, trans);
+          memcpy(shared(at, 2, 2, "stmatrix"), &v, 2);
+          generic_write(at, 2, thread_index() / 32 * 32 + lane);  // the lane whose register it was
         }
   });
 }
@@ -381,6 +411,14 @@ void ldmatrix_x4(uint32_t addr, uint32_t* r, bool trans) {
         }
     for (int lane = 0; lane < 32; ++lane) memcpy(static_cast<MatrixLane*>(args[lane])->regs, out[lane], 16);
   });
+}
+
+void fence_proxy_async() {
+  const int me = thread_index();
+  for (const auto& r : written[me])
+    for (uint32_t b = 0; b < r.second; ++b)
+      if (unfenced[r.first + b] == me + 1) unfenced[r.first + b] = 0;
+  written[me].clear();
 }
 
 float ex2_approx_ftz(float x) {
@@ -405,6 +443,8 @@ void block_begin(int threads) {
   sm90::loads.clear();
   sm90::pending.assign(threads, sm90::Pending{});
   sm90::barriers_initialised.clear();
+  sm90::unfenced.assign(kSmemOffset + dynamic_smem_bytes(), 0);
+  sm90::written.assign(threads, {});
 }
 void thread_exit() {
   const sm90::Pending& p = sm90::pending[thread_index()];

@@ -29,6 +29,7 @@ void wgmma_commit();
 void wgmma_wait(int pending);
 void stmatrix_x4(uint32_t addr, const uint32_t* r, bool trans);
 void ldmatrix_x4(uint32_t addr, uint32_t* r, bool trans);
+void fence_proxy_async();
 float ex2_approx_ftz(float x);
 float tanh_approx(float x);
 }  // namespace emu::sm90
@@ -57,8 +58,9 @@ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar)
   emu::sm90::bulk_load(smem_u32(dst), src, bytes, smem_u32(bar));
 }
 
-// Proxy fences order nothing here: the generic and async proxies see one memory.
-inline void fence_async_shared() {}
+// The async proxy (TMA stores, wgmma) may read what a thread wrote through st.shared or
+// stmatrix only after that thread's fence (sm90_emu.cpp checks it).
+inline void fence_async_shared() { emu::sm90::fence_proxy_async(); }
 inline void warpgroup_barrier(int id) { emu::barrier(id, 128); }
 inline void cta_barrier() { emu::barrier(1, 256); }
 template <int N>
