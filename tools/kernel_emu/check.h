@@ -60,6 +60,14 @@ void rel_l2(const char* what, const std::string& where, const T* got, const std:
   if (nan || !(r < tol)) { ++fails; printf("FAIL %s %s: rel L2 %g, %zu NaN\n", where.c_str(), what, r, nan); }
 }
 
+// Both: every element within tol of the reference, and the relative L2 error under l2_tol.
+template <typename T>
+void matches(const char* what, const std::string& where, const T* got, const std::vector<double>& ref, double tol,
+             double l2_tol) {
+  close(what, where, got, ref, tol);
+  rel_l2(what, where, got, ref, l2_tol);
+}
+
 inline std::string case_name(const char* op, const char* types, int B, int T, int D) {
   return std::string(op) + " " + types + " [" + std::to_string(B) + "," + std::to_string(T) + "," + std::to_string(D) + "]";
 }

@@ -184,17 +184,19 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, const std::function<v
           cur = t; tls = info[t]; ran = true;
           swapcontext(&sched, &ctx[t]);
         }
-        if (ran || release_warps() || land_loads()) continue;
+        if (ran || release_warps()) continue;
         bool any_yield = false, all_done = true;
         for (int t = 0; t < n; ++t) { any_yield |= st[t] == YIELD; all_done &= st[t] == DONE; }
+        cur = -1;
+        if (all_done && land_loads()) fail("the block ended with TMA loads in flight (issued, never waited for)");
         if (all_done) break;
+        if (land_loads()) continue;
         if (any_yield && progress != yield_round_at) {
           yield_round_at = progress;
           for (int t = 0; t < n; ++t)
             if (st[t] == YIELD) st[t] = RUN;
           continue;
         }
-        cur = -1;
         deadlock();
       }
       cur = -1;
