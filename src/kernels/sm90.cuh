@@ -1,8 +1,12 @@
 // The sm_90a (Hopper) instructions our hand-written kernels share, one small
 // helper each: shared-memory addresses, mbarriers, TMA copies in and out,
-// proxy fences and named barriers, wgmma's fences and its K-major
-// shared-memory descriptor. Device code only; a kernel file includes it and
-// says `using namespace sm90;` in its own anonymous namespace.
+// proxy fences and named barriers, wgmma's fences, products and its K-major
+// shared-memory descriptor, stmatrix, the approximate math. Device code only;
+// a kernel file includes it and says `using namespace sm90;` in its own
+// anonymous namespace. Every inline asm of the kernels lives here: the CPU
+// emulator (tools/kernel_emu) swaps this header for host versions of these
+// helpers, so a new instruction is a new helper here and its host version in
+// tools/kernel_emu/sm90_emu.h.
 #pragma once
 
 #include <cuda.h>

@@ -333,6 +333,7 @@ void store_shared(uint32_t addr, const void* from, int bytes) {
 
 void wgmma(int n, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, int trans_a, int trans_b,
            int scale_d) {
+  if (n < 8 || n > 256 || n % 8) fail("wgmma with N not a multiple of 8 in 8-256");
   Pending& p = pending[thread_index()];
   WgmmaOp op{n, d, a != nullptr, {0, 0, 0, 0}, desc_a, desc_b, trans_a, trans_b, scale_d != 0, p.wgmma_groups};
   if (a) memcpy(op.a, a, sizeof op.a);
