@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,9 @@
 #include "kernels/swiglu.h"
 #include "ops/compute_weights.h"
 #include "ops/dtype_dispatch.h"
+#include "ops/gemm_bias_gelu.h"
 #include "ops/linear.h"
+#include "ops/stacked_linear.h"
 #include "ops/weight_grad_stream.h"
 
 namespace perftrain::ops {
@@ -39,6 +42,13 @@ void check_gate_up(const at::Tensor& gate_up, bool allow_double) {
                      shape(gate_up));
   if (allow_double && gate_up.scalar_type() == at::kDouble) return;
   check_kernel_dtype(kOp, gate_up.scalar_type(), "gate_up");
+}
+
+// F within what swiglu's CUDA kernels take.
+void check_cuda_width(int64_t f) {
+  if (f > kernels::kSwigluMaxCols)
+    throw UsageError(std::string(kOp) + ": F=" + std::to_string(f) + " is wider than the CUDA kernels take (" +
+                     std::to_string(kernels::kSwigluMaxCols) + ")");
 }
 
 // Forward keeps gate_up (dense) and nothing else: the backward reads it and
@@ -68,16 +78,71 @@ struct SwigluFunction : public torch::autograd::Function<SwigluFunction> {
   }
 };
 
-// swiglu's forward kernel: gate_up [rows, 2F] dense -> [rows, F].
-at::Tensor swiglu_activation(const at::Tensor& gate_up, int64_t rows, int64_t f) {
-  at::Tensor out = at::empty({rows, f}, gate_up.options());
+// swiglu's forward kernel: gate_up [rows, 2F] dense -> out [rows, F].
+void swiglu_activation_into(const at::Tensor& gate_up, const at::Tensor& out, int64_t rows, int64_t f) {
   with_kernel_type(kOp, gate_up.scalar_type(), [&](auto tp) {
     using T = kernel_type<decltype(tp)>;
     kernels::swiglu_forward<T>(kernel_ptr<const T>(gate_up), kernel_ptr<T>(out), rows, int(f),
                                at::cuda::getCurrentCUDAStream());
   });
+}
+
+at::Tensor swiglu_activation(const at::Tensor& gate_up, int64_t rows, int64_t f) {
+  at::Tensor out = at::empty({rows, f}, gate_up.options());
+  swiglu_activation_into(gate_up, out, rows, f);
   return out;
 }
+
+// x's sizes with the last one n.
+std::vector<int64_t> sizes_with_last(const at::Tensor& x, int64_t n) {
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = n;
+  return sizes;
+}
+
+// gate_up and h of the rows of x2 [rows, K] through the stacked weight w
+// [2F, K]: the fused kernel where it applies, else the product then swiglu's kernel.
+void gate_up_and_swiglu(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& gate_up, const at::Tensor& h) {
+  if (try_gemm_swiglu_sm90(x2, w, gate_up, h)) return;
+  detail::linear_forward_product(x2, w, at::Tensor(), gate_up);
+  swiglu_activation_into(gate_up, h, x2.size(0), h.size(1));
+}
+
+// swiglu(stacked_linear(x, {gate_w, up_w})) with both forwards in one
+// kernel where it applies; keeps x (as [rows, K]) for the weights' gradients,
+// the stacked weight for x's, and gate_up for swiglu's backward.
+struct SwigluProductFunction : public torch::autograd::Function<SwigluProductFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gate_w,
+                            const at::Tensor& up_w) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const int64_t k = x.size(-1), rows = x.numel() / k, f = gate_w.size(0);
+    const at::Tensor w = detail::stacked_weights_in({gate_w, up_w}, x.scalar_type());
+    const at::Tensor x2 = x.contiguous().view({rows, k});
+    const at::Tensor gate_up = at::empty({rows, 2 * f}, x.options());
+    at::Tensor h = at::empty(sizes_with_last(x, f), x.options());
+    gate_up_and_swiglu(x2, w, gate_up, h.view({rows, f}));
+    const bool weights_grad = gate_w.requires_grad() || up_w.requires_grad();
+    ctx->save_for_backward({weights_grad ? x2 : at::Tensor(), x.requires_grad() ? w : at::Tensor(), gate_up});
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["w_dtype"] = int64_t(gate_w.scalar_type());
+    return h;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x2 = saved[0], &w = saved[1], &gate_up = saved[2];
+    const bool want_w = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
+    const int64_t f = gate_up.size(1);
+    const detail::StackedLinearGrads g = detail::stacked_linear_backward(
+        detail::swiglu_backward_cuda(grads[0], gate_up), x2, w, ctx->saved_data["x_sizes"].toIntVector(),
+        gate_up.scalar_type(), ctx->needs_input_grad(0),
+        want_w ? std::optional(static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt())) : std::nullopt,
+        std::nullopt);
+    const std::vector<at::Tensor> dw = detail::row_blocks(g.weight, {f, f});
+    return {g.x, ctx->needs_input_grad(1) ? dw[0] : at::Tensor(), ctx->needs_input_grad(2) ? dw[1] : at::Tensor()};
+  }
+};
 
 // down(swiglu(gate_up)) keeping gate_up and the weight only: the activation
 // lives in forward just long enough for the product, and again in backward
@@ -153,10 +218,18 @@ at::Tensor swiglu_reference(const at::Tensor& gate_up) {
 at::Tensor swiglu(const at::Tensor& gate_up) {
   check_gate_up(gate_up, /*allow_double=*/false);
   if (!gate_up.is_cuda()) return swiglu_reference(gate_up);
-  if (gate_up.size(-1) / 2 > kernels::kSwigluMaxCols)
-    throw UsageError(std::string(kOp) + ": F=" + std::to_string(gate_up.size(-1) / 2) +
-                     " is wider than the CUDA kernels take (" + std::to_string(kernels::kSwigluMaxCols) + ")");
+  check_cuda_width(gate_up.size(-1) / 2);
   return SwigluFunction::apply(gate_up);
+}
+
+at::Tensor swiglu_product(const at::Tensor& x, const at::Tensor& gate_w, const at::Tensor& up_w) {
+  detail::check_stacked_linear_args(x, {gate_w, up_w}, {});
+  if (gate_w.size(0) != up_w.size(0))
+    throw UsageError("swiglu_product: gate_w and up_w must have the same rows (F), got " + shape(gate_w) + " and " +
+                     shape(up_w));
+  if (!x.is_cuda()) return swiglu(stacked_linear(x, {gate_w, up_w}));
+  check_cuda_width(gate_w.size(0));
+  return SwigluProductFunction::apply(x, gate_w, up_w);
 }
 
 at::Tensor swiglu_linear(const at::Tensor& gate_up, const at::Tensor& down_weight) {
@@ -165,9 +238,7 @@ at::Tensor swiglu_linear(const at::Tensor& gate_up, const at::Tensor& down_weigh
   detail::check_linear_params("swiglu_linear down", f, gate_up.scalar_type(), gate_up.device(), down_weight,
                               at::Tensor());
   if (!gate_up.is_cuda()) return ops::linear(swiglu(gate_up), down_weight);
-  if (f > kernels::kSwigluMaxCols)
-    throw UsageError(std::string(kOp) + ": F=" + std::to_string(f) + " is wider than the CUDA kernels take (" +
-                     std::to_string(kernels::kSwigluMaxCols) + ")");
+  check_cuda_width(f);
   return SwigluLinearFunction::apply(gate_up, down_weight);
 }
 
