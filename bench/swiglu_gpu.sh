@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# SwiGLU in the gate-up product's epilogue (issue 38, lever 2), checked and measured on the GPU:
+#   BUILD_TARGETS="perftrain test_ops_gpu test_models_gpu bench_gemm_bias_gelu" \
+#     MODE=script SCRIPT=bench/swiglu_gpu.sh tools/gpu_run.sh
+# which builds, then exports BIN, OUT, RUNS and PY (this script builds nothing). About 7-9 minutes on an H200:
+#   1. the GPU tests: gemm_swiglu_sm90 itself against float64 at SS-B/2 and SS-XL/2 widths (gate_up and h,
+#      NaN-filled outputs, reruns bit-identical), swiglu_product forward and backward against float64 (fused
+#      shapes and odd rows), the fallback bit for bit today's stacked product + swiglu, captured == eager;
+#      swiglu's, fc1's and stacked_linear's own GPU tests (the kernel's epilogue is now a template parameter);
+#      the single-stream model against the CPU;
+#   2. bench_gemm_bias_gelu swiglu: gate_up + h in one kernel against the product then swiglu's kernel, and
+#      the product alone, at SS-B/2 b256 (73,728 x 2048 x 768) and SS-XL/2 b128 (36,864 x 3072 x 1152):
+#      the fused kernel should take about the product's time (its extra write is F bf16 a row, ~0.1 ms),
+#      product + swiglu ~0.25 ms more a call at SS-B/2 (swiglu's pass over 0.9 GB; 12 blocks: ~3 ms a step);
+#   3. the SS-B/2 b256 step (256 + 32 tokens, `all`) with speed.gelu_recompute=false (the fused kernel runs)
+#      and =true (the table's setting in docs/PERFORMANCE.md: product then swiglu_linear, unchanged): ms/step
+#      and peak of each.
+# Output: tests-*.log, swiglu-gemm-bench.txt, bench-SS-B-2-b256-{keep,recompute}.json, swiglu-summary.txt.
+set -uo pipefail
+: "${BIN:?run through tools/gpu_run.sh MODE=script}" "${OUT:?}" "${RUNS:?}" "${PY:?}"
+build=$(dirname "$BIN")
+summary="$OUT/swiglu-summary.txt"
+: > "$summary"
+
+step() {  # name, time limit (s), command...
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  t0=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  echo "$name: rc $rc, $(($(date +%s) - t0)) s; $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/$name.log" | tr '\n' ' ')" |
+    tee -a "$summary"
+  [ $rc -eq 0 ] || grep -E '^\[  FAILED  \]|Failure|error' "$OUT/$name.log" | head -20
+}
+
+step tests-ops 180 "$build/tests/test_ops_gpu" \
+  --gtest_filter='SwigluProductGpu.*:SwigluGpu.*:GemmBiasGeluGpu.*:GeluMlpGpu.*:StackedLinearGpu.*'
+step tests-models 180 "$build/tests/test_models_gpu" --gtest_filter='SingleStreamGpuModel.*'
+step swiglu-gemm-bench 60 "$build/bench/kernels/bench_gemm_bias_gelu" swiglu
+cp "$OUT/swiglu-gemm-bench.log" "$OUT/swiglu-gemm-bench.txt"
+grep -E '^\|' "$OUT/swiglu-gemm-bench.log" | tee -a "$summary"
+for mode in keep recompute; do
+  recompute=false
+  [ $mode = recompute ] && recompute=true
+  step "bench-ss-b2-$mode" 130 "$BIN" bench --model SS-B/2 --batch 256 --image-size 32 --set model.cond_tokens=32 \
+    --set model.cond_dim=1024 --variants all --set speed.gelu_recompute=$recompute --out "$RUNS/swiglu-ss-b2-$mode"
+  cp "$RUNS/swiglu-ss-b2-$mode/bench.json" "$OUT/bench-SS-B-2-b256-$mode.json" 2>/dev/null
+  grep -E '^\|' "$OUT/bench-ss-b2-$mode.log" | tail -4 | tee -a "$summary"
+done
