@@ -12,9 +12,10 @@
 #      the product alone, at SS-B/2 b256 (73,728 x 2048 x 768) and SS-XL/2 b128 (36,864 x 3072 x 1152):
 #      the fused kernel should take about the product's time (its extra write is F bf16 a row, ~0.1 ms),
 #      product + swiglu ~0.25 ms more a call at SS-B/2 (swiglu's pass over 0.9 GB; 12 blocks: ~3 ms a step);
-#   3. the SS-B/2 b256 step (256 + 32 tokens, `all`) with speed.gelu_recompute=false (the fused kernel runs)
-#      and =true (the table's setting in docs/PERFORMANCE.md: product then swiglu_linear, unchanged): ms/step
-#      and peak of each.
+#   3. the SS-B/2 b256 step (256 + 32 tokens, `all`) with speed.gelu_recompute=false (swiglu_product) and
+#      =true (swiglu_product_linear; the table's setting in docs/PERFORMANCE.md, 112.15 ms and 26.28 GiB at
+#      f76632d before QK-norm + RoPE's q | k change): ms/step and peak of each; the fused kernel runs in both,
+#      the peak should not move (the same tensors kept).
 # Output: tests-*.log, swiglu-gemm-bench.txt, bench-SS-B-2-b256-{keep,recompute}.json, swiglu-summary.txt.
 set -uo pipefail
 : "${BIN:?run through tools/gpu_run.sh MODE=script}" "${OUT:?}" "${RUNS:?}" "${PY:?}"

@@ -290,36 +290,56 @@ std::string name(const ProductShape& s) {
 }
 
 // The inputs: x [rows, K] in dt, the fp32 master weights gate_w, up_w [F, K]
-// (0.05: gate_up ~ O(1)) and the incoming gradient [rows, F].
+// and down_w [K, F] (0.05: gate_up ~ O(1)), the incoming gradients of h
+// [rows, F] and of down's output [rows, K].
 struct ProductInputs {
-  at::Tensor x, gate_w, up_w, dh;
+  at::Tensor x, gate_w, up_w, down_w, dh, dy;
 };
 ProductInputs product_inputs(const ProductShape& s, at::ScalarType dt, uint64_t seed) {
   at::Generator g = gen(seed);
-  return {rnd({s.rows, s.k}, g, dt), rnd({s.f, s.k}, g, at::kFloat, 0.05), rnd({s.f, s.k}, g, at::kFloat, 0.05),
-          rnd({s.rows, s.f}, g, dt)};
+  return {rnd({s.rows, s.k}, g, dt),         rnd({s.f, s.k}, g, at::kFloat, 0.05), rnd({s.f, s.k}, g, at::kFloat, 0.05),
+          rnd({s.k, s.f}, g, at::kFloat, 0.05), rnd({s.rows, s.f}, g, dt),          rnd({s.rows, s.k}, g, dt)};
 }
 
-// h, dx, d(gate_w), d(up_w) of swiglu_product, or of the composition
-// swiglu(stacked_linear(...)) today's single-stream branch ran.
-std::vector<at::Tensor> product_run(const ProductInputs& in, bool fused_op) {
+// What runs: swiglu_product, or the composition swiglu(stacked_linear(...))
+// the single-stream branch ran before it; with down: swiglu_product_linear,
+// or swiglu_linear(stacked_linear(...)).
+enum class Path { kOp, kComposition, kOpDown, kCompositionDown };
+
+// The output and the gradients of x, gate_w, up_w (and down_w).
+std::vector<at::Tensor> product_run(const ProductInputs& in, Path path) {
   const at::Tensor x = in.x.clone().requires_grad_(true), gw = in.gate_w.clone().requires_grad_(true),
-                   uw = in.up_w.clone().requires_grad_(true);
-  const at::Tensor h = fused_op ? swiglu_product(x, gw, uw) : swiglu(stacked_linear(x, {gw, uw}));
-  const auto d = torch::autograd::grad({h}, {x, gw, uw}, {in.dh});
-  return {h.detach(), d[0], d[1], d[2]};
+                   uw = in.up_w.clone().requires_grad_(true), dw = in.down_w.clone().requires_grad_(true);
+  at::Tensor y;
+  switch (path) {
+    case Path::kOp: y = swiglu_product(x, gw, uw); break;
+    case Path::kComposition: y = swiglu(stacked_linear(x, {gw, uw})); break;
+    case Path::kOpDown: y = swiglu_product_linear(x, gw, uw, dw); break;
+    case Path::kCompositionDown: y = swiglu_linear(stacked_linear(x, {gw, uw}), dw); break;
+  }
+  const bool down = path == Path::kOpDown || path == Path::kCompositionDown;
+  if (!down) {
+    const auto d = torch::autograd::grad({y}, {x, gw, uw}, {in.dh});
+    return {y.detach(), d[0], d[1], d[2]};
+  }
+  const auto d = torch::autograd::grad({y}, {x, gw, uw, dw}, {in.dy});
+  return {y.detach(), d[0], d[1], d[2], d[3]};
 }
 
 // The same in float64 on the stored values (x as given, the weights rounded
-// to x's dtype as the op's compute copies are).
-std::vector<at::Tensor> product_reference64(const ProductInputs& in) {
+// to x's dtype as the op's compute copies are); with down or not.
+std::vector<at::Tensor> product_reference64(const ProductInputs& in, bool down) {
   const at::ScalarType dt = in.x.scalar_type();
-  const at::Tensor x = in.x.to(at::kDouble).requires_grad_(true),
-                   gw = in.gate_w.to(dt).to(at::kDouble).requires_grad_(true),
-                   uw = in.up_w.to(dt).to(at::kDouble).requires_grad_(true);
+  const auto leaf = [dt](const at::Tensor& t) { return t.to(dt).to(at::kDouble).requires_grad_(true); };
+  const at::Tensor x = leaf(in.x), gw = leaf(in.gate_w), uw = leaf(in.up_w), dw = leaf(in.down_w);
   const at::Tensor h = at::silu(at::matmul(x, gw.t())) * at::matmul(x, uw.t());
-  const auto d = torch::autograd::grad({h}, {x, gw, uw}, {in.dh.to(at::kDouble)});
-  return {h.detach(), d[0], d[1], d[2]};
+  if (!down) {
+    const auto d = torch::autograd::grad({h}, {x, gw, uw}, {in.dh.to(at::kDouble)});
+    return {h.detach(), d[0], d[1], d[2]};
+  }
+  const at::Tensor y = at::matmul(h, dw.t());
+  const auto d = torch::autograd::grad({y}, {x, gw, uw, dw}, {in.dy.to(at::kDouble)});
+  return {y.detach(), d[0], d[1], d[2], d[3]};
 }
 
 // The kernel itself (through ops::try_gemm_swiglu_sm90, which must take these
@@ -346,30 +366,37 @@ TEST(SwigluProductGpu, FusedKernelMatchesFloat64) {
                                     nan_like({129, 128}, at::kBFloat16), nan_like({129, 64}, at::kBFloat16)));
 }
 
-// The op, forward and backward, against float64 (h elementwise; the
-// gradients, sums over 2F or over the rows of bf16-rounded terms, by
-// relative L2), fused and fallback shapes; reruns give the same bits.
+// swiglu_product and swiglu_product_linear, forward and backward, against
+// float64 (h elementwise; down's output and the gradients, sums of
+// bf16-rounded terms, by relative L2), fused and fallback shapes; reruns
+// give the same bits.
 TEST(SwigluProductGpu, MatchesFloat64ForwardAndBackward) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   uint64_t seed = 800;
-  for (const ProductShape& s : {kSsB2, kSsXl2, kOddRows}) {
-    const ProductInputs in = product_inputs(s, at::kBFloat16, seed++);
-    const auto got = product_run(in, true), ref = product_reference64(in);
-    expect_close(got[0], ref[0], name(s) + "h");
-    const char* what[] = {"h", "dx", "d(gate_w)", "d(up_w)"};
-    for (size_t i = 1; i < got.size(); ++i) expect_rel_l2(got[i], ref[i], name(s) + what[i]);
-    expect_same_bits(product_run(in, true), got, name(s));
-  }
+  for (const ProductShape& s : {kSsB2, kSsXl2, kOddRows})
+    for (const Path path : {Path::kOp, Path::kOpDown}) {
+      const ProductInputs in = product_inputs(s, at::kBFloat16, seed++);
+      const bool down = path == Path::kOpDown;
+      const std::string where = name(s) + (down ? "with down " : "");
+      const auto got = product_run(in, path), ref = product_reference64(in, down);
+      const char* what[] = {down ? "y" : "h", "dx", "d(gate_w)", "d(up_w)", "d(down_w)"};
+      if (down) expect_rel_l2(got[0], ref[0], where + what[0]);
+      if (!down) expect_close(got[0], ref[0], where + what[0]);
+      for (size_t i = 1; i < got.size(); ++i) expect_rel_l2(got[i], ref[i], where + what[i]);
+      expect_same_bits(product_run(in, path), got, where);
+    }
 }
 
-// Where the fused kernel does not apply (odd rows; fp32) the op is today's
-// composition swiglu(stacked_linear(...)) bit for bit, forward and backward.
+// Where the fused kernel does not apply (odd rows; fp32) the ops are the
+// compositions the branch ran before them, bit for bit, forward and backward.
 TEST(SwigluProductGpu, FallbackIsTheCompositionBitForBit) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   uint64_t seed = 900;
   for (const auto& [s, dt] : {std::pair{kOddRows, at::kBFloat16}, std::pair{ProductShape{256, 96, 192}, at::kFloat}}) {
     const ProductInputs in = product_inputs(s, dt, seed++);
-    expect_same_bits(product_run(in, true), product_run(in, false), name(s) + c10::toString(dt) + " ");
+    const std::string where = name(s) + c10::toString(dt) + " ";
+    expect_same_bits(product_run(in, Path::kOp), product_run(in, Path::kComposition), where);
+    expect_same_bits(product_run(in, Path::kOpDown), product_run(in, Path::kCompositionDown), where + "with down ");
   }
 }
 
@@ -380,7 +407,8 @@ TEST(SwigluProductGpu, CapturedEqualsEager) {
   uint64_t seed = 1000;
   for (const ProductShape& s : {ProductShape{4 * 288, 768, 2048}, ProductShape{4 * 288 + 5, 768, 2048}}) {
     const ProductInputs in = product_inputs(s, at::kBFloat16, seed++);
-    perftrain::testing::expect_graph_replays_match_eager([&] { return product_run(in, true); }, name(s));
+    for (const Path path : {Path::kOp, Path::kOpDown})
+      perftrain::testing::expect_graph_replays_match_eager([&] { return product_run(in, path); }, name(s));
   }
 }
 

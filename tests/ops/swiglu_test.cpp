@@ -270,6 +270,24 @@ TEST(SwigluProduct, CpuMatchesTheFp32ReferenceForwardAndBackward) {
     }
 }
 
+// swiglu_product_linear on the CPU is swiglu_linear of stacked_linear: the
+// same values and gradients as linear(swiglu_product(...)) (fp32, odd sizes).
+TEST(SwigluProduct, CpuProductLinearIsTheComposition) {
+  at::Generator g = gen(400);
+  const at::Tensor x0 = at::randn({3, 5, 7}, g), gw0 = at::randn({5, 7}, g), uw0 = at::randn({5, 7}, g),
+                   dw0 = at::randn({6, 5}, g), dy = at::randn({3, 5, 6}, g);
+  auto run = [&](bool ours) {
+    const at::Tensor x = x0.clone().requires_grad_(true), gw = gw0.clone().requires_grad_(true),
+                     uw = uw0.clone().requires_grad_(true), dw = dw0.clone().requires_grad_(true);
+    const at::Tensor y = ours ? swiglu_product_linear(x, gw, uw, dw) : ops::linear(swiglu_product(x, gw, uw), dw);
+    const auto d = torch::autograd::grad({y}, {x, gw, uw, dw}, {dy});
+    return std::vector<at::Tensor>{y.detach(), d[0], d[1], d[2], d[3]};
+  };
+  const auto got = run(true), want = run(false);
+  for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], want[i], 1e-5, 1e-5, "result " + std::to_string(i));
+  EXPECT_THROW(swiglu_product_linear(x0, gw0, uw0, at::randn({6, 4})), UsageError);  // down takes F = 5
+}
+
 TEST(SwigluProduct, BadInputsRaiseUsageError) {
   const at::Tensor x = at::randn({4, 8});
   EXPECT_THROW(swiglu_product(x, at::randn({3, 8}), at::randn({4, 8})), UsageError);  // F differs

@@ -35,7 +35,7 @@ struct SingleStreamContext {
   at::Tensor mask;       // the key mask [B, 1, 1, S], or undefined
   at::Tensor key_bias;   // ops::attention_key_bias(mask, act), made once for all blocks, or undefined
   at::ScalarType act;    // the compute dtype
-  bool keep_activation;  // SwiGLU's output kept for backward (false: ops::swiglu_linear)
+  bool keep_activation;  // SwiGLU's output kept for backward (false: ops::swiglu_product_linear)
 };
 
 // A residual not yet added: x + tanh(gate) * rms_norm(y) * post_weight. A
@@ -87,8 +87,9 @@ std::pair<at::Tensor, at::Tensor> single_stream_attention_half(const SingleStrea
                                                                const SingleStreamContext& ctx);
 
 // The FFN branch from h2 to down's output: gate and up as one product
-// against their stacked weights, swiglu, down (keep_activation false:
-// swiglu's output not kept for backward, ops::swiglu_linear).
+// against their stacked weights with swiglu (ops::swiglu_product), down
+// (keep_activation false: swiglu's output not kept for backward,
+// ops::swiglu_product_linear).
 at::Tensor single_stream_ffn_branch(const SingleStreamBlockWeights& w, const at::Tensor& h2, bool keep_activation);
 
 // The whole block on its own with the weights w (the recompute path): x [B,
