@@ -23,28 +23,21 @@ build=$(dirname "$BIN")
 summary="$OUT/swiglu-summary.txt"
 : > "$summary"
 
-step() {  # name, time limit (s), command...
-  local name=$1 limit=$2 t0 rc
-  shift 2
-  t0=$(date +%s)
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  rc=$?
-  echo "$name: rc $rc, $(($(date +%s) - t0)) s; $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/$name.log" | tr '\n' ' ')" |
-    tee -a "$summary"
-  [ $rc -eq 0 ] || grep -E '^\[  FAILED  \]|Failure|error' "$OUT/$name.log" | head -20
-}
+# shellcheck source=bench/script_steps.sh
+source "$(dirname "$0")/script_steps.sh"
 
-step tests-ops 180 "$build/tests/test_ops_gpu" \
+summary_step tests-ops 180 "$build/tests/test_ops_gpu" \
   --gtest_filter='SwigluProductGpu.*:SwigluGpu.*:GemmBiasGeluGpu.*:GeluMlpGpu.*:StackedLinearGpu.*'
-step tests-models 180 "$build/tests/test_models_gpu" --gtest_filter='SingleStreamGpuModel.*'
-step swiglu-gemm-bench 60 "$build/bench/kernels/bench_gemm_bias_gelu" swiglu
+summary_step tests-models 180 "$build/tests/test_models_gpu" --gtest_filter='SingleStreamGpuModel.*'
+summary_step swiglu-gemm-bench 60 "$build/bench/kernels/bench_gemm_bias_gelu" swiglu
 cp "$OUT/swiglu-gemm-bench.log" "$OUT/swiglu-gemm-bench.txt"
 grep -E '^\|' "$OUT/swiglu-gemm-bench.log" | tee -a "$summary"
 for mode in keep recompute; do
   recompute=false
   [ $mode = recompute ] && recompute=true
-  step "bench-ss-b2-$mode" 130 "$BIN" bench --model SS-B/2 --batch 256 --image-size 32 --set model.cond_tokens=32 \
-    --set model.cond_dim=1024 --variants all --set speed.gelu_recompute=$recompute --out "$RUNS/swiglu-ss-b2-$mode"
+  summary_step "bench-ss-b2-$mode" 130 "$BIN" bench --model SS-B/2 --batch 256 --image-size 32 \
+    --set model.cond_tokens=32 --set model.cond_dim=1024 --variants all --set speed.gelu_recompute=$recompute \
+    --out "$RUNS/swiglu-ss-b2-$mode"
   cp "$RUNS/swiglu-ss-b2-$mode/bench.json" "$OUT/bench-SS-B-2-b256-$mode.json" 2>/dev/null
   grep -E '^\|' "$OUT/bench-ss-b2-$mode.log" | tail -4 | tee -a "$summary"
 done
