@@ -15,13 +15,9 @@
 #      dq/dk/dv pack and the v copy (about 2 ms of kernel time; less at the power limit).
 # Output: tests-*.log, qk-norm-rope-bench.txt, bench-SS-B-2-b256.json, qk-only-summary.txt (also printed).
 set -uo pipefail
-: "${BIN:?run through tools/gpu_run.sh MODE=script}" "${OUT:?}" "${RUNS:?}" "${PY:?}"
-build=$(dirname "$BIN")
-summary="$OUT/qk-only-summary.txt"
-: > "$summary"
-
 # shellcheck source=bench/script_steps.sh
 source "$(dirname "$0")/script_steps.sh"
+summary_start qk-only
 
 summary_step tests-ops 240 "$build/tests/test_ops_gpu" \
   --gtest_filter='QkNormRopeGpu.*:QkvAttentionGpu.*:LinearGpu.ColumnBlocks*:ProjectedAttentionGpu.*'

@@ -34,6 +34,15 @@ train_features() {
   step features features.log "$BIN" eval --train-features --features "$FEATURES" --data-path "$FMNIST"
 }
 
+# summary_start NAME: checks that tools/gpu_run.sh exported BIN, OUT, RUNS and PY; sets build (BIN's
+# folder) and summary ($OUT/NAME-summary.txt, emptied).
+summary_start() {
+  : "${BIN:?run through tools/gpu_run.sh MODE=script}" "${OUT:?}" "${RUNS:?}" "${PY:?}"
+  build=$(dirname "$BIN")
+  summary="$OUT/$1-summary.txt"
+  : > "$summary"
+}
+
 # summary_step NAME LIMIT CMD...: runs CMD for at most LIMIT seconds into $OUT/NAME.log and appends
 # "NAME: rc, seconds; gtest's PASSED/FAILED lines" to $summary (also printed); on failure, the failures.
 summary_step() {

@@ -18,13 +18,9 @@
 #      the peak should not move (the same tensors kept).
 # Output: tests-*.log, swiglu-gemm-bench.txt, bench-SS-B-2-b256-{keep,recompute}.json, swiglu-summary.txt.
 set -uo pipefail
-: "${BIN:?run through tools/gpu_run.sh MODE=script}" "${OUT:?}" "${RUNS:?}" "${PY:?}"
-build=$(dirname "$BIN")
-summary="$OUT/swiglu-summary.txt"
-: > "$summary"
-
 # shellcheck source=bench/script_steps.sh
 source "$(dirname "$0")/script_steps.sh"
+summary_start swiglu
 
 summary_step tests-ops 180 "$build/tests/test_ops_gpu" \
   --gtest_filter='SwigluProductGpu.*:SwigluGpu.*:GemmBiasGeluGpu.*:GeluMlpGpu.*:StackedLinearGpu.*'
