@@ -228,10 +228,11 @@ __device__ __forceinline__ void store_chunk(const CUtensorMap* map, unsigned cha
   if (store_thread) tma_store_2d(map, staging + (buf - smem_u32(staging)), c0, c1);
 }
 
-// The epilogue's outputs of A W^T (fc1's pre and act, or gate_up and h), in "ping-pong": each consumer
-// warpgroup owns whole 128 x 128 tiles (the CTA's tiles 0, 2, 4, ... go to
-// warpgroup 1, and 1, 3, 5, ... to 2), so while one writes its tile's
-// epilogue the other's products keep the tensor cores busy. One ring of
+// The epilogue's outputs of A W^T (fc1's pre and act, or gate_up and h),
+// in "ping-pong": each consumer warpgroup owns whole 128 x 128 tiles (the
+// CTA's tiles 0, 2, 4, ... go to warpgroup 1, and 1, 3, 5, ... to 2), so
+// while one writes its tile's epilogue the other's products keep the tensor
+// cores busy. One ring of
 // stages in tile order: the producer fills tile i's stages after tile
 // i - 1's, so the two warpgroups' main loops follow each other.
 // Persistent: each CTA takes tiles blockIdx.x, + gridDim.x, ... (consecutive

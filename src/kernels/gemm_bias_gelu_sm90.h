@@ -41,8 +41,9 @@
 // of gate_up and the 64 columns of h. h comes from the fp32 accumulators
 // before rounding, where ops::swiglu computes it from the bf16-rounded
 // gate_up: the two differ by up to about one bf16 step of h (h is rounded
-// once here; there, gate and up are rounded first), gate_up's bits are
-// the same product's.
+// once here; there, gate and up are rounded first). gate_up is the fp32
+// product rounded once, as cuBLASLt's (the bits may differ by the order of
+// accumulation).
 // Bytes: reads A and W_gu as the plain product does, writes 3F bf16 a row
 // (gate_up and h), where product + ops::swiglu writes 2F, reads 2F back and
 // writes F: 4F bf16 a row and one launch less. Why: ~4 ms a step at SS-B/2
