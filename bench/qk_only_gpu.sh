@@ -15,28 +15,16 @@
 #      dq/dk/dv pack and the v copy (about 2 ms of kernel time; less at the power limit).
 # Output: tests-*.log, qk-norm-rope-bench.txt, bench-SS-B-2-b256.json, qk-only-summary.txt (also printed).
 set -uo pipefail
-: "${BIN:?run through tools/gpu_run.sh MODE=script}" "${OUT:?}" "${RUNS:?}" "${PY:?}"
-build=$(dirname "$BIN")
-summary="$OUT/qk-only-summary.txt"
-: > "$summary"
+# shellcheck source=bench/script_steps.sh
+source "$(dirname "$0")/script_steps.sh"
+summary_start qk-only
 
-step() {  # name, time limit (s), command...
-  local name=$1 limit=$2 t0 rc
-  shift 2
-  t0=$(date +%s)
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  rc=$?
-  echo "$name: rc $rc, $(($(date +%s) - t0)) s; $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/$name.log" | tr '\n' ' ')" |
-    tee -a "$summary"
-  [ $rc -eq 0 ] || grep -E '^\[  FAILED  \]|Failure|error' "$OUT/$name.log" | head -20
-}
-
-step tests-ops 240 "$build/tests/test_ops_gpu" \
+summary_step tests-ops 240 "$build/tests/test_ops_gpu" \
   --gtest_filter='QkNormRopeGpu.*:QkvAttentionGpu.*:LinearGpu.ColumnBlocks*:ProjectedAttentionGpu.*'
-step tests-models 240 "$build/tests/test_models_gpu" --gtest_filter='SingleStreamGpuModel.*'
-step qk-norm-rope-bench 60 "$build/bench/kernels/qk_norm_rope_bench"
+summary_step tests-models 240 "$build/tests/test_models_gpu" --gtest_filter='SingleStreamGpuModel.*'
+summary_step qk-norm-rope-bench 60 "$build/bench/kernels/qk_norm_rope_bench"
 cp "$OUT/qk-norm-rope-bench.log" "$OUT/qk-norm-rope-bench.txt"
-step bench-ss-b2 150 "$BIN" bench --model SS-B/2 --batch 256 --image-size 32 --set model.cond_tokens=32 \
+summary_step bench-ss-b2 150 "$BIN" bench --model SS-B/2 --batch 256 --image-size 32 --set model.cond_tokens=32 \
   --set model.cond_dim=1024 --variants all --set speed.gelu_recompute=true --out "$RUNS/qk-only-ss-b2"
 cp "$RUNS/qk-only-ss-b2/bench.json" "$OUT/bench-SS-B-2-b256.json" 2>/dev/null
 grep -E '^\|' "$OUT/bench-ss-b2.log" | tail -6 | tee -a "$summary"

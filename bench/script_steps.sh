@@ -1,5 +1,6 @@
 # Sourced by the bench/*_gpu.sh scripts that report a table even when a step fails (parity_gpu.sh,
 # campaign_costs_gpu.sh): their steps and working directory. step needs LOGS, set by workdir.
+# The check-and-measure scripts (qk_only_gpu.sh, swiglu_gpu.sh) take summary_step.
 #
 # step NAME LOG CMD...: runs CMD into $LOGS/LOG, records its exit status and seconds as a line
 # {"name", "rc", "seconds"} of $LOGS/status.jsonl, and says when it failed (with the log's last lines).
@@ -31,4 +32,26 @@ workdir() {
 # train_features: perftrain eval's feature network, trained once on Fashion-MNIST into $FEATURES.
 train_features() {
   step features features.log "$BIN" eval --train-features --features "$FEATURES" --data-path "$FMNIST"
+}
+
+# summary_start NAME: checks that tools/gpu_run.sh exported BIN, OUT, RUNS and PY; sets build (BIN's
+# folder) and summary ($OUT/NAME-summary.txt, emptied).
+summary_start() {
+  : "${BIN:?run through tools/gpu_run.sh MODE=script}" "${OUT:?}" "${RUNS:?}" "${PY:?}"
+  build=$(dirname "$BIN")
+  summary="$OUT/$1-summary.txt"
+  : > "$summary"
+}
+
+# summary_step NAME LIMIT CMD...: runs CMD for at most LIMIT seconds into $OUT/NAME.log and appends
+# "NAME: rc, seconds; gtest's PASSED/FAILED lines" to $summary (also printed); on failure, the failures.
+summary_step() {
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  t0=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  echo "$name: rc $rc, $(($(date +%s) - t0)) s; $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/$name.log" | tr '\n' ' ')" |
+    tee -a "$summary"
+  [ $rc -eq 0 ] || grep -E '^\[  FAILED  \]|Failure|error' "$OUT/$name.log" | head -20
 }

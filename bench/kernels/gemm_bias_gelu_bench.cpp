@@ -7,7 +7,14 @@
 // times its candidate algorithms), CUDA events, fresh random inputs. Also the
 // largest difference between our pre/act and cuBLASLt's (theirs take a bf16
 // bias, ours the fp32 one).
-//   bench_gemm_bias_gelu [m n k]...     (default: DiT-S/2, B/2, XL/2 at b256)
+// Then the single-stream FFN's gate-up product with SwiGLU in the same
+// kernel's epilogue (ops::try_gemm_swiglu_sm90: gate_up and h) against what
+// runs without it: the product (ops::linear's, cuBLASLt) then ops::swiglu's
+// kernel, and the product alone; and the largest differences (gate_up; h,
+// which ours computes from the fp32 products).
+//   bench_gemm_bias_gelu [m n k]...     (default: DiT-S/2, B/2, XL/2 at b256, and
+//                                        SS-B/2 b256, SS-XL/2 b128 for SwiGLU)
+//   bench_gemm_bias_gelu swiglu [m f k]...   (SwiGLU only)
 // Build: cmake --build build --target bench_gemm_bias_gelu (binary in
 // build/bench/kernels/). On the GPU machine: tools/gpu_run.sh MODE=lab
 // LAB=bench_gemm_bias_gelu [LAB_ARGS="65536 3072 768"].
@@ -29,6 +36,8 @@
 #include "kernels/gemm_lt.h"
 #include "ops/cublaslt_workspace.h"
 #include "ops/gemm_bias_gelu.h"
+#include "ops/linear.h"
+#include "ops/swiglu.h"
 
 namespace {
 
@@ -67,19 +76,63 @@ std::string ms_and_tflops(double ms, double flop) {
   return buf;
 }
 
+// The SwiGLU table: for each [m, f, k], ours against product + swiglu.
+void swiglu_table(const std::vector<std::vector<int64_t>>& shapes) {
+  const auto opts = at::TensorOptions().device(at::kCUDA);
+  std::printf("\n| m | F | k | ours gate_up + h ms (TFLOP/s) | product + swiglu ms (TFLOP/s) | product alone ms | "
+              "max |gate_up diff| | max |h diff| |\n|---|---|---|---|---|---|---|---|\n");
+  for (const auto& s : shapes) {
+    const int64_t m = s[0], f = s[1], k = s[2];
+    const at::Tensor a = at::randn({m, k}, opts).to(at::kBFloat16);
+    const at::Tensor w = (at::randn({2 * f, k}, opts) / std::sqrt(double(k))).to(at::kBFloat16);
+    const auto bf = opts.dtype(at::kBFloat16);
+    const at::Tensor gate_up = at::empty({m, 2 * f}, bf), h = at::empty({m, f}, bf);
+    const at::Tensor gate_up_lt = at::empty({m, 2 * f}, bf);
+    at::Tensor h_lt;
+    const double ours = median_ms([&] { return perftrain::ops::try_gemm_swiglu_sm90(a, w, gate_up, h); });
+    const double product_swiglu = median_ms([&] {
+      perftrain::ops::detail::linear_forward_product(a, w, at::Tensor(), gate_up_lt);
+      h_lt = perftrain::ops::swiglu(gate_up_lt);
+      return true;
+    });
+    const double product = median_ms([&] {
+      perftrain::ops::detail::linear_forward_product(a, w, at::Tensor(), gate_up_lt);
+      return true;
+    });
+    const auto cell = [flop = 2.0 * m * 2 * f * k](double ms) { return ms_and_tflops(ms, flop); };
+    const double dgu = (gate_up.to(at::kFloat) - gate_up_lt.to(at::kFloat)).abs().max().item<double>();
+    const double dh = (h.to(at::kFloat) - h_lt.to(at::kFloat)).abs().max().item<double>();
+    std::printf("| %lld | %lld | %lld | %s | %s | %s | %.3g | %.3g |\n", (long long)m, (long long)f, (long long)k,
+                cell(ours).c_str(), cell(product_swiglu).c_str(), cell(product).c_str(), dgu, dh);
+  }
+}
+
+// [m n k] triples from argv[first...].
+std::vector<std::vector<int64_t>> shape_args(int argc, char** argv, int first) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (int i = first; i + 2 < argc; i += 3)
+    shapes.push_back({std::atoll(argv[i]), std::atoll(argv[i + 1]), std::atoll(argv[i + 2])});
+  return shapes;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::vector<int64_t>> shapes = {{65536, 1536, 384}, {65536, 3072, 768}, {65536, 4608, 1152}};
-  if (argc > 1) {
+  std::vector<std::vector<int64_t>> swiglu_shapes = {{256 * 288, 2048, 768}, {128 * 288, 3072, 1152}};
+  const bool swiglu_only = argc > 1 && std::string(argv[1]) == "swiglu";
+  if (swiglu_only) {
     shapes.clear();
-    for (int i = 1; i + 2 < argc; i += 3)
-      shapes.push_back({std::atoll(argv[i]), std::atoll(argv[i + 1]), std::atoll(argv[i + 2])});
+    if (argc > 2) swiglu_shapes = shape_args(argc, argv, 2);
+  } else if (argc > 1) {
+    shapes = shape_args(argc, argv, 1);
+    swiglu_shapes.clear();
   }
   const c10::cuda::CUDAGuard guard(0);
   const auto opts = at::TensorOptions().device(at::kCUDA);
-  std::printf("| m | n | k | ours ms (TFLOP/s) | cuBLASLt GELU_AUX_BIAS ms (TFLOP/s) | cuBLASLt BIAS ms (TFLOP/s) | "
-              "max |pre diff| | max |act diff| |\n|---|---|---|---|---|---|---|---|\n");
+  if (!shapes.empty())
+    std::printf("| m | n | k | ours ms (TFLOP/s) | cuBLASLt GELU_AUX_BIAS ms (TFLOP/s) | cuBLASLt BIAS ms (TFLOP/s) | "
+                "max |pre diff| | max |act diff| |\n|---|---|---|---|---|---|---|---|\n");
   for (const auto& s : shapes) {
     const int64_t m = s[0], n = s[1], k = s[2];
     const at::Tensor a = at::randn({m, k}, opts).to(at::kBFloat16);
@@ -101,5 +154,6 @@ int main(int argc, char** argv) {
     std::printf("| %lld | %lld | %lld | %s | %s | %s | %.3g | %.3g |\n", (long long)m, (long long)n, (long long)k,
                 cell(ours).c_str(), cell(lt_gelu).c_str(), cell(lt_bias).c_str(), dpre, dact);
   }
+  if (!swiglu_shapes.empty()) swiglu_table(swiglu_shapes);
   return 0;
 }

@@ -59,30 +59,71 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float v0, float v1) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// The epilogue. In the layout of wgmma m64nNk16 a consumer thread holds rows
-// `row` and row + 8 (h = 0, 1), columns col + 8j and the next, in d[4j + 2h]
-// and d[4j + 2h + 1]. The kernel walks the 64-column chunks jc of a tile
-// (j = 8 jc + jj).
+// The epilogues. In the layout of wgmma m64nNk16 a consumer thread holds rows
+// `row` and row + 8 (h = 0, 1), columns cl + 8j and the next (cl = 2 (lane % 4)),
+// in d[4j + 2h] and d[4j + 2h + 1]: a 64-column half jc of the 128-column tile
+// is j = 8 jc + jj (jj < 8).
 //
-// Output 0 pre = acc + b, output 1 act = gelu_tanh(acc + b); load() fetches
-// a chunk's bias pairs into registers (a Chunk) for value().
+// An epilogue says how the tile's W rows are loaded (kWPieces boxes of
+// 128 / kWPieces rows, box p at row w_row(tn, p) for tile column tn) and
+// what it writes: kChunks 64 x 64 chunks a row half, chunk ch to output
+// output(ch) at column column(tn, ch), its pair (jj, h) being value(...);
+// load(cl, tn, ch) fetches what a chunk needs from memory (a Chunk) while
+// the one before is written.
+
+// The accumulators' pair (jj, h) of 64-column half jc.
+__device__ __forceinline__ float2 acc_pair(const float (&d)[64], int jc, int jj, int h) {
+  const int q = 4 * (8 * jc + jj) + 2 * h;
+  return make_float2(d[q], d[q + 1]);
+}
+
+// fc1: chunks 0, 1 pre = acc + b (halves 0, 1), chunks 2, 3 act =
+// gelu_tanh(acc + b); W's rows [128 tn, 128 tn + 128) in one box.
 template <typename TB>
 struct BiasGeluEpilogue {
-  static constexpr int kOutputs = 2;
+  static constexpr int kWPieces = 1, kChunks = 4;
   const TB* bias;
   struct Chunk {
     float2 b[8];
   };
-  __device__ __forceinline__ Chunk load(int col, int jc) const {
+  __device__ __forceinline__ static int w_row(int tn, int) { return tn * kBN; }
+  __device__ __forceinline__ static int output(int ch) { return ch / 2; }
+  __device__ __forceinline__ static int column(int tn, int ch) { return tn * kBN + kChunkCols * (ch % 2); }
+  __device__ __forceinline__ Chunk load(int cl, int tn, int ch) const {
     Chunk c;
 #pragma unroll
-    for (int jj = 0; jj < 8; ++jj) c.b[jj] = bias_pair(bias + col + 8 * (8 * jc + jj));
+    for (int jj = 0; jj < 8; ++jj) c.b[jj] = bias_pair(bias + tn * kBN + cl + 8 * (8 * (ch % 2) + jj));
     return c;
   }
-  __device__ __forceinline__ uint32_t value(const Chunk& c, int o, int jj, float v0, float v1) const {
-    v0 += c.b[jj].x;
-    v1 += c.b[jj].y;
-    return o == 0 ? pack_bf16x2(v0, v1) : pack_bf16x2(gelu_tanh(v0), gelu_tanh(v1));
+  __device__ __forceinline__ uint32_t value(const Chunk& c, int ch, int jj, int h, const float (&d)[64]) const {
+    const float2 v = acc_pair(d, ch % 2, jj, h);
+    const float v0 = v.x + c.b[jj].x, v1 = v.y + c.b[jj].y;
+    return ch < 2 ? pack_bf16x2(v0, v1) : pack_bf16x2(gelu_tanh(v0), gelu_tanh(v1));
+  }
+};
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+// The single-stream FFN's gate-up product: tile column tn's B tile is W_gu's
+// gate rows [64 tn, 64 tn + 64) then its up rows [F + 64 tn, ...) (two boxes),
+// so accumulator half 0 is gate column c and half 1 up column c of the same
+// rows. Chunk 0 writes gate_up's gate piece (column 64 tn), chunk 1 its up
+// piece (F + 64 tn), chunk 2 h = silu(gate) * up (column 64 tn of h).
+struct SwigluEpilogue {
+  static constexpr int kWPieces = 2, kChunks = 3;
+  int f;
+  struct Chunk {};
+  __device__ __forceinline__ int w_row(int tn, int piece) const { return tn * kChunkCols + piece * f; }
+  __device__ __forceinline__ static int output(int ch) { return ch / 2; }
+  __device__ __forceinline__ int column(int tn, int ch) const { return tn * kChunkCols + (ch == 1 ? f : 0); }
+  __device__ __forceinline__ Chunk load(int, int, int) const { return {}; }
+  __device__ __forceinline__ uint32_t value(const Chunk&, int ch, int jj, int h, const float (&d)[64]) const {
+    if (ch < 2) {
+      const float2 v = acc_pair(d, ch, jj, h);
+      return pack_bf16x2(v.x, v.y);
+    }
+    const float2 g = acc_pair(d, 0, jj, h), u = acc_pair(d, 1, jj, h);
+    return pack_bf16x2(silu(g.x) * u.x, silu(g.y) * u.y);
   }
 };
 
@@ -126,21 +167,27 @@ __device__ __forceinline__ SmemParts carve_smem(unsigned char* smem_raw) {
 
 // The producer warpgroup: it gives up registers to the consumers, and one
 // thread, for each of the CTA's tiles (blockIdx.x, + gridDim.x, ...), loads
-// its k-steps' A (128 rows) and W (128 rows) boxes into the ring, each
-// stage once its last readers have released it.
+// its k-steps' A (128 rows) and W (128 rows, in the epilogue's boxes) into
+// the ring, each stage once its last readers have released it.
+template <typename Epilogue>
 __device__ __forceinline__ void run_producer(const CUtensorMap* tma_a, const CUtensorMap* tma_w, const SmemParts& p,
-                                             int tiles, int tiles_n, int kblocks) {
+                                             const Epilogue& epilogue, int tiles, int tiles_n, int kblocks) {
+  constexpr int kWBoxRows = kBN / Epilogue::kWPieces;
   setmaxnreg_dec<40>();
   if (threadIdx.x != 0) return;
   int it = 0;  // k-steps issued, over all tiles
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
+    const int tn = tile % tiles_n, m0 = (tile / tiles_n) * kBM;
     for (int kb = 0; kb < kblocks; ++kb, ++it) {
       const int s = it % kStages;
       mbar_wait(&p.empty[s], ((it / kStages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
       mbar_arrive_expect_tx(&p.full[s], kATileBytes + kBN * kBK * 2);
       tma_load_2d(p.sa + s * kBM * kBK, tma_a, &p.full[s], kb * kBK, m0);
-      tma_load_2d(p.sw + s * kBN * kBK, tma_w, &p.full[s], kb * kBK, n0);
+      // Boxes of whole 8-row swizzle groups back to back: the same layout as one box of kBN rows.
+#pragma unroll
+      for (int piece = 0; piece < Epilogue::kWPieces; ++piece)
+        tma_load_2d(p.sw + s * kBN * kBK + piece * kWBoxRows * kBK, tma_w, &p.full[s], kb * kBK,
+                    epilogue.w_row(tn, piece));
     }
   }
 }
@@ -149,12 +196,13 @@ __device__ __forceinline__ void run_producer(const CUtensorMap* tma_a, const CUt
 // by one consumer warpgroup: its four warps release it) and the two extra
 // ones; then the producer warpgroup runs the producer and returns false, and
 // the consumer warpgroups take the registers it gave up and return true.
+template <typename Epilogue>
 __device__ __forceinline__ bool start_pipeline(const CUtensorMap* tma_a, const CUtensorMap* tma_w, const SmemParts& p,
-                                               int m, int n, int k) {
+                                               const Epilogue& epilogue, int m, int n, int k) {
   if (threadIdx.x == 0) init_ring_barriers(p.full, p.empty, kStages, 4, p.extra);
   __syncthreads();
   if (threadIdx.x < 128) {
-    run_producer(tma_a, tma_w, p, (m / kBM) * (n / kBN), n / kBN, k / kBK);
+    run_producer(tma_a, tma_w, p, epilogue, (m / kBM) * (n / kBN), n / kBN, k / kBK);
     return false;
   }
   setmaxnreg_inc<232>();
@@ -180,10 +228,11 @@ __device__ __forceinline__ void store_chunk(const CUtensorMap* map, unsigned cha
   if (store_thread) tma_store_2d(map, staging + (buf - smem_u32(staging)), c0, c1);
 }
 
-// pre and act = bias and GELU on A W^T, in "ping-pong": each consumer
-// warpgroup owns whole 128 x 128 tiles (the CTA's tiles 0, 2, 4, ... go to
-// warpgroup 1, and 1, 3, 5, ... to 2), so while one writes its tile's
-// epilogue the other's products keep the tensor cores busy. One ring of
+// The epilogue's outputs of A W^T (fc1's pre and act, or gate_up and h),
+// in "ping-pong": each consumer warpgroup owns whole 128 x 128 tiles (the
+// CTA's tiles 0, 2, 4, ... go to warpgroup 1, and 1, 3, 5, ... to 2), so
+// while one writes its tile's epilogue the other's products keep the tensor
+// cores busy. One ring of
 // stages in tile order: the producer fills tile i's stages after tile
 // i - 1's, so the two warpgroups' main loops follow each other.
 // Persistent: each CTA takes tiles blockIdx.x, + gridDim.x, ... (consecutive
@@ -196,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   const SmemParts p = carve_smem(smem_raw);
-  if (!start_pipeline(&tma_a, &tma_w, p, m, n, k)) return;
+  if (!start_pipeline(&tma_a, &tma_w, p, epilogue, m, n, k)) return;
   // handoff[c]: the other warpgroup has passed the full barriers of its
   // latest tile. A warpgroup waits on it before its next tile's main loop:
   // its stages' full barriers are then at most one phase ahead of what it
@@ -218,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // This warpgroup's tiles: the CTA's i-th tile for i = c, c + 2, ...
   int i = c;
   for (int tile = blockIdx.x + c * gridDim.x; tile < tiles; tile += 2 * gridDim.x, i += 2) {
-    const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * kBM;
+    const int tn = tile % tiles_n, m0 = (tile / tiles_n) * kBM;
     if (i > 0) mbar_wait(&handoff[c], ((i - 1) / 2) & 1);  // the CTA's tile i - 1 has passed its waits
     int it = i * kblocks;  // this tile's first stage in the ring's order
     for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -244,38 +293,32 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (store_thread) mbar_arrive(&handoff[1 - c]);  // this thread has passed every full barrier of tile i
-    const int col = n0 + 2 * (lane & 3);
-    typename Epilogue::Chunk next = epilogue.load(col, 0);  // while the last products run
+    const int cl = 2 * (lane & 3);
+    typename Epilogue::Chunk next = epilogue.load(cl, tn, 0);  // while the last products run
     wgmma_wait<0>();
     fence_accumulators(d0);
     fence_accumulators(d1);
     if (lane == 0) mbar_arrive(&p.empty[(it - 1) % kStages]);  // the tile's last stage
-    // Chunks: output o, row half hh (d0, d1), 64-column chunk jc (j = 8 jc + jj of the 16);
-    // the buffers in turn, a chunk's bias loads out while the one before is written.
+    // The epilogue's chunks ch, each for row halves hh (d0, d1); the buffers
+    // in turn, a chunk's loads out while the one before is written.
 #pragma unroll
-    for (int o = 0; o < Epilogue::kOutputs; ++o) {
+    for (int ch = 0; ch < Epilogue::kChunks; ++ch) {
+      const typename Epilogue::Chunk loaded = next;
+      if (ch + 1 < Epilogue::kChunks) next = epilogue.load(cl, tn, ch + 1);
 #pragma unroll
-      for (int jc = 0; jc < kBN / kChunkCols; ++jc) {
-        const typename Epilogue::Chunk loaded = next;
-        if (o + 1 < Epilogue::kOutputs || jc + 1 < kBN / kChunkCols)
-          next = epilogue.load(col, (jc + 1) % (kBN / kChunkCols));
+      for (int hh = 0; hh < 2; ++hh, ++chunk) {
+        const float(&d)[64] = hh == 0 ? d0 : d1;
+        const uint32_t buf = my_staging + (chunk & (kBuffers - 1)) * kChunkBytes;
+        if (store_thread) tma_store_wait_read<kBuffers - 1>();  // this buffer's previous store has read it
+        warpgroup_barrier(1 + c);
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh, ++chunk) {
-          const float(&d)[64] = hh == 0 ? d0 : d1;
-          const uint32_t buf = my_staging + (chunk & (kBuffers - 1)) * kChunkBytes;
-          if (store_thread) tma_store_wait_read<kBuffers - 1>();  // this buffer's previous store has read it
-          warpgroup_barrier(1 + c);
+        for (int jj = 0; jj < 8; ++jj) {
 #pragma unroll
-          for (int jj = 0; jj < 8; ++jj) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int q = 4 * (8 * jc + jj) + 2 * h;
-              st_shared_u32(swizzled_pair(buf, warp, lane, jj, h), epilogue.value(loaded, o, jj, d[q], d[q + 1]));
-            }
-          }
-          store_chunk(o == 0 ? &tma_out0 : &tma_out1, p.staging, buf, 1 + c, store_thread, n0 + kChunkCols * jc,
-                      m0 + 64 * hh);
+          for (int h = 0; h < 2; ++h)
+            st_shared_u32(swizzled_pair(buf, warp, lane, jj, h), epilogue.value(loaded, ch, jj, h, d));
         }
+        store_chunk(Epilogue::output(ch) == 0 ? &tma_out0 : &tma_out1, p.staging, buf, 1 + c, store_thread,
+                    epilogue.column(tn, ch), m0 + 64 * hh);
       }
     }
   }
@@ -289,8 +332,28 @@ __global__ void __launch_bounds__(kThreads, 1)
 // (128 bytes: the swizzle's row), for loads into the ring or stores from the
 // epilogue's buffers.
 static_assert(kBK == 64, "the tensor maps' boxes are 64 columns wide");
-CUtensorMap tensor_map(const bf16* base, int64_t rows, int64_t cols, int box_rows) {
-  return bf16_tensor_map(base, rows, cols, box_rows, "gemm_bias_gelu_sm90");
+CUtensorMap tensor_map(const bf16* base, int64_t rows, int64_t cols, int box_rows, const char* what) {
+  return bf16_tensor_map(base, rows, cols, box_rows, what);
+}
+
+// The kernel with one CTA per SM, each looping over the (m / 128) x (n / 128)
+// tiles; W's boxes of 128 / kWPieces rows.
+template <typename Epilogue>
+void launch_pingpong(const char* what, const bf16* a, const bf16* w, bf16* out0, int64_t out0_cols, bf16* out1,
+                     int64_t out1_cols, const Epilogue& epilogue, int64_t m, int64_t n, int64_t k,
+                     cudaStream_t stream) {
+  const int device = sm90_device(what);
+  const CUtensorMap map_a = tensor_map(a, m, k, kBM, what), map_w = tensor_map(w, n, k, kBN / Epilogue::kWPieces, what);
+  const CUtensorMap map_0 = tensor_map(out0, m, out0_cols, 64, what), map_1 = tensor_map(out1, m, out1_cols, 64, what);
+  const auto kernel = gemm_sm90_pingpong_kernel<Epilogue>;
+  static std::atomic<uint64_t> attribute_set_on{0};  // one flag per epilogue (one kernel each)
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(SmemLayout::kTotal), device, attribute_set_on);
+  int sms = 0;
+  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t tiles = (m / kBM) * (n / kBN);
+  const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
+  kernel<<<grid, kThreads, SmemLayout::kTotal, stream>>>(map_a, map_w, map_0, map_1, epilogue, int(m), int(n), int(k));
+  PERFTRAIN_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -301,8 +364,23 @@ bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k) {
          n <= INT32_MAX && k <= INT32_MAX && (m / kBM) * (n / kBN) <= INT32_MAX;
 }
 
-// Checks the bias, the shape, the pointers and the GPU, then launches the
-// kernel with one CTA per SM, each looping over tiles.
+bool gemm_swiglu_sm90_supported(int64_t m, int64_t f, int64_t k) {
+  // As fc1's with n = 2F; a tile's 64 gate and 64 up rows need F % 64.
+  return f > 0 && f % kChunkCols == 0 && f <= INT32_MAX / 2 && m > 0 && k > 0 && m % kBM == 0 && k % kBK == 0 &&
+         m <= INT32_MAX && k <= INT32_MAX && (m / kBM) * (2 * f / kBN) <= INT32_MAX;
+}
+
+void gemm_swiglu_sm90(const bf16* a, const bf16* w_gu, bf16* gate_up, bf16* h, int64_t m, int64_t f, int64_t k,
+                      cudaStream_t stream) {
+  const char* const what = "gemm_swiglu_sm90";
+  if (!gemm_swiglu_sm90_supported(m, f, k))
+    throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " f=" +
+                                std::to_string(f) + " k=" + std::to_string(k) + " (needs m % 128, f % 64, k % 64 == 0)");
+  check_tma_pointers(what, {a, w_gu, gate_up, h});
+  launch_pingpong(what, a, w_gu, gate_up, 2 * f, h, f, SwigluEpilogue{int(f)}, m, 2 * f, k, stream);
+}
+
+// Checks the bias, the shape and the pointers, then launches (the GPU checked there).
 template <typename TB>
 void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre, bf16* act, int64_t m, int64_t n,
                          int64_t k, cudaStream_t stream) {
@@ -314,19 +392,7 @@ void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre
     throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " n=" +
                                 std::to_string(n) + " k=" + std::to_string(k) + " (needs m % 128, n % 256, k % 64 == 0)");
   check_tma_pointers(what, {a, w, pre, act});
-  const int device = sm90_device(what);
-  const CUtensorMap map_a = tensor_map(a, m, k, kBM), map_w = tensor_map(w, n, k, kBN);
-  const CUtensorMap map_pre = tensor_map(pre, m, n, 64), map_act = tensor_map(act, m, n, 64);
-  const auto kernel = gemm_sm90_pingpong_kernel<BiasGeluEpilogue<TB>>;
-  static std::atomic<uint64_t> attribute_set_on{0};  // one flag per bias type (one kernel each)
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(SmemLayout::kTotal), device, attribute_set_on);
-  int sms = 0;
-  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t tiles = (m / kBM) * (n / kBN);
-  const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
-  kernel<<<grid, kThreads, SmemLayout::kTotal, stream>>>(map_a, map_w, map_pre, map_act, BiasGeluEpilogue<TB>{bias},
-                                                         int(m), int(n), int(k));
-  PERFTRAIN_LAUNCH_CHECK();
+  launch_pingpong(what, a, w, pre, n, act, n, BiasGeluEpilogue<TB>{bias}, m, n, k, stream);
 }
 
 template void gemm_bias_gelu_sm90<float>(const bf16*, const bf16*, const float*, bf16*, bf16*, int64_t, int64_t,

@@ -25,6 +25,33 @@
 // Shapes: M % 128 == 0, N % 256 == 0, K % 64 == 0, pointers 16-byte
 // aligned (gemm_bias_gelu_sm90_supported). DiT's fc1 fits: M = batch x
 // tokens, N = 4D, K = D with D a multiple of 64.
+//
+// The same kernel (its main loop and pipeline; the epilogue a template
+// parameter) also runs the single-stream FFN's gate-up product with SwiGLU
+// in its epilogue, gemm_swiglu_sm90:
+//   gate_up = A W_gu^T        [M, 2F] bf16, W_gu = [gate.weight; up.weight]
+//                             [2F, K]; kept for SwiGLU's backward
+//   h = silu(gate) * up       [M, F] bf16, silu(g) = g / (1 + exp(-g)),
+//                             gate = gate_up[:, :F], up = gate_up[:, F:]
+// A tile is 128 rows x 128 product columns: its B tile is W_gu's gate rows
+// [n0, n0 + 64) and up rows [F + n0, F + n0 + 64) (two TMA boxes a k-step,
+// laid out as one 128-row box), so each thread's accumulators hold gate
+// column c and up column c of the same rows (wgmma's f32 layout: columns
+// 0-63 and 64-127 of the tile). The epilogue writes both 64-column pieces
+// of gate_up and the 64 columns of h. h comes from the fp32 accumulators
+// before rounding, where ops::swiglu computes it from the bf16-rounded
+// gate_up: the two differ by up to about one bf16 step of h (h is rounded
+// once here; there, gate and up are rounded first). gate_up is the fp32
+// product rounded once, as cuBLASLt's (the bits may differ by the order of
+// accumulation).
+// Bytes: reads A and W_gu as the plain product does, writes 3F bf16 a row
+// (gate_up and h), where product + ops::swiglu writes 2F, reads 2F back and
+// writes F: 4F bf16 a row and one launch less. Why: ~4 ms a step at SS-B/2
+// b256 (docs/PERFORMANCE.md). No bias (the single-stream linears have
+// none): the function takes none. Shapes: M % 128 == 0, F % 64 == 0,
+// K % 64 == 0, pointers 16-byte aligned (gemm_swiglu_sm90_supported).
+// Launch as fc1's: one CTA of 384 threads per SM over (M / 128) x (2F / 128)
+// tiles.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,5 +69,12 @@ bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k);
 template <typename TB>
 void gemm_bias_gelu_sm90(const __nv_bfloat16* a, const __nv_bfloat16* w, const TB* bias, __nv_bfloat16* pre,
                          __nv_bfloat16* act, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+
+bool gemm_swiglu_sm90_supported(int64_t m, int64_t f, int64_t k);
+
+// a [m, k], w_gu [2f, k] (gate rows then up rows), gate_up [m, 2f], h [m, f],
+// all bf16 row-major. Throws as gemm_bias_gelu_sm90 does.
+void gemm_swiglu_sm90(const __nv_bfloat16* a, const __nv_bfloat16* w_gu, __nv_bfloat16* gate_up, __nv_bfloat16* h,
+                      int64_t m, int64_t f, int64_t k, cudaStream_t stream);
 
 }  // namespace perftrain::kernels

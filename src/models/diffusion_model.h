@@ -28,7 +28,7 @@ struct DiTExecution {
   // in backward (gelu_mlp's keep_activation false): one [B*T, 4D] tensor
   // less per block held for backward, one elementwise pass more. The
   // single-stream blocks likewise keep only SwiGLU's gate_up
-  // (ops::swiglu_linear): one [B*S, F] tensor less per block.
+  // (ops::swiglu_product_linear): one [B*S, F] tensor less per block.
   bool gelu_recompute = false;
   // fp8 products (train.precision = fp8, issue 39): the fused schedules run
   // their blocks' big linears (qkv, attention out, MLP / SwiGLU) through

@@ -39,4 +39,17 @@ bool try_gemm_bias_gelu_sm90(const at::Tensor& x, const at::Tensor& w, const at:
   return true;
 }
 
+bool try_gemm_swiglu_sm90(const at::Tensor& x, const at::Tensor& w, const at::Tensor& gate_up, const at::Tensor& h) {
+  if (!dense_bf16(x) || !dense_bf16(w) || !dense_bf16(gate_up) || !dense_bf16(h)) return false;
+  const int64_t m = x.size(0), k = x.size(1), f = h.size(1);
+  if (w.size(1) != k || w.size(0) != 2 * f || h.size(0) != m || gate_up.sizes() != at::IntArrayRef{m, 2 * f} ||
+      !kernels::gemm_swiglu_sm90_supported(m, f, k) || !compat::current_device_is_sm90())
+    return false;
+  kernels::gemm_swiglu_sm90(static_cast<const __nv_bfloat16*>(x.data_ptr()),
+                            static_cast<const __nv_bfloat16*>(w.data_ptr()),
+                            static_cast<__nv_bfloat16*>(gate_up.data_ptr()), static_cast<__nv_bfloat16*>(h.data_ptr()),
+                            m, f, k, at::cuda::getCurrentCUDAStream());
+  return true;
+}
+
 }  // namespace perftrain::ops

@@ -2,6 +2,8 @@
 // (kernels/gemm_bias_gelu_sm90.h), from tensors. gelu_mlp runs it wherever
 // it applies (it beats cuBLASLt's GELU_AUX_BIAS epilogue, which stays as the
 // fallback); the backward's product through GELU is cuBLASLt's DGELU epilogue.
+// The same kernel with SwiGLU in its epilogue runs the single-stream FFN's
+// gate-up product where it applies (ops::swiglu_product).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,5 +16,12 @@ namespace perftrain::ops {
 // n % 256, k % 64). Returns false, launching nothing, otherwise.
 bool try_gemm_bias_gelu_sm90(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& pre,
                              const at::Tensor& act);
+
+// gate_up = x w^T and h = silu(gate_up[:, :f]) * gate_up[:, f:] into the
+// given bf16 tensors ([m, 2f], [m, f]), on the current stream. x [m, k] and
+// w [2f, k] (gate rows then up rows) bf16 contiguous on an sm_90 GPU, shapes
+// the kernel takes (m % 128, f % 64, k % 64). Returns false, launching
+// nothing, otherwise.
+bool try_gemm_swiglu_sm90(const at::Tensor& x, const at::Tensor& w, const at::Tensor& gate_up, const at::Tensor& h);
 
 }  // namespace perftrain::ops

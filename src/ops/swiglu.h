@@ -32,6 +32,32 @@ at::Tensor swiglu(const at::Tensor& gate_up);
 // composition of the references. Bad shapes or dtypes throw UsageError.
 at::Tensor swiglu_linear(const at::Tensor& gate_up, const at::Tensor& down_weight);
 
+// silu(x gate_w^T) * (x up_w^T) [..., F]: the single-stream FFN's gate-up
+// product and SwiGLU's forward as one op. gate_w and up_w [F, K] as
+// ops::stacked_linear takes them (no biases). CUDA, bf16, sm_90 and the
+// kernel's shapes (rows % 128, F % 64, K % 64): ONE launch of
+// kernels::gemm_swiglu_sm90 writes gate_up [rows, 2F] and the output, h from
+// the fp32 products (within a bf16 step of swiglu(stacked_linear(...)),
+// which rounds gate_up first); elsewhere on CUDA the stacked product then
+// swiglu's kernel (those bits). Forward keeps what the two ops keep (x for the
+// weights' gradients, the stacked weight for x's, gate_up); backward is theirs:
+// d(gate_up) by swiglu's kernel, then the stacked product's backward. CPU: the
+// references' composition. Bad shapes or dtypes throw UsageError.
+at::Tensor swiglu_product(const at::Tensor& x, const at::Tensor& gate_w, const at::Tensor& up_w);
+
+// linear(swiglu_product(x, gate_w, up_w), down_weight) keeping only what
+// swiglu_linear keeps (gate_up and down's weight; with x and the stacked
+// weight for the product's backward): the activation lives in forward just
+// long enough for down's product (the single-stream FFN under
+// speed.gelu_recompute). The same kernel choice as swiglu_product; backward
+// swiglu_linear's then the stacked product's (down's weight gradient from
+// the activation made again from the bf16 gate_up: within a bf16 step of
+// the forward's where the fused kernel ran, the same bits elsewhere).
+// CPU: swiglu_linear of stacked_linear. Bad shapes or dtypes throw
+// UsageError.
+at::Tensor swiglu_product_linear(const at::Tensor& x, const at::Tensor& gate_w, const at::Tensor& up_w,
+                                 const at::Tensor& down_weight);
+
 // The plain-ATen reference: at::silu(gate) * up on the two narrow() halves,
 // computed in fp32 (fp64 when gate_up is fp64, which it also takes) and cast
 // to gate_up's dtype; autograd through it is the reference backward.

@@ -70,7 +70,7 @@ struct SsShape {
 // [S,D], its x-hat [S,D] (x1 itself, fp32, when the operands are fp32: e
 // bytes either way) and two rstd [S] fp32; the [gate; up] product's input h2
 // [S,D]; swiglu's gate_up [S,2F]; down's input [S,F] unless the activation
-// is made again in backward (speed.gelu_recompute: ops::swiglu_linear).
+// is made again in backward (speed.gelu_recompute: ops::swiglu_product_linear).
 double ss_fused_block_bytes(const SsShape& s, double e, bool masked, bool keep_act) {
   return e * s.S * (12 * s.D + (keep_act ? 3 : 2) * s.F) + 4 * s.S * (3 * s.H + 4) + (masked ? e * s.S : 0);
 }

@@ -5,7 +5,11 @@
 // each access width of the kernels (8, 4, 2, 1 elements) on NaN-poisoned
 // outputs; bit-identical reruns; saturating gates (|g| ~ 100: exp overflows)
 // give finite results; forward + backward captured in a CUDA graph. Every
-// failure prints the largest error. Skips without a GPU.
+// failure prints the largest error. swiglu_product (the gate-up product with
+// SwiGLU in its epilogue where it applies): the fused kernel directly and the
+// op against float64 at SS-B/2 and SS-XL/2 widths, bit-identical reruns,
+// captured == eager, the fallback (odd rows, fp32) bit for bit today's
+// composition. Skips without a GPU.
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -13,6 +17,9 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/isfinite.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
@@ -23,13 +30,16 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
 #include "compat/compat.h"
 #include "kernels/swiglu.h"
 #include "ops/dtype_dispatch.h"
+#include "ops/gemm_bias_gelu.h"
 #include "ops/linear.h"
+#include "ops/stacked_linear.h"
 #include "ops/swiglu.h"
 #include "support/graph_checks.h"
 #include "support/row_op_checks.h"
@@ -265,6 +275,141 @@ TEST(SwigluGpu, BadInputsRaiseUsageError) {
   EXPECT_THROW(swiglu(at::randn({4, 8}).to(kCuda).to(at::kDouble)), UsageError);
   EXPECT_THROW(swiglu(at::randn({4, 7}).to(kCuda)), UsageError);
   EXPECT_THROW(swiglu(at::randn({4, 8}).to(kCuda).to(at::kInt)), UsageError);
+}
+
+// The single-stream FFN's widths: SS-B/2 (K = 768, F = 2048) and SS-XL/2
+// (K = 1152, F = 3072) at 16 samples of 256 + 32 tokens (4608 rows: the
+// fused kernel's shape), and odd rows (the fallback).
+struct ProductShape {
+  int64_t rows, k, f;
+};
+const ProductShape kSsB2{16 * 288, 768, 2048}, kSsXl2{16 * 288, 1152, 3072}, kOddRows{4 * 288 + 5, 768, 2048};
+
+std::string name(const ProductShape& s) {
+  return "rows " + std::to_string(s.rows) + " K " + std::to_string(s.k) + " F " + std::to_string(s.f) + " ";
+}
+
+// The inputs: x [rows, K] in dt, the fp32 master weights gate_w, up_w [F, K]
+// and down_w [K, F] (0.05: gate_up ~ O(1)), the incoming gradients of h
+// [rows, F] and of down's output [rows, K].
+struct ProductInputs {
+  at::Tensor x, gate_w, up_w, down_w, dh, dy;
+};
+ProductInputs product_inputs(const ProductShape& s, at::ScalarType dt, uint64_t seed) {
+  at::Generator g = gen(seed);
+  return {rnd({s.rows, s.k}, g, dt),         rnd({s.f, s.k}, g, at::kFloat, 0.05), rnd({s.f, s.k}, g, at::kFloat, 0.05),
+          rnd({s.k, s.f}, g, at::kFloat, 0.05), rnd({s.rows, s.f}, g, dt),          rnd({s.rows, s.k}, g, dt)};
+}
+
+// What runs: swiglu_product, or the composition swiglu(stacked_linear(...))
+// the single-stream branch ran before it; with down: swiglu_product_linear,
+// or swiglu_linear(stacked_linear(...)).
+enum class Path { kOp, kComposition, kOpDown, kCompositionDown };
+
+// The output and the gradients of x, gate_w, up_w (and down_w).
+std::vector<at::Tensor> product_run(const ProductInputs& in, Path path) {
+  const at::Tensor x = in.x.clone().requires_grad_(true), gw = in.gate_w.clone().requires_grad_(true),
+                   uw = in.up_w.clone().requires_grad_(true), dw = in.down_w.clone().requires_grad_(true);
+  at::Tensor y;
+  switch (path) {
+    case Path::kOp: y = swiglu_product(x, gw, uw); break;
+    case Path::kComposition: y = swiglu(stacked_linear(x, {gw, uw})); break;
+    case Path::kOpDown: y = swiglu_product_linear(x, gw, uw, dw); break;
+    case Path::kCompositionDown: y = swiglu_linear(stacked_linear(x, {gw, uw}), dw); break;
+  }
+  const bool down = path == Path::kOpDown || path == Path::kCompositionDown;
+  if (!down) {
+    const auto d = torch::autograd::grad({y}, {x, gw, uw}, {in.dh});
+    return {y.detach(), d[0], d[1], d[2]};
+  }
+  const auto d = torch::autograd::grad({y}, {x, gw, uw, dw}, {in.dy});
+  return {y.detach(), d[0], d[1], d[2], d[3]};
+}
+
+// The same in float64 on the stored values (x as given, the weights rounded
+// to x's dtype as the op's compute copies are); with down or not.
+std::vector<at::Tensor> product_reference64(const ProductInputs& in, bool down) {
+  const at::ScalarType dt = in.x.scalar_type();
+  const auto leaf = [dt](const at::Tensor& t) { return t.to(dt).to(at::kDouble).requires_grad_(true); };
+  const at::Tensor x = leaf(in.x), gw = leaf(in.gate_w), uw = leaf(in.up_w), dw = leaf(in.down_w);
+  const at::Tensor h = at::silu(at::matmul(x, gw.t())) * at::matmul(x, uw.t());
+  if (!down) {
+    const auto d = torch::autograd::grad({h}, {x, gw, uw}, {in.dh.to(at::kDouble)});
+    return {h.detach(), d[0], d[1], d[2]};
+  }
+  const at::Tensor y = at::matmul(h, dw.t());
+  const auto d = torch::autograd::grad({y}, {x, gw, uw, dw}, {in.dy.to(at::kDouble)});
+  return {y.detach(), d[0], d[1], d[2], d[3]};
+}
+
+// The kernel itself (through ops::try_gemm_swiglu_sm90, which must take these
+// shapes on an H100/H200) against float64: gate_up and h elementwise (one
+// bf16 rounding each, h from the fp32 products), on NaN-filled outputs.
+TEST(SwigluProductGpu, FusedKernelMatchesFloat64) {
+  if (!compat::cuda_available() || !compat::current_device_is_sm90()) GTEST_SKIP() << "no sm_90 GPU";
+  uint64_t seed = 700;
+  for (const ProductShape& s : {kSsB2, kSsXl2, ProductShape{128, 64, 64}}) {
+    const ProductInputs in = product_inputs(s, at::kBFloat16, seed++);
+    const at::Tensor w = at::cat({in.gate_w, in.up_w}, 0).to(at::kBFloat16);
+    const at::Tensor gate_up = nan_like({s.rows, 2 * s.f}, at::kBFloat16), h = nan_like({s.rows, s.f}, at::kBFloat16);
+    ASSERT_TRUE(try_gemm_swiglu_sm90(in.x, w, gate_up, h)) << name(s) << "the kernel refused its shape";
+    const at::Tensor gu64 = at::matmul(in.x.to(at::kDouble), w.to(at::kDouble).t());
+    const at::Tensor h64 = at::silu(gu64.narrow(1, 0, s.f)) * gu64.narrow(1, s.f, s.f);
+    expect_close(gate_up, gu64, name(s) + "gate_up");
+    expect_close(h, h64, name(s) + "h");
+    const at::Tensor gate_up2 = nan_like({s.rows, 2 * s.f}, at::kBFloat16), h2 = nan_like({s.rows, s.f}, at::kBFloat16);
+    ASSERT_TRUE(try_gemm_swiglu_sm90(in.x, w, gate_up2, h2));
+    EXPECT_TRUE(at::equal(gate_up, gate_up2) && at::equal(h, h2)) << name(s) << "rerun not bit-identical";
+  }
+  EXPECT_FALSE(try_gemm_swiglu_sm90(at::zeros({129, 64}, at::TensorOptions(kCuda).dtype(at::kBFloat16)),
+                                    at::zeros({128, 64}, at::TensorOptions(kCuda).dtype(at::kBFloat16)),
+                                    nan_like({129, 128}, at::kBFloat16), nan_like({129, 64}, at::kBFloat16)));
+}
+
+// swiglu_product and swiglu_product_linear, forward and backward, against
+// float64 (h elementwise; down's output and the gradients, sums of
+// bf16-rounded terms, by relative L2), fused and fallback shapes; reruns
+// give the same bits.
+TEST(SwigluProductGpu, MatchesFloat64ForwardAndBackward) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 800;
+  for (const ProductShape& s : {kSsB2, kSsXl2, kOddRows})
+    for (const Path path : {Path::kOp, Path::kOpDown}) {
+      const ProductInputs in = product_inputs(s, at::kBFloat16, seed++);
+      const bool down = path == Path::kOpDown;
+      const std::string where = name(s) + (down ? "with down " : "");
+      const auto got = product_run(in, path), ref = product_reference64(in, down);
+      const char* what[] = {down ? "y" : "h", "dx", "d(gate_w)", "d(up_w)", "d(down_w)"};
+      if (down) expect_rel_l2(got[0], ref[0], where + what[0]);
+      if (!down) expect_close(got[0], ref[0], where + what[0]);
+      for (size_t i = 1; i < got.size(); ++i) expect_rel_l2(got[i], ref[i], where + what[i]);
+      expect_same_bits(product_run(in, path), got, where);
+    }
+}
+
+// Where the fused kernel does not apply (odd rows; fp32) the ops are the
+// compositions the branch ran before them, bit for bit, forward and backward.
+TEST(SwigluProductGpu, FallbackIsTheCompositionBitForBit) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 900;
+  for (const auto& [s, dt] : {std::pair{kOddRows, at::kBFloat16}, std::pair{ProductShape{256, 96, 192}, at::kFloat}}) {
+    const ProductInputs in = product_inputs(s, dt, seed++);
+    const std::string where = name(s) + c10::toString(dt) + " ";
+    expect_same_bits(product_run(in, Path::kOp), product_run(in, Path::kComposition), where);
+    expect_same_bits(product_run(in, Path::kOpDown), product_run(in, Path::kCompositionDown), where + "with down ");
+  }
+}
+
+// Forward and backward captured in a CUDA graph and replayed give the eager
+// results bit for bit (the fused kernel at SS-B/2's width, and the fallback).
+TEST(SwigluProductGpu, CapturedEqualsEager) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  uint64_t seed = 1000;
+  for (const ProductShape& s : {ProductShape{4 * 288, 768, 2048}, ProductShape{4 * 288 + 5, 768, 2048}}) {
+    const ProductInputs in = product_inputs(s, at::kBFloat16, seed++);
+    for (const Path path : {Path::kOp, Path::kOpDown})
+      perftrain::testing::expect_graph_replays_match_eager([&] { return product_run(in, path); }, name(s));
+  }
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // with the closed-form derivative (odd F, 1-d to 4-d inputs, no rows);
 // reduced dtypes compute in fp32 and keep their dtype, fp64 stays fp64 in
 // the reference; strided inputs; bad inputs raise UsageError; the kernels'
-// host-side access-width rule and size checks.
+// host-side access-width rule and size checks. swiglu_product (the gate-up
+// product and SwiGLU as one op) on the CPU against the fp32 composition.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>
@@ -223,6 +224,75 @@ TEST(Swiglu, KernelVectorWidthAndSizeChecks) {
   EXPECT_THROW(kernels::swiglu_backward<bf16>(in, in, out, 1, 0, nullptr), std::invalid_argument);
   EXPECT_THROW(kernels::swiglu_backward<bf16>(in, nullptr, out, 2, 4, nullptr), std::invalid_argument);
   kernels::swiglu_forward<bf16>(in, out, 0, 4, nullptr);  // no rows: nothing to launch
+}
+
+// swiglu_product on the CPU (the references' composition) against the fp32
+// composition written out with ATen: silu(x g^T) * (x u^T), values and the
+// gradients of x, g and u, at odd sizes (F = 1, 3, 5; K = 7, 9; 1-d to 3-d
+// x) in fp32 and bf16 (the gradients' dtype follows the fp32 weights).
+TEST(SwigluProduct, CpuMatchesTheFp32ReferenceForwardAndBackward) {
+  struct Case {
+    std::vector<int64_t> x;
+    int64_t f;
+  };
+  uint64_t seed = 300;
+  for (const Case& c : {Case{{7}, 1}, Case{{2, 9}, 3}, Case{{3, 5, 7}, 5}, Case{{1, 2, 9}, 4}})
+    for (const auto dt : {at::kFloat, at::kBFloat16}) {
+      at::Generator g = gen(seed++);
+      const int64_t k = c.x.back();
+      const at::Tensor x0 = at::randn(c.x, g).to(dt), gw0 = at::randn({c.f, k}, g) * 0.3,
+                       uw0 = at::randn({c.f, k}, g) * 0.3;
+      std::vector<int64_t> hs = c.x;
+      hs.back() = c.f;
+      const at::Tensor dh = at::randn(hs, g).to(dt);
+      auto run = [&](bool ours) {
+        const at::Tensor x = x0.clone().requires_grad_(true), gw = gw0.clone().requires_grad_(true),
+                         uw = uw0.clone().requires_grad_(true);
+        at::Tensor h;
+        if (ours) {
+          h = swiglu_product(x, gw, uw);
+        } else {
+          const at::Tensor x32 = x.to(at::kFloat);
+          h = (at::silu(at::matmul(x32, gw.t())) * at::matmul(x32, uw.t())).to(dt);
+        }
+        const auto d = torch::autograd::grad({h}, {x, gw, uw}, {dh});
+        return std::vector<at::Tensor>{h.detach(), d[0], d[1], d[2]};
+      };
+      const auto got = run(true), want = run(false);
+      const double tol = dt == at::kFloat ? 1e-5 : 2e-2;
+      const char* what[] = {"h", "dx", "d(gate_w)", "d(up_w)"};
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i].sizes(), want[i].sizes()) << what[i];
+        EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << what[i];
+        expect_close(got[i].to(at::kFloat), want[i].to(at::kFloat), tol, tol,
+                     name(c.x, dt) + " F " + std::to_string(c.f) + " " + what[i]);
+      }
+    }
+}
+
+// swiglu_product_linear on the CPU is swiglu_linear of stacked_linear: the
+// same values and gradients as linear(swiglu_product(...)) (fp32, odd sizes).
+TEST(SwigluProduct, CpuProductLinearIsTheComposition) {
+  at::Generator g = gen(400);
+  const at::Tensor x0 = at::randn({3, 5, 7}, g), gw0 = at::randn({5, 7}, g), uw0 = at::randn({5, 7}, g),
+                   dw0 = at::randn({6, 5}, g), dy = at::randn({3, 5, 6}, g);
+  auto run = [&](bool ours) {
+    const at::Tensor x = x0.clone().requires_grad_(true), gw = gw0.clone().requires_grad_(true),
+                     uw = uw0.clone().requires_grad_(true), dw = dw0.clone().requires_grad_(true);
+    const at::Tensor y = ours ? swiglu_product_linear(x, gw, uw, dw) : ops::linear(swiglu_product(x, gw, uw), dw);
+    const auto d = torch::autograd::grad({y}, {x, gw, uw, dw}, {dy});
+    return std::vector<at::Tensor>{y.detach(), d[0], d[1], d[2], d[3]};
+  };
+  const auto got = run(true), want = run(false);
+  for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], want[i], 1e-5, 1e-5, "result " + std::to_string(i));
+  EXPECT_THROW(swiglu_product_linear(x0, gw0, uw0, at::randn({6, 4})), UsageError);  // down takes F = 5
+}
+
+TEST(SwigluProduct, BadInputsRaiseUsageError) {
+  const at::Tensor x = at::randn({4, 8});
+  EXPECT_THROW(swiglu_product(x, at::randn({3, 8}), at::randn({4, 8})), UsageError);  // F differs
+  EXPECT_THROW(swiglu_product(x, at::randn({3, 7}), at::randn({3, 7})), UsageError);  // K differs
+  EXPECT_THROW(swiglu_product(x, at::randn({3, 8}), at::randn({3, 8}).to(at::kDouble)), UsageError);
 }
 
 }  // namespace

@@ -80,9 +80,11 @@ at::Tensor single_stream_ffn_branch(const SingleStreamBlockWeights& w, const at:
   // gate and up in one product: their compute-dtype weights stacked [2F, D]
   // (a view where the bf16 copies of gate and up lie back to back, as the
   // device optimizer places a block's own; else a copy), and each weight
-  // gets its row block of the gradient.
-  const at::Tensor gate_up = ops::stacked_linear(h2, {w.gate_w, w.up_w});  // [B, S, 2F]
-  return keep_activation ? ops::linear(ops::swiglu(gate_up), w.down_w) : ops::swiglu_linear(gate_up, w.down_w);
+  // gets its row block of the gradient; SwiGLU runs in the product's
+  // epilogue where it can (ops/swiglu.h). Not keeping the activation, only
+  // gate_up [B, S, 2F] is kept and the activation made again in backward.
+  if (keep_activation) return ops::linear(ops::swiglu_product(h2, w.gate_w, w.up_w), w.down_w);
+  return ops::swiglu_product_linear(h2, w.gate_w, w.up_w, w.down_w);
 }
 
 at::Tensor single_stream_block(const SingleStreamBlock& block, const SingleStreamBlockWeights& w, const at::Tensor& x,

@@ -36,7 +36,7 @@ struct SingleStreamContext {
   at::Tensor mask;       // the key mask [B, 1, 1, S], or undefined
   at::Tensor key_bias;   // ops::attention_key_bias(mask, act), made once for all blocks, or undefined
   at::ScalarType act;    // the compute dtype
-  bool keep_activation;  // SwiGLU's output kept for backward (false: ops::swiglu_linear)
+  bool keep_activation;  // SwiGLU's output kept for backward (false: ops::swiglu_product_linear)
   // The fp8 states of the chained blocks' linears (DiTExecution::fp8), by
   // each application's key; null: none.
   Fp8States* fp8 = nullptr;
@@ -93,10 +93,11 @@ std::pair<at::Tensor, at::Tensor> single_stream_attention_half(const SingleStrea
                                                                const Fp8Block& fp8 = {});
 
 // The FFN branch from h2 to down's output: gate and up as one product
-// against their stacked weights, swiglu, down (keep_activation false:
-// swiglu's output not kept for backward, ops::swiglu_linear). With fp8
-// states: [gate; up] concatenated into one fp8 product ("ffn.gate_up"),
-// swiglu, down ("ffn.down"); keep_activation does not apply.
+// against their stacked weights with swiglu (ops::swiglu_product), down
+// (keep_activation false: swiglu's output not kept for backward,
+// ops::swiglu_product_linear). With fp8 states: [gate; up] concatenated into
+// one fp8 product ("ffn.gate_up"), swiglu, down ("ffn.down");
+// keep_activation does not apply.
 at::Tensor single_stream_ffn_branch(const SingleStreamBlockWeights& w, const at::Tensor& h2, bool keep_activation,
                                     const Fp8Block& fp8 = {});
 
