@@ -1,5 +1,7 @@
-// The device pieces the whole-head attention kernels share (the backward
-// kernels/attention_head_bwd_sm90 and the forward kernels/attention_head_fwd_sm90):
+// The device pieces the attention kernels share (the whole-head backward
+// kernels/attention_head_bwd_sm90 and forward kernels/attention_head_fwd_sm90,
+// the tiled forward kernels/attention_tiled_fwd_sm90, whose own primitives
+// close the file):
 // the head-dim layout (64 columns in a swizzled panel, at 72 a tail), wgmma
 // descriptors and products of 64-row tiles, register fragments, and the
 // staging of accumulators for TMA stores. Device code only; a kernel file

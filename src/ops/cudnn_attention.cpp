@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "base/error.h"
 #include "compat/compat.h"
@@ -39,14 +40,21 @@ at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t he
       q, k, v, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, /*compute_log_sumexp=*/true);
   const at::Tensor& out = std::get<0>(r);  // [B, H, T, Dh], token-major in memory
   note_attention_path(AttentionPath::Cudnn, qkv.size(1), q.size(3), bias.defined(), qkv.scalar_type());
-  first_saved.insert(first_saved.end(), {qkv, out, std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r),
-                                         std::get<7>(r), bias});
-  ctx->save_for_backward(first_saved);
-  ctx->saved_data["heads"] = heads;
-  ctx->saved_data["max_q"] = std::get<4>(r).expect_int();
-  ctx->saved_data["max_k"] = std::get<5>(r).expect_int();
+  save_cudnn_state(ctx, std::move(first_saved), qkv, heads,
+                   {out, std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r), std::get<7>(r),
+                    std::get<4>(r).expect_int(), std::get<5>(r).expect_int()},
+                   bias);
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
   return out.transpose(1, 2).reshape({B, T, D});
+}
+
+void save_cudnn_state(AutogradContext* ctx, std::vector<at::Tensor> first_saved, const at::Tensor& qkv,
+                      int64_t heads, const CudnnState& st, const at::Tensor& bias) {
+  first_saved.insert(first_saved.end(), {qkv, st.out, st.lse, st.cum_q, st.cum_k, st.seed, st.offset, bias});
+  ctx->save_for_backward(first_saved);
+  ctx->saved_data["heads"] = heads;
+  ctx->saved_data["max_q"] = st.max_q;
+  ctx->saved_data["max_k"] = st.max_k;
 }
 
 std::array<at::Tensor, 3> cudnn_backward(AutogradContext* ctx, const variable_list& s, size_t at,

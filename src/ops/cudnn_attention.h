@@ -25,6 +25,21 @@ std::array<at::Tensor, 3> split_heads(const at::Tensor& qkv, int64_t heads);
 at::Tensor cudnn_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                          std::vector<at::Tensor> first_saved, const at::Tensor& bias = at::Tensor());
 
+// What cuDNN's backward reads of its forward: out [B, H, T, Dh]
+// (token-major), lse [B, H, T, 1] fp32, the varlen offsets and dropout
+// seeds (undefined for a dense forward, unread without dropout), and the
+// token counts.
+struct CudnnState {
+  at::Tensor out, lse, cum_q, cum_k, seed, offset;
+  int64_t max_q = 0, max_k = 0;
+};
+
+// Saves first_saved, then qkv, the state and bias, in the layout
+// cudnn_backward reads (cudnn_forward's; ops/attention_tiled_fwd saves our
+// forward's out and lse the same way).
+void save_cudnn_state(torch::autograd::AutogradContext* ctx, std::vector<at::Tensor> first_saved,
+                      const at::Tensor& qkv, int64_t heads, const CudnnState& state, const at::Tensor& bias);
+
 // cuDNN's backward from what cudnn_forward saved (starting at index `at`):
 // dq, dk, dv as [B, H, T, Dh] in the layout of q (token-major).
 std::array<at::Tensor, 3> cudnn_backward(torch::autograd::AutogradContext* ctx,

@@ -12,6 +12,7 @@
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
 #include "ops/attention_paths.h"
+#include "ops/attention_tiled_fwd.h"
 #include "ops/column_sums.h"
 #include "ops/compute_weights.h"
 #include "ops/cudnn_attention.h"
@@ -52,6 +53,11 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     detail::linear_forward_product(h2, w, bias.defined() ? bias.contiguous() : bias, qkv.view({m, 3 * D}));
     ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());
     ctx->saved_data["b_dtype"] = bias.defined() ? int64_t(bias.scalar_type()) : int64_t(-1);
+    // Our tiled forward where it is on and applies (ops/attention_tiled_fwd):
+    // cudnn_forward's saved layout with our out and lse, for cuDNN's backward
+    // or, at 256 tokens, our whole-head one.
+    ctx->saved_data["own_fwd"] = false;
+    if (at::Tensor tiled = detail::tiled_forward(ctx, qkv, heads, {h2, w}); tiled.defined()) return tiled;
     // Our whole-head forward where it applies (ops/attention_head_fwd): the
     // same saved layout as cudnn_forward's up to out and lse.
     auto [out, lse] = try_attention_head_fwd(qkv, heads);

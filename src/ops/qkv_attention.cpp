@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "ops/attention_tiled_fwd.h"
 #include "ops/cudnn_attention.h"
 #include "ops/self_attention.h"
 
@@ -20,7 +21,11 @@ using torch::autograd::variable_list;
 struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                             const std::optional<at::Tensor>& bias) {
-    return detail::cudnn_forward(ctx, qkv, heads, {}, bias.value_or(at::Tensor()));
+    // Our tiled forward where it is on and applies (ops/attention_tiled_fwd),
+    // saving cuDNN's backward state with its out and lse.
+    const at::Tensor b = bias.value_or(at::Tensor());
+    if (at::Tensor tiled = detail::tiled_forward(ctx, qkv, heads, {}, b); tiled.defined()) return tiled;
+    return detail::cudnn_forward(ctx, qkv, heads, {}, b);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

@@ -1,0 +1,273 @@
+// The tiled attention forward (kernels::attention_tiled_fwd_sm90) against
+// float64, torch-free. Random bf16 q, k, v at T = 64, 257, 288, 1024 and
+// 1152 tokens, head dims 64 and 72, without a key bias and with the
+// single-stream mask as a bias (fp32 and bf16: condition tokens first, each
+// sample's padded condition keys at -65504, one sample with a single
+// attended condition key, and beyond 256 tokens a whole 128-key tile masked
+// too), q and k from a [B, T, 2D] tensor and v from a packed [B, T, 3D] one
+// in some cases; O and the log-sum-exp in float64 on the CPU; the kernel's
+// O and lse (outputs, a guard past them and every SM's shared memory
+// poisoned with NaN first, three runs that must agree to the bit) against
+// them. Then the time per call at the single-stream and 512 px shapes.
+//   attention_tiled_check checks   the float64 checks only: the ctest
+//                                  kernels.attention_tiled_fwd_float64 (label
+//                                  gpu; exit 77, skipped, without an sm_90 GPU)
+//   attention_tiled_check time     the timings only
+//   attention_tiled_check          both
+// Build: cmake --build build --target attention_tiled_check (binary in
+// build/bench/kernels/). On the GPU machine: tools/gpu_run.sh MODE=lab
+// LAB=attention_tiled_check [LAB_ARGS=checks] [SANITIZE=1] [NCU=1].
+// cuDNN's time at the same shapes: attention_tiled_bench (libtorch).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "check_util.h"
+#include "kernels/attention_tiled_fwd_sm90.h"
+
+using bf16 = __nv_bfloat16;
+using perftrain::kernels::AttentionKeyBias;
+using perftrain::kernels::AttentionOperand;
+
+namespace {
+
+float bf(bf16 v) { return __bfloat162float(v); }
+
+enum class BiasKind { kNone, kF32, kBf16 };
+
+const char* bias_name(BiasKind k) { return k == BiasKind::kNone ? "none" : k == BiasKind::kF32 ? "fp32" : "bf16"; }
+
+// One case: the shape, the bias, and whether q, k come from a [B, T, 2D]
+// tensor (row stride 2D) while v stays in the packed [B, T, 3D] one.
+struct Case {
+  int batch, tokens, heads, dim;
+  BiasKind bias;
+  bool split_qk;
+};
+
+// The condition length of the single-stream shapes: 32 up to 288 tokens, 128 beyond.
+int condition_tokens(int tokens) { return tokens <= 288 ? std::min(32, tokens / 2) : 128; }
+
+// The single-stream key mask as 0 / -65504 per key: condition tokens first,
+// sample b attends lengths[b] of them; sample 0 attends one, and beyond 256
+// tokens also loses keys 128-255 (a whole tile).
+std::vector<double> key_bias(int batch, int tokens, std::mt19937& rng) {
+  const int tc = condition_tokens(tokens);
+  std::vector<double> bias(size_t(batch) * tokens, 0.0);
+  for (int b = 0; b < batch; ++b) {
+    const int len = b == 0 ? 1 : b == 1 ? tc : 1 + int(rng() % tc);
+    for (int j = len; j < tc; ++j) bias[size_t(b) * tokens + j] = -65504.0;
+    if (b == 0 && tokens > 256)
+      for (int j = 128; j < 256; ++j) bias[size_t(b) * tokens + j] = -65504.0;
+  }
+  return bias;
+}
+
+struct Device {
+  bf16 *qkv = nullptr, *qk = nullptr, *out = nullptr;
+  float* lse = nullptr;
+  void* bias = nullptr;
+  ~Device() {
+    cudaFree(qkv);
+    cudaFree(qk);
+    cudaFree(out);
+    cudaFree(lse);
+    cudaFree(bias);
+  }
+};
+
+constexpr size_t kGuard = 4096;  // poisoned elements after out and lse: a write past T shows
+
+// The inputs on the device: packed qkv, the [B, T, 2D] q|k copy, the bias
+// (rows padded to 8 elements, as attention_key_bias pads them).
+int upload(Device& d, const Case& c, const std::vector<bf16>& qkv, const std::vector<double>& bias, int64_t* stride) {
+  const size_t rows = size_t(c.batch) * c.tokens, D = size_t(c.heads) * c.dim;
+  CHECK(cudaMalloc(&d.qkv, qkv.size() * 2));
+  CHECK(cudaMemcpy(d.qkv, qkv.data(), qkv.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMalloc(&d.qk, rows * 2 * D * 2));
+  CHECK(cudaMemcpy2D(d.qk, 2 * D * 2, d.qkv, 3 * D * 2, 2 * D * 2, rows, cudaMemcpyDeviceToDevice));
+  CHECK(cudaMalloc(&d.out, (rows * D + kGuard) * 2));
+  CHECK(cudaMalloc(&d.lse, (size_t(c.batch) * c.heads * c.tokens + kGuard) * 4));
+  *stride = (c.tokens + 7) / 8 * 8;
+  if (c.bias == BiasKind::kNone) return 0;
+  const size_t n = size_t(c.batch) * *stride;
+  if (c.bias == BiasKind::kF32) {
+    std::vector<float> h(n, 0.f);
+    for (int b = 0; b < c.batch; ++b)
+      for (int j = 0; j < c.tokens; ++j) h[b * *stride + j] = float(bias[size_t(b) * c.tokens + j]);
+    CHECK(cudaMalloc(&d.bias, n * 4));
+    CHECK(cudaMemcpy(d.bias, h.data(), n * 4, cudaMemcpyHostToDevice));
+  } else {
+    std::vector<bf16> h(n, __float2bfloat16(0.f));
+    for (int b = 0; b < c.batch; ++b)
+      for (int j = 0; j < c.tokens; ++j) h[b * *stride + j] = __float2bfloat16(float(bias[size_t(b) * c.tokens + j]));
+    CHECK(cudaMalloc(&d.bias, n * 2));
+    CHECK(cudaMemcpy(d.bias, h.data(), n * 2, cudaMemcpyHostToDevice));
+  }
+  return 0;
+}
+
+void launch(const Device& d, const Case& c, int64_t bias_stride) {
+  const int64_t D = int64_t(c.heads) * c.dim;
+  const AttentionOperand q{c.split_qk ? d.qk : d.qkv, c.split_qk ? 2 * D : 3 * D};
+  const AttentionOperand k{(c.split_qk ? d.qk : d.qkv) + D, c.split_qk ? 2 * D : 3 * D};
+  const AttentionOperand v{d.qkv + 2 * D, 3 * D};
+  const AttentionKeyBias bias{d.bias, bias_stride, c.bias == BiasKind::kF32};
+  perftrain::kernels::attention_tiled_fwd_sm90(q, k, v, bias, d.out, d.lse, c.batch, c.tokens, c.heads, c.dim,
+                                               1.f / std::sqrt(float(c.dim)), nullptr);
+}
+
+// out [T, d] and lse [T] of one (sample, head) in float64.
+void reference(const Case& c, const std::vector<bf16>& qkv, const std::vector<double>& bias, int b, int h,
+               std::vector<double>& out, std::vector<double>& lse) {
+  const int T = c.tokens, d = c.dim, H = c.heads;
+  const double scale = 1.0 / std::sqrt(double(d));
+  auto at = [&](int t, int which, int col) { return ((size_t(b) * T + t) * 3 + which) * H * d + size_t(h) * d + col; };
+  std::vector<double> s(T);
+  for (int i = 0; i < T; ++i) {
+    double mx = -1e300;
+    for (int j = 0; j < T; ++j) {
+      double acc = 0;
+      for (int col = 0; col < d; ++col) acc += double(bf(qkv[at(i, 0, col)])) * bf(qkv[at(j, 1, col)]);
+      s[j] = scale * acc + (c.bias == BiasKind::kNone ? 0.0 : bias[size_t(b) * T + j]);
+      mx = std::max(mx, s[j]);
+    }
+    double sum = 0;
+    for (int j = 0; j < T; ++j) sum += (s[j] = std::exp(s[j] - mx));
+    lse[i] = mx + std::log(sum);
+    for (int col = 0; col < d; ++col) {
+      double acc = 0;
+      for (int j = 0; j < T; ++j) acc += s[j] * bf(qkv[at(j, 2, col)]);
+      out[size_t(i) * d + col] = acc / sum;
+    }
+  }
+}
+
+bool guard_untouched(const unsigned char* p, size_t bytes) {
+  for (size_t i = 0; i < bytes; ++i)
+    if (p[i] != 0xff) return false;
+  return true;
+}
+
+// O within 0.02 RMS + 2^-7 of each value (bf16 P and O), lse within 1e-3
+// relative, every (sample, head) against float64; nothing written past T.
+int check(const Case& c) {
+  std::mt19937 rng(7u + c.tokens + c.dim + int(c.bias));
+  std::normal_distribution<float> nd;
+  const size_t rows = size_t(c.batch) * c.tokens, D = size_t(c.heads) * c.dim;
+  std::vector<bf16> qkv(rows * 3 * D);
+  for (auto& v : qkv) v = __float2bfloat16(nd(rng));
+  const std::vector<double> bias = key_bias(c.batch, c.tokens, rng);
+  Device d;
+  int64_t bias_stride = 0;
+  if (upload(d, c, qkv, bias, &bias_stride) != 0) return 1;
+  const size_t out_elems = rows * D, lse_elems = size_t(c.batch) * c.heads * c.tokens;
+  std::vector<bf16> out(out_elems + kGuard), out_again(out_elems + kGuard);
+  std::vector<float> lse(lse_elems + kGuard), lse_again(lse_elems + kGuard);
+  bool same = true;
+  for (int rep = 0; rep < 3; ++rep) {
+    if (poison_shared() != 0) return 1;
+    CHECK(cudaMemset(d.out, 0xff, (out_elems + kGuard) * 2));
+    CHECK(cudaMemset(d.lse, 0xff, (lse_elems + kGuard) * 4));
+    launch(d, c, bias_stride);
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(rep == 0 ? out.data() : out_again.data(), d.out, out.size() * 2, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(rep == 0 ? lse.data() : lse_again.data(), d.lse, lse.size() * 4, cudaMemcpyDeviceToHost));
+    if (rep > 0)
+      same = same && std::memcmp(out.data(), out_again.data(), out.size() * 2) == 0 &&
+             std::memcmp(lse.data(), lse_again.data(), lse.size() * 4) == 0;
+  }
+  if (!same) std::printf("  the three runs differ: a race or a read of unwritten shared memory\n");
+  const bool guards = guard_untouched(reinterpret_cast<const unsigned char*>(out.data() + out_elems), kGuard * 2) &&
+                      guard_untouched(reinterpret_cast<const unsigned char*>(lse.data() + lse_elems), kGuard * 4);
+  if (!guards) std::printf("  a write past the last token\n");
+  size_t nan = 0, shown = 0;
+  double worst_o = 0, worst_lse = 0;
+  bool close = true;
+  std::vector<double> ref(size_t(c.tokens) * c.dim), ref_lse(c.tokens);
+  for (int b = 0; b < c.batch; ++b)
+    for (int h = 0; h < c.heads; ++h) {
+      reference(c, qkv, bias, b, h, ref, ref_lse);
+      double ss = 0;
+      for (const double r : ref) ss += r * r;
+      const double rms = std::sqrt(ss / ref.size()) + 1e-30;
+      for (int i = 0; i < c.tokens; ++i) {
+        const double gl = lse[(size_t(b) * c.heads + h) * c.tokens + i];
+        if (std::isnan(gl)) ++nan;
+        const double el = std::fabs(gl - ref_lse[i]);
+        worst_lse = std::max(worst_lse, el);
+        close = close && el <= 1e-3 * (1 + std::fabs(ref_lse[i]));
+        for (int col = 0; col < c.dim; ++col) {
+          const double g = bf(out[((size_t(b) * c.tokens + i) * c.heads + h) * c.dim + col]);
+          const double r = ref[size_t(i) * c.dim + col], e = std::fabs(g - r);
+          if (std::isnan(g)) ++nan;
+          worst_o = std::max(worst_o, e / rms);
+          const bool near = e <= 0.02 * rms + std::fabs(r) / 128;
+          close = close && near;
+          if (!near && shown < 4) {
+            std::printf("  out[sample %d][token %d][head %d][d %d]: got %.5g, want %.5g (rms %.3g)\n", b, i, h, col, g,
+                        r, rms);
+            ++shown;
+          }
+        }
+      }
+    }
+  const bool ok = nan == 0 && close && same && guards;
+  std::printf("attention tiled fwd check B=%d T=%d H=%d d=%d bias=%s%s: NaN %zu, worst error / rms out %.3g, worst lse "
+              "error %.3g -> %s\n",
+              c.batch, c.tokens, c.heads, c.dim, bias_name(c.bias), c.split_qk ? " q|k split" : "", nan, worst_o,
+              worst_lse, ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+// The median time of one call at a training shape, and its TFLOP/s (4 B H T^2 d).
+int time_shape(const char* name, const Case& c) {
+  std::mt19937 rng(99u);
+  std::normal_distribution<float> nd;
+  const size_t rows = size_t(c.batch) * c.tokens, D = size_t(c.heads) * c.dim;
+  std::vector<bf16> qkv(rows * 3 * D);
+  for (auto& v : qkv) v = __float2bfloat16(nd(rng));
+  const std::vector<double> bias = key_bias(c.batch, c.tokens, rng);
+  Device d;
+  int64_t bias_stride = 0;
+  if (upload(d, c, qkv, bias, &bias_stride) != 0) return 1;
+  double med = 0;
+  if (median_launch_ms([&] { launch(d, c, bias_stride); }, &med) != 0) return 1;
+  const double flops = 4.0 * c.batch * c.heads * double(c.tokens) * c.tokens * c.dim;
+  std::printf("attention tiled fwd time %-22s B=%d T=%d H=%d d=%d bias=%s: median %.3f ms, %.0f TFLOP/s\n", name,
+              c.batch, c.tokens, c.heads, c.dim, bias_name(c.bias), med, flops / med * 1e-9);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (argc > 2 || (mode != "" && mode != "checks" && mode != "time")) {
+    std::printf("usage: %s [checks|time]\n", argv[0]);
+    return 2;
+  }
+  if (skip_without_sm90("attention_tiled_check")) return kSkipCode;
+  int rc = 0;
+  if (mode != "time")
+    for (const int dim : {64, 72})
+      for (const int tokens : {64, 257, 288, 1024, 1152})
+        for (const BiasKind bias : {BiasKind::kNone, BiasKind::kF32, BiasKind::kBf16})
+          rc |= check({3, tokens, 2, dim, bias, tokens == 288 || tokens == 257});
+  if (mode == "checks") return rc;
+  rc |= time_shape("DiT-B/2 b256 (whole-head's shape)", {256, 256, 12, 64, BiasKind::kNone, false});
+  rc |= time_shape("SS-B/2 b256", {256, 288, 12, 64, BiasKind::kBf16, false});
+  rc |= time_shape("SS-B/2 b64", {64, 1152, 12, 64, BiasKind::kBf16, false});
+  rc |= time_shape("DiT-B/2 b64 512px", {64, 1024, 12, 64, BiasKind::kNone, false});
+  rc |= time_shape("SS-XL/2 b128", {128, 288, 16, 72, BiasKind::kBf16, false});
+  rc |= time_shape("SS-XL/2 b32", {32, 1152, 16, 72, BiasKind::kBf16, false});
+  rc |= time_shape("DiT-XL/2 b32 512px", {32, 1024, 16, 72, BiasKind::kNone, false});
+  return rc;
+}

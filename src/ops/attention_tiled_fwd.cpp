@@ -1,0 +1,103 @@
+#include "ops/attention_tiled_fwd.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <utility>
+
+#include "compat/compat.h"
+#include "kernels/attention_tiled_fwd_sm90.h"
+#include "ops/attention_paths.h"
+#include "ops/cudnn_attention.h"
+
+namespace perftrain::ops {
+namespace {
+
+std::atomic<bool> tiled_forward_on{false};
+
+// A [B, T, D] bf16 CUDA view the kernel reads as an AttentionOperand.
+bool operand_ok(const at::Tensor& x, int64_t B, int64_t T, int64_t D) {
+  return x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 3 && x.size(0) == B && x.size(1) == T &&
+         x.size(2) == D && x.stride(2) == 1 && x.stride(1) % 8 == 0 && x.stride(1) >= D &&
+         (B == 1 || x.stride(0) == T * x.stride(1)) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+}
+
+bool bias_ok(const at::Tensor& bias, int64_t B, int64_t T) {
+  if (!bias.defined()) return true;
+  return bias.is_cuda() && (bias.scalar_type() == at::kFloat || bias.scalar_type() == at::kBFloat16) &&
+         bias.dim() == 4 && bias.size(0) == B && bias.size(1) == 1 && bias.size(2) == 1 && bias.size(3) == T &&
+         bias.stride(3) == 1 && (B == 1 || bias.stride(0) >= T);
+}
+
+kernels::AttentionOperand operand(const at::Tensor& x) {
+  return {static_cast<const __nv_bfloat16*>(x.data_ptr()), x.stride(1)};
+}
+
+}  // namespace
+
+bool tiled_attention_forward() { return tiled_forward_on.load(std::memory_order_relaxed); }
+void set_tiled_attention_forward(bool on) { tiled_forward_on.store(on, std::memory_order_relaxed); }
+
+bool tiled_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                           const at::Tensor& key_bias) {
+  if (!q.defined() || q.dim() != 3 || heads < 1 || q.size(2) % heads != 0) return false;
+  const int64_t B = q.size(0), T = q.size(1), D = q.size(2), d = D / heads;
+  if (!kernels::tiled_attention_dim_supported(int(d)) || T < kernels::kTiledAttentionMinTokens) return false;
+  if (!operand_ok(q, B, T, D) || !operand_ok(k, B, T, D) || !operand_ok(v, B, T, D)) return false;
+  if (k.device() != q.device() || v.device() != q.device()) return false;
+  if (key_bias.defined() && key_bias.device() != q.device()) return false;
+  return bias_ok(key_bias, B, T) && compat::current_device_is_sm90();
+}
+
+std::pair<at::Tensor, at::Tensor> attention_tiled_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      int64_t heads, const at::Tensor& key_bias) {
+  if (!tiled_attention_takes(q, k, v, heads, key_bias))
+    throw std::invalid_argument("attention_tiled_fwd: the tiled kernel does not take these tensors "
+                                "(tiled_attention_takes says which)");
+  const c10::DeviceGuard device_guard(q.device());
+  const int64_t B = q.size(0), T = q.size(1), D = q.size(2), d = D / heads;
+  at::Tensor out = at::empty({B, T, heads, d}, q.options());
+  at::Tensor lse = at::empty({B, heads, T}, q.options().dtype(at::kFloat));
+  kernels::AttentionKeyBias bias;
+  if (key_bias.defined()) {
+    bias.data = key_bias.data_ptr();
+    bias.sample_stride = B == 1 ? T : key_bias.stride(0);
+    bias.fp32 = key_bias.scalar_type() == at::kFloat;
+  }
+  kernels::attention_tiled_fwd_sm90(operand(q), operand(k), operand(v), bias,
+                                    static_cast<__nv_bfloat16*>(out.data_ptr()), lse.data_ptr<float>(), int(B), int(T),
+                                    int(heads), int(d), 1.f / std::sqrt(float(d)), at::cuda::getCurrentCUDAStream());
+  return {out.transpose(1, 2), lse};
+}
+
+namespace detail {
+
+bool tiled_attention_applies(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_bias) {
+  if (!tiled_attention_forward() || qkv.dim() != 3 || qkv.size(2) % 3 != 0) return false;
+  const int64_t D = qkv.size(2) / 3;
+  return tiled_attention_takes(qkv.narrow(2, 0, D), qkv.narrow(2, D, D), qkv.narrow(2, 2 * D, D), heads, key_bias);
+}
+
+at::Tensor tiled_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
+                         std::vector<at::Tensor> first_saved, const at::Tensor& key_bias) {
+  if (!tiled_attention_applies(qkv, heads, key_bias)) return at::Tensor();
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
+  auto [out, lse] =
+      attention_tiled_fwd(qkv.narrow(2, 0, D), qkv.narrow(2, D, D), qkv.narrow(2, 2 * D, D), heads, key_bias);
+  note_attention_path(AttentionPath::Tiled, T, D / heads, key_bias.defined(), qkv.scalar_type());
+  // cuDNN's dense, dropout-free backward reads neither the varlen offsets
+  // nor the seeds: empty tensors stand in for them, no launch.
+  const at::Tensor unused = at::empty({}, qkv.options().dtype(at::kLong));
+  save_cudnn_state(ctx, std::move(first_saved), qkv, heads,
+                   {out, lse.view({B, heads, T, 1}), at::Tensor(), at::Tensor(), unused, unused, T, T}, key_bias);
+  return out.transpose(1, 2).reshape({B, T, D});
+}
+
+}  // namespace detail
+
+}  // namespace perftrain::ops
