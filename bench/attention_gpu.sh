@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Our tiled attention forward on the GPU (kernels/attention_tiled_fwd_sm90, the [speed] value
+# Our tiled attention kernels on the GPU (kernels/attention_tiled_{fwd,bwd}_sm90, the [speed] value
 # attention = "tiled"), for
 #   MODE=script SCRIPT=bench/attention_gpu.sh \
 #     BUILD_TARGETS="perftrain tests/test_ops tests/test_ops_gpu attention_tiled_check attention_tiled_bench" \
 #     tools/gpu_run.sh
 # which exports BIN, RUNS, OUT and PY (the build in build-gpu/). About 4 minutes on an H200 after the build:
-#  1. the float64 checks (T 64, 257, 288, 1024, 1152; head dims 64, 72; no bias, bf16 and fp32 key bias;
-#     q|k split from v; three runs bit-identical; nothing written past T): kernels.attention_tiled_fwd_float64;
+#  1. the float64 checks of forward and backward (T 64, 257, 288, 1024, 1152; head dims 64, 72; no bias, bf16
+#     and fp32 key bias; q|k split from v; three runs bit-identical; nothing written past T):
+#     kernels.attention_tiled_float64;
 #  2. the ops GPU tests of the tiled path and of the attention ops beside it (qkv_attention and
-#     projected_attention with "tiled": cuDNN's backward, or at 256 tokens our whole-head one, after our
-#     forward, against float64), and the CPU tests of the switch and the [speed] key;
+#     projected_attention with "tiled": our tiled backward, or at 256 tokens our whole-head one, against
+#     float64, reruns bit-identical), and the CPU tests of the switch and the [speed] key;
 #  3. compute-sanitizer's memcheck and racecheck on the first checks (skipped without compute-sanitizer);
-#  4. the kernel's time per call and against cuDNN's forward at SS-B/2 b256 (288 tokens), SS-B/2 b64 (1152),
-#     SS-XL/2 b128 and b32 (head dim 72), DiT-B/2 b64 and XL/2 b32 at 512 px (1024), and at 256 tokens beside
-#     the whole-head forward (attention_tiled_bench: "ours/cuDNN" below 1 is the kernel winning);
+#  4. the kernels' time per call and against cuDNN's forward and backward at SS-B/2 b256 (288 tokens), SS-B/2
+#     b64 (1152), SS-XL/2 b128 and b32 (head dim 72), DiT-B/2 b64 and XL/2 b32 at 512 px (1024), and at 256
+#     tokens beside the whole-head forward (attention_tiled_bench: "ours/cuDNN" below 1 is ours winning);
 #  5. the training step with attention = "tiled" against the default at SS-B/2 b256 and b64 and DiT-B/2 b64
 #     at 512 px (perftrain bench, the all variant; its report lists the attention path each shape took).
 # Output under $OUT/attention/.
@@ -31,7 +32,7 @@ step "2. ops tests"
 "$B/tests/test_ops_gpu" --gtest_filter='AttentionTiledGpu.*:QkvAttentionGpu.*:ProjectedAttentionGpu.*' 2>&1 |
   tee "$A/ops-gpu.log" | grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|rel L2|\[attention\]" || true
 grep -q "^\[  PASSED  \]" "$A/ops-gpu.log" && ! grep -q "^\[  FAILED  \]" "$A/ops-gpu.log" || rc=1
-"$B/tests/test_ops" --gtest_filter='AttentionTiledFwd.*:AttentionPaths.*' > "$A/ops-cpu.log" 2>&1 || rc=1
+"$B/tests/test_ops" --gtest_filter='AttentionTiled.*:AttentionPaths.*' > "$A/ops-cpu.log" 2>&1 || rc=1
 tail -3 "$A/ops-cpu.log"
 
 step "3. compute-sanitizer"

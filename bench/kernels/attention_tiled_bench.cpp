@@ -1,15 +1,16 @@
-// Micro-benchmark (GPU, libtorch): our tiled attention forward
-// (ops::attention_tiled_fwd, kernels/attention_tiled_fwd_sm90) against
-// cuDNN's fused attention (ATen's _scaled_dot_product_cudnn_attention, as
+// Micro-benchmark (GPU, libtorch): our tiled attention forward and backward
+// (ops::attention_tiled_fwd and attention_tiled_bwd,
+// kernels/attention_tiled_{fwd,bwd}_sm90) against cuDNN's fused attention (ATen's _scaled_dot_product_cudnn_attention, as
 // ops/cudnn_attention calls it, compute_log_sumexp on) at the shapes the
 // tiled kernel is for: single-stream SS-B/2 b256 (288 tokens), SS-B/2 b64
 // (1152), SS-XL/2 b128 and b32 (head dim 72), each with the key mask as
 // attention_key_bias's bf16 [B, 1, 1, T] (condition tokens first, lengths
 // drawn in [1, Tc]); DiT-B/2 b64 and XL/2 b32 at 512 px (1024 tokens, no
 // mask); and DiT-B/2 and XL/2 b256 at 256 tokens, where the whole-head
-// forward (kernels/attention_head_fwd_sm90) runs today, timed beside. Also
-// cuDNN's backward fed our forward's out and lse (what a training step runs
-// after our forward), and max |ours - cuDNN| of the output. Per call: the
+// forward (kernels/attention_head_fwd_sm90) runs today, timed beside. The
+// backward: ours into the packed gradient against cuDNN's (on its own
+// forward's state), and cuDNN's fed our forward's out and lse (the fallback
+// after our forward); max |ours - cuDNN| of the output. Per call: the
 // median of 9 windows of 10 back-to-back calls after 10 warm-up ones, CUDA
 // events.
 //   attention_tiled_bench
@@ -22,6 +23,7 @@
 #include <ATen/ops/_scaled_dot_product_cudnn_attention_backward.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/randn_like.h>
@@ -39,7 +41,7 @@
 #include "compat/compat.h"
 #include "kernels/attention_head_bwd_sm90.h"  // kHeadBwdTokens
 #include "kernels/attention_head_fwd_sm90.h"
-#include "ops/attention_tiled_fwd.h"
+#include "ops/attention_tiled.h"
 #include "ops/qkv_attention.h"
 
 namespace {
@@ -122,24 +124,42 @@ void bench(const Shape& s) {
                                      at::cuda::getCurrentCUDAStream());
     return true;
   });
-  // cuDNN's backward after our forward (its out and lse), as a step runs it.
+  // The backwards: ours into the packed gradient, cuDNN's on its own state,
+  // cuDNN's after our forward (its out and lse).
   const at::Tensor dout = at::randn_like(std::get<0>(cudnn));
+  const at::Tensor grad_out = dout.transpose(1, 2).contiguous();  // [B, T, H, d]
+  at::Tensor dqkv = at::empty_like(qkv);
+  const double t_ours_bwd = median_ms([&] {
+    if (!ours_runs) return false;
+    ops::attention_tiled_bwd(qv, kv, vv, s.heads, bias, ours.first, ours.second, grad_out, dqkv.narrow(2, 0, D),
+                             dqkv.narrow(2, D, D), dqkv.narrow(2, 2 * D, D));
+    return true;
+  });
+  const double t_cudnn_bwd = median_ms([&] {
+    (void)at::_scaled_dot_product_cudnn_attention_backward(
+        grad_out.transpose(1, 2), q, k, v, std::get<0>(cudnn), std::get<1>(cudnn), std::get<6>(cudnn),
+        std::get<7>(cudnn), bias.defined() ? bias : at::Tensor(), at::Tensor(), at::Tensor(), s.tokens, s.tokens, 0.0,
+        false);
+    return true;
+  });
   const double t_bwd = median_ms([&] {
     if (!ours_runs) return false;
     const at::Tensor lse4 = ours.second.view({s.batch, s.heads, s.tokens, 1});
     const at::Tensor unused = at::empty({}, qkv.options().dtype(at::kLong));
     (void)at::_scaled_dot_product_cudnn_attention_backward(
-        dout.transpose(1, 2).contiguous().transpose(1, 2), q, k, v, ours.first, lse4, unused, unused,
+        grad_out.transpose(1, 2), q, k, v, ours.first, lse4, unused, unused,
         bias.defined() ? bias : at::Tensor(), at::Tensor(), at::Tensor(), s.tokens, s.tokens, 0.0, false);
     return true;
   });
   const double diff =
       ours_runs ? (ours.first.to(at::kFloat) - std::get<0>(cudnn).to(at::kFloat)).abs().max().item<double>() : NAN;
   const double flops = 4.0 * s.batch * s.heads * double(s.tokens) * s.tokens * s.dim;
-  std::printf("%-20s B=%-4ld T=%-5ld H=%-3ld d=%-3ld %-9s ours %8.3f ms (%4.0f TFLOP/s)  cuDNN %8.3f ms  ours/cuDNN "
-              "%5.2f  whole-head %8.3f ms  cuDNN bwd after ours %8.3f ms  max|ours-cuDNN| %.3g\n",
+  std::printf("%-20s B=%-4ld T=%-5ld H=%-3ld d=%-3ld %-9s fwd: ours %8.3f ms (%4.0f TFLOP/s) cuDNN %8.3f ms "
+              "ours/cuDNN %5.2f whole-head %8.3f ms | bwd: ours %8.3f ms cuDNN %8.3f ms ours/cuDNN %5.2f, cuDNN's "
+              "after our fwd %8.3f ms | max|ours-cuDNN| out %.3g\n",
               s.name, long(s.batch), long(s.tokens), long(s.heads), long(s.dim), s.condition > 0 ? "key mask" : "",
-              t_ours, flops / t_ours * 1e-9, t_cudnn, t_ours / t_cudnn, t_whole, t_bwd, diff);
+              t_ours, flops / t_ours * 1e-9, t_cudnn, t_ours / t_cudnn, t_whole, t_ours_bwd, t_cudnn_bwd,
+              t_ours_bwd / t_cudnn_bwd, t_bwd, diff);
 }
 
 }  // namespace

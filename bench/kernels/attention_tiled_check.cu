@@ -1,16 +1,19 @@
-// The tiled attention forward (kernels::attention_tiled_fwd_sm90) against
-// float64, torch-free. Random bf16 q, k, v at T = 64, 257, 288, 1024 and
+// The tiled attention forward and backward (kernels::attention_tiled_fwd_sm90,
+// kernels::attention_tiled_bwd_sm90) against float64, torch-free. Random bf16 q, k, v at T = 64, 257, 288, 1024 and
 // 1152 tokens, head dims 64 and 72, without a key bias and with the
 // single-stream mask as a bias (fp32 and bf16: condition tokens first, each
 // sample's padded condition keys at -65504, one sample with a single
 // attended condition key, and beyond 256 tokens a whole 128-key tile masked
 // too), q and k from a [B, T, 2D] tensor and v from a packed [B, T, 3D] one
-// in some cases; O and the log-sum-exp in float64 on the CPU; the kernel's
-// O and lse (outputs, a guard past them and every SM's shared memory
-// poisoned with NaN first, three runs that must agree to the bit) against
-// them. Then the time per call at the single-stream and 512 px shapes.
+// in some cases (dq, dk into a [B, T, 2D] tensor and dv into its own then);
+// O, the log-sum-exp and dQ, dK, dV (from a random dO and the kernel's own
+// O and lse) in float64 on the CPU; the kernels' results (outputs, a guard
+// past them and every SM's shared memory poisoned with NaN first, three
+// runs that must agree to the bit; masked keys' dK, dV exactly zero)
+// against them. Then the time per call at the single-stream and 512 px
+// shapes, forward and backward.
 //   attention_tiled_check checks   the float64 checks only: the ctest
-//                                  kernels.attention_tiled_fwd_float64 (label
+//                                  kernels.attention_tiled_float64 (label
 //                                  gpu; exit 77, skipped, without an sm_90 GPU)
 //   attention_tiled_check time     the timings only
 //   attention_tiled_check          both
@@ -30,9 +33,11 @@
 #include <vector>
 
 #include "check_util.h"
+#include "kernels/attention_tiled_bwd_sm90.h"
 #include "kernels/attention_tiled_fwd_sm90.h"
 
 using bf16 = __nv_bfloat16;
+using perftrain::kernels::AttentionGradOperand;
 using perftrain::kernels::AttentionKeyBias;
 using perftrain::kernels::AttentionOperand;
 
@@ -71,15 +76,14 @@ std::vector<double> key_bias(int batch, int tokens, std::mt19937& rng) {
 }
 
 struct Device {
-  bf16 *qkv = nullptr, *qk = nullptr, *out = nullptr;
-  float* lse = nullptr;
+  bf16 *qkv = nullptr, *qk = nullptr, *out = nullptr, *d_out = nullptr, *dqkv = nullptr, *dv = nullptr;
+  float *lse = nullptr, *delta = nullptr;
   void* bias = nullptr;
   ~Device() {
-    cudaFree(qkv);
-    cudaFree(qk);
-    cudaFree(out);
-    cudaFree(lse);
-    cudaFree(bias);
+    for (void* p : {static_cast<void*>(qkv), static_cast<void*>(qk), static_cast<void*>(out),
+                    static_cast<void*>(d_out), static_cast<void*>(dqkv), static_cast<void*>(dv),
+                    static_cast<void*>(lse), static_cast<void*>(delta), bias})
+      cudaFree(p);
   }
 };
 
@@ -95,6 +99,10 @@ int upload(Device& d, const Case& c, const std::vector<bf16>& qkv, const std::ve
   CHECK(cudaMemcpy2D(d.qk, 2 * D * 2, d.qkv, 3 * D * 2, 2 * D * 2, rows, cudaMemcpyDeviceToDevice));
   CHECK(cudaMalloc(&d.out, (rows * D + kGuard) * 2));
   CHECK(cudaMalloc(&d.lse, (size_t(c.batch) * c.heads * c.tokens + kGuard) * 4));
+  CHECK(cudaMalloc(&d.d_out, rows * D * 2));
+  CHECK(cudaMalloc(&d.delta, size_t(c.batch) * c.heads * c.tokens * 4));
+  CHECK(cudaMalloc(&d.dqkv, (rows * 3 * D + kGuard) * 2));
+  CHECK(cudaMalloc(&d.dv, (rows * D + kGuard) * 2));
   *stride = (c.tokens + 7) / 8 * 8;
   if (c.bias == BiasKind::kNone) return 0;
   const size_t n = size_t(c.batch) * *stride;
@@ -124,6 +132,22 @@ void launch(const Device& d, const Case& c, int64_t bias_stride) {
                                                1.f / std::sqrt(float(c.dim)), nullptr);
 }
 
+// The backward into the packed gradient (dq, dk, dv at row stride 3D), or
+// with q|k split: dq, dk into a [B, T, 2D] tensor at row stride 2D and dv
+// into its own [B, T, D].
+void launch_backward(const Device& d, const Case& c, int64_t bias_stride) {
+  const int64_t D = int64_t(c.heads) * c.dim;
+  const AttentionOperand q{c.split_qk ? d.qk : d.qkv, c.split_qk ? 2 * D : 3 * D};
+  const AttentionOperand k{(c.split_qk ? d.qk : d.qkv) + D, c.split_qk ? 2 * D : 3 * D};
+  const AttentionOperand v{d.qkv + 2 * D, 3 * D};
+  const int64_t g = c.split_qk ? 2 * D : 3 * D;
+  const AttentionGradOperand dq{d.dqkv, g}, dk{d.dqkv + D, g};
+  const AttentionGradOperand dv = c.split_qk ? AttentionGradOperand{d.dv, D} : AttentionGradOperand{d.dqkv + 2 * D, g};
+  const AttentionKeyBias bias{d.bias, bias_stride, c.bias == BiasKind::kF32};
+  perftrain::kernels::attention_tiled_bwd_sm90(q, k, v, bias, d.out, d.d_out, d.lse, d.delta, dq, dk, dv, c.batch,
+                                               c.tokens, c.heads, c.dim, 1.f / std::sqrt(float(c.dim)), nullptr);
+}
+
 // out [T, d] and lse [T] of one (sample, head) in float64.
 void reference(const Case& c, const std::vector<bf16>& qkv, const std::vector<double>& bias, int b, int h,
                std::vector<double>& out, std::vector<double>& lse) {
@@ -150,10 +174,122 @@ void reference(const Case& c, const std::vector<bf16>& qkv, const std::vector<do
   }
 }
 
+// dq, dk, dv [T, d] of one (sample, head) in float64 from q, k, v, the bias,
+// the output's gradient and the kernel's O (bf16, for D as the kernel takes it).
+void reference_backward(const Case& c, const std::vector<bf16>& qkv, const std::vector<double>& bias,
+                        const std::vector<bf16>& d_out, const std::vector<bf16>& out, int b, int h,
+                        std::vector<double>& dq, std::vector<double>& dk, std::vector<double>& dv) {
+  const int T = c.tokens, d = c.dim, H = c.heads;
+  const double scale = 1.0 / std::sqrt(double(d));
+  auto at = [&](int t, int which, int col) { return ((size_t(b) * T + t) * 3 + which) * H * d + size_t(h) * d + col; };
+  auto at_o = [&](int t, int col) { return ((size_t(b) * T + t) * H + h) * d + col; };
+  std::fill(dq.begin(), dq.end(), 0.0);
+  std::fill(dk.begin(), dk.end(), 0.0);
+  std::fill(dv.begin(), dv.end(), 0.0);
+  std::vector<double> p(T), qi(d), gi(d);
+  for (int i = 0; i < T; ++i) {
+    double mx = -1e300, delta = 0;
+    for (int col = 0; col < d; ++col) {
+      qi[col] = bf(qkv[at(i, 0, col)]);
+      gi[col] = bf(d_out[at_o(i, col)]);
+      delta += gi[col] * bf(out[at_o(i, col)]);
+    }
+    for (int j = 0; j < T; ++j) {
+      double acc = 0;
+      for (int col = 0; col < d; ++col) acc += qi[col] * bf(qkv[at(j, 1, col)]);
+      p[j] = scale * acc + (c.bias == BiasKind::kNone ? 0.0 : bias[size_t(b) * T + j]);
+      mx = std::max(mx, p[j]);
+    }
+    double sum = 0;
+    for (int j = 0; j < T; ++j) sum += (p[j] = std::exp(p[j] - mx));
+    for (int j = 0; j < T; ++j) {
+      p[j] /= sum;
+      double dp = 0;
+      for (int col = 0; col < d; ++col) dp += gi[col] * bf(qkv[at(j, 2, col)]);
+      const double ds = p[j] * (dp - delta);
+      for (int col = 0; col < d; ++col) {
+        dv[size_t(j) * d + col] += p[j] * gi[col];
+        dk[size_t(j) * d + col] += scale * ds * qi[col];
+        dq[size_t(i) * d + col] += scale * ds * bf(qkv[at(j, 1, col)]);
+      }
+    }
+  }
+}
+
 bool guard_untouched(const unsigned char* p, size_t bytes) {
   for (size_t i = 0; i < bytes; ++i)
     if (p[i] != 0xff) return false;
   return true;
+}
+
+// The backward after the forward's out and lse in `d`: dQ, dK, dV each
+// within 2e-2 relative L2 of float64 per (sample, head), masked keys' dK and
+// dV exactly zero, three runs bit-identical, nothing written past the
+// gradients' T rows or outside their columns.
+int check_backward(const Case& c, Device& d, int64_t bias_stride, const std::vector<bf16>& qkv,
+                   const std::vector<double>& bias, const std::vector<bf16>& out, std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  const size_t rows = size_t(c.batch) * c.tokens, D = size_t(c.heads) * c.dim;
+  std::vector<bf16> d_out(rows * D);
+  for (auto& v : d_out) v = __float2bfloat16(nd(rng));
+  CHECK(cudaMemcpy(d.d_out, d_out.data(), d_out.size() * 2, cudaMemcpyHostToDevice));
+  const size_t g_elems = rows * 3 * D + kGuard, v_elems = rows * D + kGuard;
+  std::vector<bf16> g(g_elems), g_again(g_elems), gv(v_elems), gv_again(v_elems);
+  bool same = true;
+  for (int rep = 0; rep < 3; ++rep) {
+    if (poison_shared() != 0) return 1;
+    CHECK(cudaMemset(d.dqkv, 0xff, g_elems * 2));
+    CHECK(cudaMemset(d.dv, 0xff, v_elems * 2));
+    launch_backward(d, c, bias_stride);
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(rep == 0 ? g.data() : g_again.data(), d.dqkv, g_elems * 2, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(rep == 0 ? gv.data() : gv_again.data(), d.dv, v_elems * 2, cudaMemcpyDeviceToHost));
+    if (rep > 0)
+      same = same && std::memcmp(g.data(), g_again.data(), g_elems * 2) == 0 &&
+             std::memcmp(gv.data(), gv_again.data(), v_elems * 2) == 0;
+  }
+  // Past the written region: the packed gradient's guard, or with q|k split
+  // everything after its [B, T, 2D] and dv's guard; dv's buffer when unused.
+  const size_t written = c.split_qk ? rows * 2 * D : rows * 3 * D;
+  const bool guards =
+      guard_untouched(reinterpret_cast<const unsigned char*>(g.data() + written), (g_elems - written) * 2) &&
+      guard_untouched(reinterpret_cast<const unsigned char*>(gv.data() + (c.split_qk ? rows * D : 0)),
+                      (c.split_qk ? kGuard : v_elems) * 2);
+  auto grad = [&](int which, int b, int t, int h, int col) {
+    const size_t hc = size_t(h) * c.dim + col, row = size_t(b) * c.tokens + t;
+    if (!c.split_qk) return bf(g[(row * 3 + which) * D + hc]);
+    return which < 2 ? bf(g[row * 2 * D + which * D + hc]) : bf(gv[row * D + hc]);
+  };
+  const size_t n = size_t(c.tokens) * c.dim;
+  std::vector<double> ref[3] = {std::vector<double>(n), std::vector<double>(n), std::vector<double>(n)};
+  double worst[3] = {0, 0, 0};
+  size_t nan = 0, masked_nonzero = 0;
+  for (int b = 0; b < c.batch; ++b)
+    for (int h = 0; h < c.heads; ++h) {
+      reference_backward(c, qkv, bias, d_out, out, b, h, ref[0], ref[1], ref[2]);
+      for (int which = 0; which < 3; ++which) {
+        double ee = 0, rr = 0;
+        for (int t = 0; t < c.tokens; ++t)
+          for (int col = 0; col < c.dim; ++col) {
+            const double got = grad(which, b, t, h, col), r = ref[which][size_t(t) * c.dim + col];
+            if (std::isnan(got)) ++nan;
+            ee += (got - r) * (got - r);
+            rr += r * r;
+            const bool masked = c.bias != BiasKind::kNone && bias[size_t(b) * c.tokens + t] < -1.0;
+            if (which > 0 && masked && got != 0.0) ++masked_nonzero;
+          }
+        worst[which] = std::max(worst[which], std::sqrt(ee / (rr + 1e-300)));
+      }
+    }
+  const bool ok = nan == 0 && same && guards && masked_nonzero == 0 && worst[0] < 2e-2 && worst[1] < 2e-2 &&
+                  worst[2] < 2e-2;
+  if (!same) std::printf("  the three backward runs differ\n");
+  if (!guards) std::printf("  a gradient written outside its rows or columns\n");
+  std::printf("attention tiled bwd check B=%d T=%d H=%d d=%d bias=%s%s: NaN %zu, masked keys' dk/dv nonzero %zu, worst "
+              "rel L2 dq %.3g dk %.3g dv %.3g -> %s\n",
+              c.batch, c.tokens, c.heads, c.dim, bias_name(c.bias), c.split_qk ? " q|k split" : "", nan,
+              masked_nonzero, worst[0], worst[1], worst[2], ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
 }
 
 // O within 0.02 RMS + 2^-7 of each value (bf16 P and O), lse within 1e-3
@@ -224,7 +360,7 @@ int check(const Case& c) {
               "error %.3g -> %s\n",
               c.batch, c.tokens, c.heads, c.dim, bias_name(c.bias), c.split_qk ? " q|k split" : "", nan, worst_o,
               worst_lse, ok ? "PASS" : "FAIL");
-  return ok ? 0 : 1;
+  return (ok ? 0 : 1) | check_backward(c, d, bias_stride, qkv, bias, out, rng);
 }
 
 // The median time of one call at a training shape, and its TFLOP/s (4 B H T^2 d).
@@ -238,11 +374,14 @@ int time_shape(const char* name, const Case& c) {
   Device d;
   int64_t bias_stride = 0;
   if (upload(d, c, qkv, bias, &bias_stride) != 0) return 1;
-  double med = 0;
+  double med = 0, med_bwd = 0;
   if (median_launch_ms([&] { launch(d, c, bias_stride); }, &med) != 0) return 1;
+  if (median_launch_ms([&] { launch_backward(d, c, bias_stride); }, &med_bwd) != 0) return 1;
   const double flops = 4.0 * c.batch * c.heads * double(c.tokens) * c.tokens * c.dim;
-  std::printf("attention tiled fwd time %-22s B=%d T=%d H=%d d=%d bias=%s: median %.3f ms, %.0f TFLOP/s\n", name,
-              c.batch, c.tokens, c.heads, c.dim, bias_name(c.bias), med, flops / med * 1e-9);
+  std::printf("attention tiled time %-22s B=%d T=%d H=%d d=%d bias=%s: forward median %.3f ms, %.0f TFLOP/s; "
+              "backward %.3f ms, %.0f TFLOP/s (counting 2.5x the forward's products)\n",
+              name, c.batch, c.tokens, c.heads, c.dim, bias_name(c.bias), med, flops / med * 1e-9, med_bwd,
+              2.5 * flops / med_bwd * 1e-9);
   return 0;
 }
 
@@ -260,7 +399,7 @@ int main(int argc, char** argv) {
     for (const int dim : {64, 72})
       for (const int tokens : {64, 257, 288, 1024, 1152})
         for (const BiasKind bias : {BiasKind::kNone, BiasKind::kF32, BiasKind::kBf16})
-          rc |= check({3, tokens, 2, dim, bias, tokens == 288 || tokens == 257});
+          rc |= check({tokens >= 1024 ? 2 : 3, tokens, 2, dim, bias, tokens == 288 || tokens == 257});
   if (mode == "checks") return rc;
   rc |= time_shape("DiT-B/2 b256 (whole-head's shape)", {256, 256, 12, 64, BiasKind::kNone, false});
   rc |= time_shape("SS-B/2 b256", {256, 288, 12, 64, BiasKind::kBf16, false});

@@ -11,6 +11,7 @@
 
 #include <cuda_bf16.h>
 
+#include <cmath>  // INFINITY
 #include <cstdint>
 
 #include "kernels/sm90.cuh"
@@ -299,6 +300,33 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
                ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
                : PERFTRAIN_ATTN_ACC64
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+
+// How the tiled kernels are given the key bias (kernels::AttentionKeyBias):
+// none, fp32 or bf16.
+enum class KeyBias { kNone, kF32, kBf16 };
+
+// What a thread adds to its scores of one key tile in the log2 domain, for
+// the accumulator columns 8j + 2 (lane % 4) + {0, 1}, j < J, of a tile whose
+// first such column is key0: the key bias times log2 e (sample b's row at
+// bias + b * stride), or -inf past the last key; add[2j + {0, 1}].
+template <KeyBias B, int J>
+__device__ __forceinline__ void key_terms(float (&add)[2 * J], const void* bias, int64_t stride, int tokens, int b,
+                                          int key0) {
+  constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = key0 + 8 * j + e;
+      float t = 0.f;
+      if constexpr (B == KeyBias::kF32)
+        if (key < tokens) t = static_cast<const float*>(bias)[b * stride + key] * kLog2e;
+      if constexpr (B == KeyBias::kBf16)
+        if (key < tokens) t = __bfloat162float(static_cast<const __nv_bfloat16*>(bias)[b * stride + key]) * kLog2e;
+      add[2 * j + e] = key < tokens ? t : -INFINITY;
+    }
 }
 
 }  // namespace perftrain::kernels::attention_sm90

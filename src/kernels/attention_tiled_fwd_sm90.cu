@@ -26,8 +26,7 @@ constexpr int kThreads = 256;                    // two warpgroups
 constexpr uint32_t kPanel = kTile * 128;         // a tile's first 64 columns: 16 KB
 constexpr uint32_t kTailPanel = kTile * 16;      // a tile's columns 64-71: 2 KB
 
-// How the key bias is given (AttentionKeyBias): none, fp32 or bf16.
-enum class Bias { kNone, kF32, kBf16 };
+using Bias = KeyBias;
 
 // Q (two chunks of 64 rows, 128-byte swizzle), two stages of K, V (each
 // K, V, then K's tail and V's tail: the tail step of S over K reads 8 rows
@@ -63,26 +62,6 @@ struct TiledArgs {
   int tokens, heads;
   float scale;
 };
-
-// What a thread adds to its scores of one tile in the log2 domain: the key
-// bias times log2 e, or -inf past the last key. Columns
-// 8j + 2 (lane % 4) + {0, 1} of the tile: add[2j + {0, 1}].
-template <Bias B>
-__device__ __forceinline__ void tile_key_terms(float (&add)[32], const TiledArgs& a, int b, int key0) {
-  constexpr float kLog2e = 1.4426950408889634f;
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int key = key0 + 8 * j + e;
-      float t = 0.f;
-      if constexpr (B == Bias::kF32)
-        if (key < a.tokens) t = static_cast<const float*>(a.bias)[b * a.bias_stride + key] * kLog2e;
-      if constexpr (B == Bias::kBf16)
-        if (key < a.tokens) t = __bfloat162float(static_cast<const bf16*>(a.bias)[b * a.bias_stride + key]) * kLog2e;
-      add[2 * j + e] = key < a.tokens ? t : -INFINITY;
-    }
-}
 
 // One tile's softmax step for a warpgroup's 64 queries: s (the scores S of
 // rows r_lo, r_lo + 8) becomes P = 2^(x - m_new) with x = s S log2 e + add;
@@ -199,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       unsigned char* st = smem + L::kStage + stage * L::kStageBytes;
       const uint32_t st_u32 = smem_u32(st);
       float add[32];  // the bias's global loads before the wait
-      tile_key_terms<B>(add, args, b, tile * kTile + 2 * (lane & 3));
+      key_terms<B, 16>(add, args.bias, args.bias_stride, T, b, tile * kTile + 2 * (lane & 3));
       mbar_wait(&kv_ready[stage], (tile >> 1) & 1);
       // S = Q K^T: row r_lo (+ 8) holds keys 8j + 2 (lane % 4) + {0, 1} in s[4j], s[4j + 1] (s[4j + 2], s[4j + 3]).
       float s[64];

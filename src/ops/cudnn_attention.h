@@ -35,7 +35,7 @@ struct CudnnState {
 };
 
 // Saves first_saved, then qkv, the state and bias, in the layout
-// cudnn_backward reads (cudnn_forward's; ops/attention_tiled_fwd saves our
+// cudnn_backward reads (cudnn_forward's; ops/attention_tiled saves our
 // forward's out and lse the same way).
 void save_cudnn_state(torch::autograd::AutogradContext* ctx, std::vector<at::Tensor> first_saved,
                       const at::Tensor& qkv, int64_t heads, const CudnnState& state, const at::Tensor& bias);

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "base/error.h"
-#include "ops/attention_tiled_fwd.h"
+#include "ops/attention_tiled.h"
 #include "ops/cudnn_attention.h"
 #include "ops/self_attention.h"
 
@@ -21,8 +21,9 @@ using torch::autograd::variable_list;
 struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                             const std::optional<at::Tensor>& bias) {
-    // Our tiled forward where it is on and applies (ops/attention_tiled_fwd),
-    // saving cuDNN's backward state with its out and lse.
+    // Our tiled forward where it is on and applies (ops/attention_tiled),
+    // saving cuDNN's backward state with its out and lse (for our backward
+    // or cuDNN's).
     const at::Tensor b = bias.value_or(at::Tensor());
     if (at::Tensor tiled = detail::tiled_forward(ctx, qkv, heads, {}, b); tiled.defined()) return tiled;
     return detail::cudnn_forward(ctx, qkv, heads, {}, b);
@@ -32,6 +33,11 @@ struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
     const auto s = ctx->get_saved_variables();
     const at::Tensor& qkv = s[0];
     const int64_t heads = ctx->saved_data["heads"].toInt();
+    // After our tiled forward, our tiled backward (cudnn_forward's saved
+    // layout: out, lse at 1, 2, the bias at 7); cuDNN's where it does not take grads[0].
+    if (ctx->saved_data["tiled"].toBool())
+      if (at::Tensor dqkv = detail::try_tiled_backward(qkv, heads, s[7], s[1], s[2], grads[0]); dqkv.defined())
+        return {dqkv, at::Tensor(), at::Tensor()};
     const auto d = detail::cudnn_backward(ctx, s, 0, grads[0]);
     return {detail::pack_dqkv(d, qkv.size(0), qkv.size(1), heads, qkv.size(2) / 3), at::Tensor(), at::Tensor()};
   }
@@ -99,8 +105,11 @@ at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor&
   // cuDNN's masked backward turns dq NaN at T % 128 == 64 when a query's
   // logsumexp is below about -88.7 (PyTorch issue 196678; reproduced on the
   // H200 by QkvAttentionGpu.CudnnKeyMaskBackwardFiniteAtVeryNegativeLogsumexp):
-  // those token counts take ATen's SDPA (its memory-efficient kernel).
-  if (masked && qkv.size(1) % 128 == 64) return self_attention(qkv, heads, mask);
+  // those token counts take ATen's SDPA (its memory-efficient kernel), or
+  // with "tiled" our tiled kernels, whose backward has no such limit (the
+  // bias key_bias() makes is one they take; a given one is checked).
+  if (masked && qkv.size(1) % 128 == 64 && !detail::tiled_attention_applies(qkv, heads, key_bias_in))
+    return self_attention(qkv, heads, mask);
   try {
     const std::optional<at::Tensor> bias =
         masked ? std::optional<at::Tensor>(key_bias_in.defined() ? key_bias_in : key_bias(mask, qkv.scalar_type()))

@@ -2,7 +2,7 @@
 
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
-#include "ops/attention_tiled_fwd.h"
+#include "ops/attention_tiled.h"
 #include "ops/cublaslt_workspace.h"
 #include "ops/weight_grad_stream.h"
 

@@ -1,17 +1,20 @@
-// ops/attention_tiled_fwd on the GPU (kernels/attention_tiled_fwd_sm90):
-// out and lse against float64 at T = 64, 257, 288, 1024 and 1152 tokens,
-// head dims 64 and 72, without a mask and with the single-stream key mask
-// (condition tokens first, a sample with one attended condition key, a whole
-// 128-key tile masked) as bf16 and fp32 bias; reruns bit-identical; q and k
-// from a [B, T, 2D] tensor give the packed result's bits; and, with the
-// [speed] value "tiled" (set_tiled_attention_forward), qkv_attention and
-// projected_attention's outputs and gradients (cuDNN's backward, or at 256
-// tokens our whole-head one, after our forward) against float64, with the
-// path each noted. Skips without an sm_90 GPU.
+// ops/attention_tiled on the GPU (kernels/attention_tiled_fwd_sm90 and
+// kernels/attention_tiled_bwd_sm90): out and lse against float64 at T = 64,
+// 257, 288, 1024 and 1152 tokens, head dims 64 and 72, without a mask and
+// with the single-stream key mask (condition tokens first, a sample with one
+// attended condition key, a whole 128-key tile masked) as bf16 and fp32
+// bias; reruns bit-identical; q and k from a [B, T, 2D] tensor and the
+// gradients into separate tensors give the packed result's bits; and, with
+// the [speed] value "tiled" (set_tiled_attention_forward), qkv_attention's
+// and projected_attention's outputs and gradients (our tiled backward, or
+// at 256 tokens our whole-head one) against float64, reruns bit-identical,
+// with the path each noted. Skips without an sm_90 GPU.
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/logsumexp.h>
 #include <ATen/ops/matmul.h>
@@ -31,7 +34,7 @@
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
 #include "ops/attention_paths.h"
-#include "ops/attention_tiled_fwd.h"
+#include "ops/attention_tiled.h"
 #include "ops/linear.h"
 #include "ops/projected_attention.h"
 #include "ops/qkv_attention.h"
@@ -101,7 +104,8 @@ TEST(AttentionTiledGpu, ForwardMatchesFloat64AndRerunsAreBitIdentical) {
 }
 
 // q and k read from QK-norm+RoPE's [B, T, 2D] output and v in place from the
-// projection: the same values in other places give the same bits.
+// projection, dq|dk written into a [B, T, 2D] gradient and dv into its own:
+// the same values in other places give the same bits.
 TEST(AttentionTiledGpu, StridedOperandsGiveThePackedResult) {
   if (!sm90()) GTEST_SKIP() << "no sm_90 GPU";
   auto g = cuda_gen(52);
@@ -115,6 +119,13 @@ TEST(AttentionTiledGpu, StridedOperandsGiveThePackedResult) {
     const auto split = attention_tiled_fwd(qk.narrow(2, 0, D), qk.narrow(2, D, D), qkv.narrow(2, 2 * D, D), heads,
                                            bias);
     EXPECT_TRUE(at::equal(packed.first, split.first) && at::equal(packed.second, split.second)) << "d=" << d;
+    const at::Tensor gout = rnd({B, T, D}, g).to(at::kBFloat16);
+    const at::Tensor dqkv = at::empty_like(qkv), dqk = at::empty_like(qk), dv = at::empty({B, T, D}, qkv.options());
+    attention_tiled_bwd(qkv.narrow(2, 0, D), qkv.narrow(2, D, D), qkv.narrow(2, 2 * D, D), heads, bias, packed.first,
+                        packed.second, gout, dqkv.narrow(2, 0, D), dqkv.narrow(2, D, D), dqkv.narrow(2, 2 * D, D));
+    attention_tiled_bwd(qk.narrow(2, 0, D), qk.narrow(2, D, D), qkv.narrow(2, 2 * D, D), heads, bias, packed.first,
+                        packed.second, gout, dqk.narrow(2, 0, D), dqk.narrow(2, D, D), dv);
+    EXPECT_TRUE(at::equal(dqkv.narrow(2, 0, 2 * D), dqk) && at::equal(dqkv.narrow(2, 2 * D, D), dv)) << "d=" << d;
   }
 }
 
@@ -138,9 +149,10 @@ struct RestoreSwitches {
 };
 
 // With "tiled": the single-stream attention (qkv_attention with the key
-// mask, and without) runs our forward and cuDNN's backward on its out and
-// lse; out and dqkv against float64 autograd, the masked keys' dk, dv zero.
-TEST(AttentionTiledGpu, QkvAttentionWithTheTiledForwardMatchesFloat64) {
+// mask, and without) runs our tiled forward and backward; out and dqkv
+// against float64 autograd, the masked keys' dk, dv zero, a rerun's
+// gradient the same bits.
+TEST(AttentionTiledGpu, QkvAttentionWithTheTiledKernelsMatchesFloat64) {
   if (!sm90()) GTEST_SKIP() << "no sm_90 GPU";
   RestoreSwitches restore;
   set_tiled_attention_forward(true);
@@ -149,13 +161,14 @@ TEST(AttentionTiledGpu, QkvAttentionWithTheTiledForwardMatchesFloat64) {
   auto g = cuda_gen(53);
   reset_attention_paths();
   for (const int64_t d : {64, 72})
-    for (const int64_t T : {257, 288, 1024, 1152})
+    for (const int64_t T : {192, 257, 288, 1024, 1152})  // 192: masked T % 128 == 64, cuDNN's NaN case
       for (const bool masked : {false, true}) {
         const int64_t B = 2, heads = 2, D = heads * d;
         const at::Tensor qkv = rnd({B, T, 3 * D}, g).to(at::kBFloat16);
         const at::Tensor mask = masked ? condition_mask(B, T, g) : at::Tensor();
         const at::Tensor gout = rnd({B, T, D}, g);
         const auto [out, dqkv] = qkv_fwd_bwd(qkv, heads, mask, gout);
+        const auto rerun = qkv_fwd_bwd(qkv, heads, mask, gout);
         const at::Tensor x = qkv.to(at::kDouble).requires_grad_(true);
         const at::Tensor bias = masked ? attention_key_bias(mask, at::kDouble) : at::Tensor();
         const at::Tensor ref = reference(x, heads, bias).first.reshape({B, T, D});
@@ -165,6 +178,7 @@ TEST(AttentionTiledGpu, QkvAttentionWithTheTiledForwardMatchesFloat64) {
         std::cout << what << ": rel L2 out " << e_out << ", dqkv " << e_grad << "\n";
         EXPECT_LT(e_out, 1e-2) << what << " out";
         EXPECT_LT(e_grad, 2e-2) << what << " dqkv";
+        EXPECT_TRUE(at::equal(out, rerun.first) && at::equal(dqkv, rerun.second)) << what << " reruns differ";
         if (masked) {
           const at::Tensor dkv = dqkv.narrow(2, D, 2 * D).to(at::kFloat);
           const at::Tensor off = mask.logical_not().unsqueeze(2).expand_as(dkv);
@@ -175,15 +189,16 @@ TEST(AttentionTiledGpu, QkvAttentionWithTheTiledForwardMatchesFloat64) {
   const std::vector<std::string> lines = attention_paths_used();
   for (const auto& l : lines) std::cout << "[attention] " << l << "\n";
   for (const char* line : {"ours, tiled: 1152 tokens, head dim 64, key mask, BFloat16",
+                           "ours, tiled: 192 tokens, head dim 72, key mask, BFloat16",
                            "ours, tiled: 288 tokens, head dim 72, key mask, BFloat16",
                            "ours, tiled: 1024 tokens, head dim 64, BFloat16"})
     EXPECT_NE(std::find(lines.begin(), lines.end(), line), lines.end()) << line;
 }
 
-// With "tiled": projected_attention at 256 tokens (our forward, then our
-// whole-head backward from its out and lse) and at 1024 (cuDNN's backward)
-// against the same op in float64-accurate fp32 (projected_attention_reference).
-TEST(AttentionTiledGpu, ProjectedAttentionWithTheTiledForwardMatchesReference) {
+// With "tiled": projected_attention at 256 tokens (our tiled forward, then
+// our whole-head backward from its out and lse) and at 1024 (our tiled
+// backward) against the fp32 reference (projected_attention_reference).
+TEST(AttentionTiledGpu, ProjectedAttentionWithTheTiledKernelsMatchesReference) {
   if (!sm90()) GTEST_SKIP() << "no sm_90 GPU";
   RestoreSwitches restore;
   set_tiled_attention_forward(true);

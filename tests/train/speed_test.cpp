@@ -6,7 +6,7 @@
 #include "base/error.h"
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
-#include "ops/attention_tiled_fwd.h"
+#include "ops/attention_tiled.h"
 #include "ops/cublaslt_workspace.h"
 #include "ops/weight_grad_stream.h"
 #include "support/test_support.h"

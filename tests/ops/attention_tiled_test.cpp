@@ -1,7 +1,7 @@
-// ops/attention_tiled_fwd on the CPU: the switch (off by default), that the
+// ops/attention_tiled on the CPU: the switch (off by default), that the
 // op steps aside where its kernel does not apply (CPU tensors, fp32, head
 // dims other than 64 and 72, fewer than 64 tokens, a misaligned row stride,
-// a bias of the wrong shape), and that the kernel refuses head dims 96 and
+// a bias of the wrong shape), and that the kernels refuse head dims 96 and
 // 128 and short sequences by name before touching a GPU. The kernel itself is
 // checked on the GPU (attention_tiled_gpu_test.cpp, bench/kernels/attention_tiled_check.cu).
 #include <ATen/ops/randn.h>
@@ -11,13 +11,14 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/attention_tiled_bwd_sm90.h"
 #include "kernels/attention_tiled_fwd_sm90.h"
-#include "ops/attention_tiled_fwd.h"
+#include "ops/attention_tiled.h"
 
 namespace perftrain::ops {
 namespace {
 
-TEST(AttentionTiledFwd, SwitchIsOffByDefaultAndSettable) {
+TEST(AttentionTiled, SwitchIsOffByDefaultAndSettable) {
   EXPECT_FALSE(tiled_attention_forward());
   set_tiled_attention_forward(true);
   EXPECT_TRUE(tiled_attention_forward());
@@ -25,7 +26,7 @@ TEST(AttentionTiledFwd, SwitchIsOffByDefaultAndSettable) {
   EXPECT_FALSE(tiled_attention_forward());
 }
 
-TEST(AttentionTiledFwd, StepsAsideWhereTheKernelDoesNotApply) {
+TEST(AttentionTiled, StepsAsideWhereTheKernelDoesNotApply) {
   const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
   const at::Tensor qkv = at::randn({2, 288, 3 * 128}, bf16);
   const auto q = qkv.narrow(2, 0, 128), k = qkv.narrow(2, 128, 128), v = qkv.narrow(2, 256, 128);
@@ -39,9 +40,10 @@ TEST(AttentionTiledFwd, StepsAsideWhereTheKernelDoesNotApply) {
   EXPECT_FALSE(detail::tiled_attention_applies(qkv, 2, at::zeros({2, 1, 1, 17}, bf16)));
   set_tiled_attention_forward(false);
   EXPECT_THROW(attention_tiled_fwd(q, k, v, 2), std::invalid_argument);
+  EXPECT_THROW(attention_tiled_bwd(q, k, v, 2, at::Tensor(), q, q, q, q, k, v), std::invalid_argument);
 }
 
-TEST(AttentionTiledFwd, KernelRefusesOtherHeadDimsAndShortSequencesByName) {
+TEST(AttentionTiled, KernelRefusesOtherHeadDimsAndShortSequencesByName) {
   const kernels::AttentionOperand none{};
   for (const int d : {96, 128, 32}) {
     try {
@@ -54,6 +56,12 @@ TEST(AttentionTiledFwd, KernelRefusesOtherHeadDimsAndShortSequencesByName) {
   }
   EXPECT_THROW(kernels::attention_tiled_fwd_sm90(none, none, none, {}, nullptr, nullptr, 2, 63, 2, 64, 0.1f, nullptr),
                std::invalid_argument);
+  const kernels::AttentionGradOperand no_grad{};
+  for (const int d : {96, 128})
+    EXPECT_THROW(kernels::attention_tiled_bwd_sm90(none, none, none, {}, nullptr, nullptr, nullptr, nullptr, no_grad,
+                                                   no_grad, no_grad, 2, 288, 2, d, 0.1f, nullptr),
+                 std::invalid_argument)
+        << d;
 }
 
 }  // namespace

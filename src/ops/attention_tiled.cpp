@@ -1,4 +1,4 @@
-#include "ops/attention_tiled_fwd.h"
+#include "ops/attention_tiled.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "compat/compat.h"
+#include "kernels/attention_tiled_bwd_sm90.h"
 #include "kernels/attention_tiled_fwd_sm90.h"
 #include "ops/attention_paths.h"
 #include "ops/cudnn_attention.h"
@@ -38,6 +39,20 @@ kernels::AttentionOperand operand(const at::Tensor& x) {
   return {static_cast<const __nv_bfloat16*>(x.data_ptr()), x.stride(1)};
 }
 
+kernels::AttentionGradOperand grad_operand(const at::Tensor& x) {
+  return {static_cast<__nv_bfloat16*>(x.data_ptr()), x.stride(1)};
+}
+
+kernels::AttentionKeyBias key_bias_of(const at::Tensor& key_bias, int64_t B, int64_t T) {
+  kernels::AttentionKeyBias bias;
+  if (key_bias.defined()) {
+    bias.data = key_bias.data_ptr();
+    bias.sample_stride = B == 1 ? T : key_bias.stride(0);
+    bias.fp32 = key_bias.scalar_type() == at::kFloat;
+  }
+  return bias;
+}
+
 }  // namespace
 
 bool tiled_attention_forward() { return tiled_forward_on.load(std::memory_order_relaxed); }
@@ -63,19 +78,49 @@ std::pair<at::Tensor, at::Tensor> attention_tiled_fwd(const at::Tensor& q, const
   const int64_t B = q.size(0), T = q.size(1), D = q.size(2), d = D / heads;
   at::Tensor out = at::empty({B, T, heads, d}, q.options());
   at::Tensor lse = at::empty({B, heads, T}, q.options().dtype(at::kFloat));
-  kernels::AttentionKeyBias bias;
-  if (key_bias.defined()) {
-    bias.data = key_bias.data_ptr();
-    bias.sample_stride = B == 1 ? T : key_bias.stride(0);
-    bias.fp32 = key_bias.scalar_type() == at::kFloat;
-  }
-  kernels::attention_tiled_fwd_sm90(operand(q), operand(k), operand(v), bias,
+  kernels::attention_tiled_fwd_sm90(operand(q), operand(k), operand(v), key_bias_of(key_bias, B, T),
                                     static_cast<__nv_bfloat16*>(out.data_ptr()), lse.data_ptr<float>(), int(B), int(T),
                                     int(heads), int(d), 1.f / std::sqrt(float(d)), at::cuda::getCurrentCUDAStream());
   return {out.transpose(1, 2), lse};
 }
 
+void attention_tiled_bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                         const at::Tensor& key_bias, const at::Tensor& out, const at::Tensor& lse,
+                         const at::Tensor& grad_out, const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv) {
+  if (!tiled_attention_takes(q, k, v, heads, key_bias))
+    throw std::invalid_argument("attention_tiled_bwd: the tiled kernel does not take q, k, v");
+  const int64_t B = q.size(0), T = q.size(1), D = q.size(2), d = D / heads;
+  const bool grads_ok = operand_ok(dq, B, T, D) && operand_ok(dk, B, T, D) && operand_ok(dv, B, T, D);
+  // out [B, H, T, d] over [B, T, H, d] memory, as attention_tiled_fwd returns it.
+  const bool out_ok = out.scalar_type() == at::kBFloat16 && out.dim() == 4 && out.size(0) == B &&
+                      out.size(1) == heads && out.size(2) == T && out.size(3) == d &&
+                      out.transpose(1, 2).is_contiguous();
+  const bool lse_ok = lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.numel() == B * heads * T;
+  if (!grads_ok || !out_ok || !lse_ok || grad_out.scalar_type() != at::kBFloat16 || grad_out.numel() != B * T * D)
+    throw std::invalid_argument("attention_tiled_bwd: dq, dk, dv, out, lse or the output's gradient is not in the "
+                                "layout the kernel reads");
+  const c10::DeviceGuard device_guard(q.device());
+  const at::Tensor dout = grad_out.contiguous();
+  const at::Tensor delta = at::empty({B, heads, T}, lse.options());
+  kernels::attention_tiled_bwd_sm90(operand(q), operand(k), operand(v), key_bias_of(key_bias, B, T),
+                                    static_cast<const __nv_bfloat16*>(out.data_ptr()),
+                                    static_cast<const __nv_bfloat16*>(dout.data_ptr()), lse.data_ptr<float>(),
+                                    delta.data_ptr<float>(), grad_operand(dq), grad_operand(dk), grad_operand(dv),
+                                    int(B), int(T), int(heads), int(d), 1.f / std::sqrt(float(d)),
+                                    at::cuda::getCurrentCUDAStream());
+}
+
 namespace detail {
+
+at::Tensor try_tiled_backward(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_bias,
+                              const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out) {
+  if (grad_out.scalar_type() != at::kBFloat16) return at::Tensor();
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
+  at::Tensor dqkv = at::empty({B, T, 3 * D}, qkv.options());
+  attention_tiled_bwd(qkv.narrow(2, 0, D), qkv.narrow(2, D, D), qkv.narrow(2, 2 * D, D), heads, key_bias, out, lse,
+                      grad_out, dqkv.narrow(2, 0, D), dqkv.narrow(2, D, D), dqkv.narrow(2, 2 * D, D));
+  return dqkv;
+}
 
 bool tiled_attention_applies(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_bias) {
   if (!tiled_attention_forward() || qkv.dim() != 3 || qkv.size(2) % 3 != 0) return false;
@@ -85,7 +130,9 @@ bool tiled_attention_applies(const at::Tensor& qkv, int64_t heads, const at::Ten
 
 at::Tensor tiled_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                          std::vector<at::Tensor> first_saved, const at::Tensor& key_bias) {
+  ctx->saved_data["tiled"] = false;
   if (!tiled_attention_applies(qkv, heads, key_bias)) return at::Tensor();
+  ctx->saved_data["tiled"] = true;
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
   auto [out, lse] =
       attention_tiled_fwd(qkv.narrow(2, 0, D), qkv.narrow(2, D, D), qkv.narrow(2, 2 * D, D), heads, key_bias);
