@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   const float scale_log2 = args.scale * kLog2e;
   unsigned char* q_chunk = smem + L::kQ + wg * kChunk * 128;
-  const uint32_t qt_chunk = smem_u32(smem + L::kQt + wg * kChunk * 16);
+  const uint32_t qt_chunk = kTail ? smem_u32(smem + L::kQt + wg * kChunk * 16) : 0;  // no tail panel at 64
   uint32_t q_t[4] = {0, 0, 0, 0};  // the tail of this thread's Q rows, columns 72-79 zero
   float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, o[32], o_t[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
