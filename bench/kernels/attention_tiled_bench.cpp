@@ -44,32 +44,9 @@
 #include "ops/attention_tiled.h"
 #include "ops/qkv_attention.h"
 
-namespace {
+#include "torch_timing.h"
 
-// Milliseconds per call of fn: the median of 9 windows of 10 back-to-back
-// calls between two events, after 10 warm-up calls; NAN when fn returns false.
-double median_ms(const std::function<bool()>& fn) {
-  for (int i = 0; i < 10; ++i)
-    if (!fn()) return NAN;
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  std::vector<double> ms;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (int win = 0; win < 9; ++win) {
-    cudaEventRecord(start, stream);
-    for (int i = 0; i < 10; ++i) fn();
-    cudaEventRecord(stop, stream);
-    cudaEventSynchronize(stop);
-    float t = 0;
-    cudaEventElapsedTime(&t, start, stop);
-    ms.push_back(t / 10);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
+namespace {
 
 struct Shape {
   const char* name;

@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -216,6 +217,33 @@ void reference_backward(const Case& c, const std::vector<bf16>& qkv, const std::
   }
 }
 
+// An output of a launch: its device buffer, where its bytes go on the host, how many.
+struct Output {
+  void* device;
+  void* host;
+  size_t bytes;
+};
+
+// launch() three times, each after every SM's shared memory and the
+// outputs are poisoned with 0xFF (NaN); the first run's outputs copied to
+// the host; *same says whether the later runs gave the same bytes.
+int three_runs(const std::function<void()>& launch, const std::vector<Output>& outputs, bool* same) {
+  std::vector<unsigned char> again;
+  *same = true;
+  for (int rep = 0; rep < 3; ++rep) {
+    if (poison_shared() != 0) return 1;
+    for (const Output& o : outputs) CHECK(cudaMemset(o.device, 0xff, o.bytes));
+    launch();
+    CHECK(cudaDeviceSynchronize());
+    for (const Output& o : outputs) {
+      again.resize(o.bytes);
+      CHECK(cudaMemcpy(rep == 0 ? o.host : again.data(), o.device, o.bytes, cudaMemcpyDeviceToHost));
+      if (rep > 0) *same = *same && std::memcmp(o.host, again.data(), o.bytes) == 0;
+    }
+  }
+  return 0;
+}
+
 bool guard_untouched(const unsigned char* p, size_t bytes) {
   for (size_t i = 0; i < bytes; ++i)
     if (p[i] != 0xff) return false;
@@ -234,20 +262,11 @@ int check_backward(const Case& c, Device& d, int64_t bias_stride, const std::vec
   for (auto& v : d_out) v = __float2bfloat16(nd(rng));
   CHECK(cudaMemcpy(d.d_out, d_out.data(), d_out.size() * 2, cudaMemcpyHostToDevice));
   const size_t g_elems = rows * 3 * D + kGuard, v_elems = rows * D + kGuard;
-  std::vector<bf16> g(g_elems), g_again(g_elems), gv(v_elems), gv_again(v_elems);
+  std::vector<bf16> g(g_elems), gv(v_elems);
   bool same = true;
-  for (int rep = 0; rep < 3; ++rep) {
-    if (poison_shared() != 0) return 1;
-    CHECK(cudaMemset(d.dqkv, 0xff, g_elems * 2));
-    CHECK(cudaMemset(d.dv, 0xff, v_elems * 2));
-    launch_backward(d, c, bias_stride);
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(rep == 0 ? g.data() : g_again.data(), d.dqkv, g_elems * 2, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(rep == 0 ? gv.data() : gv_again.data(), d.dv, v_elems * 2, cudaMemcpyDeviceToHost));
-    if (rep > 0)
-      same = same && std::memcmp(g.data(), g_again.data(), g_elems * 2) == 0 &&
-             std::memcmp(gv.data(), gv_again.data(), v_elems * 2) == 0;
-  }
+  if (three_runs([&] { launch_backward(d, c, bias_stride); },
+                 {{d.dqkv, g.data(), g_elems * 2}, {d.dv, gv.data(), v_elems * 2}}, &same) != 0)
+    return 1;
   // Past the written region: the packed gradient's guard, or with q|k split
   // everything after its [B, T, 2D] and dv's guard; dv's buffer when unused.
   const size_t written = c.split_qk ? rows * 2 * D : rows * 3 * D;
@@ -305,21 +324,12 @@ int check(const Case& c) {
   int64_t bias_stride = 0;
   if (upload(d, c, qkv, bias, &bias_stride) != 0) return 1;
   const size_t out_elems = rows * D, lse_elems = size_t(c.batch) * c.heads * c.tokens;
-  std::vector<bf16> out(out_elems + kGuard), out_again(out_elems + kGuard);
-  std::vector<float> lse(lse_elems + kGuard), lse_again(lse_elems + kGuard);
+  std::vector<bf16> out(out_elems + kGuard);
+  std::vector<float> lse(lse_elems + kGuard);
   bool same = true;
-  for (int rep = 0; rep < 3; ++rep) {
-    if (poison_shared() != 0) return 1;
-    CHECK(cudaMemset(d.out, 0xff, (out_elems + kGuard) * 2));
-    CHECK(cudaMemset(d.lse, 0xff, (lse_elems + kGuard) * 4));
-    launch(d, c, bias_stride);
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(rep == 0 ? out.data() : out_again.data(), d.out, out.size() * 2, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(rep == 0 ? lse.data() : lse_again.data(), d.lse, lse.size() * 4, cudaMemcpyDeviceToHost));
-    if (rep > 0)
-      same = same && std::memcmp(out.data(), out_again.data(), out.size() * 2) == 0 &&
-             std::memcmp(lse.data(), lse_again.data(), lse.size() * 4) == 0;
-  }
+  if (three_runs([&] { launch(d, c, bias_stride); },
+                 {{d.out, out.data(), out.size() * 2}, {d.lse, lse.data(), lse.size() * 4}}, &same) != 0)
+    return 1;
   if (!same) std::printf("  the three runs differ: a race or a read of unwritten shared memory\n");
   const bool guards = guard_untouched(reinterpret_cast<const unsigned char*>(out.data() + out_elems), kGuard * 2) &&
                       guard_untouched(reinterpret_cast<const unsigned char*>(lse.data() + lse_elems), kGuard * 4);

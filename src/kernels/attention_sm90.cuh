@@ -329,4 +329,44 @@ __device__ __forceinline__ void key_terms(float (&add)[2 * J], const void* bias,
     }
 }
 
+// Initialises N mbarriers of one arrival each and makes them visible to
+// the TMA (one thread).
+template <int N>
+__device__ __forceinline__ void init_barriers(uint64_t* bars) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) mbar_init(&bars[i], 1);
+  fence_mbarrier_init();
+}
+
+// A box of rows of sample b at column col of a 3-D map: the first 64
+// columns into `main` and, with TAIL (head dim 72), columns 64-71 into
+// `tail` through the tail map.
+template <bool TAIL>
+__device__ __forceinline__ void tma_load_rows(void* main, void* tail, const CUtensorMap* map,
+                                              const CUtensorMap* map_t, uint64_t* bar, int col, int row, int b) {
+  tma_load_3d(main, map, bar, col, row, b);
+  if constexpr (TAIL) tma_load_3d(tail, map_t, bar, col + 64, row, b);
+}
+
+// The same out of shared memory (rows past the map's token count not written).
+template <bool TAIL>
+__device__ __forceinline__ void tma_store_rows(const CUtensorMap* map, const CUtensorMap* map_t, const void* main,
+                                               const void* tail, int col, int row, int b) {
+  tma_store_3d(map, main, col, row, b);
+  if constexpr (TAIL) tma_store_3d(map_t, tail, col + 64, row, b);
+}
+
+// A 64-row accumulator's rows times f (row r_lo: f[0], r_lo + 8: f[1]), and
+// with TAIL its N = 8 tail.
+template <bool TAIL>
+__device__ __forceinline__ void scale_rows(float (&o)[32], float (&o_t)[4], const float (&f)[2]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[4 * j + e] *= f[e / 2];
+  if constexpr (TAIL)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o_t[e] *= f[e / 2];
+}
+
 }  // namespace perftrain::kernels::attention_sm90

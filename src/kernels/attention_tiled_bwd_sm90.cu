@@ -122,12 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* lse = args.lse + (int64_t(b) * args.heads + h) * T;
   const float* delta = args.delta + (int64_t(b) * args.heads + h) * T;
 
-  if (tid == 0) {
-    mbar_init(kv_ready, 1);
-    mbar_init(&chunk_ready[0], 1);
-    mbar_init(&chunk_ready[1], 1);
-    fence_mbarrier_init();
-  }
+  if (tid == 0) init_barriers<3>(kv_ready);  // K and V's, then each stage's
   if constexpr (kTail)
     if (warp == 0) zero_pad(base + L::kStage + wg * L::kStageBytes + L::kSPad, lane);
   fence_async_shared();
@@ -137,12 +132,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) {
       uint64_t* bar = &chunk_ready[stage];
       mbar_arrive_expect_tx(bar, L::kStageTx);
-      tma_load_3d(at + L::kSQ, &maps.q, bar, h * D, qc * kChunk, b);
-      tma_load_3d(at + L::kSDo, &maps.d_o, bar, h * D, qc * kChunk, b);
-      if constexpr (kTail) {
-        tma_load_3d(at + L::kSQt, &maps.q_t, bar, h * D + 64, qc * kChunk, b);
-        tma_load_3d(at + L::kSDot, &maps.d_o_t, bar, h * D + 64, qc * kChunk, b);
-      }
+      tma_load_rows<kTail>(at + L::kSQ, at + L::kSQt, &maps.q, &maps.q_t, bar, h * D, qc * kChunk, b);
+      tma_load_rows<kTail>(at + L::kSDo, at + L::kSDot, &maps.d_o, &maps.d_o_t, bar, h * D, qc * kChunk, b);
     }
     if (tid < kChunk) {
       const int q = qc * kChunk + tid;
@@ -154,12 +145,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     mbar_arrive_expect_tx(kv_ready, blocks * (2 * kBox + (kTail ? 2 * kTailBox : 0)));
     for (int c = 0; c < blocks; ++c) {
-      tma_load_3d(smem + L::kK + c * kBox, &maps.k, kv_ready, h * D, k_block + c * kChunk, b);
-      tma_load_3d(smem + L::kV + c * kBox, &maps.v, kv_ready, h * D, k_block + c * kChunk, b);
-      if constexpr (kTail) {
-        tma_load_3d(smem + L::kKt + c * kTailBox, &maps.k_t, kv_ready, h * D + 64, k_block + c * kChunk, b);
-        tma_load_3d(smem + L::kVt + c * kTailBox, &maps.v_t, kv_ready, h * D + 64, k_block + c * kChunk, b);
-      }
+      const int row = k_block + c * kChunk;
+      tma_load_rows<kTail>(smem + L::kK + c * kBox, smem + L::kKt + c * kTailBox, &maps.k, &maps.k_t, kv_ready, h * D,
+                           row, b);
+      tma_load_rows<kTail>(smem + L::kV + c * kBox, smem + L::kVt + c * kTailBox, &maps.v, &maps.v_t, kv_ready, h * D,
+                           row, b);
     }
   }
   load_chunk(0, 0);
@@ -259,12 +249,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   fence_async_shared();
   warpgroup_barrier(2 + wg);
   if (wg_lead) {
-    tma_store_3d(&maps.dk, smem + L::kK + wg * kBox, h * D, k0, b);
-    tma_store_3d(&maps.dv, smem + L::kV + wg * kBox, h * D, k0, b);
-    if constexpr (kTail) {
-      tma_store_3d(&maps.dk_t, smem + L::kKt + wg * kTailBox, h * D + 64, k0, b);
-      tma_store_3d(&maps.dv_t, smem + L::kVt + wg * kTailBox, h * D + 64, k0, b);
-    }
+    tma_store_rows<kTail>(&maps.dk, &maps.dk_t, smem + L::kK + wg * kBox, smem + L::kKt + wg * kTailBox, h * D, k0, b);
+    tma_store_rows<kTail>(&maps.dv, &maps.dv_t, smem + L::kV + wg * kBox, smem + L::kVt + wg * kTailBox, h * D, k0, b);
     tma_store_wait_read<0>();  // the boxes are read before the CTA's shared memory goes
   }
 #else
@@ -313,12 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool active = q0 < T;
   const int blocks = q_block + kChunk < T ? 2 : 1, tiles = (T + kChunk - 1) / kChunk;
 
-  if (tid == 0) {
-    mbar_init(q_ready, 1);
-    mbar_init(&kv_ready[0], 1);
-    mbar_init(&kv_ready[1], 1);
-    fence_mbarrier_init();
-  }
+  if (tid == 0) init_barriers<3>(q_ready);  // Q and dO's, then each stage's
   if constexpr (kTail)
     if (warp == 0) zero_pad(base + L::kStage + wg * L::kStageBytes + L::kSPad, lane);
   fence_async_shared();
@@ -327,22 +308,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned char* at = smem + L::kStage + stage * L::kStageBytes;
     uint64_t* bar = &kv_ready[stage];
     mbar_arrive_expect_tx(bar, L::kStageTx);
-    tma_load_3d(at + L::kSK, &maps.k, bar, h * D, tile * kChunk, b);
-    tma_load_3d(at + L::kSV, &maps.v, bar, h * D, tile * kChunk, b);
-    if constexpr (kTail) {
-      tma_load_3d(at + L::kSKt, &maps.k_t, bar, h * D + 64, tile * kChunk, b);
-      tma_load_3d(at + L::kSVt, &maps.v_t, bar, h * D + 64, tile * kChunk, b);
-    }
+    tma_load_rows<kTail>(at + L::kSK, at + L::kSKt, &maps.k, &maps.k_t, bar, h * D, tile * kChunk, b);
+    tma_load_rows<kTail>(at + L::kSV, at + L::kSVt, &maps.v, &maps.v_t, bar, h * D, tile * kChunk, b);
   };
   if (tid == 0) {
     mbar_arrive_expect_tx(q_ready, blocks * (2 * kBox + (kTail ? 2 * kTailBox : 0)));
     for (int c = 0; c < blocks; ++c) {
-      tma_load_3d(smem + L::kQ + c * kBox, &maps.q, q_ready, h * D, q_block + c * kChunk, b);
-      tma_load_3d(smem + L::kDo + c * kBox, &maps.d_o, q_ready, h * D, q_block + c * kChunk, b);
-      if constexpr (kTail) {
-        tma_load_3d(smem + L::kQt + c * kTailBox, &maps.q_t, q_ready, h * D + 64, q_block + c * kChunk, b);
-        tma_load_3d(smem + L::kDot + c * kTailBox, &maps.d_o_t, q_ready, h * D + 64, q_block + c * kChunk, b);
-      }
+      const int row = q_block + c * kChunk;
+      tma_load_rows<kTail>(smem + L::kQ + c * kBox, smem + L::kQt + c * kTailBox, &maps.q, &maps.q_t, q_ready, h * D,
+                           row, b);
+      tma_load_rows<kTail>(smem + L::kDo + c * kBox, smem + L::kDot + c * kTailBox, &maps.d_o, &maps.d_o_t, q_ready,
+                           h * D, row, b);
     }
     load_tile(0, 0);
   }
@@ -420,8 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   fence_async_shared();
   warpgroup_barrier(2 + wg);
   if (wg_lead) {
-    tma_store_3d(&maps.dq, smem + L::kQ + wg * kBox, h * D, q0, b);
-    if constexpr (kTail) tma_store_3d(&maps.dq_t, smem + L::kQt + wg * kTailBox, h * D + 64, q0, b);
+    tma_store_rows<kTail>(&maps.dq, &maps.dq_t, smem + L::kQ + wg * kBox, smem + L::kQt + wg * kTailBox, h * D, q0, b);
     tma_store_wait_read<0>();
   }
 #else

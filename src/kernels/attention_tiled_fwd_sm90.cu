@@ -97,13 +97,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[64], const float 
       s[4 * j + e] = p;
       sum[e / 2] += p;
     }
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[4 * j + e] *= alpha[e / 2];
-  if constexpr (TAIL)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o_t[e] *= alpha[e / 2];
+  scale_rows<TAIL>(o, o_t, alpha);
 }
 
 // The kernel's one loop, its prologue and epilogue: a hundred-odd lines
@@ -126,31 +120,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool active = q0 < T;  // a warpgroup past the last query idles through the loop
   const int chunks = q_block + kChunk < T ? 2 : 1, tiles = (T + kTile - 1) / kTile;
 
-  if (tid == 0) {
-    mbar_init(q_ready, 1);
-    mbar_init(&kv_ready[0], 1);
-    mbar_init(&kv_ready[1], 1);
-    fence_mbarrier_init();
-  }
+  if (tid == 0) init_barriers<3>(q_ready);  // Q's, then each stage's
   __syncthreads();
   auto load_tile = [&](int tile, int stage) {
     unsigned char* at = smem + L::kStage + stage * L::kStageBytes;
     uint64_t* bar = &kv_ready[stage];
     mbar_arrive_expect_tx(bar, L::kStageBytes);
-    tma_load_3d(at + L::kK, &maps.k, bar, h * D, tile * kTile, b);
-    tma_load_3d(at + L::kV, &maps.v, bar, h * D, tile * kTile, b);
-    if constexpr (kTail) {
-      tma_load_3d(at + L::kKt, &maps.k_t, bar, h * D + 64, tile * kTile, b);
-      tma_load_3d(at + L::kVt, &maps.v_t, bar, h * D + 64, tile * kTile, b);
-    }
+    tma_load_rows<kTail>(at + L::kK, at + L::kKt, &maps.k, &maps.k_t, bar, h * D, tile * kTile, b);
+    tma_load_rows<kTail>(at + L::kV, at + L::kVt, &maps.v, &maps.v_t, bar, h * D, tile * kTile, b);
   };
   if (tid == 0) {
     mbar_arrive_expect_tx(q_ready, chunks * (L::kQBytes / 2));
-    for (int c = 0; c < chunks; ++c) {
-      tma_load_3d(smem + L::kQ + c * kChunk * 128, &maps.q, q_ready, h * D, q_block + c * kChunk, b);
-      if constexpr (kTail)
-        tma_load_3d(smem + L::kQt + c * kChunk * 16, &maps.q_t, q_ready, h * D + 64, q_block + c * kChunk, b);
-    }
+    for (int c = 0; c < chunks; ++c)
+      tma_load_rows<kTail>(smem + L::kQ + c * kChunk * 128, smem + L::kQt + c * kChunk * 16, &maps.q, &maps.q_t,
+                           q_ready, h * D, q_block + c * kChunk, b);
     load_tile(0, 0);
   }
 
@@ -210,19 +193,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], 1);
     sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], 2);
   }
-  const float inv[2] = {1.f / sum[0], 1.f / sum[1]};
   if ((lane & 3) == 0)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int row = q0 + r_lo + 8 * hh;
       if (row < T) args.lse[(int64_t(b) * args.heads + h) * T + row] = (m[hh] + __log2f(sum[hh])) * kLn2;
     }
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[4 * j + e] *= inv[e / 2];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) o_t[e] *= inv[e / 2];
+  const float inv[2] = {1.f / sum[0], 1.f / sum[1]};
+  scale_rows<kTail>(o, o_t, inv);
   // Staged where the warpgroup's Q was (every warp of it is past the last
   // product that read it), then stored by TMA; rows past T are not written.
   warpgroup_barrier(2 + wg);
@@ -231,8 +209,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   fence_async_shared();
   warpgroup_barrier(2 + wg);
   if (wg_lead) {
-    tma_store_3d(&maps.out, q_chunk, h * D, q0, b);
-    if constexpr (kTail) tma_store_3d(&maps.out_t, smem + L::kQt + wg * kChunk * 16, h * D + 64, q0, b);
+    tma_store_rows<kTail>(&maps.out, &maps.out_t, q_chunk, smem + L::kQt + wg * kChunk * 16, h * D, q0, b);
     tma_store_wait_read<0>();  // the boxes are read before the CTA's shared memory goes
   }
 #else
