@@ -133,6 +133,22 @@ void launch(const Device& d, const Case& c, int64_t bias_stride) {
                                                1.f / std::sqrt(float(c.dim)), nullptr);
 }
 
+// A case's random bf16 q, k, v and its key mask, and the device buffers with them.
+struct Inputs {
+  std::vector<bf16> qkv;
+  std::vector<double> bias;
+  Device d;
+  int64_t bias_stride = 0;
+};
+
+int make_inputs(const Case& c, std::mt19937& rng, Inputs& in) {
+  std::normal_distribution<float> nd;
+  in.qkv.resize(size_t(c.batch) * c.tokens * 3 * c.heads * c.dim);
+  for (auto& v : in.qkv) v = __float2bfloat16(nd(rng));
+  in.bias = key_bias(c.batch, c.tokens, rng);
+  return upload(in.d, c, in.qkv, in.bias, &in.bias_stride);
+}
+
 // The backward into the packed gradient (dq, dk, dv at row stride 3D), or
 // with q|k split: dq, dk into a [B, T, 2D] tensor at row stride 2D and dv
 // into its own [B, T, D].
@@ -315,14 +331,13 @@ int check_backward(const Case& c, Device& d, int64_t bias_stride, const std::vec
 // relative, every (sample, head) against float64; nothing written past T.
 int check(const Case& c) {
   std::mt19937 rng(7u + c.tokens + c.dim + int(c.bias));
-  std::normal_distribution<float> nd;
+  Inputs in;
+  if (make_inputs(c, rng, in) != 0) return 1;
+  const std::vector<bf16>& qkv = in.qkv;
+  const std::vector<double>& bias = in.bias;
+  Device& d = in.d;
+  const int64_t bias_stride = in.bias_stride;
   const size_t rows = size_t(c.batch) * c.tokens, D = size_t(c.heads) * c.dim;
-  std::vector<bf16> qkv(rows * 3 * D);
-  for (auto& v : qkv) v = __float2bfloat16(nd(rng));
-  const std::vector<double> bias = key_bias(c.batch, c.tokens, rng);
-  Device d;
-  int64_t bias_stride = 0;
-  if (upload(d, c, qkv, bias, &bias_stride) != 0) return 1;
   const size_t out_elems = rows * D, lse_elems = size_t(c.batch) * c.heads * c.tokens;
   std::vector<bf16> out(out_elems + kGuard);
   std::vector<float> lse(lse_elems + kGuard);
@@ -376,14 +391,10 @@ int check(const Case& c) {
 // The median time of one call at a training shape, and its TFLOP/s (4 B H T^2 d).
 int time_shape(const char* name, const Case& c) {
   std::mt19937 rng(99u);
-  std::normal_distribution<float> nd;
-  const size_t rows = size_t(c.batch) * c.tokens, D = size_t(c.heads) * c.dim;
-  std::vector<bf16> qkv(rows * 3 * D);
-  for (auto& v : qkv) v = __float2bfloat16(nd(rng));
-  const std::vector<double> bias = key_bias(c.batch, c.tokens, rng);
-  Device d;
-  int64_t bias_stride = 0;
-  if (upload(d, c, qkv, bias, &bias_stride) != 0) return 1;
+  Inputs in;
+  if (make_inputs(c, rng, in) != 0) return 1;
+  Device& d = in.d;
+  const int64_t bias_stride = in.bias_stride;
   double med = 0, med_bwd = 0;
   if (median_launch_ms([&] { launch(d, c, bias_stride); }, &med) != 0) return 1;
   if (median_launch_ms([&] { launch_backward(d, c, bias_stride); }, &med_bwd) != 0) return 1;
