@@ -26,6 +26,11 @@
 //     dQ += dS K (B = K MN-major).
 // Recomputing S and dP in launch 3 costs two of the backward's five
 // products, and saves an fp32 dQ accumulator and its turn-taking.
+// Launch shapes: 1: four threads a row of [B, T, H, d], 256 a block; 2 and
+// 3: grid (ceil(T / 128), H, B) of 256 threads. Shared memory: launch 2
+// K, V 32 KB + 2 stages of (Q, dO 16 KB, lse and D of 64 queries), 66 KB
+// (74 KB at 72, the tails); launch 3 Q, dO 32 KB + 2 stages of (K, V
+// 16 KB), 64 KB (74 KB); about 190 registers a thread, so one CTA per SM.
 // dQ, dK, dV are written through 3-D tensor maps (rows past T not stored)
 // wherever the caller's operands say (the packed gradient [B, T, 3D] as the
 // common case).

@@ -16,6 +16,9 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randint.h>
 #include <ATen/ops/logsumexp.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/softmax.h>
@@ -193,6 +196,38 @@ TEST(AttentionTiledGpu, QkvAttentionWithTheTiledKernelsMatchesFloat64) {
                            "ours, tiled: 288 tokens, head dim 72, key mask, BFloat16",
                            "ours, tiled: 1024 tokens, head dim 64, BFloat16"})
     EXPECT_NE(std::find(lines.begin(), lines.end(), line), lines.end()) << line;
+}
+
+// With "tiled", the inputs of QkvAttentionGpu.CudnnKeyMaskBackwardFiniteAtVeryNegativeLogsumexp
+// (every logit about -127, a quarter of the keys masked): our backward keeps
+// dq, dk, dv finite at every T, T % 128 == 64 among them (where cuDNN's turns
+// dq NaN and qkv_attention otherwise takes the memory-efficient kernel), and
+// out, dk, dv match float64 (dq is rounding noise times 1e3 there, as that
+// test says).
+TEST(AttentionTiledGpu, BackwardFiniteAtVeryNegativeLogsumexp) {
+  if (!sm90()) GTEST_SKIP() << "no sm_90 GPU";
+  RestoreSwitches restore;
+  set_tiled_attention_forward(true);
+  auto g = cuda_gen(55);
+  for (const Shape s : {Shape{2, 192, 128, 2}, Shape{1, 320, 144, 2}, Shape{1, 288, 64, 1}, Shape{1, 1152, 64, 1}}) {
+    const int64_t B = s.batch, T = s.tokens, D = s.dim, hd = D / s.heads;
+    at::Tensor qkv = rnd({B, T, 3, s.heads, hd}, g, 0.1);
+    qkv.select(2, 0).select(-1, 0).fill_(1.0);
+    qkv.select(2, 1).select(-1, 0).fill_(-127.0 * std::sqrt(double(hd)));
+    qkv.select(2, 2).normal_(0.0, 1.0, g);
+    qkv = qkv.view({B, T, 3 * D}).to(at::kBFloat16);
+    at::Tensor mask = at::ones({B, T}, at::TensorOptions().device(kCuda).dtype(at::kBool));
+    mask.narrow(1, 0, T / 4).fill_(false);
+    const at::Tensor gout = rnd({B, T, D}, g);
+    const auto [out, dqkv] = qkv_fwd_bwd(qkv, s.heads, mask, gout);
+    const at::Tensor x = qkv.to(at::kDouble).requires_grad_(true);
+    const at::Tensor ref = reference(x, s.heads, attention_key_bias(mask, at::kDouble)).first.reshape({B, T, D});
+    const at::Tensor dref = torch::autograd::grad({(ref * gout.to(at::kDouble)).sum()}, {x})[0];
+    const std::string what = describe(s);
+    EXPECT_EQ((~at::isfinite(dqkv)).sum().item<int64_t>(), 0) << what << " non-finite gradient";
+    EXPECT_LT(rel_l2(out, ref.detach()), 1e-2) << what << " out";
+    EXPECT_LT(rel_l2(dqkv.narrow(2, D, 2 * D), dref.narrow(2, D, 2 * D)), 2e-2) << what << " dk, dv";
+  }
 }
 
 // With "tiled": projected_attention at 256 tokens (our tiled forward, then
