@@ -19,7 +19,7 @@
 namespace perftrain::ops {
 namespace {
 
-std::atomic<bool> tiled_forward_on{false};
+std::atomic<bool> tiled_on{false};
 
 // A [B, T, D] bf16 CUDA view the kernel reads as an AttentionOperand.
 bool operand_ok(const at::Tensor& x, int64_t B, int64_t T, int64_t D) {
@@ -55,8 +55,8 @@ kernels::AttentionKeyBias key_bias_of(const at::Tensor& key_bias, int64_t B, int
 
 }  // namespace
 
-bool tiled_attention_forward() { return tiled_forward_on.load(std::memory_order_relaxed); }
-void set_tiled_attention_forward(bool on) { tiled_forward_on.store(on, std::memory_order_relaxed); }
+bool tiled_attention() { return tiled_on.load(std::memory_order_relaxed); }
+void set_tiled_attention(bool on) { tiled_on.store(on, std::memory_order_relaxed); }
 
 bool tiled_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
                            const at::Tensor& key_bias) {
@@ -123,7 +123,7 @@ at::Tensor try_tiled_backward(const at::Tensor& qkv, int64_t heads, const at::Te
 }
 
 bool tiled_attention_applies(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_bias) {
-  if (!tiled_attention_forward() || qkv.dim() != 3 || qkv.size(2) % 3 != 0) return false;
+  if (!tiled_attention() || qkv.dim() != 3 || qkv.size(2) % 3 != 0) return false;
   const int64_t D = qkv.size(2) / 3;
   return tiled_attention_takes(qkv.narrow(2, 0, D), qkv.narrow(2, D, D), qkv.narrow(2, 2 * D, D), heads, key_bias);
 }

@@ -6,7 +6,7 @@
 // backward state too; the backward after it is ours (at 256 tokens without
 // a mask our whole-head one, ops/attention_head_bwd), cuDNN's where ours
 // does not take the output's gradient. Off by default until measured on a
-// GPU: set_tiled_attention_forward(true) (the [speed] key attention =
+// GPU: set_tiled_attention(true) (the [speed] key attention =
 // "tiled") turns both on.
 #pragma once
 
@@ -19,8 +19,8 @@
 
 namespace perftrain::ops {
 
-bool tiled_attention_forward();
-void set_tiled_attention_forward(bool on);  // process-wide; before the step is captured
+bool tiled_attention();
+void set_tiled_attention(bool on);  // process-wide; before the step is captured
 
 // Whether attention_tiled_fwd takes q, k, v: CUDA bf16 [B, T, D] views each
 // with unit column stride, rows stride(1) apart (a multiple of 8) and samples

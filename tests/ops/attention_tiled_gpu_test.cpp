@@ -5,7 +5,7 @@
 // attended condition key, a whole 128-key tile masked) as bf16 and fp32
 // bias; reruns bit-identical; q and k from a [B, T, 2D] tensor and the
 // gradients into separate tensors give the packed result's bits; and, with
-// the [speed] value "tiled" (set_tiled_attention_forward), qkv_attention's
+// the [speed] value "tiled" (set_tiled_attention), qkv_attention's
 // and projected_attention's outputs and gradients (our tiled backward, or
 // at 256 tokens our whole-head one) against float64, reruns bit-identical,
 // with the path each noted. Skips without an sm_90 GPU.
@@ -143,9 +143,9 @@ std::pair<at::Tensor, at::Tensor> qkv_fwd_bwd(const at::Tensor& qkv, int64_t hea
 
 // Restores the attention switches a test changed.
 struct RestoreSwitches {
-  bool tiled = tiled_attention_forward(), fwd = whole_head_attention_forward(), bwd = whole_head_attention_backward();
+  bool tiled = tiled_attention(), fwd = whole_head_attention_forward(), bwd = whole_head_attention_backward();
   ~RestoreSwitches() {
-    set_tiled_attention_forward(tiled);
+    set_tiled_attention(tiled);
     set_whole_head_attention_forward(fwd);
     set_whole_head_attention_backward(bwd);
   }
@@ -158,7 +158,7 @@ struct RestoreSwitches {
 TEST(AttentionTiledGpu, QkvAttentionWithTheTiledKernelsMatchesFloat64) {
   if (!sm90()) GTEST_SKIP() << "no sm_90 GPU";
   RestoreSwitches restore;
-  set_tiled_attention_forward(true);
+  set_tiled_attention(true);
   set_whole_head_attention_forward(false);
   set_whole_head_attention_backward(true);
   auto g = cuda_gen(53);
@@ -207,7 +207,7 @@ TEST(AttentionTiledGpu, QkvAttentionWithTheTiledKernelsMatchesFloat64) {
 TEST(AttentionTiledGpu, BackwardFiniteAtVeryNegativeLogsumexp) {
   if (!sm90()) GTEST_SKIP() << "no sm_90 GPU";
   RestoreSwitches restore;
-  set_tiled_attention_forward(true);
+  set_tiled_attention(true);
   auto g = cuda_gen(55);
   for (const Shape s : {Shape{2, 192, 128, 2}, Shape{1, 320, 144, 2}, Shape{1, 288, 64, 1}, Shape{1, 1152, 64, 1}}) {
     const int64_t B = s.batch, T = s.tokens, D = s.dim, hd = D / s.heads;
@@ -236,7 +236,7 @@ TEST(AttentionTiledGpu, BackwardFiniteAtVeryNegativeLogsumexp) {
 TEST(AttentionTiledGpu, ProjectedAttentionWithTheTiledKernelsMatchesReference) {
   if (!sm90()) GTEST_SKIP() << "no sm_90 GPU";
   RestoreSwitches restore;
-  set_tiled_attention_forward(true);
+  set_tiled_attention(true);
   set_whole_head_attention_forward(false);
   set_whole_head_attention_backward(true);
   auto g = cuda_gen(54);

@@ -19,11 +19,11 @@ namespace perftrain::ops {
 namespace {
 
 TEST(AttentionTiled, SwitchIsOffByDefaultAndSettable) {
-  EXPECT_FALSE(tiled_attention_forward());
-  set_tiled_attention_forward(true);
-  EXPECT_TRUE(tiled_attention_forward());
-  set_tiled_attention_forward(false);
-  EXPECT_FALSE(tiled_attention_forward());
+  EXPECT_FALSE(tiled_attention());
+  set_tiled_attention(true);
+  EXPECT_TRUE(tiled_attention());
+  set_tiled_attention(false);
+  EXPECT_FALSE(tiled_attention());
 }
 
 TEST(AttentionTiled, StepsAsideWhereTheKernelDoesNotApply) {
@@ -34,11 +34,11 @@ TEST(AttentionTiled, StepsAsideWhereTheKernelDoesNotApply) {
   EXPECT_FALSE(tiled_attention_takes(q.to(at::kFloat), k, v, 2));
   const at::Tensor wide = at::randn({2, 288, 3 * 192}, bf16);  // head dim 96
   EXPECT_FALSE(tiled_attention_takes(wide.narrow(2, 0, 192), wide.narrow(2, 192, 192), wide.narrow(2, 384, 192), 2));
-  set_tiled_attention_forward(true);
+  set_tiled_attention(true);
   EXPECT_FALSE(detail::tiled_attention_applies(qkv, 2));
   EXPECT_FALSE(detail::tiled_attention_applies(at::randn({2, 17, 3 * 128}, bf16), 2));
   EXPECT_FALSE(detail::tiled_attention_applies(qkv, 2, at::zeros({2, 1, 1, 17}, bf16)));
-  set_tiled_attention_forward(false);
+  set_tiled_attention(false);
   EXPECT_THROW(attention_tiled_fwd(q, k, v, 2), std::invalid_argument);
   EXPECT_THROW(attention_tiled_bwd(q, k, v, 2, at::Tensor(), q, q, q, q, k, v), std::invalid_argument);
 }
