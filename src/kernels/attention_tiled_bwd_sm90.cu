@@ -93,7 +93,7 @@ struct KvSmem {
   static constexpr uint32_t kStageTx = 2 * kBox + (kTail ? 2 * kTailBox : 0);  // TMA bytes of a chunk
   static constexpr uint32_t kKt = kStage + 2 * kStageBytes, kVt = kKt + (kTail ? 2 * kTailBox : 0);
   static constexpr uint32_t kBar = kVt + (kTail ? 2 * kTailBox : 0);
-  static constexpr size_t kTotal = kBar + 3 * 8 + 1024;
+  static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
   static_assert(kSDot + kTailBox == kSPad || !kTail, "dO's tail step reads the 8 zero rows after it");
   static_assert(kSQt + kTailBox == kSDot || !kTail, "Q's tail step reads dO's tail after it");
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
@@ -111,7 +111,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* smem = align_smem_1024(smem_raw);
   const uint32_t base = smem_u32(smem);
   uint64_t* kv_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  uint64_t* chunk_ready = kv_ready + 1;  // one per stage
+  uint64_t* chunk_ready = kv_ready + 1;  // one per stage: its Q, dO, lse and D are there
+  uint64_t* chunk_free = kv_ready + 3;   // one per stage: every warp computing is done with it
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
   const int r_lo = warp * 16 + lane / 4;  // accumulator rows r_lo and r_lo + 8 (keys within the warpgroup's 64)
@@ -122,24 +123,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* lse = args.lse + (int64_t(b) * args.heads + h) * T;
   const float* delta = args.delta + (int64_t(b) * args.heads + h) * T;
 
-  if (tid == 0) init_barriers<3>(kv_ready);  // K and V's, then each stage's
+  if (tid == 0) {
+    mbar_init(&chunk_ready[0], kChunk);  // the threads writing lse and D, thread 0's with the TMA bytes
+    mbar_init(&chunk_ready[1], kChunk);
+    mbar_init(&chunk_free[0], 4 * blocks);  // lane 0 of each warp of the warpgroups with keys
+    mbar_init(&chunk_free[1], 4 * blocks);
+    init_barriers<1>(kv_ready);  // K and V's, and the fence for all five
+  }
   if constexpr (kTail)
     if (warp == 0) zero_pad(base + L::kStage + wg * L::kStageBytes + L::kSPad, lane);
   fence_async_shared();
-  // A chunk's Q and dO by TMA, its lse (times log2 e; +inf past T: weight 0) and D by these threads.
+  // A chunk's lse (times log2 e; +inf past T: weight 0) and D written by
+  // the first 64 threads, each arriving on the stage's barrier after its
+  // write; thread 0's arrival brings the TMA bytes of Q and dO.
   auto load_chunk = [&](int qc, int stage) {
+    if (tid >= kChunk) return;
     unsigned char* at = smem + L::kStage + stage * L::kStageBytes;
-    if (tid == 0) {
-      uint64_t* bar = &chunk_ready[stage];
-      mbar_arrive_expect_tx(bar, L::kStageTx);
-      tma_load_rows<kTail>(at + L::kSQ, at + L::kSQt, &maps.q, &maps.q_t, bar, h * D, qc * kChunk, b);
-      tma_load_rows<kTail>(at + L::kSDo, at + L::kSDot, &maps.d_o, &maps.d_o_t, bar, h * D, qc * kChunk, b);
+    uint64_t* bar = &chunk_ready[stage];
+    const int q = qc * kChunk + tid;
+    reinterpret_cast<float*>(at + L::kSLse)[tid] = q < T ? lse[q] * kLog2e : INFINITY;
+    reinterpret_cast<float*>(at + L::kSDelta)[tid] = q < T ? delta[q] : 0.f;
+    if (tid != 0) {
+      mbar_arrive(bar);
+      return;
     }
-    if (tid < kChunk) {
-      const int q = qc * kChunk + tid;
-      reinterpret_cast<float*>(at + L::kSLse)[tid] = q < T ? lse[q] * kLog2e : INFINITY;
-      reinterpret_cast<float*>(at + L::kSDelta)[tid] = q < T ? delta[q] : 0.f;
-    }
+    mbar_arrive_expect_tx(bar, L::kStageTx);
+    tma_load_rows<kTail>(at + L::kSQ, at + L::kSQt, &maps.q, &maps.q_t, bar, h * D, qc * kChunk, b);
+    tma_load_rows<kTail>(at + L::kSDo, at + L::kSDot, &maps.d_o, &maps.d_o_t, bar, h * D, qc * kChunk, b);
   };
   __syncthreads();
   if (tid == 0) {
@@ -153,7 +163,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   load_chunk(0, 0);
-  __syncthreads();  // chunk 0's lse and D
 
   const float scale_log2 = args.scale * kLog2e;
   // The key bias of this thread's two rows (log2 e times; 0 past T: those rows are not stored).
@@ -180,8 +189,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
   for (int qc = 0; qc < chunks; ++qc) {
     const int stage = qc & 1;
-    // The next chunk into the other stage, free since the barrier that ended the chunk before this one.
-    if (qc + 1 < chunks) load_chunk(qc + 1, stage ^ 1);
+    // The next chunk into the other stage once both warpgroups are done with
+    // the chunk before this one there (they may drift a chunk apart).
+    if (qc + 1 < chunks) {
+      if (tid < kChunk && qc >= 1) mbar_wait(&chunk_free[stage ^ 1], ((qc - 1) >> 1) & 1);
+      load_chunk(qc + 1, stage ^ 1);
+    }
     if (active) {
       unsigned char* st_at = smem + L::kStage + stage * L::kStageBytes;
       const uint32_t st_u32 = smem_u32(st_at);
@@ -233,8 +246,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_accumulators(dv_t);
         fence_accumulators(dk_t);
       }
+      if (lane == 0) mbar_arrive(&chunk_free[stage]);  // this warp's products and reads are done with the stage
     }
-    __syncthreads();  // both warpgroups are done with this stage
   }
   if (!active) return;
   // dK (scaled) and dV staged where this warpgroup's K and V were, then
@@ -273,7 +286,7 @@ struct QSmem {
   static constexpr uint32_t kStageBytes = round_1024(kSPad + (kTail ? kPad : 0));
   static constexpr uint32_t kStageTx = 2 * kBox + (kTail ? 2 * kTailBox : 0);
   static constexpr uint32_t kBar = kStage + 2 * kStageBytes;
-  static constexpr size_t kTotal = kBar + 3 * 8 + 1024;
+  static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
   static_assert(kSKt + kTailBox == kSVt || !kTail, "K's tail step reads V's tail after it");
   static_assert(kSVt + kTailBox == kSPad || !kTail, "V's tail step reads the 8 zero rows after it");
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
@@ -290,7 +303,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* smem = align_smem_1024(smem_raw);
   const uint32_t base = smem_u32(smem);
   uint64_t* q_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  uint64_t* kv_ready = q_ready + 1;  // one per stage
+  uint64_t* kv_ready = q_ready + 1;  // one per stage: its K, V have landed
+  uint64_t* kv_free = q_ready + 3;   // one per stage: every warp computing is done with it
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
   const int r_lo = warp * 16 + lane / 4;  // accumulator rows r_lo and r_lo + 8 (queries within the warpgroup's 64)
@@ -299,7 +313,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool active = q0 < T;
   const int blocks = q_block + kChunk < T ? 2 : 1, tiles = (T + kChunk - 1) / kChunk;
 
-  if (tid == 0) init_barriers<3>(q_ready);  // Q and dO's, then each stage's
+  if (tid == 0) {
+    mbar_init(&kv_free[0], 4 * blocks);  // lane 0 of each warp of the warpgroups with queries
+    mbar_init(&kv_free[1], 4 * blocks);
+    init_barriers<3>(q_ready);  // Q and dO's and each stage's landing, and the fence for all five
+  }
   if constexpr (kTail)
     if (warp == 0) zero_pad(base + L::kStage + wg * L::kStageBytes + L::kSPad, lane);
   fence_async_shared();
@@ -346,8 +364,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
   for (int tile = 0; tile < tiles; ++tile) {
     const int stage = tile & 1;
-    // The next tile into the other stage, free since the barrier that ended the tile before this one.
-    if (tid == 0 && tile + 1 < tiles) load_tile(tile + 1, stage ^ 1);
+    // The next tile into the other stage once both warpgroups are done with
+    // the tile before this one there (they may drift a tile apart).
+    if (tid == 0 && tile + 1 < tiles) {
+      if (tile >= 1) mbar_wait(&kv_free[stage ^ 1], ((tile - 1) >> 1) & 1);
+      load_tile(tile + 1, stage ^ 1);
+    }
     if (active) {
       unsigned char* st_at = smem + L::kStage + stage * L::kStageBytes;
       const uint32_t st_u32 = smem_u32(st_at);
@@ -385,8 +407,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_accumulators(dq);
       if constexpr (kTail) fence_accumulators(dq_t);
+      if (lane == 0) mbar_arrive(&kv_free[stage]);  // this warp's products have read the stage
     }
-    __syncthreads();  // both warpgroups are done with this stage
   }
   if (!active) return;
   // dQ (scaled) staged where this warpgroup's Q was, then stored by TMA.

@@ -24,6 +24,10 @@
 //     of queries 64c .. 64c + 63 while K, V stream by in tiles of 64 keys:
 //     S and dP again (the bias and the key count as in the forward), dS,
 //     dQ += dS K (B = K MN-major).
+// In launches 2 and 3 a stage is refilled once every computing warp has
+// arrived on its "free" mbarrier (no CTA-wide barrier per step), so the two
+// warpgroups may drift a step apart and overlap one's exponentials with the
+// other's products.
 // Recomputing S and dP in launch 3 costs two of the backward's five
 // products, and saves an fp32 dQ accumulator and its turn-taking.
 // Launch shapes: 1: four threads a row of [B, T, H, d], 256 a block; 2 and

@@ -41,7 +41,7 @@ struct TiledSmem {
   static constexpr uint32_t kK = 0, kV = kPanel, kKt = 2 * kPanel, kVt = 2 * kPanel + kTailPanel;  // in a stage
   static constexpr uint32_t kQt = kStage + 2 * kStageBytes;
   static constexpr uint32_t kBar = kQt + (kTail ? kBlock * 16 : 0);
-  static constexpr size_t kTotal = kBar + 3 * 8 + 1024;
+  static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
   static_assert(kKt + kTailPanel == kVt, "V's tail follows K's: the tail step of S reads 8 rows past K's tail");
   static_assert(kStage % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled panels need 1024-byte alignment");
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
@@ -111,7 +111,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = align_smem_1024(smem_raw);
   uint64_t* q_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  uint64_t* kv_ready = q_ready + 1;  // one per stage
+  uint64_t* kv_ready = q_ready + 1;  // one per stage: its K, V have landed
+  uint64_t* kv_free = q_ready + 3;   // one per stage: every warp computing is done with it
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
   const int r_lo = warp * 16 + lane / 4;  // accumulator rows r_lo and r_lo + 8 (queries within the chunk)
@@ -120,7 +121,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool active = q0 < T;  // a warpgroup past the last query idles through the loop
   const int chunks = q_block + kChunk < T ? 2 : 1, tiles = (T + kTile - 1) / kTile;
 
-  if (tid == 0) init_barriers<3>(q_ready);  // Q's, then each stage's
+  if (tid == 0) {
+    mbar_init(&kv_free[0], 4 * chunks);  // lane 0 of each warp of the warpgroups with queries
+    mbar_init(&kv_free[1], 4 * chunks);
+    init_barriers<3>(q_ready);  // Q's and each stage's landing, and the fence for all five
+  }
   __syncthreads();
   auto load_tile = [&](int tile, int stage) {
     unsigned char* at = smem + L::kStage + stage * L::kStageBytes;
@@ -155,8 +160,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
   for (int tile = 0; tile < tiles; ++tile) {
     const int stage = tile & 1;
-    // The next tile into the other stage, free since the barrier that ended the tile before this one.
-    if (tid == 0 && tile + 1 < tiles) load_tile(tile + 1, stage ^ 1);
+    // The next tile into the other stage once both warpgroups are done with
+    // the tile before this one there: they drift apart by up to a tile, so
+    // that one's softmax can run beside the other's products.
+    if (tid == 0 && tile + 1 < tiles) {
+      if (tile >= 1) mbar_wait(&kv_free[stage ^ 1], ((tile - 1) >> 1) & 1);
+      load_tile(tile + 1, stage ^ 1);
+    }
     if (active) {
       unsigned char* st = smem + L::kStage + stage * L::kStageBytes;
       const uint32_t st_u32 = smem_u32(st);
@@ -182,8 +192,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_accumulators(o);
       if constexpr (kTail) fence_accumulators(o_t);
+      if (lane == 0) mbar_arrive(&kv_free[stage]);  // this warp's products have read the stage
     }
-    __syncthreads();  // both warpgroups are done with this stage
   }
   if (!active) return;
 

@@ -24,8 +24,9 @@
 // c takes the block's queries 64c .. 64c + 63 (a warpgroup whose queries all
 // lie past T idles through the loop). Q is loaded once, K and V stream by in
 // tiles of 128 keys, double-buffered: thread 0 issues tile j + 1 into the
-// other buffer (free since the barrier that ended tile j - 1) before the
-// CTA waits for tile j. Per tile and warpgroup: S = Q K^T (m64n128, both
+// other buffer once every computing warp has said (an mbarrier) it is done
+// with tile j - 1 there, so the two warpgroups may drift up to a tile apart
+// and one's softmax run beside the other's products. Per tile and warpgroup: S = Q K^T (m64n128, both
 // operands K-major, 128-byte swizzle; at head dim 72 one more k16 step of
 // Q's tail from registers against K's tail panel), bias and the key-count
 // mask added, running max and sum across the quad that shares a row, O
