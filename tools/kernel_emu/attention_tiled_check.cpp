@@ -10,7 +10,8 @@
 // Runs on the sm_90a emulation (sm90_emu.h) once it has the tiled kernels' wrappers
 // (tma_load_3d, tma_store_3d, wgmma_m64n128k16_ss/_rs) and runs grid.z: then
 //   run.sh attention_tiled_check.cpp attention_tiled_fwd_sm90 attention_tiled_bwd_sm90
-// (about 90 s; EMU_ARGS=big adds 1152 tokens, about 4 minutes).
+// (about 90 s; EMU_ARGS=big adds 1152 tokens, about 4 minutes; EMU_ARGS=edges runs instead
+// T = 65, 127, 128, 129, 191, 255, 256 at batch 3, about 3 minutes).
 #include <cstring>
 
 #include "check.h"
@@ -194,7 +195,12 @@ static void run_case(const Case& c) {
 
 int main(int argc, char** argv) {
   emu::sm_count = 2;
-  const bool big = argc > 1 && std::string(argv[1]) == "big";
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "edges") {  // token counts around the tile and chunk sizes
+    for (int T : {65, 127, 128, 129, 191, 255, 256})
+      run_case({3, T, 1, T % 2 ? 72 : 64, T % 3 ? BiasKind::kF32 : BiasKind::kBf16, T == 129});
+    return finish();
+  }
   for (int D : {64, 72})
     for (int T : {64, 257, 288}) {
       run_case({2, T, 1, D, BiasKind::kNone, false});
@@ -202,6 +208,6 @@ int main(int argc, char** argv) {
       run_case({2, T, 1, D, BiasKind::kF32, false});
     }
   run_case({2, 200, 2, 72, BiasKind::kBf16, false});  // two heads (blockIdx.y)
-  if (big) run_case({2, 1152, 1, 64, BiasKind::kBf16, true});
+  if (mode == "big") run_case({2, 1152, 1, 64, BiasKind::kBf16, true});
   return finish();
 }
