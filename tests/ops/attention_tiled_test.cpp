@@ -1,8 +1,9 @@
 // ops/attention_tiled on the CPU: the switch (off by default), that the
 // op steps aside where its kernel does not apply (CPU tensors, fp32, head
-// dims other than 64 and 72, fewer than 64 tokens, a misaligned row stride,
-// a bias of the wrong shape), and that the kernels refuse head dims 96 and
-// 128 and short sequences by name before touching a GPU. The kernel itself is
+// dims other than 64 and 72, fewer than 64 tokens, a bias of the wrong
+// shape), that the kernels refuse head dims 96 and 128 and short sequences
+// by name before touching a GPU, and that a 3-D tensor map refuses a row
+// stride TMA cannot take. The kernel itself is
 // checked on the GPU (attention_tiled_gpu_test.cpp, bench/kernels/attention_tiled_check.cu).
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
@@ -13,6 +14,7 @@
 
 #include "kernels/attention_tiled_bwd_sm90.h"
 #include "kernels/attention_tiled_fwd_sm90.h"
+#include "kernels/tensor_map.h"
 #include "ops/attention_tiled.h"
 
 namespace perftrain::ops {
@@ -62,6 +64,20 @@ TEST(AttentionTiled, KernelRefusesOtherHeadDimsAndShortSequencesByName) {
                                                    no_grad, no_grad, 2, 288, 2, d, 0.1f, nullptr),
                  std::invalid_argument)
         << d;
+}
+
+// A row stride below the columns or not a multiple of 8 elements (16 bytes)
+// is refused, naming the caller, before the driver is asked.
+TEST(AttentionTiled, TensorMapRefusesRowStridesTmaCannotTake) {
+  alignas(16) static unsigned char buffer[64];
+  for (const int64_t stride : {132, 120}) {  // not a multiple of 8; below the 128 columns
+    try {
+      (void)kernels::bf16_tensor_map_3d(buffer, 2, 64, 128, stride, 64, "who");
+      ADD_FAILURE() << "row stride " << stride << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("who: a row stride"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
