@@ -15,7 +15,9 @@
 namespace perftrain::ops {
 
 // qkv [B, T, 3*D] laid out as (3, heads, D/heads) in the last dim -> [B, T, D].
-// CUDA bf16/fp16: cuDNN attention; otherwise (CPU, fp32, or cuDNN refusing
+// CUDA bf16/fp16: cuDNN attention (with the [speed] key attention =
+// "tiled", our tiled forward and backward, ops/attention_tiled);
+// otherwise (CPU, fp32, or cuDNN refusing
 // the shape once) self_attention(), ATen's SDPA under autograd. (Our
 // whole-head kernels run inside projected_attention only.)
 // key_mask: undefined, or a bool "attend" mask on the keys, [B, T] or
