@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint64_t da = smem_desc(q_chunk), db = smem_desc(st + L::kK);
       wgmma_fence();
 #pragma unroll
-      for (int t = 0; t < 4; ++t) wgmma_m64n128k16_ss(s, da + 2 * t, db + 2 * t, t > 0);
+      for (int t = 0; t < 4; ++t) wgmma_m64n128k16(s, da + 2 * t, db + 2 * t, t > 0);
       if constexpr (kTail) wgmma_m64n128k16_rs(s, q_t, smem_desc_tail(st_u32 + L::kKt), 1);
       wgmma_commit();
       wgmma_wait<0>();
