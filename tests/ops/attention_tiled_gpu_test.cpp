@@ -27,6 +27,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <cmath>
 #include <iostream>
 #include <string>
@@ -142,6 +143,14 @@ std::pair<at::Tensor, at::Tensor> qkv_fwd_bwd(const at::Tensor& qkv, int64_t hea
   return {out.detach(), d};
 }
 
+// Prints the attention paths noted since reset_attention_paths() and
+// expects each of `expected` among them.
+void expect_paths_noted(std::initializer_list<const char*> expected) {
+  const std::vector<std::string> lines = attention_paths_used();
+  for (const auto& l : lines) std::cout << "[attention] " << l << "\n";
+  for (const char* line : expected) EXPECT_NE(std::find(lines.begin(), lines.end(), line), lines.end()) << line;
+}
+
 // Restores the attention switches a test changed.
 struct RestoreSwitches {
   bool tiled = tiled_attention(), fwd = whole_head_attention_forward(), bwd = whole_head_attention_backward();
@@ -190,13 +199,10 @@ TEST(AttentionTiledGpu, QkvAttentionWithTheTiledKernelsMatchesFloat64) {
               << what << " masked keys' dk, dv";
         }
       }
-  const std::vector<std::string> lines = attention_paths_used();
-  for (const auto& l : lines) std::cout << "[attention] " << l << "\n";
-  for (const char* line : {"ours, tiled: 1152 tokens, head dim 64, key mask, BFloat16",
-                           "ours, tiled: 192 tokens, head dim 72, key mask, BFloat16",
-                           "ours, tiled: 288 tokens, head dim 72, key mask, BFloat16",
-                           "ours, tiled: 1024 tokens, head dim 64, BFloat16"})
-    EXPECT_NE(std::find(lines.begin(), lines.end(), line), lines.end()) << line;
+  expect_paths_noted({"ours, tiled: 1152 tokens, head dim 64, key mask, BFloat16",
+                      "ours, tiled: 192 tokens, head dim 72, key mask, BFloat16",
+                      "ours, tiled: 288 tokens, head dim 72, key mask, BFloat16",
+                      "ours, tiled: 1024 tokens, head dim 64, BFloat16"});
 }
 
 // With "tiled": qkv_attention's three-tensor form on the single-stream
@@ -230,10 +236,8 @@ TEST(AttentionTiledGpu, ThreeTensorFormRunsTheTiledKernelsOnTheBlockLayout) {
         EXPECT_TRUE(at::equal(d3[i], dqkv.narrow(2, i * D, D))) << what << " gradient " << i;
       }
     }
-  const std::vector<std::string> lines = attention_paths_used();
-  for (const char* line : {"ours, tiled: 192 tokens, head dim 64, key mask, BFloat16",
-                           "ours, tiled: 1152 tokens, head dim 72, key mask, BFloat16"})
-    EXPECT_NE(std::find(lines.begin(), lines.end(), line), lines.end()) << line;
+  expect_paths_noted({"ours, tiled: 192 tokens, head dim 64, key mask, BFloat16",
+                      "ours, tiled: 1152 tokens, head dim 72, key mask, BFloat16"});
 }
 
 // With "tiled", the inputs of QkvAttentionGpu.CudnnKeyMaskBackwardFiniteAtVeryNegativeLogsumexp
