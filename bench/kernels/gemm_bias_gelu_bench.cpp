@@ -39,35 +39,11 @@
 #include "ops/linear.h"
 #include "ops/swiglu.h"
 
+#include "torch_timing.h"
+
 namespace {
 
 using perftrain::kernels::GemmEpilogue;
-
-// Milliseconds per call of fn: the median of 9 windows of 10 back-to-back
-// calls between two events (so the host's work per call hides behind the
-// GPU's), after 10 warm-up calls.
-double median_ms(const std::function<bool()>& fn) {
-  for (int i = 0; i < 10; ++i)
-    if (!fn()) return NAN;
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  std::vector<double> ms;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (int win = 0; win < 9; ++win) {
-    cudaEventRecord(start, stream);
-    for (int i = 0; i < 10; ++i) fn();
-    cudaEventRecord(stop, stream);
-    cudaEventSynchronize(stop);
-    float t = 0;
-    cudaEventElapsedTime(&t, start, stop);
-    ms.push_back(t / 10);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 // "ms (TFLOP/s)" for a table cell.
 std::string ms_and_tflops(double ms, double flop) {

@@ -46,36 +46,12 @@
 #include "kernels/swiglu.h"
 #include "ops/cublaslt_workspace.h"
 
+#include "torch_timing.h"
+
 namespace {
 
 using bf16 = __nv_bfloat16;
 using perftrain::kernels::GemmEpilogue;
-
-// Milliseconds per call of fn: the median of 9 windows of 10 back-to-back
-// calls between two events (the host's work per call hides behind the
-// GPU's), after 10 warm-up calls; NAN when fn returns false.
-double median_ms(const std::function<bool()>& fn) {
-  for (int i = 0; i < 10; ++i)
-    if (!fn()) return NAN;
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  std::vector<double> ms;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (int win = 0; win < 9; ++win) {
-    cudaEventRecord(start, stream);
-    for (int i = 0; i < 10; ++i) fn();
-    cudaEventRecord(stop, stream);
-    cudaEventSynchronize(stop);
-    float t = 0;
-    cudaEventElapsedTime(&t, start, stop);
-    ms.push_back(t / 10);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 int64_t mlp_hidden(int64_t d) { return (int64_t(d * 8.0 / 3.0 + 0.5) + 63) / 64 * 64; }
 

@@ -161,12 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
           lse[(int64_t(b) * heads + h) * kT + qc * kChunk + r_lo + 8 * hh] = (m2[hh] + __log2f(sum[hh])) * kLn2;
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[4 * j + e] *= inv[e / 2];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o_t[e] *= inv[e / 2];
+      scale_rows<true>(o, o_t, inv);
       // Staged where the chunk's Q was (every warp of the warpgroup is past
       // the product that read it), then stored by TMA.
       warpgroup_barrier(2 + wg);

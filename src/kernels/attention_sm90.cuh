@@ -1,5 +1,7 @@
-// The device pieces the whole-head attention kernels share (the backward
-// kernels/attention_head_bwd_sm90 and the forward kernels/attention_head_fwd_sm90):
+// The device pieces the attention kernels share (the whole-head backward
+// kernels/attention_head_bwd_sm90 and forward kernels/attention_head_fwd_sm90,
+// the tiled forward kernels/attention_tiled_fwd_sm90, whose own primitives
+// close the file):
 // the head-dim layout (64 columns in a swizzled panel, at 72 a tail), wgmma
 // descriptors and products of 64-row tiles, register fragments, and the
 // staging of accumulators for TMA stores. Device code only; a kernel file
@@ -9,6 +11,7 @@
 
 #include <cuda_bf16.h>
 
+#include <cmath>  // INFINITY
 #include <cstdint>
 
 #include "kernels/sm90.cuh"
@@ -135,6 +138,78 @@ __device__ __forceinline__ void stage_tail(uint32_t box, const float (&d)[4], in
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh)
     st_shared_u32(box + (r_lo + 8 * hh) * 16 + 4 * (lane & 3), pack_bf16x2(scale * d[2 * hh], scale * d[2 * hh + 1]));
+}
+
+}  // namespace perftrain::kernels::attention_sm90
+
+// --- The tiled kernels' primitives (kernels/attention_tiled_fwd_sm90) ---
+
+namespace perftrain::kernels::attention_sm90 {
+
+// How the tiled kernels are given the key bias (kernels::AttentionKeyBias):
+// none, fp32 or bf16.
+enum class KeyBias { kNone, kF32, kBf16 };
+
+// What a thread adds to its scores of one key tile in the log2 domain, for
+// the accumulator columns 8j + 2 (lane % 4) + {0, 1}, j < J, of a tile whose
+// first such column is key0: the key bias times log2 e (sample b's row at
+// bias + b * stride), or -inf past the last key; add[2j + {0, 1}].
+template <KeyBias B, int J>
+__device__ __forceinline__ void key_terms(float (&add)[2 * J], const void* bias, int64_t stride, int tokens, int b,
+                                          int key0) {
+  constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = key0 + 8 * j + e;
+      float t = 0.f;
+      if constexpr (B == KeyBias::kF32)
+        if (key < tokens) t = static_cast<const float*>(bias)[b * stride + key] * kLog2e;
+      if constexpr (B == KeyBias::kBf16)
+        if (key < tokens) t = __bfloat162float(static_cast<const __nv_bfloat16*>(bias)[b * stride + key]) * kLog2e;
+      add[2 * j + e] = key < tokens ? t : -INFINITY;
+    }
+}
+
+// Initialises N mbarriers of one arrival each and makes them visible to
+// the TMA (one thread).
+template <int N>
+__device__ __forceinline__ void init_barriers(uint64_t* bars) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) mbar_init(&bars[i], 1);
+  fence_mbarrier_init();
+}
+
+// A box of rows of sample b at column col of a 3-D map: the first 64
+// columns into `main` and, with TAIL (head dim 72), columns 64-71 into
+// `tail` through the tail map.
+template <bool TAIL>
+__device__ __forceinline__ void tma_load_rows(void* main, void* tail, const CUtensorMap* map,
+                                              const CUtensorMap* map_t, uint64_t* bar, int col, int row, int b) {
+  tma_load_3d(main, map, bar, col, row, b);
+  if constexpr (TAIL) tma_load_3d(tail, map_t, bar, col + 64, row, b);
+}
+
+// The same out of shared memory (rows past the map's token count not written).
+template <bool TAIL>
+__device__ __forceinline__ void tma_store_rows(const CUtensorMap* map, const CUtensorMap* map_t, const void* main,
+                                               const void* tail, int col, int row, int b) {
+  tma_store_3d(map, main, col, row, b);
+  if constexpr (TAIL) tma_store_3d(map_t, tail, col + 64, row, b);
+}
+
+// A 64-row accumulator's rows times f (row r_lo: f[0], r_lo + 8: f[1]), and
+// with TAIL its N = 8 tail.
+template <bool TAIL>
+__device__ __forceinline__ void scale_rows(float (&o)[32], float (&o_t)[4], const float (&f)[2]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[4 * j + e] *= f[e / 2];
+  if constexpr (TAIL)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o_t[e] *= f[e / 2];
 }
 
 }  // namespace perftrain::kernels::attention_sm90

@@ -29,23 +29,43 @@ EncodeTiled encode_tiled() {
 
 }  // namespace
 
-CUtensorMap bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int box_rows, const char* who,
-                            int box_cols) {
+namespace {
+
+// A bf16 map of `rank` dimensions (dims innermost first, strides in bytes
+// for dims 1 ..), boxes of box_cols x box_rows (x 1 beyond).
+CUtensorMap encode_bf16(const void* base, cuuint32_t rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                        int box_rows, int box_cols, const char* who) {
   if (box_cols != 64 && (box_cols % 8 != 0 || box_cols > 64))
     throw std::invalid_argument(std::string(who) + ": a tensor-map box is 64 columns or a multiple of 8 below");
   CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};  // innermost first
-  const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};             // bytes between rows
-  const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
-                                    box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+  const cuuint32_t box[3] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims,
+                                    strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                     box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw std::runtime_error(std::string(who) + ": cuTensorMapEncodeTiled failed (CUresult " +
                              std::to_string(int(r)) + ")");
   return map;
+}
+
+}  // namespace
+
+CUtensorMap bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int box_rows, const char* who,
+                            int box_cols) {
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};  // innermost first
+  const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};             // bytes between rows
+  return encode_bf16(base, 2, dims, strides, box_rows, box_cols, who);
+}
+
+CUtensorMap bf16_tensor_map_3d(const void* base, int64_t samples, int64_t rows, int64_t cols, int64_t row_stride,
+                               int box_rows, const char* who, int box_cols) {
+  if (row_stride < cols || row_stride % 8 != 0)
+    throw std::invalid_argument(std::string(who) + ": a row stride must be at least the columns and a multiple of 8");
+  const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(samples)};
+  const cuuint64_t strides[2] = {cuuint64_t(row_stride) * 2, cuuint64_t(rows * row_stride) * 2};
+  return encode_bf16(base, 3, dims, strides, box_rows, box_cols, who);
 }
 
 void allow_dynamic_smem(const void* kernel, int bytes, int device, std::atomic<uint64_t>& set_on) {

@@ -1,7 +1,8 @@
 // The host side our TMA kernels share: the driver's tensor-map encoder
-// reached through the runtime (no link to libcuda), for the one layout they
-// use, a kernel's dynamic shared-memory limit set once per device, and the
-// checks of their arguments and of the GPU (sm_90).
+// reached through the runtime (no link to libcuda), for the layouts they use
+// (2-D, and 3-D with a sample dimension), a kernel's dynamic shared-memory
+// limit set once per device, and the checks of their arguments and of the
+// GPU (sm_90).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -18,6 +19,14 @@ namespace perftrain::kernels {
 // std::runtime_error naming `who` when the driver refuses.
 CUtensorMap bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int box_rows, const char* who,
                             int box_cols = 64);
+
+// A [samples, rows, cols] bf16 tensor whose rows are row_stride elements
+// apart (row_stride >= cols, a multiple of 8) and samples rows x row_stride
+// apart, in boxes of box_rows x box_cols x 1: a box never crosses into the
+// next sample (rows past `rows` load as zeros and are not stored). Swizzle
+// and errors as bf16_tensor_map's.
+CUtensorMap bf16_tensor_map_3d(const void* base, int64_t samples, int64_t rows, int64_t cols, int64_t row_stride,
+                               int box_rows, const char* who, int box_cols = 64);
 
 // Sets `kernel`'s dynamic shared-memory limit to `bytes` on `device` unless
 // `set_on` (the caller's static mask, bit d for device d) says it is set:

@@ -21,6 +21,7 @@ std::set<Key>& paths() {
 const char* path_name(int path) {
   switch (static_cast<AttentionPath>(path)) {
     case AttentionPath::Own: return "ours (whole-head forward and backward)";
+    case AttentionPath::Tiled: return "ours, tiled";
     case AttentionPath::Cudnn: return "cuDNN fused";
     case AttentionPath::Efficient: return "memory-efficient (ATen, by name)";
     case AttentionPath::Sdpa: return "ATen scaled_dot_product_attention";

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "base/error.h"
 #include "compat/compat.h"
@@ -42,11 +43,10 @@ at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& q, const at::Te
       q, k, v, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, /*compute_log_sumexp=*/true);
   const at::Tensor& out = std::get<0>(r);  // [B, H, T, Dh], token-major in memory
   note_attention_path(AttentionPath::Cudnn, q.size(2), q.size(3), bias.defined(), q.scalar_type());
-  first_saved.insert(first_saved.end(), {out, std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r),
-                                         std::get<7>(r), bias, q, k, v});
-  ctx->save_for_backward(first_saved);
-  ctx->saved_data["max_q"] = std::get<4>(r).expect_int();
-  ctx->saved_data["max_k"] = std::get<5>(r).expect_int();
+  save_cudnn_state(ctx, std::move(first_saved), q, k, v,
+                   {out, std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r), std::get<7>(r),
+                    std::get<4>(r).expect_int(), std::get<5>(r).expect_int()},
+                   bias);
   return token_major(out);
 }
 
@@ -54,6 +54,14 @@ at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t he
                          std::vector<at::Tensor> first_saved, const at::Tensor& bias) {
   auto [q, k, v] = split_heads(qkv, heads);
   return cudnn_forward(ctx, q, k, v, std::move(first_saved), bias);
+}
+
+void save_cudnn_state(AutogradContext* ctx, std::vector<at::Tensor> first_saved, const at::Tensor& q,
+                      const at::Tensor& k, const at::Tensor& v, const CudnnState& st, const at::Tensor& bias) {
+  first_saved.insert(first_saved.end(), {st.out, st.lse, st.cum_q, st.cum_k, st.seed, st.offset, bias, q, k, v});
+  ctx->save_for_backward(first_saved);
+  ctx->saved_data["max_q"] = st.max_q;
+  ctx->saved_data["max_k"] = st.max_k;
 }
 
 std::array<at::Tensor, 3> cudnn_backward(AutogradContext* ctx, const variable_list& s, size_t at,

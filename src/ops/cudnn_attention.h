@@ -37,8 +37,26 @@ at::Tensor cudnn_forward(torch::autograd::AutogradContext* ctx, const at::Tensor
 at::Tensor cudnn_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                          std::vector<at::Tensor> first_saved, const at::Tensor& bias = at::Tensor());
 
-// cuDNN's backward from what cudnn_forward saved (starting at index `at`,
-// the first after first_saved): dq, dk, dv as [B, H, T, Dh], token-major.
+// What cuDNN's backward reads of its forward: out [B, H, T, Dh]
+// (token-major), lse [B, H, T, 1] fp32, the varlen offsets and dropout
+// seeds (undefined for a dense forward, unread without dropout), and the
+// token counts.
+struct CudnnState {
+  at::Tensor out, lse, cum_q, cum_k, seed, offset;
+  int64_t max_q = 0, max_k = 0;
+};
+
+// Saves first_saved, then out, lse, cum_q, cum_k, seed, offset, bias, q, k
+// and v (q, k, v as [B, H, T, Dh] views), with max_q and max_k in
+// saved_data: the layout cudnn_backward reads (cudnn_forward's;
+// ops/attention_tiled saves our forward's out and lse the same way).
+void save_cudnn_state(torch::autograd::AutogradContext* ctx, std::vector<at::Tensor> first_saved,
+                      const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CudnnState& state,
+                      const at::Tensor& bias);
+
+// cuDNN's backward from what save_cudnn_state saved (starting at index `at`,
+// the first after first_saved: out): dq, dk, dv as [B, H, T, Dh],
+// token-major.
 std::array<at::Tensor, 3> cudnn_backward(torch::autograd::AutogradContext* ctx,
                                          const torch::autograd::variable_list& saved, size_t at,
                                          const at::Tensor& grad_out);

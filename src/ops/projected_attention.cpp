@@ -12,6 +12,7 @@
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
 #include "ops/attention_paths.h"
+#include "ops/attention_tiled.h"
 #include "ops/column_sums.h"
 #include "ops/compute_weights.h"
 #include "ops/cudnn_attention.h"
@@ -52,11 +53,16 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     detail::linear_forward_product(h2, w, bias.defined() ? bias.contiguous() : bias, qkv.view({m, 3 * D}));
     ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());
     ctx->saved_data["b_dtype"] = bias.defined() ? int64_t(bias.scalar_type()) : int64_t(-1);
+    ctx->saved_data["heads"] = heads;
+    // Our tiled forward where it is on and applies (ops/attention_tiled):
+    // cudnn_forward's saved layout with our out and lse, for our tiled
+    // backward, at 256 tokens our whole-head one, or cuDNN's.
+    ctx->saved_data["own_fwd"] = false;
+    if (at::Tensor tiled = detail::tiled_forward(ctx, qkv, heads, {h2, w, qkv}); tiled.defined()) return tiled;
     // Our whole-head forward where it applies (ops/attention_head_fwd): the
     // same saved layout as cudnn_forward's up to out and lse.
     auto [out, lse] = try_attention_head_fwd(qkv, heads);
     ctx->saved_data["own_fwd"] = out.defined();
-    ctx->saved_data["heads"] = heads;
     if (!out.defined()) return cudnn_forward(ctx, qkv, heads, {h2, w, qkv});
     note_attention_path(AttentionPath::Own, T, D / heads, false, qkv.scalar_type());
     ctx->save_for_backward({h2, w, qkv, out, lse});
@@ -74,9 +80,12 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     // Our whole-head kernel where it applies (ops::whole_head_attention_backward),
     // and always after our forward: the packed gradient directly, from the
     // forward's out (s[3]) and lse (s[4]), where either forward saved them;
-    // cuDNN's backward elsewhere.
-    const at::Tensor own_dqkv =
+    // after our tiled forward (unmasked here) our tiled backward elsewhere;
+    // cuDNN's backward otherwise.
+    at::Tensor own_dqkv =
         try_attention_head_bwd(qkv, s[3], s[4], grads[0], heads, ctx->saved_data["own_fwd"].toBool());
+    if (!own_dqkv.defined() && ctx->saved_data["tiled"].toBool())
+      own_dqkv = detail::try_tiled_backward_packed(s, 3, grads[0]);
     const auto d = own_dqkv.defined() ? std::array<at::Tensor, 3>{} : cudnn_backward(ctx, s, 3, grads[0]);
 
     // Each of dq, dk, dv is [B, T, D] in memory when cuDNN kept q's token-major

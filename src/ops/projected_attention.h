@@ -3,8 +3,10 @@
 // that the attention reads in place (ops/qkv_attention.h says why packed).
 // The attention itself is our whole-head kernels where they apply
 // (ops/attention_head_fwd and ops/attention_head_bwd: bf16 on sm_90, 256
-// tokens, head dim 64 or 72; the [speed] key attention = "whole_head"), cuDNN's fused
-// attention otherwise (ops/cudnn_attention.h), and qkv_attention's own path
+// tokens, head dim 64 or 72; the [speed] key attention = "whole_head"), with
+// attention = "tiled" our tiled kernels at any length from 64 tokens
+// (ops/attention_tiled; at 256 tokens the whole-head backward), cuDNN's
+// fused attention otherwise (ops/cudnn_attention.h), and qkv_attention's own path
 // where cuDNN does not run (CPU, fp32, a shape it refuses). The backward
 // feeds the packed gradient, or cuDNN's dq, dk, dv in place, straight to the
 // projection's products (dW row block i = dQKV_i^T h, dh = sum_i dQKV_i W_i

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "ops/attention_tiled.h"
 #include "ops/cudnn_attention.h"
 #include "ops/self_attention.h"
 
@@ -22,27 +23,47 @@ using torch::autograd::variable_list;
 struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                             const std::optional<at::Tensor>& bias) {
-    return detail::cudnn_forward(ctx, qkv, heads, {}, bias.value_or(at::Tensor()));
+    // Our tiled forward where it is on and applies (ops/attention_tiled),
+    // saving cuDNN's backward state with its out and lse (for our backward
+    // or cuDNN's).
+    const at::Tensor b = bias.value_or(at::Tensor());
+    if (at::Tensor tiled = detail::tiled_forward(ctx, qkv, heads, {}, b); tiled.defined()) return tiled;
+    return detail::cudnn_forward(ctx, qkv, heads, {}, b);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto d = detail::cudnn_backward(ctx, ctx->get_saved_variables(), 0, grads[0]);
+    const auto s = ctx->get_saved_variables();
+    // After our tiled forward, our tiled backward (save_cudnn_state's layout
+    // from 0: out, lse, ..., the bias at 6, q, k, v at 7..9); cuDNN's where
+    // it does not take grads[0].
+    if (ctx->saved_data["tiled"].toBool())
+      if (at::Tensor dqkv = detail::try_tiled_backward_packed(s, 0, grads[0]); dqkv.defined())
+        return {dqkv, at::Tensor(), at::Tensor()};
+    const auto d = detail::cudnn_backward(ctx, s, 0, grads[0]);
     const int64_t B = d[0].size(0), heads = d[0].size(1), T = d[0].size(2), D = heads * d[0].size(3);
     return {detail::pack_dqkv(d, B, T, heads, D), at::Tensor(), at::Tensor()};
   }
 };
 
 // The three-tensor form: q, k, v [B, T, D] each, their gradients left as
-// cuDNN writes them ([B, T, D] token-major: nothing packed or copied).
+// cuDNN (or our tiled backward) writes them ([B, T, D] token-major: nothing
+// packed or copied).
 struct CudnnAttentionQkv : torch::autograd::Function<CudnnAttentionQkv> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             int64_t heads, const std::optional<at::Tensor>& bias) {
+    // Our tiled forward where it is on and applies (ops/attention_tiled).
+    const at::Tensor b = bias.value_or(at::Tensor());
+    if (at::Tensor tiled = detail::tiled_forward(ctx, q, k, v, heads, {}, b); tiled.defined()) return tiled;
     return detail::cudnn_forward(ctx, detail::heads_view(q, heads), detail::heads_view(k, heads),
-                                 detail::heads_view(v, heads), {}, bias.value_or(at::Tensor()));
+                                 detail::heads_view(v, heads), {}, b);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto d = detail::cudnn_backward(ctx, ctx->get_saved_variables(), 0, grads[0]);
+    const auto s = ctx->get_saved_variables();
+    if (ctx->saved_data["tiled"].toBool())
+      if (const auto d = detail::try_tiled_backward(s, 0, grads[0]); d[0].defined())
+        return {d[0], d[1], d[2], at::Tensor(), at::Tensor()};
+    const auto d = detail::cudnn_backward(ctx, s, 0, grads[0]);
     return {detail::token_major(d[0]), detail::token_major(d[1]), detail::token_major(d[2]), at::Tensor(),
             at::Tensor()};
   }
@@ -96,9 +117,10 @@ struct AttentionRoute {
 };
 
 // x: qkv or q (its dtype and device); layout_ok: whether cuDNN may read the
-// inputs as they are laid out.
+// inputs as they are laid out; tiled_ok: whether our tiled kernels run them
+// (detail::tiled_attention_applies).
 AttentionRoute route(const at::Tensor& x, int64_t B, int64_t T, int64_t head_dim, const at::Tensor& key_mask,
-                     const at::Tensor& key_bias_in, bool layout_ok) {
+                     const at::Tensor& key_bias_in, bool layout_ok, bool tiled_ok) {
   AttentionRoute r;
   r.mask = key_mask.defined() ? key_mask_4d(key_mask, B, T, x.device()) : at::Tensor();
   const bool masked = r.mask.defined();
@@ -118,8 +140,11 @@ AttentionRoute route(const at::Tensor& x, int64_t B, int64_t T, int64_t head_dim
   // cuDNN's masked backward turns dq NaN at T % 128 == 64 when a query's
   // logsumexp is below about -88.7 (PyTorch issue 196678; reproduced on the
   // H200 by QkvAttentionGpu.CudnnKeyMaskBackwardFiniteAtVeryNegativeLogsumexp):
-  // those token counts take ATen's SDPA (its memory-efficient kernel).
-  r.cudnn = detail::cudnn_eligible(x, head_dim, masked) && layout_ok && !(masked && T % 128 == 64);
+  // those token counts take ATen's SDPA (its memory-efficient kernel), or
+  // with "tiled" our tiled kernels, whose backward has no such limit
+  // (tiled_ok: they take the inputs; the bias key_bias() makes is one they
+  // take, a given one was checked).
+  r.cudnn = detail::cudnn_eligible(x, head_dim, masked) && layout_ok && !(masked && T % 128 == 64 && !tiled_ok);
   if (r.cudnn && masked) r.bias = key_bias_in.defined() ? key_bias_in : key_bias(r.mask, x.scalar_type());
   return r;
 }
@@ -140,7 +165,7 @@ at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor&
   if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) throw UsageError("qkv_attention: qkv must be [B, T, 3D]");
   detail::check_heads("qkv_attention", qkv.size(2) / 3, heads);
   const AttentionRoute r = route(qkv, qkv.size(0), qkv.size(1), qkv.size(2) / 3 / heads, key_mask, key_bias_in,
-                                 qkv.is_contiguous());
+                                 qkv.is_contiguous(), detail::tiled_attention_applies(qkv, heads, key_bias_in));
   if (!r.cudnn) return self_attention(qkv, heads, r.mask);
   try {
     return CudnnAttention::apply(qkv, heads, r.bias);
@@ -161,7 +186,8 @@ at::Tensor qkv_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
                        c10::str(q.sizes()));
   detail::check_heads("qkv_attention", q.size(2), heads);
   const bool in_place = cudnn_rows(q) && cudnn_rows(k) && cudnn_rows(v);
-  const AttentionRoute r = route(q, q.size(0), q.size(1), q.size(2) / heads, key_mask, key_bias_in, in_place);
+  const AttentionRoute r = route(q, q.size(0), q.size(1), q.size(2) / heads, key_mask, key_bias_in, in_place,
+                                 detail::tiled_attention_applies(q, k, v, heads, key_bias_in));
   if (!r.cudnn) return self_attention(q, k, v, heads, r.mask);
   try {
     return CudnnAttentionQkv::apply(q, k, v, heads, r.bias);

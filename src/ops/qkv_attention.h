@@ -15,7 +15,9 @@
 namespace perftrain::ops {
 
 // qkv [B, T, 3*D] laid out as (3, heads, D/heads) in the last dim -> [B, T, D].
-// CUDA bf16/fp16: cuDNN attention; otherwise (CPU, fp32, or cuDNN refusing
+// CUDA bf16/fp16: cuDNN attention (with the [speed] key attention =
+// "tiled", our tiled forward and backward, ops/attention_tiled);
+// otherwise (CPU, fp32, or cuDNN refusing
 // the shape once) self_attention(), ATen's SDPA under autograd. (Our
 // whole-head kernels run inside projected_attention only.)
 // key_mask: undefined, or a bool "attend" mask on the keys, [B, T] or
@@ -35,10 +37,11 @@ at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor&
 // The same op on q, k, v [B, T, D] apart (one shape, dtype and device), each
 // read in place through its row stride: the single-stream block's q and k
 // from QK-norm + RoPE's dense q | k, and v as the column block of the qkv
-// projection's output. Their gradients come back as cuDNN writes them,
-// [B, T, D] each, nothing packed. cuDNN runs where the packed form's rules
-// allow it and every input's last dimension is contiguous with rows evenly
-// strided and 16-byte aligned; otherwise ATen's SDPA, as above.
+// projection's output. Their gradients come back as cuDNN (or, with
+// attention = "tiled", our tiled backward) writes them, [B, T, D] each,
+// nothing packed. cuDNN or ours runs where the packed form's rules allow it
+// and every input's last dimension is contiguous with rows evenly strided
+// and 16-byte aligned; otherwise ATen's SDPA, as above.
 at::Tensor qkv_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
                          const at::Tensor& key_mask = at::Tensor(), const at::Tensor& key_bias = at::Tensor());
 

@@ -2,6 +2,7 @@
 
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
+#include "ops/attention_tiled.h"
 #include "ops/cublaslt_workspace.h"
 #include "ops/weight_grad_stream.h"
 
@@ -9,9 +10,12 @@ namespace perftrain::train {
 
 void apply_speed_settings(const SpeedConfig& speed) {
   validate_speed(speed);
-  // Our attention backward needs our forward's saved state: both go together.
+  // Our whole-head backward needs our forward's saved state or cuDNN's:
+  // with "tiled" our tiled kernels run wherever they apply (256 tokens too),
+  // the whole-head backward after the tiled forward at 256 tokens.
   ops::set_whole_head_attention_forward(speed.attention == "whole_head");
-  ops::set_whole_head_attention_backward(speed.attention == "whole_head");
+  ops::set_whole_head_attention_backward(speed.attention != "cudnn");
+  ops::set_tiled_attention(speed.attention == "tiled");
   ops::set_weight_grad_stream_mode(speed.weight_grad_stream == "on"    ? ops::WeightGradStreamMode::kOn
                                    : speed.weight_grad_stream == "off" ? ops::WeightGradStreamMode::kOff
                                                                        : ops::WeightGradStreamMode::kAuto);

@@ -10,7 +10,8 @@ namespace perftrain::train {
 
 // Sets what ops reads process-wide from `speed` (validated, TrainConfig::
 // validate): our attention kernels or cuDNN's (forward and backward,
-// ops::set_whole_head_attention_forward / _backward), the weight-gradient stream
+// ops::set_whole_head_attention_forward / _backward, ops::set_tiled_attention),
+// the weight-gradient stream
 // rule (ops::set_weight_grad_stream_mode) and the GEMM tuning count
 // (ops::set_gemm_tune_candidates). Call it before the first step is built
 // or captured; UsageError for a value validate() would refuse.

@@ -270,7 +270,9 @@ void Trainer::log_start() const {
        << (device_.is_cuda() ? std::string(cfg_.speed.fused_kernels && model.has_fused_path() ? ", fused kernels" : ", unfused") +
                                    (cfg_.speed.recompute ? ", recompute" : "") +
                                    (cfg_.speed.gelu_recompute ? ", GELU recomputed in backward" : "") +
-                                   (cfg_.speed.attention == "cudnn" ? ", cuDNN attention" : "") +
+                                   (cfg_.speed.attention == "cudnn"   ? ", cuDNN attention"
+                                    : cfg_.speed.attention == "tiled" ? ", tiled attention forward"
+                                                                      : "") +
                                    (runner_->weight_grad_stream() ? ", weight gradients on a second stream" : "")
                              : std::string())
        << "\n"

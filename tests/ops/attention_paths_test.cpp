@@ -18,10 +18,12 @@ TEST(AttentionPaths, NotesEachDistinctShapeOnceInAFixedOrder) {
   note_attention_path(AttentionPath::Cudnn, 288, 64, true, at::kBFloat16);
   note_attention_path(AttentionPath::Own, 256, 72, false, at::kBFloat16);
   note_attention_path(AttentionPath::Cudnn, 288, 64, true, at::kBFloat16);  // again: no new line
+  note_attention_path(AttentionPath::Tiled, 1152, 64, true, at::kBFloat16);
   const std::vector<std::string> lines = attention_paths_used();
-  ASSERT_EQ(lines.size(), 2u);
+  ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0], "ours (whole-head forward and backward): 256 tokens, head dim 72, BFloat16");
-  EXPECT_EQ(lines[1], "cuDNN fused: 288 tokens, head dim 64, key mask, BFloat16");
+  EXPECT_EQ(lines[1], "ours, tiled: 1152 tokens, head dim 64, key mask, BFloat16");
+  EXPECT_EQ(lines[2], "cuDNN fused: 288 tokens, head dim 64, key mask, BFloat16");
   reset_attention_paths();
   EXPECT_TRUE(attention_paths_used().empty());
 }

@@ -203,12 +203,8 @@ TEST(QkvAttentionGpu, CudnnKeyMaskBackwardFiniteAtVeryNegativeLogsumexp) {
   auto g = cuda_gen(37);
   for (const Shape s : {Shape{1, 320, 64, 1}, Shape{2, 192, 128, 2}, Shape{1, 256, 64, 1}, Shape{1, 288, 64, 1},
                         Shape{1, 1152, 64, 1}, Shape{1, 200, 64, 1}, Shape{1, 330, 128, 2}, Shape{1, 448, 64, 1}}) {
-    const int64_t B = s.batch, T = s.tokens, D = s.dim, hd = D / s.heads;
-    at::Tensor qkv = rnd({B, T, 3, s.heads, hd}, g, 0.1);
-    qkv.select(2, 0).select(-1, 0).fill_(1.0);
-    qkv.select(2, 1).select(-1, 0).fill_(-127.0 * std::sqrt(double(hd)));
-    qkv.select(2, 2).normal_(0.0, 1.0, g);
-    qkv = qkv.view({B, T, 3 * D}).to(at::kBFloat16);
+    const int64_t B = s.batch, T = s.tokens, D = s.dim;
+    const at::Tensor qkv = very_negative_logits_qkv(s, g);
     const at::Tensor mask = at::ones({B, T}, at::TensorOptions().device(kCuda).dtype(at::kBool));
     mask.narrow(1, 0, T / 4).fill_(false);  // some keys masked, every query keeps 3/4 of them
     const at::Tensor gout = rnd({B, T, D}, g);

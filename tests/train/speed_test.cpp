@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
+#include "ops/attention_tiled.h"
 #include "ops/cublaslt_workspace.h"
 #include "ops/weight_grad_stream.h"
 #include "support/test_support.h"
@@ -40,8 +41,15 @@ TEST(SpeedSettings, ApplySetsTheOpsState) {
   EXPECT_EQ(ops::weight_grad_stream_mode(), ops::WeightGradStreamMode::kOn);
   EXPECT_EQ(ops::gemm_tune_candidates(), 64);
 
+  s.attention = "tiled";  // the tiled kernels; the whole-head backward after the tiled forward at 256 tokens
+  apply_speed_settings(s);
+  EXPECT_TRUE(ops::tiled_attention());
+  EXPECT_FALSE(ops::whole_head_attention_forward());
+  EXPECT_TRUE(ops::whole_head_attention_backward());
+
   apply_speed_settings(SpeedConfig{});  // the defaults
   EXPECT_TRUE(ops::whole_head_attention_forward());
+  EXPECT_FALSE(ops::tiled_attention());
   EXPECT_EQ(ops::weight_grad_stream_mode(), ops::WeightGradStreamMode::kAuto);
   EXPECT_EQ(ops::gemm_tune_candidates(), ops::kDefaultGemmTuneCandidates);
 }

@@ -85,8 +85,8 @@ bool release_warps() {
 }
 }  // namespace
 void fail(const char* what) {
-  if (cur >= 0) fprintf(stderr, "EMU ERROR: %s (block %u,%u thread %d)\n", what, tls.bid.x, tls.bid.y, cur);
-  else fprintf(stderr, "EMU ERROR: %s (block %u,%u)\n", what, tls.bid.x, tls.bid.y);
+  if (cur >= 0) fprintf(stderr, "EMU ERROR: %s (block %u,%u,%u thread %d)\n", what, tls.bid.x, tls.bid.y, tls.bid.z, cur);
+  else fprintf(stderr, "EMU ERROR: %s (block %u,%u,%u)\n", what, tls.bid.x, tls.bid.y, tls.bid.z);
   abort();
 }
 void sync_block() { barrier(0, nthreads); }
@@ -156,8 +156,9 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, const std::function<v
   smem_bytes = dynamic_bytes;
   smem_window.assign(kSmemOffset + dynamic_bytes + 2048, 0);
   smem_base = (reinterpret_cast<uintptr_t>(smem_window.data()) + 1023) & ~uintptr_t(1023);
-  for (unsigned by = 0; by < grid.y; ++by)
-    for (unsigned bx = 0; bx < grid.x; ++bx) {
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
       nthreads = n; st.assign(n, RUN); slots.assign((n + 31) / 32 * 32, 0.f); ctx.assign(n, ucontext_t{}); info.resize(n);
       barrier_of.assign(n, -1); waiting.assign(n, ""); arrivals.assign(n, Arrival{"", nullptr});
       collective_count.clear();
@@ -167,7 +168,7 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, const std::function<v
       block_begin(n);
       for (int i = 0; i < n; ++i) {
         info[i].tid = uint3{unsigned(i % block.x), unsigned(i / block.x), 0};
-        info[i].bid = uint3{bx, by, 0};
+        info[i].bid = uint3{bx, by, bz};
         info[i].bdim = block; info[i].gdim = grid; info[i].lin = i;
         getcontext(&ctx[i]);
         ctx[i].uc_stack.ss_sp = stacks[i].data();

@@ -52,6 +52,15 @@ inline void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1
   emu::sm90::tma_store(map, smem_u32(src), c, 2);
   emu::sm90::bulk_commit();
 }
+inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  const int c[3] = {c0, c1, c2};
+  emu::sm90::tma_load(smem_u32(dst), map, smem_u32(bar), c, 3);
+}
+inline void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+  const int c[3] = {c0, c1, c2};
+  emu::sm90::tma_store(map, smem_u32(src), c, 3);
+  emu::sm90::bulk_commit();
+}
 template <int N>
 inline void tma_store_wait_read() { emu::sm90::bulk_wait_read(N); }
 inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
@@ -115,6 +124,9 @@ inline void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_
 }
 inline void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   emu::sm90::wgmma(128, d, nullptr, desc_a, desc_b, 0, 0, scale_d);
+}
+inline void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  emu::sm90::wgmma(128, d, a, 0, desc_b, 0, 0, scale_d);
 }
 
 inline float exp2_approx(float x) { return emu::sm90::ex2_approx_ftz(x); }

@@ -1,0 +1,66 @@
+// The backward of softmax attention at any length, with an optional additive
+// key bias, Hopper (sm_90a) wgmma: the partner of
+// kernels/attention_tiled_fwd_sm90 (its out and lse), deterministic.
+// Non-causal, no dropout, T >= 64 tokens, head dim 64 or 72.
+//
+// Maths (s = softmax scale, b_j the key bias, lse_i the forward's
+// log-sum-exp of s S + b):
+//   P = exp(s S + b - lse), D_i = rowsum(dO_i * O_i), dP = dO V^T,
+//   dS = P * (dP - D), dV = P^T dO, dK = s dS^T Q, dQ = s dS K.
+//
+// Why: cuDNN's backward ran every shape beyond 256 tokens, and with a key
+// mask it is most of the 25 ms of masked attention in an SS-B/2 step; the
+// whole-head backward (kernels/attention_head_bwd_sm90) takes 256 tokens only.
+//
+// How: three launches, none with atomics, each sum in a fixed order, so that
+// reruns give the same bits:
+//  1. D per query (a few threads per row of O and dO, a fixed shuffle tree).
+//  2. dK, dV: a CTA per (key block of 128, head, sample); warpgroup c keeps
+//     dK, dV of keys 64c .. 64c + 63 in registers while the query chunks of
+//     64 stream by (Q, dO, their lse and D; TMA, double-buffered): S^T = K Q^T
+//     and dP^T = V dO^T (m64n64, both operands K-major), P^T and dS^T in
+//     registers, dV += P^T dO and dK += dS^T Q (A from registers, B MN-major).
+//  3. dQ: a CTA per (query block of 128, head, sample); warpgroup c keeps dQ
+//     of queries 64c .. 64c + 63 while K, V stream by in tiles of 64 keys:
+//     S and dP again (the bias and the key count as in the forward), dS,
+//     dQ += dS K (B = K MN-major).
+// In launches 2 and 3 a stage is refilled once every computing warp has
+// arrived on its "free" mbarrier (no CTA-wide barrier per step), so the two
+// warpgroups may drift a step apart and overlap one's exponentials with the
+// other's products.
+// Recomputing S and dP in launch 3 costs two of the backward's five
+// products, and saves an fp32 dQ accumulator and its turn-taking.
+// Launch shapes: 1: four threads a row of [B, T, H, d], 256 a block; 2 and
+// 3: grid (ceil(T / 128), H, B) of 256 threads. Shared memory: launch 2
+// K, V 32 KB + 2 stages of (Q, dO 16 KB, lse and D of 64 queries), 66 KB
+// (74 KB at 72, the tails); launch 3 Q, dO 32 KB + 2 stages of (K, V
+// 16 KB), 64 KB (74 KB); about 190 registers a thread, so one CTA per SM.
+// dQ, dK, dV are written through 3-D tensor maps (rows past T not stored)
+// wherever the caller's operands say (the packed gradient [B, T, 3D] as the
+// common case).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/attention_tiled_fwd_sm90.h"
+
+namespace perftrain::kernels {
+
+// A gradient operand: element (b, t, h, c) at data[(b T + t) row_stride + h d + c].
+struct AttentionGradOperand {
+  __nv_bfloat16* data = nullptr;
+  int64_t row_stride = 0;
+};
+
+// q, k, v and bias as the forward took them; out and d_out [B, T, H, d] bf16
+// (contiguous), lse [B, H, T] fp32 (the forward's), delta a workspace of
+// B H T floats (D, written here); dq, dk, dv written. Throws
+// std::invalid_argument as the forward does.
+void attention_tiled_bwd_sm90(AttentionOperand q, AttentionOperand k, AttentionOperand v,
+                              const AttentionKeyBias& bias, const __nv_bfloat16* out, const __nv_bfloat16* d_out,
+                              const float* lse, float* delta, AttentionGradOperand dq, AttentionGradOperand dk,
+                              AttentionGradOperand dv, int batch, int tokens, int heads, int head_dim, float scale,
+                              cudaStream_t stream);
+
+}  // namespace perftrain::kernels
