@@ -86,6 +86,7 @@ def test_bench_cpu_with_features_and_with_class_tokens():
     """reference_dit.py's bench protocol and JSON, on a tiny model: masked features, then class tokens."""
     keys = {"model", "batch", "mode", "ms_median", "ms_p10", "ms_p90", "images_per_s", "tflops",
             "peak_gib", "first_step_s", "torch_cache", "torch_cache_hits", "torch_cache_misses", "torch", "device",
+            "float8_layers", "torchao",
             "world_size", "rank_ms_median", "images_per_s_total"}
     for flags in (["--cond-tokens", "4", "--cond-dim", "16"], ["--cond-tokens", "2"]):
         r = bench(flags + ["--batch", "3"])
