@@ -65,18 +65,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward(const at::Tensor&
 
 constexpr const char* kStacked = "stacked_linear";
 
-// parts (weights or biases) as the product reads them in dtype, stacked: the
-// copies where given (one per part, each checked; back to back in memory,
-// as DeviceAdamW lays out copies of one shape, they are read in place), else
-// the parts cast.
-at::Tensor stacked_in(const std::vector<at::Tensor>& parts, const std::vector<at::Tensor>& copies,
-                      at::ScalarType dtype, const char* what) {
-  if (copies.empty()) return ops::detail::stacked_weights_in(parts, dtype);
+// UsageError unless copies is empty or one copy of each part in dtype.
+void check_copies(const std::vector<at::Tensor>& parts, const std::vector<at::Tensor>& copies, at::ScalarType dtype,
+                  const char* what) {
+  if (copies.empty()) return;
   if (copies.size() != parts.size())
     throw UsageError(std::string(kStacked) + ": " + what + " has " + std::to_string(copies.size()) +
                      " tensors for " + std::to_string(parts.size()) + " (none, or one per layer)");
   for (size_t i = 0; i < parts.size(); ++i) check_weight_copy(kStacked, what, parts[i], copies[i], dtype);
-  return ops::detail::stacked_rows(copies);
+}
+
+// parts (weights or biases) as the product reads them in dtype, stacked: the
+// copies where given (checked by check_copies; back to back in memory, as
+// DeviceAdamW lays out copies of one shape, they are read in place), else
+// the parts cast.
+at::Tensor stacked_in(const std::vector<at::Tensor>& parts, const std::vector<at::Tensor>& copies,
+                      at::ScalarType dtype) {
+  return copies.empty() ? ops::detail::stacked_weights_in(parts, dtype) : ops::detail::stacked_rows(copies);
 }
 
 // [..., sum N_i] in x's dtype. CUDA: the C++ op's forward; CPU: the fp32
@@ -88,9 +93,11 @@ at::Tensor stacked_linear(const at::Tensor& x, const std::vector<at::Tensor>& we
   const at::NoGradGuard no_grad;
   ops::detail::check_stacked_linear_args(x, weights, biases);
   const at::ScalarType dt = x.scalar_type();
-  const at::Tensor w = stacked_in(weights, weight_copies, dt, "weight_copies");
-  const at::Tensor b = biases.empty() ? at::Tensor() : stacked_in(biases, bias_copies, dt, "bias_copies");
-  if (!x.is_cuda()) return ops::stacked_linear_reference(x, weights, biases).to(dt);
+  check_copies(weights, weight_copies, dt, "weight_copies");
+  check_copies(biases, bias_copies, dt, "bias_copies");
+  if (!x.is_cuda()) return ops::stacked_linear_reference(x, weights, biases).to(dt);  // the copies unread
+  const at::Tensor w = stacked_in(weights, weight_copies, dt);
+  const at::Tensor b = biases.empty() ? at::Tensor() : stacked_in(biases, bias_copies, dt);
   return ops::detail::stacked_linear_forward(x, w, b);
 }
 
@@ -120,7 +127,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> stacked_linear_backward(const at:
     return {g[0], at::cat(dw, 0), db.empty() ? no_grad_slot(grad) : at::cat(db, 0)};
   }
   const c10::DeviceGuard device_guard(x.device());
-  const at::Tensor w = stacked_in(weights, weight_copies, dt, "weight_copies");
+  check_copies(weights, weight_copies, dt, "weight_copies");
+  const at::Tensor w = stacked_in(weights, weight_copies, dt);
   const ops::detail::StackedLinearGrads g = ops::detail::stacked_linear_backward(
       grad, x.contiguous().view({x.numel() / k, k}), w, x.sizes(), dt, /*want_x=*/true,
       weights[0].scalar_type(), biases.empty() ? std::nullopt : std::optional(biases[0].scalar_type()));

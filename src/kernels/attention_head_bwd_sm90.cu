@@ -79,6 +79,9 @@ struct Maps {
   CUtensorMap qkv, o, d_o, dqkv, qkv_t, o_t, d_o_t, dqkv_t;
 };
 
+// One body: the chunk loop, its prologue and the dK/dV epilogue share the
+// barrier phases and the gradients' registers (split, they would be passed
+// through memory).
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_head_bwd_kernel(const __grid_constant__ Maps maps, const float* __restrict__ lse, int heads, float scale) {

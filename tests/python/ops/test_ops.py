@@ -73,6 +73,20 @@ class OpsOnCpu(unittest.TestCase):
                     self.assertEqual(g.dtype, leaf.dtype)
                     torch.testing.assert_close(g.double(), r, atol=1e-4, rtol=1e-4)
 
+    def test_stacked_linear_refuses_copies_that_do_not_match_the_layers(self):
+        """One copy per layer in x's dtype, or none: a count or dtype off is one line naming the argument."""
+        x, ws = torch.randn(3, 8), [torch.randn(5, 8), torch.randn(5, 8)]
+        bad = {"weight_copies": [ws[0].bfloat16()],  # one copy for two layers
+               "bias_copies": [torch.randn(5)]}  # copies without biases
+        for key, value in bad.items():
+            with self.subTest(key=key):
+                with self.assertRaises(RuntimeError) as e:
+                    P.stacked_linear(x, ws, **{key: value})
+                self.assertIn(key, str(e.exception).splitlines()[0])
+        with self.assertRaises(RuntimeError) as e:  # a copy in float64, not x's dtype
+            P.stacked_linear(x, ws, weight_copies=[w.double() for w in ws])
+        self.assertIn("weight_copies", str(e.exception).splitlines()[0])
+
     def test_bfloat16_output_dtype(self):
         x = torch.randn(2, 3, 8)
         shift, scale = torch.randn(2, 8), torch.randn(2, 8)
