@@ -31,6 +31,8 @@
 #   ss-256   SS-B/2 b256, SS-XL/2 b128: 32x32x4 latents (256 image tokens) + 32 features of 1024 channels
 #   ss-1024  SS-B/2 b64, SS-XL/2 b32: 64x64x4 latents (1024 image tokens) + 128 features of 1024 channels
 #   dit-512  DiT-XL/2 b32, DiT-B/2 b64: 64x64x4 latents (512 px, 1024 tokens)
+#   extra    one shape per family outside the list: DiT-L/2 b32 at 512 px (head dim 64, 1024 tokens) and
+#            SS-L/2 b128 with 77 features of 768 channels (a CLIP-like condition: a key mask not a multiple of 64)
 # torch.compile's caches: the machine is fresh on every call, so Inductor's and Triton's caches (perftrain bench
 #   --torch-cache's default folder, TORCH_CACHE below) start empty unless carried: .carry/inductor-cache.tgz,
 #   when present, is unpacked there first; INDUCTOR_CACHE_OUT=1 packs the folder into $OUT/inductor-cache.tgz
@@ -62,7 +64,8 @@ case "${BENCH_SET:-}" in
   ss-256) BENCH_CASES="SS-B/2:256:32:32:1024 SS-XL/2:128:32:32:1024" ;;
   ss-1024) BENCH_CASES="SS-B/2:64:64:128:1024 SS-XL/2:32:64:128:1024" ;;
   dit-512) BENCH_CASES="DiT-XL/2:32:64 DiT-B/2:64:64" ;;
-  *) echo "unknown BENCH_SET=$BENCH_SET (ss-256, ss-1024, dit-512)"; exit 2 ;;
+  extra) BENCH_CASES="DiT-L/2:32:64 SS-L/2:128:32:77:768" ;;
+  *) echo "unknown BENCH_SET=$BENCH_SET (ss-256, ss-1024, dit-512, extra)"; exit 2 ;;
 esac
 [ -n "${BENCH_SET:-}" ] && [ "$MODE" = bench ] && BENCH_ARGS="${BENCH_ARGS---variants all --torch-modes compile,reduce-overhead}"
 JOBS="$(nproc)"
