@@ -13,9 +13,59 @@
 # PART=anchor instead (its own call: two torch.compile runs of DiT-XL/2, minutes each): perftrain bench
 # DiT-XL/2 b256 in fp8 against torchao's float8 training under torch.compile (--torch-modes float8-tensorwise,
 # float8-rowwise; torchao's wheel carried by tools/fill_carry.sh) and reduce-overhead, in one bench.json.
+# PART=quality instead (its own call): issue 39's quality check on Fashion-MNIST. QUALITY_MODEL (default
+# DiT-S/2) for QUALITY_STEPS (2000) in each run of QUALITY_RUNS (default "fp8:0 bf16:0 bf16:1 bf16:2",
+# precision:seed), each evaluated at its last step through the feature network trained first (QUALITY_SAMPLES, 1000:
+# fd_features, class_consistency); then the fp8 seed-0 loss curve against the bf16 seeds' spread
+# (tools/compare_curves.py --refs bf16) and the evaluations side by side (quality-<model>.md). About 5 minutes
+# for DiT-S/2 on an H200; DiT-B/2's four runs take two calls: QUALITY_RUNS splits them, and QUALITY_REFS_DIR
+# (a carried folder of an earlier call's quality-*-metrics.jsonl) brings the first call's runs into the check.
 set -uo pipefail
 mkdir -p "$OUT/fp8"
 STEPS="${FP8_STEPS:-1000}"
+if [ "${PART:-}" = quality ]; then
+  model="${QUALITY_MODEL:-DiT-S/2}"
+  qsteps="${QUALITY_STEPS:-2000}"
+  tag="${model//\//}"
+  feats="$RUNS/fmnist-features.safetensors"
+  mkdir -p "$RUNS"
+  "$BIN" eval --train-features --features "$feats" --data-path "$FMNIST" > "$OUT/fp8/features.log" 2>&1
+  tail -n 3 "$OUT/fp8/features.log"
+  for run in ${QUALITY_RUNS:-fp8:0 bf16:0 bf16:1 bf16:2}; do
+    p="${run%%:*}" seed="${run##*:}"
+    name="quality-$tag-$p-seed$seed"
+    "$BIN" train --data-path "$FMNIST" --model "$model" --steps "$qsteps" --precision "$p" --seed "$seed" \
+      --run-name "$name" --runs-dir "$RUNS" --set log.every=50 --set log.checkpoint_every=0 \
+      --set log.sample_every=0 --set eval.every="$qsteps" --set eval.samples="${QUALITY_SAMPLES:-1000}" --set eval.features="$feats" \
+      > "$OUT/fp8/$name.log" 2>&1
+    echo "$name: rc $?; $(grep -h 'first step done' "$OUT/fp8/$name.log")"
+    cp "$RUNS/$name/metrics.jsonl" "$OUT/fp8/$name-metrics.jsonl" 2>/dev/null
+  done
+  metrics() {  # the metrics file of precision $1, seed $2: this call's, else QUALITY_REFS_DIR's
+    local f="quality-$tag-$1-seed$2-metrics.jsonl"
+    if [ -f "$OUT/fp8/$f" ]; then echo "$OUT/fp8/$f"; else echo "${QUALITY_REFS_DIR:-.}/$f"; fi
+  }
+  "$PY" tools/compare_curves.py --refs bf16 "$(metrics fp8 0)" "$(metrics bf16 0)" "$(metrics bf16 1)" \
+    "$(metrics bf16 2)" | tail -n 4 | tee "$OUT/fp8/quality-$tag-curve.txt"
+  "$PY" - "$(metrics fp8 0)" "$(metrics bf16 0)" "$(metrics bf16 1)" "$(metrics bf16 2)" <<'PYEOF' |
+import json, os, sys
+print("| run | last loss | fd_features | class_consistency | eval s |")
+print("|---|---|---|---|---|")
+for path in sys.argv[1:]:
+    if not os.path.exists(path):
+        print("| %s | missing | | | |" % os.path.basename(path))
+        continue
+    recs = [json.loads(l) for l in open(path) if l.strip()]
+    loss = [r["loss"] for r in recs if "loss" in r]
+    ev = [r for r in recs if "eval" in r]
+    e = ev[-1]["eval"] if ev else {}
+    print("| %s | %s | %s | %s | %s |" % (os.path.basename(path).replace("-metrics.jsonl", ""),
+          "%.5f" % loss[-1] if loss else "", e.get("fd_features", ""), e.get("class_consistency", ""),
+          "%.1f" % ev[-1]["eval_s"] if ev else ""))
+PYEOF
+    tee "$OUT/fp8/quality-$tag.md"
+  exit 0
+fi
 if [ "${PART:-}" = anchor ]; then
   name=bench-DiTXL2-b256-fp8-torchao
   "$BIN" bench --model DiT-XL/2 --batch-size 256 --variants all --precision fp8 --against-torch \

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Is a training run's loss curve within the seed-to-seed spread of reference runs?
 
-    compare_curves.py fast.jsonl ref_seed0.jsonl ref_seed1.jsonl [ref_seed2.jsonl ...]
+    compare_curves.py [--refs NAME] fast.jsonl ref_seed0.jsonl ref_seed1.jsonl [ref_seed2.jsonl ...]
 
-Each file is a run's metrics.jsonl (one {"step", "loss", ...} per logging window).
+Each file is a run's metrics.jsonl (one {"step", "loss", ...} per logging window;
+records without a loss, such as eval.every's, are skipped). NAME says what the
+references are in the verdict (default fp32: the eager fp32 runs of the speed
+check; the fp8 quality check passes bf16).
 The first reference should share the fast run's seed. For every window the band
 is [min(refs) - d, max(refs) + d] with d = max(refs) - min(refs), i.e. the
 references' spread around all of them; the run passes when every window after
@@ -27,12 +30,14 @@ verdict last.
 """
 import itertools
 import json
+import os
 import sys
 
 
 def load(path):
     with open(path) as f:
-        return {r["step"]: r["loss"] for r in (json.loads(line) for line in f if line.strip())}
+        records = (json.loads(line) for line in f if line.strip())
+        return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
 def compare(fast, refs):
@@ -81,9 +86,17 @@ def leave_one_out(fast, refs):
     return ref_counts, fast_counts, len(steps)
 
 
-def main(fast_path, *ref_paths):
-    if len(ref_paths) < 2:
-        print("usage: compare_curves.py fast.jsonl ref_seed0.jsonl ref_seed1.jsonl [more refs]")
+def main(*args):
+    name = "fp32"
+    if len(args) >= 2 and args[0] == "--refs":
+        name, args = args[1], args[2:]
+    if len(args) < 3:
+        print("usage: compare_curves.py [--refs NAME] fast.jsonl ref_seed0.jsonl ref_seed1.jsonl [more refs]")
+        return 2
+    fast_path, ref_paths = args[0], args[1:]
+    missing = [p for p in args if not os.path.exists(p)]
+    if missing:
+        print(f"compare_curves.py: no such file: {', '.join(missing)}")
         return 2
     refs = [load(p) for p in ref_paths]
     fast = load(fast_path)
@@ -96,7 +109,7 @@ def main(fast_path, *ref_paths):
     print("\n".join(lines))
     print(f"mean |fast - ref0| {same_seed:.5f} (same seed); mean |ref_i - ref_j| {seed_gap:.5f} "
           f"({len(refs)} seeds)")
-    strict = f"{inside}/{n} windows within the {len(refs)}-seed fp32 band" + (
+    strict = f"{inside}/{n} windows within the {len(refs)}-seed {name} band" + (
         f", worst excursion {worst:.5f}" if worst else "")
     if inside == n:
         print(f"verdict: PASS: {strict}")
@@ -105,13 +118,13 @@ def main(fast_path, *ref_paths):
         ref_counts, fast_counts, _ = leave_one_out(fast, refs)
         ref_mean = sum(ref_counts) / len(ref_counts)
         fast_mean = sum(fast_counts) / len(fast_counts)
-        print(f"leave-one-out, bands of {len(refs) - 1} fp32 runs: the fp32 runs inside "
+        print(f"leave-one-out, bands of {len(refs) - 1} {name} runs: the {name} runs inside "
               f"{', '.join(map(str, ref_counts))} of {n} windows (mean {ref_mean:.1f}); the fast run inside "
               f"{', '.join(map(str, fast_counts))} (mean {fast_mean:.1f})")
         if fast_mean >= ref_mean:
-            print(f"verdict: PASS (leave-one-out: no more an outlier than an fp32 seed); strict: {strict}")
+            print(f"verdict: PASS (leave-one-out: no more an outlier than one {name} seed); strict: {strict}")
             return 0
-        print(f"verdict: FAIL (leave-one-out: more an outlier than the fp32 seeds); strict: {strict}")
+        print(f"verdict: FAIL (leave-one-out: more an outlier than the {name} seeds); strict: {strict}")
         return 1
     print(f"verdict: FAIL: {strict}")
     return 1

@@ -95,6 +95,28 @@ def test_verdict_passes_leave_one_out_when_the_fast_run_is_no_worse_than_a_seed(
         assert "verdict: FAIL (leave-one-out" in out.getvalue()
 
 
+def test_records_without_a_loss_are_skipped_and_refs_are_named():
+    # eval.every writes {"step", "eval", "eval_s"} into the same metrics.jsonl.
+    with tempfile.TemporaryDirectory() as d:
+        fast = write(d, "fast.jsonl", [3.0, 1.05, 0.5])
+        with open(fast, "a") as f:
+            f.write(json.dumps({"step": 30, "eval": {"fd_features": 1.5}, "eval_s": 9.0}) + "\n")
+        assert cc.load(fast) == curve([3.0, 1.05, 0.5])
+        r0 = write(d, "r0.jsonl", [3.0, 1.0, 0.5])
+        r1 = write(d, "r1.jsonl", [3.1, 1.1, 0.52])
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cc.main("--refs", "bf16", fast, r0, r1) == 0
+        assert "verdict: PASS: 2/2 windows within the 2-seed bf16 band" in out.getvalue()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cc.main("--refs", "bf16", fast, r0) == 2
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cc.main("--refs", "bf16", fast, r0, os.path.join(d, "absent.jsonl")) == 2
+        assert "no such file: " in out.getvalue()
+
+
 if __name__ == "__main__":
     for name, fn in sorted(globals().items()):
         if name.startswith("test_") and callable(fn):
