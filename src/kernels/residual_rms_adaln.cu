@@ -17,8 +17,10 @@ constexpr const char* kName = "residual_rms_adaln";
 // tanh(gate) * post_weight, the same on every row of the block's sample) live
 // across rows, two row arrays (x1hat then yhat, g1 then dx1 then g2) across a
 // row: 6 arrays. Rows up to kNarrowCols take one 8-element vector a thread
-// (48 floats; more threads per row instead), wider ones two (96 floats, near
-// the 128 registers that 512 threads a block allow).
+// (48 floats; more threads per row instead) and their inputs a row ahead (two
+// rows of raw words, 40 registers more, as residual_adaln's bias path does),
+// wider ones two vectors (96 floats, near the 128 registers that 512 threads a
+// block allow).
 constexpr int kNarrowCols = detail::kRowMaxThreads * 8;
 // The forward's budget is detail::rms_forward's (16 scalar items at most).
 static_assert(detail::kRowMaxThreads * 8 * 2 >= kResidualRmsAdaLNMaxCols &&
@@ -81,8 +83,8 @@ void residual_rms_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, 
   const bool read_xhat = xhat != nullptr && (dh != nullptr || sizeof(TA) > 2);
   detail::with_xhat<TA>("residual_rms_adaln_backward", read_xhat, [&](auto xhat_tag) {
     constexpr bool XHAT = decltype(xhat_tag)::value;
-    if (vec8 && cols <= kNarrowCols)
-      launch(detail::row_norm_backward_kernel<Norm::kRms, true, TX, TM, TA, 8, 1, XHAT, false, false>);
+    if (vec8 && cols <= kNarrowCols)  // one vector a thread: the row's inputs loaded a row ahead (EARLY)
+      launch(detail::row_norm_backward_kernel<Norm::kRms, true, TX, TM, TA, 8, 1, XHAT, false, true>);
     else if (vec8)
       launch(detail::row_norm_backward_kernel<Norm::kRms, true, TX, TM, TA, 8, 2, XHAT, false, false>);
     else if (cols <= kNarrowCols)

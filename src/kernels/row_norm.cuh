@@ -348,9 +348,10 @@ __global__ void __launch_bounds__(kRowMaxThreads, N == Norm::kLayer ? 1 : 0)
 //       take no registers across the reduction (unless EARLY).
 //     kRms:   y's norm: g2 = dx1 * tanh(gate) * post_weight, the column sum of dx1 * yhat
 //       and dy = ry * (g2 - yhat * mean(g2 * yhat)); phase 1 only where dh is not null.
-// EARLY (residual kLayer, one vector a thread): the row inputs (xhat or x1, dh, dx1_ext, y)
-// are loaded as raw words one row ahead, so each row costs one memory round trip instead of
-// two and the next row's loads are in flight during this row's block reduction.
+// EARLY (residual, one vector a thread): the row inputs (xhat or x1, dh, dx1_ext, y) are
+// loaded as raw words one row ahead, so each row costs one memory round trip instead of two
+// (kRms: three, with y's after the first row sum) and the next row's loads are in flight
+// during this row's block reductions.
 // Partial planes: the norm's column sums first (kLayer: dh * xhat, dh; kRms: dh * xhat), then
 // the branch's (kLayer: dx1 * y, and dx1 with SUM_DX1; kRms: dx1 * yhat).
 template <Norm N, bool RESIDUAL, typename TX, typename TM, typename TY, int VEC, int ITEMS, bool XHAT, bool SUM_DX1,
@@ -418,20 +419,23 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1)
     float mu, rs;
   };
   RowInputs cur, next;
+  // (kRms residual without dh: the norm's inputs are neither given nor read.)
   auto load_row = [&](int t, RowInputs& in) {
     const int64_t row = int64_t(b) * tokens + t, off = row * cols;
-    in.mu = XHAT ? 0.f : mean[row];
+    in.mu = (N == Norm::kRms || XHAT) ? 0.f : mean[row];
     in.rs = rstd[row];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c = threadIdx.x + i * blockDim.x;
       if (c < nvec) {
-        if constexpr (XHAT) {
-          load_raw<TY, VEC>(xhat + off + int64_t(c) * VEC, in.xh[i]);
-        } else {
-          load_raw<TX, VEC>(x + off + int64_t(c) * VEC, in.xh[i]);
+        if (has_dh) {
+          if constexpr (XHAT) {
+            load_raw<TY, VEC>(xhat + off + int64_t(c) * VEC, in.xh[i]);
+          } else {
+            load_raw<TX, VEC>(x + off + int64_t(c) * VEC, in.xh[i]);
+          }
+          load_raw<TY, VEC>(dh + off + int64_t(c) * VEC, in.d[i]);
         }
-        load_raw<TY, VEC>(dh + off + int64_t(c) * VEC, in.d[i]);
         if (dx1_ext != nullptr) load_raw<TX, VEC>(dx1_ext + off + int64_t(c) * VEC, in.e[i]);
         load_raw<TY, VEC>(y + off + int64_t(c) * VEC, in.y[i]);
       }
@@ -526,13 +530,21 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1)
         const int c = threadIdx.x + i * blockDim.x;
         if (c < nvec) {
           float e[VEC];  // dx1
-          if (dx1_ext != nullptr) load_vec<TX, VEC>(dx1_ext + off + int64_t(c) * VEC, e); else fill(e, 0.f);
+          if constexpr (EARLY) {
+            if (dx1_ext != nullptr) raw_to_float<TX, VEC>(cur.e[i], e); else fill(e, 0.f);
+          } else {
+            if (dx1_ext != nullptr) load_vec<TX, VEC>(dx1_ext + off + int64_t(c) * VEC, e); else fill(e, 0.f);
+          }
           if (has_dh) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) e[j] += K::grad_dx(g[i][j], xh[i][j], rs, mg);
           }
           store_vec<TX, VEC>(dx + off + int64_t(c) * VEC, e);
-          load_vec<TY, VEC>(y + off + int64_t(c) * VEC, xh[i]);
+          if constexpr (EARLY) {
+            raw_to_float<TY, VEC>(cur.y[i], xh[i]);
+          } else {
+            load_vec<TY, VEC>(y + off + int64_t(c) * VEC, xh[i]);
+          }
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             xh[i][j] = R::normalise(xh[i][j], 0.f, ry);  // yhat
@@ -543,6 +555,7 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1)
       row_sum<1>(s2, smem);
       const float mg2[1] = {s2[0] * inv_cols};
       store_grad_dx<Norm::kRms>(dy + off, g, xh, ry, mg2, nvec);
+      if constexpr (EARLY) cur = next;
     }
   }
 
@@ -654,9 +667,10 @@ template <int VEC> constexpr int layer_bwd_items() { return VEC == 8 ? 2 : 16; }
 
 // The kRms ops' forward, rms_adaln (RESIDUAL false: gate, y, post_weight, x1 and y_rstd
 // null) and residual_rms_adaln: the sizes, the vector width and the launch. Both take the
-// same register budget: a warp per row up to 1536 columns (the fewest registers that cover
-// the row: 2 vectors a lane up to 512, 6 up to 1536), a block per row of 2 vectors a thread
-// beyond, and 16 elements a thread unvectorised.
+// same register budget: a warp per row up to 1536 columns with the fewest vectors a lane
+// that cover the row (2 up to 512 columns, then 3, 4, 5, 6 by 256: fewer registers, more
+// rows in flight per SM, as residual_adaln's forward measured), a block per row of 2
+// vectors a thread beyond, and 16 elements a thread unvectorised.
 template <bool RESIDUAL, typename TX, typename TM, typename TY>
 void rms_forward(const char* what, int max_cols, const TX* x, const TM* gate, int64_t gate_stride, const TY* y,
                  const float* post_weight, const float* weight, const TM* scale, int64_t scale_stride, TX* x1, TY* h,
@@ -673,12 +687,18 @@ void rms_forward(const char* what, int max_cols, const TX* x, const TM* gate, in
                                            scale_stride, x1, h, y_rstd, nullptr, rstd, xhat, rows, tokens, cols, eps);
     PERFTRAIN_LAUNCH_CHECK();
   };
-  if (vec8 && cols > 8 * 2 * 32 && cols <= 8 * 6 * 32)
-    launch(row_norm_forward_kernel<Norm::kRms, RESIDUAL, false, TX, TM, TY, 8, 6>, 8, 6);
-  else if (vec8)
-    launch(row_norm_forward_kernel<Norm::kRms, RESIDUAL, false, TX, TM, TY, 8, 2>, 8, 2);
-  else
+  if (!vec8)
     launch(row_norm_forward_kernel<Norm::kRms, RESIDUAL, false, TX, TM, TY, 1, 16>, 1, 16);
+  else if (cols <= 8 * 2 * 32 || cols > 8 * 6 * 32)
+    launch(row_norm_forward_kernel<Norm::kRms, RESIDUAL, false, TX, TM, TY, 8, 2>, 8, 2);
+  else if (cols <= 8 * 3 * 32)
+    launch(row_norm_forward_kernel<Norm::kRms, RESIDUAL, false, TX, TM, TY, 8, 3>, 8, 3);
+  else if (cols <= 8 * 4 * 32)
+    launch(row_norm_forward_kernel<Norm::kRms, RESIDUAL, false, TX, TM, TY, 8, 4>, 8, 4);
+  else if (cols <= 8 * 5 * 32)
+    launch(row_norm_forward_kernel<Norm::kRms, RESIDUAL, false, TX, TM, TY, 8, 5>, 8, 5);
+  else
+    launch(row_norm_forward_kernel<Norm::kRms, RESIDUAL, false, TX, TM, TY, 8, 6>, 8, 6);
 }
 
 // Tiles per sample by waves (wave_row_tiles) of the blocks of `threads` that an SM holds
