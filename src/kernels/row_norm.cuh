@@ -350,8 +350,8 @@ __global__ void __launch_bounds__(kRowMaxThreads, N == Norm::kLayer ? 1 : 0)
 //       and dy = ry * (g2 - yhat * mean(g2 * yhat)); phase 1 only where dh is not null.
 // EARLY (residual, one vector a thread): the row inputs (xhat or x1, dh, dx1_ext, y) are
 // loaded as raw words one row ahead, so each row costs one memory round trip instead of two
-// (kRms: three, with y's after the first row sum) and the next row's loads are in flight
-// during this row's block reductions.
+// (kRms too: its dx1_ext and y were read after the first row sum) and the next row's loads
+// are in flight during this row's block reductions.
 // Partial planes: the norm's column sums first (kLayer: dh * xhat, dh; kRms: dh * xhat), then
 // the branch's (kLayer: dx1 * y, and dx1 with SUM_DX1; kRms: dx1 * yhat).
 template <Norm N, bool RESIDUAL, typename TX, typename TM, typename TY, int VEC, int ITEMS, bool XHAT, bool SUM_DX1,
