@@ -8,8 +8,11 @@
 
 namespace perftrain::models {
 
-Fp8States::Fp8States(int64_t history_len) : history_len_(history_len) {
+Fp8States::Fp8States(int64_t history_len, int margin) : history_len_(history_len), margin_(margin) {
   ops::make_fp8_linear_scaling(history_len, at::kCPU);  // checks the length once, here
+  if (margin < 0 || margin > kFp8MaxMargin)
+    throw UsageError("fp8: the scaling margin must be in [0, " + std::to_string(kFp8MaxMargin) + "], got " +
+                     std::to_string(margin));
 }
 
 const ops::Fp8Scaling& Fp8States::state(const std::string& name, const at::Device& device) {
@@ -34,10 +37,10 @@ const ops::Fp8Scaling& Fp8States::state(const std::string& name, const at::Devic
   return states_.emplace(name, std::move(s)).first->second;
 }
 
-void Fp8States::update(int margin) const {
+void Fp8States::update() const {
   std::vector<const ops::Fp8Scaling*> all;
   for (const auto& [name, s] : states_) all.push_back(&s);
-  ops::fp8_scaling_update(all, margin);
+  ops::fp8_scaling_update(all, margin_);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Fp8States::named_tensors() const {
@@ -56,7 +59,7 @@ void Fp8States::load(const std::vector<std::pair<std::string, at::Tensor>>& tens
       const int64_t h = int64_t(t.item<double>());
       if (h != history_len_)
         throw UsageError("fp8: the checkpoint's amax history has " + std::to_string(h) + " entries, this run " +
-                         std::to_string(history_len_));
+                         std::to_string(history_len_) + " (resume with the same amax history length)");
       continue;
     }
     const size_t dot = full.rfind('.');

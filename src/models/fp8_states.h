@@ -22,10 +22,18 @@
 
 namespace perftrain::models {
 
+// The largest power-of-two headroom a scaling update takes (2^16: far past
+// any use; TransformerEngine's margin is 0 by default).
+constexpr int kFp8MaxMargin = 16;
+
 class Fp8States {
  public:
-  // history_len: the amax history of every state (ops::make_fp8_scaling's bounds).
-  explicit Fp8States(int64_t history_len);
+  // history_len: the amax history of every state (ops::make_fp8_scaling's
+  // bounds); margin: the scales' power-of-two headroom at each update (0..16).
+  // Bad values: UsageError.
+  explicit Fp8States(int64_t history_len, int margin = 0);
+  int64_t history_len() const { return history_len_; }
+  int margin() const { return margin_; }
 
   // The state of `name` on `device`: made on first use (from load()'s tensors
   // where it gave them). After freeze(), an unknown name is a RuntimeError
@@ -39,9 +47,9 @@ class Fp8States {
 
   // Every state, by name in sorted order.
   const std::map<std::string, ops::Fp8Scaling>& states() const { return states_; }
-  // One step's scaling update of every state (ops::fp8_scaling_update: one
-  // launch per 512 slots on CUDA), between steps.
-  void update(int margin) const;
+  // One step's scaling update of every state with the table's margin
+  // (ops::fp8_scaling_update: one launch per 512 slots on CUDA), between steps.
+  void update() const;
 
   // "<name>.<tensor>" for every state's named_tensors() (loaded ones not yet
   // used too), plus "history_len" (a scalar): what a checkpoint keeps.
@@ -54,6 +62,7 @@ class Fp8States {
 
  private:
   int64_t history_len_;
+  int margin_;
   bool frozen_ = false;
   std::map<std::string, ops::Fp8Scaling> states_;
   std::map<std::string, std::map<std::string, at::Tensor>> loaded_;  // name -> tensor -> value

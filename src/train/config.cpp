@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "base/text.h"
 #include "data/dataset.h"
+#include "models/fp8_states.h"
 #include "train/memory_estimate.h"
 
 namespace perftrain::train {
@@ -86,6 +87,8 @@ std::vector<Key> keys(TrainConfig& c) {
       {"train", "seed", &c.optim.seed},
       {"train", "device", &c.optim.device, {"auto", "cpu", "cuda"}},
       {"train", "precision", &c.optim.precision, {"auto", "bf16", "fp16", "fp32", "fp8"}},
+      {"train", "fp8_amax_history", &c.optim.fp8_amax_history, {}, 1, kernels::kFp8MaxHistory},
+      {"train", "fp8_margin", &c.optim.fp8_margin, {}, 0, models::kFp8MaxMargin},
       {"diffusion", "objective", &c.diffusion.objective, {"ddpm", "flow"}},
       {"diffusion", "time_sampling", &c.diffusion.time_sampling, {"uniform", "logit-normal"}},
       {"diffusion", "sample_steps", &c.diffusion.sample_steps},

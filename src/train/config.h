@@ -52,6 +52,10 @@ struct OptimConfig {
   // auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32 | fp8 (the blocks'
   // big linears as fp8 products, bf16 autocast elsewhere on CUDA, fp32 on the CPU)
   std::string precision = "auto";
+  // fp8's delayed scaling: the steps of amax each scale is taken from, and
+  // the power-of-two headroom below fp8's largest value (models/fp8_states.h).
+  int64_t fp8_amax_history = 16;  // a few dozen steps' spikes are seen
+  int64_t fp8_margin = 0;
 };
 
 // How a step runs on the GPU (docs/guide/speed.md): each key is a choice a

@@ -17,7 +17,7 @@ std::unique_ptr<models::Fp8States> fp8_states_for(const models::DiffusionModel& 
                      "speed.fused_kernels on and speed.recompute off");
   if (multi_process)
     throw UsageError("train.precision = fp8 runs in one process for now (the ranks' amax are not reduced)");
-  auto states = std::make_unique<models::Fp8States>(kFp8History);
+  auto states = std::make_unique<models::Fp8States>(cfg.optim.fp8_amax_history, int(cfg.optim.fp8_margin));
   exec.fused_kernels = true;
   exec.recompute = false;
   exec.fp8 = states.get();
@@ -35,7 +35,8 @@ void fp8_states_made(models::Fp8States& states) {
 
 std::string describe_fp8(const models::Fp8States& states) {
   std::string out = "fp8 products in " + std::to_string(states.states().size()) +
-                    " linears (delayed scaling, amax history " + std::to_string(kFp8History) + ")";
+                    " linears (delayed scaling, amax history " + std::to_string(states.history_len()) + ", margin " +
+                    std::to_string(states.margin()) + ")";
   const auto& fb = states.fallbacks();
   if (fb.empty()) return out;
   out += "; " + std::to_string(fb.size()) + " ran bf16 (shapes not multiples of 16):";

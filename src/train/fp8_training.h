@@ -18,11 +18,10 @@
 
 namespace perftrain::train {
 
-constexpr int64_t kFp8History = 16;  // amax history of every state (a few dozen steps' spikes are seen)
-constexpr int kFp8Margin = 0;        // no power-of-two headroom beyond the history's max
 constexpr const char* kFp8Prefix = "fp8.";
 
-// The table for an fp8 run of `model`, pointed to by exec (whose
+// The table for an fp8 run of `model` (train.fp8_amax_history,
+// train.fp8_margin), pointed to by exec (whose
 // fused_kernels it turns on: on the CPU the fused schedule runs on the ops'
 // references). UsageError naming train.precision for a model without a fused
 // schedule, with speed.recompute, or in a multi-process run.
@@ -34,7 +33,7 @@ std::unique_ptr<models::Fp8States> fp8_states_for(const models::DiffusionModel& 
 // UsageError naming it.
 void fp8_states_made(models::Fp8States& states);
 
-// "fp8 products in 24 linears (delayed scaling, amax history 16); 2 ran bf16
+// "fp8 products in 24 linears (delayed scaling, amax history 16, margin 0); 2 ran bf16
 // (shapes not multiples of 16): blocks.0.attn.qkv, ..."
 std::string describe_fp8(const models::Fp8States& states);
 

@@ -270,7 +270,7 @@ struct StepRunner::Impl {
     average_gradients();
     if (fp8) {  // the next step's scales from this step's amax: after backward, before the optimizer
       PERFTRAIN_SCOPE("fp8_scaling");
-      fp8->update(kFp8Margin);
+      fp8->update();
     }
     update(step.loss);
     at::NoGradGuard no_grad;

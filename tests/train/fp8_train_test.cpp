@@ -222,6 +222,54 @@ TEST(Fp8Resume, ACheckpointResumedAcrossPrecisionsIsAUsageError) {
   }
 }
 
+// train.fp8_amax_history and train.fp8_margin: validated, carried into the
+// table (its length in the checkpoint, the margin in the scales: one more
+// power of two of headroom halves every scale the update sets), and a resume
+// with another history length is one line, nothing trained.
+TEST(Fp8Scaling, HistoryLengthAndMarginAreKeysOfTheRun) {
+  for (const char* bad : {"train.fp8_amax_history=0", "train.fp8_amax_history=1025", "train.fp8_margin=-1",
+                          "train.fp8_margin=17"}) {
+    const std::string msg = error_of<UsageError>([&] {
+      TrainConfig c = tiny("dit");
+      apply_override(c, bad);
+      c.validate();
+    });
+    EXPECT_TRUE(contains(msg, std::string(bad).substr(0, std::string(bad).find('=')))) << msg;
+  }
+  std::map<int, std::map<std::string, ops::Fp8Scaling>> by_margin;
+  for (int margin : {0, 1}) {
+    TrainConfig c = with(tiny("dit"), {"train.precision=fp8", "train.fp8_amax_history=4",
+                                       "train.fp8_margin=" + std::to_string(margin)});
+    by_margin[margin] = train_steps(c, "fp8", 1).states;
+    for (const auto& [name, st] : by_margin[margin]) EXPECT_EQ(st.history_len(), 4) << name;
+  }
+  // The first step is the same in both runs (every scale 1 until the first
+  // update), so the update's scales differ by exactly 2x where it set them.
+  ASSERT_EQ(by_margin[0].size(), by_margin[1].size());
+  int set = 0;
+  for (const auto& [name, s0] : by_margin[0]) {
+    const at::Tensor a = s0.scale, b = by_margin[1].at(name).scale;
+    for (int64_t i = 0; i < a.size(0); ++i) {
+      if (a[i].item<float>() == 1.f) continue;  // kept (a zero amax: an underflow event)
+      EXPECT_EQ(b[i].item<float>(), a[i].item<float>() / 2) << name << " slot " << i;
+      ++set;
+    }
+  }
+  EXPECT_GT(set, 8);
+
+  TempDir tmp;
+  std::ostringstream log;
+  TrainConfig first = with(tiny_run(tmp.path(), "h4", 3, "fp8"), {"train.fp8_amax_history=4"});
+  run_training(first, {}, log);
+  TrainOptions opts;
+  opts.resume = tmp.path() + "/h4";
+  TrainConfig longer = with(tiny_run(tmp.path(), "h4", 6, "fp8"), {"train.fp8_amax_history=8"});
+  const std::string msg = error_of<UsageError>([&] { run_training(longer, opts, log); });
+  EXPECT_TRUE(contains(msg, "amax history has 4 entries, this run 8")) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  EXPECT_EQ(metrics_lines(tmp.path() + "/h4").back()["step"].get<int64_t>(), 3);
+}
+
 // The monitor's step carries every fp8 linear's scales and event counts:
 // metrics.jsonl's "fp8" and TensorBoard's fp8_* scalars. The zero-initialised
 // gates make the first steps' output gradients of attn.proj and mlp.fc2
@@ -263,12 +311,12 @@ TEST(Fp8Monitor, MetricsCarryTheScalingHealthPerLayer) {
 // Layers that ran ops::linear (on CUDA, shapes not multiples of 16) are
 // named in the line the log and the report's precision row give.
 TEST(Fp8Report, NamesTheLayersThatRanBf16) {
-  models::Fp8States states(kFp8History);
+  models::Fp8States states(16);
   states.state("blocks.0.attn.qkv", at::kCPU);
   states.note_fallback("blocks.1.mlp.fc2");
   states.note_fallback("blocks.0.mlp.fc2");
   EXPECT_EQ(describe_fp8(states),
-            "fp8 products in 1 linears (delayed scaling, amax history 16); 2 ran bf16 (shapes not multiples of 16): "
+            "fp8 products in 1 linears (delayed scaling, amax history 16, margin 0); 2 ran bf16 (shapes not multiples of 16): "
             "blocks.0.mlp.fc2, blocks.1.mlp.fc2");
 
   TempDir tmp;
