@@ -64,7 +64,7 @@ AdaLNLayerNormForward adaln_layernorm_forward_cuda(const at::Tensor& x_in, const
   const std::vector<at::Tensor> mod = per_sample_rows({shift_in, scale_in});
   const at::Tensor &shift = mod[0], &scale = mod[1];
   RowNormTensors t = row_norm_tensors(x_in, at::Tensor(), out_dtype, /*keep_xhat=*/false, /*stat=*/true);
-  const FusedFp8Output q = fused_fp8_output(fp8, t, out_dtype);
+  const FusedFp8Output q = fused_fp8_output(fp8, t, out_dtype, kOp);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   with_kernel_types(kOp, t.x.scalar_type(), shift.scalar_type(), out_dtype, [&](auto tx, auto tm, auto ty) {
     using TX = kernel_type<decltype(tx)>;
