@@ -89,8 +89,9 @@ at::Tensor block_linear(const Fp8Block& f, const char* layer, const ops::Fp8Oper
 }
 
 std::optional<ops::Fp8Target> block_linear_target(const Fp8Block& f, const char* layer, const at::Tensor& x,
-                                                  const at::Tensor& weight) {
-  if (f.states == nullptr || !f.states->fused_casts() || !ops::fp8_linear_supported(x, weight)) return std::nullopt;
+                                                  int64_t out_features) {
+  if (f.states == nullptr || !f.states->fused_casts() || !ops::fp8_linear_supported(x, out_features))
+    return std::nullopt;
   return ops::fp8_linear_input_target(f.states->state(f.key + "." + layer, x.device()));
 }
 

@@ -86,10 +86,11 @@ at::Tensor block_linear(const Fp8Block& f, const char* layer, const ops::Fp8Oper
                         const at::Tensor& bias = at::Tensor());
 
 // Where the kernel that makes the input x of `layer` (a norm; x of its shape
-// and dtype) writes its E4M3 codes: the x slot of the layer's state, where
-// block_linear will run the layer in fp8 and the table's casts are fused;
-// else none (the producer writes x, and block_linear casts it as before).
+// and dtype; out_features: the layer's weight rows) writes its E4M3 codes:
+// the x slot of the layer's state, where block_linear will run the layer in
+// fp8 and the table's casts are fused; else none (the producer writes x, and
+// block_linear casts it as before).
 std::optional<ops::Fp8Target> block_linear_target(const Fp8Block& f, const char* layer, const at::Tensor& x,
-                                                  const at::Tensor& weight);
+                                                  int64_t out_features);
 
 }  // namespace perftrain::models

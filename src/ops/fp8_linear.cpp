@@ -149,8 +149,12 @@ Fp8Scaling make_fp8_linear_scaling(int64_t history_len, const at::Device& device
 }
 
 bool fp8_linear_supported(const at::Tensor& x, const at::Tensor& weight) {
+  return fp8_linear_supported(x, weight.size(0));
+}
+
+bool fp8_linear_supported(const at::Tensor& x, int64_t n) {
   if (!x.is_cuda()) return true;
-  return detail::leading_rows(x) % 16 == 0 && x.size(-1) % 16 == 0 && weight.size(0) % 16 == 0;
+  return detail::leading_rows(x) % 16 == 0 && x.size(-1) % 16 == 0 && n % 16 == 0;
 }
 
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state) {

@@ -51,6 +51,8 @@ Fp8Target fp8_linear_input_target(const Fp8Scaling& state);
 // Whether fp8_linear runs x's shape: any on the CPU; on CUDA M (the rows of
 // x), K and N multiples of 16.
 bool fp8_linear_supported(const at::Tensor& x, const at::Tensor& weight);
+// The same for a weight of n rows (output features).
+bool fp8_linear_supported(const at::Tensor& x, int64_t n);
 
 // The fp32 references, with the state's current scales (its amax untouched):
 // y = dq(q(x)) dq(q(W))^T + b, and the three gradients from dY as above.

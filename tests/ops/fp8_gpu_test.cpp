@@ -32,6 +32,8 @@
 #include "ops/adaln_layernorm.h"
 #include "ops/fp8_linear.h"
 #include "ops/residual_adaln.h"
+#include "ops/residual_rms_adaln.h"
+#include "ops/rms_adaln.h"
 #include "support/tensor_checks.h"
 
 namespace perftrain::ops {
@@ -351,15 +353,22 @@ TEST(Fp8Gpu, NormCodesAreTheCastOfTheirOutputBitForBit) {
     const at::Tensor x = rnd({4, 64, d}, g, at::kFloat, 2.0, 0.3), y = rnd({4, 64, d}, g, at::kBFloat16, 1.5, 0.0);
     const at::Tensor mod = rnd({4, 3, d}, g, at::kFloat, 0.5, 0.0).to(at::kBFloat16), bias = rnd({d}, g, at::kFloat, 0.5, 0.0);
     const at::Tensor gate = mod.select(1, 0), shift = mod.select(1, 1), scale = mod.select(1, 2);
-    for (int which = 0; which < 2; ++which) {
-      const std::string what = std::to_string(d) + (which == 0 ? " adaln_layernorm" : " residual_adaln");
+    const at::Tensor w = rnd({d}, g, at::kFloat, 0.3, 1.0);
+    const char* names[] = {" adaln_layernorm", " residual_adaln", " rms_adaln", " residual_rms_adaln"};
+    for (int which = 0; which < 4; ++which) {
+      const std::string what = std::to_string(d) + names[which];
       const Fp8Scaling fused = make_fp8_linear_scaling(4, kCuda), plain = make_fp8_linear_scaling(4, kCuda);
       for (const Fp8Scaling* s : {&fused, &plain}) s->scale[kFp8X].fill_(150.f);  // some of h saturates
       const Fp8Target t = fp8_linear_input_target(fused), p = fp8_linear_input_target(plain);
-      const Fp8Operand op = which == 0 ? adaln_layernorm_fp8(x, shift, scale, at::kBFloat16, t)
-                                       : residual_adaln_fp8(x, gate, y, shift, scale, at::kBFloat16, t, 1e-6, bias).second;
-      const at::Tensor h = which == 0 ? adaln_layernorm(x, shift, scale, at::kBFloat16)
-                                      : residual_adaln(x, gate, y, shift, scale, at::kBFloat16, 1e-6, bias).second;
+      const Fp8Operand op =
+          which == 0   ? adaln_layernorm_fp8(x, shift, scale, at::kBFloat16, t)
+          : which == 1 ? residual_adaln_fp8(x, gate, y, shift, scale, at::kBFloat16, t, 1e-6, bias).second
+          : which == 2 ? rms_adaln_fp8(x, w, scale, at::kBFloat16, t)
+                       : residual_rms_adaln_fp8(x, gate, y, bias, w, scale, at::kBFloat16, t).second;
+      const at::Tensor h = which == 0   ? adaln_layernorm(x, shift, scale, at::kBFloat16)
+                           : which == 1 ? residual_adaln(x, gate, y, shift, scale, at::kBFloat16, 1e-6, bias).second
+                           : which == 2 ? rms_adaln(x, w, scale, at::kBFloat16)
+                                        : residual_rms_adaln(x, gate, y, bias, w, scale, at::kBFloat16).second;
       const Fp8Casts want = fp8_cast_transpose(h.reshape({-1, d}), p.scale, p.amax, Fp8Format::kE4M3);
       EXPECT_TRUE(same_codes(op.codes, want.q, Fp8Format::kE4M3)) << what;
       EXPECT_TRUE(same_floats(fused.amax, plain.amax)) << what;

@@ -1,6 +1,6 @@
 // The norms handing their outputs to fp8 linears as codes (ops/fp8_cast.h,
-// Fp8Operand), on the CPU: adaln_layernorm_fp8 and residual_adaln_fp8 give
-// the bytes and amax of fp8_cast of the unfused norm's h; fp8_linear on such
+// Fp8Operand), on the CPU: adaln_layernorm_fp8, residual_adaln_fp8,
+// rms_adaln_fp8 and residual_rms_adaln_fp8 give the bytes and amax of fp8_cast of the unfused norm's h; fp8_linear on such
 // an operand gives the y, the gradients (x's back through the norm, the
 // weight's from the transposed codes) and the state of fp8_linear on h;
 // fp8_transpose is the transpose; codes of the wrong shape or format raise
@@ -21,6 +21,8 @@
 #include "ops/fp8_cast.h"
 #include "ops/fp8_linear.h"
 #include "ops/residual_adaln.h"
+#include "ops/residual_rms_adaln.h"
+#include "ops/rms_adaln.h"
 
 namespace perftrain::ops {
 namespace {
@@ -45,12 +47,17 @@ TEST(Fp8Operand, NormsWriteTheCodesAndAmaxOfTheCastOfH) {
   const at::Tensor gate = mod.select(1, 0), shift = mod.select(1, 1), scale = mod.select(1, 2);
   const at::Tensor h1 = adaln_layernorm(x, shift, scale, at::kBFloat16);
   const at::Tensor h2 = residual_adaln(x, gate, y, shift, scale, at::kBFloat16, 1e-6, bias).second;
-  for (int which = 0; which < 2; ++which) {
-    const at::Tensor h = which == 0 ? h1 : h2;
+  const at::Tensor w = at::randn({24}) * 0.3 + 1;
+  const at::Tensor h3 = rms_adaln(x, w, scale, at::kBFloat16);
+  const at::Tensor h4 = residual_rms_adaln(x, gate, y, bias, w, scale, at::kBFloat16).second;
+  for (int which = 0; which < 4; ++which) {
+    const at::Tensor h = which == 0 ? h1 : which == 1 ? h2 : which == 2 ? h3 : h4;
     const Fp8Scaling fused = state_with_scales(), plain = state_with_scales();
     const Fp8Target t = fp8_linear_input_target(fused);
-    const Fp8Operand op = which == 0 ? adaln_layernorm_fp8(x, shift, scale, at::kBFloat16, t)
-                                     : residual_adaln_fp8(x, gate, y, shift, scale, at::kBFloat16, t, 1e-6, bias).second;
+    const Fp8Operand op = which == 0   ? adaln_layernorm_fp8(x, shift, scale, at::kBFloat16, t)
+                          : which == 1 ? residual_adaln_fp8(x, gate, y, shift, scale, at::kBFloat16, t, 1e-6, bias).second
+                          : which == 2 ? rms_adaln_fp8(x, w, scale, at::kBFloat16, t)
+                                       : residual_rms_adaln_fp8(x, gate, y, bias, w, scale, at::kBFloat16, t).second;
     const Fp8Target p = fp8_linear_input_target(plain);
     const at::Tensor want = fp8_cast(h.reshape({-1, 24}), p.scale, p.amax, Fp8Format::kE4M3);
     ASSERT_EQ(op.codes.sizes(), want.sizes());

@@ -147,10 +147,12 @@ TEST_P(Fp8FamilyTest, TrainsOnTheCpuWithItsScalingStatesMoving) {
 }
 
 // The norms' fused casts (the codes written by adaln_layernorm and
-// residual_adaln for attn.qkv and mlp.fc1) train exactly as the casts inside
-// fp8_linear do: the same losses and the same scaling state, bit for bit.
-TEST(Fp8FusedCasts, TrainAsTheLinearsOwnCasts) {
-  const TrainConfig c = tiny("dit");
+// residual_adaln for DiT's attn.qkv and mlp.fc1, by rms_adaln and
+// residual_rms_adaln for the single-stream attn.qkv and ffn.gate_up) train
+// exactly as the casts inside fp8_linear do: the same losses and the same
+// scaling states, bit for bit.
+TEST_P(Fp8FamilyTest, FusedCastsTrainAsTheLinearsOwnCasts) {
+  const TrainConfig c = tiny(GetParam());
   const Trained fused = train_steps(c, "fp8", 4, true);
   const Trained plain = train_steps(c, "fp8", 4, false);
   EXPECT_EQ(fused.losses, plain.losses);

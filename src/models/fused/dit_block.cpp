@@ -50,7 +50,7 @@ std::pair<at::Tensor, at::Tensor> add_with_norm(const GatedResidual& r, const at
 
 ops::Fp8Operand open_linear_norm(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
                                  at::ScalarType act, const Fp8Block& f, const char* layer, const at::Tensor& weight) {
-  if (const auto target = block_linear_target(f, layer, x, weight))
+  if (const auto target = block_linear_target(f, layer, x, weight.size(0)))
     return ops::adaln_layernorm_fp8(x, shift, scale, act, *target);
   return {ops::adaln_layernorm(x, shift, scale, act), at::Tensor()};
 }
@@ -59,7 +59,7 @@ std::pair<at::Tensor, ops::Fp8Operand> add_with_linear_norm(const GatedResidual&
                                                             const at::Tensor& scale, at::ScalarType act,
                                                             const Fp8Block& f, const char* layer,
                                                             const at::Tensor& weight) {
-  if (const auto target = block_linear_target(f, layer, r.x, weight))
+  if (const auto target = block_linear_target(f, layer, r.x, weight.size(0)))
     return ops::residual_adaln_fp8(r.x, r.gate, r.y, shift, scale, act, *target, 1e-6, r.bias);
   auto [x1, h] = add_with_norm(r, shift, scale, act);
   return {std::move(x1), ops::Fp8Operand{std::move(h), at::Tensor()}};
