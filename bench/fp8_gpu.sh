@@ -11,7 +11,7 @@
 #  3. perftrain bench DiT-B/2 b256 and DiT-XL/2 b256, variant all, bf16 then fp8: step time and images/s side
 #     by side (bench-*.md/json), the fp8 one profiled (--profile: "fp8 casts and scaling" as a kind).
 # PART=fused instead (about 2 minutes): only the fp8 tests (the norms' fused codes among them: Fp8Gpu.Norm*,
-# Fp8Gpu.LinearOnNormCodes*, Fp8Operand.*, Fp8FusedCasts.*) and perftrain bench DiT-XL/2 b256 in fp8, profiled
+# Fp8Gpu.LinearOnNormCodes*, Fp8Operand.*, Families/Fp8FamilyTest.FusedCasts*) and perftrain bench DiT-XL/2 b256 in fp8, profiled
 # (the casts' share under "fp8 casts and scaling": attn.qkv's and mlp.fc1's x casts are gone from it).
 # PART=anchor instead (its own call: two torch.compile runs of DiT-XL/2, minutes each): perftrain bench
 # DiT-XL/2 b256 in fp8 against torchao's float8 training under torch.compile (--torch-modes float8-tensorwise,
