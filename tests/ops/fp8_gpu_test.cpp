@@ -397,6 +397,7 @@ TEST(Fp8Gpu, LinearOnNormCodesMatchesTheLinearOnH) {
     grads.push_back(s.amax.clone());
     return grads;
   };
+  run(false);  // a first call settles any product tuning, so both runs below get the same algorithms
   const auto fused = run(true), plain = run(false);
   const char* names[] = {"y", "dx", "dmod", "dW", "amax"};
   for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(at::equal(fused[i], plain[i])) << names[i];
