@@ -42,8 +42,8 @@ void check_adaln_layernorm_args(const at::Tensor& x, const at::Tensor& shift, co
 // The CUDA pieces of the autograd function on their own, what it and the
 // Python op (python/csrc/ops_norm.cpp) run. Forward: h, and what the backward
 // reads (inputs checked as above): x made dense, scale as the kernels read it (per_sample_rows of shift
-// and scale: one kernel type), the per-row fp32 mean and rstd [B*T]. With fp8 (a 16-bit
-// out_dtype): h's codes [B*T, D] for it (fused_fp8_output), and h the stand-in.
+// and scale: one kernel type), the per-row fp32 mean and rstd [B*T]. With fp8
+// (fused_fp8_output): h's codes [B*T, D] for it, and h the stand-in.
 struct AdaLNLayerNormForward {
   at::Tensor h, x, scale, mean, rstd, codes;
 };
