@@ -10,6 +10,10 @@
 #     monitored steps) and which layers ran bf16 (its log);
 #  3. perftrain bench DiT-B/2 b256 and DiT-XL/2 b256, variant all, bf16 then fp8: step time and images/s side
 #     by side (bench-*.md/json), the fp8 one profiled (--profile: "fp8 casts and scaling" as a kind).
+# PART=fused instead (about 3 minutes): only the fp8 tests (the norms' fused codes among them: Fp8Gpu.Norm*,
+# Fp8Gpu.LinearOnNormCodes*, Fp8Operand.*, Families/Fp8FamilyTest.FusedCasts*) and perftrain bench DiT-XL/2 b256 in fp8, profiled
+# (the casts' share under "fp8 casts and scaling": attn.qkv's and mlp.fc1's x casts are gone from it), after
+# fp8_gemm_bench's qkv and fc1 shapes (its "X from its norm" line: the unfused and fused ms).
 # PART=anchor instead (its own call: two torch.compile runs of DiT-XL/2, minutes each): perftrain bench
 # DiT-XL/2 b256 in fp8 against torchao's float8 training under torch.compile (--torch-modes float8-tensorwise,
 # float8-rowwise; torchao's wheel carried by tools/fill_carry.sh) and reduce-overhead, in one bench.json.
@@ -72,6 +76,17 @@ if [ "${PART:-}" = anchor ]; then
     --torch-modes float8-tensorwise,float8-rowwise,reduce-overhead --out "$RUNS/$name" 2>&1 | tail -n 16 |
     tee "$OUT/fp8/$name.log"
   cp "$RUNS/$name/bench.md" "$RUNS/$name/bench.json" "$OUT/fp8/" 2>/dev/null
+  exit 0
+fi
+if [ "${PART:-}" = fused ]; then
+  ctest --test-dir build-gpu -R 'Fp8' --output-on-failure 2>&1 | tail -n 30 | tee "$OUT/fp8/tests.log"
+  # X of qkv and fc1 from its norm: bf16 h + cast-transpose against the norm's codes + fp8_transpose.
+  ./build-gpu/bench/kernels/fp8_gemm_bench 65536 1152 3456 65536 1152 4608 2>&1 | tee "$OUT/fp8/fp8_gemm_bench.log"
+  name=bench-DiTXL2-b256-fp8-fused
+  "$BIN" bench --model DiT-XL/2 --batch-size 256 --variants all --precision fp8 --out "$RUNS/$name" --profile all \
+    2>&1 | tail -n 12 | tee "$OUT/fp8/$name.log"
+  cp "$RUNS/$name/bench.md" "$RUNS/$name/bench.json" "$OUT/fp8/" 2>/dev/null
+  cp "$RUNS/$name"/*profile*.md "$OUT/fp8/" 2>/dev/null
   exit 0
 fi
 echo "== fp8 tests"

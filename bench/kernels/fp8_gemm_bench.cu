@@ -8,6 +8,10 @@
 // cast-transposed), with their GB/s. "layer" sums the three products (fp8:
 // plus the casts). A sanity line compares the fp8 forward with the bf16 one
 // on the first 64 rows (relative L2; fp8's rounding gives a few percent).
+// Where K is a norm's width (K <= 8192): X as the training step makes it,
+// residual_adaln (fp32 stream, bf16 y and h, xhat kept) writing bf16 h then
+// X's cast-transpose, against residual_adaln writing X's E4M3 codes in place
+// of h (kernels/fp8_cast.h, Fp8RowOut) then fp8_transpose for X^T.
 // Inputs: uniform in [-1, 1] (X, dY) and [-1/sqrt(K), 1/sqrt(K)] (W), the
 // scales mapping those bounds to the format's max. Per call: the median of
 // 7 windows of 20 back-to-back calls (check_util.h).
@@ -30,6 +34,7 @@
 #include "check_util.h"
 #include "kernels/fp8_cast.h"
 #include "kernels/gemm_lt.h"
+#include "kernels/residual_adaln.h"
 
 namespace {
 
@@ -147,6 +152,37 @@ double forward_difference(const bf16* fp8_y, const bf16* bf16_y, int64_t n) {
   return std::sqrt(num / den);
 }
 
+// The norm that makes X (the step's residual_adaln, 256 tokens a sample where
+// m allows) with X's cast-transpose, against the same norm writing X's codes
+// with fp8_transpose: the ms of each and their difference.
+int norm_paths(int64_t m, int64_t k, const Operand& x, cudaStream_t s) {
+  if (k > perftrain::kernels::kResidualAdaLNMaxCols) return 0;
+  Buffers b;
+  const int tokens = m % 256 == 0 ? 256 : int(m), batch = int(m / tokens);
+  auto* stream_x = static_cast<float*>(b.get(m * k * sizeof(float)));
+  auto* x1 = static_cast<float*>(b.get(m * k * sizeof(float)));
+  auto* xhat = static_cast<bf16*>(b.get(m * k * sizeof(bf16)));
+  auto* mod = static_cast<bf16*>(b.get(int64_t(batch) * 3 * k * sizeof(bf16)));
+  auto* stats = static_cast<float*>(b.get(2 * m * sizeof(float)));
+  CHECK(cudaMemsetAsync(stream_x, 0, m * k * sizeof(float), s));
+  fill_uniform<<<1024, 256>>>(mod, int64_t(batch) * 3 * k, 0.5f, 7);
+  auto norm = [&](bf16* h, const perftrain::kernels::Fp8RowOut& f) {
+    perftrain::kernels::residual_adaln_forward<float, bf16, bf16>(stream_x, mod, 3 * k, x.x, nullptr, mod + k, 3 * k,
+                                                                  mod + 2 * k, 3 * k, x1, h, stats, stats + m, xhat,
+                                                                  batch, tokens, int(k), 1e-6f, s, f);
+  };
+  Operand from_h = x;  // X's cast made from the norm's h
+  from_h.x = static_cast<bf16*>(b.get(m * k * sizeof(bf16)));
+  double unfused = 0, fused = 0;
+  if (median_launch_ms([&] { norm(from_h.x, {}), cast_transpose(from_h, s); }, &unfused) != 0) return 1;
+  if (median_launch_ms([&] { norm(nullptr, {x.q, x.scale, x.amax}), perftrain::kernels::fp8_transpose(x.q, m, k, x.q_t, s); },
+                       &fused) != 0)
+    return 1;
+  std::printf("  X from its norm: bf16 h + cast-transpose %.3f ms, codes in the norm + fp8_transpose %.3f ms "
+              "(%.3f ms saved)\n", unfused, fused, unfused - fused);
+  return 0;
+}
+
 int run_shape(int64_t m, int64_t k, int64_t n, const GemmContext& ctx) {
   Buffers b;
   Operand x = make_operand(b, m, k, 1.f, Fp8Format::kE4M3, 1);
@@ -197,7 +233,7 @@ int run_shape(int64_t m, int64_t k, int64_t n, const GemmContext& ctx) {
   std::printf("  layer: bf16 %.3f ms, fp8 %.3f ms (products %.3f + casts %.3f): %.2fx\n", bf_total,
               f8_total + casts, f8_total, casts, bf_total / (f8_total + casts));
   std::printf("  fp8 forward against bf16 (first 64 rows): relative L2 %.4f\n", forward_difference(y_fp8, y_bf16, n));
-  return 0;
+  return norm_paths(m, k, x, ctx.stream);
 }
 
 }  // namespace

@@ -26,17 +26,18 @@ static_assert(detail::kRowMaxThreads * 8 * kBwd8 >= kAdaLNMaxCols &&
 template <typename TX, typename TM, typename TY>
 void adaln_layernorm_forward(const TX* x, const TM* shift, int64_t shift_stride, const TM* scale,
                              int64_t scale_stride, TY* y, float* mean, float* rstd, int batch, int tokens,
-                             int cols, float eps, cudaStream_t stream) {
+                             int cols, float eps, cudaStream_t stream, const Fp8RowOut& fp8) {
   detail::check_sizes("adaln_layernorm_forward", batch, tokens, cols, kAdaLNMaxCols);
+  detail::check_fp8_out("adaln_layernorm_forward", y, fp8);
   const int rows = batch * tokens;
   if (rows == 0) return;
   const bool vec8 = cols % 8 == 0 && shift_stride % 8 == 0 && scale_stride % 8 == 0 &&
-                    detail::all_vec8_aligned(x, shift, scale, y);
+                    detail::all_vec8_aligned(x, shift, scale, y, fp8.q);
   auto launch = [&](auto kernel, int vec, int items) {
     const detail::RowLaunch l = detail::forward_rows(rows, cols / vec, items, kName);
     kernel<<<l.grid, l.block, 0, stream>>>(x, nullptr, 0, nullptr, nullptr, nullptr, nullptr, shift, shift_stride,
                                            scale, scale_stride, nullptr, y, nullptr, mean, rstd, nullptr, rows,
-                                           tokens, cols, eps);
+                                           tokens, cols, eps, fp8);
     PERFTRAIN_LAUNCH_CHECK();
   };
   if (vec8)
@@ -82,7 +83,8 @@ void adaln_layernorm_backward(const TY* dy, const TX* x, const TM* scale, int64_
 
 #define PERFTRAIN_ADALN_INSTANTIATE(TX, TM, TY)                                                                   \
   template void adaln_layernorm_forward<TX, TM, TY>(const TX*, const TM*, int64_t, const TM*, int64_t, TY*,      \
-                                                    float*, float*, int, int, int, float, cudaStream_t);         \
+                                                    float*, float*, int, int, int, float, cudaStream_t,          \
+                                                    const Fp8RowOut&);                                           \
   template void adaln_layernorm_backward<TX, TM, TY>(const TY*, const TX*, const TM*, int64_t, const float*,     \
                                                      const float*, TX*, TM*, TM*, float*, int, int, int, int,     \
                                                      cudaStream_t);

@@ -35,6 +35,8 @@
 
 #include <cstdint>
 
+#include "kernels/fp8_cast.h"
+
 namespace perftrain::kernels {
 
 // The widest row either kernel takes (the op checks it up front).
@@ -42,12 +44,15 @@ constexpr int kAdaLNMaxCols = 8192;
 
 // Forward. x [rows, cols] contiguous; shift/scale rows of `cols` elements at
 // b * shift_stride / b * scale_stride; y [rows, cols]. mean/rstd [rows] fp32
-// (either may be null, e.g. for inference). TX, TM, TY: float, __nv_bfloat16
+// (either may be null, e.g. for inference). fp8 (kernels/fp8_cast.h): y's
+// E4M3 codes and their amax in the same pass (+D bytes a row, one atomic a
+// warp at most); y may then be null (D * sy bytes a row fewer: fp32 x -> fp8
+// codes is 5D bytes against 6D + the cast's 3D). TX, TM, TY: float, __nv_bfloat16
 // or __half.
 template <typename TX, typename TM, typename TY>
 void adaln_layernorm_forward(const TX* x, const TM* shift, int64_t shift_stride, const TM* scale,
                              int64_t scale_stride, TY* y, float* mean, float* rstd, int batch, int tokens,
-                             int cols, float eps, cudaStream_t stream);
+                             int cols, float eps, cudaStream_t stream, const Fp8RowOut& fp8 = {});
 
 // How many row tiles per sample the backward uses: sized so that the grid
 // has several blocks per SM. The caller allocates partials of

@@ -3,7 +3,6 @@
 #include "kernels/fp8_cast.h"
 
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -11,6 +10,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/device_info.h"
+#include "kernels/fp8_encode.cuh"
 
 namespace perftrain::kernels {
 
@@ -22,17 +22,8 @@ constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 8;
 constexpr int kTile = 64;  // cast-transpose: a kTile x kTile tile per block
 
-template <Fp8Format F>
-__device__ __forceinline__ uint8_t encode(float v, float scale) {
-  constexpr __nv_fp8_interpretation_t kind = F == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * scale, __NV_SATFINITE, kind));
-}
-
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-// The bits of |v|: ordered as the values, NaN above Inf.
-__device__ __forceinline__ unsigned int abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
 
 // Block max of the threads' bits, then one atomicMax into *amax (null: none).
 __device__ void block_amax(unsigned int bits, float* amax) {
@@ -79,8 +70,8 @@ __global__ void __launch_bounds__(kThreads)
       auto* o = reinterpret_cast<uint8_t*>(&out);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        bits = max(bits, abs_bits(v[j]));
-        o[j] = encode<F>(v[j], scale);
+        bits = max(bits, detail::fp8_abs_bits(v[j]));
+        o[j] = detail::fp8_encode<F>(v[j], scale);
       }
       reinterpret_cast<uint2*>(q)[i] = out;
     }
@@ -88,8 +79,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t i = tail + int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
     const float v = to_float(x[i]);
-    bits = max(bits, abs_bits(v));
-    q[i] = encode<F>(v, scale);
+    bits = max(bits, detail::fp8_abs_bits(v));
+    q[i] = detail::fp8_encode<F>(v, scale);
   }
   block_amax(bits, amax);
 }
@@ -112,8 +103,8 @@ __device__ unsigned cast_tile(const T* __restrict__ x, int64_t rows, int64_t col
     const int64_t gr = r0 + r, gc = c0 + c;
     if (gr < rows && gc < cols) {
       const float v = to_float(x[gr * cols + gc]);
-      bits = max(bits, abs_bits(v));
-      const uint8_t b = encode<F>(v, scale);
+      bits = max(bits, detail::fp8_abs_bits(v));
+      const uint8_t b = detail::fp8_encode<F>(v, scale);
       tile[r][c] = b;
       if (q != nullptr) q[gr * cols + gc] = b;
     }
@@ -147,8 +138,8 @@ __device__ unsigned cast_tile_vec(const T* __restrict__ x, int64_t cols, int64_t
   unsigned bits = 0;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    bits = max(bits, abs_bits(v[j / 8][j % 8]));
-    b[j] = encode<F>(v[j / 8][j % 8], scale);
+    bits = max(bits, detail::fp8_abs_bits(v[j / 8][j % 8]));
+    b[j] = detail::fp8_encode<F>(v[j / 8][j % 8], scale);
   }
   if (q != nullptr) *reinterpret_cast<uint4*>(q + (r0 + r) * cols + c0 + c) = packed;
   const auto* w = reinterpret_cast<const uint32_t*>(&packed);
@@ -188,6 +179,41 @@ __global__ void __launch_bounds__(kThreads)
   block_amax(bits, amax);
 }
 
+// fp8 -> fp8 transpose by the cast-transpose's tiles: q's tile into shared
+// memory (16 bytes a thread where the tile is whole and `vec` allows, else byte
+// by byte), then q_t's rows as fp8_cast_transpose_kernel writes them.
+__global__ void __launch_bounds__(kThreads)
+    fp8_transpose_kernel(const uint8_t* __restrict__ q, int64_t rows, int64_t cols, uint8_t* __restrict__ q_t,
+                         bool vec) {
+  __shared__ __align__(16) Tile tile;
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  const bool whole = vec && r0 + kTile <= rows && c0 + kTile <= cols;
+  if (whole) {
+    const int r = threadIdx.x >> 2, c = (threadIdx.x & 3) * 16;
+    const uint4 packed = *reinterpret_cast<const uint4*>(q + (r0 + r) * cols + c0 + c);
+    const auto* w = reinterpret_cast<const uint32_t*>(&packed);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) *reinterpret_cast<uint32_t*>(&tile[r][c + 4 * j]) = w[j];
+  } else {
+    for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+      const int r = e / kTile, c = e % kTile;
+      if (r0 + r < rows && c0 + c < cols) tile[r][c] = q[(r0 + r) * cols + c0 + c];
+    }
+  }
+  __syncthreads();
+  if (whole) {
+    write_tile_transposed_vec(rows, r0, c0, q_t, tile);
+  } else {
+    write_tile_transposed(rows, cols, r0, c0, q_t, tile);
+  }
+}
+
+dim3 tile_grid(int64_t rows, int64_t cols, const char* op) {
+  const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile));
+  if (grid.y > 65535u) throw std::invalid_argument(std::string(op) + ": more than 65535 * 64 rows");
+  return grid;
+}
+
 void check(const Fp8CastArgs& a, const char* op) {
   auto fail = [&](const std::string& why) { throw std::invalid_argument(std::string(op) + ": " + why); };
   if (a.rows < 0 || a.cols < 0) fail("sizes must be non-negative");
@@ -214,8 +240,7 @@ void launch_cast(const Fp8CastArgs& a, cudaStream_t stream) {
 
 template <typename T, Fp8Format F>
 void launch_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
-  const dim3 grid(unsigned((a.cols + kTile - 1) / kTile), unsigned((a.rows + kTile - 1) / kTile));
-  if (grid.y > 65535u) throw std::invalid_argument("fp8_cast_transpose: more than 65535 * 64 rows");
+  const dim3 grid = tile_grid(a.rows, a.cols, "fp8_cast_transpose");
   const T* x = static_cast<const T*>(a.x);
   const bool vec = a.rows % 16 == 0 && a.cols % 16 == 0 && aligned(a.x, 16) && aligned(a.q, 16) && aligned(a.q_t, 16);
   fp8_cast_transpose_kernel<T, F><<<grid, kThreads, 0, stream>>>(x, a.rows, a.cols, a.scale, a.q, a.q_t, a.amax, vec);
@@ -257,6 +282,15 @@ void fp8_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
   if (a.q_t == nullptr) throw std::invalid_argument("fp8_cast_transpose: q_t must be non-null");
   if (a.rows * a.cols == 0) return;
   dispatch<CastTransposeLaunch>(a, stream);
+}
+
+void fp8_transpose(const uint8_t* q, int64_t rows, int64_t cols, uint8_t* q_t, cudaStream_t stream) {
+  if (rows < 0 || cols < 0) throw std::invalid_argument("fp8_transpose: sizes must be non-negative");
+  if (q == nullptr || q_t == nullptr) throw std::invalid_argument("fp8_transpose: q and q_t must be non-null");
+  if (rows * cols == 0) return;
+  const bool vec = rows % 16 == 0 && cols % 16 == 0 && aligned(q, 16) && aligned(q_t, 16);
+  fp8_transpose_kernel<<<tile_grid(rows, cols, "fp8_transpose"), kThreads, 0, stream>>>(q, rows, cols, q_t, vec);
+  PERFTRAIN_LAUNCH_CHECK();
 }
 
 }  // namespace perftrain::kernels

@@ -32,6 +32,18 @@
 //   sizes go element by element (a warp along 32 consecutive elements of a
 //   row, then of a q_t row). Bytes: n * (2 or 4) read + 2n written (n
 //   without q).
+// fp8_transpose: q_t [cols, rows] = q^T of fp8 bits q [rows, cols] (either
+//   format: bytes), for an operand whose codes another kernel wrote (a norm's
+//   fused output, Fp8RowOut) and whose transpose a backward product needs.
+//   The cast-transpose's tiles and shape (64 x 64 a block of 256 threads, 16
+//   bytes a thread in and out where rows, cols are multiples of 16 and the
+//   pointers 16-byte aligned, else byte by byte). Bytes: n read + n written.
+// Fp8RowOut: what a row kernel (kernels/row_norm.cuh: adaln_layernorm,
+//   residual_adaln, rms_adaln, residual_rms_adaln) takes to write the E4M3
+//   codes of its output h beside it, or in its place, for the fp8 product that
+//   reads h: q = saturate(h_stored * scale) and *amax = max(*amax, max
+//   |h_stored|), h_stored = h as its 16-bit (or fp32) type stores it, so the
+//   same bytes and amax bits as fp8_cast of the stored h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,9 +73,19 @@ struct Fp8CastArgs {
   float* amax = nullptr;         // device scalar (max-accumulated); null: not taken
 };
 
+// A row kernel's fp8 output (q null: none): q [rows, cols] E4M3 bits, scale
+// a device scalar (read), amax a device scalar (max-accumulated, not null).
+struct Fp8RowOut {
+  uint8_t* q = nullptr;
+  const float* scale = nullptr;
+  float* amax = nullptr;
+};
+
 // Throw std::invalid_argument on misuse (null x, scale or output, negative
 // sizes, a q_t given to fp8_cast). Nothing runs for an empty matrix.
 void fp8_cast(const Fp8CastArgs& args, cudaStream_t stream);
 void fp8_cast_transpose(const Fp8CastArgs& args, cudaStream_t stream);
+// Throws std::invalid_argument on null pointers or negative sizes.
+void fp8_transpose(const uint8_t* q, int64_t rows, int64_t cols, uint8_t* q_t, cudaStream_t stream);
 
 }  // namespace perftrain::kernels

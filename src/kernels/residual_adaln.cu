@@ -36,17 +36,18 @@ template <typename TX, typename TM, typename TA>
 void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y, const float* bias,
                             const TM* shift, int64_t shift_stride, const TM* scale, int64_t scale_stride, TX* x1,
                             TA* h, float* mean, float* rstd, TA* xhat, int batch, int tokens, int cols, float eps,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const Fp8RowOut& fp8) {
   detail::check_sizes("residual_adaln_forward", batch, tokens, cols, kResidualAdaLNMaxCols);
+  detail::check_fp8_out("residual_adaln_forward", h, fp8);
   const int rows = batch * tokens;
   if (rows == 0) return;
   const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && shift_stride % 8 == 0 && scale_stride % 8 == 0 &&
-                    detail::all_vec8_aligned(x, gate, y, shift, scale, x1, h, bias, xhat);
+                    detail::all_vec8_aligned(x, gate, y, shift, scale, x1, h, bias, xhat, fp8.q);
   auto launch = [&](auto kernel, int vec, int items) {
     const detail::RowLaunch l = detail::forward_rows(rows, cols / vec, items, kName);
     kernel<<<l.grid, l.block, 0, stream>>>(x, gate, gate_stride, y, bias, nullptr, nullptr, shift, shift_stride,
                                            scale, scale_stride, x1, h, nullptr, mean, rstd, xhat, rows, tokens,
-                                           cols, eps);
+                                           cols, eps, fp8);
     PERFTRAIN_LAUNCH_CHECK();
   };
   // A warp per row takes 8 x ITEMS x 32 columns: the fewest ITEMS that cover
@@ -136,7 +137,8 @@ void residual_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, cons
 #define PERFTRAIN_RESIDUAL_ADALN_INSTANTIATE(TX, TM, TA)                                                         \
   template void residual_adaln_forward<TX, TM, TA>(const TX*, const TM*, int64_t, const TA*, const float*,       \
                                                    const TM*, int64_t, const TM*, int64_t, TX*, TA*, float*,      \
-                                                   float*, TA*, int, int, int, float, cudaStream_t);              \
+                                                   float*, TA*, int, int, int, float, cudaStream_t,               \
+                                                   const Fp8RowOut&);                                             \
   template void residual_adaln_backward<TX, TM, TA>(const TX*, const TA*, const TX*, const TA*, const TA*,       \
                                                     const float*, const TM*, int64_t, const TM*, int64_t,         \
                                                     const float*, const float*, TX*, TA*, TM*, TM*, TM*, float*,  \

@@ -50,6 +50,8 @@
 
 #include <cstdint>
 
+#include "kernels/fp8_cast.h"
+
 namespace perftrain::kernels {
 
 // The widest row either kernel takes (the op checks it up front).
@@ -62,12 +64,15 @@ constexpr int kResidualAdaLNMaxCols = 8192;
 // that keeps them instead of x1 (a bf16 xhat is half an fp32 x1's memory; the
 // forward writes 2 bytes more per element, the backward reads 2 fewer).
 // TX: x and x1; TM: gate, shift, scale; TA: y, h and xhat; each float,
-// __nv_bfloat16 or __half. Outputs must not overlap inputs.
+// __nv_bfloat16 or __half. Outputs must not overlap inputs. fp8
+// (kernels/fp8_cast.h): h's E4M3 codes and their amax in the same pass (+D
+// bytes a row, one atomic a warp at most); h may then be null (D * sa bytes a
+// row fewer: fp32 x, bf16 y -> fp8 codes is 11D bytes against 12D + the cast's 3D).
 template <typename TX, typename TM, typename TA>
 void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y, const float* bias,
                             const TM* shift, int64_t shift_stride, const TM* scale, int64_t scale_stride, TX* x1,
                             TA* h, float* mean, float* rstd, TA* xhat, int batch, int tokens, int cols, float eps,
-                            cudaStream_t stream);
+                            cudaStream_t stream, const Fp8RowOut& fp8 = {});
 
 // How many row tiles per sample the backward uses; bias_sums as for the
 // partials below (it picks the block size).

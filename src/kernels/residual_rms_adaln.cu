@@ -39,10 +39,11 @@ template <typename TX, typename TM, typename TA>
 void residual_rms_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y,
                                 const float* post_weight, const float* pre_weight, const TM* scale,
                                 int64_t scale_stride, TX* x1, TA* h, float* y_rstd, float* rstd, TA* xhat,
-                                int batch, int tokens, int cols, float eps, cudaStream_t stream) {
+                                int batch, int tokens, int cols, float eps, cudaStream_t stream,
+                                const Fp8RowOut& fp8) {
   detail::rms_forward<true, TX, TM, TA>("residual_rms_adaln_forward", kResidualRmsAdaLNMaxCols, x, gate, gate_stride,
                                         y, post_weight, pre_weight, scale, scale_stride, x1, h, y_rstd, rstd, xhat,
-                                        batch, tokens, cols, eps, stream);
+                                        batch, tokens, cols, eps, stream, fp8);
 }
 
 int residual_rms_adaln_backward_tiles(int batch, int tokens, int cols, int sm_count) {
@@ -103,7 +104,7 @@ void residual_rms_adaln_backward(const TX* dx1_ext, const TA* dh, const TX* x1, 
 #define PERFTRAIN_RESIDUAL_RMS_ADALN_INSTANTIATE(TX, TM, TA)                                                         \
   template void residual_rms_adaln_forward<TX, TM, TA>(const TX*, const TM*, int64_t, const TA*, const float*,       \
                                                        const float*, const TM*, int64_t, TX*, TA*, float*, float*,   \
-                                                       TA*, int, int, int, float, cudaStream_t);                     \
+                                                       TA*, int, int, int, float, cudaStream_t, const Fp8RowOut&);                     \
   template void residual_rms_adaln_backward<TX, TM, TA>(const TX*, const TA*, const TX*, const TA*, const TA*,       \
                                                         const float*, const float*, const TM*, int64_t, const TM*,   \
                                                         int64_t, const float*, const float*, TX*, TA*, TM*, TM*,     \

@@ -42,6 +42,8 @@
 
 #include <cstdint>
 
+#include "kernels/fp8_cast.h"
+
 namespace perftrain::kernels {
 
 // The widest row either kernel takes (the op checks it up front).
@@ -53,12 +55,15 @@ constexpr int kResidualRmsAdaLNMaxCols = 8192;
 // y and x1; either may be null). xhat [rows, cols] (null = none): x1 * rstd
 // rounded to TA, for a backward that keeps it instead of x1. TX: x and x1; TM:
 // gate, scale; TA: y, h and xhat; each float, __nv_bfloat16 or __half.
-// Outputs must not overlap inputs.
+// Outputs must not overlap inputs. fp8 (kernels/fp8_cast.h): h's E4M3 codes
+// and their amax in the same pass (+D bytes a row, one atomic a warp at most);
+// h may then be null (D * sa bytes a row fewer).
 template <typename TX, typename TM, typename TA>
 void residual_rms_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, const TA* y,
                                 const float* post_weight, const float* pre_weight, const TM* scale,
                                 int64_t scale_stride, TX* x1, TA* h, float* y_rstd, float* rstd, TA* xhat,
-                                int batch, int tokens, int cols, float eps, cudaStream_t stream);
+                                int batch, int tokens, int cols, float eps, cudaStream_t stream,
+                                const Fp8RowOut& fp8 = {});
 
 // How many row tiles per sample the backward uses.
 int residual_rms_adaln_backward_tiles(int batch, int tokens, int cols, int sm_count);

@@ -34,10 +34,11 @@ int backward_threads(int cols, bool vec8) {
 
 template <typename TX, typename TM, typename TY>
 void rms_adaln_forward(const TX* x, const float* weight, const TM* scale, int64_t scale_stride, TY* h, float* rstd,
-                       TY* xhat, int batch, int tokens, int cols, float eps, cudaStream_t stream) {
+                       TY* xhat, int batch, int tokens, int cols, float eps, cudaStream_t stream,
+                       const Fp8RowOut& fp8) {
   detail::rms_forward<false, TX, TM, TY>("rms_adaln_forward", kRmsAdaLNMaxCols, x, nullptr, 0, nullptr, nullptr, weight,
                                          scale, scale_stride, nullptr, h, nullptr, rstd, xhat, batch, tokens, cols,
-                                         eps, stream);
+                                         eps, stream, fp8);
 }
 
 int rms_adaln_backward_tiles(int batch, int tokens, int cols, int sm_count) {
@@ -82,7 +83,7 @@ void rms_adaln_backward(const TY* dh, const TX* x, const TY* xhat, const float* 
 
 #define PERFTRAIN_RMS_ADALN_INSTANTIATE(TX, TM, TY)                                                               \
   template void rms_adaln_forward<TX, TM, TY>(const TX*, const float*, const TM*, int64_t, TY*, float*, TY*, int, \
-                                              int, int, float, cudaStream_t);                                     \
+                                              int, int, float, cudaStream_t, const Fp8RowOut&);                                     \
   template void rms_adaln_backward<TX, TM, TY>(const TY*, const TX*, const TY*, const float*, const TM*, int64_t,  \
                                                const float*, TX*, TM*, float*, float*, int, int, int, int,         \
                                                cudaStream_t);

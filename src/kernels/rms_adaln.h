@@ -32,6 +32,8 @@
 
 #include <cstdint>
 
+#include "kernels/fp8_cast.h"
+
 namespace perftrain::kernels {
 
 // The widest row either kernel takes (the op checks it up front).
@@ -42,10 +44,13 @@ constexpr int kRmsAdaLNMaxCols = 8192;
 // rstd [rows] fp32 (may be null). xhat [rows, cols] (null = none): the
 // normalised rows x * rstd rounded to TY, for a backward that keeps them
 // instead of x. TX: x; TM: scale; TY: h and xhat; each float, __nv_bfloat16
-// or __half. Outputs must not overlap inputs.
+// or __half. Outputs must not overlap inputs. fp8 (kernels/fp8_cast.h): h's
+// E4M3 codes and their amax in the same pass (+D bytes a row, one atomic a
+// warp at most); h may then be null (D * sy bytes a row fewer).
 template <typename TX, typename TM, typename TY>
 void rms_adaln_forward(const TX* x, const float* weight, const TM* scale, int64_t scale_stride, TY* h, float* rstd,
-                       TY* xhat, int batch, int tokens, int cols, float eps, cudaStream_t stream);
+                       TY* xhat, int batch, int tokens, int cols, float eps, cudaStream_t stream,
+                       const Fp8RowOut& fp8 = {});
 
 // How many row tiles per sample the backward uses.
 int rms_adaln_backward_tiles(int batch, int tokens, int cols, int sm_count);

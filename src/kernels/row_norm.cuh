@@ -24,9 +24,12 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda_check.h"
+#include "kernels/fp8_cast.h"
+#include "kernels/fp8_encode.cuh"
 #include "kernels/vector_io.cuh"
 
 namespace perftrain::kernels::detail {
@@ -170,13 +173,39 @@ struct NormKind<Norm::kRms> {
   }
 };
 
+// The E4M3 codes of one vector of h (Fp8RowOut's rule: out rounded to TY as h stores it,
+// then saturate(. * scale)) at q (8-byte aligned for VEC 8), |.|'s bits max-ed into bits.
+template <typename TY, int VEC>
+__device__ __forceinline__ void store_fp8_vec(const float (&out)[VEC], uint8_t* __restrict__ q, float scale,
+                                              unsigned& bits) {
+  uint8_t codes[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float stored = round_to<TY>(out[j]);
+    bits = max(bits, fp8_abs_bits(stored));
+    codes[j] = fp8_encode<Fp8Format::kE4M3>(stored, scale);
+  }
+  if constexpr (VEC == 8) {
+    uint2 packed;
+    auto* b = reinterpret_cast<uint8_t*>(&packed);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) b[j] = codes[j];
+    *reinterpret_cast<uint2*>(q) = packed;
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) q[j] = codes[j];
+  }
+}
+
 // The kRms forward's last step for the thread's vectors of one row: v becomes xhat =
-// v * rstd, and out = xhat * weight * (1 + scale) is stored at h_row, xhat at xhat_row
-// where that is not null. weight (float) and scale (the row's sample) may be null: ones, zeros.
+// v * rstd, and out = xhat * weight * (1 + scale) is stored at h_row, its E4M3 codes at
+// q_row (store_fp8_vec), xhat at xhat_row, each where not null. weight (float) and scale
+// (the row's sample) may be null: ones, zeros.
 template <typename TM, typename TY, int ITEMS, int VEC>
 __device__ __forceinline__ void rms_modulate_store(float (&v)[ITEMS][VEC], int nvec, float rstd,
                                                    const float* __restrict__ weight, const TM* __restrict__ scale,
-                                                   TY* __restrict__ h_row, TY* __restrict__ xhat_row) {
+                                                   TY* __restrict__ h_row, TY* __restrict__ xhat_row,
+                                                   uint8_t* __restrict__ q_row, float q_scale, unsigned& bits) {
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int c = threadIdx.x + i * blockDim.x;
@@ -189,7 +218,8 @@ __device__ __forceinline__ void rms_modulate_store(float (&v)[ITEMS][VEC], int n
         v[i][j] = NormKind<Norm::kRms>::normalise(v[i][j], 0.f, rstd);
         out[j] = v[i][j] * w[j] * (1.f + a[j]);
       }
-      store_vec<TY, VEC>(h_row + int64_t(c) * VEC, out);
+      if (h_row != nullptr) store_vec<TY, VEC>(h_row + int64_t(c) * VEC, out);
+      if (q_row != nullptr) store_fp8_vec<TY, VEC>(out, q_row + int64_t(c) * VEC, q_scale, bits);
       if (xhat_row != nullptr) store_vec<TY, VEC>(xhat_row + int64_t(c) * VEC, v[i]);
     }
   }
@@ -240,7 +270,9 @@ __device__ __forceinline__ void store_grad_dx(T* __restrict__ dst_row, const flo
 //                           x1 = x + tanh(gate) * rms(y) * post_weight (kRms; y's rstd to y_rstd_out)
 //   (rounded to TX, written to x1); then the row statistics (mean_out, rstd_out) and
 //   h = xhat * (1 + scale) + shift (kLayer) or xhat * weight * (1 + scale) (kRms), xhat to
-//   xhat_out where not null (kLayer: the residual op only).
+//   xhat_out where not null (kLayer: the residual op only). With fp8.q: h's E4M3 codes
+//   (kernels/fp8_cast.h, Fp8RowOut) too, and a warp's atomic max of their amax; h may then
+//   be null (not written).
 // The pointers an instantiation does not use are null (kLayer: weight, post_weight, y_rstd_out;
 // kRms: shift, bias, mean_out; without RESIDUAL: gate, y, bias, post_weight, x1, y_rstd_out).
 // BIAS: a separate instantiation, so that the path without one keeps its registers.
@@ -253,7 +285,7 @@ __global__ void __launch_bounds__(kRowMaxThreads, N == Norm::kLayer ? 1 : 0)
                             int64_t scale_stride, TX* __restrict__ x1, TY* __restrict__ h,
                             float* __restrict__ y_rstd_out, float* __restrict__ mean_out,
                             float* __restrict__ rstd_out, TY* __restrict__ xhat_out, int rows, int tokens, int cols,
-                            float eps) {
+                            float eps, Fp8RowOut fp8) {
   using K = NormKind<N>;
   __shared__ float smem[32];
   const int row = blockIdx.x * blockDim.y + threadIdx.y;
@@ -261,6 +293,8 @@ __global__ void __launch_bounds__(kRowMaxThreads, N == Norm::kLayer ? 1 : 0)
   const int nvec = cols / VEC;
   const int64_t off = int64_t(row) * cols;
   const int b = row / tokens;
+  const float q_scale = fp8.q != nullptr ? *fp8.scale : 0.f;
+  unsigned q_bits = 0;  // the row's amax bits (fp8.q)
 
   float v[ITEMS][VEC];
   if constexpr (!RESIDUAL) {
@@ -319,7 +353,8 @@ __global__ void __launch_bounds__(kRowMaxThreads, N == Norm::kLayer ? 1 : 0)
         for (int j = 0; j < VEC; ++j) v[i][j] = K::normalise(v[i][j], st.mean, st.rstd);  // xhat
 #pragma unroll
         for (int j = 0; j < VEC; ++j) out[j] = v[i][j] * (1.f + a[j]) + m[j];
-        store_vec<TY, VEC>(h + off + int64_t(c) * VEC, out);
+        if (h != nullptr) store_vec<TY, VEC>(h + off + int64_t(c) * VEC, out);
+        if (fp8.q != nullptr) store_fp8_vec<TY, VEC>(out, fp8.q + off + int64_t(c) * VEC, q_scale, q_bits);
         if constexpr (RESIDUAL) {
           if (xhat_out != nullptr) store_vec<TY, VEC>(xhat_out + off + int64_t(c) * VEC, v[i]);
         }
@@ -328,8 +363,11 @@ __global__ void __launch_bounds__(kRowMaxThreads, N == Norm::kLayer ? 1 : 0)
   } else {
     // h = xhat * weight * (1 + scale).
     const TM* sc = scale != nullptr ? scale + int64_t(b) * scale_stride : nullptr;
-    rms_modulate_store(v, nvec, st.rstd, weight, sc, h + off, xhat_out != nullptr ? xhat_out + off : nullptr);
+    rms_modulate_store(v, nvec, st.rstd, weight, sc, h != nullptr ? h + off : nullptr,
+                       xhat_out != nullptr ? xhat_out + off : nullptr, fp8.q != nullptr ? fp8.q + off : nullptr,
+                       q_scale, q_bits);
   }
+  if (fp8.q != nullptr) fp8_warp_amax(q_bits, fp8.amax);
 }
 
 // ---- the backward ----
@@ -665,6 +703,14 @@ inline RowLaunch reduce_columns(int cols, int batch) { return {dim3((cols + 255)
 template <int VEC> constexpr int layer_fwd_items() { return VEC == 8 ? 6 : 16; }
 template <int VEC> constexpr int layer_bwd_items() { return VEC == 8 ? 2 : 16; }
 
+// A row kernel's fp8 output (Fp8RowOut): its scale and amax with q; h left out only for it.
+inline void check_fp8_out(const char* what, const void* h, const Fp8RowOut& fp8) {
+  if (fp8.q != nullptr && (fp8.scale == nullptr || fp8.amax == nullptr))
+    throw std::invalid_argument(std::string(what) + ": an fp8 output needs its scale and amax");
+  if (h == nullptr && fp8.q == nullptr)
+    throw std::invalid_argument(std::string(what) + ": h may be left out (null) only for an fp8 output");
+}
+
 // The kRms ops' forward, rms_adaln (RESIDUAL false: gate, y, post_weight, x1 and y_rstd
 // null) and residual_rms_adaln: the sizes, the vector width and the launch. Both take the
 // same register budget: a warp per row up to 1536 columns with the fewest vectors a lane
@@ -675,16 +721,17 @@ template <bool RESIDUAL, typename TX, typename TM, typename TY>
 void rms_forward(const char* what, int max_cols, const TX* x, const TM* gate, int64_t gate_stride, const TY* y,
                  const float* post_weight, const float* weight, const TM* scale, int64_t scale_stride, TX* x1, TY* h,
                  float* y_rstd, float* rstd, TY* xhat, int batch, int tokens, int cols, float eps,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const Fp8RowOut& fp8) {
   check_sizes(what, batch, tokens, cols, max_cols);
+  check_fp8_out(what, h, fp8);
   const int rows = batch * tokens;
   if (rows == 0) return;
   const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && (scale == nullptr || scale_stride % 8 == 0) &&
-                    all_vec8_aligned(gate, scale, x, y, post_weight, weight, x1, h, xhat);
+                    all_vec8_aligned(gate, scale, x, y, post_weight, weight, x1, h, xhat, fp8.q);
   auto launch = [&](auto kernel, int vec, int items) {
     const RowLaunch l = forward_rows(rows, cols / vec, items, what);
     kernel<<<l.grid, l.block, 0, stream>>>(x, gate, gate_stride, y, nullptr, post_weight, weight, nullptr, 0, scale,
-                                           scale_stride, x1, h, y_rstd, nullptr, rstd, xhat, rows, tokens, cols, eps);
+                                           scale_stride, x1, h, y_rstd, nullptr, rstd, xhat, rows, tokens, cols, eps, fp8);
     PERFTRAIN_LAUNCH_CHECK();
   };
   if (!vec8)

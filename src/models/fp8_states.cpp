@@ -85,4 +85,17 @@ at::Tensor block_linear(const Fp8Block& f, const char* layer, const at::Tensor& 
   return ops::fp8_linear(x, weight, bias, f.states->state(name, x.device()));
 }
 
+at::Tensor block_linear(const Fp8Block& f, const char* layer, const ops::Fp8Operand& x, const at::Tensor& weight,
+                        const at::Tensor& bias) {
+  if (!x.codes.defined()) return block_linear(f, layer, x.x, weight, bias);
+  return ops::fp8_linear(x, weight, bias, f.states->state(f.key + "." + layer, x.x.device()));
+}
+
+std::optional<ops::Fp8Target> block_linear_target(const Fp8Block& f, const char* layer, const at::Tensor& x,
+                                                  int64_t out_features) {
+  if (f.states == nullptr || !f.states->fused_casts() || !ops::fp8_linear_supported(x, out_features))
+    return std::nullopt;
+  return ops::fp8_linear_input_target(f.states->state(f.key + "." + layer, x.device()));
+}
+
 }  // namespace perftrain::models

@@ -13,11 +13,13 @@
 #include <ATen/core/Tensor.h>
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "ops/fp8_cast.h"
 #include "ops/fp8_scaling.h"
 
 namespace perftrain::models {
@@ -40,6 +42,11 @@ class Fp8States {
   // (a capture must not allocate new states).
   const ops::Fp8Scaling& state(const std::string& name, const at::Device& device);
   void freeze() { frozen_ = true; }
+
+  // Whether the norms that open fp8 linears write their codes (block_linear_target);
+  // on unless a test turns it off to compare with the casts inside ops::fp8_linear.
+  bool fused_casts() const { return fused_casts_; }
+  void set_fused_casts(bool on) { fused_casts_ = on; }
 
   // A layer that ran ops::linear instead (its shape not taken); kept sorted.
   void note_fallback(const std::string& name) { fallbacks_.insert(name); }
@@ -64,6 +71,7 @@ class Fp8States {
   int64_t history_len_;
   int margin_;
   bool frozen_ = false;
+  bool fused_casts_ = true;
   std::map<std::string, ops::Fp8Scaling> states_;
   std::map<std::string, std::map<std::string, at::Tensor>> loaded_;  // name -> tensor -> value
   std::set<std::string> fallbacks_;
@@ -81,5 +89,17 @@ struct Fp8Block {
 // the shapes are taken, else ops::linear (a table notes the fallback).
 at::Tensor block_linear(const Fp8Block& f, const char* layer, const at::Tensor& x, const at::Tensor& weight,
                         const at::Tensor& bias = at::Tensor());
+// The same for an input its producer may have written as codes (x.codes
+// defined: for block_linear_target's target; else x.x as above).
+at::Tensor block_linear(const Fp8Block& f, const char* layer, const ops::Fp8Operand& x, const at::Tensor& weight,
+                        const at::Tensor& bias = at::Tensor());
+
+// Where the kernel that makes the input x of `layer` (a norm; x of its shape
+// and dtype; out_features: the layer's weight rows) writes its E4M3 codes:
+// the x slot of the layer's state, where block_linear will run the layer in
+// fp8 and the table's casts are fused; else none (the producer writes x, and
+// block_linear casts it as before).
+std::optional<ops::Fp8Target> block_linear_target(const Fp8Block& f, const char* layer, const at::Tensor& x,
+                                                  int64_t out_features);
 
 }  // namespace perftrain::models

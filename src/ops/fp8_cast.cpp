@@ -5,10 +5,12 @@
 #include <ATen/ops/amax.h>
 #include <ATen/ops/clamp.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <limits>
 #include <string>
 
 #include "base/error.h"
@@ -98,6 +100,33 @@ Fp8Casts fp8_cast_transpose(const at::Tensor& x_in, const at::Tensor& scale, con
   a.q_t = bits(out.q_t);
   kernels::fp8_cast_transpose(a, at::cuda::getCurrentCUDAStream().stream());
   return out;
+}
+
+at::Tensor fp8_transpose(const at::Tensor& q_in, const char* op) {
+  if (!q_in.defined() || q_in.dim() != 2 ||
+      (q_in.scalar_type() != at::kFloat8_e4m3fn && q_in.scalar_type() != at::kFloat8_e5m2))
+    throw UsageError(std::string(op) + ": q must be a 2-D float8 (e4m3fn or e5m2) tensor");
+  const at::Tensor q = q_in.contiguous();
+  if (!q.is_cuda()) return q.t().contiguous();
+  const c10::DeviceGuard guard(q.device());
+  at::Tensor q_t = at::empty({q.size(1), q.size(0)}, q.options());
+  kernels::fp8_transpose(static_cast<const uint8_t*>(q.data_ptr()), q.size(0), q.size(1), bits(q_t),
+                         at::cuda::getCurrentCUDAStream().stream());
+  return q_t;
+}
+
+void check_fp8_target(const Fp8Target& target, const at::Tensor& like, const char* op) {
+  check_scalar(op, target.scale, like, "the fp8 scale");
+  check_scalar(op, target.amax, like, "the fp8 amax");
+}
+
+at::Tensor fp8_stand_in(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  return at::full({}, std::numeric_limits<double>::quiet_NaN(), options).expand(sizes);
+}
+
+Fp8Operand fp8_operand_of(const at::Tensor& h, const Fp8Target& target, const char* op) {
+  const at::Tensor values = h.detach();
+  return {h, fp8_cast(values.reshape({-1, values.size(-1)}), target.scale, target.amax, Fp8Format::kE4M3, op)};
 }
 
 at::Tensor fp8_quantize_reference(const at::Tensor& x, const at::Tensor& scale, Fp8Format f) {

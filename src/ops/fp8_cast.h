@@ -38,6 +38,37 @@ struct Fp8Casts {
 Fp8Casts fp8_cast_transpose(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& amax, Fp8Format f,
                             bool with_rows = true, const char* op = "fp8_cast_transpose");
 
+// q^T [cols, rows] of fp8 codes q [rows, cols] (contiguous copy, q's dtype):
+// kernels::fp8_transpose on CUDA (1 byte in, 1 out), ATen on the CPU.
+at::Tensor fp8_transpose(const at::Tensor& q, const char* op = "fp8_transpose");
+
+// An fp8 linear's input handed over by the kernel that made it (issue 39): a
+// norm writes the E4M3 codes of its output h under the consumer's x scale and
+// takes their amax in its own pass, so the linear casts nothing.
+//   target: the consumer's x slot, one fp32 element each on h's device
+//           (ops/fp8_linear.h: fp8_linear_input_target)
+//   x:      what autograd sees of h ([..., K], h's dtype), the path of dX back
+//           to the norm's backward. Where the codes are all that was written,
+//           a stand-in: every element one NaN (zero strides, no storage of
+//           its own), never read by the linear
+//   codes:  [M, K] E4M3, the bytes fp8_cast(h, target.scale, target.amax)
+//           gives (and the same amax); undefined: none (x is h itself, cast
+//           by the linear as before)
+struct Fp8Target {
+  at::Tensor scale, amax;
+};
+struct Fp8Operand {
+  at::Tensor x, codes;
+};
+
+// target's scale and amax: one fp32 element each on like's device (UsageError naming op).
+void check_fp8_target(const Fp8Target& target, const at::Tensor& like, const char* op);
+// The stand-in for an h that is not written: `sizes` in dtype on device.
+at::Tensor fp8_stand_in(at::IntArrayRef sizes, const at::TensorOptions& options);
+// An operand from an h that was written: h (with its graph) and the cast of
+// its values (no graph), on any device; `op` names h in errors.
+Fp8Operand fp8_operand_of(const at::Tensor& h, const Fp8Target& target, const char* op);
+
 // The references, on any device, by ATen: q as above; q's values times
 // scale_inv in fp32; max |x| as a 0-d fp32 tensor (0 for an empty x).
 at::Tensor fp8_quantize_reference(const at::Tensor& x, const at::Tensor& scale, Fp8Format f);

@@ -77,17 +77,19 @@ std::vector<int64_t> with_last(at::IntArrayRef sizes, int64_t last) {
 
 struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   // The state's amax, scale and scale_inv travel as inputs (no gradient).
+  // x_codes: x's E4M3 codes as its producer wrote them (then x's values are not read).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias_opt, const at::Tensor& amax, const at::Tensor& scale,
-                            const at::Tensor& scale_inv) {
+                            const at::Tensor& scale_inv, const std::optional<at::Tensor>& x_codes) {
     const at::Tensor bias = bias_opt.value_or(at::Tensor());
     const c10::DeviceGuard device_guard(x.device());
     const int64_t m = detail::leading_rows(x), k = x.size(-1), n = weight.size(0);
     const at::ScalarType dt = x.scalar_type();
-    const at::Tensor x2 = x.contiguous().view({m, k});
     const at::Tensor w = compute_weight(weight, dt).contiguous();
     const bool need_dw = weight.requires_grad(), need_dx = x.requires_grad();
-    const Fp8Casts xq = cast_slot(x2, scale, amax, kFp8X, Fp8Format::kE4M3, true, need_dw, "fp8_linear x");
+    const Fp8Casts xq = x_codes ? Fp8Casts{*x_codes, need_dw ? fp8_transpose(*x_codes, kOp) : at::Tensor()}
+                                : cast_slot(x.contiguous().view({m, k}), scale, amax, kFp8X, Fp8Format::kE4M3, true,
+                                            need_dw, "fp8_linear x");
     const Fp8Casts wq = cast_slot(w, scale, amax, kFp8W, Fp8Format::kE4M3, true, need_dx, "fp8_linear weight");
     at::Tensor y = at::empty(with_last(x.sizes(), n), x.options());
     fp8_product(xq.q, scale_inv.select(0, kFp8X), wq.q, scale_inv.select(0, kFp8W), y.view({m, n}), true,
@@ -109,7 +111,7 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const at::Tensor amax = ctx->saved_data["amax"].toTensor(), scale = ctx->saved_data["scale"].toTensor(),
                      scale_inv = ctx->saved_data["scale_inv"].toTensor();
     const detail::LinearShapes s = detail::saved_linear_shapes(ctx);
-    variable_list out(6);
+    variable_list out(7);
     if (!grads[0].defined()) return out;
     const int64_t m = s.m, n = s.n, k = s.x_sizes.back();
     const at::Tensor dy = grads[0].to(s.dtype).contiguous().view({m, n});
@@ -147,14 +149,35 @@ Fp8Scaling make_fp8_linear_scaling(int64_t history_len, const at::Device& device
 }
 
 bool fp8_linear_supported(const at::Tensor& x, const at::Tensor& weight) {
+  return fp8_linear_supported(x, weight.size(0));
+}
+
+bool fp8_linear_supported(const at::Tensor& x, int64_t n) {
   if (!x.is_cuda()) return true;
-  return detail::leading_rows(x) % 16 == 0 && x.size(-1) % 16 == 0 && weight.size(0) % 16 == 0;
+  return detail::leading_rows(x) % 16 == 0 && x.size(-1) % 16 == 0 && n % 16 == 0;
 }
 
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state) {
   check_args(x, weight, bias, state);
   const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
-  return Fp8LinearFunction::apply(x, weight, b, state.amax, state.scale, state.scale_inv);
+  return Fp8LinearFunction::apply(x, weight, b, state.amax, state.scale, state.scale_inv, std::nullopt);
+}
+
+at::Tensor fp8_linear(const Fp8Operand& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state) {
+  if (!x.codes.defined()) return fp8_linear(x.x, weight, bias, state);
+  check_args(x.x, weight, bias, state);
+  const int64_t m = detail::leading_rows(x.x), k = x.x.size(-1);
+  if (x.codes.dim() != 2 || x.codes.size(0) != m || x.codes.size(1) != k ||
+      x.codes.scalar_type() != at::kFloat8_e4m3fn || x.codes.device() != x.x.device())
+    throw UsageError(std::string(kOp) + ": x's codes must be [" + std::to_string(m) + ", " + std::to_string(k) +
+                     "] float8_e4m3fn on x's device, got " + shape(x.codes) + " " +
+                     std::string(c10::toString(x.codes.scalar_type())));
+  const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
+  return Fp8LinearFunction::apply(x.x, weight, b, state.amax, state.scale, state.scale_inv, x.codes.contiguous());
+}
+
+Fp8Target fp8_linear_input_target(const Fp8Scaling& state) {
+  return {state.scale.select(0, kFp8X), state.amax.select(0, kFp8X)};
 }
 
 at::Tensor fp8_linear_reference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,

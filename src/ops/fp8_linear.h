@@ -22,6 +22,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "ops/fp8_cast.h"
 #include "ops/fp8_scaling.h"
 
 namespace perftrain::ops {
@@ -37,10 +38,21 @@ Fp8Scaling make_fp8_linear_scaling(int64_t history_len, const at::Device& device
 // [..., N] in x's dtype; gradients: x's in x's dtype, weight's and bias's in
 // their own dtypes. Bad arguments throw UsageError.
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state);
+// The same with x handed over as codes (ops/fp8_cast.h, Fp8Operand; written
+// for fp8_linear_input_target(state)): x's cast is not made, x^T for dW comes
+// from fp8_transpose of the codes, and dX flows back to x.x (in its dtype).
+// The same bytes, so the same y and gradients as fp8_linear(h, ...). Codes
+// undefined: fp8_linear(x.x, ...).
+at::Tensor fp8_linear(const Fp8Operand& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state);
+
+// Where a kernel writes a linear's input codes for `state` (its x slot).
+Fp8Target fp8_linear_input_target(const Fp8Scaling& state);
 
 // Whether fp8_linear runs x's shape: any on the CPU; on CUDA M (the rows of
 // x), K and N multiples of 16.
 bool fp8_linear_supported(const at::Tensor& x, const at::Tensor& weight);
+// The same for a weight of n rows (output features).
+bool fp8_linear_supported(const at::Tensor& x, int64_t n);
 
 // The fp32 references, with the state's current scales (its amax untouched):
 // y = dq(q(x)) dq(q(W))^T + b, and the three gradients from dY as above.

@@ -30,10 +30,13 @@ constexpr const char* kOp = "residual_adaln";
 struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& gate_in,
                                const at::Tensor& y_in, const at::Tensor& shift_in, const at::Tensor& scale_in,
-                               int64_t out_dtype_i, double eps, const std::optional<at::Tensor>& bias_opt) {
+                               int64_t out_dtype_i, double eps, const std::optional<at::Tensor>& bias_opt,
+                               const std::optional<at::Tensor>& fp8_scale, const std::optional<at::Tensor>& fp8_amax) {
     const at::Tensor bias_in = bias_opt.value_or(at::Tensor());
-    detail::ResidualAdaLNForward f = detail::residual_adaln_forward_cuda(
-        x_in, gate_in, y_in, shift_in, scale_in, static_cast<at::ScalarType>(out_dtype_i), eps, bias_in);
+    const Fp8Target target{fp8_scale.value_or(at::Tensor()), fp8_amax.value_or(at::Tensor())};
+    detail::ResidualAdaLNForward f =
+        detail::residual_adaln_forward_cuda(x_in, gate_in, y_in, shift_in, scale_in, static_cast<at::ScalarType>(out_dtype_i),
+                                            eps, bias_in, fp8_scale ? &target : nullptr);
     // An unused output's gradient arrives undefined rather than as zeros to read.
     ctx->set_materialize_grads(false);
     // x1 (or xhat) replaces x: the LN backward needs it, the residual's needs
@@ -43,7 +46,9 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
     ctx->save_for_backward({kept ? none : f.x1, f.y, f.gate, f.scale, kept ? none : f.mean, f.rstd, f.bias, f.xhat});
     detail::save_residual_types(ctx, f.act, x_in, y_in, gate_in);
     detail::save_dtypes(ctx, {{"shift_dtype", &shift_in}, {"scale_dtype", &scale_in}, {"bias_dtype", &bias_in}});
-    return {f.x1, f.h};
+    if (!f.codes.defined()) return {f.x1, f.h};
+    ctx->mark_non_differentiable({f.codes});
+    return {f.x1, f.h, f.codes};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -61,7 +66,7 @@ struct ResidualAdaLNFunction : public torch::autograd::Function<ResidualAdaLNFun
                                            ctx->needs_input_grad(2), ctx->needs_input_grad(3),
                                            ctx->needs_input_grad(4), has_bias && ctx->needs_input_grad(5)};
     const detail::ResidualAdaLNGrads g = detail::residual_adaln_backward_cuda(grads[0], grads[1], s, dtypes, wants);
-    variable_list out(8);  // x, gate, y, shift, scale, out_dtype, eps, bias
+    variable_list out(10);  // x, gate, y, shift, scale, out_dtype, eps, bias, fp8_scale, fp8_amax
     out[0] = g.x, out[1] = g.gate, out[2] = g.y, out[3] = g.shift, out[4] = g.scale, out[7] = g.bias;
     return out;
   }
@@ -82,7 +87,7 @@ void check_residual_adaln_args(const at::Tensor& x, const at::Tensor& gate, cons
 ResidualAdaLNForward residual_adaln_forward_cuda(const at::Tensor& x_in, const at::Tensor& gate_in,
                                                  const at::Tensor& y_in, const at::Tensor& shift_in,
                                                  const at::Tensor& scale_in, at::ScalarType out_dtype, double eps,
-                                                 const at::Tensor& bias_in) {
+                                                 const at::Tensor& bias_in, const Fp8Target* fp8) {
   const c10::cuda::CUDAGuard guard(x_in.device());
   // gate, shift and scale share one kernel type; y and h another (t.act).
   const std::vector<at::Tensor> mod = per_sample_rows({gate_in, shift_in, scale_in});
@@ -92,6 +97,7 @@ ResidualAdaLNForward residual_adaln_forward_cuda(const at::Tensor& x_in, const a
   // The LN backward reads xhat where it is narrower than x1 (the bf16 DiT
   // path), x1 and mean otherwise (see the header).
   RowNormTensors t = row_norm_tensors(x_in, y_in, out_dtype, /*keep_xhat=*/true, /*stat=*/true);
+  const FusedFp8Output q = fused_fp8_output(fp8, t, out_dtype, kOp);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   with_kernel_types(kOp, t.x.scalar_type(), gate.scalar_type(), t.act, [&](auto tx, auto tm, auto ta) {
     using TX = kernel_type<decltype(tx)>;
@@ -100,11 +106,12 @@ ResidualAdaLNForward residual_adaln_forward_cuda(const at::Tensor& x_in, const a
     kernels::residual_adaln_forward<TX, TM, TA>(
         kernel_ptr<const TX>(t.x), kernel_ptr<const TM>(gate), gate.stride(0), kernel_ptr<const TA>(t.y),
         kernel_ptr<const float>(bias), kernel_ptr<const TM>(shift), shift.stride(0), kernel_ptr<const TM>(scale),
-        scale.stride(0), kernel_ptr<TX>(t.x1), kernel_ptr<TA>(t.h), t.stat.data_ptr<float>(),
-        t.rstd.data_ptr<float>(), kernel_ptr<TA>(t.xhat), t.batch, t.tokens, t.cols, float(eps), stream);
+        scale.stride(0), kernel_ptr<TX>(t.x1), q.fused ? nullptr : kernel_ptr<TA>(t.h), t.stat.data_ptr<float>(),
+        t.rstd.data_ptr<float>(), kernel_ptr<TA>(t.xhat), t.batch, t.tokens, t.cols, float(eps), stream, q.kernel);
   });
+  const FinishedFp8Output out = finish_fp8_output(q, fp8, t.h, out_dtype, kOp);
   ResidualAdaLNForward f;
-  f.x1 = t.x1, f.h = as_dtype(t.h, out_dtype), f.y = t.y, f.gate = gate, f.scale = scale, f.bias = bias;
+  f.x1 = t.x1, f.h = out.h, f.codes = out.codes, f.y = t.y, f.gate = gate, f.scale = scale, f.bias = bias;
   f.mean = t.stat, f.rstd = t.rstd, f.xhat = t.xhat, f.act = t.act;
   return f;
 }
@@ -196,8 +203,22 @@ std::pair<at::Tensor, at::Tensor> residual_adaln(const at::Tensor& x, const at::
   detail::check_residual_adaln_args(x, gate, y, shift, scale, out_dtype, bias);
   if (!x.is_cuda()) return residual_adaln_reference(x, gate, y, shift, scale, out_dtype, eps, bias);
   variable_list out = ResidualAdaLNFunction::apply(x, gate, y, shift, scale, int64_t(out_dtype), eps,
-                                                   detail::optional_tensor(bias));
+                                                   detail::optional_tensor(bias), std::nullopt, std::nullopt);
   return {std::move(out[0]), std::move(out[1])};
+}
+
+std::pair<at::Tensor, Fp8Operand> residual_adaln_fp8(const at::Tensor& x, const at::Tensor& gate,
+                                                     const at::Tensor& y, const at::Tensor& shift,
+                                                     const at::Tensor& scale, at::ScalarType out_dtype,
+                                                     const Fp8Target& target, double eps, const at::Tensor& bias) {
+  detail::check_residual_adaln_args(x, gate, y, shift, scale, out_dtype, bias);
+  if (!x.is_cuda()) {
+    auto [x1, h] = residual_adaln_reference(x, gate, y, shift, scale, out_dtype, eps, bias);
+    return {std::move(x1), fp8_operand_of(h, target, kOp)};
+  }
+  variable_list out = ResidualAdaLNFunction::apply(x, gate, y, shift, scale, int64_t(out_dtype), eps,
+                                                   detail::optional_tensor(bias), target.scale, target.amax);
+  return {std::move(out[0]), Fp8Operand{std::move(out[1]), std::move(out[2])}};
 }
 
 }  // namespace perftrain::ops

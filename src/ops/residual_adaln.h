@@ -23,6 +23,8 @@
 #include <optional>
 #include <utility>
 
+#include "ops/fp8_cast.h"
+
 namespace perftrain::ops {
 
 // x, y [B, T, D] float32/bfloat16/float16 (any mix); gate, shift, scale [B, D]
@@ -39,6 +41,18 @@ std::pair<at::Tensor, at::Tensor> residual_adaln(const at::Tensor& x, const at::
                                                  const at::Tensor& shift, const at::Tensor& scale,
                                                  at::ScalarType out_dtype, double eps = 1e-6,
                                                  const at::Tensor& bias = at::Tensor());
+
+// residual_adaln handing h to an fp8 linear (ops/fp8_cast.h, Fp8Operand): x1,
+// and h's E4M3 codes for `target` with their amax. CUDA: written by the same
+// pass in place of h where y is in out_dtype (row_norm_op.h:
+// fused_fp8_output; else h, then fp8_cast), the operand's x the stand-in,
+// whose gradient is h's. CPU: the reference's h, then fp8_cast. The bytes and
+// amax of fp8_cast(residual_adaln(...).second) either way.
+std::pair<at::Tensor, Fp8Operand> residual_adaln_fp8(const at::Tensor& x, const at::Tensor& gate,
+                                                     const at::Tensor& y, const at::Tensor& shift,
+                                                     const at::Tensor& scale, at::ScalarType out_dtype,
+                                                     const Fp8Target& target, double eps = 1e-6,
+                                                     const at::Tensor& bias = at::Tensor());
 
 // The plain-ATen reference: gated_residual_reference (with the bias), then
 // adaln_layernorm_reference on its result (fp32 math, fp64 when any input is
@@ -62,13 +76,14 @@ void check_residual_adaln_args(const at::Tensor& x, const at::Tensor& gate, cons
 // xhat (in act) where it is kept: then the backward reads neither x1 nor the
 // mean (see the top of this file).
 struct ResidualAdaLNForward {
-  at::Tensor x1, h;
+  at::Tensor x1, h, codes;  // codes: with fp8, h's (then h may be the stand-in)
   at::Tensor y, gate, scale, bias, mean, rstd, xhat;
   at::ScalarType act = at::kFloat;
 };
 ResidualAdaLNForward residual_adaln_forward_cuda(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y,
                                                  const at::Tensor& shift, const at::Tensor& scale,
-                                                 at::ScalarType out_dtype, double eps, const at::Tensor& bias);
+                                                 at::ScalarType out_dtype, double eps, const at::Tensor& bias,
+                                                 const Fp8Target* fp8 = nullptr);
 // The inputs' dtypes (each gradient's), the bias's where there is one.
 struct ResidualAdaLNDtypes {
   at::ScalarType x, gate, y, shift, scale;

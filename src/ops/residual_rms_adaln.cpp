@@ -34,13 +34,16 @@ struct ResidualRmsAdaLNFunction : public torch::autograd::Function<ResidualRmsAd
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& gate_in,
                                const at::Tensor& y_in, const std::optional<at::Tensor>& post_weight_opt,
                                const std::optional<at::Tensor>& pre_weight_opt,
-                               const std::optional<at::Tensor>& scale_opt, int64_t out_dtype_i, double eps) {
+                               const std::optional<at::Tensor>& scale_opt, int64_t out_dtype_i, double eps,
+                               const std::optional<at::Tensor>& fp8_scale, const std::optional<at::Tensor>& fp8_amax) {
     const at::Tensor post_weight_in = post_weight_opt.value_or(at::Tensor());
     const at::Tensor pre_weight_in = pre_weight_opt.value_or(at::Tensor());
     const at::Tensor scale_in = scale_opt.value_or(at::Tensor());
+    const Fp8Target target{fp8_scale.value_or(at::Tensor()), fp8_amax.value_or(at::Tensor())};
     const detail::ResidualRmsAdaLNForward f =
         detail::residual_rms_adaln_forward_cuda(x_in, gate_in, y_in, post_weight_in, pre_weight_in, scale_in,
-                                                static_cast<at::ScalarType>(out_dtype_i), eps);
+                                                static_cast<at::ScalarType>(out_dtype_i), eps,
+                                                fp8_scale ? &target : nullptr);
     // An unused output's gradient arrives undefined rather than as zeros to read.
     ctx->set_materialize_grads(false);
     // Nothing of x is kept (the residual's gradient needs none of it); x1 only
@@ -52,7 +55,9 @@ struct ResidualRmsAdaLNFunction : public torch::autograd::Function<ResidualRmsAd
     detail::save_dtypes(ctx, {{"post_weight_dtype", &post_weight_in},
                               {"pre_weight_dtype", &pre_weight_in},
                               {"scale_dtype", &scale_in}});
-    return {f.x1, f.h};
+    if (!f.codes.defined()) return {f.x1, f.h};
+    ctx->mark_non_differentiable({f.codes});
+    return {f.x1, f.h, f.codes};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -76,7 +81,8 @@ struct ResidualRmsAdaLNFunction : public torch::autograd::Function<ResidualRmsAd
         dtypes.scale.has_value() && ctx->needs_input_grad(scale_edge)};
     const detail::ResidualRmsAdaLNGrads g =
         detail::residual_rms_adaln_backward_cuda(grads[0], grads[1], s, dtypes, wants);
-    return {g.x, g.gate, g.y, g.post_weight, g.pre_weight, g.scale, at::Tensor(), at::Tensor()};
+    return {g.x, g.gate, g.y, g.post_weight, g.pre_weight, g.scale, at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -96,7 +102,7 @@ void check_residual_rms_adaln_args(const at::Tensor& x, const at::Tensor& gate, 
 ResidualRmsAdaLNForward residual_rms_adaln_forward_cuda(const at::Tensor& x_in, const at::Tensor& gate_in,
                                                         const at::Tensor& y_in, const at::Tensor& post_weight_in,
                                                         const at::Tensor& pre_weight_in, const at::Tensor& scale_in,
-                                                        at::ScalarType out_dtype, double eps) {
+                                                        at::ScalarType out_dtype, double eps, const Fp8Target* fp8) {
   const c10::cuda::CUDAGuard guard(x_in.device());
   // gate and scale share one kernel type; y and h another (t.act).
   const std::vector<at::Tensor> mod = per_sample_rows({gate_in, scale_in});
@@ -107,6 +113,7 @@ ResidualRmsAdaLNForward residual_rms_adaln_forward_cuda(const at::Tensor& x_in, 
   // x1's norm backward reads xhat where it is narrower than x1 (the bf16
   // training path), x1 otherwise (see the header).
   RowNormTensors t = row_norm_tensors(x_in, y_in, out_dtype, /*keep_xhat=*/true, /*stat=*/true);
+  const FusedFp8Output q = fused_fp8_output(fp8, t, out_dtype, kOp);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   with_kernel_types(kOp, t.x.scalar_type(), gate.scalar_type(), t.act, [&](auto tx, auto tm, auto ta) {
     using TX = kernel_type<decltype(tx)>;
@@ -115,11 +122,13 @@ ResidualRmsAdaLNForward residual_rms_adaln_forward_cuda(const at::Tensor& x_in, 
     kernels::residual_rms_adaln_forward<TX, TM, TA>(
         kernel_ptr<const TX>(t.x), kernel_ptr<const TM>(gate), gate.stride(0), kernel_ptr<const TA>(t.y),
         kernel_ptr<const float>(post_weight), kernel_ptr<const float>(pre_weight), kernel_ptr<const TM>(scale),
-        scale.defined() ? scale.stride(0) : 0, kernel_ptr<TX>(t.x1), kernel_ptr<TA>(t.h), t.stat.data_ptr<float>(),
-        t.rstd.data_ptr<float>(), kernel_ptr<TA>(t.xhat), t.batch, t.tokens, t.cols, float(eps), stream);
+        scale.defined() ? scale.stride(0) : 0, kernel_ptr<TX>(t.x1), q.fused ? nullptr : kernel_ptr<TA>(t.h),
+        t.stat.data_ptr<float>(), t.rstd.data_ptr<float>(), kernel_ptr<TA>(t.xhat), t.batch, t.tokens, t.cols,
+        float(eps), stream, q.kernel);
   });
+  const FinishedFp8Output out = finish_fp8_output(q, fp8, t.h, out_dtype, kOp);
   ResidualRmsAdaLNForward f;
-  f.x1 = t.x1, f.h = as_dtype(t.h, out_dtype), f.y = t.y, f.gate = gate, f.scale = scale;
+  f.x1 = t.x1, f.h = out.h, f.codes = out.codes, f.y = t.y, f.gate = gate, f.scale = scale;
   f.post_weight = post_weight, f.pre_weight = pre_weight, f.y_rstd = t.stat, f.rstd = t.rstd, f.xhat = t.xhat;
   f.act = t.act;
   return f;
@@ -203,8 +212,26 @@ std::pair<at::Tensor, at::Tensor> residual_rms_adaln(const at::Tensor& x, const 
   if (!x.is_cuda()) return residual_rms_adaln_reference(x, gate, y, post_weight, pre_weight, scale, out_dtype, eps);
   variable_list out = ResidualRmsAdaLNFunction::apply(x, gate, y, detail::optional_tensor(post_weight),
                                                       detail::optional_tensor(pre_weight),
-                                                      detail::optional_tensor(scale), int64_t(out_dtype), eps);
+                                                      detail::optional_tensor(scale), int64_t(out_dtype), eps,
+                                                      std::nullopt, std::nullopt);
   return {std::move(out[0]), std::move(out[1])};
+}
+
+std::pair<at::Tensor, Fp8Operand> residual_rms_adaln_fp8(const at::Tensor& x, const at::Tensor& gate,
+                                                         const at::Tensor& y, const at::Tensor& post_weight,
+                                                         const at::Tensor& pre_weight, const at::Tensor& scale,
+                                                         at::ScalarType out_dtype, const Fp8Target& target,
+                                                         double eps) {
+  detail::check_residual_rms_adaln_args(x, gate, y, post_weight, pre_weight, scale, out_dtype);
+  if (!x.is_cuda()) {
+    auto [x1, h] = residual_rms_adaln_reference(x, gate, y, post_weight, pre_weight, scale, out_dtype, eps);
+    return {std::move(x1), fp8_operand_of(h, target, kOp)};
+  }
+  variable_list out = ResidualRmsAdaLNFunction::apply(x, gate, y, detail::optional_tensor(post_weight),
+                                                      detail::optional_tensor(pre_weight),
+                                                      detail::optional_tensor(scale), int64_t(out_dtype), eps,
+                                                      target.scale, target.amax);
+  return {std::move(out[0]), Fp8Operand{std::move(out[1]), std::move(out[2])}};
 }
 
 }  // namespace perftrain::ops

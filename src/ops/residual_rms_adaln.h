@@ -27,6 +27,8 @@
 #include <optional>
 #include <utility>
 
+#include "ops/fp8_cast.h"
+
 namespace perftrain::ops {
 
 // x, y [B, T, D] float32/bfloat16/float16 (any mix); gate [B, D] and scale
@@ -44,6 +46,18 @@ std::pair<at::Tensor, at::Tensor> residual_rms_adaln(const at::Tensor& x, const 
                                                      const at::Tensor& y, const at::Tensor& post_weight,
                                                      const at::Tensor& pre_weight, const at::Tensor& scale,
                                                      at::ScalarType out_dtype, double eps = 1e-6);
+
+// residual_rms_adaln handing h to an fp8 linear (ops/fp8_cast.h,
+// Fp8Operand): x1, and h's E4M3 codes for `target` with their amax. CUDA:
+// written by the same pass in place of h where y is in out_dtype
+// (row_norm_op.h: fused_fp8_output; else h, then fp8_cast), the operand's x
+// the stand-in, whose gradient is h's. CPU: the reference's h, then
+// fp8_cast. The bytes and amax of fp8_cast(residual_rms_adaln(...).second).
+std::pair<at::Tensor, Fp8Operand> residual_rms_adaln_fp8(const at::Tensor& x, const at::Tensor& gate,
+                                                         const at::Tensor& y, const at::Tensor& post_weight,
+                                                         const at::Tensor& pre_weight, const at::Tensor& scale,
+                                                         at::ScalarType out_dtype, const Fp8Target& target,
+                                                         double eps = 1e-6);
 
 // The plain-ATen reference (fp32 math, fp64 when any input is fp64): yn and
 // x1 as above, x1 rounded to x's dtype, then rms_adaln_reference(x1,
@@ -66,14 +80,15 @@ void check_residual_rms_adaln_args(const at::Tensor& x, const at::Tensor& gate, 
 // the weights as dense float32 (or undefined), y's and x1's per-row float32
 // rstd [B*T], and xhat (in act) where it is kept: then x1 is not read.
 struct ResidualRmsAdaLNForward {
-  at::Tensor x1, h;
+  at::Tensor x1, h, codes;  // codes: with fp8, h's (then h may be the stand-in)
   at::Tensor y, gate, scale, post_weight, pre_weight, y_rstd, rstd, xhat;
   at::ScalarType act = at::kFloat;
 };
 ResidualRmsAdaLNForward residual_rms_adaln_forward_cuda(const at::Tensor& x, const at::Tensor& gate,
                                                         const at::Tensor& y, const at::Tensor& post_weight,
                                                         const at::Tensor& pre_weight, const at::Tensor& scale,
-                                                        at::ScalarType out_dtype, double eps);
+                                                        at::ScalarType out_dtype, double eps,
+                                                        const Fp8Target* fp8 = nullptr);
 // The inputs' dtypes (each gradient's), those of the optional ones where given.
 struct ResidualRmsAdaLNDtypes {
   at::ScalarType x, gate, y;

@@ -27,15 +27,21 @@ constexpr const char* kOp = "rms_adaln";
 // and an absent one has no input edge, so the edges of the present tensors are
 // numbered in order (x = 0, weight, scale).
 struct RmsAdaLNFunction : public torch::autograd::Function<RmsAdaLNFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const std::optional<at::Tensor>& weight_opt,
-                            const std::optional<at::Tensor>& scale_opt, int64_t out_dtype_i, double eps) {
+  // fp8_scale / fp8_amax (both or neither): h's codes as a second output (no gradient).
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x_in,
+                               const std::optional<at::Tensor>& weight_opt, const std::optional<at::Tensor>& scale_opt,
+                               int64_t out_dtype_i, double eps, const std::optional<at::Tensor>& fp8_scale,
+                               const std::optional<at::Tensor>& fp8_amax) {
     const at::Tensor weight_in = weight_opt.value_or(at::Tensor()), scale_in = scale_opt.value_or(at::Tensor());
+    const Fp8Target target{fp8_scale.value_or(at::Tensor()), fp8_amax.value_or(at::Tensor())};
     const detail::RmsAdaLNForward f = detail::rms_adaln_forward_cuda(
-        x_in, weight_in, scale_in, static_cast<at::ScalarType>(out_dtype_i), eps);
+        x_in, weight_in, scale_in, static_cast<at::ScalarType>(out_dtype_i), eps, fp8_scale ? &target : nullptr);
     ctx->save_for_backward({f.x, f.xhat, f.weight, f.scale, f.rstd});
     ctx->saved_data["out_dtype"] = out_dtype_i;
     detail::save_dtypes(ctx, {{"x_dtype", &x_in}, {"weight_dtype", &weight_in}, {"scale_dtype", &scale_in}});
-    return f.h;
+    if (!f.codes.defined()) return {f.h};
+    ctx->mark_non_differentiable({f.codes});
+    return {f.h, f.codes};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -48,7 +54,7 @@ struct RmsAdaLNFunction : public torch::autograd::Function<RmsAdaLNFunction> {
     };
     const std::optional<at::ScalarType> weight_dtype = present("weight_dtype"), scale_dtype = present("scale_dtype");
     const bool has_weight = weight_dtype.has_value();
-    variable_list out(5);  // x, weight, scale, out_dtype, eps
+    variable_list out(7);  // x, weight, scale, out_dtype, eps, fp8_scale, fp8_amax
     if (!grads[0].defined()) return out;
     const detail::RmsAdaLNGrads g = detail::rms_adaln_backward_cuda(
         grads[0], s, detail::saved_dtype(ctx, "out_dtype"), detail::saved_dtype(ctx, "x_dtype"),
@@ -71,7 +77,8 @@ void check_rms_adaln_args(const at::Tensor& x, const at::Tensor& weight, const a
 }
 
 RmsAdaLNForward rms_adaln_forward_cuda(const at::Tensor& x_in, const at::Tensor& weight_in,
-                                       const at::Tensor& scale_in, at::ScalarType out_dtype, double eps) {
+                                       const at::Tensor& scale_in, at::ScalarType out_dtype, double eps,
+                                       const Fp8Target* fp8) {
   const c10::cuda::CUDAGuard guard(x_in.device());
   // The kernels read the weight as dense fp32 (the master itself, no copy, when it is fp32).
   const at::Tensor weight = weight_in.defined() ? compute_weight(weight_in, at::kFloat) : at::Tensor();
@@ -79,6 +86,7 @@ RmsAdaLNForward rms_adaln_forward_cuda(const at::Tensor& x_in, const at::Tensor&
   const at::ScalarType mod = scale.defined() ? scale.scalar_type() : at::kFloat;
   // The backward reads xhat where it is narrower than x (see the header).
   RowNormTensors t = row_norm_tensors(x_in, at::Tensor(), out_dtype, /*keep_xhat=*/true, /*stat=*/false);
+  const FusedFp8Output q = fused_fp8_output(fp8, t, out_dtype, kOp);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   with_kernel_types(kOp, t.x.scalar_type(), mod, out_dtype, [&](auto tx, auto tm, auto ty) {
     using TX = kernel_type<decltype(tx)>;
@@ -86,11 +94,13 @@ RmsAdaLNForward rms_adaln_forward_cuda(const at::Tensor& x_in, const at::Tensor&
     using TY = kernel_type<decltype(ty)>;
     kernels::rms_adaln_forward<TX, TM, TY>(kernel_ptr<const TX>(t.x), kernel_ptr<const float>(weight),
                                            kernel_ptr<const TM>(scale), scale.defined() ? scale.stride(0) : 0,
-                                           kernel_ptr<TY>(t.h), t.rstd.data_ptr<float>(), kernel_ptr<TY>(t.xhat),
-                                           t.batch, t.tokens, t.cols, float(eps), stream);
+                                           q.fused ? nullptr : kernel_ptr<TY>(t.h), t.rstd.data_ptr<float>(),
+                                           kernel_ptr<TY>(t.xhat), t.batch, t.tokens, t.cols, float(eps), stream,
+                                           q.kernel);
   });
+  const FinishedFp8Output out = finish_fp8_output(q, fp8, t.h, out_dtype, kOp);
   RmsAdaLNForward f;
-  f.h = t.h, f.x = t.xhat.defined() ? at::Tensor() : t.x, f.xhat = t.xhat, f.weight = weight, f.scale = scale;
+  f.h = out.h, f.codes = out.codes, f.x = t.xhat.defined() ? at::Tensor() : t.x, f.xhat = t.xhat, f.weight = weight, f.scale = scale;
   f.rstd = t.rstd;
   return f;
 }
@@ -149,7 +159,16 @@ at::Tensor rms_adaln(const at::Tensor& x, const at::Tensor& weight, const at::Te
   detail::check_rms_adaln_args(x, weight, scale, out_dtype);
   if (!x.is_cuda()) return rms_adaln_reference(x, weight, scale, out_dtype, eps);
   return RmsAdaLNFunction::apply(x, detail::optional_tensor(weight), detail::optional_tensor(scale), int64_t(out_dtype),
-                                 eps);
+                                 eps, std::nullopt, std::nullopt)[0];
+}
+
+Fp8Operand rms_adaln_fp8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                         at::ScalarType out_dtype, const Fp8Target& target, double eps) {
+  detail::check_rms_adaln_args(x, weight, scale, out_dtype);
+  if (!x.is_cuda()) return fp8_operand_of(rms_adaln_reference(x, weight, scale, out_dtype, eps), target, kOp);
+  variable_list out = RmsAdaLNFunction::apply(x, detail::optional_tensor(weight), detail::optional_tensor(scale),
+                                              int64_t(out_dtype), eps, target.scale, target.amax);
+  return {std::move(out[0]), std::move(out[1])};
 }
 
 }  // namespace perftrain::ops

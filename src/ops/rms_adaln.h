@@ -19,6 +19,8 @@
 
 #include <optional>
 
+#include "ops/fp8_cast.h"
+
 namespace perftrain::ops {
 
 // x [B, T, D] float32/bfloat16/float16; weight [D] float32/bfloat16/float16/
@@ -31,6 +33,14 @@ namespace perftrain::ops {
 // Bad shapes, dtypes or devices throw UsageError.
 at::Tensor rms_adaln(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                      at::ScalarType out_dtype, double eps = 1e-6);
+
+// rms_adaln handing h to an fp8 linear (ops/fp8_cast.h, Fp8Operand): its
+// E4M3 codes for `target` with their amax. CUDA: written by the norm's own
+// pass in place of h (row_norm_op.h: fused_fp8_output), the operand's x the
+// stand-in, whose gradient is h's. CPU: the reference's h, then fp8_cast.
+// The bytes and amax of fp8_cast(rms_adaln(...)) either way.
+Fp8Operand rms_adaln_fp8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                         at::ScalarType out_dtype, const Fp8Target& target, double eps = 1e-6);
 
 // The plain-ATen reference: computed in fp32 (fp64 when any input is fp64),
 // the result cast to out_dtype; autograd through ATen gives its backward.
@@ -49,9 +59,10 @@ void check_rms_adaln_args(const at::Tensor& x, const at::Tensor& weight, const a
 // absent); the per-row float32 rstd [B*T].
 struct RmsAdaLNForward {
   at::Tensor h, x, xhat, weight, scale, rstd;
+  at::Tensor codes;  // with fp8: h's (h then the stand-in)
 };
 RmsAdaLNForward rms_adaln_forward_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
-                                       at::ScalarType out_dtype, double eps);
+                                       at::ScalarType out_dtype, double eps, const Fp8Target* fp8 = nullptr);
 // The backward from the incoming gradient of h and what the forward kept: dx
 // in x_dtype, and the weight's and scale's gradients in the given dtypes
 // (nullopt: not wanted, left undefined).

@@ -74,6 +74,29 @@ RowNormTensors row_norm_tensors(const at::Tensor& x, const at::Tensor& y, at::Sc
   return r;
 }
 
+FusedFp8Output fused_fp8_output(const Fp8Target* fp8, const RowNormTensors& t, at::ScalarType out_dtype,
+                                const char* op) {
+  FusedFp8Output q;
+  if (fp8 == nullptr) return q;
+  check_fp8_target(*fp8, t.x, op);
+  if (t.act != out_dtype) return q;
+  q.fused = true;
+  q.codes = at::empty({int64_t(t.batch) * t.tokens, t.cols}, t.x.options().dtype(at::kFloat8_e4m3fn));
+  q.kernel.q = static_cast<uint8_t*>(q.codes.data_ptr());
+  q.kernel.scale = fp8->scale.data_ptr<float>();
+  q.kernel.amax = fp8->amax.data_ptr<float>();
+  return q;
+}
+
+FinishedFp8Output finish_fp8_output(const FusedFp8Output& q, const Fp8Target* fp8, const at::Tensor& h,
+                                    at::ScalarType out_dtype, const char* op) {
+  if (q.fused) return {fp8_stand_in(h.sizes(), h.options().dtype(out_dtype)), q.codes};
+  FinishedFp8Output out{as_dtype(h, out_dtype), at::Tensor()};
+  if (fp8 != nullptr)
+    out.codes = fp8_cast(out.h.view({-1, out.h.size(-1)}), fp8->scale, fp8->amax, Fp8Format::kE4M3, op);
+  return out;
+}
+
 void save_dtypes(torch::autograd::AutogradContext* ctx,
                  std::initializer_list<std::pair<const char*, const at::Tensor*>> inputs) {
   for (const auto& [key, t] : inputs) ctx->saved_data[key] = t->defined() ? int64_t(t->scalar_type()) : int64_t(-1);

@@ -10,7 +10,9 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "kernels/fp8_cast.h"
 #include "ops/dtype_dispatch.h"
+#include "ops/fp8_cast.h"
 
 #include <initializer_list>
 #include <optional>
@@ -71,6 +73,25 @@ struct RowNormTensors {
 // is kept.
 RowNormTensors row_norm_tensors(const at::Tensor& x, const at::Tensor& y, at::ScalarType out_dtype, bool keep_xhat,
                                 bool stat);
+
+// A forward's fp8 output (ops/fp8_cast.h: Fp8Target, Fp8Operand; null: none).
+// Fused where the kernels write h in out_dtype (t.act): the codes [B*T, D]
+// and the kernels' Fp8RowOut for them, and h is then not written. Else
+// (a residual op whose y is not in out_dtype) the op casts h afterwards.
+struct FusedFp8Output {
+  bool fused = false;
+  at::Tensor codes;
+  kernels::Fp8RowOut kernel;
+};
+FusedFp8Output fused_fp8_output(const Fp8Target* fp8, const RowNormTensors& t, at::ScalarType out_dtype,
+                                const char* op);
+// After the kernels, from their h (in t.act): fused, the stand-in for h and
+// the codes; else h in out_dtype and, with fp8, fp8_cast of it.
+struct FinishedFp8Output {
+  at::Tensor h, codes;
+};
+FinishedFp8Output finish_fp8_output(const FusedFp8Output& q, const Fp8Target* fp8, const at::Tensor& h,
+                                    at::ScalarType out_dtype, const char* op);
 
 // The inputs' dtypes saved for the backward, by key: -1 for an undefined one.
 void save_dtypes(torch::autograd::AutogradContext* ctx,

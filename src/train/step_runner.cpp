@@ -693,6 +693,7 @@ std::vector<std::pair<std::string, at::Tensor>> StepRunner::optimizer_state() co
 }
 
 const models::Fp8States* StepRunner::fp8_states() const { return impl_->fp8.get(); }
+models::Fp8States* StepRunner::fp8_states() { return impl_->fp8.get(); }
 
 std::string StepRunner::fp8_note() const {
   if (!impl_->fp8) return "";

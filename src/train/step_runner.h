@@ -131,6 +131,7 @@ class StepRunner {
   // otherwise), and a line for the log and report: how many linears run fp8
   // products, and which ran ops::linear (shapes not multiples of 16 on CUDA).
   const models::Fp8States* fp8_states() const;
+  models::Fp8States* fp8_states();
   std::string fp8_note() const;
 
   // Optimizer state for checkpoints, named as AdamW::state() names it; with

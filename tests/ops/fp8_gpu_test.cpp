@@ -29,7 +29,11 @@
 #include "compat/compat.h"
 #include "fp8_test_codes.h"
 #include "gpu_products.h"
+#include "ops/adaln_layernorm.h"
 #include "ops/fp8_linear.h"
+#include "ops/residual_adaln.h"
+#include "ops/residual_rms_adaln.h"
+#include "ops/rms_adaln.h"
 #include "support/tensor_checks.h"
 
 namespace perftrain::ops {
@@ -336,6 +340,67 @@ TEST(Fp8Gpu, LinearCapturesInCudaGraph) {
   at::Generator g = cuda_gen(41);
   const at::Tensor x_next = rnd(c.x.sizes(), g, at::kBFloat16, 1.0, 0.3);
   expect_capture_matches_eager([&] { return linear_step(c); }, c.x, x_next);
+}
+
+// The norms' fused fp8 output (ops/fp8_cast.h, Fp8Operand) at DiT-XL/2's
+// width and an odd one: the codes and amax of fp8_cast of the unfused norm's
+// h, bit for bit; fp8_transpose of the codes the cast-transpose's q_t; and
+// fp8_linear on the operand the y and gradients of fp8_linear on h.
+TEST(Fp8Gpu, NormCodesAreTheCastOfTheirOutputBitForBit) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  for (const int64_t d : {1152, 72}) {
+    at::Generator g = cuda_gen(50 + d);
+    const at::Tensor x = rnd({4, 64, d}, g, at::kFloat, 2.0, 0.3), y = rnd({4, 64, d}, g, at::kBFloat16, 1.5, 0.0);
+    const at::Tensor mod = rnd({4, 3, d}, g, at::kFloat, 0.5, 0.0).to(at::kBFloat16), bias = rnd({d}, g, at::kFloat, 0.5, 0.0);
+    const at::Tensor gate = mod.select(1, 0), shift = mod.select(1, 1), scale = mod.select(1, 2);
+    const at::Tensor w = rnd({d}, g, at::kFloat, 0.3, 1.0);
+    const char* names[] = {" adaln_layernorm", " residual_adaln", " rms_adaln", " residual_rms_adaln"};
+    for (int which = 0; which < 4; ++which) {
+      const std::string what = std::to_string(d) + names[which];
+      const Fp8Scaling fused = make_fp8_linear_scaling(4, kCuda), plain = make_fp8_linear_scaling(4, kCuda);
+      for (const Fp8Scaling* s : {&fused, &plain}) s->scale[kFp8X].fill_(150.f);  // some of h saturates
+      const Fp8Target t = fp8_linear_input_target(fused), p = fp8_linear_input_target(plain);
+      const Fp8Operand op =
+          which == 0   ? adaln_layernorm_fp8(x, shift, scale, at::kBFloat16, t)
+          : which == 1 ? residual_adaln_fp8(x, gate, y, shift, scale, at::kBFloat16, t, 1e-6, bias).second
+          : which == 2 ? rms_adaln_fp8(x, w, scale, at::kBFloat16, t)
+                       : residual_rms_adaln_fp8(x, gate, y, bias, w, scale, at::kBFloat16, t).second;
+      const at::Tensor h = which == 0   ? adaln_layernorm(x, shift, scale, at::kBFloat16)
+                           : which == 1 ? residual_adaln(x, gate, y, shift, scale, at::kBFloat16, 1e-6, bias).second
+                           : which == 2 ? rms_adaln(x, w, scale, at::kBFloat16)
+                                        : residual_rms_adaln(x, gate, y, bias, w, scale, at::kBFloat16).second;
+      const Fp8Casts want = fp8_cast_transpose(h.reshape({-1, d}), p.scale, p.amax, Fp8Format::kE4M3);
+      EXPECT_TRUE(same_codes(op.codes, want.q, Fp8Format::kE4M3)) << what;
+      EXPECT_TRUE(same_floats(fused.amax, plain.amax)) << what;
+      EXPECT_TRUE(same_codes(fp8_transpose(op.codes), want.q_t, Fp8Format::kE4M3)) << what << " transpose";
+      EXPECT_EQ(op.x.sizes(), h.sizes()) << what;
+      EXPECT_TRUE(op.x.isnan().all().item<bool>()) << what << ": the stand-in, not a written h";
+    }
+  }
+}
+
+TEST(Fp8Gpu, LinearOnNormCodesMatchesTheLinearOnH) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  at::Generator g = cuda_gen(60);
+  const at::Tensor x0 = rnd({4, 64, 1152}, g, at::kFloat, 2.0, 0.3);
+  const at::Tensor mod0 = rnd({4, 2, 1152}, g, at::kFloat, 0.5, 0.0).to(at::kBFloat16);
+  const at::Tensor w0 = rnd({3456, 1152}, g, at::kFloat, 0.03, 0.0), dy = rnd({4, 64, 3456}, g, at::kBFloat16, 1.0, 0.0);
+  auto run = [&](bool codes) {
+    const at::Tensor x = x0.clone().requires_grad_(), mod = mod0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    const Fp8Scaling s = make_fp8_linear_scaling(4, kCuda);
+    const at::Tensor shift = mod.select(1, 0), scale = mod.select(1, 1);
+    const Fp8Operand in = codes ? adaln_layernorm_fp8(x, shift, scale, at::kBFloat16, fp8_linear_input_target(s))
+                                : Fp8Operand{adaln_layernorm(x, shift, scale, at::kBFloat16), at::Tensor()};
+    const at::Tensor y = fp8_linear(in, w, at::Tensor(), s);
+    auto grads = torch::autograd::grad({y}, {x, mod, w}, {dy});
+    grads.insert(grads.begin(), y.detach());
+    grads.push_back(s.amax.clone());
+    return grads;
+  };
+  run(false);  // a first call settles any product tuning, so both runs below get the same algorithms
+  const auto fused = run(true), plain = run(false);
+  const char* names[] = {"y", "dx", "dmod", "dW", "amax"};
+  for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(at::equal(fused[i], plain[i])) << names[i];
 }
 
 }  // namespace

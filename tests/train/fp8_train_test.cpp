@@ -62,13 +62,15 @@ struct Trained {
   std::map<std::string, ops::Fp8Scaling> states;  // copies after the last step
 };
 
-// `steps` steps of `precision` on one fixed batch (the loss can fall).
-Trained train_steps(const TrainConfig& c, const std::string& precision, int steps) {
+// `steps` steps of `precision` on one fixed batch (the loss can fall);
+// fused_casts false: the fp8 linears cast their inputs themselves.
+Trained train_steps(const TrainConfig& c, const std::string& precision, int steps, bool fused_casts = true) {
   const at::Device cpu(at::kCPU);
   auto built = models::build_diffusion_model_and_ema(c.model, 1, cpu);
   StepOptions o;
   o.precision = precision;
   StepRunner r(*built.model, built.ema.get(), c, o, cpu, at::make_generator<at::CPUGeneratorImpl>(5));
+  if (r.fp8_states() != nullptr) r.fp8_states()->set_fused_casts(fused_casts);
   auto data_gen = at::make_generator<at::CPUGeneratorImpl>(11);
   // Each class a fixed pattern: the model can learn it in a few steps.
   const at::Tensor y = at::randint(3, {8}, data_gen, at::kLong);
@@ -142,6 +144,25 @@ TEST_P(Fp8FamilyTest, TrainsOnTheCpuWithItsScalingStatesMoving) {
   for (int i = 1; i < steps; ++i) diff = std::max(diff, std::abs(fp8.losses[i] - fp32.losses[i]));
   EXPECT_GT(diff, 0) << "fp8 ran the fp32 products";
   EXPECT_LT(diff, 0.1 * fp32.losses.front());
+}
+
+// The norms' fused casts (the codes written by adaln_layernorm and
+// residual_adaln for DiT's attn.qkv and mlp.fc1, by rms_adaln and
+// residual_rms_adaln for the single-stream attn.qkv and ffn.gate_up) train
+// exactly as the casts inside fp8_linear do: the same losses and the same
+// scaling states, bit for bit.
+TEST_P(Fp8FamilyTest, FusedCastsTrainAsTheLinearsOwnCasts) {
+  const TrainConfig c = tiny(GetParam());
+  const Trained fused = train_steps(c, "fp8", 4, true);
+  const Trained plain = train_steps(c, "fp8", 4, false);
+  EXPECT_EQ(fused.losses, plain.losses);
+  ASSERT_EQ(fused.states.size(), plain.states.size());
+  for (const auto& [name, s] : fused.states) {
+    const auto mine = s.named_tensors(), theirs = plain.states.at(name).named_tensors();
+    ASSERT_EQ(mine.size(), theirs.size());
+    for (size_t i = 0; i < mine.size(); ++i)
+      EXPECT_TRUE(mine[i].second.equal(theirs[i].second)) << name << "." << mine[i].first;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Fp8FamilyTest, ::testing::Values("dit", "single-stream"),

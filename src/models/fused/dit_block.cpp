@@ -48,19 +48,37 @@ std::pair<at::Tensor, at::Tensor> add_with_norm(const GatedResidual& r, const at
   return ops::residual_adaln(r.x, r.gate, r.y, shift, scale, act, 1e-6, r.bias);
 }
 
-std::pair<at::Tensor, at::Tensor> dit_attention_half(const DiTBlock& block, const DiTBlockWeights& w,
-                                                     const at::Tensor& x, const at::Tensor& h,
-                                                     const DiTModulation& mod, at::ScalarType act,
-                                                     const Fp8Block& fp8) {
-  const at::Tensor a = fp8.states != nullptr
-                           ? ops::qkv_attention(block_linear(fp8, "attn.qkv", h, w.qkv_w, w.qkv_b), block.attn.heads())
-                           : ops::projected_attention(h, w.qkv_w, w.qkv_b, block.attn.heads());  // [B, T, D] act
-  return add_with_norm({x, mod.gate_msa, block_linear(fp8, "attn.proj", a, w.proj_w), w.proj_b}, mod.shift_mlp,
-                       mod.scale_mlp, act);
+ops::Fp8Operand open_linear_norm(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
+                                 at::ScalarType act, const Fp8Block& f, const char* layer, const at::Tensor& weight) {
+  if (const auto target = block_linear_target(f, layer, x, weight.size(0)))
+    return ops::adaln_layernorm_fp8(x, shift, scale, act, *target);
+  return {ops::adaln_layernorm(x, shift, scale, act), at::Tensor()};
 }
 
-at::Tensor dit_mlp_half(const DiTBlockWeights& w, const at::Tensor& h2, bool keep_activation, const Fp8Block& fp8) {
-  if (fp8.states == nullptr) return ops::gelu_mlp(h2, w.fc1_w, w.fc1_b, w.fc2_w, at::Tensor(), keep_activation);
+std::pair<at::Tensor, ops::Fp8Operand> add_with_linear_norm(const GatedResidual& r, const at::Tensor& shift,
+                                                            const at::Tensor& scale, at::ScalarType act,
+                                                            const Fp8Block& f, const char* layer,
+                                                            const at::Tensor& weight) {
+  if (const auto target = block_linear_target(f, layer, r.x, weight.size(0)))
+    return ops::residual_adaln_fp8(r.x, r.gate, r.y, shift, scale, act, *target, 1e-6, r.bias);
+  auto [x1, h] = add_with_norm(r, shift, scale, act);
+  return {std::move(x1), ops::Fp8Operand{std::move(h), at::Tensor()}};
+}
+
+std::pair<at::Tensor, ops::Fp8Operand> dit_attention_half(const DiTBlock& block, const DiTBlockWeights& w,
+                                                          const at::Tensor& x, const ops::Fp8Operand& h,
+                                                          const DiTModulation& mod, at::ScalarType act,
+                                                          const Fp8Block& fp8) {
+  const at::Tensor a = fp8.states != nullptr
+                           ? ops::qkv_attention(block_linear(fp8, "attn.qkv", h, w.qkv_w, w.qkv_b), block.attn.heads())
+                           : ops::projected_attention(h.x, w.qkv_w, w.qkv_b, block.attn.heads());  // [B, T, D] act
+  return add_with_linear_norm({x, mod.gate_msa, block_linear(fp8, "attn.proj", a, w.proj_w), w.proj_b}, mod.shift_mlp,
+                              mod.scale_mlp, act, fp8, "mlp.fc1", w.fc1_w);
+}
+
+at::Tensor dit_mlp_half(const DiTBlockWeights& w, const ops::Fp8Operand& h2, bool keep_activation,
+                        const Fp8Block& fp8) {
+  if (fp8.states == nullptr) return ops::gelu_mlp(h2.x, w.fc1_w, w.fc1_b, w.fc2_w, at::Tensor(), keep_activation);
   // The bf16 fc1 + bias + GELU epilogue takes no fp8 operands: GELU on its own.
   const at::Tensor act = at::gelu(block_linear(fp8, "mlp.fc1", h2, w.fc1_w, w.fc1_b), "tanh");
   return block_linear(fp8, "mlp.fc2", act, w.fc2_w);  // [B, T, D]
@@ -70,7 +88,8 @@ at::Tensor dit_block(const DiTBlock& block, const DiTBlockWeights& w, const at::
                      const DiTExecution& exec) {
   const at::ScalarType act = compat::autocast_dtype(x.device().type()).value_or(x.scalar_type());
   const DiTModulation mod = dit_modulation(w, at::silu(c).to(act));
-  auto [x1, h2] = dit_attention_half(block, w, x, ops::adaln_layernorm(x, mod.shift_msa, mod.scale_msa, act), mod, act);
+  auto [x1, h2] =
+      dit_attention_half(block, w, x, {ops::adaln_layernorm(x, mod.shift_msa, mod.scale_msa, act), at::Tensor()}, mod, act);
   return ops::gated_residual(x1, mod.gate_mlp, dit_mlp_half(w, h2, !exec.gelu_recompute), w.fc2_b);
 }
 
@@ -81,7 +100,8 @@ at::Tensor dit_blocks_chained(const DiTBlockSeq& seq, const std::vector<DiTModul
     throw RuntimeError("dit_blocks_chained: " + std::to_string(seq.size()) + " blocks and " +
                        std::to_string(mods.size()) + " modulations (one per block, at least one)");
   at::Tensor x = seq[0].enter_add.defined() ? x0 + seq[0].enter_add : x0;
-  at::Tensor h = ops::adaln_layernorm(x, mods[0].shift_msa, mods[0].scale_msa, act);
+  ops::Fp8Operand h =
+      open_linear_norm(x, mods[0].shift_msa, mods[0].scale_msa, act, {fp8, seq[0].key}, "attn.qkv", seq[0].weights.qkv_w);
   for (size_t i = 0;; ++i) {
     const auto [scope, index] = scope_of(seq[i], i);
     PERFTRAIN_SCOPE_INDEXED(scope, index);
@@ -91,7 +111,8 @@ at::Tensor dit_blocks_chained(const DiTBlockSeq& seq, const std::vector<DiTModul
     GatedResidual mlp_residual{x1, mods[i].gate_mlp, dit_mlp_half(w, h2, keep_activation, f), w.fc2_b};
     if (i + 1 == seq.size()) return close(mlp_residual);
     if (seq[i + 1].enter_add.defined()) mlp_residual.x = x1 + seq[i + 1].enter_add;
-    std::tie(x, h) = add_with_norm(mlp_residual, mods[i + 1].shift_msa, mods[i + 1].scale_msa, act);
+    std::tie(x, h) = add_with_linear_norm(mlp_residual, mods[i + 1].shift_msa, mods[i + 1].scale_msa, act,
+                                          {fp8, seq[i + 1].key}, "attn.qkv", seq[i + 1].weights.qkv_w);
   }
 }
 

@@ -64,22 +64,34 @@ std::vector<DiTModulation> split_dit_modulations(const at::Tensor& product, size
 std::pair<at::Tensor, at::Tensor> add_with_norm(const GatedResidual& r, const at::Tensor& shift,
                                                 const at::Tensor& scale, at::ScalarType act);
 
+// A linear's opening norms with h handed to it: where block_linear runs
+// `layer` (weight: its weight) of application f in fp8 with fused casts
+// (block_linear_target), the norm writes h's E4M3 codes in place of h
+// (ops::adaln_layernorm_fp8, ops::residual_adaln_fp8); else h itself.
+ops::Fp8Operand open_linear_norm(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
+                                 at::ScalarType act, const Fp8Block& f, const char* layer, const at::Tensor& weight);
+std::pair<at::Tensor, ops::Fp8Operand> add_with_linear_norm(const GatedResidual& r, const at::Tensor& shift,
+                                                            const at::Tensor& scale, at::ScalarType act,
+                                                            const Fp8Block& f, const char* layer,
+                                                            const at::Tensor& weight);
+
 // The attention half from the residual stream x and its modulated norm h:
 // projected_attention, proj without its bias, and the residual added with
 // the MLP's modulated norm -> (x1, h2). With fp8 states (fp8.states): the
-// qkv product through block_linear ("attn.qkv"), then qkv_attention on the
-// packed result, and proj's ("attn.proj").
-std::pair<at::Tensor, at::Tensor> dit_attention_half(const DiTBlock& block, const DiTBlockWeights& w,
-                                                     const at::Tensor& x, const at::Tensor& h,
-                                                     const DiTModulation& mod, at::ScalarType act,
-                                                     const Fp8Block& fp8 = {});
+// qkv product through block_linear ("attn.qkv"; h may be its codes, from
+// open_linear_norm), then qkv_attention on the packed result, proj's
+// ("attn.proj"), and h2 for "mlp.fc1" from add_with_linear_norm.
+std::pair<at::Tensor, ops::Fp8Operand> dit_attention_half(const DiTBlock& block, const DiTBlockWeights& w,
+                                                          const at::Tensor& x, const ops::Fp8Operand& h,
+                                                          const DiTModulation& mod, at::ScalarType act,
+                                                          const Fp8Block& fp8 = {});
 
 // The MLP of h2 without fc2's bias (the residual after it adds it):
 // gelu_mlp; keep_activation false: GELU again in backward. With fp8 states:
 // fc1 ("mlp.fc1", its bias in the product), GELU (tanh) as its own op, fc2
 // ("mlp.fc2"): gelu_mlp's bias + GELU epilogue takes no fp8 operands, and
 // keep_activation does not apply (fc2 keeps its fp8 input).
-at::Tensor dit_mlp_half(const DiTBlockWeights& w, const at::Tensor& h2, bool keep_activation,
+at::Tensor dit_mlp_half(const DiTBlockWeights& w, const ops::Fp8Operand& h2, bool keep_activation,
                         const Fp8Block& fp8 = {});
 
 // The whole block on its own with the weights w (x [B, T, D] fp32, c [B, D]

@@ -75,22 +75,37 @@ std::vector<SingleStreamModulation> split_single_stream_modulations(const at::Te
 std::pair<at::Tensor, at::Tensor> add_with_rms_norm(const PostNormResidual& r, const at::Tensor& pre_weight,
                                                     const at::Tensor& scale, at::ScalarType act);
 
+// A linear's opening norms with h handed to it: where block_linear runs
+// `layer` (of out_features weight rows) of application f in fp8 with fused
+// casts (block_linear_target), the norm writes h's E4M3 codes in place of h
+// (ops::rms_adaln_fp8, ops::residual_rms_adaln_fp8); else h itself.
+ops::Fp8Operand open_linear_rms_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                                     at::ScalarType act, const Fp8Block& f, const char* layer, int64_t out_features);
+std::pair<at::Tensor, ops::Fp8Operand> add_with_linear_rms_norm(const PostNormResidual& r,
+                                                                const at::Tensor& pre_weight, const at::Tensor& scale,
+                                                                at::ScalarType act, const Fp8Block& f,
+                                                                const char* layer, int64_t out_features);
+
 // The attention from its modulated norm h (compute dtype) without the
 // projection: the qkv product, normalised and rotated in one pass over the
 // packed [B, S, 3D] (ops::qk_norm_rope), and qkv_attention reading q, k, v
 // from it in place -> [B, S, D] (proj's input). With fp8 states: the qkv
-// product through block_linear ("attn.qkv").
-at::Tensor single_stream_attention(const SingleStreamAttention& attn, const at::Tensor& qkv_w, const at::Tensor& h,
-                                   const SingleStreamContext& ctx, const Fp8Block& fp8 = {});
+// product through block_linear ("attn.qkv"; h may be its codes, from
+// open_linear_rms_norm).
+at::Tensor single_stream_attention(const SingleStreamAttention& attn, const at::Tensor& qkv_w,
+                                   const ops::Fp8Operand& h, const SingleStreamContext& ctx,
+                                   const Fp8Block& fp8 = {});
 
 // The attention half from the residual stream x and its modulated norm h:
 // the attention and its projection, its residual added with the FFN's
-// pre-norm -> (x1, h2). fp8: qkv's and proj's states ("attn.proj").
-std::pair<at::Tensor, at::Tensor> single_stream_attention_half(const SingleStreamBlock& block,
-                                                               const SingleStreamBlockWeights& w, const at::Tensor& x,
-                                                               const at::Tensor& h, const SingleStreamModulation& mod,
-                                                               const SingleStreamContext& ctx,
-                                                               const Fp8Block& fp8 = {});
+// pre-norm -> (x1, h2). fp8: qkv's and proj's states ("attn.proj"), and h2
+// for "ffn.gate_up" from add_with_linear_rms_norm.
+std::pair<at::Tensor, ops::Fp8Operand> single_stream_attention_half(const SingleStreamBlock& block,
+                                                                    const SingleStreamBlockWeights& w,
+                                                                    const at::Tensor& x, const ops::Fp8Operand& h,
+                                                                    const SingleStreamModulation& mod,
+                                                                    const SingleStreamContext& ctx,
+                                                                    const Fp8Block& fp8 = {});
 
 // The FFN branch from h2 to down's output: gate and up as one product
 // against their stacked weights with swiglu (ops::swiglu_product), down
@@ -98,8 +113,8 @@ std::pair<at::Tensor, at::Tensor> single_stream_attention_half(const SingleStrea
 // ops::swiglu_product_linear). With fp8 states: [gate; up] concatenated into
 // one fp8 product ("ffn.gate_up"), swiglu, down ("ffn.down");
 // keep_activation does not apply.
-at::Tensor single_stream_ffn_branch(const SingleStreamBlockWeights& w, const at::Tensor& h2, bool keep_activation,
-                                    const Fp8Block& fp8 = {});
+at::Tensor single_stream_ffn_branch(const SingleStreamBlockWeights& w, const ops::Fp8Operand& h2,
+                                    bool keep_activation, const Fp8Block& fp8 = {});
 
 // The whole block on its own with the weights w (the recompute path): x [B,
 // S, D] residual stream, silu_c [B, D] in ctx.act -> [B, S, D]; its modulation, rms_adaln

@@ -1,0 +1,125 @@
+// The norms handing their outputs to fp8 linears as codes (ops/fp8_cast.h,
+// Fp8Operand), on the CPU: adaln_layernorm_fp8, residual_adaln_fp8,
+// rms_adaln_fp8 and residual_rms_adaln_fp8 give the bytes and amax of fp8_cast of the unfused norm's h; fp8_linear on such
+// an operand gives the y, the gradients (x's back through the norm, the
+// weight's from the transposed codes) and the state of fp8_linear on h;
+// fp8_transpose is the transpose; codes of the wrong shape or format raise
+// UsageError. (The CUDA kernels' bytes: kernels.emu_fp8_norm and
+// fp8_gpu_test.cpp.)
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <vector>
+
+#include "base/error.h"
+#include "ops/adaln_layernorm.h"
+#include "ops/fp8_cast.h"
+#include "ops/fp8_linear.h"
+#include "ops/residual_adaln.h"
+#include "ops/residual_rms_adaln.h"
+#include "ops/rms_adaln.h"
+
+namespace perftrain::ops {
+namespace {
+
+const at::Device kCpu(at::kCPU);
+
+// A state whose x scale saturates some of h (|h| > 448 / 150).
+Fp8Scaling state_with_scales() {
+  Fp8Scaling s = make_fp8_linear_scaling(4, kCpu);
+  s.scale[kFp8X].fill_(150.f);
+  s.scale[kFp8W].fill_(60.f);
+  s.scale[kFp8Dy].fill_(8.f);
+  s.scale_inv.copy_(1 / s.scale);
+  return s;
+}
+
+at::Tensor bits(const at::Tensor& q) { return q.view(at::kByte); }
+
+TEST(Fp8Operand, NormsWriteTheCodesAndAmaxOfTheCastOfH) {
+  const at::Tensor x = at::randn({2, 5, 24}), y = at::randn({2, 5, 24}).to(at::kBFloat16);
+  const at::Tensor mod = at::randn({2, 3, 24}) * 0.5, bias = at::randn({24});
+  const at::Tensor gate = mod.select(1, 0), shift = mod.select(1, 1), scale = mod.select(1, 2);
+  const at::Tensor h1 = adaln_layernorm(x, shift, scale, at::kBFloat16);
+  const at::Tensor h2 = residual_adaln(x, gate, y, shift, scale, at::kBFloat16, 1e-6, bias).second;
+  const at::Tensor w = at::randn({24}) * 0.3 + 1;
+  const at::Tensor h3 = rms_adaln(x, w, scale, at::kBFloat16);
+  const at::Tensor h4 = residual_rms_adaln(x, gate, y, bias, w, scale, at::kBFloat16).second;
+  for (int which = 0; which < 4; ++which) {
+    const at::Tensor h = which == 0 ? h1 : which == 1 ? h2 : which == 2 ? h3 : h4;
+    const Fp8Scaling fused = state_with_scales(), plain = state_with_scales();
+    const Fp8Target t = fp8_linear_input_target(fused);
+    const Fp8Operand op = which == 0   ? adaln_layernorm_fp8(x, shift, scale, at::kBFloat16, t)
+                          : which == 1 ? residual_adaln_fp8(x, gate, y, shift, scale, at::kBFloat16, t, 1e-6, bias).second
+                          : which == 2 ? rms_adaln_fp8(x, w, scale, at::kBFloat16, t)
+                                       : residual_rms_adaln_fp8(x, gate, y, bias, w, scale, at::kBFloat16, t).second;
+    const Fp8Target p = fp8_linear_input_target(plain);
+    const at::Tensor want = fp8_cast(h.reshape({-1, 24}), p.scale, p.amax, Fp8Format::kE4M3);
+    ASSERT_EQ(op.codes.sizes(), want.sizes());
+    EXPECT_TRUE(at::equal(bits(op.codes), bits(want))) << which;
+    EXPECT_TRUE(at::equal(fused.amax, plain.amax)) << which;
+    EXPECT_GT(fused.amax[kFp8X].item<float>(), 448.f / 150) << "nothing saturated";
+    EXPECT_TRUE(at::equal(op.x, h)) << which;  // the CPU writes h: the operand's x is it
+  }
+}
+
+// fp8_linear on the norm's operand: the same y, the same gradients of the
+// norm's inputs and of the weight and bias, the same state.
+TEST(Fp8Operand, LinearOnTheCodesTrainsAsTheLinearOnH) {
+  const at::Tensor x0 = at::randn({2, 8, 32}), mod0 = at::randn({2, 2, 32}) * 0.5;
+  const at::Tensor w0 = at::randn({16, 32}) * 0.2, b0 = at::randn({16});
+  const at::Tensor dy = at::randn({2, 8, 16});
+  struct Run {
+    at::Tensor y, dx, dmod, dw, db, amax;
+  };
+  auto run = [&](bool codes) {
+    const at::Tensor x = x0.clone().requires_grad_(), mod = mod0.clone().requires_grad_();
+    const at::Tensor w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+    const Fp8Scaling s = state_with_scales();
+    const at::Tensor shift = mod.select(1, 0), scale = mod.select(1, 1);
+    const Fp8Operand in = codes ? adaln_layernorm_fp8(x, shift, scale, at::kFloat, fp8_linear_input_target(s))
+                                : Fp8Operand{adaln_layernorm(x, shift, scale, at::kFloat), at::Tensor()};
+    const at::Tensor y = fp8_linear(in, w, b, s);
+    const auto g = torch::autograd::grad({y}, {x, mod, w, b}, {dy});
+    return Run{y.detach(), g[0], g[1], g[2], g[3], s.amax.clone()};
+  };
+  const Run fused = run(true), plain = run(false);
+  EXPECT_TRUE(at::equal(fused.y, plain.y));
+  EXPECT_TRUE(at::equal(fused.dx, plain.dx));
+  EXPECT_TRUE(at::equal(fused.dmod, plain.dmod));
+  EXPECT_TRUE(at::equal(fused.dw, plain.dw));
+  EXPECT_TRUE(at::equal(fused.db, plain.db));
+  EXPECT_TRUE(at::equal(fused.amax, plain.amax));
+  EXPECT_GT(fused.dx.abs().sum().item<float>(), 0.f);
+}
+
+TEST(Fp8Operand, TransposeAndStandIn) {
+  const at::Tensor q = (at::randn({5, 7}) * 10).to(at::kFloat8_e4m3fn);
+  const at::Tensor t = fp8_transpose(q);
+  EXPECT_EQ(t.sizes(), (std::vector<int64_t>{7, 5}));
+  EXPECT_TRUE(at::equal(bits(t), bits(q.t().contiguous())));
+  EXPECT_THROW(fp8_transpose(at::zeros({5, 7})), UsageError);
+  const at::Tensor s = fp8_stand_in({2, 3, 4}, at::TensorOptions().dtype(at::kBFloat16));
+  EXPECT_EQ(s.sizes(), (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_TRUE(s.isnan().all().item<bool>());
+}
+
+TEST(Fp8Operand, CodesOfTheWrongShapeOrFormatRaiseUsageError) {
+  const Fp8Scaling s = state_with_scales();
+  const at::Tensor x = at::randn({4, 32}), w = at::randn({16, 32});
+  const at::Tensor good = x.to(at::kFloat8_e4m3fn);
+  EXPECT_NO_THROW(fp8_linear(Fp8Operand{x, good}, w, at::Tensor(), s));
+  EXPECT_THROW(fp8_linear(Fp8Operand{x, good.narrow(0, 0, 3)}, w, at::Tensor(), s), UsageError);
+  EXPECT_THROW(fp8_linear(Fp8Operand{x, x.to(at::kFloat8_e5m2)}, w, at::Tensor(), s), UsageError);
+  EXPECT_THROW(adaln_layernorm_fp8(at::randn({1, 2, 32}), at::zeros({1, 32}), at::zeros({1, 32}), at::kBFloat16,
+                                   Fp8Target{at::ones({2}), s.amax.select(0, 0)}),
+               UsageError);
+}
+
+}  // namespace
+}  // namespace perftrain::ops
