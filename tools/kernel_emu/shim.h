@@ -62,6 +62,7 @@ void check_launch(const void* kernel, size_t dynamic_bytes);  // sm90_emu.cpp: t
 #define __shared__ static
 inline void __syncthreads() { emu::sync_block(); }
 inline float __shfl_xor_sync(unsigned, float v, int o) { return emu::shfl_xor(v, o); }
+inline void __syncwarp(unsigned = 0xffffffffu) { (void)emu::shfl_xor(0.f, 0); }  // the warp's lanes meet
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 // Fibers switch only at barriers, so a plain read-modify-write is atomic here.
 inline unsigned atomicAdd(unsigned* p, unsigned v) { const unsigned old = *p; *p = old + v; return old; }
