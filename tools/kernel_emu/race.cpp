@@ -55,8 +55,17 @@ uint16_t site_id(Kind kind, Site at, Site from) {
   last_key = key;
   return last_id = it->second;
 }
+// The line in src/: run.sh's copies keep the lines of src/kernels/<name>.cu (as
+// <work>/<name>_emu.cpp) and of the shared headers (as <work>/include/kernels/<name>.cuh).
 std::string where(Site s) {
-  return s.file ? std::string(s.file) + ":" + std::to_string(s.line) : std::string("an unknown line");
+  if (!s.file) return "an unknown line";
+  std::string f = s.file;
+  const size_t inc = f.rfind("/include/kernels/"), slash = f.rfind('/');
+  const std::string base = slash == std::string::npos ? f : f.substr(slash + 1), emu = "_emu.cpp";
+  if (inc != std::string::npos) f = "src/kernels/" + base;
+  else if (base.size() > emu.size() && base.compare(base.size() - emu.size(), emu.size(), emu) == 0)
+    f = "src/kernels/" + base.substr(0, base.size() - emu.size()) + ".cu";
+  return f + ":" + std::to_string(s.line);
 }
 std::string describe(const Rec& r, int slot) {
   const SiteInfo& s = sites[r.site];

@@ -42,7 +42,8 @@ __global__ void unwaited_load_kernel(bool wait) {
 }
 
 // Two rounds into one stage: warp 1 reads each and releases the stage (lane 0 arrives on
-// `empty`); thread 0 refills it once the first round landed and, when `wait`, was released.
+// `empty`); thread 0 refills it after waiting for that release when `wait` (without, the
+// two loads' writes race too).
 __global__ void refill_kernel(bool wait) {
   unsigned char* smem = aligned_smem(emu::dynamic_smem());
   uint64_t* full = bars_at(smem);
@@ -54,7 +55,6 @@ __global__ void refill_kernel(bool wait) {
   __syncthreads();
   for (int round = 0; round < 2; ++round) {
     if (threadIdx.x == 0) {
-      if (round == 1) s9::mbar_wait(full, 0);  // the producer knows the first load landed
       if (round == 1 && wait) s9::mbar_wait(empty, 0);
       s9::mbar_arrive_expect_tx(full, kBoxBytes);
       s9::tma_load_2d(smem, &g_in, full, 0, 0);
