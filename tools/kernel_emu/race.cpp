@@ -97,6 +97,23 @@ void check_write(uint32_t b, const uint32_t* knows, const Rec& now, int slot) {
 }
 void range_check(uint32_t addr, uint32_t bytes) {
   if (size_t(addr) + bytes > wr.size()) fail("race detector: an access outside the shared window");
+  dirty = true;
+}
+// A read by warp w (recorded as `now`) of what `knows` knows: after each byte's last write?
+void record_read(uint32_t addr, uint32_t bytes, const uint32_t* knows, int w, const Rec& now) {
+  range_check(addr, bytes);
+  for (uint32_t b = addr; b < addr + bytes; ++b) {
+    if (unordered(wr[b], wslot[b], knows)) report(b, wr[b], wslot[b], now, w);
+    rd[size_t(b) * nwarps + w] = now;
+  }
+}
+void record_write(uint32_t addr, uint32_t bytes, const uint32_t* knows, int slot, const Rec& now) {
+  range_check(addr, bytes);
+  for (uint32_t b = addr; b < addr + bytes; ++b) {
+    check_write(b, knows, now, slot);
+    wr[b] = now;
+    wslot[b] = uint8_t(slot);
+  }
 }
 }  // namespace
 
@@ -129,7 +146,7 @@ void block_begin(int threads, size_t window_bytes) {
 }
 
 void join(uint32_t warps) {
-  if (!enabled) return;
+  if (!enabled || warps == 0) return;
   Clock j(nslots, 0);
   for (int w = 0; w < nwarps; ++w)
     if (warps >> w & 1) join_into(j.data(), row(w));
@@ -180,56 +197,26 @@ void mbar_release_tma(uint32_t bar, const Clock& issued, uint32_t epoch) {
   join_into(r.data(), issued.data());
   r[nwarps] = r[nwarps] > epoch ? r[nwarps] : epoch;
 }
-void mbar_phase_complete(uint32_t) {}  // an acquire takes every release so far (phases complete in order)
 void mbar_acquire(uint32_t bar, int warp) {
   if (enabled) join_into(row(warp), mbars[bar].released.data());
 }
 
 void read(uint32_t addr, uint32_t bytes, int thread, Kind kind) {
   if (!enabled) return;
-  range_check(addr, bytes);
-  dirty = true;
   const int w = thread / 32;
-  const uint32_t* knows = row(w);
-  const Rec now{knows[w], uint16_t(thread), site_id(kind, current, Site{})};
-  for (uint32_t b = addr; b < addr + bytes; ++b) {
-    if (unordered(wr[b], wslot[b], knows)) report(b, wr[b], wslot[b], now, w);
-    rd[size_t(b) * nwarps + w] = now;
-  }
+  record_read(addr, bytes, row(w), w, Rec{row(w)[w], uint16_t(thread), site_id(kind, current, Site{})});
 }
 void write(uint32_t addr, uint32_t bytes, int thread, Kind kind) {
   if (!enabled) return;
-  range_check(addr, bytes);
-  dirty = true;
   const int w = thread / 32;
-  const uint32_t* knows = row(w);
-  const Rec now{knows[w], uint16_t(thread), site_id(kind, current, Site{})};
-  for (uint32_t b = addr; b < addr + bytes; ++b) {
-    check_write(b, knows, now, w);
-    wr[b] = now;
-    wslot[b] = uint8_t(w);
-  }
+  record_write(addr, bytes, row(w), w, Rec{row(w)[w], uint16_t(thread), site_id(kind, current, Site{})});
 }
 void async_read(uint32_t addr, uint32_t bytes, const Clock& issued, int thread, Kind kind, Site from) {
   if (!enabled) return;
-  range_check(addr, bytes);
-  dirty = true;
   const int w = thread / 32;
-  const Rec now{row(w)[w], uint16_t(thread), site_id(kind, current, from)};
-  for (uint32_t b = addr; b < addr + bytes; ++b) {
-    if (unordered(wr[b], wslot[b], issued.data())) report(b, wr[b], wslot[b], now, w);
-    rd[size_t(b) * nwarps + w] = now;
-  }
+  record_read(addr, bytes, issued.data(), w, Rec{row(w)[w], uint16_t(thread), site_id(kind, current, from)});
 }
 void tma_write(uint32_t addr, uint32_t bytes, const Clock& issued, uint32_t epoch, int thread, Kind kind, Site from) {
-  if (!enabled) return;
-  range_check(addr, bytes);
-  dirty = true;
-  const Rec now{epoch, uint16_t(thread), site_id(kind, from, Site{})};
-  for (uint32_t b = addr; b < addr + bytes; ++b) {
-    check_write(b, issued.data(), now, nwarps);
-    wr[b] = now;
-    wslot[b] = uint8_t(nwarps);
-  }
+  if (enabled) record_write(addr, bytes, issued.data(), nwarps, Rec{epoch, uint16_t(thread), site_id(kind, from, Site{})});
 }
 }  // namespace emu::race

@@ -38,8 +38,9 @@ uint32_t tma_clock();                       // a new TMA load's own epoch
 void mbar_init(uint32_t bar);
 void mbar_release(uint32_t bar, int warp);  // arrive
 void mbar_release_tma(uint32_t bar, const Clock& issued, uint32_t epoch);  // complete_tx
-void mbar_phase_complete(uint32_t bar);
-void mbar_acquire(uint32_t bar, int warp);  // try_wait saw the phase complete
+// try_wait saw the phase complete: the warp takes every release into the barrier so far
+// (phases complete in order).
+void mbar_acquire(uint32_t bar, int warp);
 
 // Accesses of `bytes` at shared address addr by `thread` (its warp's clock now).
 void read(uint32_t addr, uint32_t bytes, int thread, Kind kind);
