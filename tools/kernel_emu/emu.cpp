@@ -118,6 +118,11 @@ void yield(const std::string& what) {
   wait_at(YIELD);
 }
 void note_progress() { ++progress; }
+void atomic_order(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (cur >= 0 && a >= smem_base + kSmemOffset && a < smem_base + kSmemOffset + smem_bytes)
+    race::atomic(uint32_t(a - smem_base), cur / 32);
+}
 void collective(int size, const char* tag, void* arg, const std::function<void(void* const* args)>& op) {
   const int me = cur, first = me / size * size;
   if (first + size > nthreads) fail("a warp- or warpgroup-wide instruction in a partial warp or warpgroup");

@@ -34,6 +34,7 @@ bool dirty = false;
 uint32_t tma_epoch = 0;
 struct MbarClock { Clock released; };  // every release into the barrier so far
 std::map<uint32_t, MbarClock> mbars;
+std::map<uint32_t, Clock> atomics;     // per shared address: every atomic's clock there so far
 struct Issue { int lanes = 0; Clock at; };
 std::vector<std::map<uint32_t, Issue>> wgmma_issues;  // per warp: op seq -> its issue
 
@@ -133,6 +134,7 @@ void block_begin(int threads, size_t window_bytes) {
   for (int w = 0; w < nwarps; ++w) row(w)[w] = 1;
   tma_epoch = 0;
   mbars.clear();
+  atomics.clear();
   wgmma_issues.assign(nwarps, {});
   if (wr.size() != window_bytes || rd.size() != window_bytes * nwarps) {
     wr.assign(window_bytes, Rec{});
@@ -199,6 +201,15 @@ void mbar_release_tma(uint32_t bar, const Clock& issued, uint32_t epoch) {
 }
 void mbar_acquire(uint32_t bar, int warp) {
   if (enabled) join_into(row(warp), mbars[bar].released.data());
+}
+
+void atomic(uint32_t addr, int warp) {
+  if (!enabled) return;
+  Clock& c = atomics[addr];
+  c.resize(nslots, 0);
+  join_into(row(warp), c.data());
+  memcpy(c.data(), row(warp), nslots * sizeof(uint32_t));
+  ++row(warp)[warp];
 }
 
 void read(uint32_t addr, uint32_t bytes, int thread, Kind kind) {

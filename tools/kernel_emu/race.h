@@ -42,6 +42,11 @@ void mbar_release_tma(uint32_t bar, const Clock& issued, uint32_t epoch);  // co
 // (phases complete in order).
 void mbar_acquire(uint32_t bar, int warp);
 
+// An atomic read-modify-write at shared address addr by a thread of `warp`: it takes every
+// earlier atomic's clock there and gives its own (the kernels' counters with
+// __threadfence_block before them: the last to count goes on knowing what the others did).
+void atomic(uint32_t addr, int warp);
+
 // Accesses of `bytes` at shared address addr by `thread` (its warp's clock now).
 void read(uint32_t addr, uint32_t bytes, int thread, Kind kind);
 void write(uint32_t addr, uint32_t bytes, int thread, Kind kind);
