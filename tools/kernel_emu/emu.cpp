@@ -1,4 +1,5 @@
 #include "shim.h"
+#include "race.h"
 #include <ucontext.h>
 #include <map>
 #include <string>
@@ -102,8 +103,14 @@ void barrier(int id, int count) {
     return;
   }
   b.arrived = 0;
+  uint32_t warps = 1u << (cur / 32);  // bar.sync orders the shared-memory accesses of the warps there
   for (int t = 0; t < nthreads; ++t)
-    if (st[t] == WBAR && barrier_of[t] == id) st[t] = RUN;
+    if (st[t] == WBAR && barrier_of[t] == id) {
+      st[t] = RUN;
+      warps |= 1u << (t / 32);
+    }
+  race::join(warps);
+  race::tick(warps);
   ++progress;
 }
 void yield(const std::string& what) {
@@ -111,6 +118,11 @@ void yield(const std::string& what) {
   wait_at(YIELD);
 }
 void note_progress() { ++progress; }
+void atomic_order(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (cur >= 0 && a >= smem_base + kSmemOffset && a < smem_base + kSmemOffset + smem_bytes)
+    race::atomic(uint32_t(a - smem_base), cur / 32);
+}
 void collective(int size, const char* tag, void* arg, const std::function<void(void* const* args)>& op) {
   const int me = cur, first = me / size * size;
   if (first + size > nthreads) fail("a warp- or warpgroup-wide instruction in a partial warp or warpgroup");
@@ -130,7 +142,11 @@ void collective(int size, const char* tag, void* arg, const std::function<void(v
     }
     args[t - first] = arrivals[t].arg;
   }
+  // A warpgroup-wide instruction orders its 4 warps (within a warp, lanes count as one agent).
+  const uint32_t warps = size > 32 ? ((1u << (size / 32)) - 1) << (first / 32) : 0;
+  race::join(warps);
   op(args.data());
+  race::tick(warps);
   for (int t = first; t < first + size; ++t)
     if (t != me) st[t] = RUN;
   ++progress;
@@ -166,6 +182,7 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, const std::function<v
       // Unwritten shared memory reads as NaN (bf16, fp16 and fp32 alike).
       memset(reinterpret_cast<void*>(smem_base), 0xFF, kSmemOffset + dynamic_bytes);
       block_begin(n);
+      race::block_begin(n, kSmemOffset + dynamic_bytes);
       for (int i = 0; i < n; ++i) {
         info[i].tid = uint3{unsigned(i % block.x), unsigned(i / block.x), 0};
         info[i].bid = uint3{bx, by, bz};

@@ -72,7 +72,7 @@ for n in "${NAMES[@]}"; do
   fi
   objs+=("$WORK/${n}_emu.o")
 done
-srcs=(tools/kernel_emu/emu.cpp tools/kernel_emu/sm90_emu.cpp "tools/kernel_emu/$CHECK")
+srcs=(tools/kernel_emu/emu.cpp tools/kernel_emu/sm90_emu.cpp tools/kernel_emu/race.cpp "tools/kernel_emu/$CHECK")
 # The TMA kernels' host side: tensor maps through the emulated driver (sm90_emu.cpp).
 case " ${NAMES[*]}" in *_sm90*) srcs+=(src/kernels/tensor_map.cpp); objs+=("$WORK/tensor_map.o");; esac
 for n in "${NAMES[@]}"; do srcs+=("$WORK/${n}_emu.cpp"); done
@@ -83,5 +83,5 @@ for f in "${srcs[@]}"; do
 done
 for p in "${pids[@]}"; do wait "$p"; done
 BIN="$WORK/$(basename "${CHECK%.cpp}")"
-g++ $SAN "$WORK"/emu.o "$WORK"/sm90_emu.o "$BIN.o" "${objs[@]}" -o "$BIN" -lpthread
+g++ $SAN "$WORK"/emu.o "$WORK"/sm90_emu.o "$WORK"/race.o "$BIN.o" "${objs[@]}" -o "$BIN" -lpthread
 "$BIN" ${EMU_ARGS:-}  # EMU_ARGS: arguments for the check program

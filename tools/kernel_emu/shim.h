@@ -34,6 +34,7 @@ void sync_block();
 void barrier(int id, int count);     // bar.sync id, count (__syncthreads: id 0, every thread)
 void yield(const std::string& what); // waits until the other fibers have run (`what`: said on a deadlock)
 void note_progress();                // a yielding fiber's wait was passed
+void atomic_order(const void* p);    // an atomic on p: in the dynamic shared memory, an ordering edge (race.h)
 // A warp- (size 32) or warpgroup-wide (128) instruction `tag`: each thread of the group gives
 // `arg`; the last to arrive runs op on all of them (in thread order), then all go on.
 void collective(int size, const char* tag, void* arg, const std::function<void(void* const* args)>& op);
@@ -62,10 +63,11 @@ void check_launch(const void* kernel, size_t dynamic_bytes);  // sm90_emu.cpp: t
 #define __shared__ static
 inline void __syncthreads() { emu::sync_block(); }
 inline float __shfl_xor_sync(unsigned, float v, int o) { return emu::shfl_xor(v, o); }
+inline void __syncwarp(unsigned = 0xffffffffu) { (void)emu::shfl_xor(0.f, 0); }  // the warp's lanes meet
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 // Fibers switch only at barriers, so a plain read-modify-write is atomic here.
-inline unsigned atomicAdd(unsigned* p, unsigned v) { const unsigned old = *p; *p = old + v; return old; }
-inline unsigned atomicMax(unsigned* p, unsigned v) { const unsigned old = *p; *p = old > v ? old : v; return old; }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { emu::atomic_order(p); const unsigned old = *p; *p = old + v; return old; }
+inline unsigned atomicMax(unsigned* p, unsigned v) { emu::atomic_order(p); const unsigned old = *p; *p = old > v ? old : v; return old; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, sizeof u); return u; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, sizeof f); return f; }
 template <typename T> inline T __ldg(const T* p) { return *p; }

@@ -3,6 +3,8 @@
 // makes (an sm_90 device with emu::sm_count SMs). README.md says what is emulated.
 #include "sm90_emu.h"
 
+#include "race.h"
+
 #include <cmath>
 #include <map>
 #include <set>
@@ -30,16 +32,21 @@ struct WgmmaOp {
   uint32_t a[4];
   uint64_t desc_a, desc_b;
   int trans_a, trans_b, scale_d, group;
+  uint32_t seq;          // the thread's how-manieth wgmma (race.h: the warp's issue clock)
+  race::Site from;       // its source line
 };
 struct Store {
   Map map;
   uint32_t src;
   int coords[3], group;
+  race::Clock issued;  // the issuing warp's clock (race.h): the box is read from issue to the wait
+  race::Site from;
 };
 // A thread's asynchronous work in flight: wgmma ops (by commit group) and bulk stores.
 struct Pending {
   std::vector<WgmmaOp> ops;
   int wgmma_groups = 0;
+  uint32_t wgmma_issued = 0;
   std::vector<Store> stores;
   int bulk_groups = 0;
 };
@@ -52,6 +59,10 @@ struct Load {
   uint32_t dst, bar;
   int coords[3];
   const void* src;  // a non-tensor bulk copy: src, with map.box[0] its bytes
+  race::Clock issued;  // the issuing warp's clock and the load's own epoch (race.h)
+  uint32_t epoch;
+  int thread;
+  race::Site from;
 };
 std::vector<Load> loads;
 std::set<uint32_t> barriers_initialised;
@@ -169,13 +180,17 @@ void do_store(const Store& s) {
     const uint32_t at = box_address(s.map, s.src, i);
     if (off >= 0) memcpy(s.map.base + off, shared(at, s.map.elem, 1, "TMA store"), s.map.elem);
     async_read(at, s.map.elem, "a TMA store");
+    race::async_read(at, s.map.elem, s.issued, thread_index(), race::kTmaStore, s.from);
   });
 }
 
+// The wgmma being retired (race.h): its warpgroup's clock at issue, first thread, source line.
+struct Retiring { race::Clock issued; int thread; race::Site from; } retiring;
 float bf16_at(uint32_t addr) {
   uint16_t h;
   memcpy(&h, shared(addr, 2, 2, "wgmma operand"), 2);
   async_read(addr, 2, "wgmma");
+  race::async_read(addr, 2, retiring.issued, retiring.thread, race::kWgmma, retiring.from);
   const uint32_t u = uint32_t(h) << 16;
   float f;
   memcpy(&f, &u, 4);
@@ -255,6 +270,7 @@ void mbar_init(uint32_t bar, uint32_t count) {
   if (count == 0 || count > 0x7FFF) failf("mbarrier.init with count %llu", count);
   MbarState* m = reinterpret_cast<MbarState*>(shared(bar, 8, 8, "mbarrier"));
   barriers_initialised.insert(bar);
+  race::mbar_init(bar);
   m->word = (count << 16) | count;
   m->tx = 0;
 }
@@ -262,16 +278,18 @@ void mbar_arrive(uint32_t bar, uint32_t expect_tx_bytes) {
   MbarState* m = mbar(bar);
   m->tx += int32_t(expect_tx_bytes);
   m->word -= 1;  // pending > 0 always: a phase completes (and refills it) as it reaches 0
+  race::mbar_release(bar, thread_index() / 32);
   note_progress();
   mbar_complete_if_done(m);
 }
 void mbar_wait(uint32_t bar, uint32_t parity) {
   // try_wait.parity: the phase of this parity has completed once the current phase's differs.
   auto done = [&] { return (mbar(bar)->word >> 31) != (parity & 1); };
-  if (done()) return;
+  if (done()) return race::mbar_acquire(bar, thread_index() / 32);
   char what[96];
   snprintf(what, sizeof what, "mbarrier.try_wait.parity %u at shared 0x%x", parity & 1, bar);
   while (!done()) yield(what);
+  race::mbar_acquire(bar, thread_index() / 32);
   note_progress();
 }
 
@@ -279,13 +297,16 @@ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, const int* coo
   const Map& m = map_of(map);
   check_tma(m, dst, rank);
   mbar(bar);
-  loads.push_back(Load{m, dst, bar, {coords[0], rank > 1 ? coords[1] : 0, rank > 2 ? coords[2] : 0}, nullptr});
+  loads.push_back(Load{m, dst, bar, {coords[0], rank > 1 ? coords[1] : 0, rank > 2 ? coords[2] : 0}, nullptr,
+                       race::issue(thread_index() / 32), race::tma_clock(), thread_index(), race::site()});
   if (loads_land_early) land_loads();
 }
 void land(const Load& l) {
   if (l.src) {
     memcpy(shared(l.dst, l.map.box[0], 16, "cp.async.bulk"), l.src, l.map.box[0]);
     async_write(l.dst, l.map.box[0]);
+    race::tma_write(l.dst, l.map.box[0], l.issued, l.epoch, l.thread, race::kBulkLoad, l.from);
+    race::mbar_release_tma(l.bar, l.issued, l.epoch);
     complete_tx(l.bar, l.map.box[0]);
     return;
   }
@@ -293,16 +314,19 @@ void land(const Load& l) {
   walk_box(m, l.coords, [&](size_t i, int64_t off) {
     unsigned char* to = shared(box_address(m, l.dst, i), m.elem, 1, "TMA load");
     async_write(box_address(m, l.dst, i), m.elem);
+    race::tma_write(box_address(m, l.dst, i), m.elem, l.issued, l.epoch, l.thread, race::kTmaLoad, l.from);
     if (off >= 0) memcpy(to, m.base + off, m.elem);
     else memset(to, m.oob_nan ? 0xFF : 0, m.elem);
   });
+  race::mbar_release_tma(l.bar, l.issued, l.epoch);
   complete_tx(l.bar, uint32_t(box_bytes(m)));  // the whole box counts, out-of-bounds fill included
 }
 void tma_store(const CUtensorMap* map, uint32_t src, const int* coords, int rank) {
   const Map& m = map_of(map);
   check_tma(m, src, rank);
   Pending& p = pending[thread_index()];
-  p.stores.push_back(Store{m, src, {coords[0], rank > 1 ? coords[1] : 0, rank > 2 ? coords[2] : 0}, p.bulk_groups});
+  p.stores.push_back(Store{m, src, {coords[0], rank > 1 ? coords[1] : 0, rank > 2 ? coords[2] : 0}, p.bulk_groups,
+                           race::issue(thread_index() / 32), race::site()});
 }
 void bulk_commit() { ++pending[thread_index()].bulk_groups; }
 // The stores of all but the newest `keep` committed groups read shared memory now: a store
@@ -322,12 +346,20 @@ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   l.dst = dst;
   l.bar = bar;
   l.src = src;
+  l.issued = race::issue(thread_index() / 32);
+  l.epoch = race::tma_clock();
+  l.thread = thread_index();
+  l.from = race::site();
   loads.push_back(l);
   if (loads_land_early) land_loads();
 }
-void load_shared(uint32_t addr, void* to, int bytes) { memcpy(to, shared(addr, bytes, bytes, "ld.shared"), bytes); }
+void load_shared(uint32_t addr, void* to, int bytes) {
+  memcpy(to, shared(addr, bytes, bytes, "ld.shared"), bytes);
+  race::read(addr, bytes, thread_index(), race::kLdShared);
+}
 void store_shared(uint32_t addr, const void* from, int bytes) {
   memcpy(shared(addr, bytes, bytes, "st.shared"), from, bytes);
+  race::write(addr, bytes, thread_index(), race::kStShared);
   generic_write(addr, bytes, thread_index());
 }
 
@@ -335,8 +367,10 @@ void wgmma(int n, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b,
            int scale_d) {
   if (n < 8 || n > 256 || n % 8) fail("wgmma with N not a multiple of 8 in 8-256");
   Pending& p = pending[thread_index()];
-  WgmmaOp op{n, d, a != nullptr, {0, 0, 0, 0}, desc_a, desc_b, trans_a, trans_b, scale_d != 0, p.wgmma_groups};
+  WgmmaOp op{n,      d,       a != nullptr, {0, 0, 0, 0},     desc_a,        desc_b,
+             trans_a, trans_b, scale_d != 0, p.wgmma_groups, p.wgmma_issued++, race::site()};
   if (a) memcpy(op.a, a, sizeof op.a);
+  race::wgmma_issued(thread_index(), op.seq);
   p.ops.push_back(op);
 }
 void wgmma_commit() { ++pending[thread_index()].wgmma_groups; }
@@ -359,6 +393,7 @@ void wgmma_wait(int keep) {
     std::vector<const WgmmaOp*> ops(128);
     for (size_t i = 0; i < n; ++i) {
       for (int t = 0; t < 128; ++t) ops[t] = &pending[first + t].ops[i];
+      retiring = Retiring{race::wgmma_retire_clock(first, p0.ops[i].seq), first, p0.ops[i].from};
       run_wgmma(ops);
     }
     for (int t = 0; t < 128; ++t) {
@@ -393,6 +428,7 @@ void stmatrix_x4(uint32_t addr, const uint32_t* r, bool trans) {
           const uint32_t at = matrix_element(args, i, lane, h, trans);
           memcpy(shared(at, 2, 2, "stmatrix"), &v, 2);
           generic_write(at, 2, thread_index() / 32 * 32 + lane);  // the lane whose register it was
+          race::write(at, 2, thread_index() / 32 * 32 + lane, race::kStmatrix);
         }
   });
 }
@@ -407,7 +443,9 @@ void ldmatrix_x4(uint32_t addr, uint32_t* r, bool trans) {
       for (int i = 0; i < 4; ++i)
         for (int h = 0; h < 2; ++h) {
           uint16_t v;
-          memcpy(&v, shared(matrix_element(args, i, lane, h, trans), 2, 2, "ldmatrix"), 2);
+          const uint32_t at = matrix_element(args, i, lane, h, trans);
+          memcpy(&v, shared(at, 2, 2, "ldmatrix"), 2);
+          race::read(at, 2, thread_index() / 32 * 32 + lane, race::kLdmatrix);
           out[lane][i] |= uint32_t(v) << (16 * h);
         }
     for (int lane = 0; lane < 32; ++lane) memcpy(static_cast<MatrixLane*>(args[lane])->regs, out[lane], 16);
