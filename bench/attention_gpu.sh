@@ -4,7 +4,7 @@
 #   MODE=script SCRIPT=bench/attention_gpu.sh \
 #     BUILD_TARGETS="perftrain tests/test_ops tests/test_ops_gpu attention_tiled_check attention_tiled_bench" \
 #     tools/gpu_run.sh
-# which exports BIN, RUNS, OUT and PY (the build in build-gpu/). About 4 minutes on an H200 after the build:
+# which exports BIN, RUNS, OUT and PY (the build in build-gpu/). About 5 minutes on an H200 after the build (estimated):
 #  1. the float64 checks of forward and backward (T 64, 257, 288, 1024, 1152; head dims 64, 72, 96, 128; no bias, bf16
 #     and fp32 key bias; q|k split from v; three runs bit-identical; nothing written past T):
 #     kernels.attention_tiled_float64;
@@ -18,7 +18,7 @@
 #  4. the training step with attention = "tiled" against the default at SS-B/2 b256 and b64 and DiT-B/2 b64
 #     at 512 px (perftrain bench, the all variant; its report lists the attention path each shape took);
 #  5. compute-sanitizer's memcheck and racecheck on two of the checks (skipped without compute-sanitizer).
-# PART=check runs 1, 2 and 5 (about 3 minutes), PART=speed 3 and 4 (about 5 minutes); default all, in order
+# PART=check runs 1, 2 and 5 (about 4 minutes), PART=speed 3 and 4 (about 5 minutes); default all, in order
 # 1-5 (more than one call's 600 s with a cold build: then one call per PART).
 # Output under $OUT/attention/.
 set -uo pipefail
