@@ -1,7 +1,7 @@
 // ops/attention_tiled on the CPU: the switch (off by default), that the
 // op steps aside where its kernel does not apply (CPU tensors, fp32, head
 // dims other than 64, 72, 96 and 128, fewer than 64 tokens, a bias of the
-// wrong shape), that the kernels refuse head dims 32, 80 and 112 and short
+// wrong shape), that the kernels take head dims 96 and 128 and refuse 32, 80 and 112 and short
 // sequences by name before touching a GPU, and that a 3-D tensor map refuses a row
 // stride TMA cannot take. The kernel itself is
 // checked on the GPU (attention_tiled_gpu_test.cpp, bench/kernels/attention_tiled_check.cu).
@@ -53,8 +53,8 @@ TEST(AttentionTiled, KernelRefusesOtherHeadDimsAndShortSequencesByName) {
       kernels::attention_tiled_fwd_sm90(none, none, none, {}, nullptr, nullptr, 2, 288, 2, d, 0.1f, nullptr);
       ADD_FAILURE() << "head dim " << d << " accepted";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("head dim must be 64, 72, 96 or 128, not " + std::to_string(d)), std::string::npos)
-          << e.what();
+      const std::string expected = "head dim must be 64, 72, 96 or 128, not " + std::to_string(d);
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
     }
   }
   EXPECT_THROW(kernels::attention_tiled_fwd_sm90(none, none, none, {}, nullptr, nullptr, 2, 63, 2, 64, 0.1f, nullptr),
@@ -65,6 +65,21 @@ TEST(AttentionTiled, KernelRefusesOtherHeadDimsAndShortSequencesByName) {
                                                    no_grad, no_grad, 2, 288, 2, d, 0.1f, nullptr),
                  std::invalid_argument)
         << d;
+}
+
+// Head dims 96 and 128 pass the head-dim check: the same call gets as far as
+// the null pointers and is refused for those.
+TEST(AttentionTiled, KernelTakesHeadDims96And128) {
+  const kernels::AttentionOperand none{};
+  for (const int d : {96, 128}) {
+    EXPECT_TRUE(kernels::tiled_attention_dim_supported(d)) << d;
+    try {
+      kernels::attention_tiled_fwd_sm90(none, none, none, {}, nullptr, nullptr, 2, 288, 2, d, 0.1f, nullptr);
+      ADD_FAILURE() << "null pointers accepted at head dim " << d;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).find("head dim"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // A row stride below the columns or not a multiple of 8 elements (16 bytes)
