@@ -4,20 +4,21 @@
 #   MODE=script SCRIPT=bench/attention_gpu.sh \
 #     BUILD_TARGETS="perftrain tests/test_ops tests/test_ops_gpu attention_tiled_check attention_tiled_bench" \
 #     tools/gpu_run.sh
-# which exports BIN, RUNS, OUT and PY (the build in build-gpu/). About 4 minutes on an H200 after the build:
-#  1. the float64 checks of forward and backward (T 64, 257, 288, 1024, 1152; head dims 64, 72; no bias, bf16
+# which exports BIN, RUNS, OUT and PY (the build in build-gpu/). About 5 minutes on an H200 after the build (estimated):
+#  1. the float64 checks of forward and backward (T 64, 257, 288, 1024, 1152; head dims 64, 72, 96, 128; no bias, bf16
 #     and fp32 key bias; q|k split from v; three runs bit-identical; nothing written past T):
 #     kernels.attention_tiled_float64;
 #  2. the ops GPU tests of the tiled path and of the attention ops beside it (qkv_attention and
 #     projected_attention with "tiled": our tiled backward, or at 256 tokens our whole-head one, against
 #     float64, reruns bit-identical), and the CPU tests of the switch and the [speed] key;
 #  3. the kernels' time per call and against cuDNN's forward and backward at SS-B/2 b256 (288 tokens), SS-B/2
-#     b64 (1152), SS-XL/2 b128 and b32 (head dim 72), DiT-B/2 b64 and XL/2 b32 at 512 px (1024), and at 256
-#     tokens beside the whole-head forward (attention_tiled_bench: "ours/cuDNN" below 1 is ours winning);
+#     b64 (1152), SS-XL/2 b128 and b32 (head dim 72), DiT-B/2 b64 and XL/2 b32 at 512 px (1024), head dim 128
+#     at T 1024 (masked and not) and 4096 and head dim 96 at 1024 ("d128 T1024" etc.), and at 256 tokens beside
+#     the whole-head forward (attention_tiled_bench: "ours/cuDNN" below 1 is ours winning);
 #  4. the training step with attention = "tiled" against the default at SS-B/2 b256 and b64 and DiT-B/2 b64
 #     at 512 px (perftrain bench, the all variant; its report lists the attention path each shape took);
 #  5. compute-sanitizer's memcheck and racecheck on two of the checks (skipped without compute-sanitizer).
-# PART=check runs 1, 2 and 5 (about 3 minutes), PART=speed 3 and 4 (about 5 minutes); default all, in order
+# PART=check runs 1, 2 and 5 (about 4 minutes), PART=speed 3 and 4 (about 5 minutes); default all, in order
 # 1-5 (more than one call's 600 s with a cold build: then one call per PART).
 # Output under $OUT/attention/.
 set -uo pipefail

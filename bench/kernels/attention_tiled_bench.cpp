@@ -6,7 +6,9 @@
 // (1152), SS-XL/2 b128 and b32 (head dim 72), each with the key mask as
 // attention_key_bias's bf16 [B, 1, 1, T] (condition tokens first, lengths
 // drawn in [1, Tc]); DiT-B/2 b64 and XL/2 b32 at 512 px (1024 tokens, no
-// mask); and DiT-B/2 and XL/2 b256 at 256 tokens, where the whole-head
+// mask); head dim 128 at 1024 tokens (with and without a mask of 128
+// condition tokens) and 4096, head dim 96 at 1024; and DiT-B/2 and XL/2
+// b256 at 256 tokens, where the whole-head
 // forward (kernels/attention_head_fwd_sm90) runs today, timed beside. The
 // backward: ours into the packed gradient against cuDNN's (on its own
 // forward's state), and cuDNN's fed our forward's out and lse (the fallback
@@ -152,6 +154,8 @@ int main() {
       {"SS-XL/2 b128", 128, 288, 16, 72, 32},     {"SS-XL/2 b32", 32, 1152, 16, 72, 128},
       {"DiT-B/2 b64 512px", 64, 1024, 12, 64, 0}, {"DiT-XL/2 b32 512px", 32, 1024, 16, 72, 0},
       {"DiT-B/2 b256", 256, 256, 12, 64, 0},      {"DiT-XL/2 b256", 256, 256, 16, 72, 0},
+      {"d128 T1024", 32, 1024, 16, 128, 0},       {"d128 T1024 masked", 32, 1024, 16, 128, 128},
+      {"d128 T4096", 4, 4096, 16, 128, 0},        {"d96 T1024", 32, 1024, 16, 96, 0},
   };
   for (const Shape& s : shapes) bench(s);
   return 0;

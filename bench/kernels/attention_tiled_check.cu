@@ -1,6 +1,6 @@
 // The tiled attention forward and backward (kernels::attention_tiled_fwd_sm90,
 // kernels::attention_tiled_bwd_sm90) against float64, torch-free. Random bf16 q, k, v at T = 64, 257, 288, 1024 and
-// 1152 tokens, head dims 64 and 72, without a key bias and with the
+// 1152 tokens, head dims 64, 72, 96 and 128, without a key bias and with the
 // single-stream mask as a bias (fp32 and bf16: condition tokens first, each
 // sample's padded condition keys at -65504, one sample with a single
 // attended condition key, and beyond 256 tokens a whole 128-key tile masked
@@ -11,7 +11,7 @@
 // past them and every SM's shared memory poisoned with NaN first, three
 // runs that must agree to the bit; masked keys' dK, dV exactly zero)
 // against them. Then the time per call at the single-stream and 512 px
-// shapes, forward and backward.
+// shapes and at head dim 128 (1024 and 4096 tokens), forward and backward.
 //   attention_tiled_check checks   the float64 checks only: the ctest
 //                                  kernels.attention_tiled_float64 (label
 //                                  gpu; exit 77, skipped, without an sm_90 GPU)
@@ -418,11 +418,11 @@ int main(int argc, char** argv) {
   if (skip_without_sm90("attention_tiled_check")) return kSkipCode;
   int rc = 0;
   if (mode == "few") {  // a few cases, for compute-sanitizer
-    for (const int dim : {64, 72}) rc |= check({2, 288, 2, dim, BiasKind::kBf16, dim == 72});
+    for (const int dim : {64, 72, 96, 128}) rc |= check({2, 288, 2, dim, BiasKind::kBf16, dim == 72 || dim == 96});
     return rc;
   }
   if (mode != "time")
-    for (const int dim : {64, 72})
+    for (const int dim : {64, 72, 96, 128})
       for (const int tokens : {64, 257, 288, 1024, 1152})
         for (const BiasKind bias : {BiasKind::kNone, BiasKind::kF32, BiasKind::kBf16})
           rc |= check({tokens >= 1024 ? 2 : 3, tokens, 2, dim, bias, tokens == 288 || tokens == 257});
@@ -434,5 +434,9 @@ int main(int argc, char** argv) {
   rc |= time_shape("SS-XL/2 b128", {128, 288, 16, 72, BiasKind::kBf16, false});
   rc |= time_shape("SS-XL/2 b32", {32, 1152, 16, 72, BiasKind::kBf16, false});
   rc |= time_shape("DiT-XL/2 b32 512px", {32, 1024, 16, 72, BiasKind::kNone, false});
+  rc |= time_shape("d128 T1024", {32, 1024, 16, 128, BiasKind::kNone, false});
+  rc |= time_shape("d128 T1024 masked", {32, 1024, 16, 128, BiasKind::kBf16, false});
+  rc |= time_shape("d128 T4096", {4, 4096, 16, 128, BiasKind::kNone, false});
+  rc |= time_shape("d96 T1024", {32, 1024, 16, 96, BiasKind::kNone, false});
   return rc;
 }

@@ -181,22 +181,68 @@ __device__ __forceinline__ void init_barriers(uint64_t* bars) {
   fence_mbarrier_init();
 }
 
-// A box of rows of sample b at column col of a 3-D map: the first 64
-// columns into `main` and, with TAIL (head dim 72), columns 64-71 into
-// `tail` through the tail map.
-template <bool TAIL>
-__device__ __forceinline__ void tma_load_rows(void* main, void* tail, const CUtensorMap* map,
-                                              const CUtensorMap* map_t, uint64_t* bar, int col, int row, int b) {
-  tma_load_3d(main, map, bar, col, row, b);
-  if constexpr (TAIL) tma_load_3d(tail, map_t, bar, col + 64, row, b);
+// The tiled kernels' head-dim layout. D = 64 or 72: one 128-byte-swizzled
+// panel of 64 columns, at 72 Head's 8-column tail. D = 96 or 128: two such
+// panels; at 96 the second is loaded whole (a box of 64 columns) but only
+// its first 32 are used: the products over the head dim (S, dP) take
+// D / 16 k16 steps, so columns 96-127 (the next head's, or zeros past the
+// last) never reach a score, and the products whose N is the head dim
+// (O, dV, dK, dQ) compute them but they are never stored: the second
+// panel's columns 64-95 go out as four 8-column tail boxes.
+template <int D>
+struct TiledHead {
+  static_assert(D == 64 || D == 72 || D == 96 || D == 128, "tiled attention: head dim 64, 72, 96 or 128");
+  static constexpr int kPanels = D > 72 ? 2 : 1;
+  static constexpr int kSteps1 = D > 72 ? (D - 64) / 16 : 0;  // k16 steps of the second panel
+  static constexpr bool kTail = D == 72;
+  static constexpr uint32_t kTailBox = 64 * 16;  // an 8-column box of 64 rows: 1 KB
+};
+
+// A box of rows of sample b at column col of a 3-D map, for head dim D:
+// each panel's 64 columns into `main` + p panel_bytes and, at 72, columns
+// 64-71 into `tail` through the tail map.
+template <int D>
+__device__ __forceinline__ void tma_load_head(unsigned char* main, uint32_t panel_bytes, void* tail,
+                                              const CUtensorMap* map, const CUtensorMap* map_t, uint64_t* bar, int col,
+                                              int row, int b) {
+#pragma unroll
+  for (int p = 0; p < TiledHead<D>::kPanels; ++p) tma_load_3d(main + p * panel_bytes, map, bar, col + 64 * p, row, b);
+  if constexpr (TiledHead<D>::kTail) tma_load_3d(tail, map_t, bar, col + 64, row, b);
 }
 
-// The same out of shared memory (rows past the map's token count not written).
-template <bool TAIL>
-__device__ __forceinline__ void tma_store_rows(const CUtensorMap* map, const CUtensorMap* map_t, const void* main,
-                                               const void* tail, int col, int row, int b) {
+// A warpgroup's 64 rows of the head dim's accumulators (panel p in
+// acc[p], at 72 the tail in acc_t), times `scale`, staged for
+// tma_store_head: panel p swizzled at main + p panel_bytes; at 96 the
+// second panel's columns 64-95 as four tail boxes there, at 72 the tail at
+// `tail`.
+template <int D>
+__device__ __forceinline__ void stage_head(uint32_t main, uint32_t panel_bytes, uint32_t tail,
+                                           const float (&acc)[TiledHead<D>::kPanels][32], const float (&acc_t)[4],
+                                           int r_lo, int lane, float scale) {
+  stage_box(main, acc[0], r_lo, lane, scale);
+  if constexpr (D == 128) stage_box(main + panel_bytes, acc[TiledHead<D>::kPanels - 1], r_lo, lane, scale);
+  if constexpr (D == 96)
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const float part[4] = {acc[1][4 * g], acc[1][4 * g + 1], acc[1][4 * g + 2], acc[1][4 * g + 3]};
+      stage_tail(main + panel_bytes + g * TiledHead<D>::kTailBox, part, r_lo, lane, scale);
+    }
+  if constexpr (TiledHead<D>::kTail) stage_tail(tail, acc_t, r_lo, lane, scale);
+}
+
+// The boxes stage_head wrote, stored at column col of row `row` of sample b
+// (rows past the map's token count not written).
+template <int D>
+__device__ __forceinline__ void tma_store_head(const CUtensorMap* map, const CUtensorMap* map_t,
+                                               const unsigned char* main, uint32_t panel_bytes, const void* tail,
+                                               int col, int row, int b) {
   tma_store_3d(map, main, col, row, b);
-  if constexpr (TAIL) tma_store_3d(map_t, tail, col + 64, row, b);
+  if constexpr (D == 128) tma_store_3d(map, main + panel_bytes, col + 64, row, b);
+  if constexpr (D == 96)
+#pragma unroll
+    for (int g = 0; g < 4; ++g)
+      tma_store_3d(map_t, main + panel_bytes + g * TiledHead<D>::kTailBox, col + 64 + 8 * g, row, b);
+  if constexpr (TiledHead<D>::kTail) tma_store_3d(map_t, tail, col + 64, row, b);
 }
 
 // A 64-row accumulator's rows times f (row r_lo: f[0], r_lo + 8: f[1]), and

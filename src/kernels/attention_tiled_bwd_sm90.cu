@@ -22,7 +22,7 @@ using bf16 = __nv_bfloat16;
 constexpr int kChunk = 64;                   // rows per warpgroup: keys in launch 2, queries in launch 3
 constexpr int kBlock = 2 * kChunk;           // rows per CTA
 constexpr int kThreads = 256;                // two warpgroups
-constexpr uint32_t kBox = kChunk * 128;      // a 64-row panel of the first 64 columns: 8 KB
+constexpr uint32_t kBox = kChunk * 128;      // 64 rows of a panel's 64 columns: 8 KB
 constexpr uint32_t kTailBox = kChunk * 16;   // its columns 64-71: 1 KB
 constexpr uint32_t kPad = 128;               // 8 zero rows after a tail that a K-major tail step reads past
 constexpr float kLog2e = 1.4426950408889634f;
@@ -30,7 +30,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr uint32_t round_1024(uint32_t x) { return (x + 1023) / 1024 * 1024; }
 
 // The tensor maps of one call, 3-D (columns, tokens, samples), boxes of 64
-// rows; the tails' boxes of 8 columns at 72 (the main maps stand in at 64).
+// rows; the tails' boxes of 8 columns at 72 and 96 (the main maps stand in
+// at 64 and 128).
 struct BwdMaps {
   CUtensorMap q, k, v, d_o, dq, dk, dv;
   CUtensorMap q_t, k_t, v_t, d_o_t, dq_t, dk_t, dv_t;
@@ -78,19 +79,22 @@ __device__ __forceinline__ void tail_fragment(uint32_t (&a)[4], uint32_t box, in
   a[2] = a[3] = 0;
 }
 
-// Launch 2's shared memory: K and V of the block (two 64-row panels each),
-// two stages of a query chunk (Q, dO, their tails, 8 zero rows that dO's
-// tail step reads past, then its lse (log2 e times) and D), K's and V's
-// tails (read into registers only), the barriers; 1024 to align the start.
+// Launch 2's shared memory: K and V of the block (per panel two 64-row
+// boxes each: panel p of chunk c at 2p + c), two stages of a query chunk
+// (Q's panels, dO's, their tails, 8 zero rows that dO's tail step reads
+// past, then its lse (log2 e times) and D), K's and V's tails (read into
+// registers only), the barriers; 1024 to align the start.
 template <int D>
 struct KvSmem {
-  static constexpr bool kTail = D > 64;
-  static constexpr uint32_t kK = 0, kV = 2 * kBox, kStage = 4 * kBox;
-  static constexpr uint32_t kSQ = 0, kSDo = kBox, kSQt = 2 * kBox, kSDot = kSQt + (kTail ? kTailBox : 0);
+  static constexpr int kP = TiledHead<D>::kPanels;
+  static constexpr bool kTail = TiledHead<D>::kTail;
+  static constexpr uint32_t kK = 0, kV = 2 * kP * kBox, kStage = 4 * kP * kBox;
+  static constexpr uint32_t kSQ = 0, kSDo = kP * kBox, kSQt = 2 * kP * kBox;
+  static constexpr uint32_t kSDot = kSQt + (kTail ? kTailBox : 0);
   static constexpr uint32_t kSPad = kSDot + (kTail ? kTailBox : 0), kSLse = kSPad + (kTail ? kPad : 0);
   static constexpr uint32_t kSDelta = kSLse + kChunk * 4;
   static constexpr uint32_t kStageBytes = round_1024(kSDelta + kChunk * 4);
-  static constexpr uint32_t kStageTx = 2 * kBox + (kTail ? 2 * kTailBox : 0);  // TMA bytes of a chunk
+  static constexpr uint32_t kStageTx = 2 * kP * kBox + (kTail ? 2 * kTailBox : 0);  // TMA bytes of a chunk
   static constexpr uint32_t kKt = kStage + 2 * kStageBytes, kVt = kKt + (kTail ? 2 * kTailBox : 0);
   static constexpr uint32_t kBar = kVt + (kTail ? 2 * kTailBox : 0);
   static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
@@ -107,6 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = KvSmem<D>;
   constexpr bool kTail = L::kTail;
+  constexpr int kP = L::kP;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = align_smem_1024(smem_raw);
   const uint32_t base = smem_u32(smem);
@@ -148,18 +153,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       return;
     }
     mbar_arrive_expect_tx(bar, L::kStageTx);
-    tma_load_rows<kTail>(at + L::kSQ, at + L::kSQt, &maps.q, &maps.q_t, bar, h * D, qc * kChunk, b);
-    tma_load_rows<kTail>(at + L::kSDo, at + L::kSDot, &maps.d_o, &maps.d_o_t, bar, h * D, qc * kChunk, b);
+    tma_load_head<D>(at + L::kSQ, kBox, at + L::kSQt, &maps.q, &maps.q_t, bar, h * D, qc * kChunk, b);
+    tma_load_head<D>(at + L::kSDo, kBox, at + L::kSDot, &maps.d_o, &maps.d_o_t, bar, h * D, qc * kChunk, b);
   };
   __syncthreads();
   if (tid == 0) {
-    mbar_arrive_expect_tx(kv_ready, blocks * (2 * kBox + (kTail ? 2 * kTailBox : 0)));
+    mbar_arrive_expect_tx(kv_ready, blocks * (2 * kP * kBox + (kTail ? 2 * kTailBox : 0)));
     for (int c = 0; c < blocks; ++c) {
       const int row = k_block + c * kChunk;
-      tma_load_rows<kTail>(smem + L::kK + c * kBox, smem + L::kKt + c * kTailBox, &maps.k, &maps.k_t, kv_ready, h * D,
-                           row, b);
-      tma_load_rows<kTail>(smem + L::kV + c * kBox, smem + L::kVt + c * kTailBox, &maps.v, &maps.v_t, kv_ready, h * D,
-                           row, b);
+      tma_load_head<D>(smem + L::kK + c * kBox, 2 * kBox, smem + L::kKt + c * kTailBox, &maps.k, &maps.k_t, kv_ready,
+                       h * D, row, b);
+      tma_load_head<D>(smem + L::kV + c * kBox, 2 * kBox, smem + L::kVt + c * kTailBox, &maps.v, &maps.v_t, kv_ready,
+                       h * D, row, b);
     }
   }
   load_chunk(0, 0);
@@ -184,8 +189,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       tail_fragment(v_t, base + L::kVt + wg * kTailBox, r_lo, lane);
     }
   }
-  float dv[32], dk[32], dv_t[4] = {0.f, 0.f, 0.f, 0.f}, dk_t[4] = {0.f, 0.f, 0.f, 0.f};
+  float dv[kP][32], dk[kP][32], dv_t[4] = {0.f, 0.f, 0.f, 0.f}, dk_t[4] = {0.f, 0.f, 0.f, 0.f};
   const uint64_t da_k = smem_desc(smem + L::kK + wg * kBox), da_v = smem_desc(smem + L::kV + wg * kBox);
+  // The second panel's (96, 128): 2 kBox on; a descriptor counts 16-byte units.
+  constexpr uint64_t kNextPanel = 2 * kBox / 16;
 #pragma unroll 1
   for (int qc = 0; qc < chunks; ++qc) {
     const int stage = qc & 1;
@@ -207,9 +214,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(st, da_k + 2 * t, db_q + 2 * t, t > 0);
+#pragma unroll
+      for (int t = 0; t < TiledHead<D>::kSteps1; ++t)
+        wgmma_m64n64k16_ss<0>(st, da_k + kNextPanel + 2 * t, db_q + kBox / 16 + 2 * t, 1);
       if constexpr (kTail) wgmma_m64n64k16_rs(st, k_t, smem_desc_tail(st_u32 + L::kSQt), 1);
 #pragma unroll
       for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(dpt, da_v + 2 * t, db_do + 2 * t, t > 0);
+#pragma unroll
+      for (int t = 0; t < TiledHead<D>::kSteps1; ++t)
+        wgmma_m64n64k16_ss<0>(dpt, da_v + kNextPanel + 2 * t, db_do + kBox / 16 + 2 * t, 1);
       if constexpr (kTail) wgmma_m64n64k16_rs(dpt, v_t, smem_desc_tail(st_u32 + L::kSDot), 1);
       wgmma_commit();
       wgmma_wait<0>();
@@ -237,11 +250,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         a_fragment(st, t, ap[t]);
         a_fragment(dpt, t, ads[t]);
       }
-      wgmma_rows_mn<4, kTail>(dv, dv_t, ap, st_u32 + L::kSDo, st_u32 + L::kSDot, qc > 0);
-      wgmma_rows_mn<4, kTail>(dk, dk_t, ads, st_u32 + L::kSQ, st_u32 + L::kSQt, qc > 0);
+      wgmma_rows_mn<4, kTail>(dv[0], dv_t, ap, st_u32 + L::kSDo, st_u32 + L::kSDot, qc > 0);
+      if constexpr (kP > 1) wgmma_rows_mn<4, false>(dv[kP - 1], dv_t, ap, st_u32 + L::kSDo + kBox, 0, qc > 0);
+      wgmma_rows_mn<4, kTail>(dk[0], dk_t, ads, st_u32 + L::kSQ, st_u32 + L::kSQt, qc > 0);
+      if constexpr (kP > 1) wgmma_rows_mn<4, false>(dk[kP - 1], dk_t, ads, st_u32 + L::kSQ + kBox, 0, qc > 0);
       wgmma_wait<0>();
-      fence_accumulators(dv);
-      fence_accumulators(dk);
+#pragma unroll
+      for (int p = 0; p < kP; ++p) {
+        fence_accumulators(dv[p]);
+        fence_accumulators(dk[p]);
+      }
       if constexpr (kTail) {
         fence_accumulators(dv_t);
         fence_accumulators(dk_t);
@@ -253,17 +271,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // dK (scaled) and dV staged where this warpgroup's K and V were, then
   // stored by TMA; rows past T are not written.
   warpgroup_barrier(2 + wg);
-  stage_box(base + L::kK + wg * kBox, dk, r_lo, lane, args.scale);
-  stage_box(base + L::kV + wg * kBox, dv, r_lo, lane, 1.f);
-  if constexpr (kTail) {
-    stage_tail(base + L::kKt + wg * kTailBox, dk_t, r_lo, lane, args.scale);
-    stage_tail(base + L::kVt + wg * kTailBox, dv_t, r_lo, lane, 1.f);
-  }
+  stage_head<D>(base + L::kK + wg * kBox, 2 * kBox, base + L::kKt + wg * kTailBox, dk, dk_t, r_lo, lane, args.scale);
+  stage_head<D>(base + L::kV + wg * kBox, 2 * kBox, base + L::kVt + wg * kTailBox, dv, dv_t, r_lo, lane, 1.f);
   fence_async_shared();
   warpgroup_barrier(2 + wg);
   if (wg_lead) {
-    tma_store_rows<kTail>(&maps.dk, &maps.dk_t, smem + L::kK + wg * kBox, smem + L::kKt + wg * kTailBox, h * D, k0, b);
-    tma_store_rows<kTail>(&maps.dv, &maps.dv_t, smem + L::kV + wg * kBox, smem + L::kVt + wg * kTailBox, h * D, k0, b);
+    tma_store_head<D>(&maps.dk, &maps.dk_t, smem + L::kK + wg * kBox, 2 * kBox, smem + L::kKt + wg * kTailBox, h * D,
+                      k0, b);
+    tma_store_head<D>(&maps.dv, &maps.dv_t, smem + L::kV + wg * kBox, 2 * kBox, smem + L::kVt + wg * kTailBox, h * D,
+                      k0, b);
     tma_store_wait_read<0>();  // the boxes are read before the CTA's shared memory goes
   }
 #else
@@ -271,20 +287,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Launch 3's shared memory: Q and dO of the block (two 64-row panels each)
-// and their tails (read into registers only), then two stages of a 64-key
-// tile (K, V, K's tail, V's tail, 8 zero rows: the tail step of S reads 8
-// rows past K's tail, which are V's, and dP's past V's, the zeros), the
-// barriers; 1024 to align the start.
+// Launch 3's shared memory: Q and dO of the block (per panel two 64-row
+// boxes each, as launch 2's K and V) and their tails (read into registers
+// only), then two stages of a 64-key tile (K's panels, V's, K's tail, V's
+// tail, 8 zero rows: the tail step of S reads 8 rows past K's tail, which
+// are V's, and dP's past V's, the zeros), the barriers; 1024 to align the
+// start.
 template <int D>
 struct QSmem {
-  static constexpr bool kTail = D > 64;
-  static constexpr uint32_t kQ = 0, kDo = 2 * kBox, kQt = 4 * kBox, kDot = kQt + (kTail ? 2 * kTailBox : 0);
+  static constexpr int kP = TiledHead<D>::kPanels;
+  static constexpr bool kTail = TiledHead<D>::kTail;
+  static constexpr uint32_t kQ = 0, kDo = 2 * kP * kBox, kQt = 4 * kP * kBox;
+  static constexpr uint32_t kDot = kQt + (kTail ? 2 * kTailBox : 0);
   static constexpr uint32_t kStage = round_1024(kDot + (kTail ? 2 * kTailBox : 0));
-  static constexpr uint32_t kSK = 0, kSV = kBox, kSKt = 2 * kBox, kSVt = kSKt + (kTail ? kTailBox : 0);
+  static constexpr uint32_t kSK = 0, kSV = kP * kBox, kSKt = 2 * kP * kBox, kSVt = kSKt + (kTail ? kTailBox : 0);
   static constexpr uint32_t kSPad = kSVt + (kTail ? kTailBox : 0);
   static constexpr uint32_t kStageBytes = round_1024(kSPad + (kTail ? kPad : 0));
-  static constexpr uint32_t kStageTx = 2 * kBox + (kTail ? 2 * kTailBox : 0);
+  static constexpr uint32_t kStageTx = 2 * kP * kBox + (kTail ? 2 * kTailBox : 0);
   static constexpr uint32_t kBar = kStage + 2 * kStageBytes;
   static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
   static_assert(kSKt + kTailBox == kSVt || !kTail, "K's tail step reads V's tail after it");
@@ -299,6 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = QSmem<D>;
   constexpr bool kTail = L::kTail;
+  constexpr int kP = L::kP;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = align_smem_1024(smem_raw);
   const uint32_t base = smem_u32(smem);
@@ -326,17 +346,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned char* at = smem + L::kStage + stage * L::kStageBytes;
     uint64_t* bar = &kv_ready[stage];
     mbar_arrive_expect_tx(bar, L::kStageTx);
-    tma_load_rows<kTail>(at + L::kSK, at + L::kSKt, &maps.k, &maps.k_t, bar, h * D, tile * kChunk, b);
-    tma_load_rows<kTail>(at + L::kSV, at + L::kSVt, &maps.v, &maps.v_t, bar, h * D, tile * kChunk, b);
+    tma_load_head<D>(at + L::kSK, kBox, at + L::kSKt, &maps.k, &maps.k_t, bar, h * D, tile * kChunk, b);
+    tma_load_head<D>(at + L::kSV, kBox, at + L::kSVt, &maps.v, &maps.v_t, bar, h * D, tile * kChunk, b);
   };
   if (tid == 0) {
-    mbar_arrive_expect_tx(q_ready, blocks * (2 * kBox + (kTail ? 2 * kTailBox : 0)));
+    mbar_arrive_expect_tx(q_ready, blocks * (2 * kP * kBox + (kTail ? 2 * kTailBox : 0)));
     for (int c = 0; c < blocks; ++c) {
       const int row = q_block + c * kChunk;
-      tma_load_rows<kTail>(smem + L::kQ + c * kBox, smem + L::kQt + c * kTailBox, &maps.q, &maps.q_t, q_ready, h * D,
-                           row, b);
-      tma_load_rows<kTail>(smem + L::kDo + c * kBox, smem + L::kDot + c * kTailBox, &maps.d_o, &maps.d_o_t, q_ready,
-                           h * D, row, b);
+      tma_load_head<D>(smem + L::kQ + c * kBox, 2 * kBox, smem + L::kQt + c * kTailBox, &maps.q, &maps.q_t, q_ready,
+                       h * D, row, b);
+      tma_load_head<D>(smem + L::kDo + c * kBox, 2 * kBox, smem + L::kDot + c * kTailBox, &maps.d_o, &maps.d_o_t,
+                       q_ready, h * D, row, b);
     }
     load_tile(0, 0);
   }
@@ -359,8 +379,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       tail_fragment(do_t, base + L::kDot + wg * kTailBox, r_lo, lane);
     }
   }
-  float dq[32], dq_t[4] = {0.f, 0.f, 0.f, 0.f};
+  float dq[kP][32], dq_t[4] = {0.f, 0.f, 0.f, 0.f};
   const uint64_t da_q = smem_desc(smem + L::kQ + wg * kBox), da_do = smem_desc(smem + L::kDo + wg * kBox);
+  constexpr uint64_t kNextPanel = 2 * kBox / 16;  // the second panel's, in a descriptor's 16-byte units
 #pragma unroll 1
   for (int tile = 0; tile < tiles; ++tile) {
     const int stage = tile & 1;
@@ -382,9 +403,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(s, da_q + 2 * t, db_k + 2 * t, t > 0);
+#pragma unroll
+      for (int t = 0; t < TiledHead<D>::kSteps1; ++t)
+        wgmma_m64n64k16_ss<0>(s, da_q + kNextPanel + 2 * t, db_k + kBox / 16 + 2 * t, 1);
       if constexpr (kTail) wgmma_m64n64k16_rs(s, q_t, smem_desc_tail(st_u32 + L::kSKt), 1);
 #pragma unroll
       for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(dp, da_do + 2 * t, db_v + 2 * t, t > 0);
+#pragma unroll
+      for (int t = 0; t < TiledHead<D>::kSteps1; ++t)
+        wgmma_m64n64k16_ss<0>(dp, da_do + kNextPanel + 2 * t, db_v + kBox / 16 + 2 * t, 1);
       if constexpr (kTail) wgmma_m64n64k16_rs(dp, do_t, smem_desc_tail(st_u32 + L::kSVt), 1);
       wgmma_commit();
       wgmma_wait<0>();
@@ -403,9 +430,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t ads[4][4];
 #pragma unroll
       for (int t = 0; t < 4; ++t) a_fragment(s, t, ads[t]);
-      wgmma_rows_mn<4, kTail>(dq, dq_t, ads, st_u32 + L::kSK, st_u32 + L::kSKt, tile > 0);
+      wgmma_rows_mn<4, kTail>(dq[0], dq_t, ads, st_u32 + L::kSK, st_u32 + L::kSKt, tile > 0);
+      if constexpr (kP > 1) wgmma_rows_mn<4, false>(dq[kP - 1], dq_t, ads, st_u32 + L::kSK + kBox, 0, tile > 0);
       wgmma_wait<0>();
-      fence_accumulators(dq);
+#pragma unroll
+      for (int p = 0; p < kP; ++p) fence_accumulators(dq[p]);
       if constexpr (kTail) fence_accumulators(dq_t);
       if (lane == 0) mbar_arrive(&kv_free[stage]);  // this warp's products have read the stage
     }
@@ -413,12 +442,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!active) return;
   // dQ (scaled) staged where this warpgroup's Q was, then stored by TMA.
   warpgroup_barrier(2 + wg);
-  stage_box(base + L::kQ + wg * kBox, dq, r_lo, lane, args.scale);
-  if constexpr (kTail) stage_tail(base + L::kQt + wg * kTailBox, dq_t, r_lo, lane, args.scale);
+  stage_head<D>(base + L::kQ + wg * kBox, 2 * kBox, base + L::kQt + wg * kTailBox, dq, dq_t, r_lo, lane, args.scale);
   fence_async_shared();
   warpgroup_barrier(2 + wg);
   if (wg_lead) {
-    tma_store_rows<kTail>(&maps.dq, &maps.dq_t, smem + L::kQ + wg * kBox, smem + L::kQt + wg * kTailBox, h * D, q0, b);
+    tma_store_head<D>(&maps.dq, &maps.dq_t, smem + L::kQ + wg * kBox, 2 * kBox, smem + L::kQt + wg * kTailBox, h * D,
+                      q0, b);
     tma_store_wait_read<0>();
   }
 #else
@@ -426,12 +455,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// A 3-D map of 64-row boxes and its tail map (the main map again at 64).
+// A 3-D map of 64-row boxes and its tail map (the main map again at 64 and 128).
 void operand_maps(CUtensorMap& main, CUtensorMap& tail, const void* data, int64_t row_stride, int batch, int tokens,
                   int64_t cols, int head_dim) {
   constexpr const char* kWho = "attention_tiled_bwd_sm90";
   main = bf16_tensor_map_3d(data, batch, tokens, cols, row_stride, kChunk, kWho);
-  tail = head_dim > 64 ? bf16_tensor_map_3d(data, batch, tokens, cols, row_stride, kChunk, kWho, 8) : main;
+  tail = head_dim % 64 != 0 ? bf16_tensor_map_3d(data, batch, tokens, cols, row_stride, kChunk, kWho, 8) : main;
 }
 
 template <int D, KeyBias B>
@@ -471,7 +500,8 @@ void attention_tiled_bwd_sm90(AttentionOperand q, AttentionOperand k, AttentionO
   if (tokens < kTiledAttentionMinTokens)
     throw std::invalid_argument(std::string(kWho) + ": needs at least 64 tokens, not " + std::to_string(tokens));
   if (!tiled_attention_dim_supported(head_dim))
-    throw std::invalid_argument(std::string(kWho) + ": head dim must be 64 or 72, not " + std::to_string(head_dim));
+    throw std::invalid_argument(std::string(kWho) + ": head dim must be 64, 72, 96 or 128, not " +
+                                std::to_string(head_dim));
   if (bias.data != nullptr && bias.sample_stride < tokens)
     throw std::invalid_argument(std::string(kWho) + ": the key bias's sample stride is below the token count");
   check_tma_pointers(kWho, {q.data, k.data, v.data, out, d_out, lse, delta, dq.data, dk.data, dv.data});
@@ -491,10 +521,12 @@ void attention_tiled_bwd_sm90(AttentionOperand q, AttentionOperand k, AttentionO
                                                                                head_dim);
   PERFTRAIN_LAUNCH_CHECK();
   const BwdArgs args{bias.data, bias.sample_stride, lse, delta, tokens, heads, scale};
-  if (head_dim == 64)
-    launch_for_bias<64>(maps, args, bias, batch, device, stream);
-  else
-    launch_for_bias<72>(maps, args, bias, batch, device, stream);
+  switch (head_dim) {
+    case 64: launch_for_bias<64>(maps, args, bias, batch, device, stream); break;
+    case 72: launch_for_bias<72>(maps, args, bias, batch, device, stream); break;
+    case 96: launch_for_bias<96>(maps, args, bias, batch, device, stream); break;
+    default: launch_for_bias<128>(maps, args, bias, batch, device, stream); break;
+  }
 }
 
 }  // namespace perftrain::kernels

@@ -1,7 +1,7 @@
 // The backward of softmax attention at any length, with an optional additive
 // key bias, Hopper (sm_90a) wgmma: the partner of
 // kernels/attention_tiled_fwd_sm90 (its out and lse), deterministic.
-// Non-causal, no dropout, T >= 64 tokens, head dim 64 or 72.
+// Non-causal, no dropout, T >= 64 tokens, head dim 64, 72, 96 or 128.
 //
 // Maths (s = softmax scale, b_j the key bias, lse_i the forward's
 // log-sum-exp of s S + b):
@@ -31,10 +31,22 @@
 // Recomputing S and dP in launch 3 costs two of the backward's five
 // products, and saves an fp32 dQ accumulator and its turn-taking.
 // Launch shapes: 1: four threads a row of [B, T, H, d], 256 a block; 2 and
-// 3: grid (ceil(T / 128), H, B) of 256 threads. Shared memory: launch 2
-// K, V 32 KB + 2 stages of (Q, dO 16 KB, lse and D of 64 queries), 66 KB
-// (74 KB at 72, the tails); launch 3 Q, dO 32 KB + 2 stages of (K, V
-// 16 KB), 64 KB (74 KB); about 190 registers a thread, so one CTA per SM.
+// 3: grid (ceil(T / 128), H, B) of 256 threads, one CTA per SM.
+// Head dims 96 and 128 take two 64-column panels as the forward does
+// (attention_sm90.cuh's TiledHead; at 96 the products whose N is the head
+// dim compute the second panel whole and store its first 32 columns).
+// Budget (ptxas, sm_90a, no spills at any d; 255 registers a thread at most):
+//   d        launch 2: shared            fp32 state a thread     regs   launch 3: shared     regs
+//   64       32 + 2 x 17 KB =  66 KB     dK, dV 64, S, dP 64     176    32 + 2 x 16 =  64 KB  122
+//   72       36 + 2 x 19 KB =  74 KB     dK, dV 72, S, dP 64     194    36 + 2 x 19 =  74 KB  134
+//   96, 128  64 + 2 x 33 KB = 130 KB     dK, dV 128, S, dP 64    240    64 + 2 x 32 = 128 KB  156
+// (with a key bias launch 2 takes 2-4 registers more, launch 3 up to 58: 214 at 128).
+// At d = 128 launch 2 keeps the 128-key block and the split by keys: 64
+// keys a warpgroup is wgmma's smallest M, so a smaller block would be one
+// warpgroup a CTA, each Q and dO chunk loaded for half the keys; splitting
+// dK from dV between the warpgroups would make both compute S^T (P is in
+// both gradients), five products per chunk where four do. dK, dV (128) and
+// S^T, dP^T (64) live at the peak fit in 240 registers without a spill.
 // dQ, dK, dV are written through 3-D tensor maps (rows past T not stored)
 // wherever the caller's operands say (the packed gradient [B, T, 3D] as the
 // common case).

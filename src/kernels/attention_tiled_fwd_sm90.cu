@@ -23,22 +23,25 @@ constexpr int kChunk = 64;                       // queries per warpgroup
 constexpr int kBlock = 2 * kChunk;               // queries per CTA
 constexpr int kTile = 128;                       // keys per K, V tile
 constexpr int kThreads = 256;                    // two warpgroups
-constexpr uint32_t kPanel = kTile * 128;         // a tile's first 64 columns: 16 KB
+constexpr uint32_t kPanel = kTile * 128;         // a tile's 64 columns of a panel: 16 KB
 constexpr uint32_t kTailPanel = kTile * 16;      // a tile's columns 64-71: 2 KB
 
 using Bias = KeyBias;
 
-// Q (two chunks of 64 rows, 128-byte swizzle), two stages of K, V (each
-// K, V, then K's tail and V's tail: the tail step of S over K reads 8 rows
-// past K's tail for its last rows, which are V's tail, loaded with it), Q's
-// tail, then the barriers (Q's, each stage's); 1024 bytes to align the start.
+// Q (per panel, two chunks of 64 rows, 128-byte swizzle), two stages of
+// K, V (each K's panels, V's, then K's tail and V's tail: the tail step of
+// S over K reads 8 rows past K's tail for its last rows, which are V's
+// tail, loaded with it), Q's tail, then the barriers (Q's, each stage's);
+// 1024 bytes to align the start.
 template <int D>
 struct TiledSmem {
-  static constexpr bool kTail = D > 64;
-  static constexpr uint32_t kQBytes = kBlock * 128 + (kTail ? kBlock * 16 : 0);
-  static constexpr uint32_t kStageBytes = 2 * kPanel + (kTail ? 2 * kTailPanel : 0);  // 32 KB; 36 KB at 72
-  static constexpr uint32_t kQ = 0, kStage = kBlock * 128;
-  static constexpr uint32_t kK = 0, kV = kPanel, kKt = 2 * kPanel, kVt = 2 * kPanel + kTailPanel;  // in a stage
+  static constexpr int kP = TiledHead<D>::kPanels;
+  static constexpr bool kTail = TiledHead<D>::kTail;
+  static constexpr uint32_t kQPanel = kBlock * 128;  // one panel of Q: 16 KB
+  static constexpr uint32_t kQBytes = kP * kQPanel + (kTail ? kBlock * 16 : 0);
+  static constexpr uint32_t kStageBytes = 2 * kP * kPanel + (kTail ? 2 * kTailPanel : 0);  // 32, 36, 64, 64 KB
+  static constexpr uint32_t kQ = 0, kStage = kP * kQPanel;
+  static constexpr uint32_t kK = 0, kV = kP * kPanel, kKt = 2 * kP * kPanel, kVt = kKt + kTailPanel;  // in a stage
   static constexpr uint32_t kQt = kStage + 2 * kStageBytes;
   static constexpr uint32_t kBar = kQt + (kTail ? kBlock * 16 : 0);
   static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
@@ -49,7 +52,7 @@ struct TiledSmem {
 
 // The tensor maps of one call, 3-D (columns, tokens, samples): boxes of 64
 // rows for Q and O, 128 for K and V; the tails' boxes of 8 columns at 72
-// (the main maps stand in for them at 64).
+// and 96 (the main maps stand in for them at 64 and 128).
 struct TiledMaps {
   CUtensorMap q, k, v, out, q_t, k_t, v_t, out_t;
 };
@@ -67,9 +70,10 @@ struct TiledArgs {
 // rows r_lo, r_lo + 8) becomes P = 2^(x - m_new) with x = s S log2 e + add;
 // m (the running maxima, log2 domain) moves to m_new, the thread's partial
 // row sums and O are scaled by 2^(m - m_new) and the sums take P's.
-template <bool TAIL>
+template <int P, bool TAIL>
 __device__ __forceinline__ void online_softmax_step(float (&s)[64], const float (&add)[32], float scale_log2,
-                                                    float (&m)[2], float (&sum)[2], float (&o)[32], float (&o_t)[4]) {
+                                                    float (&m)[2], float (&sum)[2], float (&o)[P][32],
+                                                    float (&o_t)[4]) {
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
@@ -97,7 +101,8 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[64], const float 
       s[4 * j + e] = p;
       sum[e / 2] += p;
     }
-  scale_rows<TAIL>(o, o_t, alpha);
+#pragma unroll
+  for (int p = 0; p < P; ++p) scale_rows<TAIL>(o[p], o_t, alpha);  // o_t (72 only) scaled once: P = 1 there
 }
 
 // The kernel's one loop, its prologue and epilogue: a hundred-odd lines
@@ -108,6 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = TiledSmem<D>;
   constexpr bool kTail = L::kTail;
+  constexpr int kP = L::kP;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = align_smem_1024(smem_raw);
   uint64_t* q_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
@@ -131,14 +137,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned char* at = smem + L::kStage + stage * L::kStageBytes;
     uint64_t* bar = &kv_ready[stage];
     mbar_arrive_expect_tx(bar, L::kStageBytes);
-    tma_load_rows<kTail>(at + L::kK, at + L::kKt, &maps.k, &maps.k_t, bar, h * D, tile * kTile, b);
-    tma_load_rows<kTail>(at + L::kV, at + L::kVt, &maps.v, &maps.v_t, bar, h * D, tile * kTile, b);
+    tma_load_head<D>(at + L::kK, kPanel, at + L::kKt, &maps.k, &maps.k_t, bar, h * D, tile * kTile, b);
+    tma_load_head<D>(at + L::kV, kPanel, at + L::kVt, &maps.v, &maps.v_t, bar, h * D, tile * kTile, b);
   };
   if (tid == 0) {
     mbar_arrive_expect_tx(q_ready, chunks * (L::kQBytes / 2));
     for (int c = 0; c < chunks; ++c)
-      tma_load_rows<kTail>(smem + L::kQ + c * kChunk * 128, smem + L::kQt + c * kChunk * 16, &maps.q, &maps.q_t,
-                           q_ready, h * D, q_block + c * kChunk, b);
+      tma_load_head<D>(smem + L::kQ + c * kChunk * 128, L::kQPanel, smem + L::kQt + c * kChunk * 16, &maps.q,
+                       &maps.q_t, q_ready, h * D, q_block + c * kChunk, b);
     load_tile(0, 0);
   }
 
@@ -147,9 +153,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* q_chunk = smem + L::kQ + wg * kChunk * 128;
   const uint32_t qt_chunk = kTail ? smem_u32(smem + L::kQt + wg * kChunk * 16) : 0;  // no tail panel at 64
   uint32_t q_t[4] = {0, 0, 0, 0};  // the tail of this thread's Q rows, columns 72-79 zero
-  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, o[32], o_t[4] = {0.f, 0.f, 0.f, 0.f};
+  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, o[kP][32], o_t[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < 32; ++i) o[i] = 0.f;
+  for (int p = 0; p < kP; ++p)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[p][i] = 0.f;
   if (active) {
     mbar_wait(q_ready, 0);
     if constexpr (kTail) {
@@ -179,18 +187,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int t = 0; t < 4; ++t) wgmma_m64n128k16(s, da + 2 * t, db + 2 * t, t > 0);
+      if constexpr (kP > 1) {
+        const uint64_t da1 = smem_desc(q_chunk + L::kQPanel), db1 = smem_desc(st + L::kK + kPanel);
+#pragma unroll
+        for (int t = 0; t < TiledHead<D>::kSteps1; ++t) wgmma_m64n128k16(s, da1 + 2 * t, db1 + 2 * t, 1);
+      }
       if constexpr (kTail) wgmma_m64n128k16_rs(s, q_t, smem_desc_tail(st_u32 + L::kKt), 1);
       wgmma_commit();
       wgmma_wait<0>();
       fence_accumulators(s);
-      online_softmax_step<kTail>(s, add, scale_log2, m, sum, o, o_t);
+      online_softmax_step<kP, kTail>(s, add, scale_log2, m, sum, o, o_t);
       // O += P V over the tile's 128 keys: P as 8 bf16 k16 fragments, V's rows MN-major.
       uint32_t ap[8][4];
 #pragma unroll
       for (int t = 0; t < 8; ++t) a_fragment(s, t, ap[t]);
-      wgmma_rows_mn<8, kTail>(o, o_t, ap, st_u32 + L::kV, st_u32 + L::kVt, 1);
+      wgmma_rows_mn<8, kTail>(o[0], o_t, ap, st_u32 + L::kV, st_u32 + L::kVt, 1);
+      if constexpr (kP > 1) wgmma_rows_mn<8, false>(o[kP - 1], o_t, ap, st_u32 + L::kV + kPanel, 0, 1);
       wgmma_wait<0>();
-      fence_accumulators(o);
+#pragma unroll
+      for (int p = 0; p < kP; ++p) fence_accumulators(o[p]);
       if constexpr (kTail) fence_accumulators(o_t);
       if (lane == 0) mbar_arrive(&kv_free[stage]);  // this warp's products have read the stage
     }
@@ -210,16 +225,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (row < T) args.lse[(int64_t(b) * args.heads + h) * T + row] = (m[hh] + __log2f(sum[hh])) * kLn2;
     }
   const float inv[2] = {1.f / sum[0], 1.f / sum[1]};
-  scale_rows<kTail>(o, o_t, inv);
+#pragma unroll
+  for (int p = 0; p < kP; ++p) scale_rows<kTail>(o[p], o_t, inv);
   // Staged where the warpgroup's Q was (every warp of it is past the last
   // product that read it), then stored by TMA; rows past T are not written.
   warpgroup_barrier(2 + wg);
-  stage_box(smem_u32(q_chunk), o, r_lo, lane, 1.f);
-  if constexpr (kTail) stage_tail(qt_chunk, o_t, r_lo, lane, 1.f);
+  stage_head<D>(smem_u32(q_chunk), L::kQPanel, qt_chunk, o, o_t, r_lo, lane, 1.f);
   fence_async_shared();
   warpgroup_barrier(2 + wg);
   if (wg_lead) {
-    tma_store_rows<kTail>(&maps.out, &maps.out_t, q_chunk, smem + L::kQt + wg * kChunk * 16, h * D, q0, b);
+    tma_store_head<D>(&maps.out, &maps.out_t, q_chunk, L::kQPanel, smem + L::kQt + wg * kChunk * 16, h * D, q0, b);
     tma_store_wait_read<0>();  // the boxes are read before the CTA's shared memory goes
   }
 #else
@@ -236,7 +251,7 @@ TiledMaps make_maps(AttentionOperand q, AttentionOperand k, AttentionOperand v, 
   maps.k = bf16_tensor_map_3d(k.data, batch, tokens, cols, k.row_stride, kTile, kWho);
   maps.v = bf16_tensor_map_3d(v.data, batch, tokens, cols, v.row_stride, kTile, kWho);
   maps.out = bf16_tensor_map_3d(out, batch, tokens, cols, cols, kChunk, kWho);
-  if (head_dim > 64) {
+  if (head_dim % 64 != 0) {
     maps.q_t = bf16_tensor_map_3d(q.data, batch, tokens, cols, q.row_stride, kChunk, kWho, 8);
     maps.k_t = bf16_tensor_map_3d(k.data, batch, tokens, cols, k.row_stride, kTile, kWho, 8);
     maps.v_t = bf16_tensor_map_3d(v.data, batch, tokens, cols, v.row_stride, kTile, kWho, 8);
@@ -282,17 +297,20 @@ void attention_tiled_fwd_sm90(AttentionOperand q, AttentionOperand k, AttentionO
   if (tokens < kTiledAttentionMinTokens)
     throw std::invalid_argument(std::string(kWho) + ": needs at least 64 tokens, not " + std::to_string(tokens));
   if (!tiled_attention_dim_supported(head_dim))
-    throw std::invalid_argument(std::string(kWho) + ": head dim must be 64 or 72, not " + std::to_string(head_dim));
+    throw std::invalid_argument(std::string(kWho) + ": head dim must be 64, 72, 96 or 128, not " +
+                                std::to_string(head_dim));
   if (bias.data != nullptr && bias.sample_stride < tokens)
     throw std::invalid_argument(std::string(kWho) + ": the key bias's sample stride is below the token count");
   check_tma_pointers(kWho, {q.data, k.data, v.data, out, lse});
   const int device = sm90_device(kWho);
   const TiledMaps maps = make_maps(q, k, v, out, batch, tokens, heads, head_dim);
   const TiledArgs args{bias.data, bias.sample_stride, lse, tokens, heads, scale};
-  if (head_dim == 64)
-    launch_for_bias<64>(maps, args, bias, batch, device, stream);
-  else
-    launch_for_bias<72>(maps, args, bias, batch, device, stream);
+  switch (head_dim) {
+    case 64: launch_for_bias<64>(maps, args, bias, batch, device, stream); break;
+    case 72: launch_for_bias<72>(maps, args, bias, batch, device, stream); break;
+    case 96: launch_for_bias<96>(maps, args, bias, batch, device, stream); break;
+    default: launch_for_bias<128>(maps, args, bias, batch, device, stream); break;
+  }
 }
 
 }  // namespace perftrain::kernels

@@ -2,7 +2,7 @@
 // key bias (a key mask), Hopper (sm_90a) wgmma: the tiled partner of
 // kernels/attention_head_fwd_sm90 (which takes 256 tokens only).
 // Non-causal, no dropout, T >= 64 tokens (any count, not only multiples of
-// 64), head dim 64 or 72.
+// 64), head dim 64, 72, 96 or 128.
 //
 // Maths (s = softmax scale, b_j the key bias of key j, 0 without one):
 //   x_ij = s q_i . k_j + b_j,  m_i = max_j x_ij,  l_i = sum_j exp(x_ij - m_i),
@@ -27,16 +27,26 @@
 // other buffer once every computing warp has said (an mbarrier) it is done
 // with tile j - 1 there, so the two warpgroups may drift up to a tile apart
 // and one's softmax run beside the other's products. Per tile and warpgroup: S = Q K^T (m64n128, both
-// operands K-major, 128-byte swizzle; at head dim 72 one more k16 step of
-// Q's tail from registers against K's tail panel), bias and the key-count
+// operands K-major, 128-byte swizzle, d / 16 k16 steps over the head dim's
+// 64-column panels; at head dim 72 one more k16 step of Q's tail from
+// registers against K's tail panel), bias and the key-count
 // mask added, running max and sum across the quad that shares a row, O
-// scaled, P as bf16 register fragments, O += P V (V's rows MN-major). At the
-// end O / l is staged where the warpgroup's Q was and stored by TMA; lse per
-// query. 3-D tensor maps (columns, tokens, samples) keep a tile inside its
-// sample: rows past T load as zeros and are not stored.
-// Bytes per CTA: Q 16 KB + 2 x (K, V) 64 KB (at 72 the tails: + 10 KB), so
-// one CTA per SM by registers (S 64, O 36, P 32 a thread) rather than by
-// shared memory.
+// scaled, P as bf16 register fragments, O += P V (V's rows MN-major, one
+// m64n64 product per panel). At the end O / l is staged where the
+// warpgroup's Q was and stored by TMA; lse per query. 3-D tensor maps
+// (columns, tokens, samples) keep a tile inside its sample: rows past T load
+// as zeros and are not stored.
+// Head dims 96 and 128 take two panels (attention_sm90.cuh's TiledHead): at
+// 96 the second is loaded whole and S reads only its first 32 columns, O's
+// product computes all 64 (a third more P V work than needed, no second
+// tail layout) and only columns 64-95 are stored, as four 8-column boxes.
+// Budget per CTA (launch: grid (ceil(T / 128), H, B), 256 threads, one CTA
+// per SM by registers; ptxas, sm_90a, no spills at any d):
+//   d        shared memory (Q + 2 stages of K, V)   fp32 state a thread      registers
+//   64       16 KB + 2 x 32 KB =  80 KB             S 64, O 32, P 32         156 (167 with a bias)
+//   72       18 KB + 2 x 36 KB =  90 KB             S 64, O 36, P 32         167 (175)
+//   96, 128  32 KB + 2 x 64 KB = 160 KB             S 64, O 64, P 32         187 (197)
+// (of 227 KB and 255 registers a thread at 256 threads).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -65,16 +75,19 @@ struct AttentionKeyBias {
 };
 
 // The head dims the tiled kernels are built for (64: DiT-S, B, SS-B; 72:
-// DiT-XL, SS-XL); 96 and 128 are refused.
-constexpr bool tiled_attention_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 72; }
+// DiT-XL, SS-XL; 96 and 128); the other multiples of 8 are refused (each
+// would need its own tail layout).
+constexpr bool tiled_attention_dim_supported(int head_dim) {
+  return head_dim == 64 || head_dim == 72 || head_dim == 96 || head_dim == 128;
+}
 // The fewest tokens the tiled kernels take.
 constexpr int kTiledAttentionMinTokens = 64;
 
 // out [B, T, H, d] bf16 (token-major, as cuDNN writes it), lse [B, H, T] fp32
 // (natural log, of the scaled and biased scores): the formats of
 // attention_head_fwd_sm90. Throws std::invalid_argument for head dims other
-// than 64 and 72, T < 64, misaligned pointers or strides, or a GPU other
-// than sm_90.
+// than 64, 72, 96 and 128, T < 64, misaligned pointers or strides, or a GPU
+// other than sm_90.
 void attention_tiled_fwd_sm90(AttentionOperand q, AttentionOperand k, AttentionOperand v,
                               const AttentionKeyBias& bias, __nv_bfloat16* out, float* lse, int batch, int tokens,
                               int heads, int head_dim, float scale, cudaStream_t stream);

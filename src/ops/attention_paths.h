@@ -16,7 +16,8 @@ namespace perftrain::ops {
 
 enum class AttentionPath {
   Own,        // our whole-head forward and backward (sm_90, bf16, 256 tokens, head dim 64 or 72)
-  Tiled,      // our tiled forward and backward (any T >= 64, key mask or not; at 256 tokens the whole-head backward)
+  Tiled,      // our tiled forward and backward (any T >= 64, head dim 64, 72, 96 or 128, key mask or not; at 256
+              // tokens and head dim 64 or 72 the whole-head backward)
   Cudnn,      // cuDNN's fused attention (through ATen's _cudnn_attention ops)
   Efficient,  // ATen's memory-efficient kernel by name (masked, T % 128 == 64: cuDNN's NaN there)
   Sdpa,       // at::scaled_dot_product_attention (CPU, fp32, shapes cuDNN refused)

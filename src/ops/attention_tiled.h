@@ -1,6 +1,6 @@
 // The tiled attention kernels (kernels/attention_tiled_fwd_sm90 and
 // kernels/attention_tiled_bwd_sm90) behind projected_attention and
-// qkv_attention: bf16 on sm_90, any T >= 64 tokens, head dim 64 or 72, with
+// qkv_attention: bf16 on sm_90, any T >= 64 tokens, head dim 64, 72, 96 or 128, with
 // or without a key bias (attention_key_bias's [B, 1, 1, T]). The forward's
 // out and lse have the layouts of cuDNN's, and the forward saves cuDNN's
 // backward state too; the backward after it is ours (at 256 tokens without
@@ -25,7 +25,7 @@ void set_tiled_attention(bool on);  // process-wide; before the step is captured
 
 // Whether attention_tiled_fwd takes q, k, v: CUDA bf16 [B, T, D] views each
 // with unit column stride, rows stride(1) apart (a multiple of 8) and samples
-// T rows apart, D = heads * d, d 64 or 72, T >= 64; key_bias undefined or
+// T rows apart, D = heads * d, d 64, 72, 96 or 128, T >= 64; key_bias undefined or
 // [B, 1, 1, T] fp32 or bf16 with unit last stride; an sm_90 GPU. The switch
 // is not asked.
 bool tiled_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,

@@ -1,6 +1,6 @@
 // ops/attention_tiled on the GPU (kernels/attention_tiled_fwd_sm90 and
 // kernels/attention_tiled_bwd_sm90): out and lse against float64 at T = 64,
-// 257, 288, 1024 and 1152 tokens, head dims 64 and 72, without a mask and
+// 257, 288, 1024 and 1152 tokens, head dims 64, 72, 96 and 128, without a mask and
 // with the single-stream key mask (condition tokens first, a sample with one
 // attended condition key, a whole 128-key tile masked) as bf16 and fp32
 // bias; reruns bit-identical; q and k from a [B, T, 2D] tensor and the
@@ -86,7 +86,7 @@ std::pair<at::Tensor, at::Tensor> reference(const at::Tensor& qkv, int64_t heads
 TEST(AttentionTiledGpu, ForwardMatchesFloat64AndRerunsAreBitIdentical) {
   if (!sm90()) GTEST_SKIP() << "no sm_90 GPU";
   auto g = cuda_gen(51);
-  for (const int64_t d : {64, 72})
+  for (const int64_t d : {64, 72, 96, 128})
     for (const int64_t T : {64, 257, 288, 1024, 1152})
       for (const int bias_kind : {0, 1, 2}) {  // none, bf16, fp32
         const int64_t B = 3, heads = 2, D = heads * d;
@@ -114,7 +114,7 @@ TEST(AttentionTiledGpu, ForwardMatchesFloat64AndRerunsAreBitIdentical) {
 TEST(AttentionTiledGpu, StridedOperandsGiveThePackedResult) {
   if (!sm90()) GTEST_SKIP() << "no sm_90 GPU";
   auto g = cuda_gen(52);
-  for (const int64_t d : {64, 72}) {
+  for (const int64_t d : {64, 72, 96, 128}) {
     const int64_t B = 2, T = 288, heads = 3, D = heads * d;
     const at::Tensor qkv = rnd({B, T, 3 * D}, g).to(at::kBFloat16);
     const at::Tensor qk = qkv.narrow(2, 0, 2 * D).contiguous();
@@ -173,7 +173,7 @@ TEST(AttentionTiledGpu, QkvAttentionWithTheTiledKernelsMatchesFloat64) {
   set_whole_head_attention_backward(true);
   auto g = cuda_gen(53);
   reset_attention_paths();
-  for (const int64_t d : {64, 72})
+  for (const int64_t d : {64, 72, 96, 128})
     for (const int64_t T : {192, 257, 288, 1024, 1152})  // 192: masked T % 128 == 64, cuDNN's NaN case
       for (const bool masked : {false, true}) {
         const int64_t B = 2, heads = 2, D = heads * d;
@@ -202,7 +202,10 @@ TEST(AttentionTiledGpu, QkvAttentionWithTheTiledKernelsMatchesFloat64) {
   expect_paths_noted({"ours, tiled: 1152 tokens, head dim 64, key mask, BFloat16",
                       "ours, tiled: 192 tokens, head dim 72, key mask, BFloat16",
                       "ours, tiled: 288 tokens, head dim 72, key mask, BFloat16",
-                      "ours, tiled: 1024 tokens, head dim 64, BFloat16"});
+                      "ours, tiled: 1024 tokens, head dim 64, BFloat16",
+                      "ours, tiled: 288 tokens, head dim 96, key mask, BFloat16",
+                      "ours, tiled: 1024 tokens, head dim 128, BFloat16",
+                      "ours, tiled: 1152 tokens, head dim 128, key mask, BFloat16"});
 }
 
 // With "tiled": qkv_attention's three-tensor form on the single-stream
@@ -216,7 +219,7 @@ TEST(AttentionTiledGpu, ThreeTensorFormRunsTheTiledKernelsOnTheBlockLayout) {
   set_tiled_attention(true);
   auto g = cuda_gen(56);
   reset_attention_paths();
-  for (const int64_t d : {64, 72})
+  for (const int64_t d : {64, 72, 96, 128})
     for (const int64_t T : {192, 1152}) {
       const int64_t B = 2, heads = 2, D = heads * d;
       const at::Tensor qkv = rnd({B, T, 3 * D}, g).to(at::kBFloat16);
@@ -237,7 +240,9 @@ TEST(AttentionTiledGpu, ThreeTensorFormRunsTheTiledKernelsOnTheBlockLayout) {
       }
     }
   expect_paths_noted({"ours, tiled: 192 tokens, head dim 64, key mask, BFloat16",
-                      "ours, tiled: 1152 tokens, head dim 72, key mask, BFloat16"});
+                      "ours, tiled: 1152 tokens, head dim 72, key mask, BFloat16",
+                      "ours, tiled: 192 tokens, head dim 96, key mask, BFloat16",
+                      "ours, tiled: 1152 tokens, head dim 128, key mask, BFloat16"});
 }
 
 // With "tiled", the inputs of QkvAttentionGpu.CudnnKeyMaskBackwardFiniteAtVeryNegativeLogsumexp
@@ -251,7 +256,8 @@ TEST(AttentionTiledGpu, BackwardFiniteAtVeryNegativeLogsumexp) {
   RestoreSwitches restore;
   set_tiled_attention(true);
   auto g = cuda_gen(55);
-  for (const Shape s : {Shape{2, 192, 128, 2}, Shape{1, 320, 144, 2}, Shape{1, 288, 64, 1}, Shape{1, 1152, 64, 1}}) {
+  for (const Shape s : {Shape{2, 192, 128, 2}, Shape{1, 320, 144, 2}, Shape{1, 288, 64, 1}, Shape{1, 1152, 64, 1},
+                        Shape{1, 320, 192, 2}, Shape{1, 1152, 256, 2}}) {
     const int64_t B = s.batch, T = s.tokens, D = s.dim;
     const at::Tensor qkv = very_negative_logits_qkv(s, g);
     at::Tensor mask = at::ones({B, T}, at::TensorOptions().device(kCuda).dtype(at::kBool));
@@ -278,7 +284,8 @@ TEST(AttentionTiledGpu, ProjectedAttentionWithTheTiledKernelsMatchesReference) {
   set_whole_head_attention_forward(false);
   set_whole_head_attention_backward(true);
   auto g = cuda_gen(54);
-  for (const Shape s : {Shape{2, 256, 128, 2}, Shape{2, 256, 216, 3}, Shape{2, 1024, 128, 2}, Shape{1, 1024, 216, 3}}) {
+  for (const Shape s : {Shape{2, 256, 128, 2}, Shape{2, 256, 216, 3}, Shape{2, 1024, 128, 2}, Shape{1, 1024, 216, 3},
+                        Shape{2, 256, 256, 2}, Shape{1, 1024, 192, 2}}) {
     const at::Tensor h = rnd({s.batch, s.tokens, s.dim}, g).to(at::kBFloat16);
     const at::Tensor w = rnd({3 * s.dim, s.dim}, g, 1.0 / std::sqrt(double(s.dim))), b = rnd({3 * s.dim}, g, 0.1);
     const at::Tensor gout = rnd({s.batch, s.tokens, s.dim}, g);

@@ -1,8 +1,8 @@
 // ops/attention_tiled on the CPU: the switch (off by default), that the
 // op steps aside where its kernel does not apply (CPU tensors, fp32, head
-// dims other than 64 and 72, fewer than 64 tokens, a bias of the wrong
-// shape), that the kernels refuse head dims 96 and 128 and short sequences
-// by name before touching a GPU, and that a 3-D tensor map refuses a row
+// dims other than 64, 72, 96 and 128, fewer than 64 tokens, a bias of the
+// wrong shape), that the kernels take head dims 96 and 128 and refuse 32, 80 and 112 and short
+// sequences by name before touching a GPU, and that a 3-D tensor map refuses a row
 // stride TMA cannot take. The kernel itself is
 // checked on the GPU (attention_tiled_gpu_test.cpp, bench/kernels/attention_tiled_check.cu).
 #include <ATen/ops/randn.h>
@@ -34,8 +34,8 @@ TEST(AttentionTiled, StepsAsideWhereTheKernelDoesNotApply) {
   const auto q = qkv.narrow(2, 0, 128), k = qkv.narrow(2, 128, 128), v = qkv.narrow(2, 256, 128);
   EXPECT_FALSE(tiled_attention_takes(q, k, v, 2));  // on the CPU
   EXPECT_FALSE(tiled_attention_takes(q.to(at::kFloat), k, v, 2));
-  const at::Tensor wide = at::randn({2, 288, 3 * 192}, bf16);  // head dim 96
-  EXPECT_FALSE(tiled_attention_takes(wide.narrow(2, 0, 192), wide.narrow(2, 192, 192), wide.narrow(2, 384, 192), 2));
+  const at::Tensor wide = at::randn({2, 288, 3 * 160}, bf16);  // head dim 80
+  EXPECT_FALSE(tiled_attention_takes(wide.narrow(2, 0, 160), wide.narrow(2, 160, 160), wide.narrow(2, 320, 160), 2));
   set_tiled_attention(true);
   EXPECT_FALSE(detail::tiled_attention_applies(qkv, 2));
   EXPECT_FALSE(detail::tiled_attention_applies(q, k, v, 2));  // the three-tensor form's, on the CPU
@@ -48,23 +48,38 @@ TEST(AttentionTiled, StepsAsideWhereTheKernelDoesNotApply) {
 
 TEST(AttentionTiled, KernelRefusesOtherHeadDimsAndShortSequencesByName) {
   const kernels::AttentionOperand none{};
-  for (const int d : {96, 128, 32}) {
+  for (const int d : {80, 112, 32}) {
     try {
       kernels::attention_tiled_fwd_sm90(none, none, none, {}, nullptr, nullptr, 2, 288, 2, d, 0.1f, nullptr);
       ADD_FAILURE() << "head dim " << d << " accepted";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("head dim must be 64 or 72, not " + std::to_string(d)), std::string::npos)
-          << e.what();
+      const std::string expected = "head dim must be 64, 72, 96 or 128, not " + std::to_string(d);
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
     }
   }
   EXPECT_THROW(kernels::attention_tiled_fwd_sm90(none, none, none, {}, nullptr, nullptr, 2, 63, 2, 64, 0.1f, nullptr),
                std::invalid_argument);
   const kernels::AttentionGradOperand no_grad{};
-  for (const int d : {96, 128})
+  for (const int d : {80, 112})
     EXPECT_THROW(kernels::attention_tiled_bwd_sm90(none, none, none, {}, nullptr, nullptr, nullptr, nullptr, no_grad,
                                                    no_grad, no_grad, 2, 288, 2, d, 0.1f, nullptr),
                  std::invalid_argument)
         << d;
+}
+
+// Head dims 96 and 128 pass the head-dim check: the same call gets as far as
+// the null pointers and is refused for those.
+TEST(AttentionTiled, KernelTakesHeadDims96And128) {
+  const kernels::AttentionOperand none{};
+  for (const int d : {96, 128}) {
+    EXPECT_TRUE(kernels::tiled_attention_dim_supported(d)) << d;
+    try {
+      kernels::attention_tiled_fwd_sm90(none, none, none, {}, nullptr, nullptr, 2, 288, 2, d, 0.1f, nullptr);
+      ADD_FAILURE() << "null pointers accepted at head dim " << d;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).find("head dim"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // A row stride below the columns or not a multiple of 8 elements (16 bytes)

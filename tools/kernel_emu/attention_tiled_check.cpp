@@ -5,11 +5,12 @@
 // T = 64, 257, 288 and 1152 (one case), head dims 64 and 72, no bias and the
 // single-stream key mask as a bf16 and an fp32 bias (condition tokens first, sample 0 with one
 // attended key and beyond 256 tokens a whole key tile masked), packed q, k, v and q|k split
-// from v (gradients into separate tensors then), two heads at 200 tokens. Outputs start NaN,
+// from v (gradients into separate tensors then), two heads at 200 tokens; head dims 96 and 128
+// at 64 tokens, at 200 (two samples, two heads, a mask) and at 288. Outputs start NaN,
 // NaN past every buffer; every case on two schedules, the same bits. Exit 1 on any failure.
 // ctest kernels.emu_attention_tiled, or
 //   run.sh attention_tiled_check.cpp attention_tiled_fwd_sm90 attention_tiled_bwd_sm90
-// (about a minute; EMU_ARGS=edges runs instead T = 65, 127, 128, 129, 191, 255, 256 at
+// (about a minute and a half; EMU_ARGS=edges runs instead T = 65, 127, 128, 129, 191, 255, 256 at
 // batch 3, about 3 minutes).
 #include <cstring>
 
@@ -208,5 +209,11 @@ int main(int argc, char** argv) {
     }
   run_case({2, 200, 2, 72, BiasKind::kBf16, false});  // two heads (blockIdx.y)
   run_case({2, 1152, 1, 64, BiasKind::kBf16, true});  // nine key tiles, q|k split
+  // Two panels: at 96 the second half used, its columns 64-95 stored as tail boxes.
+  for (int D : {96, 128}) {
+    run_case({2, 64, 1, D, BiasKind::kNone, false});
+    run_case({2, 200, 2, D, D == 96 ? BiasKind::kF32 : BiasKind::kBf16, D == 96});
+    run_case({2, 288, 1, D, D == 96 ? BiasKind::kBf16 : BiasKind::kF32, D == 128});
+  }
   return finish();
 }
