@@ -28,9 +28,9 @@ void adaln_layernorm_forward(const TX* x, const TM* shift, int64_t shift_stride,
                              int64_t scale_stride, TY* y, float* mean, float* rstd, int batch, int tokens,
                              int cols, float eps, cudaStream_t stream, const Fp8RowOut& fp8) {
   detail::check_sizes("adaln_layernorm_forward", batch, tokens, cols, kAdaLNMaxCols);
-  detail::check_fp8_out("adaln_layernorm_forward", y, fp8);
   const int rows = batch * tokens;
-  if (rows == 0) return;
+  if (rows == 0) return;  // no rows: nothing written, y may be an empty tensor's null pointer
+  detail::check_fp8_out("adaln_layernorm_forward", y, fp8);
   const bool vec8 = cols % 8 == 0 && shift_stride % 8 == 0 && scale_stride % 8 == 0 &&
                     detail::all_vec8_aligned(x, shift, scale, y, fp8.q);
   auto launch = [&](auto kernel, int vec, int items) {

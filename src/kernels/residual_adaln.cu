@@ -38,9 +38,9 @@ void residual_adaln_forward(const TX* x, const TM* gate, int64_t gate_stride, co
                             TA* h, float* mean, float* rstd, TA* xhat, int batch, int tokens, int cols, float eps,
                             cudaStream_t stream, const Fp8RowOut& fp8) {
   detail::check_sizes("residual_adaln_forward", batch, tokens, cols, kResidualAdaLNMaxCols);
-  detail::check_fp8_out("residual_adaln_forward", h, fp8);
   const int rows = batch * tokens;
-  if (rows == 0) return;
+  if (rows == 0) return;  // no rows: nothing written, h may be an empty tensor's null pointer
+  detail::check_fp8_out("residual_adaln_forward", h, fp8);
   const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && shift_stride % 8 == 0 && scale_stride % 8 == 0 &&
                     detail::all_vec8_aligned(x, gate, y, shift, scale, x1, h, bias, xhat, fp8.q);
   auto launch = [&](auto kernel, int vec, int items) {

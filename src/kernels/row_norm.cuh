@@ -460,8 +460,8 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1)
   // (kRms residual without dh: the norm's inputs are neither given nor read.)
   auto load_row = [&](int t, RowInputs& in) {
     const int64_t row = int64_t(b) * tokens + t, off = row * cols;
-    in.mu = (N == Norm::kRms || XHAT) ? 0.f : mean[row];
-    in.rs = rstd[row];
+    in.mu = (N == Norm::kRms || XHAT || !has_dh) ? 0.f : mean[row];
+    in.rs = has_dh ? rstd[row] : 0.f;  // without dh the norm's statistics may not be given
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c = threadIdx.x + i * blockDim.x;
@@ -723,9 +723,9 @@ void rms_forward(const char* what, int max_cols, const TX* x, const TM* gate, in
                  float* y_rstd, float* rstd, TY* xhat, int batch, int tokens, int cols, float eps,
                  cudaStream_t stream, const Fp8RowOut& fp8) {
   check_sizes(what, batch, tokens, cols, max_cols);
-  check_fp8_out(what, h, fp8);
   const int rows = batch * tokens;
-  if (rows == 0) return;
+  if (rows == 0) return;  // no rows: nothing written, h may be an empty tensor's null pointer
+  check_fp8_out(what, h, fp8);
   const bool vec8 = cols % 8 == 0 && gate_stride % 8 == 0 && (scale == nullptr || scale_stride % 8 == 0) &&
                     all_vec8_aligned(gate, scale, x, y, post_weight, weight, x1, h, xhat, fp8.q);
   auto launch = [&](auto kernel, int vec, int items) {

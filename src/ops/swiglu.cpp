@@ -175,7 +175,7 @@ struct SwigluProductFunction : public torch::autograd::Function<SwigluProductFun
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x2 = saved[0], &w = saved[1], &gate_up = saved[2], &wd = saved[3];
     const bool want_w = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
-    const int64_t f = gate_up.size(1);
+    const int64_t f = gate_up.size(1) / 2;  // gate_up is [rows, 2F]
     at::Tensor dgate_up, dwd;
     if (wd.defined()) {
       const at::Tensor dy = grads[0].to(gate_up.scalar_type()).contiguous().view({gate_up.size(0), wd.size(0)});
