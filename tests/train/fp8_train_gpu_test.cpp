@@ -72,7 +72,7 @@ TEST(Fp8TrainGpu, CapturedStepTrainsLikeTheEagerOne) {
   c.speed.graph = true;
   const Fp8Run graph = train_steps(c, "fp8", data);
   EXPECT_EQ(graph.trained.graph_status.rfind("captured", 0), 0u) << graph.trained.graph_status;
-  EXPECT_EQ(graph.fp8_note, "fp8 products in 8 linears (delayed scaling, amax history 16)");
+  EXPECT_EQ(graph.fp8_note, "fp8 products in 8 linears (delayed scaling, amax history 16, margin 0)");
   for (size_t i = 0; i < eager.trained.losses.size(); ++i) {
     EXPECT_TRUE(std::isfinite(graph.trained.losses[i])) << "step " << i + 1;
     EXPECT_NEAR(graph.trained.losses[i], eager.trained.losses[i], 2e-3 * std::abs(eager.trained.losses[i]) + 1e-5)
