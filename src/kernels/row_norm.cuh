@@ -460,8 +460,8 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1)
   // (kRms residual without dh: the norm's inputs are neither given nor read.)
   auto load_row = [&](int t, RowInputs& in) {
     const int64_t row = int64_t(b) * tokens + t, off = row * cols;
-    in.mu = (N == Norm::kRms || XHAT || !has_dh) ? 0.f : mean[row];
-    in.rs = has_dh ? rstd[row] : 0.f;  // without dh the norm's statistics may not be given
+    in.mu = (N == Norm::kRms || XHAT) ? 0.f : mean[row];
+    in.rs = has_dh ? rstd[row] : 0.f;  // see above: without dh, rstd may be null
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c = threadIdx.x + i * blockDim.x;
