@@ -288,19 +288,22 @@ def test_bench_ddp_cpu():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
                                                             "MASTER_PORT")}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
+    said = f"exit {r.returncode}\nstdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-3000:]}"
+    assert r.returncode == 0, said
     lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
-    assert len(lines) == 1, r.stdout
+    assert len(lines) == 1, said
     j = json.loads(lines[0])
-    assert j["world_size"] == 2 and j["batch"] == 3 and j["mode"] == "eager-fp32" and j["device"] == "cpu"
-    assert len(j["rank_ms_median"]) == 2 and all(x > 0 for x in j["rank_ms_median"])
-    assert j["rank_ms_median"][0] == j["ms_median"]
-    assert math.isclose(j["images_per_s_total"], 2 * 3 / (max(j["rank_ms_median"]) / 1e3), rel_tol=1e-3)
-    assert j["images_per_s"] == round(3 / (j["ms_median"] / 1e3), 2)
+    assert j["world_size"] == 2 and j["batch"] == 3 and j["mode"] == "eager-fp32" and j["device"] == "cpu", j
+    assert len(j["rank_ms_median"]) == 2 and all(x > 0 for x in j["rank_ms_median"]), j
+    assert j["rank_ms_median"][0] == j["ms_median"], j
+    assert math.isclose(j["images_per_s_total"], 2 * 3 / (max(j["rank_ms_median"]) / 1e3), rel_tol=1e-3), j
+    # images_per_s comes from the unrounded median: recomputed from the rounded one it may differ in the last digit.
+    assert abs(j["images_per_s"] - 3 / (j["ms_median"] / 1e3)) <= 0.006, j
 
     r = subprocess.run([sys.executable, SCRIPT, "bench", "--batch", "2", "--device", "cpu", "--ddp"],
                        capture_output=True, text=True, env=env, timeout=60)
-    assert r.returncode == 2 and "torch.distributed.run" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2 and "torch.distributed.run" in r.stderr and "Traceback" not in r.stderr, \
+        f"exit {r.returncode}\nstderr:\n{r.stderr[-3000:]}"
 
 
 def test_bench_step_learns():
