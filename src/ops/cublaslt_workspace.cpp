@@ -54,10 +54,22 @@ void set_bias(kernels::GemmArgs& g, const at::Tensor& bias) {
 }
 
 // Runs g on the current device's context; false where cuBLASLt refuses it.
+std::mutex& refusal_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::string& last_refusal() {
+  static auto* s = new std::string();
+  return *s;
+}
+
 bool run_gemm_lt(const kernels::GemmArgs& g) {
   try {
     kernels::gemm_lt(g, cublaslt_context());
-  } catch (const kernels::GemmUnsupported&) {
+  } catch (const kernels::GemmUnsupported& e) {
+    const std::lock_guard<std::mutex> lock(refusal_mutex());
+    last_refusal() = e.what();
     return false;
   }
   return true;
@@ -165,6 +177,11 @@ bool try_gemm_lt_fp8(const at::Tensor& a, const at::Tensor& a_scale_inv, const a
 }
 
 int64_t gemm_fallback_count() { return g_fallbacks.load(); }
+
+std::string gemm_last_refusal() {
+  const std::lock_guard<std::mutex> lock(refusal_mutex());
+  return last_refusal();
+}
 
 void note_gemm_fallback() { g_fallbacks.fetch_add(1); }
 

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/gemm_lt.h"
@@ -63,6 +64,9 @@ inline bool cublaslt_path(const at::Tensor& a, const at::Tensor& b) {
 int64_t gemm_fallback_count();
 // Counts one more (for the ops that fall back).
 void note_gemm_fallback();
+// What cuBLASLt said of the last product it refused in this process (the
+// product and the reason), or "" where it refused none.
+std::string gemm_last_refusal();
 
 // How many of cuBLASLt's candidate algorithms each product configuration
 // times on its first eligible call (kernels::GemmContext::tune_candidates);

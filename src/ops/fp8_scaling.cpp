@@ -14,6 +14,8 @@
 namespace perftrain::ops {
 namespace {
 
+constexpr int64_t kScaleInvSlotFloats = 4;  // 16 bytes
+
 // The slot table entry for slot i of s.
 kernels::Fp8ScalingSlot slot_of(const Fp8Scaling& s, int64_t i) {
   const int64_t h = s.history_len();
@@ -21,7 +23,7 @@ kernels::Fp8ScalingSlot slot_of(const Fp8Scaling& s, int64_t i) {
   k.amax = s.amax.data_ptr<float>() + i;
   k.history = s.history.data_ptr<float>() + i * h;
   k.scale = s.scale.data_ptr<float>() + i;
-  k.scale_inv = s.scale_inv.data_ptr<float>() + i;
+  k.scale_inv = s.scale_inv.data_ptr<float>() + i * s.scale_inv.stride(0);
   k.events = s.events.data_ptr<float>() + 2 * i;
   k.history_len = int32_t(h);
   k.fp8_max = kernels::fp8_max(s.formats[size_t(i)]);
@@ -34,10 +36,15 @@ void check_state(const Fp8Scaling& s) {
     return t.defined() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.sizes() == at::IntArrayRef(sizes) &&
            t.device() == s.amax.device();
   };
-  if (!s.amax.defined() || !ok(s.amax, {n}) || !ok(s.scale, {n}) || !ok(s.scale_inv, {n}) ||
-      !s.history.defined() || !ok(s.history, {n, s.history.size(1)}) || !ok(s.events, {n, 2}))
-    throw UsageError("fp8_scaling_update: a state's tensors must be contiguous float32 amax [S], history [S, H], "
-                     "scale [S], scale_inv [S], events [S, 2] on one device, S = its formats' count");
+  // scale_inv may have its slots apart (make_fp8_scaling's are 16 bytes apart).
+  const bool scale_inv_ok = s.scale_inv.defined() && s.scale_inv.scalar_type() == at::kFloat &&
+                            s.scale_inv.dim() == 1 && s.scale_inv.size(0) == n && s.scale_inv.stride(0) >= 1 &&
+                            s.scale_inv.device() == s.amax.device();
+  if (!s.amax.defined() || !ok(s.amax, {n}) || !ok(s.scale, {n}) || !scale_inv_ok || !s.history.defined() ||
+      !ok(s.history, {n, s.history.size(1)}) || !ok(s.events, {n, 2}))
+    throw UsageError("fp8_scaling_update: a state's tensors must be float32 amax [S], history [S, H], scale [S], "
+                     "scale_inv [S] (any stride), events [S, 2], contiguous and on one device, S = its formats' "
+                     "count");
 }
 
 }  // namespace
@@ -57,7 +64,10 @@ Fp8Scaling make_fp8_scaling(std::vector<Fp8Format> formats, int64_t history_len,
   s.amax = at::zeros({n}, f32);
   s.history = at::zeros({n, history_len}, f32);
   s.scale = at::ones({n}, f32);
-  s.scale_inv = at::ones({n}, f32);
+  // Each slot 16 bytes from the next: cuBLASLt's fp8 products read a scale
+  // through a pointer of its own, and get it 16-byte aligned like their
+  // matrices.
+  s.scale_inv = at::ones({n, kScaleInvSlotFloats}, f32).select(1, 0);
   s.events = at::zeros({n, 2}, f32);
   return s;
 }

@@ -25,7 +25,7 @@ struct Fp8Scaling {
   at::Tensor amax;                 // [S] fp32: this step's max |x| (zeroed by the update)
   at::Tensor history;              // [S, H] fp32: [s][0] the newest
   at::Tensor scale;                // [S] fp32: the casts' multiplier
-  at::Tensor scale_inv;            // [S] fp32: 1 / scale, the products' multiplier
+  at::Tensor scale_inv;            // [S] fp32: 1 / scale, the products' multiplier (slots 16 bytes apart)
   at::Tensor events;               // [S, 2] fp32: overflow (non-finite amax), underflow (zero amax) counts
 
   int64_t slots() const { return int64_t(formats.size()); }

@@ -141,15 +141,17 @@ std::pair<at::Tensor, at::Tensor> swiglu_linear_grads(const at::Tensor& dy, cons
   return {dgate_up, dw};
 }
 
-// swiglu(stacked_linear(x, {gate_w, up_w})), and with down_w defined
+// swiglu(stacked_linear(x, {gate_w, up_w})), and with down_w given
 // linear(that, down_w) without keeping the activation, with both forwards
 // in one kernel where it applies. Keeps x (as [rows, K]) for the weights'
 // gradients, the stacked weight for x's, gate_up for swiglu's backward, and
-// down's compute weight.
+// down's compute weight. An absent down_w travels as nullopt: an autograd
+// function takes no undefined tensor (it asks every input for its device).
 struct SwigluProductFunction : public torch::autograd::Function<SwigluProductFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gate_w,
-                            const at::Tensor& up_w, const at::Tensor& down_w) {
+                            const at::Tensor& up_w, const std::optional<at::Tensor>& down) {
     const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor down_w = down.value_or(at::Tensor());
     const int64_t k = x.size(-1), rows = x.numel() / k, f = gate_w.size(0);
     const at::Tensor w = detail::stacked_weights_in({gate_w, up_w}, x.scalar_type());
     const at::Tensor x2 = x.contiguous().view({rows, k});
@@ -174,6 +176,7 @@ struct SwigluProductFunction : public torch::autograd::Function<SwigluProductFun
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x2 = saved[0], &w = saved[1], &gate_up = saved[2], &wd = saved[3];
+    const c10::cuda::CUDAGuard guard(gate_up.device());
     const bool want_w = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
     const int64_t f = gate_up.size(1) / 2;  // gate_up is [rows, 2F]
     at::Tensor dgate_up, dwd;
@@ -266,7 +269,7 @@ at::Tensor swiglu_product(const at::Tensor& x, const at::Tensor& gate_w, const a
   check_swiglu_product_args(x, gate_w, up_w);
   if (!x.is_cuda()) return swiglu(stacked_linear(x, {gate_w, up_w}));
   check_cuda_width(gate_w.size(0));
-  return SwigluProductFunction::apply(x, gate_w, up_w, at::Tensor());
+  return SwigluProductFunction::apply(x, gate_w, up_w, std::nullopt);
 }
 
 at::Tensor swiglu_product_linear(const at::Tensor& x, const at::Tensor& gate_w, const at::Tensor& up_w,
@@ -276,7 +279,7 @@ at::Tensor swiglu_product_linear(const at::Tensor& x, const at::Tensor& gate_w, 
                               down_weight, at::Tensor());
   if (!x.is_cuda()) return swiglu_linear(stacked_linear(x, {gate_w, up_w}), down_weight);
   check_cuda_width(gate_w.size(0));
-  return SwigluProductFunction::apply(x, gate_w, up_w, down_weight);
+  return SwigluProductFunction::apply(x, gate_w, up_w, std::optional<at::Tensor>(down_weight));
 }
 
 at::Tensor swiglu_linear(const at::Tensor& gate_up, const at::Tensor& down_weight) {

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
@@ -48,6 +49,21 @@ TEST(Fp8Scaling, FreshStateHasUnitScalesAndNamedTensors) {
   std::vector<std::string> names;
   for (const auto& [name, t] : s.named_tensors()) names.push_back(name);
   EXPECT_EQ(names, (std::vector<std::string>{"amax", "history", "scale", "scale_inv", "events"}));
+}
+
+TEST(Fp8Scaling, ScaleInvSlotsAreSixteenBytesApart) {
+  Fp8Scaling s = make_fp8_scaling({Fp8Format::kE4M3, Fp8Format::kE4M3, Fp8Format::kE5M2}, 2, kCpu);
+  for (int64_t i = 0; i < s.slots(); ++i)
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(s.scale_inv.select(0, i).data_ptr()) % 16, 0u) << "slot " << i;
+  // A state whose scale_inv is contiguous (a copy, as .to() makes) updates alike.
+  Fp8Scaling dense = make_fp8_scaling({Fp8Format::kE4M3, Fp8Format::kE4M3, Fp8Format::kE5M2}, 2, kCpu);
+  dense.scale_inv = dense.scale_inv.contiguous();
+  for (Fp8Scaling* t : {&s, &dense}) {
+    t->amax.copy_(at::tensor({3.f, 0.5f, 7.f}));
+    fp8_scaling_update({t}, 0);
+  }
+  EXPECT_EQ(values(s.scale_inv), values(dense.scale_inv));
+  EXPECT_NE(values(s.scale_inv), (std::vector<float>{1.f, 1.f, 1.f}));
 }
 
 TEST(Fp8Scaling, HistoryRollsNewestFirstAndTheAmaxIsZeroed) {

@@ -79,7 +79,9 @@ void count_fallbacks(const std::string& name, bool must_be_fused, F body) {
   const int64_t before = gemm_fallback_count();
   body();
   const int64_t fell_back = gemm_fallback_count() - before;
-  if (fell_back != 0) std::printf("[gemm] %s: %lld product(s) fell back to ATen\n", name.c_str(), (long long)fell_back);
+  if (fell_back != 0)
+    std::printf("[gemm] %s: %lld product(s) fell back to ATen; the last refusal: %s\n", name.c_str(),
+                (long long)fell_back, gemm_last_refusal().c_str());
   if (must_be_fused) EXPECT_EQ(fell_back, 0) << name << ": cuBLASLt refused a fused epilogue on a DiT shape";
 }
 
@@ -115,7 +117,8 @@ inline void expect_capture_matches_eager(const std::function<std::vector<at::Ten
   graph.replay();
   at::cuda::getCurrentCUDAStream().synchronize();
   expect_same(eager_next, "replay on new input");
-  EXPECT_EQ(gemm_fallback_count(), fallbacks) << "the DiT-shaped capture should run fully fused";
+  EXPECT_EQ(gemm_fallback_count(), fallbacks) << "the DiT-shaped capture should run fully fused; the last refusal: "
+                                              << gemm_last_refusal();
 }
 
 }  // namespace perftrain::ops::gpu_products
