@@ -6,7 +6,8 @@
 // fp8 products against float64 (of the quantised values: fp32 accumulation;
 // of the unquantised ones: within fp8's bound) and cuBLASLt's refusals;
 // fp8_linear forward and backward against its reference, captured equals
-// eager, bit-identical reruns. Skips without a GPU.
+// eager, bit-identical reruns; a weight as row blocks (cast in place) equal to
+// its concatenation bit for bit. Skips without a GPU.
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/cat.h>

@@ -3,7 +3,8 @@
 // bound on odd sizes (and visibly quantised: not within bf16's); the
 // autograd function (hand-written backward, the CPU casts) against the
 // reference; the casts' amaxes recorded in the layer's state and a scaling
-// update from them; bad arguments raise UsageError.
+// update from them; a weight given as row blocks equal to the op on their
+// concatenation bit for bit; bad arguments and bad blocks raise UsageError.
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>

@@ -4,7 +4,7 @@
 // an operand gives the y, the gradients (x's back through the norm, the
 // weight's from the transposed codes) and the state of fp8_linear on h;
 // fp8_transpose is the transpose; codes of the wrong shape or format raise
-// UsageError. (The CUDA kernels' bytes: kernels.emu_fp8_norm and
+// UsageError; a fused norm makes no h. (The CUDA kernels' bytes: kernels.emu_fp8_norm and
 // fp8_gpu_test.cpp.)
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/equal.h>

@@ -1,7 +1,8 @@
 // train.precision = fp8 on the CPU, where the fused schedules run the fp8
 // linears on the ops' references: the key's validation, tiny DiT and
 // single-stream models training with their scaling states moving (a looped
-// model's shared block with a state per loop), a resumed
+// model's shared block with a state per loop), the single-stream gate_up's
+// row blocks training as the concatenated weight bit for bit, a resumed
 // fp8 run bit-identical to an uninterrupted one, the clear error of a
 // checkpoint resumed across precisions, the monitor's fp8 health in
 // metrics.jsonl and TensorBoard's scalars, and the line the log and report
@@ -9,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/randint.h>
@@ -209,7 +211,7 @@ TEST(Fp8SingleStream, GateUpRowBlocksTrainAsTheConcatenatedWeightBitForBit) {
       const auto target = models::block_linear_target(fp8, "ffn.gate_up", h, 2 * f);
       ASSERT_TRUE(target.has_value());
       const ops::Fp8Operand h2 = ops::fp8_operand_of(h, *target, "h2");
-      const at::Tensor y = r == &blocks ? models::single_stream_ffn_branch(r->w, h2, false, fp8)
+      const at::Tensor y = r == &blocks ? models::fused::single_stream_ffn_branch(r->w, h2, false, fp8)
                                         : gate_up_on_the_concatenation(r->w, h2, fp8);
       const auto grads =
           torch::autograd::grad({(y.to(at::kFloat) * probe).sum()}, {h, r->w.gate_w, r->w.up_w, r->w.down_w});
