@@ -14,6 +14,10 @@
 # Fp8Gpu.LinearOnNormCodes*, Fp8Operand.*, Families/Fp8FamilyTest.FusedCasts*) and perftrain bench DiT-XL/2 b256 in fp8, profiled
 # (the casts' share under "fp8 casts and scaling": attn.qkv's and mlp.fc1's x casts are gone from it), after
 # fp8_gemm_bench's qkv and fc1 shapes (its "X from its norm" line: the unfused and fused ms).
+# PART=gateup instead (about 3 minutes): the row-block fp8 tests (Fp8Linear.RowBlocks*, Fp8Gpu.RowBlocks*,
+# Fp8SingleStream.*, Fp8Operand.AFusedNorm*) and perftrain bench SS-XL/2 b128 at 256 image tokens + 32 features
+# of 1024 channels (gpu_run.sh's BENCH_SET=ss-256 case) in bf16 then fp8: ffn.gate_up's gate and up cast in
+# place as the row blocks of one weight (no fp32 concatenation a step), the fp8 one profiled.
 # PART=anchor instead (its own call: two torch.compile runs of DiT-XL/2, minutes each): perftrain bench
 # DiT-XL/2 b256 in fp8 against torchao's float8 training under torch.compile (--torch-modes float8-tensorwise,
 # float8-rowwise; torchao's wheel carried by tools/fill_carry.sh) and reduce-overhead, in one bench.json.
@@ -68,6 +72,23 @@ for path in sys.argv[1:]:
           "%.1f" % ev[-1]["eval_s"] if ev else ""))
 PYEOF
     tee "$OUT/fp8/quality-$tag.md"
+  exit 0
+fi
+if [ "${PART:-}" = gateup ]; then
+  ctest --test-dir build-gpu -R 'RowBlocks|Fp8SingleStream|AFusedNorm' --output-on-failure 2>&1 | tail -n 30 |
+    tee "$OUT/fp8/tests-gateup.log"
+  for p in bf16 fp8; do
+    name="bench-SSXL2-b128-l32-c32x1024-$p"
+    extra=()
+    [ "$p" = fp8 ] && extra=(--profile all)
+    "$BIN" bench --model SS-XL/2 --batch-size 128 --image-size 32 --set model.cond_tokens=32 \
+      --set model.cond_dim=1024 --variants all --precision "$p" --out "$RUNS/$name" "${extra[@]}" 2>&1 |
+      tail -n 12 | tee "$OUT/fp8/$name.log"
+    cp "$RUNS/$name/bench.md" "$OUT/fp8/$name.md" 2>/dev/null
+    cp "$RUNS/$name/bench.json" "$OUT/fp8/$name.json" 2>/dev/null
+    cp "$RUNS/$name"/*profile*.md "$OUT/fp8/" 2>/dev/null
+  done
+  grep -h "| all" "$OUT"/fp8/bench-SSXL2-*.md 2>/dev/null
   exit 0
 fi
 if [ "${PART:-}" = anchor ]; then

@@ -112,12 +112,14 @@ __device__ unsigned cast_tile(const T* __restrict__ x, int64_t rows, int64_t col
   return bits;
 }
 
-__device__ void write_tile_transposed(int64_t rows, int64_t cols, int64_t r0, int64_t c0, uint8_t* __restrict__ q_t,
-                                      const Tile& tile) {
+// q_t's rows are ld bytes apart (ld >= rows: q_t may be a column block of a
+// wider matrix).
+__device__ void write_tile_transposed(int64_t rows, int64_t cols, int64_t ld, int64_t r0, int64_t c0,
+                                      uint8_t* __restrict__ q_t, const Tile& tile) {
   for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
     const int c = e / kTile, r = e % kTile;
     const int64_t gr = r0 + r, gc = c0 + c;
-    if (gr < rows && gc < cols) q_t[gc * rows + gr] = tile[r][c];
+    if (gr < rows && gc < cols) q_t[gc * ld + gr] = tile[r][c];
   }
 }
 
@@ -148,14 +150,14 @@ __device__ unsigned cast_tile_vec(const T* __restrict__ x, int64_t cols, int64_t
   return bits;
 }
 
-__device__ void write_tile_transposed_vec(int64_t rows, int64_t r0, int64_t c0, uint8_t* __restrict__ q_t,
+__device__ void write_tile_transposed_vec(int64_t ld, int64_t r0, int64_t c0, uint8_t* __restrict__ q_t,
                                           const Tile& tile) {
   const int c = threadIdx.x >> 2, r = (threadIdx.x & 3) * 16;
   uint4 packed;
   auto* b = reinterpret_cast<uint8_t*>(&packed);
 #pragma unroll
   for (int i = 0; i < 16; ++i) b[i] = tile[r + i][c];
-  *reinterpret_cast<uint4*>(q_t + (c0 + c) * rows + r0 + r) = packed;
+  *reinterpret_cast<uint4*>(q_t + (c0 + c) * ld + r0 + r) = packed;
 }
 
 // Block (tile column, tile row): the vector tile where `vec` allows and the
@@ -163,7 +165,7 @@ __device__ void write_tile_transposed_vec(int64_t rows, int64_t r0, int64_t c0, 
 template <typename T, Fp8Format F>
 __global__ void __launch_bounds__(kThreads)
     fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ scale_ptr,
-                              uint8_t* __restrict__ q, uint8_t* __restrict__ q_t, float* amax, bool vec) {
+                              uint8_t* __restrict__ q, uint8_t* __restrict__ q_t, int64_t ld, float* amax, bool vec) {
   __shared__ __align__(16) Tile tile;
   const float scale = *scale_ptr;
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
@@ -172,9 +174,9 @@ __global__ void __launch_bounds__(kThreads)
                               : cast_tile<T, F>(x, rows, cols, r0, c0, scale, q, tile);
   __syncthreads();
   if (whole) {
-    write_tile_transposed_vec(rows, r0, c0, q_t, tile);
+    write_tile_transposed_vec(ld, r0, c0, q_t, tile);
   } else {
-    write_tile_transposed(rows, cols, r0, c0, q_t, tile);
+    write_tile_transposed(rows, cols, ld, r0, c0, q_t, tile);
   }
   block_amax(bits, amax);
 }
@@ -204,7 +206,7 @@ __global__ void __launch_bounds__(kThreads)
   if (whole) {
     write_tile_transposed_vec(rows, r0, c0, q_t, tile);
   } else {
-    write_tile_transposed(rows, cols, r0, c0, q_t, tile);
+    write_tile_transposed(rows, cols, rows, r0, c0, q_t, tile);
   }
 }
 
@@ -217,6 +219,7 @@ dim3 tile_grid(int64_t rows, int64_t cols, const char* op) {
 void check(const Fp8CastArgs& a, const char* op) {
   auto fail = [&](const std::string& why) { throw std::invalid_argument(std::string(op) + ": " + why); };
   if (a.rows < 0 || a.cols < 0) fail("sizes must be non-negative");
+  if (a.q_t_ld != 0 && a.q_t_ld < a.rows) fail("q_t's row pitch must be at least rows");
   if (a.x == nullptr || a.scale == nullptr) fail("x and scale must be non-null");
 }
 
@@ -242,8 +245,11 @@ template <typename T, Fp8Format F>
 void launch_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
   const dim3 grid = tile_grid(a.rows, a.cols, "fp8_cast_transpose");
   const T* x = static_cast<const T*>(a.x);
-  const bool vec = a.rows % 16 == 0 && a.cols % 16 == 0 && aligned(a.x, 16) && aligned(a.q, 16) && aligned(a.q_t, 16);
-  fp8_cast_transpose_kernel<T, F><<<grid, kThreads, 0, stream>>>(x, a.rows, a.cols, a.scale, a.q, a.q_t, a.amax, vec);
+  const int64_t ld = a.q_t_ld != 0 ? a.q_t_ld : a.rows;
+  const bool vec = a.rows % 16 == 0 && a.cols % 16 == 0 && ld % 16 == 0 && aligned(a.x, 16) && aligned(a.q, 16) &&
+                   aligned(a.q_t, 16);
+  fp8_cast_transpose_kernel<T, F><<<grid, kThreads, 0, stream>>>(x, a.rows, a.cols, a.scale, a.q, a.q_t, ld,
+                                                                  a.amax, vec);
   PERFTRAIN_LAUNCH_CHECK();
 }
 

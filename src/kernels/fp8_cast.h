@@ -31,7 +31,9 @@
 //   from shared memory and stored as one 16-byte vector; edge tiles and other
 //   sizes go element by element (a warp along 32 consecutive elements of a
 //   row, then of a q_t row). Bytes: n * (2 or 4) read + 2n written (n
-//   without q).
+//   without q). q_t's rows may lie q_t_ld apart: the cast of one row block
+//   W_i of a weight [W_0; W_1; ...] writes its codes into the column block of
+//   the whole q_t (a vector tile then also needs q_t_ld a multiple of 16).
 // fp8_transpose: q_t [cols, rows] = q^T of fp8 bits q [rows, cols] (either
 //   format: bytes), for an operand whose codes another kernel wrote (a norm's
 //   fused output, Fp8RowOut) and whose transpose a backward product needs.
@@ -70,6 +72,7 @@ struct Fp8CastArgs {
   const float* scale = nullptr;  // device scalar (read)
   uint8_t* q = nullptr;          // [rows, cols] fp8 bits
   uint8_t* q_t = nullptr;        // [cols, rows] fp8 bits (cast-transpose only)
+  int64_t q_t_ld = 0;            // q_t's row pitch in bytes (>= rows; 0: rows)
   float* amax = nullptr;         // device scalar (max-accumulated); null: not taken
 };
 

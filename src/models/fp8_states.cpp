@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "ops/fp8_linear.h"
 #include "ops/linear.h"
+#include "ops/stacked_linear.h"
 
 namespace perftrain::models {
 
@@ -89,6 +90,25 @@ at::Tensor block_linear(const Fp8Block& f, const char* layer, const ops::Fp8Oper
                         const at::Tensor& bias) {
   if (!x.codes.defined()) return block_linear(f, layer, x.x, weight, bias);
   return ops::fp8_linear(x, weight, bias, f.states->state(f.key + "." + layer, x.x.device()));
+}
+
+at::Tensor block_linear(const Fp8Block& f, const char* layer, const at::Tensor& x,
+                        const std::vector<at::Tensor>& weights) {
+  if (f.states == nullptr || weights.empty()) return ops::stacked_linear(x, weights);
+  const std::string name = f.key + "." + layer;
+  int64_t n = 0;
+  for (const at::Tensor& w : weights) n += w.size(0);
+  if (!ops::fp8_linear_supported(x, n)) {
+    f.states->note_fallback(name);
+    return ops::stacked_linear(x, weights);
+  }
+  return ops::fp8_linear(x, weights, f.states->state(name, x.device()));
+}
+
+at::Tensor block_linear(const Fp8Block& f, const char* layer, const ops::Fp8Operand& x,
+                        const std::vector<at::Tensor>& weights) {
+  if (!x.codes.defined()) return block_linear(f, layer, x.x, weights);
+  return ops::fp8_linear(x, weights, f.states->state(f.key + "." + layer, x.x.device()));
 }
 
 std::optional<ops::Fp8Target> block_linear_target(const Fp8Block& f, const char* layer, const at::Tensor& x,

@@ -94,6 +94,14 @@ at::Tensor block_linear(const Fp8Block& f, const char* layer, const at::Tensor& 
 at::Tensor block_linear(const Fp8Block& f, const char* layer, const ops::Fp8Operand& x, const at::Tensor& weight,
                         const at::Tensor& bias = at::Tensor());
 
+// The same for a weight given as row blocks [N_i, K] (no bias): ops::fp8_linear
+// on the blocks (no concatenation made) where it applies, else
+// ops::stacked_linear (the blocks read in place where they lie back to back).
+at::Tensor block_linear(const Fp8Block& f, const char* layer, const at::Tensor& x,
+                        const std::vector<at::Tensor>& weights);
+at::Tensor block_linear(const Fp8Block& f, const char* layer, const ops::Fp8Operand& x,
+                        const std::vector<at::Tensor>& weights);
+
 // Where the kernel that makes the input x of `layer` (a norm; x of its shape
 // and dtype; out_features: the layer's weight rows) writes its E4M3 codes:
 // the x slot of the layer's state, where block_linear will run the layer in

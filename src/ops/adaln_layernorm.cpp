@@ -63,7 +63,7 @@ AdaLNLayerNormForward adaln_layernorm_forward_cuda(const at::Tensor& x_in, const
   const c10::cuda::CUDAGuard guard(x_in.device());
   const std::vector<at::Tensor> mod = per_sample_rows({shift_in, scale_in});
   const at::Tensor &shift = mod[0], &scale = mod[1];
-  RowNormTensors t = row_norm_tensors(x_in, at::Tensor(), out_dtype, /*keep_xhat=*/false, /*stat=*/true);
+  RowNormTensors t = row_norm_tensors(x_in, at::Tensor(), out_dtype, /*keep_xhat=*/false, /*stat=*/true, fp8);
   const FusedFp8Output q = fused_fp8_output(fp8, t, out_dtype, kOp);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   with_kernel_types(kOp, t.x.scalar_type(), shift.scalar_type(), out_dtype, [&](auto tx, auto tm, auto ty) {
@@ -75,7 +75,7 @@ AdaLNLayerNormForward adaln_layernorm_forward_cuda(const at::Tensor& x_in, const
         scale.stride(0), q.fused ? nullptr : kernel_ptr<TY>(t.h), t.stat.data_ptr<float>(), t.rstd.data_ptr<float>(),
         t.batch, t.tokens, t.cols, float(eps), stream, q.kernel);
   });
-  const FinishedFp8Output out = finish_fp8_output(q, fp8, t.h, out_dtype, kOp);
+  const FinishedFp8Output out = finish_fp8_output(q, fp8, t, out_dtype, kOp);
   return {out.h, t.x, scale, t.stat, t.rstd, out.codes};
 }
 

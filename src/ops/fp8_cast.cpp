@@ -10,8 +10,10 @@
 #include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "base/error.h"
 #include "ops/dtype_dispatch.h"
@@ -100,6 +102,41 @@ Fp8Casts fp8_cast_transpose(const at::Tensor& x_in, const at::Tensor& scale, con
   a.q_t = bits(out.q_t);
   kernels::fp8_cast_transpose(a, at::cuda::getCurrentCUDAStream().stream());
   return out;
+}
+
+void fp8_cast_into(const at::Tensor& x_in, const at::Tensor& scale, const at::Tensor& amax, Fp8Format f,
+                   const at::Tensor& q, const at::Tensor& q_t, const char* op) {
+  check_cast_args(op, x_in, scale, amax);
+  const int64_t rows = x_in.size(0), cols = x_in.size(1);
+  const auto bad_output = [&](const at::Tensor& t, int64_t r, int64_t c) {
+    return t.dim() != 2 || t.size(0) != r || t.size(1) != c || t.scalar_type() != fp8_dtype(f) ||
+           t.device() != x_in.device() || (c > 1 && t.stride(1) != 1) || (r > 1 && t.stride(0) < c);
+  };
+  if ((!q.defined() && !q_t.defined()) || (q.defined() && (bad_output(q, rows, cols) || !q.is_contiguous())) ||
+      (q_t.defined() && bad_output(q_t, cols, rows)))
+    throw UsageError(std::string(op) + ": the outputs must be q [" + std::to_string(rows) + ", " +
+                     std::to_string(cols) + "] (dense) and/or q_t [" + std::to_string(cols) + ", " +
+                     std::to_string(rows) + "] (unit column stride) in " + c10::toString(fp8_dtype(f)) +
+                     " on x's device");
+  const at::Tensor x = x_in.contiguous();
+  if (!x.is_cuda()) {
+    accumulate_amax(amax, x);
+    const at::Tensor codes = fp8_quantize_reference(x, scale, f);
+    for (auto [out, from] : {std::pair{q, codes}, std::pair{q_t, codes.t()}}) {
+      if (out.defined()) out.copy_(from);  // a handle on the caller's storage
+    }
+    return;
+  }
+  const c10::DeviceGuard guard(x.device());
+  kernels::Fp8CastArgs a = kernel_args(x, scale, amax, f);
+  a.q = q.defined() ? bits(q) : nullptr;
+  if (!q_t.defined()) {
+    kernels::fp8_cast(a, at::cuda::getCurrentCUDAStream().stream());
+    return;
+  }
+  a.q_t = bits(q_t);
+  a.q_t_ld = std::max<int64_t>(q_t.stride(0), rows);
+  kernels::fp8_cast_transpose(a, at::cuda::getCurrentCUDAStream().stream());
 }
 
 at::Tensor fp8_transpose(const at::Tensor& q_in, const char* op) {

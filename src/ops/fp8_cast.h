@@ -38,6 +38,14 @@ struct Fp8Casts {
 Fp8Casts fp8_cast_transpose(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& amax, Fp8Format f,
                             bool with_rows = true, const char* op = "fp8_cast_transpose");
 
+// The same into given outputs, for one row block of a larger matrix: q
+// [rows, cols] dense and q_t [cols, rows] with unit column stride and any row
+// stride >= rows (a column block of the whole q^T, as narrow(1, ...) gives),
+// in fp8_dtype(f) on x's device; either may be undefined (not written), not
+// both. The bytes fp8_cast_transpose would give, and the same amax.
+void fp8_cast_into(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& amax, Fp8Format f,
+                   const at::Tensor& q, const at::Tensor& q_t, const char* op = "fp8_cast_into");
+
 // q^T [cols, rows] of fp8 codes q [rows, cols] (contiguous copy, q's dtype):
 // kernels::fp8_transpose on CUDA (1 byte in, 1 out), ATen on the CPU.
 at::Tensor fp8_transpose(const at::Tensor& q, const char* op = "fp8_transpose");

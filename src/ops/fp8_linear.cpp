@@ -6,6 +6,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "ops/cublaslt_workspace.h"
 #include "ops/dtype_dispatch.h"
 #include "ops/linear.h"
+#include "ops/stacked_linear.h"
 
 namespace perftrain::ops {
 
@@ -26,21 +28,54 @@ namespace {
 
 constexpr const char* kOp = "fp8_linear";
 
-void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& s) {
+void check_x(const at::Tensor& x) {
   const std::string op(kOp);
   if (!x.defined() || x.dim() < 1) throw UsageError(op + ": x must be [..., K] with at least one dimension");
   if (x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kFloat)
     throw UsageError(op + ": x must be bfloat16 or float32, got " + std::string(c10::toString(x.scalar_type())));
-  detail::check_linear_params(kOp, x.size(-1), x.scalar_type(), x.device(), weight, bias);
+}
+
+// The state's and the sizes' checks, for a weight of n rows.
+void check_state_and_sizes(const at::Tensor& x, int64_t n, const Fp8Scaling& s) {
+  const std::string op(kOp);
   const std::vector<Fp8Format> want = {Fp8Format::kE4M3, Fp8Format::kE4M3, Fp8Format::kE5M2};
   if (s.formats != want || !s.amax.defined())
     throw UsageError(op + ": the state must come from make_fp8_linear_scaling (slots x, w: e4m3; dy: e5m2)");
   if (s.amax.device() != x.device())
     throw UsageError(op + ": the fp8 state is on " + s.amax.device().str() + " but x is on " + x.device().str());
-  if (!fp8_linear_supported(x, weight))
+  if (!fp8_linear_supported(x, n))
     throw UsageError(op + ": cuBLASLt's fp8 products need M, K and N multiples of 16, got M=" +
                      std::to_string(detail::leading_rows(x)) + " K=" + std::to_string(x.size(-1)) +
-                     " N=" + std::to_string(weight.size(0)) + " (use ops::linear there)");
+                     " N=" + std::to_string(n) + " (use ops::linear there)");
+}
+
+void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& s) {
+  check_x(x);
+  detail::check_linear_params(kOp, x.size(-1), x.scalar_type(), x.device(), weight, bias);
+  check_state_and_sizes(x, weight.size(0), s);
+}
+
+// Row blocks [N_i, K] of one weight: at least one, one K, one dtype.
+void check_args(const at::Tensor& x, const std::vector<at::Tensor>& weights, const Fp8Scaling& s) {
+  const std::string op(kOp);
+  check_x(x);
+  if (weights.empty()) throw UsageError(op + ": the weight's row blocks are empty (give at least one)");
+  int64_t n = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor& w = weights[i];
+    if (!w.defined() || w.dim() != 2)
+      throw UsageError(op + ": row block " + std::to_string(i) + " of the weight must be a 2-D tensor [N_i, K]");
+    if (w.size(1) != weights[0].size(1))
+      throw UsageError(op + ": the weight's row blocks must share K, got " + std::to_string(weights[0].size(1)) +
+                       " (block 0) and " + std::to_string(w.size(1)) + " (block " + std::to_string(i) + ")");
+    if (w.scalar_type() != weights[0].scalar_type())
+      throw UsageError(op + ": the weight's row blocks must share one dtype, got " +
+                       c10::toString(weights[0].scalar_type()) + " (block 0) and " + c10::toString(w.scalar_type()) +
+                       " (block " + std::to_string(i) + ")");
+    detail::check_linear_params(kOp, x.size(-1), x.scalar_type(), x.device(), w, at::Tensor());
+    n += w.size(0);
+  }
+  check_state_and_sizes(x, n, s);
 }
 
 // d = (a_scale_inv a) (b_scale_inv b)^T (+ bias), a [m, k] and b [n, k] fp8:
@@ -69,6 +104,32 @@ Fp8Casts cast_slot(const at::Tensor& x, const at::Tensor& scale, const at::Tenso
   return fp8_cast_transpose(x, scale.select(0, slot), amax.select(0, slot), f, rows, what);
 }
 
+// The weight's codes q [N, K] (and q_t [K, N] where `transposed`) from its
+// row blocks [N_i, K] (compute-dtype copies dt): one cast of each block in
+// place, its codes written at row offset sum_{j<i} N_j of q (columns of q_t),
+// so that no concatenation is made; the W slot's amax takes every block's.
+Fp8Casts cast_weight(at::TensorList weights, at::ScalarType dt, const at::Tensor& scale, const at::Tensor& amax,
+                     bool transposed) {
+  const char* what = "fp8_linear weight";
+  if (weights.size() == 1)
+    return cast_slot(compute_weight(weights[0], dt).contiguous(), scale, amax, kFp8W, Fp8Format::kE4M3, true,
+                     transposed, what);
+  int64_t n = 0;
+  for (const at::Tensor& w : weights) n += w.size(0);
+  const int64_t k = weights[0].size(1);
+  const auto options = weights[0].options().dtype(fp8_dtype(Fp8Format::kE4M3));
+  Fp8Casts out{at::empty({n, k}, options), transposed ? at::empty({k, n}, options) : at::Tensor()};
+  int64_t offset = 0;
+  for (const at::Tensor& w : weights) {
+    const int64_t rows = w.size(0);
+    fp8_cast_into(compute_weight(w, dt).contiguous(), scale.select(0, kFp8W), amax.select(0, kFp8W),
+                  Fp8Format::kE4M3, out.q.narrow(0, offset, rows),
+                  transposed ? out.q_t.narrow(1, offset, rows) : at::Tensor(), what);
+    offset += rows;
+  }
+  return out;
+}
+
 std::vector<int64_t> with_last(at::IntArrayRef sizes, int64_t last) {
   std::vector<int64_t> out = sizes.vec();
   out.back() = last;
@@ -76,21 +137,27 @@ std::vector<int64_t> with_last(at::IntArrayRef sizes, int64_t last) {
 }
 
 struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
+  // The weight as its row blocks (one or more; the product uses their
+  // concatenation), each given its own gradient as a row block of one buffer.
   // The state's amax, scale and scale_inv travel as inputs (no gradient).
   // x_codes: x's E4M3 codes as its producer wrote them (then x's values are not read).
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
                             const std::optional<at::Tensor>& bias_opt, const at::Tensor& amax, const at::Tensor& scale,
                             const at::Tensor& scale_inv, const std::optional<at::Tensor>& x_codes) {
     const at::Tensor bias = bias_opt.value_or(at::Tensor());
     const c10::DeviceGuard device_guard(x.device());
-    const int64_t m = detail::leading_rows(x), k = x.size(-1), n = weight.size(0);
-    const at::ScalarType dt = x.scalar_type();
-    const at::Tensor w = compute_weight(weight, dt).contiguous();
-    const bool need_dw = weight.requires_grad(), need_dx = x.requires_grad();
+    std::vector<int64_t> rows;
+    bool need_dw = false;
+    for (const at::Tensor& w : weights) {
+      rows.push_back(w.size(0));
+      need_dw = need_dw || w.requires_grad();
+    }
+    const int64_t m = detail::leading_rows(x), k = x.size(-1), n = std::accumulate(rows.begin(), rows.end(), int64_t(0));
+    const bool need_dx = x.requires_grad();
     const Fp8Casts xq = x_codes ? Fp8Casts{*x_codes, need_dw ? fp8_transpose(*x_codes, kOp) : at::Tensor()}
                                 : cast_slot(x.contiguous().view({m, k}), scale, amax, kFp8X, Fp8Format::kE4M3, true,
                                             need_dw, "fp8_linear x");
-    const Fp8Casts wq = cast_slot(w, scale, amax, kFp8W, Fp8Format::kE4M3, true, need_dx, "fp8_linear weight");
+    const Fp8Casts wq = cast_weight(weights, x.scalar_type(), scale, amax, need_dx);
     at::Tensor y = at::empty(with_last(x.sizes(), n), x.options());
     fp8_product(xq.q, scale_inv.select(0, kFp8X), wq.q, scale_inv.select(0, kFp8W), y.view({m, n}), true,
                 bias.defined() ? bias.contiguous() : bias);
@@ -101,7 +168,9 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     ctx->saved_data["amax"] = amax;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["scale_inv"] = scale_inv;
-    detail::save_linear_shapes(ctx, x, weight, bias);
+    detail::save_linear_shapes(ctx, x, weights[0], bias);
+    ctx->saved_data["n"] = n;
+    ctx->saved_data["rows"] = rows;
     return y;
   }
 
@@ -111,11 +180,16 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const at::Tensor amax = ctx->saved_data["amax"].toTensor(), scale = ctx->saved_data["scale"].toTensor(),
                      scale_inv = ctx->saved_data["scale_inv"].toTensor();
     const detail::LinearShapes s = detail::saved_linear_shapes(ctx);
-    variable_list out(7);
+    const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
+    const size_t count = rows.size();
+    // Positions: x, the weight's blocks, bias, amax, scale, scale_inv, x_codes.
+    variable_list out(1 + count + 5);
     if (!grads[0].defined()) return out;
     const int64_t m = s.m, n = s.n, k = s.x_sizes.back();
     const at::Tensor dy = grads[0].to(s.dtype).contiguous().view({m, n});
-    const bool need_dx = ctx->needs_input_grad(0), need_dw = ctx->needs_input_grad(1);
+    bool need_dw = false;
+    for (size_t i = 0; i < count; ++i) need_dw = need_dw || ctx->needs_input_grad(1 + i);
+    const bool need_dx = ctx->needs_input_grad(0);
     if (need_dx || need_dw) {
       const Fp8Casts dq = cast_slot(dy, scale, amax, kFp8Dy, Fp8Format::kE5M2, need_dx, need_dw, "fp8_linear dy");
       const at::Tensor dy_inv = scale_inv.select(0, kFp8Dy);
@@ -124,13 +198,16 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
         fp8_product(dq.q, dy_inv, wq_t, scale_inv.select(0, kFp8W), out[0].view({m, k}), false, at::Tensor());
       }
       if (need_dw) {  // dW [n, k] = dY^T [n, m] (x^T [k, m])^T
-        out[1] = at::empty({n, k}, dy.options().dtype(s.w_dtype));
-        fp8_product(dq.q_t, dy_inv, xq_t, scale_inv.select(0, kFp8X), out[1], false, at::Tensor());
+        const at::Tensor dw = at::empty({n, k}, dy.options().dtype(s.w_dtype));
+        fp8_product(dq.q_t, dy_inv, xq_t, scale_inv.select(0, kFp8X), dw, false, at::Tensor());
+        const std::vector<at::Tensor> blocks = count == 1 ? std::vector<at::Tensor>{dw} : detail::row_blocks(dw, rows);
+        for (size_t i = 0; i < count; ++i)
+          if (ctx->needs_input_grad(1 + i)) out[1 + i] = blocks[i];
       }
     }
-    if (s.b_dtype && ctx->needs_input_grad(2)) {
-      out[2] = at::empty({n}, dy.options().dtype(*s.b_dtype));
-      column_sums_into({dy}, {out[2]});
+    if (s.b_dtype && ctx->needs_input_grad(1 + count)) {
+      out[1 + count] = at::empty({n}, dy.options().dtype(*s.b_dtype));
+      column_sums_into({dy}, {out[1 + count]});
     }
     return out;
   }
@@ -160,20 +237,45 @@ bool fp8_linear_supported(const at::Tensor& x, int64_t n) {
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state) {
   check_args(x, weight, bias, state);
   const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
-  return Fp8LinearFunction::apply(x, weight, b, state.amax, state.scale, state.scale_inv, std::nullopt);
+  return Fp8LinearFunction::apply(x, at::TensorList(weight), b, state.amax, state.scale, state.scale_inv,
+                                  std::nullopt);
 }
 
-at::Tensor fp8_linear(const Fp8Operand& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state) {
-  if (!x.codes.defined()) return fp8_linear(x.x, weight, bias, state);
-  check_args(x.x, weight, bias, state);
+at::Tensor fp8_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights, const Fp8Scaling& state) {
+  check_args(x, weights, state);
+  return Fp8LinearFunction::apply(x, at::TensorList(weights), std::optional<at::Tensor>(), state.amax, state.scale,
+                                  state.scale_inv, std::nullopt);
+}
+
+namespace {
+
+// x's codes [M, K] float8_e4m3fn on x's device, contiguous (UsageError).
+at::Tensor checked_codes(const Fp8Operand& x) {
   const int64_t m = detail::leading_rows(x.x), k = x.x.size(-1);
   if (x.codes.dim() != 2 || x.codes.size(0) != m || x.codes.size(1) != k ||
       x.codes.scalar_type() != at::kFloat8_e4m3fn || x.codes.device() != x.x.device())
     throw UsageError(std::string(kOp) + ": x's codes must be [" + std::to_string(m) + ", " + std::to_string(k) +
                      "] float8_e4m3fn on x's device, got " + shape(x.codes) + " " +
                      std::string(c10::toString(x.codes.scalar_type())));
+  return x.codes.contiguous();
+}
+
+}  // namespace
+
+at::Tensor fp8_linear(const Fp8Operand& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state) {
+  if (!x.codes.defined()) return fp8_linear(x.x, weight, bias, state);
+  check_args(x.x, weight, bias, state);
+  const at::Tensor codes = checked_codes(x);
   const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
-  return Fp8LinearFunction::apply(x.x, weight, b, state.amax, state.scale, state.scale_inv, x.codes.contiguous());
+  return Fp8LinearFunction::apply(x.x, at::TensorList(weight), b, state.amax, state.scale, state.scale_inv, codes);
+}
+
+at::Tensor fp8_linear(const Fp8Operand& x, const std::vector<at::Tensor>& weights, const Fp8Scaling& state) {
+  if (!x.codes.defined()) return fp8_linear(x.x, weights, state);
+  check_args(x.x, weights, state);
+  const at::Tensor codes = checked_codes(x);
+  return Fp8LinearFunction::apply(x.x, at::TensorList(weights), std::optional<at::Tensor>(), state.amax, state.scale,
+                                  state.scale_inv, codes);
 }
 
 Fp8Target fp8_linear_input_target(const Fp8Scaling& state) {

@@ -22,6 +22,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 #include "ops/fp8_cast.h"
 #include "ops/fp8_scaling.h"
 
@@ -44,6 +46,17 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::T
 // The same bytes, so the same y and gradients as fp8_linear(h, ...). Codes
 // undefined: fp8_linear(x.x, ...).
 at::Tensor fp8_linear(const Fp8Operand& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state);
+
+// The same for a weight given as its row blocks [N_i, K] (at least one, one K,
+// one dtype), no bias (issue 39: the gate and up weights of a SwiGLU FFN): the
+// product is the one on their concatenation [sum N_i, K], but none is made:
+// the weight's cast reads each block in place and writes its codes at its row
+// offset (ops/fp8_cast.h, fp8_cast_into), the W slot's amax the max over all
+// blocks; each block's gradient is its row block of one dW buffer. The same
+// bytes, y and gradients as fp8_linear on the concatenation. Bad blocks
+// (none, mismatched K or dtype) throw UsageError.
+at::Tensor fp8_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights, const Fp8Scaling& state);
+at::Tensor fp8_linear(const Fp8Operand& x, const std::vector<at::Tensor>& weights, const Fp8Scaling& state);
 
 // Where a kernel writes a linear's input codes for `state` (its x slot).
 Fp8Target fp8_linear_input_target(const Fp8Scaling& state);

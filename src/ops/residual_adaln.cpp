@@ -96,7 +96,7 @@ ResidualAdaLNForward residual_adaln_forward_cuda(const at::Tensor& x_in, const a
   const at::Tensor bias = bias_in.defined() ? bias_in.to(at::kFloat).contiguous() : at::Tensor();
   // The LN backward reads xhat where it is narrower than x1 (the bf16 DiT
   // path), x1 and mean otherwise (see the header).
-  RowNormTensors t = row_norm_tensors(x_in, y_in, out_dtype, /*keep_xhat=*/true, /*stat=*/true);
+  RowNormTensors t = row_norm_tensors(x_in, y_in, out_dtype, /*keep_xhat=*/true, /*stat=*/true, fp8);
   const FusedFp8Output q = fused_fp8_output(fp8, t, out_dtype, kOp);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   with_kernel_types(kOp, t.x.scalar_type(), gate.scalar_type(), t.act, [&](auto tx, auto tm, auto ta) {
@@ -109,7 +109,7 @@ ResidualAdaLNForward residual_adaln_forward_cuda(const at::Tensor& x_in, const a
         scale.stride(0), kernel_ptr<TX>(t.x1), q.fused ? nullptr : kernel_ptr<TA>(t.h), t.stat.data_ptr<float>(),
         t.rstd.data_ptr<float>(), kernel_ptr<TA>(t.xhat), t.batch, t.tokens, t.cols, float(eps), stream, q.kernel);
   });
-  const FinishedFp8Output out = finish_fp8_output(q, fp8, t.h, out_dtype, kOp);
+  const FinishedFp8Output out = finish_fp8_output(q, fp8, t, out_dtype, kOp);
   ResidualAdaLNForward f;
   f.x1 = t.x1, f.h = out.h, f.codes = out.codes, f.y = t.y, f.gate = gate, f.scale = scale, f.bias = bias;
   f.mean = t.stat, f.rstd = t.rstd, f.xhat = t.xhat, f.act = t.act;

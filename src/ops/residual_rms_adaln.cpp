@@ -112,7 +112,7 @@ ResidualRmsAdaLNForward residual_rms_adaln_forward_cuda(const at::Tensor& x_in, 
   const at::Tensor post_weight = dense_f32(post_weight_in), pre_weight = dense_f32(pre_weight_in);
   // x1's norm backward reads xhat where it is narrower than x1 (the bf16
   // training path), x1 otherwise (see the header).
-  RowNormTensors t = row_norm_tensors(x_in, y_in, out_dtype, /*keep_xhat=*/true, /*stat=*/true);
+  RowNormTensors t = row_norm_tensors(x_in, y_in, out_dtype, /*keep_xhat=*/true, /*stat=*/true, fp8);
   const FusedFp8Output q = fused_fp8_output(fp8, t, out_dtype, kOp);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   with_kernel_types(kOp, t.x.scalar_type(), gate.scalar_type(), t.act, [&](auto tx, auto tm, auto ta) {
@@ -126,7 +126,7 @@ ResidualRmsAdaLNForward residual_rms_adaln_forward_cuda(const at::Tensor& x_in, 
         t.stat.data_ptr<float>(), t.rstd.data_ptr<float>(), kernel_ptr<TA>(t.xhat), t.batch, t.tokens, t.cols,
         float(eps), stream, q.kernel);
   });
-  const FinishedFp8Output out = finish_fp8_output(q, fp8, t.h, out_dtype, kOp);
+  const FinishedFp8Output out = finish_fp8_output(q, fp8, t, out_dtype, kOp);
   ResidualRmsAdaLNForward f;
   f.x1 = t.x1, f.h = out.h, f.codes = out.codes, f.y = t.y, f.gate = gate, f.scale = scale;
   f.post_weight = post_weight, f.pre_weight = pre_weight, f.y_rstd = t.stat, f.rstd = t.rstd, f.xhat = t.xhat;

@@ -85,7 +85,7 @@ RmsAdaLNForward rms_adaln_forward_cuda(const at::Tensor& x_in, const at::Tensor&
   const at::Tensor scale = per_sample_rows({scale_in})[0];
   const at::ScalarType mod = scale.defined() ? scale.scalar_type() : at::kFloat;
   // The backward reads xhat where it is narrower than x (see the header).
-  RowNormTensors t = row_norm_tensors(x_in, at::Tensor(), out_dtype, /*keep_xhat=*/true, /*stat=*/false);
+  RowNormTensors t = row_norm_tensors(x_in, at::Tensor(), out_dtype, /*keep_xhat=*/true, /*stat=*/false, fp8);
   const FusedFp8Output q = fused_fp8_output(fp8, t, out_dtype, kOp);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   with_kernel_types(kOp, t.x.scalar_type(), mod, out_dtype, [&](auto tx, auto tm, auto ty) {
@@ -98,7 +98,7 @@ RmsAdaLNForward rms_adaln_forward_cuda(const at::Tensor& x_in, const at::Tensor&
                                            kernel_ptr<TY>(t.xhat), t.batch, t.tokens, t.cols, float(eps), stream,
                                            q.kernel);
   });
-  const FinishedFp8Output out = finish_fp8_output(q, fp8, t.h, out_dtype, kOp);
+  const FinishedFp8Output out = finish_fp8_output(q, fp8, t, out_dtype, kOp);
   RmsAdaLNForward f;
   f.h = out.h, f.codes = out.codes, f.x = t.xhat.defined() ? at::Tensor() : t.x, f.xhat = t.xhat, f.weight = weight, f.scale = scale;
   f.rstd = t.rstd;

@@ -54,8 +54,12 @@ std::vector<at::Tensor> per_sample_rows(std::initializer_list<at::Tensor> rows) 
   return out;
 }
 
+bool fp8_output_fused(const Fp8Target* fp8, at::ScalarType act, at::ScalarType out_dtype) {
+  return fp8 != nullptr && act == out_dtype;
+}
+
 RowNormTensors row_norm_tensors(const at::Tensor& x, const at::Tensor& y, at::ScalarType out_dtype, bool keep_xhat,
-                                bool stat) {
+                                bool stat, const Fp8Target* fp8) {
   RowNormTensors r;
   r.batch = int(x.size(0)), r.tokens = int(x.size(1)), r.cols = int(x.size(2));
   r.x = x.contiguous();
@@ -65,7 +69,7 @@ RowNormTensors row_norm_tensors(const at::Tensor& x, const at::Tensor& y, at::Sc
     r.y = y.to(r.act).contiguous();
     r.x1 = at::empty(r.x.sizes(), r.x.options());
   }
-  r.h = at::empty(r.x.sizes(), r.x.options().dtype(r.act));
+  if (!fp8_output_fused(fp8, r.act, out_dtype)) r.h = at::empty(r.x.sizes(), r.x.options().dtype(r.act));
   if (keep_xhat && c10::elementSize(r.act) == 2 && c10::elementSize(r.x.scalar_type()) > 2)
     r.xhat = at::empty(r.x.sizes(), r.x.options().dtype(r.act));
   const at::TensorOptions f32 = r.x.options().dtype(at::kFloat);
@@ -79,7 +83,7 @@ FusedFp8Output fused_fp8_output(const Fp8Target* fp8, const RowNormTensors& t, a
   FusedFp8Output q;
   if (fp8 == nullptr) return q;
   check_fp8_target(*fp8, t.x, op);
-  if (t.act != out_dtype) return q;
+  if (!fp8_output_fused(fp8, t.act, out_dtype)) return q;
   q.fused = true;
   q.codes = at::empty({int64_t(t.batch) * t.tokens, t.cols}, t.x.options().dtype(at::kFloat8_e4m3fn));
   q.kernel.q = static_cast<uint8_t*>(q.codes.data_ptr());
@@ -88,10 +92,10 @@ FusedFp8Output fused_fp8_output(const Fp8Target* fp8, const RowNormTensors& t, a
   return q;
 }
 
-FinishedFp8Output finish_fp8_output(const FusedFp8Output& q, const Fp8Target* fp8, const at::Tensor& h,
+FinishedFp8Output finish_fp8_output(const FusedFp8Output& q, const Fp8Target* fp8, const RowNormTensors& t,
                                     at::ScalarType out_dtype, const char* op) {
-  if (q.fused) return {fp8_stand_in(h.sizes(), h.options().dtype(out_dtype)), q.codes};
-  FinishedFp8Output out{as_dtype(h, out_dtype), at::Tensor()};
+  if (q.fused) return {fp8_stand_in(t.x.sizes(), t.x.options().dtype(out_dtype)), q.codes};
+  FinishedFp8Output out{as_dtype(t.h, out_dtype), at::Tensor()};
   if (fp8 != nullptr)
     out.codes = fp8_cast(out.h.view({-1, out.h.size(-1)}), fp8->scale, fp8->amax, Fp8Format::kE4M3, op);
   return out;

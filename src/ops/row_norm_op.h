@@ -62,7 +62,7 @@ struct RowNormTensors {
   at::ScalarType act = at::kFloat;
   at::Tensor y;     // in act, contiguous (residual ops)
   at::Tensor x1;    // like x (residual ops)
-  at::Tensor h;     // in act
+  at::Tensor h;     // in act; undefined where the fp8 output is fused (not written)
   at::Tensor xhat;  // in act, where kept
   at::Tensor stat;  // a second per-row fp32 statistic where asked for (the mean, or y's rstd)
   at::Tensor rstd;  // per-row fp32
@@ -70,9 +70,14 @@ struct RowNormTensors {
 
 // x [B, T, D]; y like x for a residual op, else undefined. keep_xhat: whether
 // the op's backward can read xhat; stat: whether a second per-row statistic
-// is kept.
+// is kept; fp8: the forward's fp8 output (null: none), where it is fused no h
+// is made (the kernels write only the codes).
 RowNormTensors row_norm_tensors(const at::Tensor& x, const at::Tensor& y, at::ScalarType out_dtype, bool keep_xhat,
-                                bool stat);
+                                bool stat, const Fp8Target* fp8 = nullptr);
+
+// Whether a forward's fp8 output is fused: an fp8 output and the kernels'
+// h type act is out_dtype.
+bool fp8_output_fused(const Fp8Target* fp8, at::ScalarType act, at::ScalarType out_dtype);
 
 // A forward's fp8 output (ops/fp8_cast.h: Fp8Target, Fp8Operand; null: none).
 // Fused where the kernels write h in out_dtype (t.act): the codes [B*T, D]
@@ -85,12 +90,12 @@ struct FusedFp8Output {
 };
 FusedFp8Output fused_fp8_output(const Fp8Target* fp8, const RowNormTensors& t, at::ScalarType out_dtype,
                                 const char* op);
-// After the kernels, from their h (in t.act): fused, the stand-in for h and
-// the codes; else h in out_dtype and, with fp8, fp8_cast of it.
+// After the kernels, from their h (t.h, in t.act): fused, the stand-in for h
+// (x's sizes) and the codes; else h in out_dtype and, with fp8, fp8_cast of it.
 struct FinishedFp8Output {
   at::Tensor h, codes;
 };
-FinishedFp8Output finish_fp8_output(const FusedFp8Output& q, const Fp8Target* fp8, const at::Tensor& h,
+FinishedFp8Output finish_fp8_output(const FusedFp8Output& q, const Fp8Target* fp8, const RowNormTensors& t,
                                     at::ScalarType out_dtype, const char* op);
 
 // The inputs' dtypes saved for the backward, by key: -1 for an undefined one.

@@ -6,9 +6,11 @@
 // fp8 products against float64 (of the quantised values: fp32 accumulation;
 // of the unquantised ones: within fp8's bound) and cuBLASLt's refusals;
 // fp8_linear forward and backward against its reference, captured equals
-// eager, bit-identical reruns. Skips without a GPU.
+// eager, bit-identical reruns; a weight as row blocks (cast in place) equal to
+// its concatenation bit for bit. Skips without a GPU.
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/exp2.h>
@@ -420,6 +422,58 @@ TEST(Fp8Gpu, LinearOnNormCodesMatchesTheLinearOnH) {
   const auto fused = run(true), plain = run(false);
   const char* names[] = {"y", "dx", "dmod", "dW", "amax"};
   for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(at::equal(fused[i], plain[i])) << names[i];
+}
+
+// A weight given as row blocks (ffn.gate_up's gate and up, then three blocks
+// of which one is off the 16-byte column alignment of the transposed codes:
+// the cast-transpose's element path) equals the product on the concatenation
+// bit for bit: y, dX, each block's dW, the amax. The blocks are cast in place:
+// the forward's peak memory stays at least the fp32 concatenation below the
+// concatenating forward's.
+TEST(Fp8Gpu, RowBlocksReadInPlaceEqualTheConcatenatedProductBitForBit) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  const std::vector<int64_t> sizes[] = {{3072, 3072}, {48, 40, 40}};
+  uint64_t seed = 70;
+  for (const auto& rows : sizes) {
+    at::Generator g = cuda_gen(seed++);
+    const int64_t k = 1152;
+    int64_t n = 0;
+    std::vector<at::Tensor> blocks;
+    for (const int64_t r : rows) {
+      blocks.push_back(master({r, k}, g, at::kBFloat16, 1.0 / std::sqrt(double(k))));
+      n += r;
+    }
+    const at::Tensor x0 = rnd({4, 72, k}, g, at::kBFloat16, 1.0, 0.3), dy = rnd({4, 72, n}, g, at::kBFloat16, 1e-3);
+    std::string what = "rows";
+    for (const int64_t r : rows) what += " " + std::to_string(r);
+    auto run = [&](bool as_blocks) {
+      const Fp8Scaling s = make_fp8_linear_scaling(4, kCuda);
+      s.amax.fill_(2.f);
+      fp8_scaling_update({&s}, 0);
+      const at::Tensor x = x0.clone().requires_grad_(true);
+      std::vector<at::Tensor> ws;
+      for (const at::Tensor& b : blocks) ws.push_back(b.clone().requires_grad_(true));
+      compat::synchronize(kCuda);
+      compat::reset_peak_memory(kCuda);
+      const int64_t before = compat::allocated_bytes(kCuda);
+      const at::Tensor y = as_blocks ? fp8_linear(x, ws, s) : fp8_linear(x, at::cat(ws, 0), at::Tensor(), s);
+      compat::synchronize(kCuda);
+      const int64_t peak = compat::peak_memory_bytes(kCuda) - before;
+      std::vector<at::Tensor> inputs = {x};
+      inputs.insert(inputs.end(), ws.begin(), ws.end());
+      std::vector<at::Tensor> out = torch::autograd::grad({y}, inputs, {dy});
+      out.insert(out.begin(), y.detach());
+      out.push_back(s.amax.clone());
+      return std::pair{out, peak};
+    };
+    run(false);  // a first call settles any product tuning
+    const auto [got, got_peak] = run(true);
+    const auto [want, want_peak] = run(false);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_TRUE(at::equal(got[i], want[i])) << what << " output " << i << " (y, dx, dW_0, ..., amax)";
+    EXPECT_LE(got_peak + n * k * 4, want_peak) << what << ": the row blocks were concatenated";
+  }
 }
 
 }  // namespace

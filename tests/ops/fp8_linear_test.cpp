@@ -3,8 +3,10 @@
 // bound on odd sizes (and visibly quantised: not within bf16's); the
 // autograd function (hand-written backward, the CPU casts) against the
 // reference; the casts' amaxes recorded in the layer's state and a scaling
-// update from them; bad arguments raise UsageError.
+// update from them; a weight given as row blocks equal to the op on their
+// concatenation bit for bit; bad arguments and bad blocks raise UsageError.
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/randn.h>
@@ -161,6 +163,83 @@ TEST(Fp8Linear, BadArgumentsRaiseUsageError) {
   EXPECT_THROW(fp8_linear(x, w, at::zeros({7}), s), UsageError);
   EXPECT_THROW(fp8_linear(x, w, at::Tensor(), make_fp8_scaling({Fp8Format::kE4M3}, 2, kCpu)), UsageError);
   EXPECT_TRUE(fp8_linear_supported(at::zeros({3, 5}), at::zeros({7, 5}))) << "the CPU takes any sizes";
+}
+
+// A weight given as row blocks [N_i, K] trains as their concatenation, bit for
+// bit: y, dX, each block's dW (its rows of the concatenation's), the state's
+// amax (the W slot's the max over every block: the largest value put in the
+// last block), with x given as values and as codes, fp32 and bf16.
+TEST(Fp8Linear, RowBlocksTrainAsTheirConcatenationBitForBit) {
+  struct Case {
+    std::vector<int64_t> x, rows;
+  };
+  const std::vector<Case> cases = {{{7, 37}, {13, 5, 21}}, {{2, 3, 48}, {32, 16}}, {{33, 16}, {1, 16}}};
+  uint64_t seed = 40;
+  for (const Case& c : cases)
+    for (const at::ScalarType dt : {at::kFloat, at::kBFloat16})
+      for (const bool codes : {false, true}) {
+        at::Generator g = perftrain::testing::seeded_cpu_generator(seed++);
+        const int64_t k = c.x.back();
+        std::vector<at::Tensor> blocks;
+        for (const int64_t r : c.rows) blocks.push_back(at::randn({r, k}, g) / std::sqrt(double(k)));
+        blocks.back()[0][0] = 5.f;  // the W amax lies in the last block
+        const at::Tensor x0 = (at::randn(c.x, g) * 2 + 0.3).to(dt);
+        int64_t n = 0;
+        for (const int64_t r : c.rows) n += r;
+        std::vector<int64_t> ys = c.x;
+        ys.back() = n;
+        const at::Tensor dy = (at::randn(ys, g) * 1e-3).to(dt);
+        const std::string what = name({c.x, n}) + (dt == at::kFloat ? " fp32" : " bf16") + (codes ? " codes" : "");
+        // Both runs from the same calibrated scales, their amax zeroed.
+        Fp8Scaling s_blocks = make_fp8_linear_scaling(4, kCpu);
+        s_blocks.amax.fill_(1.5f);
+        fp8_scaling_update({&s_blocks}, 0);
+        Fp8Scaling s_cat = make_fp8_linear_scaling(4, kCpu);
+        s_cat.amax.fill_(1.5f);
+        fp8_scaling_update({&s_cat}, 0);
+        const auto run = [&](bool as_blocks, const Fp8Scaling& s) {
+          const at::Tensor x = x0.clone().requires_grad_(true);
+          std::vector<at::Tensor> ws;
+          for (const at::Tensor& b : blocks) ws.push_back(b.clone().requires_grad_(true));
+          const Fp8Operand op = codes ? fp8_operand_of(x, fp8_linear_input_target(s), "x") : Fp8Operand{x, at::Tensor()};
+          const at::Tensor y = as_blocks ? fp8_linear(op, ws, s) : fp8_linear(op, at::cat(ws, 0), at::Tensor(), s);
+          std::vector<at::Tensor> inputs = {x};
+          inputs.insert(inputs.end(), ws.begin(), ws.end());
+          std::vector<at::Tensor> out = torch::autograd::grad({y}, inputs, {dy});
+          out.insert(out.begin(), y.detach());
+          return out;
+        };
+        const std::vector<at::Tensor> got = run(true, s_blocks), want = run(false, s_cat);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_EQ(got[i].sizes(), want[i].sizes()) << what << " output " << i;
+          EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type()) << what << " output " << i;
+          EXPECT_TRUE(at::equal(got[i], want[i])) << what << " output " << i << " (y, dx, dW_0, ...)";
+        }
+        EXPECT_TRUE(at::equal(s_blocks.amax, s_cat.amax)) << what;
+        EXPECT_EQ(s_blocks.amax[kFp8W].item<float>(), 5.f) << what;
+      }
+}
+
+TEST(Fp8Linear, BadRowBlocksRaiseUsageError) {
+  const at::Tensor x = at::zeros({4, 16}), w = at::zeros({8, 16});
+  const Fp8Scaling s = make_fp8_linear_scaling(2, kCpu);
+  const auto message = [&](const std::vector<at::Tensor>& ws) -> std::string {
+    try {
+      fp8_linear(x, ws, s);
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(message({}).find("empty"), std::string::npos) << message({});
+  EXPECT_NE(message({w, at::zeros({8, 12})}).find("share K"), std::string::npos);
+  EXPECT_NE(message({w, w.to(at::kBFloat16)}).find("share one dtype"), std::string::npos);
+  EXPECT_NE(message({w, at::zeros({8})}).find("row block 1"), std::string::npos);
+  EXPECT_NE(message({at::zeros({8, 12}), at::zeros({8, 12})}).find("fp8_linear"), std::string::npos)
+      << "blocks that share a K other than x's";
+  EXPECT_EQ(message({w, w}).find("\n"), std::string::npos);
+  EXPECT_NO_THROW(fp8_linear(x, {w, w}, s));
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 // an operand gives the y, the gradients (x's back through the norm, the
 // weight's from the transposed codes) and the state of fp8_linear on h;
 // fp8_transpose is the transpose; codes of the wrong shape or format raise
-// UsageError. (The CUDA kernels' bytes: kernels.emu_fp8_norm and
+// UsageError; a fused norm makes no h. (The CUDA kernels' bytes: kernels.emu_fp8_norm and
 // fp8_gpu_test.cpp.)
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/equal.h>
@@ -23,6 +23,7 @@
 #include "ops/residual_adaln.h"
 #include "ops/residual_rms_adaln.h"
 #include "ops/rms_adaln.h"
+#include "ops/row_norm_op.h"
 
 namespace perftrain::ops {
 namespace {
@@ -119,6 +120,29 @@ TEST(Fp8Operand, CodesOfTheWrongShapeOrFormatRaiseUsageError) {
   EXPECT_THROW(adaln_layernorm_fp8(at::randn({1, 2, 32}), at::zeros({1, 32}), at::zeros({1, 32}), at::kBFloat16,
                                    Fp8Target{at::ones({2}), s.amax.select(0, 0)}),
                UsageError);
+}
+
+// A norm whose fp8 output is fused writes only the codes: its forward's
+// tensors make no h (nothing would write or read it), and the h it hands on is
+// the stand-in (no storage of its own); unfused (no fp8 output, or a residual
+// op whose y is not in out_dtype) h is made as before.
+TEST(Fp8Operand, AFusedNormMakesNoH) {
+  const at::Tensor x = at::randn({2, 3, 16}), y32 = at::randn({2, 3, 16});
+  const Fp8Scaling s = state_with_scales();
+  const Fp8Target t = fp8_linear_input_target(s);
+  const detail::RowNormTensors fused = detail::row_norm_tensors(x, at::Tensor(), at::kBFloat16, true, false, &t);
+  EXPECT_FALSE(fused.h.defined());
+  const detail::FusedFp8Output q = detail::fused_fp8_output(&t, fused, at::kBFloat16, "test");
+  ASSERT_TRUE(q.fused);
+  const detail::FinishedFp8Output out = detail::finish_fp8_output(q, &t, fused, at::kBFloat16, "test");
+  EXPECT_EQ(out.h.sizes(), x.sizes());
+  EXPECT_EQ(out.h.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(out.h.stride(0), 0) << "the stand-in, one element seen at every index";
+  EXPECT_TRUE(out.h.isnan().all().item<bool>());
+  EXPECT_TRUE(detail::row_norm_tensors(x, at::Tensor(), at::kBFloat16, true, false).h.defined());
+  const detail::RowNormTensors residual = detail::row_norm_tensors(x, y32, at::kBFloat16, true, true, &t);
+  EXPECT_TRUE(residual.h.defined()) << "y in fp32: the op casts h afterwards";
+  EXPECT_FALSE(detail::fused_fp8_output(&t, residual, at::kBFloat16, "test").fused);
 }
 
 }  // namespace

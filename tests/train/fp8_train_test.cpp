@@ -1,7 +1,8 @@
 // train.precision = fp8 on the CPU, where the fused schedules run the fp8
 // linears on the ops' references: the key's validation, tiny DiT and
 // single-stream models training with their scaling states moving (a looped
-// model's shared block with a state per loop), a resumed
+// model's shared block with a state per loop), the single-stream gate_up's
+// row blocks training as the concatenated weight bit for bit, a resumed
 // fp8 run bit-identical to an uninterrupted one, the clear error of a
 // checkpoint resumed across precisions, the monitor's fp8 health in
 // metrics.jsonl and TensorBoard's scalars, and the line the log and report
@@ -9,8 +10,12 @@
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
 #include <algorithm>
@@ -23,10 +28,13 @@
 #include "base/error.h"
 #include "io/safetensors.h"
 #include "models/diffusion_model.h"
+#include "models/fp8_states.h"
+#include "models/fused/single_stream_block.h"
 #include "observe/tensorboard/health_events.h"
 #include "support/run_checks.h"
 #include "support/test_support.h"
 #include "ops/fp8_linear.h"
+#include "ops/swiglu.h"
 #include "train/checkpoint.h"
 #include "train/fp8_training.h"
 #include "train/step_runner.h"
@@ -167,6 +175,70 @@ TEST_P(Fp8FamilyTest, FusedCastsTrainAsTheLinearsOwnCasts) {
 
 INSTANTIATE_TEST_SUITE_P(Families, Fp8FamilyTest, ::testing::Values("dit", "single-stream"),
                          [](const auto& info) { return info.param == "dit" ? "DiT" : "SingleStream"; });
+
+// The single-stream FFN's fp8 gate_up reads gate and up as the row blocks of
+// one weight (no concatenation): steps of the branch (forward from the norm's
+// codes, backward, the scaling update, an SGD step on the weights) equal, bit
+// for bit, the same steps on the concatenated weight (the path before, kept
+// here as the reference): outputs, every gradient, the scaling states.
+at::Tensor gate_up_on_the_concatenation(const models::SingleStreamBlockWeights& w, const ops::Fp8Operand& h2,
+                                        const models::Fp8Block& fp8) {
+  const at::Tensor gate_up = models::block_linear(fp8, "ffn.gate_up", h2, at::cat({w.gate_w, w.up_w}, 0));
+  return models::block_linear(fp8, "ffn.down", ops::swiglu(gate_up), w.down_w);
+}
+
+TEST(Fp8SingleStream, GateUpRowBlocksTrainAsTheConcatenatedWeightBitForBit) {
+  const int64_t batch = 2, tokens = 5, d = 32, f = 48;
+  auto g = at::make_generator<at::CPUGeneratorImpl>(23);
+  const models::SingleStreamBlockWeights init{at::Tensor(), at::Tensor(), at::randn({f, d}, g) / 6,
+                                              at::randn({f, d}, g) / 6, at::randn({d, f}, g) / 7, at::Tensor()};
+  struct Run {
+    models::Fp8States states{4};
+    models::SingleStreamBlockWeights w;
+    std::vector<at::Tensor> seen;  // each step's output and gradients
+  };
+  Run blocks, cat;
+  for (Run* r : {&blocks, &cat}) {
+    r->w = init;
+    for (at::Tensor* t : {&r->w.gate_w, &r->w.up_w, &r->w.down_w}) *t = t->clone().requires_grad_(true);
+  }
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor x = at::randn({batch, tokens, d}, g).to(at::kBFloat16);
+    const at::Tensor probe = at::randn({batch, tokens, d}, g);
+    for (Run* r : {&blocks, &cat}) {
+      const models::Fp8Block fp8{&r->states, "blocks.0"};
+      const at::Tensor h = x.clone().requires_grad_(true);
+      const auto target = models::block_linear_target(fp8, "ffn.gate_up", h, 2 * f);
+      ASSERT_TRUE(target.has_value());
+      const ops::Fp8Operand h2 = ops::fp8_operand_of(h, *target, "h2");
+      const at::Tensor y = r == &blocks ? models::fused::single_stream_ffn_branch(r->w, h2, false, fp8)
+                                        : gate_up_on_the_concatenation(r->w, h2, fp8);
+      const auto grads =
+          torch::autograd::grad({(y.to(at::kFloat) * probe).sum()}, {h, r->w.gate_w, r->w.up_w, r->w.down_w});
+      r->seen.push_back(y.detach());
+      r->seen.insert(r->seen.end(), grads.begin(), grads.end());
+      r->states.update();
+      const at::NoGradGuard no_grad;
+      for (size_t i = 1; i < grads.size(); ++i) {
+        at::Tensor& w = i == 1 ? r->w.gate_w : i == 2 ? r->w.up_w : r->w.down_w;
+        w.sub_(grads[i] * 0.5);
+      }
+    }
+  }
+  ASSERT_EQ(blocks.seen.size(), cat.seen.size());
+  for (size_t i = 0; i < blocks.seen.size(); ++i) {
+    EXPECT_GT(blocks.seen[i].abs().sum().item<double>(), 0) << "step " << i / 5 << " tensor " << i % 5;
+    EXPECT_TRUE(blocks.seen[i].equal(cat.seen[i])) << "step " << i / 5 << " tensor " << i % 5
+                                                   << " (y, dh, dgate, dup, ddown)";
+  }
+  const auto mine = blocks.states.named_tensors(), theirs = cat.states.named_tensors();
+  ASSERT_EQ(mine.size(), theirs.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    EXPECT_EQ(mine[i].first, theirs[i].first);
+    EXPECT_TRUE(mine[i].second.equal(theirs[i].second)) << mine[i].first;
+  }
+  EXPECT_TRUE(blocks.states.states().count("blocks.0.ffn.gate_up"));
+}
 
 // A looped model's states: its prelude and coda blocks', and its shared
 // block's once per loop (the loops' inputs and merged weights differ).

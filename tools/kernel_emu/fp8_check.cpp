@@ -2,7 +2,8 @@
 // correct-by-definition fp8 encoding (tests/ops/fp8_test_codes.h: nearest finite code to
 // x * scale clamped to +-max, ties to even, NaN to NaN) and a direct reading of the
 // scaling rule (kernels/fp8_scaling.h):
-//   - fp8_cast and fp8_cast_transpose (with and without the row-major copy) on fp32 and
+//   - fp8_cast and fp8_cast_transpose (with and without the row-major copy; q_t dense or
+//     with a wider row pitch, as the column block of a larger q^T) on fp32 and
 //     bf16, E4M3 and E5M2, sizes 1x1 to 130x257 (whole 64 x 64 tiles by the vector path,
 //     partial ones element by element, tails of the 8-element vectors, more vectors than
 //     the grid: the grid-stride loop), input pointers on and off 16-byte boundaries
@@ -53,10 +54,13 @@ static bool same_code(uint8_t got, uint8_t want, Fp8Format f) {
 }
 
 template <typename T>
-static void check_cast(int64_t rows, int64_t cols, Fp8Format f, size_t offset, bool transpose, bool with_rows) {
+static void check_cast(int64_t rows, int64_t cols, Fp8Format f, size_t offset, bool transpose, bool with_rows,
+                       int64_t pitch_extra = 0) {
+  const int64_t ld = rows + pitch_extra;  // q_t's row pitch
   const std::string where = std::to_string(rows) + "x" + std::to_string(cols) + (sizeof(T) == 4 ? " f32 " : " bf16 ") +
                             k::fp8_format_name(f) + " offset " + std::to_string(offset) +
-                            (transpose ? (with_rows ? " cast-transpose" : " transpose-only") : " cast");
+                            (transpose ? (with_rows ? " cast-transpose" : " transpose-only") : " cast") +
+                            (pitch_extra ? " q_t pitch " + std::to_string(ld) : "");
   const int64_t n = rows * cols;
   std::vector<T> xs(n + offset + 16);
   T* x = xs.data() + (16 - reinterpret_cast<uintptr_t>(xs.data()) % 16) / sizeof(T) % (16 / sizeof(T)) + offset;
@@ -67,7 +71,7 @@ static void check_cast(int64_t rows, int64_t cols, Fp8Format f, size_t offset, b
   if ((rows + cols) % 3 == 0)
     for (int i = 0; i < 6 && 5 * i < n; ++i) x[5 * i] = fromd<T>(special[i]);
   const float scale = 2.75f, start_amax = 0.125f;
-  std::vector<uint8_t> q(n + kPad, kSentinel), qt(n + kPad, kSentinel);
+  std::vector<uint8_t> q(n + kPad, kSentinel), qt(cols * ld + kPad, kSentinel);
   float scale_dev = scale, amax = start_amax;
   k::Fp8CastArgs a;
   a.x = x;
@@ -78,6 +82,7 @@ static void check_cast(int64_t rows, int64_t cols, Fp8Format f, size_t offset, b
   a.scale = &scale_dev;
   a.q = (!transpose || with_rows) ? q.data() : nullptr;
   a.q_t = transpose ? qt.data() : nullptr;
+  a.q_t_ld = pitch_extra ? ld : 0;
   a.amax = &amax;
   if (transpose) k::fp8_cast_transpose(a, nullptr); else k::fp8_cast(a, nullptr);
   unsigned want_amax = abs_bits(start_amax);
@@ -88,12 +93,14 @@ static void check_cast(int64_t rows, int64_t cols, Fp8Format f, size_t offset, b
       want_amax = std::max(want_amax, abs_bits(v));
       const uint8_t want = std::isnan(v) ? 0x7f : fp8_codes::encode(v * scale, f);
       if (a.q) bad += !same_code(q[r * cols + c], want, f);
-      if (a.q_t) bad_t += !same_code(qt[c * rows + r], want, f);
+      if (a.q_t) bad_t += !same_code(qt[c * ld + r], want, f);
     }
   expect(bad == 0, where + ": " + std::to_string(bad) + " q codes differ");
   expect(bad_t == 0, where + ": " + std::to_string(bad_t) + " q_t codes differ");
   bool pads = true;
-  for (size_t i = n; i < q.size(); ++i) pads = pads && q[i] == kSentinel && qt[i] == kSentinel;
+  for (size_t i = n; i < q.size(); ++i) pads = pads && q[i] == kSentinel;
+  for (size_t i = 0; i < qt.size(); ++i)
+    if (!a.q_t || int64_t(i) >= cols * ld || int64_t(i) % ld >= rows) pads = pads && qt[i] == kSentinel;
   if (!a.q) for (int64_t i = 0; i < n; ++i) pads = pads && q[i] == kSentinel;
   expect(pads, where + ": a write past an output (or into q when not asked)");
   expect(abs_bits(amax) == want_amax || __float_as_uint(amax) == want_amax,
@@ -182,6 +189,8 @@ int main() {
         check_cast<bf16>(s[0], s[1], f, offset, false, true);
         check_cast<bf16>(s[0], s[1], f, offset, true, true);
         check_cast<float>(s[0], s[1], f, offset, true, offset == 0);
+        // q_t as a column block of a wider q^T: a pitch of 16 more keeps the vector path.
+        for (const int64_t extra : {3, 16}) check_cast<bf16>(s[0], s[1], f, offset, true, true, extra);
       }
   check_scaling();
   printf("%d of %d checks failed\n", fails, checks);

@@ -1,7 +1,6 @@
 #include "models/fused/single_stream_block.h"
 
 #include <ATen/TensorOperators.h>
-#include <ATen/ops/cat.h>
 
 #include <string>
 #include <tuple>
@@ -93,7 +92,8 @@ std::pair<at::Tensor, ops::Fp8Operand> single_stream_attention_half(const Single
 at::Tensor single_stream_ffn_branch(const SingleStreamBlockWeights& w, const ops::Fp8Operand& h2,
                                     bool keep_activation, const Fp8Block& fp8) {
   if (fp8.states != nullptr) {
-    const at::Tensor gate_up = block_linear(fp8, "ffn.gate_up", h2, at::cat({w.gate_w, w.up_w}, 0));  // [B, S, 2F]
+    // gate and up as the row blocks of one weight: cast in place, no concatenation.
+    const at::Tensor gate_up = block_linear(fp8, "ffn.gate_up", h2, {w.gate_w, w.up_w});  // [B, S, 2F]
     return block_linear(fp8, "ffn.down", ops::swiglu(gate_up), w.down_w);
   }
   // gate and up in one product: their compute-dtype weights stacked [2F, D]

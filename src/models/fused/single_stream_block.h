@@ -110,9 +110,9 @@ std::pair<at::Tensor, ops::Fp8Operand> single_stream_attention_half(const Single
 // The FFN branch from h2 to down's output: gate and up as one product
 // against their stacked weights with swiglu (ops::swiglu_product), down
 // (keep_activation false: swiglu's output not kept for backward,
-// ops::swiglu_product_linear). With fp8 states: [gate; up] concatenated into
-// one fp8 product ("ffn.gate_up"), swiglu, down ("ffn.down");
-// keep_activation does not apply.
+// ops::swiglu_product_linear). With fp8 states: gate and up as the row
+// blocks of one fp8 product ("ffn.gate_up": each cast in place, no
+// concatenation), swiglu, down ("ffn.down"); keep_activation does not apply.
 at::Tensor single_stream_ffn_branch(const SingleStreamBlockWeights& w, const ops::Fp8Operand& h2,
                                     bool keep_activation, const Fp8Block& fp8 = {});
 
