@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 
 #include <algorithm>
@@ -66,13 +67,17 @@ double median_ms(const std::function<void()>& run) {
 // mask with every sample's first key attended); the tensors are freed on return.
 detail::AttentionTimes time_families(const AttentionChoiceKey& k) {
   const at::AutoGradMode grad(true);
-  const auto opts = at::TensorOptions().dtype(k.dtype).device(at::Device(at::kCUDA, static_cast<int8_t>(k.device)));
+  const auto device = static_cast<c10::DeviceIndex>(k.device);
+  const auto opts = at::TensorOptions().dtype(k.dtype).device(at::Device(at::kCUDA, device));
   const int64_t D = k.heads * k.head_dim;
-  const at::Tensor qkv = at::randn({k.batch, k.tokens, 3 * D}, opts).requires_grad_(true);
-  const at::Tensor grad_out = at::randn({k.batch, k.tokens, D}, opts);
+  // A generator of its own: the run's random streams advance the same with "auto" as without.
+  at::Generator gen = at::cuda::detail::createCUDAGenerator(device);
+  gen.set_current_seed(0);
+  const at::Tensor qkv = at::randn({k.batch, k.tokens, 3 * D}, gen, opts).requires_grad_(true);
+  const at::Tensor grad_out = at::randn({k.batch, k.tokens, D}, gen, opts);
   at::Tensor mask, bias;
   if (k.masked) {
-    mask = at::rand({k.batch, k.tokens}, opts.dtype(at::kFloat)) < 0.9;
+    mask = at::rand({k.batch, k.tokens}, gen, opts.dtype(at::kFloat)) < 0.9;
     mask.select(1, 0).fill_(true);
     bias = attention_key_bias(mask, k.dtype);
   }

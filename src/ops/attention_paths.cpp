@@ -49,7 +49,8 @@ std::vector<std::string> attention_paths_used() {
   std::vector<std::string> lines;
   for (const auto& [path, tokens, head_dim, masked, dtype] : used) {
     const auto type = static_cast<c10::ScalarType>(dtype);
-    const bool chosen = path == static_cast<int>(AttentionPath::Tiled) || path == static_cast<int>(AttentionPath::Cudnn);
+    const bool chosen =
+        path == static_cast<int>(AttentionPath::Tiled) || path == static_cast<int>(AttentionPath::Cudnn);
     lines.push_back(std::string(path_name(path)) + ": " + std::to_string(tokens) + " tokens, head dim " +
                     std::to_string(head_dim) + (masked ? ", key mask, " : ", ") + c10::toString(type) +
                     (chosen ? attention_choice_note(tokens, head_dim, masked, type) : ""));
