@@ -1,5 +1,7 @@
 #include "ops/attention_paths.h"
 
+#include "ops/attention_choice.h"
+
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -32,18 +34,27 @@ const char* path_name(int path) {
 }  // namespace
 
 void note_attention_path(AttentionPath path, int64_t tokens, int64_t head_dim, bool masked, c10::ScalarType dtype) {
+  if (detail::forced_attention_family()) return;  // a timing run of "auto", not the model's
   const Key key{static_cast<int>(path), tokens, head_dim, masked, static_cast<int>(dtype)};
   const std::lock_guard<std::mutex> lock(paths_mutex());
   paths().insert(key);
 }
 
 std::vector<std::string> attention_paths_used() {
-  const std::lock_guard<std::mutex> lock(paths_mutex());
+  std::set<Key> used;
+  {
+    const std::lock_guard<std::mutex> lock(paths_mutex());
+    used = paths();
+  }
   std::vector<std::string> lines;
-  for (const auto& [path, tokens, head_dim, masked, dtype] : paths())
+  for (const auto& [path, tokens, head_dim, masked, dtype] : used) {
+    const auto type = static_cast<c10::ScalarType>(dtype);
+    const bool chosen =
+        path == static_cast<int>(AttentionPath::Tiled) || path == static_cast<int>(AttentionPath::Cudnn);
     lines.push_back(std::string(path_name(path)) + ": " + std::to_string(tokens) + " tokens, head dim " +
-                    std::to_string(head_dim) + (masked ? ", key mask, " : ", ") +
-                    c10::toString(static_cast<c10::ScalarType>(dtype)));
+                    std::to_string(head_dim) + (masked ? ", key mask, " : ", ") + c10::toString(type) +
+                    (chosen ? attention_choice_note(tokens, head_dim, masked, type) : ""));
+  }
   return lines;
 }
 

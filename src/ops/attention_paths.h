@@ -28,7 +28,9 @@ void note_attention_path(AttentionPath path, int64_t tokens, int64_t head_dim, b
 
 // One line per distinct (path, tokens, head dim, mask, dtype) noted since the
 // last reset, in a fixed order, e.g. "cuDNN fused: 288 tokens, head dim 64,
-// key mask, bf16".
+// key mask, bf16"; with attention = "auto" the tiled and cuDNN lines end
+// with the timing that chose them, " (auto: 0.81 ms vs cuDNN 0.93 ms
+// fwd+bwd)" (ops/attention_choice).
 std::vector<std::string> attention_paths_used();
 void reset_attention_paths();
 

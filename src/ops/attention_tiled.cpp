@@ -8,12 +8,14 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
 #include "compat/compat.h"
 #include "kernels/attention_tiled_bwd_sm90.h"
 #include "kernels/attention_tiled_fwd_sm90.h"
+#include "ops/attention_choice.h"
 #include "ops/attention_paths.h"
 #include "ops/cudnn_attention.h"
 
@@ -135,15 +137,23 @@ void tiled_backward_into(const torch::autograd::variable_list& s, size_t at, con
 
 }  // namespace
 
+// A timing run's forced family first (ops/attention_choice), then the
+// switch, then with "auto" the per-shape choice.
 bool tiled_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                             const at::Tensor& key_bias) {
-  return tiled_attention() && tiled_attention_takes(q, k, v, heads, key_bias);
+                             const at::Tensor& key_bias, std::optional<bool> masked) {
+  if (const AttentionFamily* forced = forced_attention_family())
+    return *forced == AttentionFamily::Tiled && tiled_attention_takes(q, k, v, heads, key_bias);
+  if (!tiled_attention() && !attention_auto()) return false;
+  if (!tiled_attention_takes(q, k, v, heads, key_bias)) return false;
+  return tiled_attention() || auto_attention_picks_tiled(q, heads, masked.value_or(key_bias.defined()));
 }
 
-bool tiled_attention_applies(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_bias) {
-  if (!tiled_attention() || qkv.dim() != 3 || qkv.size(2) % 3 != 0) return false;
+bool tiled_attention_applies(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_bias,
+                             std::optional<bool> masked) {
+  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) return false;
+  if (!tiled_attention() && !attention_auto() && !forced_attention_family()) return false;
   const auto [q, k, v] = column_blocks(qkv);
-  return tiled_attention_applies(q, k, v, heads, key_bias);
+  return tiled_attention_applies(q, k, v, heads, key_bias, masked);
 }
 
 at::Tensor tiled_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,

@@ -7,7 +7,8 @@
 // a mask our whole-head one, ops/attention_head_bwd), cuDNN's where ours
 // does not take the output's gradient. Off by default until measured on a
 // GPU: set_tiled_attention(true) (the [speed] key attention =
-// "tiled") turns both on.
+// "tiled") turns both on; with "auto" (ops/attention_choice) they run the
+// shapes where they timed faster than cuDNN's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -15,6 +16,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -51,11 +53,15 @@ void attention_tiled_bwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 namespace detail {
 
-// The switch on and tiled_attention_takes q, k, v [B, T, D] (and the bias).
+// tiled_attention_takes q, k, v [B, T, D] (and the bias) and the switch is
+// on, or with "auto" (ops/attention_choice) ours is this shape's choice;
+// masked: whether a key mask comes (by default, whether key_bias is
+// defined: a caller that makes the bias later says so).
 bool tiled_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                             const at::Tensor& key_bias = at::Tensor());
+                             const at::Tensor& key_bias = at::Tensor(), std::optional<bool> masked = std::nullopt);
 // The same on a packed qkv [B, T, 3D] (its three column blocks).
-bool tiled_attention_applies(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_bias = at::Tensor());
+bool tiled_attention_applies(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_bias = at::Tensor(),
+                             std::optional<bool> masked = std::nullopt);
 
 // Our tiled forward on q, k, v [B, T, D] where tiled_attention_applies,
 // saving in ctx what cuDNN's backward reads (save_cudnn_state's layout

@@ -164,8 +164,9 @@ at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor&
                          const at::Tensor& key_bias_in) {
   if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) throw UsageError("qkv_attention: qkv must be [B, T, 3D]");
   detail::check_heads("qkv_attention", qkv.size(2) / 3, heads);
+  const bool tiled_ok = detail::tiled_attention_applies(qkv, heads, key_bias_in, key_mask.defined());
   const AttentionRoute r = route(qkv, qkv.size(0), qkv.size(1), qkv.size(2) / 3 / heads, key_mask, key_bias_in,
-                                 qkv.is_contiguous(), detail::tiled_attention_applies(qkv, heads, key_bias_in));
+                                 qkv.is_contiguous(), tiled_ok);
   if (!r.cudnn) return self_attention(qkv, heads, r.mask);
   try {
     return CudnnAttention::apply(qkv, heads, r.bias);
@@ -186,8 +187,9 @@ at::Tensor qkv_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
                        c10::str(q.sizes()));
   detail::check_heads("qkv_attention", q.size(2), heads);
   const bool in_place = cudnn_rows(q) && cudnn_rows(k) && cudnn_rows(v);
-  const AttentionRoute r = route(q, q.size(0), q.size(1), q.size(2) / heads, key_mask, key_bias_in, in_place,
-                                 detail::tiled_attention_applies(q, k, v, heads, key_bias_in));
+  const bool tiled_ok = detail::tiled_attention_applies(q, k, v, heads, key_bias_in, key_mask.defined());
+  const AttentionRoute r =
+      route(q, q.size(0), q.size(1), q.size(2) / heads, key_mask, key_bias_in, in_place, tiled_ok);
   if (!r.cudnn) return self_attention(q, k, v, heads, r.mask);
   try {
     return CudnnAttentionQkv::apply(q, k, v, heads, r.bias);

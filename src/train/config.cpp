@@ -112,7 +112,7 @@ std::vector<Key> keys(TrainConfig& c) {
       {"speed", "fused_optimizer", &c.speed.fused_optimizer},
       {"speed", "recompute", &c.speed.recompute},
       {"speed", "gelu_recompute", &c.speed.gelu_recompute},
-      {"speed", "attention", &c.speed.attention, {"whole_head", "tiled", "cudnn"}},
+      {"speed", "attention", &c.speed.attention, {"whole_head", "tiled", "cudnn", "auto"}},
       {"speed", "weight_grad_stream", &c.speed.weight_grad_stream, {"auto", "on", "off"}},
       {"speed", "gemm_tune", &c.speed.gemm_tune, {}, 0, 64},
       {"health", "monitor_every", &c.health.monitor_every, {}, 0, 1000000000},

@@ -1,5 +1,6 @@
 #include "train/speed.h"
 
+#include "ops/attention_choice.h"
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
 #include "ops/attention_tiled.h"
@@ -16,6 +17,9 @@ void apply_speed_settings(const SpeedConfig& speed) {
   ops::set_whole_head_attention_forward(speed.attention == "whole_head");
   ops::set_whole_head_attention_backward(speed.attention != "cudnn");
   ops::set_tiled_attention(speed.attention == "tiled");
+  // "auto": per shape, our tiled kernels or cuDNN's by timing (ops/attention_choice); the backward after
+  // either forward follows the rule of "tiled".
+  ops::set_attention_auto(speed.attention == "auto");
   ops::set_weight_grad_stream_mode(speed.weight_grad_stream == "on"    ? ops::WeightGradStreamMode::kOn
                                    : speed.weight_grad_stream == "off" ? ops::WeightGradStreamMode::kOff
                                                                        : ops::WeightGradStreamMode::kAuto);

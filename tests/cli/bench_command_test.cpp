@@ -218,7 +218,7 @@ TEST(CliBench, BadOptionsExitTwo) {
            {"bench --device tpu", "--device"},
            {"bench --device cpu --steps 0", "--steps"},
            {"bench --device cpu --cooldown -1", "--cooldown"},
-           {"bench --device cpu --set speed.attention=flash", "speed.attention 'flash' (expected whole_head, tiled or cudnn)"},
+           {"bench --device cpu --set speed.attention=flash", "speed.attention 'flash' (expected whole_head, tiled, cudnn or auto)"},
            {"bench --device cpu --set speed.gemm_tune=99", "speed.gemm_tune 99"},
            {"bench --device cpu --set sped.attention=whole_head", "[speed]"},
        }) {

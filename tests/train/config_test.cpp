@@ -103,7 +103,7 @@ TEST(TrainConfig, SpeedKeysRoundTripAndAreValidated) {
   EXPECT_EQ(d.speed.attention, "whole_head");
   EXPECT_EQ(d.speed.weight_grad_stream, "auto");
   EXPECT_EQ(d.speed.gemm_tune, ops::kDefaultGemmTuneCandidates);
-  for (const char* attention : {"whole_head", "tiled", "cudnn"}) {
+  for (const char* attention : {"whole_head", "tiled", "cudnn", "auto"}) {
     for (const char* stream : {"auto", "on", "off"}) {
       for (const char* tune : {"0", "1", "64"}) {
         TrainConfig a = default_config(true);
@@ -128,8 +128,8 @@ TEST(TrainConfig, SpeedKeysRoundTripAndAreValidated) {
     // validate_speed (what apply_speed_settings checks) says the same.
     EXPECT_EQ(error_of<UsageError>([&] { validate_speed(c.speed); }), msg);
   };
-  bad("speed.attention=flash", {"speed.attention", "'flash'", "whole_head, tiled or cudnn"});
-  bad("speed.attention=OWN", {"speed.attention", "whole_head, tiled or cudnn"});
+  bad("speed.attention=flash", {"speed.attention", "'flash'", "whole_head, tiled, cudnn or auto"});
+  bad("speed.attention=OWN", {"speed.attention", "whole_head, tiled, cudnn or auto"});
   bad("speed.weight_grad_stream=yes", {"speed.weight_grad_stream", "'yes'", "auto, on or off"});
   bad("speed.gemm_tune=65", {"speed.gemm_tune", "65", "from 0 to 64"});
   bad("speed.gemm_tune=-1", {"speed.gemm_tune", "from 0 to 64"});
@@ -138,7 +138,7 @@ TEST(TrainConfig, SpeedKeysRoundTripAndAreValidated) {
   auto msg = error_of<UsageError>([&] { apply_override(c, "speed.gemm_tune=eight"); });
   EXPECT_NE(msg.find("speed.gemm_tune must be an integer"), std::string::npos) << msg;
   msg = error_of<UsageError>([&] { apply_toml(c, "[speed]\nattention = true\n", "cfg.toml"); });
-  EXPECT_NE(msg.find("speed.attention must be a string (whole_head, tiled or cudnn)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("speed.attention must be a string (whole_head, tiled, cudnn or auto)"), std::string::npos) << msg;
   msg = error_of<UsageError>([&] { apply_override(c, "speed.weight_grad_stream=1"); });
   EXPECT_NE(msg.find("speed.weight_grad_stream must be a string (auto, on or off)"), std::string::npos) << msg;
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "base/error.h"
+#include "ops/attention_choice.h"
 #include "ops/attention_head_bwd.h"
 #include "ops/attention_head_fwd.h"
 #include "ops/attention_tiled.h"
@@ -47,9 +48,17 @@ TEST(SpeedSettings, ApplySetsTheOpsState) {
   EXPECT_FALSE(ops::whole_head_attention_forward());
   EXPECT_TRUE(ops::whole_head_attention_backward());
 
+  s.attention = "auto";  // per shape by timing; the backward after either forward as with "tiled"
+  apply_speed_settings(s);
+  EXPECT_TRUE(ops::attention_auto());
+  EXPECT_FALSE(ops::tiled_attention());
+  EXPECT_FALSE(ops::whole_head_attention_forward());
+  EXPECT_TRUE(ops::whole_head_attention_backward());
+
   apply_speed_settings(SpeedConfig{});  // the defaults
   EXPECT_TRUE(ops::whole_head_attention_forward());
   EXPECT_FALSE(ops::tiled_attention());
+  EXPECT_FALSE(ops::attention_auto());
   EXPECT_EQ(ops::weight_grad_stream_mode(), ops::WeightGradStreamMode::kAuto);
   EXPECT_EQ(ops::gemm_tune_candidates(), ops::kDefaultGemmTuneCandidates);
 }

@@ -1,0 +1,147 @@
+// [speed] attention = "auto" on the GPU (ops/attention_choice): a DiT-shaped
+// qkv_attention forward and backward at 1024 tokens times both families
+// once, records one decision with two positive times, times nothing on a
+// second call, and gives the chosen family's own result; the masked
+// T % 128 == 64 shape (cuDNN's NaN case) runs ours untimed; during a capture
+// a new key is not timed. Skips without an sm_90 GPU.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attention_gpu_cases.h"
+#include "compat/compat.h"
+#include "ops/attention_choice.h"
+#include "ops/attention_paths.h"
+#include "ops/attention_tiled.h"
+#include "ops/qkv_attention.h"
+#include "support/tensor_checks.h"
+
+namespace perftrain::ops {
+namespace {
+
+using namespace attention_gpu_cases;
+using perftrain::testing::rel_l2;
+
+bool sm90() { return compat::cuda_available() && at::cuda::getCurrentDeviceProperties()->major == 9; }
+
+// Output and packed gradient of (out * gout).sum() through qkv_attention.
+std::pair<at::Tensor, at::Tensor> qkv_fwd_bwd(const at::Tensor& qkv, int64_t heads, const at::Tensor& mask,
+                                              const at::Tensor& gout) {
+  const at::Tensor leaf = qkv.detach().requires_grad_(true);
+  const at::Tensor out = qkv_attention(leaf, heads, mask);
+  const at::Tensor d = torch::autograd::grad({(out.to(at::kFloat) * gout).sum()}, {leaf})[0];
+  return {out.detach(), d};
+}
+
+// Puts the switches back and forgets the decisions a test made.
+struct RestoreSwitches {
+  bool tiled = tiled_attention(), automatic = attention_auto();
+  ~RestoreSwitches() {
+    set_tiled_attention(tiled);
+    set_attention_auto(automatic);
+    reset_attention_choices();
+  }
+};
+
+TEST(AttentionChoiceGpu, AutoTimesOnceAndGivesTheChosenFamilysResult) {
+  if (!sm90()) GTEST_SKIP() << "no sm_90 GPU";
+  RestoreSwitches restore;
+  reset_attention_choices();
+  reset_attention_paths();
+  set_tiled_attention(false);
+  set_attention_auto(true);
+  auto g = cuda_gen(61);
+  for (const bool masked : {false, true}) {
+    reset_attention_choices();
+    const int64_t B = 2, T = 1024, heads = 16, d = 72, D = heads * d;  // DiT-XL's heads at 1024 tokens
+    const at::Tensor qkv = rnd({B, T, 3 * D}, g).to(at::kBFloat16);
+    at::Tensor mask;
+    if (masked) {
+      mask = at::rand({B, T}, at::TensorOptions().device(kCuda)) < 0.8;
+      mask.select(1, 0).fill_(true);
+    }
+    const at::Tensor gout = rnd({B, T, D}, g);
+    const auto [out, dqkv] = qkv_fwd_bwd(qkv, heads, mask, gout);
+    const std::vector<AttentionChoiceRecord> first = attention_choice_records();
+    ASSERT_EQ(first.size(), 1u);
+    const AttentionChoiceRecord& r = first[0];
+    std::cout << (masked ? "masked" : "unmasked") << ": tiled " << r.tiled_ms << " ms, cuDNN " << r.cudnn_ms
+              << " ms fwd+bwd -> " << (r.choice == AttentionFamily::Tiled ? "tiled" : "cuDNN") << "\n";
+    EXPECT_TRUE(r.timed);
+    EXPECT_GT(r.tiled_ms, 0.0);
+    EXPECT_GT(r.cudnn_ms, 0.0);
+    EXPECT_EQ(r.key.tokens, T);
+    EXPECT_EQ(r.key.head_dim, d);
+    EXPECT_EQ(r.key.masked, masked);
+    EXPECT_EQ(r.choice, r.cudnn_ms < r.tiled_ms ? AttentionFamily::Cudnn : AttentionFamily::Tiled);
+
+    // A second call times nothing: the record is the same.
+    (void)qkv_fwd_bwd(qkv, heads, mask, gout);
+    const auto second = attention_choice_records();
+    ASSERT_EQ(second.size(), 1u);
+    EXPECT_EQ(second[0].tiled_ms, r.tiled_ms);
+    EXPECT_EQ(second[0].cudnn_ms, r.cudnn_ms);
+
+    // The chosen family run directly ("tiled" or "cudnn").
+    set_attention_auto(false);
+    set_tiled_attention(r.choice == AttentionFamily::Tiled);
+    const auto [direct_out, direct_d] = qkv_fwd_bwd(qkv, heads, mask, gout);
+    set_tiled_attention(false);
+    set_attention_auto(true);
+    EXPECT_LT(rel_l2(out, direct_out), 1e-2);
+    EXPECT_LT(rel_l2(dqkv, direct_d), 2e-2);
+  }
+  const std::vector<std::string> lines = attention_paths_used();
+  bool noted = false;
+  for (const auto& l : lines) {
+    std::cout << "[attention] " << l << "\n";
+    noted = noted || l.find("(auto: ") != std::string::npos;
+  }
+  EXPECT_TRUE(noted) << "no attention line carries the timing";
+}
+
+TEST(AttentionChoiceGpu, OnlyOursAtTheMaskedNaNShapeAndNoTimingDuringACapture) {
+  if (!sm90()) GTEST_SKIP() << "no sm_90 GPU";
+  RestoreSwitches restore;
+  reset_attention_choices();
+  set_tiled_attention(false);
+  set_attention_auto(true);
+  auto g = cuda_gen(62);
+  // Masked at T % 128 == 64: cuDNN does not apply, ours runs untimed.
+  const int64_t B = 2, heads = 2, d = 64, D = heads * d;
+  const at::Tensor qkv = rnd({B, 192, 3 * D}, g).to(at::kBFloat16);
+  at::Tensor mask = at::ones({B, 192}, at::TensorOptions().dtype(at::kBool).device(kCuda));
+  EXPECT_TRUE(detail::tiled_attention_applies(qkv, heads, at::Tensor(), true));
+  const auto [out, dqkv] = qkv_fwd_bwd(qkv, heads, mask, rnd({B, 192, D}, g));
+  EXPECT_TRUE(at::isfinite(dqkv).all().item<bool>());
+  EXPECT_TRUE(attention_choice_records().empty());
+
+  // A new key during a capture: ours, recorded as not timed.
+  const at::Tensor q = rnd({B, 512, 3 * D}, g).to(at::kBFloat16);
+  compat::synchronize(kCuda);
+  bool tiled = false;
+  {
+    c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool());
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    tiled = detail::tiled_attention_applies(q, heads);
+    q.mul_(1);
+    graph.capture_end();
+  }
+  EXPECT_TRUE(tiled);
+  const auto r = attention_choice_records();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_FALSE(r[0].timed);
+  EXPECT_EQ(r[0].choice, AttentionFamily::Tiled);
+}
+
+}  // namespace
+}  // namespace perftrain::ops
