@@ -5,7 +5,15 @@
 # Fashion-MNIST (training and test files), torchao's wheel. Run here, then name .carry in
 # the device call's carry list; tools/gpu_run.sh uses it.
 #
-#   tools/fill_carry.sh [INDUCTOR_CACHE_TGZ]
+#   tools/fill_carry.sh [--prebuilt] [INDUCTOR_CACHE_TGZ]
+#
+# --prebuilt: the perftrain built here (build/, brought up to date first; the
+# kernels are built for sm_90a here as there), stripped and xz-packed into
+# .carry/prebuilt/ with the commit it reports, instead of GoogleTest's sources
+# and the dataset (the carry's 64 MiB hold the program or the data, not
+# both). gpu_run.sh then skips its 3-4 minute build when a call builds only
+# perftrain (BUILD_TARGETS=perftrain) at that COMMIT: for bench and profile
+# calls, whose BENCH_SET runs do not fit in one call beside a build.
 #
 # INDUCTOR_CACHE_TGZ: an inductor-cache.tgz that a call with INDUCTOR_CACHE_OUT=1
 # brought back (torch.compile's caches); copied to .carry/inductor-cache.tgz,
@@ -16,6 +24,8 @@
 # with fewer modes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prebuilt=0
+[ "${1:-}" = --prebuilt ] && { prebuilt=1; shift; }
 cache="${1:-}"
 if [ -n "$cache" ] && [ ! -f "$cache" ]; then echo "fill_carry.sh: no file $cache" >&2; exit 2; fi
 rm -rf .carry && mkdir -p .carry/include/stb .carry/fashion-mnist
@@ -23,8 +33,25 @@ cp -r /usr/include/CLI /usr/include/nlohmann /usr/include/toml++ .carry/include/
 cp /usr/include/stb/stb_image_write.h /usr/include/stb/stb_image.h .carry/include/stb/
 cp /usr/include/zlib.h /usr/include/zconf.h .carry/include/
 cp -r /usr/include/gloo .carry/include/  # c10d's ProcessGroupGloo.hpp includes them (src/dist)
-cp -r /usr/src/googletest .carry/googletest
-cp /usr/share/datasets/fashion-mnist/*.gz .carry/fashion-mnist/  # the test set too: eval --train-features reports its accuracy
+if [ "$prebuilt" = 1 ]; then
+  # The program names its commit (--version, bench.json): configured with HEAD's for this build, then
+  # configured back to git's at configure time (the commit's two files are compiled again).
+  if ! git diff --quiet HEAD -- src cmake CMakeLists.txt; then
+    echo "fill_carry.sh --prebuilt: src/ or the CMake files differ from HEAD; commit first (the program names its commit)" >&2
+    exit 2
+  fi
+  cmake -B build -DPERFTRAIN_BUILD_COMMIT="$(git rev-parse --short HEAD)" > /dev/null
+  ninja -C build perftrain > /dev/null
+  mkdir -p .carry/prebuilt
+  strip -o .carry/prebuilt/perftrain build/perftrain
+  xz -T0 -6 .carry/prebuilt/perftrain
+  ./build/perftrain --version | sed -nE 's/.*\(commit ([0-9a-f]+)\).*/\1/p' > .carry/prebuilt/COMMIT
+  rmdir .carry/fashion-mnist
+  cmake -B build -DPERFTRAIN_BUILD_COMMIT= > /dev/null
+else
+  cp -r /usr/src/googletest .carry/googletest
+  cp /usr/share/datasets/fashion-mnist/*.gz .carry/fashion-mnist/  # the test set too: eval --train-features reports its accuracy
+fi
 # torchao for bench's float8-* torch modes (the anchor of train.precision = "fp8"): the GPU machine has no
 # network; gpu_run.sh unpacks the wheel onto PYTHONPATH. The version setup.sh installs.
 pip="$(command -v pip3 || echo /opt/venv/bin/pip)"

@@ -42,6 +42,8 @@
 #   600 s). tools/fill_carry.sh <that file> carries it into the next call (mind the carry's 64 MiB: it says
 #   how much .carry holds). A cold max-autotune compile of DiT-B/2 b256 may take more than one call; each call
 #   keeps what it compiled (docs/guide/speed.md, The torch cache).
+# Prebuilt: with .carry/prebuilt/perftrain.xz (tools/fill_carry.sh --prebuilt: that carry has no dataset and no
+#   GoogleTest) and BUILD_TARGETS=perftrain at its COMMIT, no build: the program built on the CPU machine runs.
 # Options: COMMIT=<sha> (pass it: git on the device machine may name an older commit), BENCH_CASES="DiT-S/2:32,256
 #   DiT-B/2:256", BENCH_ARGS (more bench flags; profile takes PROFILE_VARIANT, not --variants), TESTS=all (every
 #   test, not only gpu ones), TEST_REGEX, RUN_TESTS=1 (the gpu tests in the other modes too), BUILD_TARGETS (ninja
@@ -102,10 +104,33 @@ time_left() {
   echo $(( left > 0 ? left : 1 ))
 }
 
+# A perftrain built on the CPU machine (tools/fill_carry.sh --prebuilt): taken instead of the build when the
+# call builds only perftrain and the program reports COMMIT; torch's libraries are found through
+# LD_LIBRARY_PATH (its RUNPATH names the other machine's). Anything else builds as below.
+use_prebuilt() {
+  [ -f .carry/prebuilt/perftrain.xz ] && [ "${BUILD_TARGETS:-}" = perftrain ] && [ "$MODE" != lab ] || return 1
+  local want torch_lib
+  want="$(cat .carry/prebuilt/COMMIT)"
+  [[ "$COMMIT" == "$want"* || "$want" == "$COMMIT"* ]] || { row prebuilt "not used: it is of $want, COMMIT is $COMMIT"; return 1; }
+  mkdir -p build-gpu
+  "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    .carry/prebuilt/perftrain.xz build-gpu/perftrain && chmod +x build-gpu/perftrain || return 1
+  torch_lib="$("$PY" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+  export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if ! ./build-gpu/perftrain --version > "$OUT/build.log" 2>&1; then
+    row prebuilt "not used: it does not start here ($(tail -1 "$OUT/build.log"))"
+    rm -f build-gpu/perftrain
+    return 1
+  fi
+  row build "prebuilt perftrain of $want: $(grep -E '^GPU' "$OUT/build.log")"
+}
+
 # The build: everything, or BUILD_TARGETS; in lab mode only the program (a Python one needs none).
 targets="${BUILD_TARGETS:-}"
 [ "$MODE" = lab ] && targets="${BUILD_TARGETS:-$LAB}"
-if [[ "$MODE" != lab || "$LAB" != *.py ]]; then
+if use_prebuilt; then
+  :
+elif [[ "$MODE" != lab || "$LAB" != *.py ]]; then
   t0=$(date +%s)
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERFTRAIN_PYTHON="$PY" \
     -DPERFTRAIN_CARRY_DIR="$PWD/.carry" -DPERFTRAIN_BUILD_COMMIT="$COMMIT" > "$OUT/build.log" 2>&1 &&
