@@ -152,9 +152,17 @@ void Group::allreduce_mean(const std::vector<at::Tensor>& tensors) {
 }
 
 std::function<void()> Group::start_allreduce_sum(const at::Tensor& flat) {
+  return start_allreduce(flat, Reduction::kSum);
+}
+
+std::function<void()> Group::start_allreduce_max(const at::Tensor& flat) {
+  return start_allreduce(flat, Reduction::kMax);
+}
+
+std::function<void()> Group::start_allreduce(const at::Tensor& flat, Reduction reduction) {
   std::vector<at::Tensor> one{flat};
   c10d::AllreduceOptions ao;
-  ao.reduceOp = c10d::ReduceOp::SUM;
+  ao.reduceOp = reduction == Reduction::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
   auto& pg = flat.is_cuda() ? impl_->nccl : impl_->gloo;
   if (!pg) throw RuntimeError(env_.describe() + ": all-reduce of a CUDA tensor in a group made for the CPU");
   c10::intrusive_ptr<c10d::Work> work;

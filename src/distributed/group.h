@@ -48,6 +48,8 @@ class Group {
   // tensor (Gloo) it runs in Gloo's threads and the finisher waits on the host.
   // Every rank must start the same sums in the same order.
   std::function<void()> start_allreduce_sum(const at::Tensor& flat);
+  // The same for the elementwise maximum over the ranks (fp8's amax).
+  std::function<void()> start_allreduce_max(const at::Tensor& flat);
   // Each tensor replaced, in place, by root's.
   void broadcast(const std::vector<at::Tensor>& tensors, int root = 0);
   void barrier();
@@ -57,6 +59,9 @@ class Group {
 
  private:
   struct Impl;
+  enum class Reduction { kSum, kMax };
+  std::function<void()> start_allreduce(const at::Tensor& flat, Reduction reduction);
+
   LaunchEnv env_;
   GroupOptions opts_;
   std::unique_ptr<Impl> impl_;

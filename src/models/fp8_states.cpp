@@ -1,5 +1,6 @@
 #include "models/fp8_states.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
 
 #include "base/error.h"
@@ -36,6 +37,28 @@ const ops::Fp8Scaling& Fp8States::state(const std::string& name, const at::Devic
     loaded_.erase(saved);
   }
   return states_.emplace(name, std::move(s)).first->second;
+}
+
+void Fp8States::freeze() {
+  frozen_ = true;
+  if (states_.empty() || amax_flat_.defined()) return;
+  int64_t total = 0;
+  for (const auto& [name, s] : states_) total += s.slots();
+  amax_flat_ = at::empty({total}, states_.begin()->second.amax.options());
+  int64_t offset = 0;
+  for (auto& [name, s] : states_) {
+    at::Tensor slice = amax_flat_.narrow(0, offset, s.slots());
+    slice.copy_(s.amax);
+    s.amax = slice;
+    offset += s.slots();
+  }
+}
+
+std::vector<at::Tensor> Fp8States::amax_tensors() const {
+  if (amax_flat_.defined()) return {amax_flat_};
+  std::vector<at::Tensor> out;
+  for (const auto& [name, s] : states_) out.push_back(s.amax);
+  return out;
 }
 
 void Fp8States::update() const {

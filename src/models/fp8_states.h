@@ -41,7 +41,15 @@ class Fp8States {
   // where it gave them). After freeze(), an unknown name is a RuntimeError
   // (a capture must not allocate new states).
   const ops::Fp8Scaling& state(const std::string& name, const at::Device& device);
-  void freeze() { frozen_ = true; }
+  // No more states from here on; every state's amax moves into one buffer
+  // (values kept), so that a data-parallel step reduces them in one
+  // collective. Before any capture: the casts read amax's address per call.
+  void freeze();
+
+  // The tensors every state's amax lives in: the one buffer after freeze(),
+  // before it each state's own (in states()' order). What a data-parallel step
+  // reduces by maximum over the ranks before update().
+  std::vector<at::Tensor> amax_tensors() const;
 
   // Whether the norms that open fp8 linears write their codes (block_linear_target);
   // on unless a test turns it off to compare with the casts inside ops::fp8_linear.
@@ -73,6 +81,7 @@ class Fp8States {
   bool frozen_ = false;
   bool fused_casts_ = true;
   std::map<std::string, ops::Fp8Scaling> states_;
+  at::Tensor amax_flat_;  // every state's amax, back to back (freeze)
   std::map<std::string, std::map<std::string, at::Tensor>> loaded_;  // name -> tensor -> value
   std::set<std::string> fallbacks_;
 };

@@ -2,21 +2,22 @@
 
 #include <ATen/ops/stack.h>
 
+#include <limits>
+
 #include "base/error.h"
+#include "distributed/group.h"
 #include "ops/fp8_linear.h"
 
 namespace perftrain::train {
 
 std::unique_ptr<models::Fp8States> fp8_states_for(const models::DiffusionModel& model, const TrainConfig& cfg,
-                                                  bool multi_process, models::DiTExecution& exec) {
+                                                  models::DiTExecution& exec) {
   if (!model.has_fused_path())
     throw UsageError("train.precision = fp8 needs a model with a fused schedule; model.family = " +
                      cfg.model.family + " has none");
   if (cfg.speed.recompute || !cfg.speed.fused_kernels)
     throw UsageError("train.precision = fp8 runs the blocks' linears in the fused schedule: leave "
                      "speed.fused_kernels on and speed.recompute off");
-  if (multi_process)
-    throw UsageError("train.precision = fp8 runs in one process for now (the ranks' amax are not reduced)");
   auto states = std::make_unique<models::Fp8States>(cfg.optim.fp8_amax_history, int(cfg.optim.fp8_margin));
   exec.fused_kernels = true;
   exec.recompute = false;
@@ -31,6 +32,14 @@ void fp8_states_made(models::Fp8States& states) {
     throw UsageError("resume: the checkpoint holds fp8 scaling state for " + unused[0] +
                      (unused.size() > 1 ? " and " + std::to_string(unused.size() - 1) + " more" : "") +
                      ", which this model's forward does not run");
+}
+
+void reduce_fp8_amax(const models::Fp8States& states, distributed::Group& group) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const at::Tensor& amax : states.amax_tensors()) {
+    amax.nan_to_num_(inf, inf);  // a NaN might lose to a number in the maximum; +inf does not
+    group.start_allreduce_max(amax)();
+  }
 }
 
 std::string describe_fp8(const models::Fp8States& states) {

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "distributed/group.h"
 #include "models/diffusion_model.h"
 #include "models/fp8_states.h"
 #include "observe/grad_health.h"
@@ -24,9 +25,15 @@ constexpr const char* kFp8Prefix = "fp8.";
 // train.fp8_margin), pointed to by exec (whose
 // fused_kernels it turns on: on the CPU the fused schedule runs on the ops'
 // references). UsageError naming train.precision for a model without a fused
-// schedule, with speed.recompute, or in a multi-process run.
+// schedule or with speed.recompute.
 std::unique_ptr<models::Fp8States> fp8_states_for(const models::DiffusionModel& model, const TrainConfig& cfg,
-                                                  bool multi_process, models::DiTExecution& exec);
+                                                  models::DiTExecution& exec);
+
+// Data parallel: every rank's amax replaced by the maximum over the ranks
+// (a non-finite one as +inf, so that every rank counts the overflow), so that
+// the ranks' next scales agree. On the stream, no host wait: capturable. Every
+// rank calls it at the same point of its step.
+void reduce_fp8_amax(const models::Fp8States& states, distributed::Group& group);
 
 // After the first (eager) step made every state: no more are made (a capture
 // must not allocate), and a checkpoint's state no layer asked for is a

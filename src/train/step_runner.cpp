@@ -268,8 +268,9 @@ struct StepRunner::Impl {
       add_mean(step, terms, n);
     }
     average_gradients();
-    if (fp8) {  // the next step's scales from this step's amax: after backward, before the optimizer
+    if (fp8) {  // the next step's scales from this step's amax (all ranks'): after backward, before the optimizer
       PERFTRAIN_SCOPE("fp8_scaling");
+      if (opts.group != nullptr && opts.group->world_size() > 1) reduce_fp8_amax(*fp8, *opts.group);
       fp8->update();
     }
     update(step.loss);
@@ -512,7 +513,7 @@ StepRunner::StepRunner(models::DiffusionModel& model, models::DiffusionModel* em
   }
   s.execution = dit_execution(speed, cuda);
   if (!model.has_fused_path()) s.execution.fused_kernels = s.execution.gelu_recompute = false;
-  if (fp8) s.fp8 = fp8_states_for(model, cfg, opts.group != nullptr && opts.group->world_size() > 1, s.execution);
+  if (fp8) s.fp8 = fp8_states_for(model, cfg, s.execution);
   // The products' rows: every token of this process's samples (a
   // single-stream model's condition tokens too; batch_size is the global
   // batch, of which each data-parallel rank holds 1/N).

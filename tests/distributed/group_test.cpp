@@ -4,6 +4,7 @@
 // 127.0.0.1 at a free port; each rank checks the collectives' results against
 // the values every rank's seed gives.
 #include <ATen/ops/randn.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros_like.h>
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 
 #include <cstdlib>
 #include <map>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -139,6 +141,11 @@ TEST(DistWorker, Collectives) {
   EXPECT_DOUBLE_EQ(sums[0], world * (world - 1) / 2.0);
   EXPECT_DOUBLE_EQ(sums[1], 0.5 * world);
   EXPECT_DOUBLE_EQ(group.allreduce_max(group.rank() == 1 ? 7.0 : -1.0), 7.0);
+  // The elementwise maximum of a tensor, in place (fp8's amax): rank 1's +inf wins.
+  const float r = float(group.rank()), inf = std::numeric_limits<float>::infinity();
+  at::Tensor m = at::tensor({r, -r, group.rank() == 1 ? inf : 1.5f});
+  group.start_allreduce_max(m)();
+  EXPECT_TRUE(m.equal(at::tensor({float(world - 1), 0.f, inf}))) << m;
   group.barrier();
 }
 

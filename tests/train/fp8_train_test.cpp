@@ -13,6 +13,8 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/rand.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -419,6 +421,45 @@ TEST(Fp8Report, NamesTheLayersThatRanBf16) {
   const std::string report((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_TRUE(contains(report, "| precision | fp8 in the blocks' linears")) << report;
   EXPECT_TRUE(contains(report, "fp8 products in 8 linears")) << report;
+}
+
+// freeze() moves every state's amax into one buffer (what a data-parallel
+// step reduces in one collective): the values kept, the states' amax views of
+// it in states()' order, and the update reading and zeroing them there.
+TEST(Fp8States, FreezeKeepsEveryAmaxInOneBuffer) {
+  models::Fp8States states(4);
+  auto g = at::make_generator<at::CPUGeneratorImpl>(5);
+  std::vector<at::Tensor> before;
+  for (const char* name : {"blocks.1.mlp.fc1", "blocks.0.attn.qkv", "blocks.0.mlp.fc2"}) {
+    const ops::Fp8Scaling& s = states.state(name, at::kCPU);
+    at::Tensor amax = s.amax;
+    amax.copy_(at::rand({s.slots()}, g) * 10 + 0.5);
+  }
+  for (const auto& [name, s] : states.states()) before.push_back(s.amax.clone());
+  EXPECT_EQ(states.amax_tensors().size(), 3u);  // before freeze: each state's own
+
+  states.freeze();
+  const std::vector<at::Tensor> flat = states.amax_tensors();
+  ASSERT_EQ(flat.size(), 1u);
+  ASSERT_EQ(flat[0].numel(), 9);
+  EXPECT_TRUE(at::cat(before).equal(flat[0]));
+  int64_t offset = 0;
+  for (const auto& [name, s] : states.states()) {
+    EXPECT_EQ(s.amax.data_ptr<float>(), flat[0].data_ptr<float>() + offset) << name;
+    offset += s.slots();
+  }
+  // A write to the buffer is what the states see, and the update uses it.
+  flat[0].mul_(2);
+  states.update();
+  EXPECT_EQ(flat[0].abs().sum().item<double>(), 0.0);  // zeroed by the update, in place
+  size_t i = 0;
+  for (const auto& [name, s] : states.states()) {
+    const at::Tensor want_scale = at::full_like(before[i], 448.0f);  // x and W: E4M3
+    want_scale[ops::kFp8Dy].fill_(57344.0f);                        // dY: E5M2
+    EXPECT_TRUE(s.scale.equal(want_scale / (before[i] * 2))) << name << ": " << s.scale;
+    ++i;
+  }
+  EXPECT_THROW(states.state("blocks.2.attn.qkv", at::kCPU), RuntimeError);
 }
 
 }  // namespace
