@@ -32,7 +32,11 @@ std::unique_ptr<models::Fp8States> fp8_states_for(const models::DiffusionModel& 
 // Data parallel: every rank's amax replaced by the maximum over the ranks
 // (a non-finite one as +inf, so that every rank counts the overflow), so that
 // the ranks' next scales agree. On the stream, no host wait: capturable. Every
-// rank calls it at the same point of its step.
+// rank calls it at the same point of its step. One collective on the table's
+// one buffer once frozen; the first step, whose forward makes the states (so
+// none can be re-homed before its update), reduces each state's amax on its
+// own: that step always runs eagerly, so the extra collectives are never
+// captured, and no state has to exist before the model asks for it.
 void reduce_fp8_amax(const models::Fp8States& states, distributed::Group& group);
 
 // After the first (eager) step made every state: no more are made (a capture

@@ -4,7 +4,7 @@
 // rank 0 gathers into the checkpoint); each rank holds a share of the state
 // (the logged bytes); a checkpoint of a sharded 2-rank run resumes sharded in
 // 3 processes and unsharded in one, and both end where an uninterrupted run
-// does. Every process runs under a hard timeout.
+// does; in fp8 too. Every process runs under a hard timeout.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,6 +34,7 @@ const std::string kTiny =
     " --set diffusion.sample_steps=1 --set log.tensorboard=false --set distributed.timeout_s=30 --set log.checkpoint_every=0";
 const std::string kShard = " --set distributed.shard_optimizer=true";
 
+using perftrain::testing::dist_runs::expect_fp8_scales_as_one_process;
 using perftrain::testing::dist_runs::latest;
 using perftrain::testing::dist_runs::losses;
 using perftrain::testing::dist_runs::run;
@@ -125,6 +126,29 @@ TEST(DataParallelZero1, ShardedCheckpointResumesWithThreeRanksAndWithOne) {
   EXPECT_NE(latest(tmp.file("split1")).find("step_00000006"), std::string::npos);
   expect_same_end(tmp.file("whole"), tmp.file("split"), "2 sharded ranks 3 steps + 3 sharded ranks 3 steps vs 1 process");
   expect_same_end(tmp.file("whole"), tmp.file("split1"), "2 sharded ranks 3 steps + 1 process 3 steps vs 1 process");
+}
+
+// train.precision = fp8 with ZeRO-1: 2 sharded ranks, 3 steps, resumed
+// sharded (every rank loads the checkpoint's scaling state) to step 5, end
+// where one unsharded process does: the weights, the EMA and the fp8 scales.
+TEST(DataParallelZero1, ShardedFp8RanksResumedTrainAsOneProcess) {
+  TempDir tmp;
+  const std::string common = " --runs-dir " + tmp.path() + kTiny + " --precision fp8";
+  auto whole = run("train --run-name whole --steps 5" + common);
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  auto first = run("train --nproc-per-node 2 --run-name split --steps 3" + common + kShard);
+  ASSERT_EQ(first.code, 0) << first.output;
+  auto rest = run("train --nproc-per-node 2 --resume " + tmp.file("split") + " --steps 5");
+  ASSERT_EQ(rest.code, 0) << rest.output;
+  EXPECT_NE(rest.output.find("resumed from"), std::string::npos) << rest.output;
+  EXPECT_NE(rest.output.find("optimizer state sharded over 2 ranks"), std::string::npos) << rest.output;
+  EXPECT_NE(latest(tmp.file("split")).find("step_00000005"), std::string::npos);
+  const double w = max_diff(tmp.file("whole"), tmp.file("split"), "model.safetensors");
+  const double e = max_diff(tmp.file("whole"), tmp.file("split"), "ema.safetensors");
+  std::printf("fp8, 2 sharded ranks 3 + 2 steps vs 1 process: max |weight difference| %.3g, EMA %.3g\n", w, e);
+  EXPECT_LT(w, 2e-6);
+  EXPECT_LT(e, 2e-6);
+  EXPECT_GE(expect_fp8_scales_as_one_process(tmp.file("whole"), tmp.file("split"), 2), 4);
 }
 
 }  // namespace

@@ -5,8 +5,12 @@
 // row blocks training as the concatenated weight bit for bit, a resumed
 // fp8 run bit-identical to an uninterrupted one, the clear error of a
 // checkpoint resumed across precisions, the monitor's fp8 health in
-// metrics.jsonl and TensorBoard's scalars, and the line the log and report
-// give (with the layers that ran bf16).
+// metrics.jsonl and TensorBoard's scalars, the line the log and report
+// give (with the layers that ran bf16), the table's amax in one buffer, and
+// data parallel over real processes (this binary run as 2 ranks over Gloo:
+// the Fp8DistWorker tests, which do nothing unless DIST_TEST_FP8_WORKER is
+// set): the amax reduced by their maximum, and ranks on different rows ending
+// with one scaling state, bit for bit, with and without ZeRO-1.
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -17,22 +21,29 @@
 #include <ATen/ops/rand.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/tensor.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
+#include "distributed/group.h"
+#include "distributed/launch_env.h"
 #include "io/safetensors.h"
 #include "models/diffusion_model.h"
 #include "models/fp8_states.h"
 #include "models/fused/single_stream_block.h"
 #include "observe/tensorboard/health_events.h"
+#include "support/dist_ranks.h"
 #include "support/run_checks.h"
 #include "support/test_support.h"
 #include "ops/fp8_linear.h"
@@ -460,6 +471,104 @@ TEST(Fp8States, FreezeKeepsEveryAmaxInOneBuffer) {
     ++i;
   }
   EXPECT_THROW(states.state("blocks.2.attn.qkv", at::kCPU), RuntimeError);
+}
+
+// Data parallel, each rank a process of this binary (the Fp8DataParallel
+// tests start them).
+constexpr const char* kFp8RankEnv = "DIST_TEST_FP8_WORKER";
+
+// This process's group when it runs as one of those ranks; else null.
+std::unique_ptr<distributed::Group> rank_group() {
+  if (std::getenv(kFp8RankEnv) == nullptr) return nullptr;
+  distributed::GroupOptions o;
+  o.timeout_s = 30;
+  return std::make_unique<distributed::Group>(distributed::launch_env(), at::kCPU, o);
+}
+
+// Every tensor equal to rank 0's, bit for bit (NaN and Inf too).
+void expect_as_on_rank_0(distributed::Group& group, const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  for (const auto& [name, t] : named) {
+    std::vector<at::Tensor> root{t.clone()};
+    group.broadcast(root, 0);
+    EXPECT_TRUE(root[0].view(at::kInt).equal(t.view(at::kInt)))
+        << "rank " << group.rank() << ", " << name << ": " << t << " but rank 0 has " << root[0];
+  }
+}
+
+// reduce_fp8_amax before freeze() (each state's amax on its own: the first
+// step) and after it (the one buffer): the elementwise maximum, a NaN on one
+// rank +inf on both, so that both count the overflow; the scales from the
+// ranks' maximum, not from this rank's amax.
+TEST(Fp8DistWorker, AmaxReducedByTheMaximum) {
+  const auto group = rank_group();
+  if (!group) GTEST_SKIP() << "a rank of Fp8DataParallel's tests only";
+  ASSERT_EQ(group->world_size(), 2);
+  const float r = float(group->rank()), inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  models::Fp8States states(4);
+  for (const bool frozen : {false, true}) {
+    if (frozen) states.freeze();
+    at::Tensor a = states.state("blocks.0.attn.qkv", at::kCPU).amax;
+    at::Tensor b = states.state("blocks.0.mlp.fc1", at::kCPU).amax;
+    a.copy_(at::tensor({1 + r, 5 - r, r == 1 ? nan : 2.f}));
+    b.copy_(at::tensor({r == 0 ? inf : 0.f, 0.f, 3 * r}));
+    reduce_fp8_amax(states, *group);
+    EXPECT_TRUE(a.equal(at::tensor({2.f, 5.f, inf}))) << "frozen " << frozen << ": " << a;
+    EXPECT_TRUE(b.equal(at::tensor({inf, 0.f, 3.f}))) << "frozen " << frozen << ": " << b;
+    states.update();
+  }
+  ASSERT_EQ(states.amax_tensors().size(), 1u);
+  const ops::Fp8Scaling& qkv = states.states().at("blocks.0.attn.qkv");
+  const ops::Fp8Scaling& fc1 = states.states().at("blocks.0.mlp.fc1");
+  EXPECT_EQ(qkv.scale[ops::kFp8X].item<float>(), 448.f / 2) << "rank " << r;  // rank 0's own amax was 1
+  EXPECT_EQ(qkv.scale[ops::kFp8W].item<float>(), 448.f / 5) << "rank " << r;
+  EXPECT_EQ(qkv.events[ops::kFp8Dy][0].item<float>(), 2.f) << "rank " << r;  // overflows: rank 1's NaN
+  EXPECT_EQ(fc1.events[ops::kFp8X][0].item<float>(), 2.f) << "rank " << r;   // overflows: rank 0's Inf
+  EXPECT_EQ(fc1.events[ops::kFp8W][1].item<float>(), 2.f) << "rank " << r;   // underflows
+  expect_as_on_rank_0(*group, states.named_tensors());
+}
+
+// Two ranks train a tiny DiT in fp8, each on its own half of the global
+// batch (so their own amax differ) for 4 steps: the first reduces each
+// state's amax, the others the frozen table's one buffer. Every rank ends
+// with the same scaling state, bit for bit, its scales moved.
+void expect_ranks_scale_alike(distributed::Group& group, bool shard_optimizer) {
+  SCOPED_TRACE(shard_optimizer ? "ZeRO-1" : "replicated optimizer");
+  TrainConfig c = tiny("dit");
+  if (shard_optimizer) apply_override(c, "distributed.shard_optimizer=true");
+  const at::Device cpu(at::kCPU);
+  auto built = models::build_diffusion_model_and_ema(c.model, 1, cpu);
+  StepOptions o;
+  o.precision = "fp8";
+  o.group = &group;
+  StepRunner runner(*built.model, built.ema.get(), c, o, cpu, at::make_generator<at::CPUGeneratorImpl>(5));
+  auto data_gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const at::Tensor y = at::randint(3, {8}, data_gen, at::kLong);
+  const at::Tensor x = at::randn({8, 2, 8, 8}, data_gen);
+  const int64_t rows = 8 / group.world_size();
+  const data::Batch mine{x.narrow(0, rows * group.rank(), rows), y.narrow(0, rows * group.rank(), rows)};
+  for (int i = 0; i < 4; ++i) runner.step(mine);
+  EXPECT_TRUE(std::isfinite(runner.take_window().loss));
+  const models::Fp8States& states = *runner.fp8_states();
+  ASSERT_EQ(states.states().size(), 8u);
+  EXPECT_EQ(states.amax_tensors().size(), 1u);
+  for (const auto& [name, s] : states.states()) EXPECT_NE(s.scale[ops::kFp8X].item<float>(), 1.f) << name;
+  expect_as_on_rank_0(group, states.named_tensors());
+}
+
+TEST(Fp8DistWorker, RanksScaleAlike) {
+  const auto group = rank_group();
+  if (!group) GTEST_SKIP() << "a rank of Fp8DataParallel's tests only";
+  expect_ranks_scale_alike(*group, false);
+  expect_ranks_scale_alike(*group, true);
+}
+
+TEST(Fp8DataParallel, AmaxReducedByTheMaximumOverTwoRanks) {
+  perftrain::testing::expect_ranks_pass(2, kFp8RankEnv, "Fp8DistWorker.AmaxReducedByTheMaximum", /*quiet=*/false);
+}
+
+TEST(Fp8DataParallel, TwoRanksOnDifferentRowsEndWithOneScalingState) {
+  perftrain::testing::expect_ranks_pass(2, kFp8RankEnv, "Fp8DistWorker.RanksScaleAlike", /*quiet=*/false);
 }
 
 }  // namespace
