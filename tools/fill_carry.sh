@@ -9,9 +9,9 @@
 #
 # --prebuilt: the perftrain built here (build/, brought up to date first; the
 # kernels are built for sm_90a here as there), stripped and xz-packed into
-# .carry/prebuilt/ with the commit it reports, instead of GoogleTest's sources
-# and the dataset (the carry's 64 MiB hold the program or the data, not
-# both). gpu_run.sh then skips its 3-4 minute build when a call builds only
+# .carry/prebuilt/ with the commit it reports, instead of the dataset (the
+# carry's 64 MiB hold the program or the data, not both; GoogleTest stays, for
+# the build gpu_run.sh falls back to). gpu_run.sh then skips its 3-4 minute build when a call builds only
 # perftrain (BUILD_TARGETS=perftrain) at that COMMIT: for bench and profile
 # calls, whose BENCH_SET runs do not fit in one call beside a build.
 #
@@ -33,6 +33,7 @@ cp -r /usr/include/CLI /usr/include/nlohmann /usr/include/toml++ .carry/include/
 cp /usr/include/stb/stb_image_write.h /usr/include/stb/stb_image.h .carry/include/stb/
 cp /usr/include/zlib.h /usr/include/zconf.h .carry/include/
 cp -r /usr/include/gloo .carry/include/  # c10d's ProcessGroupGloo.hpp includes them (src/dist)
+cp -r /usr/src/googletest .carry/googletest
 if [ "$prebuilt" = 1 ]; then
   # The program names its commit (--version, bench.json): configured with HEAD's for this build, then
   # configured back to git's at configure time (the commit's two files are compiled again).
@@ -40,6 +41,7 @@ if [ "$prebuilt" = 1 ]; then
     echo "fill_carry.sh --prebuilt: src/ or the CMake files differ from HEAD; commit first (the program names its commit)" >&2
     exit 2
   fi
+  trap 'cmake -B build -DPERFTRAIN_BUILD_COMMIT= > /dev/null' EXIT  # also when the build fails
   cmake -B build -DPERFTRAIN_BUILD_COMMIT="$(git rev-parse --short HEAD)" > /dev/null
   ninja -C build perftrain > /dev/null
   mkdir -p .carry/prebuilt
@@ -47,9 +49,7 @@ if [ "$prebuilt" = 1 ]; then
   xz -T0 -6 .carry/prebuilt/perftrain
   ./build/perftrain --version | sed -nE 's/.*\(commit ([0-9a-f]+)\).*/\1/p' > .carry/prebuilt/COMMIT
   rmdir .carry/fashion-mnist
-  cmake -B build -DPERFTRAIN_BUILD_COMMIT= > /dev/null
 else
-  cp -r /usr/src/googletest .carry/googletest
   cp /usr/share/datasets/fashion-mnist/*.gz .carry/fashion-mnist/  # the test set too: eval --train-features reports its accuracy
 fi
 # torchao for bench's float8-* torch modes (the anchor of train.precision = "fp8"): the GPU machine has no

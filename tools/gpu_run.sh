@@ -42,8 +42,8 @@
 #   600 s). tools/fill_carry.sh <that file> carries it into the next call (mind the carry's 64 MiB: it says
 #   how much .carry holds). A cold max-autotune compile of DiT-B/2 b256 may take more than one call; each call
 #   keeps what it compiled (docs/guide/speed.md, The torch cache).
-# Prebuilt: with .carry/prebuilt/perftrain.xz (tools/fill_carry.sh --prebuilt: that carry has no dataset and no
-#   GoogleTest) and BUILD_TARGETS=perftrain at its COMMIT, no build: the program built on the CPU machine runs.
+# Prebuilt: with .carry/prebuilt/perftrain.xz (tools/fill_carry.sh --prebuilt: that carry has no dataset) and
+#   BUILD_TARGETS=perftrain at its COMMIT, no build: the program built on the CPU machine runs.
 # Options: COMMIT=<sha> (pass it: git on the device machine may name an older commit), BENCH_CASES="DiT-S/2:32,256
 #   DiT-B/2:256", BENCH_ARGS (more bench flags; profile takes PROFILE_VARIANT, not --variants), TESTS=all (every
 #   test, not only gpu ones), TEST_REGEX, RUN_TESTS=1 (the gpu tests in the other modes too), BUILD_TARGETS (ninja
