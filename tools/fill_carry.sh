@@ -28,6 +28,11 @@ prebuilt=0
 [ "${1:-}" = --prebuilt ] && { prebuilt=1; shift; }
 cache="${1:-}"
 if [ -n "$cache" ] && [ ! -f "$cache" ]; then echo "fill_carry.sh: no file $cache" >&2; exit 2; fi
+# The prebuilt program names its commit (--version, bench.json): checked before .carry is touched.
+if [ "$prebuilt" = 1 ] && ! git diff --quiet HEAD -- src cmake CMakeLists.txt; then
+  echo "fill_carry.sh --prebuilt: src/ or the CMake files differ from HEAD; commit first (the program names its commit)" >&2
+  exit 2
+fi
 rm -rf .carry && mkdir -p .carry/include/stb .carry/fashion-mnist
 cp -r /usr/include/CLI /usr/include/nlohmann /usr/include/toml++ .carry/include/
 cp /usr/include/stb/stb_image_write.h /usr/include/stb/stb_image.h .carry/include/stb/
@@ -37,10 +42,6 @@ cp -r /usr/src/googletest .carry/googletest
 if [ "$prebuilt" = 1 ]; then
   # The program names its commit (--version, bench.json): configured with HEAD's for this build, then
   # configured back to git's at configure time (the commit's two files are compiled again).
-  if ! git diff --quiet HEAD -- src cmake CMakeLists.txt; then
-    echo "fill_carry.sh --prebuilt: src/ or the CMake files differ from HEAD; commit first (the program names its commit)" >&2
-    exit 2
-  fi
   trap 'cmake -B build -DPERFTRAIN_BUILD_COMMIT= > /dev/null' EXIT  # also when the build fails
   cmake -B build -DPERFTRAIN_BUILD_COMMIT="$(git rev-parse --short HEAD)" > /dev/null
   ninja -C build perftrain > /dev/null
