@@ -108,7 +108,7 @@ int64_t current_device() {
 }
 
 // Everything the descriptors and the heuristic's choice depend on.
-using PlanKey = std::array<int64_t, 20>;
+using PlanKey = std::array<int64_t, 21>;
 
 PlanKey key_of(const GemmArgs& g, const GemmContext& ctx) {
   const bool bias = uses_bias(g.epilogue), aux = uses_aux(g.epilogue);
@@ -131,7 +131,8 @@ PlanKey key_of(const GemmArgs& g, const GemmContext& ctx) {
           current_device(),
           g.accumulate,
           gemm_is_fp8(g.ab_type) ? int64_t(g.b_fp8_type) : -1,
-          gemm_is_fp8(g.ab_type) && g.fast_accum};
+          gemm_is_fp8(g.ab_type) && g.fast_accum,
+          gemm_is_fp8(g.ab_type) ? int64_t(std::min(alignment(g.a_scale_inv), alignment(g.b_scale_inv))) : 0};
 }
 
 // The most algorithms tuning asks the heuristic for.
@@ -184,6 +185,8 @@ std::string fp8_refusal(const GemmArgs& g) {
   if (g.m % 16 != 0 || g.n % 16 != 0 || g.k % 16 != 0) return "fp8 products need m, n and k multiples of 16";
   if (alignment(g.a) < 16 || alignment(g.b) < 16 || alignment(g.d) < 16)
     return "fp8 products need 16-byte aligned A, B and D";
+  if (alignment(g.a_scale_inv) < 16 || alignment(g.b_scale_inv) < 16)
+    return "fp8 products need 16-byte aligned scale_inv pointers";
   if (g.epilogue != GemmEpilogue::kDefault && g.epilogue != GemmEpilogue::kBias)
     return "fp8 products take the DEFAULT and BIAS epilogues only";
   if (g.accumulate) return "fp8 products do not accumulate into D";

@@ -42,8 +42,10 @@
 //   - m, n and k multiples of 16, A, B and D 16-byte aligned (cuBLASLt's
 //     fp8 kernels need 16-byte aligned leading dimensions and pointers; the
 //     same rule as torch._scaled_mm's).
-//   - the scales: device floats (a_scale_inv, b_scale_inv; non-null), each
-//     operand's dequantisation factor (1 / the scale it was cast with).
+//   - the scales: device floats (a_scale_inv, b_scale_inv; non-null, 16-byte
+//     aligned: on the H100 cuBLASLt returned NOT_SUPPORTED for a scale 4 or 8
+//     bytes past a boundary), each operand's dequantisation factor (1 / the
+//     scale it was cast with).
 //   - epilogue kDefault or kBias (cuBLASLt's fp8 table takes a bf16 bias,
 //     also with an fp32 D; the heuristic refuses what it does not take:
 //     GemmUnsupported); no accumulate.

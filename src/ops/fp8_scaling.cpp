@@ -64,10 +64,8 @@ Fp8Scaling make_fp8_scaling(std::vector<Fp8Format> formats, int64_t history_len,
   s.amax = at::zeros({n}, f32);
   s.history = at::zeros({n, history_len}, f32);
   s.scale = at::ones({n}, f32);
-  // Each slot 16 bytes from the next: cuBLASLt's fp8 products read a scale
-  // through a pointer of their own, and refused every fp8_linear product when
-  // it pointed 4 or 8 bytes past an aligned address (the suspected cause, to
-  // be confirmed by Fp8Gpu.ProductsTakeScalesAtFourByteOffsets).
+  // Each slot 16 bytes from the next: cuBLASLt's fp8 products refuse a scale
+  // pointer 4 or 8 bytes past a 16-byte boundary (gemm_lt.h).
   s.scale_inv = at::ones({n, kScaleInvSlotFloats}, f32).select(1, 0);
   s.events = at::zeros({n, 2}, f32);
   return s;

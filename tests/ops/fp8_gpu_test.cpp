@@ -263,9 +263,11 @@ TEST(Fp8Gpu, ProductsMatchFloat64) {
   EXPECT_EQ(gemm_fallback_count(), fallbacks);
 }
 
-// A scale read through a pointer 4 bytes past a 16-byte boundary (a slot of
-// a [S] table) gives the product of the aligned one, bit for bit.
-TEST(Fp8Gpu, ProductsTakeScalesAtFourByteOffsets) {
+// cuBLASLt returns NOT_SUPPORTED for a scale read through a pointer 4 or 8
+// bytes past a 16-byte boundary (a slot of a packed [S] table), also after a
+// plan made with aligned scales: the check refuses it before cuBLASLt is
+// asked, and the scaling state keeps its slots 16 bytes apart.
+TEST(Fp8Gpu, ProductsRefuseScalesOffSixteenByteBoundaries) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   at::Generator g = cuda_gen(13);
   const Quantised a = quantise(256, 1152, Fp8Format::kE4M3, g, 1.0), b = quantise(512, 1152, Fp8Format::kE4M3, g, 0.05);
@@ -274,9 +276,18 @@ TEST(Fp8Gpu, ProductsTakeScalesAtFourByteOffsets) {
   const at::Tensor table = at::zeros({8}, at::TensorOptions().device(kCuda));
   table.narrow(0, 1, 1).copy_(a.scale_inv);
   table.narrow(0, 2, 1).copy_(b.scale_inv);
-  EXPECT_TRUE(try_gemm_lt_fp8(a.q, table.narrow(0, 1, 1), b.q, table.narrow(0, 2, 1), offset, true))
-      << "cuBLASLt refused scales 4 and 8 bytes past an aligned address: " << gemm_last_refusal();
+  EXPECT_FALSE(try_gemm_lt_fp8(a.q, table.narrow(0, 1, 1), b.q, table.narrow(0, 2, 1), offset, true));
+  EXPECT_NE(gemm_last_refusal().find("scale_inv"), std::string::npos) << gemm_last_refusal();
+  const at::Tensor spaced = at::zeros({3, 4}, at::TensorOptions().device(kCuda));
+  spaced.select(1, 0).narrow(0, 1, 1).copy_(a.scale_inv);
+  spaced.select(1, 0).narrow(0, 2, 1).copy_(b.scale_inv);
+  ASSERT_TRUE(try_gemm_lt_fp8(a.q, spaced.select(1, 0).narrow(0, 1, 1), b.q, spaced.select(1, 0).narrow(0, 2, 1),
+                              offset, true))
+      << gemm_last_refusal();
   EXPECT_TRUE(at::equal(aligned, offset));
+  const Fp8Scaling state = make_fp8_scaling({Fp8Format::kE4M3, Fp8Format::kE4M3, Fp8Format::kE5M2}, 4, kCuda);
+  for (int64_t i = 0; i < 3; ++i)
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(state.scale_inv.narrow(0, i, 1).data_ptr()) % 16, 0u) << "slot " << i;
 }
 
 TEST(Fp8Gpu, ProductsCuBlasLtCannotRunAreRefused) {

@@ -382,7 +382,10 @@ TEST(SwigluProductGpu, MatchesFloat64ForwardAndBackward) {
       const char* what[] = {down ? "y" : "h", "dx", "d(gate_w)", "d(up_w)", "d(down_w)"};
       if (down) expect_rel_l2(got[0], ref[0], where + what[0]);
       if (!down) expect_close(got[0], ref[0], where + what[0]);
-      for (size_t i = 1; i < got.size(); ++i) expect_rel_l2(got[i], ref[i], where + what[i]);
+      expect_rel_l2(got[1], ref[1], where + what[1]);
+      // The weight gradients are fp32 sums of bf16 products (x, h and dy in
+      // bf16): bf16's bound, not fp32's (measured 2.4e-3 to 3.1e-3).
+      for (size_t i = 2; i < got.size(); ++i) expect_rel_l2(got[i], ref[i], where + what[i], 1e-2);
       expect_same_bits(product_run(in, path), got, where);
     }
 }
