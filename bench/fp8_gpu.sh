@@ -18,6 +18,9 @@
 # Fp8SingleStream.*, Fp8Operand.AFusedNorm*) and perftrain bench SS-XL/2 b128 at 256 image tokens + 32 features
 # of 1024 channels (gpu_run.sh's BENCH_SET=ss-256 case) in bf16 then fp8: ffn.gate_up's gate and up cast in
 # place as the row blocks of one weight (no fp32 concatenation a step), the fp8 one profiled.
+# PART=steps instead (a prebuilt perftrain suffices, no dataset): perftrain's own step on STEP_CASES (default
+# DiT-B/2 b256, DiT-XL/2 b256, SS-XL/2 b128 at 256 + 32 tokens) in bf16 and fp8 (profiled), and in bf16 with each
+# of STEP_SETS (e.g. "speed.attention=auto"): fp8's gain over perftrain's bf16 step, no torch.
 # PART=anchor instead (its own call: two torch.compile runs of DiT-XL/2, minutes each): perftrain bench
 # DiT-XL/2 b256 in fp8 against torchao's float8 training under torch.compile (--torch-modes float8-tensorwise,
 # float8-rowwise; torchao's wheel carried by tools/fill_carry.sh) and reduce-overhead, in one bench.json.
@@ -89,6 +92,34 @@ if [ "${PART:-}" = gateup ]; then
     cp "$RUNS/$name"/*profile*.md "$OUT/fp8/" 2>/dev/null
   done
   grep -h "| all" "$OUT"/fp8/bench-SSXL2-*.md 2>/dev/null
+  exit 0
+fi
+if [ "${PART:-}" = steps ]; then
+  # perftrain's own step, no torch (a prebuilt perftrain suffices): each of STEP_CASES (MODEL:BATCH[:LATENT:
+  # COND_TOKENS:COND_DIM]) in bf16 and in fp8 (profiled), and in bf16 with STEP_SETS (e.g. speed.attention=auto).
+  for c in ${STEP_CASES:-DiT-B/2:256 DiT-XL/2:256 SS-XL/2:128:32:32:1024}; do
+    IFS=: read -r m b l ct cd <<< "$c"
+    flags=(--model "$m" --batch-size "$b" --variants all)
+    [ -n "${l:-}" ] && flags+=(--image-size "$l")
+    [ -n "${ct:-}" ] && flags+=(--set model.cond_tokens="$ct" --set model.cond_dim="$cd")
+    runs=("bf16" "fp8")
+    for s in ${STEP_SETS:-}; do runs+=("bf16,$s"); done
+    for r in "${runs[@]}"; do
+      p="${r%%,*}" set=()
+      [ "$r" != "$p" ] && set=(--set "${r#*,}")
+      name="bench-${m//\//}-b$b${l:+-l$l}-$p${set[1]:+-${set[1]#speed.}}"
+      name="${name//=/-}"
+      extra=()
+      [ "$p" = fp8 ] && extra=(--profile all)
+      "$BIN" bench "${flags[@]}" --precision "$p" "${set[@]}" --out "$RUNS/$name" "${extra[@]}" 2>&1 |
+        tail -n 12 > "$OUT/fp8/$name.log"
+      grep -E "^\S.* all " "$OUT/fp8/$name.log" | head -n 2 | sed "s|^|$name: |"
+      cp "$RUNS/$name/bench.md" "$OUT/fp8/$name.md" 2>/dev/null
+      cp "$RUNS/$name/bench.json" "$OUT/fp8/$name.json" 2>/dev/null
+      cp "$RUNS/$name"/*profile*.md "$OUT/fp8/" 2>/dev/null
+    done
+  done
+  grep -h "| all" "$OUT"/fp8/bench-*.md 2>/dev/null
   exit 0
 fi
 if [ "${PART:-}" = anchor ]; then
