@@ -16,6 +16,7 @@
 #include "kernels/attention_tiled_bwd_sm90.h"
 #include "kernels/attention_tiled_fwd_sm90.h"
 #include "ops/attention_choice.h"
+#include "ops/attention_head_fwd.h"
 #include "ops/attention_paths.h"
 #include "ops/cudnn_attention.h"
 
@@ -135,6 +136,14 @@ void tiled_backward_into(const torch::autograd::variable_list& s, size_t at, con
                       d[0], d[1], d[2]);
 }
 
+// With "auto" (no timing run's forced family), an unmasked packed qkv our
+// whole-head kernels take stays with them: they run ahead of both families
+// at 256 tokens (docs/PERFORMANCE.md), so nothing is timed there.
+bool auto_keeps_whole_head(const at::Tensor& qkv, int64_t heads, bool masked) {
+  return !masked && !tiled_attention() && attention_auto() && forced_attention_family() == nullptr &&
+         whole_head_attention_applies(qkv, heads);
+}
+
 }  // namespace
 
 // A timing run's forced family first (ops/attention_choice), then the
@@ -152,6 +161,7 @@ bool tiled_attention_applies(const at::Tensor& qkv, int64_t heads, const at::Ten
                              std::optional<bool> masked) {
   if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) return false;
   if (!tiled_attention() && !attention_auto() && !forced_attention_family()) return false;
+  if (auto_keeps_whole_head(qkv, heads, masked.value_or(key_bias.defined()))) return false;
   const auto [q, k, v] = column_blocks(qkv);
   return tiled_attention_applies(q, k, v, heads, key_bias, masked);
 }
@@ -175,7 +185,7 @@ at::Tensor tiled_forward(torch::autograd::AutogradContext* ctx, const at::Tensor
 
 at::Tensor tiled_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                          std::vector<at::Tensor> first_saved, const at::Tensor& key_bias) {
-  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) {
+  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0 || auto_keeps_whole_head(qkv, heads, key_bias.defined())) {
     ctx->saved_data["tiled"] = false;
     return at::Tensor();
   }

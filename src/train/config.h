@@ -69,9 +69,10 @@ struct SpeedConfig {
   bool fused_optimizer = true;  // clip + AdamW + EMA + LR on the device, no host sync
   bool recompute = false;       // recompute each block's activations in backward (less memory)
   bool gelu_recompute = false;  // keep only the MLPs' pre-activations, GELU again in backward (less memory, slower)
-  // whole_head: our whole-head kernels where they apply | tiled: our tiled forward too (unmeasured) | cudnn: cuDNN's
-  // fused | auto: per shape, our tiled kernels or cuDNN's, whichever timed faster (the default once measured)
-  std::string attention = "whole_head";
+  // auto: our whole-head kernels where they apply, elsewhere per shape our tiled kernels or cuDNN's, whichever timed
+  // faster | whole_head: the whole-head kernels where they apply, cuDNN's elsewhere | tiled: our tiled kernels
+  // wherever they apply | cudnn: cuDNN's fused
+  std::string attention = "auto";
   std::string weight_grad_stream = "auto";  // weight gradients on a second stream: auto (by size) | on | off
   int64_t gemm_tune = ops::kDefaultGemmTuneCandidates;  // cuBLASLt candidates timed per product, 0..64 (0: first pick)
 };

@@ -13,12 +13,13 @@ void apply_speed_settings(const SpeedConfig& speed) {
   validate_speed(speed);
   // Our whole-head backward needs our forward's saved state or cuDNN's:
   // with "tiled" our tiled kernels run wherever they apply (256 tokens too),
-  // the whole-head backward after the tiled forward at 256 tokens.
-  ops::set_whole_head_attention_forward(speed.attention == "whole_head");
+  // the whole-head backward after the tiled forward at 256 tokens; "auto"
+  // keeps the whole-head kernels where they apply.
+  ops::set_whole_head_attention_forward(speed.attention == "whole_head" || speed.attention == "auto");
   ops::set_whole_head_attention_backward(speed.attention != "cudnn");
   ops::set_tiled_attention(speed.attention == "tiled");
-  // "auto": per shape, our tiled kernels or cuDNN's by timing (ops/attention_choice); the backward after
-  // either forward follows the rule of "tiled".
+  // "auto": elsewhere, per shape, our tiled kernels or cuDNN's by timing (ops/attention_choice); the
+  // backward after either forward follows the rule of "tiled".
   ops::set_attention_auto(speed.attention == "auto");
   ops::set_weight_grad_stream_mode(speed.weight_grad_stream == "on"    ? ops::WeightGradStreamMode::kOn
                                    : speed.weight_grad_stream == "off" ? ops::WeightGradStreamMode::kOff

@@ -19,6 +19,8 @@
 #include "attention_gpu_cases.h"
 #include "compat/compat.h"
 #include "ops/attention_choice.h"
+#include "ops/attention_head_bwd.h"
+#include "ops/attention_head_fwd.h"
 #include "ops/attention_paths.h"
 #include "ops/attention_tiled.h"
 #include "ops/qkv_attention.h"
@@ -106,6 +108,37 @@ TEST(AttentionChoiceGpu, AutoTimesOnceAndGivesTheChosenFamilysResult) {
     noted = noted || l.find("(auto: ") != std::string::npos;
   }
   EXPECT_TRUE(noted) << "no attention line carries the timing";
+}
+
+// At 256 tokens without a mask (head dims 64 and 72) "auto" keeps the
+// whole-head kernels: nothing timed, nothing recorded, the whole-head line.
+TEST(AttentionChoiceGpu, AutoKeepsTheWholeHeadKernelsAt256Tokens) {
+  if (!sm90()) GTEST_SKIP() << "no sm_90 GPU";
+  RestoreSwitches restore;
+  const bool fwd = whole_head_attention_forward(), bwd = whole_head_attention_backward();
+  set_tiled_attention(false);
+  set_attention_auto(true);
+  set_whole_head_attention_forward(true);
+  set_whole_head_attention_backward(true);
+  reset_attention_choices();
+  reset_attention_paths();
+  auto g = cuda_gen(63);
+  for (const int64_t d : {64, 72}) {
+    const int64_t B = 3, T = 256, heads = 4, D = heads * d;
+    const at::Tensor qkv = rnd({B, T, 3 * D}, g).to(at::kBFloat16);
+    const auto [out, dqkv] = qkv_fwd_bwd(qkv, heads, at::Tensor(), rnd({B, T, D}, g));
+    EXPECT_FALSE(out.isnan().any().item<bool>()) << "d " << d;
+    EXPECT_FALSE(dqkv.isnan().any().item<bool>()) << "d " << d;
+  }
+  set_whole_head_attention_forward(fwd);
+  set_whole_head_attention_backward(bwd);
+  EXPECT_TRUE(attention_choice_records().empty());
+  const std::vector<std::string> lines = attention_paths_used();
+  ASSERT_EQ(lines.size(), 2u);
+  for (const auto& l : lines) {
+    std::cout << "[attention] " << l << "\n";
+    EXPECT_NE(l.find("ours (whole-head forward and backward): 256 tokens"), std::string::npos) << l;
+  }
 }
 
 TEST(AttentionChoiceGpu, OnlyOursAtTheMaskedNaNShapeAndNoTimingDuringACapture) {

@@ -26,6 +26,8 @@
 
 #include "compat/compat.h"
 #include "attention_gpu_cases.h"
+#include "ops/attention_head_bwd.h"
+#include "ops/attention_head_fwd.h"
 #include "ops/attention_paths.h"
 #include "ops/projected_attention.h"
 #include "ops/qkv_attention.h"
@@ -227,6 +229,49 @@ TEST(QkvAttentionGpu, CudnnKeyMaskBackwardFiniteAtVeryNegativeLogsumexp) {
     EXPECT_EQ(bad_kv, 0) << what << " non-finite dk, dv";
     EXPECT_LT(e_out, 1e-2) << what << " out";
     EXPECT_LT(e_kv, 2e-2) << what << " dk, dv";
+  }
+}
+
+// The packed form without a mask at 256 tokens (head dims 64 and 72, the fp8
+// DiT block's attention) runs projected_attention's whole-head kernels: its
+// output and packed gradient match cuDNN's within bf16's bound, the
+// whole-head backward after cuDNN's forward gives the same gradient, and
+// reruns give the same bits. Skips without an sm_90 GPU.
+TEST(QkvAttentionGpu, PackedFormRunsTheWholeHeadKernelsAt256Tokens) {
+  if (!compat::cuda_available() || at::cuda::getCurrentDeviceProperties()->major != 9) GTEST_SKIP() << "no sm_90 GPU";
+  const bool fwd = whole_head_attention_forward(), bwd = whole_head_attention_backward();
+  auto g = cuda_gen(47);
+  for (const int64_t d : {64, 72}) {
+    const int64_t B = 3, T = 256, H = 4, D = H * d;
+    const at::Tensor qkv = rnd({B, T, 3 * D}, g).to(at::kBFloat16), gout = rnd({B, T, D}, g).to(at::kBFloat16);
+    const auto run = [&](bool own_fwd, bool own_bwd) {
+      set_whole_head_attention_forward(own_fwd);
+      set_whole_head_attention_backward(own_bwd);
+      const at::Tensor leaf = qkv.detach().requires_grad_(true);
+      const at::Tensor out = qkv_attention(leaf, H);
+      const at::Tensor dq = torch::autograd::grad({out}, {leaf}, {gout})[0];
+      return std::pair<at::Tensor, at::Tensor>{out.detach(), dq};
+    };
+    reset_attention_paths();
+    const auto [out, dqkv] = run(true, true);
+    const std::vector<std::string> lines = attention_paths_used();
+    const auto [out2, dqkv2] = run(true, true);
+    const auto [cudnn_out, cudnn_d] = run(false, false);
+    const auto [mixed_out, mixed_d] = run(false, true);  // cuDNN's forward, our whole-head backward
+    set_whole_head_attention_forward(fwd);
+    set_whole_head_attention_backward(bwd);
+    const std::string what = "d " + std::to_string(d);
+    ASSERT_EQ(lines.size(), 1u) << what;
+    EXPECT_NE(lines[0].find("ours (whole-head forward and backward): 256 tokens"), std::string::npos) << lines[0];
+    EXPECT_TRUE(at::equal(out, out2)) << what;
+    EXPECT_TRUE(at::equal(dqkv, dqkv2)) << what;
+    EXPECT_LT(rel_l2(out, cudnn_out), 1e-2) << what;
+    EXPECT_TRUE(at::equal(mixed_out, cudnn_out)) << what;
+    for (int64_t i = 0; i < 3; ++i) {
+      // The key block's gradient sums to zero per query row: compare blocks.
+      EXPECT_LT(rel_l2(dqkv.narrow(2, i * D, D), cudnn_d.narrow(2, i * D, D)), 2e-2) << what << " block " << i;
+      EXPECT_LT(rel_l2(mixed_d.narrow(2, i * D, D), cudnn_d.narrow(2, i * D, D)), 2e-2) << what << " block " << i;
+    }
   }
 }
 

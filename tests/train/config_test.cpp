@@ -100,7 +100,7 @@ TEST(TrainConfig, ValidateNamesTheBadValue) {
 // through config.toml and back, and a wrong value refused by validate().
 TEST(TrainConfig, SpeedKeysRoundTripAndAreValidated) {
   const TrainConfig d = default_config(true);
-  EXPECT_EQ(d.speed.attention, "whole_head");
+  EXPECT_EQ(d.speed.attention, "auto");
   EXPECT_EQ(d.speed.weight_grad_stream, "auto");
   EXPECT_EQ(d.speed.gemm_tune, ops::kDefaultGemmTuneCandidates);
   for (const char* attention : {"whole_head", "tiled", "cudnn", "auto"}) {

@@ -48,17 +48,17 @@ TEST(SpeedSettings, ApplySetsTheOpsState) {
   EXPECT_FALSE(ops::whole_head_attention_forward());
   EXPECT_TRUE(ops::whole_head_attention_backward());
 
-  s.attention = "auto";  // per shape by timing; the backward after either forward as with "tiled"
+  s.attention = "whole_head";  // the whole-head kernels, cuDNN's elsewhere, nothing timed
   apply_speed_settings(s);
-  EXPECT_TRUE(ops::attention_auto());
-  EXPECT_FALSE(ops::tiled_attention());
-  EXPECT_FALSE(ops::whole_head_attention_forward());
-  EXPECT_TRUE(ops::whole_head_attention_backward());
-
-  apply_speed_settings(SpeedConfig{});  // the defaults
-  EXPECT_TRUE(ops::whole_head_attention_forward());
-  EXPECT_FALSE(ops::tiled_attention());
   EXPECT_FALSE(ops::attention_auto());
+  EXPECT_FALSE(ops::tiled_attention());
+  EXPECT_TRUE(ops::whole_head_attention_forward());
+
+  apply_speed_settings(SpeedConfig{});  // the default, "auto": the whole-head kernels where they apply, else by timing
+  EXPECT_TRUE(ops::attention_auto());
+  EXPECT_TRUE(ops::whole_head_attention_forward());
+  EXPECT_TRUE(ops::whole_head_attention_backward());
+  EXPECT_FALSE(ops::tiled_attention());
   EXPECT_EQ(ops::weight_grad_stream_mode(), ops::WeightGradStreamMode::kAuto);
   EXPECT_EQ(ops::gemm_tune_candidates(), ops::kDefaultGemmTuneCandidates);
 }
