@@ -22,8 +22,9 @@
 # DiT-B/2 b256, DiT-XL/2 b256, SS-XL/2 b128 at 256 + 32 tokens) in bf16 and fp8 (profiled), and in bf16 with each
 # of STEP_SETS (e.g. "speed.attention=auto"): fp8's gain over perftrain's bf16 step, no torch.
 # PART=anchor instead (its own call: two torch.compile runs of DiT-XL/2, minutes each): perftrain bench
-# DiT-XL/2 b256 in fp8 against torchao's float8 training under torch.compile (--torch-modes float8-tensorwise,
-# float8-rowwise; torchao's wheel carried by tools/fill_carry.sh) and reduce-overhead, in one bench.json.
+# DiT-XL/2 b256 (ANCHOR_BATCH) in fp8 against torchao's float8 training under torch.compile (--torch-modes
+# float8-tensorwise, float8-rowwise; torchao's wheel carried by tools/fill_carry.sh) and reduce-overhead, in one
+# bench.json (ANCHOR_MODES: another list of torch modes).
 # PART=quality instead (its own call): issue 39's quality check on Fashion-MNIST. QUALITY_MODEL (default
 # DiT-S/2) for QUALITY_STEPS (2000) in each run of QUALITY_RUNS (default "fp8:0 bf16:0 bf16:1 bf16:2",
 # precision:seed), each evaluated at its last step through the feature network trained first (QUALITY_SAMPLES, 1000:
@@ -116,16 +117,17 @@ if [ "${PART:-}" = steps ]; then
       grep -E "^\S.* all " "$OUT/fp8/$name.log" | head -n 2 | sed "s|^|$name: |"
       cp "$RUNS/$name/bench.md" "$OUT/fp8/$name.md" 2>/dev/null
       cp "$RUNS/$name/bench.json" "$OUT/fp8/$name.json" 2>/dev/null
-      cp "$RUNS/$name"/*profile*.md "$OUT/fp8/" 2>/dev/null
+      for f in "$RUNS/$name"/*profile*.md; do [ -f "$f" ] && cp "$f" "$OUT/fp8/$name-$(basename "$f")"; done
     done
   done
   grep -h "| all" "$OUT"/fp8/bench-*.md 2>/dev/null
   exit 0
 fi
 if [ "${PART:-}" = anchor ]; then
-  name=bench-DiTXL2-b256-fp8-torchao
-  "$BIN" bench --model DiT-XL/2 --batch-size 256 --variants all --precision fp8 --against-torch \
-    --torch-modes float8-tensorwise,float8-rowwise,reduce-overhead --out "$RUNS/$name" 2>&1 | tail -n 16 |
+  ab="${ANCHOR_BATCH:-256}"
+  name=bench-DiTXL2-b$ab-fp8-torchao
+  "$BIN" bench --model DiT-XL/2 --batch-size "$ab" --variants all --precision fp8 --against-torch \
+    --torch-modes "${ANCHOR_MODES:-float8-tensorwise,float8-rowwise,reduce-overhead}" --out "$RUNS/$name" 2>&1 | tail -n 16 |
     tee "$OUT/fp8/$name.log"
   cp "$RUNS/$name/bench.md" "$RUNS/$name/bench.json" "$OUT/fp8/" 2>/dev/null
   exit 0

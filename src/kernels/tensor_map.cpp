@@ -40,10 +40,23 @@ CUtensorMap encode_bf16(const void* base, cuuint32_t rank, const cuuint64_t* dim
   CUtensorMap map;
   const cuuint32_t box[3] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims,
-                                    strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                    box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const auto encode = [&] {
+    return encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides, box,
+                          element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                          box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  CUresult r = encode();
+  if (r == CUDA_ERROR_INVALID_CONTEXT) {
+    // A thread whose first CUDA work this is has no current context (the
+    // encoder is a driver call; autograd's device thread, when our kernel's
+    // backward is the first thing it runs): cudaSetDevice makes the
+    // device's primary context current there.
+    int device = 0;
+    PERFTRAIN_CUDA_CHECK(cudaGetDevice(&device));
+    PERFTRAIN_CUDA_CHECK(cudaSetDevice(device));
+    r = encode();
+  }
   if (r != CUDA_SUCCESS)
     throw std::runtime_error(std::string(who) + ": cuTensorMapEncodeTiled failed (CUresult " +
                              std::to_string(int(r)) + ")");
