@@ -31,7 +31,8 @@ namespace perftrain::train {
 struct MemoryEstimate {
   // (what, bytes), in a fixed order: "parameters", "gradients", "optimizer
   // moments", "EMA model", "bf16 weight copies" ("16-bit weight casts" in
-  // fp16, "stacked weight copies" in fp32), "activations", "backward working
+  // fp16, "stacked weight copies" in fp32, "bf16 weight copies and fp8 codes"
+  // in fp8), "activations", "backward working
   // set", "batches". Parts that do not exist for the config are 0.
   std::vector<std::pair<std::string, double>> parts;
   double fixed_bytes = 0;       // independent of the batch size
