@@ -548,6 +548,7 @@ cudaError_t CUDARTAPI cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
+cudaError_t CUDARTAPI cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
 cudaError_t CUDARTAPI cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   switch (attr) {
     case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
