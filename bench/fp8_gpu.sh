@@ -11,9 +11,10 @@
 #  3. perftrain bench DiT-B/2 b256 and DiT-XL/2 b256, variant all, bf16 then fp8: step time and images/s side
 #     by side (bench-*.md/json), the fp8 one profiled (--profile: "fp8 casts and scaling" as a kind).
 # PART=fused instead (about 3 minutes): only the fp8 tests (the norms' fused codes among them: Fp8Gpu.Norm*,
-# Fp8Gpu.LinearOnNormCodes*, Fp8Operand.*, Families/Fp8FamilyTest.FusedCasts*) and perftrain bench DiT-XL/2 b256 in fp8, profiled
-# (the casts' share under "fp8 casts and scaling": attn.qkv's and mlp.fc1's x casts are gone from it), after
-# fp8_gemm_bench's qkv and fc1 shapes (its "X from its norm" line: the unfused and fused ms).
+# Fp8Gpu.LinearOnNormCodes*, Fp8Gpu.GeluCodes*, Fp8Operand.*, Families/Fp8FamilyTest.FusedCasts*) and perftrain bench
+# DiT-XL/2 b256 in fp8, profiled (the casts' share under "fp8 casts and scaling": attn.qkv's, mlp.fc1's and mlp.fc2's
+# x casts are gone from it), after fp8_gemm_bench's qkv, fc1 and fc2 shapes (its "X from its norm" and "X from GELU"
+# lines: the unfused and fused ms).
 # PART=gateup instead (about 3 minutes): the row-block fp8 tests (Fp8Linear.RowBlocks*, Fp8Gpu.RowBlocks*,
 # Fp8SingleStream.*, Fp8Operand.AFusedNorm*) and perftrain bench SS-XL/2 b128 at 256 image tokens + 32 features
 # of 1024 channels (gpu_run.sh's BENCH_SET=ss-256 case) in bf16 then fp8: ffn.gate_up's gate and up cast in
@@ -135,7 +136,7 @@ fi
 if [ "${PART:-}" = fused ]; then
   ctest --test-dir build-gpu -R 'Fp8' --output-on-failure 2>&1 | tail -n 30 | tee "$OUT/fp8/tests.log"
   # X of qkv and fc1 from its norm: bf16 h + cast-transpose against the norm's codes + fp8_transpose.
-  ./build-gpu/bench/kernels/fp8_gemm_bench 65536 1152 3456 65536 1152 4608 2>&1 | tee "$OUT/fp8/fp8_gemm_bench.log"
+  ./build-gpu/bench/kernels/fp8_gemm_bench 65536 1152 3456 65536 1152 4608 65536 4608 1152 2>&1 | tee "$OUT/fp8/fp8_gemm_bench.log"
   name=bench-DiTXL2-b256-fp8-fused
   "$BIN" bench --model DiT-XL/2 --batch-size 256 --variants all --precision fp8 --out "$RUNS/$name" --profile all \
     2>&1 | tail -n 12 | tee "$OUT/fp8/$name.log"

@@ -11,7 +11,9 @@
 // Where K is a norm's width (K <= 8192): X as the training step makes it,
 // residual_adaln (fp32 stream, bf16 y and h, xhat kept) writing bf16 h then
 // X's cast-transpose, against residual_adaln writing X's E4M3 codes in place
-// of h (kernels/fp8_cast.h, Fp8RowOut) then fp8_transpose for X^T.
+// of h (kernels/fp8_cast.h, Fp8RowOut) then fp8_transpose for X^T. Where K
+// is wider than N (fc2: X is GELU's output): a GELU pass writing bf16 act
+// then X's cast-transpose, against the cast-transpose's GELU prologue.
 // Inputs: uniform in [-1, 1] (X, dY) and [-1/sqrt(K), 1/sqrt(K)] (W), the
 // scales mapping those bounds to the format's max. Per call: the median of
 // 7 windows of 20 back-to-back calls (check_util.h).
@@ -99,8 +101,10 @@ Operand make_operand(Buffers& b, int64_t rows, int64_t cols, float bound, Fp8For
   return o;
 }
 
-void cast_transpose(const Operand& o, cudaStream_t s) {
+void cast_transpose(const Operand& o, cudaStream_t s,
+                    perftrain::kernels::Fp8Prologue prologue = perftrain::kernels::Fp8Prologue::kNone) {
   Fp8CastArgs a;
+  a.prologue = prologue;
   a.x = o.x;
   a.x_type = Fp8Source::kBF16;
   a.rows = o.rows;
@@ -183,6 +187,37 @@ int norm_paths(int64_t m, int64_t k, const Operand& x, cudaStream_t s) {
   return 0;
 }
 
+// GELU as a plain pass (ATen's bf16 gelu(x, "tanh"): 2 bytes read, 2 written).
+__global__ void gelu_tanh_kernel(const bf16* pre, bf16* act, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = __bfloat162float(pre[i]);
+    const float inner = 0.7978845608f * (x + 0.044715f * (x * x * x));
+    act[i] = __float2bfloat16_rn(0.5f * x * (1.0f + tanhf(inner)));
+  }
+}
+
+// Where X is GELU's output (fc2's input, K = 4D): GELU writing bf16 act then
+// X's cast-transpose, against the cast-transpose's GELU prologue reading pre
+// (ops/gelu_fp8): the ms of each and their difference.
+int gelu_paths(int64_t m, int64_t k, const Operand& x, cudaStream_t s) {
+  Buffers b;
+  auto* pre = static_cast<bf16*>(b.get(m * k * sizeof(bf16)));
+  fill_uniform<<<1024, 256>>>(pre, m * k, 3.0f, 11);
+  Operand from_act = x;
+  from_act.x = static_cast<bf16*>(b.get(m * k * sizeof(bf16)));
+  Operand from_pre = x;
+  from_pre.x = pre;
+  double unfused = 0, fused = 0;
+  if (median_launch_ms([&] { gelu_tanh_kernel<<<1024, 256, 0, s>>>(pre, from_act.x, m * k), cast_transpose(from_act, s); },
+                       &unfused) != 0)
+    return 1;
+  if (median_launch_ms([&] { cast_transpose(from_pre, s, perftrain::kernels::Fp8Prologue::kGeluTanh); }, &fused) != 0)
+    return 1;
+  std::printf("  X from GELU: bf16 act + cast-transpose %.3f ms, the cast-transpose's GELU prologue %.3f ms "
+              "(%.3f ms saved)\n", unfused, fused, unfused - fused);
+  return 0;
+}
+
 int run_shape(int64_t m, int64_t k, int64_t n, const GemmContext& ctx) {
   Buffers b;
   Operand x = make_operand(b, m, k, 1.f, Fp8Format::kE4M3, 1);
@@ -233,6 +268,7 @@ int run_shape(int64_t m, int64_t k, int64_t n, const GemmContext& ctx) {
   std::printf("  layer: bf16 %.3f ms, fp8 %.3f ms (products %.3f + casts %.3f): %.2fx\n", bf_total,
               f8_total + casts, f8_total, casts, bf_total / (f8_total + casts));
   std::printf("  fp8 forward against bf16 (first 64 rows): relative L2 %.4f\n", forward_difference(y_fp8, y_bf16, n));
+  if (k > n) return gelu_paths(m, k, x, ctx.stream);  // fc2's shape: X is act
   return norm_paths(m, k, x, ctx.stream);
 }
 

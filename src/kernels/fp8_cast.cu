@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -24,6 +25,20 @@ constexpr int kTile = 64;  // cast-transpose: a kTile x kTile tile per block
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// The value cast: x itself, or with the GELU prologue the tanh GELU of x
+// rounded to bf16, as ATen's bf16 gelu(x, "tanh") stores it (its formula and
+// order in fp32).
+template <bool GELU>
+__device__ __forceinline__ float cast_value(float x) {
+  if constexpr (GELU) {
+    constexpr float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = 0.044715f;
+    const float inner = kBeta * (x + kKappa * (x * x * x));
+    return __bfloat162float(__float2bfloat16_rn(0.5f * x * (1.0f + tanhf(inner))));
+  } else {
+    return x;
+  }
+}
 
 // Block max of the threads' bits, then one atomicMax into *amax (null: none).
 __device__ void block_amax(unsigned int bits, float* amax) {
@@ -53,7 +68,7 @@ __device__ __forceinline__ void load8(const float* x, float (&v)[8]) {
 
 // VEC8: x 16-byte and q 8-byte aligned; the vectors cover [0, n / 8 * 8),
 // the tail goes element by element.
-template <typename T, Fp8Format F, bool VEC8>
+template <typename T, Fp8Format F, bool VEC8, bool GELU>
 __global__ void __launch_bounds__(kThreads)
     fp8_cast_kernel(const T* __restrict__ x, int64_t n, const float* __restrict__ scale_ptr, uint8_t* __restrict__ q,
                     float* amax) {
@@ -66,6 +81,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < nv; i += stride) {
       float v[8];
       load8(x + i * 8, v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = cast_value<GELU>(v[j]);
       uint2 out;
       auto* o = reinterpret_cast<uint8_t*>(&out);
 #pragma unroll
@@ -78,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
     tail = nv * 8;
   }
   for (int64_t i = tail + int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
-    const float v = to_float(x[i]);
+    const float v = cast_value<GELU>(to_float(x[i]));
     bits = max(bits, detail::fp8_abs_bits(v));
     q[i] = detail::fp8_encode<F>(v, scale);
   }
@@ -94,7 +111,7 @@ static_assert(kThreads * 16 == kTile * kTile, "the vector tile gives each thread
 // Scalar tile (any sizes, edges): x[r0 .. r0 + 64, c0 .. c0 + 64) read along
 // rows (a warp covers 32 consecutive columns), q written likewise; then q_t's
 // rows c0 .. c0 + 64 written along their length.
-template <typename T, Fp8Format F>
+template <typename T, Fp8Format F, bool GELU>
 __device__ unsigned cast_tile(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t r0, int64_t c0, float scale,
                               uint8_t* __restrict__ q, Tile& tile) {
   unsigned bits = 0;
@@ -102,7 +119,7 @@ __device__ unsigned cast_tile(const T* __restrict__ x, int64_t rows, int64_t col
     const int r = e / kTile, c = e % kTile;
     const int64_t gr = r0 + r, gc = c0 + c;
     if (gr < rows && gc < cols) {
-      const float v = to_float(x[gr * cols + gc]);
+      const float v = cast_value<GELU>(to_float(x[gr * cols + gc]));
       bits = max(bits, detail::fp8_abs_bits(v));
       const uint8_t b = detail::fp8_encode<F>(v, scale);
       tile[r][c] = b;
@@ -127,7 +144,7 @@ __device__ void write_tile_transposed(int64_t rows, int64_t cols, int64_t ld, in
 // 16-byte aligned): a thread casts 16 consecutive elements of one row (16- or
 // 32-byte loads, one 16-byte store of q), then gathers 16 consecutive bytes
 // of one q_t row from shared memory (one 16-byte store).
-template <typename T, Fp8Format F>
+template <typename T, Fp8Format F, bool GELU>
 __device__ unsigned cast_tile_vec(const T* __restrict__ x, int64_t cols, int64_t r0, int64_t c0, float scale,
                                   uint8_t* __restrict__ q, Tile& tile) {
   const int r = threadIdx.x >> 2, c = (threadIdx.x & 3) * 16;
@@ -135,6 +152,8 @@ __device__ unsigned cast_tile_vec(const T* __restrict__ x, int64_t cols, int64_t
   float v[2][8];
   load8(src, v[0]);
   load8(src + 8, v[1]);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) v[j / 8][j % 8] = cast_value<GELU>(v[j / 8][j % 8]);
   uint4 packed;
   auto* b = reinterpret_cast<uint8_t*>(&packed);
   unsigned bits = 0;
@@ -162,7 +181,7 @@ __device__ void write_tile_transposed_vec(int64_t ld, int64_t r0, int64_t c0, ui
 
 // Block (tile column, tile row): the vector tile where `vec` allows and the
 // tile is whole, else the scalar one (the choice is the block's, uniform).
-template <typename T, Fp8Format F>
+template <typename T, Fp8Format F, bool GELU>
 __global__ void __launch_bounds__(kThreads)
     fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ scale_ptr,
                               uint8_t* __restrict__ q, uint8_t* __restrict__ q_t, int64_t ld, float* amax, bool vec) {
@@ -170,8 +189,8 @@ __global__ void __launch_bounds__(kThreads)
   const float scale = *scale_ptr;
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
   const bool whole = vec && r0 + kTile <= rows && c0 + kTile <= cols;
-  const unsigned bits = whole ? cast_tile_vec<T, F>(x, cols, r0, c0, scale, q, tile)
-                              : cast_tile<T, F>(x, rows, cols, r0, c0, scale, q, tile);
+  const unsigned bits = whole ? cast_tile_vec<T, F, GELU>(x, cols, r0, c0, scale, q, tile)
+                              : cast_tile<T, F, GELU>(x, rows, cols, r0, c0, scale, q, tile);
   __syncthreads();
   if (whole) {
     write_tile_transposed_vec(ld, r0, c0, q_t, tile);
@@ -221,11 +240,12 @@ void check(const Fp8CastArgs& a, const char* op) {
   if (a.rows < 0 || a.cols < 0) fail("sizes must be non-negative");
   if (a.q_t_ld != 0 && a.q_t_ld < a.rows) fail("q_t's row pitch must be at least rows");
   if (a.x == nullptr || a.scale == nullptr) fail("x and scale must be non-null");
+  if (a.prologue == Fp8Prologue::kGeluTanh && a.x_type != Fp8Source::kBF16) fail("the GELU prologue reads bf16 x");
 }
 
 bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
-template <typename T, Fp8Format F>
+template <typename T, Fp8Format F, bool GELU>
 void launch_cast(const Fp8CastArgs& a, cudaStream_t stream) {
   const int64_t n = a.rows * a.cols;
   const T* x = static_cast<const T*>(a.x);
@@ -234,43 +254,47 @@ void launch_cast(const Fp8CastArgs& a, cudaStream_t stream) {
   const int64_t wanted = (work + kThreads - 1) / kThreads;
   const int grid = int(std::min<int64_t>(wanted, int64_t(multiprocessor_count()) * kBlocksPerSm));
   if (vec) {
-    fp8_cast_kernel<T, F, true><<<grid, kThreads, 0, stream>>>(x, n, a.scale, a.q, a.amax);
+    fp8_cast_kernel<T, F, true, GELU><<<grid, kThreads, 0, stream>>>(x, n, a.scale, a.q, a.amax);
   } else {
-    fp8_cast_kernel<T, F, false><<<grid, kThreads, 0, stream>>>(x, n, a.scale, a.q, a.amax);
+    fp8_cast_kernel<T, F, false, GELU><<<grid, kThreads, 0, stream>>>(x, n, a.scale, a.q, a.amax);
   }
   PERFTRAIN_LAUNCH_CHECK();
 }
 
-template <typename T, Fp8Format F>
+template <typename T, Fp8Format F, bool GELU>
 void launch_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
   const dim3 grid = tile_grid(a.rows, a.cols, "fp8_cast_transpose");
   const T* x = static_cast<const T*>(a.x);
   const int64_t ld = a.q_t_ld != 0 ? a.q_t_ld : a.rows;
   const bool vec = a.rows % 16 == 0 && a.cols % 16 == 0 && ld % 16 == 0 && aligned(a.x, 16) && aligned(a.q, 16) &&
                    aligned(a.q_t, 16);
-  fp8_cast_transpose_kernel<T, F><<<grid, kThreads, 0, stream>>>(x, a.rows, a.cols, a.scale, a.q, a.q_t, ld,
-                                                                  a.amax, vec);
+  fp8_cast_transpose_kernel<T, F, GELU><<<grid, kThreads, 0, stream>>>(x, a.rows, a.cols, a.scale, a.q, a.q_t, ld,
+                                                                        a.amax, vec);
   PERFTRAIN_LAUNCH_CHECK();
 }
 
-// The launcher for (x_type, format).
-template <template <typename, Fp8Format> class Launch>
+// The launcher for (x_type, format, prologue): the GELU prologue reads bf16 only.
+template <template <typename, Fp8Format, bool> class Launch>
 void dispatch(const Fp8CastArgs& a, cudaStream_t stream) {
   const bool e4m3 = a.format == Fp8Format::kE4M3;
-  if (a.x_type == Fp8Source::kBF16) {
-    e4m3 ? Launch<__nv_bfloat16, Fp8Format::kE4M3>::run(a, stream) : Launch<__nv_bfloat16, Fp8Format::kE5M2>::run(a, stream);
+  if (a.prologue == Fp8Prologue::kGeluTanh) {
+    e4m3 ? Launch<__nv_bfloat16, Fp8Format::kE4M3, true>::run(a, stream)
+         : Launch<__nv_bfloat16, Fp8Format::kE5M2, true>::run(a, stream);
+  } else if (a.x_type == Fp8Source::kBF16) {
+    e4m3 ? Launch<__nv_bfloat16, Fp8Format::kE4M3, false>::run(a, stream)
+         : Launch<__nv_bfloat16, Fp8Format::kE5M2, false>::run(a, stream);
   } else {
-    e4m3 ? Launch<float, Fp8Format::kE4M3>::run(a, stream) : Launch<float, Fp8Format::kE5M2>::run(a, stream);
+    e4m3 ? Launch<float, Fp8Format::kE4M3, false>::run(a, stream) : Launch<float, Fp8Format::kE5M2, false>::run(a, stream);
   }
 }
 
-template <typename T, Fp8Format F>
+template <typename T, Fp8Format F, bool GELU>
 struct CastLaunch {
-  static void run(const Fp8CastArgs& a, cudaStream_t s) { launch_cast<T, F>(a, s); }
+  static void run(const Fp8CastArgs& a, cudaStream_t s) { launch_cast<T, F, GELU>(a, s); }
 };
-template <typename T, Fp8Format F>
+template <typename T, Fp8Format F, bool GELU>
 struct CastTransposeLaunch {
-  static void run(const Fp8CastArgs& a, cudaStream_t s) { launch_cast_transpose<T, F>(a, s); }
+  static void run(const Fp8CastArgs& a, cudaStream_t s) { launch_cast_transpose<T, F, GELU>(a, s); }
 };
 
 }  // namespace

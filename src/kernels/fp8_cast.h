@@ -63,6 +63,12 @@ constexpr float fp8_max(Fp8Format f) { return f == Fp8Format::kE4M3 ? kFp8E4M3Ma
 const char* fp8_format_name(Fp8Format f);
 
 enum class Fp8Source { kF32, kBF16 };
+// What is cast: x itself, or (kGeluTanh, bf16 x only) act = gelu_tanh(x)
+// rounded to bf16, the bytes ATen's bf16 gelu(x, "tanh") stores, so that a
+// GELU feeding an fp8 product writes act's codes (and amax) straight from
+// its input: n * 2 read + n (or 2n with q_t) written, where GELU and the cast
+// apart read and write act too.
+enum class Fp8Prologue { kNone, kGeluTanh };
 
 struct Fp8CastArgs {
   const void* x = nullptr;  // [rows, cols], dense row-major, in x_type
@@ -74,6 +80,7 @@ struct Fp8CastArgs {
   uint8_t* q_t = nullptr;        // [cols, rows] fp8 bits (cast-transpose only)
   int64_t q_t_ld = 0;            // q_t's row pitch in bytes (>= rows; 0: rows)
   float* amax = nullptr;         // device scalar (max-accumulated); null: not taken
+  Fp8Prologue prologue = Fp8Prologue::kNone;  // kGeluTanh: the values cast (and amax'd) are gelu_tanh(x)
 };
 
 // A row kernel's fp8 output (q null: none): q [rows, cols] E4M3 bits, scale

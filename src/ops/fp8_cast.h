@@ -65,8 +65,10 @@ at::Tensor fp8_transpose(const at::Tensor& q, const char* op = "fp8_transpose");
 struct Fp8Target {
   at::Tensor scale, amax;
 };
+//   codes_t: [K, M] E4M3, codes^T, where the producer wrote it in the same
+//           pass (ops/gelu_fp8.h); undefined: fp8_linear transposes codes
 struct Fp8Operand {
-  at::Tensor x, codes;
+  at::Tensor x, codes, codes_t;
 };
 
 // target's scale and amax: one fp32 element each on like's device (UsageError naming op).

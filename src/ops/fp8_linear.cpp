@@ -140,10 +140,12 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   // The weight as its row blocks (one or more; the product uses their
   // concatenation), each given its own gradient as a row block of one buffer.
   // The state's amax, scale and scale_inv travel as inputs (no gradient).
-  // x_codes: x's E4M3 codes as its producer wrote them (then x's values are not read).
+  // x_codes: x's E4M3 codes as its producer wrote them (then x's values are not read);
+  // x_codes_t: their transpose where the producer wrote it too (else made here for dW).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
                             const std::optional<at::Tensor>& bias_opt, const at::Tensor& amax, const at::Tensor& scale,
-                            const at::Tensor& scale_inv, const std::optional<at::Tensor>& x_codes) {
+                            const at::Tensor& scale_inv, const std::optional<at::Tensor>& x_codes,
+                            const std::optional<at::Tensor>& x_codes_t) {
     const at::Tensor bias = bias_opt.value_or(at::Tensor());
     const c10::DeviceGuard device_guard(x.device());
     std::vector<int64_t> rows;
@@ -154,7 +156,9 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     }
     const int64_t m = detail::leading_rows(x), k = x.size(-1), n = std::accumulate(rows.begin(), rows.end(), int64_t(0));
     const bool need_dx = x.requires_grad();
-    const Fp8Casts xq = x_codes ? Fp8Casts{*x_codes, need_dw ? fp8_transpose(*x_codes, kOp) : at::Tensor()}
+    const Fp8Casts xq = x_codes ? Fp8Casts{*x_codes, !need_dw ? at::Tensor()
+                                                     : x_codes_t ? *x_codes_t
+                                                                 : fp8_transpose(*x_codes, kOp)}
                                 : cast_slot(x.contiguous().view({m, k}), scale, amax, kFp8X, Fp8Format::kE4M3, true,
                                             need_dw, "fp8_linear x");
     const Fp8Casts wq = cast_weight(weights, x.scalar_type(), scale, amax, need_dx);
@@ -182,8 +186,8 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const detail::LinearShapes s = detail::saved_linear_shapes(ctx);
     const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
     const size_t count = rows.size();
-    // Positions: x, the weight's blocks, bias, amax, scale, scale_inv, x_codes.
-    variable_list out(1 + count + 5);
+    // Positions: x, the weight's blocks, bias, amax, scale, scale_inv, x_codes, x_codes_t.
+    variable_list out(1 + count + 6);
     if (!grads[0].defined()) return out;
     const int64_t m = s.m, n = s.n, k = s.x_sizes.back();
     const at::Tensor dy = grads[0].to(s.dtype).contiguous().view({m, n});
@@ -238,13 +242,13 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::T
   check_args(x, weight, bias, state);
   const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
   return Fp8LinearFunction::apply(x, at::TensorList(weight), b, state.amax, state.scale, state.scale_inv,
-                                  std::nullopt);
+                                  std::nullopt, std::nullopt);
 }
 
 at::Tensor fp8_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights, const Fp8Scaling& state) {
   check_args(x, weights, state);
   return Fp8LinearFunction::apply(x, at::TensorList(weights), std::optional<at::Tensor>(), state.amax, state.scale,
-                                  state.scale_inv, std::nullopt);
+                                  state.scale_inv, std::nullopt, std::nullopt);
 }
 
 namespace {
@@ -260,6 +264,16 @@ at::Tensor checked_codes(const Fp8Operand& x) {
   return x.codes.contiguous();
 }
 
+// x's transposed codes [K, M] where given (std::nullopt otherwise; UsageError on another shape).
+std::optional<at::Tensor> checked_codes_t(const Fp8Operand& x) {
+  if (!x.codes_t.defined()) return std::nullopt;
+  if (x.codes_t.dim() != 2 || x.codes_t.size(0) != x.codes.size(1) || x.codes_t.size(1) != x.codes.size(0) ||
+      x.codes_t.scalar_type() != at::kFloat8_e4m3fn || x.codes_t.device() != x.x.device())
+    throw UsageError(std::string(kOp) + ": x's transposed codes must be [" + std::to_string(x.codes.size(1)) + ", " +
+                     std::to_string(x.codes.size(0)) + "] float8_e4m3fn on x's device, got " + shape(x.codes_t));
+  return x.codes_t.contiguous();
+}
+
 }  // namespace
 
 at::Tensor fp8_linear(const Fp8Operand& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state) {
@@ -267,7 +281,8 @@ at::Tensor fp8_linear(const Fp8Operand& x, const at::Tensor& weight, const at::T
   check_args(x.x, weight, bias, state);
   const at::Tensor codes = checked_codes(x);
   const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
-  return Fp8LinearFunction::apply(x.x, at::TensorList(weight), b, state.amax, state.scale, state.scale_inv, codes);
+  return Fp8LinearFunction::apply(x.x, at::TensorList(weight), b, state.amax, state.scale, state.scale_inv, codes,
+                                  checked_codes_t(x));
 }
 
 at::Tensor fp8_linear(const Fp8Operand& x, const std::vector<at::Tensor>& weights, const Fp8Scaling& state) {
@@ -275,7 +290,7 @@ at::Tensor fp8_linear(const Fp8Operand& x, const std::vector<at::Tensor>& weight
   check_args(x.x, weights, state);
   const at::Tensor codes = checked_codes(x);
   return Fp8LinearFunction::apply(x.x, at::TensorList(weights), std::optional<at::Tensor>(), state.amax, state.scale,
-                                  state.scale_inv, codes);
+                                  state.scale_inv, codes, checked_codes_t(x));
 }
 
 Fp8Target fp8_linear_input_target(const Fp8Scaling& state) {

@@ -15,6 +15,8 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/exp2.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/gelu_backward.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
@@ -33,9 +35,11 @@
 #include "gpu_products.h"
 #include "ops/adaln_layernorm.h"
 #include "ops/fp8_linear.h"
+#include "ops/gelu_fp8.h"
 #include "ops/residual_adaln.h"
 #include "ops/residual_rms_adaln.h"
 #include "ops/rms_adaln.h"
+#include "support/graph_checks.h"
 #include "support/tensor_checks.h"
 
 namespace perftrain::ops {
@@ -408,6 +412,43 @@ TEST(Fp8Gpu, NormCodesAreTheCastOfTheirOutputBitForBit) {
       EXPECT_EQ(op.x.sizes(), h.sizes()) << what;
       EXPECT_TRUE(op.x.isnan().all().item<bool>()) << what << ": the stand-in, not a written h";
     }
+  }
+}
+
+// gelu_fp8 (ops/gelu_fp8.h): the codes, transposed codes and amax of
+// fp8_cast_transpose(at::gelu(pre, "tanh")) from one pass over pre (a tile
+// vector path and odd edges), the backward at::gelu_backward's bits, and a
+// CUDA graph's replay the eager result. Bit for bit where our fp32 GELU
+// rounds to ATen's bf16: at most one element in 10^4 may take the next code.
+TEST(Fp8Gpu, GeluCodesAreTheCastOfAtenGelu) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1024, 3072}, std::pair<int64_t, int64_t>{333, 80}}) {
+    at::Generator g = cuda_gen(70 + rows);
+    const std::string what = std::to_string(rows) + "x" + std::to_string(cols);
+    const at::Tensor pre0 = rnd({rows, cols}, g, at::kBFloat16, 2.0, -0.2), dact = rnd({rows, cols}, g, at::kBFloat16);
+    const Fp8Scaling fused = make_fp8_linear_scaling(4, kCuda), plain = make_fp8_linear_scaling(4, kCuda);
+    for (const Fp8Scaling* s : {&fused, &plain}) s->scale[kFp8X].fill_(150.f);  // some of act saturates
+    const at::Tensor pre = pre0.clone().requires_grad_();
+    const Fp8Operand op = gelu_fp8(pre, fp8_linear_input_target(fused));
+    const Fp8Target p = fp8_linear_input_target(plain);
+    const Fp8Casts want = fp8_cast_transpose(at::gelu(pre0, "tanh"), p.scale, p.amax, Fp8Format::kE4M3);
+    const int64_t off = (op.codes.view(at::kByte) != want.q.view(at::kByte)).sum().item<int64_t>();
+    const int64_t off_t = (op.codes_t.view(at::kByte) != want.q_t.view(at::kByte)).sum().item<int64_t>();
+    EXPECT_LE(off * 10000, rows * cols) << what << ": " << off << " codes differ from the cast of ATen's GELU";
+    EXPECT_EQ(off, off_t) << what << ": the transpose is not the codes'";
+    EXPECT_TRUE(same_codes(fp8_transpose(op.codes), op.codes_t, Fp8Format::kE4M3)) << what;
+    const double dq = (op.codes.to(at::kFloat) - want.q.to(at::kFloat)).abs().max().item<double>();
+    EXPECT_LE(dq, 448.0 / 8) << what << ": a code more than one step off";
+    EXPECT_NEAR(fused.amax.item<float>(), plain.amax.item<float>(), 1e-2 * plain.amax.item<float>()) << what;
+    EXPECT_TRUE(op.x.isnan().all().item<bool>()) << what << ": act is not written";
+    const at::Tensor d = torch::autograd::grad({op.x}, {pre}, {dact})[0];
+    EXPECT_TRUE(at::equal(d, at::gelu_backward(dact, pre0, "tanh"))) << what;
+    perftrain::testing::expect_graph_replays_match_eager(
+        [&] {
+          const Fp8Operand o = gelu_fp8(pre0, fp8_linear_input_target(fused));
+          return std::vector<at::Tensor>{o.codes.view(at::kByte), o.codes_t.view(at::kByte)};
+        },
+        what);
   }
 }
 

@@ -8,6 +8,7 @@
 // fp8_gpu_test.cpp.)
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
@@ -20,6 +21,7 @@
 #include "ops/adaln_layernorm.h"
 #include "ops/fp8_cast.h"
 #include "ops/fp8_linear.h"
+#include "ops/gelu_fp8.h"
 #include "ops/residual_adaln.h"
 #include "ops/residual_rms_adaln.h"
 #include "ops/rms_adaln.h"
@@ -97,6 +99,33 @@ TEST(Fp8Operand, LinearOnTheCodesTrainsAsTheLinearOnH) {
   EXPECT_TRUE(at::equal(fused.db, plain.db));
   EXPECT_TRUE(at::equal(fused.amax, plain.amax));
   EXPECT_GT(fused.dx.abs().sum().item<float>(), 0.f);
+}
+
+// gelu_fp8 on the CPU is its reference: the codes and amax of the cast of
+// at::gelu(pre, "tanh"), and fp8_linear on it the y and gradients of
+// fp8_linear on act (pre's through GELU's backward).
+TEST(Fp8Operand, GeluFp8IsTheCastOfGelu) {
+  const at::Tensor pre0 = (at::randn({2, 5, 32}) * 2).to(at::kBFloat16), w = at::randn({16, 32}) / 6;
+  const at::Tensor dy = at::randn({2, 5, 16}).to(at::kBFloat16);
+  auto run = [&](bool fused) {
+    const Fp8Scaling s = state_with_scales();
+    const at::Tensor pre = pre0.clone().requires_grad_(), wl = w.clone().requires_grad_();
+    const at::Tensor y = fused ? fp8_linear(gelu_fp8(pre, fp8_linear_input_target(s)), wl, at::Tensor(), s)
+                               : fp8_linear(at::gelu(pre, "tanh"), wl, at::Tensor(), s);
+    const auto g = torch::autograd::grad({y}, {pre, wl}, {dy});
+    return std::vector<at::Tensor>{y, g[0], g[1], s.amax.clone()};
+  };
+  const auto fused = run(true), plain = run(false);
+  for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(at::equal(fused[i], plain[i])) << i;
+  const Fp8Scaling s = state_with_scales();
+  const Fp8Operand op = gelu_fp8(pre0, fp8_linear_input_target(s));
+  EXPECT_TRUE(at::equal(bits(op.codes), bits(fp8_quantize_reference(at::gelu(pre0, "tanh").reshape({10, 32}),
+                                                                      s.scale.select(0, kFp8X), Fp8Format::kE4M3))));
+  EXPECT_FALSE(op.codes_t.defined()) << "the reference leaves the transpose to fp8_linear";
+  EXPECT_THROW(gelu_fp8(at::Tensor(), fp8_linear_input_target(s)), UsageError);
+  Fp8Operand wrong = op;
+  wrong.codes_t = op.codes;  // [10, 32], not [32, 10]
+  EXPECT_THROW(fp8_linear(wrong, w, at::Tensor(), s), UsageError);
 }
 
 TEST(Fp8Operand, TransposeAndStandIn) {

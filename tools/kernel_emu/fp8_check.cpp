@@ -10,6 +10,7 @@
 //     (vector paths or not), values over the whole
 //     range with NaN, +-Inf, huge and subnormal ones; every output byte, bytes past each
 //     output untouched, the amax bits (NaN / Inf / max |x|, accumulated onto a start value);
+//     and both with the GELU prologue (bf16 x: the codes and amax of gelu_tanh(x) in bf16);
 //   - fp8_scaling_update over slots with history lengths 1 .. 1024, amaxes NaN, Inf, 0,
 //     subnormal and ordinary, margins 0 and 3: history, scale, scale_inv, events, amax.
 // Exit 1 on any failure.
@@ -18,6 +19,7 @@
 #include "kernels/fp8_scaling.h"
 #include "kernels/device_info.h"
 #include "../../tests/ops/fp8_test_codes.h"
+#include <cmath>
 #include <random>
 #include <string>
 #include <limits>
@@ -53,14 +55,21 @@ static bool same_code(uint8_t got, uint8_t want, Fp8Format f) {
   return got == want || (fp8_codes::is_nan_code(got, f) && fp8_codes::is_nan_code(want, f));
 }
 
+// The GELU prologue's value (kernels/fp8_cast.h): ATen's tanh GELU in fp32, in its order, rounded to bf16.
+static float gelu_bf16(float x) {
+  const float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = 0.044715f;
+  const float inner = kBeta * (x + kKappa * (x * x * x));
+  return float(tod(fromd<bf16>(0.5f * x * (1.0f + std::tanh(inner)))));
+}
+
 template <typename T>
 static void check_cast(int64_t rows, int64_t cols, Fp8Format f, size_t offset, bool transpose, bool with_rows,
-                       int64_t pitch_extra = 0) {
+                       int64_t pitch_extra = 0, bool gelu = false) {
   const int64_t ld = rows + pitch_extra;  // q_t's row pitch
   const std::string where = std::to_string(rows) + "x" + std::to_string(cols) + (sizeof(T) == 4 ? " f32 " : " bf16 ") +
                             k::fp8_format_name(f) + " offset " + std::to_string(offset) +
                             (transpose ? (with_rows ? " cast-transpose" : " transpose-only") : " cast") +
-                            (pitch_extra ? " q_t pitch " + std::to_string(ld) : "");
+                            (pitch_extra ? " q_t pitch " + std::to_string(ld) : "") + (gelu ? " GELU prologue" : "");
   const int64_t n = rows * cols;
   std::vector<T> xs(n + offset + 16);
   T* x = xs.data() + (16 - reinterpret_cast<uintptr_t>(xs.data()) % 16) / sizeof(T) % (16 / sizeof(T)) + offset;
@@ -84,12 +93,13 @@ static void check_cast(int64_t rows, int64_t cols, Fp8Format f, size_t offset, b
   a.q_t = transpose ? qt.data() : nullptr;
   a.q_t_ld = pitch_extra ? ld : 0;
   a.amax = &amax;
+  if (gelu) a.prologue = k::Fp8Prologue::kGeluTanh;
   if (transpose) k::fp8_cast_transpose(a, nullptr); else k::fp8_cast(a, nullptr);
   unsigned want_amax = abs_bits(start_amax);
   int bad = 0, bad_t = 0;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
-      const float v = float(tod(x[r * cols + c]));
+      const float v = gelu ? gelu_bf16(float(tod(x[r * cols + c]))) : float(tod(x[r * cols + c]));
       want_amax = std::max(want_amax, abs_bits(v));
       const uint8_t want = std::isnan(v) ? 0x7f : fp8_codes::encode(v * scale, f);
       if (a.q) bad += !same_code(q[r * cols + c], want, f);
@@ -191,6 +201,9 @@ int main() {
         check_cast<float>(s[0], s[1], f, offset, true, offset == 0);
         // q_t as a column block of a wider q^T: a pitch of 16 more keeps the vector path.
         for (const int64_t extra : {3, 16}) check_cast<bf16>(s[0], s[1], f, offset, true, true, extra);
+        // GELU's output cast from its input (bf16), both kernels.
+        check_cast<bf16>(s[0], s[1], f, offset, false, true, 0, true);
+        check_cast<bf16>(s[0], s[1], f, offset, true, true, 0, true);
       }
   check_scaling();
   printf("%d of %d checks failed\n", fails, checks);
