@@ -76,7 +76,7 @@ TEST(Trainer, LossFallsAndTheRunDirectoryIsComplete) {
   EXPECT_FALSE(s.peak_memory_gib.has_value()) << "no allocator statistics on the CPU";
   const std::string report = perftrain::testing::read_raw(dir + "/report.md");
   EXPECT_NE(report.find("| peak memory | n/a |"), std::string::npos) << report;
-  EXPECT_NE(report.find("attention = 'whole_head', weight_grad_stream = 'auto', gemm_tune = 8"), std::string::npos)
+  EXPECT_NE(report.find("attention = 'auto', weight_grad_stream = 'auto', gemm_tune = 8"), std::string::npos)
       << report;
   EXPECT_NE(perftrain::testing::read_raw(dir + "/config.toml").find("weight_grad_stream = 'auto'"),
             std::string::npos);
