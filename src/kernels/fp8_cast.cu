@@ -26,19 +26,31 @@ constexpr int kTile = 64;  // cast-transpose: a kTile x kTile tile per block
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-// The value cast: x itself, or with the GELU prologue the tanh GELU of x
-// rounded to bf16, as ATen's bf16 gelu(x, "tanh") stores it (its formula and
-// order in fp32).
-template <bool GELU>
-__device__ __forceinline__ float cast_value(float x) {
-  if constexpr (GELU) {
-    constexpr float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = 0.044715f;
+// The value cast (kernels/fp8_cast.h, Fp8Prologue), in ATen's fp32 formulas
+// and order, rounded to bf16 as ATen's bf16 ops store their results:
+//   kNone              x
+//   kGeluTanh          gelu_tanh(x)                  (at::gelu(x, "tanh"))
+//   kGeluTanhBackward  x * gelu_tanh'(x2), x2 = pre  (at::gelu_backward(x, x2, "tanh"))
+template <Fp8Prologue P>
+__device__ __forceinline__ float cast_value(float x, float x2) {
+  constexpr float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = 0.044715f;
+  if constexpr (P == Fp8Prologue::kGeluTanh) {
     const float inner = kBeta * (x + kKappa * (x * x * x));
     return __bfloat162float(__float2bfloat16_rn(0.5f * x * (1.0f + tanhf(inner))));
+  } else if constexpr (P == Fp8Prologue::kGeluTanhBackward) {
+    const float x_sq = x2 * x2;
+    const float inner = kBeta * (x2 + kKappa * (x_sq * x2));
+    const float t = tanhf(inner);
+    const float left_derivative = 0.5f * (1.0f + t);
+    const float right_derivative = (0.5f * x2) * (1.0f - t * t) * (kBeta * (1.0f + 3.0f * kKappa * x_sq));
+    return __bfloat162float(__float2bfloat16_rn(x * (left_derivative + right_derivative)));
   } else {
     return x;
   }
 }
+
+// Whether the prologue reads x2.
+constexpr bool reads_x2(Fp8Prologue p) { return p == Fp8Prologue::kGeluTanhBackward; }
 
 // Block max of the threads' bits, then one atomicMax into *amax (null: none).
 __device__ void block_amax(unsigned int bits, float* amax) {
@@ -68,10 +80,10 @@ __device__ __forceinline__ void load8(const float* x, float (&v)[8]) {
 
 // VEC8: x 16-byte and q 8-byte aligned; the vectors cover [0, n / 8 * 8),
 // the tail goes element by element.
-template <typename T, Fp8Format F, bool VEC8, bool GELU>
+template <typename T, Fp8Format F, bool VEC8, Fp8Prologue P>
 __global__ void __launch_bounds__(kThreads)
-    fp8_cast_kernel(const T* __restrict__ x, int64_t n, const float* __restrict__ scale_ptr, uint8_t* __restrict__ q,
-                    float* amax) {
+    fp8_cast_kernel(const T* __restrict__ x, const T* __restrict__ x2, int64_t n, const float* __restrict__ scale_ptr,
+                    uint8_t* __restrict__ q, float* amax) {
   const float scale = *scale_ptr;
   unsigned int bits = 0;
   const int64_t stride = int64_t(gridDim.x) * kThreads;
@@ -79,10 +91,11 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (VEC8) {
     const int64_t nv = n / 8;
     for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < nv; i += stride) {
-      float v[8];
+      float v[8], v2[8] = {};
       load8(x + i * 8, v);
+      if constexpr (reads_x2(P)) load8(x2 + i * 8, v2);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = cast_value<GELU>(v[j]);
+      for (int j = 0; j < 8; ++j) v[j] = cast_value<P>(v[j], v2[j]);
       uint2 out;
       auto* o = reinterpret_cast<uint8_t*>(&out);
 #pragma unroll
@@ -95,7 +108,7 @@ __global__ void __launch_bounds__(kThreads)
     tail = nv * 8;
   }
   for (int64_t i = tail + int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
-    const float v = cast_value<GELU>(to_float(x[i]));
+    const float v = cast_value<P>(to_float(x[i]), reads_x2(P) ? to_float(x2[i]) : 0.f);
     bits = max(bits, detail::fp8_abs_bits(v));
     q[i] = detail::fp8_encode<F>(v, scale);
   }
@@ -107,25 +120,42 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kTileStride = kTile + 4;
 using Tile = uint8_t[kTile][kTileStride];
 static_assert(kThreads * 16 == kTile * kTile, "the vector tile gives each thread 16 elements");
+static_assert(kThreads % kTile == 0, "the scalar tile keeps each thread on one column");
+
+// A tile's column sums (col_partials): kSumGroups row groups' fp32 sums per
+// column, which the block adds in group order (kernels/fp8_cast.h).
+constexpr int kSumGroups = kThreads / 32;  // the vector tile: one group per warp (8 rows)
+using TileSums = float[kSumGroups][kTile];
+constexpr int kScalarSumGroups = kThreads / kTile;  // the scalar tile: rows r = g mod 4 in group g
+
+// The values a tile casts: x (and x2 where the prologue reads it) at [gr, gc].
+template <typename T, Fp8Prologue P>
+__device__ __forceinline__ float tile_value(const T* __restrict__ x, const T* __restrict__ x2, int64_t at) {
+  return cast_value<P>(to_float(x[at]), reads_x2(P) ? to_float(x2[at]) : 0.f);
+}
 
 // Scalar tile (any sizes, edges): x[r0 .. r0 + 64, c0 .. c0 + 64) read along
 // rows (a warp covers 32 consecutive columns), q written likewise; then q_t's
-// rows c0 .. c0 + 64 written along their length.
-template <typename T, Fp8Format F, bool GELU>
-__device__ unsigned cast_tile(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t r0, int64_t c0, float scale,
-                              uint8_t* __restrict__ q, Tile& tile) {
+// rows c0 .. c0 + 64 written along their length. A thread stays on column
+// threadIdx.x % 64 (rows threadIdx.x / 64 + 4k), so its column sum is its own.
+template <typename T, Fp8Format F, Fp8Prologue P>
+__device__ unsigned cast_tile(const T* __restrict__ x, const T* __restrict__ x2, int64_t rows, int64_t cols,
+                              int64_t r0, int64_t c0, float scale, uint8_t* __restrict__ q, Tile& tile, TileSums* sums) {
   unsigned bits = 0;
+  float acc = 0.f;
   for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
     const int r = e / kTile, c = e % kTile;
     const int64_t gr = r0 + r, gc = c0 + c;
     if (gr < rows && gc < cols) {
-      const float v = cast_value<GELU>(to_float(x[gr * cols + gc]));
+      const float v = tile_value<T, P>(x, x2, gr * cols + gc);
+      acc += v;
       bits = max(bits, detail::fp8_abs_bits(v));
       const uint8_t b = detail::fp8_encode<F>(v, scale);
       tile[r][c] = b;
       if (q != nullptr) q[gr * cols + gc] = b;
     }
   }
+  if (sums != nullptr) (*sums)[threadIdx.x / kTile][threadIdx.x % kTile] = acc;
   return bits;
 }
 
@@ -143,17 +173,23 @@ __device__ void write_tile_transposed(int64_t rows, int64_t cols, int64_t ld, in
 // Vector tile (a whole tile; rows and cols multiples of 16, the pointers
 // 16-byte aligned): a thread casts 16 consecutive elements of one row (16- or
 // 32-byte loads, one 16-byte store of q), then gathers 16 consecutive bytes
-// of one q_t row from shared memory (one 16-byte store).
-template <typename T, Fp8Format F, bool GELU>
-__device__ unsigned cast_tile_vec(const T* __restrict__ x, int64_t cols, int64_t r0, int64_t c0, float scale,
-                                  uint8_t* __restrict__ q, Tile& tile) {
+// of one q_t row from shared memory (one 16-byte store). Column sums: a
+// warp's 8 rows are added across its lanes (xor 4, 8, 16: the lanes of one
+// column group), then lanes 0..3 write the warp's group.
+template <typename T, Fp8Format F, Fp8Prologue P>
+__device__ unsigned cast_tile_vec(const T* __restrict__ x, const T* __restrict__ x2, int64_t cols, int64_t r0,
+                                  int64_t c0, float scale, uint8_t* __restrict__ q, Tile& tile, TileSums* sums) {
   const int r = threadIdx.x >> 2, c = (threadIdx.x & 3) * 16;
-  const T* src = x + (r0 + r) * cols + c0 + c;
-  float v[2][8];
-  load8(src, v[0]);
-  load8(src + 8, v[1]);
+  const int64_t at = (r0 + r) * cols + c0 + c;
+  float v[2][8], v2[2][8] = {};
+  load8(x + at, v[0]);
+  load8(x + at + 8, v[1]);
+  if constexpr (reads_x2(P)) {
+    load8(x2 + at, v2[0]);
+    load8(x2 + at + 8, v2[1]);
+  }
 #pragma unroll
-  for (int j = 0; j < 16; ++j) v[j / 8][j % 8] = cast_value<GELU>(v[j / 8][j % 8]);
+  for (int j = 0; j < 16; ++j) v[j / 8][j % 8] = cast_value<P>(v[j / 8][j % 8], v2[j / 8][j % 8]);
   uint4 packed;
   auto* b = reinterpret_cast<uint8_t*>(&packed);
   unsigned bits = 0;
@@ -162,10 +198,21 @@ __device__ unsigned cast_tile_vec(const T* __restrict__ x, int64_t cols, int64_t
     bits = max(bits, detail::fp8_abs_bits(v[j / 8][j % 8]));
     b[j] = detail::fp8_encode<F>(v[j / 8][j % 8], scale);
   }
-  if (q != nullptr) *reinterpret_cast<uint4*>(q + (r0 + r) * cols + c0 + c) = packed;
+  if (q != nullptr) *reinterpret_cast<uint4*>(q + at) = packed;
   const auto* w = reinterpret_cast<const uint32_t*>(&packed);
 #pragma unroll
   for (int j = 0; j < 4; ++j) *reinterpret_cast<uint32_t*>(&tile[r][c + 4 * j]) = w[j];
+  if (sums != nullptr) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      float t = v[j / 8][j % 8];
+      t += __shfl_xor_sync(0xffffffffu, t, 4);
+      t += __shfl_xor_sync(0xffffffffu, t, 8);
+      t += __shfl_xor_sync(0xffffffffu, t, 16);
+      if (lane < 4) (*sums)[threadIdx.x >> 5][c + j] = t;
+    }
+  }
   return bits;
 }
 
@@ -179,24 +226,39 @@ __device__ void write_tile_transposed_vec(int64_t ld, int64_t r0, int64_t c0, ui
   *reinterpret_cast<uint4*>(q_t + (c0 + c) * ld + r0 + r) = packed;
 }
 
+// The tile's row of column partials: partials[tile row][c0 + c] = its groups'
+// sums added in order (after the barrier that follows the cast).
+__device__ void write_tile_partials(const TileSums& sums, int groups, int64_t cols, int64_t c0,
+                                    float* __restrict__ partials) {
+  const int c = threadIdx.x;
+  if (c >= kTile || c0 + c >= cols) return;
+  float s = 0.f;
+  for (int g = 0; g < groups; ++g) s += sums[g][c];
+  partials[int64_t(blockIdx.y) * cols + c0 + c] = s;
+}
+
 // Block (tile column, tile row): the vector tile where `vec` allows and the
 // tile is whole, else the scalar one (the choice is the block's, uniform).
-template <typename T, Fp8Format F, bool GELU>
+template <typename T, Fp8Format F, Fp8Prologue P>
 __global__ void __launch_bounds__(kThreads)
-    fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ scale_ptr,
-                              uint8_t* __restrict__ q, uint8_t* __restrict__ q_t, int64_t ld, float* amax, bool vec) {
+    fp8_cast_transpose_kernel(const T* __restrict__ x, const T* __restrict__ x2, int64_t rows, int64_t cols,
+                              const float* __restrict__ scale_ptr, uint8_t* __restrict__ q, uint8_t* __restrict__ q_t,
+                              int64_t ld, float* amax, float* __restrict__ partials, bool vec) {
   __shared__ __align__(16) Tile tile;
+  __shared__ TileSums sums;
+  TileSums* tile_sums = partials != nullptr ? &sums : nullptr;
   const float scale = *scale_ptr;
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
   const bool whole = vec && r0 + kTile <= rows && c0 + kTile <= cols;
-  const unsigned bits = whole ? cast_tile_vec<T, F, GELU>(x, cols, r0, c0, scale, q, tile)
-                              : cast_tile<T, F, GELU>(x, rows, cols, r0, c0, scale, q, tile);
+  const unsigned bits = whole ? cast_tile_vec<T, F, P>(x, x2, cols, r0, c0, scale, q, tile, tile_sums)
+                              : cast_tile<T, F, P>(x, x2, rows, cols, r0, c0, scale, q, tile, tile_sums);
   __syncthreads();
   if (whole) {
     write_tile_transposed_vec(ld, r0, c0, q_t, tile);
   } else {
     write_tile_transposed(rows, cols, ld, r0, c0, q_t, tile);
   }
+  if (partials != nullptr) write_tile_partials(sums, whole ? kSumGroups : kScalarSumGroups, cols, c0, partials);
   block_amax(bits, amax);
 }
 
@@ -240,61 +302,76 @@ void check(const Fp8CastArgs& a, const char* op) {
   if (a.rows < 0 || a.cols < 0) fail("sizes must be non-negative");
   if (a.q_t_ld != 0 && a.q_t_ld < a.rows) fail("q_t's row pitch must be at least rows");
   if (a.x == nullptr || a.scale == nullptr) fail("x and scale must be non-null");
-  if (a.prologue == Fp8Prologue::kGeluTanh && a.x_type != Fp8Source::kBF16) fail("the GELU prologue reads bf16 x");
+  if (a.prologue != Fp8Prologue::kNone && a.x_type != Fp8Source::kBF16) fail("the GELU prologues read bf16 x");
+  if ((a.prologue == Fp8Prologue::kGeluTanhBackward) != (a.x2 != nullptr))
+    fail("x2 (GELU's input) is given with the GELU-backward prologue and only there");
 }
 
 bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
-template <typename T, Fp8Format F, bool GELU>
+template <typename T, Fp8Format F, Fp8Prologue P>
 void launch_cast(const Fp8CastArgs& a, cudaStream_t stream) {
   const int64_t n = a.rows * a.cols;
   const T* x = static_cast<const T*>(a.x);
-  const bool vec = aligned(a.x, 16) && aligned(a.q, 8);
+  const T* x2 = static_cast<const T*>(a.x2);
+  const bool vec = aligned(a.x, 16) && aligned(a.x2, 16) && aligned(a.q, 8);
   const int64_t work = vec ? std::max<int64_t>(n / 8, 1) : n;
   const int64_t wanted = (work + kThreads - 1) / kThreads;
   const int grid = int(std::min<int64_t>(wanted, int64_t(multiprocessor_count()) * kBlocksPerSm));
   if (vec) {
-    fp8_cast_kernel<T, F, true, GELU><<<grid, kThreads, 0, stream>>>(x, n, a.scale, a.q, a.amax);
+    fp8_cast_kernel<T, F, true, P><<<grid, kThreads, 0, stream>>>(x, x2, n, a.scale, a.q, a.amax);
   } else {
-    fp8_cast_kernel<T, F, false, GELU><<<grid, kThreads, 0, stream>>>(x, n, a.scale, a.q, a.amax);
+    fp8_cast_kernel<T, F, false, P><<<grid, kThreads, 0, stream>>>(x, x2, n, a.scale, a.q, a.amax);
   }
   PERFTRAIN_LAUNCH_CHECK();
 }
 
-template <typename T, Fp8Format F, bool GELU>
+template <typename T, Fp8Format F, Fp8Prologue P>
 void launch_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
   const dim3 grid = tile_grid(a.rows, a.cols, "fp8_cast_transpose");
   const T* x = static_cast<const T*>(a.x);
+  const T* x2 = static_cast<const T*>(a.x2);
   const int64_t ld = a.q_t_ld != 0 ? a.q_t_ld : a.rows;
-  const bool vec = a.rows % 16 == 0 && a.cols % 16 == 0 && ld % 16 == 0 && aligned(a.x, 16) && aligned(a.q, 16) &&
-                   aligned(a.q_t, 16);
-  fp8_cast_transpose_kernel<T, F, GELU><<<grid, kThreads, 0, stream>>>(x, a.rows, a.cols, a.scale, a.q, a.q_t, ld,
-                                                                        a.amax, vec);
+  const bool vec = a.rows % 16 == 0 && a.cols % 16 == 0 && ld % 16 == 0 && aligned(a.x, 16) && aligned(a.x2, 16) &&
+                   aligned(a.q, 16) && aligned(a.q_t, 16);
+  fp8_cast_transpose_kernel<T, F, P><<<grid, kThreads, 0, stream>>>(x, x2, a.rows, a.cols, a.scale, a.q, a.q_t, ld,
+                                                                     a.amax, a.col_partials, vec);
   PERFTRAIN_LAUNCH_CHECK();
 }
 
-// The launcher for (x_type, format, prologue): the GELU prologue reads bf16 only.
-template <template <typename, Fp8Format, bool> class Launch>
+// The launcher for (x_type, format, prologue): the GELU prologues read bf16 only.
+template <template <typename, Fp8Format, Fp8Prologue> class Launch>
 void dispatch(const Fp8CastArgs& a, cudaStream_t stream) {
-  const bool e4m3 = a.format == Fp8Format::kE4M3;
-  if (a.prologue == Fp8Prologue::kGeluTanh) {
-    e4m3 ? Launch<__nv_bfloat16, Fp8Format::kE4M3, true>::run(a, stream)
-         : Launch<__nv_bfloat16, Fp8Format::kE5M2, true>::run(a, stream);
-  } else if (a.x_type == Fp8Source::kBF16) {
-    e4m3 ? Launch<__nv_bfloat16, Fp8Format::kE4M3, false>::run(a, stream)
-         : Launch<__nv_bfloat16, Fp8Format::kE5M2, false>::run(a, stream);
+  using BF16 = __nv_bfloat16;
+  constexpr Fp8Format kE4M3 = Fp8Format::kE4M3, kE5M2 = Fp8Format::kE5M2;
+  const bool e4m3 = a.format == kE4M3;
+  switch (a.prologue) {
+    case Fp8Prologue::kGeluTanh:
+      e4m3 ? Launch<BF16, kE4M3, Fp8Prologue::kGeluTanh>::run(a, stream)
+           : Launch<BF16, kE5M2, Fp8Prologue::kGeluTanh>::run(a, stream);
+      return;
+    case Fp8Prologue::kGeluTanhBackward:
+      e4m3 ? Launch<BF16, kE4M3, Fp8Prologue::kGeluTanhBackward>::run(a, stream)
+           : Launch<BF16, kE5M2, Fp8Prologue::kGeluTanhBackward>::run(a, stream);
+      return;
+    case Fp8Prologue::kNone:
+      break;
+  }
+  if (a.x_type == Fp8Source::kBF16) {
+    e4m3 ? Launch<BF16, kE4M3, Fp8Prologue::kNone>::run(a, stream) : Launch<BF16, kE5M2, Fp8Prologue::kNone>::run(a, stream);
   } else {
-    e4m3 ? Launch<float, Fp8Format::kE4M3, false>::run(a, stream) : Launch<float, Fp8Format::kE5M2, false>::run(a, stream);
+    e4m3 ? Launch<float, kE4M3, Fp8Prologue::kNone>::run(a, stream)
+         : Launch<float, kE5M2, Fp8Prologue::kNone>::run(a, stream);
   }
 }
 
-template <typename T, Fp8Format F, bool GELU>
+template <typename T, Fp8Format F, Fp8Prologue P>
 struct CastLaunch {
-  static void run(const Fp8CastArgs& a, cudaStream_t s) { launch_cast<T, F, GELU>(a, s); }
+  static void run(const Fp8CastArgs& a, cudaStream_t s) { launch_cast<T, F, P>(a, s); }
 };
-template <typename T, Fp8Format F, bool GELU>
+template <typename T, Fp8Format F, Fp8Prologue P>
 struct CastTransposeLaunch {
-  static void run(const Fp8CastArgs& a, cudaStream_t s) { launch_cast_transpose<T, F, GELU>(a, s); }
+  static void run(const Fp8CastArgs& a, cudaStream_t s) { launch_cast_transpose<T, F, P>(a, s); }
 };
 
 }  // namespace
@@ -303,6 +380,7 @@ void fp8_cast(const Fp8CastArgs& a, cudaStream_t stream) {
   check(a, "fp8_cast");
   if (a.q == nullptr) throw std::invalid_argument("fp8_cast: q must be non-null");
   if (a.q_t != nullptr) throw std::invalid_argument("fp8_cast: q_t is fp8_cast_transpose's output");
+  if (a.col_partials != nullptr) throw std::invalid_argument("fp8_cast: col_partials is fp8_cast_transpose's output");
   if (a.rows * a.cols == 0) return;
   dispatch<CastLaunch>(a, stream);
 }
@@ -313,6 +391,8 @@ void fp8_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
   if (a.rows * a.cols == 0) return;
   dispatch<CastTransposeLaunch>(a, stream);
 }
+
+int64_t fp8_cast_partial_rows(int64_t rows) { return (rows + kTile - 1) / kTile; }
 
 void fp8_transpose(const uint8_t* q, int64_t rows, int64_t cols, uint8_t* q_t, cudaStream_t stream) {
   if (rows < 0 || cols < 0) throw std::invalid_argument("fp8_transpose: sizes must be non-negative");

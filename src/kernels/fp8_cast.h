@@ -34,6 +34,14 @@
 //   without q). q_t's rows may lie q_t_ld apart: the cast of one row block
 //   W_i of a weight [W_0; W_1; ...] writes its codes into the column block of
 //   the whole q_t (a vector tile then also needs q_t_ld a multiple of 16).
+//   With col_partials, the same pass also writes the column sums of the
+//   values cast, a row of fp32 partials per 64-row tile row:
+//     col_partials[t, c] = sum over r in [64 t, 64 t + 64) of v[r, c]
+//   ([fp8_cast_partial_rows(rows), cols]; a tile adds its rows in groups,
+//   then the groups in order: deterministic), so that the bias gradient of
+//   the product the codes feed is one small reduction of these (ops/
+//   column_sums.h, batch_sums_into) and not another read of the matrix.
+//   Bytes: + 4 cols per 64 rows written.
 // fp8_transpose: q_t [cols, rows] = q^T of fp8 bits q [rows, cols] (either
 //   format: bytes), for an operand whose codes another kernel wrote (a norm's
 //   fused output, Fp8RowOut) and whose transpose a backward product needs.
@@ -63,12 +71,24 @@ constexpr float fp8_max(Fp8Format f) { return f == Fp8Format::kE4M3 ? kFp8E4M3Ma
 const char* fp8_format_name(Fp8Format f);
 
 enum class Fp8Source { kF32, kBF16 };
-// What is cast: x itself, or (kGeluTanh, bf16 x only) act = gelu_tanh(x)
-// rounded to bf16, the bytes ATen's bf16 gelu(x, "tanh") stores, so that a
-// GELU feeding an fp8 product writes act's codes (and amax) straight from
-// its input: n * 2 read + n (or 2n with q_t) written, where GELU and the cast
-// apart read and write act too.
-enum class Fp8Prologue { kNone, kGeluTanh };
+// What is cast (the amax and column sums are of it too):
+//   kNone              x itself;
+//   kGeluTanh          act = gelu_tanh(x) rounded to bf16 (bf16 x only), the
+//                      bytes ATen's bf16 gelu(x, "tanh") stores, so that a
+//                      GELU feeding an fp8 product writes act's codes (and
+//                      amax) straight from its input: n * 2 read + n (or 2n
+//                      with q_t) written, where GELU and the cast apart read
+//                      and write act too;
+//   kGeluTanhBackward  d(pre) = x * gelu_tanh'(x2) rounded to bf16 (bf16 x =
+//                      d(act) and x2 = pre), the bytes ATen's bf16
+//                      gelu_backward(x, x2, "tanh") stores, so that the
+//                      gradient of the product that made pre is cast (with
+//                      its transpose and column sums) straight from GELU's
+//                      backward: n * 4 read + 2n written, where GELU's
+//                      backward, the cast-transpose and the bias's column
+//                      sums apart move 12n.
+// Both GELU values follow ATen's fp32 formulas in ATen's order (tanhf).
+enum class Fp8Prologue { kNone, kGeluTanh, kGeluTanhBackward };
 
 struct Fp8CastArgs {
   const void* x = nullptr;  // [rows, cols], dense row-major, in x_type
@@ -80,8 +100,13 @@ struct Fp8CastArgs {
   uint8_t* q_t = nullptr;        // [cols, rows] fp8 bits (cast-transpose only)
   int64_t q_t_ld = 0;            // q_t's row pitch in bytes (>= rows; 0: rows)
   float* amax = nullptr;         // device scalar (max-accumulated); null: not taken
-  Fp8Prologue prologue = Fp8Prologue::kNone;  // kGeluTanh: the values cast (and amax'd) are gelu_tanh(x)
+  Fp8Prologue prologue = Fp8Prologue::kNone;  // what is cast: x, or a GELU of it (above)
+  const void* x2 = nullptr;  // kGeluTanhBackward only: pre [rows, cols] bf16, dense row-major
+  float* col_partials = nullptr;  // cast-transpose only: [fp8_cast_partial_rows(rows), cols] fp32; null: none
 };
+
+// The rows of fp8_cast_transpose's column partials for `rows` rows: one per 64.
+int64_t fp8_cast_partial_rows(int64_t rows);
 
 // A row kernel's fp8 output (q null: none): q [rows, cols] E4M3 bits, scale
 // a device scalar (read), amax a device scalar (max-accumulated, not null).
@@ -92,7 +117,9 @@ struct Fp8RowOut {
 };
 
 // Throw std::invalid_argument on misuse (null x, scale or output, negative
-// sizes, a q_t given to fp8_cast). Nothing runs for an empty matrix.
+// sizes, a q_t or col_partials given to fp8_cast, x2 without the
+// GELU-backward prologue or that prologue without x2, a GELU prologue on
+// fp32 x). Nothing runs for an empty matrix.
 void fp8_cast(const Fp8CastArgs& args, cudaStream_t stream);
 void fp8_cast_transpose(const Fp8CastArgs& args, cudaStream_t stream);
 // Throws std::invalid_argument on null pointers or negative sizes.

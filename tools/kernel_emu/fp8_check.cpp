@@ -10,7 +10,11 @@
 //     (vector paths or not), values over the whole
 //     range with NaN, +-Inf, huge and subnormal ones; every output byte, bytes past each
 //     output untouched, the amax bits (NaN / Inf / max |x|, accumulated onto a start value);
-//     and both with the GELU prologue (bf16 x: the codes and amax of gelu_tanh(x) in bf16);
+//     both with the GELU prologue (bf16 x: the codes and amax of gelu_tanh(x) in bf16) and the
+//     GELU-backward one (bf16 x and x2: of x * gelu_tanh'(x2) in bf16, x2 on and off 16-byte
+//     boundaries apart from x); the cast-transpose's column partials (each 64-row tile's
+//     column sums of the values cast, against float64; every partial written, none past them);
+//     the misuses the launchers refuse;
 //   - fp8_scaling_update over slots with history lengths 1 .. 1024, amaxes NaN, Inf, 0,
 //     subnormal and ordinary, margins 0 and 3: history, scale, scale_inv, events, amax.
 // Exit 1 on any failure.
@@ -23,6 +27,7 @@
 #include <random>
 #include <string>
 #include <limits>
+#include <stdexcept>
 
 namespace k = perftrain::kernels;
 namespace fp8_codes = perftrain::fp8_codes;
@@ -55,32 +60,91 @@ static bool same_code(uint8_t got, uint8_t want, Fp8Format f) {
   return got == want || (fp8_codes::is_nan_code(got, f) && fp8_codes::is_nan_code(want, f));
 }
 
-// The GELU prologue's value (kernels/fp8_cast.h): ATen's tanh GELU in fp32, in its order, rounded to bf16.
+// The GELU prologues' values (kernels/fp8_cast.h): ATen's tanh GELU and its backward in
+// fp32, in ATen's order, rounded to bf16.
+static const float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = 0.044715f;
 static float gelu_bf16(float x) {
-  const float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = 0.044715f;
   const float inner = kBeta * (x + kKappa * (x * x * x));
   return float(tod(fromd<bf16>(0.5f * x * (1.0f + std::tanh(inner)))));
+}
+static float gelu_backward_bf16(float dy, float x) {
+  const float x_sq = x * x, x_cube = x_sq * x;
+  const float inner = kBeta * (x + kKappa * x_cube);
+  const float t = std::tanh(inner);
+  const float left = 0.5f * x, right = 1.0f + t;
+  const float left_derivative = 0.5f * right;
+  const float tanh_derivative = 1.0f - t * t;
+  const float inner_derivative = kBeta * (1.0f + 3.0f * kKappa * x_sq);
+  const float right_derivative = left * tanh_derivative * inner_derivative;
+  return float(tod(fromd<bf16>(dy * (left_derivative + right_derivative))));
+}
+
+using k::Fp8Prologue;
+static const char* prologue_name(Fp8Prologue p) {
+  return p == Fp8Prologue::kGeluTanh ? " GELU prologue" : p == Fp8Prologue::kGeluTanhBackward ? " GELU-backward prologue" : "";
+}
+
+// A 16-byte aligned start in `v` plus `offset` elements (v holds n + offset + 16).
+template <typename T>
+static T* placed(std::vector<T>& v, size_t offset) {
+  return v.data() + (16 - reinterpret_cast<uintptr_t>(v.data()) % 16) / sizeof(T) % (16 / sizeof(T)) + offset;
+}
+
+// The column partials against float64 (kernels/fp8_cast.h): row t, column c the sum of the
+// values cast over rows [64 t, 64 t + 64); every one written, nothing past them. Sums over a
+// non-finite or huge value are only required not to be finite or to be written.
+static void check_partials(const std::vector<float>& parts, const std::vector<float>& values, int64_t rows,
+                           int64_t cols, const std::string& where) {
+  const int64_t tiles = k::fp8_cast_partial_rows(rows);
+  int bad = 0, unwritten = 0;
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t c = 0; c < cols; ++c) {
+      double want = 0, scale = 0;
+      bool finite = true;
+      for (int64_t r = 64 * t; r < std::min(rows, 64 * t + 64); ++r) {
+        const float v = values[r * cols + c];
+        finite = finite && std::isfinite(v) && std::fabs(v) < 1e30f;
+        want += v;
+        scale += std::fabs(double(v));
+      }
+      const float got = parts[t * cols + c];
+      if (__float_as_uint(got) == 0x7fbadbadu) { ++unwritten; continue; }
+      if (finite) bad += !(std::fabs(double(got) - want) <= 1e-6 * scale + 1e-30);
+    }
+  bool pads = true;
+  for (size_t i = tiles * cols; i < parts.size(); ++i) pads = pads && __float_as_uint(parts[i]) == 0x7fbadbadu;
+  expect(bad == 0 && unwritten == 0 && pads, where + ": column partials: " + std::to_string(bad) + " off, " +
+                                                std::to_string(unwritten) + " unwritten" + (pads ? "" : ", a write past them"));
 }
 
 template <typename T>
 static void check_cast(int64_t rows, int64_t cols, Fp8Format f, size_t offset, bool transpose, bool with_rows,
-                       int64_t pitch_extra = 0, bool gelu = false) {
+                       int64_t pitch_extra = 0, Fp8Prologue prologue = Fp8Prologue::kNone, bool sums = false,
+                       size_t offset2 = 0) {
   const int64_t ld = rows + pitch_extra;  // q_t's row pitch
+  const bool backward = prologue == Fp8Prologue::kGeluTanhBackward;
   const std::string where = std::to_string(rows) + "x" + std::to_string(cols) + (sizeof(T) == 4 ? " f32 " : " bf16 ") +
                             k::fp8_format_name(f) + " offset " + std::to_string(offset) +
+                            (backward ? " x2 offset " + std::to_string(offset2) : "") +
                             (transpose ? (with_rows ? " cast-transpose" : " transpose-only") : " cast") +
-                            (pitch_extra ? " q_t pitch " + std::to_string(ld) : "") + (gelu ? " GELU prologue" : "");
+                            (pitch_extra ? " q_t pitch " + std::to_string(ld) : "") + prologue_name(prologue) +
+                            (sums ? " with column partials" : "");
   const int64_t n = rows * cols;
-  std::vector<T> xs(n + offset + 16);
-  T* x = xs.data() + (16 - reinterpret_cast<uintptr_t>(xs.data()) % 16) / sizeof(T) % (16 / sizeof(T)) + offset;
+  std::vector<T> xs(n + offset + 16), x2s(n + offset2 + 16);
+  T* x = placed(xs, offset);
+  T* x2 = placed(x2s, offset2);
   const float special[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                            -std::numeric_limits<float>::infinity(), 3e38f, 1e-40f, -0.f};
   for (int64_t i = 0; i < n; ++i) x[i] = fromd<T>(wide_value());
+  // GELU's input of ordinary size (its tails and its middle), some huge.
+  std::normal_distribution<float> pre_value(0.f, 3.f);
+  for (int64_t i = 0; i < n; ++i) x2[i] = fromd<T>(i % 97 == 5 ? 1e4f * pre_value(rng) : pre_value(rng));
   // Specials only in some cases, so that the amax is also checked finite.
   if ((rows + cols) % 3 == 0)
     for (int i = 0; i < 6 && 5 * i < n; ++i) x[5 * i] = fromd<T>(special[i]);
   const float scale = 2.75f, start_amax = 0.125f;
   std::vector<uint8_t> q(n + kPad, kSentinel), qt(cols * ld + kPad, kSentinel);
+  std::vector<float> parts(k::fp8_cast_partial_rows(rows) * cols + kPad, __uint_as_float(0x7fbadbadu));
   float scale_dev = scale, amax = start_amax;
   k::Fp8CastArgs a;
   a.x = x;
@@ -93,13 +157,20 @@ static void check_cast(int64_t rows, int64_t cols, Fp8Format f, size_t offset, b
   a.q_t = transpose ? qt.data() : nullptr;
   a.q_t_ld = pitch_extra ? ld : 0;
   a.amax = &amax;
-  if (gelu) a.prologue = k::Fp8Prologue::kGeluTanh;
+  a.prologue = prologue;
+  if (backward) a.x2 = x2;
+  if (sums) a.col_partials = parts.data();
   if (transpose) k::fp8_cast_transpose(a, nullptr); else k::fp8_cast(a, nullptr);
   unsigned want_amax = abs_bits(start_amax);
   int bad = 0, bad_t = 0;
+  std::vector<float> values(n);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
-      const float v = gelu ? gelu_bf16(float(tod(x[r * cols + c]))) : float(tod(x[r * cols + c]));
+      const float xv = float(tod(x[r * cols + c]));
+      const float v = prologue == Fp8Prologue::kGeluTanh ? gelu_bf16(xv)
+                      : backward                          ? gelu_backward_bf16(xv, float(tod(x2[r * cols + c])))
+                                                          : xv;
+      values[r * cols + c] = v;
       want_amax = std::max(want_amax, abs_bits(v));
       const uint8_t want = std::isnan(v) ? 0x7f : fp8_codes::encode(v * scale, f);
       if (a.q) bad += !same_code(q[r * cols + c], want, f);
@@ -115,6 +186,48 @@ static void check_cast(int64_t rows, int64_t cols, Fp8Format f, size_t offset, b
   expect(pads, where + ": a write past an output (or into q when not asked)");
   expect(abs_bits(amax) == want_amax || __float_as_uint(amax) == want_amax,
          where + ": amax bits " + std::to_string(__float_as_uint(amax)) + ", want " + std::to_string(want_amax));
+  if (sums) check_partials(parts, values, rows, cols, where);
+}
+
+// What the launchers refuse (std::invalid_argument): x2 without the GELU-backward prologue
+// and the reverse, a GELU prologue on fp32 x, column partials from fp8_cast.
+static void check_misuse() {
+  std::vector<bf16> x(64), x2(64);
+  std::vector<uint8_t> q(64), qt(64);
+  std::vector<float> parts(64);
+  float scale = 1.f, amax = 0.f;
+  auto args = [&] {
+    k::Fp8CastArgs a;
+    a.x = x.data();
+    a.rows = 8;
+    a.cols = 8;
+    a.scale = &scale;
+    a.amax = &amax;
+    a.q = q.data();
+    a.q_t = qt.data();
+    return a;
+  };
+  auto refused = [](const k::Fp8CastArgs& a, bool transpose) {
+    try {
+      transpose ? k::fp8_cast_transpose(a, nullptr) : k::fp8_cast(a, nullptr);
+    } catch (const std::invalid_argument&) {
+      return true;
+    }
+    return false;
+  };
+  k::Fp8CastArgs a = args();
+  a.x2 = x2.data();
+  expect(refused(a, true), "misuse: x2 without the GELU-backward prologue");
+  a = args();
+  a.prologue = Fp8Prologue::kGeluTanhBackward;
+  expect(refused(a, true), "misuse: the GELU-backward prologue without x2");
+  a.x2 = x2.data();
+  a.x_type = k::Fp8Source::kF32;
+  expect(refused(a, true), "misuse: the GELU-backward prologue on fp32 x");
+  a = args();
+  a.q_t = nullptr;
+  a.col_partials = parts.data();
+  expect(refused(a, false), "misuse: column partials from fp8_cast");
 }
 
 // The rule of kernels/fp8_scaling.h, written out on one slot.
@@ -202,9 +315,18 @@ int main() {
         // q_t as a column block of a wider q^T: a pitch of 16 more keeps the vector path.
         for (const int64_t extra : {3, 16}) check_cast<bf16>(s[0], s[1], f, offset, true, true, extra);
         // GELU's output cast from its input (bf16), both kernels.
-        check_cast<bf16>(s[0], s[1], f, offset, false, true, 0, true);
-        check_cast<bf16>(s[0], s[1], f, offset, true, true, 0, true);
+        check_cast<bf16>(s[0], s[1], f, offset, false, true, 0, Fp8Prologue::kGeluTanh);
+        check_cast<bf16>(s[0], s[1], f, offset, true, true, 0, Fp8Prologue::kGeluTanh);
+        // GELU's backward cast from d(act) and pre (x2 aligned, then 1 element off), both kernels;
+        // the cast-transpose with the column partials, which any prologue may take.
+        for (const size_t offset2 : {0, 1}) {
+          check_cast<bf16>(s[0], s[1], f, offset, false, true, 0, Fp8Prologue::kGeluTanhBackward, false, offset2);
+          check_cast<bf16>(s[0], s[1], f, offset, true, true, 0, Fp8Prologue::kGeluTanhBackward, true, offset2);
+        }
+        check_cast<bf16>(s[0], s[1], f, offset, true, offset == 0, 0, Fp8Prologue::kNone, true);
+        check_cast<float>(s[0], s[1], f, offset, true, true, 16, Fp8Prologue::kNone, true);
       }
+  check_misuse();
   check_scaling();
   printf("%d of %d checks failed\n", fails, checks);
   return fails ? 1 : 0;
