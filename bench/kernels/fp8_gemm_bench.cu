@@ -13,7 +13,11 @@
 // X's cast-transpose, against residual_adaln writing X's E4M3 codes in place
 // of h (kernels/fp8_cast.h, Fp8RowOut) then fp8_transpose for X^T. Where K
 // is wider than N (fc2: X is GELU's output): a GELU pass writing bf16 act
-// then X's cast-transpose, against the cast-transpose's GELU prologue.
+// then X's cast-transpose, against the cast-transpose's GELU prologue; and
+// for fc1's dY of that shape, a GELU-backward pass writing bf16 d(pre), its
+// E5M2 cast-transpose and the bias's column sums, against the cast-transpose's
+// GELU-backward prologue with its column partials and their reduction
+// (ops/fp8_linear_gelu).
 // Inputs: uniform in [-1, 1] (X, dY) and [-1/sqrt(K), 1/sqrt(K)] (W), the
 // scales mapping those bounds to the format's max. Per call: the median of
 // 7 windows of 20 back-to-back calls (check_util.h).
@@ -34,6 +38,8 @@
 #include <vector>
 
 #include "check_util.h"
+#include "kernels/column_sums.h"
+#include "kernels/device_info.h"
 #include "kernels/fp8_cast.h"
 #include "kernels/gemm_lt.h"
 #include "kernels/residual_adaln.h"
@@ -102,9 +108,12 @@ Operand make_operand(Buffers& b, int64_t rows, int64_t cols, float bound, Fp8For
 }
 
 void cast_transpose(const Operand& o, cudaStream_t s,
-                    perftrain::kernels::Fp8Prologue prologue = perftrain::kernels::Fp8Prologue::kNone) {
+                    perftrain::kernels::Fp8Prologue prologue = perftrain::kernels::Fp8Prologue::kNone,
+                    const bf16* x2 = nullptr, float* col_partials = nullptr) {
   Fp8CastArgs a;
   a.prologue = prologue;
+  a.x2 = x2;
+  a.col_partials = col_partials;
   a.x = o.x;
   a.x_type = Fp8Source::kBF16;
   a.rows = o.rows;
@@ -196,9 +205,61 @@ __global__ void gelu_tanh_kernel(const bf16* pre, bf16* act, int64_t n) {
   }
 }
 
+// GELU's backward as a plain pass (ATen's bf16 gelu_backward(d, pre, "tanh"): 4 bytes read, 2 written).
+__global__ void gelu_tanh_backward_kernel(const bf16* d, const bf16* pre, bf16* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = __bfloat162float(pre[i]), x_sq = x * x;
+    const float t = tanhf(0.7978845608f * (x + 0.044715f * (x_sq * x)));
+    const float g = 0.5f * (1.0f + t) + (0.5f * x) * (1.0f - t * t) * (0.7978845608f * (1.0f + 0.134145f * x_sq));
+    out[i] = __float2bfloat16_rn(__bfloat162float(d[i]) * g);
+  }
+}
+
+// fc1's dY where its output feeds GELU (dY [M, K], K = 4D): GELU's backward
+// writing bf16 d(pre), its E5M2 cast-transpose and the bias's column sums,
+// against the cast-transpose's GELU-backward prologue with column partials
+// and their reduction (ops/fp8_linear_gelu).
+int gelu_backward_paths(int64_t m, int64_t k, const Operand& x, cudaStream_t s) {
+  Buffers b;
+  auto* pre = static_cast<bf16*>(b.get(m * k * sizeof(bf16)));
+  auto* dact = static_cast<bf16*>(b.get(m * k * sizeof(bf16)));
+  fill_uniform<<<1024, 256>>>(pre, m * k, 3.0f, 13);
+  fill_uniform<<<1024, 256>>>(dact, m * k, 1.0f, 17);
+  Operand dy = x;  // x's shape and buffers, E5M2
+  dy.format = Fp8Format::kE5M2;
+  dy.x = static_cast<bf16*>(b.get(m * k * sizeof(bf16)));  // d(pre) where written
+  auto* db = static_cast<float*>(b.get(k * sizeof(float)));
+  const int chunks = perftrain::kernels::column_sums_chunks(m, int(k), 1, perftrain::kernels::multiprocessor_count());
+  auto* sum_partials = static_cast<float*>(b.get(int64_t(chunks) * k * sizeof(float)));
+  const int64_t tiles = perftrain::kernels::fp8_cast_partial_rows(m);
+  auto* tile_partials = static_cast<float*>(b.get(tiles * k * sizeof(float)));
+  const bf16* column_input = dy.x;
+  double unfused = 0, fused = 0;
+  if (median_launch_ms(
+          [&] {
+            gelu_tanh_backward_kernel<<<1024, 256, 0, s>>>(dact, pre, dy.x, m * k);
+            cast_transpose(dy, s);
+            perftrain::kernels::column_sums<bf16>(&column_input, &db, 1, m, int(k), k, sum_partials, chunks, s);
+          },
+          &unfused) != 0)
+    return 1;
+  Operand from_dact = dy;
+  from_dact.x = dact;
+  if (median_launch_ms(
+          [&] {
+            cast_transpose(from_dact, s, perftrain::kernels::Fp8Prologue::kGeluTanhBackward, pre, tile_partials);
+            perftrain::kernels::column_sums_reduce(tile_partials, &db, 1, int(tiles), int(k), s);
+          },
+          &fused) != 0)
+    return 1;
+  std::printf("  dY from GELU's backward: bf16 d(pre) + cast-transpose + column sums %.3f ms, the cast-transpose's "
+              "GELU-backward prologue + partials %.3f ms (%.3f ms saved)\n", unfused, fused, unfused - fused);
+  return 0;
+}
+
 // Where X is GELU's output (fc2's input, K = 4D): GELU writing bf16 act then
 // X's cast-transpose, against the cast-transpose's GELU prologue reading pre
-// (ops/gelu_fp8): the ms of each and their difference.
+// (ops/fp8_linear_gelu): the ms of each and their difference.
 int gelu_paths(int64_t m, int64_t k, const Operand& x, cudaStream_t s) {
   Buffers b;
   auto* pre = static_cast<bf16*>(b.get(m * k * sizeof(bf16)));
@@ -268,7 +329,7 @@ int run_shape(int64_t m, int64_t k, int64_t n, const GemmContext& ctx) {
   std::printf("  layer: bf16 %.3f ms, fp8 %.3f ms (products %.3f + casts %.3f): %.2fx\n", bf_total,
               f8_total + casts, f8_total, casts, bf_total / (f8_total + casts));
   std::printf("  fp8 forward against bf16 (first 64 rows): relative L2 %.4f\n", forward_difference(y_fp8, y_bf16, n));
-  if (k > n) return gelu_paths(m, k, x, ctx.stream);  // fc2's shape: X is act
+  if (k > n) return gelu_paths(m, k, x, ctx.stream) | gelu_backward_paths(m, k, x, ctx.stream);  // fc2's shape: X is act
   return norm_paths(m, k, x, ctx.stream);
 }
 

@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "ops/fp8_linear.h"
+#include "ops/fp8_linear_gelu.h"
 #include "ops/linear.h"
 #include "ops/stacked_linear.h"
 
@@ -132,6 +133,17 @@ at::Tensor block_linear(const Fp8Block& f, const char* layer, const ops::Fp8Oper
                         const std::vector<at::Tensor>& weights) {
   if (!x.codes.defined()) return block_linear(f, layer, x.x, weights);
   return ops::fp8_linear(x, weights, f.states->state(f.key + "." + layer, x.x.device()));
+}
+
+std::optional<ops::Fp8Operand> block_linear_gelu(const Fp8Block& f, const char* layer, const ops::Fp8Operand& x,
+                                                 const at::Tensor& weight, const at::Tensor& bias,
+                                                 const char* next_layer, int64_t next_out_features) {
+  if (f.states == nullptr || !f.states->fused_casts() ||
+      !ops::fp8_linear_gelu_supported(x.x, weight.size(0), next_out_features))
+    return std::nullopt;
+  const ops::Fp8Scaling& state = f.states->state(f.key + "." + layer, x.x.device());
+  const ops::Fp8Scaling& next = f.states->state(f.key + "." + next_layer, x.x.device());
+  return ops::fp8_linear_gelu(x, weight, bias, state, ops::fp8_linear_input_target(next));
 }
 
 std::optional<ops::Fp8Target> block_linear_target(const Fp8Block& f, const char* layer, const at::Tensor& x,

@@ -111,6 +111,16 @@ at::Tensor block_linear(const Fp8Block& f, const char* layer, const at::Tensor& 
 at::Tensor block_linear(const Fp8Block& f, const char* layer, const ops::Fp8Operand& x,
                         const std::vector<at::Tensor>& weights);
 
+// `layer` (weight, bias) then GELU (tanh) feeding `next_layer` (of
+// next_out_features outputs), both in fp8 with the table's casts fused:
+// ops::fp8_linear_gelu on the two layers' states, which returns next_layer's
+// operand (act's codes, act itself never written). None where either layer
+// would not run in fp8 or the casts are not fused (the caller runs
+// block_linear and at::gelu).
+std::optional<ops::Fp8Operand> block_linear_gelu(const Fp8Block& f, const char* layer, const ops::Fp8Operand& x,
+                                                 const at::Tensor& weight, const at::Tensor& bias,
+                                                 const char* next_layer, int64_t next_out_features);
+
 // Where the kernel that makes the input x of `layer` (a norm; x of its shape
 // and dtype; out_features: the layer's weight rows) writes its E4M3 codes:
 // the x slot of the layer's state, where block_linear will run the layer in

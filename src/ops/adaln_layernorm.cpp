@@ -131,7 +131,7 @@ Fp8Operand adaln_layernorm_fp8(const at::Tensor& x, const at::Tensor& shift, con
   if (!x.is_cuda()) return fp8_operand_of(adaln_layernorm_reference(x, shift, scale, out_dtype, eps), target, kOp);
   variable_list out =
       AdaLNLayerNormFunction::apply(x, shift, scale, int64_t(out_dtype), eps, target.scale, target.amax);
-  return {std::move(out[0]), std::move(out[1])};
+  return {std::move(out[0]), std::move(out[1]), at::Tensor()};
 }
 
 }  // namespace perftrain::ops

@@ -163,7 +163,7 @@ at::Tensor fp8_stand_in(at::IntArrayRef sizes, const at::TensorOptions& options)
 
 Fp8Operand fp8_operand_of(const at::Tensor& h, const Fp8Target& target, const char* op) {
   const at::Tensor values = h.detach();
-  return {h, fp8_cast(values.reshape({-1, values.size(-1)}), target.scale, target.amax, Fp8Format::kE4M3, op)};
+  return {h, fp8_cast(values.reshape({-1, values.size(-1)}), target.scale, target.amax, Fp8Format::kE4M3, op), at::Tensor()};
 }
 
 at::Tensor fp8_quantize_reference(const at::Tensor& x, const at::Tensor& scale, Fp8Format f) {

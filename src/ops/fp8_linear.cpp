@@ -16,6 +16,7 @@
 #include "ops/compute_weights.h"
 #include "ops/cublaslt_workspace.h"
 #include "ops/dtype_dispatch.h"
+#include "ops/fp8_linear_parts.h"
 #include "ops/linear.h"
 #include "ops/stacked_linear.h"
 
@@ -78,9 +79,18 @@ void check_args(const at::Tensor& x, const std::vector<at::Tensor>& weights, con
   check_state_and_sizes(x, n, s);
 }
 
-// d = (a_scale_inv a) (b_scale_inv b)^T (+ bias), a [m, k] and b [n, k] fp8:
-// cuBLASLt on CUDA (the bias as given, else as a bf16 copy), else the
-// dequantised product by ATen (a fallback on CUDA).
+// q (and q_t where `transposed`) of x [rows, cols] for slot i of the state
+// given by its tensors.
+Fp8Casts cast_slot(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& amax, int slot, Fp8Format f,
+                   bool rows, bool transposed, const char* what) {
+  if (!transposed) return {fp8_cast(x, scale.select(0, slot), amax.select(0, slot), f, what), at::Tensor()};
+  return fp8_cast_transpose(x, scale.select(0, slot), amax.select(0, slot), f, rows, what);
+}
+
+}  // namespace
+
+namespace detail {
+
 void fp8_product(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
                  const at::Tensor& b_scale_inv, const at::Tensor& d, bool fast_accum, const at::Tensor& bias) {
   if (cublaslt_path(a, b) && d.numel() > 0) {
@@ -96,20 +106,17 @@ void fp8_product(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::T
   out.copy_(r);
 }
 
-// q (and q_t where `transposed`) of x [rows, cols] for slot i of the state
-// given by its tensors.
-Fp8Casts cast_slot(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& amax, int slot, Fp8Format f,
-                   bool rows, bool transposed, const char* what) {
-  if (!transposed) return {fp8_cast(x, scale.select(0, slot), amax.select(0, slot), f, what), at::Tensor()};
-  return fp8_cast_transpose(x, scale.select(0, slot), amax.select(0, slot), f, rows, what);
+Fp8Casts fp8_input_codes(const at::Tensor& x2d, const std::optional<at::Tensor>& x_codes,
+                         const std::optional<at::Tensor>& x_codes_t, const at::Tensor& scale, const at::Tensor& amax,
+                         bool transposed) {
+  if (!x_codes)
+    return cast_slot(x2d, scale, amax, kFp8X, Fp8Format::kE4M3, true, transposed, "fp8_linear x");
+  if (!transposed) return {*x_codes, at::Tensor()};
+  return {*x_codes, x_codes_t ? *x_codes_t : fp8_transpose(*x_codes, kOp)};
 }
 
-// The weight's codes q [N, K] (and q_t [K, N] where `transposed`) from its
-// row blocks [N_i, K] (compute-dtype copies dt): one cast of each block in
-// place, its codes written at row offset sum_{j<i} N_j of q (columns of q_t),
-// so that no concatenation is made; the W slot's amax takes every block's.
-Fp8Casts cast_weight(at::TensorList weights, at::ScalarType dt, const at::Tensor& scale, const at::Tensor& amax,
-                     bool transposed) {
+Fp8Casts fp8_weight_codes(at::TensorList weights, at::ScalarType dt, const at::Tensor& scale, const at::Tensor& amax,
+                          bool transposed) {
   const char* what = "fp8_linear weight";
   if (weights.size() == 1)
     return cast_slot(compute_weight(weights[0], dt).contiguous(), scale, amax, kFp8W, Fp8Format::kE4M3, true,
@@ -129,6 +136,45 @@ Fp8Casts cast_weight(at::TensorList weights, at::ScalarType dt, const at::Tensor
   }
   return out;
 }
+
+void fp8_linear_dx(const at::Tensor& dq, const at::Tensor& wq_t, const at::Tensor& scale_inv, const at::Tensor& dx) {
+  fp8_product(dq, scale_inv.select(0, kFp8Dy), wq_t, scale_inv.select(0, kFp8W), dx, false, at::Tensor());
+}
+
+at::Tensor fp8_linear_dw(const at::Tensor& dq_t, const at::Tensor& xq_t, const at::Tensor& scale_inv,
+                         at::ScalarType w_dtype) {
+  const at::Tensor dw = at::empty({dq_t.size(0), xq_t.size(0)}, dq_t.options().dtype(w_dtype));
+  fp8_product(dq_t, scale_inv.select(0, kFp8Dy), xq_t, scale_inv.select(0, kFp8X), dw, false, at::Tensor());
+  return dw;
+}
+
+void check_fp8_linear_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                           const Fp8Scaling& state) {
+  check_args(x, weight, bias, state);
+}
+
+at::Tensor checked_fp8_codes(const Fp8Operand& x) {
+  const int64_t m = detail::leading_rows(x.x), k = x.x.size(-1);
+  if (x.codes.dim() != 2 || x.codes.size(0) != m || x.codes.size(1) != k ||
+      x.codes.scalar_type() != at::kFloat8_e4m3fn || x.codes.device() != x.x.device())
+    throw UsageError(std::string(kOp) + ": x's codes must be [" + std::to_string(m) + ", " + std::to_string(k) +
+                     "] float8_e4m3fn on x's device, got " + shape(x.codes) + " " +
+                     std::string(c10::toString(x.codes.scalar_type())));
+  return x.codes.contiguous();
+}
+
+std::optional<at::Tensor> checked_fp8_codes_t(const Fp8Operand& x) {
+  if (!x.codes_t.defined()) return std::nullopt;
+  if (x.codes_t.dim() != 2 || x.codes_t.size(0) != x.codes.size(1) || x.codes_t.size(1) != x.codes.size(0) ||
+      x.codes_t.scalar_type() != at::kFloat8_e4m3fn || x.codes_t.device() != x.x.device())
+    throw UsageError(std::string(kOp) + ": x's transposed codes must be [" + std::to_string(x.codes.size(1)) + ", " +
+                     std::to_string(x.codes.size(0)) + "] float8_e4m3fn on x's device, got " + shape(x.codes_t));
+  return x.codes_t.contiguous();
+}
+
+}  // namespace detail
+
+namespace {
 
 std::vector<int64_t> with_last(at::IntArrayRef sizes, int64_t last) {
   std::vector<int64_t> out = sizes.vec();
@@ -156,14 +202,11 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     }
     const int64_t m = detail::leading_rows(x), k = x.size(-1), n = std::accumulate(rows.begin(), rows.end(), int64_t(0));
     const bool need_dx = x.requires_grad();
-    const Fp8Casts xq = x_codes ? Fp8Casts{*x_codes, !need_dw ? at::Tensor()
-                                                     : x_codes_t ? *x_codes_t
-                                                                 : fp8_transpose(*x_codes, kOp)}
-                                : cast_slot(x.contiguous().view({m, k}), scale, amax, kFp8X, Fp8Format::kE4M3, true,
-                                            need_dw, "fp8_linear x");
-    const Fp8Casts wq = cast_weight(weights, x.scalar_type(), scale, amax, need_dx);
+    const Fp8Casts xq =
+        detail::fp8_input_codes(x_codes ? x : x.contiguous().view({m, k}), x_codes, x_codes_t, scale, amax, need_dw);
+    const Fp8Casts wq = detail::fp8_weight_codes(weights, x.scalar_type(), scale, amax, need_dx);
     at::Tensor y = at::empty(with_last(x.sizes(), n), x.options());
-    fp8_product(xq.q, scale_inv.select(0, kFp8X), wq.q, scale_inv.select(0, kFp8W), y.view({m, n}), true,
+    detail::fp8_product(xq.q, scale_inv.select(0, kFp8X), wq.q, scale_inv.select(0, kFp8W), y.view({m, n}), true,
                 bias.defined() ? bias.contiguous() : bias);
     // x^T for dW, W^T for dX: what the wanted gradients read. The state's
     // tensors as plain values: the casts of a later forward (a shared layer,
@@ -196,14 +239,12 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const bool need_dx = ctx->needs_input_grad(0);
     if (need_dx || need_dw) {
       const Fp8Casts dq = cast_slot(dy, scale, amax, kFp8Dy, Fp8Format::kE5M2, need_dx, need_dw, "fp8_linear dy");
-      const at::Tensor dy_inv = scale_inv.select(0, kFp8Dy);
       if (need_dx) {  // dX [m, k] = dY [m, n] (W^T [k, n])^T
         out[0] = at::empty(s.x_sizes, dy.options());
-        fp8_product(dq.q, dy_inv, wq_t, scale_inv.select(0, kFp8W), out[0].view({m, k}), false, at::Tensor());
+        detail::fp8_linear_dx(dq.q, wq_t, scale_inv, out[0].view({m, k}));
       }
       if (need_dw) {  // dW [n, k] = dY^T [n, m] (x^T [k, m])^T
-        const at::Tensor dw = at::empty({n, k}, dy.options().dtype(s.w_dtype));
-        fp8_product(dq.q_t, dy_inv, xq_t, scale_inv.select(0, kFp8X), dw, false, at::Tensor());
+        const at::Tensor dw = detail::fp8_linear_dw(dq.q_t, xq_t, scale_inv, s.w_dtype);
         const std::vector<at::Tensor> blocks = count == 1 ? std::vector<at::Tensor>{dw} : detail::row_blocks(dw, rows);
         for (size_t i = 0; i < count; ++i)
           if (ctx->needs_input_grad(1 + i)) out[1 + i] = blocks[i];
@@ -251,46 +292,21 @@ at::Tensor fp8_linear(const at::Tensor& x, const std::vector<at::Tensor>& weight
                                   state.scale_inv, std::nullopt, std::nullopt);
 }
 
-namespace {
-
-// x's codes [M, K] float8_e4m3fn on x's device, contiguous (UsageError).
-at::Tensor checked_codes(const Fp8Operand& x) {
-  const int64_t m = detail::leading_rows(x.x), k = x.x.size(-1);
-  if (x.codes.dim() != 2 || x.codes.size(0) != m || x.codes.size(1) != k ||
-      x.codes.scalar_type() != at::kFloat8_e4m3fn || x.codes.device() != x.x.device())
-    throw UsageError(std::string(kOp) + ": x's codes must be [" + std::to_string(m) + ", " + std::to_string(k) +
-                     "] float8_e4m3fn on x's device, got " + shape(x.codes) + " " +
-                     std::string(c10::toString(x.codes.scalar_type())));
-  return x.codes.contiguous();
-}
-
-// x's transposed codes [K, M] where given (std::nullopt otherwise; UsageError on another shape).
-std::optional<at::Tensor> checked_codes_t(const Fp8Operand& x) {
-  if (!x.codes_t.defined()) return std::nullopt;
-  if (x.codes_t.dim() != 2 || x.codes_t.size(0) != x.codes.size(1) || x.codes_t.size(1) != x.codes.size(0) ||
-      x.codes_t.scalar_type() != at::kFloat8_e4m3fn || x.codes_t.device() != x.x.device())
-    throw UsageError(std::string(kOp) + ": x's transposed codes must be [" + std::to_string(x.codes.size(1)) + ", " +
-                     std::to_string(x.codes.size(0)) + "] float8_e4m3fn on x's device, got " + shape(x.codes_t));
-  return x.codes_t.contiguous();
-}
-
-}  // namespace
-
 at::Tensor fp8_linear(const Fp8Operand& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state) {
   if (!x.codes.defined()) return fp8_linear(x.x, weight, bias, state);
   check_args(x.x, weight, bias, state);
-  const at::Tensor codes = checked_codes(x);
+  const at::Tensor codes = detail::checked_fp8_codes(x);
   const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
   return Fp8LinearFunction::apply(x.x, at::TensorList(weight), b, state.amax, state.scale, state.scale_inv, codes,
-                                  checked_codes_t(x));
+                                  detail::checked_fp8_codes_t(x));
 }
 
 at::Tensor fp8_linear(const Fp8Operand& x, const std::vector<at::Tensor>& weights, const Fp8Scaling& state) {
   if (!x.codes.defined()) return fp8_linear(x.x, weights, state);
   check_args(x.x, weights, state);
-  const at::Tensor codes = checked_codes(x);
+  const at::Tensor codes = detail::checked_fp8_codes(x);
   return Fp8LinearFunction::apply(x.x, at::TensorList(weights), std::optional<at::Tensor>(), state.amax, state.scale,
-                                  state.scale_inv, codes, checked_codes_t(x));
+                                  state.scale_inv, codes, detail::checked_fp8_codes_t(x));
 }
 
 Fp8Target fp8_linear_input_target(const Fp8Scaling& state) {

@@ -218,7 +218,7 @@ std::pair<at::Tensor, Fp8Operand> residual_adaln_fp8(const at::Tensor& x, const 
   }
   variable_list out = ResidualAdaLNFunction::apply(x, gate, y, shift, scale, int64_t(out_dtype), eps,
                                                    detail::optional_tensor(bias), target.scale, target.amax);
-  return {std::move(out[0]), Fp8Operand{std::move(out[1]), std::move(out[2])}};
+  return {std::move(out[0]), Fp8Operand{std::move(out[1]), std::move(out[2]), at::Tensor()}};
 }
 
 }  // namespace perftrain::ops

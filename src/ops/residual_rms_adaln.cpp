@@ -231,7 +231,7 @@ std::pair<at::Tensor, Fp8Operand> residual_rms_adaln_fp8(const at::Tensor& x, co
                                                       detail::optional_tensor(pre_weight),
                                                       detail::optional_tensor(scale), int64_t(out_dtype), eps,
                                                       target.scale, target.amax);
-  return {std::move(out[0]), Fp8Operand{std::move(out[1]), std::move(out[2])}};
+  return {std::move(out[0]), Fp8Operand{std::move(out[1]), std::move(out[2]), at::Tensor()}};
 }
 
 }  // namespace perftrain::ops

@@ -168,7 +168,7 @@ Fp8Operand rms_adaln_fp8(const at::Tensor& x, const at::Tensor& weight, const at
   if (!x.is_cuda()) return fp8_operand_of(rms_adaln_reference(x, weight, scale, out_dtype, eps), target, kOp);
   variable_list out = RmsAdaLNFunction::apply(x, detail::optional_tensor(weight), detail::optional_tensor(scale),
                                               int64_t(out_dtype), eps, target.scale, target.amax);
-  return {std::move(out[0]), std::move(out[1])};
+  return {std::move(out[0]), std::move(out[1]), at::Tensor()};
 }
 
 }  // namespace perftrain::ops

@@ -21,7 +21,7 @@
 #include "ops/adaln_layernorm.h"
 #include "ops/fp8_cast.h"
 #include "ops/fp8_linear.h"
-#include "ops/gelu_fp8.h"
+#include "ops/fp8_linear_gelu.h"
 #include "ops/residual_adaln.h"
 #include "ops/residual_rms_adaln.h"
 #include "ops/rms_adaln.h"
@@ -101,31 +101,42 @@ TEST(Fp8Operand, LinearOnTheCodesTrainsAsTheLinearOnH) {
   EXPECT_GT(fused.dx.abs().sum().item<float>(), 0.f);
 }
 
-// gelu_fp8 on the CPU is its reference: the codes and amax of the cast of
-// at::gelu(pre, "tanh"), and fp8_linear on it the y and gradients of
-// fp8_linear on act (pre's through GELU's backward).
-TEST(Fp8Operand, GeluFp8IsTheCastOfGelu) {
-  const at::Tensor pre0 = (at::randn({2, 5, 32}) * 2).to(at::kBFloat16), w = at::randn({16, 32}) / 6;
+// fp8_linear_gelu on the CPU is its reference: fc1 as fp8_linear, the codes
+// and amax of the cast of at::gelu(pre, "tanh") for fc2, so fc2 on them gives
+// the y, gradients (x's, W1's and b1's back through GELU's backward and
+// fc1's dY cast) and states of the three ops apart. (The CUDA function's
+// prologues: kernels.emu_fp8 and fp8_gpu_test.cpp.)
+TEST(Fp8Operand, LinearGeluIsFc1ThenTheCastOfGelu) {
+  const at::Tensor x0 = at::randn({2, 5, 24}).to(at::kBFloat16), w1 = at::randn({32, 24}) / 4,
+                   b1 = at::randn({32}) * 0.1, w2 = at::randn({16, 32}) / 6;
   const at::Tensor dy = at::randn({2, 5, 16}).to(at::kBFloat16);
   auto run = [&](bool fused) {
-    const Fp8Scaling s = state_with_scales();
-    const at::Tensor pre = pre0.clone().requires_grad_(), wl = w.clone().requires_grad_();
-    const at::Tensor y = fused ? fp8_linear(gelu_fp8(pre, fp8_linear_input_target(s)), wl, at::Tensor(), s)
-                               : fp8_linear(at::gelu(pre, "tanh"), wl, at::Tensor(), s);
-    const auto g = torch::autograd::grad({y}, {pre, wl}, {dy});
-    return std::vector<at::Tensor>{y, g[0], g[1], s.amax.clone()};
+    const Fp8Scaling s1 = state_with_scales(), s2 = state_with_scales();
+    const at::Tensor x = x0.clone().requires_grad_(), w1l = w1.clone().requires_grad_(),
+                     b1l = b1.clone().requires_grad_(), w2l = w2.clone().requires_grad_();
+    const at::Tensor y =
+        fused ? fp8_linear(fp8_linear_gelu({x, at::Tensor()}, w1l, b1l, s1, fp8_linear_input_target(s2)), w2l,
+                           at::Tensor(), s2)
+              : fp8_linear(at::gelu(fp8_linear(x, w1l, b1l, s1), "tanh"), w2l, at::Tensor(), s2);
+    const auto g = torch::autograd::grad({y}, {x, w1l, b1l, w2l}, {dy});
+    return std::vector<at::Tensor>{y, g[0], g[1], g[2], g[3], s1.amax.clone(), s2.amax.clone()};
   };
   const auto fused = run(true), plain = run(false);
   for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(at::equal(fused[i], plain[i])) << i;
-  const Fp8Scaling s = state_with_scales();
-  const Fp8Operand op = gelu_fp8(pre0, fp8_linear_input_target(s));
-  EXPECT_TRUE(at::equal(bits(op.codes), bits(fp8_quantize_reference(at::gelu(pre0, "tanh").reshape({10, 32}),
-                                                                      s.scale.select(0, kFp8X), Fp8Format::kE4M3))));
+  EXPECT_GT(fused[1].abs().sum().item<float>(), 0.f);
+  EXPECT_GT(fused[5][kFp8Dy].item<float>(), 0.f) << "fc1's dY amax is taken";
+  const Fp8Scaling s1 = state_with_scales(), s2 = state_with_scales();
+  const Fp8Operand op = fp8_linear_gelu({x0, at::Tensor()}, w1, b1, s1, fp8_linear_input_target(s2));
+  const at::Tensor pre = fp8_linear(x0, w1, b1, state_with_scales());
+  EXPECT_TRUE(at::equal(bits(op.codes), bits(fp8_quantize_reference(at::gelu(pre, "tanh").reshape({10, 32}),
+                                                                      s2.scale.select(0, kFp8X), Fp8Format::kE4M3))));
   EXPECT_FALSE(op.codes_t.defined()) << "the reference leaves the transpose to fp8_linear";
-  EXPECT_THROW(gelu_fp8(at::Tensor(), fp8_linear_input_target(s)), UsageError);
+  EXPECT_THROW(fp8_linear_gelu({x0, at::Tensor()}, w1.narrow(1, 0, 16), b1, s1, fp8_linear_input_target(s2)),
+               UsageError);
+  EXPECT_THROW(fp8_linear_gelu({x0, at::Tensor()}, w1, b1, s1, Fp8Target{}), UsageError);
   Fp8Operand wrong = op;
   wrong.codes_t = op.codes;  // [10, 32], not [32, 10]
-  EXPECT_THROW(fp8_linear(wrong, w, at::Tensor(), s), UsageError);
+  EXPECT_THROW(fp8_linear(wrong, w2, at::Tensor(), s2), UsageError);
 }
 
 TEST(Fp8Operand, TransposeAndStandIn) {

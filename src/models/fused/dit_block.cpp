@@ -12,7 +12,6 @@
 #include "compat/compat.h"
 #include "ops/adaln_layernorm.h"
 #include "ops/gated_residual.h"
-#include "ops/gelu_fp8.h"
 #include "ops/gelu_mlp.h"
 #include "ops/linear.h"
 #include "ops/projected_attention.h"
@@ -80,12 +79,12 @@ std::pair<at::Tensor, ops::Fp8Operand> dit_attention_half(const DiTBlock& block,
 at::Tensor dit_mlp_half(const DiTBlockWeights& w, const ops::Fp8Operand& h2, bool keep_activation,
                         const Fp8Block& fp8) {
   if (fp8.states == nullptr) return ops::gelu_mlp(h2.x, w.fc1_w, w.fc1_b, w.fc2_w, at::Tensor(), keep_activation);
-  // The bf16 fc1 + bias + GELU epilogue takes no fp8 operands: GELU on its
-  // own, writing fc2's codes (and their transpose) from pre where fc2 runs
-  // in fp8 (ops/gelu_fp8.h), else act.
+  // The bf16 fc1 + bias + GELU epilogue takes no fp8 operands: fc1 with
+  // GELU in the casts on either side, writing fc2's codes from pre and
+  // fc1's dY codes from d(act) (ops/fp8_linear_gelu.h), else GELU on its own.
+  if (const auto act = block_linear_gelu(fp8, "mlp.fc1", h2, w.fc1_w, w.fc1_b, "mlp.fc2", w.fc2_w.size(0)))
+    return block_linear(fp8, "mlp.fc2", *act, w.fc2_w);  // [B, T, D]
   const at::Tensor pre = block_linear(fp8, "mlp.fc1", h2, w.fc1_w, w.fc1_b);
-  if (const auto target = block_linear_target(fp8, "mlp.fc2", pre, w.fc2_w.size(0)))
-    return block_linear(fp8, "mlp.fc2", ops::gelu_fp8(pre, *target), w.fc2_w);  // [B, T, D]
   return block_linear(fp8, "mlp.fc2", at::gelu(pre, "tanh"), w.fc2_w);
 }
 

@@ -1,0 +1,144 @@
+#include "ops/fp8_linear_gelu.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/fp8_cast.h"
+#include "ops/column_sums.h"
+#include "ops/fp8_linear.h"
+#include "ops/fp8_linear_parts.h"
+#include "ops/linear.h"
+
+namespace perftrain::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr const char* kOp = "fp8_linear_gelu";
+
+// One pass of the cast-transpose kernel over src [m, n] bf16 (and pre for the
+// GELU-backward prologue) into q, q_t, max-accumulating amax; column
+// partials where given.
+void cast_transpose_with(const at::Tensor& src, const at::Tensor& pre, kernels::Fp8Prologue prologue,
+                         kernels::Fp8Format format, const at::Tensor& scale, const at::Tensor& amax,
+                         const at::Tensor& q, const at::Tensor& q_t, const at::Tensor& partials) {
+  kernels::Fp8CastArgs a;
+  a.x = src.data_ptr();
+  a.x_type = kernels::Fp8Source::kBF16;
+  a.rows = src.size(0);
+  a.cols = src.size(1);
+  a.format = format;
+  a.scale = scale.data_ptr<float>();
+  a.amax = amax.data_ptr<float>();
+  a.q = static_cast<uint8_t*>(q.data_ptr());
+  a.q_t = static_cast<uint8_t*>(q_t.data_ptr());
+  a.prologue = prologue;
+  if (pre.defined()) a.x2 = pre.data_ptr();
+  if (partials.defined()) a.col_partials = partials.data_ptr<float>();
+  kernels::fp8_cast_transpose(a, at::cuda::getCurrentCUDAStream().stream());
+}
+
+// Inputs: x, weight, bias, fc1's amax, scale, scale_inv, x's codes and
+// transposed codes (where its producer wrote them), the consumer's x scale
+// and amax. Outputs: act's stand-in (differentiable), its codes and
+// transposed codes (not).
+struct Fp8LinearGeluFunction : torch::autograd::Function<Fp8LinearGeluFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias_opt, const at::Tensor& amax,
+                               const at::Tensor& scale, const at::Tensor& scale_inv,
+                               const std::optional<at::Tensor>& x_codes, const std::optional<at::Tensor>& x_codes_t,
+                               const at::Tensor& act_scale, const at::Tensor& act_amax) {
+    const at::Tensor bias = bias_opt.value_or(at::Tensor());
+    const c10::DeviceGuard guard(x.device());
+    const int64_t m = detail::leading_rows(x), k = x.size(-1), n = weight.size(0);
+    const bool need_dx = x.requires_grad(), need_dw = weight.requires_grad();
+    const Fp8Casts xq =
+        detail::fp8_input_codes(x_codes ? x : x.contiguous().view({m, k}), x_codes, x_codes_t, scale, amax, need_dw);
+    const Fp8Casts wq = detail::fp8_weight_codes(at::TensorList(weight), x.scalar_type(), scale, amax, need_dx);
+    const at::Tensor pre = at::empty({m, n}, x.options());
+    detail::fp8_product(xq.q, scale_inv.select(0, kFp8X), wq.q, scale_inv.select(0, kFp8W), pre, true,
+                        bias.defined() ? bias.contiguous() : bias);
+    const auto codes_options = x.options().dtype(at::kFloat8_e4m3fn);
+    at::Tensor codes = at::empty({m, n}, codes_options), codes_t = at::empty({n, m}, codes_options);
+    cast_transpose_with(pre, at::Tensor(), kernels::Fp8Prologue::kGeluTanh, kernels::Fp8Format::kE4M3, act_scale,
+                        act_amax, codes, codes_t, at::Tensor());
+    ctx->save_for_backward({xq.q_t, wq.q_t, pre});
+    ctx->saved_data["amax"] = amax;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["scale_inv"] = scale_inv;
+    detail::save_linear_shapes(ctx, x, weight, bias);
+    ctx->mark_non_differentiable({codes, codes_t});
+    std::vector<int64_t> act_sizes = x.sizes().vec();
+    act_sizes.back() = n;
+    return {fp8_stand_in(act_sizes, x.options()), codes, codes_t};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &xq_t = saved[0], &wq_t = saved[1], &pre = saved[2];
+    const at::Tensor amax = ctx->saved_data["amax"].toTensor(), scale = ctx->saved_data["scale"].toTensor(),
+                     scale_inv = ctx->saved_data["scale_inv"].toTensor();
+    const detail::LinearShapes s = detail::saved_linear_shapes(ctx);
+    // Positions: x, weight, bias, amax, scale, scale_inv, x_codes, x_codes_t, act_scale, act_amax.
+    variable_list out(10);
+    if (!grads[0].defined()) return out;
+    const c10::DeviceGuard guard(pre.device());
+    const int64_t m = s.m, n = s.n, k = s.x_sizes.back();
+    const at::Tensor dact = grads[0].to(pre.scalar_type()).contiguous().view({m, n});
+    const bool need_dx = ctx->needs_input_grad(0), need_dw = ctx->needs_input_grad(1),
+               need_db = s.b_dtype && ctx->needs_input_grad(2);
+    const auto codes_options = pre.options().dtype(fp8_dtype(Fp8Format::kE5M2));
+    const at::Tensor dq = at::empty({m, n}, codes_options), dq_t = at::empty({n, m}, codes_options);
+    const at::Tensor partials =
+        need_db ? at::empty({kernels::fp8_cast_partial_rows(m), n}, pre.options().dtype(at::kFloat)) : at::Tensor();
+    cast_transpose_with(dact, pre, kernels::Fp8Prologue::kGeluTanhBackward, kernels::Fp8Format::kE5M2,
+                        scale.select(0, kFp8Dy), amax.select(0, kFp8Dy), dq, dq_t, partials);
+    if (need_dx) {
+      out[0] = at::empty(s.x_sizes, dact.options());
+      detail::fp8_linear_dx(dq, wq_t, scale_inv, out[0].view({m, k}));
+    }
+    if (need_dw) out[1] = detail::fp8_linear_dw(dq_t, xq_t, scale_inv, s.w_dtype);
+    if (need_db) {
+      out[2] = at::empty({n}, dact.options().dtype(*s.b_dtype));
+      batch_sums_into(partials, out[2]);
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+bool fp8_linear_gelu_supported(const at::Tensor& x, int64_t n, int64_t next_n) {
+  return fp8_linear_supported(x, n) && (!x.is_cuda() || next_n % 16 == 0);
+}
+
+Fp8Operand fp8_linear_gelu_reference(const Fp8Operand& x, const at::Tensor& weight, const at::Tensor& bias,
+                                     const Fp8Scaling& state, const Fp8Target& act_target) {
+  return fp8_operand_of(at::gelu(fp8_linear(x, weight, bias, state), "tanh"), act_target, kOp);
+}
+
+Fp8Operand fp8_linear_gelu(const Fp8Operand& x, const at::Tensor& weight, const at::Tensor& bias,
+                           const Fp8Scaling& state, const Fp8Target& act_target) {
+  detail::check_fp8_linear_args(x.x, weight, bias, state);
+  check_fp8_target(act_target, x.x, kOp);
+  if (!x.x.is_cuda() || x.x.scalar_type() != at::kBFloat16)
+    return fp8_linear_gelu_reference(x, weight, bias, state, act_target);
+  const std::optional<at::Tensor> codes =
+      x.codes.defined() ? std::optional<at::Tensor>(detail::checked_fp8_codes(x)) : std::nullopt;
+  const std::optional<at::Tensor> codes_t = x.codes.defined() ? detail::checked_fp8_codes_t(x) : std::nullopt;
+  const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
+  variable_list out = Fp8LinearGeluFunction::apply(x.x, weight, b, state.amax, state.scale, state.scale_inv, codes,
+                                                   codes_t, act_target.scale, act_target.amax);
+  return {std::move(out[0]), std::move(out[1]), std::move(out[2])};
+}
+
+}  // namespace perftrain::ops

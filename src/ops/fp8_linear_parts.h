@@ -1,0 +1,54 @@
+// The pieces of fp8_linear's autograd function (ops/fp8_linear.h) that an op
+// fusing more around the same products reuses (ops/fp8_linear_gelu.h: fc1
+// with GELU's casts on either side): the products, the operands' codes, and
+// the two gradient products from dY's codes. Internal to ops/.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <vector>
+
+#include "ops/fp8_cast.h"
+#include "ops/fp8_scaling.h"
+
+namespace perftrain::ops::detail {
+
+// fp8_linear's argument checks (x, weight, bias, state, sizes; UsageError).
+void check_fp8_linear_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                           const Fp8Scaling& state);
+// An operand's codes [M, K] E4M3 on x's device, contiguous, and its
+// transposed codes [K, M] where given (std::nullopt otherwise); UsageError
+// on other shapes or dtypes.
+at::Tensor checked_fp8_codes(const Fp8Operand& x);
+std::optional<at::Tensor> checked_fp8_codes_t(const Fp8Operand& x);
+
+// d = (a_scale_inv a) (b_scale_inv b)^T (+ bias), a [m, k] and b [n, k] fp8:
+// cuBLASLt on CUDA (the bias as given, else as a bf16 copy), else the
+// dequantised product by ATen (a fallback on CUDA, counted).
+void fp8_product(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
+                 const at::Tensor& b_scale_inv, const at::Tensor& d, bool fast_accum, const at::Tensor& bias);
+
+// x [M, K]'s E4M3 codes for the state's x slot, and where `transposed` their
+// transpose (for dW): the producer's codes where given (x's values then not
+// read; the transpose the producer's, else fp8_transpose of the codes), else
+// one cast(-transpose) of x.
+Fp8Casts fp8_input_codes(const at::Tensor& x2d, const std::optional<at::Tensor>& x_codes,
+                         const std::optional<at::Tensor>& x_codes_t, const at::Tensor& scale, const at::Tensor& amax,
+                         bool transposed);
+
+// The weight's codes q [N, K] (and q_t [K, N] where `transposed`) from its
+// row blocks [N_i, K] in compute dtype dt: one cast of each block in place,
+// its codes at row offset sum_{j<i} N_j (no concatenation made); the W slot's
+// amax takes every block's.
+Fp8Casts fp8_weight_codes(at::TensorList weights, at::ScalarType dt, const at::Tensor& scale, const at::Tensor& amax,
+                          bool transposed);
+
+// dX [m, k] = dY W from dY's E5M2 codes dq [m, n] and W^T's codes [k, n],
+// into dx (a [m, k] view).
+void fp8_linear_dx(const at::Tensor& dq, const at::Tensor& wq_t, const at::Tensor& scale_inv, const at::Tensor& dx);
+// dW [n, k] = dY^T x from dY^T's codes [n, m] and x^T's [k, m], in w_dtype.
+at::Tensor fp8_linear_dw(const at::Tensor& dq_t, const at::Tensor& xq_t, const at::Tensor& scale_inv,
+                         at::ScalarType w_dtype);
+
+}  // namespace perftrain::ops::detail
