@@ -66,7 +66,7 @@ struct Fp8Target {
   at::Tensor scale, amax;
 };
 //   codes_t: [K, M] E4M3, codes^T, where the producer wrote it in the same
-//           pass (ops/gelu_fp8.h); undefined: fp8_linear transposes codes
+//           pass (ops/fp8_linear_gelu.h); undefined: fp8_linear transposes codes
 struct Fp8Operand {
   at::Tensor x, codes, codes_t;
 };
