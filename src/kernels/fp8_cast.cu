@@ -31,6 +31,8 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162f
 //   kNone              x
 //   kGeluTanh          gelu_tanh(x)                  (at::gelu(x, "tanh"))
 //   kGeluTanhBackward  x * gelu_tanh'(x2), x2 = pre  (at::gelu_backward(x, x2, "tanh"))
+//   kSwiglu            silu(x) * x2, x = gate, x2 = up (kernels/swiglu.h's forward)
+// and kSwigluBackward's pair (swiglu_backward_values).
 template <Fp8Prologue P>
 __device__ __forceinline__ float cast_value(float x, float x2) {
   constexpr float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = 0.044715f;
@@ -44,13 +46,25 @@ __device__ __forceinline__ float cast_value(float x, float x2) {
     const float left_derivative = 0.5f * (1.0f + t);
     const float right_derivative = (0.5f * x2) * (1.0f - t * t) * (kBeta * (1.0f + 3.0f * kKappa * x_sq));
     return __bfloat162float(__float2bfloat16_rn(x * (left_derivative + right_derivative)));
+  } else if constexpr (P == Fp8Prologue::kSwiglu) {
+    return __bfloat162float(__float2bfloat16_rn(x / (1.f + expf(-x)) * x2));
   } else {
     return x;
   }
 }
 
-// Whether the prologue reads x2.
+// SwiGLU's backward at one element (kernels/swiglu.h's formulas), each
+// rounded to bf16: d(gate) and d(up) from d(h) = dy, gate g and up u.
+__device__ __forceinline__ void swiglu_backward_values(float dy, float g, float u, float& dgate, float& dup) {
+  const float s = 1.f / (1.f + expf(-g));  // exp overflow: s = 0, and no inf appears below
+  dgate = __bfloat162float(__float2bfloat16_rn(dy * u * (s * (1.f + g * (1.f - s)))));
+  dup = __bfloat162float(__float2bfloat16_rn(dy * (g * s)));
+}
+
+// Whether the prologue reads x2 (a second matrix of x's shape).
 constexpr bool reads_x2(Fp8Prologue p) { return p == Fp8Prologue::kGeluTanhBackward; }
+// Whether x is gate_up [rows, 2 cols]: the gate at column c, the up at cols + c.
+constexpr bool reads_gate_up(Fp8Prologue p) { return p == Fp8Prologue::kSwiglu; }
 
 // Block max of the threads' bits, then one atomicMax into *amax (null: none).
 __device__ void block_amax(unsigned int bits, float* amax) {
@@ -128,10 +142,18 @@ constexpr int kSumGroups = kThreads / 32;  // the vector tile: one group per war
 using TileSums = float[kSumGroups][kTile];
 constexpr int kScalarSumGroups = kThreads / kTile;  // the scalar tile: rows r = g mod 4 in group g
 
-// The values a tile casts: x (and x2 where the prologue reads it) at [gr, gc].
+// The value a tile casts at [gr, gc] of its [rows, cols] output: from x
+// (and x2 where the prologue reads it), or from gate_up's two halves.
 template <typename T, Fp8Prologue P>
-__device__ __forceinline__ float tile_value(const T* __restrict__ x, const T* __restrict__ x2, int64_t at) {
-  return cast_value<P>(to_float(x[at]), reads_x2(P) ? to_float(x2[at]) : 0.f);
+__device__ __forceinline__ float tile_value(const T* __restrict__ x, const T* __restrict__ x2, int64_t gr, int64_t gc,
+                                            int64_t cols) {
+  if constexpr (reads_gate_up(P)) {
+    const T* row = x + gr * 2 * cols;
+    return cast_value<P>(to_float(row[gc]), to_float(row[cols + gc]));
+  } else {
+    const int64_t at = gr * cols + gc;
+    return cast_value<P>(to_float(x[at]), reads_x2(P) ? to_float(x2[at]) : 0.f);
+  }
 }
 
 // Scalar tile (any sizes, edges): x[r0 .. r0 + 64, c0 .. c0 + 64) read along
@@ -147,7 +169,7 @@ __device__ unsigned cast_tile(const T* __restrict__ x, const T* __restrict__ x2,
     const int r = e / kTile, c = e % kTile;
     const int64_t gr = r0 + r, gc = c0 + c;
     if (gr < rows && gc < cols) {
-      const float v = tile_value<T, P>(x, x2, gr * cols + gc);
+      const float v = tile_value<T, P>(x, x2, gr, gc, cols);
       acc += v;
       bits = max(bits, detail::fp8_abs_bits(v));
       const uint8_t b = detail::fp8_encode<F>(v, scale);
@@ -182,11 +204,19 @@ __device__ unsigned cast_tile_vec(const T* __restrict__ x, const T* __restrict__
   const int r = threadIdx.x >> 2, c = (threadIdx.x & 3) * 16;
   const int64_t at = (r0 + r) * cols + c0 + c;
   float v[2][8], v2[2][8] = {};
-  load8(x + at, v[0]);
-  load8(x + at + 8, v[1]);
-  if constexpr (reads_x2(P)) {
-    load8(x2 + at, v2[0]);
-    load8(x2 + at + 8, v2[1]);
+  if constexpr (reads_gate_up(P)) {  // gate, then up cols further along the row of 2 cols
+    const T* gate = x + (r0 + r) * 2 * cols + c0 + c;
+    load8(gate, v[0]);
+    load8(gate + 8, v[1]);
+    load8(gate + cols, v2[0]);
+    load8(gate + cols + 8, v2[1]);
+  } else {
+    load8(x + at, v[0]);
+    load8(x + at + 8, v[1]);
+    if constexpr (reads_x2(P)) {
+      load8(x2 + at, v2[0]);
+      load8(x2 + at + 8, v2[1]);
+    }
   }
 #pragma unroll
   for (int j = 0; j < 16; ++j) v[j / 8][j % 8] = cast_value<P>(v[j / 8][j % 8], v2[j / 8][j % 8]);
@@ -262,6 +292,81 @@ __global__ void __launch_bounds__(kThreads)
   block_amax(bits, amax);
 }
 
+// SwiGLU's backward into fp8 (kSwigluBackward): a block takes a 64 x 64 tile
+// of d(h) [rows, cols] and the same tile of both halves of gate_up [rows,
+// 2 cols], and writes two tiles of d(gate_up)'s codes, d(gate) at column c
+// and d(up) at cols + c of q [rows, 2 cols], through two shared-memory tiles
+// into q_t's rows c and cols + c. Vector tiles as the cast-transpose's (16
+// elements a thread; three 32-byte loads, two 16-byte stores of q); edges
+// element by element. amax over both halves.
+template <Fp8Format F>
+__global__ void __launch_bounds__(kThreads)
+    fp8_swiglu_backward_kernel(const __nv_bfloat16* __restrict__ dh, const __nv_bfloat16* __restrict__ gate_up,
+                               int64_t rows, int64_t cols, const float* __restrict__ scale_ptr,
+                               uint8_t* __restrict__ q, uint8_t* __restrict__ q_t, int64_t ld, float* amax, bool vec) {
+  __shared__ __align__(16) Tile tile_gate;
+  __shared__ __align__(16) Tile tile_up;
+  const float scale = *scale_ptr;
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  const bool whole = vec && r0 + kTile <= rows && c0 + kTile <= cols;
+  unsigned bits = 0;
+  if (whole) {
+    const int r = threadIdx.x >> 2, c = (threadIdx.x & 3) * 16;
+    const __nv_bfloat16* gate = gate_up + (r0 + r) * 2 * cols + c0 + c;
+    const __nv_bfloat16* d = dh + (r0 + r) * cols + c0 + c;
+    float dy[2][8], g[2][8], u[2][8];
+    load8(d, dy[0]);
+    load8(d + 8, dy[1]);
+    load8(gate, g[0]);
+    load8(gate + 8, g[1]);
+    load8(gate + cols, u[0]);
+    load8(gate + cols + 8, u[1]);
+    uint4 packed_gate, packed_up;
+    auto* bg = reinterpret_cast<uint8_t*>(&packed_gate);
+    auto* bu = reinterpret_cast<uint8_t*>(&packed_up);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      float dgate, dup;
+      swiglu_backward_values(dy[j / 8][j % 8], g[j / 8][j % 8], u[j / 8][j % 8], dgate, dup);
+      bits = max(bits, max(detail::fp8_abs_bits(dgate), detail::fp8_abs_bits(dup)));
+      bg[j] = detail::fp8_encode<F>(dgate, scale);
+      bu[j] = detail::fp8_encode<F>(dup, scale);
+    }
+    uint8_t* q_row = q + (r0 + r) * 2 * cols + c0 + c;
+    *reinterpret_cast<uint4*>(q_row) = packed_gate;
+    *reinterpret_cast<uint4*>(q_row + cols) = packed_up;
+    const auto* wg = reinterpret_cast<const uint32_t*>(&packed_gate);
+    const auto* wu = reinterpret_cast<const uint32_t*>(&packed_up);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      *reinterpret_cast<uint32_t*>(&tile_gate[r][c + 4 * j]) = wg[j];
+      *reinterpret_cast<uint32_t*>(&tile_up[r][c + 4 * j]) = wu[j];
+    }
+  } else {
+    for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+      const int r = e / kTile, c = e % kTile;
+      const int64_t gr = r0 + r, gc = c0 + c;
+      if (gr < rows && gc < cols) {
+        const __nv_bfloat16* row = gate_up + gr * 2 * cols;
+        float dgate, dup;
+        swiglu_backward_values(to_float(dh[gr * cols + gc]), to_float(row[gc]), to_float(row[cols + gc]), dgate, dup);
+        bits = max(bits, max(detail::fp8_abs_bits(dgate), detail::fp8_abs_bits(dup)));
+        tile_gate[r][c] = q[gr * 2 * cols + gc] = detail::fp8_encode<F>(dgate, scale);
+        tile_up[r][c] = q[gr * 2 * cols + cols + gc] = detail::fp8_encode<F>(dup, scale);
+      }
+    }
+  }
+  __syncthreads();
+  if (whole) {
+    write_tile_transposed_vec(ld, r0, c0, q_t, tile_gate);
+    write_tile_transposed_vec(ld, r0, c0, q_t + cols * ld, tile_up);
+  } else {
+    write_tile_transposed(rows, cols, ld, r0, c0, q_t, tile_gate);
+    write_tile_transposed(rows, cols, ld, r0, c0, q_t + cols * ld, tile_up);
+  }
+  block_amax(bits, amax);
+}
+
 // fp8 -> fp8 transpose by the cast-transpose's tiles: q's tile into shared
 // memory (16 bytes a thread where the tile is whole and `vec` allows, else byte
 // by byte), then q_t's rows as fp8_cast_transpose_kernel writes them.
@@ -303,8 +408,8 @@ void check(const Fp8CastArgs& a, const char* op) {
   if (a.q_t_ld != 0 && a.q_t_ld < a.rows) fail("q_t's row pitch must be at least rows");
   if (a.x == nullptr || a.scale == nullptr) fail("x and scale must be non-null");
   if (a.prologue != Fp8Prologue::kNone && a.x_type != Fp8Source::kBF16) fail("the GELU prologues read bf16 x");
-  if ((a.prologue == Fp8Prologue::kGeluTanhBackward) != (a.x2 != nullptr))
-    fail("x2 (GELU's input) is given with the GELU-backward prologue and only there");
+  const bool backward = a.prologue == Fp8Prologue::kGeluTanhBackward || a.prologue == Fp8Prologue::kSwigluBackward;
+  if (backward != (a.x2 != nullptr)) fail("x2 is given with the backward prologues and only there");
 }
 
 bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
@@ -326,6 +431,19 @@ void launch_cast(const Fp8CastArgs& a, cudaStream_t stream) {
   PERFTRAIN_LAUNCH_CHECK();
 }
 
+template <Fp8Format F>
+void launch_swiglu_backward(const Fp8CastArgs& a, cudaStream_t stream) {
+  const dim3 grid = tile_grid(a.rows, a.cols, "fp8_cast_transpose");
+  const auto* dh = static_cast<const __nv_bfloat16*>(a.x);
+  const auto* gate_up = static_cast<const __nv_bfloat16*>(a.x2);
+  const int64_t ld = a.q_t_ld != 0 ? a.q_t_ld : a.rows;
+  const bool vec = a.rows % 16 == 0 && a.cols % 16 == 0 && ld % 16 == 0 && aligned(a.x, 16) && aligned(a.x2, 16) &&
+                   aligned(a.q, 16) && aligned(a.q_t, 16);
+  fp8_swiglu_backward_kernel<F><<<grid, kThreads, 0, stream>>>(dh, gate_up, a.rows, a.cols, a.scale, a.q, a.q_t, ld,
+                                                               a.amax, vec);
+  PERFTRAIN_LAUNCH_CHECK();
+}
+
 template <typename T, Fp8Format F, Fp8Prologue P>
 void launch_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
   const dim3 grid = tile_grid(a.rows, a.cols, "fp8_cast_transpose");
@@ -339,8 +457,9 @@ void launch_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
   PERFTRAIN_LAUNCH_CHECK();
 }
 
-// The launcher for (x_type, format, prologue): the GELU prologues read bf16 only.
-template <template <typename, Fp8Format, Fp8Prologue> class Launch>
+// The launcher for (x_type, format, prologue): the prologues read bf16 only;
+// kTakesGateUp: whether Launch takes the SwiGLU prologue (the cast-transpose).
+template <template <typename, Fp8Format, Fp8Prologue> class Launch, bool kTakesGateUp>
 void dispatch(const Fp8CastArgs& a, cudaStream_t stream) {
   using BF16 = __nv_bfloat16;
   constexpr Fp8Format kE4M3 = Fp8Format::kE4M3, kE5M2 = Fp8Format::kE5M2;
@@ -353,6 +472,13 @@ void dispatch(const Fp8CastArgs& a, cudaStream_t stream) {
     case Fp8Prologue::kGeluTanhBackward:
       e4m3 ? Launch<BF16, kE4M3, Fp8Prologue::kGeluTanhBackward>::run(a, stream)
            : Launch<BF16, kE5M2, Fp8Prologue::kGeluTanhBackward>::run(a, stream);
+      return;
+    case Fp8Prologue::kSwiglu:  // the cast-transpose's only (fp8_cast refuses it)
+      if constexpr (kTakesGateUp)
+        e4m3 ? Launch<BF16, kE4M3, Fp8Prologue::kSwiglu>::run(a, stream)
+             : Launch<BF16, kE5M2, Fp8Prologue::kSwiglu>::run(a, stream);
+      return;
+    case Fp8Prologue::kSwigluBackward:  // its own kernel (fp8_cast_transpose)
       return;
     case Fp8Prologue::kNone:
       break;
@@ -381,15 +507,25 @@ void fp8_cast(const Fp8CastArgs& a, cudaStream_t stream) {
   if (a.q == nullptr) throw std::invalid_argument("fp8_cast: q must be non-null");
   if (a.q_t != nullptr) throw std::invalid_argument("fp8_cast: q_t is fp8_cast_transpose's output");
   if (a.col_partials != nullptr) throw std::invalid_argument("fp8_cast: col_partials is fp8_cast_transpose's output");
+  if (a.prologue == Fp8Prologue::kSwiglu || a.prologue == Fp8Prologue::kSwigluBackward)
+    throw std::invalid_argument("fp8_cast: the SwiGLU prologues are fp8_cast_transpose's");
   if (a.rows * a.cols == 0) return;
-  dispatch<CastLaunch>(a, stream);
+  dispatch<CastLaunch, false>(a, stream);
 }
 
 void fp8_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
   check(a, "fp8_cast_transpose");
   if (a.q_t == nullptr) throw std::invalid_argument("fp8_cast_transpose: q_t must be non-null");
+  if (a.prologue == Fp8Prologue::kSwigluBackward) {
+    if (a.q == nullptr || a.col_partials != nullptr)
+      throw std::invalid_argument("fp8_cast_transpose: SwiGLU's backward writes q and takes no column partials");
+    if (a.rows * a.cols == 0) return;
+    a.format == Fp8Format::kE4M3 ? launch_swiglu_backward<Fp8Format::kE4M3>(a, stream)
+                                 : launch_swiglu_backward<Fp8Format::kE5M2>(a, stream);
+    return;
+  }
   if (a.rows * a.cols == 0) return;
-  dispatch<CastTransposeLaunch>(a, stream);
+  dispatch<CastTransposeLaunch, true>(a, stream);
 }
 
 int64_t fp8_cast_partial_rows(int64_t rows) { return (rows + kTile - 1) / kTile; }

@@ -87,8 +87,25 @@ enum class Fp8Source { kF32, kBF16 };
 //                      backward: n * 4 read + 2n written, where GELU's
 //                      backward, the cast-transpose and the bias's column
 //                      sums apart move 12n.
-// Both GELU values follow ATen's fp32 formulas in ATen's order (tanhf).
-enum class Fp8Prologue { kNone, kGeluTanh, kGeluTanhBackward };
+//   kSwiglu            h = silu(gate) * up rounded to bf16, x = gate_up [rows,
+//                      2 cols] bf16 (gate in columns [0, cols), up in [cols,
+//                      2 cols); cast-transpose only): the bytes
+//                      kernels/swiglu.h's forward stores, so that SwiGLU
+//                      feeding an fp8 product writes h's codes from gate_up:
+//                      n * 4 read + 2n written, where SwiGLU and the cast
+//                      apart move 10n (n = rows * cols);
+//   kSwigluBackward    d(gate_up) [rows, 2 cols] from x = d(h) [rows, cols] and
+//                      x2 = gate_up [rows, 2 cols] (bf16; cast-transpose
+//                      only, its own kernel): d(gate) and d(up) rounded to
+//                      bf16 as kernels/swiglu.h's backward stores them, their
+//                      codes into q [rows, 2 cols] (columns c and cols + c)
+//                      and q_t [2 cols, rows] (rows c and cols + c), the amax
+//                      over both: n * 6 read + 4n written, where SwiGLU's
+//                      backward and the cast-transpose of d(gate_up) apart
+//                      move 18n. No column partials.
+// The GELU values follow ATen's fp32 formulas in ATen's order (tanhf), the
+// SwiGLU ones kernels/swiglu's (expf).
+enum class Fp8Prologue { kNone, kGeluTanh, kGeluTanhBackward, kSwiglu, kSwigluBackward };
 
 struct Fp8CastArgs {
   const void* x = nullptr;  // [rows, cols], dense row-major, in x_type
@@ -101,7 +118,7 @@ struct Fp8CastArgs {
   int64_t q_t_ld = 0;            // q_t's row pitch in bytes (>= rows; 0: rows)
   float* amax = nullptr;         // device scalar (max-accumulated); null: not taken
   Fp8Prologue prologue = Fp8Prologue::kNone;  // what is cast: x, or a GELU of it (above)
-  const void* x2 = nullptr;  // kGeluTanhBackward only: pre [rows, cols] bf16, dense row-major
+  const void* x2 = nullptr;  // the backward prologues only: pre [rows, cols] / gate_up [rows, 2 cols] bf16, dense
   float* col_partials = nullptr;  // cast-transpose only: [fp8_cast_partial_rows(rows), cols] fp32; null: none
 };
 
@@ -117,9 +134,10 @@ struct Fp8RowOut {
 };
 
 // Throw std::invalid_argument on misuse (null x, scale or output, negative
-// sizes, a q_t or col_partials given to fp8_cast, x2 without the
-// GELU-backward prologue or that prologue without x2, a GELU prologue on
-// fp32 x). Nothing runs for an empty matrix.
+// sizes, a q_t, col_partials or SwiGLU prologue given to fp8_cast, x2
+// without a backward prologue or such a prologue without x2, a prologue on
+// fp32 x, SwiGLU's backward without q or with col_partials). Nothing runs
+// for an empty matrix.
 void fp8_cast(const Fp8CastArgs& args, cudaStream_t stream);
 void fp8_cast_transpose(const Fp8CastArgs& args, cudaStream_t stream);
 // Throws std::invalid_argument on null pointers or negative sizes.

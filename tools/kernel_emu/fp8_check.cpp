@@ -14,7 +14,10 @@
 //     GELU-backward one (bf16 x and x2: of x * gelu_tanh'(x2) in bf16, x2 on and off 16-byte
 //     boundaries apart from x); the cast-transpose's column partials (each 64-row tile's
 //     column sums of the values cast, against float64; every partial written, none past them);
-//     the misuses the launchers refuse;
+//     the SwiGLU prologues of the cast-transpose (forward: h = silu(gate) * up from gate_up
+//     [rows, 2 cols]; backward: d(gate) and d(up) from d(h) and gate_up into q [rows, 2 cols]
+//     and q_t [2 cols, rows], dense or with a wider q_t pitch), gates far out (exp over- and
+//     underflow); the misuses the launchers refuse;
 //   - fp8_scaling_update over slots with history lengths 1 .. 1024, amaxes NaN, Inf, 0,
 //     subnormal and ordinary, margins 0 and 3: history, scale, scale_inv, events, amax.
 // Exit 1 on any failure.
@@ -228,6 +231,93 @@ static void check_misuse() {
   a.q_t = nullptr;
   a.col_partials = parts.data();
   expect(refused(a, false), "misuse: column partials from fp8_cast");
+  a = args();
+  a.q_t = nullptr;
+  a.prologue = Fp8Prologue::kSwiglu;
+  expect(refused(a, false), "misuse: the SwiGLU prologue in fp8_cast");
+  a = args();
+  a.prologue = Fp8Prologue::kSwigluBackward;
+  a.x2 = x2.data();
+  a.q = nullptr;
+  expect(refused(a, true), "misuse: SwiGLU's backward without q");
+  a = args();
+  a.prologue = Fp8Prologue::kSwigluBackward;
+  a.x2 = x2.data();
+  a.col_partials = parts.data();
+  expect(refused(a, true), "misuse: SwiGLU's backward with column partials");
+}
+
+// SwiGLU's values as kernels/swiglu stores them (bf16): h, d(gate), d(up).
+static float swiglu_bf16(float g, float u) { return float(tod(fromd<bf16>(g / (1.f + std::exp(-g)) * u))); }
+static void swiglu_backward_bf16(float dy, float g, float u, float& dgate, float& dup) {
+  const float s = 1.f / (1.f + std::exp(-g));
+  dgate = float(tod(fromd<bf16>(dy * u * (s * (1.f + g * (1.f - s))))));
+  dup = float(tod(fromd<bf16>(dy * (g * s))));
+}
+
+// The cast-transpose's SwiGLU prologues: forward (x = gate_up [rows, 2 cols] -> h's codes
+// [rows, cols] and q_t) and backward (x = d(h) [rows, cols], x2 = gate_up -> d(gate_up)'s
+// codes [rows, 2 cols] and q_t [2 cols, ld]); every byte, nothing past the outputs, the amax.
+static void check_swiglu(int64_t rows, int64_t cols, Fp8Format f, size_t offset, bool backward,
+                         int64_t pitch_extra = 0) {
+  const int64_t out_cols = backward ? 2 * cols : cols, ld = rows + pitch_extra;
+  const std::string where = std::to_string(rows) + "x" + std::to_string(cols) + " " + k::fp8_format_name(f) +
+                            " offset " + std::to_string(offset) + (backward ? " SwiGLU backward" : " SwiGLU") +
+                            (pitch_extra ? " q_t pitch " + std::to_string(ld) : "");
+  std::vector<bf16> gus(rows * 2 * cols + offset + 16), dhs(rows * cols + offset + 16);
+  bf16* gu = placed(gus, offset);
+  bf16* dh = placed(dhs, offset);
+  std::normal_distribution<float> gate_value(0.f, 3.f);
+  for (int64_t i = 0; i < rows * 2 * cols; ++i) {
+    const bool gate = i % (2 * cols) < cols;
+    gu[i] = fromd<bf16>(gate ? (i % 89 == 7 ? 100.f * gate_value(rng) : gate_value(rng)) : wide_value());
+  }
+  for (int64_t i = 0; i < rows * cols; ++i) dh[i] = fromd<bf16>(wide_value());
+  const float scale = 2.75f, start_amax = 0.125f;
+  float scale_dev = scale, amax = start_amax;
+  std::vector<uint8_t> q(rows * out_cols + kPad, kSentinel), qt(out_cols * ld + kPad, kSentinel);
+  k::Fp8CastArgs a;
+  a.x = backward ? static_cast<const void*>(dh) : static_cast<const void*>(gu);
+  a.x2 = backward ? gu : nullptr;
+  a.rows = rows;
+  a.cols = cols;
+  a.format = f;
+  a.scale = &scale_dev;
+  a.q = q.data();
+  a.q_t = qt.data();
+  a.q_t_ld = pitch_extra ? ld : 0;
+  a.amax = &amax;
+  a.prologue = backward ? Fp8Prologue::kSwigluBackward : Fp8Prologue::kSwiglu;
+  k::fp8_cast_transpose(a, nullptr);
+  unsigned want_amax = abs_bits(start_amax);
+  int bad = 0, bad_t = 0;
+  auto expect_code = [&](int64_t r, int64_t c, float v) {
+    want_amax = std::max(want_amax, abs_bits(v));
+    const uint8_t want = std::isnan(v) ? 0x7f : fp8_codes::encode(v * scale, f);
+    bad += !same_code(q[r * out_cols + c], want, f);
+    bad_t += !same_code(qt[c * ld + r], want, f);
+  };
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float g = float(tod(gu[r * 2 * cols + c])), u = float(tod(gu[r * 2 * cols + cols + c]));
+      if (!backward) {
+        expect_code(r, c, swiglu_bf16(g, u));
+      } else {
+        float dgate, dup;
+        swiglu_backward_bf16(float(tod(dh[r * cols + c])), g, u, dgate, dup);
+        expect_code(r, c, dgate);
+        expect_code(r, cols + c, dup);
+      }
+    }
+  expect(bad == 0, where + ": " + std::to_string(bad) + " q codes differ");
+  expect(bad_t == 0, where + ": " + std::to_string(bad_t) + " q_t codes differ");
+  bool pads = true;
+  for (size_t i = rows * out_cols; i < q.size(); ++i) pads = pads && q[i] == kSentinel;
+  for (size_t i = 0; i < qt.size(); ++i)
+    if (int64_t(i) >= out_cols * ld || int64_t(i) % ld >= rows) pads = pads && qt[i] == kSentinel;
+  expect(pads, where + ": a write past an output");
+  expect(abs_bits(amax) == want_amax || __float_as_uint(amax) == want_amax,
+         where + ": amax bits " + std::to_string(__float_as_uint(amax)) + ", want " + std::to_string(want_amax));
 }
 
 // The rule of kernels/fp8_scaling.h, written out on one slot.
@@ -325,6 +415,8 @@ int main() {
         }
         check_cast<bf16>(s[0], s[1], f, offset, true, offset == 0, 0, Fp8Prologue::kNone, true);
         check_cast<float>(s[0], s[1], f, offset, true, true, 16, Fp8Prologue::kNone, true);
+        for (const bool backward : {false, true})
+          for (const int64_t extra : {0, 16}) check_swiglu(s[0], s[1], f, offset, backward, extra);
       }
   check_misuse();
   check_scaling();
