@@ -17,7 +17,9 @@
 // for fc1's dY of that shape, a GELU-backward pass writing bf16 d(pre), its
 // E5M2 cast-transpose and the bias's column sums, against the cast-transpose's
 // GELU-backward prologue with its column partials and their reduction
-// (ops/fp8_linear_gelu).
+// (ops/fp8_linear_gelu); and likewise for a SwiGLU of that width (the
+// single-stream FFN's h and d(gate_up): kernels/swiglu's forward or backward
+// then the cast-transpose, against the SwiGLU prologues, ops/fp8_linear_swiglu).
 // Inputs: uniform in [-1, 1] (X, dY) and [-1/sqrt(K), 1/sqrt(K)] (W), the
 // scales mapping those bounds to the format's max. Per call: the median of
 // 7 windows of 20 back-to-back calls (check_util.h).
@@ -43,6 +45,7 @@
 #include "kernels/fp8_cast.h"
 #include "kernels/gemm_lt.h"
 #include "kernels/residual_adaln.h"
+#include "kernels/swiglu.h"
 
 namespace {
 
@@ -257,6 +260,47 @@ int gelu_backward_paths(int64_t m, int64_t k, const Operand& x, cudaStream_t s) 
   return 0;
 }
 
+// Where X is SwiGLU's output h [M, K] (ffn.down's input): h from gate_up
+// [M, 2K] by kernels/swiglu then its cast-transpose, against the SwiGLU
+// prologue; d(gate_up) by kernels/swiglu's backward then its E5M2
+// cast-transpose [M, 2K], against the SwiGLU-backward prologue.
+int swiglu_paths(int64_t m, int64_t k, const Operand& x, cudaStream_t s) {
+  Buffers b;
+  auto* gate_up = static_cast<bf16*>(b.get(2 * m * k * sizeof(bf16)));
+  auto* dh = static_cast<bf16*>(b.get(m * k * sizeof(bf16)));
+  fill_uniform<<<1024, 256>>>(gate_up, 2 * m * k, 3.0f, 19);
+  fill_uniform<<<1024, 256>>>(dh, m * k, 1.0f, 23);
+  Operand h = x;  // [M, K] E4M3
+  h.x = static_cast<bf16*>(b.get(m * k * sizeof(bf16)));
+  Operand dgu = x;  // [M, 2K] E5M2
+  dgu.format = Fp8Format::kE5M2;
+  dgu.cols = 2 * k;
+  dgu.x = static_cast<bf16*>(b.get(2 * m * k * sizeof(bf16)));
+  dgu.q = static_cast<uint8_t*>(b.get(2 * m * k));
+  dgu.q_t = static_cast<uint8_t*>(b.get(2 * m * k));
+  double unfused = 0, fused = 0, unfused_bwd = 0, fused_bwd = 0;
+  Operand from_gate_up = h;
+  from_gate_up.x = gate_up;
+  from_gate_up.cols = k;
+  if (median_launch_ms([&] { perftrain::kernels::swiglu_forward(gate_up, h.x, m, int(k), s), cast_transpose(h, s); },
+                       &unfused) != 0 ||
+      median_launch_ms([&] { cast_transpose(from_gate_up, s, perftrain::kernels::Fp8Prologue::kSwiglu); }, &fused) != 0)
+    return 1;
+  Operand from_dh = dgu;
+  from_dh.x = dh;
+  from_dh.cols = k;
+  if (median_launch_ms([&] { perftrain::kernels::swiglu_backward(dh, gate_up, dgu.x, m, int(k), s), cast_transpose(dgu, s); },
+                       &unfused_bwd) != 0 ||
+      median_launch_ms([&] { cast_transpose(from_dh, s, perftrain::kernels::Fp8Prologue::kSwigluBackward, gate_up); },
+                       &fused_bwd) != 0)
+    return 1;
+  std::printf("  X from SwiGLU: bf16 h + cast-transpose %.3f ms, the SwiGLU prologue %.3f ms (%.3f ms saved)\n",
+              unfused, fused, unfused - fused);
+  std::printf("  dY from SwiGLU's backward: bf16 d(gate_up) + cast-transpose %.3f ms, the SwiGLU-backward prologue "
+              "%.3f ms (%.3f ms saved)\n", unfused_bwd, fused_bwd, unfused_bwd - fused_bwd);
+  return 0;
+}
+
 // Where X is GELU's output (fc2's input, K = 4D): GELU writing bf16 act then
 // X's cast-transpose, against the cast-transpose's GELU prologue reading pre
 // (ops/fp8_linear_gelu): the ms of each and their difference.
@@ -329,7 +373,8 @@ int run_shape(int64_t m, int64_t k, int64_t n, const GemmContext& ctx) {
   std::printf("  layer: bf16 %.3f ms, fp8 %.3f ms (products %.3f + casts %.3f): %.2fx\n", bf_total,
               f8_total + casts, f8_total, casts, bf_total / (f8_total + casts));
   std::printf("  fp8 forward against bf16 (first 64 rows): relative L2 %.4f\n", forward_difference(y_fp8, y_bf16, n));
-  if (k > n) return gelu_paths(m, k, x, ctx.stream) | gelu_backward_paths(m, k, x, ctx.stream);  // fc2's shape: X is act
+  if (k > n)  // fc2's or down's shape: X is GELU's or SwiGLU's output
+    return gelu_paths(m, k, x, ctx.stream) | gelu_backward_paths(m, k, x, ctx.stream) | swiglu_paths(m, k, x, ctx.stream);
   return norm_paths(m, k, x, ctx.stream);
 }
 

@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "ops/fp8_linear.h"
 #include "ops/fp8_linear_gelu.h"
+#include "ops/fp8_linear_swiglu.h"
 #include "ops/linear.h"
 #include "ops/stacked_linear.h"
 
@@ -144,6 +145,17 @@ std::optional<ops::Fp8Operand> block_linear_gelu(const Fp8Block& f, const char* 
   const ops::Fp8Scaling& state = f.states->state(f.key + "." + layer, x.x.device());
   const ops::Fp8Scaling& next = f.states->state(f.key + "." + next_layer, x.x.device());
   return ops::fp8_linear_gelu(x, weight, bias, state, ops::fp8_linear_input_target(next));
+}
+
+std::optional<ops::Fp8Operand> block_linear_swiglu(const Fp8Block& f, const char* layer, const ops::Fp8Operand& x,
+                                                   const std::vector<at::Tensor>& weights, const char* next_layer,
+                                                   int64_t next_out_features) {
+  if (f.states == nullptr || !f.states->fused_casts() || weights.size() != 2 ||
+      !ops::fp8_linear_swiglu_supported(x.x, weights[0].size(0), next_out_features))
+    return std::nullopt;
+  const ops::Fp8Scaling& state = f.states->state(f.key + "." + layer, x.x.device());
+  const ops::Fp8Scaling& next = f.states->state(f.key + "." + next_layer, x.x.device());
+  return ops::fp8_linear_swiglu(x, weights, state, ops::fp8_linear_input_target(next));
 }
 
 std::optional<ops::Fp8Target> block_linear_target(const Fp8Block& f, const char* layer, const at::Tensor& x,

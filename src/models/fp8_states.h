@@ -121,6 +121,13 @@ std::optional<ops::Fp8Operand> block_linear_gelu(const Fp8Block& f, const char* 
                                                  const at::Tensor& weight, const at::Tensor& bias,
                                                  const char* next_layer, int64_t next_out_features);
 
+// `layer` as the row blocks {gate, up} then SwiGLU feeding `next_layer`,
+// likewise: ops::fp8_linear_swiglu, or none where block_linear and
+// ops::swiglu run.
+std::optional<ops::Fp8Operand> block_linear_swiglu(const Fp8Block& f, const char* layer, const ops::Fp8Operand& x,
+                                                   const std::vector<at::Tensor>& weights, const char* next_layer,
+                                                   int64_t next_out_features);
+
 // Where the kernel that makes the input x of `layer` (a norm; x of its shape
 // and dtype; out_features: the layer's weight rows) writes its E4M3 codes:
 // the x slot of the layer's state, where block_linear will run the layer in

@@ -1,6 +1,7 @@
 #include "ops/fp8_linear.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <c10/core/DeviceGuard.h>
@@ -151,6 +152,30 @@ at::Tensor fp8_linear_dw(const at::Tensor& dq_t, const at::Tensor& xq_t, const a
 void check_fp8_linear_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                            const Fp8Scaling& state) {
   check_args(x, weight, bias, state);
+}
+
+void check_fp8_linear_args(const at::Tensor& x, const std::vector<at::Tensor>& weights, const Fp8Scaling& state) {
+  check_args(x, weights, state);
+}
+
+void fp8_cast_transpose_prologue(const at::Tensor& src, const at::Tensor& x2, int64_t rows, int64_t cols,
+                                 kernels::Fp8Prologue prologue, Fp8Format format, const at::Tensor& scale,
+                                 const at::Tensor& amax, const at::Tensor& q, const at::Tensor& q_t,
+                                 const at::Tensor& partials) {
+  kernels::Fp8CastArgs a;
+  a.x = src.data_ptr();
+  a.x_type = kernels::Fp8Source::kBF16;
+  a.rows = rows;
+  a.cols = cols;
+  a.format = format;
+  a.scale = scale.data_ptr<float>();
+  a.amax = amax.data_ptr<float>();
+  a.q = static_cast<uint8_t*>(q.data_ptr());
+  a.q_t = static_cast<uint8_t*>(q_t.data_ptr());
+  a.prologue = prologue;
+  if (x2.defined()) a.x2 = x2.data_ptr();
+  if (partials.defined()) a.col_partials = partials.data_ptr<float>();
+  kernels::fp8_cast_transpose(a, at::cuda::getCurrentCUDAStream().stream());
 }
 
 at::Tensor checked_fp8_codes(const Fp8Operand& x) {

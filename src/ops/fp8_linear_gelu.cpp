@@ -1,6 +1,5 @@
 #include "ops/fp8_linear_gelu.h"
 
-#include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <c10/core/DeviceGuard.h>
@@ -25,28 +24,6 @@ using torch::autograd::variable_list;
 
 constexpr const char* kOp = "fp8_linear_gelu";
 
-// One pass of the cast-transpose kernel over src [m, n] bf16 (and pre for the
-// GELU-backward prologue) into q, q_t, max-accumulating amax; column
-// partials where given.
-void cast_transpose_with(const at::Tensor& src, const at::Tensor& pre, kernels::Fp8Prologue prologue,
-                         kernels::Fp8Format format, const at::Tensor& scale, const at::Tensor& amax,
-                         const at::Tensor& q, const at::Tensor& q_t, const at::Tensor& partials) {
-  kernels::Fp8CastArgs a;
-  a.x = src.data_ptr();
-  a.x_type = kernels::Fp8Source::kBF16;
-  a.rows = src.size(0);
-  a.cols = src.size(1);
-  a.format = format;
-  a.scale = scale.data_ptr<float>();
-  a.amax = amax.data_ptr<float>();
-  a.q = static_cast<uint8_t*>(q.data_ptr());
-  a.q_t = static_cast<uint8_t*>(q_t.data_ptr());
-  a.prologue = prologue;
-  if (pre.defined()) a.x2 = pre.data_ptr();
-  if (partials.defined()) a.col_partials = partials.data_ptr<float>();
-  kernels::fp8_cast_transpose(a, at::cuda::getCurrentCUDAStream().stream());
-}
-
 // Inputs: x, weight, bias, fc1's amax, scale, scale_inv, x's codes and
 // transposed codes (where its producer wrote them), the consumer's x scale
 // and amax. Outputs: act's stand-in (differentiable), its codes and
@@ -69,8 +46,8 @@ struct Fp8LinearGeluFunction : torch::autograd::Function<Fp8LinearGeluFunction> 
                         bias.defined() ? bias.contiguous() : bias);
     const auto codes_options = x.options().dtype(at::kFloat8_e4m3fn);
     at::Tensor codes = at::empty({m, n}, codes_options), codes_t = at::empty({n, m}, codes_options);
-    cast_transpose_with(pre, at::Tensor(), kernels::Fp8Prologue::kGeluTanh, kernels::Fp8Format::kE4M3, act_scale,
-                        act_amax, codes, codes_t, at::Tensor());
+    detail::fp8_cast_transpose_prologue(pre, at::Tensor(), m, n, kernels::Fp8Prologue::kGeluTanh, Fp8Format::kE4M3,
+                                        act_scale, act_amax, codes, codes_t, at::Tensor());
     ctx->save_for_backward({xq.q_t, wq.q_t, pre});
     ctx->saved_data["amax"] = amax;
     ctx->saved_data["scale"] = scale;
@@ -100,8 +77,8 @@ struct Fp8LinearGeluFunction : torch::autograd::Function<Fp8LinearGeluFunction> 
     const at::Tensor dq = at::empty({m, n}, codes_options), dq_t = at::empty({n, m}, codes_options);
     const at::Tensor partials =
         need_db ? at::empty({kernels::fp8_cast_partial_rows(m), n}, pre.options().dtype(at::kFloat)) : at::Tensor();
-    cast_transpose_with(dact, pre, kernels::Fp8Prologue::kGeluTanhBackward, kernels::Fp8Format::kE5M2,
-                        scale.select(0, kFp8Dy), amax.select(0, kFp8Dy), dq, dq_t, partials);
+    detail::fp8_cast_transpose_prologue(dact, pre, m, n, kernels::Fp8Prologue::kGeluTanhBackward, Fp8Format::kE5M2,
+                                        scale.select(0, kFp8Dy), amax.select(0, kFp8Dy), dq, dq_t, partials);
     if (need_dx) {
       out[0] = at::empty(s.x_sizes, dact.options());
       detail::fp8_linear_dx(dq, wq_t, scale_inv, out[0].view({m, k}));

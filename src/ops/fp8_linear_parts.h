@@ -17,6 +17,8 @@ namespace perftrain::ops::detail {
 // fp8_linear's argument checks (x, weight, bias, state, sizes; UsageError).
 void check_fp8_linear_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                            const Fp8Scaling& state);
+// The same for a weight given as row blocks [N_i, K] (no bias).
+void check_fp8_linear_args(const at::Tensor& x, const std::vector<at::Tensor>& weights, const Fp8Scaling& state);
 // An operand's codes [M, K] E4M3 on x's device, contiguous, and its
 // transposed codes [K, M] where given (std::nullopt otherwise); UsageError
 // on other shapes or dtypes.
@@ -50,5 +52,15 @@ void fp8_linear_dx(const at::Tensor& dq, const at::Tensor& wq_t, const at::Tenso
 // dW [n, k] = dY^T x from dY^T's codes [n, m] and x^T's [k, m], in w_dtype.
 at::Tensor fp8_linear_dw(const at::Tensor& dq_t, const at::Tensor& xq_t, const at::Tensor& scale_inv,
                          at::ScalarType w_dtype);
+
+// One launch of kernels::fp8_cast_transpose on the current stream with a
+// prologue (kernels/fp8_cast.h): src bf16 [rows, cols] (gate_up [rows, 2 cols]
+// for kSwiglu), x2 where the prologue reads one (else undefined), into q and
+// q_t of `format`, max-accumulating amax under scale (one fp32 element
+// each); column partials where defined.
+void fp8_cast_transpose_prologue(const at::Tensor& src, const at::Tensor& x2, int64_t rows, int64_t cols,
+                                 kernels::Fp8Prologue prologue, Fp8Format format, const at::Tensor& scale,
+                                 const at::Tensor& amax, const at::Tensor& q, const at::Tensor& q_t,
+                                 const at::Tensor& partials);
 
 }  // namespace perftrain::ops::detail

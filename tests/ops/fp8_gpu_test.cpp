@@ -8,7 +8,8 @@
 // fp8_linear forward and backward against its reference, captured equals
 // eager, bit-identical reruns; a weight as row blocks (cast in place) equal to
 // its concatenation bit for bit; the GELU prologues against ATen's GELU and
-// its backward, and fp8_linear_gelu against its ops apart. Skips without a GPU.
+// its backward, the SwiGLU ones against ops::swiglu, and fp8_linear_gelu and
+// fp8_linear_swiglu against their ops apart. Skips without a GPU.
 #include <ATen/TensorOperators.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -38,9 +39,12 @@
 #include "ops/adaln_layernorm.h"
 #include "ops/fp8_linear.h"
 #include "ops/fp8_linear_gelu.h"
+#include "ops/fp8_linear_parts.h"
+#include "ops/fp8_linear_swiglu.h"
 #include "ops/residual_adaln.h"
 #include "ops/residual_rms_adaln.h"
 #include "ops/rms_adaln.h"
+#include "ops/swiglu.h"
 #include "support/graph_checks.h"
 #include "support/tensor_checks.h"
 
@@ -555,6 +559,119 @@ TEST(Fp8Gpu, LinearGeluMatchesItsOpsApart) {
           const at::Tensor y =
               fp8_linear(fp8_linear_gelu({x, at::Tensor()}, w1, b1, s1, fp8_linear_input_target(s2)), w2, at::Tensor(), s2);
           return torch::autograd::grad({y}, {x, w1, b1, w2}, {dy});
+        },
+        what);
+  }
+}
+
+// The cast-transpose's SwiGLU prologues on the GPU (kernels/fp8_cast.h): h's
+// codes from gate_up against fp8_cast_transpose(ops::swiglu(gate_up)), and
+// d(gate_up)'s codes from d(h) and gate_up against the cast-transpose of
+// ops::swiglu's backward (a whole-tile shape and odd edges), the amax, and a
+// CUDA graph's replay the eager result.
+TEST(Fp8Gpu, SwigluProloguesCastSwigluAndItsBackward) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  for (const auto& [rows, f] : {std::pair<int64_t, int64_t>{1024, 1536}, std::pair<int64_t, int64_t>{333, 80}}) {
+    at::Generator g = cuda_gen(80 + rows);
+    const std::string what = std::to_string(rows) + "x" + std::to_string(f);
+    const at::Tensor gate_up = rnd({rows, 2 * f}, g, at::kBFloat16, 2.0, -0.2), dh = rnd({rows, f}, g, at::kBFloat16);
+    const Fp8Scaling fused = make_fp8_linear_scaling(4, kCuda), plain = make_fp8_linear_scaling(4, kCuda);
+    for (const Fp8Scaling* s : {&fused, &plain}) {
+      s->scale[kFp8X].fill_(150.f);     // some of h saturates
+      s->scale[kFp8Dy].fill_(20000.f);  // and of d(gate_up)
+    }
+    auto run = [&](bool back) {
+      const int64_t out_cols = back ? 2 * f : f;
+      const auto dt = back ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn;
+      Fp8Casts out{at::empty({rows, out_cols}, gate_up.options().dtype(dt)),
+                   at::empty({out_cols, rows}, gate_up.options().dtype(dt))};
+      const int slot = back ? kFp8Dy : kFp8X;
+      detail::fp8_cast_transpose_prologue(back ? dh : gate_up, back ? gate_up : at::Tensor(), rows, f,
+                                          back ? kernels::Fp8Prologue::kSwigluBackward : kernels::Fp8Prologue::kSwiglu,
+                                          back ? Fp8Format::kE5M2 : Fp8Format::kE4M3, fused.scale.select(0, slot),
+                                          fused.amax.select(0, slot), out.q, out.q_t, at::Tensor());
+      return out;
+    };
+    const Fp8Casts h = run(false), dgu = run(true);
+    const at::Tensor gu = gate_up.clone().requires_grad_();
+    const at::Tensor h_ref = swiglu(gu);
+    const at::Tensor dgu_ref = torch::autograd::grad({h_ref}, {gu}, {dh})[0];
+    const Fp8Casts want_h = fp8_cast_transpose(h_ref.detach(), plain.scale.select(0, kFp8X),
+                                               plain.amax.select(0, kFp8X), Fp8Format::kE4M3);
+    const Fp8Casts want_dgu = fp8_cast_transpose(dgu_ref, plain.scale.select(0, kFp8Dy), plain.amax.select(0, kFp8Dy),
+                                                 Fp8Format::kE5M2);
+    expect_codes_nearly(h.q, want_h.q, rows * f, 448.0 / 8, what + " h");
+    expect_codes_nearly(dgu.q, want_dgu.q, rows * 2 * f, 57344.0 / 4, what + " d(gate_up)");
+    EXPECT_TRUE(same_codes(fp8_transpose(h.q), h.q_t, Fp8Format::kE4M3)) << what;
+    EXPECT_TRUE(same_codes(fp8_transpose(dgu.q), dgu.q_t, Fp8Format::kE5M2)) << what;
+    for (const int slot : {kFp8X, kFp8Dy})
+      EXPECT_NEAR(fused.amax[slot].item<float>(), plain.amax[slot].item<float>(), 1e-2 * plain.amax[slot].item<float>())
+          << what << " slot " << slot;
+    perftrain::testing::expect_graph_replays_match_eager(
+        [&] {
+          const Fp8Casts o = run(true);
+          return std::vector<at::Tensor>{o.q.view(at::kByte), o.q_t.view(at::kByte)};
+        },
+        what);
+  }
+}
+
+// fp8_linear_swiglu (ops/fp8_linear_swiglu.h) against fp8_linear on the row
+// blocks, ops::swiglu and fp8_linear apart (the single-stream FFN's gate-up,
+// SwiGLU and down; x from a norm's codes and as a tensor): y, dX, dW_gate,
+// dW_up, dW_down and both states' amax, to within what one code in 10^4
+// taking its neighbour moves; h not written; captured = eager; reruns bit
+// for bit.
+TEST(Fp8Gpu, LinearSwigluMatchesItsOpsApart) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  struct Shape {
+    int64_t m, k, f, n2;
+  };
+  for (const Shape sh : {Shape{2048, 384, 1024, 384}, Shape{336, 80, 208, 48}}) {
+    const std::string what = std::to_string(sh.m) + "x" + std::to_string(sh.k) + "->2x" + std::to_string(sh.f);
+    at::Generator g = cuda_gen(110 + sh.m);
+    const at::Tensor x0 = rnd({sh.m / 16, 16, sh.k}, g, at::kBFloat16), wg0 = rnd({sh.f, sh.k}, g, at::kFloat, 0.06, 0.0),
+                     wu0 = rnd({sh.f, sh.k}, g, at::kFloat, 0.06, 0.0), wd0 = rnd({sh.n2, sh.f}, g, at::kFloat, 0.05, 0.0),
+                     dy = rnd({sh.m / 16, 16, sh.n2}, g, at::kBFloat16);
+    auto run = [&](bool fused, bool codes) {
+      const Fp8Scaling s1 = make_fp8_linear_scaling(4, kCuda), s2 = make_fp8_linear_scaling(4, kCuda);
+      const at::Tensor x = x0.clone().requires_grad_(), wg = wg0.clone().requires_grad_(),
+                       wu = wu0.clone().requires_grad_(), wd = wd0.clone().requires_grad_();
+      const Fp8Operand in =
+          codes ? fp8_operand_of(x, fp8_linear_input_target(s1), "test") : Fp8Operand{x, at::Tensor(), at::Tensor()};
+      at::Tensor y;
+      if (fused) {
+        const Fp8Operand h = fp8_linear_swiglu(in, {wg, wu}, s1, fp8_linear_input_target(s2));
+        EXPECT_TRUE(h.x.isnan().all().item<bool>()) << what << ": h is written";
+        y = fp8_linear(h, wd, at::Tensor(), s2);
+      } else {
+        y = fp8_linear(swiglu(fp8_linear(in, std::vector<at::Tensor>{wg, wu}, s1)), wd, at::Tensor(), s2);
+      }
+      auto grads = torch::autograd::grad({y}, {x, wg, wu, wd}, {dy});
+      grads.insert(grads.begin(), y.detach());
+      grads.push_back(s1.amax.clone());
+      grads.push_back(s2.amax.clone());
+      return grads;
+    };
+    const char* names[] = {"y", "dx", "dw_gate", "dw_up", "dw_down", "gate_up amax", "down amax"};
+    for (const bool codes : {false, true}) {
+      const auto fused = run(true, codes), plain = run(false, codes), again = run(true, codes);
+      for (size_t i = 0; i < fused.size(); ++i) {
+        const double scale = plain[i].abs().max().item<double>();
+        EXPECT_LE((fused[i].to(at::kDouble) - plain[i].to(at::kDouble)).abs().max().item<double>(), 2e-2 * scale)
+            << what << " " << names[i] << (codes ? " (x as codes)" : "");
+        EXPECT_TRUE(at::equal(fused[i], again[i])) << what << " " << names[i] << ": a rerun differs";
+      }
+      EXPECT_GT(fused[5][kFp8Dy].item<float>(), 0.f) << what << ": the product's dY amax is not taken";
+    }
+    const Fp8Scaling s1 = make_fp8_linear_scaling(4, kCuda), s2 = make_fp8_linear_scaling(4, kCuda);
+    perftrain::testing::expect_graph_replays_match_eager(
+        [&] {  // the states' amax only max-accumulates the same values again
+          const at::Tensor x = x0.clone().requires_grad_(), wg = wg0.clone().requires_grad_(),
+                           wu = wu0.clone().requires_grad_(), wd = wd0.clone().requires_grad_();
+          const at::Tensor y =
+              fp8_linear(fp8_linear_swiglu({x, at::Tensor()}, {wg, wu}, s1, fp8_linear_input_target(s2)), wd, at::Tensor(), s2);
+          return torch::autograd::grad({y}, {x, wg, wu, wd}, {dy});
         },
         what);
   }

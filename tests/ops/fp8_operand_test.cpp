@@ -4,8 +4,9 @@
 // an operand gives the y, the gradients (x's back through the norm, the
 // weight's from the transposed codes) and the state of fp8_linear on h;
 // fp8_transpose is the transpose; codes of the wrong shape or format raise
-// UsageError; a fused norm makes no h. (The CUDA kernels' bytes: kernels.emu_fp8_norm and
-// fp8_gpu_test.cpp.)
+// UsageError; a fused norm makes no h. fp8_linear_gelu and fp8_linear_swiglu
+// (their references on the CPU) give what their ops apart give. (The CUDA
+// kernels' bytes: kernels.emu_fp8_norm, kernels.emu_fp8 and fp8_gpu_test.cpp.)
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/gelu.h>
@@ -22,10 +23,12 @@
 #include "ops/fp8_cast.h"
 #include "ops/fp8_linear.h"
 #include "ops/fp8_linear_gelu.h"
+#include "ops/fp8_linear_swiglu.h"
 #include "ops/residual_adaln.h"
 #include "ops/residual_rms_adaln.h"
 #include "ops/rms_adaln.h"
 #include "ops/row_norm_op.h"
+#include "ops/swiglu.h"
 
 namespace perftrain::ops {
 namespace {
@@ -137,6 +140,39 @@ TEST(Fp8Operand, LinearGeluIsFc1ThenTheCastOfGelu) {
   Fp8Operand wrong = op;
   wrong.codes_t = op.codes;  // [10, 32], not [32, 10]
   EXPECT_THROW(fp8_linear(wrong, w2, at::Tensor(), s2), UsageError);
+}
+
+// fp8_linear_swiglu on the CPU is its reference: the gate-up product as
+// fp8_linear on the row blocks, the codes and amax of the cast of
+// ops::swiglu for down, so down on them gives the y, gradients and states
+// of the ops apart.
+TEST(Fp8Operand, LinearSwigluIsTheProductThenTheCastOfSwiglu) {
+  const at::Tensor x0 = at::randn({2, 5, 24}).to(at::kBFloat16), wg = at::randn({32, 24}) / 4,
+                   wu = at::randn({32, 24}) / 4, wd = at::randn({16, 32}) / 6;
+  const at::Tensor dy = at::randn({2, 5, 16}).to(at::kBFloat16);
+  auto run = [&](bool fused) {
+    const Fp8Scaling s1 = state_with_scales(), s2 = state_with_scales();
+    const at::Tensor x = x0.clone().requires_grad_(), wgl = wg.clone().requires_grad_(),
+                     wul = wu.clone().requires_grad_(), wdl = wd.clone().requires_grad_();
+    const at::Tensor y =
+        fused ? fp8_linear(fp8_linear_swiglu({x, at::Tensor()}, {wgl, wul}, s1, fp8_linear_input_target(s2)), wdl,
+                           at::Tensor(), s2)
+              : fp8_linear(swiglu(fp8_linear(x, std::vector<at::Tensor>{wgl, wul}, s1)), wdl, at::Tensor(), s2);
+    const auto g = torch::autograd::grad({y}, {x, wgl, wul, wdl}, {dy});
+    return std::vector<at::Tensor>{y, g[0], g[1], g[2], g[3], s1.amax.clone(), s2.amax.clone()};
+  };
+  const auto fused = run(true), plain = run(false);
+  for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(at::equal(fused[i], plain[i])) << i;
+  EXPECT_GT(fused[2].abs().sum().item<float>(), 0.f);
+  EXPECT_GT(fused[5][kFp8Dy].item<float>(), 0.f) << "the product's dY amax is taken";
+  const Fp8Scaling s1 = state_with_scales(), s2 = state_with_scales();
+  const Fp8Operand op = fp8_linear_swiglu({x0, at::Tensor()}, {wg, wu}, s1, fp8_linear_input_target(s2));
+  const at::Tensor h = swiglu(fp8_linear(x0, std::vector<at::Tensor>{wg, wu}, state_with_scales()));
+  EXPECT_TRUE(at::equal(bits(op.codes), bits(fp8_quantize_reference(h.reshape({10, 32}), s2.scale.select(0, kFp8X),
+                                                                      Fp8Format::kE4M3))));
+  EXPECT_THROW(fp8_linear_swiglu({x0, at::Tensor()}, {wg}, s1, fp8_linear_input_target(s2)), UsageError);
+  EXPECT_THROW(fp8_linear_swiglu({x0, at::Tensor()}, {wg, wu.narrow(0, 0, 16)}, s1, fp8_linear_input_target(s2)),
+               UsageError);
 }
 
 TEST(Fp8Operand, TransposeAndStandIn) {

@@ -92,7 +92,11 @@ std::pair<at::Tensor, ops::Fp8Operand> single_stream_attention_half(const Single
 at::Tensor single_stream_ffn_branch(const SingleStreamBlockWeights& w, const ops::Fp8Operand& h2,
                                     bool keep_activation, const Fp8Block& fp8) {
   if (fp8.states != nullptr) {
-    // gate and up as the row blocks of one weight: cast in place, no concatenation.
+    // gate and up as the row blocks of one weight: cast in place, no
+    // concatenation; SwiGLU in the casts on either side where both products
+    // run in fp8 (ops/fp8_linear_swiglu.h), else on its own.
+    if (const auto h = block_linear_swiglu(fp8, "ffn.gate_up", h2, {w.gate_w, w.up_w}, "ffn.down", w.down_w.size(0)))
+      return block_linear(fp8, "ffn.down", *h, w.down_w);
     const at::Tensor gate_up = block_linear(fp8, "ffn.gate_up", h2, {w.gate_w, w.up_w});  // [B, S, 2F]
     return block_linear(fp8, "ffn.down", ops::swiglu(gate_up), w.down_w);
   }
