@@ -11,7 +11,7 @@
 #  3. perftrain bench DiT-B/2 b256 and DiT-XL/2 b256, variant all, bf16 then fp8: step time and images/s side
 #     by side (bench-*.md/json), the fp8 one profiled (--profile: "fp8 casts and scaling" as a kind).
 # PART=fused instead (about 3 minutes): only the fp8 tests (the norms' fused codes among them: Fp8Gpu.Norm*,
-# Fp8Gpu.LinearOnNormCodes*, Fp8Gpu.GeluPrologues*, Fp8Gpu.LinearGelu*, Fp8Operand.*, Families/Fp8FamilyTest.FusedCasts*) and perftrain bench
+# Fp8Gpu.LinearOnNormCodes*, Fp8Gpu.GeluPrologues*, Fp8Gpu.LinearGelu*, Fp8Gpu.SwigluPrologues*, Fp8Gpu.LinearSwiglu*, Fp8Operand.*, Families/Fp8FamilyTest.FusedCasts*) and perftrain bench
 # DiT-XL/2 b256 in fp8, profiled (the casts' share under "fp8 casts and scaling": attn.qkv's, mlp.fc1's and mlp.fc2's
 # x casts are gone from it), after fp8_gemm_bench's qkv, fc1 and fc2 shapes (its "X from its norm" and "X from GELU"
 # lines: the unfused and fused ms).
