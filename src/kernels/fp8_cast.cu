@@ -431,29 +431,36 @@ void launch_cast(const Fp8CastArgs& a, cudaStream_t stream) {
   PERFTRAIN_LAUNCH_CHECK();
 }
 
-template <Fp8Format F>
-void launch_swiglu_backward(const Fp8CastArgs& a, cudaStream_t stream) {
-  const dim3 grid = tile_grid(a.rows, a.cols, "fp8_cast_transpose");
-  const auto* dh = static_cast<const __nv_bfloat16*>(a.x);
-  const auto* gate_up = static_cast<const __nv_bfloat16*>(a.x2);
+// The tile kernels' launch: the grid, q_t's row pitch and whether whole
+// tiles may take the vector path (sizes multiples of 16, pointers 16-byte aligned).
+struct TileLaunch {
+  dim3 grid;
+  int64_t ld;
+  bool vec;
+};
+TileLaunch tile_launch(const Fp8CastArgs& a) {
   const int64_t ld = a.q_t_ld != 0 ? a.q_t_ld : a.rows;
   const bool vec = a.rows % 16 == 0 && a.cols % 16 == 0 && ld % 16 == 0 && aligned(a.x, 16) && aligned(a.x2, 16) &&
                    aligned(a.q, 16) && aligned(a.q_t, 16);
-  fp8_swiglu_backward_kernel<F><<<grid, kThreads, 0, stream>>>(dh, gate_up, a.rows, a.cols, a.scale, a.q, a.q_t, ld,
-                                                               a.amax, vec);
+  return {tile_grid(a.rows, a.cols, "fp8_cast_transpose"), ld, vec};
+}
+
+template <Fp8Format F>
+void launch_swiglu_backward(const Fp8CastArgs& a, cudaStream_t stream) {
+  const TileLaunch t = tile_launch(a);
+  fp8_swiglu_backward_kernel<F><<<t.grid, kThreads, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(a.x), static_cast<const __nv_bfloat16*>(a.x2), a.rows, a.cols, a.scale, a.q,
+      a.q_t, t.ld, a.amax, t.vec);
   PERFTRAIN_LAUNCH_CHECK();
 }
 
 template <typename T, Fp8Format F, Fp8Prologue P>
 void launch_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
-  const dim3 grid = tile_grid(a.rows, a.cols, "fp8_cast_transpose");
-  const T* x = static_cast<const T*>(a.x);
-  const T* x2 = static_cast<const T*>(a.x2);
-  const int64_t ld = a.q_t_ld != 0 ? a.q_t_ld : a.rows;
-  const bool vec = a.rows % 16 == 0 && a.cols % 16 == 0 && ld % 16 == 0 && aligned(a.x, 16) && aligned(a.x2, 16) &&
-                   aligned(a.q, 16) && aligned(a.q_t, 16);
-  fp8_cast_transpose_kernel<T, F, P><<<grid, kThreads, 0, stream>>>(x, x2, a.rows, a.cols, a.scale, a.q, a.q_t, ld,
-                                                                     a.amax, a.col_partials, vec);
+  const TileLaunch t = tile_launch(a);
+  fp8_cast_transpose_kernel<T, F, P><<<t.grid, kThreads, 0, stream>>>(static_cast<const T*>(a.x),
+                                                                       static_cast<const T*>(a.x2), a.rows, a.cols,
+                                                                       a.scale, a.q, a.q_t, t.ld, a.amax,
+                                                                       a.col_partials, t.vec);
   PERFTRAIN_LAUNCH_CHECK();
 }
 

@@ -28,6 +28,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -504,6 +505,27 @@ TEST(Fp8Gpu, GeluProloguesCastAtensGeluAndItsBackward) {
   }
 }
 
+// A product fused with its activation's casts against its ops apart:
+// run(fused, x_as_codes) returns y, the gradients and the two states' amax
+// (named by `names`; the first state's amax second to last). For x as a
+// tensor and as codes: each within 2e-2 of its largest |value| apart (one
+// code in 10^4 taking its neighbour), a rerun bit for bit, the first
+// product's dY amax taken.
+void expect_fused_matches_ops_apart(const std::function<std::vector<at::Tensor>(bool, bool)>& run,
+                                    const std::vector<std::string>& names, const std::string& what) {
+  for (const bool codes : {false, true}) {
+    const auto fused = run(true, codes), plain = run(false, codes), again = run(true, codes);
+    ASSERT_EQ(fused.size(), names.size()) << what;
+    for (size_t i = 0; i < fused.size(); ++i) {
+      const double scale = plain[i].abs().max().item<double>();
+      EXPECT_LE((fused[i].to(at::kDouble) - plain[i].to(at::kDouble)).abs().max().item<double>(), 2e-2 * scale)
+          << what << " " << names[i] << (codes ? " (x as codes)" : "");
+      EXPECT_TRUE(at::equal(fused[i], again[i])) << what << " " << names[i] << ": a rerun differs";
+    }
+    EXPECT_GT(fused[fused.size() - 2][kFp8Dy].item<float>(), 0.f) << what << ": the first product's dY amax is not taken";
+  }
+}
+
 // fp8_linear_gelu (ops/fp8_linear_gelu.h) against fp8_linear, at::gelu and
 // fp8_linear apart (fc1, GELU, fc2 of a DiT MLP; x from a norm's codes and
 // as a tensor): y, dX, dW1, db1, dW2 and both states' amax, to within what one
@@ -540,17 +562,7 @@ TEST(Fp8Gpu, LinearGeluMatchesItsOpsApart) {
       grads.push_back(s2.amax.clone());
       return grads;
     };
-    const char* names[] = {"y", "dx", "dw1", "db1", "dw2", "fc1 amax", "fc2 amax"};
-    for (const bool codes : {false, true}) {
-      const auto fused = run(true, codes), plain = run(false, codes), again = run(true, codes);
-      for (size_t i = 0; i < fused.size(); ++i) {
-        const double scale = plain[i].abs().max().item<double>();
-        EXPECT_LE((fused[i].to(at::kDouble) - plain[i].to(at::kDouble)).abs().max().item<double>(), 2e-2 * scale)
-            << what << " " << names[i] << (codes ? " (x as codes)" : "");
-        EXPECT_TRUE(at::equal(fused[i], again[i])) << what << " " << names[i] << ": a rerun differs";
-      }
-      EXPECT_GT(fused[5][kFp8Dy].item<float>(), 0.f) << what << ": fc1's dY amax is not taken";
-    }
+    expect_fused_matches_ops_apart(run, {"y", "dx", "dw1", "db1", "dw2", "fc1 amax", "fc2 amax"}, what);
     const Fp8Scaling s1 = make_fp8_linear_scaling(4, kCuda), s2 = make_fp8_linear_scaling(4, kCuda);
     perftrain::testing::expect_graph_replays_match_eager(
         [&] {  // the states' amax only max-accumulates the same values again
@@ -653,17 +665,7 @@ TEST(Fp8Gpu, LinearSwigluMatchesItsOpsApart) {
       grads.push_back(s2.amax.clone());
       return grads;
     };
-    const char* names[] = {"y", "dx", "dw_gate", "dw_up", "dw_down", "gate_up amax", "down amax"};
-    for (const bool codes : {false, true}) {
-      const auto fused = run(true, codes), plain = run(false, codes), again = run(true, codes);
-      for (size_t i = 0; i < fused.size(); ++i) {
-        const double scale = plain[i].abs().max().item<double>();
-        EXPECT_LE((fused[i].to(at::kDouble) - plain[i].to(at::kDouble)).abs().max().item<double>(), 2e-2 * scale)
-            << what << " " << names[i] << (codes ? " (x as codes)" : "");
-        EXPECT_TRUE(at::equal(fused[i], again[i])) << what << " " << names[i] << ": a rerun differs";
-      }
-      EXPECT_GT(fused[5][kFp8Dy].item<float>(), 0.f) << what << ": the product's dY amax is not taken";
-    }
+    expect_fused_matches_ops_apart(run, {"y", "dx", "dw_gate", "dw_up", "dw_down", "gate_up amax", "down amax"}, what);
     const Fp8Scaling s1 = make_fp8_linear_scaling(4, kCuda), s2 = make_fp8_linear_scaling(4, kCuda);
     perftrain::testing::expect_graph_replays_match_eager(
         [&] {  // the states' amax only max-accumulates the same values again
