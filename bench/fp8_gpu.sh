@@ -13,7 +13,7 @@
 # PART=fused instead (about 3 minutes): only the fp8 tests (the norms' fused codes among them: Fp8Gpu.Norm*,
 # Fp8Gpu.LinearOnNormCodes*, Fp8Gpu.GeluPrologues*, Fp8Gpu.LinearGelu*, Fp8Gpu.SwigluPrologues*, Fp8Gpu.LinearSwiglu*, Fp8Operand.*, Families/Fp8FamilyTest.FusedCasts*) and perftrain bench
 # DiT-XL/2 b256 in fp8, profiled (the casts' share under "fp8 casts and scaling": attn.qkv's, mlp.fc1's and mlp.fc2's
-# x casts are gone from it), after fp8_gemm_bench's qkv, fc1 and fc2 shapes (its "X from its norm" and "X from GELU"
+# x casts are gone from it), after fp8_gemm_bench's qkv, fc1 and fc2 shapes (its "X from its norm", "X from GELU" and, at SS-XL/2 b128's down shape 36864 x 3072 -> 1152, "X from SwiGLU"
 # lines: the unfused and fused ms).
 # PART=gateup instead (about 3 minutes): the row-block fp8 tests (Fp8Linear.RowBlocks*, Fp8Gpu.RowBlocks*,
 # Fp8SingleStream.*, Fp8Operand.AFusedNorm*) and perftrain bench SS-XL/2 b128 at 256 image tokens + 32 features
@@ -136,7 +136,7 @@ fi
 if [ "${PART:-}" = fused ]; then
   ctest --test-dir build-gpu -R 'Fp8' --output-on-failure 2>&1 | tail -n 30 | tee "$OUT/fp8/tests.log"
   # X of qkv and fc1 from its norm: bf16 h + cast-transpose against the norm's codes + fp8_transpose.
-  ./build-gpu/bench/kernels/fp8_gemm_bench 65536 1152 3456 65536 1152 4608 65536 4608 1152 2>&1 | tee "$OUT/fp8/fp8_gemm_bench.log"
+  ./build-gpu/bench/kernels/fp8_gemm_bench 65536 1152 3456 65536 1152 4608 65536 4608 1152 36864 3072 1152 2>&1 | tee "$OUT/fp8/fp8_gemm_bench.log"
   xl=256  # about 80 GiB: b128 on a GPU of less than 100 GB (an H100)
   [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -lt 100000 ] && xl=128
   name=bench-DiTXL2-b$xl-fp8-fused
