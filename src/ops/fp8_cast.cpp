@@ -81,6 +81,25 @@ at::Tensor fp8_cast(const at::Tensor& x_in, const at::Tensor& scale, const at::T
   return q;
 }
 
+namespace detail {
+
+void fp8_cast_transpose_prologue(const at::Tensor& src, const at::Tensor& x2, int64_t rows, int64_t cols,
+                                 kernels::Fp8Prologue prologue, Fp8Format format, const at::Tensor& scale,
+                                 const at::Tensor& amax, const at::Tensor& q, const at::Tensor& q_t,
+                                 const at::Tensor& partials) {
+  kernels::Fp8CastArgs a = kernel_args(src, scale, amax, format);
+  a.rows = rows;
+  a.cols = cols;
+  a.q = bits(q);
+  a.q_t = bits(q_t);
+  a.prologue = prologue;
+  if (x2.defined()) a.x2 = x2.data_ptr();
+  if (partials.defined()) a.col_partials = partials.data_ptr<float>();
+  kernels::fp8_cast_transpose(a, at::cuda::getCurrentCUDAStream().stream());
+}
+
+}  // namespace detail
+
 Fp8Casts fp8_cast_transpose(const at::Tensor& x_in, const at::Tensor& scale, const at::Tensor& amax, Fp8Format f,
                             bool with_rows, const char* op) {
   check_cast_args(op, x_in, scale, amax);

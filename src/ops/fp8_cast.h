@@ -50,6 +50,20 @@ void fp8_cast_into(const at::Tensor& x, const at::Tensor& scale, const at::Tenso
 // kernels::fp8_transpose on CUDA (1 byte in, 1 out), ATen on the CPU.
 at::Tensor fp8_transpose(const at::Tensor& q, const char* op = "fp8_transpose");
 
+namespace detail {
+// The cast-transpose with a prologue (kernels/fp8_cast.h, Fp8Prologue), for
+// the ops that fuse an activation into their casts (ops/fp8_linear_gelu.h,
+// ops/fp8_linear_swiglu.h): src bf16 (d(act) or d(h) for the backward
+// prologues, gate_up [rows, 2 cols] for kSwiglu, else [rows, cols]), x2 where
+// the prologue reads one (else undefined), into q and q_t of `format`
+// (allocated by the caller), max-accumulating amax under scale; column
+// partials where defined. CUDA only, arguments unchecked: the callers make them.
+void fp8_cast_transpose_prologue(const at::Tensor& src, const at::Tensor& x2, int64_t rows, int64_t cols,
+                                 kernels::Fp8Prologue prologue, Fp8Format format, const at::Tensor& scale,
+                                 const at::Tensor& amax, const at::Tensor& q, const at::Tensor& q_t,
+                                 const at::Tensor& partials);
+}  // namespace detail
+
 // An fp8 linear's input handed over by the kernel that made it (issue 39): a
 // norm writes the E4M3 codes of its output h under the consumer's x scale and
 // takes their amax in its own pass, so the linear casts nothing.

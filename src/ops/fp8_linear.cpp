@@ -1,7 +1,6 @@
 #include "ops/fp8_linear.h"
 
 #include <ATen/TensorOperators.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <c10/core/DeviceGuard.h>
@@ -158,26 +157,6 @@ void check_fp8_linear_args(const at::Tensor& x, const std::vector<at::Tensor>& w
   check_args(x, weights, state);
 }
 
-void fp8_cast_transpose_prologue(const at::Tensor& src, const at::Tensor& x2, int64_t rows, int64_t cols,
-                                 kernels::Fp8Prologue prologue, Fp8Format format, const at::Tensor& scale,
-                                 const at::Tensor& amax, const at::Tensor& q, const at::Tensor& q_t,
-                                 const at::Tensor& partials) {
-  kernels::Fp8CastArgs a;
-  a.x = src.data_ptr();
-  a.x_type = kernels::Fp8Source::kBF16;
-  a.rows = rows;
-  a.cols = cols;
-  a.format = format;
-  a.scale = scale.data_ptr<float>();
-  a.amax = amax.data_ptr<float>();
-  a.q = static_cast<uint8_t*>(q.data_ptr());
-  a.q_t = static_cast<uint8_t*>(q_t.data_ptr());
-  a.prologue = prologue;
-  if (x2.defined()) a.x2 = x2.data_ptr();
-  if (partials.defined()) a.col_partials = partials.data_ptr<float>();
-  kernels::fp8_cast_transpose(a, at::cuda::getCurrentCUDAStream().stream());
-}
-
 at::Tensor checked_fp8_codes(const Fp8Operand& x) {
   const int64_t m = detail::leading_rows(x.x), k = x.x.size(-1);
   if (x.codes.dim() != 2 || x.codes.size(0) != m || x.codes.size(1) != k ||
@@ -232,7 +211,7 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const Fp8Casts wq = detail::fp8_weight_codes(weights, x.scalar_type(), scale, amax, need_dx);
     at::Tensor y = at::empty(with_last(x.sizes(), n), x.options());
     detail::fp8_product(xq.q, scale_inv.select(0, kFp8X), wq.q, scale_inv.select(0, kFp8W), y.view({m, n}), true,
-                bias.defined() ? bias.contiguous() : bias);
+                        bias.defined() ? bias.contiguous() : bias);
     // x^T for dW, W^T for dX: what the wanted gradients read. The state's
     // tensors as plain values: the casts of a later forward (a shared layer,
     // another micro-batch) write its amax, which is no reason to refuse.

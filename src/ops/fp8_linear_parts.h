@@ -1,7 +1,8 @@
-// The pieces of fp8_linear's autograd function (ops/fp8_linear.h) that an op
-// fusing more around the same products reuses (ops/fp8_linear_gelu.h: fc1
-// with GELU's casts on either side): the products, the operands' codes, and
-// the two gradient products from dY's codes. Internal to ops/.
+// The pieces of fp8_linear's autograd function (ops/fp8_linear.h) that the
+// ops fusing an activation's casts around the same products reuse
+// (ops/fp8_linear_gelu.h, ops/fp8_linear_swiglu.h): the checks, the products,
+// the operands' codes, and the two gradient products from dY's codes.
+// Internal to ops/.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -52,15 +53,5 @@ void fp8_linear_dx(const at::Tensor& dq, const at::Tensor& wq_t, const at::Tenso
 // dW [n, k] = dY^T x from dY^T's codes [n, m] and x^T's [k, m], in w_dtype.
 at::Tensor fp8_linear_dw(const at::Tensor& dq_t, const at::Tensor& xq_t, const at::Tensor& scale_inv,
                          at::ScalarType w_dtype);
-
-// One launch of kernels::fp8_cast_transpose on the current stream with a
-// prologue (kernels/fp8_cast.h): src bf16 [rows, cols] (gate_up [rows, 2 cols]
-// for kSwiglu), x2 where the prologue reads one (else undefined), into q and
-// q_t of `format`, max-accumulating amax under scale (one fp32 element
-// each); column partials where defined.
-void fp8_cast_transpose_prologue(const at::Tensor& src, const at::Tensor& x2, int64_t rows, int64_t cols,
-                                 kernels::Fp8Prologue prologue, Fp8Format format, const at::Tensor& scale,
-                                 const at::Tensor& amax, const at::Tensor& q, const at::Tensor& q_t,
-                                 const at::Tensor& partials);
 
 }  // namespace perftrain::ops::detail

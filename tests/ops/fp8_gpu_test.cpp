@@ -11,7 +11,6 @@
 // its backward, the SwiGLU ones against ops::swiglu, and fp8_linear_gelu and
 // fp8_linear_swiglu against their ops apart. Skips without a GPU.
 #include <ATen/TensorOperators.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -40,7 +39,6 @@
 #include "ops/adaln_layernorm.h"
 #include "ops/fp8_linear.h"
 #include "ops/fp8_linear_gelu.h"
-#include "ops/fp8_linear_parts.h"
 #include "ops/fp8_linear_swiglu.h"
 #include "ops/residual_adaln.h"
 #include "ops/residual_rms_adaln.h"
@@ -455,19 +453,9 @@ TEST(Fp8Gpu, GeluProloguesCastAtensGeluAndItsBackward) {
       const int slot = back ? kFp8Dy : kFp8X;
       Fp8Casts out{at::empty({rows, cols}, pre.options().dtype(back ? e5 : e4)),
                    at::empty({cols, rows}, pre.options().dtype(back ? e5 : e4))};
-      kernels::Fp8CastArgs a;
-      a.x = back ? dact.data_ptr() : pre.data_ptr();
-      a.x2 = back ? pre.data_ptr() : nullptr;
-      a.rows = rows;
-      a.cols = cols;
-      a.format = back ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
-      a.scale = fused.scale.select(0, slot).data_ptr<float>();
-      a.amax = fused.amax.select(0, slot).data_ptr<float>();
-      a.q = static_cast<uint8_t*>(out.q.data_ptr());
-      a.q_t = static_cast<uint8_t*>(out.q_t.data_ptr());
-      a.prologue = p;
-      if (partials.defined()) a.col_partials = partials.data_ptr<float>();
-      kernels::fp8_cast_transpose(a, at::cuda::getCurrentCUDAStream().stream());
+      detail::fp8_cast_transpose_prologue(back ? dact : pre, back ? pre : at::Tensor(), rows, cols, p,
+                                          back ? Fp8Format::kE5M2 : Fp8Format::kE4M3, fused.scale.select(0, slot),
+                                          fused.amax.select(0, slot), out.q, out.q_t, partials);
       return out;
     };
     const at::Tensor partials = at::full({kernels::fp8_cast_partial_rows(rows), cols}, std::nanf(""),
