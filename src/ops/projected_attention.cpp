@@ -9,14 +9,12 @@
 #include <string>
 
 #include "base/error.h"
-#include "ops/attention_head_bwd.h"
-#include "ops/attention_head_fwd.h"
-#include "ops/attention_paths.h"
 #include "ops/attention_tiled.h"
 #include "ops/column_sums.h"
 #include "ops/compute_weights.h"
 #include "ops/cudnn_attention.h"
 #include "ops/linear.h"
+#include "ops/packed_attention_route.h"
 #include "ops/qkv_attention.h"
 #include "ops/self_attention.h"
 #include "ops/weight_grad_stream.h"
@@ -53,20 +51,8 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     detail::linear_forward_product(h2, w, bias.defined() ? bias.contiguous() : bias, qkv.view({m, 3 * D}));
     ctx->saved_data["w_dtype"] = int64_t(weight.scalar_type());
     ctx->saved_data["b_dtype"] = bias.defined() ? int64_t(bias.scalar_type()) : int64_t(-1);
-    ctx->saved_data["heads"] = heads;
-    // Our tiled forward where it is on and applies (ops/attention_tiled):
-    // cudnn_forward's saved layout with our out and lse, for our tiled
-    // backward, at 256 tokens our whole-head one, or cuDNN's.
-    ctx->saved_data["own_fwd"] = false;
-    if (at::Tensor tiled = detail::tiled_forward(ctx, qkv, heads, {h2, w, qkv}); tiled.defined()) return tiled;
-    // Our whole-head forward where it applies (ops/attention_head_fwd): the
-    // same saved layout as cudnn_forward's up to out and lse.
-    auto [out, lse] = try_attention_head_fwd(qkv, heads);
-    ctx->saved_data["own_fwd"] = out.defined();
-    if (!out.defined()) return cudnn_forward(ctx, qkv, heads, {h2, w, qkv});
-    note_attention_path(AttentionPath::Own, T, D / heads, false, qkv.scalar_type());
-    ctx->save_for_backward({h2, w, qkv, out, lse});
-    return out.transpose(1, 2).reshape({B, T, D});
+    // The attention's kernels as qkv_attention's packed form chooses them.
+    return detail::packed_attention_forward(ctx, qkv, heads, {h2, w, qkv});
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -77,15 +63,9 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    // Our whole-head kernel where it applies (ops::whole_head_attention_backward),
-    // and always after our forward: the packed gradient directly, from the
-    // forward's out (s[3]) and lse (s[4]), where either forward saved them;
-    // after our tiled forward (unmasked here) our tiled backward elsewhere;
+    // Our kernels' packed gradient where they take it (ops/packed_attention_route),
     // cuDNN's backward otherwise.
-    at::Tensor own_dqkv =
-        try_attention_head_bwd(qkv, s[3], s[4], grads[0], heads, ctx->saved_data["own_fwd"].toBool());
-    if (!own_dqkv.defined() && ctx->saved_data["tiled"].toBool())
-      own_dqkv = detail::try_tiled_backward_packed(s, 3, grads[0]);
+    const at::Tensor own_dqkv = detail::own_packed_attention_backward(ctx, s, 3, qkv, grads[0]);
     const auto d = own_dqkv.defined() ? std::array<at::Tensor, 3>{} : cudnn_backward(ctx, s, 3, grads[0]);
 
     // Each of dq, dk, dv is [B, T, D] in memory when cuDNN kept q's token-major

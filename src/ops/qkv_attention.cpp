@@ -8,12 +8,9 @@
 #include <string>
 
 #include "base/error.h"
-#include "ops/attention_choice.h"
-#include "ops/attention_head_bwd.h"
-#include "ops/attention_head_fwd.h"
-#include "ops/attention_paths.h"
 #include "ops/attention_tiled.h"
 #include "ops/cudnn_attention.h"
+#include "ops/packed_attention_route.h"
 #include "ops/self_attention.h"
 
 namespace perftrain::ops {
@@ -23,50 +20,22 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // bias: undefined, or key_bias()'s [B, 1, 1, T] (no gradient). The packed
-// form: one input, its gradient packed (detail::pack_dqkv). Unmasked, it runs
-// projected_attention's kernels: our whole-head forward and backward where
-// they apply (256 tokens, head dim 64 or 72), the whole-head backward after
-// cuDNN's or our tiled forward there too. Saved: qkv at 0, then
-// save_cudnn_state's layout from 1 (out, lse, ..., the bias at 7, q, k, v at
-// 8..10), or after our whole-head forward only qkv, out and lse.
+// form: one input, its gradient packed (detail::pack_dqkv); the kernels are
+// ops/packed_attention_route's choice, as projected_attention's. Saved: qkv
+// at 0, then out and lse from 1 (save_cudnn_state's layout, or only those two
+// after our whole-head forward).
 struct CudnnAttention : torch::autograd::Function<CudnnAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                             const std::optional<at::Tensor>& bias) {
-    const at::Tensor b = bias.value_or(at::Tensor());
-    ctx->saved_data["heads"] = heads;
-    ctx->saved_data["masked"] = b.defined();
-    ctx->saved_data["own_fwd"] = false;
-    // Our tiled forward where it is on and applies (ops/attention_tiled).
-    if (at::Tensor tiled = detail::tiled_forward(ctx, qkv, heads, {qkv}, b); tiled.defined()) return tiled;
-    // Not while "auto" times cuDNN's family (its timing runs force one).
-    if (!b.defined() && detail::forced_attention_family() == nullptr) {
-      auto [out, lse] = try_attention_head_fwd(qkv, heads);
-      if (out.defined()) {
-        const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
-        ctx->saved_data["own_fwd"] = true;
-        note_attention_path(AttentionPath::Own, T, D / heads, false, qkv.scalar_type());
-        ctx->save_for_backward({qkv, out, lse});
-        return out.transpose(1, 2).reshape({B, T, D});
-      }
-    }
-    return detail::cudnn_forward(ctx, qkv, heads, {qkv}, b);
+    return detail::packed_attention_forward(ctx, qkv, heads, {qkv}, bias.value_or(at::Tensor()));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const auto s = ctx->get_saved_variables();
-    const at::Tensor& qkv = s[0];
+    if (at::Tensor dqkv = detail::own_packed_attention_backward(ctx, s, 1, s[0], grads[0]); dqkv.defined())
+      return {dqkv, at::Tensor(), at::Tensor()};
     const int64_t heads = ctx->saved_data["heads"].toInt();
-    const bool own_fwd = ctx->saved_data["own_fwd"].toBool();
-    // Our whole-head backward where it applies, and always after our
-    // whole-head forward; after our tiled forward our tiled backward
-    // elsewhere; cuDNN's where neither takes grads[0].
-    if (!ctx->saved_data["masked"].toBool() && (own_fwd || detail::forced_attention_family() == nullptr))
-      if (at::Tensor dqkv = try_attention_head_bwd(qkv, s[1], s[2], grads[0], heads, own_fwd); dqkv.defined())
-        return {dqkv, at::Tensor(), at::Tensor()};
-    if (ctx->saved_data["tiled"].toBool())
-      if (at::Tensor dqkv = detail::try_tiled_backward_packed(s, 1, grads[0]); dqkv.defined())
-        return {dqkv, at::Tensor(), at::Tensor()};
     const auto d = detail::cudnn_backward(ctx, s, 1, grads[0]);
     const int64_t B = d[0].size(0), T = d[0].size(2), D = heads * d[0].size(3);
     return {detail::pack_dqkv(d, B, T, heads, D), at::Tensor(), at::Tensor()};
