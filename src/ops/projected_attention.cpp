@@ -9,7 +9,6 @@
 #include <string>
 
 #include "base/error.h"
-#include "ops/attention_tiled.h"
 #include "ops/column_sums.h"
 #include "ops/compute_weights.h"
 #include "ops/cudnn_attention.h"
@@ -27,7 +26,6 @@ using torch::autograd::variable_list;
 using detail::check_heads;
 using detail::cudnn_backward;
 using detail::cudnn_eligible;
-using detail::cudnn_forward;
 using detail::note_refusal;
 using detail::pack_dqkv;
 
