@@ -98,6 +98,16 @@ void fp8_cast_transpose_prologue(const at::Tensor& src, const at::Tensor& x2, in
   kernels::fp8_cast_transpose(a, at::cuda::getCurrentCUDAStream().stream());
 }
 
+void fp8_cast_gelu(const at::Tensor& src, int64_t rows, int64_t cols, Fp8Format format, const at::Tensor& scale,
+                   const at::Tensor& amax, const at::Tensor& q) {
+  kernels::Fp8CastArgs a = kernel_args(src, scale, amax, format);
+  a.rows = rows;
+  a.cols = cols;
+  a.q = bits(q);
+  a.prologue = kernels::Fp8Prologue::kGeluTanh;
+  kernels::fp8_cast(a, at::cuda::getCurrentCUDAStream().stream());
+}
+
 }  // namespace detail
 
 Fp8Casts fp8_cast_transpose(const at::Tensor& x_in, const at::Tensor& scale, const at::Tensor& amax, Fp8Format f,

@@ -1,6 +1,7 @@
 #include "ops/fp8_linear.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <c10/core/DeviceGuard.h>
@@ -176,6 +177,15 @@ std::optional<at::Tensor> checked_fp8_codes_t(const Fp8Operand& x) {
   return x.codes_t.contiguous();
 }
 
+at::Tensor grad_mode_input(const at::Tensor& t) { return at::GradMode::is_enabled() ? t : t.detach(); }
+
+std::vector<at::Tensor> grad_mode_inputs(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const at::Tensor& t : ts) out.push_back(grad_mode_input(t));
+  return out;
+}
+
 }  // namespace detail
 
 namespace {
@@ -286,14 +296,15 @@ bool fp8_linear_supported(const at::Tensor& x, int64_t n) {
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state) {
   check_args(x, weight, bias, state);
   const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
-  return Fp8LinearFunction::apply(x, at::TensorList(weight), b, state.amax, state.scale, state.scale_inv,
-                                  std::nullopt, std::nullopt);
+  return Fp8LinearFunction::apply(detail::grad_mode_input(x), at::TensorList(detail::grad_mode_input(weight)), b,
+                                  state.amax, state.scale, state.scale_inv, std::nullopt, std::nullopt);
 }
 
 at::Tensor fp8_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights, const Fp8Scaling& state) {
   check_args(x, weights, state);
-  return Fp8LinearFunction::apply(x, at::TensorList(weights), std::optional<at::Tensor>(), state.amax, state.scale,
-                                  state.scale_inv, std::nullopt, std::nullopt);
+  return Fp8LinearFunction::apply(detail::grad_mode_input(x), at::TensorList(detail::grad_mode_inputs(weights)),
+                                  std::optional<at::Tensor>(), state.amax, state.scale, state.scale_inv, std::nullopt,
+                                  std::nullopt);
 }
 
 at::Tensor fp8_linear(const Fp8Operand& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Scaling& state) {
@@ -301,16 +312,17 @@ at::Tensor fp8_linear(const Fp8Operand& x, const at::Tensor& weight, const at::T
   check_args(x.x, weight, bias, state);
   const at::Tensor codes = detail::checked_fp8_codes(x);
   const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
-  return Fp8LinearFunction::apply(x.x, at::TensorList(weight), b, state.amax, state.scale, state.scale_inv, codes,
-                                  detail::checked_fp8_codes_t(x));
+  return Fp8LinearFunction::apply(detail::grad_mode_input(x.x), at::TensorList(detail::grad_mode_input(weight)), b,
+                                  state.amax, state.scale, state.scale_inv, codes, detail::checked_fp8_codes_t(x));
 }
 
 at::Tensor fp8_linear(const Fp8Operand& x, const std::vector<at::Tensor>& weights, const Fp8Scaling& state) {
   if (!x.codes.defined()) return fp8_linear(x.x, weights, state);
   check_args(x.x, weights, state);
   const at::Tensor codes = detail::checked_fp8_codes(x);
-  return Fp8LinearFunction::apply(x.x, at::TensorList(weights), std::optional<at::Tensor>(), state.amax, state.scale,
-                                  state.scale_inv, codes, detail::checked_fp8_codes_t(x));
+  return Fp8LinearFunction::apply(detail::grad_mode_input(x.x), at::TensorList(detail::grad_mode_inputs(weights)),
+                                  std::optional<at::Tensor>(), state.amax, state.scale, state.scale_inv, codes,
+                                  detail::checked_fp8_codes_t(x));
 }
 
 Fp8Target fp8_linear_input_target(const Fp8Scaling& state) {

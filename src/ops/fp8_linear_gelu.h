@@ -17,6 +17,8 @@
 // Each code is the byte fp8_linear, at::gelu and the consumer's cast give
 // (forward), and at::gelu_backward and fp8_linear's dY cast (backward): the
 // prologues follow ATen's formulas; db adds the same values in another order.
+// Under no-grad (sampling) act's codes come from a row pass over pre, with no
+// transpose (codes_t undefined) and nothing saved.
 //
 // CUDA with bf16 x: the fused function. Elsewhere (CPU, fp32): the reference.
 #pragma once
@@ -33,7 +35,8 @@ namespace perftrain::ops {
 // (make_fp8_linear_scaling), act_target: the consumer's x slot
 // (fp8_linear_input_target of its state). Returns the consumer's operand:
 // {x: a stand-in of act [..., N] carrying the gradient path to x, W and b,
-// codes [M, N], codes_t [N, M]}, or the reference's operand. Bad arguments
+// codes [M, N], codes_t [N, M] (undefined under no-grad)}, or the
+// reference's operand. Bad arguments
 // throw UsageError (fp8_linear's checks, the target's).
 Fp8Operand fp8_linear_gelu(const Fp8Operand& x, const at::Tensor& weight, const at::Tensor& bias,
                            const Fp8Scaling& state, const Fp8Target& act_target);

@@ -15,6 +15,12 @@
 
 namespace perftrain::ops::detail {
 
+// A differentiable input as the autograd functions take it: itself under
+// grad mode; detached under no-grad (sampling), where no backward runs, so
+// that their forwards cast no transpose for one (need_dx, need_dw false).
+at::Tensor grad_mode_input(const at::Tensor& t);
+std::vector<at::Tensor> grad_mode_inputs(const std::vector<at::Tensor>& ts);
+
 // fp8_linear's argument checks (x, weight, bias, state, sizes; UsageError).
 void check_fp8_linear_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                            const Fp8Scaling& state);

@@ -114,9 +114,9 @@ Fp8Operand fp8_linear_swiglu(const Fp8Operand& x, const std::vector<at::Tensor>&
   const std::optional<at::Tensor> codes =
       x.codes.defined() ? std::optional<at::Tensor>(detail::checked_fp8_codes(x)) : std::nullopt;
   const std::optional<at::Tensor> codes_t = x.codes.defined() ? detail::checked_fp8_codes_t(x) : std::nullopt;
-  variable_list out = Fp8LinearSwigluFunction::apply(x.x, at::TensorList(weights), state.amax, state.scale,
-                                                     state.scale_inv, codes, codes_t, act_target.scale,
-                                                     act_target.amax);
+  variable_list out = Fp8LinearSwigluFunction::apply(
+      detail::grad_mode_input(x.x), at::TensorList(detail::grad_mode_inputs(weights)), state.amax, state.scale,
+      state.scale_inv, codes, codes_t, act_target.scale, act_target.amax);
   return {std::move(out[0]), std::move(out[1]), std::move(out[2])};
 }
 

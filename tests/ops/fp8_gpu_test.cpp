@@ -11,6 +11,7 @@
 // its backward, the SwiGLU ones against ops::swiglu, and fp8_linear_gelu and
 // fp8_linear_swiglu against their ops apart. Skips without a GPU.
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -518,7 +519,8 @@ void expect_fused_matches_ops_apart(const std::function<std::vector<at::Tensor>(
 // fp8_linear apart (fc1, GELU, fc2 of a DiT MLP; x from a norm's codes and
 // as a tensor): y, dX, dW1, db1, dW2 and both states' amax, to within what one
 // code in 10^4 taking its neighbour moves; act not written; the backward
-// captured in a CUDA graph replays the eager gradients; reruns bit for bit.
+// captured in a CUDA graph replays the eager gradients; reruns bit for bit;
+// under no-grad the same y without act's transposed codes.
 TEST(Fp8Gpu, LinearGeluMatchesItsOpsApart) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   struct Shape {
@@ -561,6 +563,22 @@ TEST(Fp8Gpu, LinearGeluMatchesItsOpsApart) {
           return torch::autograd::grad({y}, {x, w1, b1, w2}, {dy});
         },
         what);
+    // Under no-grad act's codes come from the row pass, with no transpose: the same codes, y and amax.
+    auto forward = [&](bool grad) {
+      const Fp8Scaling s1 = make_fp8_linear_scaling(4, kCuda), s2 = make_fp8_linear_scaling(4, kCuda);
+      const at::Tensor x = x0.clone().requires_grad_(), w1 = w10.clone().requires_grad_(),
+                       b1 = b10.clone().requires_grad_(), w2 = w20.clone().requires_grad_();
+      const c10::AutoGradMode mode(grad);
+      const Fp8Operand act = fp8_linear_gelu({x, at::Tensor()}, w1, b1, s1, fp8_linear_input_target(s2));
+      EXPECT_EQ(act.codes_t.defined(), grad) << what;
+      const at::Tensor y = fp8_linear(act, w2, at::Tensor(), s2);
+      EXPECT_EQ(y.requires_grad(), grad) << what;
+      return std::vector<at::Tensor>{y.detach(), act.codes.view(at::kByte).clone(), s1.amax.clone(), s2.amax.clone()};
+    };
+    const std::vector<at::Tensor> with_grad = forward(true), no_grad = forward(false);
+    const char* names[] = {"y", "act's codes", "fc1 amax", "fc2 amax"};
+    for (size_t i = 0; i < with_grad.size(); ++i)
+      EXPECT_TRUE(at::equal(with_grad[i], no_grad[i])) << what << ": " << names[i] << " differs under no-grad";
   }
 }
 
