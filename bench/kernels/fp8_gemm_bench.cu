@@ -68,14 +68,15 @@ __global__ void fill_uniform(bf16* x, int64_t n, float bound, uint32_t seed) {
 }
 
 struct Buffers {
-  void* p[16] = {};
-  int used = 0;
+  std::vector<void*> p;
   void* get(size_t bytes) {
-    if (cudaMalloc(&p[used], bytes) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
-    return p[used++];
+    void* q = nullptr;
+    if (cudaMalloc(&q, bytes) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+    p.push_back(q);
+    return q;
   }
   ~Buffers() {
-    for (int i = 0; i < used; ++i) cudaFree(p[i]);
+    for (void* q : p) cudaFree(q);
   }
 };
 

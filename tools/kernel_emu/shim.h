@@ -6,6 +6,7 @@
 // another, so `__shared__` (static here) and the dynamic shared memory are each block's
 // own while it runs. The sm_90a instructions are sm90_emu.h's (kernels/sm90.cuh swapped).
 #pragma once
+#include <cstdint>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
