@@ -33,6 +33,8 @@ struct AdaLNLayerNormFunction : public torch::autograd::Function<AdaLNLayerNormF
     ctx->saved_data["out_dtype"] = out_dtype_i;
     detail::save_dtypes(ctx, {{"shift_dtype", &shift_in}, {"scale_dtype", &scale_in}});
     if (!f.codes.defined()) return {f.h};
+    // The codes take no gradient: it arrives undefined, not as an fp8 zero fill each step.
+    ctx->set_materialize_grads(false);
     ctx->mark_non_differentiable({f.codes});
     return {f.h, f.codes};
   }

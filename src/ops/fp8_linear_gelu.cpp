@@ -54,6 +54,8 @@ struct Fp8LinearGeluFunction : torch::autograd::Function<Fp8LinearGeluFunction> 
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["scale_inv"] = scale_inv;
     detail::save_linear_shapes(ctx, x, weight, bias);
+    // The codes take no gradient: it arrives undefined, not as an fp8 zero fill each step.
+    ctx->set_materialize_grads(false);
     ctx->mark_non_differentiable({codes, codes_t});
     std::vector<int64_t> act_sizes = x.sizes().vec();
     act_sizes.back() = n;

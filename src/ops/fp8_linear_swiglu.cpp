@@ -51,6 +51,8 @@ struct Fp8LinearSwigluFunction : torch::autograd::Function<Fp8LinearSwigluFuncti
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["scale_inv"] = scale_inv;
     detail::save_linear_shapes(ctx, x, weights[0], at::Tensor());  // n: F, one block's rows
+    // The codes take no gradient: it arrives undefined, not as an fp8 zero fill each step.
+    ctx->set_materialize_grads(false);
     ctx->mark_non_differentiable({codes, codes_t});
     std::vector<int64_t> h_sizes = x.sizes().vec();
     h_sizes.back() = f;
