@@ -14,6 +14,7 @@
 
 #include "base/scope.h"
 #include "compat/compat.h"
+#include "observe/profile/kernel_breakdown.h"
 #include "observe/profile/step_profiler.h"
 #include "observe/profile/timeline.h"
 #include "support/test_support.h"
@@ -102,6 +103,42 @@ TEST(ProfileGpu, AGraphReplayIsOneCapturedStep) {
   EXPECT_EQ(s.graph_launches, 2);
   EXPECT_GE(s.kernels_per_step, 3);
   EXPECT_GT(phase(s, "captured step (one graph launch)"), 0.9 * s.gpu_busy_ms);
+}
+
+// bench --profile's kernel table (observe/profile/kernel_breakdown.h) of
+// captured steps, each replay inside the runner's "graph_replay" scope: the
+// scope's range on the GPU's timeline is not a kernel of its own, so a step's
+// GPU time is its kernels' (here all matrix products), not twice that.
+TEST(ProfileGpu, KernelTableCountsAGraphsKernelsNotItsScope) {
+  SKIP_WITHOUT_GPU();
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor a = at::randn({2048, 2048}, opts), b = at::randn({2048, 2048}, opts);
+  at::Tensor c = at::empty({2048, 2048}, opts);
+  auto stream = c10::cuda::getStreamFromPool();
+  at::cuda::CUDAGraph g;
+  {
+    c10::cuda::CUDAStreamGuard guard(stream);
+    (void)at::mm_out(c, a, b);  // warm-up on the side stream
+    stream.synchronize();
+    g.capture_begin();
+    for (int k = 0; k < 4; ++k) at::mm_out(c, a, b);
+    g.capture_end();
+  }
+  const perftrain::observe::KernelBreakdown t = perftrain::observe::profile_kernels(
+      [&] {
+        for (int i = 0; i < 3; ++i) {
+          PERFTRAIN_SCOPE("graph_replay");
+          g.replay();
+        }
+      },
+      3, "");
+  ASSERT_TRUE(t.error.empty()) << t.error;
+  for (const auto& k : t.top) EXPECT_EQ(k.name.find("graph_replay"), std::string::npos) << "a scope counted: " << k.name;
+  double products = 0;
+  for (const auto& k : t.kinds)
+    if (k.name == "matrix products") products = k.ms;
+  EXPECT_GT(products, 0.9 * t.gpu_ms) << "GPU time per step " << t.gpu_ms << " ms, its products " << products;
+  EXPECT_EQ(t.top.at(0).count, 4) << "launches per step of " << t.top.at(0).name;
 }
 
 // The breakdown against the profiled step timed by CUDA events, and the

@@ -1,5 +1,6 @@
 #include "observe/profile/kernel_breakdown.h"
 
+#include <kineto/ActivityType.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
@@ -25,6 +26,13 @@ std::vector<KernelTime> sorted(const std::map<std::string, KernelTime>& m, int s
   std::sort(v.begin(), v.end(), [](const KernelTime& a, const KernelTime& b) { return a.ms > b.ms; });
   if (v.size() > n) v.resize(n);
   return v;
+}
+
+// A scope's range as CUPTI draws it on the GPU's timeline (PERFTRAIN_SCOPE,
+// e.g. "perftrain::graph_replay" around a whole captured step): it spans the
+// kernels, which are counted themselves, so it is no GPU time of its own.
+bool is_scope_on_the_gpu(const torch::autograd::profiler::KinetoEvent& ev) {
+  return ev.activityType() == static_cast<uint8_t>(libkineto::ActivityType::GPU_USER_ANNOTATION);
 }
 
 }  // namespace
@@ -69,7 +77,7 @@ KernelBreakdown profile_kernels(const std::function<void()>& run_steps, int step
   }
   std::map<std::string, KernelTime> by_kind, by_name;
   for (const auto& ev : result->events()) {
-    if (ev.deviceType() != c10::DeviceType::CUDA) continue;
+    if (ev.deviceType() != c10::DeviceType::CUDA || is_scope_on_the_gpu(ev)) continue;
     const double ms = ev.durationNs() / 1e6;
     const std::string name = ev.name();
     auto& k = by_kind[kernel_kind(name)];
