@@ -17,7 +17,8 @@
 // for fc1's dY of that shape, a GELU-backward pass writing bf16 d(pre), its
 // E5M2 cast-transpose and the bias's column sums, against the cast-transpose's
 // GELU-backward prologue with its column partials and their reduction
-// (ops/fp8_linear_gelu); and likewise for a SwiGLU of that width (the
+// (ops/fp8_linear_gelu); db beside dY's cast (its column partials, against
+// the column sums of dY apart: ops/fp8_linear's backward); and likewise for a SwiGLU of that width (the
 // single-stream FFN's h and d(gate_up): kernels/swiglu's forward or backward
 // then the cast-transpose, against the SwiGLU prologues, ops/fp8_linear_swiglu).
 // Inputs: uniform in [-1, 1] (X, dY) and [-1/sqrt(K), 1/sqrt(K)] (W), the
@@ -261,6 +262,36 @@ int gelu_backward_paths(int64_t m, int64_t k, const Operand& x, cudaStream_t s) 
   return 0;
 }
 
+// db of a linear with a bias (dY [M, N] bf16): dY's E5M2 cast-transpose then
+// the column sums of dY, against the cast-transpose writing the column
+// partials beside its codes and their reduction (ops/fp8_linear's backward).
+int bias_gradient_paths(int64_t m, int64_t n, const Operand& dy, cudaStream_t s) {
+  Buffers b;
+  auto* db = static_cast<float*>(b.get(n * sizeof(float)));
+  const int chunks = perftrain::kernels::column_sums_chunks(m, int(n), 1, perftrain::kernels::multiprocessor_count());
+  auto* sum_partials = static_cast<float*>(b.get(int64_t(chunks) * n * sizeof(float)));
+  const int64_t tiles = perftrain::kernels::fp8_cast_partial_rows(m);
+  auto* tile_partials = static_cast<float*>(b.get(tiles * n * sizeof(float)));
+  const bf16* column_input = dy.x;
+  double apart = 0, fused = 0;
+  if (median_launch_ms(
+          [&] {
+            cast_transpose(dy, s);
+            perftrain::kernels::column_sums<bf16>(&column_input, &db, 1, m, int(n), n, sum_partials, chunks, s);
+          },
+          &apart) != 0 ||
+      median_launch_ms(
+          [&] {
+            cast_transpose(dy, s, perftrain::kernels::Fp8Prologue::kNone, nullptr, tile_partials);
+            perftrain::kernels::column_sums_reduce(tile_partials, &db, 1, int(tiles), int(n), s);
+          },
+          &fused) != 0)
+    return 1;
+  std::printf("  db beside dY's cast: cast-transpose + column sums %.3f ms, the cast-transpose's partials %.3f ms "
+              "(%.3f ms saved)\n", apart, fused, apart - fused);
+  return 0;
+}
+
 // Where X is SwiGLU's output h [M, K] (ffn.down's input): h from gate_up
 // [M, 2K] by kernels/swiglu then its cast-transpose, against the SwiGLU
 // prologue; d(gate_up) by kernels/swiglu's backward then its E5M2
@@ -374,6 +405,7 @@ int run_shape(int64_t m, int64_t k, int64_t n, const GemmContext& ctx) {
   std::printf("  layer: bf16 %.3f ms, fp8 %.3f ms (products %.3f + casts %.3f): %.2fx\n", bf_total,
               f8_total + casts, f8_total, casts, bf_total / (f8_total + casts));
   std::printf("  fp8 forward against bf16 (first 64 rows): relative L2 %.4f\n", forward_difference(y_fp8, y_bf16, n));
+  if (bias_gradient_paths(m, n, dy, ctx.stream) != 0) return 1;
   if (k > n)  // fc2's or down's shape: X is GELU's or SwiGLU's output
     return gelu_paths(m, k, x, ctx.stream) | gelu_backward_paths(m, k, x, ctx.stream) | swiglu_paths(m, k, x, ctx.stream);
   return norm_paths(m, k, x, ctx.stream);

@@ -88,6 +88,20 @@ Fp8Casts cast_slot(const at::Tensor& x, const at::Tensor& scale, const at::Tenso
   return fp8_cast_transpose(x, scale.select(0, slot), amax.select(0, slot), f, rows, what);
 }
 
+// dY's E5M2 codes, their transpose and db's column partials
+// [fp8_cast_partial_rows(m), n] fp32 from one cast-transpose of dy [m, n]
+// (bf16, CUDA): db then costs no second read of dY.
+Fp8Casts dy_codes_and_partials(const at::Tensor& dy, const at::Tensor& scale, const at::Tensor& amax,
+                               at::Tensor& partials) {
+  const int64_t m = dy.size(0), n = dy.size(1);
+  const auto options = dy.options().dtype(fp8_dtype(Fp8Format::kE5M2));
+  Fp8Casts out{at::empty({m, n}, options), at::empty({n, m}, options)};
+  partials = at::empty({kernels::fp8_cast_partial_rows(m), n}, dy.options().dtype(at::kFloat));
+  detail::fp8_cast_transpose_prologue(dy, at::Tensor(), m, n, kernels::Fp8Prologue::kNone, Fp8Format::kE5M2,
+                                      scale.select(0, kFp8Dy), amax.select(0, kFp8Dy), out.q, out.q_t, partials);
+  return out;
+}
+
 }  // namespace
 
 namespace detail {
@@ -251,8 +265,14 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     bool need_dw = false;
     for (size_t i = 0; i < count; ++i) need_dw = need_dw || ctx->needs_input_grad(1 + i);
     const bool need_dx = ctx->needs_input_grad(0);
+    const bool need_db = s.b_dtype && ctx->needs_input_grad(1 + count);
+    // db from the cast-transpose's column partials where it runs on both outputs anyway.
+    const bool db_from_cast = need_db && need_dx && need_dw && dy.is_cuda() && dy.scalar_type() == at::kBFloat16;
+    at::Tensor partials;
     if (need_dx || need_dw) {
-      const Fp8Casts dq = cast_slot(dy, scale, amax, kFp8Dy, Fp8Format::kE5M2, need_dx, need_dw, "fp8_linear dy");
+      const Fp8Casts dq = db_from_cast ? dy_codes_and_partials(dy, scale, amax, partials)
+                                       : cast_slot(dy, scale, amax, kFp8Dy, Fp8Format::kE5M2, need_dx, need_dw,
+                                                   "fp8_linear dy");
       if (need_dx) {  // dX [m, k] = dY [m, n] (W^T [k, n])^T
         out[0] = at::empty(s.x_sizes, dy.options());
         detail::fp8_linear_dx(dq.q, wq_t, scale_inv, out[0].view({m, k}));
@@ -264,9 +284,13 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
           if (ctx->needs_input_grad(1 + i)) out[1 + i] = blocks[i];
       }
     }
-    if (s.b_dtype && ctx->needs_input_grad(1 + count)) {
+    if (need_db) {
       out[1 + count] = at::empty({n}, dy.options().dtype(*s.b_dtype));
-      column_sums_into({dy}, {out[1 + count]});
+      if (db_from_cast) {
+        batch_sums_into(partials, out[1 + count]);
+      } else {
+        column_sums_into({dy}, {out[1 + count]});
+      }
     }
     return out;
   }
