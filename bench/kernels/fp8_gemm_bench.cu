@@ -220,6 +220,29 @@ __global__ void gelu_tanh_backward_kernel(const bf16* d, const bf16* pre, bf16* 
   }
 }
 
+// db [n] of dY [m, n] bf16, two ways: the column sums of dY (with their
+// chunk partials), or the reduction of the cast-transpose's tile partials.
+struct BiasGradient {
+  float *db, *sum_partials, *tile_partials;
+  int chunks;
+  int64_t m, n, tiles;
+  BiasGradient(Buffers& b, int64_t rows, int64_t cols) : m(rows), n(cols) {
+    chunks = perftrain::kernels::column_sums_chunks(m, int(n), 1, perftrain::kernels::multiprocessor_count());
+    tiles = perftrain::kernels::fp8_cast_partial_rows(m);
+    db = static_cast<float*>(b.get(n * sizeof(float)));
+    sum_partials = static_cast<float*>(b.get(int64_t(chunks) * n * sizeof(float)));
+    tile_partials = static_cast<float*>(b.get(tiles * n * sizeof(float)));
+  }
+  void column_sums(const bf16* dy, cudaStream_t s) {
+    perftrain::kernels::column_sums<bf16>(&dy, &db, 1, m, int(n), n, sum_partials, chunks, s);
+  }
+  // The cast-transpose of `from` (with its prologue) writing the tile partials, then their reduction.
+  void from_cast(const Operand& from, cudaStream_t s, perftrain::kernels::Fp8Prologue prologue, const bf16* x2) {
+    cast_transpose(from, s, prologue, x2, tile_partials);
+    perftrain::kernels::column_sums_reduce(tile_partials, &db, 1, int(tiles), int(n), s);
+  }
+};
+
 // fc1's dY where its output feeds GELU (dY [M, K], K = 4D): GELU's backward
 // writing bf16 d(pre), its E5M2 cast-transpose and the bias's column sums,
 // against the cast-transpose's GELU-backward prologue with column partials
@@ -233,29 +256,20 @@ int gelu_backward_paths(int64_t m, int64_t k, const Operand& x, cudaStream_t s) 
   Operand dy = x;  // x's shape and buffers, E5M2
   dy.format = Fp8Format::kE5M2;
   dy.x = static_cast<bf16*>(b.get(m * k * sizeof(bf16)));  // d(pre) where written
-  auto* db = static_cast<float*>(b.get(k * sizeof(float)));
-  const int chunks = perftrain::kernels::column_sums_chunks(m, int(k), 1, perftrain::kernels::multiprocessor_count());
-  auto* sum_partials = static_cast<float*>(b.get(int64_t(chunks) * k * sizeof(float)));
-  const int64_t tiles = perftrain::kernels::fp8_cast_partial_rows(m);
-  auto* tile_partials = static_cast<float*>(b.get(tiles * k * sizeof(float)));
-  const bf16* column_input = dy.x;
+  BiasGradient db(b, m, k);
   double unfused = 0, fused = 0;
   if (median_launch_ms(
           [&] {
             gelu_tanh_backward_kernel<<<1024, 256, 0, s>>>(dact, pre, dy.x, m * k);
             cast_transpose(dy, s);
-            perftrain::kernels::column_sums<bf16>(&column_input, &db, 1, m, int(k), k, sum_partials, chunks, s);
+            db.column_sums(dy.x, s);
           },
           &unfused) != 0)
     return 1;
   Operand from_dact = dy;
   from_dact.x = dact;
-  if (median_launch_ms(
-          [&] {
-            cast_transpose(from_dact, s, perftrain::kernels::Fp8Prologue::kGeluTanhBackward, pre, tile_partials);
-            perftrain::kernels::column_sums_reduce(tile_partials, &db, 1, int(tiles), int(k), s);
-          },
-          &fused) != 0)
+  if (median_launch_ms([&] { db.from_cast(from_dact, s, perftrain::kernels::Fp8Prologue::kGeluTanhBackward, pre); },
+                       &fused) != 0)
     return 1;
   std::printf("  dY from GELU's backward: bf16 d(pre) + cast-transpose + column sums %.3f ms, the cast-transpose's "
               "GELU-backward prologue + partials %.3f ms (%.3f ms saved)\n", unfused, fused, unfused - fused);
@@ -267,25 +281,10 @@ int gelu_backward_paths(int64_t m, int64_t k, const Operand& x, cudaStream_t s) 
 // partials beside its codes and their reduction (ops/fp8_linear's backward).
 int bias_gradient_paths(int64_t m, int64_t n, const Operand& dy, cudaStream_t s) {
   Buffers b;
-  auto* db = static_cast<float*>(b.get(n * sizeof(float)));
-  const int chunks = perftrain::kernels::column_sums_chunks(m, int(n), 1, perftrain::kernels::multiprocessor_count());
-  auto* sum_partials = static_cast<float*>(b.get(int64_t(chunks) * n * sizeof(float)));
-  const int64_t tiles = perftrain::kernels::fp8_cast_partial_rows(m);
-  auto* tile_partials = static_cast<float*>(b.get(tiles * n * sizeof(float)));
-  const bf16* column_input = dy.x;
+  BiasGradient db(b, m, n);
   double apart = 0, fused = 0;
-  if (median_launch_ms(
-          [&] {
-            cast_transpose(dy, s);
-            perftrain::kernels::column_sums<bf16>(&column_input, &db, 1, m, int(n), n, sum_partials, chunks, s);
-          },
-          &apart) != 0 ||
-      median_launch_ms(
-          [&] {
-            cast_transpose(dy, s, perftrain::kernels::Fp8Prologue::kNone, nullptr, tile_partials);
-            perftrain::kernels::column_sums_reduce(tile_partials, &db, 1, int(tiles), int(n), s);
-          },
-          &fused) != 0)
+  if (median_launch_ms([&] { cast_transpose(dy, s), db.column_sums(dy.x, s); }, &apart) != 0 ||
+      median_launch_ms([&] { db.from_cast(dy, s, perftrain::kernels::Fp8Prologue::kNone, nullptr); }, &fused) != 0)
     return 1;
   std::printf("  db beside dY's cast: cast-transpose + column sums %.3f ms, the cast-transpose's partials %.3f ms "
               "(%.3f ms saved)\n", apart, fused, apart - fused);

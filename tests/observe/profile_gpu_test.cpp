@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cstdio>
+#include <memory>
 
 #include "base/scope.h"
 #include "compat/compat.h"
@@ -30,6 +31,26 @@ double phase(const StepAnalysis& a, const std::string& p) {
   for (const auto& x : a.busy_by_phase)
     if (x.phase == p) return x.ms;
   return 0;
+}
+
+// `count` bf16 products c = a b of [n, n] captured in one graph on a side
+// stream (after one warm-up product there), with the tensors it reads and writes.
+struct CapturedProducts {
+  at::Tensor a, b, c;
+  std::unique_ptr<at::cuda::CUDAGraph> graph = std::make_unique<at::cuda::CUDAGraph>();
+};
+
+CapturedProducts captured_products(int64_t n, int count) {
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  CapturedProducts p{at::randn({n, n}, opts), at::randn({n, n}, opts), at::empty({n, n}, opts)};
+  auto stream = c10::cuda::getStreamFromPool();
+  c10::cuda::CUDAStreamGuard guard(stream);
+  (void)at::mm_out(p.c, p.a, p.b);
+  stream.synchronize();
+  p.graph->capture_begin();
+  for (int k = 0; k < count; ++k) at::mm_out(p.c, p.a, p.b);
+  p.graph->capture_end();
+  return p;
 }
 
 ProfilerOptions options(const std::string& dir) {
@@ -75,25 +96,13 @@ TEST(ProfileGpu, KernelsLandInTheirScopes) {
 TEST(ProfileGpu, AGraphReplayIsOneCapturedStep) {
   SKIP_WITHOUT_GPU();
   perftrain::testing::TempDir tmp;
-  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
-  const at::Tensor a = at::randn({1024, 1024}, opts), b = at::randn({1024, 1024}, opts);
-  at::Tensor c = at::empty({1024, 1024}, opts);
-  auto stream = c10::cuda::getStreamFromPool();
-  at::cuda::CUDAGraph g;
-  {
-    c10::cuda::CUDAStreamGuard guard(stream);
-    (void)at::mm_out(c, a, b);  // warm-up on the side stream
-    stream.synchronize();
-    g.capture_begin();
-    for (int k = 0; k < 3; ++k) at::mm_out(c, a, b);
-    g.capture_end();
-  }
+  const CapturedProducts g = captured_products(1024, 3);
   StepProfiler p(options(tmp.path()));
   for (int64_t i = 0; i < 3; ++i) {
     p.begin_step(i);
     {
       PERFTRAIN_SCOPE("graph_replay");
-      g.replay();
+      g.graph->replay();
     }
     p.end_step(i);
   }
@@ -111,24 +120,12 @@ TEST(ProfileGpu, AGraphReplayIsOneCapturedStep) {
 // GPU time is its kernels' (here all matrix products), not twice that.
 TEST(ProfileGpu, KernelTableCountsAGraphsKernelsNotItsScope) {
   SKIP_WITHOUT_GPU();
-  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
-  const at::Tensor a = at::randn({2048, 2048}, opts), b = at::randn({2048, 2048}, opts);
-  at::Tensor c = at::empty({2048, 2048}, opts);
-  auto stream = c10::cuda::getStreamFromPool();
-  at::cuda::CUDAGraph g;
-  {
-    c10::cuda::CUDAStreamGuard guard(stream);
-    (void)at::mm_out(c, a, b);  // warm-up on the side stream
-    stream.synchronize();
-    g.capture_begin();
-    for (int k = 0; k < 4; ++k) at::mm_out(c, a, b);
-    g.capture_end();
-  }
+  const CapturedProducts g = captured_products(2048, 4);
   const perftrain::observe::KernelBreakdown t = perftrain::observe::profile_kernels(
       [&] {
         for (int i = 0; i < 3; ++i) {
           PERFTRAIN_SCOPE("graph_replay");
-          g.replay();
+          g.graph->replay();
         }
       },
       3, "");
