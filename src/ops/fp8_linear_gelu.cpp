@@ -25,6 +25,35 @@ using torch::autograd::variable_list;
 
 constexpr const char* kOp = "fp8_linear_gelu";
 
+// fc1's operands' codes (their transposes where dW or dX is wanted) and pre
+// = fp8_linear's product + b in x's dtype: the forward's first half, with
+// or without autograd.
+struct Fc1Product {
+  Fp8Casts xq, wq;
+  at::Tensor pre;
+};
+
+Fc1Product fc1_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                       const std::optional<at::Tensor>& x_codes, const std::optional<at::Tensor>& x_codes_t,
+                       const at::Tensor& scale, const at::Tensor& amax, const at::Tensor& scale_inv, bool need_dx,
+                       bool need_dw) {
+  const int64_t m = detail::leading_rows(x), k = x.size(-1), n = weight.size(0);
+  Fc1Product p;
+  p.xq = detail::fp8_input_codes(x_codes ? x : x.contiguous().view({m, k}), x_codes, x_codes_t, scale, amax, need_dw);
+  p.wq = detail::fp8_weight_codes(at::TensorList(weight), x.scalar_type(), scale, amax, need_dx);
+  p.pre = at::empty({m, n}, x.options());
+  detail::fp8_product(p.xq.q, scale_inv.select(0, kFp8X), p.wq.q, scale_inv.select(0, kFp8W), p.pre, true,
+                      bias.defined() ? bias.contiguous() : bias);
+  return p;
+}
+
+// act's stand-in [..., n] for x [..., k].
+at::Tensor act_stand_in(const at::Tensor& x, int64_t n) {
+  std::vector<int64_t> act_sizes = x.sizes().vec();
+  act_sizes.back() = n;
+  return fp8_stand_in(act_sizes, x.options());
+}
+
 // Inputs: x, weight, bias, fc1's amax, scale, scale_inv, x's codes and
 // transposed codes (where its producer wrote them), the consumer's x scale
 // and amax. Outputs: act's stand-in (differentiable), its codes and
@@ -37,19 +66,15 @@ struct Fp8LinearGeluFunction : torch::autograd::Function<Fp8LinearGeluFunction> 
                                const at::Tensor& act_scale, const at::Tensor& act_amax) {
     const at::Tensor bias = bias_opt.value_or(at::Tensor());
     const c10::DeviceGuard guard(x.device());
-    const int64_t m = detail::leading_rows(x), k = x.size(-1), n = weight.size(0);
-    const bool need_dx = x.requires_grad(), need_dw = weight.requires_grad();
-    const Fp8Casts xq =
-        detail::fp8_input_codes(x_codes ? x : x.contiguous().view({m, k}), x_codes, x_codes_t, scale, amax, need_dw);
-    const Fp8Casts wq = detail::fp8_weight_codes(at::TensorList(weight), x.scalar_type(), scale, amax, need_dx);
-    const at::Tensor pre = at::empty({m, n}, x.options());
-    detail::fp8_product(xq.q, scale_inv.select(0, kFp8X), wq.q, scale_inv.select(0, kFp8W), pre, true,
-                        bias.defined() ? bias.contiguous() : bias);
+    const int64_t m = detail::leading_rows(x), n = weight.size(0);
+    const Fc1Product p = fc1_product(x, weight, bias, x_codes, x_codes_t, scale, amax, scale_inv, x.requires_grad(),
+                                     weight.requires_grad());
+    const at::Tensor& pre = p.pre;
     const auto codes_options = x.options().dtype(at::kFloat8_e4m3fn);
     at::Tensor codes = at::empty({m, n}, codes_options), codes_t = at::empty({n, m}, codes_options);
     detail::fp8_cast_transpose_prologue(pre, at::Tensor(), m, n, kernels::Fp8Prologue::kGeluTanh, Fp8Format::kE4M3,
                                         act_scale, act_amax, codes, codes_t, at::Tensor());
-    ctx->save_for_backward({xq.q_t, wq.q_t, pre});
+    ctx->save_for_backward({p.xq.q_t, p.wq.q_t, pre});
     ctx->saved_data["amax"] = amax;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["scale_inv"] = scale_inv;
@@ -57,9 +82,7 @@ struct Fp8LinearGeluFunction : torch::autograd::Function<Fp8LinearGeluFunction> 
     // The codes take no gradient: it arrives undefined, not as an fp8 zero fill each step.
     ctx->set_materialize_grads(false);
     ctx->mark_non_differentiable({codes, codes_t});
-    std::vector<int64_t> act_sizes = x.sizes().vec();
-    act_sizes.back() = n;
-    return {fp8_stand_in(act_sizes, x.options()), codes, codes_t};
+    return {act_stand_in(x, n), codes, codes_t};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -103,18 +126,12 @@ Fp8Operand fp8_linear_gelu_no_grad(const at::Tensor& x, const at::Tensor& weight
                                    const std::optional<at::Tensor>& x_codes, const Fp8Scaling& state,
                                    const Fp8Target& act_target) {
   const c10::DeviceGuard guard(x.device());
-  const int64_t m = detail::leading_rows(x), k = x.size(-1), n = weight.size(0);
-  const Fp8Casts xq = detail::fp8_input_codes(x_codes ? x : x.contiguous().view({m, k}), x_codes, std::nullopt,
-                                              state.scale, state.amax, false);
-  const Fp8Casts wq = detail::fp8_weight_codes(at::TensorList(weight), x.scalar_type(), state.scale, state.amax, false);
-  const at::Tensor pre = at::empty({m, n}, x.options());
-  detail::fp8_product(xq.q, state.scale_inv.select(0, kFp8X), wq.q, state.scale_inv.select(0, kFp8W), pre, true,
-                      bias.defined() ? bias.contiguous() : bias);
+  const int64_t m = detail::leading_rows(x), n = weight.size(0);
+  const Fc1Product p =
+      fc1_product(x, weight, bias, x_codes, std::nullopt, state.scale, state.amax, state.scale_inv, false, false);
   const at::Tensor codes = at::empty({m, n}, x.options().dtype(at::kFloat8_e4m3fn));
-  detail::fp8_cast_gelu(pre, m, n, Fp8Format::kE4M3, act_target.scale, act_target.amax, codes);
-  std::vector<int64_t> act_sizes = x.sizes().vec();
-  act_sizes.back() = n;
-  return {fp8_stand_in(act_sizes, x.options()), codes, at::Tensor()};
+  detail::fp8_cast_gelu(p.pre, m, n, Fp8Format::kE4M3, act_target.scale, act_target.amax, codes);
+  return {act_stand_in(x, n), codes, at::Tensor()};
 }
 
 }  // namespace
