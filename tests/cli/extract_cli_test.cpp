@@ -45,12 +45,16 @@ TEST(ExtractCli, KilledAndRerunEqualsAnUninterruptedRun) {
   ASSERT_EQ(shard_files(tmp.file("ref")).size(), 32u);
 
   // A real process and a real signal: started in the background, SIGKILLed
-  // as soon as its second shard is there.
+  // as soon as its second shard is there. It runs in steps of 10 ms between
+  // SIGSTOP and SIGCONT, the shards looked for while it is stopped: on a
+  // loaded machine a watcher that only polls can wake after the last shard
+  // (a shard takes milliseconds here).
   const std::string out = tmp.file("out");
   const std::string killed = run_shell(
       perftrain_cmd(args + out) + " > " + tmp.file("killed.log") + " 2>&1 & pid=$!; n=0; "
-      "while [ ! -e " + out + "/latents-000001.safetensors ] && kill -0 $pid 2>/dev/null && [ $n -lt 6000 ]; "
-      "do sleep 0.005; n=$((n+1)); done; kill -9 $pid; { wait $pid; } 2>/dev/null; echo \"exit=$?\"").output;
+      "while [ ! -e " + out + "/latents-000001.safetensors ] && kill -0 $pid 2>/dev/null && [ $n -lt 30000 ]; "
+      "do kill -CONT $pid; sleep 0.01; kill -STOP $pid; n=$((n+1)); done; "
+      "kill -9 $pid; kill -CONT $pid 2>/dev/null; { wait $pid; } 2>/dev/null; echo \"exit=$?\"").output;
   ASSERT_TRUE(contains(killed, "exit=137")) << killed << read_raw(tmp.file("killed.log"));
   const size_t left = shard_files(out).size();
   ASSERT_GE(left, 2u);
