@@ -92,12 +92,24 @@ __device__ __forceinline__ void load8(const float* x, float (&v)[8]) {
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-// VEC8: x 16-byte and q 8-byte aligned; the vectors cover [0, n / 8 * 8),
-// the tail goes element by element.
+// Where output element i (of rows x cols) reads x: i itself, or for
+// gate_up [rows, 2 cols] the gate of row i / cols (its up is cols further).
+template <Fp8Prologue P>
+__device__ __forceinline__ int64_t source_index(int64_t i, int64_t cols) {
+  if constexpr (reads_gate_up(P)) {
+    return i / cols * 2 * cols + i % cols;
+  } else {
+    return i;
+  }
+}
+
+// VEC8: x 16-byte and q 8-byte aligned (and for gate_up, cols a multiple of
+// 8: a vector stays in one row); the vectors cover [0, n / 8 * 8), the tail
+// goes element by element. n = rows * cols.
 template <typename T, Fp8Format F, bool VEC8, Fp8Prologue P>
 __global__ void __launch_bounds__(kThreads)
-    fp8_cast_kernel(const T* __restrict__ x, const T* __restrict__ x2, int64_t n, const float* __restrict__ scale_ptr,
-                    uint8_t* __restrict__ q, float* amax) {
+    fp8_cast_kernel(const T* __restrict__ x, const T* __restrict__ x2, int64_t n, int64_t cols,
+                    const float* __restrict__ scale_ptr, uint8_t* __restrict__ q, float* amax) {
   const float scale = *scale_ptr;
   unsigned int bits = 0;
   const int64_t stride = int64_t(gridDim.x) * kThreads;
@@ -106,8 +118,10 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t nv = n / 8;
     for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < nv; i += stride) {
       float v[8], v2[8] = {};
-      load8(x + i * 8, v);
-      if constexpr (reads_x2(P)) load8(x2 + i * 8, v2);
+      const int64_t at = source_index<P>(i * 8, cols);
+      load8(x + at, v);
+      if constexpr (reads_x2(P)) load8(x2 + at, v2);
+      if constexpr (reads_gate_up(P)) load8(x + at + cols, v2);
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = cast_value<P>(v[j], v2[j]);
       uint2 out;
@@ -122,7 +136,10 @@ __global__ void __launch_bounds__(kThreads)
     tail = nv * 8;
   }
   for (int64_t i = tail + int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
-    const float v = cast_value<P>(to_float(x[i]), reads_x2(P) ? to_float(x2[i]) : 0.f);
+    const int64_t at = source_index<P>(i, cols);
+    const float v = cast_value<P>(to_float(x[at]), reads_x2(P)        ? to_float(x2[at])
+                                                   : reads_gate_up(P) ? to_float(x[at + cols])
+                                                                      : 0.f);
     bits = max(bits, detail::fp8_abs_bits(v));
     q[i] = detail::fp8_encode<F>(v, scale);
   }
@@ -419,14 +436,14 @@ void launch_cast(const Fp8CastArgs& a, cudaStream_t stream) {
   const int64_t n = a.rows * a.cols;
   const T* x = static_cast<const T*>(a.x);
   const T* x2 = static_cast<const T*>(a.x2);
-  const bool vec = aligned(a.x, 16) && aligned(a.x2, 16) && aligned(a.q, 8);
+  const bool vec = aligned(a.x, 16) && aligned(a.x2, 16) && aligned(a.q, 8) && (!reads_gate_up(P) || a.cols % 8 == 0);
   const int64_t work = vec ? std::max<int64_t>(n / 8, 1) : n;
   const int64_t wanted = (work + kThreads - 1) / kThreads;
   const int grid = int(std::min<int64_t>(wanted, int64_t(multiprocessor_count()) * kBlocksPerSm));
   if (vec) {
-    fp8_cast_kernel<T, F, true, P><<<grid, kThreads, 0, stream>>>(x, x2, n, a.scale, a.q, a.amax);
+    fp8_cast_kernel<T, F, true, P><<<grid, kThreads, 0, stream>>>(x, x2, n, a.cols, a.scale, a.q, a.amax);
   } else {
-    fp8_cast_kernel<T, F, false, P><<<grid, kThreads, 0, stream>>>(x, x2, n, a.scale, a.q, a.amax);
+    fp8_cast_kernel<T, F, false, P><<<grid, kThreads, 0, stream>>>(x, x2, n, a.cols, a.scale, a.q, a.amax);
   }
   PERFTRAIN_LAUNCH_CHECK();
 }
@@ -465,8 +482,8 @@ void launch_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
 }
 
 // The launcher for (x_type, format, prologue): the prologues read bf16 only;
-// kTakesGateUp: whether Launch takes the SwiGLU prologue (the cast-transpose).
-template <template <typename, Fp8Format, Fp8Prologue> class Launch, bool kTakesGateUp>
+// SwiGLU's backward has its own kernel.
+template <template <typename, Fp8Format, Fp8Prologue> class Launch>
 void dispatch(const Fp8CastArgs& a, cudaStream_t stream) {
   using BF16 = __nv_bfloat16;
   constexpr Fp8Format kE4M3 = Fp8Format::kE4M3, kE5M2 = Fp8Format::kE5M2;
@@ -480,12 +497,11 @@ void dispatch(const Fp8CastArgs& a, cudaStream_t stream) {
       e4m3 ? Launch<BF16, kE4M3, Fp8Prologue::kGeluTanhBackward>::run(a, stream)
            : Launch<BF16, kE5M2, Fp8Prologue::kGeluTanhBackward>::run(a, stream);
       return;
-    case Fp8Prologue::kSwiglu:  // the cast-transpose's only (fp8_cast refuses it)
-      if constexpr (kTakesGateUp)
-        e4m3 ? Launch<BF16, kE4M3, Fp8Prologue::kSwiglu>::run(a, stream)
-             : Launch<BF16, kE5M2, Fp8Prologue::kSwiglu>::run(a, stream);
+    case Fp8Prologue::kSwiglu:
+      e4m3 ? Launch<BF16, kE4M3, Fp8Prologue::kSwiglu>::run(a, stream)
+           : Launch<BF16, kE5M2, Fp8Prologue::kSwiglu>::run(a, stream);
       return;
-    case Fp8Prologue::kSwigluBackward:  // its own kernel (fp8_cast_transpose)
+    case Fp8Prologue::kSwigluBackward:  // its own kernel (fp8_cast_transpose); fp8_cast refuses it
       return;
     case Fp8Prologue::kNone:
       break;
@@ -514,10 +530,10 @@ void fp8_cast(const Fp8CastArgs& a, cudaStream_t stream) {
   if (a.q == nullptr) throw std::invalid_argument("fp8_cast: q must be non-null");
   if (a.q_t != nullptr) throw std::invalid_argument("fp8_cast: q_t is fp8_cast_transpose's output");
   if (a.col_partials != nullptr) throw std::invalid_argument("fp8_cast: col_partials is fp8_cast_transpose's output");
-  if (a.prologue == Fp8Prologue::kSwiglu || a.prologue == Fp8Prologue::kSwigluBackward)
-    throw std::invalid_argument("fp8_cast: the SwiGLU prologues are fp8_cast_transpose's");
+  if (a.prologue == Fp8Prologue::kSwigluBackward)
+    throw std::invalid_argument("fp8_cast: SwiGLU's backward prologue is fp8_cast_transpose's");
   if (a.rows * a.cols == 0) return;
-  dispatch<CastLaunch, false>(a, stream);
+  dispatch<CastLaunch>(a, stream);
 }
 
 void fp8_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
@@ -532,7 +548,7 @@ void fp8_cast_transpose(const Fp8CastArgs& a, cudaStream_t stream) {
     return;
   }
   if (a.rows * a.cols == 0) return;
-  dispatch<CastTransposeLaunch, true>(a, stream);
+  dispatch<CastTransposeLaunch>(a, stream);
 }
 
 int64_t fp8_cast_partial_rows(int64_t rows) { return (rows + kTile - 1) / kTile; }

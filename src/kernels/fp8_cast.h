@@ -16,7 +16,8 @@
 //
 // fp8_cast: q [rows, cols] only. One pass over n = rows * cols elements, 8
 //   per thread and iteration (a 16-byte bf16 or two 16-byte fp32 loads, one
-//   8-byte store) where the pointers allow, else element by element; 256
+//   8-byte store) where the pointers allow (and with the SwiGLU prologue, cols
+//   is a multiple of 8), else element by element; 256
 //   threads a block, at most 8 blocks per SM, grid-stride. Bytes: n * (2 or
 //   4) read + n written. One atomicMax per block.
 // fp8_cast_transpose: q [rows, cols] (may be null: only the transpose) and
@@ -89,11 +90,11 @@ enum class Fp8Source { kF32, kBF16 };
 //                      sums apart move 12n.
 //   kSwiglu            h = silu(gate) * up rounded to bf16, x = gate_up [rows,
 //                      2 cols] bf16 (gate in columns [0, cols), up in [cols,
-//                      2 cols); cast-transpose only): the bytes
-//                      kernels/swiglu.h's forward stores, so that SwiGLU
-//                      feeding an fp8 product writes h's codes from gate_up:
-//                      n * 4 read + 2n written, where SwiGLU and the cast
-//                      apart move 10n (n = rows * cols);
+//                      2 cols)): the bytes kernels/swiglu.h's forward stores,
+//                      so that SwiGLU feeding an fp8 product writes h's codes
+//                      from gate_up: n * 4 read + 2n written (n with fp8_cast,
+//                      no transpose), where SwiGLU and the cast apart move 10n
+//                      (n = rows * cols);
 //   kSwigluBackward    d(gate_up) [rows, 2 cols] from x = d(h) [rows, cols] and
 //                      x2 = gate_up [rows, 2 cols] (bf16; cast-transpose
 //                      only, its own kernel): d(gate) and d(up) rounded to
@@ -134,7 +135,7 @@ struct Fp8RowOut {
 };
 
 // Throw std::invalid_argument on misuse (null x, scale or output, negative
-// sizes, a q_t, col_partials or SwiGLU prologue given to fp8_cast, x2
+// sizes, a q_t, col_partials or SwiGLU backward prologue given to fp8_cast, x2
 // without a backward prologue or such a prologue without x2, a prologue on
 // fp32 x, SwiGLU's backward without q or with col_partials). Nothing runs
 // for an empty matrix.

@@ -98,13 +98,13 @@ void fp8_cast_transpose_prologue(const at::Tensor& src, const at::Tensor& x2, in
   kernels::fp8_cast_transpose(a, at::cuda::getCurrentCUDAStream().stream());
 }
 
-void fp8_cast_gelu(const at::Tensor& src, int64_t rows, int64_t cols, Fp8Format format, const at::Tensor& scale,
-                   const at::Tensor& amax, const at::Tensor& q) {
+void fp8_cast_activation(const at::Tensor& src, int64_t rows, int64_t cols, kernels::Fp8Prologue prologue,
+                         Fp8Format format, const at::Tensor& scale, const at::Tensor& amax, const at::Tensor& q) {
   kernels::Fp8CastArgs a = kernel_args(src, scale, amax, format);
   a.rows = rows;
   a.cols = cols;
   a.q = bits(q);
-  a.prologue = kernels::Fp8Prologue::kGeluTanh;
+  a.prologue = prologue;
   kernels::fp8_cast(a, at::cuda::getCurrentCUDAStream().stream());
 }
 

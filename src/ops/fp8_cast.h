@@ -62,13 +62,14 @@ void fp8_cast_transpose_prologue(const at::Tensor& src, const at::Tensor& x2, in
                                  kernels::Fp8Prologue prologue, Fp8Format format, const at::Tensor& scale,
                                  const at::Tensor& amax, const at::Tensor& q, const at::Tensor& q_t,
                                  const at::Tensor& partials);
-// The row cast with GELU's forward prologue: src [rows, cols] bf16 into q
-// alone (allocated by the caller), max-accumulating amax under scale; the
-// same codes and amax as the cast-transpose's, without the transpose (for a
+// The row cast with an activation's forward prologue (kGeluTanh: src [rows,
+// cols]; kSwiglu: src gate_up [rows, 2 cols]; bf16) into q [rows, cols] alone
+// (allocated by the caller), max-accumulating amax under scale; the same
+// codes and amax as the cast-transpose's, without the transpose (for a
 // consumer that takes no dW: a forward under no-grad). CUDA only, arguments
 // unchecked.
-void fp8_cast_gelu(const at::Tensor& src, int64_t rows, int64_t cols, Fp8Format format, const at::Tensor& scale,
-                   const at::Tensor& amax, const at::Tensor& q);
+void fp8_cast_activation(const at::Tensor& src, int64_t rows, int64_t cols, kernels::Fp8Prologue prologue,
+                         Fp8Format format, const at::Tensor& scale, const at::Tensor& amax, const at::Tensor& q);
 }  // namespace detail
 
 // An fp8 linear's input handed over by the kernel that made it (issue 39): a

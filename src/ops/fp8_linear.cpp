@@ -200,6 +200,12 @@ std::vector<at::Tensor> grad_mode_inputs(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
+at::Tensor fp8_stand_in_for(const at::Tensor& x, int64_t n) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = n;
+  return fp8_stand_in(sizes, x.options());
+}
+
 }  // namespace detail
 
 namespace {

@@ -47,13 +47,6 @@ Fc1Product fc1_product(const at::Tensor& x, const at::Tensor& weight, const at::
   return p;
 }
 
-// act's stand-in [..., n] for x [..., k].
-at::Tensor act_stand_in(const at::Tensor& x, int64_t n) {
-  std::vector<int64_t> act_sizes = x.sizes().vec();
-  act_sizes.back() = n;
-  return fp8_stand_in(act_sizes, x.options());
-}
-
 // Inputs: x, weight, bias, fc1's amax, scale, scale_inv, x's codes and
 // transposed codes (where its producer wrote them), the consumer's x scale
 // and amax. Outputs: act's stand-in (differentiable), its codes and
@@ -82,7 +75,7 @@ struct Fp8LinearGeluFunction : torch::autograd::Function<Fp8LinearGeluFunction> 
     // The codes take no gradient: it arrives undefined, not as an fp8 zero fill each step.
     ctx->set_materialize_grads(false);
     ctx->mark_non_differentiable({codes, codes_t});
-    return {act_stand_in(x, n), codes, codes_t};
+    return {detail::fp8_stand_in_for(x, n), codes, codes_t};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -130,8 +123,9 @@ Fp8Operand fp8_linear_gelu_no_grad(const at::Tensor& x, const at::Tensor& weight
   const Fc1Product p =
       fc1_product(x, weight, bias, x_codes, std::nullopt, state.scale, state.amax, state.scale_inv, false, false);
   const at::Tensor codes = at::empty({m, n}, x.options().dtype(at::kFloat8_e4m3fn));
-  detail::fp8_cast_gelu(p.pre, m, n, Fp8Format::kE4M3, act_target.scale, act_target.amax, codes);
-  return {act_stand_in(x, n), codes, at::Tensor()};
+  detail::fp8_cast_activation(p.pre, m, n, kernels::Fp8Prologue::kGeluTanh, Fp8Format::kE4M3, act_target.scale,
+                              act_target.amax, codes);
+  return {detail::fp8_stand_in_for(x, n), codes, at::Tensor()};
 }
 
 }  // namespace

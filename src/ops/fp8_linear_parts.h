@@ -53,6 +53,10 @@ Fp8Casts fp8_input_codes(const at::Tensor& x2d, const std::optional<at::Tensor>&
 Fp8Casts fp8_weight_codes(at::TensorList weights, at::ScalarType dt, const at::Tensor& scale, const at::Tensor& amax,
                           bool transposed);
 
+// The stand-in (fp8_stand_in) of a product's output [..., n] on x [..., k],
+// for an op that writes only the output's codes.
+at::Tensor fp8_stand_in_for(const at::Tensor& x, int64_t n);
+
 // dX [m, k] = dY W from dY's E5M2 codes dq [m, n] and W^T's codes [k, n],
 // into dx (a [m, k] view).
 void fp8_linear_dx(const at::Tensor& dq, const at::Tensor& wq_t, const at::Tensor& scale_inv, const at::Tensor& dx);

@@ -1,5 +1,6 @@
 #include "ops/fp8_linear_swiglu.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -24,6 +25,27 @@ using torch::autograd::variable_list;
 
 constexpr const char* kOp = "fp8_linear_swiglu";
 
+// The gate-up product's operands' codes (their transposes where dW or dX is
+// wanted) and gate_up [m, 2F] in x's dtype: the forward's first half, with
+// or without autograd.
+struct GateUpProduct {
+  Fp8Casts xq, wq;
+  at::Tensor gate_up;
+};
+
+GateUpProduct gate_up_product(const at::Tensor& x, at::TensorList weights, const std::optional<at::Tensor>& x_codes,
+                              const std::optional<at::Tensor>& x_codes_t, const at::Tensor& scale,
+                              const at::Tensor& amax, const at::Tensor& scale_inv, bool need_dx, bool need_dw) {
+  const int64_t m = detail::leading_rows(x), k = x.size(-1), f = weights[0].size(0);
+  GateUpProduct p;
+  p.xq = detail::fp8_input_codes(x_codes ? x : x.contiguous().view({m, k}), x_codes, x_codes_t, scale, amax, need_dw);
+  p.wq = detail::fp8_weight_codes(weights, x.scalar_type(), scale, amax, need_dx);
+  p.gate_up = at::empty({m, 2 * f}, x.options());
+  detail::fp8_product(p.xq.q, scale_inv.select(0, kFp8X), p.wq.q, scale_inv.select(0, kFp8W), p.gate_up, true,
+                      at::Tensor());
+  return p;
+}
+
 // Inputs: x, the weights' row blocks {gate, up}, the product's amax, scale,
 // scale_inv, x's codes and transposed codes (where its producer wrote them),
 // the consumer's x scale and amax. Outputs: h's stand-in (differentiable),
@@ -34,19 +56,15 @@ struct Fp8LinearSwigluFunction : torch::autograd::Function<Fp8LinearSwigluFuncti
                                const std::optional<at::Tensor>& x_codes, const std::optional<at::Tensor>& x_codes_t,
                                const at::Tensor& act_scale, const at::Tensor& act_amax) {
     const c10::DeviceGuard guard(x.device());
-    const int64_t m = detail::leading_rows(x), k = x.size(-1), f = weights[0].size(0);
-    const bool need_dx = x.requires_grad(), need_dw = weights[0].requires_grad() || weights[1].requires_grad();
-    const Fp8Casts xq =
-        detail::fp8_input_codes(x_codes ? x : x.contiguous().view({m, k}), x_codes, x_codes_t, scale, amax, need_dw);
-    const Fp8Casts wq = detail::fp8_weight_codes(weights, x.scalar_type(), scale, amax, need_dx);
-    const at::Tensor gate_up = at::empty({m, 2 * f}, x.options());
-    detail::fp8_product(xq.q, scale_inv.select(0, kFp8X), wq.q, scale_inv.select(0, kFp8W), gate_up, true,
-                        at::Tensor());
+    const int64_t m = detail::leading_rows(x), f = weights[0].size(0);
+    const GateUpProduct p = gate_up_product(x, weights, x_codes, x_codes_t, scale, amax, scale_inv, x.requires_grad(),
+                                            weights[0].requires_grad() || weights[1].requires_grad());
+    const at::Tensor& gate_up = p.gate_up;
     const auto codes_options = x.options().dtype(at::kFloat8_e4m3fn);
     at::Tensor codes = at::empty({m, f}, codes_options), codes_t = at::empty({f, m}, codes_options);
     detail::fp8_cast_transpose_prologue(gate_up, at::Tensor(), m, f, kernels::Fp8Prologue::kSwiglu, Fp8Format::kE4M3,
                                         act_scale, act_amax, codes, codes_t, at::Tensor());
-    ctx->save_for_backward({xq.q_t, wq.q_t, gate_up});
+    ctx->save_for_backward({p.xq.q_t, p.wq.q_t, gate_up});
     ctx->saved_data["amax"] = amax;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["scale_inv"] = scale_inv;
@@ -54,9 +72,7 @@ struct Fp8LinearSwigluFunction : torch::autograd::Function<Fp8LinearSwigluFuncti
     // The codes take no gradient: it arrives undefined, not as an fp8 zero fill each step.
     ctx->set_materialize_grads(false);
     ctx->mark_non_differentiable({codes, codes_t});
-    std::vector<int64_t> h_sizes = x.sizes().vec();
-    h_sizes.back() = f;
-    return {fp8_stand_in(h_sizes, x.options()), codes, codes_t};
+    return {detail::fp8_stand_in_for(x, f), codes, codes_t};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -89,6 +105,22 @@ struct Fp8LinearSwigluFunction : torch::autograd::Function<Fp8LinearSwigluFuncti
   }
 };
 
+// Under no-grad (sampling): the product and h's codes from one row pass
+// over gate_up, no transposes (a consumer that ever takes dW makes its own)
+// and nothing saved: 4 bytes an element of h read and 1 written.
+Fp8Operand fp8_linear_swiglu_no_grad(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                     const std::optional<at::Tensor>& x_codes, const Fp8Scaling& state,
+                                     const Fp8Target& act_target) {
+  const c10::DeviceGuard guard(x.device());
+  const int64_t m = detail::leading_rows(x), f = weights[0].size(0);
+  const GateUpProduct p = gate_up_product(x, weights, x_codes, std::nullopt, state.scale, state.amax,
+                                          state.scale_inv, false, false);
+  const at::Tensor codes = at::empty({m, f}, x.options().dtype(at::kFloat8_e4m3fn));
+  detail::fp8_cast_activation(p.gate_up, m, f, kernels::Fp8Prologue::kSwiglu, Fp8Format::kE4M3, act_target.scale,
+                              act_target.amax, codes);
+  return {detail::fp8_stand_in_for(x, f), codes, at::Tensor()};
+}
+
 void check_blocks(const std::vector<at::Tensor>& weights) {
   if (weights.size() != 2 || !weights[0].defined() || !weights[1].defined() || weights[0].dim() != 2 ||
       weights[1].dim() != 2 || weights[0].size(0) != weights[1].size(0))
@@ -115,10 +147,11 @@ Fp8Operand fp8_linear_swiglu(const Fp8Operand& x, const std::vector<at::Tensor>&
     return fp8_linear_swiglu_reference(x, weights, state, act_target);
   const std::optional<at::Tensor> codes =
       x.codes.defined() ? std::optional<at::Tensor>(detail::checked_fp8_codes(x)) : std::nullopt;
+  if (!at::GradMode::is_enabled()) return fp8_linear_swiglu_no_grad(x.x, weights, codes, state, act_target);
   const std::optional<at::Tensor> codes_t = x.codes.defined() ? detail::checked_fp8_codes_t(x) : std::nullopt;
-  variable_list out = Fp8LinearSwigluFunction::apply(
-      detail::grad_mode_input(x.x), at::TensorList(detail::grad_mode_inputs(weights)), state.amax, state.scale,
-      state.scale_inv, codes, codes_t, act_target.scale, act_target.amax);
+  variable_list out = Fp8LinearSwigluFunction::apply(x.x, at::TensorList(weights), state.amax, state.scale,
+                                                     state.scale_inv, codes, codes_t, act_target.scale,
+                                                     act_target.amax);
   return {std::move(out[0]), std::move(out[1]), std::move(out[2])};
 }
 

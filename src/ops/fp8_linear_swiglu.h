@@ -18,6 +18,8 @@
 // Each code is the byte fp8_linear, ops::swiglu and the consumer's cast give
 // (forward), and ops::swiglu's backward and fp8_linear's dY cast (backward):
 // the prologues follow kernels/swiglu's formulas.
+// Under no-grad (sampling) h's codes come from a row pass over gate_up, with
+// no transpose (codes_t undefined), no operand transposes and nothing saved.
 //
 // CUDA with bf16 x: the fused function. Elsewhere (CPU, fp32): the reference.
 #pragma once
@@ -36,7 +38,8 @@ namespace perftrain::ops {
 // product's (make_fp8_linear_scaling); act_target: the consumer's x slot
 // (fp8_linear_input_target of its state). Returns the consumer's operand:
 // {x: a stand-in of h [..., F] carrying the gradient path to x and the
-// weights, codes [M, F], codes_t [F, M]}, or the reference's operand. Bad
+// weights, codes [M, F], codes_t [F, M] (undefined under no-grad)}, or the
+// reference's operand. Bad
 // arguments throw UsageError (fp8_linear's checks, two blocks of one F, the
 // target's).
 Fp8Operand fp8_linear_swiglu(const Fp8Operand& x, const std::vector<at::Tensor>& weights, const Fp8Scaling& state,

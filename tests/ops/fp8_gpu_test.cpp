@@ -639,7 +639,7 @@ TEST(Fp8Gpu, SwigluProloguesCastSwigluAndItsBackward) {
 // SwiGLU and down; x from a norm's codes and as a tensor): y, dX, dW_gate,
 // dW_up, dW_down and both states' amax, to within what one code in 10^4
 // taking its neighbour moves; h not written; captured = eager; reruns bit
-// for bit.
+// for bit; under no-grad the same y, h's codes and amax, no transpose.
 TEST(Fp8Gpu, LinearSwigluMatchesItsOpsApart) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   struct Shape {
@@ -682,6 +682,22 @@ TEST(Fp8Gpu, LinearSwigluMatchesItsOpsApart) {
           return torch::autograd::grad({y}, {x, wg, wu, wd}, {dy});
         },
         what);
+    // Under no-grad h's codes come from the row kernel, with no transpose: the same codes, y and amax.
+    auto forward = [&](bool grad) {
+      const Fp8Scaling s1 = make_fp8_linear_scaling(4, kCuda), s2 = make_fp8_linear_scaling(4, kCuda);
+      const at::Tensor x = x0.clone().requires_grad_(), wg = wg0.clone().requires_grad_(),
+                       wu = wu0.clone().requires_grad_(), wd = wd0.clone().requires_grad_();
+      const c10::AutoGradMode mode(grad);
+      const Fp8Operand h = fp8_linear_swiglu({x, at::Tensor()}, {wg, wu}, s1, fp8_linear_input_target(s2));
+      EXPECT_EQ(h.codes_t.defined(), grad) << what;
+      const at::Tensor y = fp8_linear(h, wd, at::Tensor(), s2);
+      EXPECT_EQ(y.requires_grad(), grad) << what;
+      return std::vector<at::Tensor>{y.detach(), h.codes.view(at::kByte).clone(), s1.amax.clone(), s2.amax.clone()};
+    };
+    const std::vector<at::Tensor> with_grad = forward(true), no_grad = forward(false);
+    const char* names[] = {"y", "h's codes", "gate_up amax", "down amax"};
+    for (size_t i = 0; i < with_grad.size(); ++i)
+      EXPECT_TRUE(at::equal(with_grad[i], no_grad[i])) << what << ": " << names[i] << " differs under no-grad";
   }
 }
 

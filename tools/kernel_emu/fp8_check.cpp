@@ -14,8 +14,8 @@
 //     GELU-backward one (bf16 x and x2: of x * gelu_tanh'(x2) in bf16, x2 on and off 16-byte
 //     boundaries apart from x); the cast-transpose's column partials (each 64-row tile's
 //     column sums of the values cast, against float64; every partial written, none past them);
-//     the SwiGLU prologues of the cast-transpose (forward: h = silu(gate) * up from gate_up
-//     [rows, 2 cols]; backward: d(gate) and d(up) from d(h) and gate_up into q [rows, 2 cols]
+//     the SwiGLU prologues (forward: h = silu(gate) * up from gate_up [rows, 2 cols], by the
+//     cast-transpose and by fp8_cast's row kernel; backward, the cast-transpose's: d(gate) and d(up) from d(h) and gate_up into q [rows, 2 cols]
 //     and q_t [2 cols, rows], dense or with a wider q_t pitch), gates far out (exp over- and
 //     underflow); the misuses the launchers refuse;
 //   - fp8_scaling_update over slots with history lengths 1 .. 1024, amaxes NaN, Inf, 0,
@@ -233,8 +233,9 @@ static void check_misuse() {
   expect(refused(a, false), "misuse: column partials from fp8_cast");
   a = args();
   a.q_t = nullptr;
-  a.prologue = Fp8Prologue::kSwiglu;
-  expect(refused(a, false), "misuse: the SwiGLU prologue in fp8_cast");
+  a.prologue = Fp8Prologue::kSwigluBackward;
+  a.x2 = x2.data();
+  expect(refused(a, false), "misuse: SwiGLU's backward prologue in fp8_cast");
   a = args();
   a.prologue = Fp8Prologue::kSwigluBackward;
   a.x2 = x2.data();
@@ -255,15 +256,16 @@ static void swiglu_backward_bf16(float dy, float g, float u, float& dgate, float
   dup = float(tod(fromd<bf16>(dy * (g * s))));
 }
 
-// The cast-transpose's SwiGLU prologues: forward (x = gate_up [rows, 2 cols] -> h's codes
-// [rows, cols] and q_t) and backward (x = d(h) [rows, cols], x2 = gate_up -> d(gate_up)'s
-// codes [rows, 2 cols] and q_t [2 cols, ld]); every byte, nothing past the outputs, the amax.
+// The SwiGLU prologues: forward (x = gate_up [rows, 2 cols] -> h's codes [rows, cols], and
+// q_t with the cast-transpose; `transpose` false: fp8_cast's row kernel, q alone) and backward
+// (cast-transpose only: x = d(h) [rows, cols], x2 = gate_up -> d(gate_up)'s codes [rows,
+// 2 cols] and q_t [2 cols, ld]); every byte, nothing past the outputs, the amax.
 static void check_swiglu(int64_t rows, int64_t cols, Fp8Format f, size_t offset, bool backward,
-                         int64_t pitch_extra = 0) {
+                         int64_t pitch_extra = 0, bool transpose = true) {
   const int64_t out_cols = backward ? 2 * cols : cols, ld = rows + pitch_extra;
   const std::string where = std::to_string(rows) + "x" + std::to_string(cols) + " " + k::fp8_format_name(f) +
                             " offset " + std::to_string(offset) + (backward ? " SwiGLU backward" : " SwiGLU") +
-                            (pitch_extra ? " q_t pitch " + std::to_string(ld) : "");
+                            (transpose ? "" : " fp8_cast") + (pitch_extra ? " q_t pitch " + std::to_string(ld) : "");
   std::vector<bf16> gus(rows * 2 * cols + offset + 16), dhs(rows * cols + offset + 16);
   bf16* gu = placed(gus, offset);
   bf16* dh = placed(dhs, offset);
@@ -284,18 +286,18 @@ static void check_swiglu(int64_t rows, int64_t cols, Fp8Format f, size_t offset,
   a.format = f;
   a.scale = &scale_dev;
   a.q = q.data();
-  a.q_t = qt.data();
+  a.q_t = transpose ? qt.data() : nullptr;
   a.q_t_ld = pitch_extra ? ld : 0;
   a.amax = &amax;
   a.prologue = backward ? Fp8Prologue::kSwigluBackward : Fp8Prologue::kSwiglu;
-  k::fp8_cast_transpose(a, nullptr);
+  transpose ? k::fp8_cast_transpose(a, nullptr) : k::fp8_cast(a, nullptr);
   unsigned want_amax = abs_bits(start_amax);
   int bad = 0, bad_t = 0;
   auto expect_code = [&](int64_t r, int64_t c, float v) {
     want_amax = std::max(want_amax, abs_bits(v));
     const uint8_t want = std::isnan(v) ? 0x7f : fp8_codes::encode(v * scale, f);
     bad += !same_code(q[r * out_cols + c], want, f);
-    bad_t += !same_code(qt[c * ld + r], want, f);
+    if (transpose) bad_t += !same_code(qt[c * ld + r], want, f);
   };
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
@@ -314,7 +316,7 @@ static void check_swiglu(int64_t rows, int64_t cols, Fp8Format f, size_t offset,
   bool pads = true;
   for (size_t i = rows * out_cols; i < q.size(); ++i) pads = pads && q[i] == kSentinel;
   for (size_t i = 0; i < qt.size(); ++i)
-    if (int64_t(i) >= out_cols * ld || int64_t(i) % ld >= rows) pads = pads && qt[i] == kSentinel;
+    if (!transpose || int64_t(i) >= out_cols * ld || int64_t(i) % ld >= rows) pads = pads && qt[i] == kSentinel;
   expect(pads, where + ": a write past an output");
   expect(abs_bits(amax) == want_amax || __float_as_uint(amax) == want_amax,
          where + ": amax bits " + std::to_string(__float_as_uint(amax)) + ", want " + std::to_string(want_amax));
@@ -417,6 +419,9 @@ int main() {
         check_cast<float>(s[0], s[1], f, offset, true, true, 16, Fp8Prologue::kNone, true);
         for (const bool backward : {false, true})
           for (const int64_t extra : {0, 16}) check_swiglu(s[0], s[1], f, offset, backward, extra);
+        // SwiGLU's forward by the row kernel (no transpose): cols a multiple of 8 at offset 0 takes
+        // its vector path, the others the scalar one.
+        check_swiglu(s[0], s[1], f, offset, false, 0, false);
       }
   check_misuse();
   check_scaling();
