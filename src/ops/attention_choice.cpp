@@ -11,6 +11,7 @@
 #include <mutex>
 #include <sstream>
 #include <tuple>
+#include <utility>
 
 #include "ops/cudnn_attention.h"
 #include "ops/qkv_attention.h"
@@ -29,20 +30,7 @@ std::map<AttentionChoiceKey, AttentionChoiceRecord>& choices() {
   return m;
 }
 
-thread_local const AttentionFamily* forced = nullptr;
-
-// Runs `run` with tiled_attention_applies answering for `family` only.
-class ForceFamily {
- public:
-  explicit ForceFamily(AttentionFamily family) : family_(family), before_(forced) { forced = &family_; }
-  ~ForceFamily() { forced = before_; }
-  ForceFamily(const ForceFamily&) = delete;
-  ForceFamily& operator=(const ForceFamily&) = delete;
-
- private:
-  AttentionFamily family_;
-  const AttentionFamily* before_;
-};
+thread_local const AttentionPlan* forced = nullptr;
 
 constexpr int kWarmups = 2;
 constexpr int kTimedRuns = 5;
@@ -63,9 +51,9 @@ double median_ms(const std::function<void()>& run) {
   return ms[ms.size() / 2];
 }
 
-// Each family's qkv_attention forward + backward on fresh random inputs of the key's shape (packed qkv; a key
+// Each plan's qkv_attention forward + backward on fresh random inputs of the key's shape (packed qkv; a key
 // mask with every sample's first key attended); the tensors are freed on return.
-detail::AttentionTimes time_families(const AttentionChoiceKey& k) {
+detail::AttentionTimes time_plans(const AttentionChoiceKey& k) {
   const at::AutoGradMode grad(true);
   const auto device = static_cast<c10::DeviceIndex>(k.device);
   const auto opts = at::TensorOptions().dtype(k.dtype).device(at::Device(at::kCUDA, device));
@@ -81,17 +69,30 @@ detail::AttentionTimes time_families(const AttentionChoiceKey& k) {
     mask.select(1, 0).fill_(true);
     bias = attention_key_bias(mask, k.dtype);
   }
-  auto timed = [&](AttentionFamily family) {
-    const ForceFamily force(family);
+  auto timed = [&](AttentionPlan plan) {
+    const detail::ForcedAttentionPlan force(plan);
     return median_ms([&] {
       qkv.mutable_grad() = at::Tensor();
       qkv_attention(qkv, k.heads, mask, bias).backward(grad_out);
     });
   };
   detail::AttentionTimes t;
-  t.tiled_ms = timed(AttentionFamily::Tiled);
-  t.cudnn_ms = timed(AttentionFamily::Cudnn);
+  t.tiled_ms = timed(kTiledPlan);
+  t.cudnn_ms = timed(kCudnnPlan);
+  t.mixed_ms = timed(kMixedPlan);
   return t;
+}
+
+// The fastest of the timed plans; a tie goes to the earlier in ours, mixed, cuDNN's.
+AttentionPlan fastest(const detail::AttentionTimes& t) {
+  AttentionPlan best = kTiledPlan;
+  double best_ms = t.tiled_ms;
+  for (const auto& [plan, ms] : {std::pair<AttentionPlan, double>{kMixedPlan, t.mixed_ms}, {kCudnnPlan, t.cudnn_ms}})
+    if (ms > 0 && ms < best_ms) {
+      best = plan;
+      best_ms = ms;
+    }
+  return best;
 }
 
 std::string ms_text(double ms) {
@@ -128,7 +129,8 @@ std::string attention_choice_note(int64_t tokens, int64_t head_dim, bool masked,
   for (const AttentionChoiceRecord& r : attention_choice_records()) {
     if (r.key.tokens != tokens || r.key.head_dim != head_dim || r.key.masked != masked || r.key.dtype != dtype)
       continue;
-    note += r.timed ? " (auto: " + ms_text(r.tiled_ms) + " ms vs cuDNN " + ms_text(r.cudnn_ms) + " ms fwd+bwd)"
+    note += r.timed ? " (auto, fwd+bwd: tiled " + ms_text(r.tiled_ms) + " ms, cuDNN " + ms_text(r.cudnn_ms) +
+                          " ms, cuDNN then tiled " + ms_text(r.mixed_ms) + " ms)"
                     : std::string(" (auto: not timed, chosen during a capture)");
   }
   return note;
@@ -136,7 +138,7 @@ std::string attention_choice_note(int64_t tokens, int64_t head_dim, bool masked,
 
 namespace detail {
 
-AttentionFamily choose_attention_family(const AttentionChoiceKey& key, bool capturing, const AttentionTimer& timer) {
+AttentionPlan choose_attention_plan(const AttentionChoiceKey& key, bool capturing, const AttentionTimer& timer) {
   const std::lock_guard<std::mutex> lock(choices_mutex());
   if (const auto it = choices().find(key); it != choices().end()) return it->second.choice;
   AttentionChoiceRecord r;
@@ -145,17 +147,18 @@ AttentionFamily choose_attention_family(const AttentionChoiceKey& key, bool capt
     const AttentionTimes t = timer(key);
     r.tiled_ms = t.tiled_ms;
     r.cudnn_ms = t.cudnn_ms;
+    r.mixed_ms = t.mixed_ms;
     r.timed = true;
-    r.choice = t.cudnn_ms < t.tiled_ms ? AttentionFamily::Cudnn : AttentionFamily::Tiled;
+    r.choice = fastest(t);
   }
   choices().emplace(key, r);
   return r.choice;
 }
 
-bool auto_attention_picks_tiled(const at::Tensor& q, int64_t heads, bool masked) {
+AttentionPlan auto_attention_plan(const at::Tensor& q, int64_t heads, bool masked) {
   const int64_t T = q.size(1), head_dim = q.size(2) / heads;
   // cuDNN's masked backward at T % 128 == 64 (ops/qkv_attention.cpp's route): only ours applies.
-  if (!cudnn_eligible(q, head_dim, masked) || (masked && T % 128 == 64)) return true;
+  if (!cudnn_eligible(q, head_dim, masked) || (masked && T % 128 == 64)) return kTiledPlan;
   AttentionChoiceKey key;
   key.batch = q.size(0);
   key.tokens = T;
@@ -165,10 +168,13 @@ bool auto_attention_picks_tiled(const at::Tensor& q, int64_t heads, bool masked)
   key.dtype = q.scalar_type();
   key.device = q.device().index();
   const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-  return choose_attention_family(key, capturing, time_families) == AttentionFamily::Tiled;
+  return choose_attention_plan(key, capturing, time_plans);
 }
 
-const AttentionFamily* forced_attention_family() { return forced; }
+const AttentionPlan* forced_attention_plan() { return forced; }
+
+ForcedAttentionPlan::ForcedAttentionPlan(AttentionPlan plan) : plan_(plan), before_(forced) { forced = &plan_; }
+ForcedAttentionPlan::~ForcedAttentionPlan() { forced = before_; }
 
 }  // namespace detail
 

@@ -25,6 +25,7 @@ const char* path_name(int path) {
     case AttentionPath::Own: return "ours (whole-head forward and backward)";
     case AttentionPath::Tiled: return "ours, tiled";
     case AttentionPath::Cudnn: return "cuDNN fused";
+    case AttentionPath::TiledBackward: return "ours, tiled backward after cuDNN's forward";
     case AttentionPath::Efficient: return "memory-efficient (ATen, by name)";
     case AttentionPath::Sdpa: return "ATen scaled_dot_product_attention";
   }
@@ -34,7 +35,7 @@ const char* path_name(int path) {
 }  // namespace
 
 void note_attention_path(AttentionPath path, int64_t tokens, int64_t head_dim, bool masked, c10::ScalarType dtype) {
-  if (detail::forced_attention_family()) return;  // a timing run of "auto", not the model's
+  if (detail::forced_attention_plan()) return;  // a timing run of "auto", not the model's
   const Key key{static_cast<int>(path), tokens, head_dim, masked, static_cast<int>(dtype)};
   const std::lock_guard<std::mutex> lock(paths_mutex());
   paths().insert(key);
@@ -49,8 +50,9 @@ std::vector<std::string> attention_paths_used() {
   std::vector<std::string> lines;
   for (const auto& [path, tokens, head_dim, masked, dtype] : used) {
     const auto type = static_cast<c10::ScalarType>(dtype);
-    const bool chosen =
-        path == static_cast<int>(AttentionPath::Tiled) || path == static_cast<int>(AttentionPath::Cudnn);
+    const bool chosen = path == static_cast<int>(AttentionPath::Tiled) ||
+                        path == static_cast<int>(AttentionPath::Cudnn) ||
+                        path == static_cast<int>(AttentionPath::TiledBackward);
     lines.push_back(std::string(path_name(path)) + ": " + std::to_string(tokens) + " tokens, head dim " +
                     std::to_string(head_dim) + (masked ? ", key mask, " : ", ") + c10::toString(type) +
                     (chosen ? attention_choice_note(tokens, head_dim, masked, type) : ""));

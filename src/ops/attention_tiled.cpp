@@ -132,35 +132,37 @@ at::Tensor rows_view(const at::Tensor& x) {
 void tiled_backward_into(const torch::autograd::variable_list& s, size_t at, const at::Tensor& grad_out,
                          const std::array<at::Tensor, 3>& d) {
   const at::Tensor &out = s[at], &lse = s[at + 1], &bias = s[at + 6], &q = s[at + 7];
-  attention_tiled_bwd(rows_view(q), rows_view(s[at + 8]), rows_view(s[at + 9]), q.size(1), bias, out, lse, grad_out,
-                      d[0], d[1], d[2]);
+  // lse [B, H, T, 1]: ours, or cuDNN's (contiguous as ATen allocates it; made so otherwise).
+  attention_tiled_bwd(rows_view(q), rows_view(s[at + 8]), rows_view(s[at + 9]), q.size(1), bias, out,
+                      lse.contiguous(), grad_out, d[0], d[1], d[2]);
 }
 
 // With "auto" (no timing run's forced family), an unmasked packed qkv our
 // whole-head kernels take stays with them: they run ahead of both families
 // at 256 tokens (docs/PERFORMANCE.md), so nothing is timed there.
 bool auto_keeps_whole_head(const at::Tensor& qkv, int64_t heads, bool masked) {
-  return !masked && !tiled_attention() && attention_auto() && forced_attention_family() == nullptr &&
+  return !masked && !tiled_attention() && attention_auto() && forced_attention_plan() == nullptr &&
          whole_head_attention_applies(qkv, heads);
 }
 
 }  // namespace
 
-// A timing run's forced family first (ops/attention_choice), then the
-// switch, then with "auto" the per-shape choice.
+// A timing run's forced plan first (ops/attention_choice), then the
+// switch, then with "auto" the per-shape plan's forward.
 bool tiled_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
                              const at::Tensor& key_bias, std::optional<bool> masked) {
-  if (const AttentionFamily* forced = forced_attention_family())
-    return *forced == AttentionFamily::Tiled && tiled_attention_takes(q, k, v, heads, key_bias);
+  if (const AttentionPlan* forced = forced_attention_plan())
+    return forced->forward == AttentionFamily::Tiled && tiled_attention_takes(q, k, v, heads, key_bias);
   if (!tiled_attention() && !attention_auto()) return false;
   if (!tiled_attention_takes(q, k, v, heads, key_bias)) return false;
-  return tiled_attention() || auto_attention_picks_tiled(q, heads, masked.value_or(key_bias.defined()));
+  return tiled_attention() ||
+         auto_attention_plan(q, heads, masked.value_or(key_bias.defined())).forward == AttentionFamily::Tiled;
 }
 
 bool tiled_attention_applies(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_bias,
                              std::optional<bool> masked) {
   if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) return false;
-  if (!tiled_attention() && !attention_auto() && !forced_attention_family()) return false;
+  if (!tiled_attention() && !attention_auto() && !forced_attention_plan()) return false;
   if (auto_keeps_whole_head(qkv, heads, masked.value_or(key_bias.defined()))) return false;
   const auto [q, k, v] = column_blocks(qkv);
   return tiled_attention_applies(q, k, v, heads, key_bias, masked);
@@ -191,6 +193,24 @@ at::Tensor tiled_forward(torch::autograd::AutogradContext* ctx, const at::Tensor
   }
   const auto [q, k, v] = column_blocks(qkv);
   return tiled_forward(ctx, q, k, v, heads, std::move(first_saved), key_bias);
+}
+
+bool tiled_backward_after_cudnn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                                const at::Tensor& key_bias) {
+  const AttentionPlan* forced = forced_attention_plan();
+  if (forced == nullptr && !attention_auto()) return false;
+  if (!tiled_attention_takes(q, k, v, heads, key_bias)) return false;
+  const AttentionPlan plan = forced != nullptr ? *forced : auto_attention_plan(q, heads, key_bias.defined());
+  if (plan.backward != AttentionFamily::Tiled) return false;
+  note_attention_path(AttentionPath::TiledBackward, q.size(1), q.size(2) / heads, key_bias.defined(),
+                      q.scalar_type());
+  return true;
+}
+
+bool tiled_backward_after_cudnn(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_bias) {
+  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) return false;
+  const auto [q, k, v] = column_blocks(qkv);
+  return tiled_backward_after_cudnn(q, k, v, heads, key_bias);
 }
 
 std::array<at::Tensor, 3> try_tiled_backward(const torch::autograd::variable_list& s, size_t at,

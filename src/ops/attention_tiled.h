@@ -5,10 +5,11 @@
 // out and lse have the layouts of cuDNN's, and the forward saves cuDNN's
 // backward state too; the backward after it is ours (at 256 tokens without
 // a mask our whole-head one, ops/attention_head_bwd), cuDNN's where ours
-// does not take the output's gradient. Off by default until measured on a
-// GPU: set_tiled_attention(true) (the [speed] key attention =
-// "tiled") turns both on; with "auto" (ops/attention_choice) they run the
-// shapes where they timed faster than cuDNN's.
+// does not take the output's gradient. Our backward also runs after cuDNN's
+// forward, on cuDNN's out and lse, where "auto" chose that plan.
+// set_tiled_attention(true) (the [speed] key attention = "tiled") turns
+// both directions on; with "auto" (ops/attention_choice) they run the
+// shapes and directions where they timed faster than cuDNN's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -75,7 +76,18 @@ at::Tensor tiled_forward(torch::autograd::AutogradContext* ctx, const at::Tensor
 at::Tensor tiled_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                          std::vector<at::Tensor> first_saved, const at::Tensor& key_bias = at::Tensor());
 
-// attention_tiled_bwd after tiled_forward, from what it saved (starting at
+// After cuDNN's forward on q, k, v [B, T, D] (and the bias, or none):
+// whether the backward runs our tiled kernels on cuDNN's out and lse (a
+// timing run's forced plan, else with "auto" this shape's plan, where
+// tiled_attention_takes them); noted as the TiledBackward path when so. The
+// caller saves the answer as the "tiled" flag.
+bool tiled_backward_after_cudnn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                                const at::Tensor& key_bias = at::Tensor());
+// The same on a packed qkv [B, T, 3D].
+bool tiled_backward_after_cudnn(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_bias = at::Tensor());
+
+// attention_tiled_bwd after tiled_forward (or after cuDNN's forward where
+// tiled_backward_after_cudnn said so), from what it saved (starting at
 // index `at`, out's), the gradients dq, dk, dv [B, T, D] each, token-major
 // (the three-tensor form's); undefined where the output's gradient is not bf16.
 std::array<at::Tensor, 3> try_tiled_backward(const torch::autograd::variable_list& saved, size_t at,

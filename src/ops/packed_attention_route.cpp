@@ -17,7 +17,7 @@ at::Tensor packed_attention_forward(torch::autograd::AutogradContext* ctx, const
   ctx->saved_data["masked"] = bias.defined();
   ctx->saved_data["own_fwd"] = false;
   if (at::Tensor tiled = tiled_forward(ctx, qkv, heads, first_saved, bias); tiled.defined()) return tiled;
-  if (!bias.defined() && forced_attention_family() == nullptr) {
+  if (!bias.defined() && forced_attention_plan() == nullptr) {
     auto [out, lse] = try_attention_head_fwd(qkv, heads);
     if (out.defined()) {
       const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
@@ -29,7 +29,9 @@ at::Tensor packed_attention_forward(torch::autograd::AutogradContext* ctx, const
       return out.transpose(1, 2).reshape({B, T, D});
     }
   }
-  return cudnn_forward(ctx, qkv, heads, std::move(first_saved), bias);
+  at::Tensor out = cudnn_forward(ctx, qkv, heads, std::move(first_saved), bias);
+  ctx->saved_data["tiled"] = tiled_backward_after_cudnn(qkv, heads, bias);
+  return out;
 }
 
 at::Tensor own_packed_attention_backward(torch::autograd::AutogradContext* ctx,
@@ -37,7 +39,7 @@ at::Tensor own_packed_attention_backward(torch::autograd::AutogradContext* ctx,
                                          const at::Tensor& qkv, const at::Tensor& grad_out) {
   const int64_t heads = ctx->saved_data["heads"].toInt();
   const bool own_fwd = ctx->saved_data["own_fwd"].toBool();
-  if (!ctx->saved_data["masked"].toBool() && (own_fwd || forced_attention_family() == nullptr))
+  if (!ctx->saved_data["masked"].toBool() && (own_fwd || forced_attention_plan() == nullptr))
     if (at::Tensor dqkv = try_attention_head_bwd(qkv, saved[at], saved[at + 1], grad_out, heads, own_fwd);
         dqkv.defined())
       return dqkv;

@@ -6,8 +6,9 @@
 //             (ops/attention_head_fwd) and no timing run of "auto" forces
 //             cuDNN's family (ops/attention_choice); else cuDNN's.
 //   backward: unmasked, our whole-head backward where it applies, and always
-//             after our whole-head forward; after our tiled forward our tiled
-//             backward elsewhere; cuDNN's where neither takes the gradient.
+//             after our whole-head forward; after our tiled forward, or after
+//             cuDNN's where "auto" chose that plan (ops/attention_choice), our
+//             tiled backward elsewhere; cuDNN's where neither takes the gradient.
 // What the forward saves: first_saved (the caller's own tensors), then out
 // at index first_saved.size() and lse after it: save_cudnn_state's layout
 // after the tiled or cuDNN forward, only out and lse after the whole-head one.

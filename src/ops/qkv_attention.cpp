@@ -51,8 +51,11 @@ struct CudnnAttentionQkv : torch::autograd::Function<CudnnAttentionQkv> {
     // Our tiled forward where it is on and applies (ops/attention_tiled).
     const at::Tensor b = bias.value_or(at::Tensor());
     if (at::Tensor tiled = detail::tiled_forward(ctx, q, k, v, heads, {}, b); tiled.defined()) return tiled;
-    return detail::cudnn_forward(ctx, detail::heads_view(q, heads), detail::heads_view(k, heads),
-                                 detail::heads_view(v, heads), {}, b);
+    at::Tensor out = detail::cudnn_forward(ctx, detail::heads_view(q, heads), detail::heads_view(k, heads),
+                                           detail::heads_view(v, heads), {}, b);
+    // Our tiled backward on cuDNN's out and lse where "auto" chose that plan.
+    ctx->saved_data["tiled"] = detail::tiled_backward_after_cudnn(q, k, v, heads, b);
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

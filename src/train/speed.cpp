@@ -18,8 +18,8 @@ void apply_speed_settings(const SpeedConfig& speed) {
   ops::set_whole_head_attention_forward(speed.attention == "whole_head" || speed.attention == "auto");
   ops::set_whole_head_attention_backward(speed.attention != "cudnn");
   ops::set_tiled_attention(speed.attention == "tiled");
-  // "auto": elsewhere, per shape, our tiled kernels or cuDNN's by timing (ops/attention_choice); the
-  // backward after either forward follows the rule of "tiled".
+  // "auto": elsewhere, per shape, the fastest by timing of our tiled kernels both ways, cuDNN's both
+  // ways, or cuDNN's forward with our tiled backward (ops/attention_choice).
   ops::set_attention_auto(speed.attention == "auto");
   ops::set_weight_grad_stream_mode(speed.weight_grad_stream == "on"    ? ops::WeightGradStreamMode::kOn
                                    : speed.weight_grad_stream == "off" ? ops::WeightGradStreamMode::kOff

@@ -1,7 +1,9 @@
 // [speed] attention = "auto" on the GPU (ops/attention_choice): a DiT-shaped
-// qkv_attention forward and backward at 1024 tokens times both families
-// once, records one decision with two positive times, times nothing on a
-// second call, and gives the chosen family's own result; the masked
+// qkv_attention forward and backward at 1024 tokens times the three plans
+// once, records one decision with three positive times, times nothing on a
+// second call, and gives the chosen plan's own result; cuDNN's forward with
+// our tiled backward (the mixed plan, forced) matches float64 on the packed
+// and three-tensor forms, masked or not, and reruns bit for bit; the masked
 // T % 128 == 64 shape (cuDNN's NaN case) runs ours untimed; during a capture
 // a new key is not timed. Skips without an sm_90 GPU.
 #include <ATen/ATen.h>
@@ -11,6 +13,8 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <string>
 #include <utility>
@@ -76,14 +80,17 @@ TEST(AttentionChoiceGpu, AutoTimesOnceAndGivesTheChosenFamilysResult) {
     ASSERT_EQ(first.size(), 1u);
     const AttentionChoiceRecord& r = first[0];
     std::cout << (masked ? "masked" : "unmasked") << ": tiled " << r.tiled_ms << " ms, cuDNN " << r.cudnn_ms
-              << " ms fwd+bwd -> " << (r.choice == AttentionFamily::Tiled ? "tiled" : "cuDNN") << "\n";
+              << " ms, cuDNN then tiled " << r.mixed_ms << " ms fwd+bwd -> "
+              << (r.choice == kTiledPlan ? "tiled" : r.choice == kCudnnPlan ? "cuDNN" : "cuDNN then tiled") << "\n";
     EXPECT_TRUE(r.timed);
     EXPECT_GT(r.tiled_ms, 0.0);
     EXPECT_GT(r.cudnn_ms, 0.0);
+    EXPECT_GT(r.mixed_ms, 0.0);
     EXPECT_EQ(r.key.tokens, T);
     EXPECT_EQ(r.key.head_dim, d);
     EXPECT_EQ(r.key.masked, masked);
-    EXPECT_EQ(r.choice, r.cudnn_ms < r.tiled_ms ? AttentionFamily::Cudnn : AttentionFamily::Tiled);
+    const double best = std::min({r.tiled_ms, r.cudnn_ms, r.mixed_ms});
+    EXPECT_EQ(r.choice, r.tiled_ms == best ? kTiledPlan : r.mixed_ms == best ? kMixedPlan : kCudnnPlan);
 
     // A second call times nothing: the record is the same.
     (void)qkv_fwd_bwd(qkv, heads, mask, gout);
@@ -91,13 +98,15 @@ TEST(AttentionChoiceGpu, AutoTimesOnceAndGivesTheChosenFamilysResult) {
     ASSERT_EQ(second.size(), 1u);
     EXPECT_EQ(second[0].tiled_ms, r.tiled_ms);
     EXPECT_EQ(second[0].cudnn_ms, r.cudnn_ms);
+    EXPECT_EQ(second[0].mixed_ms, r.mixed_ms);
 
-    // The chosen family run directly ("tiled" or "cudnn").
-    set_attention_auto(false);
-    set_tiled_attention(r.choice == AttentionFamily::Tiled);
-    const auto [direct_out, direct_d] = qkv_fwd_bwd(qkv, heads, mask, gout);
-    set_tiled_attention(false);
-    set_attention_auto(true);
+    // The chosen plan run directly.
+    std::pair<at::Tensor, at::Tensor> direct;
+    {
+      const detail::ForcedAttentionPlan forced(r.choice);
+      direct = qkv_fwd_bwd(qkv, heads, mask, gout);
+    }
+    const auto& [direct_out, direct_d] = direct;
     EXPECT_LT(rel_l2(out, direct_out), 1e-2);
     EXPECT_LT(rel_l2(dqkv, direct_d), 2e-2);
   }
@@ -108,6 +117,59 @@ TEST(AttentionChoiceGpu, AutoTimesOnceAndGivesTheChosenFamilysResult) {
     noted = noted || l.find("(auto: ") != std::string::npos;
   }
   EXPECT_TRUE(noted) << "no attention line carries the timing";
+}
+
+// cuDNN's forward then our tiled backward, forced: out and the gradients
+// against float64 at 288 tokens with the single-stream key mask (head dim
+// 64) and at 1024 tokens without one (head dim 72; 128 masked), on the
+// packed form and on the three-tensor form; the backward reads cuDNN's out
+// and lse as it reads ours. Reruns bit-identical.
+TEST(AttentionChoiceGpu, CudnnForwardThenTiledBackwardMatchesFloat64) {
+  if (!sm90()) GTEST_SKIP() << "no sm_90 GPU";
+  RestoreSwitches restore;
+  set_tiled_attention(false);
+  set_attention_auto(true);
+  auto g = cuda_gen(64);
+  struct Case {
+    int64_t B, T, heads, d;
+    bool masked;
+  };
+  for (const Case c : {Case{3, 288, 4, 64, true}, Case{2, 1024, 2, 72, false}, Case{2, 1024, 2, 128, true}}) {
+    const std::string what = std::to_string(c.T) + " tokens, d " + std::to_string(c.d) + (c.masked ? ", masked" : "");
+    const int64_t D = c.heads * c.d;
+    const at::Tensor qkv = rnd({c.B, c.T, 3 * D}, g).to(at::kBFloat16);
+    const at::Tensor gout = rnd({c.B, c.T, D}, g);
+    at::Tensor mask, bias;
+    if (c.masked) {
+      mask = at::rand({c.B, c.T}, at::TensorOptions().device(kCuda)) < 0.7;
+      mask.select(1, 0).fill_(true);
+      bias = attention_key_bias(mask, at::kBFloat16);
+    }
+    // float64: out and d(qkv) of (out * gout).sum().
+    const at::Tensor x64 = qkv.to(at::kDouble).requires_grad_(true);
+    const at::Tensor x5 = x64.view({c.B, c.T, 3, c.heads, c.d});
+    const at::Tensor q = x5.select(2, 0).transpose(1, 2), k = x5.select(2, 1).transpose(1, 2),
+                     v = x5.select(2, 2).transpose(1, 2);
+    at::Tensor s = at::matmul(q, k.transpose(2, 3)) / std::sqrt(double(c.d));
+    if (c.masked) s = s + bias.to(at::kDouble);
+    const at::Tensor out64 = at::matmul(at::softmax(s, -1), v).transpose(1, 2).reshape({c.B, c.T, D});
+    const at::Tensor d64 = torch::autograd::grad({(out64 * gout.to(at::kDouble)).sum()}, {x64})[0];
+
+    const detail::ForcedAttentionPlan forced(kMixedPlan);
+    const auto [out, dqkv] = qkv_fwd_bwd(qkv, c.heads, mask, gout);
+    EXPECT_LT(rel_l2(out, out64), 1e-2) << what;
+    EXPECT_LT(rel_l2(dqkv, d64), 2e-2) << what;
+    const auto [out2, dqkv2] = qkv_fwd_bwd(qkv, c.heads, mask, gout);
+    EXPECT_TRUE(at::equal(dqkv, dqkv2)) << what << ": a rerun differs";
+
+    // The three-tensor form on q, k, v column blocks of one tensor.
+    const at::Tensor leaf = qkv.detach().requires_grad_(true);
+    const at::Tensor o3 = qkv_attention(leaf.narrow(2, 0, D), leaf.narrow(2, D, D), leaf.narrow(2, 2 * D, D),
+                                        c.heads, mask);
+    const at::Tensor d3 = torch::autograd::grad({(o3.to(at::kFloat) * gout).sum()}, {leaf})[0];
+    EXPECT_LT(rel_l2(o3.detach(), out64), 1e-2) << what << " (three tensors)";
+    EXPECT_LT(rel_l2(d3, d64), 2e-2) << what << " (three tensors)";
+  }
 }
 
 // At 256 tokens without a mask (head dims 64 and 72) "auto" keeps the
@@ -173,7 +235,7 @@ TEST(AttentionChoiceGpu, OnlyOursAtTheMaskedNaNShapeAndNoTimingDuringACapture) {
   const auto r = attention_choice_records();
   ASSERT_EQ(r.size(), 1u);
   EXPECT_FALSE(r[0].timed);
-  EXPECT_EQ(r[0].choice, AttentionFamily::Tiled);
+  EXPECT_EQ(r[0].choice, kTiledPlan);
 }
 
 }  // namespace
