@@ -515,6 +515,28 @@ void expect_fused_matches_ops_apart(const std::function<std::vector<at::Tensor>(
   }
 }
 
+// An fp8 MLP's first half (`first`: fc1 and GELU, or the gate-up product
+// and SwiGLU, on fresh leaves, states s1 and the second product's s2) and
+// the second product on w2, under grad mode and under no-grad: the same y,
+// activation codes and both amaxes, and no transposed codes without grad.
+void expect_no_grad_forward_matches(const std::function<Fp8Operand(const Fp8Scaling&, const Fp8Scaling&)>& first,
+                                    const at::Tensor& w2_0, const std::string& what) {
+  auto forward = [&](bool grad) {
+    const Fp8Scaling s1 = make_fp8_linear_scaling(4, kCuda), s2 = make_fp8_linear_scaling(4, kCuda);
+    const at::Tensor w2 = w2_0.clone().requires_grad_();
+    const c10::AutoGradMode mode(grad);
+    const Fp8Operand act = first(s1, s2);
+    EXPECT_EQ(act.codes_t.defined(), grad) << what;
+    const at::Tensor y = fp8_linear(act, w2, at::Tensor(), s2);
+    EXPECT_EQ(y.requires_grad(), grad) << what;
+    return std::vector<at::Tensor>{y.detach(), act.codes.view(at::kByte).clone(), s1.amax.clone(), s2.amax.clone()};
+  };
+  const std::vector<at::Tensor> with_grad = forward(true), no_grad = forward(false);
+  const char* names[] = {"y", "the activation's codes", "first amax", "second amax"};
+  for (size_t i = 0; i < with_grad.size(); ++i)
+    EXPECT_TRUE(at::equal(with_grad[i], no_grad[i])) << what << ": " << names[i] << " differs under no-grad";
+}
+
 // fp8_linear_gelu (ops/fp8_linear_gelu.h) against fp8_linear, at::gelu and
 // fp8_linear apart (fc1, GELU, fc2 of a DiT MLP; x from a norm's codes and
 // as a tensor): y, dX, dW1, db1, dW2 and both states' amax, to within what one
@@ -564,21 +586,12 @@ TEST(Fp8Gpu, LinearGeluMatchesItsOpsApart) {
         },
         what);
     // Under no-grad act's codes come from the row pass, with no transpose: the same codes, y and amax.
-    auto forward = [&](bool grad) {
-      const Fp8Scaling s1 = make_fp8_linear_scaling(4, kCuda), s2 = make_fp8_linear_scaling(4, kCuda);
-      const at::Tensor x = x0.clone().requires_grad_(), w1 = w10.clone().requires_grad_(),
-                       b1 = b10.clone().requires_grad_(), w2 = w20.clone().requires_grad_();
-      const c10::AutoGradMode mode(grad);
-      const Fp8Operand act = fp8_linear_gelu({x, at::Tensor()}, w1, b1, s1, fp8_linear_input_target(s2));
-      EXPECT_EQ(act.codes_t.defined(), grad) << what;
-      const at::Tensor y = fp8_linear(act, w2, at::Tensor(), s2);
-      EXPECT_EQ(y.requires_grad(), grad) << what;
-      return std::vector<at::Tensor>{y.detach(), act.codes.view(at::kByte).clone(), s1.amax.clone(), s2.amax.clone()};
-    };
-    const std::vector<at::Tensor> with_grad = forward(true), no_grad = forward(false);
-    const char* names[] = {"y", "act's codes", "fc1 amax", "fc2 amax"};
-    for (size_t i = 0; i < with_grad.size(); ++i)
-      EXPECT_TRUE(at::equal(with_grad[i], no_grad[i])) << what << ": " << names[i] << " differs under no-grad";
+    expect_no_grad_forward_matches(
+        [&](const Fp8Scaling& s1, const Fp8Scaling& s2) {
+          return fp8_linear_gelu({x0.clone().requires_grad_(), at::Tensor()}, w10.clone().requires_grad_(),
+                                 b10.clone().requires_grad_(), s1, fp8_linear_input_target(s2));
+        },
+        w20, what);
   }
 }
 
@@ -683,21 +696,13 @@ TEST(Fp8Gpu, LinearSwigluMatchesItsOpsApart) {
         },
         what);
     // Under no-grad h's codes come from the row kernel, with no transpose: the same codes, y and amax.
-    auto forward = [&](bool grad) {
-      const Fp8Scaling s1 = make_fp8_linear_scaling(4, kCuda), s2 = make_fp8_linear_scaling(4, kCuda);
-      const at::Tensor x = x0.clone().requires_grad_(), wg = wg0.clone().requires_grad_(),
-                       wu = wu0.clone().requires_grad_(), wd = wd0.clone().requires_grad_();
-      const c10::AutoGradMode mode(grad);
-      const Fp8Operand h = fp8_linear_swiglu({x, at::Tensor()}, {wg, wu}, s1, fp8_linear_input_target(s2));
-      EXPECT_EQ(h.codes_t.defined(), grad) << what;
-      const at::Tensor y = fp8_linear(h, wd, at::Tensor(), s2);
-      EXPECT_EQ(y.requires_grad(), grad) << what;
-      return std::vector<at::Tensor>{y.detach(), h.codes.view(at::kByte).clone(), s1.amax.clone(), s2.amax.clone()};
-    };
-    const std::vector<at::Tensor> with_grad = forward(true), no_grad = forward(false);
-    const char* names[] = {"y", "h's codes", "gate_up amax", "down amax"};
-    for (size_t i = 0; i < with_grad.size(); ++i)
-      EXPECT_TRUE(at::equal(with_grad[i], no_grad[i])) << what << ": " << names[i] << " differs under no-grad";
+    expect_no_grad_forward_matches(
+        [&](const Fp8Scaling& s1, const Fp8Scaling& s2) {
+          return fp8_linear_swiglu({x0.clone().requires_grad_(), at::Tensor()},
+                                   {wg0.clone().requires_grad_(), wu0.clone().requires_grad_()}, s1,
+                                   fp8_linear_input_target(s2));
+        },
+        wd0, what);
   }
 }
 
