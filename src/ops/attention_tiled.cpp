@@ -47,6 +47,17 @@ kernels::AttentionGradOperand grad_operand(const at::Tensor& x) {
   return {static_cast<__nv_bfloat16*>(x.data_ptr()), x.stride(1)};
 }
 
+// A forward's out [B, H, T, d] over [B, T, H, d] memory (ours, or cuDNN's
+// on token-major q) and lse with B * H * T fp32 elements, contiguous: what
+// the tiled backward reads.
+bool forward_state_ok(const at::Tensor& out, const at::Tensor& lse, int64_t B, int64_t T, int64_t heads, int64_t d) {
+  const bool out_ok = out.defined() && out.scalar_type() == at::kBFloat16 && out.dim() == 4 && out.size(0) == B &&
+                      out.size(1) == heads && out.size(2) == T && out.size(3) == d &&
+                      out.transpose(1, 2).is_contiguous();
+  return out_ok && lse.defined() && lse.scalar_type() == at::kFloat && lse.is_contiguous() &&
+         lse.numel() == B * heads * T;
+}
+
 kernels::AttentionKeyBias key_bias_of(const at::Tensor& key_bias, int64_t B, int64_t T) {
   kernels::AttentionKeyBias bias;
   if (key_bias.defined()) {
@@ -95,12 +106,8 @@ void attention_tiled_bwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
     throw std::invalid_argument("attention_tiled_bwd: the tiled kernel does not take q, k, v");
   const int64_t B = q.size(0), T = q.size(1), D = q.size(2), d = D / heads;
   const bool grads_ok = operand_ok(dq, B, T, D) && operand_ok(dk, B, T, D) && operand_ok(dv, B, T, D);
-  // out [B, H, T, d] over [B, T, H, d] memory, as attention_tiled_fwd returns it.
-  const bool out_ok = out.scalar_type() == at::kBFloat16 && out.dim() == 4 && out.size(0) == B &&
-                      out.size(1) == heads && out.size(2) == T && out.size(3) == d &&
-                      out.transpose(1, 2).is_contiguous();
-  const bool lse_ok = lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.numel() == B * heads * T;
-  if (!grads_ok || !out_ok || !lse_ok || grad_out.scalar_type() != at::kBFloat16 || grad_out.numel() != B * T * D)
+  if (!grads_ok || !forward_state_ok(out, lse, B, T, heads, d) || grad_out.scalar_type() != at::kBFloat16 ||
+      grad_out.numel() != B * T * D)
     throw std::invalid_argument("attention_tiled_bwd: dq, dk, dv, out, lse or the output's gradient is not in the "
                                 "layout the kernel reads");
   const c10::DeviceGuard device_guard(q.device());
@@ -128,13 +135,22 @@ at::Tensor rows_view(const at::Tensor& x) {
   return x.transpose(1, 2).view({x.size(0), x.size(2), x.size(1) * x.size(3)});
 }
 
+// Whether the tiled backward reads what save_cudnn_state saved at `at` and
+// the output's gradient: bf16, and the forward's out and lse (ours, or
+// cuDNN's: its lse [B, H, T, 1] as ATen allocates it) in the layouts it reads.
+// Otherwise cuDNN's backward runs on the same state.
+bool tiled_backward_reads(const torch::autograd::variable_list& s, size_t at, const at::Tensor& grad_out) {
+  const at::Tensor& q = s[at + 7];  // [B, H, T, d]
+  return grad_out.scalar_type() == at::kBFloat16 &&
+         forward_state_ok(s[at], s[at + 1], q.size(0), q.size(2), q.size(1), q.size(3));
+}
+
 // attention_tiled_bwd from save_cudnn_state's layout at `at` into dq, dk, dv [B, T, D].
 void tiled_backward_into(const torch::autograd::variable_list& s, size_t at, const at::Tensor& grad_out,
                          const std::array<at::Tensor, 3>& d) {
   const at::Tensor &out = s[at], &lse = s[at + 1], &bias = s[at + 6], &q = s[at + 7];
-  // lse [B, H, T, 1]: ours, or cuDNN's (contiguous as ATen allocates it; made so otherwise).
-  attention_tiled_bwd(rows_view(q), rows_view(s[at + 8]), rows_view(s[at + 9]), q.size(1), bias, out,
-                      lse.contiguous(), grad_out, d[0], d[1], d[2]);
+  attention_tiled_bwd(rows_view(q), rows_view(s[at + 8]), rows_view(s[at + 9]), q.size(1), bias, out, lse, grad_out,
+                      d[0], d[1], d[2]);
 }
 
 // With "auto" (no timing run's forced family), an unmasked packed qkv our
@@ -215,7 +231,7 @@ bool tiled_backward_after_cudnn(const at::Tensor& qkv, int64_t heads, const at::
 
 std::array<at::Tensor, 3> try_tiled_backward(const torch::autograd::variable_list& s, size_t at,
                                              const at::Tensor& grad_out) {
-  if (grad_out.scalar_type() != at::kBFloat16) return {};
+  if (!tiled_backward_reads(s, at, grad_out)) return {};
   const at::Tensor& q = s[at + 7];
   const std::array<int64_t, 3> shape = {q.size(0), q.size(2), q.size(1) * q.size(3)};
   const std::array<at::Tensor, 3> d = {at::empty(shape, q.options()), at::empty(shape, q.options()),
@@ -225,7 +241,7 @@ std::array<at::Tensor, 3> try_tiled_backward(const torch::autograd::variable_lis
 }
 
 at::Tensor try_tiled_backward_packed(const torch::autograd::variable_list& s, size_t at, const at::Tensor& grad_out) {
-  if (grad_out.scalar_type() != at::kBFloat16) return at::Tensor();
+  if (!tiled_backward_reads(s, at, grad_out)) return at::Tensor();
   const at::Tensor& q = s[at + 7];
   at::Tensor dqkv = at::empty({q.size(0), q.size(2), 3 * q.size(1) * q.size(3)}, q.options());
   tiled_backward_into(s, at, grad_out, column_blocks(dqkv));

@@ -89,7 +89,9 @@ bool tiled_backward_after_cudnn(const at::Tensor& qkv, int64_t heads, const at::
 // attention_tiled_bwd after tiled_forward (or after cuDNN's forward where
 // tiled_backward_after_cudnn said so), from what it saved (starting at
 // index `at`, out's), the gradients dq, dk, dv [B, T, D] each, token-major
-// (the three-tensor form's); undefined where the output's gradient is not bf16.
+// (the three-tensor form's); undefined where the output's gradient is not bf16
+// or the saved out and lse are not in the layouts the kernel reads (then
+// cuDNN's backward runs on the same state).
 std::array<at::Tensor, 3> try_tiled_backward(const torch::autograd::variable_list& saved, size_t at,
                                              const at::Tensor& grad_out);
 // The same written into the packed gradient [B, T, 3D] of qkv.
