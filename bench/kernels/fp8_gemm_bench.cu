@@ -20,7 +20,9 @@
 // (ops/fp8_linear_gelu); db beside dY's cast (its column partials, against
 // the column sums of dY apart: ops/fp8_linear's backward); and likewise for a SwiGLU of that width (the
 // single-stream FFN's h and d(gate_up): kernels/swiglu's forward or backward
-// then the cast-transpose, against the SwiGLU prologues, ops/fp8_linear_swiglu).
+// then the cast-transpose, against the SwiGLU prologues, ops/fp8_linear_swiglu);
+// for GELU and SwiGLU also the row kernel's prologue alone (codes, no
+// transpose), as a forward under no-grad casts.
 // Inputs: uniform in [-1, 1] (X, dY) and [-1/sqrt(K), 1/sqrt(K)] (W), the
 // scales mapping those bounds to the format's max. Per call: the median of
 // 7 windows of 20 back-to-back calls (check_util.h).
@@ -112,13 +114,9 @@ Operand make_operand(Buffers& b, int64_t rows, int64_t cols, float bound, Fp8For
   return o;
 }
 
-void cast_transpose(const Operand& o, cudaStream_t s,
-                    perftrain::kernels::Fp8Prologue prologue = perftrain::kernels::Fp8Prologue::kNone,
-                    const bf16* x2 = nullptr, float* col_partials = nullptr) {
+Fp8CastArgs cast_args(const Operand& o, perftrain::kernels::Fp8Prologue prologue) {
   Fp8CastArgs a;
   a.prologue = prologue;
-  a.x2 = x2;
-  a.col_partials = col_partials;
   a.x = o.x;
   a.x_type = Fp8Source::kBF16;
   a.rows = o.rows;
@@ -126,9 +124,23 @@ void cast_transpose(const Operand& o, cudaStream_t s,
   a.format = o.format;
   a.scale = o.scale;
   a.q = o.q;
-  a.q_t = o.q_t;
   a.amax = o.amax;
+  return a;
+}
+
+void cast_transpose(const Operand& o, cudaStream_t s,
+                    perftrain::kernels::Fp8Prologue prologue = perftrain::kernels::Fp8Prologue::kNone,
+                    const bf16* x2 = nullptr, float* col_partials = nullptr) {
+  Fp8CastArgs a = cast_args(o, prologue);
+  a.x2 = x2;
+  a.col_partials = col_partials;
+  a.q_t = o.q_t;
   perftrain::kernels::fp8_cast_transpose(a, s);
+}
+
+// The row kernel alone (q, no transpose): what a forward under no-grad casts.
+void row_cast(const Operand& o, cudaStream_t s, perftrain::kernels::Fp8Prologue prologue) {
+  perftrain::kernels::fp8_cast(cast_args(o, prologue), s);
 }
 
 GemmDtype fp8_type(Fp8Format f) { return f == Fp8Format::kE4M3 ? GemmDtype::kE4M3 : GemmDtype::kE5M2; }
@@ -309,13 +321,14 @@ int swiglu_paths(int64_t m, int64_t k, const Operand& x, cudaStream_t s) {
   dgu.x = static_cast<bf16*>(b.get(2 * m * k * sizeof(bf16)));
   dgu.q = static_cast<uint8_t*>(b.get(2 * m * k));
   dgu.q_t = static_cast<uint8_t*>(b.get(2 * m * k));
-  double unfused = 0, fused = 0, unfused_bwd = 0, fused_bwd = 0;
+  double unfused = 0, fused = 0, unfused_bwd = 0, fused_bwd = 0, row = 0;
   Operand from_gate_up = h;
   from_gate_up.x = gate_up;
   from_gate_up.cols = k;
   if (median_launch_ms([&] { perftrain::kernels::swiglu_forward(gate_up, h.x, m, int(k), s), cast_transpose(h, s); },
                        &unfused) != 0 ||
-      median_launch_ms([&] { cast_transpose(from_gate_up, s, perftrain::kernels::Fp8Prologue::kSwiglu); }, &fused) != 0)
+      median_launch_ms([&] { cast_transpose(from_gate_up, s, perftrain::kernels::Fp8Prologue::kSwiglu); }, &fused) != 0 ||
+      median_launch_ms([&] { row_cast(from_gate_up, s, perftrain::kernels::Fp8Prologue::kSwiglu); }, &row) != 0)
     return 1;
   Operand from_dh = dgu;
   from_dh.x = dh;
@@ -325,8 +338,8 @@ int swiglu_paths(int64_t m, int64_t k, const Operand& x, cudaStream_t s) {
       median_launch_ms([&] { cast_transpose(from_dh, s, perftrain::kernels::Fp8Prologue::kSwigluBackward, gate_up); },
                        &fused_bwd) != 0)
     return 1;
-  std::printf("  X from SwiGLU: bf16 h + cast-transpose %.3f ms, the SwiGLU prologue %.3f ms (%.3f ms saved)\n",
-              unfused, fused, unfused - fused);
+  std::printf("  X from SwiGLU: bf16 h + cast-transpose %.3f ms, the SwiGLU prologue %.3f ms (%.3f ms saved); "
+              "under no-grad the row kernel's %.3f ms\n", unfused, fused, unfused - fused, row);
   std::printf("  dY from SwiGLU's backward: bf16 d(gate_up) + cast-transpose %.3f ms, the SwiGLU-backward prologue "
               "%.3f ms (%.3f ms saved)\n", unfused_bwd, fused_bwd, unfused_bwd - fused_bwd);
   return 0;
@@ -343,14 +356,15 @@ int gelu_paths(int64_t m, int64_t k, const Operand& x, cudaStream_t s) {
   from_act.x = static_cast<bf16*>(b.get(m * k * sizeof(bf16)));
   Operand from_pre = x;
   from_pre.x = pre;
-  double unfused = 0, fused = 0;
+  double unfused = 0, fused = 0, row = 0;
   if (median_launch_ms([&] { gelu_tanh_kernel<<<1024, 256, 0, s>>>(pre, from_act.x, m * k), cast_transpose(from_act, s); },
                        &unfused) != 0)
     return 1;
-  if (median_launch_ms([&] { cast_transpose(from_pre, s, perftrain::kernels::Fp8Prologue::kGeluTanh); }, &fused) != 0)
+  if (median_launch_ms([&] { cast_transpose(from_pre, s, perftrain::kernels::Fp8Prologue::kGeluTanh); }, &fused) != 0 ||
+      median_launch_ms([&] { row_cast(from_pre, s, perftrain::kernels::Fp8Prologue::kGeluTanh); }, &row) != 0)
     return 1;
   std::printf("  X from GELU: bf16 act + cast-transpose %.3f ms, the cast-transpose's GELU prologue %.3f ms "
-              "(%.3f ms saved)\n", unfused, fused, unfused - fused);
+              "(%.3f ms saved); under no-grad the row kernel's %.3f ms\n", unfused, fused, unfused - fused, row);
   return 0;
 }
 
