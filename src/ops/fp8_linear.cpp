@@ -200,6 +200,22 @@ std::vector<at::Tensor> grad_mode_inputs(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
+Fp8Product fp8_forward_product(const at::Tensor& x, at::TensorList weights, const at::Tensor& bias,
+                               const std::optional<at::Tensor>& x_codes, const std::optional<at::Tensor>& x_codes_t,
+                               const at::Tensor& scale, const at::Tensor& amax, const at::Tensor& scale_inv,
+                               bool need_dx, bool need_dw) {
+  const int64_t m = leading_rows(x), k = x.size(-1);
+  int64_t n = 0;
+  for (const at::Tensor& w : weights) n += w.size(0);
+  Fp8Product p;
+  p.xq = fp8_input_codes(x_codes ? x : x.contiguous().view({m, k}), x_codes, x_codes_t, scale, amax, need_dw);
+  p.wq = fp8_weight_codes(weights, x.scalar_type(), scale, amax, need_dx);
+  p.y = at::empty({m, n}, x.options());
+  fp8_product(p.xq.q, scale_inv.select(0, kFp8X), p.wq.q, scale_inv.select(0, kFp8W), p.y, true,
+              bias.defined() ? bias.contiguous() : bias);
+  return p;
+}
+
 at::Tensor fp8_stand_in_for(const at::Tensor& x, int64_t n) {
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = n;
@@ -234,18 +250,15 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       rows.push_back(w.size(0));
       need_dw = need_dw || w.requires_grad();
     }
-    const int64_t m = detail::leading_rows(x), k = x.size(-1), n = std::accumulate(rows.begin(), rows.end(), int64_t(0));
-    const bool need_dx = x.requires_grad();
-    const Fp8Casts xq =
-        detail::fp8_input_codes(x_codes ? x : x.contiguous().view({m, k}), x_codes, x_codes_t, scale, amax, need_dw);
-    const Fp8Casts wq = detail::fp8_weight_codes(weights, x.scalar_type(), scale, amax, need_dx);
-    at::Tensor y = at::empty(with_last(x.sizes(), n), x.options());
-    detail::fp8_product(xq.q, scale_inv.select(0, kFp8X), wq.q, scale_inv.select(0, kFp8W), y.view({m, n}), true,
-                        bias.defined() ? bias.contiguous() : bias);
+    const int64_t n = std::accumulate(rows.begin(), rows.end(), int64_t(0));
+    const detail::Fp8Product p =
+        detail::fp8_forward_product(x, weights, bias, x_codes, x_codes_t, scale, amax, scale_inv, x.requires_grad(),
+                                    need_dw);
+    const at::Tensor y = p.y.view(with_last(x.sizes(), n));
     // x^T for dW, W^T for dX: what the wanted gradients read. The state's
     // tensors as plain values: the casts of a later forward (a shared layer,
     // another micro-batch) write its amax, which is no reason to refuse.
-    ctx->save_for_backward({xq.q_t, wq.q_t});
+    ctx->save_for_backward({p.xq.q_t, p.wq.q_t});
     ctx->saved_data["amax"] = amax;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["scale_inv"] = scale_inv;

@@ -25,28 +25,6 @@ using torch::autograd::variable_list;
 
 constexpr const char* kOp = "fp8_linear_gelu";
 
-// fc1's operands' codes (their transposes where dW or dX is wanted) and pre
-// = fp8_linear's product + b in x's dtype: the forward's first half, with
-// or without autograd.
-struct Fc1Product {
-  Fp8Casts xq, wq;
-  at::Tensor pre;
-};
-
-Fc1Product fc1_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                       const std::optional<at::Tensor>& x_codes, const std::optional<at::Tensor>& x_codes_t,
-                       const at::Tensor& scale, const at::Tensor& amax, const at::Tensor& scale_inv, bool need_dx,
-                       bool need_dw) {
-  const int64_t m = detail::leading_rows(x), k = x.size(-1), n = weight.size(0);
-  Fc1Product p;
-  p.xq = detail::fp8_input_codes(x_codes ? x : x.contiguous().view({m, k}), x_codes, x_codes_t, scale, amax, need_dw);
-  p.wq = detail::fp8_weight_codes(at::TensorList(weight), x.scalar_type(), scale, amax, need_dx);
-  p.pre = at::empty({m, n}, x.options());
-  detail::fp8_product(p.xq.q, scale_inv.select(0, kFp8X), p.wq.q, scale_inv.select(0, kFp8W), p.pre, true,
-                      bias.defined() ? bias.contiguous() : bias);
-  return p;
-}
-
 // Inputs: x, weight, bias, fc1's amax, scale, scale_inv, x's codes and
 // transposed codes (where its producer wrote them), the consumer's x scale
 // and amax. Outputs: act's stand-in (differentiable), its codes and
@@ -60,9 +38,10 @@ struct Fp8LinearGeluFunction : torch::autograd::Function<Fp8LinearGeluFunction> 
     const at::Tensor bias = bias_opt.value_or(at::Tensor());
     const c10::DeviceGuard guard(x.device());
     const int64_t m = detail::leading_rows(x), n = weight.size(0);
-    const Fc1Product p = fc1_product(x, weight, bias, x_codes, x_codes_t, scale, amax, scale_inv, x.requires_grad(),
-                                     weight.requires_grad());
-    const at::Tensor& pre = p.pre;
+    // pre = fc1's product + b, kept for GELU's backward.
+    const detail::Fp8Product p = detail::fp8_forward_product(x, weight, bias, x_codes, x_codes_t, scale, amax,
+                                                             scale_inv, x.requires_grad(), weight.requires_grad());
+    const at::Tensor& pre = p.y;
     const auto codes_options = x.options().dtype(at::kFloat8_e4m3fn);
     at::Tensor codes = at::empty({m, n}, codes_options), codes_t = at::empty({n, m}, codes_options);
     detail::fp8_cast_transpose_prologue(pre, at::Tensor(), m, n, kernels::Fp8Prologue::kGeluTanh, Fp8Format::kE4M3,
@@ -120,10 +99,10 @@ Fp8Operand fp8_linear_gelu_no_grad(const at::Tensor& x, const at::Tensor& weight
                                    const Fp8Target& act_target) {
   const c10::DeviceGuard guard(x.device());
   const int64_t m = detail::leading_rows(x), n = weight.size(0);
-  const Fc1Product p =
-      fc1_product(x, weight, bias, x_codes, std::nullopt, state.scale, state.amax, state.scale_inv, false, false);
+  const detail::Fp8Product p = detail::fp8_forward_product(x, weight, bias, x_codes, std::nullopt, state.scale,
+                                                           state.amax, state.scale_inv, false, false);
   const at::Tensor codes = at::empty({m, n}, x.options().dtype(at::kFloat8_e4m3fn));
-  detail::fp8_cast_activation(p.pre, m, n, kernels::Fp8Prologue::kGeluTanh, Fp8Format::kE4M3, act_target.scale,
+  detail::fp8_cast_activation(p.y, m, n, kernels::Fp8Prologue::kGeluTanh, Fp8Format::kE4M3, act_target.scale,
                               act_target.amax, codes);
   return {detail::fp8_stand_in_for(x, n), codes, at::Tensor()};
 }

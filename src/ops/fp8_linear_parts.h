@@ -53,6 +53,20 @@ Fp8Casts fp8_input_codes(const at::Tensor& x2d, const std::optional<at::Tensor>&
 Fp8Casts fp8_weight_codes(at::TensorList weights, at::ScalarType dt, const at::Tensor& scale, const at::Tensor& amax,
                           bool transposed);
 
+// The forward product y [m, N] = x W^T (+ b) in x's dtype (fast accumulation)
+// on the codes of x (fp8_input_codes; x [..., K]) and of the weight's row
+// blocks (fp8_weight_codes; N their rows), with x's transpose where dW is
+// wanted and W's where dX is: what the forwards of fp8_linear,
+// fp8_linear_gelu and fp8_linear_swiglu share.
+struct Fp8Product {
+  Fp8Casts xq, wq;
+  at::Tensor y;
+};
+Fp8Product fp8_forward_product(const at::Tensor& x, at::TensorList weights, const at::Tensor& bias,
+                               const std::optional<at::Tensor>& x_codes, const std::optional<at::Tensor>& x_codes_t,
+                               const at::Tensor& scale, const at::Tensor& amax, const at::Tensor& scale_inv,
+                               bool need_dx, bool need_dw);
+
 // The stand-in (fp8_stand_in) of a product's output [..., n] on x [..., k],
 // for an op that writes only the output's codes.
 at::Tensor fp8_stand_in_for(const at::Tensor& x, int64_t n);

@@ -25,27 +25,6 @@ using torch::autograd::variable_list;
 
 constexpr const char* kOp = "fp8_linear_swiglu";
 
-// The gate-up product's operands' codes (their transposes where dW or dX is
-// wanted) and gate_up [m, 2F] in x's dtype: the forward's first half, with
-// or without autograd.
-struct GateUpProduct {
-  Fp8Casts xq, wq;
-  at::Tensor gate_up;
-};
-
-GateUpProduct gate_up_product(const at::Tensor& x, at::TensorList weights, const std::optional<at::Tensor>& x_codes,
-                              const std::optional<at::Tensor>& x_codes_t, const at::Tensor& scale,
-                              const at::Tensor& amax, const at::Tensor& scale_inv, bool need_dx, bool need_dw) {
-  const int64_t m = detail::leading_rows(x), k = x.size(-1), f = weights[0].size(0);
-  GateUpProduct p;
-  p.xq = detail::fp8_input_codes(x_codes ? x : x.contiguous().view({m, k}), x_codes, x_codes_t, scale, amax, need_dw);
-  p.wq = detail::fp8_weight_codes(weights, x.scalar_type(), scale, amax, need_dx);
-  p.gate_up = at::empty({m, 2 * f}, x.options());
-  detail::fp8_product(p.xq.q, scale_inv.select(0, kFp8X), p.wq.q, scale_inv.select(0, kFp8W), p.gate_up, true,
-                      at::Tensor());
-  return p;
-}
-
 // Inputs: x, the weights' row blocks {gate, up}, the product's amax, scale,
 // scale_inv, x's codes and transposed codes (where its producer wrote them),
 // the consumer's x scale and amax. Outputs: h's stand-in (differentiable),
@@ -57,9 +36,11 @@ struct Fp8LinearSwigluFunction : torch::autograd::Function<Fp8LinearSwigluFuncti
                                const at::Tensor& act_scale, const at::Tensor& act_amax) {
     const c10::DeviceGuard guard(x.device());
     const int64_t m = detail::leading_rows(x), f = weights[0].size(0);
-    const GateUpProduct p = gate_up_product(x, weights, x_codes, x_codes_t, scale, amax, scale_inv, x.requires_grad(),
-                                            weights[0].requires_grad() || weights[1].requires_grad());
-    const at::Tensor& gate_up = p.gate_up;
+    // gate_up [M, 2F], kept for SwiGLU's backward.
+    const detail::Fp8Product p =
+        detail::fp8_forward_product(x, weights, at::Tensor(), x_codes, x_codes_t, scale, amax, scale_inv,
+                                    x.requires_grad(), weights[0].requires_grad() || weights[1].requires_grad());
+    const at::Tensor& gate_up = p.y;
     const auto codes_options = x.options().dtype(at::kFloat8_e4m3fn);
     at::Tensor codes = at::empty({m, f}, codes_options), codes_t = at::empty({f, m}, codes_options);
     detail::fp8_cast_transpose_prologue(gate_up, at::Tensor(), m, f, kernels::Fp8Prologue::kSwiglu, Fp8Format::kE4M3,
@@ -113,10 +94,10 @@ Fp8Operand fp8_linear_swiglu_no_grad(const at::Tensor& x, const std::vector<at::
                                      const Fp8Target& act_target) {
   const c10::DeviceGuard guard(x.device());
   const int64_t m = detail::leading_rows(x), f = weights[0].size(0);
-  const GateUpProduct p = gate_up_product(x, weights, x_codes, std::nullopt, state.scale, state.amax,
-                                          state.scale_inv, false, false);
+  const detail::Fp8Product p = detail::fp8_forward_product(x, weights, at::Tensor(), x_codes, std::nullopt,
+                                                           state.scale, state.amax, state.scale_inv, false, false);
   const at::Tensor codes = at::empty({m, f}, x.options().dtype(at::kFloat8_e4m3fn));
-  detail::fp8_cast_activation(p.gate_up, m, f, kernels::Fp8Prologue::kSwiglu, Fp8Format::kE4M3, act_target.scale,
+  detail::fp8_cast_activation(p.y, m, f, kernels::Fp8Prologue::kSwiglu, Fp8Format::kE4M3, act_target.scale,
                               act_target.amax, codes);
   return {detail::fp8_stand_in_for(x, f), codes, at::Tensor()};
 }
