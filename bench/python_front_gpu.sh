@@ -11,10 +11,12 @@
 #   perftrain         --perftrain: perftrain.nn's DiT, DeviceAdamW (EMA inside), capture_step
 #   perftrain+compile --perftrain --compile default: torch.compile(fullgraph=True) on perftrain's modules
 #   C++ trainer       $BIN bench --variants all --ema (the same model, batch, EMA and optimizer)
+#   first-step        the perftrain case with its first step under torch.profiler: front-<model>-first-step.txt,
+#                     its host calls by total time (where the first step's seconds go; not in the table)
 # for MODELS (default DiT-B/2 and DiT-XL/2). Cases run cheapest first for both models, the slow compiles
 # last; a case past its own timeout, or one that would start after BUDGET seconds (default: gpu_run.sh's
 # SCRIPT_TIMEOUT, 540, less 60 for the table), is a row saying so; CASES="perftrain+compile compile" (any
-# subset of cpp perftrain plain reduce-overhead perftrain+compile compile max-autotune) runs those alone
+# subset of cpp perftrain first-step plain reduce-overhead perftrain+compile compile max-autotune) runs those alone
 # in a second call, into the same table when OUT is the same. max-autotune compiles for many minutes:
 # bench/python_front_autotune_gpu.sh.
 # Output: front-<model>-<case>.json and .log, front-table.md (also printed).
@@ -69,6 +71,7 @@ run_case() {  # case, model
   case $1 in
     cpp) cpp_case "$2" ;;
     perftrain) py_case perftrain 90 "$2" --perftrain ;;
+    first-step) py_case first-step 90 "$2" --perftrain --first-step-table "$OUT/front-$(slug "$2")-first-step.txt" ;;
     plain) py_case plain 90 "$2" ;;
     reduce-overhead) py_case reduce-overhead 200 "$2" --compile reduce-overhead ;;
     perftrain+compile) py_case perftrain+compile 200 "$2" --perftrain --compile default ;;

@@ -59,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="cpu: a smoke run (wall-clock times; capture_step falls back to eager)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--first-step-table", metavar="FILE",
+                   help="torch.profiler over the first step: its host calls by total time (FILE), where its seconds go")
     args = p.parse_args(argv)
     if args.batch_size < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--batch-size and --steps must be >= 1, --warmup >= 0")
@@ -162,7 +164,10 @@ def run_steps(args, step, batches, device):
         c0 = time.perf_counter()
         if cuda:
             start.record()
-        loss = step(*batches[i % len(batches)])
+        if i == 0 and args.first_step_table:
+            loss = profiled_first_step(args.first_step_table, step, batches[0], device)
+        else:
+            loss = step(*batches[i % len(batches)])
         if cuda:
             end.record()
         losses.append(loss.clone())
@@ -173,6 +178,20 @@ def run_steps(args, step, batches, device):
             times.append((start, end) if cuda else (time.perf_counter() - c0) * 1e3)
     sync()
     return [a.elapsed_time(b) for a, b in times] if cuda else times, losses, first_step_s
+
+
+def profiled_first_step(path, step, batch, device):
+    """The first step under torch.profiler (host calls, and the GPU's kernels on CUDA) -> its loss; writes the
+    operators and runtime calls by their total host time to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        loss = step(*batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    with open(path, "w") as f:
+        f.write(prof.key_averages().table(sort_by="cpu_time_total", row_limit=60, max_name_column_width=70))
+    return loss
 
 
 def process_start_time():
