@@ -5,7 +5,9 @@ CUDA graph, so a step costs one launch from the host. `capture_step` does the
 same for a Python step function: a few eager warm-up calls on a side stream
 (they allocate the gradients, the optimizer state and autograd's buffers),
 then one capture into a `torch.cuda.CUDAGraph` with the static inputs, then a
-replay per call. Every call is exactly one training step: the warm-up calls
+replay per call. The first warm-up call runs the products on cuBLASLt's first
+pick (ops.gemm_tuning_deferred), as the C++ trainer's first step does: their
+algorithm timing is in the second, so the first step ends sooner. Every call is exactly one training step: the warm-up calls
 run the step eagerly, the capturing call replays once after the capture.
 
 Where capture cannot run (tensors on the CPU, no CUDA, or any error raised
@@ -13,9 +15,12 @@ while capturing: a host sync such as `.item()`, an optimizer that is not
 capturable, a CPU tensor made inside the step...) the step runs eagerly from
 then on, and the reason is printed once to stderr.
 """
+import contextlib
 import sys
 
 import torch
+
+from .ops import gemm_tuning_deferred
 
 __all__ = ["capture_step", "CapturedStep"]
 
@@ -101,10 +106,12 @@ class CapturedStep:
         return self._stream
 
     def _warmup_step(self):
-        """One eager step on the side stream (the stream the capture then uses), ordered with the current one."""
+        """One eager step on the side stream (the stream the capture then uses), ordered with the current one.
+        The first of two or more takes the products' first-pick algorithms: their timing runs in the second."""
         side = self._side_stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        defer = gemm_tuning_deferred() if self.steps == 1 and self.warmup >= 2 else contextlib.nullcontext()
+        with torch.cuda.stream(side), defer:
             out = self.step_fn(*self.static_inputs)
         torch.cuda.current_stream().wait_stream(side)
         return out

@@ -12,6 +12,8 @@ dtypes and strides, so that torch.compile(fullgraph=True) traces through with
 no graph break. Nothing here syncs with the host or allocates by data, so the
 ops capture in CUDA graphs. docs/guide/python.md lists them.
 """
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -586,6 +588,25 @@ def column_sums(mats: list[Tensor]) -> list[Tensor]:
 @torch.library.register_fake(_name("column_sums"))
 def _(mats):
     return [_sized(m, (m.shape[1],), torch.float32) for m in mats]
+
+
+# ----------------------------------------------------------------- products' algorithm timing
+
+
+@contextlib.contextmanager
+def gemm_tuning_deferred():
+    """While inside, the products (linear, gelu_mlp, stacked_linear...) run cuBLASLt's first pick and time no
+    candidate algorithms; a shape met inside is timed on its first call after it. perftrain.capture_step holds
+    it over the first warm-up step, so that the time to the first step has no timing in it. Process-wide (the
+    backward's products run on autograd's threads); a nested one changes nothing."""
+    if not _ops.gemm_tuning_open():
+        yield
+        return
+    _ops.defer_gemm_tuning(True)
+    try:
+        yield
+    finally:
+        _ops.defer_gemm_tuning(False)
 
 
 # ----------------------------------------------------------------- optimizer

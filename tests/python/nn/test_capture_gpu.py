@@ -75,6 +75,25 @@ def test_the_captured_steps_equal_the_eager_steps():
     assert torch.isfinite(torch.stack(losses)).all()
 
 
+def test_the_first_warmup_step_defers_the_products_algorithm_timing():
+    """As the C++ trainer's first step: the products' timing is off in warm-up call 1, on from call 2."""
+    model, opt = setup()
+    data = batches()
+    inner = make_step(model, opt)
+    seen = []
+
+    def step(*b):
+        seen.append(torch.ops.perftrain.gemm_tuning_open())
+        return inner(*b)
+
+    captured = capture_step(step, *[t.clone() for t in data[0]], warmup=3, log=io.StringIO())
+    for b in data[:5]:
+        captured(*b)
+    assert captured.captured, captured.eager_reason
+    assert seen == [False, True, True, True], seen  # three warm-up calls and the capture
+    assert torch.ops.perftrain.gemm_tuning_open()
+
+
 def test_the_bf16_step_with_the_weight_copies_is_captured_and_trains():
     model, opt = setup()
     data = batches()

@@ -109,6 +109,19 @@ class OpsOnCpu(unittest.TestCase):
             P.multi_tensor_adamw_(p, [torch.randn(3)], [torch.zeros(3)], [torch.zeros(3)], [], P.adamw_scalars("cpu"),
                                   lr=1e-3, lr_schedule="cosin")
 
+    def test_gemm_tuning_deferred_closes_the_timing_and_restores_it(self):
+        self.assertTrue(torch.ops.perftrain.gemm_tuning_open())
+        with P.gemm_tuning_deferred():
+            self.assertFalse(torch.ops.perftrain.gemm_tuning_open())
+            with P.gemm_tuning_deferred():  # nested: changes nothing
+                self.assertFalse(torch.ops.perftrain.gemm_tuning_open())
+            self.assertFalse(torch.ops.perftrain.gemm_tuning_open(), "the nested one left it deferred")
+        self.assertTrue(torch.ops.perftrain.gemm_tuning_open())
+        with self.assertRaises(KeyError):
+            with P.gemm_tuning_deferred():
+                raise KeyError("inside")
+        self.assertTrue(torch.ops.perftrain.gemm_tuning_open(), "an exception inside restores it")
+
     def test_column_sums(self):
         mats = [torch.randn(9, 11) for _ in range(2)]
         for out, m in zip(P.column_sums(mats), mats):
