@@ -8,18 +8,21 @@
 #include <string>
 
 #include "observe/profile/trace_diagnosis.h"
+#include "op_support.h"
 
+namespace perftrain::python {
 namespace {
 
 std::string diagnose_trace(const std::string& path, bool json) {
-  perftrain::observe::profile::DiagnoseOptions o;
+  observe::profile::DiagnoseOptions o;
   o.json = json;
-  return perftrain::observe::profile::diagnose_trace(path, o);
+  return observe::profile::diagnose_trace(path, o);
 }
 
 }  // namespace
+}  // namespace perftrain::python
 
 // No tensor in or out: one kernel for every dispatch key.
 TORCH_LIBRARY_FRAGMENT(perftrain, m) {
-  m.def("diagnose_trace(str path, bool json=False) -> str", &diagnose_trace);
+  m.def("diagnose_trace(str path, bool json=False) -> str", perftrain::python::kernel<&perftrain::python::diagnose_trace>);
 }

@@ -9,6 +9,7 @@
 
 #include <memory>
 
+#include "op_support.h"
 #include "ops/cublaslt_workspace.h"
 
 namespace perftrain::python {
@@ -33,6 +34,6 @@ void defer_gemm_tuning(bool on) {
 }  // namespace perftrain::python
 
 TORCH_LIBRARY_FRAGMENT(perftrain, m) {
-  m.def("gemm_tuning_open() -> bool", &perftrain::python::gemm_tuning_open);
-  m.def("defer_gemm_tuning(bool on) -> ()", &perftrain::python::defer_gemm_tuning);
+  m.def("gemm_tuning_open() -> bool", perftrain::python::kernel<&perftrain::python::gemm_tuning_open>);
+  m.def("defer_gemm_tuning(bool on) -> ()", perftrain::python::kernel<&perftrain::python::defer_gemm_tuning>);
 }

@@ -5,12 +5,38 @@
 
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
+#include <exception>
 #include <functional>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace perftrain::python {
+
+// Each kernel the module registers is kernel<&fn>: fn's exceptions that are
+// not c10::Error (perftrain's UsageError and RuntimeError, the standard
+// library's) leave it as c10::Error with the same message, which PyTorch
+// turns into Python's RuntimeError. PyTorch's custom-operator guidance is to
+// throw only c10::Error through torch.ops; a plain C++ exception crossing it
+// crashed the GPU machine's build (Python 3.12) where this one raises.
+template <auto Fn>
+struct TorchErrors;
+template <typename R, typename... Args, R (*Fn)(Args...)>
+struct TorchErrors<Fn> {
+  static R call(Args... args) {
+    try {
+      return Fn(std::forward<Args>(args)...);
+    } catch (const c10::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      C10_THROW_ERROR(Error, e.what());
+    }
+  }
+};
+template <auto Fn>
+constexpr auto kernel = &TorchErrors<Fn>::call;
 
 using Tensors = std::vector<at::Tensor>;
 

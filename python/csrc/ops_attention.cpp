@@ -126,15 +126,15 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
-  m.impl("qk_norm_rope", &perftrain::python::qk_norm_rope);
-  m.impl("qk_norm_rope_backward", &perftrain::python::qk_norm_rope_backward);
-  m.impl("attention", &perftrain::python::attention);
-  m.impl("attention_backward", &perftrain::python::attention_backward);
+  m.impl("qk_norm_rope", perftrain::python::kernel<&perftrain::python::qk_norm_rope>);
+  m.impl("qk_norm_rope_backward", perftrain::python::kernel<&perftrain::python::qk_norm_rope_backward>);
+  m.impl("attention", perftrain::python::kernel<&perftrain::python::attention>);
+  m.impl("attention_backward", perftrain::python::kernel<&perftrain::python::attention_backward>);
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CUDA, m) {
-  m.impl("qk_norm_rope", &perftrain::python::qk_norm_rope);
-  m.impl("qk_norm_rope_backward", &perftrain::python::qk_norm_rope_backward);
-  m.impl("attention", &perftrain::python::attention);
-  m.impl("attention_backward", &perftrain::python::attention_backward);
+  m.impl("qk_norm_rope", perftrain::python::kernel<&perftrain::python::qk_norm_rope>);
+  m.impl("qk_norm_rope_backward", perftrain::python::kernel<&perftrain::python::qk_norm_rope_backward>);
+  m.impl("attention", perftrain::python::kernel<&perftrain::python::attention>);
+  m.impl("attention_backward", perftrain::python::kernel<&perftrain::python::attention_backward>);
 }

@@ -4,6 +4,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "op_support.h"
 #include "ops/column_sums.h"
 
 namespace perftrain::python {
@@ -22,6 +23,6 @@ std::vector<at::Tensor> column_sums(const std::vector<at::Tensor>& mats) {
 
 TORCH_LIBRARY_FRAGMENT(perftrain, m) { m.def("column_sums(Tensor[] mats) -> Tensor[]"); }
 
-TORCH_LIBRARY_IMPL(perftrain, CPU, m) { m.impl("column_sums", &perftrain::python::column_sums); }
+TORCH_LIBRARY_IMPL(perftrain, CPU, m) { m.impl("column_sums", perftrain::python::kernel<&perftrain::python::column_sums>); }
 
-TORCH_LIBRARY_IMPL(perftrain, CUDA, m) { m.impl("column_sums", &perftrain::python::column_sums); }
+TORCH_LIBRARY_IMPL(perftrain, CUDA, m) { m.impl("column_sums", perftrain::python::kernel<&perftrain::python::column_sums>); }

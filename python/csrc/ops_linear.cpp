@@ -149,15 +149,15 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
-  m.impl("linear", &perftrain::python::linear);
-  m.impl("linear_backward", &perftrain::python::linear_backward);
-  m.impl("stacked_linear", &perftrain::python::stacked_linear);
-  m.impl("stacked_linear_backward", &perftrain::python::stacked_linear_backward);
+  m.impl("linear", perftrain::python::kernel<&perftrain::python::linear>);
+  m.impl("linear_backward", perftrain::python::kernel<&perftrain::python::linear_backward>);
+  m.impl("stacked_linear", perftrain::python::kernel<&perftrain::python::stacked_linear>);
+  m.impl("stacked_linear_backward", perftrain::python::kernel<&perftrain::python::stacked_linear_backward>);
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CUDA, m) {
-  m.impl("linear", &perftrain::python::linear);
-  m.impl("linear_backward", &perftrain::python::linear_backward);
-  m.impl("stacked_linear", &perftrain::python::stacked_linear);
-  m.impl("stacked_linear_backward", &perftrain::python::stacked_linear_backward);
+  m.impl("linear", perftrain::python::kernel<&perftrain::python::linear>);
+  m.impl("linear_backward", perftrain::python::kernel<&perftrain::python::linear_backward>);
+  m.impl("stacked_linear", perftrain::python::kernel<&perftrain::python::stacked_linear>);
+  m.impl("stacked_linear_backward", perftrain::python::kernel<&perftrain::python::stacked_linear_backward>);
 }

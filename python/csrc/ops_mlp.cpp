@@ -171,19 +171,19 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
-  m.impl("swiglu", &perftrain::python::swiglu);
-  m.impl("swiglu_backward", &perftrain::python::swiglu_backward);
-  m.impl("linear_gelu", &perftrain::python::linear_gelu);
-  m.impl("linear_gelu_backward", &perftrain::python::linear_gelu_backward);
-  m.impl("gelu_mlp", &perftrain::python::gelu_mlp);
-  m.impl("gelu_mlp_backward", &perftrain::python::gelu_mlp_backward);
+  m.impl("swiglu", perftrain::python::kernel<&perftrain::python::swiglu>);
+  m.impl("swiglu_backward", perftrain::python::kernel<&perftrain::python::swiglu_backward>);
+  m.impl("linear_gelu", perftrain::python::kernel<&perftrain::python::linear_gelu>);
+  m.impl("linear_gelu_backward", perftrain::python::kernel<&perftrain::python::linear_gelu_backward>);
+  m.impl("gelu_mlp", perftrain::python::kernel<&perftrain::python::gelu_mlp>);
+  m.impl("gelu_mlp_backward", perftrain::python::kernel<&perftrain::python::gelu_mlp_backward>);
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CUDA, m) {
-  m.impl("swiglu", &perftrain::python::swiglu);
-  m.impl("swiglu_backward", &perftrain::python::swiglu_backward);
-  m.impl("linear_gelu", &perftrain::python::linear_gelu);
-  m.impl("linear_gelu_backward", &perftrain::python::linear_gelu_backward);
-  m.impl("gelu_mlp", &perftrain::python::gelu_mlp);
-  m.impl("gelu_mlp_backward", &perftrain::python::gelu_mlp_backward);
+  m.impl("swiglu", perftrain::python::kernel<&perftrain::python::swiglu>);
+  m.impl("swiglu_backward", perftrain::python::kernel<&perftrain::python::swiglu_backward>);
+  m.impl("linear_gelu", perftrain::python::kernel<&perftrain::python::linear_gelu>);
+  m.impl("linear_gelu_backward", perftrain::python::kernel<&perftrain::python::linear_gelu_backward>);
+  m.impl("gelu_mlp", perftrain::python::kernel<&perftrain::python::gelu_mlp>);
+  m.impl("gelu_mlp_backward", perftrain::python::kernel<&perftrain::python::gelu_mlp_backward>);
 }

@@ -118,15 +118,15 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
-  m.impl("adaln_layernorm", &perftrain::python::adaln_layernorm);
-  m.impl("adaln_layernorm_backward", &perftrain::python::adaln_layernorm_backward);
-  m.impl("rms_adaln", &perftrain::python::rms_adaln);
-  m.impl("rms_adaln_backward", &perftrain::python::rms_adaln_backward);
+  m.impl("adaln_layernorm", perftrain::python::kernel<&perftrain::python::adaln_layernorm>);
+  m.impl("adaln_layernorm_backward", perftrain::python::kernel<&perftrain::python::adaln_layernorm_backward>);
+  m.impl("rms_adaln", perftrain::python::kernel<&perftrain::python::rms_adaln>);
+  m.impl("rms_adaln_backward", perftrain::python::kernel<&perftrain::python::rms_adaln_backward>);
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CUDA, m) {
-  m.impl("adaln_layernorm", &perftrain::python::adaln_layernorm);
-  m.impl("adaln_layernorm_backward", &perftrain::python::adaln_layernorm_backward);
-  m.impl("rms_adaln", &perftrain::python::rms_adaln);
-  m.impl("rms_adaln_backward", &perftrain::python::rms_adaln_backward);
+  m.impl("adaln_layernorm", perftrain::python::kernel<&perftrain::python::adaln_layernorm>);
+  m.impl("adaln_layernorm_backward", perftrain::python::kernel<&perftrain::python::adaln_layernorm_backward>);
+  m.impl("rms_adaln", perftrain::python::kernel<&perftrain::python::rms_adaln>);
+  m.impl("rms_adaln_backward", perftrain::python::kernel<&perftrain::python::rms_adaln_backward>);
 }

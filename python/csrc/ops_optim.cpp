@@ -12,6 +12,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "op_support.h"
 #include "ops/multi_tensor_adamw.h"
 
 namespace perftrain::python {
@@ -109,9 +110,9 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
         " float lr_min, int total_steps, float decay_fraction, float ema_decay, bool ema_warmup, int ema_start,"
         " bool dynamic_loss_scale, int growth_interval) -> ()");
   // The state tensor of a new optimizer (no tensor argument: one kernel for every device).
-  m.def("adamw_scalars(Device device, float loss_scale) -> Tensor", &perftrain::python::adamw_scalars);
+  m.def("adamw_scalars(Device device, float loss_scale) -> Tensor", perftrain::python::kernel<&perftrain::python::adamw_scalars>);
 }
 
-TORCH_LIBRARY_IMPL(perftrain, CPU, m) { m.impl("multi_tensor_adamw_", &perftrain::python::multi_tensor_adamw_); }
+TORCH_LIBRARY_IMPL(perftrain, CPU, m) { m.impl("multi_tensor_adamw_", perftrain::python::kernel<&perftrain::python::multi_tensor_adamw_>); }
 
-TORCH_LIBRARY_IMPL(perftrain, CUDA, m) { m.impl("multi_tensor_adamw_", &perftrain::python::multi_tensor_adamw_); }
+TORCH_LIBRARY_IMPL(perftrain, CUDA, m) { m.impl("multi_tensor_adamw_", perftrain::python::kernel<&perftrain::python::multi_tensor_adamw_>); }

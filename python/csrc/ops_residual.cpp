@@ -198,19 +198,19 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
-  m.impl("gated_residual", &perftrain::python::gated_residual);
-  m.impl("gated_residual_backward", &perftrain::python::gated_residual_backward_cpu);
-  m.impl("residual_adaln", &perftrain::python::residual_adaln);
-  m.impl("residual_adaln_backward", &perftrain::python::residual_adaln_backward);
-  m.impl("residual_rms_adaln", &perftrain::python::residual_rms_adaln);
-  m.impl("residual_rms_adaln_backward", &perftrain::python::residual_rms_adaln_backward);
+  m.impl("gated_residual", perftrain::python::kernel<&perftrain::python::gated_residual>);
+  m.impl("gated_residual_backward", perftrain::python::kernel<&perftrain::python::gated_residual_backward_cpu>);
+  m.impl("residual_adaln", perftrain::python::kernel<&perftrain::python::residual_adaln>);
+  m.impl("residual_adaln_backward", perftrain::python::kernel<&perftrain::python::residual_adaln_backward>);
+  m.impl("residual_rms_adaln", perftrain::python::kernel<&perftrain::python::residual_rms_adaln>);
+  m.impl("residual_rms_adaln_backward", perftrain::python::kernel<&perftrain::python::residual_rms_adaln_backward>);
 }
 
 TORCH_LIBRARY_IMPL(perftrain, CUDA, m) {
-  m.impl("gated_residual", &perftrain::python::gated_residual);
-  m.impl("gated_residual_backward", &perftrain::python::gated_residual_backward_cuda);
-  m.impl("residual_adaln", &perftrain::python::residual_adaln);
-  m.impl("residual_adaln_backward", &perftrain::python::residual_adaln_backward);
-  m.impl("residual_rms_adaln", &perftrain::python::residual_rms_adaln);
-  m.impl("residual_rms_adaln_backward", &perftrain::python::residual_rms_adaln_backward);
+  m.impl("gated_residual", perftrain::python::kernel<&perftrain::python::gated_residual>);
+  m.impl("gated_residual_backward", perftrain::python::kernel<&perftrain::python::gated_residual_backward_cuda>);
+  m.impl("residual_adaln", perftrain::python::kernel<&perftrain::python::residual_adaln>);
+  m.impl("residual_adaln_backward", perftrain::python::kernel<&perftrain::python::residual_adaln_backward>);
+  m.impl("residual_rms_adaln", perftrain::python::kernel<&perftrain::python::residual_rms_adaln>);
+  m.impl("residual_rms_adaln_backward", perftrain::python::kernel<&perftrain::python::residual_rms_adaln_backward>);
 }
