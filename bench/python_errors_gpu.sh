@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Where an error raised through perftrain._C crashes Python on the GPU machine (python.ops.ops and
+# python.profile die with SIGSEGV there, pass on the CPU machine), for
+#   MODE=script SCRIPT=bench/python_errors_gpu.sh BUILD_TARGETS=perftrain_python tools/gpu_run.sh
+# Each probe is its own process under faulthandler: its exit code (139: the segfault) and the last lines
+# of its output, into $OUT/python-errors.txt; then the module's unwind tables and, where gdb is there,
+# the native stack of the first probe that crashes.
+set -uo pipefail
+: "${BIN:?run through tools/gpu_run.sh MODE=script}" "${OUT:?}" "${PY:?}"
+PYTHONPATH="$(cd "$(dirname "$BIN")" && pwd)/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH PYTHONFAULTHANDLER=1
+log="$OUT/python-errors.txt"
+: > "$log"
+probe() {  # name, python code
+  local rc
+  timeout 60 "$PY" -c "$2" > "$OUT/probe.out" 2>&1
+  rc=$?
+  { echo "## $1: rc $rc"; tail -n 6 "$OUT/probe.out"; echo; } | tee -a "$log"
+  [ $rc -eq 139 ] && [ -z "${crashed:-}" ] && crashed="$2"
+}
+T='import torch
+try:
+    torch.ones(2) + torch.ones(3)
+except RuntimeError as e:
+    print("RuntimeError:", str(e).splitlines()[0])'
+probe "an ATen error, torch alone" "$T"
+probe "an ATen error, perftrain._C loaded" "import perftrain._C
+$T"
+probe "an ATen error, perftrain loaded" "import perftrain
+$T"
+probe "perftrain.ops.gated_residual, bad shapes" 'import torch, perftrain.ops as P
+try:
+    P.gated_residual(torch.randn(2, 3, 8), torch.randn(2, 7), torch.randn(2, 3, 8))
+except RuntimeError as e:
+    print("RuntimeError:", str(e).splitlines()[0])'
+probe "diagnose_trace, no such file" 'import torch, perftrain
+try:
+    torch.ops.perftrain.diagnose_trace("/nonexistent.json")
+except RuntimeError as e:
+    print("RuntimeError:", str(e).splitlines()[0])'
+so=$(ls "$(dirname "$BIN")"/python/perftrain/_C*.so)
+{ echo "## tools"; "$PY" --version; g++ --version | head -1; nvcc --version | tail -1
+  echo "## $so"; readelf -lW "$so" | grep -E "EH_FRAME|GNU_STACK"; readelf -SW "$so" | grep -E "eh_frame|gcc_except"
+  ldd "$so" | grep -E "stdc|gcc_s|torch_python|c10"; } 2>&1 | tee -a "$log"
+if [ -n "${crashed:-}" ] && command -v gdb > /dev/null; then
+  gdb -batch -ex run -ex bt --args "$PY" -c "$crashed" > "$OUT/gdb.txt" 2>&1
+  grep -E "^#[0-9]+ " "$OUT/gdb.txt" | head -n 30 | tee -a "$log"
+else
+  echo "gdb: $(command -v gdb || echo absent)" | tee -a "$log"
+fi
+exit 0
