@@ -18,9 +18,9 @@ namespace perftrain::python {
 // Each kernel the module registers is kernel<&fn>: fn's exceptions that are
 // not c10::Error (perftrain's UsageError and RuntimeError, the standard
 // library's) leave it as c10::Error with the same message, which PyTorch
-// turns into Python's RuntimeError. PyTorch's custom-operator guidance is to
-// throw only c10::Error through torch.ops; a plain C++ exception crossing it
-// crashed the GPU machine's build (Python 3.12) where this one raises.
+// turns into Python's RuntimeError with the C++ backtrace PyTorch keeps for
+// its own errors. PyTorch's guidance for custom operators is to throw only
+// c10::Error through torch.ops.
 template <auto Fn>
 struct TorchErrors;
 template <typename R, typename... Args, R (*Fn)(Args...)>
