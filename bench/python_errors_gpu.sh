@@ -38,6 +38,42 @@ try:
     torch.ops.perftrain.diagnose_trace("/nonexistent.json")
 except RuntimeError as e:
     print("RuntimeError:", str(e).splitlines()[0])'
+# Which layer: the op's own kernel without the autograd kernel that ops.py registers in Python (below
+# autograd, and under inference_mode), and torch alone with an error raised through the same nesting
+# (a Python autograd kernel redispatching to a kernel that raises from C++).
+probe "gated_residual, bad shapes, below autograd" 'import torch, perftrain
+try:
+    with torch._C._AutoDispatchBelowAutograd():
+        torch.ops.perftrain.gated_residual(torch.randn(2, 3, 8), torch.randn(2, 7), torch.randn(2, 3, 8), None)
+except RuntimeError as e:
+    print("RuntimeError:", str(e).splitlines()[0])'
+probe "gated_residual, bad shapes, inference_mode" 'import torch, perftrain.ops as P
+try:
+    with torch.inference_mode():
+        P.gated_residual(torch.randn(2, 3, 8), torch.randn(2, 7), torch.randn(2, 3, 8))
+except RuntimeError as e:
+    print("RuntimeError:", str(e).splitlines()[0])'
+probe "torch alone: a Python autograd kernel over a kernel raising from ATen" 'import torch
+@torch.library.custom_op("probe::add", mutates_args=())
+def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten.add(a, b)
+add.register_autograd(lambda ctx, g: (g, g))
+try:
+    add(torch.ones(2, requires_grad=True), torch.ones(3))
+except RuntimeError as e:
+    print("RuntimeError:", str(e).splitlines()[0])'
+# The diagnosis of a trace recorded in this process: CPU activity only, then CPU and CUDA.
+for acts in "CPU" "CPU, ProfilerActivity.CUDA"; do
+  probe "diagnose of a trace with ProfilerActivity.$acts" "import torch, perftrain, tempfile, os
+from torch.profiler import profile, ProfilerActivity
+m = torch.nn.Linear(32, 8)
+with profile(activities=[ProfilerActivity.$acts]) as p:
+    for _ in range(3):
+        m(torch.randn(4, 32)).sum().backward()
+path = os.path.join(tempfile.mkdtemp(), 't.json')
+p.export_chrome_trace(path)
+print(torch.ops.perftrain.diagnose_trace(path).splitlines()[0])"
+done
 so=$(ls "$(dirname "$BIN")"/python/perftrain/_C*.so)
 { echo "## tools"; "$PY" --version; g++ --version | head -1; nvcc --version | tail -1
   echo "## $so"; readelf -lW "$so" | grep -E "EH_FRAME|GNU_STACK"; readelf -SW "$so" | grep -E "eh_frame|gcc_except"
