@@ -125,16 +125,14 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
   m.def("attention_backward(Tensor grad, Tensor qkv, Tensor out, Tensor lse, int heads) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
+// The same kernels for CPU and CUDA (each kernel picks its path by device).
+static void register_attention_kernels(torch::Library& m) {
   m.impl("qk_norm_rope", perftrain::python::kernel<&perftrain::python::qk_norm_rope>);
   m.impl("qk_norm_rope_backward", perftrain::python::kernel<&perftrain::python::qk_norm_rope_backward>);
   m.impl("attention", perftrain::python::kernel<&perftrain::python::attention>);
   m.impl("attention_backward", perftrain::python::kernel<&perftrain::python::attention_backward>);
 }
 
-TORCH_LIBRARY_IMPL(perftrain, CUDA, m) {
-  m.impl("qk_norm_rope", perftrain::python::kernel<&perftrain::python::qk_norm_rope>);
-  m.impl("qk_norm_rope_backward", perftrain::python::kernel<&perftrain::python::qk_norm_rope_backward>);
-  m.impl("attention", perftrain::python::kernel<&perftrain::python::attention>);
-  m.impl("attention_backward", perftrain::python::kernel<&perftrain::python::attention_backward>);
-}
+TORCH_LIBRARY_IMPL(perftrain, CPU, m) { register_attention_kernels(m); }
+
+TORCH_LIBRARY_IMPL(perftrain, CUDA, m) { register_attention_kernels(m); }

@@ -23,6 +23,11 @@ std::vector<at::Tensor> column_sums(const std::vector<at::Tensor>& mats) {
 
 TORCH_LIBRARY_FRAGMENT(perftrain, m) { m.def("column_sums(Tensor[] mats) -> Tensor[]"); }
 
-TORCH_LIBRARY_IMPL(perftrain, CPU, m) { m.impl("column_sums", perftrain::python::kernel<&perftrain::python::column_sums>); }
+// The same kernels for CPU and CUDA (each kernel picks its path by device).
+static void register_grads_kernels(torch::Library& m) {
+  m.impl("column_sums", perftrain::python::kernel<&perftrain::python::column_sums>);
+}
 
-TORCH_LIBRARY_IMPL(perftrain, CUDA, m) { m.impl("column_sums", perftrain::python::kernel<&perftrain::python::column_sums>); }
+TORCH_LIBRARY_IMPL(perftrain, CPU, m) { register_grads_kernels(m); }
+
+TORCH_LIBRARY_IMPL(perftrain, CUDA, m) { register_grads_kernels(m); }

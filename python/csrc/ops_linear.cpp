@@ -148,16 +148,14 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
         " -> (Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
+// The same kernels for CPU and CUDA (each kernel picks its path by device).
+static void register_linear_kernels(torch::Library& m) {
   m.impl("linear", perftrain::python::kernel<&perftrain::python::linear>);
   m.impl("linear_backward", perftrain::python::kernel<&perftrain::python::linear_backward>);
   m.impl("stacked_linear", perftrain::python::kernel<&perftrain::python::stacked_linear>);
   m.impl("stacked_linear_backward", perftrain::python::kernel<&perftrain::python::stacked_linear_backward>);
 }
 
-TORCH_LIBRARY_IMPL(perftrain, CUDA, m) {
-  m.impl("linear", perftrain::python::kernel<&perftrain::python::linear>);
-  m.impl("linear_backward", perftrain::python::kernel<&perftrain::python::linear_backward>);
-  m.impl("stacked_linear", perftrain::python::kernel<&perftrain::python::stacked_linear>);
-  m.impl("stacked_linear_backward", perftrain::python::kernel<&perftrain::python::stacked_linear_backward>);
-}
+TORCH_LIBRARY_IMPL(perftrain, CPU, m) { register_linear_kernels(m); }
+
+TORCH_LIBRARY_IMPL(perftrain, CUDA, m) { register_linear_kernels(m); }

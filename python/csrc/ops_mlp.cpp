@@ -170,7 +170,8 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
         " Tensor? w2_copy, Tensor pre, Tensor act) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
+// The same kernels for CPU and CUDA (each kernel picks its path by device).
+static void register_mlp_kernels(torch::Library& m) {
   m.impl("swiglu", perftrain::python::kernel<&perftrain::python::swiglu>);
   m.impl("swiglu_backward", perftrain::python::kernel<&perftrain::python::swiglu_backward>);
   m.impl("linear_gelu", perftrain::python::kernel<&perftrain::python::linear_gelu>);
@@ -179,11 +180,6 @@ TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
   m.impl("gelu_mlp_backward", perftrain::python::kernel<&perftrain::python::gelu_mlp_backward>);
 }
 
-TORCH_LIBRARY_IMPL(perftrain, CUDA, m) {
-  m.impl("swiglu", perftrain::python::kernel<&perftrain::python::swiglu>);
-  m.impl("swiglu_backward", perftrain::python::kernel<&perftrain::python::swiglu_backward>);
-  m.impl("linear_gelu", perftrain::python::kernel<&perftrain::python::linear_gelu>);
-  m.impl("linear_gelu_backward", perftrain::python::kernel<&perftrain::python::linear_gelu_backward>);
-  m.impl("gelu_mlp", perftrain::python::kernel<&perftrain::python::gelu_mlp>);
-  m.impl("gelu_mlp_backward", perftrain::python::kernel<&perftrain::python::gelu_mlp_backward>);
-}
+TORCH_LIBRARY_IMPL(perftrain, CPU, m) { register_mlp_kernels(m); }
+
+TORCH_LIBRARY_IMPL(perftrain, CUDA, m) { register_mlp_kernels(m); }

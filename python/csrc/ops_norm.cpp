@@ -117,16 +117,14 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
         " ScalarType x_dtype, ScalarType out_dtype, float eps) -> (Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
+// The same kernels for CPU and CUDA (each kernel picks its path by device).
+static void register_norm_kernels(torch::Library& m) {
   m.impl("adaln_layernorm", perftrain::python::kernel<&perftrain::python::adaln_layernorm>);
   m.impl("adaln_layernorm_backward", perftrain::python::kernel<&perftrain::python::adaln_layernorm_backward>);
   m.impl("rms_adaln", perftrain::python::kernel<&perftrain::python::rms_adaln>);
   m.impl("rms_adaln_backward", perftrain::python::kernel<&perftrain::python::rms_adaln_backward>);
 }
 
-TORCH_LIBRARY_IMPL(perftrain, CUDA, m) {
-  m.impl("adaln_layernorm", perftrain::python::kernel<&perftrain::python::adaln_layernorm>);
-  m.impl("adaln_layernorm_backward", perftrain::python::kernel<&perftrain::python::adaln_layernorm_backward>);
-  m.impl("rms_adaln", perftrain::python::kernel<&perftrain::python::rms_adaln>);
-  m.impl("rms_adaln_backward", perftrain::python::kernel<&perftrain::python::rms_adaln_backward>);
-}
+TORCH_LIBRARY_IMPL(perftrain, CPU, m) { register_norm_kernels(m); }
+
+TORCH_LIBRARY_IMPL(perftrain, CUDA, m) { register_norm_kernels(m); }

@@ -113,6 +113,11 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
   m.def("adamw_scalars(Device device, float loss_scale) -> Tensor", perftrain::python::kernel<&perftrain::python::adamw_scalars>);
 }
 
-TORCH_LIBRARY_IMPL(perftrain, CPU, m) { m.impl("multi_tensor_adamw_", perftrain::python::kernel<&perftrain::python::multi_tensor_adamw_>); }
+// The same kernels for CPU and CUDA (each kernel picks its path by device).
+static void register_optim_kernels(torch::Library& m) {
+  m.impl("multi_tensor_adamw_", perftrain::python::kernel<&perftrain::python::multi_tensor_adamw_>);
+}
 
-TORCH_LIBRARY_IMPL(perftrain, CUDA, m) { m.impl("multi_tensor_adamw_", perftrain::python::kernel<&perftrain::python::multi_tensor_adamw_>); }
+TORCH_LIBRARY_IMPL(perftrain, CPU, m) { register_optim_kernels(m); }
+
+TORCH_LIBRARY_IMPL(perftrain, CUDA, m) { register_optim_kernels(m); }

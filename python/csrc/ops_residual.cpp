@@ -197,20 +197,21 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
         " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
+// The kernels CPU and CUDA share (each picks its path by device); gated_residual's backward differs.
+static void register_residual_kernels(torch::Library& m) {
   m.impl("gated_residual", perftrain::python::kernel<&perftrain::python::gated_residual>);
-  m.impl("gated_residual_backward", perftrain::python::kernel<&perftrain::python::gated_residual_backward_cpu>);
   m.impl("residual_adaln", perftrain::python::kernel<&perftrain::python::residual_adaln>);
   m.impl("residual_adaln_backward", perftrain::python::kernel<&perftrain::python::residual_adaln_backward>);
   m.impl("residual_rms_adaln", perftrain::python::kernel<&perftrain::python::residual_rms_adaln>);
   m.impl("residual_rms_adaln_backward", perftrain::python::kernel<&perftrain::python::residual_rms_adaln_backward>);
 }
 
+TORCH_LIBRARY_IMPL(perftrain, CPU, m) {
+  register_residual_kernels(m);
+  m.impl("gated_residual_backward", perftrain::python::kernel<&perftrain::python::gated_residual_backward_cpu>);
+}
+
 TORCH_LIBRARY_IMPL(perftrain, CUDA, m) {
-  m.impl("gated_residual", perftrain::python::kernel<&perftrain::python::gated_residual>);
+  register_residual_kernels(m);
   m.impl("gated_residual_backward", perftrain::python::kernel<&perftrain::python::gated_residual_backward_cuda>);
-  m.impl("residual_adaln", perftrain::python::kernel<&perftrain::python::residual_adaln>);
-  m.impl("residual_adaln_backward", perftrain::python::kernel<&perftrain::python::residual_adaln_backward>);
-  m.impl("residual_rms_adaln", perftrain::python::kernel<&perftrain::python::residual_rms_adaln>);
-  m.impl("residual_rms_adaln_backward", perftrain::python::kernel<&perftrain::python::residual_rms_adaln_backward>);
 }
