@@ -81,6 +81,41 @@ so=$(ls "$(dirname "$BIN")"/python/perftrain/_C*.so)
 if [ -n "${crashed:-}" ] && command -v gdb > /dev/null; then
   gdb -batch -ex run -ex bt --args "$PY" -c "$crashed" > "$OUT/gdb.txt" 2>&1
   grep -E "^#[0-9]+ " "$OUT/gdb.txt" | head -n 30 | tee -a "$log"
+elif [ -n "${crashed:-}" ]; then
+  # No gdb there: a preloaded SIGSEGV handler prints the native frames (glibc's backtrace, dynamic symbols).
+  cat > "$OUT/segv_trace.c" <<'CEOF'
+#define _GNU_SOURCE
+#include <execinfo.h>
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+static void on_segv(int sig, siginfo_t* info, void* ctx) {
+  void* frames[64];
+  int n = backtrace(frames, 64);
+  const char head[] = "native frames at SIGSEGV:\n";
+  write(2, head, sizeof head - 1);
+  backtrace_symbols_fd(frames, n, 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+__attribute__((constructor)) static void install(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO;
+  sigaction(SIGSEGV, &sa, 0);
+}
+CEOF
+  gcc -shared -fPIC -O1 -o "$OUT/segv_trace.so" "$OUT/segv_trace.c" &&
+    PYTHONFAULTHANDLER= LD_PRELOAD="$OUT/segv_trace.so" timeout 60 "$PY" -c "$crashed" > "$OUT/native.txt" 2>&1
+  { echo "## native frames (gdb absent), each with addr2line's function where the object has the symbol"
+    grep -A40 "native frames" "$OUT/native.txt" | head -n 42 | while IFS= read -r line; do
+      obj="${line%%(*}" off="${line#*(+}"
+      off="${off%%)*}"
+      fn=""
+      [[ "$line" == *"(+0x"* ]] && [ -f "$obj" ] && fn="$(addr2line -f -C -e "$obj" "$off" 2>/dev/null | head -1)"
+      echo "$line ${fn:+ -> $fn}"
+    done; } | tee -a "$log"
 else
   echo "gdb: $(command -v gdb || echo absent)" | tee -a "$log"
 fi
