@@ -64,6 +64,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.batch_size < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--batch-size and --steps must be >= 1, --warmup >= 0")
+    if args.first_step_table and not os.path.isdir(os.path.dirname(os.path.abspath(args.first_step_table))):
+        p.error(f"--first-step-table {args.first_step_table}: its folder does not exist")
     if args.perftrain and args.compile in ("reduce-overhead", "max-autotune"):
         p.error(f"--compile {args.compile} makes CUDA graphs of its own; with --perftrain the whole step is "
                 "already one graph: use default or max-autotune-no-cudagraphs")

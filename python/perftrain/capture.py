@@ -7,8 +7,9 @@ same for a Python step function: a few eager warm-up calls on a side stream
 then one capture into a `torch.cuda.CUDAGraph` with the static inputs, then a
 replay per call. The first warm-up call runs the products on cuBLASLt's first
 pick (ops.gemm_tuning_deferred), as the C++ trainer's first step does: their
-algorithm timing is in the second, so the first step ends sooner. Every call is exactly one training step: the warm-up calls
-run the step eagerly, the capturing call replays once after the capture.
+algorithm timing is in the second, so the first step ends sooner. Every call
+is exactly one training step: the warm-up calls run the step eagerly, the
+capturing call replays once after the capture.
 
 Where capture cannot run (tensors on the CPU, no CUDA, or any error raised
 while capturing: a host sync such as `.item()`, an optimizer that is not
