@@ -11,6 +11,23 @@ PYTHONPATH="$(cd "$(dirname "$BIN")" && pwd)/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONPATH PYTHONFAULTHANDLER=1
 log="$OUT/python-errors.txt"
 : > "$log"
+# Where the module's copies of libstdc++ code come from: the crash's frames name std::ostream::_M_insert<long>
+# and a codecvt facet inside _C.so, which a module built here (Debian 12) does not define.
+build="$(dirname "$BIN")"
+so=$(ls "$build"/python/perftrain/_C*.so)
+{ echo "## libstdc++ code defined in $so"
+  nm -D --defined-only "$so" | grep -cE " _ZNS[oti]| _ZNKS[oti]| _ZSt" | sed 's/^/defined std symbols: /'
+  nm -D --defined-only "$so" | grep -E " _ZNSo| _ZNSt7codecvt| _ZNKSt7num_put| _ZNSt6locale" | head -n 12
+  echo "## objects that define std::ostream::_M_insert<long> or codecvt<char16_t>"
+  for f in "$build"/src/*.a $(find "$build/python" -name "*.o"); do
+    nm -A --defined-only "$f" 2>/dev/null | grep -E "_ZNSo9_M_insertIlEERSoT_|_ZNSt7codecvtIDsc" | head -n 3
+  done
+  echo "## the module's link line"; ninja -C "$build" -t commands perftrain_python | tail -n 1 | tr ' ' '\n' | grep -vE '\.o$' | tr '\n' ' '; echo
+  printf '#include <sstream>\nstd::string f(long x){ std::ostringstream os; os << x; return os.str(); }\n' > "$OUT/t.cpp"
+  g++ -O3 -fPIC -c "$OUT/t.cpp" -o "$OUT/t.o" && echo "tiny TU, g++: $(nm "$OUT/t.o" | grep _M_insert)"
+  cp "$OUT/t.cpp" "$OUT/t.cu"; /usr/local/cuda/bin/nvcc -O3 -Xcompiler -fPIC -c "$OUT/t.cu" -o "$OUT/tcu.o" && echo "tiny TU, nvcc: $(nm "$OUT/tcu.o" | grep _M_insert)"
+  dpkg -l 2>/dev/null | grep -E "libstdc\+\+|g\+\+" | awk '{print $2, $3}'
+  echo; } 2>&1 | tee -a "$log"
 probe() {  # name, python code
   local rc
   timeout 60 "$PY" -c "$2" > "$OUT/probe.out" 2>&1
