@@ -28,6 +28,32 @@ so=$(ls "$build"/python/perftrain/_C*.so)
   cp "$OUT/t.cpp" "$OUT/t.cu"; /usr/local/cuda/bin/nvcc -O3 -Xcompiler -fPIC -c "$OUT/t.cu" -o "$OUT/tcu.o" && echo "tiny TU, nvcc: $(nm "$OUT/tcu.o" | grep _M_insert)"
   dpkg -l 2>/dev/null | grep -E "libstdc\+\+|g\+\+" | awk '{print $2, $3}'
   echo; } 2>&1 | tee -a "$log"
+# The compiler CMake picked and the libstdc++ its link takes: a linker script that adds a static archive of
+# libstdc++ code (as toolchains built for old systems do) puts copies into the module; then the module relinked
+# two ways (the system's g++, and the same compiler without its libstdc++ but the system's libstdc++.so.6),
+# each tried on the probe that crashes.
+cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+{ echo "## compiler $cxx: $("$cxx" --version | head -1)"
+  lib=$("$cxx" -print-file-name=libstdc++.so); echo "its libstdc++.so: $lib"
+  file -L "$lib" 2>/dev/null; grep -a -m3 -E "INPUT|GROUP" "$lib" 2>/dev/null
+  ls "$(dirname "$lib")" | grep -E "stdc|nonshared" | head; echo; } 2>&1 | tee -a "$log"
+relink() {  # name, compiler, extra flags
+  local dir="$OUT/relink-$1" cmd
+  mkdir -p "$dir/perftrain"
+  cp "$build"/python/perftrain/*.py "$dir/perftrain/"
+  cmd=$(ninja -C "$build" -t commands perftrain_python | tail -n 1)
+  cmd=${cmd//"$cxx "/"$2 $3 "}
+  cmd=${cmd//"-o python/perftrain/"/"-o $dir/perftrain/"}
+  (cd "$build" && eval "$cmd") > "$dir/link.log" 2>&1 || { echo "## relink $1: link failed"; tail -3 "$dir/link.log"; return; }
+  echo "## relink $1: $(nm -D --defined-only "$dir"/perftrain/_C*.so | grep -cE " _ZNS[oti]| _ZNKS[oti]| _ZSt") std symbols defined"
+  PYTHONPATH="$dir" timeout 60 "$PY" -c 'import torch, perftrain.ops as P
+try:
+    P.gated_residual(torch.randn(2, 3, 8), torch.randn(2, 7), torch.randn(2, 3, 8))
+except RuntimeError as e:
+    print("RuntimeError:", str(e).splitlines()[0])' 2>&1 | tail -n 3; echo "rc ${PIPESTATUS[0]}"
+}
+{ relink system-gxx /usr/bin/g++ ""
+  relink nostdlibxx "$cxx" "-nostdlib++ -Wl,-l:libstdc++.so.6"; echo; } 2>&1 | tee -a "$log"
 probe() {  # name, python code
   local rc
   timeout 60 "$PY" -c "$2" > "$OUT/probe.out" 2>&1
