@@ -9,6 +9,7 @@
 # the eager step is recorded once more by perftrain.profile.record_trace (row eager-bf16-perftrain):
 # its trace carries the step timed without the profiler and nvidia-smi's samples, so that report takes the
 # profiler's cost out of the idle time and can say power-capped.
+# DIAG_RUNS: a subset of "eager-bf16 compile reduce-overhead eager-bf16-perftrain" (default all four).
 # Output: diagnose-<run>.md and .json (the reports), diagnose-<run>.log (the recording's log, with the
 # step time without the profiler), trace-<run>.json.gz, diagnose-table.md (run, unprofiled step, the
 # findings in order; also printed).
@@ -19,10 +20,14 @@ table="$OUT/diagnose-table.md"
 printf '| run | step without the profiler | findings, in order |\n|---|---|---|\n' > "$table"
 
 package="$(cd "$(dirname "$BIN")" && pwd)/python"
-runs=(eager-bf16 compile reduce-overhead)
-PYTHONPATH="$package" "$PY" -c "import perftrain.profile" 2>/dev/null && runs+=(eager-bf16-perftrain)
+# shellcheck disable=SC2206  # DIAG_RUNS splits on purpose
+runs=(${DIAG_RUNS:-eager-bf16 compile reduce-overhead eager-bf16-perftrain})
+if ! PYTHONPATH="$package" "$PY" -c "import perftrain.profile" 2>/dev/null; then
+  runs=("${runs[@]/eager-bf16-perftrain/}")
+fi
 
 for run in "${runs[@]}"; do
+  [ -n "$run" ] || continue
   mode=${run%-perftrain}
   extra=()
   [ "$run" != "$mode" ] && extra=(--perftrain-profile)
