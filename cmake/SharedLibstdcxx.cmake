@@ -3,18 +3,22 @@
 # part of libstdc++ statically into every shared object (a linker script adding a "nonshared" archive);
 # such a module carries its own std::num_put and locale ids, and the first number it formats into a
 # stream created by the system's library crashes the process (an error message with a shape in it was
-# enough). perftrain_use_shared_libstdcxx(target) tests the compiler on a tiny shared object that
-# formats a long; if that object defines std::ostream::_M_insert<long>, the target is linked with
-# -nostdlib++ and the shared libstdc++.so.6 instead, and the same test must then come out clean.
+# enough). perftrain_shared_libstdcxx_flags(out) tests the compiler on a tiny shared object that formats
+# a long: if that object defines std::ostream::_M_insert<long>, it tries link flags that take the shared
+# libstdc++.so.6 instead, and gives the first with which the same test comes out clean:
+#   ""           the compiler links the shared library already (nothing to do)
+#   a flag list  link options then libraries, separated by "|"
+#   NOTFOUND     no candidate worked: the module would crash, so it is not built
 function(_perftrain_libstdcxx_copies out_var flags)
   set(_dir "${CMAKE_BINARY_DIR}/CMakeFiles/perftrain_libstdcxx")
   file(MAKE_DIRECTORY "${_dir}")
   file(WRITE "${_dir}/probe.cpp"
        "#include <sstream>\n#include <string>\nstd::string f(long x) { std::ostringstream s; s << x; return s.str(); }\n")
-  separate_arguments(_flags UNIX_COMMAND "${flags}")
+  string(REPLACE "|" " " _flat "${flags}")
+  separate_arguments(_flags UNIX_COMMAND "${_flat}")
   execute_process(
     COMMAND "${CMAKE_CXX_COMPILER}" -shared -fPIC -O2 "${_dir}/probe.cpp" -o "${_dir}/probe.so" ${_flags}
-    RESULT_VARIABLE _rc OUTPUT_QUIET ERROR_VARIABLE _err)
+    RESULT_VARIABLE _rc OUTPUT_QUIET ERROR_QUIET)
   if(NOT _rc EQUAL 0)
     set(${out_var} "link-failed" PARENT_SCOPE)
     return()
@@ -27,7 +31,8 @@ function(_perftrain_libstdcxx_copies out_var flags)
   endif()
 endfunction()
 
-function(perftrain_use_shared_libstdcxx target)
+function(perftrain_shared_libstdcxx_flags out_var)
+  set(${out_var} "" PARENT_SCOPE)
   if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU" OR NOT CMAKE_NM)
     return()
   endif()
@@ -35,16 +40,30 @@ function(perftrain_use_shared_libstdcxx target)
   if(NOT _plain STREQUAL "copies")
     return()
   endif()
-  set(_fix "-nostdlib++ -l:libstdc++.so.6 -lm")
-  _perftrain_libstdcxx_copies(_fixed "${_fix}")
-  if(NOT _fixed STREQUAL "shared")
-    message(FATAL_ERROR
-      "perftrain: ${CMAKE_CXX_COMPILER} links copies of libstdc++ code into shared objects, and "
-      "'${_fix}' does not stop it (${_fixed}); a Python module built so crashes on its first error "
-      "message. Build the Python package with the system's g++ (CXX=/usr/bin/g++).")
+  # GCC 13 and later: -nostdlib++; before: no default libraries, the C and C++ runtimes named.
+  foreach(_candidate "-nostdlib++|-l:libstdc++.so.6 -lm"
+                     "-nodefaultlibs|-l:libstdc++.so.6 -lm -lgcc_s -lc -lgcc")
+    _perftrain_libstdcxx_copies(_result "${_candidate}")
+    if(_result STREQUAL "shared")
+      message(STATUS "perftrain: ${CMAKE_CXX_COMPILER} copies libstdc++ code into shared objects; "
+                     "the Python module links the shared libstdc++.so.6 instead (${_candidate})")
+      set(${out_var} "${_candidate}" PARENT_SCOPE)
+      return()
+    endif()
+  endforeach()
+  set(${out_var} NOTFOUND PARENT_SCOPE)
+endfunction()
+
+# Applies a flag list of perftrain_shared_libstdcxx_flags to target.
+function(perftrain_link_shared_libstdcxx target flags)
+  if(flags STREQUAL "")
+    return()
   endif()
-  message(STATUS "perftrain: ${CMAKE_CXX_COMPILER} copies libstdc++ code into shared objects; "
-                 "${target} links the shared libstdc++.so.6 instead (-nostdlib++)")
-  target_link_options(${target} PRIVATE -nostdlib++)
-  target_link_libraries(${target} PRIVATE -l:libstdc++.so.6 -lm)
+  string(REPLACE "|" ";" _parts "${flags}")
+  list(GET _parts 0 _options)
+  list(GET _parts 1 _libraries)
+  separate_arguments(_options UNIX_COMMAND "${_options}")
+  separate_arguments(_libraries UNIX_COMMAND "${_libraries}")
+  target_link_options(${target} PRIVATE ${_options})
+  target_link_libraries(${target} PRIVATE ${_libraries})
 endfunction()
