@@ -1,7 +1,8 @@
 // Attention pieces as PyTorch operators: qk_norm_rope (the single-stream
 // blocks' QK-norm and rotary embedding on the packed qkv; its own CUDA
 // backward) and attention (softmax attention of a packed qkv; our whole-head
-// kernels forward and backward where they apply). Forward and
+// kernels, tiled kernels or cuDNN's, with a key mask or not, as the C++
+// trainer chooses them: ops/qkv_attention.h). Forward and
 // `<op>_backward` ops, joined in python/perftrain/ops.py.
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
@@ -11,10 +12,9 @@
 
 #include "base/error.h"
 #include "op_support.h"
-#include "ops/attention_head_bwd.h"
-#include "ops/attention_head_fwd.h"
 #include "ops/qk_norm_rope.h"
 #include "ops/qkv_attention.h"
+#include "ops/self_attention.h"
 
 namespace perftrain::python {
 namespace {
@@ -85,32 +85,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qk_norm_rope_backward(
   return {g[0], g[1], g[2]};
 }
 
-// (out [B, T, D], lse [B, H, T] fp32). Our whole-head forward where it
-// applies (its lse is what its backward reads); elsewhere ops::qkv_attention
-// (cuDNN's fused attention, ATen's SDPA on the CPU) and zeros for the lse,
-// which nothing reads there.
-std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& qkv, int64_t heads) {
-  const at::NoGradGuard no_grad;
-  const int64_t batch = qkv.size(0), tokens = qkv.size(1);
-  if (ops::whole_head_attention_applies(qkv, heads)) {
-    auto [out, lse] = ops::try_attention_head_fwd(qkv, heads);  // out [B, H, T, d] in [B, T, H, d] memory
-    return {out.transpose(1, 2).reshape({batch, tokens, -1}), lse};
-  }
-  const at::Tensor out = ops::qkv_attention(qkv, heads);
-  return {out.contiguous(), at::zeros({batch, heads, tokens}, qkv.options().dtype(at::kFloat))};
+// (out [B, T, D], lse [B, H, T] fp32) and the packed gradient: the C++
+// trainer's choice of kernels for a packed qkv (ops::qkv_attention_forward
+// and _backward: our whole-head or tiled kernels, cuDNN's, "auto"'s plan per
+// shape; ATen's SDPA on the CPU), key mask or not.
+std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& qkv, int64_t heads,
+                                             const std::optional<at::Tensor>& key_mask) {
+  return ops::qkv_attention_forward(qkv, heads, value_or_undefined(key_mask));
 }
 
+// Where ATen's SDPA ran the forward (the CPU), autograd through it on a
+// recomputed forward.
 at::Tensor attention_backward(const at::Tensor& grad, const at::Tensor& qkv, const at::Tensor& out,
-                              const at::Tensor& lse, int64_t heads) {
-  if (ops::whole_head_attention_applies(qkv, heads)) {
-    const int64_t batch = qkv.size(0), tokens = qkv.size(1), dim = out.size(2);
-    const at::Tensor out_heads = out.view({batch, tokens, heads, dim / heads}).transpose(1, 2);
-    return ops::try_attention_head_bwd(qkv, out_heads, lse, grad.contiguous(), heads, /*forward_was_ours=*/true);
-  }
+                              const at::Tensor& lse, int64_t heads, const std::optional<at::Tensor>& key_mask) {
+  const at::Tensor mask = value_or_undefined(key_mask);
+  if (at::Tensor dqkv = ops::qkv_attention_backward(grad, qkv, heads, mask, out, lse); dqkv.defined()) return dqkv;
   c10::List<std::optional<at::Tensor>> inputs;
   inputs.push_back(qkv);
-  return backward_through([&](const Tensors& in) { return Tensors{ops::qkv_attention(in[0], heads)}; }, {grad},
-                          inputs)[0];
+  const at::Tensor mask4 = mask.defined() ? mask.reshape({mask.size(0), 1, 1, mask.size(-1)}) : mask;
+  return backward_through([&](const Tensors& in) { return Tensors{ops::self_attention(in[0], heads, mask4)}; },
+                          {grad}, inputs)[0];
 }
 
 }  // namespace
@@ -121,8 +115,9 @@ TORCH_LIBRARY_FRAGMENT(perftrain, m) {
         " float eps) -> (Tensor, Tensor)");
   m.def("qk_norm_rope_backward(Tensor grad, Tensor qkv, Tensor? q_weight, Tensor? k_weight, Tensor cos, Tensor sin,"
         " Tensor rstd, int heads, float eps) -> (Tensor, Tensor, Tensor)");
-  m.def("attention(Tensor qkv, int heads) -> (Tensor, Tensor)");
-  m.def("attention_backward(Tensor grad, Tensor qkv, Tensor out, Tensor lse, int heads) -> Tensor");
+  m.def("attention(Tensor qkv, int heads, Tensor? key_mask=None) -> (Tensor, Tensor)");
+  m.def("attention_backward(Tensor grad, Tensor qkv, Tensor out, Tensor lse, int heads, Tensor? key_mask=None)"
+        " -> Tensor");
 }
 
 // The same kernels for CPU and CUDA (each kernel picks its path by device).

@@ -457,20 +457,10 @@ class SingleStreamAttention(nn.Module):
         """h [B, S, D] compute dtype -> attention before proj [B, S, D]; mask [B, 1, 1, S] keys (True: kept)."""
         packed = ops.qk_norm_rope(_linear(h, self.qkv), self.heads, self.q_norm.weight, self.k_norm.weight, cos, sin,
                                   self.q_norm.eps)
-        if mask is None:
-            return ops.attention(packed, self.heads)
-        return _masked_attention(packed, self.heads, mask)
+        return ops.attention(packed, self.heads, mask)
 
     def forward(self, h, cos, sin, mask=None):
         return _linear(self.attend(h, cos, sin, mask), self.proj)
-
-
-def _masked_attention(packed, heads, mask):
-    """Attention on packed [B, S, 3D] with a key mask [B, 1, 1, S] (True: kept), through torch's SDPA
-    (perftrain.ops.attention takes no mask)."""
-    B, S, D = packed.shape[0], packed.shape[1], packed.shape[2] // 3
-    q, k, v = packed.view(B, S, 3, heads, D // heads).permute(2, 0, 3, 1, 4).unbind(0)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, S, D)
 
 
 class SwiGLU(nn.Module):

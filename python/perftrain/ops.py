@@ -334,42 +334,49 @@ def _(grad, qkv, q_weight, k_weight, cos, sin, rstd, heads, eps):
             _dense(k_weight) if k_weight is not None else _no_grad_slot(qkv))
 
 
-def attention(qkv: Tensor, heads: int) -> Tensor:
-    """Softmax attention (scale 1/sqrt(hd), no mask) of a packed qkv [B, T, 3D]
-    laid out as (3, heads, hd) in the last dimension -> [B, T, D] in qkv's dtype.
+def attention(qkv: Tensor, heads: int, key_mask: Tensor | None = None) -> Tensor:
+    """Softmax attention (scale 1/sqrt(hd)) of a packed qkv [B, T, 3D] laid
+    out as (3, heads, hd) in the last dimension -> [B, T, D] in qkv's dtype.
 
-    CUDA: our whole-head kernels forward and backward where they apply
-    (bfloat16 on sm_90, T = 256, hd 64 or 72), else cuDNN's fused attention;
-    CPU: ATen's SDPA.
+    key_mask: None, or a bool mask of the keys attended (True: attended),
+    [B, T] or [B, 1, 1, T] on qkv's device, no gradient; every query needs at
+    least one attended key. CUDA: the kernels the C++ trainer's packed
+    attention would pick (ops/packed_attention_route.h) under the process's
+    attention settings, which in a Python process are the defaults of the C++
+    library: our whole-head kernels at 256 tokens without a mask (bf16, head
+    dim 64 or 72), cuDNN's fused attention elsewhere (a mask as its additive
+    key bias); the backward runs the forward's family from its output and
+    log-sum-exp. CPU, fp32, or a shape cuDNN refuses: ATen's SDPA (its
+    backward through autograd on a recomputed forward).
     """
-    out, _ = _ops.attention(qkv, heads)
+    out, _ = _ops.attention(qkv, heads, key_mask)
     return out
 
 
 @torch.library.register_fake(_name("attention"))
-def _(qkv, heads):
+def _(qkv, heads, key_mask=None):
     b, t, three_d = qkv.shape
     return _sized(qkv, (b, t, three_d // 3)), _sized(qkv, (b, heads, t), torch.float32)
 
 
 def _attention_setup(ctx, inputs, output):
-    qkv, heads = inputs
+    qkv, heads, key_mask = inputs
     out, lse = output
-    ctx.save_for_backward(qkv, out, lse)
+    ctx.save_for_backward(qkv, out, lse, key_mask)
     _saved_not_results(ctx, lse)  # saved for the backward, not a result
     ctx.heads = heads
 
 
 def _attention_backward(ctx, grad_out, grad_lse):
-    qkv, out, lse = ctx.saved_tensors
-    return _ops.attention_backward(grad_out, qkv, out, lse, ctx.heads), None
+    qkv, out, lse, key_mask = ctx.saved_tensors
+    return _ops.attention_backward(grad_out, qkv, out, lse, ctx.heads, key_mask), None, None
 
 
 torch.library.register_autograd(_name("attention"), _attention_backward, setup_context=_attention_setup)
 
 
 @torch.library.register_fake(_name("attention_backward"))
-def _(grad, qkv, out, lse, heads):
+def _(grad, qkv, out, lse, heads, key_mask=None):
     return _dense(qkv)
 
 

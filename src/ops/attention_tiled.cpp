@@ -211,13 +211,24 @@ at::Tensor tiled_forward(torch::autograd::AutogradContext* ctx, const at::Tensor
   return tiled_forward(ctx, q, k, v, heads, std::move(first_saved), key_bias);
 }
 
-bool tiled_backward_after_cudnn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
-                                const at::Tensor& key_bias) {
+bool tiled_backward_after_cudnn_chosen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                                       const at::Tensor& key_bias) {
   const AttentionPlan* forced = forced_attention_plan();
   if (forced == nullptr && !attention_auto()) return false;
   if (!tiled_attention_takes(q, k, v, heads, key_bias)) return false;
   const AttentionPlan plan = forced != nullptr ? *forced : auto_attention_plan(q, heads, key_bias.defined());
-  if (plan.backward != AttentionFamily::Tiled) return false;
+  return plan.backward == AttentionFamily::Tiled;
+}
+
+bool tiled_backward_after_cudnn_chosen(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_bias) {
+  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) return false;
+  const auto [q, k, v] = column_blocks(qkv);
+  return tiled_backward_after_cudnn_chosen(q, k, v, heads, key_bias);
+}
+
+bool tiled_backward_after_cudnn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                                const at::Tensor& key_bias) {
+  if (!tiled_backward_after_cudnn_chosen(q, k, v, heads, key_bias)) return false;
   note_attention_path(AttentionPath::TiledBackward, q.size(1), q.size(2) / heads, key_bias.defined(),
                       q.scalar_type());
   return true;

@@ -76,6 +76,16 @@ at::Tensor tiled_forward(torch::autograd::AutogradContext* ctx, const at::Tensor
 at::Tensor tiled_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                          std::vector<at::Tensor> first_saved, const at::Tensor& key_bias = at::Tensor());
 
+// Whether, after cuDNN's forward on q, k, v [B, T, D] (and the bias), the
+// backward is ours by the forced or "auto" plan, as below but not noted:
+// the choice alone (ops/packed_attention_route's plan asks it before the
+// forward runs).
+bool tiled_backward_after_cudnn_chosen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
+                                       const at::Tensor& key_bias = at::Tensor());
+// The same on a packed qkv [B, T, 3D].
+bool tiled_backward_after_cudnn_chosen(const at::Tensor& qkv, int64_t heads,
+                                       const at::Tensor& key_bias = at::Tensor());
+
 // After cuDNN's forward on q, k, v [B, T, D] (and the bias, or none):
 // whether the backward runs our tiled kernels on cuDNN's out and lse (a
 // timing run's forced plan, else with "auto" this shape's plan, where

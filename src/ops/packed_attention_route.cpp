@@ -11,13 +11,24 @@
 
 namespace perftrain::ops::detail {
 
+PackedAttentionPlan packed_attention_plan(const at::Tensor& qkv, int64_t heads, const at::Tensor& bias) {
+  if (tiled_attention_applies(qkv, heads, bias)) return PackedAttentionPlan::Tiled;
+  if (!bias.defined() && forced_attention_plan() == nullptr && whole_head_attention_applies(qkv, heads))
+    return PackedAttentionPlan::WholeHead;
+  return tiled_backward_after_cudnn_chosen(qkv, heads, bias) ? PackedAttentionPlan::CudnnThenTiledBackward
+                                                             : PackedAttentionPlan::Cudnn;
+}
+
 at::Tensor packed_attention_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
                                     std::vector<at::Tensor> first_saved, const at::Tensor& bias) {
   ctx->saved_data["heads"] = heads;
   ctx->saved_data["masked"] = bias.defined();
   ctx->saved_data["own_fwd"] = false;
-  if (at::Tensor tiled = tiled_forward(ctx, qkv, heads, first_saved, bias); tiled.defined()) return tiled;
-  if (!bias.defined() && forced_attention_plan() == nullptr) {
+  ctx->saved_data["tiled"] = false;
+  const PackedAttentionPlan plan = packed_attention_plan(qkv, heads, bias);
+  if (plan == PackedAttentionPlan::Tiled)
+    if (at::Tensor tiled = tiled_forward(ctx, qkv, heads, first_saved, bias); tiled.defined()) return tiled;
+  if (plan == PackedAttentionPlan::WholeHead) {
     auto [out, lse] = try_attention_head_fwd(qkv, heads);
     if (out.defined()) {
       const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
@@ -30,7 +41,11 @@ at::Tensor packed_attention_forward(torch::autograd::AutogradContext* ctx, const
     }
   }
   at::Tensor out = cudnn_forward(ctx, qkv, heads, std::move(first_saved), bias);
-  ctx->saved_data["tiled"] = tiled_backward_after_cudnn(qkv, heads, bias);
+  if (plan == PackedAttentionPlan::CudnnThenTiledBackward) {
+    ctx->saved_data["tiled"] = true;
+    note_attention_path(AttentionPath::TiledBackward, qkv.size(1), qkv.size(2) / 3 / heads, bias.defined(),
+                        qkv.scalar_type());
+  }
   return out;
 }
 

@@ -23,6 +23,19 @@
 
 namespace perftrain::ops::detail {
 
+// The rule above as a value: which family runs a packed qkv [B, T, 3D] that
+// cuDNN may run (qkv_attention's gate passed; bias as the forward gets it),
+// asked before the forward and, by an operator whose backward is another
+// operator (qkv_attention_forward / _backward), again in the backward, where
+// the shape's "auto" plan is settled. Notes nothing.
+enum class PackedAttentionPlan {
+  Tiled,                   // our tiled forward and backward (ops/attention_tiled)
+  WholeHead,               // our whole-head forward and backward (256 tokens, no mask)
+  Cudnn,                   // cuDNN's forward and backward
+  CudnnThenTiledBackward,  // cuDNN's forward, our tiled backward on its out and lse ("auto"'s mixed plan)
+};
+PackedAttentionPlan packed_attention_plan(const at::Tensor& qkv, int64_t heads, const at::Tensor& bias);
+
 // The attention output [B, T, D]; saved_data "heads", "masked", "own_fwd"
 // (the whole-head forward ran) and "tiled" (ops/attention_tiled) set. bias:
 // undefined, or key_bias()'s [B, 1, 1, T].

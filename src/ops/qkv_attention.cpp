@@ -1,5 +1,8 @@
 #include "ops/qkv_attention.h"
 
+#include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_backward.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -8,6 +11,10 @@
 #include <string>
 
 #include "base/error.h"
+#include "ops/attention_choice.h"
+#include "ops/attention_head_bwd.h"
+#include "ops/attention_head_fwd.h"
+#include "ops/attention_paths.h"
 #include "ops/attention_tiled.h"
 #include "ops/cudnn_attention.h"
 #include "ops/packed_attention_route.h"
@@ -197,6 +204,99 @@ at::Tensor qkv_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
     detail::note_refusal(q, e, r.mask.defined());
     return self_attention(q, k, v, heads, r.mask);
   }
+}
+
+namespace {
+
+// What the packed form runs: ATen's SDPA where qkv_attention's gate (route())
+// says cuDNN may not, else detail::packed_attention_plan's family, as
+// CudnnAttention's forward chooses it.
+struct PackedChoice {
+  std::optional<detail::PackedAttentionPlan> plan;  // none: SDPA
+  AttentionRoute route;
+  at::Tensor bias;  // the key bias cuDNN and the tiled kernels read, or undefined
+};
+
+PackedChoice choose_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_mask) {
+  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) throw UsageError("qkv_attention: qkv must be [B, T, 3D]");
+  detail::check_heads("qkv_attention", qkv.size(2) / 3, heads);
+  PackedChoice c;
+  const bool tiled_ok = detail::tiled_attention_applies(qkv, heads, at::Tensor(), key_mask.defined());
+  c.route = route(qkv, qkv.size(0), qkv.size(1), qkv.size(2) / 3 / heads, key_mask, at::Tensor(),
+                  qkv.is_contiguous(), tiled_ok);
+  if (!c.route.cudnn) return c;
+  c.bias = c.route.bias.value_or(at::Tensor());
+  c.plan = detail::packed_attention_plan(qkv, heads, c.bias);
+  return c;
+}
+
+std::pair<at::Tensor, at::Tensor> sdpa_forward(const at::Tensor& qkv, int64_t heads, const at::Tensor& mask) {
+  const int64_t B = qkv.size(0), T = qkv.size(1);
+  return {self_attention(qkv, heads, mask).contiguous(),
+          at::zeros({B, heads, T}, qkv.options().dtype(at::kFloat))};
+}
+
+// Empty long tensors for cuDNN's seeds: a dense, dropout-free backward reads none.
+at::Tensor no_seed(const at::Tensor& like) { return at::empty({}, like.options().dtype(at::kLong)); }
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> qkv_attention_forward(const at::Tensor& qkv, int64_t heads,
+                                                        const at::Tensor& key_mask) {
+  using detail::PackedAttentionPlan;
+  const at::NoGradGuard no_grad;
+  const PackedChoice c = choose_packed(qkv, heads, key_mask);
+  if (!c.plan) return sdpa_forward(qkv, heads, c.route.mask);
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
+  const bool masked = key_mask.defined();
+  if (*c.plan == PackedAttentionPlan::Tiled) {
+    auto [out, lse] = attention_tiled_fwd(qkv.narrow(2, 0, D), qkv.narrow(2, D, D), qkv.narrow(2, 2 * D, D), heads,
+                                          c.bias);
+    note_attention_path(AttentionPath::Tiled, T, D / heads, masked, qkv.scalar_type());
+    return {detail::token_major(out), lse};
+  }
+  if (*c.plan == PackedAttentionPlan::WholeHead) {
+    auto [out, lse] = try_attention_head_fwd(qkv, heads);
+    note_attention_path(AttentionPath::Own, T, D / heads, false, qkv.scalar_type());
+    return {detail::token_major(out), lse};
+  }
+  try {
+    auto [q, k, v] = detail::split_heads(qkv, heads);
+    auto r = at::_scaled_dot_product_cudnn_attention(
+        q, k, v, c.bias.defined() ? std::optional<at::Tensor>(c.bias) : std::nullopt, /*compute_log_sumexp=*/true);
+    note_attention_path(AttentionPath::Cudnn, T, D / heads, masked, qkv.scalar_type());
+    if (*c.plan == PackedAttentionPlan::CudnnThenTiledBackward)
+      note_attention_path(AttentionPath::TiledBackward, T, D / heads, masked, qkv.scalar_type());
+    return {detail::token_major(std::get<0>(r)), std::get<1>(r).reshape({B, heads, T})};
+  } catch (const std::exception& e) {
+    detail::note_refusal(qkv, e, masked);
+    return sdpa_forward(qkv, heads, c.route.mask);
+  }
+}
+
+at::Tensor qkv_attention_backward(const at::Tensor& grad_out, const at::Tensor& qkv, int64_t heads,
+                                  const at::Tensor& key_mask, const at::Tensor& out, const at::Tensor& lse) {
+  using detail::PackedAttentionPlan;
+  const PackedChoice c = choose_packed(qkv, heads, key_mask);
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3;
+  if (!c.plan) return at::Tensor();  // SDPA ran: the caller differentiates it
+  const at::Tensor out_heads = out.view({B, T, heads, D / heads}).transpose(1, 2);  // [B, H, T, d], token-major
+  if (*c.plan == PackedAttentionPlan::WholeHead)
+    return try_attention_head_bwd(qkv, out_heads, lse, grad_out.contiguous(), heads, /*forward_was_ours=*/true);
+  const bool ours = *c.plan == PackedAttentionPlan::Tiled || *c.plan == PackedAttentionPlan::CudnnThenTiledBackward;
+  if (ours && grad_out.scalar_type() == at::kBFloat16) {
+    at::Tensor dqkv = at::empty(qkv.sizes(), qkv.options());
+    attention_tiled_bwd(qkv.narrow(2, 0, D), qkv.narrow(2, D, D), qkv.narrow(2, 2 * D, D), heads, c.bias, out_heads,
+                        lse, grad_out, dqkv.narrow(2, 0, D), dqkv.narrow(2, D, D), dqkv.narrow(2, 2 * D, D));
+    return dqkv;
+  }
+  // cuDNN's backward on its own forward's state, or on ours (the same layouts: detail::save_cudnn_state).
+  auto [q, k, v] = detail::split_heads(qkv, heads);
+  const at::Tensor dout = grad_out.contiguous().view({B, T, heads, D / heads}).transpose(1, 2);
+  auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
+      dout, q, k, v, out_heads, lse.view({B, heads, T, 1}), no_seed(qkv), no_seed(qkv), c.bias, at::Tensor(),
+      at::Tensor(), T, T, /*dropout_p=*/0.0, /*is_causal=*/false);
+  return detail::pack_dqkv({dq, dk, dv}, B, T, heads, D);
 }
 
 bool cudnn_attention_refused() { return detail::cudnn_refused(false) || detail::cudnn_refused(true); }

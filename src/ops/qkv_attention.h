@@ -12,6 +12,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <utility>
+
 namespace perftrain::ops {
 
 // qkv [B, T, 3*D] laid out as (3, heads, D/heads) in the last dim -> [B, T, D].
@@ -44,6 +47,23 @@ at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, const at::Tensor&
 // and 16-byte aligned; otherwise ATen's SDPA, as above.
 at::Tensor qkv_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
                          const at::Tensor& key_mask = at::Tensor(), const at::Tensor& key_bias = at::Tensor());
+
+// The packed form as two functions without an autograd context, for an
+// operator whose gradient is another operator (the Python package's
+// perftrain::attention and attention_backward): the same kernels as
+// qkv_attention (our whole-head or tiled kernels, cuDNN's, "auto"'s plan,
+// ATen's SDPA where none of those runs), chosen alike.
+// qkv_attention_forward: (out [B, T, D] contiguous, lse [B, H, T] fp32: the
+// log-sum-exp its backward reads, zeros where SDPA ran), under no grad.
+// qkv_attention_backward: the packed gradient [B, T, 3D] from the forward's
+// inputs and outputs; it makes the forward's choice again (the shape's plan
+// is settled by then) and runs that family's backward; undefined where SDPA
+// ran (the caller differentiates self_attention(qkv, heads, key_mask) on a
+// recomputed forward: how depends on where it is called from).
+std::pair<at::Tensor, at::Tensor> qkv_attention_forward(const at::Tensor& qkv, int64_t heads,
+                                                        const at::Tensor& key_mask = at::Tensor());
+at::Tensor qkv_attention_backward(const at::Tensor& grad_out, const at::Tensor& qkv, int64_t heads,
+                                  const at::Tensor& key_mask, const at::Tensor& out, const at::Tensor& lse);
 
 // The additive key bias qkv_attention gives cuDNN for a bool key mask [B, T]
 // or [B, 1, 1, T]: [B, 1, 1, T] in dtype, 0 where attended and -65504

@@ -149,11 +149,27 @@ def attention_case(device, dtype):
     return (randn(B, T, 3 * D, device=device, dtype=dtype), HEADS), {}
 
 
-def attention_ref(qkv, heads):
+def key_mask(b, t, device, seed=7):
+    """A bool key mask [b, t] with a different number of attended keys per sample (at least one)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, t + 1, (b,), generator=g)
+    lengths[0] = t  # one sample attends every key
+    return (torch.arange(t)[None, :] < lengths[:, None]).to(device)
+
+
+def attention_masked_case(device, dtype):
+    (qkv, heads), _ = attention_case(device, dtype)
+    return (qkv, heads), {"key_mask": key_mask(B, T, device)}
+
+
+def attention_ref(qkv, heads, key_mask=None):
     b, t, three_d = qkv.shape
     hd = three_d // 3 // heads
     q, k, v = qkv.view(b, t, 3, heads, hd).permute(2, 0, 3, 1, 4)
-    w = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), dim=-1)
+    logits = q @ k.transpose(-1, -2) / math.sqrt(hd)
+    if key_mask is not None:
+        logits = logits.masked_fill(~key_mask.reshape(b, 1, 1, t), float("-inf"))
+    w = torch.softmax(logits, dim=-1)
     return (w @ v).transpose(1, 2).reshape(b, t, three_d // 3)
 
 
@@ -249,6 +265,7 @@ CASES = [
     ("residual_rms_adaln", P.residual_rms_adaln, residual_rms_adaln_case, residual_rms_adaln_ref),
     ("qk_norm_rope", P.qk_norm_rope, qk_norm_rope_case, qk_norm_rope_ref),
     ("attention", P.attention, attention_case, attention_ref),
+    ("attention (key mask)", P.attention, attention_masked_case, attention_ref),
     ("swiglu", P.swiglu, swiglu_case, swiglu_ref),
     ("linear_gelu", P.linear_gelu, linear_gelu_case, linear_gelu_ref),
     ("gelu_mlp", P.gelu_mlp, gelu_mlp_case, gelu_mlp_ref),

@@ -13,7 +13,7 @@ import cases
 import perftrain.ops as P
 
 
-def every_op(x, y, ada, bias, qkv, qw, kw, cos, sin, gate_up, w1, b1, w2):
+def every_op(x, y, ada, bias, qkv, qw, kw, cos, sin, gate_up, w1, b1, w2, mask):
     gate, shift, scale = ada.chunk(3, dim=1)
     h = P.adaln_layernorm(x, shift, scale)
     r = P.gated_residual(x, gate, y, bias)
@@ -21,7 +21,7 @@ def every_op(x, y, ada, bias, qkv, qw, kw, cos, sin, gate_up, w1, b1, w2):
     h3 = P.rms_adaln(x1, bias, scale)
     x2, h4 = P.residual_rms_adaln(x1, gate, h3, bias, bias, scale)
     q = P.qk_norm_rope(qkv, cases.HEADS, qw, kw, cos, sin)
-    a = P.attention(q, cases.HEADS)
+    a = P.attention(q, cases.HEADS) + P.attention(q, cases.HEADS, mask)
     s = P.swiglu(gate_up)
     g = P.linear_gelu(h4 + a, w1, b1)
     m = P.gelu_mlp(h2, w1, b1, w2, bias, w1_copy=w1.detach())
@@ -47,6 +47,7 @@ class CompileEveryOp(unittest.TestCase):
             cases.randn(11, D, device=dev, dtype=dt, scale=D ** -0.5),
             cases.randn(11, device=dev, dtype=dt),
             cases.randn(D, 11, device=dev, dtype=dt, scale=11 ** -0.5),
+            cases.key_mask(B, T, dev),
         ]
         leaves = [t for t in inputs if t.requires_grad]
         torch._dynamo.reset()

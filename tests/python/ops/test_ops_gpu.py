@@ -2,7 +2,8 @@
 opcheck of each operator on CUDA tensors; outputs and gradients in float32
 and bfloat16 against the float64 reference of cases.py, on the odd sizes and
 on the DiT shapes where our kernels apply (whole-head attention: bf16, 256
-tokens, head dim 64; the Hopper bias-GELU product: rows % 128, H % 256,
+tokens, head dim 64; tiled or cuDNN's attention with a key mask, at 288 and
+1024 tokens; the Hopper bias-GELU product: rows % 128, H % 256,
 C % 64); a forward and backward captured in a CUDA graph and replayed;
 multi_tensor_adamw_ on CUDA against the CPU step."""
 import sys
@@ -58,6 +59,23 @@ def whole_head_attention_case(device, dtype):
     return (cases.randn(2, 256, 3 * 2 * 64, device=device, dtype=dtype, scale=0.5), 2), {}
 
 
+def whole_head_attention_masked_case(device, dtype):
+    """256 tokens with a key mask: not the whole-head kernels' (they take none); ours tiled or cuDNN's."""
+    (qkv, heads), _ = whole_head_attention_case(device, dtype)
+    return (qkv, heads), {"key_mask": cases.key_mask(2, 256, device)}
+
+
+def single_stream_attention_case(device, dtype):
+    """256 image + 32 condition tokens, head dim 72, a key mask whose lengths are no multiple of 64."""
+    qkv = cases.randn(2, 288, 3 * 2 * 72, device=device, dtype=dtype, scale=0.5)
+    return (qkv, 2), {"key_mask": cases.key_mask(2, 288, device, seed=3)}
+
+
+def long_attention_case(device, dtype):
+    """1024 tokens (DiT at 512 px), head dim 64, no mask."""
+    return (cases.randn(1, 1024, 3 * 2 * 64, device=device, dtype=dtype, scale=0.5), 2), {}
+
+
 def hopper_linear_gelu_case(device, dtype):
     x = cases.randn(2, 64, 128, device=device, dtype=dtype)
     w = cases.randn(256, 128, device=device, dtype=torch.float32, scale=128 ** -0.5)
@@ -73,6 +91,10 @@ def hopper_gelu_mlp_case(device, dtype):
 
 DIT_SHAPES = [
     ("attention (whole-head shape)", P.attention, whole_head_attention_case, cases.attention_ref),
+    ("attention (256 tokens, key mask)", P.attention, whole_head_attention_masked_case, cases.attention_ref),
+    ("attention (288 tokens, head dim 72, key mask)", P.attention, single_stream_attention_case,
+     cases.attention_ref),
+    ("attention (1024 tokens)", P.attention, long_attention_case, cases.attention_ref),
     ("linear_gelu (Hopper product shape)", P.linear_gelu, hopper_linear_gelu_case, cases.linear_gelu_ref),
     ("gelu_mlp (Hopper product shape)", P.gelu_mlp, hopper_gelu_mlp_case, cases.gelu_mlp_ref),
 ]
