@@ -37,17 +37,21 @@ at::Tensor heads_view(const at::Tensor& x, int64_t heads) {
   return x.view({x.size(0), x.size(1), heads, x.size(2) / heads}).transpose(1, 2);
 }
 
-at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         std::vector<at::Tensor> first_saved, const at::Tensor& bias) {
+CudnnState cudnn_forward_state(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& bias) {
   auto r = at::_scaled_dot_product_cudnn_attention(
       q, k, v, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, /*compute_log_sumexp=*/true);
-  const at::Tensor& out = std::get<0>(r);  // [B, H, T, Dh], token-major in memory
   note_attention_path(AttentionPath::Cudnn, q.size(2), q.size(3), bias.defined(), q.scalar_type());
-  save_cudnn_state(ctx, std::move(first_saved), q, k, v,
-                   {out, std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r), std::get<7>(r),
-                    std::get<4>(r).expect_int(), std::get<5>(r).expect_int()},
-                   bias);
-  return token_major(out);
+  // out [B, H, T, Dh], token-major in memory
+  return {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r), std::get<7>(r),
+          std::get<4>(r).expect_int(), std::get<5>(r).expect_int()};
+}
+
+at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         std::vector<at::Tensor> first_saved, const at::Tensor& bias) {
+  const CudnnState state = cudnn_forward_state(q, k, v, bias);
+  save_cudnn_state(ctx, std::move(first_saved), q, k, v, state, bias);
+  return token_major(state.out);
 }
 
 at::Tensor cudnn_forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads,
@@ -64,18 +68,22 @@ void save_cudnn_state(AutogradContext* ctx, std::vector<at::Tensor> first_saved,
   ctx->saved_data["max_k"] = st.max_k;
 }
 
-std::array<at::Tensor, 3> cudnn_backward(AutogradContext* ctx, const variable_list& s, size_t at,
-                                         const at::Tensor& grad_out) {
-  const at::Tensor &out = s[at], &lse = s[at + 1], &cum_q = s[at + 2], &cum_k = s[at + 3], &seed = s[at + 4],
-                   &offset = s[at + 5], &bias = s[at + 6], &q = s[at + 7], &k = s[at + 8], &v = s[at + 9];
+std::array<at::Tensor, 3> cudnn_backward(const CudnnState& st, const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const at::Tensor& bias, const at::Tensor& grad_out) {
   const int64_t B = q.size(0), heads = q.size(1), T = q.size(2), Dh = q.size(3);
   // The output gradient in the output's own layout (cuDNN wants them alike).
   at::Tensor dout = grad_out.contiguous().view({B, T, heads, Dh}).transpose(1, 2);
   auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
-      dout, q, k, v, out, lse, seed, offset, bias, cum_q, cum_k,
-      ctx->saved_data["max_q"].toInt(), ctx->saved_data["max_k"].toInt(), /*dropout_p=*/0.0,
-      /*is_causal=*/false);
+      dout, q, k, v, st.out, st.lse, st.seed, st.offset, bias, st.cum_q, st.cum_k, st.max_q, st.max_k,
+      /*dropout_p=*/0.0, /*is_causal=*/false);
   return {dq, dk, dv};
+}
+
+std::array<at::Tensor, 3> cudnn_backward(AutogradContext* ctx, const variable_list& s, size_t at,
+                                         const at::Tensor& grad_out) {
+  const CudnnState st{s[at],     s[at + 1], s[at + 2], s[at + 3], s[at + 4], s[at + 5],
+                      ctx->saved_data["max_q"].toInt(), ctx->saved_data["max_k"].toInt()};
+  return cudnn_backward(st, s[at + 7], s[at + 8], s[at + 9], s[at + 6], grad_out);
 }
 
 at::Tensor token_major(const at::Tensor& x) {

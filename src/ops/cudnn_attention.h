@@ -46,6 +46,18 @@ struct CudnnState {
   int64_t max_q = 0, max_k = 0;
 };
 
+// cuDNN's forward on q, k, v [B, H, T, Dh] (as cudnn_forward reads them) and
+// the bias, noting the path: its state, without a context (cudnn_forward
+// saves it; qkv_attention_forward returns out and lse).
+CudnnState cudnn_forward_state(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& bias = at::Tensor());
+
+// cuDNN's backward from a forward's state (cuDNN's own, or our tiled
+// forward's out and lse in its layout) on q, k, v [B, H, T, Dh] and the
+// bias: dq, dk, dv as [B, H, T, Dh], token-major. grad_out [B, T, D].
+std::array<at::Tensor, 3> cudnn_backward(const CudnnState& state, const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const at::Tensor& bias, const at::Tensor& grad_out);
+
 // Saves first_saved, then out, lse, cum_q, cum_k, seed, offset, bias, q, k
 // and v (q, k, v as [B, H, T, Dh] views), with max_q and max_k in
 // saved_data: the layout cudnn_backward reads (cudnn_forward's;

@@ -1,7 +1,5 @@
 #include "ops/qkv_attention.h"
 
-#include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
-#include <ATen/ops/_scaled_dot_product_cudnn_attention_backward.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -236,9 +234,6 @@ std::pair<at::Tensor, at::Tensor> sdpa_forward(const at::Tensor& qkv, int64_t he
           at::zeros({B, heads, T}, qkv.options().dtype(at::kFloat))};
 }
 
-// Empty long tensors for cuDNN's seeds: a dense, dropout-free backward reads none.
-at::Tensor no_seed(const at::Tensor& like) { return at::empty({}, like.options().dtype(at::kLong)); }
-
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> qkv_attention_forward(const at::Tensor& qkv, int64_t heads,
@@ -262,12 +257,10 @@ std::pair<at::Tensor, at::Tensor> qkv_attention_forward(const at::Tensor& qkv, i
   }
   try {
     auto [q, k, v] = detail::split_heads(qkv, heads);
-    auto r = at::_scaled_dot_product_cudnn_attention(
-        q, k, v, c.bias.defined() ? std::optional<at::Tensor>(c.bias) : std::nullopt, /*compute_log_sumexp=*/true);
-    note_attention_path(AttentionPath::Cudnn, T, D / heads, masked, qkv.scalar_type());
+    const detail::CudnnState st = detail::cudnn_forward_state(q, k, v, c.bias);
     if (*c.plan == PackedAttentionPlan::CudnnThenTiledBackward)
       note_attention_path(AttentionPath::TiledBackward, T, D / heads, masked, qkv.scalar_type());
-    return {detail::token_major(std::get<0>(r)), std::get<1>(r).reshape({B, heads, T})};
+    return {detail::token_major(st.out), st.lse.reshape({B, heads, T})};
   } catch (const std::exception& e) {
     detail::note_refusal(qkv, e, masked);
     return sdpa_forward(qkv, heads, c.route.mask);
@@ -291,12 +284,12 @@ at::Tensor qkv_attention_backward(const at::Tensor& grad_out, const at::Tensor& 
     return dqkv;
   }
   // cuDNN's backward on its own forward's state, or on ours (the same layouts: detail::save_cudnn_state).
+  // A dense, dropout-free backward reads neither varlen offsets nor seeds: empty stand-ins.
   auto [q, k, v] = detail::split_heads(qkv, heads);
-  const at::Tensor dout = grad_out.contiguous().view({B, T, heads, D / heads}).transpose(1, 2);
-  auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
-      dout, q, k, v, out_heads, lse.view({B, heads, T, 1}), no_seed(qkv), no_seed(qkv), c.bias, at::Tensor(),
-      at::Tensor(), T, T, /*dropout_p=*/0.0, /*is_causal=*/false);
-  return detail::pack_dqkv({dq, dk, dv}, B, T, heads, D);
+  const at::Tensor no_seed = at::empty({}, qkv.options().dtype(at::kLong));
+  const detail::CudnnState st{out_heads, lse.view({B, heads, T, 1}), at::Tensor(), at::Tensor(), no_seed, no_seed,
+                              T, T};
+  return detail::pack_dqkv(detail::cudnn_backward(st, q, k, v, c.bias, grad_out), B, T, heads, D);
 }
 
 bool cudnn_attention_refused() { return detail::cudnn_refused(false) || detail::cudnn_refused(true); }

@@ -104,6 +104,10 @@ class OpsOnCpu(unittest.TestCase):
             P.linear(torch.randn(2, 8), w, weight_copy=w.t().contiguous())
         with self.assertRaisesRegex(RuntimeError, "gelu_mlp: w2_copy .* in Float"):
             P.gelu_mlp(torch.randn(2, 8), w, torch.randn(6), w.t(), w2_copy=w.t().to(torch.bfloat16))
+        qkv = torch.randn(2, 5, 24)
+        for mask in (torch.ones(2, 4, dtype=torch.bool), torch.ones(2, 5)):  # a wrong length; not bool
+            with self.assertRaisesRegex(RuntimeError, r"qkv_attention: key_mask must be bool \[2, 5\]"):
+                P.attention(qkv, 2, mask)
         p = [torch.randn(3)]
         with self.assertRaisesRegex(RuntimeError, "lr_schedule must be constant, cosine, linear or wsd"):
             P.multi_tensor_adamw_(p, [torch.randn(3)], [torch.zeros(3)], [torch.zeros(3)], [], P.adamw_scalars("cpu"),
