@@ -15,6 +15,7 @@
 #include "base/text.h"
 #include "data/dataset.h"
 #include "models/fp8_states.h"
+#include "ops/attention_mode.h"
 #include "train/memory_estimate.h"
 
 namespace perftrain::train {
@@ -29,6 +30,13 @@ struct Key {
   std::vector<const char*> choices = {};
   int64_t min = std::numeric_limits<int64_t>::min(), max = std::numeric_limits<int64_t>::max();
 };
+
+// Names kept elsewhere (static storage) as a key's choices.
+std::vector<const char*> c_strings(const std::vector<std::string>& names) {
+  std::vector<const char*> out;
+  for (const auto& n : names) out.push_back(n.c_str());
+  return out;
+}
 
 // Every configurable key, in the order config.toml lists them.
 std::vector<Key> keys(TrainConfig& c) {
@@ -112,7 +120,7 @@ std::vector<Key> keys(TrainConfig& c) {
       {"speed", "fused_optimizer", &c.speed.fused_optimizer},
       {"speed", "recompute", &c.speed.recompute},
       {"speed", "gelu_recompute", &c.speed.gelu_recompute},
-      {"speed", "attention", &c.speed.attention, {"whole_head", "tiled", "cudnn", "auto"}},
+      {"speed", "attention", &c.speed.attention, c_strings(ops::attention_modes())},
       {"speed", "weight_grad_stream", &c.speed.weight_grad_stream, {"auto", "on", "off"}},
       {"speed", "gemm_tune", &c.speed.gemm_tune, {}, 0, 64},
       {"health", "monitor_every", &c.health.monitor_every, {}, 0, 1000000000},

@@ -113,6 +113,20 @@ class OpsOnCpu(unittest.TestCase):
             P.multi_tensor_adamw_(p, [torch.randn(3)], [torch.zeros(3)], [torch.zeros(3)], [], P.adamw_scalars("cpu"),
                                   lr=1e-3, lr_schedule="cosin")
 
+    def test_attention_mode_takes_the_trainers_names(self):
+        self.assertEqual(P.attention_mode(), "whole_head")  # the package's default
+        try:
+            for mode in ("cudnn", "tiled", "auto", "whole_head"):
+                P.set_attention_mode(mode)
+                self.assertEqual(P.attention_mode(), mode)
+            P.set_attention_mode("tiled")
+            with self.assertRaisesRegex(RuntimeError,
+                                        'attention mode "flash" is not one of whole_head, tiled, cudnn, auto'):
+                P.set_attention_mode("flash")
+            self.assertEqual(P.attention_mode(), "tiled", "a refused name changes nothing")
+        finally:
+            P.set_attention_mode("whole_head")
+
     def test_gemm_tuning_deferred_closes_the_timing_and_restores_it(self):
         self.assertTrue(torch.ops.perftrain.gemm_tuning_open())
         with P.gemm_tuning_deferred():

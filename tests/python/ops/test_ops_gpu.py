@@ -3,8 +3,8 @@ opcheck of each operator on CUDA tensors; outputs and gradients in float32
 and bfloat16 against the float64 reference of cases.py, on the odd sizes and
 on the DiT shapes where our kernels apply (whole-head attention: bf16, 256
 tokens, head dim 64; tiled or cuDNN's attention with a key mask, at 288 and
-1024 tokens; the Hopper bias-GELU product: rows % 128, H % 256,
-C % 64); a forward and backward captured in a CUDA graph and replayed;
+1024 tokens, in each attention mode; the Hopper bias-GELU product: rows %
+128, H % 256, C % 64); a forward and backward captured in a CUDA graph and replayed;
 multi_tensor_adamw_ on CUDA against the CPU step."""
 import sys
 import unittest
@@ -122,6 +122,21 @@ class OpsOnCuda(unittest.TestCase):
                     continue  # fp32 attention runs ATen's SDPA (TF32 products): the CPU test covers it
                 with self.subTest(op=name, dtype=dtype):
                     check_against_float64(self, name, fn, make, ref, dtype)
+
+    def test_attention_in_every_mode_matches_float64(self):
+        """set_attention_mode as the trainer's [speed] key: each attention shape above, bf16, in each mode
+        against float64 ("auto" times the three plans at the masked and long shapes on their first forward;
+        "tiled" runs our tiled kernels at 256 tokens too), and the mode read back."""
+        try:
+            for mode in ("cudnn", "tiled", "auto"):
+                P.set_attention_mode(mode)
+                self.assertEqual(P.attention_mode(), mode)
+                for name, fn, make, ref in DIT_SHAPES:
+                    if name.startswith("attention"):
+                        with self.subTest(mode=mode, op=name):
+                            check_against_float64(self, name, fn, make, ref, torch.bfloat16)
+        finally:
+            P.set_attention_mode("whole_head")
 
     def test_a_weight_copy_gives_the_bits_of_the_cast(self):
         """The optimizer's bf16 copies (what perftrain.nn passes) read as the cast weight: same outputs and
