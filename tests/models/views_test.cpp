@@ -123,6 +123,17 @@ TEST(ModelSummary, DiTOnTheMetaDeviceMatchesTheConfigsCounts) {
   EXPECT_NEAR(s.total_mult_adds * 2, 3 * cfg.forward_flops_per_sample(), 0.02 * s.total_mult_adds * 2);
 }
 
+// A single-stream model with condition features of per-sample lengths: the
+// padding's zeroing (at::where) and the key mask run on the meta device too.
+TEST(ModelSummary, SingleStreamWithConditionFeaturesOnTheMetaDevice) {
+  DiTConfig cfg = model_config("SS-S/2");
+  cfg.depth = 2, cfg.image_size = 16, cfg.cond_tokens = 5, cfg.cond_dim = 12;
+  const ViewModel v = meta_model(cfg, 3);
+  const ModuleSummary s = summarize_module(*v.model, [&] { v.forward(); });
+  EXPECT_EQ(s.total_params, cfg.parameter_count());
+  EXPECT_EQ(row(s, "").output_shape, (std::vector<int64_t>{3, cfg.out_channels(), 16, 16}));
+}
+
 TEST(ModelSummary, FormatsCarryTheRowsAndTotals) {
   const ViewModel v = meta_model(small_dit(), 2);
   ModuleSummary s = summarize_module(*v.model, [&] { v.forward(); });

@@ -56,6 +56,12 @@ at::Tensor& where_out_meta(const at::Tensor& cond, const at::Tensor& self, const
   return out;
 }
 
+// Nor for where(cond, a, b) (the single-stream model's zeroed padding of the
+// condition features): the broadcast shape, in a's dtype.
+at::Tensor where_meta(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other) {
+  return at::empty(at::infer_size(at::infer_size(cond.sizes(), self.sizes()), other.sizes()), self.options());
+}
+
 void register_meta_kernels() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -70,6 +76,7 @@ void register_meta_kernels() {
       return op && !op->hasKernelForDispatchKey(c10::DispatchKey::Meta);
     };
     if (missing_overload("aten::where", "self_out")) lib.impl("where.self_out", TORCH_FN(where_out_meta));
+    if (missing_overload("aten::where", "self")) lib.impl("where.self", TORCH_FN(where_meta));
     if (missing("aten::native_batch_norm")) lib.impl("native_batch_norm", TORCH_FN(batch_norm_meta));
     if (missing("aten::convolution_overrideable")) lib.impl("convolution_overrideable", TORCH_FN(convolution_meta));
   });
