@@ -19,7 +19,8 @@
 # subset of cpp perftrain first-step plain reduce-overhead perftrain+compile compile max-autotune) runs those alone
 # in a second call, into the same table when OUT is the same. max-autotune compiles for many minutes:
 # bench/python_front_autotune_gpu.sh.
-# Output: front-<model>-<case>.json and .log, front-table.md (also printed).
+# Output: front-<model>-<case>.json, .out (stdout) and .log (stderr; these two also in front-logs.tgz), a "+" in
+# a case's name written "-" (front-DiT-B-2-perftrain-compile.json); front-table.md (also printed).
 set -uo pipefail
 : "${BIN:?run through tools/gpu_run.sh MODE=script}" "${OUT:?}" "${RUNS:?}" "${PY:?}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,7 +40,7 @@ slug() { echo "$1" | tr '/' '-'; }
 py_case() {
   local name=$1 limit=$2 model=$3 file rc t0 left
   shift 3
-  file="$OUT/front-$(slug "$model")-$name"
+  file="$OUT/front-$(slug "$model")-${name//+/-}"  # no "+" in a file name: the device tool does not bring it back
   left=$((BUDGET - ($(date +%s) - START)))
   if [ "$left" -lt 30 ]; then
     echo "{\"error\": \"not run: past the ${BUDGET} s budget\"}" > "$file.json"
@@ -95,7 +96,7 @@ cases = [("plain", "plain PyTorch (eager bf16)"), ("compile", "torch.compile def
 
 def load(model, case):
     try:
-        with open(os.path.join(out, f"front-{model.replace('/', '-')}-{case}.json")) as f:
+        with open(os.path.join(out, f"front-{model.replace('/', '-')}-{case.replace('+', '-')}.json")) as f:
             return json.load(f)
     except (OSError, ValueError):
         return {"error": "no result"}
@@ -130,5 +131,5 @@ for model in models:
         print(f"| {label} | {m:.2f} | {256 / m * 1e3:.0f} | {vs_best} | {vs_cpp} | "
               f"{first if first is not None else '-'} | {note} |")
 PYEOF
-tar czf "$OUT/front-logs.tgz" -C "$OUT" $(cd "$OUT" && ls front-*.log 2>/dev/null) 2>/dev/null
+tar czf "$OUT/front-logs.tgz" -C "$OUT" $(cd "$OUT" && ls front-*.log front-*.out 2>/dev/null) 2>/dev/null
 exit 0

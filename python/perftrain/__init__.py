@@ -10,9 +10,12 @@ import torch  # noqa: F401  (libtorch is loaded before _C, which links it)
 
 from . import _C  # noqa: F401  (registers the perftrain:: operators)
 from . import ops
+from . import _inductor
 from . import nn, optim
 from .capture import capture_step
 from .profile import profile
+
+_inductor.install()  # the operators as Inductor fallbacks once torch.compile loads Inductor
 
 __version__ = "0.1.0"
 __all__ = ["ops", "nn", "optim", "capture_step", "profile", "__version__"]
