@@ -1,7 +1,7 @@
 // The [speed] key attention as one process-wide setting of ops: which
 // attention kernels the packed forms (qkv_attention, projected_attention)
 // run. One place for the mode's names and what each sets, for the trainer's
-// config (train/speed) and for Python (perftrain.ops.set_attention).
+// config (train/speed) and for Python (perftrain.ops.set_attention_mode).
 //   "whole_head"  our whole-head kernels where they apply (bf16, sm_90, 256
 //                 tokens, no key mask, head dim 64 or 72); cuDNN's elsewhere.
 //                 The library's own default (ops' switches as built).

@@ -335,3 +335,14 @@ def outputs_and_grads(fn, args, kwargs, seed=1):
         loss = loss + (o * w).sum()
     grads = torch.autograd.grad(loss, leaves(args, kwargs), allow_unused=True)
     return outs, grads
+
+
+def assert_compiled_matches_eager(compiled, fn, inputs, leaves):
+    """compiled(*inputs) (a scalar loss) and its gradients for `leaves` equal fn's, eager."""
+    got = compiled(*inputs)
+    got_grads = torch.autograd.grad(got, leaves)
+    want = fn(*inputs)
+    want_grads = torch.autograd.grad(want, leaves)
+    torch.testing.assert_close(got, want)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w)
