@@ -16,6 +16,7 @@ from .capture import capture_step
 from .profile import profile
 
 _inductor.install()  # the operators as Inductor fallbacks once torch.compile loads Inductor
+ops.set_attention_mode("auto")  # the trainer's default ([speed] attention), not the C++ library's "whole_head"
 
 __version__ = "0.1.0"
 __all__ = ["ops", "nn", "optim", "capture_step", "profile", "__version__"]

@@ -342,9 +342,10 @@ def attention(qkv: Tensor, heads: int, key_mask: Tensor | None = None) -> Tensor
     [B, T] or [B, 1, 1, T] on qkv's device, no gradient; every query needs at
     least one attended key. CUDA: the kernels the C++ trainer's packed
     attention would pick (ops/packed_attention_route.h) under the process's
-    attention mode (set_attention_mode): by default ("whole_head") our
-    whole-head kernels at 256 tokens without a mask (bf16, head dim 64 or
-    72), cuDNN's fused attention elsewhere (a mask as its additive key bias);
+    attention mode (set_attention_mode): by default ("auto") our whole-head
+    kernels at 256 tokens without a mask (bf16, head dim 64 or 72), elsewhere
+    the fastest by timing of our tiled kernels, cuDNN's fused attention (a
+    mask as its additive key bias) and cuDNN's forward with our backward;
     the backward runs the forward's family from its output and log-sum-exp.
     CPU, fp32, or a shape cuDNN refuses: ATen's SDPA (its backward through
     autograd on a recomputed forward).
@@ -384,11 +385,11 @@ def set_attention_mode(mode: str) -> None:
     """Which kernels attention (and perftrain.nn's blocks) runs in this process, as the C++ trainer's [speed]
     key attention (ops/attention_mode.h, docs/guide/speed.md):
       "whole_head"  our whole-head kernels where they apply (bf16, sm_90, 256 tokens, no key mask, head dim 64
-                    or 72), cuDNN's elsewhere; the package's default
+                    or 72), cuDNN's elsewhere
       "tiled"       our tiled kernels wherever they apply (any length from 64 tokens, key masks, head dim 64,
                     72, 96 or 128), 256 tokens too; cuDNN's elsewhere
       "cudnn"       cuDNN's fused kernels both ways everywhere
-      "auto"        the trainer's default: the whole-head kernels where they apply; elsewhere, on the first
+      "auto"        the default, as the trainer's: the whole-head kernels where they apply; elsewhere, on the first
                     forward of each new shape, ours, cuDNN's and cuDNN's forward with our backward are timed
                     (CUDA events, fresh random inputs) and the fastest is kept for the process; a shape first
                     met while a CUDA graph is being captured is not timed and runs ours

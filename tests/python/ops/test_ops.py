@@ -114,7 +114,7 @@ class OpsOnCpu(unittest.TestCase):
                                   lr=1e-3, lr_schedule="cosin")
 
     def test_attention_mode_takes_the_trainers_names(self):
-        self.assertEqual(P.attention_mode(), "whole_head")  # the package's default
+        self.assertEqual(P.attention_mode(), "auto")  # the package's default, as the trainer's
         try:
             for mode in ("cudnn", "tiled", "auto", "whole_head"):
                 P.set_attention_mode(mode)
@@ -125,7 +125,7 @@ class OpsOnCpu(unittest.TestCase):
                 P.set_attention_mode("flash")
             self.assertEqual(P.attention_mode(), "tiled", "a refused name changes nothing")
         finally:
-            P.set_attention_mode("whole_head")
+            P.set_attention_mode("auto")
 
     def test_gemm_tuning_deferred_closes_the_timing_and_restores_it(self):
         self.assertTrue(torch.ops.perftrain.gemm_tuning_open())

@@ -127,8 +127,9 @@ class OpsOnCuda(unittest.TestCase):
         """set_attention_mode as the trainer's [speed] key: each attention shape above, bf16, in each mode
         against float64 ("auto" times the three plans at the masked and long shapes on their first forward;
         "tiled" runs our tiled kernels at 256 tokens too), and the mode read back."""
+        default = P.attention_mode()
         try:
-            for mode in ("cudnn", "tiled", "auto"):
+            for mode in ("cudnn", "tiled", "whole_head", "auto"):
                 P.set_attention_mode(mode)
                 self.assertEqual(P.attention_mode(), mode)
                 for name, fn, make, ref in DIT_SHAPES:
@@ -136,7 +137,7 @@ class OpsOnCuda(unittest.TestCase):
                         with self.subTest(mode=mode, op=name):
                             check_against_float64(self, name, fn, make, ref, torch.bfloat16)
         finally:
-            P.set_attention_mode("whole_head")
+            P.set_attention_mode(default)
 
     def test_a_weight_copy_gives_the_bits_of_the_cast(self):
         """The optimizer's bf16 copies (what perftrain.nn passes) read as the cast weight: same outputs and
