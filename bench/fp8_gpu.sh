@@ -28,11 +28,12 @@
 # bench.json (ANCHOR_MODES: another list of torch modes).
 # PART=quality instead (its own call): issue 39's quality check on Fashion-MNIST. QUALITY_MODEL (default
 # DiT-S/2) for QUALITY_STEPS (2000) in each run of QUALITY_RUNS (default "fp8:0 bf16:0 bf16:1 bf16:2",
-# precision:seed), each evaluated at its last step through the feature network trained first (QUALITY_SAMPLES, 1000:
-# fd_features, class_consistency); then the fp8 seed-0 loss curve against the bf16 seeds' spread
+# precision:seed) at batch QUALITY_BATCH (default 256), each evaluated at its last step through the feature network
+# trained first (QUALITY_SAMPLES, 1000: fd_features, class_consistency); then the fp8 seed-0 loss curve against the bf16 seeds' spread
 # (tools/compare_curves.py --refs bf16) and the evaluations side by side (quality-<model>.md). About 5 minutes
-# for DiT-S/2 on an H200; DiT-B/2's four runs take two calls: QUALITY_RUNS splits them, and QUALITY_REFS_DIR
-# (a carried folder of an earlier call's quality-*-metrics.jsonl) brings the first call's runs into the check.
+# for DiT-S/2 on an H200; DiT-B/2's four runs at batch 256 take two calls (QUALITY_BATCH=128: one): QUALITY_RUNS
+# splits them, and QUALITY_REFS_DIR (a carried folder of an earlier call's quality-*-metrics.jsonl) brings the
+# first call's runs into the check.
 set -uo pipefail
 mkdir -p "$OUT/fp8"
 STEPS="${FP8_STEPS:-1000}"
@@ -48,7 +49,7 @@ if [ "${PART:-}" = quality ]; then
     p="${run%%:*}" seed="${run##*:}"
     name="quality-$tag-$p-seed$seed"
     "$BIN" train --data-path "$FMNIST" --model "$model" --steps "$qsteps" --precision "$p" --seed "$seed" \
-      --run-name "$name" --runs-dir "$RUNS" --set log.every=50 --set log.checkpoint_every=0 \
+      --batch-size "${QUALITY_BATCH:-256}" --run-name "$name" --runs-dir "$RUNS" --set log.every=50 --set log.checkpoint_every=0 \
       --set log.sample_every=0 --set eval.every="$qsteps" --set eval.samples="${QUALITY_SAMPLES:-1000}" --set eval.features="$feats" \
       > "$OUT/fp8/$name.log" 2>&1
     echo "$name: rc $?; $(grep -h 'first step done' "$OUT/fp8/$name.log")"
