@@ -16,9 +16,11 @@ Subcommands (model flags are shared: --model, --depth/--hidden/--heads/--patch,
                                a DistributedDataParallel run started by
                                python -m torch.distributed.run --nproc-per-node N (--batch per rank).
                                Modes: eager-fp32, eager-bf16, and under torch.compile compile (its
-                               default), reduce-overhead, max-autotune, max-autotune-no-cudagraphs; a
-                               compiled mode reports whether its graphs came from torch.compile's cache
-                               (TORCHINDUCTOR_CACHE_DIR) as torch_cache warm / cold / partial
+                               default), reduce-overhead, max-autotune, max-autotune-no-cudagraphs,
+                               float8-tensorwise, float8-rowwise (torchao), each also as <mode>-regional
+                               (each block compiled on its own); a compiled mode reports whether its
+                               graphs came from torch.compile's cache (TORCHINDUCTOR_CACHE_DIR) as
+                               torch_cache warm / cold / partial
 """
 import time
 
@@ -269,16 +271,23 @@ def forward_flops_per_image(depth, hidden, patch, input_size=32, in_channels=4,
 # Training step and benchmark
 # ----------------------------------------------------------------------------
 
-MODES = ("eager-fp32", "eager-bf16", "compile", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs",
-         "float8-tensorwise", "float8-rowwise")
-# The modes under torch.compile (compile: its default mode), and those of them that run CUDA graphs.
-COMPILE_MODES = {"compile": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune",
-                 "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
-                 "float8-tensorwise": None, "float8-rowwise": None}
+# The modes under torch.compile (compile: its default mode) with torch.compile's mode argument.
+WHOLE_MODEL_COMPILE_MODES = {"compile": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune",
+                             "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
+                             "float8-tensorwise": None, "float8-rowwise": None}
+# Each compiled mode also as "<mode>-regional": PyTorch's regional compilation (its recipe "Reducing torch.compile
+# cold start compilation time with regional compilation", as torchtitan compiles its models): torch.compile on each
+# transformer block, the rest eager. The blocks share one compiled graph, so the cold compile does not grow with
+# the depth: for DiT-XL/2 the way to run max-autotune or torchao's float8 within minutes.
+REGIONAL_SUFFIX = "-regional"
+COMPILE_MODES = {**WHOLE_MODEL_COMPILE_MODES,
+                 **{m + REGIONAL_SUFFIX: a for m, a in WHOLE_MODEL_COMPILE_MODES.items()}}
+MODES = ("eager-fp32", "eager-bf16") + tuple(COMPILE_MODES)
 # torchao's float8 training (its recipe by name) under torch.compile's default mode, as torchao's guide runs it:
 # the anchor of perftrain's train.precision = "fp8".
-FLOAT8_RECIPES = {"float8-tensorwise": "tensorwise", "float8-rowwise": "rowwise"}
-CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+FLOAT8_RECIPES = {m: r for base, r in (("float8-tensorwise", "tensorwise"), ("float8-rowwise", "rowwise"))
+                  for m in (base, base + REGIONAL_SUFFIX)}
+CUDAGRAPH_MODES = tuple(m for m, a in COMPILE_MODES.items() if a in ("reduce-overhead", "max-autotune"))
 
 
 def float8_linear_filter(module, fqn):
@@ -299,6 +308,24 @@ def convert_float8(model, recipe):
     convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
                                module_filter_fn=float8_linear_filter)
     return before - sum(type(m) is torch.nn.Linear for m in model.modules())
+
+
+def compile_regions(model, mode):
+    """torch.compile(mode=mode) on each outermost module of model whose class name ends in "Block" (DiT's
+    DiTBlock, the single-stream Block; a looped model's prelude, shared and coda blocks), in place, so that the
+    state_dict's names stay; returns how many. Fails where the model has none."""
+    blocks, inside = [], set()
+    for name, m in model.named_modules():
+        if any(name.startswith(p + ".") for p in inside):
+            continue
+        if type(m).__name__.endswith("Block"):
+            blocks.append(m)
+            inside.add(name)
+    if not blocks:
+        fail(f"a -regional mode compiles each block, and {type(model).__name__} has no module named *Block")
+    for b in blocks:
+        b.compile(mode=mode)
+    return len(blocks)
 
 
 def compile_cache_counts():
@@ -416,7 +443,10 @@ def run_bench(args, name, build, make_inputs, train_flops_per_image):
     if ddp:
         from torch.nn.parallel import DistributedDataParallel
         step_model = DistributedDataParallel(model, device_ids=[dev.index] if cuda else None)
-    if args.mode in COMPILE_MODES:
+    regions = None
+    if args.mode.endswith(REGIONAL_SUFFIX):
+        regions = compile_regions(model, COMPILE_MODES[args.mode])
+    elif args.mode in COMPILE_MODES:
         step_model = torch.compile(step_model, mode=COMPILE_MODES[args.mode])
     amp_dtype = None if args.mode == "eager-fp32" else torch.bfloat16
 
@@ -476,6 +506,8 @@ def run_bench(args, name, build, make_inputs, train_flops_per_image):
         # float8 modes: torchao's version and the block linears it converted.
         "float8_layers": float8_layers,
         "torchao": __import__("torchao").__version__ if float8_layers is not None else None,
+        # -regional modes: the blocks compiled one by one.
+        "compiled_regions": regions,
         "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
         # DDP: ms_median and images_per_s are rank 0's (per GPU); the total counts every rank's images at the
         # slowest rank's median.

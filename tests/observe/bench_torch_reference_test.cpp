@@ -105,6 +105,9 @@ TEST(BenchTorchReference, ModesAreChecked) {
             (std::vector<std::string>{"max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"}));
   EXPECT_EQ(parse_torch_modes("float8-rowwise,float8-tensorwise"),
             (std::vector<std::string>{"float8-rowwise", "float8-tensorwise"}));
+  EXPECT_EQ(parse_torch_modes("float8-tensorwise-regional,max-autotune-regional"),
+            (std::vector<std::string>{"float8-tensorwise-regional", "max-autotune-regional"}));
+  EXPECT_THROW(parse_torch_modes("eager-bf16-regional"), perftrain::UsageError);  // nothing compiled: no regions
   auto msg = perftrain::testing::error_of<perftrain::UsageError>([] { parse_torch_modes("eager-bf16,max-autotune-x"); });
   EXPECT_EQ(msg.rfind("--torch-modes: ", 0), 0u) << msg;
   EXPECT_TRUE(contains(msg, "'max-autotune-x'") && contains(msg, "reduce-overhead, max-autotune, "

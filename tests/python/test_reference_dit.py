@@ -275,8 +275,60 @@ def test_bench_compiled_modes():
     assert seen == [None, "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"], seen
     assert set(rd.COMPILE_MODES) | {"eager-fp32", "eager-bf16"} == set(rd.MODES)
     assert set(rd.FLOAT8_RECIPES) <= set(rd.COMPILE_MODES) and all(rd.COMPILE_MODES[m] is None for m in rd.FLOAT8_RECIPES)
-    assert rd.CUDAGRAPH_MODES == ("reduce-overhead", "max-autotune")
+    assert set(rd.CUDAGRAPH_MODES) == {"reduce-overhead", "max-autotune", "reduce-overhead-regional",
+                                       "max-autotune-regional"}
+    assert all(rd.COMPILE_MODES[m + "-regional"] == a for m, a in rd.WHOLE_MODEL_COMPILE_MODES.items())
     assert [rd.cache_state(*c) for c in ((4, 0), (0, 4), (1, 3), (0, 0))] == ["warm", "cold", "partial", "cold"]
+
+
+def test_bench_regional_modes_compile_each_block_not_the_model():
+    """<mode>-regional: torch.compile with that mode's argument on each DiT block, in place (the state_dict's
+    names unchanged), never on the whole model; the JSON counts the regions (torch.compile and Module.compile
+    stood in for: a real Inductor compile takes minutes here)."""
+    seen_model, seen_blocks = [], []
+    real_compile, real_module_compile, real_counts = rd.torch.compile, torch.nn.Module.compile, rd.compile_cache_counts
+    rd.torch.compile = lambda model, mode=None: seen_model.append(mode) or model
+    torch.nn.Module.compile = lambda self, mode=None: seen_blocks.append((type(self).__name__, mode))
+    rd.compile_cache_counts = lambda: (0, 2)
+    try:
+        for mode in ("compile-regional", "max-autotune-regional"):
+            r = json.loads(run_main(["bench"] + TINY_FLAGS + ["--batch", "2", "--steps", "1", "--warmup", "0",
+                                                              "--mode", mode, "--device", "cpu", "--json"]).strip())
+            assert r["mode"] == mode and r["compiled_regions"] == 2 and r["torch_cache"] == "cold", r
+    finally:
+        rd.torch.compile, torch.nn.Module.compile, rd.compile_cache_counts = real_compile, real_module_compile, real_counts
+    assert seen_model == [], seen_model
+    assert seen_blocks == [("DiTBlock", None)] * 2 + [("DiTBlock", "max-autotune")] * 2, seen_blocks
+    model = rd.DiT(depth=3, hidden_size=64, patch_size=4, num_heads=4, input_size=16, num_classes=10)
+    names = list(model.state_dict())
+    assert rd.compile_regions(model, None) == 3 and list(model.state_dict()) == names
+
+
+def test_regional_compile_shares_one_graph_across_blocks():
+    """The point of the -regional modes: Dynamo traces one graph for all the blocks (they differ only in their
+    parameters), so the cold compile does not grow with the depth; the compiled model computes what the eager
+    one does. Dynamo's eager backend stands in for Inductor (the same tracing, no code generation)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    model = rd.DiT(depth=4, hidden_size=64, patch_size=4, num_heads=4, input_size=16, num_classes=10)
+    for p in model.parameters():  # adaLN-Zero starts at zero: random weights, so that every block does something
+        torch.nn.init.normal_(p, std=0.05)
+    x, t, y = torch.randn(2, 4, 16, 16), torch.randint(0, 1000, (2,)), torch.randint(0, 10, (2,))
+    with torch.no_grad():
+        want = model(x, t, y)
+    real_module_compile = torch.nn.Module.compile
+    torch.nn.Module.compile = lambda self, mode=None: real_module_compile(self, backend="eager")
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        assert rd.compile_regions(model, None) == 4
+        with torch.no_grad():
+            got = model(x, t, y)
+    finally:
+        torch.nn.Module.compile = real_module_compile
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    torch.testing.assert_close(got, want)
 
 
 def test_bench_ddp_cpu():

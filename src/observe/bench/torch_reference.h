@@ -43,7 +43,10 @@ struct TorchBenchRequest {
 // compile (its default mode), reduce-overhead, max-autotune,
 // max-autotune-no-cudagraphs; float8-tensorwise and float8-rowwise (torchao's
 // float8 training of the blocks' linears under compile's default mode: the
-// anchor of train.precision = "fp8").
+// anchor of train.precision = "fp8"); each compiled mode also as
+// "<mode>-regional": torch.compile on each block alone (PyTorch's regional
+// compilation; the blocks share one graph, so the cold compile does not grow
+// with the depth).
 std::vector<std::string> torch_mode_names();
 // Throws UsageError naming an unknown mode (list as for split_list).
 std::vector<std::string> parse_torch_modes(const std::string& list);
