@@ -16,7 +16,8 @@
 # for MODELS (default DiT-B/2 and DiT-XL/2). Cases run cheapest first for both models, the slow compiles
 # last; a case past its own timeout, or one that would start after BUDGET seconds (default: gpu_run.sh's
 # SCRIPT_TIMEOUT, 540, less 60 for the table), is a row saying so; CASES="perftrain+compile compile" (any
-# subset of cpp perftrain first-step plain reduce-overhead perftrain+compile compile max-autotune) runs those alone
+# subset of cpp perftrain first-step plain reduce-overhead perftrain+compile compile max-autotune, and the
+# regional ones reduce-overhead-regional max-autotune-regional: each block compiled alone) runs those alone
 # in a second call, into the same table when OUT is the same. max-autotune compiles for many minutes:
 # bench/python_front_autotune_gpu.sh.
 # Output: front-<model>-<case>.json, .out (stdout) and .log (stderr; these two also in front-logs.tgz), a "+" in
@@ -78,6 +79,8 @@ run_case() {  # case, model
     perftrain+compile) py_case perftrain+compile 200 "$2" --perftrain --compile default ;;
     compile) py_case compile 200 "$2" --compile default ;;
     max-autotune) py_case max-autotune 500 "$2" --compile max-autotune ;;
+    reduce-overhead-regional) py_case reduce-overhead-regional 200 "$2" --compile reduce-overhead --compile-regions ;;
+    max-autotune-regional) py_case max-autotune-regional 400 "$2" --compile max-autotune --compile-regions ;;
     *) echo "unknown case $1" | tee -a "$status" ;;
   esac
 }
@@ -91,7 +94,10 @@ done
 import json, os, sys
 out, models = sys.argv[1], sys.argv[2:]
 cases = [("plain", "plain PyTorch (eager bf16)"), ("compile", "torch.compile default"),
-         ("reduce-overhead", "torch.compile reduce-overhead"), ("max-autotune", "torch.compile max-autotune"), ("perftrain", "perftrain (nn + DeviceAdamW + capture_step)"),
+         ("reduce-overhead", "torch.compile reduce-overhead"), ("max-autotune", "torch.compile max-autotune"),
+         ("reduce-overhead-regional", "torch.compile reduce-overhead, each block"),
+         ("max-autotune-regional", "torch.compile max-autotune, each block"),
+         ("perftrain", "perftrain (nn + DeviceAdamW + capture_step)"),
          ("perftrain+compile", "perftrain + torch.compile(fullgraph)"), ("cpp", "C++ trainer (perftrain bench, all)")]
 
 def load(model, case):
@@ -110,7 +116,8 @@ def ms_of(case, j):
 for model in models:
     res = {c: load(model, c) for c, _ in cases}
     ms = {c: ms_of(c, j) for c, j in res.items()}
-    compiled = [ms[c][0] for c in ("compile", "reduce-overhead", "max-autotune") if ms[c][0]]
+    compiled = [ms[c][0] for c in ("compile", "reduce-overhead", "max-autotune", "reduce-overhead-regional",
+                                   "max-autotune-regional") if ms[c][0]]
     best = min(compiled) if compiled else None
     print(f"\n### {model}, batch 256 (32x32x4 latents), ms per training step (median)\n")
     print("| case | ms/step | img/s | vs best torch.compile | vs C++ trainer | first step s | note |")
@@ -118,8 +125,8 @@ for model in models:
     for c, label in cases:
         m, first = ms[c]
         j = res[c]
-        if j.get("error") == "no result" and c == "max-autotune":
-            continue  # bench/python_front_autotune_gpu.sh's case, not run here
+        if j.get("error") == "no result" and c in ("max-autotune", "reduce-overhead-regional", "max-autotune-regional"):
+            continue  # cases run only on request (CASES), not by default
         if m is None:
             print(f"| {label} | - | - | - | - | - | {j.get('error') or 'no result'} |")
             continue

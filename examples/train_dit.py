@@ -54,6 +54,10 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=30, help="timed steps")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first (compile and capture happen here)")
     p.add_argument("--compile", default="none", choices=COMPILE_MODES, help="torch.compile the model")
+    p.add_argument("--compile-regions", action="store_true",
+                   help="with --compile, on DiT's own model: torch.compile each block instead of the whole model "
+                        "(PyTorch's regional compilation: one graph for all the blocks, so the cold compile does "
+                        "not grow with the depth)")
     p.add_argument("--perftrain", action="store_true", help="perftrain.nn, DeviceAdamW and capture_step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
@@ -69,6 +73,9 @@ def parse_args(argv=None):
     if args.perftrain and args.compile in ("reduce-overhead", "max-autotune"):
         p.error(f"--compile {args.compile} makes CUDA graphs of its own; with --perftrain the whole step is "
                 "already one graph: use default or max-autotune-no-cudagraphs")
+    if args.compile_regions and (args.compile == "none" or args.perftrain):
+        p.error("--compile-regions compiles the blocks of DiT's own model: it needs --compile, and not --perftrain "
+                "(perftrain.nn's DiT runs its blocks' fused pieces, not block(x, c))")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available (--device cpu for a smoke run)")
     return args
@@ -126,8 +133,12 @@ def main(argv=None):
         opt = DeviceAdamW(model, lr=1e-4, weight_decay=0, ema_decay=0.9999, compute_dtype=torch.bfloat16)  # [perftrain]
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0, fused=device.type == "cuda")
-    forward = model if args.compile == "none" else torch.compile(
-        model, **({} if args.compile == "default" else {"mode": args.compile}), fullgraph=args.perftrain)
+    forward = model
+    if args.compile_regions:
+        reference_dit.compile_regions(model, None if args.compile == "default" else args.compile)
+    elif args.compile != "none":
+        forward = torch.compile(model, **({} if args.compile == "default" else {"mode": args.compile}),
+                                fullgraph=args.perftrain)
     diffusion = reference_dit.DDPMLinear(device=device)
     mark("optimizer built")
 
@@ -211,7 +222,7 @@ def report(args, ms, first_step_s, losses, step):
     q = statistics.quantiles(ms, n=10) if len(ms) > 1 else [ms[0]] * 9
     median = statistics.median(ms)
     r = {"model": args.model, "batch": args.batch_size, "perftrain": args.perftrain, "compile": args.compile,
-         "ms_median": round(median, 3), "ms_p10": round(q[0], 3), "ms_p90": round(q[-1], 3),
+         "compile_regions": args.compile_regions, "ms_median": round(median, 3), "ms_p10": round(q[0], 3), "ms_p90": round(q[-1], 3),
          "images_per_s": round(args.batch_size / (median / 1e3), 1), "first_step_s": round(first_step_s, 2),
          "loss_first": round(losses[0].item(), 4), "loss_last": round(losses[-1].item(), 4),
          "startup_s": _MARKS, "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if args.device == "cuda" else None,
@@ -221,6 +232,7 @@ def report(args, ms, first_step_s, losses, step):
         print(json.dumps(r))
         return
     what = ("perftrain" if args.perftrain else "plain") + ("" if args.compile == "none" else f" + compile {args.compile}")
+    what += " (each block)" if args.compile_regions else ""
     print(f"{args.model} batch {args.batch_size}, {what}, on {r['device']} (torch {r['torch']})")
     print(f"  step {r['ms_median']:.2f} ms median (p10 {r['ms_p10']:.2f}, p90 {r['ms_p90']:.2f}), "
           f"{r['images_per_s']:.0f} img/s; first step {r['first_step_s']:.2f} s after start; "

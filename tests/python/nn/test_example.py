@@ -1,6 +1,6 @@
 """examples/train_dit.py on the CPU, as a user runs it: one step plain and one with --perftrain (the marked
 lines: perftrain.nn, DeviceAdamW, capture_step falling back to eager with its reason), and the refusal of
---perftrain with a compile mode that makes its own CUDA graphs.
+--perftrain with a compile mode that makes its own CUDA graphs, and of --compile-regions where it cannot apply.
 
 Run by ctest (python.nn.example) or: PYTHONPATH=build/python python tests/python/nn/test_example.py
 """
@@ -37,6 +37,15 @@ def test_perftrain_with_a_cuda_graph_compile_mode_is_refused_naming_the_option()
     r = run(*SMALL, "--perftrain", "--compile", "reduce-overhead")
     assert r.returncode == 2, r.returncode
     assert "--compile reduce-overhead" in r.stderr, r.stderr
+
+
+def test_compile_regions_is_refused_without_compile_and_with_perftrain():
+    """--compile-regions compiles the plain model's blocks: alone it would compile nothing, and perftrain.nn's DiT
+    does not call its blocks as modules."""
+    for flags in (["--compile-regions"], ["--compile-regions", "--compile", "default", "--perftrain"]):
+        r = run(*SMALL, *flags)
+        assert r.returncode == 2, (flags, r.returncode, r.stderr[-1000:])
+        assert "--compile-regions" in r.stderr, r.stderr
 
 
 if __name__ == "__main__":
