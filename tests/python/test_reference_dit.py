@@ -244,13 +244,14 @@ def test_bench_cpu():
     r = json.loads(line)
     keys = {"model", "batch", "mode", "ms_median", "ms_p10", "ms_p90", "images_per_s", "tflops",
             "peak_gib", "first_step_s", "torch_cache", "torch_cache_hits", "torch_cache_misses", "torch", "device",
-            "float8_layers", "torchao",
+            "float8_layers", "torchao", "compiled_regions",
             "world_size", "rank_ms_median", "images_per_s_total"}
     assert set(r) == keys, set(r) ^ keys
     assert r["model"] == "DiT-S/2" and r["batch"] == 2 and r["mode"] == "eager-fp32"
     assert r["device"] == "cpu" and r["peak_gib"] is None
     assert r["ms_median"] > 0 and r["images_per_s"] > 0 and r["tflops"] > 0 and r["first_step_s"] > 0
     assert r["torch_cache"] is None and r["torch_cache_hits"] is None  # eager: nothing compiled
+    assert r["compiled_regions"] is None
 
 
 def test_bench_compiled_modes():

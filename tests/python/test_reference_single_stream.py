@@ -86,7 +86,7 @@ def test_bench_cpu_with_features_and_with_class_tokens():
     """reference_dit.py's bench protocol and JSON, on a tiny model: masked features, then class tokens."""
     keys = {"model", "batch", "mode", "ms_median", "ms_p10", "ms_p90", "images_per_s", "tflops",
             "peak_gib", "first_step_s", "torch_cache", "torch_cache_hits", "torch_cache_misses", "torch", "device",
-            "float8_layers", "torchao",
+            "float8_layers", "torchao", "compiled_regions",
             "world_size", "rank_ms_median", "images_per_s_total"}
     for flags in (["--cond-tokens", "4", "--cond-dim", "16"], ["--cond-tokens", "2"]):
         r = bench(flags + ["--batch", "3"])
@@ -129,6 +129,34 @@ def test_condition_dropout_gives_the_null_condition():
         assert (kept - null).abs().max() > 1e-4, cond_dim  # the condition matters
         assert torch.equal(rs.ConditionDropout(m, 5, 1.0)(x, t, y, cond, lens), null), cond_dim
         assert torch.equal(rs.ConditionDropout(m, 5, 0.0)(x, t, y, cond, lens), kept), cond_dim
+
+
+def test_regional_compile_takes_the_single_stream_blocks():
+    """The -regional modes find the single-stream model's blocks (class Block) and trace one graph for all of
+    them; the compiled model computes what the eager one does (Dynamo's eager backend for Inductor)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    m = rs.SingleStreamDiT(depth=3, hidden=64, heads=4, patch=1, image_size=3, in_channels=3, cond_tokens=5,
+                           cond_dim=7, learn_sigma=False)
+    for p in m.parameters():
+        p.data += 0.1 * torch.randn_like(p)
+    x, t = torch.randn(2, 3, 3, 3), torch.rand(2) * 999
+    cond, lens = torch.randn(2, 5, 7), torch.tensor([3, 1])
+    with torch.no_grad():
+        want = m(x, t, None, cond, lens)
+    real_module_compile = torch.nn.Module.compile
+    torch.nn.Module.compile = lambda self, mode=None: real_module_compile(self, backend="eager")
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        assert rs.rd.compile_regions(m, None) == 3
+        with torch.no_grad():
+            got = m(x, t, None, cond, lens)
+    finally:
+        torch.nn.Module.compile = real_module_compile
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    torch.testing.assert_close(got, want)
 
 
 if __name__ == "__main__":
