@@ -222,7 +222,8 @@ def report(args, ms, first_step_s, losses, step):
     q = statistics.quantiles(ms, n=10) if len(ms) > 1 else [ms[0]] * 9
     median = statistics.median(ms)
     r = {"model": args.model, "batch": args.batch_size, "perftrain": args.perftrain, "compile": args.compile,
-         "compile_regions": args.compile_regions, "ms_median": round(median, 3), "ms_p10": round(q[0], 3), "ms_p90": round(q[-1], 3),
+         "compile_regions": args.compile_regions,
+         "ms_median": round(median, 3), "ms_p10": round(q[0], 3), "ms_p90": round(q[-1], 3),
          "images_per_s": round(args.batch_size / (median / 1e3), 1), "first_step_s": round(first_step_s, 2),
          "loss_first": round(losses[0].item(), 4), "loss_last": round(losses[-1].item(), 4),
          "startup_s": _MARKS, "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if args.device == "cuda" else None,

@@ -56,7 +56,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--torch-modes", o->torch_modes,
                   "eager-fp32, eager-bf16, compile, reduce-overhead, max-autotune, max-autotune-no-cudagraphs, "
                   "float8-tensorwise, float8-rowwise (torchao), and each compiled mode as <mode>-regional (each "
-                  "block compiled alone: minutes less of cold compile on deep models), comma-separated; the ratio "
+                  "block compiled alone, one graph shared by the blocks: a cold compile that does not grow with "
+                  "the depth), comma-separated; the ratio "
                   "is to the fastest (default: eager-bf16,compile,reduce-overhead on a GPU, eager-fp32 on the CPU)")
       ->needs(against_torch);  // alone it would do nothing
   cmd->add_option("--torch-cache", o->torch_cache,

@@ -57,8 +57,9 @@ bool on_path(const std::string& name) {
 }  // namespace
 
 std::vector<std::string> torch_mode_names() {
-  const std::vector<std::string> compiled = {"compile",           "reduce-overhead",   "max-autotune",
-                                             "max-autotune-no-cudagraphs", "float8-tensorwise", "float8-rowwise"};
+  const std::vector<std::string> compiled = {"compile",           "reduce-overhead",
+                                             "max-autotune",      "max-autotune-no-cudagraphs",
+                                             "float8-tensorwise", "float8-rowwise"};
   std::vector<std::string> names = {"eager-fp32", "eager-bf16"};
   names.insert(names.end(), compiled.begin(), compiled.end());
   for (const auto& m : compiled) names.push_back(m + "-regional");
