@@ -1,6 +1,6 @@
 """Tests of bench/reference_dit.py (the plain-PyTorch DiT that perftrain is checked against).
 
-Run with pytest, or without it:  .venv/bin/python tests/python/test_reference_dit.py
+Run with pytest, or without it:  .venv/bin/python tests/python/test_reference_dit.py [build/perftrain]
 """
 import contextlib
 import importlib.util
@@ -24,6 +24,8 @@ _spec.loader.exec_module(rd)
 # A small config that runs in well under a second on a CPU.
 TINY = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=64, depth=2, num_heads=4,
             num_classes=10, class_dropout_prob=0.1, learn_sigma=True)
+# The trainer's binary, when ctest gives it (python.reference_dit's argument).
+PERFTRAIN = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else None
 TINY_FLAGS = ["--model", "DiT-S/2", "--depth", "2", "--hidden", "64", "--heads", "4", "--patch", "2",
               "--image-size", "8", "--num-classes", "10"]
 
@@ -330,6 +332,20 @@ def test_regional_compile_shares_one_graph_across_blocks():
         torch.nn.Module.compile = real_module_compile
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     torch.testing.assert_close(got, want)
+
+
+def test_the_trainers_torch_modes_are_the_ones_this_script_runs():
+    """perftrain bench --torch-modes (src/observe/bench/torch_reference.cpp) names exactly this script's MODES,
+    read from the trainer's own refusal of an unknown mode (the perftrain binary: this test's first argument)."""
+    if PERFTRAIN is None:
+        print("skipped: no perftrain binary given (ctest passes it)")
+        return
+    r = subprocess.run([PERFTRAIN, "bench", "--against-torch", "--torch-modes", "no-such-mode"],
+                       capture_output=True, text=True, timeout=120)
+    said = r.stdout + r.stderr
+    assert r.returncode != 0 and "known modes: " in said, said
+    known = said.split("known modes: ", 1)[1].strip().split(", ")
+    assert known == list(rd.MODES), (known, rd.MODES)
 
 
 def test_bench_ddp_cpu():
