@@ -517,12 +517,16 @@ TEST(NanLocator, ForwardInfInBlockKIsTracedToThatBlock) {
     ASSERT_TRUE(site.found);
     EXPECT_EQ(site.phase, "weights");
     EXPECT_EQ(site.module, planted + ".weight");
-    // An activation that overflows: a huge finite weight.
+    // An activation that overflows: huge finite weights. fc1 reads LayerNorm's rows (mean zero, unit
+    // variance), so units 0-3 each take +-3e38 in another sign pattern over all the columns: each unit's
+    // product is 3e38 times a sum of D signed unit-variance values, which stays under fp32's 1.13 for every
+    // token and unit only by a chance of about 1e-25 (two planted columns left it to the draw and the
+    // summation order, and a CI run drew a finite product).
     for (auto& [name, p] : model.named_parameters())
       if (name == planted + ".weight") {
         at::NoGradGuard no_grad;
-        p[0][0] = 3e38;
-        p[0][1] = 3e38;
+        for (int64_t unit = 0; unit < 4; ++unit)
+          for (int64_t col = 0; col < p.size(1); ++col) p[unit][col] = ((col >> unit) & 1) != 0 ? 3e38 : -3e38;
       }
     site = locate_nonfinite(model, [&] { return model.forward(x, t, y).pow(2).mean(); });
     ASSERT_TRUE(site.found) << k;
