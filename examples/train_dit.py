@@ -133,12 +133,11 @@ def main(argv=None):
         opt = DeviceAdamW(model, lr=1e-4, weight_decay=0, ema_decay=0.9999, compute_dtype=torch.bfloat16)  # [perftrain]
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0, fused=device.type == "cuda")
-    forward = model
+    forward, mode = model, None if args.compile == "default" else args.compile
     if args.compile_regions:
-        reference_dit.compile_regions(model, None if args.compile == "default" else args.compile)
+        reference_dit.compile_regions(model, mode)
     elif args.compile != "none":
-        forward = torch.compile(model, **({} if args.compile == "default" else {"mode": args.compile}),
-                                fullgraph=args.perftrain)
+        forward = torch.compile(model, mode=mode, fullgraph=args.perftrain)
     diffusion = reference_dit.DDPMLinear(device=device)
     mark("optimizer built")
 

@@ -35,10 +35,10 @@ namespace {
 
 const at::Device kCpu(at::kCPU);
 
-// A state whose x scale saturates some of h (|h| > 448 / 150).
-Fp8Scaling state_with_scales() {
+// A state whose x scale saturates some of h (|h| > 448 / x_scale).
+Fp8Scaling state_with_scales(float x_scale = 150.f) {
   Fp8Scaling s = make_fp8_linear_scaling(4, kCpu);
-  s.scale[kFp8X].fill_(150.f);
+  s.scale[kFp8X].fill_(x_scale);
   s.scale[kFp8W].fill_(60.f);
   s.scale[kFp8Dy].fill_(8.f);
   s.scale_inv.copy_(1 / s.scale);
@@ -62,11 +62,7 @@ TEST(Fp8Operand, NormsWriteTheCodesAndAmaxOfTheCastOfH) {
   const at::Tensor h4 = residual_rms_adaln(x, gate, y, bias, w, scale, at::kBFloat16).second;
   for (int which = 0; which < 4; ++which) {
     const at::Tensor h = which == 0 ? h1 : which == 1 ? h2 : which == 2 ? h3 : h4;
-    const Fp8Scaling fused = state_with_scales(), plain = state_with_scales();
-    for (const Fp8Scaling* s : {&fused, &plain}) {  // a scale that saturates some of 240 normal values, always
-      s->scale[kFp8X].fill_(kSaturatingScale);
-      s->scale_inv.copy_(1 / s->scale);
-    }
+    const Fp8Scaling fused = state_with_scales(kSaturatingScale), plain = state_with_scales(kSaturatingScale);
     const Fp8Target t = fp8_linear_input_target(fused);
     const Fp8Operand op = which == 0   ? adaln_layernorm_fp8(x, shift, scale, at::kBFloat16, t)
                           : which == 1 ? residual_adaln_fp8(x, gate, y, shift, scale, at::kBFloat16, t, 1e-6, bias).second
