@@ -26,8 +26,10 @@
 # Cases: MODEL:BATCHES[:LATENT[:COND_TOKENS[:COND_DIM]]]: --image-size LATENT; a single-stream model's
 #   model.cond_tokens (class tokens) and model.cond_dim (features with synthetic lengths), e.g. SS-B/2:64:64:128:1024.
 # BENCH_SET (bench and profile; instead of BENCH_CASES; in bench BENCH_ARGS defaults to "--variants all
-#   --torch-modes compile,reduce-overhead"), the issue's 512 px and single-stream targets; each set about 6-8
-#   minutes on an H200 plus the build (most of it torch.compile's first steps, 1-2 minutes per mode and case):
+#   --torch-modes compile,reduce-overhead"), the speed issue's targets; each set about 6-8 minutes on an H200
+#   plus the build (most of it torch.compile's first steps, 1-2 minutes per mode and case):
+#   dit-256  DiT-S/2 b256, DiT-B/2 b256, DiT-L/2 b128, DiT-XL/2 b256 (32x32x4 latents): four cases, about 10
+#            minutes with two torch modes, so one torch mode a call (or BENCH_CASES with two of them)
 #   ss-256   SS-B/2 b256, SS-XL/2 b128: 32x32x4 latents (256 image tokens) + 32 features of 1024 channels
 #   ss-1024  SS-B/2 b64, SS-XL/2 b32: 64x64x4 latents (1024 image tokens) + 128 features of 1024 channels
 #   dit-512  DiT-XL/2 b32, DiT-B/2 b64: 64x64x4 latents (512 px, 1024 tokens)
@@ -63,11 +65,12 @@ case "$MODE" in check | bench | curve | profile | lab | script) ;; *) echo "unkn
 [ "$MODE" = lab ] && [ -z "${LAB:-}" ] && { echo "MODE=lab needs LAB=<program> (bench/kernels/README.md)"; exit 2; }
 case "${BENCH_SET:-}" in
   "") ;;
+  dit-256) BENCH_CASES="DiT-S/2:256 DiT-B/2:256 DiT-L/2:128 DiT-XL/2:256" ;;
   ss-256) BENCH_CASES="SS-B/2:256:32:32:1024 SS-XL/2:128:32:32:1024" ;;
   ss-1024) BENCH_CASES="SS-B/2:64:64:128:1024 SS-XL/2:32:64:128:1024" ;;
   dit-512) BENCH_CASES="DiT-XL/2:32:64 DiT-B/2:64:64" ;;
   extra) BENCH_CASES="DiT-L/2:32:64 SS-L/2:128:32:77:768" ;;
-  *) echo "unknown BENCH_SET=$BENCH_SET (ss-256, ss-1024, dit-512, extra)"; exit 2 ;;
+  *) echo "unknown BENCH_SET=$BENCH_SET (dit-256, ss-256, ss-1024, dit-512, extra)"; exit 2 ;;
 esac
 [ -n "${BENCH_SET:-}" ] && [ "$MODE" = bench ] && BENCH_ARGS="${BENCH_ARGS---variants all --torch-modes compile,reduce-overhead}"
 JOBS="$(nproc)"
