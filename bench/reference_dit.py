@@ -277,7 +277,7 @@ WHOLE_MODEL_COMPILE_MODES = {"compile": None, "reduce-overhead": "reduce-overhea
                              "float8-tensorwise": None, "float8-rowwise": None}
 # Each compiled mode also as "<mode>-regional": PyTorch's regional compilation (its recipe "Reducing torch.compile
 # cold start compilation time with regional compilation", as torchtitan compiles its models): torch.compile on each
-# transformer block, the rest eager. The blocks share one compiled graph, so the cold compile should not grow with
+# transformer block, the rest eager. The blocks share one compiled graph, so the cold compile does not grow with
 # the depth: for deep models whose whole-model compile outlasts a device call (max-autotune, torchao's float8 at
 # DiT-XL/2).
 REGIONAL_SUFFIX = "-regional"

@@ -519,9 +519,9 @@ TEST(NanLocator, ForwardInfInBlockKIsTracedToThatBlock) {
     EXPECT_EQ(site.module, planted + ".weight");
     // An activation that overflows: huge finite weights. fc1 reads LayerNorm's rows (mean zero, unit
     // variance), so units 0-3 each take +-3e38 in another sign pattern over all the columns: each unit's
-    // product is 3e38 times a sum of D signed unit-variance values, which stays under fp32's 1.13 for every
-    // token and unit only by a chance of about 1e-25 (two planted columns left it to the draw and the
-    // summation order, and a CI run drew a finite product).
+    // product is 3e38 times a sum of D signed unit-variance values, finite only while that sum is under
+    // 1.13 in magnitude (fp32's largest value over 3e38), for every token and unit at once a chance of
+    // about 1e-25. Two planted columns left the overflow to the draw.
     for (auto& [name, p] : model.named_parameters())
       if (name == planted + ".weight") {
         at::NoGradGuard no_grad;
