@@ -28,6 +28,7 @@
 #include "base/fs.h"
 #include "io/safetensors.h"
 #include "cli/dist_runs.h"
+#include "support/child_process.h"
 #include "support/test_support.h"
 
 namespace {
@@ -35,6 +36,7 @@ namespace {
 using perftrain::testing::read_raw;
 using perftrain::testing::TempDir;
 using Clock = std::chrono::steady_clock;
+using perftrain::testing::wait_exit;
 
 // A tiny DiT on the CPU (milliseconds a step), label dropout on, global batch 6.
 const std::string kTiny =
@@ -188,21 +190,6 @@ void spawn(Launcher& l, const std::string& args, const std::string& out) {
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-}
-
-// Exit code or 128 + signal; -1 after timeout_s (then killed).
-int wait_exit(pid_t pid, double timeout_s) {
-  const auto end = Clock::now() + std::chrono::duration<double>(timeout_s);
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (Clock::now() > end) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 // Waits for `lines` metrics lines (the ranks are stepping); false if the

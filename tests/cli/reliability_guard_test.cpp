@@ -29,6 +29,7 @@
 
 #include "base/fs.h"
 #include "io/safetensors.h"
+#include "support/child_process.h"
 #include "support/test_support.h"
 #include "train/config.h"
 #include "train/memory_estimate.h"
@@ -40,6 +41,7 @@ using perftrain::testing::read_raw;
 using perftrain::testing::TempDir;
 using Result = perftrain::testing::CommandResult;
 using Clock = std::chrono::steady_clock;
+using perftrain::testing::wait_exit;
 
 Result run(const std::string& args) { return perftrain::testing::run_shell(std::string(PERFTRAIN_BINARY) + " " + args); }
 
@@ -80,22 +82,6 @@ std::unique_ptr<Background> spawn(const std::string& args, const std::string& ou
     ::_exit(127);
   }
   return std::make_unique<Background>(pid, out);
-}
-
-// The exit code, or 128 + the signal that ended it; -1 after timeout_s (the
-// process is then killed).
-int wait_exit(pid_t pid, double timeout_s) {
-  const auto end = Clock::now() + std::chrono::duration<double>(timeout_s);
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (Clock::now() > end) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 int lines_in(const std::string& path) {
