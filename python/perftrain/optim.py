@@ -25,6 +25,18 @@ def _check(cond, key, msg):
         raise ValueError(f"DeviceAdamW: {key}: {msg}")
 
 
+def _unwrapped(module):
+    """The model inside DistributedDataParallel, DataParallel and torch.compile's wrapper (whose parameter
+    names carry a `module.` or `_orig_mod.` prefix that the model's own state dict does not), any nesting."""
+    while True:
+        if isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+            module = module.module
+        elif isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):
+            module = module._orig_mod
+        else:
+            return module
+
+
 def _named_trainable(params):
     """-> [(name, parameter)] of what requires a gradient: from a module (its names), or an iterable of
     tensors or of parameter groups ({"params": [...], "weight_decay": w}) -> also the per-tensor decay flags
@@ -97,7 +109,8 @@ def _indices_by_shape(params):
 class DeviceAdamW:
     """AdamW over fp32 parameters with everything per step on the device.
 
-    params: a module (its trainable parameters, by name; needed for the bf16 copies and ema_state_dict),
+    params: a module (its trainable parameters, by name; needed for the bf16 copies and ema_state_dict;
+    the model inside a DistributedDataParallel, DataParallel or torch.compile wrapper is taken by its own names),
     parameters, or groups {"params": [...], "weight_decay": w} where w is 0 or weight_decay.
     lr, betas, eps, weight_decay: torch.optim.AdamW's (decoupled decay, bias correction).
     warmup_steps, lr_schedule ("constant", "cosine", "linear", "wsd"), lr_min, total_steps, decay_fraction:
@@ -115,6 +128,8 @@ class DeviceAdamW:
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, warmup_steps=0,
                  lr_schedule="constant", lr_min=0.0, total_steps=0, decay_fraction=0.2, grad_clip=0.0,
                  ema_decay=None, ema_warmup=False, loss_scale=None, growth_interval=2000, compute_dtype=None):
+        if isinstance(params, torch.nn.Module):
+            params = _unwrapped(params)
         named, group_decay = _named_trainable(params)
         _check_params(named)
         _check_options(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, warmup_steps=warmup_steps,
@@ -207,10 +222,11 @@ class DeviceAdamW:
 
     def ema_state_dict(self, model):
         """model.state_dict() with each trainable tensor replaced by its EMA (for a checkpoint's "ema", as
-        DiT saves its EMA model's state dict); model is the one this optimizer was made from."""
+        DiT saves its EMA model's state dict); model is the one this optimizer was made from (or its
+        wrapper: the names are the model's own, without DDP's or torch.compile's prefix)."""
         _check(self.has_ema, "ema_decay", "this optimizer keeps no EMA (ema_decay=None)")
         ema = dict(zip(self.names, self.emas))
-        out = model.state_dict()
+        out = _unwrapped(model).state_dict()
         missing = [n for n in self.names if n not in out]
         _check(not missing, "ema_state_dict", f"the model has no parameters {missing[:3]}: pass the one "
                "DeviceAdamW was made from")
@@ -220,7 +236,7 @@ class DeviceAdamW:
     def copy_ema_to(self, module):
         """Copy the EMA weights into module's parameters of the same names (e.g. DiT's `ema` model)."""
         _check(self.has_ema, "ema_decay", "this optimizer keeps no EMA (ema_decay=None)")
-        own = dict(module.named_parameters())
+        own = dict(_unwrapped(module).named_parameters())
         missing = [n for n in self.names if n not in own]
         _check(not missing, "copy_ema_to", f"the module has no parameters {missing[:3]}")
         torch._foreach_copy_([own[n] for n in self.names], self.emas)

@@ -91,6 +91,20 @@ def test_ema_follows_every_update_with_the_constant_decay():
     assert torch.allclose(copy[0].weight, ema[0], **TOL)
 
 
+def test_a_wrapped_model_is_taken_by_its_own_names():
+    """DataParallel and torch.compile's wrapper (not compiled: never called) prefix the parameter names with
+    module. and _orig_mod.; the optimizer, its EMA state dict and copy_ema_to use the model's own."""
+    model = make_model()
+    names = [n for n, _ in model.named_parameters()]
+    for wrapped in (torch.nn.DataParallel(model), torch.compile(model), torch.compile(torch.nn.DataParallel(model))):
+        opt = DeviceAdamW(wrapped, ema_decay=0.9)
+        assert opt.names == names, opt.names
+        assert list(opt.ema_state_dict(wrapped)) == list(model.state_dict())
+        copy = make_model(seed=5)
+        opt.copy_ema_to(torch.compile(copy))
+        assert torch.equal(copy[0].weight, model[0].weight)
+
+
 def test_lr_warmup_is_linear_from_zero_and_read_from_the_device():
     model = make_model()
     opt = DeviceAdamW(model, lr=1e-3, warmup_steps=4)

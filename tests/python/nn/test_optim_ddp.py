@@ -1,6 +1,7 @@
 """perftrain.optim.DeviceAdamW under torch's DistributedDataParallel: two CPU ranks (gloo, real processes)
 each training perftrain.nn.DiT on half the batch take the same steps as one process on the whole batch,
-with clipping on the global norm and the EMA; with the bf16 weight copies the ranks stay bit-identical.
+with clipping on the global norm and the EMA; with the bf16 weight copies (the optimizer made from the DDP
+wrapper, by the model's own names) the ranks stay bit-identical.
 
 Run by ctest (python.nn.optim_ddp) or: PYTHONPATH=build/python python tests/python/nn/test_optim_ddp.py
 """
@@ -67,8 +68,13 @@ def rank_main(rank, port, out_dir, compute_dtype):
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
         model = make_model()
-        opt = DeviceAdamW(model, compute_dtype=compute_dtype, **OPTIONS)
-        ddp = DDP(model)
+        if compute_dtype is None:  # the optimizer of the model, then the wrapper
+            opt = DeviceAdamW(model, **OPTIONS)
+            ddp = DDP(model)
+        else:  # the optimizer of the wrapper: the model's own names (no "module." prefix)
+            ddp = DDP(model)
+            opt = DeviceAdamW(ddp, compute_dtype=compute_dtype, **OPTIONS)
+            assert list(opt.ema_state_dict(ddp)) == list(model.state_dict())
         share = BATCH // WORLD
         mine = [tuple(v[rank * share:(rank + 1) * share] for v in b) for b in data()]
         torch.save(result(model, opt, train(ddp, opt, mine)), os.path.join(out_dir, f"rank{rank}.pt"))
