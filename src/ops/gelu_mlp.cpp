@@ -94,8 +94,8 @@ bool capturing_now() {
 // (cuBLASLt offers only a pre-Hopper DGELU kernel for some shapes: at DiT-L/2
 // b128 on the H100 it ran at 2.5x the time of fc2's forward, a plain product
 // of the same size); the choice and both times go into the GEMM tuning
-// records (a refused epilogue: the split form's time for both). Without tuning, or
-// inside a capture before any timing, the size rule.
+// records. Without tuning, or inside a capture before any timing, the size
+// rule.
 bool dgelu_epilogue_chosen(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, at::Tensor& dpre,
                            bool want_db1) {
   const bool rule = gelu_mlp_dgelu_in_epilogue(pre.size(0), pre.size(1));
@@ -109,12 +109,16 @@ bool dgelu_epilogue_chosen(const at::Tensor& dy, const at::Tensor& w2, const at:
   const double epilogue_ms =
       median_cuda_ms([&] { epilogue_ok = epilogue_ok && dgelu_in_epilogue(dy, w2, pre, dpre, want_db1, db1); });
   const double split_ms = median_cuda_ms([&] { dgelu_split(dy, w2, pre, dpre, want_db1); });
-  const bool epilogue = epilogue_ok && epilogue_ms <= split_ms;
+  // As the products' tuning: the rule's form unless the other beats it by more than 3%, so that near-ties
+  // choose the same in every run.
+  const bool epilogue = epilogue_ok && (rule ? epilogue_ms <= split_ms / 0.97 : epilogue_ms < 0.97 * split_ms);
   dgelu_choices().emplace(key, epilogue);
-  kernels::gemm_add_tune_record({"DGELU form (epilogue, split) m=" + std::to_string(pre.size(0)) + " n=" +
-                                     std::to_string(pre.size(1)) + " k=" + std::to_string(dy.size(1)),
-                                 2, epilogue ? 0 : 1, epilogue_ok ? epilogue_ms : split_ms,
-                                 epilogue ? epilogue_ms : split_ms});
+  // Recorded as the products' tuning is: candidate 0 the rule's form, 1 the other.
+  const double rule_ms = rule && epilogue_ok ? epilogue_ms : split_ms;
+  const char* forms = rule ? " (0: epilogue, 1: split)" : " (0: split, 1: epilogue)";
+  kernels::gemm_add_tune_record({"DGELU form m=" + std::to_string(pre.size(0)) + " n=" + std::to_string(pre.size(1)) +
+                                     " k=" + std::to_string(dy.size(1)) + forms,
+                                 2, epilogue == rule ? 0 : 1, rule_ms, epilogue ? epilogue_ms : split_ms});
   return epilogue;
 }
 

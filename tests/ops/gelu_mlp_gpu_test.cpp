@@ -95,7 +95,8 @@ TEST(GeluMlpGpu, AutoTimesTheFormsOnceAShapeAndIsRight) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   ASSERT_GE(gemm_tune_candidates(), 2) << "the default tunes";
   set_gelu_mlp_dgelu_path(DGeluPath::kAuto);
-  const std::string what = "DGELU form (epilogue, split) m=8192 n=4096 k=1024";
+  // 8192 x 4096 outputs: the size rule's form is the split one, candidate 0.
+  const std::string what = "DGELU form m=8192 n=4096 k=1024 (0: split, 1: epilogue)";
   auto records_of_shape = [&] {
     int n = 0;
     for (const auto& r : gemm_tune_records()) {
