@@ -4,7 +4,8 @@
 #   MODE=script SCRIPT=bench/python_front_gpu.sh tools/gpu_run.sh
 # which builds (the package perftrain lands in the build's python/ folder), then exports BIN, OUT, RUNS
 # and PY. Each case is examples/train_dit.py (DiT's training loop shape: AdamW, EMA every step, bf16
-# autocast, DDPM noise prediction on 32x32x4 synthetic latents) in its own process, batch 256:
+# autocast, DDPM noise prediction on 32x32x4 synthetic latents) in its own process, batch BATCH (default 256;
+# 128 fits DiT-XL/2's torch.compile cases on an 80 GB card):
 #   plain             the loop as DiT writes it (fused torch AdamW, a foreach EMA)
 #   compile           torch.compile(model), default mode
 #   reduce-overhead   torch.compile(model, mode="reduce-overhead")
@@ -28,6 +29,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHONPATH="$(cd "$(dirname "$BIN")" && pwd)/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONPATH
 MODELS="${MODELS:-DiT-B/2 DiT-XL/2}"
+BATCH="${BATCH:-256}"
 STEPS="${STEPS:-20}"
 WARMUP="${WARMUP:-8}"
 BUDGET="${BUDGET:-$((${SCRIPT_TIMEOUT:-540} - 60))}"
@@ -50,7 +52,7 @@ py_case() {
   fi
   [ "$limit" -lt "$left" ] || limit=$left
   t0=$(date +%s)
-  timeout "$limit" "$PY" "$ROOT/examples/train_dit.py" --model "$model" --batch-size 256 --steps "$STEPS" \
+  timeout "$limit" "$PY" "$ROOT/examples/train_dit.py" --model "$model" --batch-size "$BATCH" --steps "$STEPS" \
     --warmup "$WARMUP" --json "$@" > "$file.out" 2> "$file.log"
   rc=$?
   tail -1 "$file.out" > "$file.json"
@@ -62,7 +64,7 @@ cpp_case() {  # model
   local model=$1 file rc t0
   file="$OUT/front-$(slug "$model")-cpp"
   t0=$(date +%s)
-  timeout 120 "$BIN" bench --model "$model" --batch-size 256 --image-size 32 --variants all --ema \
+  timeout 120 "$BIN" bench --model "$model" --batch-size "$BATCH" --image-size 32 --variants all --ema \
     --steps "$STEPS" --warmup "$WARMUP" --out "$RUNS/front-$(slug "$model")" > "$file.log" 2>&1
   rc=$?
   cp "$RUNS/front-$(slug "$model")/bench.json" "$file.json" 2>/dev/null || echo "{\"error\": \"rc $rc\"}" > "$file.json"
@@ -90,9 +92,9 @@ for c in ${CASES:-cpp perftrain plain reduce-overhead perftrain+compile compile}
   for m in $MODELS; do run_case "$c" "$m"; done
 done
 
-"$PY" - "$OUT" $MODELS <<'PYEOF' | tee "$OUT/front-table.md"
+"$PY" - "$OUT" "$BATCH" $MODELS <<'PYEOF' | tee "$OUT/front-table.md"
 import json, os, sys
-out, models = sys.argv[1], sys.argv[2:]
+out, batch, models = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 cases = [("plain", "plain PyTorch (eager bf16)"), ("compile", "torch.compile default"),
          ("reduce-overhead", "torch.compile reduce-overhead"), ("max-autotune", "torch.compile max-autotune"),
          ("reduce-overhead-regional", "torch.compile reduce-overhead, each block"),
@@ -119,7 +121,7 @@ for model in models:
     compiled = [ms[c][0] for c in ("compile", "reduce-overhead", "max-autotune", "reduce-overhead-regional",
                                    "max-autotune-regional") if ms[c][0]]
     best = min(compiled) if compiled else None
-    print(f"\n### {model}, batch 256 (32x32x4 latents), ms per training step (median)\n")
+    print(f"\n### {model}, batch {batch} (32x32x4 latents), ms per training step (median)\n")
     print("| case | ms/step | img/s | vs best torch.compile | vs C++ trainer | first step s | note |")
     print("|---|---|---|---|---|---|---|")
     for c, label in cases:
@@ -135,7 +137,7 @@ for model in models:
         note = ""
         if c.startswith("perftrain"):
             note = "captured" if j.get("captured") else f"eager: {j.get('eager_reason')}"
-        print(f"| {label} | {m:.2f} | {256 / m * 1e3:.0f} | {vs_best} | {vs_cpp} | "
+        print(f"| {label} | {m:.2f} | {batch / m * 1e3:.0f} | {vs_best} | {vs_cpp} | "
               f"{first if first is not None else '-'} | {note} |")
 PYEOF
 tar czf "$OUT/front-logs.tgz" -C "$OUT" $(cd "$OUT" && ls front-*.log front-*.out 2>/dev/null) 2>/dev/null
