@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda_check.h"
@@ -369,6 +370,11 @@ std::string gemm_describe(const GemmArgs& g) {
 std::vector<GemmTuneRecord> gemm_tune_records() {
   std::lock_guard<std::mutex> lock(plans_mutex());
   return tune_records();
+}
+
+void gemm_add_tune_record(GemmTuneRecord record) {
+  std::lock_guard<std::mutex> lock(plans_mutex());
+  tune_records().push_back(std::move(record));
 }
 
 bool gemm_lt_supported(const GemmArgs& g, const GemmContext& ctx) {

@@ -168,6 +168,9 @@ struct GemmTuneRecord {
 };
 // Every configuration tuned so far in this process, in tuning order.
 std::vector<GemmTuneRecord> gemm_tune_records();
+// Adds a choice made above this layer between forms of one product (the ops'
+// DGELU epilogue against a plain product and a separate pass), for reports.
+void gemm_add_tune_record(GemmTuneRecord record);
 
 // "GELU_AUX_BIAS m=8192 n=4608 k=1152 A=bf16^T B=bf16 D=bf16 bias=f32"
 std::string gemm_describe(const GemmArgs& args);

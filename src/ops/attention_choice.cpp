@@ -1,7 +1,6 @@
 #include "ops/attention_choice.h"
 
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 
@@ -13,6 +12,7 @@
 #include <tuple>
 #include <utility>
 
+#include "ops/cuda_timing.h"
 #include "ops/cudnn_attention.h"
 #include "ops/qkv_attention.h"
 
@@ -31,25 +31,6 @@ std::map<AttentionChoiceKey, AttentionChoiceRecord>& choices() {
 }
 
 thread_local const AttentionPlan* forced = nullptr;
-
-constexpr int kWarmups = 2;
-constexpr int kTimedRuns = 5;
-
-// The median of kTimedRuns runs after kWarmups, by CUDA events on the current stream.
-double median_ms(const std::function<void()>& run) {
-  for (int i = 0; i < kWarmups; ++i) run();
-  std::vector<double> ms;
-  for (int i = 0; i < kTimedRuns; ++i) {
-    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-    start.record();
-    run();
-    stop.record();
-    stop.synchronize();
-    ms.push_back(start.elapsed_time(stop));
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 // Each plan's qkv_attention forward + backward on fresh random inputs of the key's shape (packed qkv; a key
 // mask with every sample's first key attended); the tensors are freed on return.
@@ -71,7 +52,7 @@ detail::AttentionTimes time_plans(const AttentionChoiceKey& k) {
   }
   auto timed = [&](AttentionPlan plan) {
     const detail::ForcedAttentionPlan force(plan);
-    return median_ms([&] {
+    return median_cuda_ms([&] {
       qkv.mutable_grad() = at::Tensor();
       qkv_attention(qkv, k.heads, mask, bias).backward(grad_out);
     });

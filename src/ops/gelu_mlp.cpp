@@ -5,16 +5,22 @@
 #include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/linear.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "base/error.h"
 #include "ops/compute_weights.h"
+#include "ops/cublaslt_workspace.h"
+#include "ops/cuda_timing.h"
 #include "ops/dtype_dispatch.h"
 #include "ops/gelu_backward.h"
 #include "ops/gemm_bias_gelu.h"
@@ -29,33 +35,105 @@ using torch::autograd::variable_list;
 
 namespace {
 
+// The DGELU epilogue form: d(pre) = (dy w2) * gelu_tanh'(pre) in the
+// product's epilogue, with db1 = its column sums (fp32) when wanted and
+// cuBLASLt takes them. False where cuBLASLt refuses the product.
+bool dgelu_in_epilogue(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, const at::Tensor& dpre,
+                       bool want_db1, at::Tensor& db1) {
+  // An fp32 bias gradient (cuBLASLt 13.0 refuses it with a bf16 D, and a
+  // 16-bit one is not asked for: the column sums of loss-scaled gradients
+  // could overflow fp16); then DGELU alone, db1 from dW1's pass.
+  if (want_db1) {
+    db1 = at::empty({pre.size(1)}, dy.options().dtype(at::kFloat));
+    if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGeluBGrad, db1, pre)) return true;
+  }
+  db1 = at::Tensor();
+  return try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGelu, at::Tensor(), pre);
+}
+
+// The split form (or the fallback): the plain product, then GELU's
+// backward in place on it (with db1 from the same pass when fused).
+at::Tensor dgelu_split(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, at::Tensor& dpre,
+                       bool want_db1) {
+  detail::linear_input_grad(dy, w2, dpre);
+  if (!gelu_mlp_fused_gelu_backward(dy.size(0), dy.size(1))) {
+    at::gelu_backward_out(dpre, dpre, pre, "tanh");
+    return at::Tensor();
+  }
+  const at::Tensor db1 = want_db1 ? at::empty({pre.size(1)}, dy.options().dtype(at::kFloat)) : at::Tensor();
+  gelu_tanh_backward_(dpre, pre, db1);
+  return db1;
+}
+
+struct DGeluKey {
+  int64_t rows, hidden, width;
+  at::ScalarType dtype;
+  bool want_db1;
+  int device;
+  bool operator<(const DGeluKey& o) const {
+    return std::tie(rows, hidden, width, dtype, want_db1, device) <
+           std::tie(o.rows, o.hidden, o.width, o.dtype, o.want_db1, o.device);
+  }
+};
+
+std::mutex& dgelu_choices_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<DGeluKey, bool>& dgelu_choices() {  // true: the epilogue form
+  static auto* m = new std::map<DGeluKey, bool>();
+  return *m;
+}
+
+bool capturing_now() {
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+}
+
+// kAuto with GEMM tuning on: the first backward of a shape outside a capture
+// times both forms on its own buffers and keeps the faster for the process
+// (cuBLASLt offers only a pre-Hopper DGELU kernel for some shapes: at DiT-L/2
+// b128 on the H100 it ran at 2.5x the time of fc2's forward, a plain product
+// of the same size); the choice and both times go into the GEMM tuning
+// records. Without tuning, or inside a capture before any timing, the size
+// rule.
+bool dgelu_epilogue_chosen(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, at::Tensor& dpre,
+                           bool want_db1) {
+  const bool rule = gelu_mlp_dgelu_in_epilogue(pre.size(0), pre.size(1));
+  if (gelu_mlp_dgelu_path() != DGeluPath::kAuto || gemm_tune_candidates() < 2) return rule;
+  const DGeluKey key{pre.size(0), pre.size(1), dy.size(1), dy.scalar_type(), want_db1, dy.get_device()};
+  const std::lock_guard<std::mutex> lock(dgelu_choices_mutex());
+  if (const auto it = dgelu_choices().find(key); it != dgelu_choices().end()) return it->second;
+  if (capturing_now() || !gemm_tuning_open()) return rule;
+  at::Tensor db1;
+  bool epilogue_ok = true;
+  const double epilogue_ms =
+      median_cuda_ms([&] { epilogue_ok = epilogue_ok && dgelu_in_epilogue(dy, w2, pre, dpre, want_db1, db1); });
+  const double split_ms = median_cuda_ms([&] { dgelu_split(dy, w2, pre, dpre, want_db1); });
+  // As the products' tuning: the rule's form unless the other beats it by more than 3%, so that near-ties
+  // choose the same in every run.
+  const bool epilogue = epilogue_ok && (rule ? epilogue_ms <= split_ms / 0.97 : epilogue_ms < 0.97 * split_ms);
+  dgelu_choices().emplace(key, epilogue);
+  // Recorded as the products' tuning is: candidate 0 the rule's form, 1 the other.
+  const double rule_ms = rule && epilogue_ok ? epilogue_ms : split_ms;
+  const char* forms = rule ? " (0: epilogue, 1: split)" : " (0: split, 1: epilogue)";
+  kernels::gemm_add_tune_record({"DGELU form m=" + std::to_string(pre.size(0)) + " n=" + std::to_string(pre.size(1)) +
+                                     " k=" + std::to_string(dy.size(1)) + forms,
+                                 2, epilogue == rule ? 0 : 1, rule_ms, epilogue ? epilogue_ms : split_ms});
+  return epilogue;
+}
+
 // d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums (fp32) when
 // wanted: from the DGELU_BGRAD product, or from the split form's fused GELU
 // pass; otherwise db1 is returned undefined and comes later with dW1.
 std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, const at::Tensor& w2,
                                                         const at::Tensor& pre, bool want_db1) {
   at::Tensor dpre = at::empty(pre.sizes(), dy.options());
-  if (cublaslt_path(dy, w2) && gelu_mlp_dgelu_in_epilogue(pre.size(0), pre.size(1))) {
-    // An fp32 bias gradient (cuBLASLt 13.0 refuses it with a bf16 D, and a
-    // 16-bit one is not asked for: the column sums of loss-scaled gradients
-    // could overflow fp16); then DGELU alone, db1 from dW1's pass.
-    if (want_db1) {
-      at::Tensor db1 = at::empty({pre.size(1)}, dy.options().dtype(at::kFloat));
-      if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGeluBGrad, db1, pre)) return {dpre, db1};
-    }
-    if (try_gemm_lt(dy, false, w2, false, dpre, GemmEpilogue::kDGelu, at::Tensor(), pre)) return {dpre, at::Tensor()};
+  if (cublaslt_path(dy, w2) && dgelu_epilogue_chosen(dy, w2, pre, dpre, want_db1)) {
+    at::Tensor db1;
+    if (dgelu_in_epilogue(dy, w2, pre, dpre, want_db1, db1)) return {dpre, db1};
     note_gemm_fallback();
   }
-  // The split form (or the fallback): the plain product, then GELU's
-  // backward in place on it (with db1 from the same pass when fused).
-  detail::linear_input_grad(dy, w2, dpre);
-  if (!gelu_mlp_fused_gelu_backward(dy.size(0), dy.size(1))) {
-    at::gelu_backward_out(dpre, dpre, pre, "tanh");
-    return {dpre, at::Tensor()};
-  }
-  const at::Tensor db1 = want_db1 ? at::empty({pre.size(1)}, dy.options().dtype(at::kFloat)) : at::Tensor();
-  gelu_tanh_backward_(dpre, pre, db1);
-  return {dpre, db1};
+  return {dpre, dgelu_split(dy, w2, pre, dpre, want_db1)};
 }
 
 at::ScalarType dtype_of(AutogradContext* ctx, const char* key) {

@@ -41,14 +41,18 @@ at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor&
 // on small products (about twice the plain product's time at DiT-S/2 b32),
 // while the split form pays one more pass over two [M, H] tensors; on the
 // H200 the split form wins up to DiT-S/2 b256 and the epilogue from DiT-B/2
-// b256. So by default (kAuto) products of up to kSplitDGeluMaxElements
-// outputs take the split form; the setter (process-wide) is for tests and
-// benchmarks.
+// b256, but for some larger shapes cuBLASLt offers only a pre-Hopper DGELU
+// kernel (DiT-L/2 b128). So kAuto (the default) times both forms on the first
+// backward of a shape when GEMM tuning is on (ops/cublaslt_workspace.h's
+// gemm_tune, recorded beside the products' tuning) and keeps the faster;
+// with tuning off, products of up to kSplitDGeluMaxElements outputs take the
+// split form. The setter (process-wide) is for tests and benchmarks.
 enum class DGeluPath { kAuto, kEpilogue, kSplit };
 constexpr int64_t kSplitDGeluMaxElements = 65536LL * 1536;
 DGeluPath gelu_mlp_dgelu_path();
 void set_gelu_mlp_dgelu_path(DGeluPath path);
-// The decision for a backward of `rows` rows and `hidden` MLP features.
+// The size rule for a backward of `rows` rows and `hidden` MLP features (a
+// forced path, or kAuto without timing).
 bool gelu_mlp_dgelu_in_epilogue(int64_t rows, int64_t hidden);
 
 // The split form's GELU backward: ATen's gelu_backward (fc1's bias gradient

@@ -2,7 +2,7 @@
 // DiT shapes and odd ones, with the fallback count (0 expected on the DiT
 // shapes at training batch sizes), on every backward form (DGELU epilogue,
 // split with ATen's or the fused GELU pass) and with the activation
-// recomputed; where the fused GELU cannot run (H % 8) the ATen fallback is
+// recomputed; kAuto's timed choice of the form, once a shape; where the fused GELU cannot run (H % 8) the ATen fallback is
 // counted and right; mixed devices raise UsageError; forward and backward
 // capture into a CUDA graph and replay to the eager result. Skips without a
 // GPU.
@@ -86,6 +86,34 @@ TEST(GeluMlpGpu, MatchesFloat64) {
   check_gelu_mlp(at::kFloat, 77, 40, 24, false, seed++);  // the fused pass in fp32, odd widths
   set_gelu_mlp_gelu_backward_form(GeluBackwardForm::kAuto);
   set_gelu_mlp_dgelu_path(DGeluPath::kAuto);
+}
+
+// kAuto with GEMM tuning on times the epilogue and split forms on a shape's
+// first backward, records the choice beside the products' tuning and keeps
+// it: a second backward of the shape times nothing. Either form is right.
+TEST(GeluMlpGpu, AutoTimesTheFormsOnceAShapeAndIsRight) {
+  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
+  ASSERT_GE(gemm_tune_candidates(), 2) << "the default tunes";
+  set_gelu_mlp_dgelu_path(DGeluPath::kAuto);
+  // 8192 x 4096 outputs: the size rule's form is the split one, candidate 0.
+  const std::string what = "DGELU form m=8192 n=4096 k=1024 (0: split, 1: epilogue)";
+  auto records_of_shape = [&] {
+    int n = 0;
+    for (const auto& r : gemm_tune_records()) {
+      if (r.what != what) continue;
+      ++n;
+      EXPECT_EQ(r.candidates, 2);
+      EXPECT_TRUE(r.chosen == 0 || r.chosen == 1) << r.chosen;
+      EXPECT_GT(r.heuristic_ms, 0.0);
+      EXPECT_GT(r.chosen_ms, 0.0);
+      EXPECT_LE(r.chosen_ms, r.heuristic_ms);
+    }
+    return n;
+  };
+  check_gelu_mlp(at::kBFloat16, 8192, 1024, 4096, true, 950);
+  EXPECT_EQ(records_of_shape(), 1) << "the first backward times the two forms";
+  check_gelu_mlp(at::kBFloat16, 8192, 1024, 4096, true, 951);
+  EXPECT_EQ(records_of_shape(), 1) << "the second keeps the choice";
 }
 
 // H = 20 is no multiple of 8: the fused GELU cannot run, the products fall
