@@ -2,10 +2,10 @@
 // DiT shapes and odd ones, with the fallback count (0 expected on the DiT
 // shapes at training batch sizes), on every backward form (DGELU epilogue,
 // split with ATen's or the fused GELU pass) and with the activation
-// recomputed; kAuto's timed choice of the form, once a shape; where the fused GELU cannot run (H % 8) the ATen fallback is
-// counted and right; mixed devices raise UsageError; forward and backward
-// capture into a CUDA graph and replay to the eager result. Skips without a
-// GPU.
+// recomputed; kAuto's timed choice of the form, once a shape; where the
+// fused GELU cannot run (H % 8) the ATen fallback is counted and right;
+// mixed devices raise UsageError; forward and backward capture into a CUDA
+// graph and replay to the eager result. Skips without a GPU.
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/linear.h>
