@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 
 #include <algorithm>
 #include <atomic>
@@ -12,6 +11,7 @@
 #include <tuple>
 #include <utility>
 
+#include "ops/cuda_capture.h"
 #include "ops/cuda_timing.h"
 #include "ops/cudnn_attention.h"
 #include "ops/qkv_attention.h"
@@ -148,8 +148,7 @@ AttentionPlan auto_attention_plan(const at::Tensor& q, int64_t heads, bool maske
   key.masked = masked;
   key.dtype = q.scalar_type();
   key.device = q.device().index();
-  const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-  return choose_attention_plan(key, capturing, time_plans);
+  return choose_attention_plan(key, current_stream_capturing(), time_plans);
 }
 
 const AttentionPlan* forced_attention_plan() { return forced; }

@@ -2,7 +2,6 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 
 #include <atomic>
 #include <map>
@@ -11,6 +10,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "ops/cuda_capture.h"
 #include "ops/weight_grad_stream.h"
 
 namespace perftrain::ops {
@@ -30,7 +30,7 @@ void* workspace_for(int device, bool side) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = buffers->find({device, side});
   if (it != buffers->end()) return it->second.data_ptr();
-  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+  if (current_stream_capturing()) {
     throw RuntimeError("cuBLASLt workspace: first use on cuda:" + std::to_string(device) +
                        " inside a CUDA graph capture; run one eager step before capturing");
   }

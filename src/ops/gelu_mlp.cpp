@@ -5,7 +5,6 @@
 #include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/linear.h>
 #include <c10/core/DeviceGuard.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <atomic>
@@ -20,6 +19,7 @@
 #include "base/error.h"
 #include "ops/compute_weights.h"
 #include "ops/cublaslt_workspace.h"
+#include "ops/cuda_capture.h"
 #include "ops/cuda_timing.h"
 #include "ops/dtype_dispatch.h"
 #include "ops/gelu_backward.h"
@@ -85,10 +85,6 @@ std::map<DGeluKey, bool>& dgelu_choices() {  // true: the epilogue form
   return *m;
 }
 
-bool capturing_now() {
-  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-}
-
 // kAuto with GEMM tuning on: the first backward of a shape outside a capture
 // times both forms on its own buffers and keeps the faster for the process
 // (cuBLASLt offers only a pre-Hopper DGELU kernel for some shapes: at DiT-L/2
@@ -103,7 +99,7 @@ bool dgelu_epilogue_chosen(const at::Tensor& dy, const at::Tensor& w2, const at:
   const DGeluKey key{pre.size(0), pre.size(1), dy.size(1), dy.scalar_type(), want_db1, dy.get_device()};
   const std::lock_guard<std::mutex> lock(dgelu_choices_mutex());
   if (const auto it = dgelu_choices().find(key); it != dgelu_choices().end()) return it->second;
-  if (capturing_now() || !gemm_tuning_open()) return rule;
+  if (current_stream_capturing() || !gemm_tuning_open()) return rule;
   at::Tensor db1;
   bool epilogue_ok = true;
   const double epilogue_ms =

@@ -2,7 +2,6 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -19,6 +18,7 @@
 
 #include "base/error.h"
 #include "ops/cublaslt_workspace.h"
+#include "ops/cuda_capture.h"
 
 namespace perftrain::ops {
 namespace {
@@ -45,15 +45,13 @@ StreamState& stream_state() {
 
 thread_local bool t_on_side = false;
 
-bool capturing() { return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None; }
-
 // The device's side stream, or nullopt when it does not exist yet and cannot
 // be made now (inside a capture). Non-blocking: it never waits for the legacy
 // default stream. Same priority as the training stream.
 std::optional<c10::cuda::CUDAStream> side_stream(StreamState& l, int device) {
   auto it = l.streams.find(device);
   if (it != l.streams.end()) return it->second;
-  if (capturing()) return std::nullopt;
+  if (current_stream_capturing()) return std::nullopt;
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   cudaStream_t s = nullptr;
   const cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
@@ -96,7 +94,7 @@ WeightGradStream::WeightGradStream(bool enabled, const at::Device& device) {
   const int index = device.has_index() ? device.index() : c10::cuda::current_device();
   auto side = side_stream(l, index);
   if (!side) return;
-  if (!capturing()) {  // the side stream's cuBLASLt workspace, before any capture needs it
+  if (!current_stream_capturing()) {  // the side stream's cuBLASLt workspace, before any capture needs it
     const c10::cuda::CUDAStreamGuard on_side(*side);
     t_on_side = true;
     (void)cublaslt_context();
