@@ -151,26 +151,44 @@ namespace perftrain::kernels::attention_sm90 {
 enum class KeyBias { kNone, kF32, kBf16 };
 
 // What a thread adds to its scores of one key tile in the log2 domain, for
-// the accumulator columns 8j + 2 (lane % 4) + {0, 1}, j < J, of a tile whose
-// first such column is key0: the key bias times log2 e (sample b's row at
-// bias + b * stride), or -inf past the last key; add[2j + {0, 1}].
+// the accumulator columns 8j + 2 (lane % 4) + {0, 1}, j < J, of the tile:
+// add[2j + {0, 1}] = the key bias times log2 e, read from the tile's bias
+// as the producer staged it (TMA, fp32 or bf16 as B says, at shared address
+// `staged`: the tile's keys in order, zeros past T), and -inf for the keys
+// at or past `keys_left` (T minus the tile's first key; the branch is taken
+// by the whole warp, in the last tile only). A pair of keys is one 8-byte
+// (fp32) or 4-byte (bf16) shared load: 16 loads for a 128-key tile, where a
+// global load a key cost the masked forward about 0.65 ms a layer at
+// SS-B/2 b64.
 template <KeyBias B, int J>
-__device__ __forceinline__ void key_terms(float (&add)[2 * J], const void* bias, int64_t stride, int tokens, int b,
-                                          int key0) {
+__device__ __forceinline__ void staged_key_terms(float (&add)[2 * J], uint32_t staged, int lane, int keys_left) {
   constexpr float kLog2e = 1.4426950408889634f;
+  const int c0 = 2 * (lane & 3);
 #pragma unroll
-  for (int j = 0; j < J; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int key = key0 + 8 * j + e;
-      float t = 0.f;
-      if constexpr (B == KeyBias::kF32)
-        if (key < tokens) t = static_cast<const float*>(bias)[b * stride + key] * kLog2e;
-      if constexpr (B == KeyBias::kBf16)
-        if (key < tokens) t = __bfloat162float(static_cast<const __nv_bfloat16*>(bias)[b * stride + key]) * kLog2e;
-      add[2 * j + e] = key < tokens ? t : -INFINITY;
+  for (int j = 0; j < J; ++j) {
+    if constexpr (B == KeyBias::kF32) {
+      const uint2 w = ld_shared_v2_u32(staged + (8 * j + c0) * 4);
+      add[2 * j] = __uint_as_float(w.x) * kLog2e;
+      add[2 * j + 1] = __uint_as_float(w.y) * kLog2e;
+    } else if constexpr (B == KeyBias::kBf16) {
+      const uint32_t w = ld_shared_u32(staged + (8 * j + c0) * 2);
+      add[2 * j] = __uint_as_float(w << 16) * kLog2e;
+      add[2 * j + 1] = __uint_as_float(w & 0xffff0000u) * kLog2e;
+    } else {
+      add[2 * j] = add[2 * j + 1] = 0.f;
     }
+  }
+  if (keys_left < 8 * J)
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (8 * j + c0 + e >= keys_left) add[2 * j + e] = -INFINITY;
 }
+
+// The bytes a key of the key bias B takes as TMA stages it (0 without one).
+template <KeyBias B>
+constexpr uint32_t kStagedBiasKeyBytes = B == KeyBias::kNone ? 0u : B == KeyBias::kF32 ? 4u : 2u;
 
 // Initialises N mbarriers of one arrival each and makes them visible to
 // the TMA (one thread).

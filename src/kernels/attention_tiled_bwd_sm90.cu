@@ -31,10 +31,12 @@ constexpr uint32_t round_1024(uint32_t x) { return (x + 1023) / 1024 * 1024; }
 
 // The tensor maps of one call, 3-D (columns, tokens, samples), boxes of 64
 // rows; the tails' boxes of 8 columns at 72 and 96 (the main maps stand in
-// at 64 and 128).
+// at 64 and 128); the key bias's 2-D (keys, samples) in boxes of 64 keys,
+// for launch 3 (q's map stands in without one).
 struct BwdMaps {
   CUtensorMap q, k, v, d_o, dq, dk, dv;
   CUtensorMap q_t, k_t, v_t, d_o_t, dq_t, dk_t, dv_t;
+  CUtensorMap bias;
 };
 
 struct BwdArgs {
@@ -291,8 +293,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // boxes each, as launch 2's K and V) and their tails (read into registers
 // only), then two stages of a 64-key tile (K's panels, V's, K's tail, V's
 // tail, 8 zero rows: the tail step of S reads 8 rows past K's tail, which
-// are V's, and dP's past V's, the zeros), the barriers; 1024 to align the
-// start.
+// are V's, and dP's past V's, the zeros), each stage's key bias (room for
+// 64 fp32 keys), the barriers; 1024 to align the start.
 template <int D>
 struct QSmem {
   static constexpr int kP = TiledHead<D>::kPanels;
@@ -304,7 +306,8 @@ struct QSmem {
   static constexpr uint32_t kSPad = kSVt + (kTail ? kTailBox : 0);
   static constexpr uint32_t kStageBytes = round_1024(kSPad + (kTail ? kPad : 0));
   static constexpr uint32_t kStageTx = 2 * kP * kBox + (kTail ? 2 * kTailBox : 0);
-  static constexpr uint32_t kBar = kStage + 2 * kStageBytes;
+  static constexpr uint32_t kBiasSlot = kChunk * 4, kBias = kStage + 2 * kStageBytes;
+  static constexpr uint32_t kBar = kBias + 2 * kBiasSlot;
   static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
   static_assert(kSKt + kTailBox == kSVt || !kTail, "K's tail step reads V's tail after it");
   static_assert(kSVt + kTailBox == kSPad || !kTail, "V's tail step reads the 8 zero rows after it");
@@ -345,9 +348,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto load_tile = [&](int tile, int stage) {
     unsigned char* at = smem + L::kStage + stage * L::kStageBytes;
     uint64_t* bar = &kv_ready[stage];
-    mbar_arrive_expect_tx(bar, L::kStageTx);
+    mbar_arrive_expect_tx(bar, L::kStageTx + kChunk * kStagedBiasKeyBytes<B>);
     tma_load_head<D>(at + L::kSK, kBox, at + L::kSKt, &maps.k, &maps.k_t, bar, h * D, tile * kChunk, b);
     tma_load_head<D>(at + L::kSV, kBox, at + L::kSVt, &maps.v, &maps.v_t, bar, h * D, tile * kChunk, b);
+    if constexpr (B != KeyBias::kNone)
+      tma_load_2d(smem + L::kBias + stage * L::kBiasSlot, &maps.bias, bar, tile * kChunk, b);
   };
   if (tid == 0) {
     mbar_arrive_expect_tx(q_ready, blocks * (2 * kP * kBox + (kTail ? 2 * kTailBox : 0)));
@@ -394,8 +399,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (active) {
       unsigned char* st_at = smem + L::kStage + stage * L::kStageBytes;
       const uint32_t st_u32 = smem_u32(st_at);
-      float add[16];  // the bias's global loads before the wait
-      key_terms<B, 8>(add, args.bias, args.bias_stride, T, b, tile * kChunk + 2 * (lane & 3));
       mbar_wait(&kv_ready[stage], (tile >> 1) & 1);
       // S = Q K^T and dP = dO V^T: [64 queries][64 keys of the tile].
       float s[32], dp[32];
@@ -414,6 +417,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_m64n64k16_ss<0>(dp, da_do + kNextPanel + 2 * t, db_v + kBox / 16 + 2 * t, 1);
       if constexpr (kTail) wgmma_m64n64k16_rs(dp, do_t, smem_desc_tail(st_u32 + L::kSVt), 1);
       wgmma_commit();
+      float add[16];  // the staged bias read while the products run
+      staged_key_terms<B, 8>(add, smem_u32(smem + L::kBias + stage * L::kBiasSlot), lane, T - tile * kChunk);
       wgmma_wait<0>();
       fence_accumulators(s);
       fence_accumulators(dp);
@@ -505,6 +510,7 @@ void attention_tiled_bwd_sm90(AttentionOperand q, AttentionOperand k, AttentionO
   if (bias.data != nullptr && bias.sample_stride < tokens)
     throw std::invalid_argument(std::string(kWho) + ": the key bias's sample stride is below the token count");
   check_tma_pointers(kWho, {q.data, k.data, v.data, out, d_out, lse, delta, dq.data, dk.data, dv.data});
+  if (bias.data != nullptr) check_tma_pointers(kWho, {bias.data});
   const int device = sm90_device(kWho);
   const int64_t cols = int64_t(heads) * head_dim;
   BwdMaps maps;
@@ -515,6 +521,9 @@ void attention_tiled_bwd_sm90(AttentionOperand q, AttentionOperand k, AttentionO
   operand_maps(maps.dq, maps.dq_t, dq.data, dq.row_stride, batch, tokens, cols, head_dim);
   operand_maps(maps.dk, maps.dk_t, dk.data, dk.row_stride, batch, tokens, cols, head_dim);
   operand_maps(maps.dv, maps.dv_t, dv.data, dv.row_stride, batch, tokens, cols, head_dim);
+  maps.bias = bias.data != nullptr ? row_tensor_map(bias.data, batch, tokens, bias.sample_stride, bias.fp32 ? 4 : 2,
+                                                    kChunk, kWho)
+                                   : maps.q;
   const int64_t rows = int64_t(batch) * tokens * heads;
   const int64_t delta_blocks = (rows * 4 + kDeltaThreads - 1) / kDeltaThreads;
   attention_delta_kernel<<<unsigned(delta_blocks), kDeltaThreads, 0, stream>>>(out, d_out, delta, rows, heads, tokens,

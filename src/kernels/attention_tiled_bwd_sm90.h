@@ -36,11 +36,12 @@
 // (attention_sm90.cuh's TiledHead; at 96 the products whose N is the head
 // dim compute the second panel whole and store its first 32 columns).
 // Budget (ptxas, sm_90a, no spills at any d; 255 registers a thread at most):
-//   d        launch 2: shared            fp32 state a thread     regs   launch 3: shared     regs
-//   64       32 + 2 x 17 KB =  66 KB     dK, dV 64, S, dP 64     176    32 + 2 x 16 =  64 KB  122
-//   72       36 + 2 x 19 KB =  74 KB     dK, dV 72, S, dP 64     194    36 + 2 x 19 =  74 KB  134
-//   96, 128  64 + 2 x 33 KB = 130 KB     dK, dV 128, S, dP 64    240    64 + 2 x 32 = 128 KB  156
-// (with a key bias launch 2 takes 2-4 registers more, launch 3 up to 58: 214 at 128).
+//   d        launch 2: shared            fp32 state a thread     regs   launch 3: shared (+ bias)   regs
+//   64       32 + 2 x 17 KB =  66 KB     dK, dV 64, S, dP 64     176    32 + 2 x 16 =  64.5 KB      132
+//   72       36 + 2 x 19 KB =  74 KB     dK, dV 72, S, dP 64     194    36 + 2 x 19 =  74.5 KB      147
+//   96, 128  64 + 2 x 33 KB = 130 KB     dK, dV 128, S, dP 64    240    64 + 2 x 32 = 128.5 KB     164
+// (with a key bias each launch takes 2-8 registers more; launch 3 reads the
+// bias of a key tile as the forward does, staged by TMA beside the stage.)
 // At d = 128 launch 2 keeps the 128-key block and the split by keys: 64
 // keys a warpgroup is wgmma's smallest M, so a smaller block would be one
 // warpgroup a CTA, each Q and dO chunk loaded for half the keys; splitting

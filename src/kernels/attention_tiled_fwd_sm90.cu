@@ -31,8 +31,9 @@ using Bias = KeyBias;
 // Q (per panel, two chunks of 64 rows, 128-byte swizzle), two stages of
 // K, V (each K's panels, V's, then K's tail and V's tail: the tail step of
 // S over K reads 8 rows past K's tail for its last rows, which are V's
-// tail, loaded with it), Q's tail, then the barriers (Q's, each stage's);
-// 1024 bytes to align the start.
+// tail, loaded with it), Q's tail, each stage's key bias (room for 128 fp32
+// keys), then the barriers (Q's, each stage's); 1024 bytes to align the
+// start.
 template <int D>
 struct TiledSmem {
   static constexpr int kP = TiledHead<D>::kPanels;
@@ -43,7 +44,8 @@ struct TiledSmem {
   static constexpr uint32_t kQ = 0, kStage = kP * kQPanel;
   static constexpr uint32_t kK = 0, kV = kP * kPanel, kKt = 2 * kP * kPanel, kVt = kKt + kTailPanel;  // in a stage
   static constexpr uint32_t kQt = kStage + 2 * kStageBytes;
-  static constexpr uint32_t kBar = kQt + (kTail ? kBlock * 16 : 0);
+  static constexpr uint32_t kBiasSlot = kTile * 4, kBias = kQt + (kTail ? kBlock * 16 : 0);
+  static constexpr uint32_t kBar = kBias + 2 * kBiasSlot;
   static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
   static_assert(kKt + kTailPanel == kVt, "V's tail follows K's: the tail step of S reads 8 rows past K's tail");
   static_assert(kStage % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled panels need 1024-byte alignment");
@@ -52,15 +54,14 @@ struct TiledSmem {
 
 // The tensor maps of one call, 3-D (columns, tokens, samples): boxes of 64
 // rows for Q and O, 128 for K and V; the tails' boxes of 8 columns at 72
-// and 96 (the main maps stand in for them at 64 and 128).
+// and 96 (the main maps stand in for them at 64 and 128); the key bias's
+// 2-D (keys, samples) in boxes of 128 keys (q's map stands in without one).
 struct TiledMaps {
-  CUtensorMap q, k, v, out, q_t, k_t, v_t, out_t;
+  CUtensorMap q, k, v, out, q_t, k_t, v_t, out_t, bias;
 };
 
 // The per-call scalars beside the maps.
 struct TiledArgs {
-  const void* bias;
-  int64_t bias_stride;
   float* lse;
   int tokens, heads;
   float scale;
@@ -136,9 +137,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto load_tile = [&](int tile, int stage) {
     unsigned char* at = smem + L::kStage + stage * L::kStageBytes;
     uint64_t* bar = &kv_ready[stage];
-    mbar_arrive_expect_tx(bar, L::kStageBytes);
+    mbar_arrive_expect_tx(bar, L::kStageBytes + kTile * kStagedBiasKeyBytes<B>);
     tma_load_head<D>(at + L::kK, kPanel, at + L::kKt, &maps.k, &maps.k_t, bar, h * D, tile * kTile, b);
     tma_load_head<D>(at + L::kV, kPanel, at + L::kVt, &maps.v, &maps.v_t, bar, h * D, tile * kTile, b);
+    if constexpr (B != Bias::kNone) tma_load_2d(smem + L::kBias + stage * L::kBiasSlot, &maps.bias, bar, tile * kTile, b);
   };
   if (tid == 0) {
     mbar_arrive_expect_tx(q_ready, chunks * (L::kQBytes / 2));
@@ -178,8 +180,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (active) {
       unsigned char* st = smem + L::kStage + stage * L::kStageBytes;
       const uint32_t st_u32 = smem_u32(st);
-      float add[32];  // the bias's global loads before the wait
-      key_terms<B, 16>(add, args.bias, args.bias_stride, T, b, tile * kTile + 2 * (lane & 3));
       mbar_wait(&kv_ready[stage], (tile >> 1) & 1);
       // S = Q K^T: row r_lo (+ 8) holds keys 8j + 2 (lane % 4) + {0, 1} in s[4j], s[4j + 1] (s[4j + 2], s[4j + 3]).
       float s[64];
@@ -194,6 +194,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if constexpr (kTail) wgmma_m64n128k16_rs(s, q_t, smem_desc_tail(st_u32 + L::kKt), 1);
       wgmma_commit();
+      float add[32];  // the staged bias read while the product runs
+      staged_key_terms<B, 16>(add, smem_u32(smem + L::kBias + stage * L::kBiasSlot), lane, T - tile * kTile);
       wgmma_wait<0>();
       fence_accumulators(s);
       online_softmax_step<kP, kTail>(s, add, scale_log2, m, sum, o, o_t);
@@ -242,8 +244,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-TiledMaps make_maps(AttentionOperand q, AttentionOperand k, AttentionOperand v, bf16* out, int batch, int tokens,
-                    int heads, int head_dim) {
+TiledMaps make_maps(AttentionOperand q, AttentionOperand k, AttentionOperand v, const AttentionKeyBias& bias,
+                    bf16* out, int batch, int tokens, int heads, int head_dim) {
   constexpr const char* kWho = "attention_tiled_fwd_sm90";
   const int64_t cols = int64_t(heads) * head_dim;
   TiledMaps maps;
@@ -262,6 +264,9 @@ TiledMaps make_maps(AttentionOperand q, AttentionOperand k, AttentionOperand v, 
     maps.v_t = maps.v;
     maps.out_t = maps.out;
   }
+  maps.bias = bias.data != nullptr ? row_tensor_map(bias.data, batch, tokens, bias.sample_stride, bias.fp32 ? 4 : 2,
+                                                    kTile, kWho)
+                                   : maps.q;
   return maps;
 }
 
@@ -302,9 +307,10 @@ void attention_tiled_fwd_sm90(AttentionOperand q, AttentionOperand k, AttentionO
   if (bias.data != nullptr && bias.sample_stride < tokens)
     throw std::invalid_argument(std::string(kWho) + ": the key bias's sample stride is below the token count");
   check_tma_pointers(kWho, {q.data, k.data, v.data, out, lse});
+  if (bias.data != nullptr) check_tma_pointers(kWho, {bias.data});
   const int device = sm90_device(kWho);
-  const TiledMaps maps = make_maps(q, k, v, out, batch, tokens, heads, head_dim);
-  const TiledArgs args{bias.data, bias.sample_stride, lse, tokens, heads, scale};
+  const TiledMaps maps = make_maps(q, k, v, bias, out, batch, tokens, heads, head_dim);
+  const TiledArgs args{lse, tokens, heads, scale};
   switch (head_dim) {
     case 64: launch_for_bias<64>(maps, args, bias, batch, device, stream); break;
     case 72: launch_for_bias<72>(maps, args, bias, batch, device, stream); break;

@@ -40,12 +40,17 @@
 // 96 the second is loaded whole and S reads only its first 32 columns, O's
 // product computes all 64 (a third more P V work than needed, no second
 // tail layout) and only columns 64-95 are stored, as four 8-column boxes.
+// A key bias reaches the CTA as the K and V tiles do: thread 0 has TMA copy
+// the tile's 128 keys of it (2-D map: keys, samples) into a slot beside the
+// stage, on the stage's barrier, and each thread reads its 32 keys there in
+// 16 shared loads while S's product runs (attention_sm90.cuh's
+// staged_key_terms). The key count past T is masked in the last tile only.
 // Budget per CTA (launch: grid (ceil(T / 128), H, B), 256 threads, one CTA
 // per SM by registers; ptxas, sm_90a, no spills at any d):
-//   d        shared memory (Q + 2 stages of K, V)   fp32 state a thread      registers
-//   64       16 KB + 2 x 32 KB =  80 KB             S 64, O 32, P 32         156 (167 with a bias)
-//   72       18 KB + 2 x 36 KB =  90 KB             S 64, O 36, P 32         167 (175)
-//   96, 128  32 KB + 2 x 64 KB = 160 KB             S 64, O 64, P 32         187 (197)
+//   d        shared memory (Q + 2 stages of K, V, bias)   fp32 state a thread   registers (fp32 bias)
+//   64       16 KB + 2 x 32.5 KB =  81 KB                 S 64, O 32, P 32      159 (167)
+//   72       18 KB + 2 x 36.5 KB =  91 KB                 S 64, O 36, P 32      167 (168)
+//   96, 128  32 KB + 2 x 64.5 KB = 161 KB                 S 64, O 64, P 32      190 (196)
 // (of 227 KB and 255 registers a thread at 256 threads).
 #pragma once
 
@@ -67,7 +72,9 @@ struct AttentionOperand {
 
 // The additive key bias: undefined (data null), or key j of sample b at
 // data[b sample_stride + j], fp32 or bf16 (attention_key_bias's [B, 1, 1, T]
-// in qkv's dtype, its rows padded: sample_stride >= T).
+// in qkv's dtype, its rows padded: sample_stride >= T). TMA reads it: data
+// 16-byte aligned and, with more than one sample, sample_stride a multiple
+// of 16 bytes (attention_key_bias pads its rows to 8 elements).
 struct AttentionKeyBias {
   const void* data = nullptr;
   int64_t sample_stride = 0;

@@ -258,6 +258,13 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
+// 8 bytes of shared memory at an 8-byte-aligned address.
+__device__ __forceinline__ uint2 ld_shared_v2_u32(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+
 // 16 bytes of shared memory at a 16-byte-aligned address.
 __device__ __forceinline__ uint4 ld_shared_v4_u32(uint32_t addr) {
   uint4 v;

@@ -28,6 +28,16 @@ CUtensorMap bf16_tensor_map(const void* base, int64_t rows, int64_t cols, int bo
 CUtensorMap bf16_tensor_map_3d(const void* base, int64_t samples, int64_t rows, int64_t cols, int64_t row_stride,
                                int box_rows, const char* who, int box_cols = 64);
 
+// A [samples, cols] matrix of 2- or 4-byte elements (bf16 or fp32: TMA
+// copies bytes) whose rows are row_stride elements apart, in boxes of
+// box_cols x 1 with no swizzle: one sample's run of columns, such as a
+// tiled attention kernel's key bias for one key tile (columns past `cols`
+// load as zeros). box_cols * element_bytes a multiple of 16, at most 256
+// columns; with more than one sample, row_stride * element_bytes a multiple
+// of 16 (one sample's row stride is never used). Errors as bf16_tensor_map's.
+CUtensorMap row_tensor_map(const void* base, int64_t samples, int64_t cols, int64_t row_stride, int element_bytes,
+                           int box_cols, const char* who);
+
 // Sets `kernel`'s dynamic shared-memory limit to `bytes` on `device` unless
 // `set_on` (the caller's static mask, bit d for device d) says it is set:
 // the attribute belongs to the function on one device, so a second GPU in

@@ -34,9 +34,12 @@ bool operand_ok(const at::Tensor& x, int64_t B, int64_t T, int64_t D) {
 
 bool bias_ok(const at::Tensor& bias, int64_t B, int64_t T) {
   if (!bias.defined()) return true;
+  // The kernels copy its rows by TMA: 16-byte aligned, rows a multiple of 16 bytes apart (attention_key_bias's).
+  const bool tma_rows = reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 == 0 &&
+                        (B == 1 || (bias.stride(0) >= T && bias.stride(0) * bias.element_size() % 16 == 0));
   return bias.is_cuda() && (bias.scalar_type() == at::kFloat || bias.scalar_type() == at::kBFloat16) &&
          bias.dim() == 4 && bias.size(0) == B && bias.size(1) == 1 && bias.size(2) == 1 && bias.size(3) == T &&
-         bias.stride(3) == 1 && (B == 1 || bias.stride(0) >= T);
+         bias.stride(3) == 1 && tma_rows;
 }
 
 kernels::AttentionOperand operand(const at::Tensor& x) {

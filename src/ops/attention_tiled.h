@@ -29,7 +29,8 @@ void set_tiled_attention(bool on);  // process-wide; before the step is captured
 // Whether attention_tiled_fwd takes q, k, v: CUDA bf16 [B, T, D] views each
 // with unit column stride, rows stride(1) apart (a multiple of 8) and samples
 // T rows apart, D = heads * d, d 64, 72, 96 or 128, T >= 64; key_bias undefined or
-// [B, 1, 1, T] fp32 or bf16 with unit last stride; an sm_90 GPU. The switch
+// [B, 1, 1, T] fp32 or bf16 with unit last stride, 16-byte aligned, its rows a
+// multiple of 16 bytes apart (attention_key_bias's); an sm_90 GPU. The switch
 // is not asked.
 bool tiled_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads,
                            const at::Tensor& key_bias = at::Tensor());

@@ -2,8 +2,8 @@
 // op steps aside where its kernel does not apply (CPU tensors, fp32, head
 // dims other than 64, 72, 96 and 128, fewer than 64 tokens, a bias of the
 // wrong shape), that the kernels take head dims 96 and 128 and refuse 32, 80 and 112 and short
-// sequences by name before touching a GPU, and that a 3-D tensor map refuses a row
-// stride TMA cannot take. The kernel itself is
+// sequences by name before touching a GPU, and that a 3-D tensor map and the key
+// bias's row map refuse a row stride TMA cannot take. The kernel itself is
 // checked on the GPU (attention_tiled_gpu_test.cpp, bench/kernels/attention_tiled_check.cu).
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
@@ -93,6 +93,35 @@ TEST(AttentionTiled, TensorMapRefusesRowStridesTmaCannotTake) {
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("who: a row stride"), std::string::npos) << e.what();
     }
+  }
+}
+
+// The key bias's row map (the tiled kernels stage a key tile of it by TMA):
+// a row stride that is not a multiple of 16 bytes or below the keys, a box
+// that is not, and elements of other than 2 or 4 bytes are refused by name
+// before the driver is asked; one sample's stride is not asked.
+TEST(AttentionTiled, RowTensorMapRefusesWhatTmaCannotTake) {
+  alignas(16) static unsigned char buffer[64];
+  const auto refused = [&](int64_t samples, int64_t stride, int bytes, int box, const char* what) {
+    try {
+      (void)kernels::row_tensor_map(buffer, samples, 257, stride, bytes, box, "who");
+      ADD_FAILURE() << what << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("who: a row"), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  refused(2, 260, 2, 128, "bf16 rows 520 bytes apart");
+  refused(2, 258, 4, 128, "fp32 rows 1032 bytes apart");
+  refused(2, 256, 2, 128, "a row stride below the 257 keys");
+  refused(2, 264, 2, 100, "a box of 200 bytes");
+  refused(2, 264, 2, 512, "a box of 512 keys");
+  refused(2, 264, 8, 64, "8-byte elements");
+  // The same stride with one sample passes the checks (then the driver, absent here, is asked).
+  try {
+    (void)kernels::row_tensor_map(buffer, 1, 257, 257, 2, 128, "who");
+  } catch (const std::invalid_argument& e) {
+    ADD_FAILURE() << "one sample's stride refused: " << e.what();
+  } catch (const std::exception&) {
   }
 }
 

@@ -96,6 +96,12 @@ inline uint32_t ld_shared_u32(uint32_t addr, EMU_SITE) {
   return v;
 }
 inline void st_shared_u32(uint32_t addr, uint32_t v, EMU_SITE) { EMU_AT; emu::sm90::store_shared(addr, &v, 4); }
+inline uint2 ld_shared_v2_u32(uint32_t addr, EMU_SITE) {
+  EMU_AT;
+  uint2 v;
+  emu::sm90::load_shared(addr, &v, 8);
+  return v;
+}
 inline uint4 ld_shared_v4_u32(uint32_t addr, EMU_SITE) {
   EMU_AT;
   uint4 v;
