@@ -5,7 +5,8 @@
 // T = 64, 257, 288 and 1152 (one case), head dims 64 and 72, no bias and the
 // single-stream key mask as a bf16 and an fp32 bias (condition tokens first, sample 0 with one
 // attended key and beyond 256 tokens a whole key tile masked), packed q, k, v and q|k split
-// from v (gradients into separate tensors then), two heads at 200 tokens; head dims 96 and 128
+// from v (gradients into separate tensors then), two heads at 200 tokens, one sample with its
+// bias row T long (unpadded: the row map's one-sample stride); head dims 96 and 128
 // at 64 tokens, at 200 (two samples, two heads, a mask) and at 288. Outputs start NaN,
 // NaN past every buffer; every case on two schedules, the same bits. Exit 1 on any failure.
 // ctest kernels.emu_attention_tiled, or
@@ -68,7 +69,7 @@ static void run_case(const Case& c) {
   k::AttentionKeyBias bias;
   if (c.bias != BiasKind::kNone) {
     bias.data = c.bias == BiasKind::kF32 ? static_cast<const void*>(bias_f.data()) : bias_b.data();
-    bias.sample_stride = stride;
+    bias.sample_stride = B == 1 ? T : stride;  // as the op passes one sample's row: T long, unpadded
     bias.fp32 = c.bias == BiasKind::kF32;
   }
   const k::AttentionOperand q{c.split ? qk.data() : qkv.data(), c.split ? 2 * HD : 3 * HD};
@@ -209,6 +210,9 @@ int main(int argc, char** argv) {
     }
   run_case({2, 200, 2, 72, BiasKind::kBf16, false});  // two heads (blockIdx.y)
   run_case({2, 1152, 1, 64, BiasKind::kBf16, true});  // nine key tiles, q|k split
+  // One sample: the bias's row map takes a stride (T) that is no multiple of 16 bytes.
+  run_case({1, 257, 2, 64, BiasKind::kBf16, false});
+  run_case({1, 201, 1, 72, BiasKind::kF32, false});
   // Two panels: at 96 the second half used, its columns 64-95 stored as tail boxes.
   for (int D : {96, 128}) {
     run_case({2, 64, 1, D, BiasKind::kNone, false});
