@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_arrive_expect_tx(bar, L::kStageBytes + kTile * kStagedBiasKeyBytes<B>);
     tma_load_head<D>(at + L::kK, kPanel, at + L::kKt, &maps.k, &maps.k_t, bar, h * D, tile * kTile, b);
     tma_load_head<D>(at + L::kV, kPanel, at + L::kVt, &maps.v, &maps.v_t, bar, h * D, tile * kTile, b);
-    if constexpr (B != Bias::kNone) tma_load_2d(smem + L::kBias + stage * L::kBiasSlot, &maps.bias, bar, tile * kTile, b);
+    if constexpr (B != Bias::kNone)
+      tma_load_2d(smem + L::kBias + stage * L::kBiasSlot, &maps.bias, bar, tile * kTile, b);
   };
   if (tid == 0) {
     mbar_arrive_expect_tx(q_ready, chunks * (L::kQBytes / 2));

@@ -93,11 +93,13 @@ CUtensorMap row_tensor_map(const void* base, int64_t samples, int64_t cols, int6
   if (element_bytes != 2 && element_bytes != 4)
     throw std::invalid_argument(std::string(who) + ": a row map's elements are 2 or 4 bytes");
   if (box_cols < 1 || box_cols > 256 || (box_cols * element_bytes) % 16 != 0)
-    throw std::invalid_argument(std::string(who) + ": a row map's box is at most 256 columns of a multiple of 16 bytes");
+    throw std::invalid_argument(std::string(who) +
+                                ": a row map's box is at most 256 columns of a multiple of 16 bytes");
   if (samples > 1 && (row_stride < cols || (row_stride * element_bytes) % 16 != 0))
     throw std::invalid_argument(std::string(who) +
                                 ": a row stride must be at least the columns and a multiple of 16 bytes");
-  const CUtensorMapDataType type = element_bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMapDataType type =
+      element_bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(samples)};
   // One sample: the stride is never used, but the driver checks it; the row rounded up to 16 bytes.
   const int64_t stride_bytes = samples > 1 ? row_stride * element_bytes : (cols * element_bytes + 15) / 16 * 16;
