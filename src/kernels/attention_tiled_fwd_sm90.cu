@@ -2,9 +2,7 @@
 
 #include <cuda.h>  // CUtensorMap
 
-#include <algorithm>
 #include <atomic>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -30,28 +28,25 @@ constexpr uint32_t kTailPanel = kTile * 16;      // a tile's columns 64-71: 2 KB
 
 using Bias = KeyBias;
 
-// Two Q buffers (the CTA's item and the next one's; each per panel two
-// chunks of 64 rows, 128-byte swizzle), two stages of K, V (each K's
-// panels, V's, then K's tail and V's tail: the tail step of S over K reads
-// 8 rows past K's tail for its last rows, which are V's tail, loaded with
-// it), the Q buffers' tails, each stage's key bias (room for 128 fp32 keys),
-// then the barriers (each Q buffer's landing and release, each stage's);
-// 1024 bytes to align the start.
+// Q (per panel, two chunks of 64 rows, 128-byte swizzle), two stages of
+// K, V (each K's panels, V's, then K's tail and V's tail: the tail step of
+// S over K reads 8 rows past K's tail for its last rows, which are V's
+// tail, loaded with it), Q's tail, each stage's key bias (room for 128 fp32
+// keys), then the barriers (Q's, each stage's); 1024 bytes to align the
+// start.
 template <int D>
 struct TiledSmem {
   static constexpr int kP = TiledHead<D>::kPanels;
   static constexpr bool kTail = TiledHead<D>::kTail;
   static constexpr uint32_t kQPanel = kBlock * 128;  // one panel of Q: 16 KB
-  static constexpr uint32_t kQTail = kTail ? kBlock * 16 : 0;
-  static constexpr uint32_t kQBytes = kP * kQPanel + kQTail;  // TMA bytes of a whole Q block
-  static constexpr uint32_t kQBuf = kP * kQPanel;             // one Q buffer's panels
+  static constexpr uint32_t kQBytes = kP * kQPanel + (kTail ? kBlock * 16 : 0);
   static constexpr uint32_t kStageBytes = 2 * kP * kPanel + (kTail ? 2 * kTailPanel : 0);  // 32, 36, 64, 64 KB
-  static constexpr uint32_t kQ = 0, kStage = 2 * kQBuf;
+  static constexpr uint32_t kQ = 0, kStage = kP * kQPanel;
   static constexpr uint32_t kK = 0, kV = kP * kPanel, kKt = 2 * kP * kPanel, kVt = kKt + kTailPanel;  // in a stage
   static constexpr uint32_t kQt = kStage + 2 * kStageBytes;
-  static constexpr uint32_t kBiasSlot = kTile * 4, kBias = kQt + 2 * kQTail;
+  static constexpr uint32_t kBiasSlot = kTile * 4, kBias = kQt + (kTail ? kBlock * 16 : 0);
   static constexpr uint32_t kBar = kBias + 2 * kBiasSlot;
-  static constexpr size_t kTotal = kBar + 8 * 8 + 1024;
+  static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
   static_assert(kKt + kTailPanel == kVt, "V's tail follows K's: the tail step of S reads 8 rows past K's tail");
   static_assert(kStage % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled panels need 1024-byte alignment");
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
@@ -68,7 +63,7 @@ struct TiledMaps {
 // The per-call scalars beside the maps.
 struct TiledArgs {
   float* lse;
-  int tokens, heads, batch;
+  int tokens, heads;
   float scale;
 };
 
@@ -112,15 +107,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[64], const float 
 }
 
 // The kernel's one loop, its prologue and epilogue: a hundred-odd lines
-// that share the barrier phases and the warpgroup's registers. Persistent:
-// CTA c takes items c, c + grid, ... (an item: 128 queries of one head of
-// one sample, queries fastest, then heads, then samples, so that the CTAs
-// at work at once share K and V through L2), and runs them as one sequence
-// of steps (an item's key tiles in order, then the next item's): thread 0
-// issues step s + 1's K, V tile (and at an item's first tile its Q, into
-// the other Q buffer) while step s computes, so an item's first tile and
-// Q have landed before its last one is done, and its output store runs
-// beside the next item's first products.
+// that share the barrier phases and the warpgroup's registers.
 template <int D, Bias B>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_tiled_fwd_kernel(const __grid_constant__ TiledMaps maps, const TiledArgs args) {
@@ -130,50 +117,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kP = L::kP;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = align_smem_1024(smem_raw);
-  uint64_t* q_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);  // one per Q buffer: its Q has landed
-  uint64_t* kv_ready = q_ready + 2;  // one per stage: its K, V (and bias) have landed
-  uint64_t* q_free = q_ready + 4;    // one per Q buffer: both warpgroups' outputs staged there are stored
-  uint64_t* kv_free = q_ready + 6;   // one per stage: every warp is done with it
+  uint64_t* q_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
+  uint64_t* kv_ready = q_ready + 1;  // one per stage: its K, V have landed
+  uint64_t* kv_free = q_ready + 3;   // one per stage: every warp computing is done with it
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
   const int r_lo = warp * 16 + lane / 4;  // accumulator rows r_lo and r_lo + 8 (queries within the chunk)
-  const int T = args.tokens, tiles = (T + kTile - 1) / kTile, q_blocks = (T + kBlock - 1) / kBlock;
-  const int items = q_blocks * args.heads * args.batch;
-  const int my_items = blockIdx.x < items ? (items - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
-  const int steps = my_items * tiles;
-  // Item n of this CTA: its query block, head and sample.
-  auto item_of = [&](int n, int& q_block, int& h, int& b) {
-    const int item = int(blockIdx.x) + n * int(gridDim.x);
-    q_block = (item % q_blocks) * kBlock;
-    h = (item / q_blocks) % args.heads;
-    b = item / (q_blocks * args.heads);
-  };
+  const int T = args.tokens, h = blockIdx.y, b = blockIdx.z;
+  const int q_block = blockIdx.x * kBlock, q0 = q_block + wg * kChunk;
+  const bool active = q0 < T;  // a warpgroup past the last query idles through the loop
+  const int chunks = q_block + kChunk < T ? 2 : 1, tiles = (T + kTile - 1) / kTile;
 
   if (tid == 0) {
-    for (int i = 0; i < 2; ++i) {
-      mbar_init(&q_free[i], 2);   // the two warpgroups' leads
-      mbar_init(&kv_free[i], 8);  // lane 0 of each warp
-    }
-    init_barriers<4>(q_ready);  // each Q buffer's and each stage's landing, and the fence for all eight
+    mbar_init(&kv_free[0], 4 * chunks);  // lane 0 of each warp of the warpgroups with queries
+    mbar_init(&kv_free[1], 4 * chunks);
+    init_barriers<3>(q_ready);  // Q's and each stage's landing, and the fence for all five
   }
   __syncthreads();
-  // Step s's K, V (and bias) tile into stage s % 2; at an item's first tile
-  // its Q too, into Q buffer n % 2 once the item two back has stored its
-  // output from there. One thread.
-  auto issue = [&](int s) {
-    const int n = s / tiles, tile = s % tiles, stage = s & 1;
-    int q_block, h, b;
-    item_of(n, q_block, h, b);
-    if (tile == 0) {
-      const int buf = n & 1, chunks = q_block + kChunk < T ? 2 : 1;
-      if (n >= 2) mbar_wait(&q_free[buf], ((n - 2) >> 1) & 1);
-      mbar_arrive_expect_tx(&q_ready[buf], chunks * (L::kQBytes / 2));
-      for (int c = 0; c < chunks; ++c)
-        tma_load_head<D>(smem + L::kQ + buf * L::kQBuf + c * kChunk * 128, L::kQPanel,
-                         smem + L::kQt + buf * L::kQTail + c * kChunk * 16, &maps.q, &maps.q_t, &q_ready[buf], h * D,
-                         q_block + c * kChunk, b);
-    }
-    if (s >= 2) mbar_wait(&kv_free[stage], ((s - 2) >> 1) & 1);
+  auto load_tile = [&](int tile, int stage) {
     unsigned char* at = smem + L::kStage + stage * L::kStageBytes;
     uint64_t* bar = &kv_ready[stage];
     mbar_arrive_expect_tx(bar, L::kStageBytes + kTile * kStagedBiasKeyBytes<B>);
@@ -182,114 +143,102 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (B != Bias::kNone)
       tma_load_2d(smem + L::kBias + stage * L::kBiasSlot, &maps.bias, bar, tile * kTile, b);
   };
-  if (tid == 0 && steps > 0) issue(0);
+  if (tid == 0) {
+    mbar_arrive_expect_tx(q_ready, chunks * (L::kQBytes / 2));
+    for (int c = 0; c < chunks; ++c)
+      tma_load_head<D>(smem + L::kQ + c * kChunk * 128, L::kQPanel, smem + L::kQt + c * kChunk * 16, &maps.q,
+                       &maps.q_t, q_ready, h * D, q_block + c * kChunk, b);
+    load_tile(0, 0);
+  }
 
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   const float scale_log2 = args.scale * kLog2e;
-  float m[2], sum[2], o[kP][32], o_t[4];
+  unsigned char* q_chunk = smem + L::kQ + wg * kChunk * 128;
+  const uint32_t qt_chunk = kTail ? smem_u32(smem + L::kQt + wg * kChunk * 16) : 0;  // no tail panel at 64
   uint32_t q_t[4] = {0, 0, 0, 0};  // the tail of this thread's Q rows, columns 72-79 zero
-  int q_block = 0, h = 0, b = 0, q0 = 0;
-  bool active = false;
-  unsigned char* q_chunk = smem;
-  uint32_t qt_chunk = 0;
-#pragma unroll 1
-  for (int s = 0; s < steps; ++s) {
-    const int n = s / tiles, tile = s % tiles, stage = s & 1;
-    // The next step's loads (the next tile, or the next item's Q and first
-    // tile) once both warpgroups are done with the step before this one:
-    // they drift apart by up to a step, so that one's softmax can run beside
-    // the other's products.
-    if (tid == 0 && s + 1 < steps) issue(s + 1);
-    if (tile == 0) {  // a new item: its queries, fresh state, its Q
-      item_of(n, q_block, h, b);
-      q0 = q_block + wg * kChunk;
-      active = q0 < T;  // a warpgroup past the last query idles through the item
-      q_chunk = smem + L::kQ + (n & 1) * L::kQBuf + wg * kChunk * 128;
-      qt_chunk = kTail ? smem_u32(smem + L::kQt + (n & 1) * L::kQTail + wg * kChunk * 16) : 0;
-      m[0] = m[1] = -INFINITY;
-      sum[0] = sum[1] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, o[kP][32], o_t[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int p = 0; p < kP; ++p)
+  for (int p = 0; p < kP; ++p)
 #pragma unroll
-        for (int i = 0; i < 32; ++i) o[p][i] = 0.f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o_t[i] = 0.f;
-      if (active) {
-        mbar_wait(&q_ready[n & 1], (n >> 1) & 1);
-        if constexpr (kTail) {
-          q_t[0] = ld_shared_u32(qt_chunk + r_lo * 16 + 4 * (lane & 3));
-          q_t[1] = ld_shared_u32(qt_chunk + (r_lo + 8) * 16 + 4 * (lane & 3));
-        }
-      }
+    for (int i = 0; i < 32; ++i) o[p][i] = 0.f;
+  if (active) {
+    mbar_wait(q_ready, 0);
+    if constexpr (kTail) {
+      q_t[0] = ld_shared_u32(qt_chunk + r_lo * 16 + 4 * (lane & 3));
+      q_t[1] = ld_shared_u32(qt_chunk + (r_lo + 8) * 16 + 4 * (lane & 3));
     }
-    unsigned char* st = smem + L::kStage + stage * L::kStageBytes;
-    const uint32_t st_u32 = smem_u32(st);
-    // An idle warpgroup waits too, so that its arrival below counts for this
-    // step's use of the stage and not an earlier one's.
-    mbar_wait(&kv_ready[stage], (s >> 1) & 1);
+  }
+#pragma unroll 1
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int stage = tile & 1;
+    // The next tile into the other stage once both warpgroups are done with
+    // the tile before this one there: they drift apart by up to a tile, so
+    // that one's softmax can run beside the other's products.
+    if (tid == 0 && tile + 1 < tiles) {
+      if (tile >= 1) mbar_wait(&kv_free[stage ^ 1], ((tile - 1) >> 1) & 1);
+      load_tile(tile + 1, stage ^ 1);
+    }
     if (active) {
+      unsigned char* st = smem + L::kStage + stage * L::kStageBytes;
+      const uint32_t st_u32 = smem_u32(st);
+      mbar_wait(&kv_ready[stage], (tile >> 1) & 1);
       // S = Q K^T: row r_lo (+ 8) holds keys 8j + 2 (lane % 4) + {0, 1} in s[4j], s[4j + 1] (s[4j + 2], s[4j + 3]).
-      float sc[64];
+      float s[64];
       const uint64_t da = smem_desc(q_chunk), db = smem_desc(st + L::kK);
       wgmma_fence();
 #pragma unroll
-      for (int t = 0; t < 4; ++t) wgmma_m64n128k16(sc, da + 2 * t, db + 2 * t, t > 0);
+      for (int t = 0; t < 4; ++t) wgmma_m64n128k16(s, da + 2 * t, db + 2 * t, t > 0);
       if constexpr (kP > 1) {
         const uint64_t da1 = smem_desc(q_chunk + L::kQPanel), db1 = smem_desc(st + L::kK + kPanel);
 #pragma unroll
-        for (int t = 0; t < TiledHead<D>::kSteps1; ++t) wgmma_m64n128k16(sc, da1 + 2 * t, db1 + 2 * t, 1);
+        for (int t = 0; t < TiledHead<D>::kSteps1; ++t) wgmma_m64n128k16(s, da1 + 2 * t, db1 + 2 * t, 1);
       }
-      if constexpr (kTail) wgmma_m64n128k16_rs(sc, q_t, smem_desc_tail(st_u32 + L::kKt), 1);
+      if constexpr (kTail) wgmma_m64n128k16_rs(s, q_t, smem_desc_tail(st_u32 + L::kKt), 1);
       wgmma_commit();
       float add[32];  // the staged bias read while the product runs
       staged_key_terms<B, 16>(add, smem_u32(smem + L::kBias + stage * L::kBiasSlot), lane, T - tile * kTile);
       wgmma_wait<0>();
-      fence_accumulators(sc);
-      online_softmax_step<kP, kTail>(sc, add, scale_log2, m, sum, o, o_t);
+      fence_accumulators(s);
+      online_softmax_step<kP, kTail>(s, add, scale_log2, m, sum, o, o_t);
       // O += P V over the tile's 128 keys: P as 8 bf16 k16 fragments, V's rows MN-major.
       uint32_t ap[8][4];
 #pragma unroll
-      for (int t = 0; t < 8; ++t) a_fragment(sc, t, ap[t]);
+      for (int t = 0; t < 8; ++t) a_fragment(s, t, ap[t]);
       wgmma_rows_mn<8, kTail>(o[0], o_t, ap, st_u32 + L::kV, st_u32 + L::kVt, 1);
       if constexpr (kP > 1) wgmma_rows_mn<8, false>(o[kP - 1], o_t, ap, st_u32 + L::kV + kPanel, 0, 1);
       wgmma_wait<0>();
 #pragma unroll
       for (int p = 0; p < kP; ++p) fence_accumulators(o[p]);
       if constexpr (kTail) fence_accumulators(o_t);
+      if (lane == 0) mbar_arrive(&kv_free[stage]);  // this warp's products have read the stage
     }
-    if (lane == 0) mbar_arrive(&kv_free[stage]);  // this warp's products have read the stage
-    if (tile + 1 < tiles) continue;
+  }
+  if (!active) return;
 
-    // The item's end. lse = (m + log2 l) ln 2 per query; O / l.
-    if (active) {
+  // lse = (m + log2 l) ln 2 per query; O / l.
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], 1);
-        sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], 2);
-      }
-      if ((lane & 3) == 0)
+  for (int hh = 0; hh < 2; ++hh) {
+    sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], 1);
+    sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], 2);
+  }
+  if ((lane & 3) == 0)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int row = q0 + r_lo + 8 * hh;
-          if (row < T) args.lse[(int64_t(b) * args.heads + h) * T + row] = (m[hh] + __log2f(sum[hh])) * kLn2;
-        }
-      const float inv[2] = {1.f / sum[0], 1.f / sum[1]};
-#pragma unroll
-      for (int p = 0; p < kP; ++p) scale_rows<kTail>(o[p], o_t, inv);
-      // Staged where the warpgroup's Q was (every warp of it is past the
-      // last product that read it), then stored by TMA; rows past T are not
-      // written.
-      warpgroup_barrier(2 + wg);
-      stage_head<D>(smem_u32(q_chunk), L::kQPanel, qt_chunk, o, o_t, r_lo, lane, 1.f);
-      fence_async_shared();
-      warpgroup_barrier(2 + wg);
-      if (wg_lead) {
-        tma_store_head<D>(&maps.out, &maps.out_t, q_chunk, L::kQPanel,
-                          smem + L::kQt + (n & 1) * L::kQTail + wg * kChunk * 16, h * D, q0, b);
-        tma_store_wait_read<0>();  // the boxes are read before the buffer takes a later item's Q
-      }
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = q0 + r_lo + 8 * hh;
+      if (row < T) args.lse[(int64_t(b) * args.heads + h) * T + row] = (m[hh] + __log2f(sum[hh])) * kLn2;
     }
-    if (wg_lead) mbar_arrive(&q_free[n & 1]);
+  const float inv[2] = {1.f / sum[0], 1.f / sum[1]};
+#pragma unroll
+  for (int p = 0; p < kP; ++p) scale_rows<kTail>(o[p], o_t, inv);
+  // Staged where the warpgroup's Q was (every warp of it is past the last
+  // product that read it), then stored by TMA; rows past T are not written.
+  warpgroup_barrier(2 + wg);
+  stage_head<D>(smem_u32(q_chunk), L::kQPanel, qt_chunk, o, o_t, r_lo, lane, 1.f);
+  fence_async_shared();
+  warpgroup_barrier(2 + wg);
+  if (wg_lead) {
+    tma_store_head<D>(&maps.out, &maps.out_t, q_chunk, L::kQPanel, smem + L::kQt + wg * kChunk * 16, h * D, q0, b);
+    tma_store_wait_read<0>();  // the boxes are read before the CTA's shared memory goes
   }
 #else
   __trap();  // built for an architecture without wgmma: the host refuses to launch first
@@ -323,26 +272,24 @@ TiledMaps make_maps(AttentionOperand q, AttentionOperand k, AttentionOperand v, 
 }
 
 template <int D, Bias B>
-void launch(const TiledMaps& maps, const TiledArgs& args, int device, cudaStream_t stream) {
+void launch(const TiledMaps& maps, const TiledArgs& args, int batch, int device, cudaStream_t stream) {
   static std::atomic<uint64_t> attribute_set_on{0};
   const auto kernel = attention_tiled_fwd_kernel<D, B>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(TiledSmem<D>::kTotal), device, attribute_set_on);
-  int sms = 0;
-  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t items = int64_t((args.tokens + kBlock - 1) / kBlock) * args.heads * args.batch;
-  kernel<<<unsigned(std::min<int64_t>(items, std::max(sms, 1))), kThreads, TiledSmem<D>::kTotal, stream>>>(maps, args);
+  const dim3 grid((args.tokens + kBlock - 1) / kBlock, args.heads, batch);
+  kernel<<<grid, kThreads, TiledSmem<D>::kTotal, stream>>>(maps, args);
   PERFTRAIN_LAUNCH_CHECK();
 }
 
 template <int D>
-void launch_for_bias(const TiledMaps& maps, const TiledArgs& args, const AttentionKeyBias& bias, int device,
-                     cudaStream_t stream) {
+void launch_for_bias(const TiledMaps& maps, const TiledArgs& args, const AttentionKeyBias& bias, int batch,
+                     int device, cudaStream_t stream) {
   if (bias.data == nullptr)
-    launch<D, Bias::kNone>(maps, args, device, stream);
+    launch<D, Bias::kNone>(maps, args, batch, device, stream);
   else if (bias.fp32)
-    launch<D, Bias::kF32>(maps, args, device, stream);
+    launch<D, Bias::kF32>(maps, args, batch, device, stream);
   else
-    launch<D, Bias::kBf16>(maps, args, device, stream);
+    launch<D, Bias::kBf16>(maps, args, batch, device, stream);
 }
 
 }  // namespace
@@ -360,18 +307,16 @@ void attention_tiled_fwd_sm90(AttentionOperand q, AttentionOperand k, AttentionO
                                 std::to_string(head_dim));
   if (bias.data != nullptr && bias.sample_stride < tokens)
     throw std::invalid_argument(std::string(kWho) + ": the key bias's sample stride is below the token count");
-  if (int64_t((tokens + kBlock - 1) / kBlock) * heads * batch > INT_MAX)
-    throw std::invalid_argument(std::string(kWho) + ": more than 2^31 blocks of 128 queries");
   check_tma_pointers(kWho, {q.data, k.data, v.data, out, lse});
   if (bias.data != nullptr) check_tma_pointers(kWho, {bias.data});
   const int device = sm90_device(kWho);
   const TiledMaps maps = make_maps(q, k, v, bias, out, batch, tokens, heads, head_dim);
-  const TiledArgs args{lse, tokens, heads, batch, scale};
+  const TiledArgs args{lse, tokens, heads, scale};
   switch (head_dim) {
-    case 64: launch_for_bias<64>(maps, args, bias, device, stream); break;
-    case 72: launch_for_bias<72>(maps, args, bias, device, stream); break;
-    case 96: launch_for_bias<96>(maps, args, bias, device, stream); break;
-    default: launch_for_bias<128>(maps, args, bias, device, stream); break;
+    case 64: launch_for_bias<64>(maps, args, bias, batch, device, stream); break;
+    case 72: launch_for_bias<72>(maps, args, bias, batch, device, stream); break;
+    case 96: launch_for_bias<96>(maps, args, bias, batch, device, stream); break;
+    default: launch_for_bias<128>(maps, args, bias, batch, device, stream); break;
   }
 }
 

@@ -20,25 +20,19 @@
 // [B, 1, 1, T] bias through a general broadcast path: 25 ms of SS-B/2's
 // 108 ms step was its masked attention.
 //
-// How: a persistent grid of 256-thread CTAs, one an SM, each taking items
-// (a query block of 128, a head, a sample; queries fastest, so the CTAs at
-// work at once share K and V through L2) in turn as one sequence of steps,
-// an item's key tiles then the next item's; warpgroup c takes an item's
-// queries 64c .. 64c + 63 (a warpgroup whose queries all lie past T idles
-// through the item). Q is loaded once an item into one of two buffers, K
-// and V stream by in tiles of 128 keys, double-buffered: thread 0 issues
-// step s + 1's tile (at an item's first tile its Q too, into the other Q
-// buffer once the item two back has stored its output from there) into the
-// other stage once every warp has said (an mbarrier) it is done with step
-// s - 1 there, so the two warpgroups may drift up to a step apart and one's
-// softmax run beside the other's products, and an item's output store and
-// the next item's first loads run beside products. Per tile and warpgroup: S = Q K^T (m64n128, both
+// How: a CTA of 256 threads per (query block of 128, head, sample); warpgroup
+// c takes the block's queries 64c .. 64c + 63 (a warpgroup whose queries all
+// lie past T idles through the loop). Q is loaded once, K and V stream by in
+// tiles of 128 keys, double-buffered: thread 0 issues tile j + 1 into the
+// other buffer once every computing warp has said (an mbarrier) it is done
+// with tile j - 1 there, so the two warpgroups may drift up to a tile apart
+// and one's softmax run beside the other's products. Per tile and warpgroup: S = Q K^T (m64n128, both
 // operands K-major, 128-byte swizzle, d / 16 k16 steps over the head dim's
 // 64-column panels; at head dim 72 one more k16 step of Q's tail from
 // registers against K's tail panel), bias and the key-count
 // mask added, running max and sum across the quad that shares a row, O
 // scaled, P as bf16 register fragments, O += P V (V's rows MN-major, one
-// m64n64 product per panel). At an item's end O / l is staged where the
+// m64n64 product per panel). At the end O / l is staged where the
 // warpgroup's Q was and stored by TMA; lse per query. 3-D tensor maps
 // (columns, tokens, samples) keep a tile inside its sample: rows past T load
 // as zeros and are not stored.
@@ -51,12 +45,12 @@
 // stage, on the stage's barrier, and each thread reads its 32 keys there in
 // 16 shared loads while S's product runs (attention_sm90.cuh's
 // staged_key_terms). The key count past T is masked in the last tile only.
-// Budget per CTA (launch: min(ceil(T / 128) H B, SMs) CTAs of 256 threads,
-// one an SM by registers; ptxas, sm_90a, no spills at any d):
-//   d        shared memory (2 Q + 2 stages of K, V, bias)   fp32 state a thread   registers (fp32 bias)
-//   64       2 x 16 KB + 2 x 32.5 KB =  97 KB                S 64, O 32, P 32      167 (162)
-//   72       2 x 18 KB + 2 x 36.5 KB = 109 KB                S 64, O 36, P 32      189 (190)
-//   96, 128  2 x 32 KB + 2 x 64.5 KB = 193 KB                S 64, O 64, P 32      205 (211)
+// Budget per CTA (launch: grid (ceil(T / 128), H, B), 256 threads, one CTA
+// per SM by registers; ptxas, sm_90a, no spills at any d):
+//   d        shared memory (Q + 2 stages of K, V, bias)   fp32 state a thread   registers (fp32 bias)
+//   64       16 KB + 2 x 32.5 KB =  81 KB                 S 64, O 32, P 32      159 (167)
+//   72       18 KB + 2 x 36.5 KB =  91 KB                 S 64, O 36, P 32      167 (168)
+//   96, 128  32 KB + 2 x 64.5 KB = 161 KB                 S 64, O 64, P 32      190 (196)
 // (of 227 KB and 255 registers a thread at 256 threads).
 #pragma once
 
