@@ -23,10 +23,7 @@
 // from registers, B = dO, Q transposed), dS^T stored transposed (stmatrix)
 // into a [64 queries][256 keys] buffer; then one warpgroup takes the chunk's
 // dQ = dS K (B = K transposed) while the other starts the next chunk. dQ,
-// dK and dV leave through shared memory by TMA stores. Once chunk 0 is
-// done, the producer prefetches into L2 the inputs of the CTA one SM count
-// on (the head that starts as this one ends; one CTA an SM), so its first
-// products wait for L2 rather than DRAM.
+// dK and dV leave through shared memory by TMA stores.
 #pragma once
 
 #include <cuda_bf16.h>
