@@ -2,7 +2,6 @@
 
 #include <cuda.h>  // CUtensorMap
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <stdexcept>
@@ -113,7 +112,7 @@ struct Maps {
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_head_bwd_kernel(const __grid_constant__ Maps maps, const float* __restrict__ lse,
-                              float* __restrict__ bias_sums, int heads, int resident, float scale) {
+                              float* __restrict__ bias_sums, int heads, float scale) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using H = Head<D>;
   using L = Smem<D>;
@@ -172,26 +171,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  // The head that starts on an SM as this one ends, about `resident` CTAs
-  // on (one CTA an SM): its Q, K, V, dO and O boxes into L2 once chunk 0 is
-  // done here, so that its first products wait for L2, not DRAM. Its lse
-  // (1 KB) is left to the load.
-  auto prefetch_next_head = [&] {
-    const int next = blockIdx.x + resident;
-    if (next >= gridDim.x) return;
-    const int nb = next / heads, nh = next % heads, row = nb * kT;
-    const int cols[5] = {nh * D, (heads + nh) * D, (2 * heads + nh) * D, nh * D, nh * D};
-    const CUtensorMap* main[5] = {&maps.qkv, &maps.qkv, &maps.qkv, &maps.d_o, &maps.o};
-    const CUtensorMap* tail[5] = {&maps.qkv_t, &maps.qkv_t, &maps.qkv_t, &maps.d_o_t, &maps.o_t};
-#pragma unroll
-    for (int m = 0; m < 5; ++m)
-#pragma unroll
-      for (int r = 0; r < kT; r += 64) {
-        tma_prefetch_2d(main[m], cols[m], row + r);
-        if constexpr (kTail) tma_prefetch_2d(tail[m], cols[m] + 64, row + r);
-      }
-  };
-
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = scale * kLog2e;
   // This warpgroup's key blocks 2 wg, 2 wg + 1, and their gradients (columns
@@ -201,7 +180,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int qc = 0; qc < kChunks; ++qc) {
     const uint32_t ds_buf = base + L::kDS + (qc & 1) * kDsBytes;
-    if (qc == 1 && tid == 0) prefetch_next_head();
     mbar_wait(&chunk_ready[qc], 0);
 #pragma unroll
     for (int kbi = 0; kbi < 2; ++kbi) {
@@ -436,10 +414,8 @@ void launch(const bf16* qkv, const bf16* o, const bf16* d_o, const float* lse, b
   static std::atomic<uint64_t> attribute_set_on{0};
   allow_dynamic_smem(reinterpret_cast<const void*>(attention_head_bwd_kernel<D>), int(Smem<D>::kTotal), device,
                      attribute_set_on);
-  int sms = 0;  // one CTA an SM (its shared memory): the CTAs resident at once
-  PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   attention_head_bwd_kernel<D><<<batch * heads, kThreads, Smem<D>::kTotal, stream>>>(maps, lse, bias_sums, heads,
-                                                                                      std::max(sms, 1), scale);
+                                                                                      scale);
   PERFTRAIN_LAUNCH_CHECK();
 }
 

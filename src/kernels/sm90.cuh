@@ -55,16 +55,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
-// The box at (c0 = column, c1 = row) into L2 only: no shared memory, no
-// barrier. A later tma_load_2d of it, by this CTA or another, reads L2
-// instead of DRAM.
-__device__ __forceinline__ void tma_prefetch_2d(const CUtensorMap* map, int c0, int c1) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1)
-               : "memory");
-}
-
 // A 64 x 64 box from shared memory into the tensor map at (c0, c1); the
 // bulk group lets the issuing thread wait until the box has been read.
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {

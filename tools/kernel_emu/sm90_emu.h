@@ -55,11 +55,6 @@ inline void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0
   const int c[2] = {c0, c1};
   emu::sm90::tma_load(smem_u32(dst), map, smem_u32(bar), c, 2);
 }
-// An L2 prefetch changes no byte anywhere: nothing to emulate.
-inline void tma_prefetch_2d(const CUtensorMap* map, int c0, int c1, EMU_SITE) {
-  EMU_AT;
-  (void)map, (void)c0, (void)c1;
-}
 inline void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1, EMU_SITE) {
   EMU_AT;
   const int c[2] = {c0, c1};
