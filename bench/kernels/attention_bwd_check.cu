@@ -2,9 +2,8 @@
 // against float64, torch-free. Random bf16 q, k, v and dO for a few
 // (sample, head) pairs at head dims 64 and 72; the forward's O and
 // log-sum-exp and the three gradients in float64 on the CPU; the kernel's
-// packed dq/dk/dv and per-sample bias sums (outputs and every SM's shared
-// memory poisoned with NaN first, three runs that must agree to the bit, and
-// a fourth without the sums whose gradient must too) against them. Then the time
+// packed dq/dk/dv (output and every SM's shared memory poisoned with NaN
+// first, three runs that must agree to the bit) against them. Then the time
 // per call at the b256 shapes of DiT-B/2, S/2 (head dim 64) and XL/2 (72).
 //   attention_bwd_check checks   the float64 checks only: the ctest
 //                                kernels.attention_head_bwd_float64 (label
@@ -120,7 +119,7 @@ static void reference(const Problem& p, int b, int h, float scale, std::vector<d
 
 struct Device {
   bf16 *qkv = nullptr, *o = nullptr, *d_o = nullptr, *dqkv = nullptr;
-  float *lse = nullptr, *sums = nullptr;  // sums: the bias sums, [B, 3, H, D]
+  float* lse = nullptr;
 };
 
 static int upload(const Problem& p, Device& dev) {
@@ -129,7 +128,6 @@ static int upload(const Problem& p, Device& dev) {
   CHECK(cudaMalloc(&dev.d_o, p.d_o.size() * 2));
   CHECK(cudaMalloc(&dev.dqkv, p.qkv.size() * 2));
   CHECK(cudaMalloc(&dev.lse, p.lse.size() * 4));
-  CHECK(cudaMalloc(&dev.sums, size_t(p.batch) * 3 * p.heads * p.dim * 4));
   CHECK(cudaMemcpy(dev.qkv, p.qkv.data(), p.qkv.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dev.o, p.o.data(), p.o.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dev.d_o, p.d_o.data(), p.d_o.size() * 2, cudaMemcpyHostToDevice));
@@ -144,7 +142,6 @@ static void release(Device& dev) {
   cudaFree(dev.d_o);
   cudaFree(dev.dqkv);
   cudaFree(dev.lse);
-  cudaFree(dev.sums);
 }
 
 // Every (sample, head) against float64, per gradient: the largest error over
@@ -156,60 +153,30 @@ static int check(int batch, int heads, int dim) {
   const Problem p = make_problem(batch, heads, dim, scale, 7u + batch, true);
   Device dev;
   if (upload(p, dev) != 0) return 1;
-  // Three runs with the bias sums and one without, each on shared memory
-  // poisoned first and into outputs poisoned first: their bytes must agree
-  // (the kernel is deterministic, and the sums change nothing else).
-  const size_t sums_n = size_t(batch) * 3 * heads * dim;
+  // Three runs, each on shared memory poisoned first and into an output
+  // poisoned first: their bytes must agree (the kernel is deterministic).
   std::vector<bf16> got(p.qkv.size()), again(p.qkv.size());
-  std::vector<float> sums(sums_n), sums_again(sums_n);
   bool same = true;
-  for (int rep = 0; rep < 4; ++rep) {
+  for (int rep = 0; rep < 3; ++rep) {
     if (poison_shared() != 0) return 1;
     CHECK(cudaMemset(dev.dqkv, 0xff, p.qkv.size() * 2));
-    CHECK(cudaMemset(dev.sums, 0xff, sums_n * 4));  // NaN in fp32
-    perftrain::kernels::attention_head_bwd_sm90(dev.qkv, dev.o, dev.d_o, dev.lse, dev.dqkv,
-                                                rep < 3 ? dev.sums : nullptr, batch, heads, dim, scale, nullptr);
+    perftrain::kernels::attention_head_bwd_sm90(dev.qkv, dev.o, dev.d_o, dev.lse, dev.dqkv, batch, heads, dim, scale,
+                                                nullptr);
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(rep == 0 ? got.data() : again.data(), dev.dqkv, got.size() * 2, cudaMemcpyDeviceToHost));
     if (rep > 0) same = same && std::memcmp(got.data(), again.data(), got.size() * 2) == 0;
-    if (rep < 3) {
-      CHECK(cudaMemcpy(rep == 0 ? sums.data() : sums_again.data(), dev.sums, sums_n * 4, cudaMemcpyDeviceToHost));
-      if (rep > 0) same = same && std::memcmp(sums.data(), sums_again.data(), sums_n * 4) == 0;
-    }
   }
   release(dev);
   if (!same) std::printf("  the three runs differ: a race or a read of unwritten shared memory\n");
   size_t nan = 0;
   for (const bf16 v : got)
     if (std::isnan(bf(v))) ++nan;
-  for (const float v : sums)
-    if (std::isnan(v)) ++nan;
-  double worst[3] = {0, 0, 0}, worst_sums = 0;
+  double worst[3] = {0, 0, 0};
   bool close = true;
   std::vector<double> ref[3];
   for (int b = 0; b < batch; ++b)
     for (int h = 0; h < heads; ++h) {
       reference(p, b, h, scale, ref[0], ref[1], ref[2]);
-      // The bias sums: each gradient's sums over the tokens, against the
-      // float64 sums, within 2% of the largest (dk's are exactly zero).
-      for (int which = 0; which < 3; ++which) {
-        std::vector<double> want(dim, 0.0);
-        for (int t = 0; t < kT; ++t)
-          for (int d = 0; d < dim; ++d) want[d] += ref[which][size_t(t) * dim + d];
-        double mx = 1e-30;
-        for (double v : want) mx = std::max(mx, std::fabs(v));
-        for (int d = 0; d < dim; ++d) {
-          const double g = sums[((size_t(b) * 3 + which) * heads + h) * dim + d];
-          const double e = which == 1 ? std::fabs(g) : std::fabs(g - want[d]) / mx;
-          worst_sums = std::max(worst_sums, e);
-          if (which == 1 ? g != 0.0 : e > 0.02) {
-            if (close)
-              std::printf("  bias sums[sample %d][%s][head %d][d %d]: got %.5g, want %.5g\n", b,
-                          which == 0 ? "q" : which == 1 ? "k" : "v", h, d, g, which == 1 ? 0.0 : want[d]);
-            close = false;
-          }
-        }
-      }
       for (int which = 0; which < 3; ++which) {
         double ss = 0, err = 0;
         for (double v : ref[which]) ss += v * v;
@@ -233,23 +200,22 @@ static int check(int batch, int heads, int dim) {
       }
     }
   const bool ok = nan == 0 && close && same;
-  std::printf("attention bwd check batch=%d heads=%d dim=%d: NaN left %zu, worst error / rms dq %.3g dk %.3g "
-              "dv %.3g, bias sums / largest %.3g -> %s\n",
-              batch, heads, dim, nan, worst[0], worst[1], worst[2], worst_sums, ok ? "PASS" : "FAIL");
+  std::printf("attention bwd check batch=%d heads=%d dim=%d: NaN left %zu, worst error / rms dq %.3g dk %.3g dv %.3g "
+              "-> %s\n",
+              batch, heads, dim, nan, worst[0], worst[1], worst[2], ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }
 
-// Milliseconds per call at (batch, heads), with the bias sums (as the
-// projected attention runs it): the median of 7 windows of 20 calls after 5
-// warm-up calls; TFLOP/s counts 2.5x the forward's 4 B H T^2 D.
+// Milliseconds per call at (batch, heads): the median of 7 windows of 20
+// calls after 5 warm-up calls; TFLOP/s counts 2.5x the forward's 4 B H T^2 D.
 static int time_shape(int batch, int heads, int dim) {
   const float scale = 1.f / std::sqrt(float(dim));
   const Problem p = make_problem(batch, heads, dim, scale, 99u, false);
   Device dev;
   if (upload(p, dev) != 0) return 1;
   auto launch = [&] {
-    perftrain::kernels::attention_head_bwd_sm90(dev.qkv, dev.o, dev.d_o, dev.lse, dev.dqkv, dev.sums, batch, heads,
-                                                dim, scale, nullptr);
+    perftrain::kernels::attention_head_bwd_sm90(dev.qkv, dev.o, dev.d_o, dev.lse, dev.dqkv, batch, heads, dim, scale,
+                                                nullptr);
   };
   double med = 0;
   const int rc = median_launch_ms(launch, &med);

@@ -52,10 +52,7 @@ struct Smem {
   static constexpr uint32_t kDelta = kLse + kT * 4;            // float[2][256]
   static constexpr uint32_t kBar = kDelta + 2 * kT * 4;        // uint64_t[kChunks] chunks, then [kChunks] O
   static constexpr uint32_t kDoneD = kBar + 16 * kChunks;      // uint32_t
-  // The bias sums' per-warp column sums: float[8 warps][D] of dQ (over the
-  // chunks a warpgroup takes), then float[8 warps][D] of dV.
-  static constexpr uint32_t kSumsQ = kDoneD + 16, kSumsV = kSumsQ + 8 * D * 4;
-  static constexpr size_t kTotal = kSumsV + 8 * D * 4 + 1024;
+  static constexpr size_t kTotal = kDoneD + 16 + 1024;
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
   static_assert(kDS % 1024 == 0 && kO % 1024 == 0, "swizzled panels need 1024-byte alignment");
 };
@@ -75,30 +72,6 @@ __device__ __forceinline__ float dot8_shared(uint32_t x, uint32_t y) {
   return acc;
 }
 
-// The column sums of a warp's 16 rows of an m64nN accumulator, in its own
-// registers (N = 64: d[4 j + 2 hh + e] is row r_lo + 8 hh, column 8 j +
-// 2 (lane % 4) + e; N = 8: j = 0 only), which it overwrites: the two rows
-// added, then shuffles over lane bits 2-4 add the warp's 8 row pairs, and
-// lanes 0-3 store their columns' sums (plain = or +=) at part[8 j + 2 lane +
-// e]. In place because the kernel holds dK and dV in registers beside it.
-template <int N>
-__device__ __forceinline__ void store_warp_column_sums(float (&d)[N / 2], float* part, int lane, bool add) {
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float& c = d[4 * j + e];
-      c += d[4 * j + 2 + e];
-      c += __shfl_xor_sync(0xffffffffu, c, 4);
-      c += __shfl_xor_sync(0xffffffffu, c, 8);
-      c += __shfl_xor_sync(0xffffffffu, c, 16);
-      if (lane < 4) {
-        float* at = part + 8 * j + 2 * lane + e;
-        *at = add ? *at + c : c;
-      }
-    }
-}
-
 // The tensor maps of one call: boxes of 64 x 64 (128-byte swizzle) and, at
 // head dim 72, boxes of 64 rows x 8 columns for the tails (the same maps
 // stand in for them at 64).
@@ -111,8 +84,7 @@ struct Maps {
 // through memory).
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_head_bwd_kernel(const __grid_constant__ Maps maps, const float* __restrict__ lse,
-                              float* __restrict__ bias_sums, int heads, float scale) {
+    attention_head_bwd_kernel(const __grid_constant__ Maps maps, const float* __restrict__ lse, int heads, float scale) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using H = Head<D>;
   using L = Smem<D>;
@@ -313,11 +285,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       warpgroup_barrier(2 + wg);
       stage_box(ds_buf, dq, r_lo, lane, scale);
       if constexpr (kTail) stage_tail(ds_buf + kBoxBytes, dq_t, r_lo, lane, scale);
-      if (bias_sums != nullptr) {  // this warp's 16 queries of dQ, added to its slot (scaled at the end)
-        float* part = reinterpret_cast<float*>(smem + L::kSumsQ) + (4 * wg + warp) * D;
-        store_warp_column_sums<64>(dq, part, lane, qc >= 2);
-        if constexpr (kTail) store_warp_column_sums<8>(dq_t, part + 64, lane, qc >= 2);
-      }
       fence_async_shared();
       warpgroup_barrier(2 + wg);
       if (wg_lead) {
@@ -339,17 +306,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       stage_tail(base + L::do_tail(kb), dv_t[kbi], r_lo, lane, 1.f);
     }
   }
-  if (bias_sums != nullptr) {  // this warp's 32 keys of dV (16 in each block), now staged
-    float* part = reinterpret_cast<float*>(smem + L::kSumsV) + (4 * wg + warp) * D;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) dv[0][i] += dv[1][i];
-    store_warp_column_sums<64>(dv[0], part, lane, false);
-    if constexpr (kTail) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) dv_t[0][i] += dv_t[1][i];
-      store_warp_column_sums<8>(dv_t[0], part + 64, lane, false);
-    }
-  }
   fence_async_shared();
   warpgroup_barrier(2 + wg);
   if (wg_lead) {
@@ -363,36 +319,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_store_2d(&maps.dqkv_t, smem + L::do_tail(kb), col_v + 64, row);
       }
     }
+    tma_store_wait_read<0>();  // shared memory must outlive the reads
   }
-  if (bias_sums != nullptr) {
-    // Every warp's slots are written (the last chunk's dQ among them): the
-    // sample's row of the bias sums, this head's columns of q, k (zero: see
-    // the header) and v, the 8 slots of each summed in one fixed order.
-    cta_barrier();
-    if (tid < D) {
-      const float* sq = reinterpret_cast<const float*>(smem + L::kSumsQ) + tid;
-      const float* sv = reinterpret_cast<const float*>(smem + L::kSumsV) + tid;
-      float q = 0.f, v = 0.f;
-#pragma unroll
-      for (int w = 0; w < 8; ++w) {
-        q += sq[w * D];
-        v += sv[w * D];
-      }
-      float* row = bias_sums + int64_t(b) * 3 * heads * D + h * D + tid;
-      row[0] = scale * q;
-      row[heads * D] = 0.f;
-      row[2 * heads * D] = v;
-    }
-  }
-  if (wg_lead) tma_store_wait_read<0>();  // shared memory must outlive the reads
 #else
   __trap();  // built for an architecture without wgmma: the host refuses to launch first
 #endif
 }
 
 template <int D>
-void launch(const bf16* qkv, const bf16* o, const bf16* d_o, const float* lse, bf16* dqkv, float* bias_sums,
-            int batch, int heads, float scale, int device, cudaStream_t stream) {
+void launch(const bf16* qkv, const bf16* o, const bf16* d_o, const float* lse, bf16* dqkv, int batch, int heads,
+            float scale, int device, cudaStream_t stream) {
   constexpr const char* kWho = "attention_head_bwd_sm90";
   const int64_t rows = int64_t(batch) * kT, qkv_cols = int64_t(3) * heads * D, o_cols = int64_t(heads) * D;
   Maps maps;
@@ -414,27 +350,24 @@ void launch(const bf16* qkv, const bf16* o, const bf16* d_o, const float* lse, b
   static std::atomic<uint64_t> attribute_set_on{0};
   allow_dynamic_smem(reinterpret_cast<const void*>(attention_head_bwd_kernel<D>), int(Smem<D>::kTotal), device,
                      attribute_set_on);
-  attention_head_bwd_kernel<D><<<batch * heads, kThreads, Smem<D>::kTotal, stream>>>(maps, lse, bias_sums, heads,
-                                                                                      scale);
+  attention_head_bwd_kernel<D><<<batch * heads, kThreads, Smem<D>::kTotal, stream>>>(maps, lse, heads, scale);
   PERFTRAIN_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-void attention_head_bwd_sm90(const bf16* qkv, const bf16* o, const bf16* d_o, const float* lse, bf16* dqkv,
-                             float* bias_sums, int batch, int heads, int head_dim, float scale, cudaStream_t stream) {
+void attention_head_bwd_sm90(const bf16* qkv, const bf16* o, const bf16* d_o, const float* lse, bf16* dqkv, int batch,
+                             int heads, int head_dim, float scale, cudaStream_t stream) {
   if (batch < 1 || heads < 1 || int64_t(batch) * heads > INT32_MAX)
     throw std::invalid_argument("attention_head_bwd_sm90: needs batch >= 1 and heads >= 1");
   if (!head_bwd_dim_supported(head_dim))
     throw std::invalid_argument("attention_head_bwd_sm90: head dim must be 64 or 72, not " + std::to_string(head_dim));
   check_tma_pointers("attention_head_bwd_sm90", {qkv, o, d_o, lse, dqkv});
-  if (bias_sums != nullptr && reinterpret_cast<uintptr_t>(bias_sums) % 4 != 0)
-    throw std::invalid_argument("attention_head_bwd_sm90: bias_sums must be 4-byte aligned");
   const int device = sm90_device("attention_head_bwd_sm90");
   if (head_dim == 64)
-    launch<64>(qkv, o, d_o, lse, dqkv, bias_sums, batch, heads, scale, device, stream);
+    launch<64>(qkv, o, d_o, lse, dqkv, batch, heads, scale, device, stream);
   else
-    launch<72>(qkv, o, d_o, lse, dqkv, bias_sums, batch, heads, scale, device, stream);
+    launch<72>(qkv, o, d_o, lse, dqkv, batch, heads, scale, device, stream);
 }
 
 }  // namespace perftrain::kernels

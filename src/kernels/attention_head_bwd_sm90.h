@@ -38,23 +38,13 @@ constexpr int kHeadBwdTokens = 256;
 // The head dims the kernel is built for: 64 (DiT-S, B) and 72 (DiT-XL).
 constexpr bool head_bwd_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 72; }
 
-// The bias sums (optional): each sample's sums over its tokens of dq, dk and
-// dv, [B, 3, H, d] fp32 (the qkv bias gradient before the sum over samples),
-// from the fp32 accumulators before they are rounded to bf16. The dk third
-// is written as zeros: each row of dS sums to zero, so sum_j dk_j = s sum_i
-// q_i sum_j dS_ij = 0 exactly. A warp's 16 rows of dQ (per chunk) and of dV
-// are summed by shuffles into a per-warp slot in shared memory (16 x d
-// floats), the 8 slots then in one fixed order: the same bits every run.
-// Bytes: 12 d a (sample, head) written, against a read of 2 x 256 d bf16
-// by a column sum over dqkv's q and v blocks.
-//
 // qkv [B, T, 3, H, d] bf16 (the packed projection), o and d_o [B, T, H, d]
 // bf16, lse [B, H, T] fp32 (natural log, of the scaled scores), dqkv
-// [B, T, 3, H, d] bf16, bias_sums null or [B, 3, H, d] fp32. T must be 256,
-// d 64 or 72. Throws std::invalid_argument for other shapes, misaligned
-// pointers or a GPU other than sm_90.
+// [B, T, 3, H, d] bf16. T must be 256, d 64 or 72. Throws
+// std::invalid_argument for other shapes, misaligned pointers or a GPU other
+// than sm_90.
 void attention_head_bwd_sm90(const __nv_bfloat16* qkv, const __nv_bfloat16* o, const __nv_bfloat16* d_o,
-                             const float* lse, __nv_bfloat16* dqkv, float* bias_sums, int batch, int heads,
-                             int head_dim, float scale, cudaStream_t stream);
+                             const float* lse, __nv_bfloat16* dqkv, int batch, int heads, int head_dim, float scale,
+                             cudaStream_t stream);
 
 }  // namespace perftrain::kernels

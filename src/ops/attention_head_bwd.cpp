@@ -49,8 +49,7 @@ int64_t whole_head_dim(const at::Tensor& qkv, int64_t heads) {
 }  // namespace detail
 
 at::Tensor try_attention_head_bwd(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
-                                  const at::Tensor& grad_out, int64_t heads, bool forward_was_ours,
-                                  at::Tensor* bias_sums) {
+                                  const at::Tensor& grad_out, int64_t heads, bool forward_was_ours) {
   if (!forward_was_ours && !whole_head_attention_backward()) return at::Tensor();
   if (!kernel_applies(qkv, out, lse, grad_out, heads)) {
     if (forward_was_ours)
@@ -61,13 +60,11 @@ at::Tensor try_attention_head_bwd(const at::Tensor& qkv, const at::Tensor& out, 
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / 3, head_dim = D / heads;
   const at::Tensor dout = grad_out.contiguous();
   at::Tensor dqkv = at::empty({B, T, 3 * D}, qkv.options());
-  if (bias_sums != nullptr) *bias_sums = at::empty({B, 3 * D}, qkv.options().dtype(at::kFloat));
   kernels::attention_head_bwd_sm90(static_cast<const __nv_bfloat16*>(qkv.data_ptr()),
                                    static_cast<const __nv_bfloat16*>(out.data_ptr()),
                                    static_cast<const __nv_bfloat16*>(dout.data_ptr()), lse.data_ptr<float>(),
-                                   static_cast<__nv_bfloat16*>(dqkv.data_ptr()),
-                                   bias_sums != nullptr ? bias_sums->data_ptr<float>() : nullptr, int(B), int(heads),
-                                   int(head_dim), 1.f / std::sqrt(float(head_dim)), at::cuda::getCurrentCUDAStream());
+                                   static_cast<__nv_bfloat16*>(dqkv.data_ptr()), int(B), int(heads), int(head_dim),
+                                   1.f / std::sqrt(float(head_dim)), at::cuda::getCurrentCUDAStream());
   return dqkv;
 }
 

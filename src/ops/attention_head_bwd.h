@@ -21,13 +21,8 @@ void set_whole_head_attention_backward(bool on);  // process-wide; before the st
 // forward_was_ours: the forward was ours (ops/attention_head_fwd), so there
 // is no cuDNN state to fall back on: the switch is ignored, and a shape the
 // kernel cannot take throws std::logic_error.
-// bias_sums: where given and the kernel runs, set to each sample's sums of
-// dqkv over its tokens, [B, 3D] fp32 (the k third exactly zero), from the
-// kernel's fp32 accumulators: the qkv bias gradient is their sum over the
-// samples (batch_sums_into), with no pass over dqkv.
 at::Tensor try_attention_head_bwd(const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
-                                  const at::Tensor& grad_out, int64_t heads, bool forward_was_ours = false,
-                                  at::Tensor* bias_sums = nullptr);
+                                  const at::Tensor& grad_out, int64_t heads, bool forward_was_ours = false);
 
 namespace detail {
 

@@ -51,12 +51,11 @@ at::Tensor packed_attention_forward(torch::autograd::AutogradContext* ctx, const
 
 at::Tensor own_packed_attention_backward(torch::autograd::AutogradContext* ctx,
                                          const torch::autograd::variable_list& saved, size_t at,
-                                         const at::Tensor& qkv, const at::Tensor& grad_out,
-                                         at::Tensor* bias_sums) {
+                                         const at::Tensor& qkv, const at::Tensor& grad_out) {
   const int64_t heads = ctx->saved_data["heads"].toInt();
   const bool own_fwd = ctx->saved_data["own_fwd"].toBool();
   if (!ctx->saved_data["masked"].toBool() && (own_fwd || forced_attention_plan() == nullptr))
-    if (at::Tensor dqkv = try_attention_head_bwd(qkv, saved[at], saved[at + 1], grad_out, heads, own_fwd, bias_sums);
+    if (at::Tensor dqkv = try_attention_head_bwd(qkv, saved[at], saved[at + 1], grad_out, heads, own_fwd);
         dqkv.defined())
       return dqkv;
   if (ctx->saved_data["tiled"].toBool()) return try_tiled_backward_packed(saved, at, grad_out);

@@ -45,11 +45,8 @@ at::Tensor packed_attention_forward(torch::autograd::AutogradContext* ctx, const
 // The packed gradient [B, T, 3D] from our kernels, from what
 // packed_attention_forward saved (out at index `at`); undefined where
 // cuDNN's backward has to run (detail::cudnn_backward(ctx, saved, at, ...)).
-// bias_sums: set where the whole-head backward ran (try_attention_head_bwd's
-// per-sample sums of the gradient, [B, 3D] fp32), left undefined otherwise.
 at::Tensor own_packed_attention_backward(torch::autograd::AutogradContext* ctx,
                                          const torch::autograd::variable_list& saved, size_t at,
-                                         const at::Tensor& qkv, const at::Tensor& grad_out,
-                                         at::Tensor* bias_sums = nullptr);
+                                         const at::Tensor& qkv, const at::Tensor& grad_out);
 
 }  // namespace perftrain::ops::detail

@@ -62,13 +62,8 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     // Our kernels' packed gradient where they take it (ops/packed_attention_route),
-    // cuDNN's backward otherwise. The whole-head backward also gives each
-    // sample's bias sums, and the bias gradient is then their sum over the
-    // samples instead of a pass over dqkv's q and v blocks.
-    const bool wants_db = b_dtype >= 0 && ctx->needs_input_grad(2);
-    at::Tensor bias_sums;
-    const at::Tensor own_dqkv =
-        detail::own_packed_attention_backward(ctx, s, 3, qkv, grads[0], wants_db ? &bias_sums : nullptr);
+    // cuDNN's backward otherwise.
+    const at::Tensor own_dqkv = detail::own_packed_attention_backward(ctx, s, 3, qkv, grads[0]);
     const auto d = own_dqkv.defined() ? std::array<at::Tensor, 3>{} : cudnn_backward(ctx, s, 3, grads[0]);
 
     // Each of dq, dk, dv is [B, T, D] in memory when cuDNN kept q's token-major
@@ -85,7 +80,7 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
     // products (ops/weight_grad_stream.h), into outputs allocated here.
     at::Tensor dh, dw, db;
     if (ctx->needs_input_grad(1)) dw = at::empty({3 * D, D}, w.options().dtype(w_dtype));
-    if (wants_db) db = at::empty({3 * D}, w.options().dtype(at::ScalarType(b_dtype)));
+    if (b_dtype >= 0 && ctx->needs_input_grad(2)) db = at::empty({3 * D}, w.options().dtype(at::ScalarType(b_dtype)));
     if (!in_place) {  // the packed gradient and the plain linear backward on it
       const at::Tensor dqkv = (own_dqkv.defined() ? own_dqkv : pack_dqkv(d, B, T, heads, D)).view({m, 3 * D});
       if (dw.defined() || db.defined())
@@ -95,15 +90,13 @@ struct ProjectedAttention : torch::autograd::Function<ProjectedAttention> {
               // gradient (its rows 3D apart), the k block zero and not read,
               // as in the in-place path.
               detail::linear_weight_grad_into(dqkv, h2, dw, at::Tensor());
-              if (db.defined() && bias_sums.defined()) {
-                batch_sums_into(bias_sums, db);
-              } else if (db.defined()) {
+              if (db.defined()) {
                 column_sums_into({dqkv.narrow(1, 0, D), dqkv.narrow(1, 2 * D, D)},
                                  {db.narrow(0, 0, D), db.narrow(0, 2 * D, D)});
                 db.narrow(0, D, D).zero_();
               }
             },
-            {dqkv, h2, bias_sums});
+            {dqkv, h2});
       if (ctx->needs_input_grad(0)) {
         dh = at::empty({B, T, D}, dqkv.options());
         detail::linear_input_grad(dqkv, w, dh.view({m, D}));

@@ -143,44 +143,7 @@ TEST(ProjectedAttentionGpu, OwnBackwardMatchesReferenceAndCudnn) {
     EXPECT_LT(rel_l2(own.db, ref.db), 2e-2) << what << " db";
     EXPECT_LT(rel_l2(own.dh, cudnn.dh), 1.5e-2) << what << " dh vs cuDNN";
     EXPECT_LT(rel_l2(own.dw, cudnn.dw), 1.5e-2) << what << " dW vs cuDNN";
-    EXPECT_LT(rel_l2(own.db, cudnn.db), 1.5e-2) << what << " db vs cuDNN";
     EXPECT_EQ(own.db.narrow(0, s.dim, s.dim).abs().max().item<float>(), 0.f) << what << " db_k";
-  }
-}
-
-// The whole-head backward's bias sums (the projection's bias gradient comes
-// from them) against the per-sample sums of the gradient it returns: they
-// differ by that gradient's bf16 rounding only. Its k third is exactly zero,
-// and the returned gradient is the same bits with the sums asked for or not.
-TEST(ProjectedAttentionGpu, WholeHeadBiasSumsAreTheGradientsSums) {
-  if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
-  if (at::cuda::getCurrentDeviceProperties()->major != 9) GTEST_SKIP() << "not sm_90";
-  auto g = cuda_gen(55);
-  for (const int64_t d : {64, 72}) {
-    const int64_t B = 3, H = 2, T = 256, D = H * d;
-    const at::Tensor qkv = rnd({B, T, 3 * D}, g).to(at::kBFloat16);
-    // The forward's out and lse in fp32 from the bf16 qkv: [B, H, T, d] views.
-    const auto head = [&](int64_t i) {
-      return qkv.narrow(2, i * D, D).reshape({B, T, H, d}).transpose(1, 2).to(at::kFloat);
-    };
-    const at::Tensor scores = head(0).matmul(head(1).transpose(2, 3)) / std::sqrt(double(d));
-    const at::Tensor lse = scores.logsumexp(-1).contiguous();
-    const at::Tensor out =
-        scores.softmax(-1).matmul(head(2)).transpose(1, 2).contiguous().to(at::kBFloat16).transpose(1, 2);
-    const at::Tensor grad = rnd({B, T, D}, g).to(at::kBFloat16);
-    at::Tensor sums;
-    const at::Tensor dqkv = try_attention_head_bwd(qkv, out, lse, grad, H, false, &sums);
-    ASSERT_TRUE(dqkv.defined() && sums.defined()) << "d " << d;
-    ASSERT_EQ(sums.size(0), B) << "d " << d;
-    ASSERT_EQ(sums.size(1), 3 * D) << "d " << d;
-    const at::Tensor want = dqkv.to(at::kFloat).sum(1);  // [B, 3D]
-    for (const int64_t third : {0, 2})
-      EXPECT_LT(rel_l2(sums.narrow(1, third * D, D), want.narrow(1, third * D, D)), 5e-3)
-          << "d " << d << " third " << third;
-    EXPECT_EQ(sums.narrow(1, D, D).abs().max().item<float>(), 0.f) << "d " << d << " k third";
-    EXPECT_LT(want.narrow(1, D, D).norm().item<double>(), 1e-2 * want.norm().item<double>())
-        << "d " << d << ": the inputs are not a consistent forward";
-    EXPECT_TRUE(at::equal(dqkv, try_attention_head_bwd(qkv, out, lse, grad, H))) << "d " << d;
   }
 }
 
