@@ -89,8 +89,9 @@ TEST(GeluMlpGpu, MatchesFloat64) {
 }
 
 // kAuto with GEMM tuning on times the epilogue and split forms on a shape's
-// first backward, records the choice beside the products' tuning and keeps
-// it: a second backward of the shape times nothing. Either form is right.
+// first backward, records the choice and both times beside the products'
+// tuning and keeps it: a second backward of the shape times nothing. Either
+// form is right.
 TEST(GeluMlpGpu, AutoTimesTheFormsOnceAShapeAndIsRight) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   ASSERT_GE(gemm_tune_candidates(), 2) << "the default tunes";
@@ -100,8 +101,10 @@ TEST(GeluMlpGpu, AutoTimesTheFormsOnceAShapeAndIsRight) {
   auto records_of_shape = [&] {
     int n = 0;
     for (const auto& r : gemm_tune_records()) {
-      if (r.what != what) continue;
+      if (r.what.rfind(what, 0) != 0) continue;
       ++n;
+      EXPECT_NE(r.what.find(": epilogue "), std::string::npos) << r.what;
+      EXPECT_NE(r.what.find(", split "), std::string::npos) << r.what;
       EXPECT_EQ(r.candidates, 2);
       EXPECT_TRUE(r.chosen == 0 || r.chosen == 1) << r.chosen;
       EXPECT_GT(r.heuristic_ms, 0.0);
