@@ -104,16 +104,21 @@ bool dgelu_epilogue_chosen(const at::Tensor& dy, const at::Tensor& w2, const at:
   if (current_stream_capturing() || !gemm_tuning_open()) return rule;
   at::Tensor db1;
   bool epilogue_ok = true;
-  // The same work on both sides: where the epilogue form leaves db1 to a
-  // column-sum pass over d(pre) with dW1 (no fp32 bias gradient from
-  // cuBLASLt with a bf16 output), that pass is timed with it, as the split
-  // form's fused GELU pass sums db1.
+  // The same work on both sides: a form that leaves db1 to a column-sum
+  // pass over d(pre) with dW1 is timed with that pass (the epilogue form
+  // where cuBLASLt gives no fp32 bias gradient with a bf16 output, the split
+  // form where ATen's GELU backward runs), as the fused GELU pass sums db1.
   const at::Tensor db1_later = want_db1 ? at::empty({pre.size(1)}, dy.options().dtype(at::kFloat)) : at::Tensor();
+  bool epilogue_left_db1 = false, split_left_db1 = false;
   const double epilogue_ms = median_cuda_ms([&] {
     epilogue_ok = epilogue_ok && dgelu_in_epilogue(dy, w2, pre, dpre, want_db1, db1);
-    if (epilogue_ok && want_db1 && !db1.defined()) column_sums_into({dpre}, {db1_later});
+    epilogue_left_db1 = epilogue_ok && want_db1 && !db1.defined();
+    if (epilogue_left_db1) column_sums_into({dpre}, {db1_later});
   });
-  const double split_ms = median_cuda_ms([&] { dgelu_split(dy, w2, pre, dpre, want_db1); });
+  const double split_ms = median_cuda_ms([&] {
+    split_left_db1 = want_db1 && !dgelu_split(dy, w2, pre, dpre, want_db1).defined();
+    if (split_left_db1) column_sums_into({dpre}, {db1_later});
+  });
   // As the products' tuning: the rule's form unless the other beats it by more than 3%, so that near-ties
   // choose the same in every run.
   const bool epilogue = epilogue_ok && (rule ? epilogue_ms <= split_ms / 0.97 : epilogue_ms < 0.97 * split_ms);
@@ -121,9 +126,10 @@ bool dgelu_epilogue_chosen(const at::Tensor& dy, const at::Tensor& w2, const at:
   // Recorded as the products' tuning is: candidate 0 the rule's form, 1 the other.
   const double rule_ms = rule && epilogue_ok ? epilogue_ms : split_ms;
   const char* forms = rule ? " (0: epilogue, 1: split)" : " (0: split, 1: epilogue)";
-  char times[96];
-  std::snprintf(times, sizeof times, ": epilogue %.3f ms%s, split %.3f ms", epilogue_ms,
-                want_db1 && !db1.defined() ? " with db1's column sums" : "", split_ms);
+  char times[128];
+  const char* with_sums = " with db1's column sums";
+  std::snprintf(times, sizeof times, ": epilogue %.3f ms%s, split %.3f ms%s", epilogue_ms,
+                epilogue_left_db1 ? with_sums : "", split_ms, split_left_db1 ? with_sums : "");
   kernels::gemm_add_tune_record({"DGELU form m=" + std::to_string(pre.size(0)) + " n=" + std::to_string(pre.size(1)) +
                                      " k=" + std::to_string(dy.size(1)) + forms + times,
                                  2, epilogue == rule ? 0 : 1, rule_ms, epilogue ? epilogue_ms : split_ms});
