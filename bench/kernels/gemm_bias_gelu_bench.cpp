@@ -12,9 +12,18 @@
 // runs without it: the product (ops::linear's, cuBLASLt) then ops::swiglu's
 // kernel, and the product alone; and the largest differences (gate_up; h,
 // which ours computes from the fp32 products).
+// Then fc2's backward product through GELU with fc1's bias gradient, the
+// three forms ops::gelu_mlp times on a shape's first backward: our kernel
+// (ops::try_gemm_dgelu_sm90: dpre and db1 from its column partials),
+// cuBLASLt's DGELU epilogue then the column-sum pass db1 takes there, and
+// the split form (the plain product, then the fused GELU backward with
+// db1); the plain product alone beside them; and the largest differences
+// from the split form (dpre; db1 relative to its largest).
 //   bench_gemm_bias_gelu [m n k]...     (default: DiT-S/2, B/2, XL/2 at b256, and
-//                                        SS-B/2 b256, SS-XL/2 b128 for SwiGLU)
+//                                        SS-B/2 b256, SS-XL/2 b128 for SwiGLU, and for
+//                                        DGELU DiT-S/2, B/2, XL/2 b256, L/2 b128, XL/2 b32 512 px)
 //   bench_gemm_bias_gelu swiglu [m f k]...   (SwiGLU only)
+//   bench_gemm_bias_gelu dgelu [m n k]...    (DGELU only; n = 4D, k = D)
 // Build: cmake --build build --target bench_gemm_bias_gelu (binary in
 // build/bench/kernels/). On the GPU machine: tools/gpu_run.sh MODE=lab
 // LAB=bench_gemm_bias_gelu [LAB_ARGS="65536 3072 768"].
@@ -34,7 +43,9 @@
 #include <vector>
 
 #include "kernels/gemm_lt.h"
+#include "ops/column_sums.h"
 #include "ops/cublaslt_workspace.h"
+#include "ops/gelu_backward.h"
 #include "ops/gemm_bias_gelu.h"
 #include "ops/linear.h"
 #include "ops/swiglu.h"
@@ -83,6 +94,46 @@ void swiglu_table(const std::vector<std::vector<int64_t>>& shapes) {
   }
 }
 
+// The DGELU table: for each [m, n, k] (n = 4D, k = D), the three forms.
+void dgelu_table(const std::vector<std::vector<int64_t>>& shapes) {
+  using namespace perftrain::ops;
+  const auto opts = at::TensorOptions().device(at::kCUDA);
+  std::printf("\n| m | n | k | ours dpre + db1 ms (TFLOP/s) | cuBLASLt DGELU + db1 sums ms (TFLOP/s) | "
+              "split: product + GELU pass with db1 ms (TFLOP/s) | product alone ms | max |dpre diff| | "
+              "max |db1 diff| / max |db1| |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& s : shapes) {
+    const int64_t m = s[0], n = s[1], k = s[2];
+    const at::Tensor dy = (at::randn({m, k}, opts) * 0.1).to(at::kBFloat16);
+    const at::Tensor w2 = (at::randn({k, n}, opts) / std::sqrt(double(n))).to(at::kBFloat16);
+    const at::Tensor pre = (at::randn({m, n}, opts) * 1.5).to(at::kBFloat16);
+    const auto bf = opts.dtype(at::kBFloat16), f32 = opts.dtype(at::kFloat);
+    const at::Tensor dpre = at::empty({m, n}, bf), dpre_lt = at::empty({m, n}, bf);
+    at::Tensor dpre_split = at::empty({m, n}, bf);  // the GELU pass takes it by reference
+    const at::Tensor db1 = at::empty({n}, f32), db1_lt = at::empty({n}, f32), db1_split = at::empty({n}, f32);
+    const double ours = median_ms([&] { return try_gemm_dgelu_sm90(dy, w2, pre, dpre, db1); });
+    const double lt = median_ms([&] {
+      if (!try_gemm_lt(dy, false, w2, false, dpre_lt, GemmEpilogue::kDGelu, at::Tensor(), pre)) return false;
+      column_sums_into({dpre_lt}, {db1_lt});
+      return true;
+    });
+    const double split = median_ms([&] {
+      detail::linear_input_grad(dy, w2, dpre_split);
+      gelu_tanh_backward_(dpre_split, pre, db1_split);
+      return true;
+    });
+    const at::Tensor plain = at::empty({m, n}, bf);
+    const double product = median_ms([&] {
+      detail::linear_input_grad(dy, w2, plain);
+      return true;
+    });
+    const auto cell = [flop = 2.0 * m * n * k](double ms) { return ms_and_tflops(ms, flop); };
+    const double dd = (dpre.to(at::kFloat) - dpre_split.to(at::kFloat)).abs().max().item<double>();
+    const double db = ((db1 - db1_split).abs().max() / db1_split.abs().max()).item<double>();
+    std::printf("| %lld | %lld | %lld | %s | %s | %s | %s | %.3g | %.3g |\n", (long long)m, (long long)n, (long long)k,
+                cell(ours).c_str(), cell(lt).c_str(), cell(split).c_str(), cell(product).c_str(), dd, db);
+  }
+}
+
 // [m n k] triples from argv[first...].
 std::vector<std::vector<int64_t>> shape_args(int argc, char** argv, int first) {
   std::vector<std::vector<int64_t>> shapes;
@@ -96,13 +147,17 @@ std::vector<std::vector<int64_t>> shape_args(int argc, char** argv, int first) {
 int main(int argc, char** argv) {
   std::vector<std::vector<int64_t>> shapes = {{65536, 1536, 384}, {65536, 3072, 768}, {65536, 4608, 1152}};
   std::vector<std::vector<int64_t>> swiglu_shapes = {{256 * 288, 2048, 768}, {128 * 288, 3072, 1152}};
-  const bool swiglu_only = argc > 1 && std::string(argv[1]) == "swiglu";
-  if (swiglu_only) {
+  std::vector<std::vector<int64_t>> dgelu_shapes = {
+      {65536, 1536, 384}, {65536, 3072, 768}, {65536, 4608, 1152}, {32768, 4096, 1024}, {32768, 4608, 1152}};
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "swiglu" || mode == "dgelu") {
     shapes.clear();
-    if (argc > 2) swiglu_shapes = shape_args(argc, argv, 2);
+    (mode == "swiglu" ? dgelu_shapes : swiglu_shapes).clear();
+    if (argc > 2) (mode == "swiglu" ? swiglu_shapes : dgelu_shapes) = shape_args(argc, argv, 2);
   } else if (argc > 1) {
     shapes = shape_args(argc, argv, 1);
     swiglu_shapes.clear();
+    dgelu_shapes.clear();
   }
   const c10::cuda::CUDAGuard guard(0);
   const auto opts = at::TensorOptions().device(at::kCUDA);
@@ -131,5 +186,6 @@ int main(int argc, char** argv) {
                 cell(ours).c_str(), cell(lt_gelu).c_str(), cell(lt_bias).c_str(), dpre, dact);
   }
   if (!swiglu_shapes.empty()) swiglu_table(swiglu_shapes);
+  if (!dgelu_shapes.empty()) dgelu_table(dgelu_shapes);
   return 0;
 }

@@ -8,6 +8,7 @@
 #include "kernels/column_partials.cuh"
 #include "kernels/column_sums.h"
 #include "kernels/cuda_check.h"
+#include "kernels/gelu_tanh.cuh"
 #include "kernels/vector_io.cuh"
 
 namespace perftrain::kernels {
@@ -17,18 +18,7 @@ using namespace column_tiling;
 using detail::from_float;
 using detail::store_vec;
 using detail::to_float;
-
-__device__ __forceinline__ float gelu_tanh_grad(float x) {
-  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
-  constexpr float kKappa = 0.044715f;
-  const float x_sq = x * x;
-  const float inner = kBeta * (x + kKappa * x_sq * x);
-  // tanh(inner); when exp overflows, __fdividef gives 0 and t = 1.
-  const float t = 1.f - __fdividef(2.f, __expf(2.f * inner) + 1.f);
-  const float left_derivative = 0.5f * (1.f + t);
-  const float right_derivative = 0.5f * x * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * x_sq);
-  return left_derivative + right_derivative;
-}
+using gelu_math::gelu_tanh_grad;
 
 // One element: the stored result, and its value as stored (what the sums add).
 template <typename T>

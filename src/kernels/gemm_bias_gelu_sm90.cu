@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "kernels/cuda_check.h"
+#include "kernels/gelu_tanh.cuh"
 #include "kernels/sm90.cuh"
 #include "kernels/tensor_map.h"
 
@@ -32,13 +33,19 @@ constexpr uint32_t kChunkBytes = 64 * kChunkCols * 2;
 constexpr int kStages = 4, kBuffers = 4;
 static_assert((kBuffers & (kBuffers - 1)) == 0, "buffers taken in turn by a mask");
 
+// The column sums' hand-over between the warps of a consumer warpgroup
+// (gemm_dgelu_sm90): 4 warps x 64 columns of fp32.
+constexpr uint32_t kRedFloats = 4 * kChunkCols;
+
 // Shared memory: the ring of kStages (A tiles and W tiles of kBN rows),
-// each consumer warpgroup's kBuffers, then the barriers (full and empty per
-// stage, two for the kernel's own use); 1024 bytes of slack to align the start.
+// each consumer warpgroup's kBuffers and column-sum hand-over, then the
+// barriers (full and empty per stage, two for the kernel's own use); 1024
+// bytes of slack to align the start.
 struct SmemLayout {
   static constexpr uint32_t kRing = kStages * (kATileBytes + uint32_t(kBN) * kBK * 2);
   static constexpr uint32_t kStaging = 2 * kBuffers * kChunkBytes;
-  static constexpr size_t kTotal = kRing + kStaging + (2 * kStages + 2) * sizeof(uint64_t) + 1024;
+  static constexpr uint32_t kRed = 2 * kRedFloats * 4;
+  static constexpr size_t kTotal = kRing + kStaging + kRed + (2 * kStages + 2) * sizeof(uint64_t) + 1024;
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
 };
 
@@ -49,14 +56,20 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.f + tanh_approx(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+using gelu_math::gelu_tanh_grad;
+
 __device__ __forceinline__ float2 bias_pair(const float* b) { return __ldg(reinterpret_cast<const float2*>(b)); }
 __device__ __forceinline__ float2 bias_pair(const bf16* b) {
   return __bfloat1622float2(__ldg(reinterpret_cast<const __nv_bfloat162*>(b)));
 }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float v0, float v1) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+__device__ __forceinline__ uint32_t pack_bf16x2(float2 v) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
   return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t u) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
 }
 
 // The epilogues. In the layout of wgmma m64nNk16 a consumer thread holds rows
@@ -64,12 +77,17 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float v0, float v1) {
 // in d[4j + 2h] and d[4j + 2h + 1]: a 64-column half jc of the 128-column tile
 // is j = 8 jc + jj (jj < 8).
 //
-// An epilogue says how the tile's W rows are loaded (kWPieces boxes of
-// 128 / kWPieces rows, box p at row w_row(tn, p) for tile column tn) and
-// what it writes: kChunks 64 x 64 chunks a row half, chunk ch to output
-// output(ch) at column column(tn, ch), its pair (jj, h) being value(...);
-// load(cl, tn, ch) fetches what a chunk needs from memory (a Chunk) while
-// the one before is written.
+// An epilogue says how the tile's W is loaded: K-major (W [N, K], kWPieces
+// boxes of 128 / kWPieces rows of N) or, with kWMnMajor, MN-major (W [K, N],
+// two boxes of 64 rows of K x 64 columns of N: the atoms of the transposed
+// operand); box p of k-step kb of tile column tn at (column, row) =
+// w_box(tn, p, kb). And what it writes: kChunks 64-column chunks, each for
+// both 64-row halves hh of the tile, chunk ch to output output(ch) at
+// column column(tn, ch), its pair (jj, h) being value(...) (fp32, stored
+// rounded to bf16); load(cl, tn, ch, row) fetches what a chunk's row half
+// needs from memory (a Chunk; row = the thread's first row of it) while the
+// one before is written. kColumnSums: the column sums of the values as
+// stored, one row of fp32 partials per 128-row tile (column_partials).
 
 // The accumulators' pair (jj, h) of 64-column half jc.
 __device__ __forceinline__ float2 acc_pair(const float (&d)[64], int jc, int jj, int h) {
@@ -82,23 +100,24 @@ __device__ __forceinline__ float2 acc_pair(const float (&d)[64], int jc, int jj,
 template <typename TB>
 struct BiasGeluEpilogue {
   static constexpr int kWPieces = 1, kChunks = 4;
+  static constexpr bool kWMnMajor = false, kColumnSums = false;
   const TB* bias;
   struct Chunk {
     float2 b[8];
   };
-  __device__ __forceinline__ static int w_row(int tn, int) { return tn * kBN; }
+  __device__ __forceinline__ static int2 w_box(int tn, int, int kb) { return make_int2(kb * kBK, tn * kBN); }
   __device__ __forceinline__ static int output(int ch) { return ch / 2; }
   __device__ __forceinline__ static int column(int tn, int ch) { return tn * kBN + kChunkCols * (ch % 2); }
-  __device__ __forceinline__ Chunk load(int cl, int tn, int ch) const {
+  __device__ __forceinline__ Chunk load(int cl, int tn, int ch, int) const {
     Chunk c;
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) c.b[jj] = bias_pair(bias + tn * kBN + cl + 8 * (8 * (ch % 2) + jj));
     return c;
   }
-  __device__ __forceinline__ uint32_t value(const Chunk& c, int ch, int jj, int h, const float (&d)[64]) const {
+  __device__ __forceinline__ float2 value(const Chunk& c, int ch, int jj, int h, const float (&d)[64]) const {
     const float2 v = acc_pair(d, ch % 2, jj, h);
     const float v0 = v.x + c.b[jj].x, v1 = v.y + c.b[jj].y;
-    return ch < 2 ? pack_bf16x2(v0, v1) : pack_bf16x2(gelu_tanh(v0), gelu_tanh(v1));
+    return ch < 2 ? make_float2(v0, v1) : make_float2(gelu_tanh(v0), gelu_tanh(v1));
   }
 };
 
@@ -111,19 +130,54 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 // piece (F + 64 tn), chunk 2 h = silu(gate) * up (column 64 tn of h).
 struct SwigluEpilogue {
   static constexpr int kWPieces = 2, kChunks = 3;
+  static constexpr bool kWMnMajor = false, kColumnSums = false;
   int f;
   struct Chunk {};
-  __device__ __forceinline__ int w_row(int tn, int piece) const { return tn * kChunkCols + piece * f; }
+  __device__ __forceinline__ int2 w_box(int tn, int piece, int kb) const {
+    return make_int2(kb * kBK, tn * kChunkCols + piece * f);
+  }
   __device__ __forceinline__ static int output(int ch) { return ch / 2; }
   __device__ __forceinline__ int column(int tn, int ch) const { return tn * kChunkCols + (ch == 1 ? f : 0); }
-  __device__ __forceinline__ Chunk load(int, int, int) const { return {}; }
-  __device__ __forceinline__ uint32_t value(const Chunk&, int ch, int jj, int h, const float (&d)[64]) const {
-    if (ch < 2) {
-      const float2 v = acc_pair(d, ch, jj, h);
-      return pack_bf16x2(v.x, v.y);
-    }
+  __device__ __forceinline__ Chunk load(int, int, int, int) const { return {}; }
+  __device__ __forceinline__ float2 value(const Chunk&, int ch, int jj, int h, const float (&d)[64]) const {
+    if (ch < 2) return acc_pair(d, ch, jj, h);
     const float2 g = acc_pair(d, 0, jj, h), u = acc_pair(d, 1, jj, h);
-    return pack_bf16x2(silu(g.x) * u.x, silu(g.y) * u.y);
+    return make_float2(silu(g.x) * u.x, silu(g.y) * u.y);
+  }
+};
+
+// fc2's backward through GELU: dpre = (dY W2) * gelu_tanh'(pre), W2 [K, N]
+// as fc2's weight is kept (MN-major: the two 64-column atoms of a k-step);
+// chunks 0, 1 are the tile's column halves of dpre, and each thread reads
+// the pre pairs of its accumulator pairs straight from memory (4 bytes a
+// pair; a row's 128 bytes by four lanes over the eight jj). The column sums
+// of dpre as stored (fc1's bias gradient) go to `partials`.
+struct DGeluEpilogue {
+  static constexpr int kWPieces = 2, kChunks = 2;
+  static constexpr bool kWMnMajor = true, kColumnSums = true;
+  const bf16* pre;
+  int n;
+  float* partials;  // [m / 128, n] or null (no sums)
+  struct Chunk {
+    uint32_t p[8][2];  // pre's pair (jj, h)
+  };
+  __device__ __forceinline__ static int2 w_box(int tn, int piece, int kb) {
+    return make_int2(tn * kBN + kChunkCols * piece, kb * kBK);
+  }
+  __device__ __forceinline__ static int output(int) { return 0; }
+  __device__ __forceinline__ static int column(int tn, int ch) { return tn * kBN + kChunkCols * ch; }
+  __device__ __forceinline__ Chunk load(int cl, int tn, int ch, int row) const {
+    Chunk c;
+    const bf16* at = pre + int64_t(row) * n + tn * kBN + kChunkCols * ch + cl;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) c.p[jj][h] = __ldg(reinterpret_cast<const unsigned int*>(at + 8 * (h * int64_t(n) + jj)));
+    return c;
+  }
+  __device__ __forceinline__ float2 value(const Chunk& c, int ch, int jj, int h, const float (&d)[64]) const {
+    const float2 g = acc_pair(d, ch, jj, h), x = unpack_bf16x2(c.p[jj][h]);
+    return make_float2(g.x * gelu_tanh_grad(x.x), g.y * gelu_tanh_grad(x.y));
   }
 };
 
@@ -143,11 +197,12 @@ __device__ __forceinline__ void init_ring_barriers(uint64_t* full, uint64_t* emp
 }
 
 // The dynamic shared memory, carved as SmemLayout says: the ring's A and W
-// stages, the epilogue buffers, and the barriers (full and empty per stage,
-// then two more for the kernel's own use).
+// stages, the epilogue buffers, the column sums' hand-over, and the
+// barriers (full and empty per stage, then two more for the kernel's own use).
 struct SmemParts {
   bf16 *sa, *sw;
   unsigned char* staging;
+  float* red;
   uint64_t *full, *empty, *extra;
 };
 
@@ -159,7 +214,8 @@ __device__ __forceinline__ SmemParts carve_smem(unsigned char* smem_raw) {
   p.sa = reinterpret_cast<bf16*>(smem);
   p.sw = reinterpret_cast<bf16*>(smem + kStages * kATileBytes);
   p.staging = smem + SmemLayout::kRing;
-  p.full = reinterpret_cast<uint64_t*>(smem + SmemLayout::kRing + SmemLayout::kStaging);
+  p.red = reinterpret_cast<float*>(smem + SmemLayout::kRing + SmemLayout::kStaging);
+  p.full = reinterpret_cast<uint64_t*>(smem + SmemLayout::kRing + SmemLayout::kStaging + SmemLayout::kRed);
   p.empty = p.full + kStages;
   p.extra = p.empty + kStages;
   return p;
@@ -167,12 +223,13 @@ __device__ __forceinline__ SmemParts carve_smem(unsigned char* smem_raw) {
 
 // The producer warpgroup: it gives up registers to the consumers, and one
 // thread, for each of the CTA's tiles (blockIdx.x, + gridDim.x, ...), loads
-// its k-steps' A (128 rows) and W (128 rows, in the epilogue's boxes) into
-// the ring, each stage once its last readers have released it.
+// its k-steps' A (128 rows) and W (128 columns of N, in the epilogue's
+// boxes) into the ring, each stage once its last readers have released it.
 template <typename Epilogue>
 __device__ __forceinline__ void run_producer(const CUtensorMap* tma_a, const CUtensorMap* tma_w, const SmemParts& p,
                                              const Epilogue& epilogue, int tiles, int tiles_n, int kblocks) {
-  constexpr int kWBoxRows = kBN / Epilogue::kWPieces;
+  constexpr int kWBoxRows = kBN / Epilogue::kWPieces;  // elements of a box: kWBoxRows x kBK
+  static_assert(!Epilogue::kWMnMajor || Epilogue::kWPieces == 2, "MN-major W: two 64 x 64 atoms a k-step");
   setmaxnreg_dec<40>();
   if (threadIdx.x != 0) return;
   int it = 0;  // k-steps issued, over all tiles
@@ -183,11 +240,13 @@ __device__ __forceinline__ void run_producer(const CUtensorMap* tma_a, const CUt
       mbar_wait(&p.empty[s], ((it / kStages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
       mbar_arrive_expect_tx(&p.full[s], kATileBytes + kBN * kBK * 2);
       tma_load_2d(p.sa + s * kBM * kBK, tma_a, &p.full[s], kb * kBK, m0);
-      // Boxes of whole 8-row swizzle groups back to back: the same layout as one box of kBN rows.
+      // K-major: boxes of whole 8-row swizzle groups back to back, the same layout as one box of kBN rows.
+      // MN-major: the two 64-column atoms, 8 KB apart.
 #pragma unroll
-      for (int piece = 0; piece < Epilogue::kWPieces; ++piece)
-        tma_load_2d(p.sw + s * kBN * kBK + piece * kWBoxRows * kBK, tma_w, &p.full[s], kb * kBK,
-                    epilogue.w_row(tn, piece));
+      for (int piece = 0; piece < Epilogue::kWPieces; ++piece) {
+        const int2 box = epilogue.w_box(tn, piece, kb);
+        tma_load_2d(p.sw + s * kBN * kBK + piece * kWBoxRows * kBK, tma_w, &p.full[s], box.x, box.y);
+      }
     }
   }
 }
@@ -216,6 +275,34 @@ __device__ __forceinline__ bool start_pipeline(const CUtensorMap* tma_a, const C
 __device__ __forceinline__ uint32_t swizzled_pair(uint32_t buf, int warp, int lane, int jj, int h) {
   const int r = warp * 16 + lane / 4 + 8 * h;  // row within the warpgroup's 64
   return buf + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * (lane & 3);
+}
+
+// A 64-column chunk's sums over the tile's 128 rows, from each thread's sums
+// over its four rows (sums[jj]: columns cl + 8 jj and the next, cl = 2 (lane
+// % 4)): added over the warp's eight row groups by shuffles, then over the
+// four warps in order through `red` (the warpgroup's kRedFloats), and
+// written by the warpgroup's first 64 threads to out[0 .. 63] (the tile's
+// row of partials at the chunk's first column). The next writer of `red`
+// has passed a later warpgroup barrier, so no reader is left behind.
+__device__ __forceinline__ void column_partials(float2 (&sums)[8], float* red, int warp, int lane, int bar,
+                                                float* out) {
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      sums[jj].x += __shfl_xor_sync(0xffffffffu, sums[jj].x, o);
+      sums[jj].y += __shfl_xor_sync(0xffffffffu, sums[jj].y, o);
+    }
+  if (lane < 4)
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      red[warp * kChunkCols + 2 * lane + 8 * jj] = sums[jj].x;
+      red[warp * kChunkCols + 2 * lane + 8 * jj + 1] = sums[jj].y;
+    }
+  warpgroup_barrier(bar);
+  const int t = threadIdx.x % 128;
+  if (t < kChunkCols)
+    out[t] = ((red[t] + red[kChunkCols + t]) + red[2 * kChunkCols + t]) + red[3 * kChunkCols + t];
 }
 
 // Writes a filled 64 x 64 buffer (shared address buf) to the tensor map at
@@ -275,14 +362,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(&p.full[s], (it / kStages) & 1);
       const uint64_t da = smem_desc(p.sa + s * kBM * kBK);
       const uint64_t da_low = smem_desc(p.sa + s * kBM * kBK + 64 * kBK);
-      const uint64_t dw = smem_desc(p.sw + s * kBN * kBK);
       fence_accumulators(d0);
       fence_accumulators(d1);
       wgmma_fence();
+      if constexpr (Epilogue::kWMnMajor) {
+        // B's k16 step kk: 16 rows of 128 bytes further into both atoms.
+        const uint64_t dw = smem_desc_mn_atoms(p.sw + s * kBN * kBK, kChunkCols * kBK * 2);
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        wgmma_m64n128k16(d0, da + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
-        wgmma_m64n128k16(d1, da_low + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          wgmma_m64n128k16_tb(d0, da + 2 * kk, dw + 128 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+          wgmma_m64n128k16_tb(d1, da_low + 2 * kk, dw + 128 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+        }
+      } else {
+        const uint64_t dw = smem_desc(p.sw + s * kBN * kBK);
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          wgmma_m64n128k16(d0, da + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+          wgmma_m64n128k16(d1, da_low + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+        }
       }
       wgmma_commit();
       if (kb > 0) {  // the previous step's products are done: its stage may be refilled
@@ -294,19 +391,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (store_thread) mbar_arrive(&handoff[1 - c]);  // this thread has passed every full barrier of tile i
     const int cl = 2 * (lane & 3);
-    typename Epilogue::Chunk next = epilogue.load(cl, tn, 0);  // while the last products run
+    const int row = m0 + warp * 16 + lane / 4;  // the thread's first row of row half 0
+    typename Epilogue::Chunk next = epilogue.load(cl, tn, 0, row);  // while the last products run
     wgmma_wait<0>();
     fence_accumulators(d0);
     fence_accumulators(d1);
     if (lane == 0) mbar_arrive(&p.empty[(it - 1) % kStages]);  // the tile's last stage
     // The epilogue's chunks ch, each for row halves hh (d0, d1); the buffers
-    // in turn, a chunk's loads out while the one before is written.
+    // in turn, a half's loads out while the one before is written.
+    float2 sums[8];  // kColumnSums: the chunk's columns over the thread's four rows
 #pragma unroll
     for (int ch = 0; ch < Epilogue::kChunks; ++ch) {
-      const typename Epilogue::Chunk loaded = next;
-      if (ch + 1 < Epilogue::kChunks) next = epilogue.load(cl, tn, ch + 1);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh, ++chunk) {
+        const typename Epilogue::Chunk loaded = next;
+        if (hh == 0) next = epilogue.load(cl, tn, ch, row + 64);
+        else if (ch + 1 < Epilogue::kChunks) next = epilogue.load(cl, tn, ch + 1, row);
         const float(&d)[64] = hh == 0 ? d0 : d1;
         const uint32_t buf = my_staging + (chunk & (kBuffers - 1)) * kChunkBytes;
         if (store_thread) tma_store_wait_read<kBuffers - 1>();  // this buffer's previous store has read it
@@ -314,12 +414,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            st_shared_u32(swizzled_pair(buf, warp, lane, jj, h), epilogue.value(loaded, ch, jj, h, d));
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t v = pack_bf16x2(epilogue.value(loaded, ch, jj, h, d));
+            st_shared_u32(swizzled_pair(buf, warp, lane, jj, h), v);
+            if constexpr (Epilogue::kColumnSums) {
+              const float2 stored = unpack_bf16x2(v);
+              sums[jj] = hh == 0 && h == 0 ? stored : make_float2(sums[jj].x + stored.x, sums[jj].y + stored.y);
+            }
+          }
         }
         store_chunk(Epilogue::output(ch) == 0 ? &tma_out0 : &tma_out1, p.staging, buf, 1 + c, store_thread,
                     epilogue.column(tn, ch), m0 + 64 * hh);
       }
+      if constexpr (Epilogue::kColumnSums)
+        if (epilogue.partials != nullptr)
+          column_partials(sums, p.red + c * kRedFloats, warp, lane, 1 + c,
+                          epilogue.partials + int64_t(m0 / kBM) * n + epilogue.column(tn, ch));
     }
   }
   if (store_thread) tma_store_wait_read<0>();  // shared memory must outlive the stores' reads
@@ -343,7 +453,9 @@ void launch_pingpong(const char* what, const bf16* a, const bf16* w, bf16* out0,
                      int64_t out1_cols, const Epilogue& epilogue, int64_t m, int64_t n, int64_t k,
                      cudaStream_t stream) {
   const int device = sm90_device(what);
-  const CUtensorMap map_a = tensor_map(a, m, k, kBM, what), map_w = tensor_map(w, n, k, kBN / Epilogue::kWPieces, what);
+  const CUtensorMap map_a = tensor_map(a, m, k, kBM, what);
+  const CUtensorMap map_w = Epilogue::kWMnMajor ? tensor_map(w, k, n, kBK, what)  // W [K, N]: 64 x 64 atoms
+                                                : tensor_map(w, n, k, kBN / Epilogue::kWPieces, what);
   const CUtensorMap map_0 = tensor_map(out0, m, out0_cols, 64, what), map_1 = tensor_map(out1, m, out1_cols, 64, what);
   const auto kernel = gemm_sm90_pingpong_kernel<Epilogue>;
   static std::atomic<uint64_t> attribute_set_on{0};  // one flag per epilogue (one kernel each)
@@ -378,6 +490,21 @@ void gemm_swiglu_sm90(const bf16* a, const bf16* w_gu, bf16* gate_up, bf16* h, i
                                 std::to_string(f) + " k=" + std::to_string(k) + " (needs m % 128, f % 64, k % 64 == 0)");
   check_tma_pointers(what, {a, w_gu, gate_up, h});
   launch_pingpong(what, a, w_gu, gate_up, 2 * f, h, f, SwigluEpilogue{int(f)}, m, 2 * f, k, stream);
+}
+
+bool gemm_dgelu_sm90_supported(int64_t m, int64_t n, int64_t k) { return gemm_bias_gelu_sm90_supported(m, n, k); }
+
+void gemm_dgelu_sm90(const bf16* dy, const bf16* w2, const bf16* pre, bf16* dpre, float* partials, int64_t m, int64_t n,
+                     int64_t k, cudaStream_t stream) {
+  const char* const what = "gemm_dgelu_sm90";
+  if (!gemm_dgelu_sm90_supported(m, n, k))
+    throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " n=" +
+                                std::to_string(n) + " k=" + std::to_string(k) + " (needs m % 128, n % 256, k % 64 == 0)");
+  check_tma_pointers(what, {dy, w2, dpre});
+  if (pre == nullptr || reinterpret_cast<uintptr_t>(pre) % 4 != 0 ||
+      (partials != nullptr && reinterpret_cast<uintptr_t>(partials) % 4 != 0))
+    throw std::invalid_argument(std::string(what) + ": pre must be given, 4-byte aligned (and partials)");
+  launch_pingpong(what, dy, w2, dpre, n, dpre, n, DGeluEpilogue{pre, int(n), partials}, m, n, k, stream);
 }
 
 // Checks the bias, the shape and the pointers, then launches (the GPU checked there).

@@ -8,7 +8,8 @@
 // Why: cuBLASLt's GELU_AUX_BIAS epilogue runs well below the rate of its
 // plain products; this kernel takes about 5% less time than it at DiT-B/2
 // b256 on the H200, so gelu_mlp runs it. The backward's product through
-// GELU stays with cuBLASLt's DGELU epilogue.
+// GELU runs on the same kernel (gemm_dgelu_sm90, below) where that timed
+// fastest.
 //
 // How: one persistent CTA per SM loops over 128 x 128 output tiles with 384
 // threads.
@@ -52,6 +53,28 @@
 // K % 64 == 0, pointers 16-byte aligned (gemm_swiglu_sm90_supported).
 // Launch as fc1's: one CTA of 384 threads per SM over (M / 128) x (2F / 128)
 // tiles.
+// The same main loop with B MN-major (W [K, N] row-major, read as the
+// transposed operand: TMA boxes of 64 rows of K x 64 columns of N, the two
+// 64-column atoms of a 128-column tile 8 KB apart) runs fc2's backward
+// product through GELU, gemm_dgelu_sm90:
+//   dpre = (dY W2) * gelu_tanh'(pre)   bf16 [M, N], fc1's output gradient
+//   partials[i, :] = column sums of dpre (as stored) over rows
+//                    [128 i, 128 i + 128)   fp32 [M / 128, N], for fc1's
+//                    bias gradient (kernels/column_sums.h's
+//                    column_sums_reduce adds the rows in a fixed order)
+// dY [M, K] (fc2's output gradient), W2 [K, N] (fc2.weight as nn.Linear
+// keeps it: [out, in] with K = D, N = 4D), pre [M, N] (fc1's pre-
+// activation), all bf16 row-major. gelu_tanh' is kernels/gelu_tanh.cuh's,
+// on the fp32 product before it is rounded once (the split form rounds
+// dY W2 to bf16 first, then multiplies).
+// Why: the split form (plain product, then GELU's backward pass) writes
+// dY W2, reads it back with pre and writes dpre: 6 bytes an element more
+// than this kernel's read of pre and write of dpre; cuBLASLt's DGELU
+// epilogue gives no fp32 bias gradient with a bf16 output, so fc1's bias
+// gradient costs one more read of dpre there. Each thread reads its pre
+// pairs (4 bytes) straight from memory while the chunk before is written;
+// the column sums go over shuffles within a warp and a 1 KB hand-over
+// between the warpgroup's warps. Shapes as fc1's.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -69,6 +92,13 @@ bool gemm_bias_gelu_sm90_supported(int64_t m, int64_t n, int64_t k);
 template <typename TB>
 void gemm_bias_gelu_sm90(const __nv_bfloat16* a, const __nv_bfloat16* w, const TB* bias, __nv_bfloat16* pre,
                          __nv_bfloat16* act, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+
+bool gemm_dgelu_sm90_supported(int64_t m, int64_t n, int64_t k);
+
+// dy [m, k], w2 [k, n], pre and dpre [m, n], bf16 row-major; partials
+// [m / 128, n] fp32 or null (no column sums). Throws as gemm_bias_gelu_sm90.
+void gemm_dgelu_sm90(const __nv_bfloat16* dy, const __nv_bfloat16* w2, const __nv_bfloat16* pre, __nv_bfloat16* dpre,
+                     float* partials, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 
 bool gemm_swiglu_sm90_supported(int64_t m, int64_t f, int64_t k);
 

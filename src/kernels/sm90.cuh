@@ -123,6 +123,17 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p) {
   return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
+// wgmma's shared-memory B operand stored MN-major (row = K index, 64
+// contiguous N values in one 128-byte swizzled row, as TMA writes a 64 x 64
+// box of a row-major [K, N] matrix), N spanning 64-column atoms `atom_bytes`
+// apart (LBO), 8-row groups along K 1024 bytes apart (SBO), 128-byte swizzle.
+// Adding 128 to it moves 16 rows of K (2048 bytes).
+__device__ __forceinline__ uint64_t smem_desc_mn_atoms(const void* p, uint32_t atom_bytes) {
+  const uint64_t addr = smem_u32(p);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t((atom_bytes >> 4) & 0x3FFF) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -298,6 +309,17 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " PERFTRAIN_SM90_REGS64
                ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+               : PERFTRAIN_SM90_ACC64
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// d (64 x 128) = A (64 x 16) B (16 x 128) + (scale_d ? d : 0), A K-major, B
+// MN-major (transposed; smem_desc_mn_atoms), both in shared memory (fc2's
+// backward product through GELU, gemm_dgelu_sm90).
+__device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " PERFTRAIN_SM90_REGS64
+               ", %64, %65, p, 1, 1, 0, 1;\n}\n"
                : PERFTRAIN_SM90_ACC64
                : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "base/error.h"
+#include "compat/compat.h"
+#include "kernels/gemm_bias_gelu_sm90.h"
 #include "ops/column_sums.h"
 #include "ops/compute_weights.h"
 #include "ops/cublaslt_workspace.h"
@@ -37,9 +39,27 @@ using torch::autograd::variable_list;
 
 namespace {
 
-// The DGELU epilogue form: d(pre) = (dy w2) * gelu_tanh'(pre) in the
-// product's epilogue, with db1 = its column sums (fp32) when wanted and
-// cuBLASLt takes them. False where cuBLASLt refuses the product.
+// The forms of d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column
+// sums (fp32) when wanted: our Hopper kernel, cuBLASLt's DGELU epilogue, or
+// the split form (DGeluPath's).
+enum class DGeluForm { kKernel, kEpilogue, kSplit };
+
+const char* form_name(DGeluForm f) {
+  return f == DGeluForm::kKernel ? "kernel" : f == DGeluForm::kEpilogue ? "epilogue" : "split";
+}
+
+// Our kernel (ops/gemm_bias_gelu.h's try_gemm_dgelu_sm90), db1 from its
+// column partials. False where it does not apply.
+bool dgelu_in_kernel(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, const at::Tensor& dpre,
+                     bool want_db1, at::Tensor& db1) {
+  db1 = want_db1 ? at::empty({pre.size(1)}, dy.options().dtype(at::kFloat)) : at::Tensor();
+  if (try_gemm_dgelu_sm90(dy, w2, pre, dpre, db1)) return true;
+  db1 = at::Tensor();
+  return false;
+}
+
+// The DGELU epilogue form, with db1 when wanted and cuBLASLt takes it.
+// False where cuBLASLt refuses the product.
 bool dgelu_in_epilogue(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, const at::Tensor& dpre,
                        bool want_db1, at::Tensor& db1) {
   // An fp32 bias gradient (cuBLASLt 13.0 refuses it with a bf16 D, and a
@@ -67,6 +87,16 @@ at::Tensor dgelu_split(const at::Tensor& dy, const at::Tensor& w2, const at::Ten
   return db1;
 }
 
+// One form, run: d(pre) into dpre and db1 (undefined where the form leaves
+// it to dW1's pass). False where the kernel or cuBLASLt refuses.
+bool run_dgelu_form(DGeluForm form, const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, at::Tensor& dpre,
+                    bool want_db1, at::Tensor& db1) {
+  if (form == DGeluForm::kKernel) return dgelu_in_kernel(dy, w2, pre, dpre, want_db1, db1);
+  if (form == DGeluForm::kEpilogue) return dgelu_in_epilogue(dy, w2, pre, dpre, want_db1, db1);
+  db1 = dgelu_split(dy, w2, pre, dpre, want_db1);
+  return true;
+}
+
 struct DGeluKey {
   int64_t rows, hidden, width;
   at::ScalarType dtype;
@@ -82,70 +112,94 @@ std::mutex& dgelu_choices_mutex() {
   static std::mutex m;
   return m;
 }
-std::map<DGeluKey, bool>& dgelu_choices() {  // true: the epilogue form
-  static auto* m = new std::map<DGeluKey, bool>();
+std::map<DGeluKey, DGeluForm>& dgelu_choices() {
+  static auto* m = new std::map<DGeluKey, DGeluForm>();
   return *m;
 }
 
+// The rule: a forced path, or kAuto without timing: our kernel where it
+// applies (bf16 on sm_90, its shapes), else the size rule between cuBLASLt's
+// epilogue and the split form.
+DGeluForm dgelu_rule(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre) {
+  const DGeluPath path = gelu_mlp_dgelu_path();
+  const bool kernel_applies = dy.scalar_type() == at::kBFloat16 && w2.scalar_type() == at::kBFloat16 &&
+                              kernels::gemm_dgelu_sm90_supported(pre.size(0), pre.size(1), dy.size(1)) &&
+                              compat::current_device_is_sm90();
+  if (path == DGeluPath::kKernel || (path == DGeluPath::kAuto && kernel_applies))
+    return kernel_applies ? DGeluForm::kKernel : DGeluForm::kSplit;
+  return gelu_mlp_dgelu_in_epilogue(pre.size(0), pre.size(1)) ? DGeluForm::kEpilogue : DGeluForm::kSplit;
+}
+
 // kAuto with GEMM tuning on: the first backward of a shape outside a capture
-// times both forms on its own buffers and keeps the faster for the process
+// times each form on its own buffers and keeps the fastest for the process
 // (cuBLASLt offers only a pre-Hopper DGELU kernel for some shapes: at DiT-L/2
 // b128 on the H100 it ran at 2.5x the time of fc2's forward, a plain product
-// of the same size); the choice and both times go into the GEMM tuning
-// records. Without tuning, or inside a capture before any timing, the size
-// rule.
-bool dgelu_epilogue_chosen(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, at::Tensor& dpre,
-                           bool want_db1) {
-  const bool rule = gelu_mlp_dgelu_in_epilogue(pre.size(0), pre.size(1));
+// of the same size); the choice and the times go into the GEMM tuning
+// records. The same work on each side: a form that leaves db1 to a
+// column-sum pass over d(pre) with dW1 is timed with that pass (the
+// epilogue form where cuBLASLt gives no fp32 bias gradient with a bf16
+// output, the split form where ATen's GELU backward runs). Without tuning,
+// or inside a capture before any timing, the rule.
+DGeluForm dgelu_form_chosen(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, at::Tensor& dpre,
+                            bool want_db1) {
+  const DGeluForm rule = dgelu_rule(dy, w2, pre);
   if (gelu_mlp_dgelu_path() != DGeluPath::kAuto || gemm_tune_candidates() < 2) return rule;
   const DGeluKey key{pre.size(0), pre.size(1), dy.size(1), dy.scalar_type(), want_db1, dy.get_device()};
   const std::lock_guard<std::mutex> lock(dgelu_choices_mutex());
   if (const auto it = dgelu_choices().find(key); it != dgelu_choices().end()) return it->second;
   if (current_stream_capturing() || !gemm_tuning_open()) return rule;
-  at::Tensor db1;
-  bool epilogue_ok = true;
-  // The same work on both sides: a form that leaves db1 to a column-sum
-  // pass over d(pre) with dW1 is timed with that pass (the epilogue form
-  // where cuBLASLt gives no fp32 bias gradient with a bf16 output, the split
-  // form where ATen's GELU backward runs), as the fused GELU pass sums db1.
+  // Candidate 0 the rule's form, then the others in a fixed order.
+  std::vector<DGeluForm> forms = {rule};
+  for (const DGeluForm f : {DGeluForm::kKernel, DGeluForm::kEpilogue, DGeluForm::kSplit})
+    if (f != rule) forms.push_back(f);
   const at::Tensor db1_later = want_db1 ? at::empty({pre.size(1)}, dy.options().dtype(at::kFloat)) : at::Tensor();
-  bool epilogue_left_db1 = false, split_left_db1 = false;
-  const double epilogue_ms = median_cuda_ms([&] {
-    epilogue_ok = epilogue_ok && dgelu_in_epilogue(dy, w2, pre, dpre, want_db1, db1);
-    epilogue_left_db1 = epilogue_ok && want_db1 && !db1.defined();
-    if (epilogue_left_db1) column_sums_into({dpre}, {db1_later});
-  });
-  const double split_ms = median_cuda_ms([&] {
-    split_left_db1 = want_db1 && !dgelu_split(dy, w2, pre, dpre, want_db1).defined();
-    if (split_left_db1) column_sums_into({dpre}, {db1_later});
-  });
-  // As the products' tuning: the rule's form unless the other beats it by more than 3%, so that near-ties
+  std::string forms_text = " (", times = ":";
+  std::vector<double> ms;
+  for (size_t i = 0; i < forms.size(); ++i) {
+    bool ok = true, left_db1 = false;
+    at::Tensor db1;
+    const double t = median_cuda_ms([&] {
+      ok = ok && run_dgelu_form(forms[i], dy, w2, pre, dpre, want_db1, db1);
+      left_db1 = ok && want_db1 && !db1.defined();
+      if (left_db1) column_sums_into({dpre}, {db1_later});
+    });
+    ms.push_back(ok ? t : -1.0);  // a form that refused is not a candidate
+    forms_text += (i ? ", " : "") + std::to_string(i) + ": " + form_name(forms[i]);
+    char line[96];
+    if (ok)
+      std::snprintf(line, sizeof line, "%s %s %.3f ms%s", i ? "," : "", form_name(forms[i]), t,
+                    left_db1 ? " with db1's column sums" : "");
+    else
+      std::snprintf(line, sizeof line, "%s %s refused", i ? "," : "", form_name(forms[i]));
+    times += line;
+  }
+  forms_text += ")";
+  // As the products' tuning: the rule's form unless another beats it by more than 3%, so that near-ties
   // choose the same in every run.
-  const bool epilogue = epilogue_ok && (rule ? epilogue_ms <= split_ms / 0.97 : epilogue_ms < 0.97 * split_ms);
-  dgelu_choices().emplace(key, epilogue);
-  // Recorded as the products' tuning is: candidate 0 the rule's form, 1 the other.
-  const double rule_ms = rule && epilogue_ok ? epilogue_ms : split_ms;
-  const char* forms = rule ? " (0: epilogue, 1: split)" : " (0: split, 1: epilogue)";
-  char times[128];
-  const char* with_sums = " with db1's column sums";
-  std::snprintf(times, sizeof times, ": epilogue %.3f ms%s, split %.3f ms%s", epilogue_ms,
-                epilogue_left_db1 ? with_sums : "", split_ms, split_left_db1 ? with_sums : "");
+  size_t best = ms[0] >= 0 ? 0 : forms.size();  // the split form never refuses: some form is chosen
+  for (size_t i = 1; i < forms.size(); ++i)
+    if (ms[i] >= 0 && (best == forms.size() || ms[i] < (best == 0 ? 0.97 : 1.0) * ms[best])) best = i;
+  dgelu_choices().emplace(key, forms[best]);
   kernels::gemm_add_tune_record({"DGELU form m=" + std::to_string(pre.size(0)) + " n=" + std::to_string(pre.size(1)) +
-                                     " k=" + std::to_string(dy.size(1)) + forms + times,
-                                 2, epilogue == rule ? 0 : 1, rule_ms, epilogue ? epilogue_ms : split_ms});
-  return epilogue;
+                                     " k=" + std::to_string(dy.size(1)) + forms_text + times,
+                                 int(forms.size()), int(best), ms[0] >= 0 ? ms[0] : ms[best], ms[best]});
+  return forms[best];
 }
 
 // d(pre) = (dy w2) * gelu_tanh'(pre), with db1 = its column sums (fp32) when
-// wanted: from the DGELU_BGRAD product, or from the split form's fused GELU
-// pass; otherwise db1 is returned undefined and comes later with dW1.
+// wanted: from our kernel's column partials, the DGELU_BGRAD product, or the
+// split form's fused GELU pass; otherwise db1 is returned undefined and comes
+// later with dW1.
 std::pair<at::Tensor, at::Tensor> fc2_back_through_gelu(const at::Tensor& dy, const at::Tensor& w2,
                                                         const at::Tensor& pre, bool want_db1) {
   at::Tensor dpre = at::empty(pre.sizes(), dy.options());
-  if (cublaslt_path(dy, w2) && dgelu_epilogue_chosen(dy, w2, pre, dpre, want_db1)) {
+  if (cublaslt_path(dy, w2)) {
+    const DGeluForm form = dgelu_form_chosen(dy, w2, pre, dpre, want_db1);
     at::Tensor db1;
-    if (dgelu_in_epilogue(dy, w2, pre, dpre, want_db1, db1)) return {dpre, db1};
-    note_gemm_fallback();
+    if (form != DGeluForm::kSplit) {
+      if (run_dgelu_form(form, dy, w2, pre, dpre, want_db1, db1)) return {dpre, db1};
+      note_gemm_fallback();
+    }
   }
   return {dpre, dgelu_split(dy, w2, pre, dpre, want_db1)};
 }

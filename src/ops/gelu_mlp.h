@@ -4,9 +4,10 @@
 // where it applies; else cuBLASLt's GELU_AUX_BIAS epilogue), keeping the
 // pre-activation; fc2's bias in its product's epilogue. Backward: fc2's
 // weight gradient and its bias gradient as column sums (ops/column_sums);
-// pre's gradient, (dy w2) * gelu_tanh'(pre), and fc1's bias gradient either
-// in cuBLASLt's DGELU_BGRAD epilogue or as a plain product followed by one
-// GELU-backward pass (see gelu_mlp_dgelu_in_epilogue).
+// pre's gradient, (dy w2) * gelu_tanh'(pre), and fc1's bias gradient from
+// our Hopper kernel (the same product with GELU's backward and the column
+// partials in its epilogue), cuBLASLt's DGELU epilogue, or a plain product
+// followed by one GELU-backward pass (see DGeluPath).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -35,24 +36,29 @@ namespace perftrain::ops {
 at::Tensor gelu_mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                     const at::Tensor& b2, bool keep_activation = true);
 
-// Where the backward makes pre's gradient (dy w2) * gelu_tanh'(pre): in the
-// DGELU epilogue of that product, or with a plain product and then GELU's
-// backward in place on its result (split). cuBLASLt's DGELU kernel is slow
-// on small products (about twice the plain product's time at DiT-S/2 b32),
-// while the split form pays one more pass over two [M, H] tensors; on the
-// H200 the split form wins up to DiT-S/2 b256 and the epilogue from DiT-B/2
-// b256, but for some larger shapes cuBLASLt offers only a pre-Hopper DGELU
-// kernel (DiT-L/2 b128). So kAuto (the default) times both forms on the first
+// Where the backward makes pre's gradient (dy w2) * gelu_tanh'(pre): in
+// our Hopper kernel (kernels/gemm_bias_gelu_sm90's gemm_dgelu_sm90: bf16 on
+// sm_90, m % 128, H % 256, D % 64), in cuBLASLt's DGELU epilogue of that
+// product, or with a plain product and then GELU's backward in place on its
+// result (split). cuBLASLt's DGELU kernel is slow on small products (about
+// twice the plain product's time at DiT-S/2 b32) and for some larger
+// shapes is a pre-Hopper one (DiT-L/2 b128), and it gives no fp32 bias
+// gradient with a bf16 output; the split form pays one more pass over two
+// [M, H] tensors. So kAuto (the default) times the forms on the first
 // backward of a shape when GEMM tuning is on (ops/cublaslt_workspace.h's
-// gemm_tune, recorded beside the products' tuning) and keeps the faster;
-// with tuning off, products of up to kSplitDGeluMaxElements outputs take the
-// split form. The setter (process-wide) is for tests and benchmarks.
-enum class DGeluPath { kAuto, kEpilogue, kSplit };
+// gemm_tune, recorded beside the products' tuning) and keeps the fastest;
+// with tuning off it takes our kernel where it applies, else products of
+// more than kSplitDGeluMaxElements outputs take cuBLASLt's epilogue and the
+// others the split form. A forced kKernel takes the split form where the
+// kernel does not apply. The setter (process-wide) is for tests and
+// benchmarks.
+enum class DGeluPath { kAuto, kKernel, kEpilogue, kSplit };
 constexpr int64_t kSplitDGeluMaxElements = 65536LL * 1536;
 DGeluPath gelu_mlp_dgelu_path();
 void set_gelu_mlp_dgelu_path(DGeluPath path);
-// The size rule for a backward of `rows` rows and `hidden` MLP features (a
-// forced path, or kAuto without timing).
+// The size rule between cuBLASLt's epilogue and the split form for a
+// backward of `rows` rows and `hidden` MLP features (a forced path, or kAuto
+// without timing where our kernel does not apply).
 bool gelu_mlp_dgelu_in_epilogue(int64_t rows, int64_t hidden);
 
 // The split form's GELU backward: ATen's gelu_backward (fc1's bias gradient
@@ -110,7 +116,7 @@ struct GeluMlpGrads {
 };
 // From the incoming gradient of y (any dtype and strides; made dense in
 // `dtype`, x's): fc2's weight gradient and its bias's column sums, pre's
-// gradient through GELU (DGELU epilogue or the split form, above), then
+// gradient through GELU (our kernel, the DGELU epilogue or the split form: DGeluPath), then
 // fc1's; the weight gradients through run_weight_grads
 // (ops/weight_grad_stream.h).
 GeluMlpGrads gelu_mlp_backward(const at::Tensor& grad, const GeluMlpSaved& saved, at::IntArrayRef x_sizes,

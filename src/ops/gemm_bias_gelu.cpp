@@ -1,8 +1,10 @@
 #include "ops/gemm_bias_gelu.h"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
 
 #include "compat/compat.h"
+#include "kernels/column_sums.h"
 #include "kernels/gemm_bias_gelu_sm90.h"
 
 namespace perftrain::ops {
@@ -35,6 +37,31 @@ bool try_gemm_bias_gelu_sm90(const at::Tensor& x, const at::Tensor& w, const at:
   } else {
     kernels::gemm_bias_gelu_sm90<__nv_bfloat16>(xp, wp, static_cast<const __nv_bfloat16*>(b.data_ptr()), pp, ap,
                                                 m, n, k, stream);
+  }
+  return true;
+}
+
+bool try_gemm_dgelu_sm90(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, const at::Tensor& dpre,
+                         const at::Tensor& db1) {
+  if (!dense_bf16(dy) || !dense_bf16(w2) || !dense_bf16(pre) || !dense_bf16(dpre)) return false;
+  const int64_t m = dy.size(0), k = dy.size(1), n = w2.size(1);
+  if (w2.size(0) != k || pre.sizes() != at::IntArrayRef{m, n} || dpre.sizes() != pre.sizes() ||
+      !kernels::gemm_dgelu_sm90_supported(m, n, k) || !compat::current_device_is_sm90())
+    return false;
+  if (db1.defined() && (!db1.is_cuda() || db1.scalar_type() != at::kFloat || db1.dim() != 1 || db1.size(0) != n ||
+                        !db1.is_contiguous()))
+    return false;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  // Shape-determined scratch from the caching allocator: fine under capture.
+  const at::Tensor partials = db1.defined() ? at::empty({m / 128, n}, db1.options()) : at::Tensor();
+  kernels::gemm_dgelu_sm90(static_cast<const __nv_bfloat16*>(dy.data_ptr()),
+                           static_cast<const __nv_bfloat16*>(w2.data_ptr()),
+                           static_cast<const __nv_bfloat16*>(pre.data_ptr()),
+                           static_cast<__nv_bfloat16*>(dpre.data_ptr()),
+                           partials.defined() ? partials.data_ptr<float>() : nullptr, m, n, k, stream);
+  if (db1.defined()) {
+    float* out = db1.data_ptr<float>();
+    kernels::column_sums_reduce(partials.data_ptr<float>(), &out, 1, int(m / 128), int(n), stream);
   }
   return true;
 }

@@ -1,7 +1,8 @@
 // ops::gelu_mlp on the GPU: forward and backward against float64 over the
 // DiT shapes and odd ones, with the fallback count (0 expected on the DiT
-// shapes at training batch sizes), on every backward form (DGELU epilogue,
-// split with ATen's or the fused GELU pass) and with the activation
+// shapes at training batch sizes), on every backward form (our DGELU
+// kernel with fc1's bias gradient from its column partials, cuBLASLt's DGELU
+// epilogue, split with ATen's or the fused GELU pass) and with the activation
 // recomputed; kAuto's timed choice of the form, once a shape; where the
 // fused GELU cannot run (H % 8) the ATen fallback is counted and right;
 // mixed devices raise UsageError; forward and backward capture into a CUDA
@@ -85,28 +86,39 @@ TEST(GeluMlpGpu, MatchesFloat64) {
   }
   check_gelu_mlp(at::kFloat, 77, 40, 24, false, seed++);  // the fused pass in fp32, odd widths
   set_gelu_mlp_gelu_backward_form(GeluBackwardForm::kAuto);
+  // Our kernel (bf16; rows % 128: one tile row and many; 77 rows and fp32
+  // take the split form): same tolerance, db1 from its column partials.
+  set_gelu_mlp_dgelu_path(DGeluPath::kKernel);
+  for (const CH& s : shapes)
+    for (const int64_t m : {int64_t(128), int64_t(8192)}) check_gelu_mlp(at::kBFloat16, m, s.c, s.h, s.dit, seed++);
+  check_gelu_mlp(at::kBFloat16, 8192, 1152, 4608, true, seed++, false);
+  check_gelu_mlp(at::kBFloat16, 77, 384, 1536, true, seed++);
+  check_gelu_mlp(at::kFloat, 256, 384, 1536, true, seed++);
   set_gelu_mlp_dgelu_path(DGeluPath::kAuto);
 }
 
-// kAuto with GEMM tuning on times the epilogue and split forms on a shape's
-// first backward, records the choice and both times beside the products'
-// tuning and keeps it: a second backward of the shape times nothing. Either
-// form is right.
+// kAuto with GEMM tuning on times the forms on a shape's first backward,
+// records the choice and each time beside the products' tuning and keeps
+// it: a second backward of the shape times nothing. Every form is right.
 TEST(GeluMlpGpu, AutoTimesTheFormsOnceAShapeAndIsRight) {
   if (!compat::cuda_available()) GTEST_SKIP() << "no GPU";
   ASSERT_GE(gemm_tune_candidates(), 2) << "the default tunes";
   set_gelu_mlp_dgelu_path(DGeluPath::kAuto);
-  // 8192 x 4096 outputs: the size rule's form is the split one, candidate 0.
-  const std::string what = "DGELU form m=8192 n=4096 k=1024 (0: split, 1: epilogue)";
+  // 8192 x 4096 outputs: the rule's form (candidate 0) is our kernel on an
+  // sm_90 GPU, else the split one (the size rule).
+  const bool sm90 = compat::current_device_is_sm90();
+  const std::string what = std::string("DGELU form m=8192 n=4096 k=1024 ") +
+                           (sm90 ? "(0: kernel, 1: epilogue, 2: split)" : "(0: split, 1: kernel, 2: epilogue)");
   auto records_of_shape = [&] {
     int n = 0;
     for (const auto& r : gemm_tune_records()) {
       if (r.what.rfind(what, 0) != 0) continue;
       ++n;
-      EXPECT_NE(r.what.find(": epilogue "), std::string::npos) << r.what;
-      EXPECT_NE(r.what.find(", split "), std::string::npos) << r.what;
-      EXPECT_EQ(r.candidates, 2);
-      EXPECT_TRUE(r.chosen == 0 || r.chosen == 1) << r.chosen;
+      EXPECT_NE(r.what.find(sm90 ? ": kernel " : ", kernel refused"), std::string::npos) << r.what;
+      EXPECT_NE(r.what.find(" epilogue "), std::string::npos) << r.what;
+      EXPECT_NE(r.what.find(" split "), std::string::npos) << r.what;
+      EXPECT_EQ(r.candidates, 3);
+      EXPECT_TRUE(r.chosen >= 0 && r.chosen < 3) << r.chosen;
       EXPECT_GT(r.heuristic_ms, 0.0);
       EXPECT_GT(r.chosen_ms, 0.0);
       EXPECT_LE(r.chosen_ms, r.heuristic_ms);

@@ -74,6 +74,9 @@ inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, sizeof f
 template <typename T> inline T __ldg(const T* p) { return *p; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+// The fast intrinsics as their exact forms (their device error, ~2 ulp, is not emulated).
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __expf(float x) { return std::exp(x); }
 // A warp's max: five butterfly shuffles (the bits travel through the float slots unchanged).
 inline unsigned __reduce_max_sync(unsigned, unsigned v) {
   for (int o = 16; o > 0; o >>= 1) {

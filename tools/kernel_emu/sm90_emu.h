@@ -115,6 +115,13 @@ inline uint64_t smem_desc(const void* p) {
   return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
+// As kernels/sm90.cuh: B MN-major, 128-byte swizzle, LBO the atoms' stride along N, SBO 1024.
+inline uint64_t smem_desc_mn_atoms(const void* p, uint32_t atom_bytes) {
+  const uint64_t addr = smem_u32(p);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t((atom_bytes >> 4) & 0x3FFF) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
 inline void wgmma_fence() {}
 inline void wgmma_commit(EMU_SITE) { EMU_AT; emu::sm90::wgmma_commit(); }
 template <int N>
@@ -151,6 +158,10 @@ inline void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_
 inline void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d, EMU_SITE) {
   EMU_AT;
   emu::sm90::wgmma(128, d, nullptr, desc_a, desc_b, 0, 0, scale_d);
+}
+inline void wgmma_m64n128k16_tb(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d, EMU_SITE) {
+  EMU_AT;
+  emu::sm90::wgmma(128, d, nullptr, desc_a, desc_b, 0, 1, scale_d);
 }
 inline void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d, EMU_SITE) {
   EMU_AT;
