@@ -39,13 +39,13 @@ constexpr uint32_t kRedFloats = 4 * kChunkCols;
 
 // Shared memory: the ring of kStages (A tiles and W tiles of kBN rows),
 // each consumer warpgroup's kBuffers and column-sum hand-over, then the
-// barriers (full and empty per stage, two for the kernel's own use); 1024
+// barriers (full and empty per stage, four for the kernel's own use); 1024
 // bytes of slack to align the start.
 struct SmemLayout {
   static constexpr uint32_t kRing = kStages * (kATileBytes + uint32_t(kBN) * kBK * 2);
   static constexpr uint32_t kStaging = 2 * kBuffers * kChunkBytes;
   static constexpr uint32_t kRed = 2 * kRedFloats * 4;
-  static constexpr size_t kTotal = kRing + kStaging + kRed + (2 * kStages + 2) * sizeof(uint64_t) + 1024;
+  static constexpr size_t kTotal = kRing + kStaging + kRed + (2 * kStages + 4) * sizeof(uint64_t) + 1024;
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
 };
 
@@ -86,8 +86,12 @@ __device__ __forceinline__ float2 unpack_bf16x2(uint32_t u) {
 // column column(tn, ch), its pair (jj, h) being value(...) (fp32, stored
 // rounded to bf16); load(cl, tn, ch, row) fetches what a chunk's row half
 // needs from memory (a Chunk; row = the thread's first row of it) while the
-// one before is written. kColumnSums: the column sums of the values as
-// stored, one row of fp32 partials per 128-row tile (column_partials).
+// one before is written. kLoadsC: the tile's input C (a [M, N] bf16 matrix,
+// e.g. pre) comes by TMA into the warpgroup's staging buffers while its
+// products run, each block (ch, hh) where its output will be staged, and
+// value() gets the C pair at its own position. kColumnSums: the column sums
+// of the values as stored, one row of fp32 partials per 128-row tile
+// (column_partials).
 
 // The accumulators' pair (jj, h) of 64-column half jc.
 __device__ __forceinline__ float2 acc_pair(const float (&d)[64], int jc, int jj, int h) {
@@ -100,7 +104,7 @@ __device__ __forceinline__ float2 acc_pair(const float (&d)[64], int jc, int jj,
 template <typename TB>
 struct BiasGeluEpilogue {
   static constexpr int kWPieces = 1, kChunks = 4;
-  static constexpr bool kWMnMajor = false, kColumnSums = false;
+  static constexpr bool kWMnMajor = false, kLoadsC = false, kColumnSums = false;
   const TB* bias;
   struct Chunk {
     float2 b[8];
@@ -114,7 +118,7 @@ struct BiasGeluEpilogue {
     for (int jj = 0; jj < 8; ++jj) c.b[jj] = bias_pair(bias + tn * kBN + cl + 8 * (8 * (ch % 2) + jj));
     return c;
   }
-  __device__ __forceinline__ float2 value(const Chunk& c, int ch, int jj, int h, const float (&d)[64]) const {
+  __device__ __forceinline__ float2 value(const Chunk& c, int ch, int jj, int h, const float (&d)[64], uint32_t) const {
     const float2 v = acc_pair(d, ch % 2, jj, h);
     const float v0 = v.x + c.b[jj].x, v1 = v.y + c.b[jj].y;
     return ch < 2 ? make_float2(v0, v1) : make_float2(gelu_tanh(v0), gelu_tanh(v1));
@@ -130,7 +134,7 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 // piece (F + 64 tn), chunk 2 h = silu(gate) * up (column 64 tn of h).
 struct SwigluEpilogue {
   static constexpr int kWPieces = 2, kChunks = 3;
-  static constexpr bool kWMnMajor = false, kColumnSums = false;
+  static constexpr bool kWMnMajor = false, kLoadsC = false, kColumnSums = false;
   int f;
   struct Chunk {};
   __device__ __forceinline__ int2 w_box(int tn, int piece, int kb) const {
@@ -139,7 +143,7 @@ struct SwigluEpilogue {
   __device__ __forceinline__ static int output(int ch) { return ch / 2; }
   __device__ __forceinline__ int column(int tn, int ch) const { return tn * kChunkCols + (ch == 1 ? f : 0); }
   __device__ __forceinline__ Chunk load(int, int, int, int) const { return {}; }
-  __device__ __forceinline__ float2 value(const Chunk&, int ch, int jj, int h, const float (&d)[64]) const {
+  __device__ __forceinline__ float2 value(const Chunk&, int ch, int jj, int h, const float (&d)[64], uint32_t) const {
     if (ch < 2) return acc_pair(d, ch, jj, h);
     const float2 g = acc_pair(d, 0, jj, h), u = acc_pair(d, 1, jj, h);
     return make_float2(silu(g.x) * u.x, silu(g.y) * u.y);
@@ -148,41 +152,30 @@ struct SwigluEpilogue {
 
 // fc2's backward through GELU: dpre = (dY W2) * gelu_tanh'(pre), W2 [K, N]
 // as fc2's weight is kept (MN-major: the two 64-column atoms of a k-step);
-// chunks 0, 1 are the tile's column halves of dpre, and each thread reads
-// the pre pairs of its accumulator pairs straight from memory (4 bytes a
-// pair; a row's 128 bytes by four lanes over the eight jj). The column sums
-// of dpre as stored (fc1's bias gradient) go to `partials`.
+// chunks 0, 1 are the tile's column halves of dpre, pre the C that TMA
+// brings into the staging buffers (a thread reads its pair where it then
+// writes dpre's). The column sums of dpre as stored (fc1's bias gradient)
+// go to `partials`.
 struct DGeluEpilogue {
   static constexpr int kWPieces = 2, kChunks = 2;
-  static constexpr bool kWMnMajor = true, kColumnSums = true;
-  const bf16* pre;
-  int n;
+  static constexpr bool kWMnMajor = true, kLoadsC = true, kColumnSums = true;
   float* partials;  // [m / 128, n] or null (no sums)
-  struct Chunk {
-    uint32_t p[8][2];  // pre's pair (jj, h)
-  };
+  struct Chunk {};
   __device__ __forceinline__ static int2 w_box(int tn, int piece, int kb) {
     return make_int2(tn * kBN + kChunkCols * piece, kb * kBK);
   }
   __device__ __forceinline__ static int output(int) { return 0; }
   __device__ __forceinline__ static int column(int tn, int ch) { return tn * kBN + kChunkCols * ch; }
-  __device__ __forceinline__ Chunk load(int cl, int tn, int ch, int row) const {
-    Chunk c;
-    const bf16* at = pre + int64_t(row) * n + tn * kBN + kChunkCols * ch + cl;
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) c.p[jj][h] = __ldg(reinterpret_cast<const unsigned int*>(at + 8 * (h * int64_t(n) + jj)));
-    return c;
-  }
-  __device__ __forceinline__ float2 value(const Chunk& c, int ch, int jj, int h, const float (&d)[64]) const {
-    const float2 g = acc_pair(d, ch, jj, h), x = unpack_bf16x2(c.p[jj][h]);
+  __device__ __forceinline__ Chunk load(int, int, int, int) const { return {}; }
+  __device__ __forceinline__ float2 value(const Chunk&, int ch, int jj, int h, const float (&d)[64],
+                                          uint32_t pre) const {
+    const float2 g = acc_pair(d, ch, jj, h), x = unpack_bf16x2(pre);
     return make_float2(g.x * gelu_tanh_grad(x.x), g.y * gelu_tanh_grad(x.y));
   }
 };
 
 // The ring's barriers (full: the producer's arrive plus the TMA bytes;
-// empty: one arrive per consumer warp that read the stage) and two more
+// empty: one arrive per consumer warp that read the stage) and four more
 // single-arrive barriers for the kernel's own use; thread 0 only, before
 // the block's first __syncthreads.
 __device__ __forceinline__ void init_ring_barriers(uint64_t* full, uint64_t* empty, int stages, int empty_arrivals,
@@ -191,14 +184,13 @@ __device__ __forceinline__ void init_ring_barriers(uint64_t* full, uint64_t* emp
     mbar_init(&full[s], 1);
     mbar_init(&empty[s], empty_arrivals);
   }
-  mbar_init(&extra[0], 1);
-  mbar_init(&extra[1], 1);
+  for (int e = 0; e < 4; ++e) mbar_init(&extra[e], 1);
   fence_mbarrier_init();
 }
 
 // The dynamic shared memory, carved as SmemLayout says: the ring's A and W
 // stages, the epilogue buffers, the column sums' hand-over, and the
-// barriers (full and empty per stage, then two more for the kernel's own use).
+// barriers (full and empty per stage, then four more for the kernel's own use).
 struct SmemParts {
   bf16 *sa, *sw;
   unsigned char* staging;
@@ -252,7 +244,7 @@ __device__ __forceinline__ void run_producer(const CUtensorMap* tma_a, const CUt
 }
 
 // The kernel's start: thread 0 sets up the ring's barriers (a stage is read
-// by one consumer warpgroup: its four warps release it) and the two extra
+// by one consumer warpgroup: its four warps release it) and the four extra
 // ones; then the producer warpgroup runs the producer and returns false, and
 // the consumer warpgroups take the registers it gave up and return true.
 template <typename Epilogue>
@@ -328,7 +320,7 @@ template <typename Epilogue>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_pingpong_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_w,
                               const __grid_constant__ CUtensorMap tma_out0, const __grid_constant__ CUtensorMap tma_out1,
-                              const Epilogue epilogue, int m, int n, int k) {
+                              const __grid_constant__ CUtensorMap tma_c, const Epilogue epilogue, int m, int n, int k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   const SmemParts p = carve_smem(smem_raw);
@@ -339,6 +331,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // waits for, as parity waits need (without it, warpgroup 2 would wait on
   // tile 1's phases while the barriers are still in tile 0's and pass).
   uint64_t* const handoff = p.extra;
+  // c_ready[c]: the C boxes of warpgroup c's tile have landed (kLoadsC).
+  uint64_t* const c_ready = p.extra + 2;
+  static_assert(!Epilogue::kLoadsC || 2 * Epilogue::kChunks == kBuffers, "a tile's C boxes fill the buffers once");
   const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
   const int c = threadIdx.x / 128 - 1;
@@ -382,6 +377,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       wgmma_commit();
+      if constexpr (Epilogue::kLoadsC)
+        if (kb == 0 && store_thread) {
+          // While this tile's products run: its C boxes into the buffers their outputs will be staged in
+          // (block (ch, hh) into buffer 2 ch + hh), once the last tile's stores have read them.
+          tma_store_wait_read<0>();
+          mbar_arrive_expect_tx(&c_ready[c], kBuffers * kChunkBytes);
+#pragma unroll
+          for (int b = 0; b < kBuffers; ++b)
+            tma_load_2d(p.staging + (c * kBuffers + b) * kChunkBytes, &tma_c, &c_ready[c], epilogue.column(tn, b / 2),
+                        m0 + 64 * (b % 2));
+        }
       if (kb > 0) {  // the previous step's products are done: its stage may be refilled
         wgmma_wait<1>();
         fence_accumulators(d0);
@@ -400,6 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The epilogue's chunks ch, each for row halves hh (d0, d1); the buffers
     // in turn, a half's loads out while the one before is written.
     float2 sums[8];  // kColumnSums: the chunk's columns over the thread's four rows
+    if constexpr (Epilogue::kLoadsC) mbar_wait(&c_ready[c], (i / 2) & 1);  // this warpgroup's (i / 2)-th tile
 #pragma unroll
     for (int ch = 0; ch < Epilogue::kChunks; ++ch) {
 #pragma unroll
@@ -415,8 +422,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int jj = 0; jj < 8; ++jj) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const uint32_t v = pack_bf16x2(epilogue.value(loaded, ch, jj, h, d));
-            st_shared_u32(swizzled_pair(buf, warp, lane, jj, h), v);
+            const uint32_t at = swizzled_pair(buf, warp, lane, jj, h);
+            const uint32_t v = pack_bf16x2(epilogue.value(loaded, ch, jj, h, d, Epilogue::kLoadsC ? ld_shared_u32(at) : 0u));
+            st_shared_u32(at, v);
             if constexpr (Epilogue::kColumnSums) {
               const float2 stored = unpack_bf16x2(v);
               sums[jj] = hh == 0 && h == 0 ? stored : make_float2(sums[jj].x + stored.x, sums[jj].y + stored.y);
@@ -450,13 +458,14 @@ CUtensorMap tensor_map(const bf16* base, int64_t rows, int64_t cols, int box_row
 // tiles; W's boxes of 128 / kWPieces rows.
 template <typename Epilogue>
 void launch_pingpong(const char* what, const bf16* a, const bf16* w, bf16* out0, int64_t out0_cols, bf16* out1,
-                     int64_t out1_cols, const Epilogue& epilogue, int64_t m, int64_t n, int64_t k,
+                     int64_t out1_cols, const bf16* c, const Epilogue& epilogue, int64_t m, int64_t n, int64_t k,
                      cudaStream_t stream) {
   const int device = sm90_device(what);
   const CUtensorMap map_a = tensor_map(a, m, k, kBM, what);
   const CUtensorMap map_w = Epilogue::kWMnMajor ? tensor_map(w, k, n, kBK, what)  // W [K, N]: 64 x 64 atoms
                                                 : tensor_map(w, n, k, kBN / Epilogue::kWPieces, what);
   const CUtensorMap map_0 = tensor_map(out0, m, out0_cols, 64, what), map_1 = tensor_map(out1, m, out1_cols, 64, what);
+  const CUtensorMap map_c = Epilogue::kLoadsC ? tensor_map(c, m, n, 64, what) : map_0;  // unused without C
   const auto kernel = gemm_sm90_pingpong_kernel<Epilogue>;
   static std::atomic<uint64_t> attribute_set_on{0};  // one flag per epilogue (one kernel each)
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(SmemLayout::kTotal), device, attribute_set_on);
@@ -464,7 +473,8 @@ void launch_pingpong(const char* what, const bf16* a, const bf16* w, bf16* out0,
   PERFTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t tiles = (m / kBM) * (n / kBN);
   const unsigned grid = unsigned(std::min<int64_t>(tiles, std::max(sms, 1)));
-  kernel<<<grid, kThreads, SmemLayout::kTotal, stream>>>(map_a, map_w, map_0, map_1, epilogue, int(m), int(n), int(k));
+  kernel<<<grid, kThreads, SmemLayout::kTotal, stream>>>(map_a, map_w, map_0, map_1, map_c, epilogue, int(m), int(n),
+                                                         int(k));
   PERFTRAIN_LAUNCH_CHECK();
 }
 
@@ -489,7 +499,7 @@ void gemm_swiglu_sm90(const bf16* a, const bf16* w_gu, bf16* gate_up, bf16* h, i
     throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " f=" +
                                 std::to_string(f) + " k=" + std::to_string(k) + " (needs m % 128, f % 64, k % 64 == 0)");
   check_tma_pointers(what, {a, w_gu, gate_up, h});
-  launch_pingpong(what, a, w_gu, gate_up, 2 * f, h, f, SwigluEpilogue{int(f)}, m, 2 * f, k, stream);
+  launch_pingpong(what, a, w_gu, gate_up, 2 * f, h, f, nullptr, SwigluEpilogue{int(f)}, m, 2 * f, k, stream);
 }
 
 bool gemm_dgelu_sm90_supported(int64_t m, int64_t n, int64_t k) { return gemm_bias_gelu_sm90_supported(m, n, k); }
@@ -500,11 +510,10 @@ void gemm_dgelu_sm90(const bf16* dy, const bf16* w2, const bf16* pre, bf16* dpre
   if (!gemm_dgelu_sm90_supported(m, n, k))
     throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " n=" +
                                 std::to_string(n) + " k=" + std::to_string(k) + " (needs m % 128, n % 256, k % 64 == 0)");
-  check_tma_pointers(what, {dy, w2, dpre});
-  if (pre == nullptr || reinterpret_cast<uintptr_t>(pre) % 4 != 0 ||
-      (partials != nullptr && reinterpret_cast<uintptr_t>(partials) % 4 != 0))
-    throw std::invalid_argument(std::string(what) + ": pre must be given, 4-byte aligned (and partials)");
-  launch_pingpong(what, dy, w2, dpre, n, dpre, n, DGeluEpilogue{pre, int(n), partials}, m, n, k, stream);
+  check_tma_pointers(what, {dy, w2, pre, dpre});
+  if (partials != nullptr && reinterpret_cast<uintptr_t>(partials) % 4 != 0)
+    throw std::invalid_argument(std::string(what) + ": partials must be 4-byte aligned");
+  launch_pingpong(what, dy, w2, dpre, n, dpre, n, pre, DGeluEpilogue{partials}, m, n, k, stream);
 }
 
 // Checks the bias, the shape and the pointers, then launches (the GPU checked there).
@@ -519,7 +528,7 @@ void gemm_bias_gelu_sm90(const bf16* a, const bf16* w, const TB* bias, bf16* pre
     throw std::invalid_argument(std::string(what) + ": unsupported shape m=" + std::to_string(m) + " n=" +
                                 std::to_string(n) + " k=" + std::to_string(k) + " (needs m % 128, n % 256, k % 64 == 0)");
   check_tma_pointers(what, {a, w, pre, act});
-  launch_pingpong(what, a, w, pre, n, act, n, BiasGeluEpilogue<TB>{bias}, m, n, k, stream);
+  launch_pingpong(what, a, w, pre, n, act, n, nullptr, BiasGeluEpilogue<TB>{bias}, m, n, k, stream);
 }
 
 template void gemm_bias_gelu_sm90<float>(const bf16*, const bf16*, const float*, bf16*, bf16*, int64_t, int64_t,

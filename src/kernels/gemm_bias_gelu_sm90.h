@@ -71,10 +71,12 @@
 // dY W2, reads it back with pre and writes dpre: 6 bytes an element more
 // than this kernel's read of pre and write of dpre; cuBLASLt's DGELU
 // epilogue gives no fp32 bias gradient with a bf16 output, so fc1's bias
-// gradient costs one more read of dpre there. Each thread reads its pre
-// pairs (4 bytes) straight from memory while the chunk before is written;
-// the column sums go over shuffles within a warp and a 1 KB hand-over
-// between the warpgroup's warps. Shapes as fc1's.
+// gradient costs one more read of dpre there. The tile's pre comes by TMA
+// into the consumer warpgroup's four epilogue buffers while its products
+// run (each 64 x 64 box where that block of dpre will be staged: a thread
+// reads its pre pair and writes its dpre pair at the same address); the
+// column sums go over shuffles within a warp and a 1 KB hand-over between
+// the warpgroup's warps. Shapes as fc1's.
 #pragma once
 
 #include <cuda_bf16.h>
