@@ -84,9 +84,8 @@ __device__ __forceinline__ float2 unpack_bf16x2(uint32_t u) {
 // w_box(tn, p, kb). And what it writes: kChunks 64-column chunks, each for
 // both 64-row halves hh of the tile, chunk ch to output output(ch) at
 // column column(tn, ch), its pair (jj, h) being value(...) (fp32, stored
-// rounded to bf16); load(cl, tn, ch, row) fetches what a chunk's row half
-// needs from memory (a Chunk; row = the thread's first row of it) while the
-// one before is written. kLoadsC: the tile's input C (a [M, N] bf16 matrix,
+// rounded to bf16); load(cl, tn, ch) fetches what a chunk needs from memory
+// (a Chunk) while the one before is written. kLoadsC: the tile's input C (a [M, N] bf16 matrix,
 // e.g. pre) comes by TMA into the warpgroup's staging buffers while its
 // products run, each block (ch, hh) where its output will be staged, and
 // value() gets the C pair at its own position. kColumnSums: the column sums
@@ -112,7 +111,7 @@ struct BiasGeluEpilogue {
   __device__ __forceinline__ static int2 w_box(int tn, int, int kb) { return make_int2(kb * kBK, tn * kBN); }
   __device__ __forceinline__ static int output(int ch) { return ch / 2; }
   __device__ __forceinline__ static int column(int tn, int ch) { return tn * kBN + kChunkCols * (ch % 2); }
-  __device__ __forceinline__ Chunk load(int cl, int tn, int ch, int) const {
+  __device__ __forceinline__ Chunk load(int cl, int tn, int ch) const {
     Chunk c;
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) c.b[jj] = bias_pair(bias + tn * kBN + cl + 8 * (8 * (ch % 2) + jj));
@@ -142,7 +141,7 @@ struct SwigluEpilogue {
   }
   __device__ __forceinline__ static int output(int ch) { return ch / 2; }
   __device__ __forceinline__ int column(int tn, int ch) const { return tn * kChunkCols + (ch == 1 ? f : 0); }
-  __device__ __forceinline__ Chunk load(int, int, int, int) const { return {}; }
+  __device__ __forceinline__ Chunk load(int, int, int) const { return {}; }
   __device__ __forceinline__ float2 value(const Chunk&, int ch, int jj, int h, const float (&d)[64], uint32_t) const {
     if (ch < 2) return acc_pair(d, ch, jj, h);
     const float2 g = acc_pair(d, 0, jj, h), u = acc_pair(d, 1, jj, h);
@@ -166,7 +165,7 @@ struct DGeluEpilogue {
   }
   __device__ __forceinline__ static int output(int) { return 0; }
   __device__ __forceinline__ static int column(int tn, int ch) { return tn * kBN + kChunkCols * ch; }
-  __device__ __forceinline__ Chunk load(int, int, int, int) const { return {}; }
+  __device__ __forceinline__ Chunk load(int, int, int) const { return {}; }
   __device__ __forceinline__ float2 value(const Chunk&, int ch, int jj, int h, const float (&d)[64],
                                           uint32_t pre) const {
     const float2 g = acc_pair(d, ch, jj, h), x = unpack_bf16x2(pre);
@@ -397,23 +396,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (store_thread) mbar_arrive(&handoff[1 - c]);  // this thread has passed every full barrier of tile i
     const int cl = 2 * (lane & 3);
-    const int row = m0 + warp * 16 + lane / 4;  // the thread's first row of row half 0
-    typename Epilogue::Chunk next = epilogue.load(cl, tn, 0, row);  // while the last products run
+    typename Epilogue::Chunk next = epilogue.load(cl, tn, 0);  // while the last products run
     wgmma_wait<0>();
     fence_accumulators(d0);
     fence_accumulators(d1);
     if (lane == 0) mbar_arrive(&p.empty[(it - 1) % kStages]);  // the tile's last stage
     // The epilogue's chunks ch, each for row halves hh (d0, d1); the buffers
-    // in turn, a half's loads out while the one before is written.
+    // in turn, a chunk's loads out while the one before is written.
     float2 sums[8];  // kColumnSums: the chunk's columns over the thread's four rows
     if constexpr (Epilogue::kLoadsC) mbar_wait(&c_ready[c], (i / 2) & 1);  // this warpgroup's (i / 2)-th tile
 #pragma unroll
     for (int ch = 0; ch < Epilogue::kChunks; ++ch) {
+      const typename Epilogue::Chunk loaded = next;
+      if (ch + 1 < Epilogue::kChunks) next = epilogue.load(cl, tn, ch + 1);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh, ++chunk) {
-        const typename Epilogue::Chunk loaded = next;
-        if (hh == 0) next = epilogue.load(cl, tn, ch, row + 64);
-        else if (ch + 1 < Epilogue::kChunks) next = epilogue.load(cl, tn, ch + 1, row);
         const float(&d)[64] = hh == 0 ? d0 : d1;
         const uint32_t buf = my_staging + (chunk & (kBuffers - 1)) * kChunkBytes;
         if (store_thread) tma_store_wait_read<kBuffers - 1>();  // this buffer's previous store has read it
@@ -423,7 +420,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const uint32_t at = swizzled_pair(buf, warp, lane, jj, h);
-            const uint32_t v = pack_bf16x2(epilogue.value(loaded, ch, jj, h, d, Epilogue::kLoadsC ? ld_shared_u32(at) : 0u));
+            const uint32_t c_pair = Epilogue::kLoadsC ? ld_shared_u32(at) : 0u;
+            const uint32_t v = pack_bf16x2(epilogue.value(loaded, ch, jj, h, d, c_pair));
             st_shared_u32(at, v);
             if constexpr (Epilogue::kColumnSums) {
               const float2 stored = unpack_bf16x2(v);

@@ -131,24 +131,22 @@ DGeluForm dgelu_rule(const at::Tensor& dy, const at::Tensor& w2, const at::Tenso
 }
 
 // Our kernel is chosen only where it times at most this fraction of the
-// best other form. Timed one call at a time at start-up (full clock) it
-// came out about 7% faster than cuBLASLt's epilogue at DiT-B/2 b256 and
-// XL/2 b128 on an H100, yet those steps, power-capped, ran 0.3-1.3% slower
-// with it; at DiT-L/2 b128 it timed 18% under the split form and the step
-// ran 1.3% faster.
+// best other form: timed one call at a time at start-up (full clock) it
+// came out faster than cuBLASLt's epilogue at DiT-B/2 and XL/2, yet those
+// power-capped steps ran slower with it, while DiT-L/2 b128's, where it
+// times 18% under the split form, ran faster (docs/PERFORMANCE.md).
 constexpr double kDGeluKernelMargin = 0.9;
 
 // kAuto with GEMM tuning on: the first backward of a shape outside a capture
-// times each form on its own buffers and keeps the fastest for the process
-// (our kernel by kDGeluKernelMargin)
-// (cuBLASLt offers only a pre-Hopper DGELU kernel for some shapes: at DiT-L/2
-// b128 on the H100 it ran at 2.5x the time of fc2's forward, a plain product
-// of the same size); the choice and the times go into the GEMM tuning
-// records. The same work on each side: a form that leaves db1 to a
-// column-sum pass over d(pre) with dW1 is timed with that pass (the
-// epilogue form where cuBLASLt gives no fp32 bias gradient with a bf16
-// output, the split form where ATen's GELU backward runs). Without tuning,
-// or inside a capture before any timing, the rule.
+// times each form on its own buffers and keeps the fastest for the process,
+// our kernel only by kDGeluKernelMargin (cuBLASLt offers only a pre-Hopper
+// DGELU kernel for some shapes: at DiT-L/2 b128 on the H100 it ran at 2.5x
+// the time of fc2's forward, a plain product of the same size); the choice
+// and the times go into the GEMM tuning records. The same work on each
+// side: a form that leaves db1 to a column-sum pass over d(pre) with dW1 is
+// timed with that pass (the epilogue form where cuBLASLt gives no fp32 bias
+// gradient with a bf16 output, the split form where ATen's GELU backward
+// runs). Without tuning, or inside a capture before any timing, the rule.
 DGeluForm dgelu_form_chosen(const at::Tensor& dy, const at::Tensor& w2, const at::Tensor& pre, at::Tensor& dpre,
                             bool want_db1) {
   const DGeluForm rule = dgelu_rule(dy, w2, pre);

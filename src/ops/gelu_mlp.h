@@ -117,8 +117,8 @@ struct GeluMlpGrads {
 };
 // From the incoming gradient of y (any dtype and strides; made dense in
 // `dtype`, x's): fc2's weight gradient and its bias's column sums, pre's
-// gradient through GELU (our kernel, the DGELU epilogue or the split form: DGeluPath), then
-// fc1's; the weight gradients through run_weight_grads
+// gradient through GELU (our kernel, the DGELU epilogue or the split form:
+// DGeluPath), then fc1's; the weight gradients through run_weight_grads
 // (ops/weight_grad_stream.h).
 GeluMlpGrads gelu_mlp_backward(const at::Tensor& grad, const GeluMlpSaved& saved, at::IntArrayRef x_sizes,
                                at::ScalarType dtype, const GeluMlpWanted& wanted);
