@@ -359,21 +359,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_accumulators(d0);
       fence_accumulators(d1);
       wgmma_fence();
-      if constexpr (Epilogue::kWMnMajor) {
-        // B's k16 step kk: 16 rows of 128 bytes further into both atoms.
-        const uint64_t dw = smem_desc_mn_atoms(p.sw + s * kBN * kBK, kChunkCols * kBK * 2);
+      // B's k16 step kk: 32 bytes along its K-major rows, or 16 rows of 128 bytes into both MN-major atoms.
+      constexpr bool kMn = Epilogue::kWMnMajor;
+      constexpr uint64_t kStepB = kMn ? 128 : 2;
+      const uint64_t dw =
+          kMn ? smem_desc_mn_atoms(p.sw + s * kBN * kBK, kChunkCols * kBK * 2) : smem_desc(p.sw + s * kBN * kBK);
 #pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) {
-          wgmma_m64n128k16_tb(d0, da + 2 * kk, dw + 128 * kk, (kb > 0 || kk > 0) ? 1 : 0);
-          wgmma_m64n128k16_tb(d1, da_low + 2 * kk, dw + 128 * kk, (kb > 0 || kk > 0) ? 1 : 0);
-        }
-      } else {
-        const uint64_t dw = smem_desc(p.sw + s * kBN * kBK);
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) {
-          wgmma_m64n128k16(d0, da + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
-          wgmma_m64n128k16(d1, da_low + 2 * kk, dw + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
-        }
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        wgmma_m64n128k16<kMn>(d0, da + 2 * kk, dw + kStepB * kk, (kb > 0 || kk > 0) ? 1 : 0);
+        wgmma_m64n128k16<kMn>(d1, da_low + 2 * kk, dw + kStepB * kk, (kb > 0 || kk > 0) ? 1 : 0);
       }
       wgmma_commit();
       if constexpr (Epilogue::kLoadsC)

@@ -303,25 +303,17 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
 // d (64 x 128 per call, fp32) = A (64 x 16) B^T (16 x 128) + (scale_d ? d : 0),
-// both K-major in shared memory (the tiled attention forward's S = Q K^T over
-// a 128-key tile too).
+// both in shared memory, A K-major; B K-major too (the tiled attention
+// forward's S = Q K^T over a 128-key tile, fc1's product), or MN-major
+// (transposed, smem_desc_mn_atoms) with TransB = 1: d = A B (fc2's backward
+// product through GELU, gemm_dgelu_sm90).
+template <int TransB = 0>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " PERFTRAIN_SM90_REGS64
-               ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+               ", %64, %65, p, 1, 1, 0, %67;\n}\n"
                : PERFTRAIN_SM90_ACC64
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-// d (64 x 128) = A (64 x 16) B (16 x 128) + (scale_d ? d : 0), A K-major, B
-// MN-major (transposed; smem_desc_mn_atoms), both in shared memory (fc2's
-// backward product through GELU, gemm_dgelu_sm90).
-__device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " PERFTRAIN_SM90_REGS64
-               ", %64, %65, p, 1, 1, 0, 1;\n}\n"
-               : PERFTRAIN_SM90_ACC64
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
 
 // The same with A from registers, B K-major (the tiled forward's tail step of S at head dim 72).

@@ -155,13 +155,10 @@ inline void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_
   EMU_AT;
   emu::sm90::wgmma(256, d, a, 0, desc_b, 0, 0, scale_d);
 }
+template <int TransB = 0>
 inline void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d, EMU_SITE) {
   EMU_AT;
-  emu::sm90::wgmma(128, d, nullptr, desc_a, desc_b, 0, 0, scale_d);
-}
-inline void wgmma_m64n128k16_tb(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d, EMU_SITE) {
-  EMU_AT;
-  emu::sm90::wgmma(128, d, nullptr, desc_a, desc_b, 0, 1, scale_d);
+  emu::sm90::wgmma(128, d, nullptr, desc_a, desc_b, 0, TransB, scale_d);
 }
 inline void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d, EMU_SITE) {
   EMU_AT;
