@@ -409,13 +409,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t buf = my_staging + (chunk & (kBuffers - 1)) * kChunkBytes;
         if (store_thread) tma_store_wait_read<kBuffers - 1>();  // this buffer's previous store has read it
         warpgroup_barrier(1 + c);
+        // kLoadsC: the block's C pairs read all at once, before its first store: the shared accesses are
+        // ordered asm, so a load after a store would wait for it and the pairs' math would run one at a time.
+        uint32_t c_pairs[8][2];
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            c_pairs[jj][h] = Epilogue::kLoadsC ? ld_shared_u32(swizzled_pair(buf, warp, lane, jj, h)) : 0u;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const uint32_t at = swizzled_pair(buf, warp, lane, jj, h);
-            const uint32_t c_pair = Epilogue::kLoadsC ? ld_shared_u32(at) : 0u;
-            const uint32_t v = pack_bf16x2(epilogue.value(loaded, ch, jj, h, d, c_pair));
+            const uint32_t v = pack_bf16x2(epilogue.value(loaded, ch, jj, h, d, c_pairs[jj][h]));
             st_shared_u32(at, v);
             if constexpr (Epilogue::kColumnSums) {
               const float2 stored = unpack_bf16x2(v);
