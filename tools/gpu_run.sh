@@ -21,7 +21,8 @@
 #   torch.distributed.run (docs/guide/multi-gpu.md, Benchmark); on one GPU only N=1 (a one-rank NCCL group).
 # Settings: SETS="speed.attention=cudnn speed.gemm_tune=0" adds one bench or profile run per setting, by
 #   --set (a comma joins keys into one setting: "speed.recompute=true,speed.gemm_tune=0").
-# Nsight Compute: NCU_KERNEL (a kernel-name regex), NCU_SKIP and NCU_COUNT (launches skipped and profiled),
+# Nsight Compute: NCU_KERNEL (a regex on the function's name alone, not its template arguments: gemm_sm90_pingpong,
+#   not DGelu; NCU_SKIP picks the launch), NCU_SKIP and NCU_COUNT (launches skipped and profiled),
 #   NCU_ARGS (default "--set full"); the report goes to ncu-<name>.txt.
 # Cases: MODEL:BATCHES[:LATENT[:COND_TOKENS[:COND_DIM]]]: --image-size LATENT; a single-stream model's
 #   model.cond_tokens (class tokens) and model.cond_dim (features with synthetic lengths), e.g. SS-B/2:64:64:128:1024.
