@@ -335,7 +335,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(!Epilogue::kLoadsC || 2 * Epilogue::kChunks == kBuffers, "a tile's C boxes fill the buffers once");
   const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
-  const int c = threadIdx.x / 128 - 1;
+  // Broadcast from lane 0: the compiler then knows c, and the stage counters and descriptors derived from
+  // it, to be warp-uniform and keeps them in uniform registers. Computed per thread, the main loop's
+  // descriptor arithmetic ran in ordinary registers, each moved to uniform ones for every product, and its
+  // dependent chain outlasted a k-step's products (the tensor pipe idle ~30% of the loop).
+  const int c = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) - 1;
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
   // Rows 0-63 and 64-127 of the tile. Not cleared: each tile's first product
   // takes scale_d = 0 (d = A B^T). Clearing them would put non-wgmma writes
@@ -345,25 +349,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   int chunk = 0;
   const bool store_thread = threadIdx.x % 128 == 0;
   const uint32_t my_staging = smem_u32(p.staging) + c * kBuffers * kChunkBytes;
+  // The ring's stage 0 as wgmma descriptors. B's k16 step kk: 32 bytes along its K-major rows, or 16 rows
+  // of 128 bytes into both MN-major atoms.
+  constexpr bool kMn = Epilogue::kWMnMajor;
+  constexpr uint64_t kStepB = kMn ? 128 : 2;
+  const uint64_t desc_a0 = smem_desc(p.sa);
+  const uint64_t desc_w0 = kMn ? smem_desc_mn_atoms(p.sw, kChunkCols * kBK * 2) : smem_desc(p.sw);
   // This warpgroup's tiles: the CTA's i-th tile for i = c, c + 2, ...
   int i = c;
   for (int tile = blockIdx.x + c * gridDim.x; tile < tiles; tile += 2 * gridDim.x, i += 2) {
     const int tn = tile % tiles_n, m0 = (tile / tiles_n) * kBM;
     if (i > 0) mbar_wait(&handoff[c], ((i - 1) / 2) & 1);  // the CTA's tile i - 1 has passed its waits
-    int it = i * kblocks;  // this tile's first stage in the ring's order
+    uint32_t it = uint32_t(i) * kblocks;  // this tile's first stage in the ring's order
     for (int kb = 0; kb < kblocks; ++kb, ++it) {
-      const int s = it % kStages;
+      const uint32_t s = it % kStages;
       mbar_wait(&p.full[s], (it / kStages) & 1);
-      const uint64_t da = smem_desc(p.sa + s * kBM * kBK);
-      const uint64_t da_low = smem_desc(p.sa + s * kBM * kBK + 64 * kBK);
+      // Stage s's descriptors: stage 0's plus s stages (the address field counts 16-byte units).
+      const uint64_t da = desc_a0 + s * (kATileBytes >> 4);
+      const uint64_t da_low = da + ((64 * kBK * 2) >> 4);
+      const uint64_t dw = desc_w0 + s * ((kBN * kBK * 2) >> 4);
       fence_accumulators(d0);
       fence_accumulators(d1);
       wgmma_fence();
-      // B's k16 step kk: 32 bytes along its K-major rows, or 16 rows of 128 bytes into both MN-major atoms.
-      constexpr bool kMn = Epilogue::kWMnMajor;
-      constexpr uint64_t kStepB = kMn ? 128 : 2;
-      const uint64_t dw =
-          kMn ? smem_desc_mn_atoms(p.sw + s * kBN * kBK, kChunkCols * kBK * 2) : smem_desc(p.sw + s * kBN * kBK);
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {
         wgmma_m64n128k16<kMn>(d0, da + 2 * kk, dw + kStepB * kk, (kb > 0 || kk > 0) ? 1 : 0);

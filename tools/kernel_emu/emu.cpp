@@ -164,6 +164,14 @@ float shfl_xor(float v, int o) {
   wait_at(WWARP);
   return r;
 }
+float shfl_idx(float v, int src) {
+  const int me = cur, base = me & ~31;
+  slots[me] = v;
+  wait_at(WWARP);
+  float r = slots[base + (src & 31)];
+  wait_at(WWARP);
+  return r;
+}
 void run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, const std::function<void()>& body) {
   const int n = block.x * block.y * block.z;
   g_body = &body;

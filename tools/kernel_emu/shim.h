@@ -45,6 +45,7 @@ unsigned char* dynamic_smem();
 size_t dynamic_smem_bytes();
 uintptr_t smem_window_base();        // shared address 0
 float shfl_xor(float v, int o);
+float shfl_idx(float v, int src);    // lane src's v, to every lane of the warp
 void run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, const std::function<void()>& body);
 void block_begin(int threads);       // sm90_emu.cpp: a block's mbarriers and queues reset
 void thread_exit();                  // sm90_emu.cpp: a thread's asynchronous work must be waited for
@@ -64,6 +65,13 @@ void check_launch(const void* kernel, size_t dynamic_bytes);  // sm90_emu.cpp: t
 #define __shared__ static
 inline void __syncthreads() { emu::sync_block(); }
 inline float __shfl_xor_sync(unsigned, float v, int o) { return emu::shfl_xor(v, o); }
+inline int __shfl_sync(unsigned, int v, int src) {  // the bits travel through the float slots unchanged
+  float f;
+  std::memcpy(&f, &v, sizeof f);
+  f = emu::shfl_idx(f, src);
+  std::memcpy(&v, &f, sizeof v);
+  return v;
+}
 inline void __syncwarp(unsigned = 0xffffffffu) { (void)emu::shfl_xor(0.f, 0); }  // the warp's lanes meet
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 // Fibers switch only at barriers, so a plain read-modify-write is atomic here.
