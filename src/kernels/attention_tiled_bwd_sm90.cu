@@ -97,10 +97,9 @@ struct KvSmem {
   static constexpr uint32_t kSDelta = kSLse + kChunk * 4;
   static constexpr uint32_t kStageBytes = round_1024(kSDelta + kChunk * 4);
   static constexpr uint32_t kStageTx = 2 * kP * kBox + (kTail ? 2 * kTailBox : 0);  // TMA bytes of a chunk
-  static constexpr int kStages = 3;
-  static constexpr uint32_t kKt = kStage + kStages * kStageBytes, kVt = kKt + (kTail ? 2 * kTailBox : 0);
+  static constexpr uint32_t kKt = kStage + 2 * kStageBytes, kVt = kKt + (kTail ? 2 * kTailBox : 0);
   static constexpr uint32_t kBar = kVt + (kTail ? 2 * kTailBox : 0);
-  static constexpr size_t kTotal = kBar + (1 + 2 * kStages) * 8 + 1024;
+  static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
   static_assert(kSDot + kTailBox == kSPad || !kTail, "dO's tail step reads the 8 zero rows after it");
   static_assert(kSQt + kTailBox == kSDot || !kTail, "Q's tail step reads dO's tail after it");
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
@@ -114,13 +113,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = KvSmem<D>;
   constexpr bool kTail = L::kTail;
-  constexpr int kP = L::kP, kStages = L::kStages;
+  constexpr int kP = L::kP;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = align_smem_1024(smem_raw);
   const uint32_t base = smem_u32(smem);
   uint64_t* kv_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  uint64_t* chunk_ready = kv_ready + 1;            // one per stage: its Q, dO, lse and D are there
-  uint64_t* chunk_free = kv_ready + 1 + kStages;   // one per stage: every warp computing is done with it
+  uint64_t* chunk_ready = kv_ready + 1;  // one per stage: its Q, dO, lse and D are there
+  uint64_t* chunk_free = kv_ready + 3;   // one per stage: every warp computing is done with it
   // wg broadcast from lane 0: the compiler then keeps it, and what derives from it, in uniform registers.
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
@@ -129,24 +128,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_block = blockIdx.x * kBlock, k0 = k_block + wg * kChunk;
   const bool active = k0 < T;
   const int blocks = k_block + kChunk < T ? 2 : 1, chunks = (T + kChunk - 1) / kChunk;
-  // Turns at the tensor pipe (sm90.cuh's turn_wait) when both warpgroups have keys: a warpgroup's turn
-  // issues dV and dK of one chunk and S^T, dP^T of the next; warpgroup 0 takes the first.
-  const bool pingpong = blocks == 2;
-  const int my_turn = 4 + wg, other_turn = 5 - wg;
   const float* lse = args.lse + (int64_t(b) * args.heads + h) * T;
   const float* delta = args.delta + (int64_t(b) * args.heads + h) * T;
 
   if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&chunk_ready[s], kChunk);    // the threads writing lse and D, thread 0's with the TMA bytes
-      mbar_init(&chunk_free[s], 4 * blocks);  // lane 0 of each warp of the warpgroups with keys
-    }
-    init_barriers<1>(kv_ready);  // K and V's, and the fence for them all
+    mbar_init(&chunk_ready[0], kChunk);  // the threads writing lse and D, thread 0's with the TMA bytes
+    mbar_init(&chunk_ready[1], kChunk);
+    mbar_init(&chunk_free[0], 4 * blocks);  // lane 0 of each warp of the warpgroups with keys
+    mbar_init(&chunk_free[1], 4 * blocks);
+    init_barriers<1>(kv_ready);  // K and V's, and the fence for all five
   }
   if constexpr (kTail)
-    if (warp == 0)
-      for (int s = wg; s < kStages; s += 2) zero_pad(base + L::kStage + s * L::kStageBytes + L::kSPad, lane);
+    if (warp == 0) zero_pad(base + L::kStage + wg * L::kStageBytes + L::kSPad, lane);
   fence_async_shared();
   // A chunk's lse (times log2 e; +inf past T: weight 0) and D written by
   // the first 64 threads, each arriving on the stage's barrier after its
@@ -203,23 +196,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t da_k = smem_desc(smem + L::kK + wg * kBox), da_v = smem_desc(smem + L::kV + wg * kBox);
   // The second panel's (96, 128): 2 kBox on; a descriptor counts 16-byte units.
   constexpr uint64_t kNextPanel = 2 * kBox / 16;
-  if (pingpong && wg == 1) turn_wait(my_turn);  // warpgroup 0 issues the first chunk's S^T, dP^T alone
 #pragma unroll 1
   for (int qc = 0; qc < chunks; ++qc) {
-    const int stage = qc % kStages;
-    unsigned char* st_at = smem + L::kStage + stage * L::kStageBytes;
-    const uint32_t st_u32 = smem_u32(st_at);
-    // The next chunk into its stage once every computing warp is done with the chunk kStages before it
-    // there (released an iteration ago). Before this chunk's products: a branch of part of the warpgroup
-    // while they are in flight makes ptxas serialise every wgmma of the loop (C7518).
+    const int stage = qc & 1;
+    // The next chunk into the other stage once both warpgroups are done with
+    // the chunk before this one there (they may drift a chunk apart).
     if (qc + 1 < chunks) {
-      const int next = (qc + 1) % kStages;
-      if (tid < kChunk && qc + 1 >= kStages) mbar_wait(&chunk_free[next], ((qc + 1 - kStages) / kStages) & 1);
-      load_chunk(qc + 1, next);
+      if (tid < kChunk && qc >= 1) mbar_wait(&chunk_free[stage ^ 1], ((qc - 1) >> 1) & 1);
+      load_chunk(qc + 1, stage ^ 1);
     }
-    float st[32], dpt[32];  // S^T = K Q^T and dP^T = V dO^T: [64 keys][64 queries of the chunk]
     if (active) {
-      mbar_wait(&chunk_ready[stage], (qc / kStages) & 1);
+      unsigned char* st_at = smem + L::kStage + stage * L::kStageBytes;
+      const uint32_t st_u32 = smem_u32(st_at);
+      const float* s_lse = reinterpret_cast<const float*>(st_at + L::kSLse);
+      const float* s_delta = reinterpret_cast<const float*>(st_at + L::kSDelta);
+      mbar_wait(&chunk_ready[stage], (qc >> 1) & 1);
+      // S^T = K Q^T and dP^T = V dO^T: [64 keys][64 queries of the chunk].
+      float st[32], dpt[32];
       const uint64_t db_q = smem_desc(st_at + L::kSQ), db_do = smem_desc(st_at + L::kSDo);
       wgmma_fence();
 #pragma unroll
@@ -235,11 +228,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_m64n64k16_ss<0>(dpt, da_v + kNextPanel + 2 * t, db_do + kBox / 16 + 2 * t, 1);
       if constexpr (kTail) wgmma_m64n64k16_rs(dpt, v_t, smem_desc_tail(st_u32 + L::kSDot), 1);
       wgmma_commit();
-      if (pingpong) turn_pass(other_turn);  // this turn's products are issued
-    }
-    if (active) {
-      const float* s_lse = reinterpret_cast<const float*>(st_at + L::kSLse);
-      const float* s_delta = reinterpret_cast<const float*>(st_at + L::kSDelta);
       wgmma_wait<0>();
       fence_accumulators(st);
       fence_accumulators(dpt);
@@ -265,7 +253,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         a_fragment(st, t, ap[t]);
         a_fragment(dpt, t, ads[t]);
       }
-      if (pingpong) turn_wait(my_turn);  // the other warpgroup has issued its turn's products
       wgmma_rows_mn<4, kTail>(dv[0], dv_t, ap, st_u32 + L::kSDo, st_u32 + L::kSDot, qc > 0);
       if constexpr (kP > 1) wgmma_rows_mn<4, false>(dv[kP - 1], dv_t, ap, st_u32 + L::kSDo + kBox, 0, qc > 0);
       wgmma_rows_mn<4, kTail>(dk[0], dk_t, ads, st_u32 + L::kSQ, st_u32 + L::kSQt, qc > 0);
@@ -283,8 +270,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) mbar_arrive(&chunk_free[stage]);  // this warp's products and reads are done with the stage
     }
   }
-  // Warpgroup 0's last turn: warpgroup 1 waits once more than it is passed inside the loop.
-  if (pingpong && wg == 0) turn_pass(other_turn);
   if (!active) return;
   // dK (scaled) and dV staged where this warpgroup's K and V were, then
   // stored by TMA; rows past T are not written.

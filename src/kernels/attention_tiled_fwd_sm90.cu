@@ -28,14 +28,12 @@ constexpr uint32_t kTailPanel = kTile * 16;      // a tile's columns 64-71: 2 KB
 
 using Bias = KeyBias;
 
-// Q (per panel, two chunks of 64 rows, 128-byte swizzle), kStages stages
-// of K, V (each K's panels, V's, then K's tail and V's tail: the tail step
-// of S over K reads 8 rows past K's tail for its last rows, which are V's
+// Q (per panel, two chunks of 64 rows, 128-byte swizzle), two stages of
+// K, V (each K's panels, V's, then K's tail and V's tail: the tail step of
+// S over K reads 8 rows past K's tail for its last rows, which are V's
 // tail, loaded with it), Q's tail, each stage's key bias (room for 128 fp32
-// keys), then the barriers (Q's, each stage's landing, each stage's
-// release); 1024 bytes to align the start. Three stages where they fit
-// (head dims 64, 72), so that a tile's load waits on the release of the
-// tile two before it, which the ping-pong's turns leave long done.
+// keys), then the barriers (Q's, each stage's); 1024 bytes to align the
+// start.
 template <int D>
 struct TiledSmem {
   static constexpr int kP = TiledHead<D>::kPanels;
@@ -43,13 +41,12 @@ struct TiledSmem {
   static constexpr uint32_t kQPanel = kBlock * 128;  // one panel of Q: 16 KB
   static constexpr uint32_t kQBytes = kP * kQPanel + (kTail ? kBlock * 16 : 0);
   static constexpr uint32_t kStageBytes = 2 * kP * kPanel + (kTail ? 2 * kTailPanel : 0);  // 32, 36, 64, 64 KB
-  static constexpr int kStages = kP == 1 ? 3 : 2;
   static constexpr uint32_t kQ = 0, kStage = kP * kQPanel;
   static constexpr uint32_t kK = 0, kV = kP * kPanel, kKt = 2 * kP * kPanel, kVt = kKt + kTailPanel;  // in a stage
-  static constexpr uint32_t kQt = kStage + kStages * kStageBytes;
+  static constexpr uint32_t kQt = kStage + 2 * kStageBytes;
   static constexpr uint32_t kBiasSlot = kTile * 4, kBias = kQt + (kTail ? kBlock * 16 : 0);
-  static constexpr uint32_t kBar = kBias + kStages * kBiasSlot;
-  static constexpr size_t kTotal = kBar + (1 + 2 * kStages) * 8 + 1024;
+  static constexpr uint32_t kBar = kBias + 2 * kBiasSlot;
+  static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
   static_assert(kKt + kTailPanel == kVt, "V's tail follows K's: the tail step of S reads 8 rows past K's tail");
   static_assert(kStage % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled panels need 1024-byte alignment");
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
@@ -117,12 +114,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = TiledSmem<D>;
   constexpr bool kTail = L::kTail;
-  constexpr int kP = L::kP, kStages = L::kStages;
+  constexpr int kP = L::kP;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = align_smem_1024(smem_raw);
   uint64_t* q_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  uint64_t* kv_ready = q_ready + 1;            // one per stage: its K, V have landed
-  uint64_t* kv_free = q_ready + 1 + kStages;   // one per stage: every warp computing is done with it
+  uint64_t* kv_ready = q_ready + 1;  // one per stage: its K, V have landed
+  uint64_t* kv_free = q_ready + 3;   // one per stage: every warp computing is done with it
   // wg broadcast from lane 0: the compiler then keeps it, and what derives from it, in uniform registers.
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
@@ -131,15 +128,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int q_block = blockIdx.x * kBlock, q0 = q_block + wg * kChunk;
   const bool active = q0 < T;  // a warpgroup past the last query idles through the loop
   const int chunks = q_block + kChunk < T ? 2 : 1, tiles = (T + kTile - 1) / kTile;
-  // Turns at the tensor pipe (sm90.cuh's turn_wait): with both warpgroups computing and three stages. A
-  // warpgroup's turn issues its P V of one tile and S of the next; warpgroup 0 takes the first.
-  const bool pingpong = kStages == 3 && chunks == 2;
-  const int my_turn = 4 + wg, other_turn = 5 - wg;
 
   if (tid == 0) {
-#pragma unroll
-    for (int st = 0; st < kStages; ++st) mbar_init(&kv_free[st], 4 * chunks);  // lane 0 of each computing warp
-    init_barriers<1 + kStages>(q_ready);  // Q's and each stage's landing, and the fence for them all
+    mbar_init(&kv_free[0], 4 * chunks);  // lane 0 of each warp of the warpgroups with queries
+    mbar_init(&kv_free[1], 4 * chunks);
+    init_barriers<3>(q_ready);  // Q's and each stage's landing, and the fence for all five
   }
   __syncthreads();
   auto load_tile = [&](int tile, int stage) {
@@ -176,22 +169,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       q_t[1] = ld_shared_u32(qt_chunk + (r_lo + 8) * 16 + 4 * (lane & 3));
     }
   }
-  if (pingpong && wg == 1) turn_wait(my_turn);  // warpgroup 0 issues S of the first tile alone
 #pragma unroll 1
   for (int tile = 0; tile < tiles; ++tile) {
-    const int stage = tile % kStages;
-    unsigned char* st = smem + L::kStage + stage * L::kStageBytes;
-    const uint32_t st_u32 = smem_u32(st);
-    // The next tile into its stage once every computing warp is done with the tile kStages before it there
-    // (at three stages released an iteration ago). Before this tile's products: a branch of one thread while
-    // they are in flight makes ptxas serialise every wgmma of the loop (C7518).
+    const int stage = tile & 1;
+    // The next tile into the other stage once both warpgroups are done with
+    // the tile before this one there: they drift apart by up to a tile, so
+    // that one's softmax can run beside the other's products.
     if (tid == 0 && tile + 1 < tiles) {
-      if (tile + 1 >= kStages) mbar_wait(&kv_free[(tile + 1) % kStages], ((tile + 1 - kStages) / kStages) & 1);
-      load_tile(tile + 1, (tile + 1) % kStages);
+      if (tile >= 1) mbar_wait(&kv_free[stage ^ 1], ((tile - 1) >> 1) & 1);
+      load_tile(tile + 1, stage ^ 1);
     }
-    float s[64];  // S = Q K^T: row r_lo (+ 8) holds keys 8j + 2 (lane % 4) + {0, 1} in s[4j], s[4j + 1] (s[4j + 2], s[4j + 3])
     if (active) {
-      mbar_wait(&kv_ready[stage], (tile / kStages) & 1);
+      unsigned char* st = smem + L::kStage + stage * L::kStageBytes;
+      const uint32_t st_u32 = smem_u32(st);
+      mbar_wait(&kv_ready[stage], (tile >> 1) & 1);
+      // S = Q K^T: row r_lo (+ 8) holds keys 8j + 2 (lane % 4) + {0, 1} in s[4j], s[4j + 1] (s[4j + 2], s[4j + 3]).
+      float s[64];
       const uint64_t da = smem_desc(q_chunk), db = smem_desc(st + L::kK);
       wgmma_fence();
 #pragma unroll
@@ -203,9 +196,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if constexpr (kTail) wgmma_m64n128k16_rs(s, q_t, smem_desc_tail(st_u32 + L::kKt), 1);
       wgmma_commit();
-      if (pingpong) turn_pass(other_turn);  // this turn's products are issued
-    }
-    if (active) {
       float add[32];  // the staged bias read while the product runs
       staged_key_terms<B, 16>(add, smem_u32(smem + L::kBias + stage * L::kBiasSlot), lane, T - tile * kTile);
       wgmma_wait<0>();
@@ -215,7 +205,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t ap[8][4];
 #pragma unroll
       for (int t = 0; t < 8; ++t) a_fragment(s, t, ap[t]);
-      if (pingpong) turn_wait(my_turn);  // the other warpgroup has issued its turn's products
       wgmma_rows_mn<8, kTail>(o[0], o_t, ap, st_u32 + L::kV, st_u32 + L::kVt, 1);
       if constexpr (kP > 1) wgmma_rows_mn<8, false>(o[kP - 1], o_t, ap, st_u32 + L::kV + kPanel, 0, 1);
       wgmma_wait<0>();
@@ -225,8 +214,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) mbar_arrive(&kv_free[stage]);  // this warp's products have read the stage
     }
   }
-  // Warpgroup 0's last turn: warpgroup 1 waits once more than it is passed inside the loop.
-  if (pingpong && wg == 0) turn_pass(other_turn);
   if (!active) return;
 
   // lse = (m + log2 l) ln 2 per query; O / l.

@@ -255,12 +255,6 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t 
 // 2 and 3 are the warpgroups' own).
 __device__ __forceinline__ void cta_barrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
-// Turns at the tensor pipe for two consumer warpgroups (FA3's ping-pong): a warpgroup waits at its own named
-// barrier (bar.sync, 256 threads) for the other's arrival there (bar.arrive, which does not wait), so that
-// one issues its products while the other runs its softmax. Ids 4 and 5 (0-3 are taken above).
-__device__ __forceinline__ void turn_wait(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void turn_pass(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
-
 // Makes thread 0's mbarrier inits visible before the block's first barrier.
 __device__ __forceinline__ void fence_mbarrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

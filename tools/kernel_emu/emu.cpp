@@ -91,20 +91,19 @@ void fail(const char* what) {
   abort();
 }
 void sync_block() { barrier(0, nthreads); }
-namespace {
-// Counts this thread at barrier id; true once the count is complete (the barrier resets).
-bool arrive_at(int id, int count) {
+void barrier(int id, int count) {
   if (id < 0 || id >= 16) fail("bar.sync with a barrier id outside 0-15");
   if (count <= 0 || count > nthreads || (id != 0 && count % 32 != 0)) fail("bar.sync with a thread count that is not a multiple of 32 up to the block's");
   Barrier& b = barriers[id];
   if (b.arrived == 0) b.count = count;
   else if (b.count != count) fail("bar.sync: threads of one barrier give different thread counts");
-  if (++b.arrived < count) return false;
+  if (++b.arrived < count) {
+    barrier_of[cur] = id;
+    wait_at(WBAR);
+    return;
+  }
   b.arrived = 0;
-  return true;
-}
-// Releases the fibers waiting at barrier id (with warps: those already released).
-void release_barrier(int id, uint32_t warps) {
+  uint32_t warps = 1u << (cur / 32);  // bar.sync orders the shared-memory accesses of the warps there
   for (int t = 0; t < nthreads; ++t)
     if (st[t] == WBAR && barrier_of[t] == id) {
       st[t] = RUN;
@@ -113,19 +112,6 @@ void release_barrier(int id, uint32_t warps) {
   race::join(warps);
   race::tick(warps);
   ++progress;
-}
-}  // namespace
-void barrier(int id, int count) {
-  if (!arrive_at(id, count)) {
-    barrier_of[cur] = id;
-    wait_at(WBAR);
-    return;
-  }
-  release_barrier(id, 1u << (cur / 32));  // bar.sync orders the shared-memory accesses of the warps there
-}
-// bar.arrive: this thread's writes are not ordered for the waiters (no join with its warp).
-void barrier_arrive(int id, int count) {
-  if (arrive_at(id, count)) release_barrier(id, 0);
 }
 void yield(const std::string& what) {
   waiting[cur] = what;

@@ -33,7 +33,6 @@ extern bool loads_land_early, fibers_reversed;
 [[noreturn]] void fail(const char* what);  // prints the block and thread, aborts
 void sync_block();
 void barrier(int id, int count);     // bar.sync id, count (__syncthreads: id 0, every thread)
-void barrier_arrive(int id, int count);  // bar.arrive id, count: counts this thread, does not wait
 void yield(const std::string& what); // waits until the other fibers have run (`what`: said on a deadlock)
 void note_progress();                // a yielding fiber's wait was passed
 void atomic_order(const void* p);    // an atomic on p: in the dynamic shared memory, an ordering edge (race.h)

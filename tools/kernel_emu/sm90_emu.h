@@ -84,8 +84,6 @@ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
 inline void fence_async_shared() { emu::sm90::fence_proxy_async(); }
 inline void warpgroup_barrier(int id, EMU_SITE) { EMU_AT; emu::barrier(id, 128); }
 inline void cta_barrier(EMU_SITE) { EMU_AT; emu::barrier(1, 256); }
-inline void turn_wait(int id, EMU_SITE) { EMU_AT; emu::barrier(id, 256); }
-inline void turn_pass(int id, EMU_SITE) { EMU_AT; emu::barrier_arrive(id, 256); }
 template <int N>
 inline void setmaxnreg_dec() {}
 template <int N>
