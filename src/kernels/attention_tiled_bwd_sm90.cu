@@ -26,9 +26,6 @@ constexpr uint32_t kBox = kChunk * 128;      // 64 rows of a panel's 64 columns:
 constexpr uint32_t kTailBox = kChunk * 16;   // its columns 64-71: 1 KB
 constexpr uint32_t kPad = 128;               // 8 zero rows after a tail that a K-major tail step reads past
 constexpr float kLog2e = 1.4426950408889634f;
-// Query chunks (launch 2) or key tiles (launch 3) in flight: a chunk's Q and dO (a tile's K) are read by the
-// gradient products an iteration after its S and dP products (the loops below).
-constexpr int kStages = 3;
 
 constexpr uint32_t round_1024(uint32_t x) { return (x + 1023) / 1024 * 1024; }
 
@@ -85,7 +82,7 @@ __device__ __forceinline__ void tail_fragment(uint32_t (&a)[4], uint32_t box, in
 }
 
 // Launch 2's shared memory: K and V of the block (per panel two 64-row
-// boxes each: panel p of chunk c at 2p + c), three stages of a query chunk
+// boxes each: panel p of chunk c at 2p + c), two stages of a query chunk
 // (Q's panels, dO's, their tails, 8 zero rows that dO's tail step reads
 // past, then its lse (log2 e times) and D), K's and V's tails (read into
 // registers only), the barriers; 1024 to align the start.
@@ -100,9 +97,9 @@ struct KvSmem {
   static constexpr uint32_t kSDelta = kSLse + kChunk * 4;
   static constexpr uint32_t kStageBytes = round_1024(kSDelta + kChunk * 4);
   static constexpr uint32_t kStageTx = 2 * kP * kBox + (kTail ? 2 * kTailBox : 0);  // TMA bytes of a chunk
-  static constexpr uint32_t kKt = kStage + kStages * kStageBytes, kVt = kKt + (kTail ? 2 * kTailBox : 0);
+  static constexpr uint32_t kKt = kStage + 2 * kStageBytes, kVt = kKt + (kTail ? 2 * kTailBox : 0);
   static constexpr uint32_t kBar = kVt + (kTail ? 2 * kTailBox : 0);
-  static constexpr size_t kTotal = kBar + (1 + 2 * kStages) * 8 + 1024;
+  static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
   static_assert(kSDot + kTailBox == kSPad || !kTail, "dO's tail step reads the 8 zero rows after it");
   static_assert(kSQt + kTailBox == kSDot || !kTail, "Q's tail step reads dO's tail after it");
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
@@ -121,8 +118,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* smem = align_smem_1024(smem_raw);
   const uint32_t base = smem_u32(smem);
   uint64_t* kv_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  uint64_t* chunk_ready = kv_ready + 1;           // one per stage: its Q, dO, lse and D are there
-  uint64_t* chunk_free = kv_ready + 1 + kStages;  // one per stage: every warp computing is done with it
+  uint64_t* chunk_ready = kv_ready + 1;  // one per stage: its Q, dO, lse and D are there
+  uint64_t* chunk_free = kv_ready + 3;   // one per stage: every warp computing is done with it
   // wg broadcast from lane 0: the compiler then keeps it, and what derives from it, in uniform registers.
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
@@ -135,16 +132,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* delta = args.delta + (int64_t(b) * args.heads + h) * T;
 
   if (tid == 0) {
-#pragma unroll
-    for (int i = 0; i < kStages; ++i) {
-      mbar_init(&chunk_ready[i], kChunk);    // the threads writing lse and D, thread 0's with the TMA bytes
-      mbar_init(&chunk_free[i], 4 * blocks);  // lane 0 of each warp of the warpgroups with keys
-    }
-    init_barriers<1>(kv_ready);  // K and V's, and the fence for all of them
+    mbar_init(&chunk_ready[0], kChunk);  // the threads writing lse and D, thread 0's with the TMA bytes
+    mbar_init(&chunk_ready[1], kChunk);
+    mbar_init(&chunk_free[0], 4 * blocks);  // lane 0 of each warp of the warpgroups with keys
+    mbar_init(&chunk_free[1], 4 * blocks);
+    init_barriers<1>(kv_ready);  // K and V's, and the fence for all five
   }
   if constexpr (kTail)
-    for (int st = wg; st < kStages; st += 2)
-      if (warp == 0) zero_pad(base + L::kStage + st * L::kStageBytes + L::kSPad, lane);
+    if (warp == 0) zero_pad(base + L::kStage + wg * L::kStageBytes + L::kSPad, lane);
   fence_async_shared();
   // A chunk's lse (times log2 e; +inf past T: weight 0) and D written by
   // the first 64 threads, each arriving on the stage's barrier after its
@@ -176,7 +171,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   load_chunk(0, 0);
-  if (chunks > 1) load_chunk(1, 1);
 
   const float scale_log2 = args.scale * kLog2e;
   // The key bias of this thread's two rows (log2 e times; 0 past T: those rows are not stored).
@@ -202,116 +196,80 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t da_k = smem_desc(smem + L::kK + wg * kBox), da_v = smem_desc(smem + L::kV + wg * kBox);
   // The second panel's (96, 128): 2 kBox on; a descriptor counts 16-byte units.
   constexpr uint64_t kNextPanel = 2 * kBox / 16;
-  // S^T = K Q^T and dP^T = V dO^T of the chunk in `stage`: [64 keys][64 queries of the chunk]. One group.
-  float st[32], dpt[32];
-  auto issue_scores = [&](int stage) {
-    unsigned char* st_at = smem + L::kStage + stage * L::kStageBytes;
-    const uint32_t st_u32 = smem_u32(st_at);
-    const uint64_t db_q = smem_desc(st_at + L::kSQ), db_do = smem_desc(st_at + L::kSDo);
-    wgmma_fence();
-#pragma unroll
-    for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(st, da_k + 2 * t, db_q + 2 * t, t > 0);
-#pragma unroll
-    for (int t = 0; t < TiledHead<D>::kSteps1; ++t)
-      wgmma_m64n64k16_ss<0>(st, da_k + kNextPanel + 2 * t, db_q + kBox / 16 + 2 * t, 1);
-    if constexpr (kTail) wgmma_m64n64k16_rs(st, k_t, smem_desc_tail(st_u32 + L::kSQt), 1);
-#pragma unroll
-    for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(dpt, da_v + 2 * t, db_do + 2 * t, t > 0);
-#pragma unroll
-    for (int t = 0; t < TiledHead<D>::kSteps1; ++t)
-      wgmma_m64n64k16_ss<0>(dpt, da_v + kNextPanel + 2 * t, db_do + kBox / 16 + 2 * t, 1);
-    if constexpr (kTail) wgmma_m64n64k16_rs(dpt, v_t, smem_desc_tail(st_u32 + L::kSDot), 1);
-    wgmma_commit();
-  };
-  // P^T = 2^(s log2e S^T + b_k log2e - lse_q log2e), dS^T = P^T (dP^T - D_q); query column 8j + 2 (lane % 4) + e.
-  auto weights = [&](int stage) {
-    unsigned char* st_at = smem + L::kStage + stage * L::kStageBytes;
-    const float* s_lse = reinterpret_cast<const float*>(st_at + L::kSLse);
-    const float* s_delta = reinterpret_cast<const float*>(st_at + L::kSDelta);
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int q = 8 * j + 2 * (lane & 3) + e;
-        const float l2 = s_lse[q], dl = s_delta[q];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int i = 4 * j + 2 * hh + e;
-          const float p = exp2_approx(fmaf(st[i], scale_log2, bias_l2[hh] - l2));
-          st[i] = p;
-          dpt[i] = p * (dpt[i] - dl);
-        }
-      }
-  };
-  // dV += P^T dO and dK += dS^T Q over the chunk's 64 queries in `stage` (B: their rows, MN-major); the first
-  // chunk's overwrite. 2 kP groups.
-  uint32_t ap[4][4], ads[4][4];
-  auto pack = [&]() {
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      a_fragment(st, t, ap[t]);
-      a_fragment(dpt, t, ads[t]);
-    }
-  };
-  auto issue_grads = [&](int stage, int accumulate) {
-    const uint32_t st_u32 = smem_u32(smem + L::kStage + stage * L::kStageBytes);
-    wgmma_rows_mn<4, kTail>(dv[0], dv_t, ap, st_u32 + L::kSDo, st_u32 + L::kSDot, accumulate);
-    if constexpr (kP > 1) wgmma_rows_mn<4, false>(dv[kP - 1], dv_t, ap, st_u32 + L::kSDo + kBox, 0, accumulate);
-    wgmma_rows_mn<4, kTail>(dk[0], dk_t, ads, st_u32 + L::kSQ, st_u32 + L::kSQt, accumulate);
-    if constexpr (kP > 1) wgmma_rows_mn<4, false>(dk[kP - 1], dk_t, ads, st_u32 + L::kSQ + kBox, 0, accumulate);
-  };
-  auto fence_grads = [&]() {
-#pragma unroll
-    for (int p = 0; p < kP; ++p) {
-      fence_accumulators(dv[p]);
-      fence_accumulators(dk[p]);
-    }
-    if constexpr (kTail) {
-      fence_accumulators(dv_t);
-      fence_accumulators(dk_t);
-    }
-  };
-  // Chunk 0's weights first; then each iteration issues S^T, dP^T of its chunk and dV, dK of the chunk
-  // before, and runs its chunk's weights while those run (the forward's overlap within a warpgroup).
-  if (active) {
-    mbar_wait(&chunk_ready[0], 0);
-    issue_scores(0);
-    wgmma_wait<0>();
-    fence_accumulators(st);
-    fence_accumulators(dpt);
-    weights(0);
-    pack();
-  }
 #pragma unroll 1
-  for (int qc = 1; qc < chunks; ++qc) {
-    const int stage = qc % kStages, before = (qc - 1) % kStages;
-    // The next chunk into the stage of the chunk two before, once both warpgroups are done with that one
-    // (an iteration ago for this warpgroup; they may drift a chunk apart).
+  for (int qc = 0; qc < chunks; ++qc) {
+    const int stage = qc & 1;
+    // The next chunk into the other stage once both warpgroups are done with
+    // the chunk before this one there (they may drift a chunk apart).
     if (qc + 1 < chunks) {
-      const int next = (qc + 1) % kStages;
-      if (tid < kChunk && qc + 1 >= kStages) mbar_wait(&chunk_free[next], ((qc + 1 - kStages) / kStages) & 1);
-      load_chunk(qc + 1, next);
+      if (tid < kChunk && qc >= 1) mbar_wait(&chunk_free[stage ^ 1], ((qc - 1) >> 1) & 1);
+      load_chunk(qc + 1, stage ^ 1);
     }
     if (active) {
-      mbar_wait(&chunk_ready[stage], (qc / kStages) & 1);
-      issue_scores(stage);
-      issue_grads(before, qc > 1);
-      wgmma_wait<2 * kP>();  // S^T and dP^T's group done; the 2 kP of dV, dK may still run
+      unsigned char* st_at = smem + L::kStage + stage * L::kStageBytes;
+      const uint32_t st_u32 = smem_u32(st_at);
+      const float* s_lse = reinterpret_cast<const float*>(st_at + L::kSLse);
+      const float* s_delta = reinterpret_cast<const float*>(st_at + L::kSDelta);
+      mbar_wait(&chunk_ready[stage], (qc >> 1) & 1);
+      // S^T = K Q^T and dP^T = V dO^T: [64 keys][64 queries of the chunk].
+      float st[32], dpt[32];
+      const uint64_t db_q = smem_desc(st_at + L::kSQ), db_do = smem_desc(st_at + L::kSDo);
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(st, da_k + 2 * t, db_q + 2 * t, t > 0);
+#pragma unroll
+      for (int t = 0; t < TiledHead<D>::kSteps1; ++t)
+        wgmma_m64n64k16_ss<0>(st, da_k + kNextPanel + 2 * t, db_q + kBox / 16 + 2 * t, 1);
+      if constexpr (kTail) wgmma_m64n64k16_rs(st, k_t, smem_desc_tail(st_u32 + L::kSQt), 1);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(dpt, da_v + 2 * t, db_do + 2 * t, t > 0);
+#pragma unroll
+      for (int t = 0; t < TiledHead<D>::kSteps1; ++t)
+        wgmma_m64n64k16_ss<0>(dpt, da_v + kNextPanel + 2 * t, db_do + kBox / 16 + 2 * t, 1);
+      if constexpr (kTail) wgmma_m64n64k16_rs(dpt, v_t, smem_desc_tail(st_u32 + L::kSDot), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
       fence_accumulators(st);
       fence_accumulators(dpt);
-      weights(stage);
+      // P^T = 2^(s log2e S^T + b_k log2e - lse_q log2e), dS^T = P^T (dP^T - D_q); query column 8j + 2 (lane % 4) + e.
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int q = 8 * j + 2 * (lane & 3) + e;
+          const float l2 = s_lse[q], dl = s_delta[q];
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int i = 4 * j + 2 * hh + e;
+            const float p = exp2_approx(fmaf(st[i], scale_log2, bias_l2[hh] - l2));
+            st[i] = p;
+            dpt[i] = p * (dpt[i] - dl);
+          }
+        }
+      // dV += P^T dO and dK += dS^T Q over the chunk's 64 queries (B: their rows, MN-major).
+      uint32_t ap[4][4], ads[4][4];
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        a_fragment(st, t, ap[t]);
+        a_fragment(dpt, t, ads[t]);
+      }
+      wgmma_rows_mn<4, kTail>(dv[0], dv_t, ap, st_u32 + L::kSDo, st_u32 + L::kSDot, qc > 0);
+      if constexpr (kP > 1) wgmma_rows_mn<4, false>(dv[kP - 1], dv_t, ap, st_u32 + L::kSDo + kBox, 0, qc > 0);
+      wgmma_rows_mn<4, kTail>(dk[0], dk_t, ads, st_u32 + L::kSQ, st_u32 + L::kSQt, qc > 0);
+      if constexpr (kP > 1) wgmma_rows_mn<4, false>(dk[kP - 1], dk_t, ads, st_u32 + L::kSQ + kBox, 0, qc > 0);
       wgmma_wait<0>();
-      fence_grads();
-      fence_accumulators(st);  // the fragments below overwrite ap, ads only after the products that read them
-      fence_accumulators(dpt);
-      if (lane == 0) mbar_arrive(&chunk_free[before]);  // this warp's products and reads are done with the stage
-      pack();
+#pragma unroll
+      for (int p = 0; p < kP; ++p) {
+        fence_accumulators(dv[p]);
+        fence_accumulators(dk[p]);
+      }
+      if constexpr (kTail) {
+        fence_accumulators(dv_t);
+        fence_accumulators(dk_t);
+      }
+      if (lane == 0) mbar_arrive(&chunk_free[stage]);  // this warp's products and reads are done with the stage
     }
   }
-  if (!active) return;
-  issue_grads((chunks - 1) % kStages, chunks > 1);
-  wgmma_wait<0>();
-  fence_grads();
   if (!active) return;
   // dK (scaled) and dV staged where this warpgroup's K and V were, then
   // stored by TMA; rows past T are not written.
@@ -334,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Launch 3's shared memory: Q and dO of the block (per panel two 64-row
 // boxes each, as launch 2's K and V) and their tails (read into registers
-// only), then three stages of a 64-key tile (K's panels, V's, K's tail, V's
+// only), then two stages of a 64-key tile (K's panels, V's, K's tail, V's
 // tail, 8 zero rows: the tail step of S reads 8 rows past K's tail, which
 // are V's, and dP's past V's, the zeros), each stage's key bias (room for
 // 64 fp32 keys), the barriers; 1024 to align the start.
@@ -349,9 +307,9 @@ struct QSmem {
   static constexpr uint32_t kSPad = kSVt + (kTail ? kTailBox : 0);
   static constexpr uint32_t kStageBytes = round_1024(kSPad + (kTail ? kPad : 0));
   static constexpr uint32_t kStageTx = 2 * kP * kBox + (kTail ? 2 * kTailBox : 0);
-  static constexpr uint32_t kBiasSlot = kChunk * 4, kBias = kStage + kStages * kStageBytes;
-  static constexpr uint32_t kBar = kBias + kStages * kBiasSlot;
-  static constexpr size_t kTotal = kBar + (1 + 2 * kStages) * 8 + 1024;
+  static constexpr uint32_t kBiasSlot = kChunk * 4, kBias = kStage + 2 * kStageBytes;
+  static constexpr uint32_t kBar = kBias + 2 * kBiasSlot;
+  static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
   static_assert(kSKt + kTailBox == kSVt || !kTail, "K's tail step reads V's tail after it");
   static_assert(kSVt + kTailBox == kSPad || !kTail, "V's tail step reads the 8 zero rows after it");
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
@@ -369,8 +327,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* smem = align_smem_1024(smem_raw);
   const uint32_t base = smem_u32(smem);
   uint64_t* q_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  uint64_t* kv_ready = q_ready + 1;            // one per stage: its K, V have landed
-  uint64_t* kv_free = q_ready + 1 + kStages;  // one per stage: every warp computing is done with it
+  uint64_t* kv_ready = q_ready + 1;  // one per stage: its K, V have landed
+  uint64_t* kv_free = q_ready + 3;   // one per stage: every warp computing is done with it
   // wg broadcast from lane 0: the compiler then keeps it, and what derives from it, in uniform registers.
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
@@ -381,13 +339,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int blocks = q_block + kChunk < T ? 2 : 1, tiles = (T + kChunk - 1) / kChunk;
 
   if (tid == 0) {
-#pragma unroll
-    for (int i = 0; i < kStages; ++i) mbar_init(&kv_free[i], 4 * blocks);  // lane 0 of each warp with queries
-    init_barriers<1 + kStages>(q_ready);  // Q and dO's and each stage's landing, and the fence for all of them
+    mbar_init(&kv_free[0], 4 * blocks);  // lane 0 of each warp of the warpgroups with queries
+    mbar_init(&kv_free[1], 4 * blocks);
+    init_barriers<3>(q_ready);  // Q and dO's and each stage's landing, and the fence for all five
   }
   if constexpr (kTail)
-    for (int st = wg; st < kStages; st += 2)
-      if (warp == 0) zero_pad(base + L::kStage + st * L::kStageBytes + L::kSPad, lane);
+    if (warp == 0) zero_pad(base + L::kStage + wg * L::kStageBytes + L::kSPad, lane);
   fence_async_shared();
   __syncthreads();
   auto load_tile = [&](int tile, int stage) {
@@ -409,7 +366,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                        q_ready, h * D, row, b);
     }
     load_tile(0, 0);
-    if (tiles > 1) load_tile(1, 1);
   }
 
   const float scale_log2 = args.scale * kLog2e;
@@ -433,92 +389,63 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dq[kP][32], dq_t[4] = {0.f, 0.f, 0.f, 0.f};
   const uint64_t da_q = smem_desc(smem + L::kQ + wg * kBox), da_do = smem_desc(smem + L::kDo + wg * kBox);
   constexpr uint64_t kNextPanel = 2 * kBox / 16;  // the second panel's, in a descriptor's 16-byte units
-  // S = Q K^T and dP = dO V^T of the tile in `stage`: [64 queries][64 keys of the tile]. One group.
-  float s[32], dp[32];
-  auto issue_scores = [&](int stage) {
-    unsigned char* st_at = smem + L::kStage + stage * L::kStageBytes;
-    const uint32_t st_u32 = smem_u32(st_at);
-    const uint64_t db_k = smem_desc(st_at + L::kSK), db_v = smem_desc(st_at + L::kSV);
-    wgmma_fence();
-#pragma unroll
-    for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(s, da_q + 2 * t, db_k + 2 * t, t > 0);
-#pragma unroll
-    for (int t = 0; t < TiledHead<D>::kSteps1; ++t)
-      wgmma_m64n64k16_ss<0>(s, da_q + kNextPanel + 2 * t, db_k + kBox / 16 + 2 * t, 1);
-    if constexpr (kTail) wgmma_m64n64k16_rs(s, q_t, smem_desc_tail(st_u32 + L::kSKt), 1);
-#pragma unroll
-    for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(dp, da_do + 2 * t, db_v + 2 * t, t > 0);
-#pragma unroll
-    for (int t = 0; t < TiledHead<D>::kSteps1; ++t)
-      wgmma_m64n64k16_ss<0>(dp, da_do + kNextPanel + 2 * t, db_v + kBox / 16 + 2 * t, 1);
-    if constexpr (kTail) wgmma_m64n64k16_rs(dp, do_t, smem_desc_tail(st_u32 + L::kSVt), 1);
-    wgmma_commit();
-  };
-  // dS = P (dP - D), P = 2^(s log2e S + b log2e - lse log2e) (-inf past the last key), into s; the staged
-  // bias read while the products run, before `wait`.
-  auto weights = [&](int tile, int stage, auto wait) {
-    float add[16];
-    staged_key_terms<B, 8>(add, smem_u32(smem + L::kBias + stage * L::kBiasSlot), lane, T - tile * kChunk);
-    wait();
-    fence_accumulators(s);
-    fence_accumulators(dp);
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 4 * j + e, hh = e / 2;
-        const float p = exp2_approx(fmaf(s[i], scale_log2, add[2 * j + (e & 1)] - lse_l2[hh]));
-        s[i] = p * (dp[i] - dl[hh]);
-      }
-  };
-  // dQ += dS K over the tile's 64 keys in `stage` (B: K's rows, MN-major); the first tile's overwrites. kP groups.
-  uint32_t ads[4][4];
-  auto issue_grads = [&](int stage, int accumulate) {
-    const uint32_t st_u32 = smem_u32(smem + L::kStage + stage * L::kStageBytes);
-    wgmma_rows_mn<4, kTail>(dq[0], dq_t, ads, st_u32 + L::kSK, st_u32 + L::kSKt, accumulate);
-    if constexpr (kP > 1) wgmma_rows_mn<4, false>(dq[kP - 1], dq_t, ads, st_u32 + L::kSK + kBox, 0, accumulate);
-  };
-  auto fence_grads = [&]() {
-#pragma unroll
-    for (int p = 0; p < kP; ++p) fence_accumulators(dq[p]);
-    if constexpr (kTail) fence_accumulators(dq_t);
-  };
-  // Tile 0's dS first; then each iteration issues S, dP of its tile and dQ's product of the tile before, and
-  // runs its tile's dS while that runs (as launch 2).
-  if (active) {
-    mbar_wait(&kv_ready[0], 0);
-    issue_scores(0);
-    weights(0, 0, [] { wgmma_wait<0>(); });
-#pragma unroll
-    for (int t = 0; t < 4; ++t) a_fragment(s, t, ads[t]);
-  }
 #pragma unroll 1
-  for (int tile = 1; tile < tiles; ++tile) {
-    const int stage = tile % kStages, before = (tile - 1) % kStages;
-    // The next tile into the stage of the tile two before, once both warpgroups are done with that one (an
-    // iteration ago for this warpgroup; they may drift a tile apart).
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int stage = tile & 1;
+    // The next tile into the other stage once both warpgroups are done with
+    // the tile before this one there (they may drift a tile apart).
     if (tid == 0 && tile + 1 < tiles) {
-      const int next = (tile + 1) % kStages;
-      if (tile + 1 >= kStages) mbar_wait(&kv_free[next], ((tile + 1 - kStages) / kStages) & 1);
-      load_tile(tile + 1, next);
+      if (tile >= 1) mbar_wait(&kv_free[stage ^ 1], ((tile - 1) >> 1) & 1);
+      load_tile(tile + 1, stage ^ 1);
     }
     if (active) {
-      mbar_wait(&kv_ready[stage], (tile / kStages) & 1);
-      issue_scores(stage);
-      issue_grads(before, tile > 1);
-      weights(tile, stage, [] { wgmma_wait<kP>(); });  // S and dP's group done; dQ's kP may still run
+      unsigned char* st_at = smem + L::kStage + stage * L::kStageBytes;
+      const uint32_t st_u32 = smem_u32(st_at);
+      mbar_wait(&kv_ready[stage], (tile >> 1) & 1);
+      // S = Q K^T and dP = dO V^T: [64 queries][64 keys of the tile].
+      float s[32], dp[32];
+      const uint64_t db_k = smem_desc(st_at + L::kSK), db_v = smem_desc(st_at + L::kSV);
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(s, da_q + 2 * t, db_k + 2 * t, t > 0);
+#pragma unroll
+      for (int t = 0; t < TiledHead<D>::kSteps1; ++t)
+        wgmma_m64n64k16_ss<0>(s, da_q + kNextPanel + 2 * t, db_k + kBox / 16 + 2 * t, 1);
+      if constexpr (kTail) wgmma_m64n64k16_rs(s, q_t, smem_desc_tail(st_u32 + L::kSKt), 1);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) wgmma_m64n64k16_ss<0>(dp, da_do + 2 * t, db_v + 2 * t, t > 0);
+#pragma unroll
+      for (int t = 0; t < TiledHead<D>::kSteps1; ++t)
+        wgmma_m64n64k16_ss<0>(dp, da_do + kNextPanel + 2 * t, db_v + kBox / 16 + 2 * t, 1);
+      if constexpr (kTail) wgmma_m64n64k16_rs(dp, do_t, smem_desc_tail(st_u32 + L::kSVt), 1);
+      wgmma_commit();
+      float add[16];  // the staged bias read while the products run
+      staged_key_terms<B, 8>(add, smem_u32(smem + L::kBias + stage * L::kBiasSlot), lane, T - tile * kChunk);
       wgmma_wait<0>();
-      fence_grads();
-      fence_accumulators(s);  // the fragments below overwrite ads only after the product that reads them
-      if (lane == 0) mbar_arrive(&kv_free[before]);  // this warp's products have read the stage
+      fence_accumulators(s);
+      fence_accumulators(dp);
+      // dS = P (dP - D), P = 2^(s log2e S + b log2e - lse log2e) (-inf past the last key).
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 4 * j + e, hh = e / 2;
+          const float p = exp2_approx(fmaf(s[i], scale_log2, add[2 * j + (e & 1)] - lse_l2[hh]));
+          s[i] = p * (dp[i] - dl[hh]);
+        }
+      // dQ += dS K over the tile's 64 keys (B: K's rows, MN-major).
+      uint32_t ads[4][4];
 #pragma unroll
       for (int t = 0; t < 4; ++t) a_fragment(s, t, ads[t]);
+      wgmma_rows_mn<4, kTail>(dq[0], dq_t, ads, st_u32 + L::kSK, st_u32 + L::kSKt, tile > 0);
+      if constexpr (kP > 1) wgmma_rows_mn<4, false>(dq[kP - 1], dq_t, ads, st_u32 + L::kSK + kBox, 0, tile > 0);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int p = 0; p < kP; ++p) fence_accumulators(dq[p]);
+      if constexpr (kTail) fence_accumulators(dq_t);
+      if (lane == 0) mbar_arrive(&kv_free[stage]);  // this warp's products have read the stage
     }
   }
-  if (!active) return;
-  issue_grads((tiles - 1) % kStages, tiles > 1);
-  wgmma_wait<0>();
-  fence_grads();
   if (!active) return;
   // dQ (scaled) staged where this warpgroup's Q was, then stored by TMA.
   warpgroup_barrier(2 + wg);

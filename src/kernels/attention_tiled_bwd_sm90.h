@@ -17,21 +17,17 @@
 //  1. D per query (a few threads per row of O and dO, a fixed shuffle tree).
 //  2. dK, dV: a CTA per (key block of 128, head, sample); warpgroup c keeps
 //     dK, dV of keys 64c .. 64c + 63 in registers while the query chunks of
-//     64 stream by (Q, dO, their lse and D; TMA, three buffers): S^T = K Q^T
+//     64 stream by (Q, dO, their lse and D; TMA, double-buffered): S^T = K Q^T
 //     and dP^T = V dO^T (m64n64, both operands K-major), P^T and dS^T in
 //     registers, dV += P^T dO and dK += dS^T Q (A from registers, B MN-major).
 //  3. dQ: a CTA per (query block of 128, head, sample); warpgroup c keeps dQ
 //     of queries 64c .. 64c + 63 while K, V stream by in tiles of 64 keys:
 //     S and dP again (the bias and the key count as in the forward), dS,
 //     dQ += dS K (B = K MN-major).
-// In launches 2 and 3 iteration j issues S and dP of step j, then the
-// gradient products of step j - 1, and computes step j's P and dS while
-// those run (the forward's overlap within a warpgroup; the same operations
-// in the same order, so the same bits). A stage is refilled, with step
-// j + 1 into the stage of step j - 2, once every computing warp has arrived
-// on its "free" mbarrier (no CTA-wide barrier per step), so the two
-// warpgroups may also drift a step apart and overlap one's exponentials
-// with the other's products.
+// In launches 2 and 3 a stage is refilled once every computing warp has
+// arrived on its "free" mbarrier (no CTA-wide barrier per step), so the two
+// warpgroups may drift a step apart and overlap one's exponentials with the
+// other's products.
 // Recomputing S and dP in launch 3 costs two of the backward's five
 // products, and saves an fp32 dQ accumulator and its turn-taking.
 // Launch shapes: 1: four threads a row of [B, T, H, d], 256 a block; 2 and
@@ -41,18 +37,17 @@
 // dim compute the second panel whole and store its first 32 columns).
 // Budget (ptxas, sm_90a, no spills at any d; 255 registers a thread at most):
 //   d        launch 2: shared            fp32 state a thread     regs   launch 3: shared (+ bias)   regs
-//   64       32 + 3 x 17 KB =  83 KB     dK, dV 64, S, dP 64     206    32 + 3 x 16 =  80.75 KB     142
-//   72       36 + 3 x 19 KB =  93 KB     dK, dV 72, S, dP 64     218    36 + 3 x 19 =  93.75 KB     156
-//   96, 128  64 + 3 x 33 KB = 163 KB     dK, dV 128, S, dP 64    255    64 + 3 x 32 = 160.75 KB     174
+//   64       32 + 2 x 17 KB =  66 KB     dK, dV 64, S, dP 64     176    32 + 2 x 16 =  64.5 KB      132
+//   72       36 + 2 x 19 KB =  74 KB     dK, dV 72, S, dP 64     194    36 + 2 x 19 =  74.5 KB      147
+//   96, 128  64 + 2 x 33 KB = 130 KB     dK, dV 128, S, dP 64    240    64 + 2 x 32 = 128.5 KB     164
 // (with a key bias each launch takes 2-8 registers more; launch 3 reads the
 // bias of a key tile as the forward does, staged by TMA beside the stage.)
 // At d = 128 launch 2 keeps the 128-key block and the split by keys: 64
 // keys a warpgroup is wgmma's smallest M, so a smaller block would be one
 // warpgroup a CTA, each Q and dO chunk loaded for half the keys; splitting
 // dK from dV between the warpgroups would make both compute S^T (P is in
-// both gradients), five products per chunk where four do. dK, dV (128),
-// S^T, dP^T (64) and the chunk before's P^T, dS^T fragments (32) live at
-// the peak fit in 255 registers without a spill.
+// both gradients), five products per chunk where four do. dK, dV (128) and
+// S^T, dP^T (64) live at the peak fit in 240 registers without a spill.
 // dQ, dK, dV are written through 3-D tensor maps (rows past T not stored)
 // wherever the caller's operands say (the packed gradient [B, T, 3D] as the
 // common case).

@@ -25,17 +25,15 @@ constexpr int kTile = 128;                       // keys per K, V tile
 constexpr int kThreads = 256;                    // two warpgroups
 constexpr uint32_t kPanel = kTile * 128;         // a tile's 64 columns of a panel: 16 KB
 constexpr uint32_t kTailPanel = kTile * 16;      // a tile's columns 64-71: 2 KB
-constexpr int kStages = 3;                       // K, V tiles in flight (below)
 
 using Bias = KeyBias;
 
-// Q (per panel, two chunks of 64 rows, 128-byte swizzle), three stages of
+// Q (per panel, two chunks of 64 rows, 128-byte swizzle), two stages of
 // K, V (each K's panels, V's, then K's tail and V's tail: the tail step of
 // S over K reads 8 rows past K's tail for its last rows, which are V's
 // tail, loaded with it), Q's tail, each stage's key bias (room for 128 fp32
-// keys), then the barriers (Q's, each stage's landing and release); 1024
-// bytes to align the start. Three stages because a tile's V is read one
-// iteration after its K (the loop below): 112 KB at head dim 64, 226 KB at 128.
+// keys), then the barriers (Q's, each stage's); 1024 bytes to align the
+// start.
 template <int D>
 struct TiledSmem {
   static constexpr int kP = TiledHead<D>::kPanels;
@@ -45,10 +43,10 @@ struct TiledSmem {
   static constexpr uint32_t kStageBytes = 2 * kP * kPanel + (kTail ? 2 * kTailPanel : 0);  // 32, 36, 64, 64 KB
   static constexpr uint32_t kQ = 0, kStage = kP * kQPanel;
   static constexpr uint32_t kK = 0, kV = kP * kPanel, kKt = 2 * kP * kPanel, kVt = kKt + kTailPanel;  // in a stage
-  static constexpr uint32_t kQt = kStage + kStages * kStageBytes;
+  static constexpr uint32_t kQt = kStage + 2 * kStageBytes;
   static constexpr uint32_t kBiasSlot = kTile * 4, kBias = kQt + (kTail ? kBlock * 16 : 0);
-  static constexpr uint32_t kBar = kBias + kStages * kBiasSlot;
-  static constexpr size_t kTotal = kBar + (1 + 2 * kStages) * 8 + 1024;
+  static constexpr uint32_t kBar = kBias + 2 * kBiasSlot;
+  static constexpr size_t kTotal = kBar + 5 * 8 + 1024;
   static_assert(kKt + kTailPanel == kVt, "V's tail follows K's: the tail step of S reads 8 rows past K's tail");
   static_assert(kStage % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled panels need 1024-byte alignment");
   static_assert(kTotal <= 227 * 1024, "more shared memory than an H100/H200 block may have");
@@ -72,15 +70,16 @@ struct TiledArgs {
 // One tile's softmax step for a warpgroup's 64 queries: s (the scores S of
 // rows r_lo, r_lo + 8) becomes P = 2^(x - m_new) with x = s S log2 e + add;
 // m (the running maxima, log2 domain) moves to m_new, the thread's partial
-// row sums are scaled by alpha = 2^(m - m_new) and take P's. O's scaling by
-// alpha is the caller's: O is in a product still running when this runs.
+// row sums and O are scaled by 2^(m - m_new) and the sums take P's.
+template <int P, bool TAIL>
 __device__ __forceinline__ void online_softmax_step(float (&s)[64], const float (&add)[32], float scale_log2,
-                                                    float (&m)[2], float (&sum)[2], float (&alpha)[2]) {
+                                                    float (&m)[2], float (&sum)[2], float (&o)[P][32],
+                                                    float (&o_t)[4]) {
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[4 * j + e] = fmaf(s[4 * j + e], scale_log2, add[2 * j + (e & 1)]);
-  float m_use[2];
+  float alpha[2], m_use[2];
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     float mx = m[hh];
@@ -103,6 +102,8 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[64], const float 
       s[4 * j + e] = p;
       sum[e / 2] += p;
     }
+#pragma unroll
+  for (int p = 0; p < P; ++p) scale_rows<TAIL>(o[p], o_t, alpha);  // o_t (72 only) scaled once: P = 1 there
 }
 
 // The kernel's one loop, its prologue and epilogue: a hundred-odd lines
@@ -117,8 +118,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = align_smem_1024(smem_raw);
   uint64_t* q_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  uint64_t* kv_ready = q_ready + 1;            // one per stage: its K, V have landed
-  uint64_t* kv_free = q_ready + 1 + kStages;  // one per stage: every warp computing is done with it
+  uint64_t* kv_ready = q_ready + 1;  // one per stage: its K, V have landed
+  uint64_t* kv_free = q_ready + 3;   // one per stage: every warp computing is done with it
   // wg broadcast from lane 0: the compiler then keeps it, and what derives from it, in uniform registers.
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
@@ -129,9 +130,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int chunks = q_block + kChunk < T ? 2 : 1, tiles = (T + kTile - 1) / kTile;
 
   if (tid == 0) {
-#pragma unroll
-    for (int i = 0; i < kStages; ++i) mbar_init(&kv_free[i], 4 * chunks);  // lane 0 of each warp with queries
-    init_barriers<1 + kStages>(q_ready);  // Q's and each stage's landing, and the fence for all of them
+    mbar_init(&kv_free[0], 4 * chunks);  // lane 0 of each warp of the warpgroups with queries
+    mbar_init(&kv_free[1], 4 * chunks);
+    init_barriers<3>(q_ready);  // Q's and each stage's landing, and the fence for all five
   }
   __syncthreads();
   auto load_tile = [&](int tile, int stage) {
@@ -149,7 +150,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_load_head<D>(smem + L::kQ + c * kChunk * 128, L::kQPanel, smem + L::kQt + c * kChunk * 16, &maps.q,
                        &maps.q_t, q_ready, h * D, q_block + c * kChunk, b);
     load_tile(0, 0);
-    if (tiles > 1) load_tile(1, 1);
   }
 
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
@@ -162,89 +162,59 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int p = 0; p < kP; ++p)
 #pragma unroll
     for (int i = 0; i < 32; ++i) o[p][i] = 0.f;
-  // S = Q K^T of the tile in `stage`: row r_lo (+ 8) holds keys 8j + 2 (lane % 4) + {0, 1} in s[4j], s[4j + 1]
-  // (s[4j + 2], s[4j + 3]). One commit group.
-  float s[64];
-  auto issue_scores = [&](int stage) {
-    unsigned char* st = smem + L::kStage + stage * L::kStageBytes;
-    const uint64_t da = smem_desc(q_chunk), db = smem_desc(st + L::kK);
-    wgmma_fence();
-#pragma unroll
-    for (int t = 0; t < 4; ++t) wgmma_m64n128k16(s, da + 2 * t, db + 2 * t, t > 0);
-    if constexpr (kP > 1) {
-      const uint64_t da1 = smem_desc(q_chunk + L::kQPanel), db1 = smem_desc(st + L::kK + kPanel);
-#pragma unroll
-      for (int t = 0; t < TiledHead<D>::kSteps1; ++t) wgmma_m64n128k16(s, da1 + 2 * t, db1 + 2 * t, 1);
-    }
-    if constexpr (kTail) wgmma_m64n128k16_rs(s, q_t, smem_desc_tail(smem_u32(st) + L::kKt), 1);
-    wgmma_commit();
-  };
-  // O += P V over the tile in `stage` (128 keys): P as 8 bf16 k16 fragments, V's rows MN-major; kP commit groups.
-  uint32_t ap[8][4];
-  auto issue_values = [&](int stage) {
-    const uint32_t st = smem_u32(smem + L::kStage + stage * L::kStageBytes);
-    wgmma_rows_mn<8, kTail>(o[0], o_t, ap, st + L::kV, st + L::kVt, 1);
-    if constexpr (kP > 1) wgmma_rows_mn<8, false>(o[kP - 1], o_t, ap, st + L::kV + kPanel, 0, 1);
-  };
-  // A tile's key terms, read while its S runs.
-  float alpha[2], add[32];
-  auto key_terms = [&](int tile, int stage) {
-    staged_key_terms<B, 16>(add, smem_u32(smem + L::kBias + stage * L::kBiasSlot), lane, T - tile * kTile);
-  };
-  // Tile 0's scores and weights first; then each iteration issues S of its tile and P V of the tile before,
-  // and runs its tile's softmax while P V runs (FA3's overlap within a warpgroup). O takes a tile's alpha
-  // once the P V before is done: the same operations in the same order as a softmax then P V per tile.
   if (active) {
     mbar_wait(q_ready, 0);
     if constexpr (kTail) {
       q_t[0] = ld_shared_u32(qt_chunk + r_lo * 16 + 4 * (lane & 3));
       q_t[1] = ld_shared_u32(qt_chunk + (r_lo + 8) * 16 + 4 * (lane & 3));
     }
-    mbar_wait(&kv_ready[0], 0);
-    issue_scores(0);
-    key_terms(0, 0);
-    wgmma_wait<0>();
-    fence_accumulators(s);
-    online_softmax_step(s, add, scale_log2, m, sum, alpha);  // O is 0: its scaling is skipped
-#pragma unroll
-    for (int t = 0; t < 8; ++t) a_fragment(s, t, ap[t]);
   }
 #pragma unroll 1
-  for (int tile = 1; tile < tiles; ++tile) {
-    const int stage = tile % kStages, before = (tile - 1) % kStages;
-    // The next tile into the stage of the tile two before, once both warpgroups' P V of that one is done (an
-    // iteration ago for this warpgroup; the other drifts by up to a tile).
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int stage = tile & 1;
+    // The next tile into the other stage once both warpgroups are done with
+    // the tile before this one there: they drift apart by up to a tile, so
+    // that one's softmax can run beside the other's products.
     if (tid == 0 && tile + 1 < tiles) {
-      const int next = (tile + 1) % kStages;
-      if (tile + 1 >= kStages) mbar_wait(&kv_free[next], ((tile + 1 - kStages) / kStages) & 1);
-      load_tile(tile + 1, next);
+      if (tile >= 1) mbar_wait(&kv_free[stage ^ 1], ((tile - 1) >> 1) & 1);
+      load_tile(tile + 1, stage ^ 1);
     }
     if (active) {
-      mbar_wait(&kv_ready[stage], (tile / kStages) & 1);
-      issue_scores(stage);
-      issue_values(before);
-      key_terms(tile, stage);
-      wgmma_wait<kP>();  // S's group done; the kP groups of P V may still run
+      unsigned char* st = smem + L::kStage + stage * L::kStageBytes;
+      const uint32_t st_u32 = smem_u32(st);
+      mbar_wait(&kv_ready[stage], (tile >> 1) & 1);
+      // S = Q K^T: row r_lo (+ 8) holds keys 8j + 2 (lane % 4) + {0, 1} in s[4j], s[4j + 1] (s[4j + 2], s[4j + 3]).
+      float s[64];
+      const uint64_t da = smem_desc(q_chunk), db = smem_desc(st + L::kK);
+      wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < 4; ++t) wgmma_m64n128k16(s, da + 2 * t, db + 2 * t, t > 0);
+      if constexpr (kP > 1) {
+        const uint64_t da1 = smem_desc(q_chunk + L::kQPanel), db1 = smem_desc(st + L::kK + kPanel);
+#pragma unroll
+        for (int t = 0; t < TiledHead<D>::kSteps1; ++t) wgmma_m64n128k16(s, da1 + 2 * t, db1 + 2 * t, 1);
+      }
+      if constexpr (kTail) wgmma_m64n128k16_rs(s, q_t, smem_desc_tail(st_u32 + L::kKt), 1);
+      wgmma_commit();
+      float add[32];  // the staged bias read while the product runs
+      staged_key_terms<B, 16>(add, smem_u32(smem + L::kBias + stage * L::kBiasSlot), lane, T - tile * kTile);
+      wgmma_wait<0>();
       fence_accumulators(s);
-      online_softmax_step(s, add, scale_log2, m, sum, alpha);
+      online_softmax_step<kP, kTail>(s, add, scale_log2, m, sum, o, o_t);
+      // O += P V over the tile's 128 keys: P as 8 bf16 k16 fragments, V's rows MN-major.
+      uint32_t ap[8][4];
+#pragma unroll
+      for (int t = 0; t < 8; ++t) a_fragment(s, t, ap[t]);
+      wgmma_rows_mn<8, kTail>(o[0], o_t, ap, st_u32 + L::kV, st_u32 + L::kVt, 1);
+      if constexpr (kP > 1) wgmma_rows_mn<8, false>(o[kP - 1], o_t, ap, st_u32 + L::kV + kPanel, 0, 1);
       wgmma_wait<0>();
 #pragma unroll
       for (int p = 0; p < kP; ++p) fence_accumulators(o[p]);
       if constexpr (kTail) fence_accumulators(o_t);
-      fence_accumulators(s);  // P's fragments below overwrite ap only after the P V that reads them
-      if (lane == 0) mbar_arrive(&kv_free[before]);  // this warp's products have read the stage
-#pragma unroll
-      for (int p = 0; p < kP; ++p) scale_rows<kTail>(o[p], o_t, alpha);  // o_t (72 only) scaled once: kP = 1
-#pragma unroll
-      for (int t = 0; t < 8; ++t) a_fragment(s, t, ap[t]);
+      if (lane == 0) mbar_arrive(&kv_free[stage]);  // this warp's products have read the stage
     }
   }
   if (!active) return;
-  issue_values((tiles - 1) % kStages);
-  wgmma_wait<0>();
-#pragma unroll
-  for (int p = 0; p < kP; ++p) fence_accumulators(o[p]);
-  if constexpr (kTail) fence_accumulators(o_t);
 
   // lse = (m + log2 l) ln 2 per query; O / l.
 #pragma unroll

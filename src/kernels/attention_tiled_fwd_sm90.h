@@ -23,20 +23,16 @@
 // How: a CTA of 256 threads per (query block of 128, head, sample); warpgroup
 // c takes the block's queries 64c .. 64c + 63 (a warpgroup whose queries all
 // lie past T idles through the loop). Q is loaded once, K and V stream by in
-// tiles of 128 keys through three buffers: thread 0 issues tile j + 1 into
-// the buffer of tile j - 2 once every computing warp has said (an mbarrier)
-// it is done with that tile, so the two warpgroups may drift up to a tile
-// apart and one's softmax run beside the other's products. Per warpgroup,
-// iteration j issues S_j = Q K_j^T (m64n128, both operands K-major, 128-byte
-// swizzle, d / 16 k16 steps over the head dim's 64-column panels; at head
-// dim 72 one more k16 step of Q's tail from registers against K's tail
-// panel), then O += P_{j-1} V_{j-1} (P as bf16 register fragments, V's rows
-// MN-major, one m64n64 product per panel), and runs tile j's softmax (bias
-// and the key-count mask added, running max and sum across the quad that
-// shares a row) while that product runs: FA3's overlap within a warpgroup.
-// O is scaled by tile j's factor once P_{j-1} V_{j-1} is done, the same
-// operations in the same order as a softmax then P V per tile (the same
-// bits). Three buffers because V_{j-1} is read while K_{j+1} lands. At the end O / l is staged where the
+// tiles of 128 keys, double-buffered: thread 0 issues tile j + 1 into the
+// other buffer once every computing warp has said (an mbarrier) it is done
+// with tile j - 1 there, so the two warpgroups may drift up to a tile apart
+// and one's softmax run beside the other's products. Per tile and warpgroup: S = Q K^T (m64n128, both
+// operands K-major, 128-byte swizzle, d / 16 k16 steps over the head dim's
+// 64-column panels; at head dim 72 one more k16 step of Q's tail from
+// registers against K's tail panel), bias and the key-count
+// mask added, running max and sum across the quad that shares a row, O
+// scaled, P as bf16 register fragments, O += P V (V's rows MN-major, one
+// m64n64 product per panel). At the end O / l is staged where the
 // warpgroup's Q was and stored by TMA; lse per query. 3-D tensor maps
 // (columns, tokens, samples) keep a tile inside its sample: rows past T load
 // as zeros and are not stored.
@@ -51,10 +47,10 @@
 // staged_key_terms). The key count past T is masked in the last tile only.
 // Budget per CTA (launch: grid (ceil(T / 128), H, B), 256 threads, one CTA
 // per SM by registers; ptxas, sm_90a, no spills at any d):
-//   d        shared memory (Q + 3 stages of K, V, bias)   fp32 state a thread   registers (fp32 bias)
-//   64       16 KB + 3 x 32.5 KB = 114 KB                 S 64, O 32, P 32      175 (192)
-//   72       18 KB + 3 x 36.5 KB = 128 KB                 S 64, O 36, P 32      182 (204)
-//   96, 128  32 KB + 3 x 64.5 KB = 226 KB                 S 64, O 64, P 32      208 (224)
+//   d        shared memory (Q + 2 stages of K, V, bias)   fp32 state a thread   registers (fp32 bias)
+//   64       16 KB + 2 x 32.5 KB =  81 KB                 S 64, O 32, P 32      159 (167)
+//   72       18 KB + 2 x 36.5 KB =  91 KB                 S 64, O 36, P 32      167 (168)
+//   96, 128  32 KB + 2 x 64.5 KB = 161 KB                 S 64, O 64, P 32      190 (196)
 // (of 227 KB and 255 registers a thread at 256 threads).
 #pragma once
 
