@@ -99,8 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
   const int row0 = b * kT;  // the sample's first token
   const int col_q = h * D, col_k = (heads + h) * D, col_v = (2 * heads + h) * D, col_o = h * D;
-  // wg broadcast from lane 0: the compiler then keeps it, and what derives from it, in uniform registers.
-  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid % 128) / 32, lane = tid & 31;
+  const int tid = threadIdx.x, wg = warpgroup_index(), warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
   float* s_delta = reinterpret_cast<float*>(smem + L::kDelta) + wg * kT;  // this warpgroup's D
 

@@ -58,8 +58,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = align_smem_1024(smem_raw);
   uint64_t* head_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  // wg broadcast from lane 0: the compiler then keeps it, and what derives from it, in uniform registers.
-  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid % 128) / 32, lane = tid & 31;
+  const int tid = threadIdx.x, wg = warpgroup_index(), warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
   const int r_lo = warp * 16 + lane / 4;  // accumulator rows r_lo and r_lo + 8 (queries within the chunk)
 

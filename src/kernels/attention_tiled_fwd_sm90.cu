@@ -120,8 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* q_ready = reinterpret_cast<uint64_t*>(smem + L::kBar);
   uint64_t* kv_ready = q_ready + 1;  // one per stage: its K, V have landed
   uint64_t* kv_free = q_ready + 3;   // one per stage: every warp computing is done with it
-  // wg broadcast from lane 0: the compiler then keeps it, and what derives from it, in uniform registers.
-  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = (tid % 128) / 32, lane = tid & 31;
+  const int tid = threadIdx.x, wg = warpgroup_index(), warp = (tid % 128) / 32, lane = tid & 31;
   const bool wg_lead = tid % 128 == 0;
   const int r_lo = warp * 16 + lane / 4;  // accumulator rows r_lo and r_lo + 8 (queries within the chunk)
   const int T = args.tokens, h = blockIdx.y, b = blockIdx.z;

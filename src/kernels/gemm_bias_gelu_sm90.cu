@@ -335,11 +335,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(!Epilogue::kLoadsC || 2 * Epilogue::kChunks == kBuffers, "a tile's C boxes fill the buffers once");
   const int tiles_n = n / kBN, tiles = (m / kBM) * tiles_n;
   const int kblocks = k / kBK;
-  // Broadcast from lane 0: the compiler then knows c, and the stage counters and descriptors derived from
-  // it, to be warp-uniform and keeps them in uniform registers. Computed per thread, the main loop's
-  // descriptor arithmetic ran in ordinary registers, each moved to uniform ones for every product, and its
-  // dependent chain outlasted a k-step's products (the tensor pipe 63% busy in the DGELU form at DiT-XL/2).
-  const int c = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) - 1;
+  // warpgroup_index broadcasts from lane 0, so that c, the stage counters and the descriptors derived from it
+  // stay in uniform registers. Computed per thread, the main loop's descriptor arithmetic ran in ordinary
+  // registers, each moved to uniform ones for every product, and its dependent chain outlasted a k-step's
+  // products (the tensor pipe 63% busy in the DGELU form at DiT-XL/2).
+  const int c = warpgroup_index() - 1;
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x & 31;
   // Rows 0-63 and 64-127 of the tile. Not cleared: each tile's first product
   // takes scale_d = 0 (d = A B^T). Clearing them would put non-wgmma writes

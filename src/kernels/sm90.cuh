@@ -98,6 +98,10 @@ __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// This thread's warpgroup, threadIdx.x / 128, broadcast from lane 0: the compiler then knows it is the same
+// in every lane and keeps it, and what derives from it (stage offsets, descriptors), in uniform registers.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0); }
+
 // A barrier for the 128 threads of one consumer warpgroup (ids 1, 2; 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_barrier(int id) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");

@@ -82,6 +82,7 @@ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
 // The async proxy (TMA stores, wgmma) may read what a thread wrote through st.shared or
 // stmatrix only after that thread's fence (sm90_emu.cpp checks it).
 inline void fence_async_shared() { emu::sm90::fence_proxy_async(); }
+inline int warpgroup_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0); }
 inline void warpgroup_barrier(int id, EMU_SITE) { EMU_AT; emu::barrier(id, 128); }
 inline void cta_barrier(EMU_SITE) { EMU_AT; emu::barrier(1, 256); }
 template <int N>
